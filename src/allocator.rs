@@ -1,0 +1,96 @@
+//! The allocator of a process: one [`DeviceAllocator`] per device over one [`Driver`].
+//!
+//! Invariant: every public entry validates its arguments (size, device index, pointer ownership)
+//! before any state changes, so a rejected call leaves statistics untouched.
+
+use crate::config::{Config, DriverKind};
+use crate::device::DeviceAllocator;
+use crate::driver::{cuda::CudaDriver, sim::SimDriver, DevicePtr, Driver, Stream};
+use crate::error::{Error, Result};
+use crate::stats::StreampoolStats;
+use std::sync::Arc;
+
+pub struct Allocator {
+    driver: Arc<dyn Driver>,
+    devices: Vec<DeviceAllocator>,
+}
+
+impl Allocator {
+    /// Builds the allocator the configuration asks for.
+    pub fn from_config(config: Config) -> Result<Allocator> {
+        let driver: Arc<dyn Driver> = match config.driver {
+            DriverKind::Cuda => Arc::new(CudaDriver::new()?),
+            DriverKind::Sim => {
+                Arc::new(SimDriver::new(config.sim_devices, config.sim_memory_bytes))
+            }
+        };
+        Allocator::new(driver, config)
+    }
+
+    pub fn new(driver: Arc<dyn Driver>, config: Config) -> Result<Allocator> {
+        let config = Arc::new(config);
+        let count = driver.device_count()?;
+        let devices = (0..count)
+            .map(|d| DeviceAllocator::new(d, Arc::clone(&driver), Arc::clone(&config)))
+            .collect();
+        log::info!("streampool: {} driver, {count} device(s)", driver.name());
+        Ok(Allocator { driver, devices })
+    }
+
+    pub fn driver_name(&self) -> &'static str {
+        self.driver.name()
+    }
+
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    pub fn device(&self, device: i64) -> Result<&DeviceAllocator> {
+        usize::try_from(device)
+            .ok()
+            .and_then(|d| self.devices.get(d))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "device index {device} is out of range: streampool sees {} CUDA device(s) (valid: 0..{})",
+                    self.devices.len(),
+                    self.devices.len().saturating_sub(1)
+                ))
+            })
+    }
+
+    /// Allocates `bytes` (> 0) on `device`, ordered on `stream`.
+    pub fn malloc(&self, bytes: u64, device: i64, stream: Stream) -> Result<DevicePtr> {
+        if bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "allocation size must be positive, got 0 bytes".into(),
+            ));
+        }
+        self.device(device)?.allocate(bytes, stream)
+    }
+
+    /// Frees `ptr`; the block is ordered after all work on its allocation stream.
+    pub fn free(&self, ptr: DevicePtr, device: i64) -> Result<()> {
+        self.device(device)?.free(ptr)
+    }
+
+    /// Finds the device owning `ptr` (record_stream gets no device index from PyTorch).
+    pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        let mut last = Error::UnknownPointer { ptr, device: 0 };
+        for d in &self.devices {
+            match d.record_stream(ptr, stream) {
+                Err(e @ Error::UnknownPointer { .. }) => last = e,
+                other => return other,
+            }
+        }
+        Err(last)
+    }
+
+    /// `torch.cuda.empty_cache()`: every device returns its cache and trims its pool to 0.
+    pub fn empty_cache(&self) -> Result<()> {
+        self.devices.iter().try_for_each(|d| d.flush(Some(0)))
+    }
+
+    pub fn stats(&self, device: i64) -> Result<StreampoolStats> {
+        self.device(device)?.stats()
+    }
+}

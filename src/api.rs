@@ -1,0 +1,55 @@
+//! The process-wide allocator behind the C entry points, and this thread's last error.
+//!
+//! Invariant: the allocator is built once, from the environment, on first use; if that fails
+//! (bad configuration, no libcuda) every later call reports the same error rather than retrying
+//! with different settings.
+
+use crate::allocator::Allocator;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use std::cell::RefCell;
+use std::ffi::{c_char, CString};
+use std::sync::OnceLock;
+
+static GLOBAL: OnceLock<Result<Allocator>> = OnceLock::new();
+
+/// The process's allocator, built on first use.
+pub fn global() -> Result<&'static Allocator> {
+    GLOBAL
+        .get_or_init(|| {
+            init_logging();
+            Config::from_env().and_then(Allocator::from_config)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// `STREAMPOOL_LOG`, else `RUST_LOG`, else warnings only. Never replaces a logger already set.
+pub fn init_logging() {
+    let filter = std::env::var("STREAMPOOL_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "warn".into());
+    let _ = env_logger::Builder::new().parse_filters(&filter).try_init();
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+pub fn set_last_error(e: &Error) {
+    let text = e.to_string().replace('\0', " ");
+    LAST_ERROR.with(|slot| *slot.borrow_mut() = CString::new(text).unwrap_or_default());
+}
+
+pub fn clear_last_error() {
+    LAST_ERROR.with(|slot| {
+        if !slot.borrow().as_bytes().is_empty() {
+            *slot.borrow_mut() = CString::default();
+        }
+    });
+}
+
+/// Pointer to this thread's message; valid until the next call that sets or clears it.
+pub fn last_error_ptr() -> *const c_char {
+    LAST_ERROR.with(|slot| slot.borrow().as_ptr())
+}

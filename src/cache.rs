@@ -1,0 +1,166 @@
+//! The cache in front of the pool: freed blocks kept per stream for reuse without a driver call.
+//!
+//! Invariants: a cached block is handed out again only on the stream it was freed on (stream
+//! order makes that safe without events); a block serves a request only when it is at most 1/8
+//! larger than the request; `cached_bytes` equals the sum of cached block sizes and never exceeds
+//! `limit_bytes`.
+
+use crate::driver::{DevicePtr, Stream};
+use crate::fasthash::WordMap;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachedBlock {
+    pub ptr: DevicePtr,
+    pub block_bytes: u64,
+    pub stream: Stream,
+}
+
+/// Blocks of one stream by size. Emptied size entries stay until the next drain, so a size that
+/// recurs does not allocate a map node on every free.
+type Bins = BTreeMap<u64, Vec<DevicePtr>>;
+
+#[derive(Debug, Default)]
+pub struct Cache {
+    streams: WordMap<Stream, Bins>,
+    cached_bytes: u64,
+    limit_bytes: u64,
+}
+
+impl Cache {
+    pub fn new(limit_bytes: u64) -> Cache {
+        Cache {
+            limit_bytes,
+            ..Cache::default()
+        }
+    }
+
+    pub fn cached_bytes(&self) -> u64 {
+        self.cached_bytes
+    }
+
+    /// The smallest cached block of `stream` that fits `block_bytes` with little waste.
+    #[inline]
+    pub fn take(&mut self, stream: Stream, block_bytes: u64) -> Option<CachedBlock> {
+        let bins = self.streams.get_mut(&stream)?;
+        let largest_fit = block_bytes + block_bytes / 8;
+        let (&size, list) = bins
+            .range_mut(block_bytes..=largest_fit)
+            .find(|(_, list)| !list.is_empty())?;
+        let ptr = list.pop()?;
+        self.cached_bytes -= size;
+        Some(CachedBlock {
+            ptr,
+            block_bytes: size,
+            stream,
+        })
+    }
+
+    /// Keeps `block` for reuse, or hands it back when the cache is full.
+    #[inline]
+    pub fn put(&mut self, block: CachedBlock) -> Result<(), CachedBlock> {
+        if self.cached_bytes + block.block_bytes > self.limit_bytes {
+            return Err(block);
+        }
+        self.cached_bytes += block.block_bytes;
+        self.streams
+            .entry(block.stream)
+            .or_default()
+            .entry(block.block_bytes)
+            .or_default()
+            .push(block.ptr);
+        Ok(())
+    }
+
+    /// Removes blocks totalling at least `wanted_bytes` (or everything), largest first, those of
+    /// `prefer_stream` first: the pool can reuse a block freed on the requesting stream at once.
+    pub fn evict(&mut self, wanted_bytes: u64, prefer_stream: Stream) -> Vec<CachedBlock> {
+        let mut out = Vec::new();
+        let mut freed_bytes = 0;
+        let mut order: Vec<Stream> = self
+            .streams
+            .keys()
+            .copied()
+            .filter(|s| *s != prefer_stream)
+            .collect();
+        order.insert(0, prefer_stream);
+        for stream in order {
+            let Some(bins) = self.streams.get_mut(&stream) else {
+                continue;
+            };
+            for (&size, list) in bins.iter_mut().rev() {
+                while freed_bytes < wanted_bytes {
+                    let Some(ptr) = list.pop() else { break };
+                    freed_bytes += size;
+                    out.push(CachedBlock {
+                        ptr,
+                        block_bytes: size,
+                        stream,
+                    });
+                }
+            }
+        }
+        self.cached_bytes -= freed_bytes;
+        out
+    }
+
+    /// Removes every block.
+    pub fn drain(&mut self) -> Vec<CachedBlock> {
+        let mut out = Vec::new();
+        for (stream, bins) in self.streams.drain() {
+            for (size, list) in bins {
+                out.extend(list.into_iter().map(|ptr| CachedBlock {
+                    ptr,
+                    block_bytes: size,
+                    stream,
+                }));
+            }
+        }
+        self.cached_bytes = 0;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(ptr: u64, bytes: u64, stream: Stream) -> CachedBlock {
+        CachedBlock {
+            ptr,
+            block_bytes: bytes,
+            stream,
+        }
+    }
+
+    #[test]
+    fn reuses_only_on_the_same_stream_and_close_sizes() {
+        let mut c = Cache::new(u64::MAX);
+        c.put(block(0x1000, 4096, 1)).unwrap();
+        assert_eq!(c.take(2, 4096), None, "another stream");
+        assert_eq!(c.take(1, 1024), None, "4x too big for 1 KiB");
+        assert_eq!(c.take(1, 3700), Some(block(0x1000, 4096, 1)));
+        assert_eq!(c.cached_bytes(), 0);
+    }
+
+    #[test]
+    fn respects_the_limit() {
+        let mut c = Cache::new(8192);
+        c.put(block(0x1000, 4096, 1)).unwrap();
+        c.put(block(0x2000, 4096, 1)).unwrap();
+        assert_eq!(c.put(block(0x3000, 512, 1)), Err(block(0x3000, 512, 1)));
+    }
+
+    #[test]
+    fn evicts_preferred_stream_largest_first_then_drains() {
+        let mut c = Cache::new(u64::MAX);
+        c.put(block(0x1000, 512, 1)).unwrap();
+        c.put(block(0x2000, 8192, 1)).unwrap();
+        c.put(block(0x9000, 65536, 2)).unwrap();
+        let out = c.evict(4096, 1);
+        assert_eq!(out, vec![block(0x2000, 8192, 1)]);
+        assert_eq!(c.cached_bytes(), 512 + 65536);
+        assert_eq!(c.drain().len(), 2);
+        assert_eq!(c.cached_bytes(), 0);
+    }
+}

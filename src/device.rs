@@ -1,0 +1,622 @@
+//! The allocation policy of one device, in the order it is applied:
+//!
+//! 1. a stream that is being captured into a CUDA graph gets graph memory, never cached memory;
+//! 2. a block freed earlier on the same stream is reused from the cache (no driver call);
+//! 3. the memory limit (`set_memory_fraction`) is enforced;
+//! 4. before the pool would grow, cached blocks go back to it so it can reuse them instead;
+//! 5. the pool serves the request;
+//! 6. out of memory: flush the cache, synchronise, trim the pool, retry once, then report.
+//!
+//! Invariants: all bookkeeping is under one mutex per device, held only for map and counter
+//! updates, never across a driver call that can block; a block passed to record_stream is reused
+//! only after events recorded on those streams have completed.
+
+use crate::cache::{Cache, CachedBlock};
+use crate::config::Config;
+use crate::driver::{DevicePtr, Driver, EventHandle, PoolAttr, Stream};
+use crate::error::{Error, OomReport, Result};
+use crate::fasthash::WordMap;
+use crate::pool::Pool;
+use crate::stats::{DeviceCounters, StreampoolStats};
+use crate::units::round_up;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Requests are rounded up to this, as PyTorch's own allocator does.
+pub const BLOCK_ALIGN_BYTES: u64 = 512;
+const NO_LIMIT: u64 = u64::MAX;
+
+#[derive(Debug)]
+struct LiveBlock {
+    requested_bytes: u64,
+    block_bytes: u64,
+    stream: Stream,
+    /// Graph memory: freed straight back to the driver, never cached.
+    captured: bool,
+    /// Other streams that used the block (record_stream).
+    recorded_streams: Vec<Stream>,
+}
+
+/// A freed block waiting for the streams that used it.
+#[derive(Debug)]
+struct PendingBlock {
+    block: CachedBlock,
+    requested_bytes: u64,
+    events: Vec<EventHandle>,
+}
+
+/// Freed with record_stream while a graph capture was underway: no events can be recorded yet.
+#[derive(Debug)]
+struct DeferredBlock {
+    block: CachedBlock,
+    requested_bytes: u64,
+    streams: Vec<Stream>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    live: WordMap<DevicePtr, LiveBlock>,
+    cache: Cache,
+    pending: Vec<PendingBlock>,
+    deferred: Vec<DeferredBlock>,
+    spare_events: Vec<EventHandle>,
+    /// Streams seen capturing; while non-empty, no event queries and no synchronisation.
+    capturing: Vec<Stream>,
+    /// Bytes held from the pool: live (non-graph) blocks + cached + pending.
+    held_bytes: u64,
+    counters: DeviceCounters,
+}
+
+pub struct DeviceAllocator {
+    device: usize,
+    driver: Arc<dyn Driver>,
+    config: Arc<Config>,
+    pool: OnceLock<Pool>,
+    pool_creation: Mutex<()>,
+    state: Mutex<State>,
+    limit_bytes: AtomicU64,
+}
+
+impl DeviceAllocator {
+    pub fn new(device: usize, driver: Arc<dyn Driver>, config: Arc<Config>) -> DeviceAllocator {
+        DeviceAllocator {
+            device,
+            driver,
+            config,
+            pool: OnceLock::new(),
+            pool_creation: Mutex::new(()),
+            state: Mutex::new(State::default()),
+            limit_bytes: AtomicU64::new(NO_LIMIT),
+        }
+    }
+
+    /// The device's pool, created on first use.
+    fn pool(&self) -> Result<Pool> {
+        if let Some(pool) = self.pool.get() {
+            return Ok(*pool);
+        }
+        let _creating = self.pool_creation.lock();
+        if let Some(pool) = self.pool.get() {
+            return Ok(*pool);
+        }
+        let pool = Pool::create(self.driver.as_ref(), self.device, &self.config)?;
+        self.state.lock().cache = Cache::new(pool.cache_limit_bytes);
+        Ok(*self.pool.get_or_init(|| pool))
+    }
+
+    pub fn allocate(&self, requested_bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        let block_bytes = round_up(requested_bytes, BLOCK_ALIGN_BYTES);
+        let pool = self.pool()?;
+        if self.driver.is_capturing(self.device, stream)? {
+            return self.allocate_captured(requested_bytes, block_bytes, stream);
+        }
+        let mut st = self.state.lock();
+        if !st.capturing.is_empty() {
+            self.refresh_captures(&mut st);
+        }
+        if !st.pending.is_empty() && st.capturing.is_empty() {
+            self.collect_pending(&mut st);
+        }
+        if let Some(block) = st.cache.take(stream, block_bytes) {
+            st.counters.num_cache_hits += 1;
+            st.insert_live(block.ptr, requested_bytes, block.block_bytes, stream, false);
+            log::trace!(
+                "device {}: alloc {requested_bytes} B on stream {stream:#x} -> {:#x} (cache)",
+                self.device,
+                block.ptr
+            );
+            return Ok(block.ptr);
+        }
+        drop(st);
+        self.allocate_from_pool(pool, requested_bytes, block_bytes, stream)
+    }
+
+    fn allocate_from_pool(
+        &self,
+        pool: Pool,
+        requested_bytes: u64,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        self.enforce_limit(block_bytes, stream)?;
+        self.release_cache_before_growth(pool, block_bytes, stream)?;
+        let ptr = match self
+            .driver
+            .alloc_async(self.device, pool.handle, block_bytes, stream)
+        {
+            Ok(ptr) => ptr,
+            Err(e) if e.is_device_oom() => {
+                log::warn!("device {}: out of memory for {block_bytes} B; flushing cache, synchronising, trimming, retrying", self.device);
+                self.state.lock().counters.num_alloc_retries += 1;
+                self.flush(Some(0))?;
+                match self
+                    .driver
+                    .alloc_async(self.device, pool.handle, block_bytes, stream)
+                {
+                    Ok(ptr) => ptr,
+                    Err(e) if e.is_device_oom() => {
+                        return Err(self.out_of_memory(requested_bytes, None))
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let mut st = self.state.lock();
+        st.counters.num_device_allocs += 1;
+        st.held_bytes += block_bytes;
+        st.insert_live(ptr, requested_bytes, block_bytes, stream, false);
+        log::trace!(
+            "device {}: alloc {requested_bytes} B on stream {stream:#x} -> {ptr:#x} (pool)",
+            self.device
+        );
+        Ok(ptr)
+    }
+
+    /// Graph capture: the allocation becomes part of the graph (see `Driver::alloc_captured`).
+    fn allocate_captured(
+        &self,
+        requested_bytes: u64,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        {
+            let mut st = self.state.lock();
+            if !st.capturing.contains(&stream) {
+                log::info!("device {}: stream {stream:#x} is capturing a CUDA graph; its allocations bypass the cache", self.device);
+                st.capturing.push(stream);
+            }
+        }
+        let ptr = match self.driver.alloc_captured(self.device, block_bytes, stream) {
+            Ok(ptr) => ptr,
+            Err(e) if e.is_device_oom() => return Err(self.out_of_memory(requested_bytes, None)),
+            Err(e) => return Err(e),
+        };
+        let mut st = self.state.lock();
+        st.counters.num_device_allocs += 1;
+        st.insert_live(ptr, requested_bytes, block_bytes, stream, true);
+        Ok(ptr)
+    }
+
+    /// Step 3: the cap from `set_memory_fraction` counts every byte held from the pool.
+    fn enforce_limit(&self, block_bytes: u64, stream: Stream) -> Result<()> {
+        let limit = self.limit_bytes.load(Ordering::Relaxed);
+        if limit == NO_LIMIT {
+            return Ok(());
+        }
+        let evicted = {
+            let mut st = self.state.lock();
+            if st.held_bytes + block_bytes <= limit {
+                return Ok(());
+            }
+            let over = st.held_bytes + block_bytes - limit;
+            st.take_from_cache(over, stream)
+        };
+        self.return_to_pool(evicted);
+        if self.state.lock().held_bytes + block_bytes > limit {
+            self.state.lock().counters.num_ooms += 1;
+            return Err(self.out_of_memory(block_bytes, Some(limit)));
+        }
+        Ok(())
+    }
+
+    /// Step 4: if the pool has no free room for the block, give it cached blocks to reuse.
+    fn release_cache_before_growth(
+        &self,
+        pool: Pool,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        if self.state.lock().cache.cached_bytes() == 0 {
+            return Ok(());
+        }
+        let usage = self.driver.pool_usage(self.device, pool.handle)?;
+        let room = usage.reserved_bytes.saturating_sub(usage.used_bytes);
+        if block_bytes <= room {
+            return Ok(());
+        }
+        let evicted = self
+            .state
+            .lock()
+            .take_from_cache(block_bytes - room, stream);
+        self.return_to_pool(evicted);
+        Ok(())
+    }
+
+    /// Frees blocks to the pool on their own streams; they left `held_bytes` when taken.
+    fn return_to_pool(&self, blocks: Vec<CachedBlock>) {
+        let mut freed = 0;
+        for b in &blocks {
+            match self.driver.free_async(self.device, b.ptr, b.stream) {
+                Ok(()) => freed += 1,
+                Err(e) => log::error!(
+                    "device {}: returning {:#x} to the pool failed: {e}",
+                    self.device,
+                    b.ptr
+                ),
+            }
+        }
+        if freed > 0 {
+            self.state.lock().counters.num_device_frees += freed;
+        }
+    }
+
+    fn out_of_memory(&self, requested_bytes: u64, limit_bytes: Option<u64>) -> Error {
+        let mem = self.driver.mem_info(self.device).unwrap_or_default();
+        let reserved = self
+            .pool
+            .get()
+            .and_then(|p| self.driver.pool_usage(self.device, p.handle).ok())
+            .map_or(0, |u| u.reserved_bytes);
+        let mut st = self.state.lock();
+        if limit_bytes.is_none() {
+            st.counters.num_ooms += 1;
+        }
+        let report = OomReport {
+            requested_bytes,
+            device: self.device,
+            device_free_bytes: mem.free_bytes,
+            device_total_bytes: mem.total_bytes,
+            allocated_bytes: st.counters.allocated_bytes.current,
+            reserved_bytes: reserved,
+            cached_bytes: st.cache.cached_bytes(),
+            limit_bytes,
+        };
+        log::warn!("{report}");
+        Error::OutOfMemory(Box::new(report))
+    }
+
+    pub fn free(&self, ptr: DevicePtr) -> Result<()> {
+        let mut st = self.state.lock();
+        let block = st.live.remove(&ptr).ok_or(Error::UnknownPointer {
+            ptr,
+            device: self.device,
+        })?;
+        st.counters.allocated_bytes.sub(block.requested_bytes);
+        st.counters.allocations.sub(1);
+        st.counters.freed_bytes_total += block.requested_bytes;
+        st.counters.num_frees += 1;
+        log::trace!(
+            "device {}: free {ptr:#x} ({} B) on stream {:#x}",
+            self.device,
+            block.requested_bytes,
+            block.stream
+        );
+        let cached = CachedBlock {
+            ptr,
+            block_bytes: block.block_bytes,
+            stream: block.stream,
+        };
+        if block.captured {
+            st.counters.active_bytes.sub(block.requested_bytes);
+            st.counters.num_device_frees += 1;
+            drop(st);
+            return self.driver.free_async(self.device, ptr, block.stream);
+        }
+        if !block.recorded_streams.is_empty() {
+            // Active until the other streams are done with it.
+            return self.free_after_streams(
+                st,
+                block.requested_bytes,
+                cached,
+                block.recorded_streams,
+            );
+        }
+        st.counters.active_bytes.sub(block.requested_bytes);
+        self.keep_or_return(st, cached)
+    }
+
+    fn keep_or_return(
+        &self,
+        mut st: parking_lot::MutexGuard<'_, State>,
+        block: CachedBlock,
+    ) -> Result<()> {
+        match st.cache.put(block) {
+            Ok(()) => Ok(()),
+            Err(block) => {
+                st.held_bytes -= block.block_bytes;
+                st.counters.num_device_frees += 1;
+                drop(st);
+                self.driver.free_async(self.device, block.ptr, block.stream)
+            }
+        }
+    }
+
+    /// A block used on other streams waits for events recorded on them before it is reused.
+    fn free_after_streams(
+        &self,
+        mut st: parking_lot::MutexGuard<'_, State>,
+        requested_bytes: u64,
+        block: CachedBlock,
+        streams: Vec<Stream>,
+    ) -> Result<()> {
+        if !st.capturing.is_empty() {
+            st.deferred.push(DeferredBlock {
+                block,
+                requested_bytes,
+                streams,
+            });
+            return Ok(());
+        }
+        let mut events = Vec::with_capacity(streams.len());
+        for s in streams {
+            let event = match st.spare_events.pop() {
+                Some(e) => Ok(e),
+                None => self.driver.event_create(self.device),
+            };
+            let recorded =
+                event.and_then(|e| self.driver.event_record(self.device, e, s).map(|()| e));
+            match recorded {
+                Ok(e) => events.push(e),
+                Err(err) => {
+                    // Without an event we can't know when the stream is done: wait for everything.
+                    log::warn!(
+                        "device {}: {err}; synchronising before reusing {:#x}",
+                        self.device,
+                        block.ptr
+                    );
+                    st.spare_events.append(&mut events);
+                    drop(st);
+                    let synced = self.driver.synchronize(self.device);
+                    let mut st = self.state.lock();
+                    st.counters.active_bytes.sub(requested_bytes);
+                    synced?;
+                    return self.keep_or_return(st, block);
+                }
+            }
+        }
+        st.pending.push(PendingBlock {
+            block,
+            requested_bytes,
+            events,
+        });
+        Ok(())
+    }
+
+    /// Moves pending blocks whose events have all completed into the cache.
+    fn collect_pending(&self, st: &mut State) {
+        let mut i = 0;
+        while i < st.pending.len() {
+            let done = st.pending[i]
+                .events
+                .iter()
+                .all(|e| self.driver.event_query(self.device, *e).unwrap_or(false));
+            if done {
+                let p = st.pending.swap_remove(i);
+                st.spare_events.extend(p.events);
+                st.counters.active_bytes.sub(p.requested_bytes);
+                if let Err(block) = st.cache.put(p.block) {
+                    st.held_bytes -= block.block_bytes;
+                    st.counters.num_device_frees += 1;
+                    if let Err(e) = self.driver.free_async(self.device, block.ptr, block.stream) {
+                        log::error!(
+                            "device {}: returning {:#x} to the pool failed: {e}",
+                            self.device,
+                            block.ptr
+                        );
+                    }
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Forgets streams whose capture has ended; once none is left, deferred frees proceed.
+    fn refresh_captures(&self, st: &mut State) {
+        st.capturing
+            .retain(|s| self.driver.is_capturing(self.device, *s).unwrap_or(false));
+        if st.capturing.is_empty() && !st.deferred.is_empty() {
+            log::info!(
+                "device {}: graph capture ended; releasing {} deferred blocks",
+                self.device,
+                st.deferred.len()
+            );
+            for d in std::mem::take(&mut st.deferred) {
+                let mut events = Vec::new();
+                for s in d.streams {
+                    let e = st
+                        .spare_events
+                        .pop()
+                        .map_or_else(|| self.driver.event_create(self.device), Ok);
+                    if let Ok(e) =
+                        e.and_then(|e| self.driver.event_record(self.device, e, s).map(|()| e))
+                    {
+                        events.push(e);
+                    }
+                }
+                st.pending.push(PendingBlock {
+                    block: d.block,
+                    requested_bytes: d.requested_bytes,
+                    events,
+                });
+            }
+        }
+    }
+
+    pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        let mut st = self.state.lock();
+        let block = st.live.get_mut(&ptr).ok_or(Error::UnknownPointer {
+            ptr,
+            device: self.device,
+        })?;
+        if stream != block.stream && !block.recorded_streams.contains(&stream) {
+            block.recorded_streams.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Returns cached and completed blocks to the pool; with `trim_to`, also synchronises and
+    /// trims the pool to that many bytes. Skips synchronisation while a graph is being captured.
+    pub fn flush(&self, trim_to: Option<u64>) -> Result<()> {
+        let Some(pool) = self.pool.get().copied() else {
+            return Ok(());
+        };
+        let capturing = {
+            let mut st = self.state.lock();
+            self.refresh_captures(&mut st);
+            !st.capturing.is_empty()
+        };
+        if trim_to.is_some() && !capturing {
+            self.driver.synchronize(self.device)?;
+        }
+        let blocks = {
+            let mut st = self.state.lock();
+            if !capturing {
+                self.collect_pending(&mut st);
+            }
+            let blocks = st.cache.drain();
+            st.held_bytes -= blocks.iter().map(|b| b.block_bytes).sum::<u64>();
+            blocks
+        };
+        let count = blocks.len();
+        self.return_to_pool(blocks);
+        if let (Some(keep_bytes), false) = (trim_to, capturing) {
+            self.driver.synchronize(self.device)?;
+            self.driver
+                .pool_trim(self.device, pool.handle, keep_bytes)?;
+        }
+        log::info!(
+            "device {}: flushed {count} cached blocks (trim to {trim_to:?})",
+            self.device
+        );
+        Ok(())
+    }
+
+    pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        let pool = self.pool()?;
+        self.driver.pool_set_attr(
+            self.device,
+            pool.handle,
+            PoolAttr::ReleaseThresholdBytes(bytes),
+        )
+    }
+
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::InvalidArgument(format!(
+                "memory fraction {fraction} is outside 0..=1"
+            )));
+        }
+        let total = self.device_total_bytes()?;
+        let limit = (total as f64 * fraction) as u64;
+        self.limit_bytes.store(limit, Ordering::Relaxed);
+        log::info!(
+            "device {}: memory limit set to {limit} B ({fraction} of {total} B)",
+            self.device
+        );
+        Ok(())
+    }
+
+    pub fn device_total_bytes(&self) -> Result<u64> {
+        match self.pool.get() {
+            Some(p) => Ok(p.device_total_bytes),
+            None => Ok(self.driver.mem_info(self.device)?.total_bytes),
+        }
+    }
+
+    pub fn stats(&self) -> Result<StreampoolStats> {
+        let (c, cached_bytes) = {
+            let st = self.state.lock();
+            (st.counters.clone(), st.cache.cached_bytes())
+        };
+        let usage = match self.pool.get() {
+            Some(p) => self.driver.pool_usage(self.device, p.handle)?,
+            None => Default::default(),
+        };
+        let limit = self.limit_bytes.load(Ordering::Relaxed);
+        Ok(StreampoolStats {
+            allocated_bytes: c.allocated_bytes.current,
+            allocated_bytes_peak: c.allocated_bytes.peak,
+            allocated_bytes_total: c.allocated_bytes_total,
+            freed_bytes_total: c.freed_bytes_total,
+            active_bytes: c.active_bytes.current,
+            active_bytes_peak: c.active_bytes.peak,
+            reserved_bytes: usage.reserved_bytes,
+            reserved_bytes_peak: usage.reserved_bytes_high,
+            pool_used_bytes: usage.used_bytes,
+            cached_bytes,
+            num_allocs: c.num_allocs,
+            num_frees: c.num_frees,
+            allocations_current: c.allocations.current,
+            allocations_peak: c.allocations.peak,
+            num_cache_hits: c.num_cache_hits,
+            num_device_allocs: c.num_device_allocs,
+            num_device_frees: c.num_device_frees,
+            num_alloc_retries: c.num_alloc_retries,
+            num_ooms: c.num_ooms,
+            memory_limit_bytes: if limit == NO_LIMIT { 0 } else { limit },
+            device_total_bytes: self.device_total_bytes()?,
+        })
+    }
+
+    pub fn reset_peak_stats(&self) -> Result<()> {
+        self.state.lock().counters.reset_peaks();
+        match self.pool.get() {
+            Some(p) => self.driver.pool_reset_peaks(self.device, p.handle),
+            None => Ok(()),
+        }
+    }
+
+    pub fn trim(&self, keep_bytes: u64) -> Result<()> {
+        self.pool()?;
+        self.flush(Some(keep_bytes))
+    }
+}
+
+impl State {
+    #[inline]
+    fn insert_live(
+        &mut self,
+        ptr: DevicePtr,
+        requested_bytes: u64,
+        block_bytes: u64,
+        stream: Stream,
+        captured: bool,
+    ) {
+        let c = &mut self.counters;
+        c.allocated_bytes.add(requested_bytes);
+        c.active_bytes.add(requested_bytes);
+        c.allocations.add(1);
+        c.allocated_bytes_total += requested_bytes;
+        c.num_allocs += 1;
+        self.live.insert(
+            ptr,
+            LiveBlock {
+                requested_bytes,
+                block_bytes,
+                stream,
+                captured,
+                recorded_streams: Vec::new(),
+            },
+        );
+    }
+
+    /// Takes cached blocks worth `wanted_bytes` out of the cache (they leave `held_bytes`).
+    fn take_from_cache(&mut self, wanted_bytes: u64, prefer_stream: Stream) -> Vec<CachedBlock> {
+        let blocks = self.cache.evict(wanted_bytes, prefer_stream);
+        self.held_bytes -= blocks.iter().map(|b| b.block_bytes).sum::<u64>();
+        blocks
+    }
+}

@@ -1,0 +1,360 @@
+//! The real CUDA edge: the driver API through `cudarc`'s dynamically loaded bindings.
+//!
+//! Invariants: libcuda is looked up once, and its absence is an error, never a panic; every call
+//! that needs a context first makes the device's primary context current on this thread
+//! (autograd's backward thread has none) and restores the thread's previous context afterwards.
+
+use super::{DevicePtr, Driver, EventHandle, MemInfo, PoolAttr, PoolHandle, PoolUsage, Stream};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::ffi::CStr;
+use std::sync::OnceLock;
+
+/// A device's retained primary context, shared by PyTorch and streampool.
+#[derive(Clone, Copy)]
+struct PrimaryContext(sys::CUcontext);
+// SAFETY: a CUcontext is a process-wide handle; the driver API is thread-safe.
+unsafe impl Send for PrimaryContext {}
+unsafe impl Sync for PrimaryContext {}
+
+pub struct CudaDriver {
+    devices: Vec<sys::CUdevice>,
+    contexts: Vec<OnceLock<PrimaryContext>>,
+}
+
+fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
+    if result == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut name_ptr: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string or leaves it NULL.
+    unsafe { sys::cuGetErrorName(result, &mut name_ptr) };
+    let name = if name_ptr.is_null() {
+        format!("{result:?}")
+    } else {
+        // SAFETY: non-NULL pointers from cuGetErrorName are static NUL-terminated strings.
+        unsafe { CStr::from_ptr(name_ptr) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    Err(Error::Driver {
+        call,
+        code: result as i32,
+        name,
+    })
+}
+
+fn stream_ptr(stream: Stream) -> sys::CUstream {
+    stream as sys::CUstream
+}
+
+/// Restores the thread's previous context when dropped.
+struct ContextScope(Option<sys::CUcontext>);
+
+impl Drop for ContextScope {
+    fn drop(&mut self) {
+        if let Some(previous) = self.0 {
+            // SAFETY: `previous` was current on this thread a moment ago and is still alive.
+            unsafe { sys::cuCtxSetCurrent(previous) };
+        }
+    }
+}
+
+impl CudaDriver {
+    /// Loads libcuda, initialises it and enumerates devices.
+    pub fn new() -> Result<CudaDriver> {
+        // SAFETY: only probes for the shared library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::DriverUnavailable(
+                "libcuda.so.1 was not found: streampool's cuda driver needs the NVIDIA driver installed \
+                 (set STREAMPOOL_DRIVER=sim to use the simulated driver on a machine without a GPU)"
+                    .into(),
+            ));
+        }
+        // SAFETY: plain driver calls with valid out-pointers.
+        unsafe {
+            check("cuInit", sys::cuInit(0))?;
+            let mut count = 0;
+            check("cuDeviceGetCount", sys::cuDeviceGetCount(&mut count))?;
+            let mut devices = Vec::with_capacity(count as usize);
+            for i in 0..count {
+                let mut dev = 0;
+                check("cuDeviceGet", sys::cuDeviceGet(&mut dev, i))?;
+                devices.push(dev);
+            }
+            let contexts = devices.iter().map(|_| OnceLock::new()).collect();
+            Ok(CudaDriver { devices, contexts })
+        }
+    }
+
+    fn primary_context(&self, device: usize) -> Result<sys::CUcontext> {
+        if let Some(ctx) = self.contexts[device].get() {
+            return Ok(ctx.0);
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: retaining a primary context is idempotent apart from its reference count; a
+        // racing thread retains once more, which only keeps the context alive longer.
+        check("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, self.devices[device])
+        })?;
+        Ok(self.contexts[device].get_or_init(|| PrimaryContext(ctx)).0)
+    }
+
+    /// Makes `device`'s primary context current until the returned scope ends.
+    fn enter(&self, device: usize) -> Result<ContextScope> {
+        let wanted = self.primary_context(device)?;
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check("cuCtxGetCurrent", unsafe {
+            sys::cuCtxGetCurrent(&mut current)
+        })?;
+        if current == wanted {
+            return Ok(ContextScope(None));
+        }
+        // SAFETY: `wanted` is a retained primary context.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(wanted) })?;
+        // A thread that had no context keeps ours: the next call on it needs no switch.
+        Ok(ContextScope((!current.is_null()).then_some(current)))
+    }
+
+    fn get_attr(&self, pool: PoolHandle, attr: sys::CUmemPool_attribute) -> Result<u64> {
+        let mut value: u64 = 0;
+        // SAFETY: the usage attributes are cuuint64_t, matching `value`.
+        check("cuMemPoolGetAttribute", unsafe {
+            sys::cuMemPoolGetAttribute(
+                pool.0 as sys::CUmemoryPool,
+                attr,
+                &mut value as *mut u64 as *mut _,
+            )
+        })?;
+        Ok(value)
+    }
+
+    fn device_attr(&self, device: usize, attr: sys::CUdevice_attribute) -> Result<i32> {
+        let mut value = 0;
+        // SAFETY: valid out-pointer and device handle.
+        check("cuDeviceGetAttribute", unsafe {
+            sys::cuDeviceGetAttribute(&mut value, attr, self.devices[device])
+        })?;
+        Ok(value)
+    }
+}
+
+impl Driver for CudaDriver {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device_count(&self) -> Result<usize> {
+        Ok(self.devices.len())
+    }
+
+    fn mem_info(&self, device: usize) -> Result<MemInfo> {
+        let _scope = self.enter(device)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers; the device's context is current.
+        check("cuMemGetInfo", unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
+        Ok(MemInfo {
+            free_bytes: free as u64,
+            total_bytes: total as u64,
+        })
+    }
+
+    fn pool_create(&self, device: usize, max_size_bytes: u64) -> Result<PoolHandle> {
+        let supported = self.device_attr(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        )?;
+        if supported == 0 {
+            return Err(Error::DriverUnavailable(format!(
+                "device {device} does not support CUDA memory pools (cuMemAllocFromPoolAsync); streampool needs CUDA 11.2+ and a supported GPU"
+            )));
+        }
+        let _scope = self.enter(device)?;
+        // SAFETY: CUmemPoolProps is plain data; all-zero is a valid starting value.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = device as i32;
+        props.maxSize = if max_size_bytes == u64::MAX {
+            0
+        } else {
+            max_size_bytes as usize
+        };
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: props is fully initialised; pool is a valid out-pointer.
+        check("cuMemPoolCreate", unsafe {
+            sys::cuMemPoolCreate(&mut pool, &props)
+        })?;
+        Ok(PoolHandle(pool as usize))
+    }
+
+    fn pool_set_attr(&self, _device: usize, pool: PoolHandle, attr: PoolAttr) -> Result<()> {
+        use sys::CUmemPool_attribute::*;
+        let pool = pool.0 as sys::CUmemoryPool;
+        // SAFETY: the release threshold is a cuuint64_t and the reuse flags are ints, as passed.
+        unsafe {
+            match attr {
+                PoolAttr::ReleaseThresholdBytes(mut bytes) => check(
+                    "cuMemPoolSetAttribute(RELEASE_THRESHOLD)",
+                    sys::cuMemPoolSetAttribute(
+                        pool,
+                        CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                        &mut bytes as *mut u64 as *mut _,
+                    ),
+                ),
+                PoolAttr::ReuseFollowEventDependencies(on)
+                | PoolAttr::ReuseAllowOpportunistic(on)
+                | PoolAttr::ReuseAllowInternalDependencies(on) => {
+                    let which = match attr {
+                        PoolAttr::ReuseFollowEventDependencies(_) => {
+                            CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
+                        }
+                        PoolAttr::ReuseAllowOpportunistic(_) => {
+                            CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC
+                        }
+                        _ => CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+                    };
+                    let mut flag: i32 = on.into();
+                    check(
+                        "cuMemPoolSetAttribute(REUSE_*)",
+                        sys::cuMemPoolSetAttribute(pool, which, &mut flag as *mut i32 as *mut _),
+                    )
+                }
+            }
+        }
+    }
+
+    fn pool_usage(&self, _device: usize, pool: PoolHandle) -> Result<PoolUsage> {
+        use sys::CUmemPool_attribute::*;
+        Ok(PoolUsage {
+            reserved_bytes: self.get_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_bytes_high: self.get_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+            used_bytes: self.get_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            used_bytes_high: self.get_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+        })
+    }
+
+    fn pool_reset_peaks(&self, _device: usize, pool: PoolHandle) -> Result<()> {
+        use sys::CUmemPool_attribute::*;
+        for attr in [
+            CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+            CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        ] {
+            let mut zero: u64 = 0;
+            // SAFETY: the high-water attributes are cuuint64_t and may only be set to 0.
+            check("cuMemPoolSetAttribute(*_MEM_HIGH)", unsafe {
+                sys::cuMemPoolSetAttribute(
+                    pool.0 as sys::CUmemoryPool,
+                    attr,
+                    &mut zero as *mut u64 as *mut _,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    fn pool_trim(&self, device: usize, pool: PoolHandle, keep_bytes: u64) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // SAFETY: a valid pool handle.
+        check("cuMemPoolTrimTo", unsafe {
+            sys::cuMemPoolTrimTo(
+                pool.0 as sys::CUmemoryPool,
+                keep_bytes.min(usize::MAX as u64) as usize,
+            )
+        })
+    }
+
+    fn alloc_async(
+        &self,
+        device: usize,
+        pool: PoolHandle,
+        bytes: u64,
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        let _scope = self.enter(device)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer, pool and stream handles from the caller.
+        check("cuMemAllocFromPoolAsync", unsafe {
+            sys::cuMemAllocFromPoolAsync(
+                &mut ptr,
+                bytes as usize,
+                pool.0 as sys::CUmemoryPool,
+                stream_ptr(stream),
+            )
+        })?;
+        Ok(ptr)
+    }
+
+    fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        let _scope = self.enter(device)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; during capture this records a graph allocation node.
+        check("cuMemAllocAsync", unsafe {
+            sys::cuMemAllocAsync(&mut ptr, bytes as usize, stream_ptr(stream))
+        })?;
+        Ok(ptr)
+    }
+
+    fn free_async(&self, device: usize, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // SAFETY: `ptr` came from this driver's allocation on `device` and is freed once.
+        check("cuMemFreeAsync", unsafe {
+            sys::cuMemFreeAsync(ptr, stream_ptr(stream))
+        })
+    }
+
+    fn synchronize(&self, device: usize) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // SAFETY: the device's context is current.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+
+    fn event_create(&self, device: usize) -> Result<EventHandle> {
+        let _scope = self.enter(device)?;
+        let mut event: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; timing is disabled so record/query stay cheap.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(
+                &mut event,
+                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
+            )
+        })?;
+        Ok(EventHandle(event as usize))
+    }
+
+    fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // SAFETY: an event created by event_create on this device.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(event.0 as sys::CUevent, stream_ptr(stream))
+        })
+    }
+
+    fn event_query(&self, _device: usize, event: EventHandle) -> Result<bool> {
+        // SAFETY: an event created by event_create; querying needs no current context.
+        match unsafe { sys::cuEventQuery(event.0 as sys::CUevent) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => check("cuEventQuery", other).map(|_| false),
+        }
+    }
+
+    fn event_destroy(&self, _device: usize, event: EventHandle) {
+        // SAFETY: destroys an event this driver created; it is not used afterwards.
+        unsafe { sys::cuEventDestroy_v2(event.0 as sys::CUevent) };
+    }
+
+    fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool> {
+        let _scope = self.enter(device)?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: valid out-pointer; `stream` is the caller's stream handle.
+        check("cuStreamIsCapturing", unsafe {
+            sys::cuStreamIsCapturing(stream_ptr(stream), &mut status)
+        })?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+}

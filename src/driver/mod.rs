@@ -1,0 +1,86 @@
+//! The CUDA edge: everything streampool asks of the GPU goes through the [`Driver`] trait.
+//!
+//! Invariant: implementations hold no allocation policy. `cuda` forwards to the CUDA driver API;
+//! `sim` reproduces its stream-ordered semantics on the host so every layer above runs in CI.
+
+pub mod cuda;
+pub mod sim;
+
+use crate::error::Result;
+
+/// A raw `CUstream` / `cudaStream_t` value; 0 is the legacy default stream.
+pub type Stream = usize;
+/// A device address.
+pub type DevicePtr = u64;
+
+/// Opaque handle of a memory pool created by a driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PoolHandle(pub usize);
+
+/// Opaque handle of an event created by a driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventHandle(pub usize);
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemInfo {
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// The pool's own accounting (`CU_MEMPOOL_ATTR_*_MEM_*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolUsage {
+    pub reserved_bytes: u64,
+    pub reserved_bytes_high: u64,
+    pub used_bytes: u64,
+    pub used_bytes_high: u64,
+}
+
+/// Settable pool attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolAttr {
+    ReleaseThresholdBytes(u64),
+    ReuseFollowEventDependencies(bool),
+    ReuseAllowOpportunistic(bool),
+    ReuseAllowInternalDependencies(bool),
+}
+
+/// The operations streampool needs from CUDA. Every method that touches a device takes its index
+/// so the implementation can make the right context current on the calling thread.
+pub trait Driver: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn device_count(&self) -> Result<usize>;
+    fn mem_info(&self, device: usize) -> Result<MemInfo>;
+
+    /// Creates an explicit pool on `device`; `max_size_bytes == u64::MAX` means unlimited.
+    fn pool_create(&self, device: usize, max_size_bytes: u64) -> Result<PoolHandle>;
+    fn pool_set_attr(&self, device: usize, pool: PoolHandle, attr: PoolAttr) -> Result<()>;
+    fn pool_usage(&self, device: usize, pool: PoolHandle) -> Result<PoolUsage>;
+    /// Resets the reserved and used high-water marks to the current values.
+    fn pool_reset_peaks(&self, device: usize, pool: PoolHandle) -> Result<()>;
+    fn pool_trim(&self, device: usize, pool: PoolHandle, keep_bytes: u64) -> Result<()>;
+
+    /// `cuMemAllocFromPoolAsync`. Out of memory is `Error::Driver` with `CUDA_ERROR_OUT_OF_MEMORY`.
+    fn alloc_async(
+        &self,
+        device: usize,
+        pool: PoolHandle,
+        bytes: u64,
+        stream: Stream,
+    ) -> Result<DevicePtr>;
+    /// Allocation on a capturing stream: becomes a graph allocation node (`cuMemAllocAsync`).
+    fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr>;
+    /// `cuMemFreeAsync`: the memory returns to its pool once `stream` reaches this point.
+    fn free_async(&self, device: usize, ptr: DevicePtr, stream: Stream) -> Result<()>;
+    /// Waits for all work on the device.
+    fn synchronize(&self, device: usize) -> Result<()>;
+
+    fn event_create(&self, device: usize) -> Result<EventHandle>;
+    fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()>;
+    /// True once all work captured by the event's last record has completed.
+    fn event_query(&self, device: usize, event: EventHandle) -> Result<bool>;
+    fn event_destroy(&self, device: usize, event: EventHandle);
+
+    /// True while `stream` is being captured into a CUDA graph.
+    fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool>;
+}

@@ -1,0 +1,119 @@
+//! Errors and the status codes they map to at the C boundary.
+//!
+//! Invariant: every failure inside streampool is an [`Error`] value with a message a user can act
+//! on; the C ABI turns it into a [`Status`] code plus `streampool_last_error()` text.
+
+use crate::units::format_bytes;
+
+/// A CUDA driver result code (`CUresult`), kept as the raw integer.
+pub type DriverCode = i32;
+
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+pub const CUDA_ERROR_OUT_OF_MEMORY: DriverCode = 2;
+
+/// What the allocator knew when an allocation failed for lack of memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OomReport {
+    pub requested_bytes: u64,
+    pub device: usize,
+    pub device_free_bytes: u64,
+    pub device_total_bytes: u64,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub cached_bytes: u64,
+    /// Cap set by `set_memory_fraction`, if it is what refused the request.
+    pub limit_bytes: Option<u64>,
+}
+
+impl std::fmt::Display for OomReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CUDA out of memory. Tried to allocate {} ({} bytes). GPU {} has a total capacity of {} of which {} is free. \
+             streampool holds {} allocated by live tensors, {} reserved by its pool and {} in its cache.",
+            format_bytes(self.requested_bytes),
+            self.requested_bytes,
+            self.device,
+            format_bytes(self.device_total_bytes),
+            format_bytes(self.device_free_bytes),
+            format_bytes(self.allocated_bytes),
+            format_bytes(self.reserved_bytes),
+            format_bytes(self.cached_bytes),
+        )?;
+        if let Some(limit) = self.limit_bytes {
+            write!(
+                f,
+                " The request exceeds the limit of {} set by set_per_process_memory_fraction.",
+                format_bytes(limit)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error(
+        "unknown pointer {ptr:#x} on device {device}: it was not allocated by streampool, was already freed, \
+         or points inside an allocation"
+    )]
+    UnknownPointer { ptr: u64, device: usize },
+    #[error("{0}")]
+    OutOfMemory(Box<OomReport>),
+    #[error("{var}={value:?} is not valid ({reason}); accepted: {accepted}")]
+    Config {
+        var: &'static str,
+        value: String,
+        reason: String,
+        accepted: &'static str,
+    },
+    #[error("CUDA driver call {call} failed with {name} ({code})")]
+    Driver {
+        call: &'static str,
+        code: DriverCode,
+        name: String,
+    },
+    #[error("{0}")]
+    DriverUnavailable(String),
+    #[error("internal error in streampool (please report): {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// True for a driver call that failed because the device had no memory left.
+    pub fn is_device_oom(&self) -> bool {
+        matches!(self, Error::Driver { code, .. } if *code == CUDA_ERROR_OUT_OF_MEMORY)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Status codes returned by the C entry points (see `docs/abi.md`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreampoolStatus {
+    Ok = 0,
+    InvalidArgument = -1,
+    OutOfMemory = -2,
+    UnknownPointer = -3,
+    ConfigError = -4,
+    DriverError = -5,
+    DriverUnavailable = -6,
+    InternalError = -7,
+}
+
+impl From<&Error> for StreampoolStatus {
+    fn from(e: &Error) -> Self {
+        match e {
+            Error::InvalidArgument(_) => StreampoolStatus::InvalidArgument,
+            Error::UnknownPointer { .. } => StreampoolStatus::UnknownPointer,
+            Error::OutOfMemory(_) => StreampoolStatus::OutOfMemory,
+            Error::Config { .. } => StreampoolStatus::ConfigError,
+            Error::Driver { .. } => StreampoolStatus::DriverError,
+            Error::DriverUnavailable(_) => StreampoolStatus::DriverUnavailable,
+            Error::Internal(_) => StreampoolStatus::InternalError,
+        }
+    }
+}

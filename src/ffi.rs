@@ -1,0 +1,332 @@
+//! Every exported C function: argument conversion, `catch_unwind`, status codes. No policy here.
+//!
+//! Invariants: no Rust panic crosses this boundary (each body runs inside `catch_unwind`);
+//! `my_malloc` never returns NULL for a positive size — it throws a C++ exception instead, which
+//! PyTorch turns into a Python `RuntimeError`; every other entry reports failure by status code or
+//! NULL plus `streampool_last_error()`.
+
+use crate::api::{clear_last_error, global, last_error_ptr, set_last_error};
+use crate::config::Config;
+use crate::driver::Stream;
+use crate::error::{Error, Result, StreampoolStatus};
+use crate::stats::StreampoolStats;
+use crate::units::{parse_size, SIZE_ACCEPTED};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+extern "C-unwind" {
+    /// Defined in src/oom.cpp: throws `std::runtime_error(message)`; the message is copied.
+    fn streampool_throw_runtime_error(message: *const c_char) -> !;
+}
+
+/// Runs `f`, turning a panic into `Error::Internal`.
+fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(Error::Internal(what))
+    })
+}
+
+fn status(result: Result<()>) -> c_int {
+    match result {
+        Ok(()) => {
+            clear_last_error();
+            StreampoolStatus::Ok as c_int
+        }
+        Err(e) => {
+            set_last_error(&e);
+            StreampoolStatus::from(&e) as c_int
+        }
+    }
+}
+
+/// Logs an error from an entry point that returns nothing.
+fn report(entry: &str, result: Result<()>) {
+    if let Err(e) = result {
+        set_last_error(&e);
+        log::error!("{entry}: {e}");
+    }
+}
+
+fn size_from_ssize(size: libc::ssize_t) -> Result<u64> {
+    u64::try_from(size).map_err(|_| {
+        Error::InvalidArgument(format!("allocation size must not be negative, got {size}"))
+    })
+}
+
+/// PyTorch's allocation entry point (`CUDAPluggableAllocator(path, "my_malloc", "my_free")`).
+///
+/// # Safety
+/// `stream` must be a valid CUDA stream of `device` (or NULL for the legacy default stream).
+#[no_mangle]
+pub unsafe extern "C-unwind" fn my_malloc(
+    size: libc::ssize_t,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    let result = guarded(|| match size_from_ssize(size)? {
+        0 => Ok(0),
+        bytes => global()?.malloc(bytes, device.into(), stream as Stream),
+    });
+    match result {
+        Ok(ptr) => ptr as *mut c_void,
+        Err(e) => {
+            set_last_error(&e);
+            drop(e);
+            // SAFETY: the C++ shim copies the message before throwing; nothing in this frame
+            // needs dropping, and PyTorch's caller catches the exception.
+            unsafe { streampool_throw_runtime_error(last_error_ptr()) }
+        }
+    }
+}
+
+/// PyTorch's free entry point. Never throws; errors are logged and kept in `streampool_last_error`.
+///
+/// # Safety
+/// `ptr` must be NULL or a pointer this library returned for `device`.
+#[no_mangle]
+pub unsafe extern "C" fn my_free(
+    ptr: *mut c_void,
+    size: libc::ssize_t,
+    device: c_int,
+    stream: *mut c_void,
+) {
+    // The block remembers its size and allocation stream; PyTorch passes the same values.
+    let _ = (size, stream);
+    if ptr.is_null() {
+        return;
+    }
+    report(
+        "my_free",
+        guarded(|| global()?.free(ptr as u64, device.into())),
+    );
+}
+
+/// Allocation for C/C++ callers: NULL on failure (see `streampool_last_error`); size 0 gives NULL
+/// and is not an error.
+///
+/// # Safety
+/// `stream` must be a valid CUDA stream of `device` (or NULL for the legacy default stream).
+#[no_mangle]
+pub unsafe extern "C" fn streampool_malloc(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    let result = guarded(|| match size {
+        0 => Ok(0),
+        bytes => global()?.malloc(bytes as u64, device.into(), stream as Stream),
+    });
+    match result {
+        Ok(ptr) => {
+            clear_last_error();
+            ptr as *mut c_void
+        }
+        Err(e) => {
+            set_last_error(&e);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Free for C/C++ callers; NULL is a no-op. Returns a status code.
+///
+/// # Safety
+/// `ptr` must be NULL or a pointer this library returned for `device`.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_free(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> c_int {
+    // The block remembers its size and allocation stream.
+    let _ = (size, stream);
+    if ptr.is_null() {
+        return status(Ok(()));
+    }
+    status(guarded(|| global()?.free(ptr as u64, device.into())))
+}
+
+/// This thread's last error message ("" if none); valid until the next streampool call on this thread.
+#[no_mangle]
+pub extern "C" fn streampool_last_error() -> *const c_char {
+    last_error_ptr()
+}
+
+/// PyTorch's init hook (`set_init_fn`): builds the allocator now so configuration errors show early.
+#[no_mangle]
+pub extern "C" fn streampool_init(device_count: c_int) {
+    report(
+        "streampool_init",
+        guarded(|| {
+            let seen = global()?.device_count();
+            if usize::try_from(device_count).ok() != Some(seen) {
+                log::warn!(
+                    "streampool_init: PyTorch reports {device_count} devices, the driver {seen}"
+                );
+            }
+            Ok(())
+        }),
+    );
+}
+
+/// PyTorch's reset hook (`torch.cuda.empty_cache()`): return cached memory, synchronise, trim pools.
+#[no_mangle]
+pub extern "C" fn streampool_empty_cache() {
+    report(
+        "streampool_empty_cache",
+        guarded(|| global()?.empty_cache()),
+    );
+}
+
+/// PyTorch's record_stream hook: `ptr` is reused only after work queued on `stream` so far is done.
+///
+/// # Safety
+/// `stream` must be a valid CUDA stream.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_record_stream(ptr: *mut c_void, stream: *mut c_void) {
+    if ptr.is_null() {
+        return;
+    }
+    report(
+        "streampool_record_stream",
+        guarded(|| global()?.record_stream(ptr as u64, stream as Stream)),
+    );
+}
+
+/// PyTorch's memory fraction hook: caps the bytes held from `device`'s pool at `fraction` of its memory.
+#[no_mangle]
+pub extern "C" fn streampool_set_memory_fraction(fraction: f64, device: c_int) {
+    report(
+        "streampool_set_memory_fraction",
+        guarded(|| {
+            global()?
+                .device(device.into())?
+                .set_memory_fraction(fraction)
+        }),
+    );
+}
+
+/// Fills `out` with `device`'s statistics.
+///
+/// # Safety
+/// `out` must be NULL or point to writable memory for one `StreampoolStats`.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_get_stats(device: c_int, out: *mut StreampoolStats) -> c_int {
+    status(guarded(|| {
+        if out.is_null() {
+            return Err(Error::InvalidArgument(
+                "streampool_get_stats: out is NULL".into(),
+            ));
+        }
+        let stats = global()?.stats(device.into())?;
+        // SAFETY: checked non-NULL; the caller guarantees it is writable.
+        unsafe { out.write(stats) };
+        Ok(())
+    }))
+}
+
+/// Resets the peak values of `device`'s statistics to their current values.
+#[no_mangle]
+pub extern "C" fn streampool_reset_peak_stats(device: c_int) {
+    report(
+        "streampool_reset_peak_stats",
+        guarded(|| global()?.device(device.into())?.reset_peak_stats()),
+    );
+}
+
+/// Sets the pool's release threshold: memory above it goes back to the device at synchronisation.
+#[no_mangle]
+pub extern "C" fn streampool_set_release_threshold(device: c_int, bytes: u64) -> c_int {
+    status(guarded(|| {
+        global()?
+            .device(device.into())?
+            .set_release_threshold(bytes)
+    }))
+}
+
+/// Returns cached memory, synchronises and trims `device`'s pool to `keep_bytes`.
+#[no_mangle]
+pub extern "C" fn streampool_trim(device: c_int, keep_bytes: u64) -> c_int {
+    status(guarded(|| {
+        global()?.device(device.into())?.trim(keep_bytes)
+    }))
+}
+
+/// Parses "8GiB", "512MB", "4096", "80%" (of `device`'s memory) or "max" into bytes.
+///
+/// # Safety
+/// `spec` must be NULL or a NUL-terminated string; `out_bytes` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_parse_bytes(
+    spec: *const c_char,
+    device: c_int,
+    out_bytes: *mut u64,
+) -> c_int {
+    status(guarded(|| {
+        if spec.is_null() || out_bytes.is_null() {
+            return Err(Error::InvalidArgument(
+                "streampool_parse_bytes: spec and out_bytes must not be NULL".into(),
+            ));
+        }
+        // SAFETY: checked non-NULL; the caller guarantees NUL termination.
+        let text = unsafe { CStr::from_ptr(spec) }.to_string_lossy();
+        let size = parse_size(&text).map_err(|reason| {
+            Error::InvalidArgument(format!(
+                "{text:?} is not a size ({reason}); accepted: {SIZE_ACCEPTED}"
+            ))
+        })?;
+        let total = global()?.device(device.into())?.device_total_bytes()?;
+        // SAFETY: checked non-NULL; the caller guarantees it is writable.
+        unsafe { out_bytes.write(size.resolve_bytes(total)) };
+        Ok(())
+    }))
+}
+
+/// Number of devices, or a negative status.
+#[no_mangle]
+pub extern "C" fn streampool_device_count() -> c_int {
+    match guarded(|| Ok(global()?.device_count())) {
+        Ok(n) => {
+            clear_last_error();
+            n as c_int
+        }
+        Err(e) => {
+            set_last_error(&e);
+            StreampoolStatus::from(&e) as c_int
+        }
+    }
+}
+
+/// Parses the `STREAMPOOL_*` variables now: 0, or `STREAMPOOL_CONFIG_ERROR` with the message.
+#[no_mangle]
+pub extern "C" fn streampool_check_config() -> c_int {
+    status(guarded(|| Config::from_env().map(|_| ())))
+}
+
+/// The library's version, e.g. "0.1.0".
+#[no_mangle]
+pub extern "C" fn streampool_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// "cuda" or "sim": the driver in use (or selected by STREAMPOOL_DRIVER if it failed to start);
+/// "invalid" if the configuration is malformed.
+#[no_mangle]
+pub extern "C" fn streampool_driver_name() -> *const c_char {
+    let name = guarded(|| match global() {
+        Ok(a) => Ok(a.driver_name()),
+        Err(_) => Ok(Config::from_env().map_or("invalid", |c| c.driver.name())),
+    })
+    .unwrap_or("invalid");
+    match name {
+        "cuda" => c"cuda".as_ptr(),
+        "sim" => c"sim".as_ptr(),
+        _ => c"invalid".as_ptr(),
+    }
+}

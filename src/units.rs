@@ -1,0 +1,130 @@
+//! Byte quantities: parsing `"8GiB"`, `"512MB"`, `"80%"`, `"max"` and printing human-readable sizes.
+//!
+//! Invariant: parsing is exact (integer arithmetic, overflow is an error, never a wrap).
+
+/// A size as written by a user, resolved against a device's memory when a pool is created.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SizeSpec {
+    Bytes(u64),
+    /// Percentage of the device's total memory, 0..=100.
+    Percent(f64),
+    /// No limit (`u64::MAX` bytes).
+    Max,
+}
+
+impl SizeSpec {
+    pub fn resolve_bytes(self, device_total_bytes: u64) -> u64 {
+        match self {
+            SizeSpec::Bytes(b) => b,
+            SizeSpec::Percent(p) => ((device_total_bytes as f64) * p / 100.0) as u64,
+            SizeSpec::Max => u64::MAX,
+        }
+    }
+}
+
+pub const SIZE_ACCEPTED: &str = "a byte count with an optional unit (4096, 512KB, 512KiB, 8MB, 8GiB, 1TB; \
+     KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024), a percentage of device memory (80%), or max";
+
+/// Parses a size; the error is the reason, for the caller to wrap with the variable's name.
+pub fn parse_size(text: &str) -> Result<SizeSpec, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("empty value".into());
+    }
+    if t.eq_ignore_ascii_case("max") || t.eq_ignore_ascii_case("unlimited") {
+        return Ok(SizeSpec::Max);
+    }
+    if let Some(number) = t.strip_suffix('%') {
+        let p: f64 = number
+            .trim()
+            .parse()
+            .map_err(|_| format!("{number:?} is not a number"))?;
+        if !(0.0..=100.0).contains(&p) || p.is_nan() {
+            return Err(format!("percentage {p} is outside 0..100"));
+        }
+        return Ok(SizeSpec::Percent(p));
+    }
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    if digits.is_empty() {
+        return Err("no leading digits".into());
+    }
+    let count: u64 = digits.parse().map_err(|_| "number too large".to_string())?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "t" | "tb" => 1_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        other => return Err(format!("unknown unit {other:?}")),
+    };
+    count
+        .checked_mul(multiplier)
+        .map(SizeSpec::Bytes)
+        .ok_or_else(|| "value overflows 64 bits".to_string())
+}
+
+/// `1536` -> `"1.50 KiB"`, like PyTorch's memory summaries.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
+}
+
+/// Rounds up to a multiple of `align` (a power of two).
+pub const fn round_up(bytes: u64, align: u64) -> u64 {
+    (bytes + align - 1) & !(align - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units_and_percentages() {
+        assert_eq!(parse_size("4096"), Ok(SizeSpec::Bytes(4096)));
+        assert_eq!(parse_size("512MB"), Ok(SizeSpec::Bytes(512_000_000)));
+        assert_eq!(parse_size("8GiB"), Ok(SizeSpec::Bytes(8 << 30)));
+        assert_eq!(parse_size(" 2 kib "), Ok(SizeSpec::Bytes(2048)));
+        assert_eq!(parse_size("80%"), Ok(SizeSpec::Percent(80.0)));
+        assert_eq!(parse_size("MAX"), Ok(SizeSpec::Max));
+        assert_eq!(SizeSpec::Percent(50.0).resolve_bytes(1000), 500);
+    }
+
+    #[test]
+    fn rejects_malformed_sizes() {
+        for bad in [
+            "",
+            "12XB",
+            "GiB",
+            "-5",
+            "120%",
+            "abc%",
+            "99999999999999999999",
+            "20000000TiB",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn formats_bytes() {
+        assert_eq!(format_bytes(12), "12 B");
+        assert_eq!(format_bytes(1536), "1.50 KiB");
+        assert_eq!(format_bytes(10 << 40), "10.00 TiB");
+        assert_eq!(round_up(1, 512), 512);
+        assert_eq!(round_up(1024, 512), 1024);
+    }
+}
