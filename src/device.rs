@@ -20,6 +20,7 @@ use crate::pool::Pool;
 use crate::stats::{DeviceCounters, StreampoolStats};
 use crate::units::round_up;
 use parking_lot::Mutex;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -58,7 +59,8 @@ struct DeferredBlock {
 struct State {
     live: WordMap<DevicePtr, LiveBlock>,
     cache: Cache,
-    pending: Vec<PendingBlock>,
+    /// In the order they were freed.
+    pending: VecDeque<PendingBlock>,
     deferred: Vec<DeferredBlock>,
     spare_events: Vec<EventHandle>,
     /// Streams seen capturing; while non-empty, no event queries and no synchronisation.
@@ -386,7 +388,7 @@ impl DeviceAllocator {
                 }
             }
         }
-        st.pending.push(PendingBlock {
+        st.pending.push_back(PendingBlock {
             block,
             requested_bytes,
             events,
@@ -394,31 +396,32 @@ impl DeviceAllocator {
         Ok(())
     }
 
-    /// Moves pending blocks whose events have all completed into the cache.
+    /// Moves pending blocks whose events have completed into the cache, oldest first, stopping
+    /// at the first that is not ready (as PyTorch does) so a malloc costs O(1) queries when
+    /// nothing has finished.
     fn collect_pending(&self, st: &mut State) {
-        let mut i = 0;
-        while i < st.pending.len() {
-            let done = st.pending[i]
-                .events
-                .iter()
-                .all(|e| self.driver.event_query(self.device, *e).unwrap_or(false));
-            if done {
-                let p = st.pending.swap_remove(i);
-                st.spare_events.extend(p.events);
-                st.counters.active_bytes.sub(p.requested_bytes);
-                if let Err(block) = st.cache.put(p.block) {
-                    st.held_bytes -= block.block_bytes;
-                    st.counters.num_device_frees += 1;
-                    if let Err(e) = self.driver.free_async(self.device, block.ptr, block.stream) {
-                        log::error!(
-                            "device {}: returning {:#x} to the pool failed: {e}",
-                            self.device,
-                            block.ptr
-                        );
-                    }
+        let ready = st
+            .pending
+            .iter()
+            .take_while(|p| {
+                p.events
+                    .iter()
+                    .all(|e| self.driver.event_query(self.device, *e).unwrap_or(false))
+            })
+            .count();
+        for p in st.pending.drain(..ready).collect::<Vec<_>>() {
+            st.spare_events.extend(p.events);
+            st.counters.active_bytes.sub(p.requested_bytes);
+            if let Err(block) = st.cache.put(p.block) {
+                st.held_bytes -= block.block_bytes;
+                st.counters.num_device_frees += 1;
+                if let Err(e) = self.driver.free_async(self.device, block.ptr, block.stream) {
+                    log::error!(
+                        "device {}: returning {:#x} to the pool failed: {e}",
+                        self.device,
+                        block.ptr
+                    );
                 }
-            } else {
-                i += 1;
             }
         }
     }
@@ -446,7 +449,7 @@ impl DeviceAllocator {
                         events.push(e);
                     }
                 }
-                st.pending.push(PendingBlock {
+                st.pending.push_back(PendingBlock {
                     block: d.block,
                     requested_bytes: d.requested_bytes,
                     events,

@@ -1,0 +1,31 @@
+// my_malloc must throw (not return NULL) on bad input and out of memory, and keep working after.
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include "../../include/streampool.h"
+
+static int expect_throw(ssize_t size, int device, const char *prefix) {
+  try {
+    void *p = my_malloc(size, device, nullptr);
+    std::fprintf(stderr, "FAIL: my_malloc(%zd, %d) returned %p instead of throwing\n", size, device, p);
+    return 1;
+  } catch (const std::exception &e) {
+    if (std::strncmp(e.what(), prefix, std::strlen(prefix)) != 0) {
+      std::fprintf(stderr, "FAIL: message %s lacks prefix %s\n", e.what(), prefix);
+      return 1;
+    }
+    std::printf("caught: %s\n", e.what());
+    return 0;
+  }
+}
+
+int main() {
+  if (expect_throw((ssize_t)1 << 50, 0, "CUDA out of memory.")) return 1;
+  if (expect_throw(-5, 0, "allocation size must not be negative")) return 1;
+  if (expect_throw(64, 7, "device index 7 is out of range")) return 1;
+  void *p = my_malloc(4096, 0, nullptr);
+  if (!p) return 1;
+  my_free(p, 4096, 0, nullptr);
+  std::printf("throw ok\n");
+  return 0;
+}

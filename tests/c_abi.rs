@@ -1,0 +1,77 @@
+//! Compiles small C and C++ programs against include/streampool.h, links the built cdylib and runs
+//! them on the simulated driver: the exported ABI, the C++ exception from my_malloc, env errors.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// target/<profile>/, where cargo put libstreampool.so for this test run.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn build(source: &str, compiler: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::env::temp_dir().join(format!(
+        "streampool-{}-{}",
+        std::process::id(),
+        source.replace(['/', '.'], "_")
+    ));
+    let status = Command::new(compiler)
+        .arg(root.join(source))
+        .args(["-Wall", "-Werror", "-o"])
+        .arg(&out)
+        .arg(format!("-L{}", lib_dir().display()))
+        .arg("-lstreampool")
+        .status()
+        .expect("a C/C++ compiler");
+    assert!(status.success(), "compiling {source} failed");
+    out
+}
+
+fn run(exe: &Path, env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(exe);
+    cmd.env("LD_LIBRARY_PATH", lib_dir())
+        .env("STREAMPOOL_DRIVER", "sim")
+        .env_remove("STREAMPOOL_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn c_program_calls_every_export() {
+    let exe = build("tests/c/abi_check.c", "cc");
+    let out = run(&exe, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("c abi ok"));
+}
+
+#[test]
+fn my_malloc_throws_a_cpp_exception_instead_of_returning_null() {
+    let exe = build("tests/c/throw_check.cpp", "c++");
+    let out = run(&exe, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("caught: CUDA out of memory. Tried to allocate"));
+}
+
+#[test]
+fn malformed_environment_is_reported_with_variable_value_and_accepted_forms() {
+    let exe = build("tests/c/throw_check.cpp", "c++");
+    let out = run(&exe, &[("STREAMPOOL_RELEASE_THRESHOLD", "12XB")]);
+    let t = text(&out);
+    assert!(!out.status.success());
+    assert!(
+        t.contains("STREAMPOOL_RELEASE_THRESHOLD=\"12XB\" is not valid") && t.contains("accepted:"),
+        "{t}"
+    );
+}
