@@ -50,7 +50,7 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn c_program_calls_every_export() {
-    let exe = build("tests/c/abi_check.c", "cc");
+    let exe = build("abi", "tests/c/abi_check.c", "cc");
     let out = run(&exe, &[]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("c abi ok"));
@@ -58,7 +58,7 @@ fn c_program_calls_every_export() {
 
 #[test]
 fn my_malloc_throws_a_cpp_exception_instead_of_returning_null() {
-    let exe = build("tests/c/throw_check.cpp", "c++");
+    let exe = build("throw", "tests/c/throw_check.cpp", "c++");
     let out = run(&exe, &[]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("caught: CUDA out of memory. Tried to allocate"));
@@ -66,7 +66,7 @@ fn my_malloc_throws_a_cpp_exception_instead_of_returning_null() {
 
 #[test]
 fn malformed_environment_is_reported_with_variable_value_and_accepted_forms() {
-    let exe = build("tests/c/throw_check.cpp", "c++");
+    let exe = build("env", "tests/c/throw_check.cpp", "c++");
     let out = run(&exe, &[("STREAMPOOL_RELEASE_THRESHOLD", "12XB")]);
     let t = text(&out);
     assert!(!out.status.success());
