@@ -10,13 +10,10 @@ fn lib_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
-fn build(source: &str, compiler: &str) -> PathBuf {
+/// Builds `source` into an executable named after `test` (tests run in parallel).
+fn build(test: &str, source: &str, compiler: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::env::temp_dir().join(format!(
-        "streampool-{}-{}",
-        std::process::id(),
-        source.replace(['/', '.'], "_")
-    ));
+    let out = std::env::temp_dir().join(format!("streampool-{}-{test}", std::process::id()));
     let status = Command::new(compiler)
         .arg(root.join(source))
         .args(["-Wall", "-Werror", "-o"])
