@@ -6,8 +6,6 @@
 //! `limit_bytes`.
 
 use crate::driver::{DevicePtr, Stream};
-use crate::fasthash::WordMap;
-use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CachedBlock {
@@ -16,13 +14,33 @@ pub struct CachedBlock {
     pub stream: Stream,
 }
 
-/// Blocks of one stream by size. Emptied size entries stay until the next drain, so a size that
-/// recurs does not allocate a map node on every free.
-type Bins = BTreeMap<u64, Vec<DevicePtr>>;
+/// Blocks of one stream, as (block size, pointers) sorted by size. Emptied entries stay until the
+/// next drain, so a size that recurs costs a binary search and a push, no allocation.
+#[derive(Debug, Default)]
+struct Bins {
+    by_size: Vec<(u64, Vec<DevicePtr>)>,
+}
 
+impl Bins {
+    #[inline]
+    fn first_at_least(&self, bytes: u64) -> usize {
+        self.by_size.partition_point(|(size, _)| *size < bytes)
+    }
+
+    #[inline]
+    fn push(&mut self, bytes: u64, ptr: DevicePtr) {
+        let i = self.first_at_least(bytes);
+        match self.by_size.get_mut(i) {
+            Some((size, list)) if *size == bytes => list.push(ptr),
+            _ => self.by_size.insert(i, (bytes, vec![ptr])),
+        }
+    }
+}
+
+/// A process has a handful of streams per device: a linear scan beats hashing.
 #[derive(Debug, Default)]
 pub struct Cache {
-    streams: WordMap<Stream, Bins>,
+    streams: Vec<(Stream, Bins)>,
     cached_bytes: u64,
     limit_bytes: u64,
 }
@@ -39,15 +57,25 @@ impl Cache {
         self.cached_bytes
     }
 
+    #[inline]
+    fn bins_mut(&mut self, stream: Stream) -> Option<&mut Bins> {
+        self.streams
+            .iter_mut()
+            .find(|(s, _)| *s == stream)
+            .map(|(_, b)| b)
+    }
+
     /// The smallest cached block of `stream` that fits `block_bytes` with little waste.
     #[inline]
     pub fn take(&mut self, stream: Stream, block_bytes: u64) -> Option<CachedBlock> {
-        let bins = self.streams.get_mut(&stream)?;
+        let bins = self.bins_mut(stream)?;
         let largest_fit = block_bytes + block_bytes / 8;
-        let (&size, list) = bins
-            .range_mut(block_bytes..=largest_fit)
+        let start = bins.first_at_least(block_bytes);
+        let (size, list) = bins.by_size[start..]
+            .iter_mut()
+            .take_while(|(size, _)| *size <= largest_fit)
             .find(|(_, list)| !list.is_empty())?;
-        let ptr = list.pop()?;
+        let (size, ptr) = (*size, list.pop()?);
         self.cached_bytes -= size;
         Some(CachedBlock {
             ptr,
@@ -63,12 +91,14 @@ impl Cache {
             return Err(block);
         }
         self.cached_bytes += block.block_bytes;
-        self.streams
-            .entry(block.stream)
-            .or_default()
-            .entry(block.block_bytes)
-            .or_default()
-            .push(block.ptr);
+        let bins = match self.streams.iter().position(|(s, _)| *s == block.stream) {
+            Some(i) => &mut self.streams[i].1,
+            None => {
+                self.streams.push((block.stream, Bins::default()));
+                &mut self.streams.last_mut().expect("just pushed").1
+            }
+        };
+        bins.push(block.block_bytes, block.ptr);
         Ok(())
     }
 
@@ -79,22 +109,22 @@ impl Cache {
         let mut freed_bytes = 0;
         let mut order: Vec<Stream> = self
             .streams
-            .keys()
-            .copied()
+            .iter()
+            .map(|(s, _)| *s)
             .filter(|s| *s != prefer_stream)
             .collect();
         order.insert(0, prefer_stream);
         for stream in order {
-            let Some(bins) = self.streams.get_mut(&stream) else {
+            let Some(bins) = self.bins_mut(stream) else {
                 continue;
             };
-            for (&size, list) in bins.iter_mut().rev() {
+            for (size, list) in bins.by_size.iter_mut().rev() {
                 while freed_bytes < wanted_bytes {
                     let Some(ptr) = list.pop() else { break };
-                    freed_bytes += size;
+                    freed_bytes += *size;
                     out.push(CachedBlock {
                         ptr,
-                        block_bytes: size,
+                        block_bytes: *size,
                         stream,
                     });
                 }
@@ -107,8 +137,8 @@ impl Cache {
     /// Removes every block.
     pub fn drain(&mut self) -> Vec<CachedBlock> {
         let mut out = Vec::new();
-        for (stream, bins) in self.streams.drain() {
-            for (size, list) in bins {
+        for (stream, bins) in self.streams.drain(..) {
+            for (size, list) in bins.by_size {
                 out.extend(list.into_iter().map(|ptr| CachedBlock {
                     ptr,
                     block_bytes: size,
