@@ -3,7 +3,7 @@
 //! Invariants: a cached block is handed out again only on the stream it was freed on (stream
 //! order makes that safe without events); a block serves a request only when it is at most 1/8
 //! larger than the request; `cached_bytes` equals the sum of cached block sizes and never exceeds
-//! `limit_bytes`.
+//! `limit_bytes`; no block larger than `max_block_bytes` is kept.
 
 use crate::driver::{DevicePtr, Stream};
 
@@ -43,12 +43,14 @@ pub struct Cache {
     streams: Vec<(Stream, Bins)>,
     cached_bytes: u64,
     limit_bytes: u64,
+    max_block_bytes: u64,
 }
 
 impl Cache {
-    pub fn new(limit_bytes: u64) -> Cache {
+    pub fn new(limit_bytes: u64, max_block_bytes: u64) -> Cache {
         Cache {
             limit_bytes,
+            max_block_bytes,
             ..Cache::default()
         }
     }
@@ -84,10 +86,12 @@ impl Cache {
         })
     }
 
-    /// Keeps `block` for reuse, or hands it back when the cache is full.
+    /// Keeps `block` for reuse, or hands it back when the cache is full or the block too large.
     #[inline]
     pub fn put(&mut self, block: CachedBlock) -> Result<(), CachedBlock> {
-        if self.cached_bytes + block.block_bytes > self.limit_bytes {
+        if block.block_bytes > self.max_block_bytes
+            || self.cached_bytes + block.block_bytes > self.limit_bytes
+        {
             return Err(block);
         }
         self.cached_bytes += block.block_bytes;
@@ -165,7 +169,7 @@ mod tests {
 
     #[test]
     fn reuses_only_on_the_same_stream_and_close_sizes() {
-        let mut c = Cache::new(u64::MAX);
+        let mut c = Cache::new(u64::MAX, u64::MAX);
         c.put(block(0x1000, 4096, 1)).unwrap();
         assert_eq!(c.take(2, 4096), None, "another stream");
         assert_eq!(c.take(1, 1024), None, "4x too big for 1 KiB");
@@ -175,15 +179,24 @@ mod tests {
 
     #[test]
     fn respects_the_limit() {
-        let mut c = Cache::new(8192);
+        let mut c = Cache::new(8192, 4096);
         c.put(block(0x1000, 4096, 1)).unwrap();
-        c.put(block(0x2000, 4096, 1)).unwrap();
-        assert_eq!(c.put(block(0x3000, 512, 1)), Err(block(0x3000, 512, 1)));
+        assert_eq!(
+            c.put(block(0x2000, 4608, 1)),
+            Err(block(0x2000, 4608, 1)),
+            "block too large"
+        );
+        c.put(block(0x3000, 4096, 1)).unwrap();
+        assert_eq!(
+            c.put(block(0x4000, 512, 1)),
+            Err(block(0x4000, 512, 1)),
+            "cache full"
+        );
     }
 
     #[test]
     fn evicts_preferred_stream_largest_first_then_drains() {
-        let mut c = Cache::new(u64::MAX);
+        let mut c = Cache::new(u64::MAX, u64::MAX);
         c.put(block(0x1000, 512, 1)).unwrap();
         c.put(block(0x2000, 8192, 1)).unwrap();
         c.put(block(0x9000, 65536, 2)).unwrap();

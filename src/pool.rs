@@ -13,6 +13,7 @@ pub struct Pool {
     pub handle: PoolHandle,
     pub device_total_bytes: u64,
     pub cache_limit_bytes: u64,
+    pub cache_max_block_bytes: u64,
 }
 
 impl Pool {
@@ -48,6 +49,7 @@ impl Pool {
             handle,
             device_total_bytes: total,
             cache_limit_bytes: config.cache_limit.resolve_bytes(total),
+            cache_max_block_bytes: config.cache_max_block.resolve_bytes(total),
         })
     }
 }
