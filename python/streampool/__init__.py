@@ -1,0 +1,155 @@
+"""streampool: a PyTorch CUDA allocator made of a small Rust cache over CUDA stream-ordered pools.
+
+Typical use, before any CUDA work in the process::
+
+    import streampool
+    streampool.install(release_threshold="8GiB")
+    ...
+    print(streampool.memory_summary())
+
+Or, scoped to a region (works after CUDA is initialised)::
+
+    with torch.cuda.use_mem_pool(streampool.mempool()):
+        ...
+
+Importing this package needs neither torch nor a GPU; the library is loaded on first use.
+All sizes are in bytes. Every failure of the library raises :class:`StreampoolError` (or a
+subclass) with the library's message.
+"""
+
+from typing import Any, Dict, Union
+
+from . import _lib
+from ._device import device_index
+from ._lib import (
+    ConfigError,
+    DriverError,
+    InvalidArgumentError,
+    OutOfMemoryError,
+    StreampoolError,
+    UnknownPointerError,
+)
+from ._stats import stats_dict, summary
+from ._torch import install, is_installed, mempool
+
+__all__ = [
+    "ConfigError",
+    "DriverError",
+    "InvalidArgumentError",
+    "OutOfMemoryError",
+    "StreampoolError",
+    "UnknownPointerError",
+    "device_count",
+    "driver_name",
+    "empty_cache",
+    "install",
+    "is_installed",
+    "library_path",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "mempool",
+    "reset_peak_memory_stats",
+    "set_release_threshold",
+    "trim",
+]
+
+Device = Any  # None, int, "cuda", "cuda:N" or torch.device
+Size = Union[int, str]  # bytes, or "8GiB", "512MB", "80%", "max"
+
+
+def __getattr__(name: str) -> str:
+    # __version__ comes from the library, loaded only when asked for.
+    if name == "__version__":
+        return _lib.version()
+    raise AttributeError(f"module 'streampool' has no attribute {name!r}")
+
+
+def library_path() -> str:
+    """Path of the libstreampool.so in use (see ``STREAMPOOL_LIBRARY``)."""
+    return str(_lib.library_path())
+
+
+def driver_name() -> str:
+    """"cuda" or "sim" (``STREAMPOOL_DRIVER``)."""
+    return _lib.driver_name()
+
+
+def device_count() -> int:
+    """Number of devices the driver sees."""
+    return _lib.device_count()
+
+
+def memory_stats(device: Device = None) -> Dict[str, int]:
+    """Statistics of ``device`` under ``torch.cuda.memory_stats()`` names (bytes and counts),
+    plus streampool's ``cached_bytes``, ``cache_hits``, ``pool_used_bytes``,
+    ``memory_limit_bytes`` and ``device_total_bytes``."""
+    return stats_dict(_lib.get_stats(device_index(device)))
+
+
+def memory_allocated(device: Device = None) -> int:
+    """Bytes requested by live allocations."""
+    return _lib.get_stats(device_index(device)).allocated_bytes
+
+
+def max_memory_allocated(device: Device = None) -> int:
+    """Peak of memory_allocated since start or reset_peak_memory_stats, in bytes."""
+    return _lib.get_stats(device_index(device)).allocated_bytes_peak
+
+
+def memory_reserved(device: Device = None) -> int:
+    """Bytes reserved by streampool's pool on the device."""
+    return _lib.get_stats(device_index(device)).reserved_bytes
+
+
+def max_memory_reserved(device: Device = None) -> int:
+    """Peak of memory_reserved since start or reset_peak_memory_stats, in bytes."""
+    return _lib.get_stats(device_index(device)).reserved_bytes_peak
+
+
+def reset_peak_memory_stats(device: Device = None) -> None:
+    """Set the peaks (allocated, active, reserved, allocation count) to the current values."""
+    index = device_index(device)
+    _lib.get_stats(index)  # validates the index: the reset itself reports no status
+    _lib.library().streampool_reset_peak_stats(index)
+
+
+def memory_summary(device: Device = None) -> str:
+    """A readable table of the device's statistics, like ``torch.cuda.memory_summary()``."""
+    index = device_index(device)
+    return summary(index, _lib.driver_name(), _lib.get_stats(index))
+
+
+def empty_cache() -> None:
+    """Return cached blocks to the pools, synchronise and trim the pools to 0 bytes
+    (also what ``torch.cuda.empty_cache()`` does once streampool is installed)."""
+    _lib.library().streampool_empty_cache()
+
+
+def _bytes(value: Size, index: int, what: str) -> int:
+    """``value`` in bytes: an int as is, a string resolved by the library for device ``index``."""
+    if isinstance(value, str):
+        return _lib.parse_bytes(value, index)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"{what} must be >= 0 bytes, got {value}")
+        return value
+    raise TypeError(f"{what} must be bytes (int) or a string like '8GiB', '80%', 'max', not {value!r}")
+
+
+def set_release_threshold(value: Size, device: Device = None) -> int:
+    """Set the pool's release threshold: bytes the pool keeps reserved across synchronisations.
+    Accepts bytes or "8GiB", "80%" (of device memory), "max". Returns the threshold in bytes."""
+    index = device_index(device)
+    threshold = _bytes(value, index, "release threshold")
+    _lib.check(_lib.library().streampool_set_release_threshold(index, threshold))
+    return threshold
+
+
+def trim(keep_bytes: Size = 0, device: Device = None) -> None:
+    """Flush streampool's cache, synchronise and shrink the pool to ``keep_bytes`` reserved."""
+    index = device_index(device)
+    _lib.check(_lib.library().streampool_trim(index, _bytes(keep_bytes, index, "keep_bytes")))

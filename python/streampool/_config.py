@@ -1,0 +1,65 @@
+"""The ``STREAMPOOL_*`` variables (docs/abi.md) and the install() options that set them."""
+
+import os
+from typing import Dict, List, Mapping, Tuple
+
+# Every variable the library reads, with the default documented in docs/abi.md.
+VARIABLE_DEFAULTS: Dict[str, str] = {
+    "STREAMPOOL_DRIVER": "cuda",
+    "STREAMPOOL_RELEASE_THRESHOLD": "max",
+    "STREAMPOOL_MAX_POOL_SIZE": "max",
+    "STREAMPOOL_CACHE_LIMIT": "64MiB",
+    "STREAMPOOL_CACHE_MAX_BLOCK": "max",
+    "STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES": "driver default (on)",
+    "STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC": "driver default (on)",
+    "STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES": "driver default (on)",
+    "STREAMPOOL_LOG": "warn",
+    "STREAMPOOL_SIM_DEVICES": "2",
+    "STREAMPOOL_SIM_MEMORY": "16GiB",
+}
+
+# install() keyword -> variable.
+OPTION_VARIABLES: Dict[str, str] = {
+    "release_threshold": "STREAMPOOL_RELEASE_THRESHOLD",
+    "max_pool_size": "STREAMPOOL_MAX_POOL_SIZE",
+    "cache_limit": "STREAMPOOL_CACHE_LIMIT",
+    "cache_max_block": "STREAMPOOL_CACHE_MAX_BLOCK",
+    "reuse_follow_event_dependencies": "STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES",
+    "reuse_allow_opportunistic": "STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC",
+    "reuse_allow_internal_dependencies": "STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES",
+    "log": "STREAMPOOL_LOG",
+}
+
+
+def option_environment(options: Mapping[str, object]) -> Dict[str, str]:
+    """The variables that install(**options) sets. Raises TypeError for an unknown option or a
+    value that is not a bool, int (bytes) or str; the library validates the text itself."""
+    unknown = sorted(set(options) - set(OPTION_VARIABLES))
+    if unknown:
+        raise TypeError(
+            f"install() got unknown option(s) {', '.join(unknown)}; "
+            f"known: {', '.join(OPTION_VARIABLES)}"
+        )
+    return {OPTION_VARIABLES[name]: _env_text(name, value) for name, value in options.items()}
+
+
+def _env_text(name: str, value: object) -> str:
+    if isinstance(value, bool):  # before int: bool is an int subclass
+        return "1" if value else "0"
+    if isinstance(value, (int, str)):
+        return str(value)
+    raise TypeError(f"install() option {name} must be a bool, int or str, not {type(value).__name__}")
+
+
+def variables_in_effect(environ: Mapping[str, str] = os.environ) -> List[Tuple[str, str, str]]:
+    """(variable, value, source) for every variable, source being "environment" or "default".
+    STREAMPOOL_LOG falls back to RUST_LOG as the library does."""
+    rows = []
+    for name, default in VARIABLE_DEFAULTS.items():
+        if name in environ:
+            rows.append((name, environ[name], "environment"))
+        elif name == "STREAMPOOL_LOG" and "RUST_LOG" in environ:
+            rows.append((name, environ["RUST_LOG"], "environment (RUST_LOG)"))
+        else:
+            rows.append((name, default, "default"))
+    return rows

@@ -1,0 +1,281 @@
+"""ctypes binding of ``libstreampool.so``: finding and loading it, the C signatures, status codes.
+
+The C ABI is described in ``docs/abi.md``; this module mirrors it one to one. Nothing here needs
+PyTorch. The library is loaded once per process, on first use, so ``STREAMPOOL_*`` variables set
+before that first use are the ones the library sees.
+"""
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Dict, Optional
+
+LIBRARY_ENV = "STREAMPOOL_LIBRARY"
+LIBRARY_NAME = "libstreampool.so"
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+# python/streampool/_lib.py -> <repo>/target/release/libstreampool.so in a development checkout.
+_CHECKOUT_LIBRARY = _PACKAGE_DIR.parent.parent / "target" / "release" / LIBRARY_NAME
+
+# Status codes (docs/abi.md).
+OK = 0
+INVALID_ARGUMENT = -1
+OUT_OF_MEMORY = -2
+UNKNOWN_POINTER = -3
+CONFIG_ERROR = -4
+DRIVER_ERROR = -5
+DRIVER_UNAVAILABLE = -6
+INTERNAL_ERROR = -7
+
+STATUS_NAMES = {
+    OK: "STREAMPOOL_OK",
+    INVALID_ARGUMENT: "STREAMPOOL_INVALID_ARGUMENT",
+    OUT_OF_MEMORY: "STREAMPOOL_OUT_OF_MEMORY",
+    UNKNOWN_POINTER: "STREAMPOOL_UNKNOWN_POINTER",
+    CONFIG_ERROR: "STREAMPOOL_CONFIG_ERROR",
+    DRIVER_ERROR: "STREAMPOOL_DRIVER_ERROR",
+    DRIVER_UNAVAILABLE: "STREAMPOOL_DRIVER_UNAVAILABLE",
+    INTERNAL_ERROR: "STREAMPOOL_INTERNAL_ERROR",
+}
+
+
+class StreampoolError(RuntimeError):
+    """A libstreampool call failed. ``status`` is the C status code (``None`` when the call
+    reports failure by returning NULL), the message is the library's ``streampool_last_error()``."""
+
+    def __init__(self, message: str, status: Optional[int] = None):
+        super().__init__(message)
+        self.status = status
+
+
+class InvalidArgumentError(StreampoolError, ValueError):
+    """Bad size, device index, fraction or pointer argument."""
+
+
+class OutOfMemoryError(StreampoolError):
+    """The pool could not serve a request; the message starts with "CUDA out of memory."."""
+
+
+class UnknownPointerError(StreampoolError):
+    """A free or record_stream of a pointer streampool does not own."""
+
+
+class ConfigError(StreampoolError):
+    """A ``STREAMPOOL_*`` variable or install() option is malformed."""
+
+
+class DriverError(StreampoolError):
+    """A CUDA driver call failed, or no usable CUDA driver was found."""
+
+
+_ERROR_CLASSES = {
+    INVALID_ARGUMENT: InvalidArgumentError,
+    OUT_OF_MEMORY: OutOfMemoryError,
+    UNKNOWN_POINTER: UnknownPointerError,
+    CONFIG_ERROR: ConfigError,
+    DRIVER_ERROR: DriverError,
+    DRIVER_UNAVAILABLE: DriverError,
+}
+
+STATS_FIELDS = (
+    "allocated_bytes",
+    "allocated_bytes_peak",
+    "allocated_bytes_total",
+    "freed_bytes_total",
+    "active_bytes",
+    "active_bytes_peak",
+    "reserved_bytes",
+    "reserved_bytes_peak",
+    "pool_used_bytes",
+    "cached_bytes",
+    "num_allocs",
+    "num_frees",
+    "allocations_current",
+    "allocations_peak",
+    "num_cache_hits",
+    "num_device_allocs",
+    "num_device_frees",
+    "num_alloc_retries",
+    "num_ooms",
+    "memory_limit_bytes",
+    "device_total_bytes",
+)
+
+
+class StreampoolStats(ctypes.Structure):
+    """``struct StreampoolStats``: 21 ``uint64_t`` counters, in the C field order."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in STATS_FIELDS]
+
+    def as_dict(self) -> Dict[str, int]:
+        return {name: int(getattr(self, name)) for name in STATS_FIELDS}
+
+
+_c_void_p = ctypes.c_void_p
+_c_int = ctypes.c_int
+_c_uint64 = ctypes.c_uint64
+
+# name -> (restype, argtypes), exactly as in docs/abi.md.
+_SIGNATURES = {
+    "my_malloc": (_c_void_p, [ctypes.c_ssize_t, _c_int, _c_void_p]),
+    "my_free": (None, [_c_void_p, ctypes.c_ssize_t, _c_int, _c_void_p]),
+    "streampool_malloc": (_c_void_p, [ctypes.c_size_t, _c_int, _c_void_p]),
+    "streampool_free": (_c_int, [_c_void_p, ctypes.c_size_t, _c_int, _c_void_p]),
+    "streampool_last_error": (ctypes.c_char_p, []),
+    "streampool_init": (None, [_c_int]),
+    "streampool_empty_cache": (None, []),
+    "streampool_record_stream": (None, [_c_void_p, _c_void_p]),
+    "streampool_set_memory_fraction": (None, [ctypes.c_double, _c_int]),
+    "streampool_get_stats": (_c_int, [_c_int, ctypes.POINTER(StreampoolStats)]),
+    "streampool_reset_peak_stats": (None, [_c_int]),
+    "streampool_set_release_threshold": (_c_int, [_c_int, _c_uint64]),
+    "streampool_trim": (_c_int, [_c_int, _c_uint64]),
+    "streampool_parse_bytes": (_c_int, [ctypes.c_char_p, _c_int, ctypes.POINTER(_c_uint64)]),
+    "streampool_device_count": (_c_int, []),
+    "streampool_check_config": (_c_int, []),
+    "streampool_version": (ctypes.c_char_p, []),
+    "streampool_driver_name": (ctypes.c_char_p, []),
+}
+
+_load_lock = threading.Lock()
+_library: Optional[ctypes.CDLL] = None
+_library_path: Optional[Path] = None
+_environment_at_load: Dict[str, str] = {}
+
+
+def find_library() -> Path:
+    """The path of ``libstreampool.so``: ``$STREAMPOOL_LIBRARY``, else the copy inside the package,
+    else ``<checkout>/target/release/libstreampool.so``. Raises FileNotFoundError naming all three."""
+    configured = os.environ.get(LIBRARY_ENV)
+    if configured:
+        path = Path(configured).expanduser().resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"{LIBRARY_ENV}={configured} does not name a file")
+        return path
+    for candidate in (_PACKAGE_DIR / LIBRARY_NAME, _CHECKOUT_LIBRARY):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"{LIBRARY_NAME} not found: set {LIBRARY_ENV}, install the package with pip "
+        f"(which builds it into {_PACKAGE_DIR}), or run `cargo build --release` in the checkout "
+        f"(looked for {_CHECKOUT_LIBRARY})"
+    )
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library with every signature declared (loaded on the first call)."""
+    global _library, _library_path, _environment_at_load
+    with _load_lock:
+        if _library is None:
+            path = find_library()
+            lib = ctypes.CDLL(str(path))
+            for name, (restype, argtypes) in _SIGNATURES.items():
+                function = getattr(lib, name)
+                function.restype = restype
+                function.argtypes = argtypes
+            _environment_at_load = streampool_environment()
+            _library_path = path
+            _library = lib
+        return _library
+
+
+def is_loaded() -> bool:
+    return _library is not None
+
+
+def library_path() -> Path:
+    """The path the library was loaded from, or would be loaded from."""
+    return _library_path if _library_path is not None else find_library()
+
+
+def streampool_environment() -> Dict[str, str]:
+    """The ``STREAMPOOL_*`` variables of the process environment now."""
+    return {k: v for k, v in os.environ.items() if k.startswith("STREAMPOOL_")}
+
+
+def environment_at_load() -> Dict[str, str]:
+    """The ``STREAMPOOL_*`` variables as they were when the library was loaded."""
+    return dict(_environment_at_load)
+
+
+def function_address(name: str) -> int:
+    """The address of exported C function ``name``, for PyTorch's hook setters."""
+    return ctypes.cast(getattr(library(), name), ctypes.c_void_p).value
+
+
+def last_error() -> str:
+    """This thread's last error message from the library ("" if none)."""
+    message = library().streampool_last_error()
+    return message.decode("utf-8", errors="replace") if message else ""
+
+
+def error(status: Optional[int], fallback: str) -> StreampoolError:
+    """The exception for a failed call, carrying the library's message (``fallback`` if empty)."""
+    message = last_error() or fallback
+    return _ERROR_CLASSES.get(status, StreampoolError)(message, status)
+
+
+def check(status: int) -> None:
+    """Raise the matching StreampoolError if ``status`` is not STREAMPOOL_OK."""
+    if status != OK:
+        name = STATUS_NAMES.get(status, f"unknown status {status}")
+        raise error(status, f"streampool call failed with {name}")
+
+
+def _decode(raw: Optional[bytes]) -> str:
+    return raw.decode("utf-8", errors="replace") if raw else ""
+
+
+def version() -> str:
+    return _decode(library().streampool_version())
+
+
+def driver_name() -> str:
+    """"cuda" or "sim"; raises ConfigError if STREAMPOOL_DRIVER is malformed."""
+    name = _decode(library().streampool_driver_name())
+    if name == "invalid":
+        check_config()
+    return name
+
+
+def check_config() -> None:
+    """Parse the ``STREAMPOOL_*`` variables now; raise ConfigError naming a malformed one."""
+    check(library().streampool_check_config())
+
+
+def device_count() -> int:
+    count = library().streampool_device_count()
+    if count < 0:
+        check(count)
+    return count
+
+
+def get_stats(device: int) -> StreampoolStats:
+    stats = StreampoolStats()
+    check(library().streampool_get_stats(device, ctypes.byref(stats)))
+    return stats
+
+
+def parse_bytes(spec: str, device: int) -> int:
+    """Bytes meant by ``spec`` ("8GiB", "512MB", "80%" of device memory, "max") on ``device``."""
+    out = ctypes.c_uint64()
+    check(library().streampool_parse_bytes(spec.encode("utf-8"), device, ctypes.byref(out)))
+    return out.value
+
+
+def malloc(size: int, device: int, stream: Optional[int] = None) -> Optional[int]:
+    """``streampool_malloc``: the device address of ``size`` bytes allocated on ``stream``
+    (None = legacy default stream). Size 0 gives None. Failure raises StreampoolError."""
+    ptr = library().streampool_malloc(size, device, stream)
+    if ptr is None and size > 0:
+        # A NULL return carries no status code: only the message tells an OOM apart.
+        message = last_error()
+        status = OUT_OF_MEMORY if message.startswith("CUDA out of memory.") else None
+        raise error(status, f"streampool_malloc({size}, device={device}) returned NULL")
+    return ptr
+
+
+def free(ptr: Optional[int], size: int, device: int, stream: Optional[int] = None) -> None:
+    """``streampool_free`` of a pointer from :func:`malloc` (same size, device and stream)."""
+    check(library().streampool_free(ptr, size, device, stream))

@@ -1,0 +1,103 @@
+"""streampool's counters under PyTorch's ``memory_stats()`` names, and a readable summary table."""
+
+from typing import Dict, List, Sequence
+
+from ._lib import StreampoolStats
+
+# PyTorch key -> StreampoolStats field. All byte counts are bytes, all others counts.
+TORCH_KEYS = {
+    "allocated_bytes.all.current": "allocated_bytes",
+    "allocated_bytes.all.peak": "allocated_bytes_peak",
+    "allocated_bytes.all.allocated": "allocated_bytes_total",
+    "allocated_bytes.all.freed": "freed_bytes_total",
+    "reserved_bytes.all.current": "reserved_bytes",
+    "reserved_bytes.all.peak": "reserved_bytes_peak",
+    "active_bytes.all.current": "active_bytes",
+    "active_bytes.all.peak": "active_bytes_peak",
+    "allocation.all.current": "allocations_current",
+    "allocation.all.peak": "allocations_peak",
+    "allocation.all.allocated": "num_allocs",
+    "allocation.all.freed": "num_frees",
+    "num_alloc_retries": "num_alloc_retries",
+    "num_ooms": "num_ooms",
+    "num_device_alloc": "num_device_allocs",
+    "num_device_free": "num_device_frees",
+}
+
+# streampool's own keys -> StreampoolStats field.
+OWN_KEYS = {
+    "cached_bytes": "cached_bytes",
+    "cache_hits": "num_cache_hits",
+    "pool_used_bytes": "pool_used_bytes",
+    "memory_limit_bytes": "memory_limit_bytes",
+    "device_total_bytes": "device_total_bytes",
+}
+
+
+def stats_dict(stats: StreampoolStats) -> Dict[str, int]:
+    """PyTorch-named statistics plus streampool's own, sorted by key like torch.cuda.memory_stats."""
+    keys = {**TORCH_KEYS, **OWN_KEYS}
+    return {key: int(getattr(stats, keys[key])) for key in sorted(keys)}
+
+
+def format_bytes(count: int) -> str:
+    """``1536`` -> ``"1.50 KiB"``; below 1 KiB exact bytes (``"511 B"``)."""
+    if count < 1024:
+        return f"{count} B"
+    value = float(count)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024.0
+        if value < 1024.0 or unit == "PiB":
+            return f"{value:.2f} {unit}"
+    raise AssertionError("unreachable")
+
+
+# Column widths (characters) of the summary's two tables; both make 80-character lines.
+_COUNTER_WIDTHS = (22, 10, 10, 11, 11)
+_FACT_WIDTHS = (24, 12, 20, 15)
+
+
+def _row(cells: Sequence[str], widths: Sequence[int]) -> str:
+    first, *rest = cells
+    parts = [f" {first:<{widths[0]}} "] + [f" {cell:>{w}} " for cell, w in zip(rest, widths[1:])]
+    return "|" + "|".join(parts) + "|"
+
+
+def _fact_row(cells: Sequence[str]) -> str:
+    """Two "label value" pairs side by side."""
+    label1, value1, label2, value2 = cells
+    w1, v1, w2, v2 = _FACT_WIDTHS
+    return f"| {label1:<{w1}} {value1:>{v1}} | {label2:<{w2}} {value2:>{v2}} |"
+
+
+def summary(device: int, driver: str, stats: StreampoolStats) -> str:
+    """A multi-line table of ``stats`` (one device) in human units, like torch.cuda.memory_summary."""
+    b = format_bytes
+    s = stats
+    counters: List[Sequence[str]] = [
+        ("Metric", "Current", "Peak", "Total alloc", "Total freed"),
+        ("Allocated memory", b(s.allocated_bytes), b(s.allocated_bytes_peak),
+         b(s.allocated_bytes_total), b(s.freed_bytes_total)),
+        ("Active memory", b(s.active_bytes), b(s.active_bytes_peak), "", ""),
+        ("Reserved memory (pool)", b(s.reserved_bytes), b(s.reserved_bytes_peak), "", ""),
+        ("Allocations", str(s.allocations_current), str(s.allocations_peak),
+         str(s.num_allocs), str(s.num_frees)),
+    ]
+    limit = b(s.memory_limit_bytes) if s.memory_limit_bytes else "none"
+    facts = [
+        ("Cached, ready for reuse", b(s.cached_bytes), "Pool used", b(s.pool_used_bytes)),
+        ("Cache hits", str(s.num_cache_hits), "Alloc retries", str(s.num_alloc_retries)),
+        ("Device allocs", str(s.num_device_allocs), "Device frees", str(s.num_device_frees)),
+        ("Out-of-memory errors", str(s.num_ooms), "Memory limit", limit),
+        ("Device total", b(s.device_total_bytes), "", ""),
+    ]
+    header = _row(counters[0], _COUNTER_WIDTHS)
+    inner = len(header) - 2
+    rule, thin = "|" + "=" * inner + "|", "|" + "-" * inner + "|"
+    title = f"streampool memory summary, device {device} (driver {driver})"
+    lines = [rule, "|" + title.center(inner) + "|", thin, header, thin]
+    lines += [_row(row, _COUNTER_WIDTHS) for row in counters[1:]]
+    lines.append(thin)
+    lines += [_fact_row(row) for row in facts]
+    lines.append(rule)
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""Plugging streampool into PyTorch: the process-wide allocator (install) and scoped pools (mempool).
+
+torch is imported only here, and only when one of these functions runs.
+"""
+
+import logging
+import os
+import warnings
+from typing import Any, Dict, Optional
+
+from . import _lib
+from ._config import option_environment
+
+_log = logging.getLogger("streampool")
+
+# (setter on torch._C._CUDAPluggableAllocator, exported C function it receives)
+_HOOKS = (
+    ("set_init_fn", "streampool_init"),
+    ("set_reset_fn", "streampool_empty_cache"),
+    ("set_record_stream_fn", "streampool_record_stream"),
+    ("set_memory_fraction_fn", "streampool_set_memory_fraction"),
+)
+
+
+class _Installation:
+    """The allocator handed to PyTorch (kept alive here for the life of the process)."""
+
+    def __init__(self, allocator: Any, options: Dict[str, Any]):
+        self.allocator = allocator
+        self.options = options
+
+
+_installation: Optional[_Installation] = None
+_scoped_allocator: Any = None
+
+
+def _import_torch(caller: str) -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise ImportError(f"streampool.{caller}() needs PyTorch (pip install torch)") from exc
+    return torch
+
+
+def _apply_environment(variables: Dict[str, str]) -> None:
+    """Put install() options into os.environ, where the library reads them on first use.
+    Raises RuntimeError if the library was already loaded with different values."""
+    if _lib.is_loaded():
+        loaded = _lib.environment_at_load()
+        changed = sorted(k for k, v in variables.items() if loaded.get(k) != v)
+        if changed:
+            raise RuntimeError(
+                f"streampool was already loaded before install() could set {', '.join(changed)}; "
+                "call install() before any other streampool function, or set the variables "
+                "in the environment before starting Python"
+            )
+    os.environ.update(variables)
+
+
+def _require_cuda_driver() -> None:
+    _lib.check_config()
+    driver = _lib.driver_name()
+    if driver != "cuda":
+        raise RuntimeError(
+            f"STREAMPOOL_DRIVER={driver}: the simulated driver serves host memory and cannot back "
+            "PyTorch CUDA tensors; unset STREAMPOOL_DRIVER to use the GPU"
+        )
+
+
+def _new_allocator(torch: Any, wire_record_stream: bool = True) -> Any:
+    """A CUDAPluggableAllocator over libstreampool with every hook this PyTorch offers wired."""
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        str(_lib.library_path()), "my_malloc", "my_free"
+    )
+    raw = allocator.allocator()
+    for setter, function in _HOOKS:
+        if function == "streampool_record_stream" and not wire_record_stream:
+            continue
+        if hasattr(raw, setter):
+            getattr(raw, setter)(_lib.function_address(function))
+        else:
+            _log.debug("this PyTorch has no %s: %s is not wired", setter, function)
+    return allocator
+
+
+def install(*, _wire_record_stream: bool = True, **options: Any) -> Any:
+    """Make streampool PyTorch's CUDA allocator for this process; returns the
+    ``torch.cuda.memory.CUDAPluggableAllocator``.
+
+    Options (each sets the STREAMPOOL_* variable of docs/abi.md; sizes in bytes or strings such
+    as "8GiB", "80%", "max"): release_threshold, max_pool_size, cache_limit, cache_max_block,
+    reuse_follow_event_dependencies, reuse_allow_opportunistic, reuse_allow_internal_dependencies
+    (bools), log (a log filter such as "info").
+
+    Must run before CUDA is initialised in the process. A second call returns the same allocator
+    (with a warning if its options differ). ``_wire_record_stream=False`` is for tests only.
+    """
+    global _installation
+    variables = option_environment(options)
+    torch = _import_torch("install")
+    if _installation is not None:
+        if options != _installation.options:
+            warnings.warn(
+                f"streampool.install() already ran with options {_installation.options}; "
+                f"the new options {options} are ignored",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return _installation.allocator
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "CUDA is already initialised in this process, so PyTorch's allocator can no longer be "
+            "replaced: call streampool.install() before any CUDA tensor or CUDA call, or use "
+            "scoped mode instead: `with torch.cuda.use_mem_pool(streampool.mempool()): ...`"
+        )
+    _apply_environment(variables)
+    _require_cuda_driver()
+    allocator = _new_allocator(torch, wire_record_stream=_wire_record_stream)
+    torch.cuda.memory.change_current_allocator(allocator)
+    _installation = _Installation(allocator, dict(options))
+    return allocator
+
+
+def is_installed() -> bool:
+    """True once install() has made streampool PyTorch's allocator in this process."""
+    return _installation is not None
+
+
+def mempool() -> Any:
+    """A ``torch.cuda.MemPool`` backed by streampool, for
+    ``with torch.cuda.use_mem_pool(pool, device=...):`` (scoped mode; works after CUDA is
+    initialised). PyTorch's native allocator caches above streampool inside the region."""
+    global _scoped_allocator
+    torch = _import_torch("mempool")
+    _require_cuda_driver()
+    if _scoped_allocator is None:
+        _scoped_allocator = _new_allocator(torch)
+    return torch.cuda.MemPool(_scoped_allocator.allocator())

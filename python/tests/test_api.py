@@ -1,0 +1,187 @@
+"""The public Python API on the simulated driver, without torch."""
+
+import pytest
+from helpers import MiB
+
+import streampool
+from streampool import _lib
+from streampool._config import option_environment, variables_in_effect
+from streampool._device import device_index
+from streampool._stats import format_bytes
+
+TORCH_KEYS = {
+    "allocated_bytes.all.current",
+    "allocated_bytes.all.peak",
+    "allocated_bytes.all.allocated",
+    "allocated_bytes.all.freed",
+    "reserved_bytes.all.current",
+    "reserved_bytes.all.peak",
+    "active_bytes.all.current",
+    "active_bytes.all.peak",
+    "allocation.all.current",
+    "allocation.all.peak",
+    "allocation.all.allocated",
+    "allocation.all.freed",
+    "num_alloc_retries",
+    "num_ooms",
+    "num_device_alloc",
+    "num_device_free",
+}
+OWN_KEYS = {"cached_bytes", "cache_hits", "pool_used_bytes", "memory_limit_bytes", "device_total_bytes"}
+
+
+@pytest.fixture(autouse=True)
+def empty_pools():
+    streampool.empty_cache()
+    assert streampool.memory_allocated(0) == 0, "an earlier test leaked an allocation"
+    yield
+
+
+def test_memory_stats_has_pytorch_and_streampool_keys_sorted():
+    stats = streampool.memory_stats()
+    assert set(stats) == TORCH_KEYS | OWN_KEYS
+    assert list(stats) == sorted(stats)
+    assert all(isinstance(v, int) for v in stats.values())
+    assert stats["device_total_bytes"] == 16 << 30
+
+
+def test_memory_stats_values_follow_allocations():
+    streampool.reset_peak_memory_stats()
+    before = streampool.memory_stats()
+    a = _lib.malloc(3 * MiB, 0)
+    b = _lib.malloc(1000, 0)
+    _lib.free(b, 1000, 0)
+    after = streampool.memory_stats()
+    assert after["allocated_bytes.all.current"] == 3 * MiB
+    assert after["allocated_bytes.all.peak"] == 3 * MiB + 1000
+    assert after["allocated_bytes.all.allocated"] - before["allocated_bytes.all.allocated"] == 3 * MiB + 1000
+    assert after["allocated_bytes.all.freed"] - before["allocated_bytes.all.freed"] == 1000
+    assert after["allocation.all.current"] == 1
+    assert after["allocation.all.allocated"] - before["allocation.all.allocated"] == 2
+    assert after["allocation.all.freed"] - before["allocation.all.freed"] == 1
+    assert after["reserved_bytes.all.current"] >= 3 * MiB
+    assert streampool.memory_allocated() == 3 * MiB
+    assert streampool.max_memory_allocated() == 3 * MiB + 1000
+    assert streampool.memory_reserved() == after["reserved_bytes.all.current"]
+    assert streampool.max_memory_reserved() == after["reserved_bytes.all.peak"]
+    _lib.free(a, 3 * MiB, 0)
+    streampool.reset_peak_memory_stats()
+    assert streampool.max_memory_allocated() == 0
+
+
+def test_reset_peak_memory_stats_rejects_a_bad_device():
+    with pytest.raises(streampool.InvalidArgumentError, match="device index 7"):
+        streampool.reset_peak_memory_stats(7)
+
+
+def test_memory_summary_is_a_readable_table():
+    block = _lib.malloc(3 * MiB, 1)
+    text = streampool.memory_summary("cuda:1")
+    _lib.free(block, 3 * MiB, 1)
+    lines = text.splitlines()
+    assert "device 1 (driver sim)" in lines[1]
+    assert len({len(line) for line in lines}) == 1, "ragged table"
+    allocated = next(line for line in lines if line.startswith("| Allocated memory"))
+    assert "3.00 MiB" in allocated
+    assert "16.00 GiB" in text
+    for label in ("Reserved memory", "Active memory", "Allocations", "Cache hits", "Memory limit"):
+        assert label in text
+
+
+@pytest.mark.parametrize(
+    "count, text",
+    [(0, "0 B"), (511, "511 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"), (3 * MiB, "3.00 MiB"), (10 << 40, "10.00 TiB")],
+)
+def test_format_bytes(count, text):
+    assert format_bytes(count) == text
+
+
+class device:  # stands in for torch.device: same class name and attributes
+    def __init__(self, type, index=None):
+        self.type, self.index = type, index
+
+
+@pytest.mark.parametrize(
+    "argument, index",
+    [(None, 0), (1, 1), ("cuda", 0), ("cuda:1", 1), (device("cuda", 1), 1), (device("cuda"), 0)],
+)
+def test_device_arguments(argument, index):
+    assert device_index(argument) == index
+
+
+@pytest.mark.parametrize(
+    "argument, error",
+    [("cpu", ValueError), ("cuda:x", ValueError), (device("cpu", 0), ValueError), (1.5, TypeError), (True, TypeError)],
+)
+def test_bad_device_arguments(argument, error):
+    with pytest.raises(error):
+        device_index(argument)
+
+
+def test_set_release_threshold_accepts_bytes_and_strings():
+    total = streampool.memory_stats()["device_total_bytes"]
+    assert streampool.set_release_threshold("80%") == int(total * 0.8)
+    assert streampool.set_release_threshold(1 << 30, device="cuda:1") == 1 << 30
+    assert streampool.set_release_threshold("max") == 2**64 - 1
+
+
+@pytest.mark.parametrize(
+    "value, error, match",
+    [
+        ("12XB", streampool.InvalidArgumentError, "12XB"),
+        (-1, ValueError, "must be >= 0"),
+        (1.5, TypeError, "must be bytes"),
+        (True, TypeError, "must be bytes"),
+    ],
+)
+def test_set_release_threshold_rejects_bad_values(value, error, match):
+    with pytest.raises(error, match=match):
+        streampool.set_release_threshold(value)
+
+
+def test_trim_through_the_public_api_empties_the_cache():
+    block = _lib.malloc(4 * MiB, 0)
+    _lib.free(block, 4 * MiB, 0)
+    assert streampool.memory_stats()["cached_bytes"] == 4 * MiB
+    streampool.trim()
+    assert streampool.memory_stats()["cached_bytes"] == 0
+    assert streampool.memory_reserved() == 0
+
+
+def test_empty_cache_returns_every_cached_block():
+    for device in (0, 1):
+        block = _lib.malloc(2 * MiB, device)
+        _lib.free(block, 2 * MiB, device)
+    streampool.empty_cache()
+    assert [streampool.memory_stats(d)["cached_bytes"] for d in (0, 1)] == [0, 0]
+
+
+def test_install_rejects_unknown_options_before_needing_torch():
+    with pytest.raises(TypeError, match="release_treshold"):
+        streampool.install(release_treshold="8GiB")
+
+
+def test_option_values_become_environment_text():
+    assert option_environment(
+        {"release_threshold": 8 << 30, "cache_limit": "10%", "reuse_allow_opportunistic": False, "log": "info"}
+    ) == {
+        "STREAMPOOL_RELEASE_THRESHOLD": str(8 << 30),
+        "STREAMPOOL_CACHE_LIMIT": "10%",
+        "STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC": "0",
+        "STREAMPOOL_LOG": "info",
+    }
+    with pytest.raises(TypeError, match="max_pool_size must be a bool, int or str"):
+        option_environment({"max_pool_size": 1.5})
+
+
+def test_variables_in_effect_tell_environment_from_default():
+    rows = {name: (value, source) for name, value, source in variables_in_effect(
+        {"STREAMPOOL_DRIVER": "sim", "RUST_LOG": "debug"}
+    )}
+    assert rows["STREAMPOOL_DRIVER"] == ("sim", "environment")
+    assert rows["STREAMPOOL_RELEASE_THRESHOLD"] == ("max", "default")
+    assert rows["STREAMPOOL_LOG"] == ("debug", "environment (RUST_LOG)")
+
+
+def test_is_installed_is_false_without_install():
+    assert not streampool.is_installed()

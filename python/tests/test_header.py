@@ -1,0 +1,77 @@
+"""The ctypes declarations of streampool._lib against the C header include/streampool.h.
+
+A mismatch here (a new export, a changed argument type, a reordered stats field) would make ctypes
+pass or read garbage without any error, so the header is the reference.
+"""
+
+import ctypes
+import re
+from pathlib import Path
+
+from streampool import _lib
+
+HEADER = Path(__file__).resolve().parents[2] / "include" / "streampool.h"
+
+C_TYPES = {
+    "void": None,
+    "void *": ctypes.c_void_p,
+    "int": ctypes.c_int,
+    "double": ctypes.c_double,
+    "ssize_t": ctypes.c_ssize_t,
+    "size_t": ctypes.c_size_t,
+    "uint64_t": ctypes.c_uint64,
+    "uint64_t *": ctypes.POINTER(ctypes.c_uint64),
+    "const char *": ctypes.c_char_p,
+    "struct StreampoolStats *": ctypes.POINTER(_lib.StreampoolStats),
+}
+
+
+def _header_code() -> str:
+    """The header without comments and preprocessor lines."""
+    text = HEADER.read_text()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r"^\s*#[^\n]*", "", text, flags=re.M)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def _normalise(c_type: str) -> str:
+    return re.sub(r"\s*\*", " *", " ".join(c_type.split())).strip()
+
+
+def _split_declaration(parameter: str):
+    """"const char *spec" -> "const char *"."""
+    return _normalise(re.match(r"(.*?)\w+$", parameter.strip()).group(1))
+
+
+def header_functions():
+    """name -> (return type, [parameter types]) for every function the header declares."""
+    declarations = re.findall(r"([A-Za-z_][\w\s\*]*?)\b(\w+)\(([^)]*)\);", _header_code())
+    functions = {}
+    for returns, name, parameters in declarations:
+        parameters = " ".join(parameters.split())
+        types = [] if parameters in ("", "void") else [_split_declaration(p) for p in parameters.split(",")]
+        functions[name] = (_normalise(returns), types)
+    return functions
+
+
+def test_every_exported_function_is_declared_with_the_header_types():
+    functions = header_functions()
+    assert set(functions) == set(_lib._SIGNATURES)
+    for name, (returns, parameters) in functions.items():
+        restype, argtypes = _lib._SIGNATURES[name]
+        assert restype is C_TYPES[returns], name
+        assert argtypes == [C_TYPES[p] for p in parameters], name
+
+
+def test_stats_fields_follow_the_header_order():
+    struct = re.search(r"typedef struct StreampoolStats \{(.*?)\}", _header_code(), flags=re.S).group(1)
+    fields = re.findall(r"uint64_t (\w+);", struct)
+    assert tuple(fields) == _lib.STATS_FIELDS
+    assert ctypes.sizeof(_lib.StreampoolStats) == 8 * len(fields)
+
+
+def test_status_codes_match_the_header():
+    codes = dict(re.findall(r"STREAMPOOL_STATUS_(\w+) = (-?\d+)", _header_code()))
+    assert {f"STREAMPOOL_{name}": int(code) for name, code in codes.items()} == {
+        name: code for code, name in _lib.STATUS_NAMES.items()
+    }

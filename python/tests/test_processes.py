@@ -1,0 +1,162 @@
+"""Cases that need a fresh process: other STREAMPOOL_* values, torch hidden, the command line."""
+
+import pytest
+from helpers import HIDE_TORCH, describe, run_python
+
+MALFORMED = [
+    ("STREAMPOOL_DRIVER", "gpu"),
+    ("STREAMPOOL_RELEASE_THRESHOLD", "12XB"),
+    ("STREAMPOOL_MAX_POOL_SIZE", "lots"),
+    ("STREAMPOOL_CACHE_LIMIT", "150%"),
+    ("STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES", "maybe"),
+    ("STREAMPOOL_SIM_DEVICES", "0"),
+    ("STREAMPOOL_SIM_MEMORY", "0"),
+    ("STREAMPOOL_LOG", "streampool=loud"),
+]
+
+# Prints the exception type and message of each call, one line each.
+REPORT_ERRORS = """
+import streampool
+from streampool import _lib
+for name, call in [
+    ("check_config", _lib.check_config),
+    ("malloc", lambda: _lib.malloc(4096, 0)),
+    ("memory_stats", streampool.memory_stats),
+]:
+    try:
+        call()
+        print(name, "no error")
+    except streampool.StreampoolError as exc:
+        print(name, type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("variable, value", MALFORMED, ids=[v for v, _ in MALFORMED])
+def test_malformed_variable_fails_every_call_naming_variable_and_value(variable, value):
+    proc = run_python(REPORT_ERRORS, env={variable: value})
+    assert proc.returncode == 0, describe(proc)
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3, describe(proc)
+    for line in lines:
+        assert f"{variable}={value!r}".replace("'", '"') in line, describe(proc)
+        assert "accepted" in line, describe(proc)
+    assert lines[0].startswith("check_config ConfigError")
+    assert lines[2].startswith("memory_stats ConfigError")
+
+
+def test_simulated_devices_and_memory_follow_the_environment():
+    code = "import streampool; print(streampool.device_count(), streampool.memory_stats(2)['device_total_bytes'])"
+    proc = run_python(code, env={"STREAMPOOL_SIM_DEVICES": "3", "STREAMPOOL_SIM_MEMORY": "1GiB"})
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.split() == ["3", str(1 << 30)]
+
+
+def test_missing_library_names_the_variable(tmp_path):
+    missing = tmp_path / "nothing.so"
+    proc = run_python("import streampool; streampool.device_count()", env={"STREAMPOOL_LIBRARY": str(missing)})
+    assert proc.returncode != 0
+    assert f"STREAMPOOL_LIBRARY={missing} does not name a file" in proc.stderr, describe(proc)
+
+
+def test_import_needs_neither_torch_nor_the_library(tmp_path):
+    code = HIDE_TORCH + "import streampool; print(streampool.is_installed())"
+    proc = run_python(code, env={"STREAMPOOL_LIBRARY": str(tmp_path / "nothing.so")})
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("function", ["install", "mempool"])
+def test_torch_facing_calls_without_torch_say_so(function):
+    code = HIDE_TORCH + (
+        "import streampool\n"
+        f"try:\n    streampool.{function}()\n"
+        "except ImportError as exc:\n    print(exc)\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.strip() == f"streampool.{function}() needs PyTorch (pip install torch)"
+
+
+# A stand-in torch module: enough for install() to reach its own checks without a GPU.
+FAKE_TORCH = """
+import sys, types
+torch = types.ModuleType("torch")
+torch.cuda = types.SimpleNamespace(is_initialized=lambda: CUDA_INITIALISED)
+sys.modules["torch"] = torch
+import streampool
+try:
+    streampool.install(**OPTIONS)
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def run_install(options: str, env=None, cuda_initialised=False, before: str = ""):
+    """install(**options) under the stand-in torch, after running ``before``; prints the error."""
+    code = FAKE_TORCH.replace("OPTIONS", options).replace("CUDA_INITIALISED", str(cuda_initialised))
+    return run_python(before + code, env=env)
+
+
+def test_install_reports_a_malformed_option_value_naming_its_variable():
+    proc = run_install('{"release_threshold": "12XB"}', env={"STREAMPOOL_DRIVER": None})
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="12XB" is not valid'), describe(proc)
+
+
+def test_install_refuses_the_simulated_driver():
+    proc = run_install("{}")
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.startswith("RuntimeError STREAMPOOL_DRIVER=sim: the simulated driver"), describe(proc)
+
+
+def test_install_after_cuda_initialisation_is_refused_with_advice():
+    proc = run_install("{}", cuda_initialised=True)
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.startswith("RuntimeError CUDA is already initialised"), describe(proc)
+    assert "streampool.mempool()" in proc.stdout
+
+
+def test_install_options_after_the_library_was_loaded_are_an_error():
+    proc = run_install('{"cache_limit": "1GiB"}', before="import streampool; streampool.device_count()\n")
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.startswith(
+        "RuntimeError streampool was already loaded before install() could set STREAMPOOL_CACHE_LIMIT"
+    ), describe(proc)
+
+
+def test_demo_on_the_simulated_driver():
+    proc = run_python(args=["-m", "streampool", "demo"])
+    assert proc.returncode == 0, describe(proc)
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "streampool demo on the simulated driver (STREAMPOOL_DRIVER=sim)"
+    assert lines[1].startswith("tensors of several sizes")
+    assert any(line.startswith("MLP training steps") for line in lines)
+    assert "streampool memory summary, device 0 (driver sim)" in proc.stdout
+
+
+def test_demo_without_torch_falls_back_to_the_simulated_driver():
+    code = HIDE_TORCH + "from streampool.__main__ import main; sys.exit(main(['demo']))"
+    proc = run_python(code, env={"STREAMPOOL_DRIVER": None})
+    assert proc.returncode == 0, describe(proc)
+    first = proc.stdout.splitlines()[0]
+    assert first == "streampool demo on the simulated driver (no CUDA GPU found: PyTorch is not installed)"
+    assert "Allocations" in proc.stdout
+
+
+def test_info_on_the_simulated_driver():
+    proc = run_python(args=["-m", "streampool", "info"], env={"STREAMPOOL_CACHE_LIMIT": "1GiB"})
+    assert proc.returncode == 0, describe(proc)
+    out = proc.stdout
+    assert "driver: sim" in out and "devices: 2" in out
+    assert "device 1: total 16.00 GiB" in out
+    assert "STREAMPOOL_CACHE_LIMIT" in out
+    rows = {line.split("=")[0].strip(): line for line in out.splitlines() if line.startswith("  STREAMPOOL_")}
+    assert rows["STREAMPOOL_CACHE_LIMIT"].endswith("= 1GiB  (environment)")
+    assert rows["STREAMPOOL_DRIVER"].endswith("= sim  (environment)")
+    assert rows["STREAMPOOL_RELEASE_THRESHOLD"].endswith("= max  (default)")
+
+
+def test_info_reports_a_malformed_variable_and_fails():
+    proc = run_python(args=["-m", "streampool", "info"], env={"STREAMPOOL_CACHE_LIMIT": "150%"})
+    assert proc.returncode == 1, describe(proc)
+    assert 'error: STREAMPOOL_CACHE_LIMIT="150%" is not valid' in proc.stdout, describe(proc)
