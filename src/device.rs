@@ -237,11 +237,12 @@ impl DeviceAllocator {
         if self.state.lock().cache.cached_bytes() == 0 {
             return Ok(());
         }
-        let usage = self.driver.pool_usage(self.device, pool.handle)?;
-        let room = usage.reserved_bytes.saturating_sub(usage.used_bytes);
+        let (reserved_bytes, used_bytes) =
+            self.driver.pool_reserved_used(self.device, pool.handle)?;
+        let room = reserved_bytes.saturating_sub(used_bytes);
         let blocks = {
             let mut st = self.state.lock();
-            st.reserved_seen_bytes = usage.reserved_bytes;
+            st.reserved_seen_bytes = reserved_bytes;
             if block_bytes <= room {
                 return Ok(());
             }
@@ -262,10 +263,7 @@ impl DeviceAllocator {
         if self.state.lock().cache.cached_bytes() == 0 {
             return Ok(());
         }
-        let reserved_bytes = self
-            .driver
-            .pool_usage(self.device, pool.handle)?
-            .reserved_bytes;
+        let (reserved_bytes, _) = self.driver.pool_reserved_used(self.device, pool.handle)?;
         let blocks = {
             let mut st = self.state.lock();
             let grew = reserved_bytes > st.reserved_seen_bytes;

@@ -238,6 +238,14 @@ impl Driver for CudaDriver {
         })
     }
 
+    fn pool_reserved_used(&self, _device: usize, pool: PoolHandle) -> Result<(u64, u64)> {
+        use sys::CUmemPool_attribute::*;
+        Ok((
+            self.get_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            self.get_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        ))
+    }
+
     fn pool_reset_peaks(&self, _device: usize, pool: PoolHandle) -> Result<()> {
         use sys::CUmemPool_attribute::*;
         for attr in [

@@ -56,6 +56,8 @@ pub trait Driver: Send + Sync {
     fn pool_create(&self, device: usize, max_size_bytes: u64) -> Result<PoolHandle>;
     fn pool_set_attr(&self, device: usize, pool: PoolHandle, attr: PoolAttr) -> Result<()>;
     fn pool_usage(&self, device: usize, pool: PoolHandle) -> Result<PoolUsage>;
+    /// (reserved, used) bytes only: two attribute reads on the allocation path instead of four.
+    fn pool_reserved_used(&self, device: usize, pool: PoolHandle) -> Result<(u64, u64)>;
     /// Resets the reserved and used high-water marks to the current values.
     fn pool_reset_peaks(&self, device: usize, pool: PoolHandle) -> Result<()>;
     fn pool_trim(&self, device: usize, pool: PoolHandle, keep_bytes: u64) -> Result<()>;

@@ -349,6 +349,12 @@ impl Driver for SimDriver {
         })
     }
 
+    fn pool_reserved_used(&self, device: usize, pool: PoolHandle) -> Result<(u64, u64)> {
+        let d = self.device(device)?;
+        let p = &d.pools[pool.0];
+        Ok((p.reserved_bytes, p.used_bytes))
+    }
+
     fn pool_reset_peaks(&self, device: usize, pool: PoolHandle) -> Result<()> {
         let mut d = self.device(device)?;
         let p = &mut d.pools[pool.0];
