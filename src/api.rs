@@ -36,13 +36,16 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
+// `try_with` everywhere: a tensor freed while its thread exits reaches us after this thread's
+// locals are gone, and `with` would panic outside any catch_unwind.
+
 pub fn set_last_error(e: &Error) {
     let text = e.to_string().replace('\0', " ");
-    LAST_ERROR.with(|slot| *slot.borrow_mut() = CString::new(text).unwrap_or_default());
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = CString::new(text).unwrap_or_default());
 }
 
 pub fn clear_last_error() {
-    LAST_ERROR.with(|slot| {
+    let _ = LAST_ERROR.try_with(|slot| {
         if !slot.borrow().as_bytes().is_empty() {
             *slot.borrow_mut() = CString::default();
         }
@@ -51,5 +54,7 @@ pub fn clear_last_error() {
 
 /// Pointer to this thread's message; valid until the next call that sets or clears it.
 pub fn last_error_ptr() -> *const c_char {
-    LAST_ERROR.with(|slot| slot.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().as_ptr())
+        .unwrap_or(c"streampool: error message unavailable during thread exit".as_ptr())
 }

@@ -397,39 +397,49 @@ impl DeviceAllocator {
             });
             return Ok(());
         }
-        let mut events = Vec::with_capacity(streams.len());
-        for s in streams {
-            let event = match st.spare_events.pop() {
-                Some(e) => Ok(e),
-                None => self.driver.event_create(self.device),
-            };
-            let recorded =
-                event.and_then(|e| self.driver.event_record(self.device, e, s).map(|()| e));
-            match recorded {
-                Ok(e) => events.push(e),
-                Err(err) => {
-                    // Without an event we can't know when the stream is done: wait for everything.
-                    log::warn!(
-                        "device {}: {err}; synchronising before reusing {:#x}",
-                        self.device,
-                        block.ptr
-                    );
-                    st.spare_events.append(&mut events);
-                    drop(st);
-                    let synced = self.driver.synchronize(self.device);
-                    let mut st = self.state.lock();
-                    st.counters.active_bytes.sub(requested_bytes);
-                    synced?;
-                    return self.keep_or_return(st, block);
-                }
+        let events = match self.record_events(&mut st, &streams) {
+            Ok(events) => events,
+            Err(err) => {
+                // Without an event we can't know when the stream is done: wait for everything.
+                log::warn!(
+                    "device {}: {err}; synchronising before reusing {:#x}",
+                    self.device,
+                    block.ptr
+                );
+                drop(st);
+                let synced = self.driver.synchronize(self.device);
+                let mut st = self.state.lock();
+                st.counters.active_bytes.sub(requested_bytes);
+                synced?;
+                return self.keep_or_return(st, block);
             }
-        }
+        };
         st.pending.push_back(PendingBlock {
             block,
             requested_bytes,
             events,
         });
         Ok(())
+    }
+
+    /// Records one event on each of `streams` (reusing spare events); on failure the events taken
+    /// so far go back to the spares.
+    fn record_events(&self, st: &mut State, streams: &[Stream]) -> Result<Vec<EventHandle>> {
+        let mut events = Vec::with_capacity(streams.len());
+        for &s in streams {
+            let event = match st.spare_events.pop() {
+                Some(e) => Ok(e),
+                None => self.driver.event_create(self.device),
+            };
+            match event.and_then(|e| self.driver.event_record(self.device, e, s).map(|()| e)) {
+                Ok(e) => events.push(e),
+                Err(err) => {
+                    st.spare_events.append(&mut events);
+                    return Err(err);
+                }
+            }
+        }
+        Ok(events)
     }
 
     /// Moves pending blocks whose events have completed into the cache, oldest first, stopping
@@ -473,18 +483,22 @@ impl DeviceAllocator {
                 st.deferred.len()
             );
             for d in std::mem::take(&mut st.deferred) {
-                let mut events = Vec::new();
-                for s in d.streams {
-                    let e = st
-                        .spare_events
-                        .pop()
-                        .map_or_else(|| self.driver.event_create(self.device), Ok);
-                    if let Ok(e) =
-                        e.and_then(|e| self.driver.event_record(self.device, e, s).map(|()| e))
-                    {
-                        events.push(e);
+                let events = self.record_events(st, &d.streams).unwrap_or_else(|err| {
+                    // The capture is over, so waiting is allowed; an empty list means "ready".
+                    log::warn!(
+                        "device {}: {err}; synchronising before reusing {:#x}",
+                        self.device,
+                        d.block.ptr
+                    );
+                    if let Err(e) = self.driver.synchronize(self.device) {
+                        log::error!(
+                            "device {}: {e}; {:#x} may be reused early",
+                            self.device,
+                            d.block.ptr
+                        );
                     }
-                }
+                    Vec::new()
+                });
                 st.pending.push_back(PendingBlock {
                     block: d.block,
                     requested_bytes: d.requested_bytes,

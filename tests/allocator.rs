@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use streampool::driver::sim::SimFault;
+use streampool::driver::Driver;
 use streampool::Error;
 
 #[test]
@@ -314,5 +315,32 @@ fn stats_count_pool_and_cache() {
             ..Default::default()
         }
     );
+    r.finish();
+}
+
+#[test]
+fn failed_event_after_capture_falls_back_to_synchronising() {
+    let r = rig(1 << 30);
+    let a = r.alloc.malloc(4096, 0, 1).unwrap();
+    r.alloc.record_stream(a, 2).unwrap();
+    r.sim.begin_capture(0, 9);
+    let g = r.alloc.malloc(512, 0, 9).unwrap();
+    r.alloc.free(a, 0).unwrap(); // deferred: no events during capture
+    r.alloc.free(g, 0).unwrap();
+    r.sim.end_capture(0, 9);
+    let probe = r.sim.event_create(0).unwrap();
+    r.sim.event_record(0, probe, 2).unwrap(); // work stream 2 still has queued
+    r.sim.inject_fault(SimFault::EventCreate, 1);
+    let b = r.alloc.malloc(4096, 0, 1).unwrap();
+    assert!(
+        r.sim.event_query(0, probe).unwrap(),
+        "stream 2 was not waited for"
+    );
+    assert_eq!(
+        b, a,
+        "after synchronising, the block is safe to reuse at once"
+    );
+    r.sim.event_destroy(0, probe);
+    r.alloc.free(b, 0).unwrap();
     r.finish();
 }
