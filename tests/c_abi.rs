@@ -3,11 +3,34 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
-/// target/<profile>/, where cargo put libstreampool.so for this test run.
+/// target/<profile>/, where libstreampool.so is. `cargo test` builds the library only as an
+/// rlib for tests, so the cdylib is built here, once per test run.
 fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().to_path_buf()
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().unwrap();
+            let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+            let mut cargo = Command::new(env!("CARGO"));
+            cargo.args(["build", "--lib", "--quiet", "--manifest-path"]);
+            cargo.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+            if dir.ends_with("release") {
+                cargo.arg("--release");
+            }
+            assert!(
+                cargo.status().unwrap().success(),
+                "cargo build --lib failed"
+            );
+            assert!(
+                dir.join("libstreampool.so").exists(),
+                "no libstreampool.so in {}",
+                dir.display()
+            );
+            dir
+        })
+        .clone()
 }
 
 /// Builds `source` into an executable named after `test` (tests run in parallel).
