@@ -62,6 +62,9 @@ struct State {
     /// In the order they were freed.
     pending: VecDeque<PendingBlock>,
     deferred: Vec<DeferredBlock>,
+    /// Blocks whose `cuMemFreeAsync` failed, with whether they count in `held_bytes`; the next
+    /// flush tries again, so a transient driver error loses no memory.
+    unreturned: Vec<(CachedBlock, bool)>,
     spare_events: Vec<EventHandle>,
     /// Streams seen capturing; while non-empty, no event queries and no synchronisation.
     capturing: Vec<Stream>,
@@ -116,8 +119,8 @@ impl DeviceAllocator {
             return self.allocate_captured(requested_bytes, block_bytes, stream);
         }
         let mut st = self.state.lock();
-        if !st.capturing.is_empty() {
-            self.refresh_captures(&mut st);
+        if !st.capturing.is_empty() || !st.deferred.is_empty() {
+            self.refresh_deferred(&mut st);
         }
         if !st.pending.is_empty() && st.capturing.is_empty() {
             self.collect_pending(&mut st);
@@ -143,7 +146,7 @@ impl DeviceAllocator {
         block_bytes: u64,
         stream: Stream,
     ) -> Result<DevicePtr> {
-        self.enforce_limit(block_bytes, stream)?;
+        self.enforce_limit(requested_bytes, block_bytes, stream)?;
         self.release_cache_before_growth(pool, block_bytes)?;
         let ptr = match self
             .driver
@@ -207,7 +210,7 @@ impl DeviceAllocator {
     }
 
     /// Step 3: the cap from `set_memory_fraction` counts every byte held from the pool.
-    fn enforce_limit(&self, block_bytes: u64, stream: Stream) -> Result<()> {
+    fn enforce_limit(&self, requested_bytes: u64, block_bytes: u64, stream: Stream) -> Result<()> {
         let limit = self.limit_bytes.load(Ordering::Relaxed);
         if limit == NO_LIMIT {
             return Ok(());
@@ -220,10 +223,11 @@ impl DeviceAllocator {
             let over = st.held_bytes + block_bytes - limit;
             st.take_from_cache(over, stream)
         };
-        self.return_to_pool(evicted);
+        // A block the driver refuses stays held (and counted) until the next flush.
+        let _ = self.return_to_pool(evicted, true);
         if self.state.lock().held_bytes + block_bytes > limit {
             self.state.lock().counters.num_ooms += 1;
-            return Err(self.out_of_memory(block_bytes, Some(limit)));
+            return Err(self.out_of_memory(requested_bytes, Some(limit)));
         }
         Ok(())
     }
@@ -253,7 +257,8 @@ impl DeviceAllocator {
             self.device,
             blocks.len()
         );
-        self.return_to_pool(blocks);
+        // A block the driver refuses stays held until the next flush; the allocation goes on.
+        let _ = self.return_to_pool(blocks, true);
         Ok(())
     }
 
@@ -278,26 +283,29 @@ impl DeviceAllocator {
             self.device,
             blocks.len()
         );
-        self.return_to_pool(blocks);
+        // A block the driver refuses stays held until the next flush; the allocation goes on.
+        let _ = self.return_to_pool(blocks, true);
         Ok(())
     }
 
-    /// Frees blocks to the pool on their own streams; they left `held_bytes` when taken.
-    fn return_to_pool(&self, blocks: Vec<CachedBlock>) {
-        let mut freed = 0;
-        for b in &blocks {
-            match self.driver.free_async(self.device, b.ptr, b.stream) {
-                Ok(()) => freed += 1,
-                Err(e) => log::error!(
-                    "device {}: returning {:#x} to the pool failed: {e}",
-                    self.device,
-                    b.ptr
-                ),
+    /// Frees blocks to the pool on their own streams; they left `held_bytes` (if `held`) when
+    /// taken. A block the driver refuses stays on the books (see [`State::settle_return`]).
+    fn return_to_pool(&self, blocks: Vec<CachedBlock>, held: bool) -> Result<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let results: Vec<Result<()>> = blocks
+            .iter()
+            .map(|b| self.driver.free_async(self.device, b.ptr, b.stream))
+            .collect();
+        let mut st = self.state.lock();
+        let mut first_error = Ok(());
+        for (block, result) in blocks.into_iter().zip(results) {
+            if let Err(e) = st.settle_return(self.device, block, held, result) {
+                first_error = first_error.and(Err(e));
             }
         }
-        if freed > 0 {
-            self.state.lock().counters.num_device_frees += freed;
-        }
+        first_error
     }
 
     fn out_of_memory(&self, requested_bytes: u64, limit_bytes: Option<u64>) -> Error {
@@ -348,9 +356,8 @@ impl DeviceAllocator {
         };
         if block.captured {
             st.counters.active_bytes.sub(block.requested_bytes);
-            st.counters.num_device_frees += 1;
             drop(st);
-            return self.driver.free_async(self.device, ptr, block.stream);
+            return self.return_to_pool(vec![cached], false);
         }
         if !block.recorded_streams.is_empty() {
             // Active until the other streams are done with it.
@@ -374,9 +381,8 @@ impl DeviceAllocator {
             Ok(()) => Ok(()),
             Err(block) => {
                 st.held_bytes -= block.block_bytes;
-                st.counters.num_device_frees += 1;
                 drop(st);
-                self.driver.free_async(self.device, block.ptr, block.stream)
+                self.return_to_pool(vec![block], true)
             }
         }
     }
@@ -409,8 +415,16 @@ impl DeviceAllocator {
                 drop(st);
                 let synced = self.driver.synchronize(self.device);
                 let mut st = self.state.lock();
+                if let Err(e) = synced {
+                    // Neither an event nor a wait: keep the block until one of them works.
+                    st.deferred.push(DeferredBlock {
+                        block,
+                        requested_bytes,
+                        streams,
+                    });
+                    return Err(e);
+                }
                 st.counters.active_bytes.sub(requested_bytes);
-                synced?;
                 return self.keep_or_return(st, block);
             }
         };
@@ -422,16 +436,23 @@ impl DeviceAllocator {
         Ok(())
     }
 
-    /// Records one event on each of `streams` (reusing spare events); on failure the events taken
-    /// so far go back to the spares.
+    /// Records one event on each of `streams` (reusing spare events); on failure every event
+    /// taken goes back to the spares.
     fn record_events(&self, st: &mut State, streams: &[Stream]) -> Result<Vec<EventHandle>> {
         let mut events = Vec::with_capacity(streams.len());
         for &s in streams {
-            let event = match st.spare_events.pop() {
+            let recorded = match st.spare_events.pop() {
                 Some(e) => Ok(e),
                 None => self.driver.event_create(self.device),
-            };
-            match event.and_then(|e| self.driver.event_record(self.device, e, s).map(|()| e)) {
+            }
+            .and_then(|e| {
+                // An event whose record failed is still an event: keep it as a spare.
+                self.driver
+                    .event_record(self.device, e, s)
+                    .inspect_err(|_| st.spare_events.push(e))
+                    .map(|()| e)
+            });
+            match recorded {
                 Ok(e) => events.push(e),
                 Err(err) => {
                     st.spare_events.append(&mut events);
@@ -460,51 +481,48 @@ impl DeviceAllocator {
             st.counters.active_bytes.sub(p.requested_bytes);
             if let Err(block) = st.cache.put(p.block) {
                 st.held_bytes -= block.block_bytes;
-                st.counters.num_device_frees += 1;
-                if let Err(e) = self.driver.free_async(self.device, block.ptr, block.stream) {
-                    log::error!(
-                        "device {}: returning {:#x} to the pool failed: {e}",
-                        self.device,
-                        block.ptr
-                    );
-                }
+                let result = self.driver.free_async(self.device, block.ptr, block.stream);
+                let _ = st.settle_return(self.device, block, true, result);
             }
         }
     }
 
-    /// Forgets streams whose capture has ended; once none is left, deferred frees proceed.
-    fn refresh_captures(&self, st: &mut State) {
+    /// Forgets streams whose capture has ended; once none is left, deferred frees proceed: each
+    /// gets events on its streams or, failing that, a device synchronisation; a block for which
+    /// neither works stays deferred and is tried again later (never reused early).
+    fn refresh_deferred(&self, st: &mut State) {
         st.capturing
             .retain(|s| self.driver.is_capturing(self.device, *s).unwrap_or(false));
-        if st.capturing.is_empty() && !st.deferred.is_empty() {
-            log::info!(
-                "device {}: graph capture ended; releasing {} deferred blocks",
-                self.device,
-                st.deferred.len()
-            );
-            for d in std::mem::take(&mut st.deferred) {
-                let events = self.record_events(st, &d.streams).unwrap_or_else(|err| {
-                    // The capture is over, so waiting is allowed; an empty list means "ready".
-                    log::warn!(
-                        "device {}: {err}; synchronising before reusing {:#x}",
-                        self.device,
-                        d.block.ptr
-                    );
-                    if let Err(e) = self.driver.synchronize(self.device) {
+        if !st.capturing.is_empty() || st.deferred.is_empty() {
+            return;
+        }
+        log::info!(
+            "device {}: releasing {} deferred blocks",
+            self.device,
+            st.deferred.len()
+        );
+        for d in std::mem::take(&mut st.deferred) {
+            let events = match self.record_events(st, &d.streams) {
+                Ok(events) => events,
+                Err(err) => match self.driver.synchronize(self.device) {
+                    // All work is done: an empty event list means "ready".
+                    Ok(()) => Vec::new(),
+                    Err(e) => {
                         log::error!(
-                            "device {}: {e}; {:#x} may be reused early",
+                            "device {}: {err}; {e}; {:#x} stays unused until one works",
                             self.device,
                             d.block.ptr
                         );
+                        st.deferred.push(d);
+                        continue;
                     }
-                    Vec::new()
-                });
-                st.pending.push_back(PendingBlock {
-                    block: d.block,
-                    requested_bytes: d.requested_bytes,
-                    events,
-                });
-            }
+                },
+            };
+            st.pending.push_back(PendingBlock {
+                block: d.block,
+                requested_bytes: d.requested_bytes,
+                events,
+            });
         }
     }
 
@@ -528,21 +546,35 @@ impl DeviceAllocator {
         };
         let capturing = {
             let mut st = self.state.lock();
-            self.refresh_captures(&mut st);
+            self.refresh_deferred(&mut st);
             !st.capturing.is_empty()
         };
         if trim_to.is_some() && !capturing {
             self.driver.synchronize(self.device)?;
         }
-        let blocks = {
+        let (blocks, unreturned) = {
             let mut st = self.state.lock();
             if !capturing {
                 self.collect_pending(&mut st);
             }
-            st.drain_cache()
+            (st.drain_cache(), std::mem::take(&mut st.unreturned))
         };
         let count = blocks.len();
-        self.return_to_pool(blocks);
+        let mut returned = self.return_to_pool(blocks, true);
+        if !unreturned.is_empty() {
+            log::info!(
+                "device {}: retrying {} blocks the driver did not take back",
+                self.device,
+                unreturned.len()
+            );
+            let (held, graph): (Vec<_>, Vec<_>) = unreturned.into_iter().partition(|(_, h)| *h);
+            let held: Vec<CachedBlock> = held.into_iter().map(|(b, _)| b).collect();
+            self.state.lock().held_bytes -= held.iter().map(|b| b.block_bytes).sum::<u64>();
+            returned = returned
+                .and(self.return_to_pool(held, true))
+                .and(self.return_to_pool(graph.into_iter().map(|(b, _)| b).collect(), false));
+        }
+        returned?;
         if let (Some(keep_bytes), false) = (trim_to, capturing) {
             self.driver.synchronize(self.device)?;
             self.driver
@@ -662,6 +694,34 @@ impl State {
                 recorded_streams: Vec::new(),
             },
         );
+    }
+
+    /// Books the outcome of handing `block` back to the pool. On failure the block stays on the
+    /// books (in `unreturned`, and in `held_bytes` again if `held`) for the next flush to retry.
+    fn settle_return(
+        &mut self,
+        device: usize,
+        block: CachedBlock,
+        held: bool,
+        result: Result<()>,
+    ) -> Result<()> {
+        match result {
+            Ok(()) => {
+                self.counters.num_device_frees += 1;
+                Ok(())
+            }
+            Err(e) => {
+                log::error!(
+                    "device {device}: returning {:#x} to the pool failed ({e}); empty_cache will retry",
+                    block.ptr
+                );
+                if held {
+                    self.held_bytes += block.block_bytes;
+                }
+                self.unreturned.push((block, held));
+                Err(e)
+            }
+        }
     }
 
     /// Takes every cached block out of the cache (they leave `held_bytes`).

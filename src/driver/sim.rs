@@ -17,6 +17,7 @@ const GRANULE_BYTES: u64 = 2 << 20;
 /// Address alignment of simulated allocations.
 const ALIGN_BYTES: u64 = 512;
 const CUDA_ERROR_INVALID_VALUE: i32 = 1;
+const CUDA_ERROR_ILLEGAL_ADDRESS: i32 = 700;
 
 /// Driver calls that can be made to fail on purpose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,6 +65,7 @@ struct SimDevice {
     /// free address ranges: start -> length; the address space is carved on demand
     free_ranges: BTreeMap<u64, u64>,
     next_addr: u64,
+    sticky_error: Option<i32>,
 }
 
 pub struct SimDriver {
@@ -159,11 +161,31 @@ impl SimDriver {
         }
     }
 
-    fn device(&self, device: usize) -> Result<parking_lot::MutexGuard<'_, SimDevice>> {
-        self.devices
+    /// The device for `call`, or the device's sticky error (see [`SimDriver::set_sticky_error`]).
+    fn device(
+        &self,
+        device: usize,
+        call: &'static str,
+    ) -> Result<parking_lot::MutexGuard<'_, SimDevice>> {
+        let d = self
+            .devices
             .get(device)
             .map(|d| d.lock())
-            .ok_or_else(|| driver_error("cuDeviceGet", 101, "CUDA_ERROR_INVALID_DEVICE"))
+            .ok_or_else(|| driver_error("cuDeviceGet", 101, "CUDA_ERROR_INVALID_DEVICE"))?;
+        match d.sticky_error {
+            Some(code) => Err(driver_error(
+                call,
+                code,
+                "CUDA_ERROR_ILLEGAL_ADDRESS (sticky)",
+            )),
+            None => Ok(d),
+        }
+    }
+
+    /// From now on every call on `device` fails with `CUDA_ERROR_ILLEGAL_ADDRESS`, as after a
+    /// kernel fault: the context is unusable for the rest of the process, other devices are not.
+    pub fn set_sticky_error(&self, device: usize) {
+        self.devices[device].lock().sticky_error = Some(CUDA_ERROR_ILLEGAL_ADDRESS);
     }
 }
 
@@ -200,22 +222,31 @@ impl SimDevice {
         }
     }
 
-    /// Frees pending on `stream` itself are reusable by that stream at once (stream order).
-    fn retire_own_stream(&mut self, pool: usize, stream: Stream) {
-        let mut released = Vec::new();
+    /// A free pending on `stream` itself is reusable by that stream at once (stream order), but by
+    /// no other stream until it completes. Takes the smallest such free that holds `bytes`; what
+    /// is left of it stays pending, with the same stream and sequence number.
+    fn reuse_own_stream(&mut self, pool: usize, stream: Stream, bytes: u64) -> Option<DevicePtr> {
+        let wanted = round_up(bytes, ALIGN_BYTES);
         let p = &mut self.pools[pool];
-        p.pending.retain(|f| {
-            if f.stream == stream {
-                p.used_bytes -= f.bytes;
-                released.push((f.ptr, f.bytes));
-                false
-            } else {
-                true
-            }
-        });
-        for (ptr, bytes) in released {
-            self.release_range(ptr, bytes);
+        let i = p
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.stream == stream && round_up(f.bytes, ALIGN_BYTES) >= wanted)
+            .min_by_key(|(_, f)| f.bytes)
+            .map(|(i, _)| i)?;
+        let f = p.pending.swap_remove(i);
+        p.used_bytes -= f.bytes;
+        let rest = round_up(f.bytes, ALIGN_BYTES) - wanted;
+        if rest > 0 {
+            p.used_bytes += rest;
+            p.pending.push(PendingFree {
+                ptr: f.ptr + wanted,
+                bytes: rest,
+                ..f
+            });
         }
+        Some(f.ptr)
     }
 
     fn claim_range(&mut self, bytes: u64) -> DevicePtr {
@@ -305,7 +336,7 @@ impl Driver for SimDriver {
     }
 
     fn mem_info(&self, device: usize) -> Result<MemInfo> {
-        let d = self.device(device)?;
+        let d = self.device(device, "cuMemGetInfo")?;
         let used: u64 = d.pools.iter().map(|p| p.reserved_bytes).sum::<u64>()
             + d.captured_live.values().sum::<u64>();
         Ok(MemInfo {
@@ -316,7 +347,7 @@ impl Driver for SimDriver {
 
     fn pool_create(&self, device: usize, max_size_bytes: u64) -> Result<PoolHandle> {
         self.take_fault(SimFault::PoolCreate, "cuMemPoolCreate")?;
-        let mut d = self.device(device)?;
+        let mut d = self.device(device, "cuMemPoolCreate")?;
         d.pools.push(SimPool {
             max_size_bytes,
             release_threshold_bytes: 0,
@@ -331,7 +362,7 @@ impl Driver for SimDriver {
     }
 
     fn pool_set_attr(&self, device: usize, pool: PoolHandle, attr: PoolAttr) -> Result<()> {
-        let mut d = self.device(device)?;
+        let mut d = self.device(device, "cuMemPoolSetAttribute")?;
         if let PoolAttr::ReleaseThresholdBytes(b) = attr {
             d.pools[pool.0].release_threshold_bytes = b;
         }
@@ -339,7 +370,7 @@ impl Driver for SimDriver {
     }
 
     fn pool_usage(&self, device: usize, pool: PoolHandle) -> Result<PoolUsage> {
-        let d = self.device(device)?;
+        let d = self.device(device, "cuMemPoolGetAttribute")?;
         let p = &d.pools[pool.0];
         Ok(PoolUsage {
             reserved_bytes: p.reserved_bytes,
@@ -350,13 +381,13 @@ impl Driver for SimDriver {
     }
 
     fn pool_reserved_used(&self, device: usize, pool: PoolHandle) -> Result<(u64, u64)> {
-        let d = self.device(device)?;
+        let d = self.device(device, "cuMemPoolGetAttribute")?;
         let p = &d.pools[pool.0];
         Ok((p.reserved_bytes, p.used_bytes))
     }
 
     fn pool_reset_peaks(&self, device: usize, pool: PoolHandle) -> Result<()> {
-        let mut d = self.device(device)?;
+        let mut d = self.device(device, "cuMemPoolSetAttribute")?;
         let p = &mut d.pools[pool.0];
         p.reserved_high = p.reserved_bytes;
         p.used_high = p.used_bytes;
@@ -364,7 +395,7 @@ impl Driver for SimDriver {
     }
 
     fn pool_trim(&self, device: usize, pool: PoolHandle, keep_bytes: u64) -> Result<()> {
-        let mut d = self.device(device)?;
+        let mut d = self.device(device, "cuMemPoolTrimTo")?;
         d.retire_completed();
         let p = &mut d.pools[pool.0];
         p.reserved_bytes = p
@@ -381,12 +412,12 @@ impl Driver for SimDriver {
         stream: Stream,
     ) -> Result<DevicePtr> {
         self.take_fault(SimFault::Alloc, "cuMemAllocFromPoolAsync")?;
-        let mut d = self.device(device)?;
-        d.retire_own_stream(pool.0, stream);
+        let mut d = self.device(device, "cuMemAllocFromPoolAsync")?;
+        let reused = d.reuse_own_stream(pool.0, stream, bytes);
         let elsewhere = d.reserved_elsewhere(pool.0);
         let p = &mut d.pools[pool.0];
         let available = p.reserved_bytes - p.used_bytes.min(p.reserved_bytes);
-        if bytes > available {
+        if reused.is_none() && bytes > available {
             let grown = p.reserved_bytes + round_up(bytes - available, GRANULE_BYTES);
             if grown > p.max_size_bytes || grown + elsewhere > self.memory_bytes {
                 return Err(driver_error(
@@ -399,7 +430,7 @@ impl Driver for SimDriver {
         }
         p.used_bytes += bytes;
         p.note_usage();
-        let ptr = d.claim_range(bytes);
+        let ptr = reused.unwrap_or_else(|| d.claim_range(bytes));
         d.pools[pool.0].live.insert(ptr, bytes);
         d.tick(stream);
         Ok(ptr)
@@ -407,7 +438,7 @@ impl Driver for SimDriver {
 
     fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr> {
         self.take_fault(SimFault::Alloc, "cuMemAllocAsync")?;
-        let mut d = self.device(device)?;
+        let mut d = self.device(device, "cuMemAllocAsync")?;
         let reserved: u64 = d.pools.iter().map(|p| p.reserved_bytes).sum::<u64>()
             + d.captured_live.values().sum::<u64>();
         if reserved + bytes > self.memory_bytes {
@@ -425,7 +456,7 @@ impl Driver for SimDriver {
 
     fn free_async(&self, device: usize, ptr: DevicePtr, stream: Stream) -> Result<()> {
         self.take_fault(SimFault::Free, "cuMemFreeAsync")?;
-        let mut d = self.device(device)?;
+        let mut d = self.device(device, "cuMemFreeAsync")?;
         if let Some(bytes) = d.captured_live.remove(&ptr) {
             d.release_range(ptr, bytes);
             return Ok(());
@@ -451,7 +482,7 @@ impl Driver for SimDriver {
 
     fn synchronize(&self, device: usize) -> Result<()> {
         self.take_fault(SimFault::Synchronize, "cuCtxSynchronize")?;
-        let mut d = self.device(device)?;
+        let mut d = self.device(device, "cuCtxSynchronize")?;
         d.complete_all_streams();
         d.apply_release_threshold();
         Ok(())
@@ -460,13 +491,15 @@ impl Driver for SimDriver {
     fn event_create(&self, device: usize) -> Result<EventHandle> {
         self.take_fault(SimFault::EventCreate, "cuEventCreate")?;
         let id = self.next_event.fetch_add(1, Ordering::Relaxed);
-        self.device(device)?.events.insert(id, None);
+        self.device(device, "cuEventCreate")?
+            .events
+            .insert(id, None);
         Ok(EventHandle(id))
     }
 
     fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()> {
         self.take_fault(SimFault::EventRecord, "cuEventRecord")?;
-        let mut d = self.device(device)?;
+        let mut d = self.device(device, "cuEventRecord")?;
         let seq = d.tick(stream);
         match d.events.get_mut(&event.0) {
             Some(slot) => {
@@ -482,7 +515,7 @@ impl Driver for SimDriver {
     }
 
     fn event_query(&self, device: usize, event: EventHandle) -> Result<bool> {
-        let d = self.device(device)?;
+        let d = self.device(device, "cuEventQuery")?;
         match d.events.get(&event.0) {
             Some(None) => Ok(true),
             Some(Some((stream, seq))) => {
@@ -497,7 +530,7 @@ impl Driver for SimDriver {
     }
 
     fn event_destroy(&self, device: usize, event: EventHandle) {
-        if let Ok(mut d) = self.device(device) {
+        if let Ok(mut d) = self.device(device, "cuEventDestroy") {
             d.events.remove(&event.0);
         }
     }
@@ -506,7 +539,10 @@ impl Driver for SimDriver {
         if self.capturing_streams.load(Ordering::Relaxed) == 0 {
             return Ok(false);
         }
-        Ok(self.device(device)?.capturing.contains(&stream))
+        Ok(self
+            .device(device, "cuStreamIsCapturing")?
+            .capturing
+            .contains(&stream))
     }
 }
 

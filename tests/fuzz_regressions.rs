@@ -1,0 +1,78 @@
+//! Inputs found by the fuzz target `fuzz/fuzz_targets/allocator_ops.rs` (scripts/fuzz), minimised
+//! and written out as plain tests; each failed before its fix (docs/reliability.md).
+
+mod common;
+use common::*;
+use streampool::driver::sim::SimFault;
+
+/// Fuzz input (minimised, 4 ops): malloc 5,049,568 B on stream 1, free it, malloc 5,050,093 B on
+/// stream 1, malloc 2,952,588 B on stream 0 (all device 0).
+///
+/// The second malloc does not fit the cached block, so the cache hands it back to the pool
+/// (`cuMemFreeAsync` on stream 1) and stream 1 allocates from the pool. The simulator's
+/// `SimDevice::retire_own_stream` then releases *every* pending free of stream 1 into the
+/// device's shared address space, not just for stream 1, so the third malloc, on stream 0, gets
+/// the first block's memory while stream 1 has not completed the work it queued before the free.
+/// A real stream-ordered pool makes another stream wait for the free (or its event) first; the
+/// simulator lets stream 0 overwrite memory stream 1 may still be reading.
+#[test]
+fn memory_freed_on_one_stream_is_not_given_to_another_before_that_stream_completes() {
+    let r = rig(64 * MIB);
+    let a_bytes = 5_049_568;
+    let a = r.alloc.malloc(a_bytes, 0, 1).unwrap();
+    r.alloc.free(a, 0).unwrap();
+    let b = r.alloc.malloc(5_050_093, 0, 1).unwrap();
+    let c_bytes = 2_952_588;
+    let c = r.alloc.malloc(c_bytes, 0, 0).unwrap();
+    assert!(
+        c + c_bytes <= a || a + a_bytes <= c,
+        "stream 0 got {c:#x}+{c_bytes}, inside the block {a:#x}+{a_bytes} freed on stream 1, \
+         before stream 1 completed"
+    );
+    r.alloc.free(b, 0).unwrap();
+    r.alloc.free(c, 0).unwrap();
+    r.finish();
+}
+
+/// Fuzz input (minimised, 5 ops): malloc 20,992 B on device 0, stream 0; inject
+/// `SimFault::EventRecord` and `SimFault::Synchronize`; record_stream(ptr, 1); free(ptr).
+///
+/// `DeviceAllocator::free_after_streams` (src/device.rs) cannot record the event for stream 1, so
+/// it falls back to synchronising the device; when that fails too, `synced?` returns the error
+/// before `keep_or_return`, and the block is in no list: not live, not cached, not pending, never
+/// handed back to the pool. Its bytes stay allocated in the pool for the life of the process and
+/// stay counted in the device's `held_bytes` (which `set_memory_fraction` enforces against). The
+/// event whose record failed is also dropped without `event_destroy`.
+#[test]
+fn failed_event_record_and_failed_synchronize_do_not_leak_the_block() {
+    let r = rig(64 * MIB);
+    let p = r.alloc.malloc(20_992, 0, 0).unwrap();
+    r.sim.inject_fault(SimFault::EventRecord, 1);
+    r.sim.inject_fault(SimFault::Synchronize, 1);
+    r.alloc.record_stream(p, 1).unwrap();
+    let e = r.alloc.free(p, 0).unwrap_err().to_string();
+    assert!(e.contains("cuCtxSynchronize"), "{e}");
+    // Nothing is live; once all work is done the block must be back in the pool.
+    r.sim.complete_all();
+    r.finish();
+}
+
+/// Found while fixing the one above: a block whose `cuMemFreeAsync` fails (the cache was full, so
+/// the block went straight back to the pool) used to leave streampool's books and stay allocated
+/// in the pool for good. It now stays held and the next `empty_cache` hands it back.
+#[test]
+fn a_block_the_driver_refuses_to_free_is_returned_by_the_next_empty_cache() {
+    let r = rig(256 * MIB);
+    let p = r.alloc.malloc(100 * MIB, 0, 0).unwrap(); // larger than the 64 MiB cache budget
+    r.sim.inject_fault(SimFault::Free, 1);
+    let e = r.alloc.free(p, 0).unwrap_err().to_string();
+    assert!(e.contains("cuMemFreeAsync"), "{e}");
+    let s = r.stats(0);
+    assert_eq!(
+        (s.allocated_bytes, s.num_frees),
+        (0, 1),
+        "the free itself counted"
+    );
+    assert_eq!(s.pool_used_bytes, 100 * MIB, "still held from the pool");
+    r.finish();
+}
