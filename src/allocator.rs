@@ -85,9 +85,14 @@ impl Allocator {
         Err(last)
     }
 
-    /// `torch.cuda.empty_cache()`: every device returns its cache and trims its pool to 0.
+    /// `torch.cuda.empty_cache()`: every device returns its cache and trims its pool to 0. A
+    /// device whose context is broken does not keep the others from being emptied; the first
+    /// error is reported.
     pub fn empty_cache(&self) -> Result<()> {
-        self.devices.iter().try_for_each(|d| d.flush(Some(0)))
+        self.devices
+            .iter()
+            .map(|d| d.flush(Some(0)))
+            .fold(Ok(()), Result::and)
     }
 
     pub fn stats(&self, device: i64) -> Result<StreampoolStats> {

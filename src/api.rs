@@ -1,27 +1,56 @@
 //! The process-wide allocator behind the C entry points, and this thread's last error.
 //!
-//! Invariant: the allocator is built once, from the environment, on first use; if that fails
+//! Invariants: the allocator is built once, from the environment, on first use; if that fails
 //! (bad configuration, no libcuda) every later call reports the same error rather than retrying
-//! with different settings.
+//! with different settings. In a `fork()` child of a process that built it, no call reaches the
+//! driver: CUDA cannot be used there, and the memory belongs to the parent.
 
 use crate::allocator::Allocator;
 use crate::config::Config;
+use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 static GLOBAL: OnceLock<Result<Allocator>> = OnceLock::new();
+/// Set in the child by the `pthread_atfork` handler registered when the allocator was built.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn note_fork_in_child() {
+    FORKED.store(true, Ordering::Relaxed);
+}
 
 /// The process's allocator, built on first use.
 pub fn global() -> Result<&'static Allocator> {
+    if FORKED.load(Ordering::Relaxed) {
+        return Err(Error::DriverUnavailable(
+            "streampool cannot allocate in a fork() child of a process that had already used it: \
+             CUDA does not survive fork(). Start worker processes with the 'spawn' start method \
+             (multiprocessing.set_start_method('spawn') or torch.multiprocessing), or fork before \
+             any CUDA work."
+                .into(),
+        ));
+    }
     GLOBAL
         .get_or_init(|| {
             init_logging();
+            // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
+            unsafe { libc::pthread_atfork(None, None, Some(note_fork_in_child)) };
             Config::from_env().and_then(Allocator::from_config)
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// Frees `ptr` through the process's allocator. In a fork() child it does nothing: memory
+/// inherited from the parent belongs to the parent's CUDA context, which the child cannot touch.
+pub fn free(ptr: DevicePtr, device: i64) -> Result<()> {
+    if FORKED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    global()?.free(ptr, device)
 }
 
 /// `STREAMPOOL_LOG`, else `RUST_LOG`, else warnings only. Never replaces a logger already set.

@@ -5,7 +5,7 @@
 //! PyTorch turns into a Python `RuntimeError`; every other entry reports failure by status code or
 //! NULL plus `streampool_last_error()`.
 
-use crate::api::{clear_last_error, global, last_error_ptr, set_last_error};
+use crate::api::{self, clear_last_error, global, last_error_ptr, set_last_error};
 use crate::config::Config;
 use crate::driver::Stream;
 use crate::error::{Error, Result, StreampoolStatus};
@@ -100,10 +100,7 @@ pub unsafe extern "C" fn my_free(
     if ptr.is_null() {
         return;
     }
-    report(
-        "my_free",
-        guarded(|| global()?.free(ptr as u64, device.into())),
-    );
+    report("my_free", guarded(|| api::free(ptr as u64, device.into())));
 }
 
 /// Allocation for C/C++ callers: NULL on failure (see `streampool_last_error`); size 0 gives NULL
@@ -149,7 +146,7 @@ pub unsafe extern "C" fn streampool_free(
     if ptr.is_null() {
         return status(Ok(()));
     }
-    status(guarded(|| global()?.free(ptr as u64, device.into())))
+    status(guarded(|| api::free(ptr as u64, device.into())))
 }
 
 /// This thread's last error message ("" if none); valid until the next streampool call on this thread.

@@ -308,11 +308,22 @@ impl Driver for CudaDriver {
     }
 
     fn free_async(&self, device: usize, ptr: DevicePtr, stream: Stream) -> Result<()> {
-        let _scope = self.enter(device)?;
-        // SAFETY: `ptr` came from this driver's allocation on `device` and is freed once.
-        check("cuMemFreeAsync", unsafe {
-            sys::cuMemFreeAsync(ptr, stream_ptr(stream))
-        })
+        let freed = self.enter(device).and_then(|_scope| {
+            // SAFETY: `ptr` came from this driver's allocation on `device` and is freed once.
+            check("cuMemFreeAsync", unsafe {
+                sys::cuMemFreeAsync(ptr, stream_ptr(stream))
+            })
+        });
+        match freed {
+            // At process exit the driver can shut down before the last tensors are freed (Python
+            // frees module globals late): the memory went with it and nothing is left to do.
+            Err(Error::Driver { code, .. })
+                if code == sys::CUresult::CUDA_ERROR_DEINITIALIZED as i32 =>
+            {
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     fn synchronize(&self, device: usize) -> Result<()> {

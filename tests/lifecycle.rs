@@ -1,0 +1,74 @@
+//! Process shapes beyond one healthy device: several devices of which only some are used, and a
+//! device whose context is lost to a sticky error while another keeps working.
+
+mod common;
+use common::*;
+use std::sync::Arc;
+use streampool::driver::sim::SimDriver;
+use streampool::driver::Driver;
+use streampool::{Allocator, Config};
+
+#[test]
+fn a_device_that_is_never_used_gets_no_pool_and_costs_nothing() {
+    let r = rig(64 * MIB);
+    let p = r.alloc.malloc(3 * MIB, 1, 7).unwrap();
+    r.alloc.free(p, 1).unwrap();
+    let unused = r.stats(0);
+    assert_eq!(
+        (
+            unused.reserved_bytes,
+            unused.num_allocs,
+            unused.num_device_allocs
+        ),
+        (0, 0, 0),
+        "device 0 was never asked for memory: {unused:?}"
+    );
+    assert!(r.stats(1).reserved_bytes >= 3 * MIB);
+    r.alloc.empty_cache().unwrap();
+    assert_eq!(
+        r.stats(0),
+        unused,
+        "empty_cache must not create a pool either"
+    );
+    r.finish();
+}
+
+#[test]
+fn a_sticky_error_on_one_device_is_reported_and_the_other_device_keeps_working() {
+    // Not strict: device 0's memory cannot be given back once its context is gone.
+    let sim = Arc::new(SimDriver::new(2, 64 * MIB));
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, Config::default()).unwrap();
+    let on_0 = alloc.malloc(MIB, 0, 0).unwrap();
+    let on_1 = alloc.malloc(MIB, 1, 0).unwrap();
+    alloc.free(on_1, 1).unwrap(); // cached on device 1
+
+    sim.set_sticky_error(0);
+    let e = alloc.malloc(8 * MIB, 0, 0).unwrap_err().to_string();
+    assert!(
+        e.contains("cuMemAllocFromPoolAsync") && e.contains("CUDA_ERROR_ILLEGAL_ADDRESS"),
+        "{e}"
+    );
+    alloc.free(on_0, 0).unwrap(); // bookkeeping only: the block goes to the cache
+    let e = alloc.empty_cache().unwrap_err().to_string();
+    assert!(e.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{e}");
+    assert_eq!(
+        alloc.stats(1).unwrap().cached_bytes,
+        0,
+        "device 1 was emptied despite device 0's error"
+    );
+
+    for round in 0..100 {
+        let p = alloc.malloc(MIB + round * 512, 1, 3).unwrap();
+        alloc.free(p, 1).unwrap();
+    }
+    alloc.empty_cache().unwrap_err();
+    let s = alloc.stats(1).unwrap();
+    assert_eq!(
+        (s.allocated_bytes, s.num_allocs, s.num_frees),
+        (0, 101, 101)
+    );
+    assert_eq!(
+        s.pool_used_bytes, 0,
+        "device 1 holds nothing after empty_cache"
+    );
+}
