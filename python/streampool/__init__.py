@@ -113,8 +113,8 @@ def max_memory_reserved(device: Device = None) -> int:
 def reset_peak_memory_stats(device: Device = None) -> None:
     """Set the peaks (allocated, active, reserved, allocation count) to the current values."""
     index = device_index(device)
-    _lib.get_stats(index)  # validates the index: the reset itself reports no status
-    _lib.library().streampool_reset_peak_stats(index)
+    _lib.get_stats(index)  # raises InvalidArgumentError naming a bad index
+    _lib.call_reporting("streampool_reset_peak_stats", index)
 
 
 def memory_summary(device: Device = None) -> str:
@@ -126,7 +126,7 @@ def memory_summary(device: Device = None) -> str:
 def empty_cache() -> None:
     """Return cached blocks to the pools, synchronise and trim the pools to 0 bytes
     (also what ``torch.cuda.empty_cache()`` does once streampool is installed)."""
-    _lib.library().streampool_empty_cache()
+    _lib.call_reporting("streampool_empty_cache")
 
 
 def _bytes(value: Size, index: int, what: str) -> int:
@@ -134,8 +134,8 @@ def _bytes(value: Size, index: int, what: str) -> int:
     if isinstance(value, str):
         return _lib.parse_bytes(value, index)
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise ValueError(f"{what} must be >= 0 bytes, got {value}")
+        if not 0 <= value < 2**64:
+            raise ValueError(f"{what} must be >= 0 and < 2**64 bytes (a uint64), got {value}")
         return value
     raise TypeError(f"{what} must be bytes (int) or a string like '8GiB', '80%', 'max', not {value!r}")
 

@@ -1,9 +1,13 @@
 """``python -m streampool demo``: one sequence of allocations, on a GPU through PyTorch when there
 is one, otherwise through the simulated driver via ctypes.
 
-The sequence: tensors of several sizes on the default stream, twice; a tensor used on a side
-stream, kept alive there by record_stream, freed early and its memory reused; a few training steps
-of a small MLP. Statistics are printed after each phase, a memory summary at the end.
+On the GPU: tensors from 1 B to 4 GiB on the default stream and on a side stream, each filled with
+a known pattern and every byte checked (sizes that do not fit are skipped with a note); a tensor
+used on a side stream, kept alive there by record_stream, freed early and its memory reused; a few
+training steps of a small MLP; a 10 TB request that must raise "CUDA out of memory.", then one
+more checked tensor. The simulated driver runs the same allocation pattern without the data
+checks and the out-of-memory step. Statistics are printed after each phase, a memory summary at
+the end.
 """
 
 import os
@@ -14,8 +18,14 @@ import streampool
 from . import _lib
 from ._stats import format_bytes
 
-MiB = 1 << 20
-TENSOR_SIZES = (512, 1 * MiB, 64 * MiB, 256 * MiB)  # bytes
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+TENSOR_SIZES = (512, 1 * MiB, 64 * MiB, 256 * MiB)  # bytes, simulated driver
+GPU_CHECKED_SIZES = (1, 511, 4 * KiB, 1 * MiB, 64 * MiB, 1 * GiB, 4 * GiB)  # bytes
+PATTERN_PERIOD = 251  # byte i of a checked tensor holds i % 251
+PATTERN_CHUNK = PATTERN_PERIOD << 18  # bytes filled and compared at a time: whole periods, ~63 MiB
+HEADROOM_BYTES = 512 * MiB  # kept free when deciding whether a size fits
+AFTER_OOM_BYTES = 64 * MiB
+OOM_REQUEST_BYTES = 10 * 10**12  # 10 TB
 SIDE_STREAM_TENSOR_BYTES = 32 * MiB
 MLP_BATCH, MLP_IN, MLP_HIDDEN, MLP_OUT = 256, 1024, 4096, 1024
 TRAINING_STEPS = 5
@@ -64,21 +74,72 @@ def _run_gpu() -> None:
 
     streampool.install()
     print(f"streampool demo on GPU: {torch.cuda.get_device_name()}")
-    _gpu_tensor_sizes(torch)
+    pattern = _gpu_pattern(torch)
+    _gpu_tensor_sizes(torch, pattern)
     _print_phase("tensors of several sizes")
     _gpu_side_stream(torch)
     _print_phase("side stream + record_stream")
     _gpu_training(torch)
     _print_phase("MLP training steps")
+    _gpu_out_of_memory(torch, pattern)
+    _print_phase("after out of memory")
     print(streampool.memory_summary())
 
 
-def _gpu_tensor_sizes(torch: Any) -> None:
-    for _ in range(2):
-        for size in TENSOR_SIZES:
-            tensor = torch.ones(size, dtype=torch.uint8, device="cuda")
-            assert int(tensor[-1]) == 1
-            del tensor
+def _gpu_pattern(torch: Any) -> Any:
+    """PATTERN_CHUNK bytes holding i % PATTERN_PERIOD, on the GPU."""
+    indices = torch.arange(PATTERN_CHUNK, dtype=torch.int32, device="cuda")
+    return (indices % PATTERN_PERIOD).to(torch.uint8)
+
+
+def _gpu_checked_tensor(torch: Any, size: int, pattern: Any) -> None:
+    """Allocate ``size`` bytes on the current stream, write byte i = i % PATTERN_PERIOD, then
+    compare every byte with the pattern (chunk starts are whole periods, so chunks line up)."""
+    tensor = torch.empty(size, dtype=torch.uint8, device="cuda")
+    for start in range(0, size, PATTERN_CHUNK):
+        piece = tensor[start : start + PATTERN_CHUNK]
+        piece.copy_(pattern[: piece.numel()])
+    for start in range(0, size, PATTERN_CHUNK):
+        piece = tensor[start : start + PATTERN_CHUNK]
+        if not torch.equal(piece, pattern[: piece.numel()]):
+            raise RuntimeError(f"{size} B tensor: wrong values in bytes {start}..{start + piece.numel()}")
+
+
+def _gpu_available_bytes(torch: Any) -> int:
+    """Bytes a new tensor can get: free device memory plus what streampool's pool holds unused."""
+    free, _ = torch.cuda.mem_get_info()
+    return free + max(0, streampool.memory_reserved() - streampool.memory_allocated())
+
+
+def _gpu_tensor_sizes(torch: Any, pattern: Any) -> None:
+    side = torch.cuda.Stream()
+    for size in GPU_CHECKED_SIZES:
+        available = _gpu_available_bytes(torch)
+        if size + HEADROOM_BYTES > available:
+            print(f"  {format_bytes(size):>10}: skipped, only {format_bytes(available)} free on the device")
+            continue
+        _gpu_checked_tensor(torch, size, pattern)
+        side.wait_stream(torch.cuda.current_stream())  # the pattern is ready before the side stream reads it
+        with torch.cuda.stream(side):
+            _gpu_checked_tensor(torch, size, pattern)
+        torch.cuda.current_stream().wait_stream(side)
+        print(f"  {format_bytes(size):>10}: every byte checked, on the default stream and a side stream")
+    side.synchronize()
+
+
+def _gpu_out_of_memory(torch: Any, pattern: Any) -> None:
+    """A 10 TB request raises PyTorch's out-of-memory RuntimeError; allocation works afterwards."""
+    try:
+        torch.empty(OOM_REQUEST_BYTES, dtype=torch.uint8, device="cuda")
+    except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError too
+        message = str(exc)
+    else:
+        raise RuntimeError("a 10 TB tensor was allocated: expected CUDA out of memory")
+    if not message.startswith("CUDA out of memory."):
+        raise RuntimeError(f"a 10 TB request failed with an unexpected message: {message}")
+    print(f"10 TB request: RuntimeError: {message.splitlines()[0]}")
+    _gpu_checked_tensor(torch, AFTER_OOM_BYTES, pattern)
+    print(f"after the error: a {format_bytes(AFTER_OOM_BYTES)} tensor allocated and every byte checked")
 
 
 def _gpu_side_stream(torch: Any) -> None:

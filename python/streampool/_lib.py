@@ -141,7 +141,7 @@ _SIGNATURES = {
 _load_lock = threading.Lock()
 _library: Optional[ctypes.CDLL] = None
 _library_path: Optional[Path] = None
-_environment_at_load: Dict[str, str] = {}
+_environment_at_load: Optional[Dict[str, str]] = None
 
 
 def find_library() -> Path:
@@ -164,7 +164,8 @@ def find_library() -> Path:
 
 
 def library() -> ctypes.CDLL:
-    """The loaded library with every signature declared (loaded on the first call)."""
+    """The loaded library with every signature declared (loaded on the first call). Records the
+    ``STREAMPOOL_*`` variables on the first call, and on the first after forget_environment()."""
     global _library, _library_path, _environment_at_load
     with _load_lock:
         if _library is None:
@@ -174,9 +175,10 @@ def library() -> ctypes.CDLL:
                 function = getattr(lib, name)
                 function.restype = restype
                 function.argtypes = argtypes
-            _environment_at_load = streampool_environment()
             _library_path = path
             _library = lib
+        if _environment_at_load is None:
+            _environment_at_load = streampool_environment()
         return _library
 
 
@@ -194,9 +196,18 @@ def streampool_environment() -> Dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("STREAMPOOL_")}
 
 
-def environment_at_load() -> Dict[str, str]:
-    """The ``STREAMPOOL_*`` variables as they were when the library was loaded."""
-    return dict(_environment_at_load)
+def environment_at_load() -> Optional[Dict[str, str]]:
+    """The ``STREAMPOOL_*`` variables as they were when the library was loaded; None before that,
+    and after :func:`forget_environment` until the next use."""
+    return None if _environment_at_load is None else dict(_environment_at_load)
+
+
+def forget_environment() -> None:
+    """Mark the variables as not read yet: for install(), when only ``check_config()`` (which
+    keeps nothing it parses) has seen values it then took back. The next use records them."""
+    global _environment_at_load
+    with _load_lock:
+        _environment_at_load = None
 
 
 def function_address(name: str) -> int:
@@ -221,6 +232,18 @@ def check(status: int) -> None:
     if status != OK:
         name = STATUS_NAMES.get(status, f"unknown status {status}")
         raise error(status, f"streampool call failed with {name}")
+
+
+def call_reporting(name: str, *args: object) -> None:
+    """Call export ``name``, which returns nothing and reports failure only through
+    ``streampool_last_error()``; raise the StreampoolError it reports. The message is cleared
+    first by a successful ``streampool_device_count()`` (which raises if the library cannot start)."""
+    device_count()
+    getattr(library(), name)(*args)
+    message = last_error()
+    if message:
+        status = OUT_OF_MEMORY if message.startswith("CUDA out of memory.") else None
+        raise _ERROR_CLASSES.get(status, StreampoolError)(message, status)
 
 
 def _decode(raw: Optional[bytes]) -> str:

@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional
 
 from . import _lib
 from ._config import option_environment
+from ._device import device_index
 
 _log = logging.getLogger("streampool")
 
@@ -43,10 +44,12 @@ def _import_torch(caller: str) -> Any:
 
 
 def _apply_environment(variables: Dict[str, str]) -> None:
-    """Put install() options into os.environ, where the library reads them on first use.
-    Raises RuntimeError if the library was already loaded with different values."""
-    if _lib.is_loaded():
-        loaded = _lib.environment_at_load()
+    """Put install() options into os.environ, where the library reads them on first use, and
+    have the library check them. A malformed value raises ConfigError with os.environ as it
+    was, so a retry with corrected options works. Raises RuntimeError if the library was
+    already loaded with different values."""
+    loaded = _lib.environment_at_load()  # None: the library has not read the variables yet
+    if loaded is not None:
         changed = sorted(k for k, v in variables.items() if loaded.get(k) != v)
         if changed:
             raise RuntimeError(
@@ -54,7 +57,24 @@ def _apply_environment(variables: Dict[str, str]) -> None:
                 "call install() before any other streampool function, or set the variables "
                 "in the environment before starting Python"
             )
+    previous = {name: os.environ.get(name) for name in variables}
     os.environ.update(variables)
+    try:
+        _lib.check_config()
+    except Exception:
+        _restore_environment(previous)
+        if loaded is None:  # only check_config() saw the values, and it keeps nothing
+            _lib.forget_environment()
+        raise
+
+
+def _restore_environment(previous: Dict[str, Optional[str]]) -> None:
+    """Set each variable back to its value in ``previous`` (None: it was not set)."""
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _require_cuda_driver() -> None:
@@ -126,11 +146,29 @@ def is_installed() -> bool:
     return _installation is not None
 
 
-def mempool() -> Any:
+def _check_device(device: Any) -> int:
+    """The index of ``device`` (see streampool.device_index); ValueError if streampool's driver
+    has no such device."""
+    index = device_index(device)
+    count = _lib.device_count()
+    if not 0 <= index < count:
+        raise ValueError(
+            f"device {device!r} (index {index}) does not exist: streampool sees {count} device(s), "
+            f"indices 0 to {count - 1}"
+        )
+    return index
+
+
+def mempool(device: Any = None) -> Any:
     """A ``torch.cuda.MemPool`` backed by streampool, for
     ``with torch.cuda.use_mem_pool(pool, device=...):`` (scoped mode; works after CUDA is
-    initialised). PyTorch's native allocator caches above streampool inside the region."""
+    initialised). PyTorch's native allocator caches above streampool inside the region.
+
+    ``device`` (None = current device, an int, "cuda:N" or a torch.device) is the device the pool
+    is meant for. A MemPool belongs to the process, not to a device, so it is only checked here
+    (ValueError if streampool has no such device); pass the same device to ``use_mem_pool``."""
     global _scoped_allocator
+    _check_device(device)
     torch = _import_torch("mempool")
     _require_cuda_driver()
     if _scoped_allocator is None:

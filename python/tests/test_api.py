@@ -130,6 +130,7 @@ def test_set_release_threshold_accepts_bytes_and_strings():
     [
         ("12XB", streampool.InvalidArgumentError, "12XB"),
         (-1, ValueError, "must be >= 0"),
+        (2**64, ValueError, "uint64"),
         (1.5, TypeError, "must be bytes"),
         (True, TypeError, "must be bytes"),
     ],
@@ -137,6 +138,12 @@ def test_set_release_threshold_accepts_bytes_and_strings():
 def test_set_release_threshold_rejects_bad_values(value, error, match):
     with pytest.raises(error, match=match):
         streampool.set_release_threshold(value)
+
+
+@pytest.mark.parametrize("value", [-1, 2**64, 2**70])
+def test_trim_rejects_sizes_outside_uint64_before_ctypes_wraps_them(value):
+    with pytest.raises(ValueError, match=r"must be >= 0 and < 2\*\*64 bytes"):
+        streampool.trim(value)
 
 
 def test_trim_through_the_public_api_empties_the_cache():
@@ -154,6 +161,28 @@ def test_empty_cache_returns_every_cached_block():
         _lib.free(block, 2 * MiB, device)
     streampool.empty_cache()
     assert [streampool.memory_stats(d)["cached_bytes"] for d in (0, 1)] == [0, 0]
+
+
+def test_empty_cache_and_reset_peak_do_not_report_an_earlier_error():
+    _lib.library().streampool_record_stream(0xDEAD0000, 0x5678)
+    assert "unknown pointer" in _lib.last_error()
+    streampool.empty_cache()
+    streampool.reset_peak_memory_stats(1)
+    assert _lib.last_error() == ""
+
+
+def test_an_error_set_by_a_void_export_becomes_an_exception():
+    # empty_cache() and reset_peak_memory_stats() call their exports this way.
+    before = streampool.memory_stats(1)["memory_limit_bytes"]
+    with pytest.raises(streampool.StreampoolError, match="memory fraction 1.5 is outside"):
+        _lib.call_reporting("streampool_set_memory_fraction", 1.5, 1)
+    assert streampool.memory_stats(1)["memory_limit_bytes"] == before
+
+
+@pytest.mark.parametrize("device", [2, -1, "cuda:7", "cpu"])
+def test_mempool_rejects_a_device_streampool_does_not_have_before_needing_torch(device):
+    with pytest.raises(ValueError, match="device"):
+        streampool.mempool(device)
 
 
 def test_install_rejects_unknown_options_before_needing_torch():

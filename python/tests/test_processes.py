@@ -22,6 +22,8 @@ for name, call in [
     ("check_config", _lib.check_config),
     ("malloc", lambda: _lib.malloc(4096, 0)),
     ("memory_stats", streampool.memory_stats),
+    ("empty_cache", streampool.empty_cache),
+    ("reset_peak_memory_stats", streampool.reset_peak_memory_stats),
 ]:
     try:
         call()
@@ -36,12 +38,14 @@ def test_malformed_variable_fails_every_call_naming_variable_and_value(variable,
     proc = run_python(REPORT_ERRORS, env={variable: value})
     assert proc.returncode == 0, describe(proc)
     lines = proc.stdout.splitlines()
-    assert len(lines) == 3, describe(proc)
+    assert len(lines) == 5, describe(proc)
     for line in lines:
         assert f"{variable}={value!r}".replace("'", '"') in line, describe(proc)
         assert "accepted" in line, describe(proc)
     assert lines[0].startswith("check_config ConfigError")
     assert lines[2].startswith("memory_stats ConfigError")
+    assert lines[3].startswith("empty_cache ConfigError")
+    assert lines[4].startswith("reset_peak_memory_stats ConfigError")
 
 
 def test_simulated_devices_and_memory_follow_the_environment():
@@ -91,16 +95,38 @@ except Exception as exc:
 """
 
 
-def run_install(options: str, env=None, cuda_initialised=False, before: str = ""):
-    """install(**options) under the stand-in torch, after running ``before``; prints the error."""
+def run_install(options: str, env=None, cuda_initialised=False, before: str = "", after: str = ""):
+    """install(**options) under the stand-in torch, between ``before`` and ``after``; prints the error."""
     code = FAKE_TORCH.replace("OPTIONS", options).replace("CUDA_INITIALISED", str(cuda_initialised))
-    return run_python(before + code, env=env)
+    return run_python(before + code + after, env=env)
 
 
 def test_install_reports_a_malformed_option_value_naming_its_variable():
     proc = run_install('{"release_threshold": "12XB"}', env={"STREAMPOOL_DRIVER": None})
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout.startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="12XB" is not valid'), describe(proc)
+
+
+RETRY_INSTALL = """
+import os
+print("after the bad value:", os.environ.get("STREAMPOOL_RELEASE_THRESHOLD"))
+try:
+    streampool.install(release_threshold="1GiB")
+except Exception as exc:
+    print(type(exc).__name__, exc)
+print("after the retry:", os.environ.get("STREAMPOOL_RELEASE_THRESHOLD"))
+"""
+
+
+def test_a_malformed_option_leaves_the_environment_as_it_was_and_a_retry_works():
+    proc = run_install('{"release_threshold": "12XB"}', after=RETRY_INSTALL)
+    assert proc.returncode == 0, describe(proc)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="12XB"'), describe(proc)
+    assert lines[1] == "after the bad value: None", describe(proc)
+    # The retry passes the option checks and stops only at the simulated driver of these tests.
+    assert lines[2].startswith("RuntimeError STREAMPOOL_DRIVER=sim: the simulated driver"), describe(proc)
+    assert lines[3] == "after the retry: 1GiB", describe(proc)
 
 
 def test_install_refuses_the_simulated_driver():
