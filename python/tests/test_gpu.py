@@ -82,7 +82,7 @@ def test_record_stream_hook_keeps_side_stream_data_correct(capsys):
     with_hook = run_case("record_stream")
     assert "corrupted=0/20" in with_hook
     without_hook = run_case("record_stream", allocator="streampool-no-record-stream-hook")
-    with capsys.disabled():  # information, not an assertion: the hazard the hook prevents
+    with capsys.disabled():  # the case asserts that some trial was corrupted without the hook
         print(f"\nwithout the record_stream hook: {tagged_line(without_hook, 'RECORD_STREAM')}")
 
 
@@ -109,3 +109,82 @@ def test_demo_runs_on_the_gpu():
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout.startswith("streampool demo on GPU: "), describe(proc)
     assert "streampool memory summary, device 0 (driver cuda)" in proc.stdout
+    assert "      1 B: every byte checked, on the default stream and a side stream" in proc.stdout
+    assert "10 TB request: RuntimeError: CUDA out of memory." in proc.stdout, describe(proc)
+    assert "after the error: a 64.00 MiB tensor allocated and every byte checked" in proc.stdout
+
+
+@pytest.mark.parametrize("case,tag", [("threads_stress", "THREADS"), ("soak", "SOAK")])
+def test_reliability_under_load(case, tag, capsys):
+    out = run_case(case)
+    with capsys.disabled():
+        print(f"\n{case}: {tagged_line(out, tag)}")
+
+
+EXIT_WITH_LIVE_TENSORS = r"""
+import threading, time, torch, streampool
+streampool.install()
+kept = [torch.full((n,), 3.0, device="cuda") for n in (1, 1000, 1 << 20, 1 << 26)]
+side = torch.cuda.Stream()
+with torch.cuda.stream(side):
+    on_side = torch.ones(1 << 20, device="cuda")
+on_side.record_stream(torch.cuda.current_stream())
+class Cycle:
+    pass
+cycle = Cycle()
+cycle.me, cycle.tensor = cycle, torch.zeros(1 << 20, device="cuda")  # freed by the last collection
+def hold():
+    held = torch.ones(1 << 22, device="cuda")
+    time.sleep(3600)  # a daemon thread still holding a tensor when the interpreter exits
+threading.Thread(target=hold, daemon=True).start()
+def exits():
+    threading.current_thread().tensor = torch.ones(1 << 20, device="cuda")
+worker = threading.Thread(target=exits)
+worker.start(); worker.join()
+torch.cuda.synchronize()
+print("EXITING with", streampool.memory_allocated(), "bytes live", flush=True)
+"""
+
+
+def test_exit_with_live_tensors_is_quiet():
+    """Tensors still alive at interpreter exit (globals, a reference cycle, a finished thread's
+    attributes, a daemon thread's locals) are freed during shutdown without errors or crashes."""
+    proc = run_python(EXIT_WITH_LIVE_TENSORS, env=gpu_env(), timeout=120)
+    assert proc.returncode == 0, describe(proc)
+    assert "EXITING with" in proc.stdout, describe(proc)
+    for bad in ("panicked", "Traceback", "[ERROR", "Segmentation"):
+        assert bad not in proc.stderr, describe(proc)
+
+
+FORK_AFTER_INSTALL = r"""
+import gc, os, torch, streampool
+streampool.install()
+x = torch.arange(1000, device="cuda", dtype=torch.float32)
+pid = os.fork()
+if pid == 0:
+    code = 0
+    try:
+        torch.empty(10, device="cuda")
+        code = 3  # CUDA must not work in a forked child
+    except RuntimeError as e:
+        print("CHILD:", str(e).splitlines()[0], flush=True)
+    del x  # inherited: its free must not touch the parent's memory
+    gc.collect()
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+print("CHILD EXIT", os.waitstatus_to_exitcode(status), flush=True)
+y = x * 2
+assert float(y[-1]) == 1998.0
+del x, y
+torch.cuda.synchronize()
+assert streampool.memory_allocated() == 0
+print("PARENT OK", flush=True)
+"""
+
+
+def test_fork_after_install_gives_the_child_a_clear_error_and_the_parent_goes_on(capsys):
+    proc = run_python(FORK_AFTER_INSTALL, env=gpu_env(), timeout=120)
+    assert proc.returncode == 0, describe(proc)
+    assert "CHILD EXIT 0" in proc.stdout and "PARENT OK" in proc.stdout, describe(proc)
+    with capsys.disabled():
+        print(f"\nfork: {tagged_line(proc.stdout, 'CHILD:')}")

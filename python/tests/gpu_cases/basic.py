@@ -50,7 +50,8 @@ def case_tensor_sizes(ctx) -> None:
 def case_record_stream(ctx) -> None:
     """A tensor freed while a side stream still reads it: with the record_stream hook the reader
     sees correct data in every trial. Without the hook (mode streampool-no-record-stream-hook)
-    the count of corrupted trials is only reported."""
+    the freed memory is reused at once and at least one trial reads corrupted data: that is
+    the hazard the hook exists for, and this shows the test can see it."""
     count = 16 * MiB // 4  # float32 elements
     side = torch.cuda.Stream()
     trials, corrupted = 20, 0
@@ -69,6 +70,8 @@ def case_record_stream(ctx) -> None:
     print(f"RECORD_STREAM mode={ctx.mode} corrupted={corrupted}/{trials}")
     if ctx.mode == "streampool":
         assert corrupted == 0, f"{corrupted}/{trials} trials read memory reused too early"
+    else:
+        assert corrupted > 0, "without the hook the hazard should show in some trial"
 
 
 def case_empty_cache(ctx) -> None:
@@ -134,6 +137,12 @@ def case_scoped_mempool(ctx) -> None:
     assert not streampool.is_installed()
     warm = torch.ones(1, device="cuda")  # CUDA is initialised: scoped mode still works
     pool = streampool.mempool()
+    assert streampool.mempool(torch.device("cuda", 0)) is not None
+    try:
+        streampool.mempool(torch.cuda.device_count())
+        raise AssertionError("mempool() accepted a device that does not exist")
+    except ValueError as exc:
+        assert "does not exist" in str(exc), exc
     before = streampool.memory_stats()["allocation.all.allocated"]
     with torch.cuda.use_mem_pool(pool):
         inside = torch.full((4 * MiB,), 3, dtype=torch.uint8, device="cuda")

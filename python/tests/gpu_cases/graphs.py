@@ -67,7 +67,8 @@ def case_graph_whole_network(ctx) -> None:
 
 
 def case_graph_make_graphed_callables(ctx) -> None:
-    """torch.cuda.make_graphed_callables: forward and backward match an eager copy."""
+    """torch.cuda.make_graphed_callables: forward and backward match an eager copy while other
+    tensors are allocated and freed between replays and stay intact during them."""
     torch.manual_seed(0)
     module = _mlp(512, 1024, 256)
     eager = copy.deepcopy(module)
@@ -76,10 +77,16 @@ def case_graph_make_graphed_callables(ctx) -> None:
     for step in range(5):
         x = torch.randn(32, 512, device="cuda", requires_grad=True)
         x_eager = x.detach().clone().requires_grad_()
-        out = graphed(x)
-        out.square().sum().backward()
+        freed = _bystanders(step)
+        del freed  # memory allocated and freed between replays
+        kept = _bystanders(step)
+        out = graphed(x)  # replays the forward graph
+        between = _bystanders(step + 1)  # allocated between the forward and backward replays
+        out.square().sum().backward()  # replays the backward graph
         reference = eager(x_eager)
         reference.square().sum().backward()
+        torch.cuda.synchronize()
+        assert all(bool((t == 7.0).all()) for t in kept + between), f"replay {step} overwrote a live tensor"
         assert torch.allclose(out, reference, rtol=1e-4, atol=1e-5), step
         assert torch.allclose(x.grad, x_eager.grad, rtol=1e-4, atol=1e-5), step
         for p, q in zip(module.parameters(), eager.parameters()):

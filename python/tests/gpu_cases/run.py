@@ -25,6 +25,7 @@ sys.path.insert(0, HERE)
 
 import basic  # noqa: E402  (case modules sit next to this file)
 import graphs  # noqa: E402
+import stress  # noqa: E402
 import training  # noqa: E402
 
 MODES = ("streampool", "streampool-no-record-stream-hook", "native", "scoped")
@@ -52,6 +53,11 @@ class Context:
             return streampool.max_memory_allocated()
         return torch.cuda.max_memory_allocated()
 
+    def max_reserved(self) -> int:
+        if self.streampool_is_global:
+            return streampool.max_memory_reserved()
+        return torch.cuda.max_memory_reserved()
+
     def reset_peak(self) -> None:
         if self.streampool_is_global:
             streampool.reset_peak_memory_stats()
@@ -70,7 +76,7 @@ class Context:
 def find_cases():
     """name -> function, from every ``case_<name>`` in the case modules."""
     cases = {}
-    for module in (basic, graphs, training):
+    for module in (basic, graphs, stress, training):
         for attribute in dir(module):
             if attribute.startswith("case_"):
                 cases[attribute[len("case_"):]] = getattr(module, attribute)

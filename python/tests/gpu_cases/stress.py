@@ -1,0 +1,107 @@
+"""GPU cases for reliability (``case_<name>(ctx)``): many threads and streams at once, and a long
+soak of training steps with shapes that change every step."""
+
+import queue
+import threading
+
+import torch
+
+MiB = 1 << 20
+
+
+def _producer_consumer(seed: int, handoff: "queue.Queue", errors: list, rounds: int) -> None:
+    """Makes tensors on a side stream, uses them on this thread's stream (record_stream), checks
+    them, and hands every other one to the next thread, which frees it: frees cross threads."""
+    try:
+        side, main = torch.cuda.Stream(), torch.cuda.Stream()
+        for i in range(rounds):
+            size = 1 + (seed * 7919 + i * 104729) % (3 * MiB)
+            value = (seed * 31 + i) % 251
+            with torch.cuda.stream(side):
+                made = torch.full((size,), value, dtype=torch.uint8, device="cuda")
+            main.wait_stream(side)
+            with torch.cuda.stream(main):
+                made.record_stream(main)
+                doubled = made.to(torch.int16) * 2
+            if i % 2:
+                handoff.put((made, doubled, value))
+            else:
+                main.synchronize()
+                assert int(doubled[0]) == int(doubled[-1]) == 2 * value, (i, value)
+            del made, doubled
+            try:
+                theirs, their_doubled, their_value = handoff.get_nowait()
+                torch.cuda.current_stream().wait_stream(main)
+                torch.cuda.synchronize()
+                assert int(their_doubled[-1]) == 2 * their_value and int(theirs[0]) == their_value
+                del theirs, their_doubled  # freed here, allocated on another thread
+            except queue.Empty:
+                pass
+        side.synchronize()
+        main.synchronize()
+    except BaseException as exc:  # reported by the main thread
+        errors.append(f"thread {seed}: {exc!r}")
+
+
+def case_threads_stress(ctx) -> None:
+    """Eight Python threads, two streams each, record_stream on every tensor, tensors freed on
+    other threads than made them; values stay right and no byte is left allocated."""
+    ctx.settle()
+    baseline = ctx.allocated()
+    handoff: "queue.Queue" = queue.Queue()
+    errors: list = []
+    rounds = 40 if ctx.quick else 400
+    threads = [
+        threading.Thread(target=_producer_consumer, args=(seed, handoff, errors, rounds)) for seed in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    while not handoff.empty():
+        handoff.get_nowait()
+    ctx.settle()
+    assert ctx.allocated() == baseline, f"allocated {ctx.allocated()}, baseline {baseline}"
+    print(f"THREADS 8 threads x {rounds} rounds, live bytes back to {baseline}")
+
+
+def case_soak(ctx) -> None:
+    """1,000 training steps of a small GPT-2 whose batch and sequence length change every step.
+    After warm-up the pool must stop growing: no new reserved-bytes high-water mark in the
+    second half; at the end live bytes return to the baseline."""
+    import transformers
+
+    steps = 60 if ctx.quick else 1000
+    torch.manual_seed(0)
+    ctx.settle()
+    baseline = ctx.allocated()
+    config = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=512)
+    model = transformers.GPT2LMHeadModel(config).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    shapes = torch.Generator().manual_seed(2)
+    half_peak = None
+    for step in range(steps):
+        batch = int(torch.randint(2, 17, (1,), generator=shapes))
+        length = int(torch.randint(16, 513, (1,), generator=shapes))
+        if step == 0:  # the largest shape first: later growth can only be fragmentation
+            batch, length = 16, 512
+        tokens = torch.randint(0, config.vocab_size, (batch, length), device="cuda", generator=generator)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step == steps // 2 - 1:
+            torch.cuda.synchronize()
+            half_peak = ctx.max_reserved()
+            ctx.reset_peak()
+    torch.cuda.synchronize()
+    second_half_peak = ctx.max_reserved()
+    print(f"SOAK {steps} steps: reserved peak {half_peak / MiB:.1f} MiB in the first half, "
+          f"{second_half_peak / MiB:.1f} MiB in the second; loss {loss.item():.3f}")
+    assert second_half_peak <= half_peak, "the pool kept growing after warm-up"
+    del model, optimizer, loss, tokens
+    ctx.settle()
+    assert ctx.allocated() == baseline, f"allocated {ctx.allocated()} after the soak, baseline {baseline}"
