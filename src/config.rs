@@ -39,6 +39,9 @@ pub struct Config {
     pub cache_limit: SizeSpec,
     /// Blocks larger than this go straight back to the pool, which can coalesce them.
     pub cache_max_block: SizeSpec,
+    /// Before the pool grows, wait for the allocating stream and release the pool's unused
+    /// memory, so memory freed in pieces is not kept beside the new growth.
+    pub trim_on_growth: bool,
     pub reuse: ReusePolicy,
     pub sim_devices: usize,
     pub sim_memory_bytes: u64,
@@ -56,6 +59,9 @@ impl Default for Config {
             // time did not change measurably; 64 MiB still serves alloc/free loops at every size.
             cache_limit: SizeSpec::Bytes(64 << 20),
             cache_max_block: SizeSpec::Max,
+            // On: H100, 600 training steps with shapes changing every step, the pool otherwise
+            // grew 3% after warm-up; with it reserved bytes stayed flat (bench/diag_growth.py).
+            trim_on_growth: true,
             reuse: ReusePolicy::default(),
             sim_devices: 2,
             sim_memory_bytes: 16 << 30,
@@ -66,12 +72,13 @@ impl Default for Config {
 const BOOL_ACCEPTED: &str = "1, 0, true, false, yes, no, on, off";
 
 /// Every variable streampool reads, for `python -m streampool info` and the README.
-pub const VARIABLES: [&str; 11] = [
+pub const VARIABLES: [&str; 12] = [
     "STREAMPOOL_DRIVER",
     "STREAMPOOL_RELEASE_THRESHOLD",
     "STREAMPOOL_MAX_POOL_SIZE",
     "STREAMPOOL_CACHE_LIMIT",
     "STREAMPOOL_CACHE_MAX_BLOCK",
+    "STREAMPOOL_TRIM_ON_GROWTH",
     "STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES",
     "STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC",
     "STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES",
@@ -121,6 +128,9 @@ impl Config {
         let flag = |name: &'static str| -> Result<Option<bool>> {
             get(name).map(|v| parse_bool(name, &v)).transpose()
         };
+        if let Some(on) = flag("STREAMPOOL_TRIM_ON_GROWTH")? {
+            c.trim_on_growth = on;
+        }
         c.reuse = ReusePolicy {
             follow_event_dependencies: flag("STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES")?,
             allow_opportunistic: flag("STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC")?,

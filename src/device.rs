@@ -3,7 +3,8 @@
 //! 1. a stream that is being captured into a CUDA graph gets graph memory, never cached memory;
 //! 2. a block freed earlier on the same stream is reused from the cache (no driver call);
 //! 3. the memory limit (`set_memory_fraction`) is enforced;
-//! 4. before the pool would grow, cached blocks go back to it so it can reuse them instead;
+//! 4. before the pool would grow, cached blocks go back to it so it can reuse them instead, and
+//!    (trim_on_growth) memory it no longer uses is released once the stream has caught up;
 //! 5. the pool serves the request;
 //! 6. out of memory: flush the cache, synchronise, trim the pool, retry once, then report.
 //!
@@ -147,7 +148,7 @@ impl DeviceAllocator {
         stream: Stream,
     ) -> Result<DevicePtr> {
         self.enforce_limit(requested_bytes, block_bytes, stream)?;
-        self.release_cache_before_growth(pool, block_bytes)?;
+        self.make_room(pool, block_bytes, stream)?;
         let ptr = match self
             .driver
             .alloc_async(self.device, pool.handle, block_bytes, stream)
@@ -232,25 +233,27 @@ impl DeviceAllocator {
         Ok(())
     }
 
-    /// Step 4: if the pool has no free room for the block, give it the whole cache back.
+    /// Step 4: if the pool has no free room for the block, give it the whole cache back, and
+    /// with `trim_on_growth` wait for the stream and release the pool's unused memory first.
     ///
     /// Only the pool can coalesce freed ranges into a block of a new size; returning just the
     /// deficit (measured on the H100) left the cache fragmented and let GPT-2's reserved memory
     /// ratchet up to 2.5x its peak live bytes when shapes change every step.
-    fn release_cache_before_growth(&self, pool: Pool, block_bytes: u64) -> Result<()> {
-        if self.state.lock().cache.cached_bytes() == 0 {
+    fn make_room(&self, pool: Pool, block_bytes: u64, stream: Stream) -> Result<()> {
+        let trim = self.config.trim_on_growth;
+        if !trim && self.state.lock().cache.cached_bytes() == 0 {
             return Ok(());
         }
         let (reserved_bytes, used_bytes) =
             self.driver.pool_reserved_used(self.device, pool.handle)?;
         let room = reserved_bytes.saturating_sub(used_bytes);
-        let blocks = {
+        let (blocks, capturing) = {
             let mut st = self.state.lock();
             st.reserved_seen_bytes = reserved_bytes;
             if block_bytes <= room {
                 return Ok(());
             }
-            st.drain_cache()
+            (st.drain_cache(), !st.capturing.is_empty())
         };
         log::debug!(
             "device {}: the pool is full; returning {} cached blocks instead of growing it",
@@ -259,6 +262,24 @@ impl DeviceAllocator {
         );
         // A block the driver refuses stays held until the next flush; the allocation goes on.
         let _ = self.return_to_pool(blocks, true);
+        if !trim || capturing {
+            return Ok(());
+        }
+        // Once the stream has caught up, every free on it is back in the pool: if that made
+        // room, the pool reuses it; if not, release what is unused before it grows.
+        self.driver.stream_synchronize(self.device, stream)?;
+        let (reserved_bytes, used_bytes) =
+            self.driver.pool_reserved_used(self.device, pool.handle)?;
+        if block_bytes <= reserved_bytes.saturating_sub(used_bytes) {
+            return Ok(());
+        }
+        self.driver.pool_trim(self.device, pool.handle, 0)?;
+        let (after_bytes, _) = self.driver.pool_reserved_used(self.device, pool.handle)?;
+        self.state.lock().reserved_seen_bytes = after_bytes;
+        log::info!(
+            "device {}: the pool must grow for {block_bytes} B; released its unused memory first ({reserved_bytes} -> {after_bytes} B reserved)",
+            self.device
+        );
         Ok(())
     }
 

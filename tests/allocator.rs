@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use streampool::driver::sim::SimFault;
 use streampool::driver::Driver;
-use streampool::Error;
+use streampool::{Config, Error};
 
 #[test]
 fn live_pointers_are_distinct_and_do_not_overlap() {
@@ -343,4 +343,32 @@ fn failed_event_after_capture_falls_back_to_synchronising() {
     r.sim.event_destroy(0, probe);
     r.alloc.free(b, 0).unwrap();
     r.finish();
+}
+
+#[test]
+fn before_the_pool_grows_it_releases_memory_it_no_longer_uses() {
+    let grow_after_8_mib_freed = |trim_on_growth: bool| {
+        let config = Config {
+            trim_on_growth,
+            ..Config::default()
+        };
+        let r = rig_with(2, 1 << 30, config);
+        let a = r.alloc.malloc(8 * MIB, 0, 1).unwrap();
+        r.alloc.free(a, 0).unwrap(); // cached
+        let b = r.alloc.malloc(20 * MIB, 0, 1).unwrap(); // does not fit in the 8 MiB
+        let reserved = r.stats(0).reserved_bytes;
+        r.alloc.free(b, 0).unwrap();
+        r.finish();
+        reserved
+    };
+    assert_eq!(
+        grow_after_8_mib_freed(false),
+        28 * MIB,
+        "kept 8 MiB beside 20"
+    );
+    assert_eq!(
+        grow_after_8_mib_freed(true),
+        20 * MIB,
+        "released the 8 MiB first"
+    );
 }

@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use streampool::driver::sim::SimFault;
+use streampool::Config;
 
 /// Fuzz input (minimised, 4 ops): malloc 5,049,568 B on stream 1, free it, malloc 5,050,093 B on
 /// stream 1, malloc 2,952,588 B on stream 0 (all device 0).
@@ -17,7 +18,12 @@ use streampool::driver::sim::SimFault;
 /// simulator lets stream 0 overwrite memory stream 1 may still be reading.
 #[test]
 fn memory_freed_on_one_stream_is_not_given_to_another_before_that_stream_completes() {
-    let r = rig(64 * MIB);
+    // Without trim_on_growth, which would wait for stream 1 and so complete the free.
+    let config = Config {
+        trim_on_growth: false,
+        ..Config::default()
+    };
+    let r = rig_with(2, 64 * MIB, config);
     let a_bytes = 5_049_568;
     let a = r.alloc.malloc(a_bytes, 0, 1).unwrap();
     r.alloc.free(a, 0).unwrap();

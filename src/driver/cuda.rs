@@ -332,6 +332,24 @@ impl Driver for CudaDriver {
         check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
 
+    fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // Relaxed capture mode for this thread: a graph another thread is capturing in global
+        // mode would otherwise make the wait fail and invalidate that capture.
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: valid in/out pointer; the previous mode is restored below.
+        check("cuThreadExchangeStreamCaptureMode", unsafe {
+            sys::cuThreadExchangeStreamCaptureMode(&mut mode)
+        })?;
+        // SAFETY: `stream` is a stream of `device` handed to us by the caller of malloc.
+        let waited = check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(stream_ptr(stream))
+        });
+        // SAFETY: puts back the mode the thread had.
+        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        waited
+    }
+
     fn event_create(&self, device: usize) -> Result<EventHandle> {
         let _scope = self.enter(device)?;
         let mut event: sys::CUevent = std::ptr::null_mut();

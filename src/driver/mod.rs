@@ -76,6 +76,8 @@ pub trait Driver: Send + Sync {
     fn free_async(&self, device: usize, ptr: DevicePtr, stream: Stream) -> Result<()>;
     /// Waits for all work on the device.
     fn synchronize(&self, device: usize) -> Result<()>;
+    /// Waits for all work submitted to `stream` so far.
+    fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()>;
 
     fn event_create(&self, device: usize) -> Result<EventHandle>;
     fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()>;

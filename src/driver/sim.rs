@@ -488,6 +488,15 @@ impl Driver for SimDriver {
         Ok(())
     }
 
+    fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
+        self.take_fault(SimFault::Synchronize, "cuStreamSynchronize")?;
+        let mut d = self.device(device, "cuStreamSynchronize")?;
+        let clock = d.streams.entry(stream).or_default();
+        clock.completed = clock.submitted;
+        d.retire_completed();
+        Ok(())
+    }
+
     fn event_create(&self, device: usize) -> Result<EventHandle> {
         self.take_fault(SimFault::EventCreate, "cuEventCreate")?;
         let id = self.next_event.fetch_add(1, Ordering::Relaxed);

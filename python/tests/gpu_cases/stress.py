@@ -50,7 +50,7 @@ def case_threads_stress(ctx) -> None:
     baseline = ctx.allocated()
     handoff: "queue.Queue" = queue.Queue()
     errors: list = []
-    rounds = 40 if ctx.quick else 400
+    rounds = 40 if ctx.quick else 200
     threads = [
         threading.Thread(target=_producer_consumer, args=(seed, handoff, errors, rounds)) for seed in range(8)
     ]
