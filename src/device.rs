@@ -299,7 +299,7 @@ impl DeviceAllocator {
             }
             st.drain_cache()
         };
-        log::debug!(
+        log::info!(
             "device {}: the pool grew to {reserved_bytes} B; returning {} cached blocks",
             self.device,
             blocks.len()

@@ -8,10 +8,12 @@ subprocesses get the real CUDA driver: the simulated-driver settings of conftest
 import json
 import math
 import os
+import subprocess
+import sys
 from typing import Optional
 
 import pytest
-from helpers import describe, run_python
+from helpers import GiB, describe, python_env, run_python
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_cases", "run.py")
 
@@ -114,11 +116,42 @@ def test_demo_runs_on_the_gpu():
     assert "after the error: a 64.00 MiB tensor allocated and every byte checked" in proc.stdout
 
 
-@pytest.mark.parametrize("case,tag", [("threads_stress", "THREADS"), ("soak", "SOAK")])
-def test_reliability_under_load(case, tag, capsys):
-    out = run_case(case)
+def test_threads_and_streams_under_load(capsys):
+    out = run_case("threads_stress")
     with capsys.disabled():
-        print(f"\n{case}: {tagged_line(out, tag)}")
+        print(f"\nthreads_stress: {tagged_line(out, 'THREADS')}")
+
+
+def test_soak_pool_growth_after_warm_up_is_no_worse_than_native(capsys):
+    """1,000 steps with random shapes, streampool and native side by side (separate processes;
+    reserved bytes are per process). On the H100 no allocator stopped growing entirely in the
+    second half (native +24%, torch's cudaMallocAsync backend +4%, streampool +4%), so the
+    test holds streampool to native: no higher reserved peak, no more growth after warm-up."""
+    procs = {
+        mode: subprocess.Popen(
+            [sys.executable, RUNNER, "--allocator", mode, "soak"],
+            env=python_env(gpu_env()),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for mode in ("native", "streampool")
+    }
+    peaks = {}
+    for mode, proc in procs.items():
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0 and f"CASE soak ({mode}) passed" in out, f"{mode}:\n{out}\n{err}"
+        first, second = (int(v) for v in tagged_line(out, "SOAK").split()[:2])
+        peaks[mode] = (first, second)
+    (nf, ns), (sf, ss) = peaks["native"], peaks["streampool"]
+    with capsys.disabled():
+        print(
+            f"\nsoak: 1000 steps, reserved peak first half -> second half: native {nf / GiB:.2f} -> "
+            f"{ns / GiB:.2f} GiB ({ns / nf - 1:+.1%}), streampool {sf / GiB:.2f} -> {ss / GiB:.2f} GiB "
+            f"({ss / sf - 1:+.1%}); live bytes back to baseline in both"
+        )
+    assert ss <= ns, "streampool reserved more than native after warm-up"
+    assert ss / sf <= max(1.0, ns / nf), "streampool's pool grew more after warm-up than native's"
 
 
 EXIT_WITH_LIVE_TENSORS = r"""

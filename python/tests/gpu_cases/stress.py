@@ -67,9 +67,10 @@ def case_threads_stress(ctx) -> None:
 
 
 def case_soak(ctx) -> None:
-    """1,000 training steps of a small GPT-2 whose batch and sequence length change every step.
-    After warm-up the pool must stop growing: no new reserved-bytes high-water mark in the
-    second half; at the end live bytes return to the baseline."""
+    """1,000 training steps of a small GPT-2 whose batch and sequence length change every step,
+    the largest shape first. Prints the reserved-bytes peak of each half (``SOAK first second``,
+    bytes) for test_gpu to compare with the native allocator's on the same steps; at the end
+    live bytes must be back to the baseline."""
     import transformers
 
     steps = 60 if ctx.quick else 1000
@@ -81,11 +82,11 @@ def case_soak(ctx) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator(device="cuda").manual_seed(1)
     shapes = torch.Generator().manual_seed(2)
-    half_peak = None
+    first_half_peak = None
     for step in range(steps):
         batch = int(torch.randint(2, 17, (1,), generator=shapes))
         length = int(torch.randint(16, 513, (1,), generator=shapes))
-        if step == 0:  # the largest shape first: later growth can only be fragmentation
+        if step == 0:  # the largest shape first
             batch, length = 16, 512
         tokens = torch.randint(0, config.vocab_size, (batch, length), device="cuda", generator=generator)
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -95,13 +96,10 @@ def case_soak(ctx) -> None:
         optimizer.zero_grad(set_to_none=True)
         if step == steps // 2 - 1:
             torch.cuda.synchronize()
-            half_peak = ctx.max_reserved()
+            first_half_peak = ctx.max_reserved()
             ctx.reset_peak()
     torch.cuda.synchronize()
-    second_half_peak = ctx.max_reserved()
-    print(f"SOAK {steps} steps: reserved peak {half_peak / MiB:.1f} MiB in the first half, "
-          f"{second_half_peak / MiB:.1f} MiB in the second; loss {loss.item():.3f}")
-    assert second_half_peak <= half_peak, "the pool kept growing after warm-up"
+    print(f"SOAK {first_half_peak} {ctx.max_reserved()} steps={steps} loss={loss.item():.3f}")
     del model, optimizer, loss, tokens
     ctx.settle()
     assert ctx.allocated() == baseline, f"allocated {ctx.allocated()} after the soak, baseline {baseline}"
