@@ -45,6 +45,7 @@ struct Reference {
     frees: [u64; 2],
     total_bytes: [u64; 2],
     freed_bytes: [u64; 2],
+    ooms: [u64; 2],
 }
 
 impl Reference {
@@ -80,7 +81,10 @@ proptest! {
                         m.peak[di] = m.peak[di].max(cur);
                         m.count_peak[di] = m.count_peak[di].max(n);
                     }
-                    Err(e) => prop_assert!(e.to_string().starts_with("CUDA out of memory."), "{e}"),
+                    Err(e) => {
+                        prop_assert!(e.to_string().starts_with("CUDA out of memory."), "{e}");
+                        m.ooms[device as usize] += 1;
+                    }
                 },
                 Op::Free { pick } if !m.live.is_empty() => {
                     let (&(d, p), &b) = m.live.iter().nth(pick % m.live.len()).unwrap();
@@ -94,7 +98,15 @@ proptest! {
                     r.alloc.record_stream(p, stream).unwrap();
                 }
                 Op::CompleteAll => r.sim.complete_all(),
-                Op::EmptyCache => r.alloc.empty_cache().unwrap(),
+                Op::EmptyCache => {
+                    r.alloc.empty_cache().unwrap();
+                    for d in 0..2 {
+                        let s = r.stats(d);
+                        // Synchronised and flushed: nothing cached, nothing waiting for events.
+                        prop_assert_eq!(s.cached_bytes, 0);
+                        prop_assert_eq!(s.active_bytes, s.allocated_bytes);
+                    }
+                }
                 Op::ResetPeaks => {
                     for d in 0..2 {
                         r.alloc.device(d).unwrap().reset_peak_stats().unwrap();
@@ -117,6 +129,13 @@ proptest! {
                 prop_assert_eq!((s.allocated_bytes_total, s.freed_bytes_total), (m.total_bytes[di], m.freed_bytes[di]));
                 prop_assert!(s.active_bytes >= s.allocated_bytes);
                 prop_assert!(s.pool_used_bytes >= s.cached_bytes);
+                // Every allocation was served by the cache or by the pool, never both.
+                prop_assert_eq!(s.num_allocs, s.num_cache_hits + s.num_device_allocs);
+                prop_assert!(s.num_device_frees <= s.num_device_allocs);
+                prop_assert_eq!(s.num_ooms, m.ooms[di]);
+                prop_assert!(s.num_alloc_retries >= s.num_ooms, "an OOM is reported only after a retry");
+                prop_assert!(s.cached_bytes <= 64 << 20, "the cache budget");
+                prop_assert!(s.reserved_bytes >= s.pool_used_bytes && s.reserved_bytes_peak >= s.reserved_bytes);
             }
         }
         for &(d, p) in m.live.keys() {
