@@ -19,10 +19,23 @@ static int expect_throw(ssize_t size, int device, const char *prefix) {
   }
 }
 
+static bool same_stats(const StreampoolStats &a, const StreampoolStats &b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
 int main() {
   if (expect_throw((ssize_t)1 << 50, 0, "CUDA out of memory.")) return 1;
+  // Bad arguments are rejected before anything is counted.
+  StreampoolStats before{}, after{};
+  if (streampool_get_stats(0, &before) != 0) return 1;
   if (expect_throw(-5, 0, "allocation size must not be negative")) return 1;
   if (expect_throw(64, 7, "device index 7 is out of range")) return 1;
+  if (expect_throw(64, -1, "device index -1 is out of range")) return 1;
+  if (streampool_get_stats(0, &after) != 0) return 1;
+  if (!same_stats(before, after)) {
+    std::fprintf(stderr, "FAIL: a rejected my_malloc changed the statistics\n");
+    return 1;
+  }
   void *p = my_malloc(4096, 0, nullptr);
   if (!p) return 1;
   my_free(p, 4096, 0, nullptr);
