@@ -91,7 +91,7 @@ impl Allocator {
     pub fn empty_cache(&self) -> Result<()> {
         self.devices
             .iter()
-            .map(|d| d.flush(Some(0)))
+            .map(|d| d.flush(0))
             .fold(Ok(()), Result::and)
     }
 

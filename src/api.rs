@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Once, OnceLock};
 
 static GLOBAL: OnceLock<Result<Allocator>> = OnceLock::new();
 /// Set in the child by the `pthread_atfork` handler registered when the allocator was built.
@@ -33,11 +33,15 @@ pub fn global() -> Result<&'static Allocator> {
                 .into(),
         ));
     }
+    // Registered before the allocator is built, so a fork during the build is noticed too.
+    static ATFORK: Once = Once::new();
+    // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
+    ATFORK.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(note_fork_in_child));
+    });
     GLOBAL
         .get_or_init(|| {
             init_logging();
-            // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
-            unsafe { libc::pthread_atfork(None, None, Some(note_fork_in_child)) };
             Config::from_env().and_then(Allocator::from_config)
         })
         .as_ref()

@@ -157,7 +157,9 @@ impl DeviceAllocator {
             Err(e) if e.is_device_oom() => {
                 log::warn!("device {}: out of memory for {block_bytes} B; flushing cache, synchronising, trimming, retrying", self.device);
                 self.state.lock().counters.num_alloc_retries += 1;
-                self.flush(Some(0))?;
+                if let Err(e) = self.flush(0) {
+                    log::warn!("device {}: before the retry: {e}", self.device);
+                }
                 match self
                     .driver
                     .alloc_async(self.device, pool.handle, block_bytes, stream)
@@ -265,8 +267,16 @@ impl DeviceAllocator {
         if !trim || capturing {
             return Ok(());
         }
-        // Once the stream has caught up, every free on it is back in the pool: if that made
-        // room, the pool reuses it; if not, release what is unused before it grows.
+        // The trim only saves memory: if a step of it fails, the allocation goes on without it.
+        if let Err(e) = self.trim_before_growth(pool, block_bytes, stream) {
+            log::warn!("device {}: trimming before growth failed: {e}", self.device);
+        }
+        Ok(())
+    }
+
+    /// Once the stream has caught up, every free on it is back in the pool: if that made room,
+    /// the pool reuses it; if not, the pool releases what it does not use before it grows.
+    fn trim_before_growth(&self, pool: Pool, block_bytes: u64, stream: Stream) -> Result<()> {
         self.driver.stream_synchronize(self.device, stream)?;
         let (reserved_bytes, used_bytes) =
             self.driver.pool_reserved_used(self.device, pool.handle)?;
@@ -509,8 +519,8 @@ impl DeviceAllocator {
     }
 
     /// Forgets streams whose capture has ended; once none is left, deferred frees proceed: each
-    /// gets events on its streams or, failing that, a device synchronisation; a block for which
-    /// neither works stays deferred and is tried again later (never reused early).
+    /// gets events on its streams; a block for which that fails stays deferred until a later try
+    /// or the next flush's synchronisation (never reused early).
     fn refresh_deferred(&self, st: &mut State) {
         st.capturing
             .retain(|s| self.driver.is_capturing(self.device, *s).unwrap_or(false));
@@ -525,19 +535,17 @@ impl DeviceAllocator {
         for d in std::mem::take(&mut st.deferred) {
             let events = match self.record_events(st, &d.streams) {
                 Ok(events) => events,
-                Err(err) => match self.driver.synchronize(self.device) {
-                    // All work is done: an empty event list means "ready".
-                    Ok(()) => Vec::new(),
-                    Err(e) => {
-                        log::error!(
-                            "device {}: {err}; {e}; {:#x} stays unused until one works",
-                            self.device,
-                            d.block.ptr
-                        );
-                        st.deferred.push(d);
-                        continue;
-                    }
-                },
+                Err(err) => {
+                    // No waiting under the lock: the block stays deferred until events can be
+                    // recorded or the next flush has synchronised the device.
+                    log::warn!(
+                        "device {}: {err}; {:#x} waits for the next empty_cache",
+                        self.device,
+                        d.block.ptr
+                    );
+                    st.deferred.push(d);
+                    continue;
+                }
             };
             st.pending.push_back(PendingBlock {
                 block: d.block,
@@ -559,9 +567,10 @@ impl DeviceAllocator {
         Ok(())
     }
 
-    /// Returns cached and completed blocks to the pool; with `trim_to`, also synchronises and
-    /// trims the pool to that many bytes. Skips synchronisation while a graph is being captured.
-    pub fn flush(&self, trim_to: Option<u64>) -> Result<()> {
+    /// Returns cached and completed blocks to the pool, synchronises and trims the pool to
+    /// `keep_bytes`. While a graph is being captured it only returns the cache (no waiting). A
+    /// block the driver refuses to free does not stop the trim; the first error is reported.
+    pub fn flush(&self, keep_bytes: u64) -> Result<()> {
         let Some(pool) = self.pool.get().copied() else {
             return Ok(());
         };
@@ -570,42 +579,46 @@ impl DeviceAllocator {
             self.refresh_deferred(&mut st);
             !st.capturing.is_empty()
         };
-        if trim_to.is_some() && !capturing {
+        if !capturing {
             self.driver.synchronize(self.device)?;
         }
-        let (blocks, unreturned) = {
+        let (mut blocks, unreturned) = {
             let mut st = self.state.lock();
+            let mut blocks = Vec::new();
             if !capturing {
                 self.collect_pending(&mut st);
+                // All work queued before the synchronisation is done: blocks still waiting for
+                // events that could not be recorded are free to go too.
+                blocks = st.take_deferred_after_sync();
             }
-            (st.drain_cache(), std::mem::take(&mut st.unreturned))
+            blocks.extend(st.drain_cache());
+            (blocks, std::mem::take(&mut st.unreturned))
         };
         let count = blocks.len();
-        let mut returned = self.return_to_pool(blocks, true);
-        if !unreturned.is_empty() {
+        let (held, graph): (Vec<_>, Vec<_>) = unreturned.into_iter().partition(|(_, h)| *h);
+        if !held.is_empty() || !graph.is_empty() {
             log::info!(
                 "device {}: retrying {} blocks the driver did not take back",
                 self.device,
-                unreturned.len()
+                held.len() + graph.len()
             );
-            let (held, graph): (Vec<_>, Vec<_>) = unreturned.into_iter().partition(|(_, h)| *h);
             let held: Vec<CachedBlock> = held.into_iter().map(|(b, _)| b).collect();
             self.state.lock().held_bytes -= held.iter().map(|b| b.block_bytes).sum::<u64>();
-            returned = returned
-                .and(self.return_to_pool(held, true))
-                .and(self.return_to_pool(graph.into_iter().map(|(b, _)| b).collect(), false));
+            blocks.extend(held);
         }
-        returned?;
-        if let (Some(keep_bytes), false) = (trim_to, capturing) {
+        let returned = self
+            .return_to_pool(blocks, true)
+            .and(self.return_to_pool(graph.into_iter().map(|(b, _)| b).collect(), false));
+        if !capturing {
             self.driver.synchronize(self.device)?;
             self.driver
                 .pool_trim(self.device, pool.handle, keep_bytes)?;
         }
         log::info!(
-            "device {}: flushed {count} cached blocks (trim to {trim_to:?})",
+            "device {}: flushed {count} cached blocks, trimmed to {keep_bytes} B",
             self.device
         );
-        Ok(())
+        returned
     }
 
     pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
@@ -685,7 +698,7 @@ impl DeviceAllocator {
 
     pub fn trim(&self, keep_bytes: u64) -> Result<()> {
         self.pool()?;
-        self.flush(Some(keep_bytes))
+        self.flush(keep_bytes)
     }
 }
 
@@ -743,6 +756,17 @@ impl State {
                 Err(e)
             }
         }
+    }
+
+    /// After a device synchronisation outside any capture: every deferred block is ready; they
+    /// stop being active and leave `held_bytes`, to be returned to the pool.
+    fn take_deferred_after_sync(&mut self) -> Vec<CachedBlock> {
+        let deferred = std::mem::take(&mut self.deferred);
+        for d in &deferred {
+            self.counters.active_bytes.sub(d.requested_bytes);
+            self.held_bytes -= d.block.block_bytes;
+        }
+        deferred.into_iter().map(|d| d.block).collect()
     }
 
     /// Takes every cached block out of the cache (they leave `held_bytes`).

@@ -319,7 +319,7 @@ fn stats_count_pool_and_cache() {
 }
 
 #[test]
-fn failed_event_after_capture_falls_back_to_synchronising() {
+fn failed_event_after_capture_keeps_the_block_until_it_is_safe() {
     let r = rig(1 << 30);
     let a = r.alloc.malloc(4096, 0, 1).unwrap();
     r.alloc.record_stream(a, 2).unwrap();
@@ -332,16 +332,47 @@ fn failed_event_after_capture_falls_back_to_synchronising() {
     r.sim.event_record(0, probe, 2).unwrap(); // work stream 2 still has queued
     r.sim.inject_fault(SimFault::EventCreate, 1);
     let b = r.alloc.malloc(4096, 0, 1).unwrap();
-    assert!(
-        r.sim.event_query(0, probe).unwrap(),
-        "stream 2 was not waited for"
-    );
-    assert_eq!(
+    assert_ne!(
         b, a,
-        "after synchronising, the block is safe to reuse at once"
+        "no event on stream 2: the block must not be reused yet"
     );
+    assert!(
+        !r.sim.event_query(0, probe).unwrap(),
+        "the allocation did not wait for the device (it holds the device lock)"
+    );
+    assert_eq!(r.stats(0).active_bytes, 4096 + 4096, "a is still active");
+    r.alloc.empty_cache().unwrap(); // synchronises: now a is done with and goes back
+    assert!(r.sim.event_query(0, probe).unwrap());
+    assert_eq!(r.stats(0).active_bytes, 4096);
     r.sim.event_destroy(0, probe);
     r.alloc.free(b, 0).unwrap();
+    r.finish();
+}
+
+#[test]
+fn a_block_the_driver_will_not_free_does_not_stop_trimming_or_the_oom_retry() {
+    let r = rig(256 * MIB);
+    let stuck = r.alloc.malloc(100 * MIB, 0, 0).unwrap(); // over the cache budget: freed at once
+    r.sim.inject_fault(SimFault::Free, 2);
+    r.alloc.free(stuck, 0).unwrap_err(); // refused; kept for a retry
+    let small = r.alloc.malloc(10 * MIB, 0, 0).unwrap();
+    r.alloc.free(small, 0).unwrap(); // cached
+    let e = r.alloc.empty_cache().unwrap_err().to_string(); // one of the two is refused
+    assert!(e.contains("cuMemFreeAsync"), "{e}");
+    let s = r.stats(0);
+    assert_eq!(s.cached_bytes, 0, "the cache went back despite the refusal");
+    assert!([10 * MIB, 100 * MIB].contains(&s.pool_used_bytes), "{s:?}");
+    assert_eq!(
+        s.reserved_bytes, s.pool_used_bytes,
+        "trimmed to the block still held"
+    );
+    // Out of memory: the flush before the retry is refused again (logged), the retry still runs.
+    r.sim.inject_fault(SimFault::Free, 1);
+    let e = r.alloc.malloc(250 * MIB, 0, 0).unwrap_err().to_string();
+    assert!(e.starts_with("CUDA out of memory."), "{e}");
+    assert_eq!(r.stats(0).num_alloc_retries, 1);
+    r.alloc.empty_cache().unwrap(); // the driver takes it back at last
+    assert_eq!(r.stats(0).reserved_bytes, 0);
     r.finish();
 }
 

@@ -58,8 +58,8 @@ def _apply_environment(variables: Dict[str, str]) -> None:
                 "in the environment before starting Python"
             )
     previous = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
     try:
+        os.environ.update(variables)
         _lib.check_config()
     except Exception:
         _restore_environment(previous)
