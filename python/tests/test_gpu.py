@@ -221,3 +221,55 @@ def test_fork_after_install_gives_the_child_a_clear_error_and_the_parent_goes_on
     assert "CHILD EXIT 0" in proc.stdout and "PARENT OK" in proc.stdout, describe(proc)
     with capsys.disabled():
         print(f"\nfork: {tagged_line(proc.stdout, 'CHILD:')}")
+
+
+CUPY_THEN_TORCH = r"""
+import sys
+shared = sys.argv[1] == "streampool"
+import streampool
+if shared:
+    streampool.install()
+    import streampool.cupy
+    streampool.cupy.install()
+import cupy, torch
+free, _ = torch.cuda.mem_get_info()
+nbytes = int(free * 0.6)
+x = cupy.ones(nbytes, dtype=cupy.uint8)
+assert int(x[-1]) == 1
+del x  # with its own allocator CuPy keeps the memory cached in its pool
+try:
+    y = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
+    print("TORCH", "ok", int(y[-1]))
+    del y
+except RuntimeError as e:
+    print("TORCH", "failed:", str(e).splitlines()[0])
+if shared:
+    torch.cuda.synchronize()
+    s = streampool.memory_stats()
+    print("STATS", s["allocation.all.allocated"], s["allocated_bytes.all.allocated"], s["allocated_bytes.all.current"])
+"""
+
+
+def _missing_cupy() -> Optional[str]:
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return "CuPy is not installed"
+    return None
+
+
+@pytest.mark.skipif(_missing_cupy() is not None, reason=f"needs CuPy: {_missing_cupy()}")
+def test_cupy_and_torch_share_one_pool(capsys):
+    """CuPy allocates 60% of free memory and frees it. With separate allocators CuPy's pool keeps
+    it and a torch tensor of the same size does not fit; with streampool serving both it does,
+    and the statistics count both libraries' allocations."""
+    separate = run_python(args=["-c", CUPY_THEN_TORCH, "separate"], env=gpu_env(), timeout=300)
+    shared = run_python(args=["-c", CUPY_THEN_TORCH, "streampool"], env=gpu_env(), timeout=300)
+    assert separate.returncode == 0 and shared.returncode == 0, describe(separate) + describe(shared)
+    assert tagged_line(separate.stdout, "TORCH").startswith("failed: CUDA out of memory."), describe(separate)
+    assert tagged_line(shared.stdout, "TORCH") == "ok 1", describe(shared)
+    count, total_bytes, current = (int(v) for v in tagged_line(shared.stdout, "STATS").split())
+    assert count >= 2 and current == 0, describe(shared)
+    with capsys.disabled():
+        print(f"\ncupy: separate allocators: torch {tagged_line(separate.stdout, 'TORCH')}; shared: torch ok, "
+              f"{count} allocations ({total_bytes / GiB:.1f} GiB) counted for both libraries")
