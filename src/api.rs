@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Once, OnceLock};
 
 static GLOBAL: OnceLock<Result<Allocator>> = OnceLock::new();
-/// Set in the child by the `pthread_atfork` handler registered when the allocator was built.
+/// Set in the child by the `pthread_atfork` handler that the first call of [`global`] registers.
 static FORKED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn note_fork_in_child() {

@@ -59,8 +59,9 @@ impl Default for Config {
             // time did not change measurably; 64 MiB still serves alloc/free loops at every size.
             cache_limit: SizeSpec::Bytes(64 << 20),
             cache_max_block: SizeSpec::Max,
-            // On: H100, 600 training steps with shapes changing every step, the pool otherwise
-            // grew 3% after warm-up; with it reserved bytes stayed flat (bench/diag_growth.py).
+            // On: H100, training with shapes changing every step (bench/diag_growth.py): over
+            // 600 steps the pool grew 3% after warm-up without it and stayed flat with it; over
+            // 1,000 steps it still grew 3-4% either way (BENCHMARKS.md, "Pool growth").
             trim_on_growth: true,
             reuse: ReusePolicy::default(),
             sim_devices: 2,

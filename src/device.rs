@@ -582,7 +582,7 @@ impl DeviceAllocator {
         if !capturing {
             self.driver.synchronize(self.device)?;
         }
-        let (mut blocks, unreturned) = {
+        let (blocks, graph_blocks) = {
             let mut st = self.state.lock();
             let mut blocks = Vec::new();
             if !capturing {
@@ -592,23 +592,14 @@ impl DeviceAllocator {
                 blocks = st.take_deferred_after_sync();
             }
             blocks.extend(st.drain_cache());
-            (blocks, std::mem::take(&mut st.unreturned))
+            let (held, graph) = st.take_unreturned();
+            blocks.extend(held);
+            (blocks, graph)
         };
         let count = blocks.len();
-        let (held, graph): (Vec<_>, Vec<_>) = unreturned.into_iter().partition(|(_, h)| *h);
-        if !held.is_empty() || !graph.is_empty() {
-            log::info!(
-                "device {}: retrying {} blocks the driver did not take back",
-                self.device,
-                held.len() + graph.len()
-            );
-            let held: Vec<CachedBlock> = held.into_iter().map(|(b, _)| b).collect();
-            self.state.lock().held_bytes -= held.iter().map(|b| b.block_bytes).sum::<u64>();
-            blocks.extend(held);
-        }
         let returned = self
             .return_to_pool(blocks, true)
-            .and(self.return_to_pool(graph.into_iter().map(|(b, _)| b).collect(), false));
+            .and(self.return_to_pool(graph_blocks, false));
         if !capturing {
             self.driver.synchronize(self.device)?;
             self.driver
@@ -767,6 +758,23 @@ impl State {
             self.held_bytes -= d.block.block_bytes;
         }
         deferred.into_iter().map(|d| d.block).collect()
+    }
+
+    /// Takes the blocks the driver refused earlier, for another try: (those counted in
+    /// `held_bytes`, which leave it now; graph blocks, which never were).
+    fn take_unreturned(&mut self) -> (Vec<CachedBlock>, Vec<CachedBlock>) {
+        let (held, graph): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unreturned)
+            .into_iter()
+            .partition(|(_, h)| *h);
+        let held: Vec<CachedBlock> = held.into_iter().map(|(b, _)| b).collect();
+        self.held_bytes -= held.iter().map(|b| b.block_bytes).sum::<u64>();
+        if !held.is_empty() || !graph.is_empty() {
+            log::info!(
+                "retrying {} blocks the driver did not take back",
+                held.len() + graph.len()
+            );
+        }
+        (held, graph.into_iter().map(|(b, _)| b).collect())
     }
 
     /// Takes every cached block out of the cache (they leave `held_bytes`).
