@@ -592,7 +592,7 @@ impl DeviceAllocator {
                 blocks = st.take_deferred_after_sync();
             }
             blocks.extend(st.drain_cache());
-            let (held, graph) = st.take_unreturned();
+            let (held, graph) = st.take_unreturned(self.device);
             blocks.extend(held);
             (blocks, graph)
         };
@@ -762,7 +762,7 @@ impl State {
 
     /// Takes the blocks the driver refused earlier, for another try: (those counted in
     /// `held_bytes`, which leave it now; graph blocks, which never were).
-    fn take_unreturned(&mut self) -> (Vec<CachedBlock>, Vec<CachedBlock>) {
+    fn take_unreturned(&mut self, device: usize) -> (Vec<CachedBlock>, Vec<CachedBlock>) {
         let (held, graph): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unreturned)
             .into_iter()
             .partition(|(_, h)| *h);
@@ -770,7 +770,7 @@ impl State {
         self.held_bytes -= held.iter().map(|b| b.block_bytes).sum::<u64>();
         if !held.is_empty() || !graph.is_empty() {
             log::info!(
-                "retrying {} blocks the driver did not take back",
+                "device {device}: retrying {} blocks the driver did not take back",
                 held.len() + graph.len()
             );
         }
