@@ -22,6 +22,80 @@ typedef enum StreampoolStatus {
 } StreampoolStatus;
 
 /**
+ * What an event records (`StreampoolEvent::kind`).
+ */
+enum StreampoolEventKind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * A caller got `bytes` (requested size) at `address`.
+   */
+  STREAMPOOL_EVENT_KIND_ALLOC = 1,
+  /**
+   * A caller freed the `bytes` it had requested at `address`.
+   */
+  STREAMPOOL_EVENT_KIND_FREE = 2,
+  /**
+   * streampool took a block of `bytes` at `address` from the pool (`cuMemAllocFromPoolAsync`).
+   */
+  STREAMPOOL_EVENT_KIND_POOL_ALLOC = 3,
+  /**
+   * streampool gave the block of `bytes` at `address` back to the pool (`cuMemFreeAsync`).
+   */
+  STREAMPOOL_EVENT_KIND_POOL_FREE = 4,
+  /**
+   * The pool's reserved memory grew by `bytes`.
+   */
+  STREAMPOOL_EVENT_KIND_POOL_GROW = 5,
+  /**
+   * A trim released `bytes` of the pool's reserved memory.
+   */
+  STREAMPOOL_EVENT_KIND_POOL_TRIM = 6,
+  /**
+   * A request for `bytes` failed: out of memory, or over the memory fraction.
+   */
+  STREAMPOOL_EVENT_KIND_OOM = 7,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum StreampoolEventKind StreampoolEventKind;
+#else
+typedef uint32_t StreampoolEventKind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * What a block held by streampool is used for (`StreampoolBlock::state`).
+ */
+enum StreampoolBlockState
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Allocated to a caller.
+   */
+  STREAMPOOL_BLOCK_STATE_LIVE = 1,
+  /**
+   * Not in use: in the cache, or waiting for the pool to take it back.
+   */
+  STREAMPOOL_BLOCK_STATE_INACTIVE = 2,
+  /**
+   * Freed, but other streams (record_stream) may still be using it.
+   */
+  STREAMPOOL_BLOCK_STATE_WAITING_FOR_STREAMS = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum StreampoolBlockState StreampoolBlockState;
+#else
+typedef uint32_t StreampoolBlockState;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Statistics of one device, as returned by `streampool_get_stats` (field meanings in docs/abi.md).
  */
 typedef struct StreampoolStats {
@@ -47,6 +121,47 @@ typedef struct StreampoolStats {
   uint64_t memory_limit_bytes;
   uint64_t device_total_bytes;
 } StreampoolStats;
+
+/**
+ * One timeline entry, as copied out by `streampool_history`. The gauges are the device's values
+ * right after the event: `allocated_bytes` as in the statistics, `held_bytes` taken from the pool
+ * by streampool (live, cached and waiting blocks), `cached_bytes` in its cache, `reserved_bytes`
+ * the pool's reserved memory when streampool last read it.
+ */
+typedef struct StreampoolEvent {
+  /**
+   * Wall-clock time, nanoseconds since the Unix epoch.
+   */
+  uint64_t time_ns;
+  /**
+   * A `StreampoolEventKind`.
+   */
+  uint32_t kind;
+  int32_t device;
+  uint64_t stream;
+  uint64_t address;
+  uint64_t bytes;
+  uint64_t allocated_bytes;
+  uint64_t held_bytes;
+  uint64_t cached_bytes;
+  uint64_t reserved_bytes;
+} StreampoolEvent;
+
+/**
+ * One block that streampool holds from a device's pool, as listed by `streampool_blocks`.
+ * `requested_bytes` is 0 for inactive blocks.
+ */
+typedef struct StreampoolBlock {
+  uint64_t address;
+  uint64_t block_bytes;
+  uint64_t requested_bytes;
+  uint64_t stream;
+  /**
+   * A `StreampoolBlockState`.
+   */
+  uint32_t state;
+  int32_t device;
+} StreampoolBlock;
 
 #ifdef __cplusplus
 extern "C" {
@@ -144,6 +259,41 @@ int streampool_trim(int device, uint64_t keep_bytes);
  * `spec` must be NULL or a NUL-terminated string; `out_bytes` NULL or writable.
  */
 int streampool_parse_bytes(const char *spec, int device, uint64_t *out_bytes);
+
+/**
+ * Grants every other device read/write access to `device`'s pool (every pool if `device` is
+ * -1), after checking `cuDeviceCanAccessPeer`; a pair without peer capability is an error.
+ */
+int streampool_enable_peer_access(int device);
+
+/**
+ * Starts the memory timeline afresh (`enabled` != 0), keeping the newest `max_entries` (> 0)
+ * events, or stops it (`enabled` == 0); stopping keeps what was recorded readable.
+ */
+int streampool_record_history(int enabled, size_t max_entries);
+
+/**
+ * Copies the newest timeline events, oldest first, into `out` (room for `capacity`) and sets
+ * `*count` to how many were copied; with `out` NULL, `*count` is how many there are. `*dropped`
+ * (if not NULL) is how many events the full ring dropped since recording started.
+ *
+ * # Safety
+ * `out` must be NULL or writable for `capacity` events; `count` writable; `dropped` NULL or
+ * writable.
+ */
+int streampool_history(struct StreampoolEvent *out,
+                       size_t capacity,
+                       size_t *count,
+                       uint64_t *dropped);
+
+/**
+ * Copies the blocks `device` holds from its pool into `out` (room for `capacity`) and sets
+ * `*count` to how many were copied; with `out` NULL, `*count` is how many there are.
+ *
+ * # Safety
+ * `out` must be NULL or writable for `capacity` blocks; `count` writable.
+ */
+int streampool_blocks(int device, struct StreampoolBlock *out, size_t capacity, size_t *count);
 
 /**
  * Number of devices, or a negative status.

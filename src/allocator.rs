@@ -7,12 +7,15 @@ use crate::config::{Config, DriverKind};
 use crate::device::DeviceAllocator;
 use crate::driver::{cuda::CudaDriver, sim::SimDriver, DevicePtr, Driver, Stream};
 use crate::error::{Error, Result};
+use crate::history::{History, StreampoolBlock, StreampoolEvent};
+use crate::peer::Peers;
 use crate::stats::StreampoolStats;
 use std::sync::Arc;
 
 pub struct Allocator {
     driver: Arc<dyn Driver>,
     devices: Vec<DeviceAllocator>,
+    history: Arc<History>,
 }
 
 impl Allocator {
@@ -29,12 +32,22 @@ impl Allocator {
 
     pub fn new(driver: Arc<dyn Driver>, config: Config) -> Result<Allocator> {
         let config = Arc::new(config);
+        let history = Arc::new(History::default());
         let count = driver.device_count()?;
+        let peers = Arc::new(Peers::new(config.peer_access, count));
         let devices = (0..count)
-            .map(|d| DeviceAllocator::new(d, Arc::clone(&driver), Arc::clone(&config)))
+            .map(|d| {
+                let (driver, config) = (Arc::clone(&driver), Arc::clone(&config));
+                let (history, peers) = (Arc::clone(&history), Arc::clone(&peers));
+                DeviceAllocator::new(d, driver, config, history, peers)
+            })
             .collect();
         log::info!("streampool: {} driver, {count} device(s)", driver.name());
-        Ok(Allocator { driver, devices })
+        Ok(Allocator {
+            driver,
+            devices,
+            history,
+        })
     }
 
     pub fn driver_name(&self) -> &'static str {
@@ -93,6 +106,41 @@ impl Allocator {
             .iter()
             .map(|d| d.flush(0))
             .fold(Ok(()), Result::and)
+    }
+
+    /// Starts the timeline afresh, keeping the newest `max_entries` events, or stops it (what
+    /// was recorded stays readable).
+    pub fn record_history(&self, enabled: bool, max_entries: usize) -> Result<()> {
+        if !enabled {
+            self.history.stop();
+            return Ok(());
+        }
+        self.history.start(max_entries)?;
+        self.devices
+            .iter()
+            .for_each(DeviceAllocator::start_timeline);
+        Ok(())
+    }
+
+    /// The newest `max_events` timeline events, oldest first, and how many the ring dropped.
+    pub fn history(&self, max_events: usize) -> (Vec<StreampoolEvent>, u64) {
+        self.history.newest(max_events)
+    }
+
+    /// Grants every other device access to `device`'s pool, or to every pool if `device` is
+    /// -1; every capable pair is granted, the first that is not is the error.
+    pub fn enable_peer_access(&self, device: i64) -> Result<()> {
+        if device != -1 {
+            return self.device(device)?.enable_peer_access();
+        }
+        self.devices
+            .iter()
+            .map(DeviceAllocator::enable_peer_access)
+            .fold(Ok(()), Result::and)
+    }
+
+    pub fn blocks(&self, device: i64) -> Result<Vec<StreampoolBlock>> {
+        Ok(self.device(device)?.blocks())
     }
 
     pub fn stats(&self, device: i64) -> Result<StreampoolStats> {

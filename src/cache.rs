@@ -138,6 +138,19 @@ impl Cache {
         out
     }
 
+    /// Every cached block, for snapshots.
+    pub fn blocks(&self) -> impl Iterator<Item = CachedBlock> + '_ {
+        self.streams.iter().flat_map(|(stream, bins)| {
+            bins.by_size.iter().flat_map(move |(size, list)| {
+                list.iter().map(move |&ptr| CachedBlock {
+                    ptr,
+                    block_bytes: *size,
+                    stream: *stream,
+                })
+            })
+        })
+    }
+
     /// Removes every block.
     pub fn drain(&mut self) -> Vec<CachedBlock> {
         let mut out = Vec::new();

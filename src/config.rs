@@ -22,6 +22,17 @@ impl DriverKind {
     }
 }
 
+/// Which other devices get access to a device's pool (`STREAMPOOL_PEER_ACCESS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerAccess {
+    /// Devices this process allocates on get access to each other's pools, where capable: what
+    /// PyTorch's cross-device copies need, since its pluggable path copies with `cudaMemcpyAsync`.
+    Auto,
+    /// Every device gets access to every pool when the pool is created.
+    On,
+    Off,
+}
+
 /// The pool's reuse policies; `None` keeps the driver's default.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReusePolicy {
@@ -42,6 +53,7 @@ pub struct Config {
     /// Before the pool grows, wait for the allocating stream and release the pool's unused
     /// memory, so memory freed in pieces is not kept beside the new growth.
     pub trim_on_growth: bool,
+    pub peer_access: PeerAccess,
     pub reuse: ReusePolicy,
     pub sim_devices: usize,
     pub sim_memory_bytes: u64,
@@ -63,6 +75,7 @@ impl Default for Config {
             // 600 steps the pool grew 3% after warm-up without it and stayed flat with it; over
             // 1,000 steps it still grew 3-4% either way (BENCHMARKS.md, "Pool growth").
             trim_on_growth: true,
+            peer_access: PeerAccess::Auto,
             reuse: ReusePolicy::default(),
             sim_devices: 2,
             sim_memory_bytes: 16 << 30,
@@ -73,13 +86,14 @@ impl Default for Config {
 const BOOL_ACCEPTED: &str = "1, 0, true, false, yes, no, on, off";
 
 /// Every variable streampool reads, for `python -m streampool info` and the README.
-pub const VARIABLES: [&str; 12] = [
+pub const VARIABLES: [&str; 13] = [
     "STREAMPOOL_DRIVER",
     "STREAMPOOL_RELEASE_THRESHOLD",
     "STREAMPOOL_MAX_POOL_SIZE",
     "STREAMPOOL_CACHE_LIMIT",
     "STREAMPOOL_CACHE_MAX_BLOCK",
     "STREAMPOOL_TRIM_ON_GROWTH",
+    "STREAMPOOL_PEER_ACCESS",
     "STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES",
     "STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC",
     "STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES",
@@ -131,6 +145,23 @@ impl Config {
         };
         if let Some(on) = flag("STREAMPOOL_TRIM_ON_GROWTH")? {
             c.trim_on_growth = on;
+        }
+        if let Some(v) = get("STREAMPOOL_PEER_ACCESS") {
+            c.peer_access = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => PeerAccess::Auto,
+                _ => match parse_bool("STREAMPOOL_PEER_ACCESS", &v) {
+                    Ok(true) => PeerAccess::On,
+                    Ok(false) => PeerAccess::Off,
+                    Err(_) => {
+                        return Err(config_error(
+                            "STREAMPOOL_PEER_ACCESS",
+                            &v,
+                            "not auto or a boolean",
+                            "auto, 1, 0, true, false, yes, no, on, off",
+                        ))
+                    }
+                },
+            };
         }
         c.reuse = ReusePolicy {
             follow_event_dependencies: flag("STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES")?,
@@ -254,6 +285,7 @@ mod tests {
             ("STREAMPOOL_SIM_DEVICES", "3"),
             ("STREAMPOOL_SIM_MEMORY", "1GiB"),
             ("STREAMPOOL_LOG", "streampool=trace"),
+            ("STREAMPOOL_PEER_ACCESS", "on"),
         ])
         .unwrap();
         assert_eq!(c.driver, DriverKind::Sim);
@@ -262,6 +294,9 @@ mod tests {
         assert_eq!(c.reuse.allow_opportunistic, Some(false));
         assert_eq!(c.reuse.follow_event_dependencies, None);
         assert_eq!((c.sim_devices, c.sim_memory_bytes), (3, 1 << 30));
+        assert_eq!(c.peer_access, PeerAccess::On);
+        let auto = parse(&[("STREAMPOOL_PEER_ACCESS", " Auto ")]).unwrap();
+        assert_eq!(auto.peer_access, PeerAccess::Auto);
     }
 
     #[test]
@@ -275,6 +310,7 @@ mod tests {
             ("STREAMPOOL_SIM_DEVICES", "0"),
             ("STREAMPOOL_SIM_MEMORY", "0"),
             ("STREAMPOOL_LOG", "streampool=loud"),
+            ("STREAMPOOL_PEER_ACCESS", "sometimes"),
         ] {
             let msg = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(

@@ -17,6 +17,10 @@ use crate::config::Config;
 use crate::driver::{DevicePtr, Driver, EventHandle, PoolAttr, Stream};
 use crate::error::{Error, OomReport, Result};
 use crate::fasthash::WordMap;
+use crate::history::{
+    Gauges, History, StreampoolBlock, StreampoolBlockState, StreampoolEventKind as Event,
+};
+use crate::peer::Peers;
 use crate::pool::Pool;
 use crate::stats::{DeviceCounters, StreampoolStats};
 use crate::units::round_up;
@@ -74,6 +78,10 @@ struct State {
     /// The pool's reserved bytes when last read, to notice growth.
     reserved_seen_bytes: u64,
     counters: DeviceCounters,
+    device: usize,
+    history: Arc<History>,
+    /// The pool's reserved bytes as the timeline last recorded them (read only while recording).
+    timeline_reserved_bytes: u64,
 }
 
 pub struct DeviceAllocator {
@@ -84,17 +92,31 @@ pub struct DeviceAllocator {
     pool_creation: Mutex<()>,
     state: Mutex<State>,
     limit_bytes: AtomicU64,
+    history: Arc<History>,
+    peers: Arc<Peers>,
 }
 
 impl DeviceAllocator {
-    pub fn new(device: usize, driver: Arc<dyn Driver>, config: Arc<Config>) -> DeviceAllocator {
+    pub fn new(
+        device: usize,
+        driver: Arc<dyn Driver>,
+        config: Arc<Config>,
+        history: Arc<History>,
+        peers: Arc<Peers>,
+    ) -> DeviceAllocator {
         DeviceAllocator {
             device,
             driver,
             config,
             pool: OnceLock::new(),
             pool_creation: Mutex::new(()),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                device,
+                history: Arc::clone(&history),
+                ..State::default()
+            }),
+            history,
+            peers,
             limit_bytes: AtomicU64::new(NO_LIMIT),
         }
     }
@@ -109,6 +131,8 @@ impl DeviceAllocator {
             return Ok(*pool);
         }
         let pool = Pool::create(self.driver.as_ref(), self.device, &self.config)?;
+        self.peers
+            .pool_created(self.driver.as_ref(), self.device, pool.handle);
         self.state.lock().cache = Cache::new(pool.cache_limit_bytes, pool.cache_max_block_bytes);
         Ok(*self.pool.get_or_init(|| pool))
     }
@@ -166,17 +190,22 @@ impl DeviceAllocator {
                 {
                     Ok(ptr) => ptr,
                     Err(e) if e.is_device_oom() => {
-                        return Err(self.out_of_memory(requested_bytes, None))
+                        return Err(self.out_of_memory(requested_bytes, stream, None))
                     }
                     Err(e) => return Err(e),
                 }
             }
             Err(e) => return Err(e),
         };
+        let reserved_bytes = self.reserved_for_timeline(pool);
         {
             let mut st = self.state.lock();
             st.counters.num_device_allocs += 1;
             st.held_bytes += block_bytes;
+            if let Some(reserved_bytes) = reserved_bytes {
+                st.note_reserved(reserved_bytes, stream);
+            }
+            st.note(Event::PoolAlloc, stream, ptr, block_bytes);
             st.insert_live(ptr, requested_bytes, block_bytes, stream, false);
         }
         log::trace!(
@@ -203,11 +232,14 @@ impl DeviceAllocator {
         }
         let ptr = match self.driver.alloc_captured(self.device, block_bytes, stream) {
             Ok(ptr) => ptr,
-            Err(e) if e.is_device_oom() => return Err(self.out_of_memory(requested_bytes, None)),
+            Err(e) if e.is_device_oom() => {
+                return Err(self.out_of_memory(requested_bytes, stream, None))
+            }
             Err(e) => return Err(e),
         };
         let mut st = self.state.lock();
         st.counters.num_device_allocs += 1;
+        st.note(Event::PoolAlloc, stream, ptr, block_bytes);
         st.insert_live(ptr, requested_bytes, block_bytes, stream, true);
         Ok(ptr)
     }
@@ -230,7 +262,7 @@ impl DeviceAllocator {
         let _ = self.return_to_pool(evicted, true);
         if self.state.lock().held_bytes + block_bytes > limit {
             self.state.lock().counters.num_ooms += 1;
-            return Err(self.out_of_memory(requested_bytes, Some(limit)));
+            return Err(self.out_of_memory(requested_bytes, stream, Some(limit)));
         }
         Ok(())
     }
@@ -285,7 +317,11 @@ impl DeviceAllocator {
         }
         self.driver.pool_trim(self.device, pool.handle, 0)?;
         let (after_bytes, _) = self.driver.pool_reserved_used(self.device, pool.handle)?;
-        self.state.lock().reserved_seen_bytes = after_bytes;
+        {
+            let mut st = self.state.lock();
+            st.reserved_seen_bytes = after_bytes;
+            st.note_trim(reserved_bytes, after_bytes, stream);
+        }
         log::info!(
             "device {}: the pool must grow for {block_bytes} B; released its unused memory first ({reserved_bytes} -> {after_bytes} B reserved)",
             self.device
@@ -339,7 +375,12 @@ impl DeviceAllocator {
         first_error
     }
 
-    fn out_of_memory(&self, requested_bytes: u64, limit_bytes: Option<u64>) -> Error {
+    fn out_of_memory(
+        &self,
+        requested_bytes: u64,
+        stream: Stream,
+        limit_bytes: Option<u64>,
+    ) -> Error {
         let mem = self.driver.mem_info(self.device).unwrap_or_default();
         let reserved = self
             .pool
@@ -350,6 +391,7 @@ impl DeviceAllocator {
         if limit_bytes.is_none() {
             st.counters.num_ooms += 1;
         }
+        st.note(Event::Oom, stream, 0, requested_bytes);
         let report = OomReport {
             requested_bytes,
             device: self.device,
@@ -374,6 +416,7 @@ impl DeviceAllocator {
         st.counters.allocations.sub(1);
         st.counters.freed_bytes_total += block.requested_bytes;
         st.counters.num_frees += 1;
+        st.note(Event::Free, block.stream, ptr, block.requested_bytes);
         log::trace!(
             "device {}: free {ptr:#x} ({} B) on stream {:#x}",
             self.device,
@@ -602,8 +645,12 @@ impl DeviceAllocator {
             .and(self.return_to_pool(graph_blocks, false));
         if !capturing {
             self.driver.synchronize(self.device)?;
+            let before_bytes = self.reserved_for_timeline(pool);
             self.driver
                 .pool_trim(self.device, pool.handle, keep_bytes)?;
+            if let (Some(before), Some(after)) = (before_bytes, self.reserved_for_timeline(pool)) {
+                self.state.lock().note_trim(before, after, 0);
+            }
         }
         log::info!(
             "device {}: flushed {count} cached blocks, trimmed to {keep_bytes} B",
@@ -687,6 +734,40 @@ impl DeviceAllocator {
         }
     }
 
+    /// Grants every other device access to this device's pool (see [`Peers::grant_all`]).
+    pub fn enable_peer_access(&self) -> Result<()> {
+        let pool = self.pool()?;
+        self.peers
+            .grant_all(self.driver.as_ref(), self.device, pool.handle)
+    }
+
+    /// The blocks this device holds from its pool (for `dump_snapshot`).
+    pub fn blocks(&self) -> Vec<StreampoolBlock> {
+        self.state.lock().blocks()
+    }
+
+    /// The pool's reserved bytes, read only while the timeline is recording.
+    fn reserved_for_timeline(&self, pool: Pool) -> Option<u64> {
+        self.history
+            .enabled()
+            .then(|| {
+                self.driver
+                    .pool_reserved_used(self.device, pool.handle)
+                    .ok()
+            })
+            .flatten()
+            .map(|(reserved_bytes, _)| reserved_bytes)
+    }
+
+    /// Called when the timeline starts: its reserved gauge begins at the pool's current value.
+    pub fn start_timeline(&self) {
+        if let Some(pool) = self.pool.get().copied() {
+            if let Some(reserved_bytes) = self.reserved_for_timeline(pool) {
+                self.state.lock().timeline_reserved_bytes = reserved_bytes;
+            }
+        }
+    }
+
     pub fn trim(&self, keep_bytes: u64) -> Result<()> {
         self.pool()?;
         self.flush(keep_bytes)
@@ -719,6 +800,77 @@ impl State {
                 recorded_streams: Vec::new(),
             },
         );
+        self.note(Event::Alloc, stream, ptr, requested_bytes);
+    }
+
+    /// Records a timeline event with this device's gauges (one atomic load when not recording).
+    #[inline]
+    fn note(&self, kind: Event, stream: Stream, address: DevicePtr, bytes: u64) {
+        self.history
+            .record(kind, self.device, stream, address, bytes, || Gauges {
+                allocated_bytes: self.counters.allocated_bytes.current,
+                held_bytes: self.held_bytes,
+                cached_bytes: self.cache.cached_bytes(),
+                reserved_bytes: self.timeline_reserved_bytes,
+            });
+    }
+
+    /// Records growth of the pool's reserved memory to `reserved_bytes`, if it grew.
+    fn note_reserved(&mut self, reserved_bytes: u64, stream: Stream) {
+        let grown_bytes = reserved_bytes.saturating_sub(self.timeline_reserved_bytes);
+        self.timeline_reserved_bytes = reserved_bytes;
+        if grown_bytes > 0 {
+            self.note(Event::PoolGrow, stream, 0, grown_bytes);
+        }
+    }
+
+    /// Records a trim of the pool from `before_bytes` to `after_bytes` reserved, if it released
+    /// anything.
+    fn note_trim(&mut self, before_bytes: u64, after_bytes: u64, stream: Stream) {
+        self.timeline_reserved_bytes = after_bytes;
+        let released_bytes = before_bytes.saturating_sub(after_bytes);
+        if released_bytes > 0 {
+            self.note(Event::PoolTrim, stream, 0, released_bytes);
+        }
+    }
+
+    /// Every block held from the pool, with what it is used for.
+    fn blocks(&self) -> Vec<StreampoolBlock> {
+        let block = |ptr, block_bytes, requested_bytes, stream: Stream, state| StreampoolBlock {
+            address: ptr,
+            block_bytes,
+            requested_bytes,
+            stream: stream as u64,
+            state: state as u32,
+            device: self.device as i32,
+        };
+        let live = self.live.iter().map(|(&ptr, b)| {
+            let state = StreampoolBlockState::Live;
+            block(ptr, b.block_bytes, b.requested_bytes, b.stream, state)
+        });
+        let inactive = self
+            .cache
+            .blocks()
+            .chain(self.unreturned.iter().map(|(b, _)| *b));
+        let inactive = inactive.map(|b| {
+            block(
+                b.ptr,
+                b.block_bytes,
+                0,
+                b.stream,
+                StreampoolBlockState::Inactive,
+            )
+        });
+        let waiting = self
+            .pending
+            .iter()
+            .map(|p| (p.block, p.requested_bytes))
+            .chain(self.deferred.iter().map(|d| (d.block, d.requested_bytes)));
+        let waiting = waiting.map(|(b, requested_bytes)| {
+            let state = StreampoolBlockState::WaitingForStreams;
+            block(b.ptr, b.block_bytes, requested_bytes, b.stream, state)
+        });
+        live.chain(inactive).chain(waiting).collect()
     }
 
     /// Books the outcome of handing `block` back to the pool. On failure the block stays on the
@@ -733,6 +885,7 @@ impl State {
         match result {
             Ok(()) => {
                 self.counters.num_device_frees += 1;
+                self.note(Event::PoolFree, block.stream, block.ptr, block.block_bytes);
                 Ok(())
             }
             Err(e) => {

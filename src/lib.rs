@@ -7,6 +7,8 @@
 //! - [`allocator`]: argument checks and one [`device::DeviceAllocator`] per device.
 //! - [`device`]: the policy, in order: graph capture, cache, limit, room, pool, OOM recovery.
 //! - [`cache`]: freed blocks per stream; [`pool`]: the device's explicit pool and its knobs.
+//! - [`history`]: the memory timeline each device records into when asked; [`peer`]: which
+//!   devices may access which pools.
 //! - [`driver`]: the CUDA edge behind one trait — [`driver::cuda`] for GPUs, [`driver::sim`] for CI.
 //!
 //! Stream-reuse rule: a freed block is reused without synchronisation only by its own stream; a
@@ -25,6 +27,8 @@ pub mod driver;
 pub mod error;
 pub mod fasthash;
 pub mod ffi;
+pub mod history;
+pub mod peer;
 pub mod pool;
 pub mod stats;
 pub mod units;

@@ -394,4 +394,28 @@ impl Driver for CudaDriver {
         })?;
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
+
+    fn can_access_peer(&self, device: usize, peer: usize) -> Result<bool> {
+        let mut can_access = 0;
+        // SAFETY: valid out-pointer and device handles.
+        check("cuDeviceCanAccessPeer", unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can_access, self.devices[peer], self.devices[device])
+        })?;
+        Ok(can_access != 0)
+    }
+
+    fn pool_grant_access(&self, device: usize, pool: PoolHandle, peer: usize) -> Result<()> {
+        let _scope = self.enter(device)?;
+        let desc = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: peer as i32,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: one fully initialised descriptor; the pool was created by this driver.
+        check("cuMemPoolSetAccess", unsafe {
+            sys::cuMemPoolSetAccess(pool.0 as sys::CUmemoryPool, &desc, 1)
+        })
+    }
 }

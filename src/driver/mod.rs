@@ -87,4 +87,10 @@ pub trait Driver: Send + Sync {
 
     /// True while `stream` is being captured into a CUDA graph.
     fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool>;
+
+    /// True if `peer` can access memory resident on `device` (`cuDeviceCanAccessPeer`).
+    fn can_access_peer(&self, device: usize, peer: usize) -> Result<bool>;
+    /// Lets `peer` read and write every allocation, present and future, of `device`'s `pool`
+    /// (`cuMemPoolSetAccess`; pool memory ignores `cuCtxEnablePeerAccess`).
+    fn pool_grant_access(&self, device: usize, pool: PoolHandle, peer: usize) -> Result<()>;
 }

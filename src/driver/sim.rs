@@ -52,6 +52,8 @@ struct SimPool {
     used_high: u64,
     live: HashMap<DevicePtr, u64>,
     pending: Vec<PendingFree>,
+    /// Other devices granted access (`pool_grant_access`).
+    peers: Vec<usize>,
 }
 
 #[derive(Default)]
@@ -75,6 +77,8 @@ pub struct SimDriver {
     capturing_streams: AtomicUsize,
     faults: Mutex<HashMap<SimFault, u32>>,
     strict_leak_check: bool,
+    /// (device, peer) pairs where `peer` cannot access `device`'s memory; all others can.
+    peer_incapable: Mutex<Vec<(usize, usize)>>,
 }
 
 impl SimDriver {
@@ -95,6 +99,7 @@ impl SimDriver {
             capturing_streams: AtomicUsize::new(0),
             faults: Mutex::new(HashMap::new()),
             strict_leak_check: false,
+            peer_incapable: Mutex::new(Vec::new()),
         }
     }
 
@@ -180,6 +185,16 @@ impl SimDriver {
             )),
             None => Ok(d),
         }
+    }
+
+    /// Makes `peer` unable to access memory on `device` (as `cuDeviceCanAccessPeer` reporting 0).
+    pub fn set_peer_incapable(&self, device: usize, peer: usize) {
+        self.peer_incapable.lock().push((device, peer));
+    }
+
+    /// The devices granted access to `device`'s `pool`, in the order granted.
+    pub fn pool_peers(&self, device: usize, pool: PoolHandle) -> Vec<usize> {
+        self.devices[device].lock().pools[pool.0].peers.clone()
     }
 
     /// From now on every call on `device` fails with `CUDA_ERROR_ILLEGAL_ADDRESS`, as after a
@@ -357,6 +372,7 @@ impl Driver for SimDriver {
             used_high: 0,
             live: HashMap::new(),
             pending: Vec::new(),
+            peers: Vec::new(),
         });
         Ok(PoolHandle(d.pools.len() - 1))
     }
@@ -552,6 +568,35 @@ impl Driver for SimDriver {
             .device(device, "cuStreamIsCapturing")?
             .capturing
             .contains(&stream))
+    }
+
+    fn can_access_peer(&self, device: usize, peer: usize) -> Result<bool> {
+        if peer >= self.devices.len() {
+            return Err(driver_error(
+                "cuDeviceGet",
+                101,
+                "CUDA_ERROR_INVALID_DEVICE",
+            ));
+        }
+        drop(self.device(device, "cuDeviceCanAccessPeer")?);
+        Ok(peer != device && !self.peer_incapable.lock().contains(&(device, peer)))
+    }
+
+    fn pool_grant_access(&self, device: usize, pool: PoolHandle, peer: usize) -> Result<()> {
+        // As CUDA: the owner's access cannot be changed, and a peer must be capable.
+        if !self.can_access_peer(device, peer)? {
+            return Err(driver_error(
+                "cuMemPoolSetAccess",
+                101,
+                "CUDA_ERROR_INVALID_DEVICE",
+            ));
+        }
+        let mut d = self.device(device, "cuMemPoolSetAccess")?;
+        let peers = &mut d.pools[pool.0].peers;
+        if !peers.contains(&peer) {
+            peers.push(peer);
+        }
+        Ok(())
     }
 }
 

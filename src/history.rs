@@ -1,0 +1,259 @@
+//! The memory timeline behind `streampool.record_history`: a bounded ring of what the allocator
+//! did — allocations and frees, blocks taken from and returned to the pool, pool growth and trims,
+//! out-of-memory — each with the device's byte gauges after it; and the block listing that
+//! `dump_snapshot` turns into PyTorch's snapshot segments.
+//!
+//! Invariants: off by default, and when off a recording point costs one relaxed atomic load. When
+//! on, events are appended under the ring's own lock, which is a leaf: nothing else is locked or
+//! called while it is held. A full ring drops its oldest event and counts it.
+
+use crate::driver::{DevicePtr, Stream};
+use crate::error::{Error, Result};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// What an event records (`StreampoolEvent::kind`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreampoolEventKind {
+    /// A caller got `bytes` (requested size) at `address`.
+    Alloc = 1,
+    /// A caller freed the `bytes` it had requested at `address`.
+    Free = 2,
+    /// streampool took a block of `bytes` at `address` from the pool (`cuMemAllocFromPoolAsync`).
+    PoolAlloc = 3,
+    /// streampool gave the block of `bytes` at `address` back to the pool (`cuMemFreeAsync`).
+    PoolFree = 4,
+    /// The pool's reserved memory grew by `bytes`.
+    PoolGrow = 5,
+    /// A trim released `bytes` of the pool's reserved memory.
+    PoolTrim = 6,
+    /// A request for `bytes` failed: out of memory, or over the memory fraction.
+    Oom = 7,
+}
+
+/// One timeline entry, as copied out by `streampool_history`. The gauges are the device's values
+/// right after the event: `allocated_bytes` as in the statistics, `held_bytes` taken from the pool
+/// by streampool (live, cached and waiting blocks), `cached_bytes` in its cache, `reserved_bytes`
+/// the pool's reserved memory when streampool last read it.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StreampoolEvent {
+    /// Wall-clock time, nanoseconds since the Unix epoch.
+    pub time_ns: u64,
+    /// A `StreampoolEventKind`.
+    pub kind: u32,
+    pub device: i32,
+    pub stream: u64,
+    pub address: u64,
+    pub bytes: u64,
+    pub allocated_bytes: u64,
+    pub held_bytes: u64,
+    pub cached_bytes: u64,
+    pub reserved_bytes: u64,
+}
+
+/// What a block held by streampool is used for (`StreampoolBlock::state`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreampoolBlockState {
+    /// Allocated to a caller.
+    Live = 1,
+    /// Not in use: in the cache, or waiting for the pool to take it back.
+    Inactive = 2,
+    /// Freed, but other streams (record_stream) may still be using it.
+    WaitingForStreams = 3,
+}
+
+/// One block that streampool holds from a device's pool, as listed by `streampool_blocks`.
+/// `requested_bytes` is 0 for inactive blocks.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StreampoolBlock {
+    pub address: u64,
+    pub block_bytes: u64,
+    pub requested_bytes: u64,
+    pub stream: u64,
+    /// A `StreampoolBlockState`.
+    pub state: u32,
+    pub device: i32,
+}
+
+/// The device's gauges that every event carries.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Gauges {
+    pub allocated_bytes: u64,
+    pub held_bytes: u64,
+    pub cached_bytes: u64,
+    pub reserved_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Ring {
+    events: VecDeque<StreampoolEvent>,
+    max_entries: usize,
+    dropped: u64,
+}
+
+/// The timeline of one allocator (all its devices).
+#[derive(Debug, Default)]
+pub struct History {
+    enabled: AtomicBool,
+    ring: Mutex<Ring>,
+}
+
+impl History {
+    #[inline]
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// Starts recording into an empty ring of `max_entries` (> 0) events.
+    pub fn start(&self, max_entries: usize) -> Result<()> {
+        if max_entries == 0 {
+            return Err(Error::InvalidArgument(
+                "record_history needs max_entries > 0".into(),
+            ));
+        }
+        let mut ring = self.ring.lock();
+        *ring = Ring {
+            events: VecDeque::new(),
+            max_entries,
+            dropped: 0,
+        };
+        self.enabled.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Stops recording; what was recorded stays readable.
+    pub fn stop(&self) {
+        self.enabled.store(false, Ordering::Relaxed);
+    }
+
+    /// Appends an event if recording is on (`gauges` is only evaluated then).
+    #[inline]
+    pub fn record(
+        &self,
+        kind: StreampoolEventKind,
+        device: usize,
+        stream: Stream,
+        address: DevicePtr,
+        bytes: u64,
+        gauges: impl FnOnce() -> Gauges,
+    ) {
+        if self.enabled() {
+            self.push(kind, device, stream, address, bytes, gauges());
+        }
+    }
+
+    #[cold]
+    fn push(
+        &self,
+        kind: StreampoolEventKind,
+        device: usize,
+        stream: Stream,
+        address: DevicePtr,
+        bytes: u64,
+        g: Gauges,
+    ) {
+        let time_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let event = StreampoolEvent {
+            time_ns,
+            kind: kind as u32,
+            device: device as i32,
+            stream: stream as u64,
+            address,
+            bytes,
+            allocated_bytes: g.allocated_bytes,
+            held_bytes: g.held_bytes,
+            cached_bytes: g.cached_bytes,
+            reserved_bytes: g.reserved_bytes,
+        };
+        let mut ring = self.ring.lock();
+        if !self.enabled() {
+            return; // stopped while this event was being made
+        }
+        if ring.events.len() == ring.max_entries {
+            ring.events.pop_front();
+            ring.dropped += 1;
+        }
+        ring.events.push_back(event);
+    }
+
+    /// The newest `max_events` events, oldest first, and how many were dropped since the start.
+    pub fn newest(&self, max_events: usize) -> (Vec<StreampoolEvent>, u64) {
+        let ring = self.ring.lock();
+        let skip = ring.events.len().saturating_sub(max_events);
+        (
+            ring.events.iter().skip(skip).copied().collect(),
+            ring.dropped,
+        )
+    }
+
+    pub fn len(&self) -> usize {
+        self.ring.lock().events.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(h: &History, bytes: u64) {
+        h.record(
+            StreampoolEventKind::Alloc,
+            0,
+            0,
+            0x1000,
+            bytes,
+            Gauges::default,
+        );
+    }
+
+    #[test]
+    fn off_records_nothing_and_never_evaluates_the_gauges() {
+        let h = History::default();
+        h.record(StreampoolEventKind::Alloc, 0, 0, 1, 1, || {
+            panic!("gauges read while off")
+        });
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn a_full_ring_drops_its_oldest_and_counts_them() {
+        let h = History::default();
+        h.start(3).unwrap();
+        for bytes in 1..=5 {
+            record(&h, bytes);
+        }
+        let (events, dropped) = h.newest(usize::MAX);
+        assert_eq!(
+            events.iter().map(|e| e.bytes).collect::<Vec<_>>(),
+            [3, 4, 5]
+        );
+        assert_eq!(dropped, 2);
+        let (newest, _) = h.newest(2);
+        assert_eq!(newest.iter().map(|e| e.bytes).collect::<Vec<_>>(), [4, 5]);
+    }
+
+    #[test]
+    fn stop_keeps_the_events_and_start_clears_them() {
+        let h = History::default();
+        h.start(10).unwrap();
+        record(&h, 1);
+        h.stop();
+        record(&h, 2);
+        assert_eq!(h.len(), 1);
+        h.start(10).unwrap();
+        assert!(h.is_empty());
+        assert!(h.start(0).is_err());
+    }
+}

@@ -1,0 +1,86 @@
+//! Access to one device's pool from other devices: `STREAMPOOL_PEER_ACCESS` and
+//! `streampool_enable_peer_access`.
+//!
+//! Pool memory ignores `cuCtxEnablePeerAccess`, and PyTorch's pluggable path copies between
+//! devices with a plain `cudaMemcpyAsync`, which needs the destination's and the source's pools
+//! to be accessible from the copying device. So access is granted per pool, with
+//! `cuMemPoolSetAccess`.
+//!
+//! Invariants: access is only ever granted, never revoked (CUDA cannot revoke it); a device is
+//! granted access only after `cuDeviceCanAccessPeer` says it can have it; a pool's own device is
+//! never granted (CUDA rejects changing the owner's access); a failed grant never makes a pool
+//! unusable by its own device.
+
+use crate::config::PeerAccess;
+use crate::driver::{Driver, PoolHandle};
+use crate::error::{Error, Result};
+use parking_lot::Mutex;
+
+/// The pools created so far, and the configured policy.
+pub struct Peers {
+    mode: PeerAccess,
+    pools: Mutex<Vec<Option<PoolHandle>>>,
+}
+
+impl Peers {
+    pub fn new(mode: PeerAccess, device_count: usize) -> Peers {
+        Peers {
+            mode,
+            pools: Mutex::new(vec![None; device_count]),
+        }
+    }
+
+    /// Called once `device`'s pool exists: grants what the mode asks for. A pair that cannot be
+    /// granted is logged, not returned: the pool serves its own device either way.
+    pub fn pool_created(&self, driver: &dyn Driver, device: usize, pool: PoolHandle) {
+        let grants: Vec<(usize, PoolHandle, usize)> = {
+            let mut pools = self.pools.lock();
+            pools[device] = Some(pool);
+            match self.mode {
+                PeerAccess::Off => Vec::new(),
+                PeerAccess::On => (0..pools.len())
+                    .filter(|&peer| peer != device)
+                    .map(|peer| (device, pool, peer))
+                    .collect(),
+                // Both directions between this device and every device already allocated on.
+                PeerAccess::Auto => pools
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(other, p)| p.filter(|_| other != device).map(|p| (other, p)))
+                    .flat_map(|(other, other_pool)| {
+                        [(device, pool, other), (other, other_pool, device)]
+                    })
+                    .collect(),
+            }
+        };
+        for (owner, pool, peer) in grants {
+            match grant(driver, owner, pool, peer) {
+                Ok(()) => log::info!("device {peer} can now access device {owner}'s pool"),
+                Err(e) if self.mode == PeerAccess::Auto => log::info!("{e}"),
+                Err(e) => log::warn!("STREAMPOOL_PEER_ACCESS=1: {e}"),
+            }
+        }
+    }
+
+    /// Grants every other device access to `device`'s `pool`. Every capable peer is granted; the
+    /// first pair that could not be is the error.
+    pub fn grant_all(&self, driver: &dyn Driver, device: usize, pool: PoolHandle) -> Result<()> {
+        let count = self.pools.lock().len();
+        (0..count)
+            .filter(|&peer| peer != device)
+            .map(|peer| grant(driver, device, pool, peer))
+            .fold(Ok(()), Result::and)
+    }
+}
+
+/// Lets `peer` read and write all of `owner`'s `pool`, after checking that it can.
+fn grant(driver: &dyn Driver, owner: usize, pool: PoolHandle, peer: usize) -> Result<()> {
+    if !driver.can_access_peer(owner, peer)? {
+        return Err(Error::InvalidArgument(format!(
+            "device {peer} cannot access memory on device {owner}: cuDeviceCanAccessPeer reports \
+             no peer path between them (no NVLink or PCIe peer-to-peer), so device {peer} cannot \
+             be granted access to device {owner}'s pool"
+        )));
+    }
+    driver.pool_grant_access(owner, pool, peer)
+}
