@@ -30,6 +30,7 @@ from ._lib import (
     UnknownPointerError,
 )
 from ._stats import stats_dict, summary
+from ._timeline import dump_snapshot, history, plot_timeline, record_history, snapshot
 from ._torch import install, is_installed, mempool
 
 __all__ = [
@@ -41,7 +42,10 @@ __all__ = [
     "UnknownPointerError",
     "device_count",
     "driver_name",
+    "dump_snapshot",
     "empty_cache",
+    "enable_peer_access",
+    "history",
     "install",
     "is_installed",
     "library_path",
@@ -52,8 +56,11 @@ __all__ = [
     "memory_stats",
     "memory_summary",
     "mempool",
+    "plot_timeline",
+    "record_history",
     "reset_peak_memory_stats",
     "set_release_threshold",
+    "snapshot",
     "trim",
 ]
 
@@ -153,3 +160,14 @@ def trim(keep_bytes: Size = 0, device: Device = None) -> None:
     """Flush streampool's cache, synchronise and shrink the pool to ``keep_bytes`` reserved."""
     index = device_index(device)
     _lib.check(_lib.library().streampool_trim(index, _bytes(keep_bytes, index, "keep_bytes")))
+
+
+def enable_peer_access(device: Device = None) -> None:
+    """Let every other device read and write ``device``'s pool (every device's pool if
+    ``device`` is "all"), through ``cuMemPoolSetAccess``. Raises InvalidArgumentError naming any
+    device pair without peer capability (``cuDeviceCanAccessPeer``), after granting the rest.
+
+    By default (``STREAMPOOL_PEER_ACCESS=auto``) devices the process allocates on already get
+    access to each other's pools, which PyTorch's cross-device copies need."""
+    index = -1 if device == "all" else device_index(device)
+    _lib.check(_lib.library().streampool_enable_peer_access(index))

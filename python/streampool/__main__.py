@@ -1,7 +1,8 @@
-"""Command line: ``python -m streampool {info,demo,bench}``."""
+"""Command line: ``python -m streampool {info,demo,bench,plot}``."""
 
 import argparse
 import os
+import pickle
 import sys
 from typing import List, Optional
 
@@ -53,6 +54,16 @@ def info() -> int:
     return status
 
 
+def plot_command(snapshot: str, out: str, device: Optional[int]) -> int:
+    try:
+        path = streampool.plot_timeline(snapshot, out, device=device)
+    except (OSError, ValueError, KeyError, pickle.UnpicklingError) as exc:
+        print(f"error: cannot plot {snapshot}: {exc!r}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}")
+    return 0
+
+
 def bench(argv: List[str]) -> int:
     from . import bench as bench_module
 
@@ -68,9 +79,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     commands.add_parser("info", help="library, driver, devices, statistics and STREAMPOOL_* variables")
     commands.add_parser("demo", help="allocate through streampool on the GPU, or the simulated driver")
     commands.add_parser("bench", help="benchmarks; arguments go to streampool.bench")
+    plot = commands.add_parser("plot", help="draw a snapshot's memory timeline (streampool.dump_snapshot)")
+    plot.add_argument("snapshot", help="a pickle from streampool.dump_snapshot (or PyTorch's _dump_snapshot)")
+    plot.add_argument("-o", "--out", default="memory.png", help="the PNG to write (default: memory.png)")
+    plot.add_argument("--device", type=int, default=None, help="only this device")
     options = parser.parse_args(argv)
     if options.command == "info":
         return info()
+    if options.command == "plot":
+        return plot_command(options.snapshot, options.out, options.device)
     from ._demo import run
 
     return run()

@@ -9,7 +9,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 LIBRARY_ENV = "STREAMPOOL_LIBRARY"
 LIBRARY_NAME = "libstreampool.so"
@@ -112,6 +112,40 @@ class StreampoolStats(ctypes.Structure):
         return {name: int(getattr(self, name)) for name in STATS_FIELDS}
 
 
+class StreampoolEvent(ctypes.Structure):
+    """``struct StreampoolEvent``: one memory-timeline entry (include/streampool.h)."""
+
+    _fields_ = [
+        ("time_ns", ctypes.c_uint64),
+        ("kind", ctypes.c_uint32),
+        ("device", ctypes.c_int32),
+        ("stream", ctypes.c_uint64),
+        ("address", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("allocated_bytes", ctypes.c_uint64),
+        ("held_bytes", ctypes.c_uint64),
+        ("cached_bytes", ctypes.c_uint64),
+        ("reserved_bytes", ctypes.c_uint64),
+    ]
+
+
+class StreampoolBlock(ctypes.Structure):
+    """``struct StreampoolBlock``: one block a device holds from its pool."""
+
+    _fields_ = [
+        ("address", ctypes.c_uint64),
+        ("block_bytes", ctypes.c_uint64),
+        ("requested_bytes", ctypes.c_uint64),
+        ("stream", ctypes.c_uint64),
+        ("state", ctypes.c_uint32),
+        ("device", ctypes.c_int32),
+    ]
+
+
+# enum StreampoolEventKind / StreampoolBlockState values -> names used in Python.
+EVENT_KINDS = {1: "alloc", 2: "free", 3: "pool_alloc", 4: "pool_free", 5: "pool_grow", 6: "pool_trim", 7: "oom"}
+BLOCK_STATES = {1: "live", 2: "inactive", 3: "waiting_for_streams"}
+
 _c_void_p = ctypes.c_void_p
 _c_int = ctypes.c_int
 _c_uint64 = ctypes.c_uint64
@@ -136,6 +170,21 @@ _SIGNATURES = {
     "streampool_check_config": (_c_int, []),
     "streampool_version": (ctypes.c_char_p, []),
     "streampool_driver_name": (ctypes.c_char_p, []),
+    "streampool_enable_peer_access": (_c_int, [_c_int]),
+    "streampool_record_history": (_c_int, [_c_int, ctypes.c_size_t]),
+    "streampool_history": (
+        _c_int,
+        [
+            ctypes.POINTER(StreampoolEvent),
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.POINTER(_c_uint64),
+        ],
+    ),
+    "streampool_blocks": (
+        _c_int,
+        [_c_int, ctypes.POINTER(StreampoolBlock), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    ),
 }
 
 _load_lock = threading.Lock()
@@ -302,3 +351,21 @@ def malloc(size: int, device: int, stream: Optional[int] = None) -> Optional[int
 def free(ptr: Optional[int], size: int, device: int, stream: Optional[int] = None) -> None:
     """``streampool_free`` of a pointer from :func:`malloc` (same size, device and stream)."""
     check(library().streampool_free(ptr, size, device, stream))
+
+
+def history() -> Tuple[List[StreampoolEvent], int]:
+    """The recorded timeline events, oldest first, and how many the full ring dropped."""
+    count, dropped = ctypes.c_size_t(), _c_uint64()
+    check(library().streampool_history(None, 0, ctypes.byref(count), None))
+    events = (StreampoolEvent * count.value)()
+    check(library().streampool_history(events, count.value, ctypes.byref(count), ctypes.byref(dropped)))
+    return list(events[: count.value]), dropped.value
+
+
+def blocks(device: int) -> List[StreampoolBlock]:
+    """The blocks ``device`` holds from its pool."""
+    count = ctypes.c_size_t()
+    check(library().streampool_blocks(device, None, 0, ctypes.byref(count)))
+    out = (StreampoolBlock * count.value)()
+    check(library().streampool_blocks(device, out, count.value, ctypes.byref(count)))
+    return list(out[: count.value])

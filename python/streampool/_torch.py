@@ -109,8 +109,9 @@ def install(*, _wire_record_stream: bool = True, **options: Any) -> Any:
 
     Options (each sets the STREAMPOOL_* variable of docs/abi.md; sizes in bytes or strings such
     as "8GiB", "80%", "max"): release_threshold, max_pool_size, cache_limit, cache_max_block,
-    reuse_follow_event_dependencies, reuse_allow_opportunistic, reuse_allow_internal_dependencies
-    (bools), log (a log filter such as "info").
+    trim_on_growth, peer_access ("auto", True or False), reuse_follow_event_dependencies,
+    reuse_allow_opportunistic, reuse_allow_internal_dependencies (bools), log (a log filter
+    such as "info").
 
     Must run before CUDA is initialised in the process. A second call returns the same allocator
     (with a warning if its options differ). ``_wire_record_stream=False`` is for tests only.
