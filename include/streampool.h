@@ -54,7 +54,8 @@ enum StreampoolEventKind
    */
   STREAMPOOL_EVENT_KIND_POOL_TRIM = 6,
   /**
-   * A request for `bytes` failed: out of memory, or over the memory fraction.
+   * A request for `bytes` failed: out of memory, or over the memory fraction. `address` holds
+   * the device's free bytes at the time (as PyTorch's `device_free`).
    */
   STREAMPOOL_EVENT_KIND_OOM = 7,
 };

@@ -391,7 +391,7 @@ impl DeviceAllocator {
         if limit_bytes.is_none() {
             st.counters.num_ooms += 1;
         }
-        st.note(Event::Oom, stream, 0, requested_bytes);
+        st.note(Event::Oom, stream, mem.free_bytes, requested_bytes);
         let report = OomReport {
             requested_bytes,
             device: self.device,

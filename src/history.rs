@@ -30,7 +30,8 @@ pub enum StreampoolEventKind {
     PoolGrow = 5,
     /// A trim released `bytes` of the pool's reserved memory.
     PoolTrim = 6,
-    /// A request for `bytes` failed: out of memory, or over the memory fraction.
+    /// A request for `bytes` failed: out of memory, or over the memory fraction. `address` holds
+    /// the device's free bytes at the time (as PyTorch's `device_free`).
     Oom = 7,
 }
 

@@ -81,6 +81,7 @@ fn out_of_memory_is_recorded_and_a_full_ring_keeps_the_newest() {
         k(&[Kind::Alloc, Kind::Oom])
     );
     assert_eq!((events[1].bytes, events[1].device), (1 << 40, 1));
+    assert_eq!(events[1].address, 64 * MIB - 2 * MIB, "device_free");
     rig.alloc.record_history(false, 0).unwrap();
     rig.alloc.free(p, 1).unwrap();
     assert_eq!(

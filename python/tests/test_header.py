@@ -22,8 +22,12 @@ C_TYPES = {
     "uint64_t": ctypes.c_uint64,
     "uint64_t *": ctypes.POINTER(ctypes.c_uint64),
     "const char *": ctypes.c_char_p,
+    "size_t *": ctypes.POINTER(ctypes.c_size_t),
     "struct StreampoolStats *": ctypes.POINTER(_lib.StreampoolStats),
+    "struct StreampoolEvent *": ctypes.POINTER(_lib.StreampoolEvent),
+    "struct StreampoolBlock *": ctypes.POINTER(_lib.StreampoolBlock),
 }
+C_FIELD_TYPES = {"uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32}
 
 
 def _header_code() -> str:
@@ -75,3 +79,17 @@ def test_status_codes_match_the_header():
     assert {f"STREAMPOOL_{name}": int(code) for name, code in codes.items()} == {
         name: code for code, name in _lib.STATUS_NAMES.items()
     }
+
+
+def test_timeline_structs_follow_the_header():
+    for struct in (_lib.StreampoolEvent, _lib.StreampoolBlock):
+        body = re.search(rf"typedef struct {struct.__name__} \{{(.*?)\}}", _header_code(), flags=re.S).group(1)
+        fields = [(name, C_FIELD_TYPES[c_type]) for c_type, name in re.findall(r"(\w+) (\w+);", body)]
+        assert fields == list(struct._fields_), struct.__name__
+
+
+def test_event_kinds_and_block_states_match_the_header():
+    kinds = dict(re.findall(r"STREAMPOOL_EVENT_KIND_(\w+) = (\d+)", _header_code()))
+    assert {int(v): k.lower() for k, v in kinds.items()} == _lib.EVENT_KINDS
+    states = dict(re.findall(r"STREAMPOOL_BLOCK_STATE_(\w+) = (\d+)", _header_code()))
+    assert {int(v): k.lower() for k, v in states.items()} == _lib.BLOCK_STATES

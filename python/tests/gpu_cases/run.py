@@ -25,7 +25,9 @@ sys.path.insert(0, HERE)
 
 import basic  # noqa: E402  (case modules sit next to this file)
 import graphs  # noqa: E402
+import multigpu  # noqa: E402
 import stress  # noqa: E402
+import timeline  # noqa: E402
 import training  # noqa: E402
 
 MODES = ("streampool", "streampool-no-record-stream-hook", "native", "scoped")
@@ -76,7 +78,7 @@ class Context:
 def find_cases():
     """name -> function, from every ``case_<name>`` in the case modules."""
     cases = {}
-    for module in (basic, graphs, stress, training):
+    for module in (basic, graphs, multigpu, stress, timeline, training):
         for attribute in dir(module):
             if attribute.startswith("case_"):
                 cases[attribute[len("case_"):]] = getattr(module, attribute)
