@@ -121,6 +121,12 @@ typedef struct StreampoolStats {
   uint64_t num_ooms;
   uint64_t memory_limit_bytes;
   uint64_t device_total_bytes;
+  /**
+   * The shareable pool's reserved and used bytes (that pool is the main pool with
+   * `STREAMPOOL_IPC`; 0 before any shareable allocation).
+   */
+  uint64_t ipc_reserved_bytes;
+  uint64_t ipc_used_bytes;
 } StreampoolStats;
 
 /**
@@ -163,6 +169,33 @@ typedef struct StreampoolBlock {
   uint32_t state;
   int32_t device;
 } StreampoolBlock;
+
+/**
+ * Everything another process needs to map a shareable block (`streampool_ipc_export`). The
+ * pool's file descriptor stays the exporter's; it travels by the receiving side's means
+ * (SCM_RIGHTS, e.g. Python's multiprocessing), the rest as bytes.
+ */
+typedef struct StreampoolIpcHandle {
+  /**
+   * `CUmemPoolPtrExportData` of the block.
+   */
+  uint8_t pointer_data[64];
+  /**
+   * `CUipcEventHandle` of an event recorded on the block's stream at export: the data is
+   * ready once it has completed.
+   */
+  uint8_t event_handle[64];
+  /**
+   * The exporter's own event, released with `streampool_ipc_release_export`.
+   */
+  uint64_t event;
+  uint64_t block_bytes;
+  /**
+   * The exporting pool's file descriptor, valid in the exporting process.
+   */
+  int32_t pool_fd;
+  int32_t device;
+} StreampoolIpcHandle;
 
 #ifdef __cplusplus
 extern "C" {
@@ -295,6 +328,66 @@ int streampool_history(struct StreampoolEvent *out,
  * `out` must be NULL or writable for `capacity` blocks; `count` writable.
  */
 int streampool_blocks(int device, struct StreampoolBlock *out, size_t capacity, size_t *count);
+
+/**
+ * Enters a shareable scope on this thread: its allocations come from a pool other processes can
+ * import (`streampool.shareable()`). Returns the scope depth.
+ */
+int streampool_shareable_begin(void);
+
+/**
+ * Leaves a shareable scope: the remaining depth, or a negative status for an unmatched end.
+ */
+int streampool_shareable_end(void);
+
+/**
+ * 1 if `device`'s pools can be shared with other processes, 0 if not, or a negative status.
+ */
+int streampool_ipc_supported(int device);
+
+/**
+ * Exports the live shareable block at `ptr` on `device` into `*out`, with an event recorded on
+ * `stream` that importers wait for. Until every importer has closed it, keep the block
+ * allocated; then call `streampool_ipc_release_export(device, out->event)`.
+ *
+ * # Safety
+ * `out` must be NULL or writable for one `StreampoolIpcHandle`; `stream` a stream of `device`
+ * (or NULL).
+ */
+int streampool_ipc_export(void *ptr, int device, void *stream, struct StreampoolIpcHandle *out);
+
+/**
+ * Releases the event of an export (`StreampoolIpcHandle::event`).
+ */
+int streampool_ipc_release_export(int device, uint64_t event);
+
+/**
+ * Imports another process's pool on `device` from the file descriptor `fd` (which stays the
+ * caller's to close) and writes a token for it to `*pool`.
+ *
+ * # Safety
+ * `pool` must be NULL or writable.
+ */
+int streampool_ipc_import_pool(int device, int fd, uint64_t *pool);
+
+/**
+ * Maps the block `handle` describes from the imported `pool` and makes `stream` wait for the
+ * exporter's event; writes the address to `*out`. Release it with `streampool_ipc_close`.
+ *
+ * # Safety
+ * `handle` must be NULL or point to a `StreampoolIpcHandle`; `out` NULL or writable; `stream` a
+ * stream of the handle's device (or NULL).
+ */
+int streampool_ipc_import(uint64_t pool,
+                          const struct StreampoolIpcHandle *handle,
+                          void *stream,
+                          void **out);
+
+/**
+ * Releases an imported block: frees it on `stream` and waits for that stream, so the exporter
+ * may free the block once this returns.
+ */
+int streampool_ipc_close(void *ptr, void *stream);
 
 /**
  * Number of devices, or a negative status.

@@ -8,6 +8,7 @@ use crate::device::DeviceAllocator;
 use crate::driver::{cuda::CudaDriver, sim::SimDriver, DevicePtr, Driver, Stream};
 use crate::error::{Error, Result};
 use crate::history::{History, StreampoolBlock, StreampoolEvent};
+use crate::ipc::{Imports, StreampoolIpcHandle};
 use crate::peer::Peers;
 use crate::stats::StreampoolStats;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ pub struct Allocator {
     driver: Arc<dyn Driver>,
     devices: Vec<DeviceAllocator>,
     history: Arc<History>,
+    imports: Imports,
 }
 
 impl Allocator {
@@ -47,6 +49,7 @@ impl Allocator {
             driver,
             devices,
             history,
+            imports: Imports::default(),
         })
     }
 
@@ -137,6 +140,60 @@ impl Allocator {
             .iter()
             .map(DeviceAllocator::enable_peer_access)
             .fold(Ok(()), Result::and)
+    }
+
+    /// True if `device`'s pools can be shared with other processes.
+    pub fn ipc_supported(&self, device: i64) -> Result<bool> {
+        self.device(device)?;
+        self.driver.ipc_supported(device as usize)
+    }
+
+    /// Exports the live shareable block at `ptr` on `device`, ready after the work queued on
+    /// `stream` so far.
+    pub fn ipc_export(
+        &self,
+        ptr: DevicePtr,
+        device: i64,
+        stream: Stream,
+    ) -> Result<StreampoolIpcHandle> {
+        self.device(device)?.export(ptr, stream)
+    }
+
+    pub fn ipc_release_export(&self, device: i64, event: u64) -> Result<()> {
+        self.device(device)?.release_export(event);
+        Ok(())
+    }
+
+    /// Imports another process's pool on `device` from `fd` (which stays the caller's).
+    pub fn ipc_import_pool(&self, device: i64, fd: i32) -> Result<u64> {
+        self.device(device)?;
+        if fd < 0 {
+            return Err(Error::InvalidArgument(format!(
+                "not a file descriptor: {fd}"
+            )));
+        }
+        self.imports
+            .import_pool(self.driver.as_ref(), device as usize, fd)
+    }
+
+    pub fn ipc_import(
+        &self,
+        pool_token: u64,
+        handle: &StreampoolIpcHandle,
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        self.device(handle.device.into())?;
+        self.imports
+            .import(self.driver.as_ref(), pool_token, handle, stream)
+    }
+
+    pub fn ipc_close(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        self.imports.close(self.driver.as_ref(), ptr, stream)
+    }
+
+    /// Imported blocks not yet closed.
+    pub fn ipc_open_imports(&self) -> usize {
+        self.imports.open_count()
     }
 
     pub fn blocks(&self, device: i64) -> Result<Vec<StreampoolBlock>> {

@@ -54,6 +54,8 @@ pub struct Config {
     /// memory, so memory freed in pieces is not kept beside the new growth.
     pub trim_on_growth: bool,
     pub peer_access: PeerAccess,
+    /// Every pool is shareable with other processes (and then never releases memory).
+    pub ipc: bool,
     pub reuse: ReusePolicy,
     pub sim_devices: usize,
     pub sim_memory_bytes: u64,
@@ -76,6 +78,7 @@ impl Default for Config {
             // 1,000 steps it still grew 3-4% either way (BENCHMARKS.md, "Pool growth").
             trim_on_growth: true,
             peer_access: PeerAccess::Auto,
+            ipc: false,
             reuse: ReusePolicy::default(),
             sim_devices: 2,
             sim_memory_bytes: 16 << 30,
@@ -86,7 +89,7 @@ impl Default for Config {
 const BOOL_ACCEPTED: &str = "1, 0, true, false, yes, no, on, off";
 
 /// Every variable streampool reads, for `python -m streampool info` and the README.
-pub const VARIABLES: [&str; 13] = [
+pub const VARIABLES: [&str; 14] = [
     "STREAMPOOL_DRIVER",
     "STREAMPOOL_RELEASE_THRESHOLD",
     "STREAMPOOL_MAX_POOL_SIZE",
@@ -94,6 +97,7 @@ pub const VARIABLES: [&str; 13] = [
     "STREAMPOOL_CACHE_MAX_BLOCK",
     "STREAMPOOL_TRIM_ON_GROWTH",
     "STREAMPOOL_PEER_ACCESS",
+    "STREAMPOOL_IPC",
     "STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES",
     "STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC",
     "STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES",
@@ -145,6 +149,9 @@ impl Config {
         };
         if let Some(on) = flag("STREAMPOOL_TRIM_ON_GROWTH")? {
             c.trim_on_growth = on;
+        }
+        if let Some(on) = flag("STREAMPOOL_IPC")? {
+            c.ipc = on;
         }
         if let Some(v) = get("STREAMPOOL_PEER_ACCESS") {
             c.peer_access = match v.trim().to_ascii_lowercase().as_str() {
@@ -286,6 +293,7 @@ mod tests {
             ("STREAMPOOL_SIM_MEMORY", "1GiB"),
             ("STREAMPOOL_LOG", "streampool=trace"),
             ("STREAMPOOL_PEER_ACCESS", "on"),
+            ("STREAMPOOL_IPC", "yes"),
         ])
         .unwrap();
         assert_eq!(c.driver, DriverKind::Sim);
@@ -295,6 +303,7 @@ mod tests {
         assert_eq!(c.reuse.follow_event_dependencies, None);
         assert_eq!((c.sim_devices, c.sim_memory_bytes), (3, 1 << 30));
         assert_eq!(c.peer_access, PeerAccess::On);
+        assert!(c.ipc);
         let auto = parse(&[("STREAMPOOL_PEER_ACCESS", " Auto ")]).unwrap();
         assert_eq!(auto.peer_access, PeerAccess::Auto);
     }
@@ -311,6 +320,7 @@ mod tests {
             ("STREAMPOOL_SIM_MEMORY", "0"),
             ("STREAMPOOL_LOG", "streampool=loud"),
             ("STREAMPOOL_PEER_ACCESS", "sometimes"),
+            ("STREAMPOOL_IPC", "2"),
         ] {
             let msg = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(

@@ -14,12 +14,13 @@
 
 use crate::cache::{Cache, CachedBlock};
 use crate::config::Config;
-use crate::driver::{DevicePtr, Driver, EventHandle, PoolAttr, Stream};
+use crate::driver::{DevicePtr, Driver, EventHandle, PoolAttr, PoolHandle, Stream};
 use crate::error::{Error, OomReport, Result};
 use crate::fasthash::WordMap;
 use crate::history::{
     Gauges, History, StreampoolBlock, StreampoolBlockState, StreampoolEventKind as Event,
 };
+use crate::ipc::{self, StreampoolIpcHandle};
 use crate::peer::Peers;
 use crate::pool::Pool;
 use crate::stats::{DeviceCounters, StreampoolStats};
@@ -33,13 +34,23 @@ use std::sync::{Arc, OnceLock};
 pub const BLOCK_ALIGN_BYTES: u64 = 512;
 const NO_LIMIT: u64 = u64::MAX;
 
+/// Where a live block came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// The device's pool (shareable too if `STREAMPOOL_IPC`).
+    Pool,
+    /// Graph memory: freed straight back to the driver, never cached.
+    Graph,
+    /// The separate shareable pool of `streampool.shareable()`: freed straight back to it.
+    SharedPool,
+}
+
 #[derive(Debug)]
 struct LiveBlock {
     requested_bytes: u64,
     block_bytes: u64,
     stream: Stream,
-    /// Graph memory: freed straight back to the driver, never cached.
-    captured: bool,
+    origin: Origin,
     /// Other streams that used the block (record_stream).
     recorded_streams: Vec<Stream>,
 }
@@ -90,6 +101,9 @@ pub struct DeviceAllocator {
     config: Arc<Config>,
     pool: OnceLock<Pool>,
     pool_creation: Mutex<()>,
+    /// The pool of `streampool.shareable()` (the main pool itself with `STREAMPOOL_IPC`), and its
+    /// exported file descriptor.
+    shared_pool: Mutex<Option<(PoolHandle, Option<i32>)>>,
     state: Mutex<State>,
     limit_bytes: AtomicU64,
     history: Arc<History>,
@@ -110,6 +124,7 @@ impl DeviceAllocator {
             config,
             pool: OnceLock::new(),
             pool_creation: Mutex::new(()),
+            shared_pool: Mutex::new(None),
             state: Mutex::new(State {
                 device,
                 history: Arc::clone(&history),
@@ -130,7 +145,12 @@ impl DeviceAllocator {
         if let Some(pool) = self.pool.get() {
             return Ok(*pool);
         }
-        let pool = Pool::create(self.driver.as_ref(), self.device, &self.config)?;
+        let pool = Pool::create(
+            self.driver.as_ref(),
+            self.device,
+            &self.config,
+            self.config.ipc,
+        )?;
         self.peers
             .pool_created(self.driver.as_ref(), self.device, pool.handle);
         self.state.lock().cache = Cache::new(pool.cache_limit_bytes, pool.cache_max_block_bytes);
@@ -143,6 +163,9 @@ impl DeviceAllocator {
         if self.driver.is_capturing(self.device, stream)? {
             return self.allocate_captured(requested_bytes, block_bytes, stream);
         }
+        if !self.config.ipc && ipc::in_shareable_scope() {
+            return self.allocate_shared(requested_bytes, block_bytes, stream);
+        }
         let mut st = self.state.lock();
         if !st.capturing.is_empty() || !st.deferred.is_empty() {
             self.refresh_deferred(&mut st);
@@ -152,7 +175,14 @@ impl DeviceAllocator {
         }
         if let Some(block) = st.cache.take(stream, block_bytes) {
             st.counters.num_cache_hits += 1;
-            st.insert_live(block.ptr, requested_bytes, block.block_bytes, stream, false);
+            let origin = Origin::Pool;
+            st.insert_live(
+                block.ptr,
+                requested_bytes,
+                block.block_bytes,
+                stream,
+                origin,
+            );
             log::trace!(
                 "device {}: alloc {requested_bytes} B on stream {stream:#x} -> {:#x} (cache)",
                 self.device,
@@ -206,7 +236,7 @@ impl DeviceAllocator {
                 st.note_reserved(reserved_bytes, stream);
             }
             st.note(Event::PoolAlloc, stream, ptr, block_bytes);
-            st.insert_live(ptr, requested_bytes, block_bytes, stream, false);
+            st.insert_live(ptr, requested_bytes, block_bytes, stream, Origin::Pool);
         }
         log::trace!(
             "device {}: alloc {requested_bytes} B on stream {stream:#x} -> {ptr:#x} (pool)",
@@ -240,8 +270,115 @@ impl DeviceAllocator {
         let mut st = self.state.lock();
         st.counters.num_device_allocs += 1;
         st.note(Event::PoolAlloc, stream, ptr, block_bytes);
-        st.insert_live(ptr, requested_bytes, block_bytes, stream, true);
+        st.insert_live(ptr, requested_bytes, block_bytes, stream, Origin::Graph);
         Ok(ptr)
+    }
+
+    /// Inside `streampool.shareable()`: straight from the shareable pool, never from the cache
+    /// (a cached block may belong to the other pool).
+    fn allocate_shared(
+        &self,
+        requested_bytes: u64,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        let pool = self.shared_pool()?;
+        let alloc = || {
+            self.driver
+                .alloc_async(self.device, pool, block_bytes, stream)
+        };
+        let ptr = match alloc() {
+            Err(e) if e.is_device_oom() => {
+                // The main pool's unused memory may be what is missing.
+                self.state.lock().counters.num_alloc_retries += 1;
+                if let Err(e) = self.flush(0) {
+                    log::warn!("device {}: before the retry: {e}", self.device);
+                }
+                alloc()
+            }
+            other => other,
+        };
+        let ptr = match ptr {
+            Ok(ptr) => ptr,
+            Err(e) if e.is_device_oom() => {
+                return Err(self.out_of_memory(requested_bytes, stream, None))
+            }
+            Err(e) => return Err(e),
+        };
+        let mut st = self.state.lock();
+        st.counters.num_device_allocs += 1;
+        st.held_bytes += block_bytes;
+        st.note(Event::PoolAlloc, stream, ptr, block_bytes);
+        st.insert_live(
+            ptr,
+            requested_bytes,
+            block_bytes,
+            stream,
+            Origin::SharedPool,
+        );
+        Ok(ptr)
+    }
+
+    /// The shareable pool, created on first use (the main pool itself with `STREAMPOOL_IPC`).
+    fn shared_pool(&self) -> Result<PoolHandle> {
+        let mut shared = self.shared_pool.lock();
+        if let Some((pool, _)) = *shared {
+            return Ok(pool);
+        }
+        let pool = match self.config.ipc {
+            true => self.pool()?,
+            false => Pool::create(self.driver.as_ref(), self.device, &self.config, true)?,
+        };
+        *shared = Some((pool.handle, None));
+        Ok(pool.handle)
+    }
+
+    /// What another process needs to map the live shareable block at `ptr`, with an event
+    /// recorded on `stream` (the exporter's work so far); the event is released with
+    /// [`DeviceAllocator::release_export`].
+    pub fn export(&self, ptr: DevicePtr, stream: Stream) -> Result<StreampoolIpcHandle> {
+        let (block_bytes, origin) = {
+            let st = self.state.lock();
+            let b = st.live.get(&ptr).ok_or(Error::UnknownPointer {
+                ptr,
+                device: self.device,
+            })?;
+            (b.block_bytes, b.origin)
+        };
+        let shareable = origin == Origin::SharedPool || (self.config.ipc && origin == Origin::Pool);
+        if !shareable {
+            return Err(Error::InvalidArgument(format!(
+                "{ptr:#x} on device {} is not in a shareable pool: allocate it inside \
+                 `with streampool.shareable():`, or install with streampool.install(ipc=True) \
+                 (STREAMPOOL_IPC=1) to make every allocation shareable",
+                self.device
+            )));
+        }
+        let pool_fd = {
+            let pool = self.shared_pool()?;
+            let mut shared = self.shared_pool.lock();
+            match shared.as_mut() {
+                Some((_, Some(fd))) => *fd,
+                Some((_, fd)) => *fd.insert(self.driver.pool_export_fd(self.device, pool)?),
+                None => unreachable!("shared_pool() created it"),
+            }
+        };
+        let pointer_data = self.driver.pointer_export(self.device, ptr)?;
+        let (event, event_handle) = self.driver.ipc_event_record(self.device, stream)?;
+        Ok(StreampoolIpcHandle {
+            pointer_data,
+            event_handle,
+            event: event.0 as u64,
+            block_bytes,
+            pool_fd,
+            device: self.device as i32,
+        })
+    }
+
+    /// Releases the event of an export once every importer has closed it.
+    pub fn release_export(&self, event: u64) {
+        self.driver
+            .event_destroy(self.device, EventHandle(event as usize));
     }
 
     /// Step 3: the cap from `set_memory_fraction` counts every byte held from the pool.
@@ -428,7 +565,13 @@ impl DeviceAllocator {
             block_bytes: block.block_bytes,
             stream: block.stream,
         };
-        if block.captured {
+        if block.origin == Origin::SharedPool && block.recorded_streams.is_empty() {
+            st.counters.active_bytes.sub(block.requested_bytes);
+            st.held_bytes -= block.block_bytes;
+            drop(st);
+            return self.return_to_pool(vec![cached], true);
+        }
+        if block.origin == Origin::Graph {
             st.counters.active_bytes.sub(block.requested_bytes);
             drop(st);
             return self.return_to_pool(vec![cached], false);
@@ -700,6 +843,11 @@ impl DeviceAllocator {
             Some(p) => self.driver.pool_usage(self.device, p.handle)?,
             None => Default::default(),
         };
+        let shared_pool = self.shared_pool.lock().map(|(pool, _)| pool);
+        let shared = match shared_pool {
+            Some(pool) => self.driver.pool_usage(self.device, pool)?,
+            None => Default::default(),
+        };
         let limit = self.limit_bytes.load(Ordering::Relaxed);
         Ok(StreampoolStats {
             allocated_bytes: c.allocated_bytes.current,
@@ -723,6 +871,8 @@ impl DeviceAllocator {
             num_ooms: c.num_ooms,
             memory_limit_bytes: if limit == NO_LIMIT { 0 } else { limit },
             device_total_bytes: self.device_total_bytes()?,
+            ipc_reserved_bytes: shared.reserved_bytes,
+            ipc_used_bytes: shared.used_bytes,
         })
     }
 
@@ -782,7 +932,7 @@ impl State {
         requested_bytes: u64,
         block_bytes: u64,
         stream: Stream,
-        captured: bool,
+        origin: Origin,
     ) {
         let c = &mut self.counters;
         c.allocated_bytes.add(requested_bytes);
@@ -796,7 +946,7 @@ impl State {
                 requested_bytes,
                 block_bytes,
                 stream,
-                captured,
+                origin,
                 recorded_streams: Vec::new(),
             },
         );

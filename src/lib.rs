@@ -8,7 +8,7 @@
 //! - [`device`]: the policy, in order: graph capture, cache, limit, room, pool, OOM recovery.
 //! - [`cache`]: freed blocks per stream; [`pool`]: the device's explicit pool and its knobs.
 //! - [`history`]: the memory timeline each device records into when asked; [`peer`]: which
-//!   devices may access which pools.
+//!   devices may access which pools; [`ipc`]: sharing blocks with other processes.
 //! - [`driver`]: the CUDA edge behind one trait — [`driver::cuda`] for GPUs, [`driver::sim`] for CI.
 //!
 //! Stream-reuse rule: a freed block is reused without synchronisation only by its own stream; a
@@ -28,6 +28,7 @@ pub mod error;
 pub mod fasthash;
 pub mod ffi;
 pub mod history;
+pub mod ipc;
 pub mod peer;
 pub mod pool;
 pub mod stats;

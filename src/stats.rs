@@ -80,4 +80,8 @@ pub struct StreampoolStats {
     pub num_ooms: u64,
     pub memory_limit_bytes: u64,
     pub device_total_bytes: u64,
+    /// The shareable pool's reserved and used bytes (that pool is the main pool with
+    /// `STREAMPOOL_IPC`; 0 before any shareable allocation).
+    pub ipc_reserved_bytes: u64,
+    pub ipc_used_bytes: u64,
 }

@@ -189,7 +189,7 @@ impl Fault {
     /// Every probe names a device that does not exist, so without a pending fault it does nothing.
     fn probe(self, sim: &SimDriver) -> bool {
         let r = match self {
-            Fault::PoolCreate => sim.pool_create(NO_DEVICE, u64::MAX).map(drop),
+            Fault::PoolCreate => sim.pool_create(NO_DEVICE, u64::MAX, false).map(drop),
             Fault::Alloc => sim.alloc_async(NO_DEVICE, PoolHandle(0), 512, 0).map(drop),
             Fault::Free => sim.free_async(NO_DEVICE, 0, 0),
             Fault::EventCreate => sim.event_create(NO_DEVICE).map(drop),

@@ -100,11 +100,13 @@ STATS_FIELDS = (
     "num_ooms",
     "memory_limit_bytes",
     "device_total_bytes",
+    "ipc_reserved_bytes",
+    "ipc_used_bytes",
 )
 
 
 class StreampoolStats(ctypes.Structure):
-    """``struct StreampoolStats``: 21 ``uint64_t`` counters, in the C field order."""
+    """``struct StreampoolStats``: 23 ``uint64_t`` counters, in the C field order."""
 
     _fields_ = [(name, ctypes.c_uint64) for name in STATS_FIELDS]
 

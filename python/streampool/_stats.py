@@ -31,6 +31,8 @@ OWN_KEYS = {
     "pool_used_bytes": "pool_used_bytes",
     "memory_limit_bytes": "memory_limit_bytes",
     "device_total_bytes": "device_total_bytes",
+    "ipc_reserved_bytes": "ipc_reserved_bytes",
+    "ipc_used_bytes": "ipc_used_bytes",
 }
 
 

@@ -4,7 +4,11 @@
 //! that needs a context first makes the device's primary context current on this thread
 //! (autograd's backward thread has none) and restores the thread's previous context afterwards.
 
-use super::{DevicePtr, Driver, EventHandle, MemInfo, PoolAttr, PoolHandle, PoolUsage, Stream};
+mod ipc;
+
+use super::{
+    DevicePtr, Driver, EventHandle, IpcBytes, MemInfo, PoolAttr, PoolHandle, PoolUsage, Stream,
+};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::CStr;
@@ -162,7 +166,12 @@ impl Driver for CudaDriver {
         })
     }
 
-    fn pool_create(&self, device: usize, max_size_bytes: u64) -> Result<PoolHandle> {
+    fn pool_create(
+        &self,
+        device: usize,
+        max_size_bytes: u64,
+        shareable: bool,
+    ) -> Result<PoolHandle> {
         let supported = self.device_attr(
             device,
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
@@ -176,7 +185,11 @@ impl Driver for CudaDriver {
         // SAFETY: CUmemPoolProps is plain data; all-zero is a valid starting value.
         let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
         props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.handleTypes = if shareable {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+        };
         props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
         props.location.id = device as i32;
         props.maxSize = if max_size_bytes == u64::MAX {
@@ -417,5 +430,38 @@ impl Driver for CudaDriver {
         check("cuMemPoolSetAccess", unsafe {
             sys::cuMemPoolSetAccess(pool.0 as sys::CUmemoryPool, &desc, 1)
         })
+    }
+
+    fn ipc_supported(&self, device: usize) -> Result<bool> {
+        self.ipc_supported_(device)
+    }
+
+    fn pool_export_fd(&self, device: usize, pool: PoolHandle) -> Result<i32> {
+        self.pool_export_fd_(device, pool)
+    }
+
+    fn pool_import_fd(&self, device: usize, fd: i32) -> Result<PoolHandle> {
+        self.pool_import_fd_(device, fd)
+    }
+
+    fn pointer_export(&self, device: usize, ptr: DevicePtr) -> Result<IpcBytes> {
+        self.pointer_export_(device, ptr)
+    }
+
+    fn pointer_import(
+        &self,
+        device: usize,
+        pool: PoolHandle,
+        data: &IpcBytes,
+    ) -> Result<DevicePtr> {
+        self.pointer_import_(device, pool, data)
+    }
+
+    fn ipc_event_record(&self, device: usize, stream: Stream) -> Result<(EventHandle, IpcBytes)> {
+        self.ipc_event_record_(device, stream)
+    }
+
+    fn ipc_event_wait(&self, device: usize, stream: Stream, handle: &IpcBytes) -> Result<()> {
+        self.ipc_event_wait_(device, stream, handle)
     }
 }

@@ -12,6 +12,8 @@ use crate::error::Result;
 pub type Stream = usize;
 /// A device address.
 pub type DevicePtr = u64;
+/// Opaque bytes CUDA hands out for another process (`CUmemPoolPtrExportData`, `CUipcEventHandle`).
+pub type IpcBytes = [u8; 64];
 
 /// Opaque handle of a memory pool created by a driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,8 +54,14 @@ pub trait Driver: Send + Sync {
     fn device_count(&self) -> Result<usize>;
     fn mem_info(&self, device: usize) -> Result<MemInfo>;
 
-    /// Creates an explicit pool on `device`; `max_size_bytes == u64::MAX` means unlimited.
-    fn pool_create(&self, device: usize, max_size_bytes: u64) -> Result<PoolHandle>;
+    /// Creates an explicit pool on `device`; `max_size_bytes == u64::MAX` means unlimited. A
+    /// `shareable` pool can be exported to other processes as a POSIX file descriptor.
+    fn pool_create(
+        &self,
+        device: usize,
+        max_size_bytes: u64,
+        shareable: bool,
+    ) -> Result<PoolHandle>;
     fn pool_set_attr(&self, device: usize, pool: PoolHandle, attr: PoolAttr) -> Result<()>;
     fn pool_usage(&self, device: usize, pool: PoolHandle) -> Result<PoolUsage>;
     /// (reserved, used) bytes only: two attribute reads on the allocation path instead of four.
@@ -93,4 +101,26 @@ pub trait Driver: Send + Sync {
     /// Lets `peer` read and write every allocation, present and future, of `device`'s `pool`
     /// (`cuMemPoolSetAccess`; pool memory ignores `cuCtxEnablePeerAccess`).
     fn pool_grant_access(&self, device: usize, pool: PoolHandle, peer: usize) -> Result<()>;
+
+    // Sharing pool memory with other processes (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`).
+
+    /// True if `device`'s pools can be shared through POSIX file descriptors.
+    fn ipc_supported(&self, device: usize) -> Result<bool>;
+    /// A new file descriptor for a shareable `pool` (`cuMemPoolExportToShareableHandle`); the
+    /// caller owns it.
+    fn pool_export_fd(&self, device: usize, pool: PoolHandle) -> Result<i32>;
+    /// Imports another process's pool from `fd` (`cuMemPoolImportFromShareableHandle`); the fd
+    /// stays the caller's.
+    fn pool_import_fd(&self, device: usize, fd: i32) -> Result<PoolHandle>;
+    /// What another process needs to import `ptr` (`cuMemPoolExportPointer`).
+    fn pointer_export(&self, device: usize, ptr: DevicePtr) -> Result<IpcBytes>;
+    /// Maps an exported allocation of an imported pool (`cuMemPoolImportPointer`); it is released
+    /// with `free_async`, which the importer must do before the exporter frees it.
+    fn pointer_import(&self, device: usize, pool: PoolHandle, data: &IpcBytes)
+        -> Result<DevicePtr>;
+    /// Records a new interprocess event on `stream`: the event (destroy it with
+    /// `event_destroy`) and the handle another process opens.
+    fn ipc_event_record(&self, device: usize, stream: Stream) -> Result<(EventHandle, IpcBytes)>;
+    /// Makes `stream` wait for another process's event.
+    fn ipc_event_wait(&self, device: usize, stream: Stream, handle: &IpcBytes) -> Result<()>;
 }

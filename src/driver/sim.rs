@@ -5,7 +5,11 @@
 //! other streams only after completion; no two live allocations overlap; dropping a strict
 //! simulator with live or pending allocations panics (leak check).
 
-use super::{DevicePtr, Driver, EventHandle, MemInfo, PoolAttr, PoolHandle, PoolUsage, Stream};
+mod ipc;
+
+use super::{
+    DevicePtr, Driver, EventHandle, IpcBytes, MemInfo, PoolAttr, PoolHandle, PoolUsage, Stream,
+};
 use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::units::round_up;
 use parking_lot::Mutex;
@@ -54,6 +58,7 @@ struct SimPool {
     pending: Vec<PendingFree>,
     /// Other devices granted access (`pool_grant_access`).
     peers: Vec<usize>,
+    shareable: bool,
 }
 
 #[derive(Default)]
@@ -64,6 +69,8 @@ struct SimDevice {
     events: HashMap<usize, Option<(Stream, u64)>>,
     capturing: Vec<Stream>,
     captured_live: HashMap<DevicePtr, u64>,
+    /// Pointers imported from a shareable pool (`pointer_import`), with how often.
+    imported: HashMap<DevicePtr, u32>,
     /// free address ranges: start -> length; the address space is carved on demand
     free_ranges: BTreeMap<u64, u64>,
     next_addr: u64,
@@ -79,6 +86,9 @@ pub struct SimDriver {
     strict_leak_check: bool,
     /// (device, peer) pairs where `peer` cannot access `device`'s memory; all others can.
     peer_incapable: Mutex<Vec<(usize, usize)>>,
+    ipc_unsupported: Mutex<Vec<usize>>,
+    /// inode of an exported pool's file descriptor -> (device, pool).
+    exported_pools: Mutex<HashMap<u64, (usize, PoolHandle)>>,
 }
 
 impl SimDriver {
@@ -100,6 +110,8 @@ impl SimDriver {
             faults: Mutex::new(HashMap::new()),
             strict_leak_check: false,
             peer_incapable: Mutex::new(Vec::new()),
+            ipc_unsupported: Mutex::new(Vec::new()),
+            exported_pools: Mutex::new(HashMap::new()),
         }
     }
 
@@ -360,7 +372,12 @@ impl Driver for SimDriver {
         })
     }
 
-    fn pool_create(&self, device: usize, max_size_bytes: u64) -> Result<PoolHandle> {
+    fn pool_create(
+        &self,
+        device: usize,
+        max_size_bytes: u64,
+        shareable: bool,
+    ) -> Result<PoolHandle> {
         self.take_fault(SimFault::PoolCreate, "cuMemPoolCreate")?;
         let mut d = self.device(device, "cuMemPoolCreate")?;
         d.pools.push(SimPool {
@@ -373,6 +390,7 @@ impl Driver for SimDriver {
             live: HashMap::new(),
             pending: Vec::new(),
             peers: Vec::new(),
+            shareable,
         });
         Ok(PoolHandle(d.pools.len() - 1))
     }
@@ -473,6 +491,13 @@ impl Driver for SimDriver {
     fn free_async(&self, device: usize, ptr: DevicePtr, stream: Stream) -> Result<()> {
         self.take_fault(SimFault::Free, "cuMemFreeAsync")?;
         let mut d = self.device(device, "cuMemFreeAsync")?;
+        if let Some(count) = d.imported.get_mut(&ptr) {
+            *count -= 1;
+            if *count == 0 {
+                d.imported.remove(&ptr);
+            }
+            return Ok(());
+        }
         if let Some(bytes) = d.captured_live.remove(&ptr) {
             d.release_range(ptr, bytes);
             return Ok(());
@@ -598,6 +623,39 @@ impl Driver for SimDriver {
         }
         Ok(())
     }
+
+    fn ipc_supported(&self, device: usize) -> Result<bool> {
+        self.ipc_supported_(device)
+    }
+
+    fn pool_export_fd(&self, device: usize, pool: PoolHandle) -> Result<i32> {
+        self.pool_export_fd_(device, pool)
+    }
+
+    fn pool_import_fd(&self, device: usize, fd: i32) -> Result<PoolHandle> {
+        self.pool_import_fd_(device, fd)
+    }
+
+    fn pointer_export(&self, device: usize, ptr: DevicePtr) -> Result<IpcBytes> {
+        self.pointer_export_(device, ptr)
+    }
+
+    fn pointer_import(
+        &self,
+        device: usize,
+        pool: PoolHandle,
+        data: &IpcBytes,
+    ) -> Result<DevicePtr> {
+        self.pointer_import_(device, pool, data)
+    }
+
+    fn ipc_event_record(&self, device: usize, stream: Stream) -> Result<(EventHandle, IpcBytes)> {
+        self.ipc_event_record_(device, stream)
+    }
+
+    fn ipc_event_wait(&self, device: usize, stream: Stream, handle: &IpcBytes) -> Result<()> {
+        self.ipc_event_wait_(device, stream, handle)
+    }
 }
 
 impl Drop for SimDriver {
@@ -621,7 +679,7 @@ mod tests {
     #[test]
     fn same_stream_reuses_at_once_other_streams_after_completion() {
         let sim = SimDriver::new(1, 64 << 20).strict();
-        let pool = sim.pool_create(0, u64::MAX).unwrap();
+        let pool = sim.pool_create(0, u64::MAX, false).unwrap();
         let a = sim.alloc_async(0, pool, 4 << 20, 1).unwrap();
         sim.free_async(0, a, 1).unwrap();
         assert_eq!(
@@ -643,7 +701,7 @@ mod tests {
     #[test]
     fn capacity_limits_growth_and_trim_releases() {
         let sim = SimDriver::new(1, 8 << 20).strict();
-        let pool = sim.pool_create(0, u64::MAX).unwrap();
+        let pool = sim.pool_create(0, u64::MAX, false).unwrap();
         sim.pool_set_attr(0, pool, PoolAttr::ReleaseThresholdBytes(u64::MAX))
             .unwrap();
         let a = sim.alloc_async(0, pool, 6 << 20, 0).unwrap();
@@ -671,7 +729,7 @@ mod tests {
     #[should_panic(expected = "leak")]
     fn strict_drop_reports_leaks() {
         let sim = SimDriver::new(1, 8 << 20).strict();
-        let pool = sim.pool_create(0, u64::MAX).unwrap();
+        let pool = sim.pool_create(0, u64::MAX, false).unwrap();
         sim.alloc_async(0, pool, 512, 0).unwrap();
     }
 }

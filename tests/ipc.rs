@@ -1,0 +1,146 @@
+//! Sharing blocks with other processes (issue 7), on the simulated driver: in one process the
+//! exporter and the importer are the same allocator, which is enough to check the handles, the
+//! pool routing and the bookkeeping on both sides.
+
+mod common;
+use common::*;
+use streampool::ipc::{begin_shareable, end_shareable};
+use streampool::Config;
+
+fn with_shareable<T>(f: impl FnOnce() -> T) -> T {
+    begin_shareable();
+    let out = f();
+    end_shareable().unwrap();
+    out
+}
+
+#[test]
+fn a_shareable_block_round_trips_through_export_import_and_close() {
+    let rig = rig(64 * MIB);
+    let ptr = with_shareable(|| rig.alloc.malloc(3 * MIB, 0, 5).unwrap());
+    let handle = rig.alloc.ipc_export(ptr, 0, 0).unwrap();
+    assert_eq!((handle.device, handle.block_bytes), (0, 3 * MIB));
+    assert!(handle.pool_fd >= 0);
+    assert_eq!(rig.stats(0).ipc_used_bytes, 3 * MIB);
+    assert_eq!(rig.stats(0).reserved_bytes, 0, "the main pool is untouched");
+    // The importing side (here the same process).
+    let pool = rig.alloc.ipc_import_pool(0, handle.pool_fd).unwrap();
+    let imported = rig.alloc.ipc_import(pool, &handle, 9).unwrap();
+    assert_eq!(imported, ptr);
+    assert_eq!(
+        (rig.sim.imported_count(0), rig.alloc.ipc_open_imports()),
+        (1, 1)
+    );
+    rig.alloc.ipc_close(imported, 9).unwrap();
+    assert_eq!(
+        (rig.sim.imported_count(0), rig.alloc.ipc_open_imports()),
+        (0, 0)
+    );
+    assert!(rig.alloc.ipc_close(imported, 9).is_err(), "closed twice");
+    // The exporter lets go: the block goes straight back to the shareable pool.
+    rig.alloc.ipc_release_export(0, handle.event).unwrap();
+    rig.alloc.free(ptr, 0).unwrap();
+    assert_eq!(rig.stats(0).cached_bytes, 0);
+    rig.finish();
+}
+
+#[test]
+fn shareable_allocations_never_take_cached_blocks() {
+    let rig = rig(64 * MIB);
+    let normal = rig.alloc.malloc(MIB, 0, 0).unwrap();
+    rig.alloc.free(normal, 0).unwrap(); // cached on stream 0
+    let shared = with_shareable(|| rig.alloc.malloc(MIB, 0, 0).unwrap());
+    assert_ne!(shared, normal);
+    rig.alloc.ipc_export(shared, 0, 0).unwrap();
+    let again = rig.alloc.malloc(MIB, 0, 0).unwrap();
+    assert_eq!(
+        again, normal,
+        "outside the scope the cache serves as before"
+    );
+    rig.alloc.free(again, 0).unwrap();
+    rig.alloc.free(shared, 0).unwrap();
+    rig.finish();
+}
+
+#[test]
+fn exporting_a_block_from_the_ordinary_pool_says_how_to_make_it_shareable() {
+    let rig = rig(64 * MIB);
+    let p = rig.alloc.malloc(MIB, 0, 0).unwrap();
+    let e = rig.alloc.ipc_export(p, 0, 0).unwrap_err().to_string();
+    assert!(
+        e.contains("not in a shareable pool") && e.contains("streampool.shareable()"),
+        "{e}"
+    );
+    assert!(e.contains("STREAMPOOL_IPC=1"), "{e}");
+    assert!(
+        rig.alloc.ipc_export(p + 512, 0, 0).is_err(),
+        "interior pointer"
+    );
+    assert!(rig.alloc.ipc_export(p, 1, 0).is_err(), "wrong device");
+    rig.alloc.free(p, 0).unwrap();
+    rig.finish();
+}
+
+#[test]
+fn with_ipc_on_every_pool_block_is_shareable_cached_ones_included() {
+    let config = Config {
+        ipc: true,
+        ..Config::default()
+    };
+    let rig = rig_with(2, 64 * MIB, config);
+    let p = rig.alloc.malloc(MIB, 1, 0).unwrap();
+    rig.alloc.free(p, 1).unwrap();
+    let q = rig.alloc.malloc(MIB, 1, 0).unwrap();
+    assert_eq!(p, q, "from the cache");
+    let handle = rig.alloc.ipc_export(q, 1, 0).unwrap();
+    let s = rig.stats(1);
+    assert_eq!(
+        (s.ipc_reserved_bytes, s.ipc_used_bytes),
+        (s.reserved_bytes, s.pool_used_bytes)
+    );
+    let pool = rig.alloc.ipc_import_pool(1, handle.pool_fd).unwrap();
+    let imported = rig.alloc.ipc_import(pool, &handle, 0).unwrap();
+    rig.alloc.ipc_close(imported, 0).unwrap();
+    rig.alloc.ipc_release_export(1, handle.event).unwrap();
+    rig.alloc.free(q, 1).unwrap();
+    rig.finish();
+}
+
+#[test]
+fn a_device_without_sharing_support_gives_a_clear_error() {
+    let rig = rig(64 * MIB);
+    rig.sim.set_ipc_unsupported(1);
+    let e = with_shareable(|| rig.alloc.malloc(MIB, 1, 0).unwrap_err().to_string());
+    assert!(
+        e.contains("device 1 cannot share pool memory") && e.contains("HANDLE_TYPES"),
+        "{e}"
+    );
+    assert!(!rig.alloc.ipc_supported(1).unwrap() && rig.alloc.ipc_supported(0).unwrap());
+    assert_eq!(rig.stats(1).num_allocs, 0);
+    rig.finish();
+}
+
+#[test]
+fn bad_imports_and_scopes_are_errors() {
+    let rig = rig(64 * MIB);
+    assert!(end_shareable().is_err(), "end without begin");
+    let ptr = with_shareable(|| rig.alloc.malloc(MIB, 0, 0).unwrap());
+    let handle = rig.alloc.ipc_export(ptr, 0, 0).unwrap();
+    assert!(
+        rig.alloc.ipc_import(0xdead, &handle, 0).is_err(),
+        "pool never imported"
+    );
+    assert!(rig.alloc.ipc_import_pool(0, -1).is_err());
+    assert!(rig.alloc.ipc_import_pool(5, handle.pool_fd).is_err());
+    let unknown_fd = std::fs::File::open("/dev/null").unwrap();
+    use std::os::fd::AsRawFd;
+    assert!(rig
+        .alloc
+        .ipc_import_pool(0, unknown_fd.as_raw_fd())
+        .is_err());
+    assert!(rig.alloc.ipc_close(0x1234, 0).is_err());
+    assert_eq!(rig.alloc.ipc_open_imports(), 0);
+    rig.alloc.ipc_release_export(0, handle.event).unwrap();
+    rig.alloc.free(ptr, 0).unwrap();
+    rig.finish();
+}
