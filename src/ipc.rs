@@ -62,7 +62,7 @@ pub fn in_shareable_scope() -> bool {
 pub struct StreampoolIpcHandle {
     /// `CUmemPoolPtrExportData` of the block.
     pub pointer_data: [u8; 64],
-    /// `CUipcEventHandle` of an event recorded on the block's stream at export: the data is
+    /// `CUipcEventHandle` of an event recorded on the exporter's stream at export: the data is
     /// ready once it has completed.
     pub event_handle: [u8; 64],
     /// The exporter's own event, released with `streampool_ipc_release_export`.
@@ -77,7 +77,8 @@ pub struct StreampoolIpcHandle {
 #[derive(Default)]
 pub struct Imports {
     pools: Mutex<Vec<(usize, PoolHandle)>>,
-    pointers: Mutex<HashMap<DevicePtr, usize>>,
+    /// Imported pointer -> (device, imports not yet closed).
+    pointers: Mutex<HashMap<DevicePtr, (usize, u32)>>,
 }
 
 impl Imports {
@@ -113,26 +114,41 @@ impl Imports {
             let _ = driver.free_async(device, ptr, stream);
             return Err(e);
         }
-        self.pointers.lock().insert(ptr, device);
+        self.pointers.lock().entry(ptr).or_insert((device, 0)).1 += 1;
         Ok(ptr)
     }
 
     /// Releases an import: frees it on `stream` and waits for the device (work on other streams
     /// may still read the block), so the exporter may free the block as soon as this returns.
     pub fn close(&self, driver: &dyn Driver, ptr: DevicePtr, stream: Stream) -> Result<()> {
-        let device = self
-            .pointers
-            .lock()
-            .remove(&ptr)
-            .ok_or(Error::UnknownPointer { ptr, device: 0 })?;
+        let device = self.take_import(ptr)?;
         if let Err(e) = driver.free_async(device, ptr, stream) {
-            self.pointers.lock().insert(ptr, device); // still mapped: a later close may work
+            // Still mapped: a later close may work.
+            self.pointers.lock().entry(ptr).or_insert((device, 0)).1 += 1;
             return Err(e);
         }
         driver.synchronize(device)
     }
 
+    /// Counts one import of `ptr` as closed; returns its device.
+    fn take_import(&self, ptr: DevicePtr) -> Result<usize> {
+        let mut pointers = self.pointers.lock();
+        let (device, count) = pointers
+            .get_mut(&ptr)
+            .ok_or(Error::UnknownPointer { ptr, device: 0 })?;
+        let device = *device;
+        *count -= 1;
+        if *count == 0 {
+            pointers.remove(&ptr);
+        }
+        Ok(device)
+    }
+
     pub fn open_count(&self) -> usize {
-        self.pointers.lock().len()
+        self.pointers
+            .lock()
+            .values()
+            .map(|(_, n)| *n as usize)
+            .sum()
     }
 }

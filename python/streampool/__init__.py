@@ -30,6 +30,7 @@ from ._lib import (
     UnknownPointerError,
 )
 from ._stats import stats_dict, summary
+from ._ipc import ipc_collect, ipc_supported, open_shared, share, shareable
 from ._timeline import dump_snapshot, history, plot_timeline, record_history, snapshot
 from ._torch import install, is_installed, mempool
 
@@ -47,6 +48,8 @@ __all__ = [
     "enable_peer_access",
     "history",
     "install",
+    "ipc_collect",
+    "ipc_supported",
     "is_installed",
     "library_path",
     "max_memory_allocated",
@@ -56,10 +59,13 @@ __all__ = [
     "memory_stats",
     "memory_summary",
     "mempool",
+    "open_shared",
     "plot_timeline",
     "record_history",
     "reset_peak_memory_stats",
     "set_release_threshold",
+    "share",
+    "shareable",
     "snapshot",
     "trim",
 ]

@@ -20,7 +20,8 @@ def _device_line(index: int) -> str:
         f"device {index}: total {format_bytes(s['device_total_bytes'])}, "
         f"allocated {format_bytes(s['allocated_bytes.all.current'])}, "
         f"reserved {format_bytes(s['reserved_bytes.all.current'])}, "
-        f"cached {format_bytes(s['cached_bytes'])}, limit {limit}"
+        f"cached {format_bytes(s['cached_bytes'])}, limit {limit}, "
+        f"shareable pools (IPC) {'supported' if streampool.ipc_supported(index) else 'not supported'}"
     )
 
 

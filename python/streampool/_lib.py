@@ -144,6 +144,19 @@ class StreampoolBlock(ctypes.Structure):
     ]
 
 
+class StreampoolIpcHandle(ctypes.Structure):
+    """``struct StreampoolIpcHandle``: what another process needs to map one shareable block."""
+
+    _fields_ = [
+        ("pointer_data", ctypes.c_uint8 * 64),
+        ("event_handle", ctypes.c_uint8 * 64),
+        ("event", ctypes.c_uint64),
+        ("block_bytes", ctypes.c_uint64),
+        ("pool_fd", ctypes.c_int32),
+        ("device", ctypes.c_int32),
+    ]
+
+
 # enum StreampoolEventKind / StreampoolBlockState values -> names used in Python.
 EVENT_KINDS = {1: "alloc", 2: "free", 3: "pool_alloc", 4: "pool_free", 5: "pool_grow", 6: "pool_trim", 7: "oom"}
 BLOCK_STATES = {1: "live", 2: "inactive", 3: "waiting_for_streams"}
@@ -183,6 +196,17 @@ _SIGNATURES = {
             ctypes.POINTER(_c_uint64),
         ],
     ),
+    "streampool_shareable_begin": (_c_int, []),
+    "streampool_shareable_end": (_c_int, []),
+    "streampool_ipc_supported": (_c_int, [_c_int]),
+    "streampool_ipc_export": (_c_int, [_c_void_p, _c_int, _c_void_p, ctypes.POINTER(StreampoolIpcHandle)]),
+    "streampool_ipc_release_export": (_c_int, [_c_int, _c_uint64]),
+    "streampool_ipc_import_pool": (_c_int, [_c_int, _c_int, ctypes.POINTER(_c_uint64)]),
+    "streampool_ipc_import": (
+        _c_int,
+        [_c_uint64, ctypes.POINTER(StreampoolIpcHandle), _c_void_p, ctypes.POINTER(_c_void_p)],
+    ),
+    "streampool_ipc_close": (_c_int, [_c_void_p, _c_void_p]),
     "streampool_blocks": (
         _c_int,
         [_c_int, ctypes.POINTER(StreampoolBlock), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],

@@ -109,7 +109,8 @@ def install(*, _wire_record_stream: bool = True, **options: Any) -> Any:
 
     Options (each sets the STREAMPOOL_* variable of docs/abi.md; sizes in bytes or strings such
     as "8GiB", "80%", "max"): release_threshold, max_pool_size, cache_limit, cache_max_block,
-    trim_on_growth, peer_access ("auto", True or False), reuse_follow_event_dependencies,
+    trim_on_growth, peer_access ("auto", True or False), ipc (every allocation shareable with
+    other processes; such pools never give memory back), reuse_follow_event_dependencies,
     reuse_allow_opportunistic, reuse_allow_internal_dependencies (bools), log (a log filter
     such as "info").
 
@@ -138,6 +139,9 @@ def install(*, _wire_record_stream: bool = True, **options: Any) -> Any:
     _require_cuda_driver()
     allocator = _new_allocator(torch, wire_record_stream=_wire_record_stream)
     torch.cuda.memory.change_current_allocator(allocator)
+    from ._ipc import register_reductions
+
+    register_reductions()  # CUDA tensors sent to other processes go through shareable pools
     _installation = _Installation(allocator, dict(options))
     return allocator
 

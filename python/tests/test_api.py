@@ -27,7 +27,15 @@ TORCH_KEYS = {
     "num_device_alloc",
     "num_device_free",
 }
-OWN_KEYS = {"cached_bytes", "cache_hits", "pool_used_bytes", "memory_limit_bytes", "device_total_bytes"}
+OWN_KEYS = {
+    "cached_bytes",
+    "cache_hits",
+    "pool_used_bytes",
+    "memory_limit_bytes",
+    "device_total_bytes",
+    "ipc_reserved_bytes",
+    "ipc_used_bytes",
+}
 
 
 @pytest.fixture(autouse=True)

@@ -26,6 +26,9 @@ C_TYPES = {
     "struct StreampoolStats *": ctypes.POINTER(_lib.StreampoolStats),
     "struct StreampoolEvent *": ctypes.POINTER(_lib.StreampoolEvent),
     "struct StreampoolBlock *": ctypes.POINTER(_lib.StreampoolBlock),
+    "struct StreampoolIpcHandle *": ctypes.POINTER(_lib.StreampoolIpcHandle),
+    "const struct StreampoolIpcHandle *": ctypes.POINTER(_lib.StreampoolIpcHandle),
+    "void * *": ctypes.POINTER(ctypes.c_void_p),
 }
 C_FIELD_TYPES = {"uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32}
 

@@ -1,0 +1,327 @@
+"""Sharing CUDA tensors between processes through streampool's shareable pools.
+
+The exporting process keeps each shared block alive until every process that received it has
+released it. Each handle it sends gets one byte in a file under /dev/shm that only the receiver
+writes (1 = released), so no lock is needed; ``ipc_collect()`` (also run by every ``share``)
+lets go of blocks whose bytes are all 1. A receiver releases its import (freeing it, waiting
+for its device) when its tensor is freed, or at exit at the latest.
+
+The pool's file descriptor travels the way ``multiprocessing`` passes descriptors
+(``multiprocessing.reduction.DupFd``); the rest of a handle is bytes.
+"""
+
+import atexit
+import contextlib
+import ctypes
+import logging
+import mmap
+import os
+import tempfile
+import threading
+import uuid
+import weakref
+from multiprocessing.reduction import DupFd
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from . import _lib
+
+_log = logging.getLogger("streampool")
+
+# --- the scope ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def shareable() -> Iterator[None]:
+    """Inside the block, this thread's CUDA allocations come from the device's shareable pool, so
+    tensors made there can be sent to other processes (``torch.multiprocessing`` queues, or
+    :func:`share`). Without it, only ``install(ipc=True)`` makes memory shareable."""
+    depth = _lib.library().streampool_shareable_begin()
+    if depth < 0:
+        _lib.check(depth)
+    try:
+        yield
+    finally:
+        status = _lib.library().streampool_shareable_end()
+        if status < 0:
+            _lib.check(status)
+
+
+def ipc_supported(device: int = 0) -> bool:
+    """True if ``device`` can share pool memory with other processes (POSIX file descriptors)."""
+    result = _lib.library().streampool_ipc_supported(device)
+    if result < 0:
+        _lib.check(result)
+    return bool(result)
+
+
+# --- release bytes ---------------------------------------------------------------------------
+
+
+class _ReleaseBytes:
+    """Exporter side: one byte per handle sent, in files other processes map (0 = in use)."""
+
+    FILE_BYTES = 1 << 20
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._maps: Dict[str, mmap.mmap] = {}
+        self._path: Optional[str] = None
+        self._next = 0
+
+    def allocate(self) -> Tuple[str, int]:
+        with self._lock:
+            if self._path is None or self._next == self.FILE_BYTES:
+                self._path = self._new_file()
+                self._next = 0
+            index, self._next = self._next, self._next + 1
+            return self._path, index
+
+    def _new_file(self) -> str:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        path = os.path.join(folder, f"streampool-ipc-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        with open(path, "w+b") as f:
+            f.truncate(self.FILE_BYTES)
+            self._maps[path] = mmap.mmap(f.fileno(), self.FILE_BYTES)
+        atexit.register(_unlink_quietly, path)
+        return path
+
+    def released(self, slot: Tuple[str, int]) -> bool:
+        path, index = slot
+        return self._maps[path][index] == 1
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+_received_maps: Dict[str, Optional[mmap.mmap]] = {}
+_received_lock = threading.Lock()
+
+
+def _mark_released(slot: Tuple[str, int]) -> None:
+    """Receiver side: tell the exporter this handle is released (nothing to tell if it exited)."""
+    path, index = slot
+    with _received_lock:
+        if path not in _received_maps:
+            try:
+                with open(path, "r+b") as f:
+                    _received_maps[path] = mmap.mmap(f.fileno(), 0)
+            except OSError:
+                _received_maps[path] = None  # the exporter is gone, and its memory with it
+        mapped = _received_maps[path]
+    if mapped is not None:
+        mapped[index] = 1
+
+
+# --- exporting -------------------------------------------------------------------------------
+
+
+class BlockHandle:
+    """What another process needs to map one shared block; picklable (the pool's file
+    descriptor is passed by ``multiprocessing``'s descriptor sharing)."""
+
+    def __init__(self, raw: bytes, key: Tuple[int, int, int], fd: int, slot: Tuple[str, int], nbytes: int):
+        self.raw, self.key, self.fd, self.slot, self.nbytes = raw, key, fd, slot, nbytes
+
+    @property
+    def device(self) -> int:
+        return self.key[1]
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_block_handle, (self.raw, self.key, DupFd(self.fd), self.slot, self.nbytes))
+
+
+def _rebuild_block_handle(raw: bytes, key: Tuple[int, int, int], dup: Any, slot: Tuple[str, int], nbytes: int) -> BlockHandle:
+    return BlockHandle(raw, key, dup.detach(), slot, nbytes)
+
+
+class _Sent:
+    def __init__(self, keep: Any, device: int):
+        self.keep, self.device = keep, device
+        self.events: List[int] = []
+        self.slots: List[Tuple[str, int]] = []
+
+
+_release_bytes = _ReleaseBytes()
+_sent: Dict[Tuple[int, int], _Sent] = {}
+_sent_lock = threading.Lock()
+
+
+def share_block(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes: int) -> BlockHandle:
+    """Export the shareable block at ``ptr``: ready after the work queued on ``stream``, kept alive
+    (by holding ``keep``) until the receiver of the returned handle releases it."""
+    ipc_collect()
+    raw = _lib.StreampoolIpcHandle()
+    _lib.check(_lib.library().streampool_ipc_export(ptr, device, stream, ctypes.byref(raw)))
+    slot = _release_bytes.allocate()
+    with _sent_lock:
+        sent = _sent.setdefault((device, ptr), _Sent(keep, device))
+        sent.events.append(raw.event)
+        sent.slots.append(slot)
+    return BlockHandle(bytes(raw), (os.getpid(), device, raw.pool_fd), raw.pool_fd, slot, nbytes)
+
+
+def ipc_collect() -> int:
+    """Let go of shared blocks every receiver has released (their memory can then be reused);
+    returns how many. ``share`` runs it too."""
+    with _sent_lock:
+        done = [key for key, sent in _sent.items() if all(map(_release_bytes.released, sent.slots))]
+        finished = [_sent.pop(key) for key in done]
+    for sent in finished:
+        for event in sent.events:
+            _lib.check(_lib.library().streampool_ipc_release_export(sent.device, event))
+    return len(finished)
+
+
+def shared_block_count() -> int:
+    """Blocks this process shared that some receiver has not released yet."""
+    with _sent_lock:
+        return len(_sent)
+
+
+# --- importing -------------------------------------------------------------------------------
+
+_imported_pools: Dict[Tuple[int, int, int], int] = {}
+_open_imports: "weakref.WeakSet[ImportedBlock]" = weakref.WeakSet()
+_import_lock = threading.Lock()
+
+
+def _pool_token(handle: BlockHandle) -> int:
+    """The imported pool of ``handle`` (imported once per exporting pool); closes its fd."""
+    with _import_lock:
+        try:
+            token = _imported_pools.get(handle.key)
+            if token is None:
+                out = ctypes.c_uint64()
+                _lib.check(_lib.library().streampool_ipc_import_pool(handle.device, handle.fd, ctypes.byref(out)))
+                token = _imported_pools[handle.key] = out.value
+            return token
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(handle.fd)
+
+
+class ImportedBlock:
+    """A block of another process mapped here; released by :meth:`close`, when garbage collected,
+    or at exit. Exposes ``__cuda_array_interface__`` (bytes) for ``torch.as_tensor``."""
+
+    def __init__(self, handle: BlockHandle, stream: Optional[int]):
+        self.ptr: Optional[int] = None
+        self._lock = threading.Lock()
+        token = _pool_token(handle)
+        raw = _lib.StreampoolIpcHandle.from_buffer_copy(handle.raw)
+        out = ctypes.c_void_p()
+        _lib.check(_lib.library().streampool_ipc_import(token, ctypes.byref(raw), stream, ctypes.byref(out)))
+        self.ptr = out.value
+        self.device, self.nbytes, self._slot, self._stream = handle.device, handle.nbytes, handle.slot, stream
+        _open_imports.add(self)
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        if self.ptr is None:
+            raise ValueError("the imported block was closed")
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False), "version": 3, "strides": None}
+
+    def close(self) -> None:
+        """Unmap the block and tell the exporter (after this process's work on it is done)."""
+        with self._lock:
+            ptr, self.ptr = self.ptr, None
+        if ptr is None:
+            return
+        _lib.check(_lib.library().streampool_ipc_close(ptr, self._stream))
+        _mark_released(self._slot)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception as exc:  # noqa: BLE001  (a finalizer must not raise)
+            _log.warning("streampool: releasing an imported block failed: %s", exc)
+
+
+@atexit.register
+def _close_imports_at_exit() -> None:
+    """A receiver that exits still releases what it imported, so the exporter can reuse it."""
+    for block in list(_open_imports):
+        with contextlib.suppress(Exception):
+            block.close()
+
+
+# --- tensors ---------------------------------------------------------------------------------
+
+
+class SharedTensor:
+    """A picklable handle to a CUDA tensor in a shareable pool: :func:`open_shared` turns it into
+    a tensor on the same memory in the receiving process."""
+
+    def __init__(self, block: BlockHandle, dtype: Any, size: Tuple[int, ...], stride: Tuple[int, ...], offset: int, requires_grad: bool):
+        self.block, self.dtype, self.size, self.stride = block, dtype, size, stride
+        self.offset, self.requires_grad = offset, requires_grad
+
+
+def share(tensor: Any) -> SharedTensor:
+    """A handle to ``tensor``'s memory for another process. The tensor must come from a shareable
+    pool (``with streampool.shareable():`` or ``install(ipc=True)``); its memory stays allocated
+    here until the receiver releases it. The receiver sees the data as of now (an event on the
+    current stream)."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
+        raise TypeError(f"streampool.share() takes a CUDA tensor, not {type(tensor).__name__}")
+    storage = tensor.untyped_storage()
+    device = tensor.device.index
+    stream = torch.cuda.current_stream(device).cuda_stream
+    block = share_block(storage.data_ptr(), device, stream, storage, storage.nbytes())
+    return SharedTensor(block, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(), tensor.requires_grad)
+
+
+def open_shared(shared: SharedTensor) -> Any:
+    """The tensor a :class:`SharedTensor` describes, on the exporting process's memory; the
+    current stream waits until the exporter's data is ready."""
+    import torch
+
+    device = shared.block.device
+    block = ImportedBlock(shared.block, torch.cuda.current_stream(device).cuda_stream)
+    with torch.cuda.device(device):
+        raw = torch.as_tensor(block, device=f"cuda:{device}")  # keeps `block` alive
+    tensor = torch.empty(0, dtype=shared.dtype, device=raw.device)
+    tensor.set_(raw.untyped_storage(), shared.offset, shared.size, shared.stride)
+    return tensor.requires_grad_(shared.requires_grad)
+
+
+# --- torch.multiprocessing ---------------------------------------------------------------------
+
+_torch_reducers: Dict[type, Any] = {}
+
+
+def _reduce_tensor(tensor: Any) -> Any:
+    import torch
+
+    if not tensor.is_cuda:
+        return _torch_reducers[type(tensor)](tensor)
+    if tensor.requires_grad and not tensor.is_leaf:
+        raise RuntimeError(
+            "Cowardly refusing to send a non-leaf tensor that requires grad to another process: "
+            "send tensor.detach() instead"
+        )
+    return (_rebuild_tensor, (share(tensor), type(tensor) is torch.nn.Parameter))
+
+
+def _rebuild_tensor(shared: SharedTensor, parameter: bool) -> Any:
+    import torch
+
+    tensor = open_shared(shared)
+    return torch.nn.Parameter(tensor, requires_grad=shared.requires_grad) if parameter else tensor
+
+
+def register_reductions() -> None:
+    """Make ``multiprocessing`` (and ``torch.multiprocessing``) send CUDA tensors and parameters
+    through streampool's shareable pools; CPU tensors keep PyTorch's own way."""
+    import torch
+    import torch.multiprocessing  # noqa: F401  (registers PyTorch's reducers first)
+    from multiprocessing.reduction import ForkingPickler
+
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        if cls not in _torch_reducers:
+            _torch_reducers[cls] = ForkingPickler._extra_reducers[cls]
+        ForkingPickler.register(cls, _reduce_tensor)

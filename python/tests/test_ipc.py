@@ -1,0 +1,97 @@
+"""Sharing blocks between processes (issue 7) on the simulated driver, without torch: handles
+survive pickling (the pool's descriptor through multiprocessing's descriptor sharing), the
+exporter keeps a block until every receiver has released it, and only shareable memory exports.
+The simulator cannot map memory across processes, so the receiver here is this process; the GPU
+tests (test_gpu_ipc.py) use real ones."""
+
+import pickle
+
+import pytest
+from helpers import MiB, describe, run_python
+
+import streampool
+from streampool import _ipc, _lib
+
+
+@pytest.fixture(autouse=True)
+def clean():
+    streampool.empty_cache()
+    yield
+    assert _ipc.ipc_collect() >= 0
+    streampool.empty_cache()
+
+
+def _shareable_block(size=3 * MiB, device=0):
+    with streampool.shareable():
+        return _lib.malloc(size, device, 0)
+
+
+def test_a_handle_survives_pickling_and_maps_the_same_block():
+    ptr = _shareable_block()
+    handle = _ipc.share_block(ptr, 0, None, keep=None, nbytes=3 * MiB)
+    received = pickle.loads(pickle.dumps(handle))
+    assert received.fd != handle.fd and received.fd >= 0, "a new descriptor, passed by multiprocessing"
+    block = _ipc.ImportedBlock(received, None)
+    assert block.ptr == ptr
+    assert block.__cuda_array_interface__["shape"] == (3 * MiB,)
+    assert _ipc.ipc_collect() == 0, "not released yet"
+    block.close()
+    block.close()  # harmless twice
+    assert _ipc.ipc_collect() == 1
+    assert _ipc.shared_block_count() == 0
+    _lib.free(ptr, 3 * MiB, 0)
+
+
+def test_the_exporter_waits_for_every_receiver():
+    ptr = _shareable_block()
+    first = _ipc.ImportedBlock(pickle.loads(pickle.dumps(_ipc.share_block(ptr, 0, None, None, MiB))), None)
+    second = _ipc.ImportedBlock(pickle.loads(pickle.dumps(_ipc.share_block(ptr, 0, None, None, MiB))), None)
+    assert _ipc.shared_block_count() == 1, "one block, two handles"
+    first.close()
+    assert _ipc.ipc_collect() == 0
+    del second  # garbage collection releases too
+    assert _ipc.ipc_collect() == 1
+    _lib.free(ptr, 3 * MiB, 0)
+
+
+def test_shareable_scope_routes_to_the_shareable_pool_and_nests():
+    before = streampool.memory_stats(0)
+    with streampool.shareable():
+        with streampool.shareable():
+            inner = _lib.malloc(MiB, 0)
+        outer = _lib.malloc(MiB, 0)
+    plain = _lib.malloc(MiB, 0)
+    after = streampool.memory_stats(0)
+    assert after["ipc_used_bytes"] - before["ipc_used_bytes"] == 2 * MiB
+    with pytest.raises(streampool.InvalidArgumentError, match=r"not in a shareable pool.*streampool\.shareable\(\)"):
+        _ipc.share_block(plain, 0, None, None, MiB)
+    assert _lib.library().streampool_shareable_end() == _lib.INVALID_ARGUMENT, "unmatched end"
+    for ptr in (inner, outer):
+        _ipc.ImportedBlock(pickle.loads(pickle.dumps(_ipc.share_block(ptr, 0, None, None, MiB))), None).close()
+    _ipc.ipc_collect()  # (each share collects what was released before it, too)
+    assert _ipc.shared_block_count() == 0
+    assert streampool.ipc_supported(0)
+    for ptr in (inner, outer, plain):
+        _lib.free(ptr, MiB, 0)
+
+
+def test_with_ipc_on_every_allocation_is_shareable():
+    code = (
+        "import pickle, streampool\nfrom streampool import _ipc, _lib\n"
+        "p = _lib.malloc(4096, 1)\n"
+        "h = pickle.loads(pickle.dumps(_ipc.share_block(p, 1, None, None, 4096)))\n"
+        "b = _ipc.ImportedBlock(h, None); assert b.ptr == p; b.close()\n"
+        "assert _ipc.ipc_collect() == 1\n"
+        "s = streampool.memory_stats(1)\n"
+        "assert s['ipc_used_bytes'] == s['pool_used_bytes'] > 0\n"
+        "print('OK')\n"
+    )
+    proc = run_python(code, env={"STREAMPOOL_IPC": "1", "STREAMPOOL_LIBRARY": str(_lib.library_path())})
+    assert proc.returncode == 0 and "OK" in proc.stdout, describe(proc)
+    bad = run_python("import streampool; streampool.memory_stats(0)", env={"STREAMPOOL_IPC": "sometimes"})
+    assert bad.returncode != 0 and "STREAMPOOL_IPC" in bad.stderr and "sometimes" in bad.stderr, describe(bad)
+
+
+def test_share_needs_a_cuda_tensor():
+    with pytest.raises((TypeError, ImportError)):
+        streampool.share([1, 2, 3])
