@@ -30,7 +30,7 @@ from ._lib import (
     UnknownPointerError,
 )
 from ._stats import stats_dict, summary
-from ._ipc import ipc_collect, ipc_supported, open_shared, share, shareable
+from ._ipc import ipc_collect, ipc_supported, open_shared, share, shareable, shared_block_count
 from ._timeline import dump_snapshot, history, plot_timeline, record_history, snapshot
 from ._torch import install, is_installed, mempool
 
@@ -66,6 +66,7 @@ __all__ = [
     "set_release_threshold",
     "share",
     "shareable",
+    "shared_block_count",
     "snapshot",
     "trim",
 ]

@@ -14,7 +14,7 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_cases", "
 
 @pytest.mark.parametrize("scenario", ["queue", "hogwild", "many", "errors"])
 def test_sharing_cuda_tensors_between_processes(scenario, capsys):
-    proc = run_python(args=[SCRIPT, scenario], env=gpu_env(), timeout=900)
+    proc = run_python(args=[SCRIPT, scenario], env=gpu_env(), timeout=600)
     assert proc.returncode == 0, describe(proc)
     line = tagged_line(proc.stdout, f"IPC {scenario}:")
     for bad in ("Traceback", "panicked", "[ERROR"):

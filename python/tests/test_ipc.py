@@ -95,3 +95,44 @@ def test_with_ipc_on_every_allocation_is_shareable():
 def test_share_needs_a_cuda_tensor():
     with pytest.raises((TypeError, ImportError)):
         streampool.share([1, 2, 3])
+
+
+CROSS_PROCESS = r"""
+import multiprocessing as mp, os, sys, time
+import streampool
+from streampool import _ipc, _lib
+
+def receiver(inbox, outbox):
+    handle = inbox.get(timeout=60)   # the pool's descriptor arrives through multiprocessing
+    ok = os.fstat(handle.fd).st_size == 0
+    os.close(handle.fd)
+    _ipc._mark_released(handle.slot)  # what closing an import does, minus the mapping
+    outbox.put(("received", ok, handle.nbytes))
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=receiver, args=(inbox, outbox), daemon=True)
+    child.start()
+    with streampool.shareable():
+        ptr = _lib.malloc(4096, 0)
+    inbox.put(_ipc.share_block(ptr, 0, None, None, 4096))
+    print(outbox.get(timeout=60))
+    assert _ipc.shared_block_count() == 1
+    deadline = time.monotonic() + 30
+    while _ipc.ipc_collect() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ipc.shared_block_count() == 0
+    child.join(30)
+    print("collected, child exit", child.exitcode)
+"""
+
+
+def test_handles_cross_processes_and_the_release_comes_back(tmp_path):
+    """The plumbing across real processes: a spawn child gets the handle through a queue, with a
+    working descriptor, and its release lets the exporter collect the block."""
+    script = tmp_path / "cross.py"
+    script.write_text(CROSS_PROCESS)
+    proc = run_python(args=[str(script)], env={"STREAMPOOL_LIBRARY": str(_lib.library_path())}, timeout=120)
+    assert proc.returncode == 0, describe(proc)
+    assert "('received', True, 4096)" in proc.stdout and "collected, child exit 0" in proc.stdout, describe(proc)

@@ -7,6 +7,7 @@ started with the spawn method; it asserts inside and prints one summary line sta
 
 import sys
 import time
+import traceback
 
 import torch
 import torch.multiprocessing as mp
@@ -14,6 +15,41 @@ import torch.multiprocessing as mp
 import streampool
 
 N = 1 << 20
+
+
+TIMEOUT_S = 120
+
+
+def _reporting(worker):
+    """Runs ``worker(*args, outbox)``; an exception goes to the producer through ``outbox``."""
+
+    def run(*args):
+        outbox = args[-1]
+        try:
+            worker(*args)
+        except BaseException:
+            outbox.put(("error", traceback.format_exc()))
+            raise
+
+    return run
+
+
+def _receive(outbox, count: int):
+    """``count`` messages from the workers; a worker's exception is raised here."""
+    messages = []
+    for _ in range(count):
+        message = outbox.get(timeout=TIMEOUT_S)
+        if message[0] == "error":
+            raise AssertionError(f"a worker failed:\n{message[1]}")
+        messages.append(message)
+    return sorted(messages)
+
+
+def _start(ctx, target, *args):
+    """A daemon worker: if the producer fails, exiting does not wait for it."""
+    process = ctx.Process(target=target, args=args, daemon=True)
+    process.start()
+    return process
 
 
 def _wait_collected(timeout_s: float = 60.0) -> None:
@@ -25,16 +61,20 @@ def _wait_collected(timeout_s: float = 60.0) -> None:
     assert streampool.shared_block_count() == 0, f"{streampool.shared_block_count()} blocks never released"
 
 
-def consumer(index: int, inbox, outbox) -> None:
-    x = inbox.get()
+def _consumer(index: int, inbox, outbox) -> None:
+    x = inbox.get(timeout=TIMEOUT_S)
     assert x.device.index == 0 and x.shape == (N,)
     assert float(x[index * 10 + 5]) == float(index * 10 + 5), "reads the producer's data"
     x[index * N // 2 : (index + 1) * N // 2] = -(index + 1)  # writes its half
     torch.cuda.synchronize()
     outbox.put(("written", index))
-    assert inbox.get() == "release"
+    assert inbox.get(timeout=TIMEOUT_S) == "release"
     del x  # releases the import: freed and waited for here, then the producer is told
     outbox.put(("released", index))
+
+
+def consumer(index: int, inbox, outbox) -> None:
+    _reporting(_consumer)(index, inbox, outbox)
 
 
 def scenario_queue() -> str:
@@ -42,22 +82,20 @@ def scenario_queue() -> str:
     tensor, the producer sees the writes, and frees only after both have let go."""
     ctx = mp.get_context("spawn")
     inboxes, outbox = [ctx.Queue(), ctx.Queue()], ctx.Queue()
-    workers = [ctx.Process(target=consumer, args=(i, inboxes[i], outbox)) for i in range(2)]
-    for w in workers:
-        w.start()
+    workers = [_start(ctx, consumer, i, inboxes[i], outbox) for i in range(2)]
     x = torch.arange(N, dtype=torch.float32, device="cuda")
     for box in inboxes:
         box.put(x)
-    assert sorted(outbox.get(timeout=300) for _ in range(2)) == [("written", 0), ("written", 1)]
+    assert _receive(outbox, 2) == [("written", 0), ("written", 1)]
     torch.cuda.synchronize()
     assert bool((x[: N // 2] == -1).all()) and bool((x[N // 2 :] == -2).all()), "sees both writes"
     assert streampool.shared_block_count() == 1, "kept while the consumers hold it"
     for box in inboxes:
         box.put("release")
-    assert sorted(outbox.get(timeout=300) for _ in range(2)) == [("released", 0), ("released", 1)]
+    assert _receive(outbox, 2) == [("released", 0), ("released", 1)]
     _wait_collected()
     for w in workers:
-        w.join(timeout=120)
+        w.join(timeout=TIMEOUT_S)
         assert w.exitcode == 0, f"consumer exit code {w.exitcode}"
     del x
     torch.cuda.synchronize()
@@ -65,7 +103,7 @@ def scenario_queue() -> str:
     return "two consumers read and wrote one tensor, the producer saw both writes and freed after both released"
 
 
-def hogwild_worker(model, steps: int, seed: int) -> None:
+def _hogwild_worker(model, steps: int, seed: int, outbox) -> None:
     torch.manual_seed(seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     true_w = torch.linspace(-1, 1, 64, device="cuda")
@@ -76,6 +114,11 @@ def hogwild_worker(model, steps: int, seed: int) -> None:
         loss.backward()
         optimizer.step()  # in place, on the shared parameters
     torch.cuda.synchronize()
+    outbox.put(("trained", seed))
+
+
+def hogwild_worker(model, steps: int, seed: int, outbox) -> None:
+    _reporting(_hogwild_worker)(model, steps, seed, outbox)
 
 
 def _regression_loss(model) -> float:
@@ -92,11 +135,11 @@ def scenario_hogwild() -> str:
     model = torch.nn.Linear(64, 1).cuda()
     before = _regression_loss(model)
     ctx = mp.get_context("spawn")
-    workers = [ctx.Process(target=hogwild_worker, args=(model, 300, seed)) for seed in (1, 2)]
+    outbox = ctx.Queue()
+    workers = [_start(ctx, hogwild_worker, model, 300, seed, outbox) for seed in (1, 2)]
+    assert _receive(outbox, 2) == [("trained", 1), ("trained", 2)]
     for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=300)
+        w.join(timeout=TIMEOUT_S)
         assert w.exitcode == 0, f"worker exit code {w.exitcode}"
     after = _regression_loss(model)
     assert after < 0.05 * before, f"loss {before:.4f} -> {after:.4f}: the workers' updates did not land here"
@@ -104,12 +147,16 @@ def scenario_hogwild() -> str:
     return f"two processes trained one shared model: loss {before:.3f} -> {after:.5f}"
 
 
-def many_consumer(inbox, outbox, count: int) -> None:
+def _many_consumer(inbox, count: int, outbox) -> None:
     for _ in range(count):
-        t = inbox.get()
+        t = inbox.get(timeout=TIMEOUT_S)
         assert float(t[-1]) == float(t.numel()), "reads the producer's data"
         del t
-    outbox.put("done")
+    outbox.put(("done",))
+
+
+def many_consumer(inbox, count: int, outbox) -> None:
+    _reporting(_many_consumer)(inbox, count, outbox)
 
 
 def scenario_many() -> str:
@@ -119,14 +166,13 @@ def scenario_many() -> str:
     start = streampool.memory_stats()["ipc_used_bytes"]
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
-    worker = ctx.Process(target=many_consumer, args=(inbox, outbox, count))
-    worker.start()
+    worker = _start(ctx, many_consumer, inbox, count, outbox)
     for i in range(count):
         n = 1 + (i * 7919) % (1 << 18)
         inbox.put(torch.arange(1, n + 1, dtype=torch.float32, device="cuda"))
-    assert outbox.get(timeout=600) == "done"
+    assert _receive(outbox, 1) == [("done",)]
     _wait_collected()
-    worker.join(timeout=120)
+    worker.join(timeout=TIMEOUT_S)
     assert worker.exitcode == 0
     torch.cuda.synchronize()
     streampool.empty_cache()
