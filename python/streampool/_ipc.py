@@ -20,6 +20,8 @@ import tempfile
 import threading
 import uuid
 import weakref
+from multiprocessing import resource_sharer
+from multiprocessing.context import get_spawning_popen
 from multiprocessing.reduction import DupFd
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -129,11 +131,27 @@ class BlockHandle:
         return self.key[1]
 
     def __reduce__(self) -> Any:
-        return (_rebuild_block_handle, (self.raw, self.key, DupFd(self.fd), self.slot, self.nbytes))
+        return (_rebuild_block_handle, (self.raw, self.key, _dup_fd(self.fd), self.slot, self.nbytes))
+
+
+def _dup_fd(fd: int) -> Any:
+    """``multiprocessing``'s descriptor passing for ``fd``. While a process is being spawned (a
+    tensor among its arguments), one object per descriptor: the spawn passes each descriptor once
+    and refuses duplicates."""
+    popen = get_spawning_popen()
+    if popen is None:
+        return DupFd(fd)  # through the resource sharer: a new descriptor per receiver
+    passed = popen.__dict__.setdefault("_streampool_fds", {})
+    if fd not in passed:
+        passed[fd] = DupFd(fd)
+    return passed[fd]
 
 
 def _rebuild_block_handle(raw: bytes, key: Tuple[int, int, int], dup: Any, slot: Tuple[str, int], nbytes: int) -> BlockHandle:
-    return BlockHandle(raw, key, dup.detach(), slot, nbytes)
+    fd = dup.detach()
+    if not isinstance(dup, resource_sharer.DupFd):
+        fd = os.dup(fd)  # inherited at spawn and shared by every handle that came with it
+    return BlockHandle(raw, key, fd, slot, nbytes)
 
 
 class _Sent:

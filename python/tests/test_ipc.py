@@ -136,3 +136,36 @@ def test_handles_cross_processes_and_the_release_comes_back(tmp_path):
     proc = run_python(args=[str(script)], env={"STREAMPOOL_LIBRARY": str(_lib.library_path())}, timeout=120)
     assert proc.returncode == 0, describe(proc)
     assert "('received', True, 4096)" in proc.stdout and "collected, child exit 0" in proc.stdout, describe(proc)
+
+
+SPAWN_ARGS = r"""
+import multiprocessing as mp, os
+import streampool
+from streampool import _ipc, _lib
+
+def child(first, second, outbox):
+    fds = (first.fd, second.fd)
+    ok = all(os.fstat(fd).st_size == 0 for fd in fds)
+    outbox.put((ok, fds[0] != fds[1]))
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    with streampool.shareable():
+        a, b = _lib.malloc(4096, 0), _lib.malloc(8192, 0)
+    first, second = (_ipc.share_block(p, 0, None, None, 4096) for p in (a, b))
+    assert first.fd == second.fd, "one pool, one descriptor"
+    outbox = ctx.Queue()
+    p = ctx.Process(target=child, args=(first, second, outbox), daemon=True)
+    p.start()
+    print("CHILD", outbox.get(timeout=60))
+    p.join(30)
+"""
+
+
+def test_handles_among_spawn_arguments_share_one_passed_descriptor(tmp_path):
+    """Two handles of one pool as arguments of a spawned process (a model's parameters): the
+    spawn passes the descriptor once (it refuses duplicates) and each handle gets its own copy."""
+    script = tmp_path / "spawn_args.py"
+    script.write_text(SPAWN_ARGS)
+    proc = run_python(args=[str(script)], env={"STREAMPOOL_LIBRARY": str(_lib.library_path())}, timeout=120)
+    assert proc.returncode == 0 and "CHILD (True, True)" in proc.stdout, describe(proc)
