@@ -181,7 +181,7 @@ typedef struct StreampoolIpcHandle {
    */
   uint8_t pointer_data[64];
   /**
-   * `CUipcEventHandle` of an event recorded on the block's stream at export: the data is
+   * `CUipcEventHandle` of an event recorded on the exporter's stream at export: the data is
    * ready once it has completed.
    */
   uint8_t event_handle[64];
