@@ -203,30 +203,7 @@ impl DeviceAllocator {
     ) -> Result<DevicePtr> {
         self.enforce_limit(requested_bytes, block_bytes, stream)?;
         self.make_room(pool, block_bytes, stream)?;
-        let ptr = match self
-            .driver
-            .alloc_async(self.device, pool.handle, block_bytes, stream)
-        {
-            Ok(ptr) => ptr,
-            Err(e) if e.is_device_oom() => {
-                log::warn!("device {}: out of memory for {block_bytes} B; flushing cache, synchronising, trimming, retrying", self.device);
-                self.state.lock().counters.num_alloc_retries += 1;
-                if let Err(e) = self.flush(0) {
-                    log::warn!("device {}: before the retry: {e}", self.device);
-                }
-                match self
-                    .driver
-                    .alloc_async(self.device, pool.handle, block_bytes, stream)
-                {
-                    Ok(ptr) => ptr,
-                    Err(e) if e.is_device_oom() => {
-                        return Err(self.out_of_memory(requested_bytes, stream, None))
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(e) => return Err(e),
-        };
+        let ptr = self.alloc_or_retry(pool.handle, requested_bytes, block_bytes, stream)?;
         let reserved_bytes = self.reserved_for_timeline(pool);
         {
             let mut st = self.state.lock();
@@ -244,6 +221,37 @@ impl DeviceAllocator {
         );
         self.release_cache_after_growth(pool)?;
         Ok(ptr)
+    }
+
+    /// Step 5 and 6: the pool serves the block; out of memory, the cache goes back, the device
+    /// is synchronised and the main pool trimmed (its unused memory may be what is missing, for
+    /// the shareable pool too), and the pool is asked once more.
+    fn alloc_or_retry(
+        &self,
+        pool: PoolHandle,
+        requested_bytes: u64,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        let alloc = || {
+            self.driver
+                .alloc_async(self.device, pool, block_bytes, stream)
+        };
+        let result = match alloc() {
+            Err(e) if e.is_device_oom() => {
+                log::warn!("device {}: out of memory for {block_bytes} B; flushing cache, synchronising, trimming, retrying", self.device);
+                self.state.lock().counters.num_alloc_retries += 1;
+                if let Err(e) = self.flush(0) {
+                    log::warn!("device {}: before the retry: {e}", self.device);
+                }
+                alloc()
+            }
+            other => other,
+        };
+        match result {
+            Err(e) if e.is_device_oom() => Err(self.out_of_memory(requested_bytes, stream, None)),
+            other => other,
+        }
     }
 
     /// Graph capture: the allocation becomes part of the graph (see `Driver::alloc_captured`).
@@ -283,28 +291,7 @@ impl DeviceAllocator {
         stream: Stream,
     ) -> Result<DevicePtr> {
         let pool = self.shared_pool()?;
-        let alloc = || {
-            self.driver
-                .alloc_async(self.device, pool, block_bytes, stream)
-        };
-        let ptr = match alloc() {
-            Err(e) if e.is_device_oom() => {
-                // The main pool's unused memory may be what is missing.
-                self.state.lock().counters.num_alloc_retries += 1;
-                if let Err(e) = self.flush(0) {
-                    log::warn!("device {}: before the retry: {e}", self.device);
-                }
-                alloc()
-            }
-            other => other,
-        };
-        let ptr = match ptr {
-            Ok(ptr) => ptr,
-            Err(e) if e.is_device_oom() => {
-                return Err(self.out_of_memory(requested_bytes, stream, None))
-            }
-            Err(e) => return Err(e),
-        };
+        let ptr = self.alloc_or_retry(pool, requested_bytes, block_bytes, stream)?;
         let mut st = self.state.lock();
         st.counters.num_device_allocs += 1;
         st.held_bytes += block_bytes;

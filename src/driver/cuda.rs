@@ -6,9 +6,7 @@
 
 mod ipc;
 
-use super::{
-    DevicePtr, Driver, EventHandle, IpcBytes, MemInfo, PoolAttr, PoolHandle, PoolUsage, Stream,
-};
+use super::{DevicePtr, Driver, EventHandle, MemInfo, PoolAttr, PoolHandle, PoolUsage, Stream};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::CStr;
@@ -430,38 +428,5 @@ impl Driver for CudaDriver {
         check("cuMemPoolSetAccess", unsafe {
             sys::cuMemPoolSetAccess(pool.0 as sys::CUmemoryPool, &desc, 1)
         })
-    }
-
-    fn ipc_supported(&self, device: usize) -> Result<bool> {
-        self.ipc_supported_(device)
-    }
-
-    fn pool_export_fd(&self, device: usize, pool: PoolHandle) -> Result<i32> {
-        self.pool_export_fd_(device, pool)
-    }
-
-    fn pool_import_fd(&self, device: usize, fd: i32) -> Result<PoolHandle> {
-        self.pool_import_fd_(device, fd)
-    }
-
-    fn pointer_export(&self, device: usize, ptr: DevicePtr) -> Result<IpcBytes> {
-        self.pointer_export_(device, ptr)
-    }
-
-    fn pointer_import(
-        &self,
-        device: usize,
-        pool: PoolHandle,
-        data: &IpcBytes,
-    ) -> Result<DevicePtr> {
-        self.pointer_import_(device, pool, data)
-    }
-
-    fn ipc_event_record(&self, device: usize, stream: Stream) -> Result<(EventHandle, IpcBytes)> {
-        self.ipc_event_record_(device, stream)
-    }
-
-    fn ipc_event_wait(&self, device: usize, stream: Stream, handle: &IpcBytes) -> Result<()> {
-        self.ipc_event_wait_(device, stream, handle)
     }
 }

@@ -49,7 +49,7 @@ pub enum PoolAttr {
 
 /// The operations streampool needs from CUDA. Every method that touches a device takes its index
 /// so the implementation can make the right context current on the calling thread.
-pub trait Driver: Send + Sync {
+pub trait Driver: IpcDriver + Send + Sync {
     fn name(&self) -> &'static str;
     fn device_count(&self) -> Result<usize>;
     fn mem_info(&self, device: usize) -> Result<MemInfo>;
@@ -101,9 +101,11 @@ pub trait Driver: Send + Sync {
     /// Lets `peer` read and write every allocation, present and future, of `device`'s `pool`
     /// (`cuMemPoolSetAccess`; pool memory ignores `cuCtxEnablePeerAccess`).
     fn pool_grant_access(&self, device: usize, pool: PoolHandle, peer: usize) -> Result<()>;
+}
 
-    // Sharing pool memory with other processes (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`).
-
+/// The part of [`Driver`] that shares pool memory with other processes
+/// (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`); implemented next to each driver in `ipc.rs`.
+pub trait IpcDriver {
     /// True if `device`'s pools can be shared through POSIX file descriptors.
     fn ipc_supported(&self, device: usize) -> Result<bool>;
     /// A new file descriptor for a shareable `pool` (`cuMemPoolExportToShareableHandle`); the

@@ -4,15 +4,15 @@
 //! that needs one, and an error is returned, never a panic.
 
 use super::{check, stream_ptr, CudaDriver};
-use crate::driver::{DevicePtr, EventHandle, IpcBytes, PoolHandle, Stream};
+use crate::driver::{DevicePtr, EventHandle, IpcBytes, IpcDriver, PoolHandle, Stream};
 use crate::error::Result;
 use cudarc::driver::sys;
 
 const POSIX_FD: sys::CUmemAllocationHandleType =
     sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 
-impl CudaDriver {
-    pub(super) fn ipc_supported_(&self, device: usize) -> Result<bool> {
+impl IpcDriver for CudaDriver {
+    fn ipc_supported(&self, device: usize) -> Result<bool> {
         let types = self.device_attr(
             device,
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
@@ -20,7 +20,7 @@ impl CudaDriver {
         Ok(types as u32 & POSIX_FD.0 != 0)
     }
 
-    pub(super) fn pool_export_fd_(&self, device: usize, pool: PoolHandle) -> Result<i32> {
+    fn pool_export_fd(&self, device: usize, pool: PoolHandle) -> Result<i32> {
         let _scope = self.enter(device)?;
         let mut fd: i32 = -1;
         // SAFETY: for POSIX_FD the out-pointer is an int; the pool was created shareable.
@@ -35,7 +35,7 @@ impl CudaDriver {
         Ok(fd)
     }
 
-    pub(super) fn pool_import_fd_(&self, device: usize, fd: i32) -> Result<PoolHandle> {
+    fn pool_import_fd(&self, device: usize, fd: i32) -> Result<PoolHandle> {
         let _scope = self.enter(device)?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: for POSIX_FD the handle argument is the descriptor itself, cast to a pointer.
@@ -45,7 +45,7 @@ impl CudaDriver {
         Ok(PoolHandle(pool as usize))
     }
 
-    pub(super) fn pointer_export_(&self, device: usize, ptr: DevicePtr) -> Result<IpcBytes> {
+    fn pointer_export(&self, device: usize, ptr: DevicePtr) -> Result<IpcBytes> {
         let _scope = self.enter(device)?;
         // SAFETY: plain data, fully written by the call.
         let mut data: sys::CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
@@ -56,7 +56,7 @@ impl CudaDriver {
         Ok(data.reserved)
     }
 
-    pub(super) fn pointer_import_(
+    fn pointer_import(
         &self,
         device: usize,
         pool: PoolHandle,
@@ -72,11 +72,7 @@ impl CudaDriver {
         Ok(ptr)
     }
 
-    pub(super) fn ipc_event_record_(
-        &self,
-        device: usize,
-        stream: Stream,
-    ) -> Result<(EventHandle, IpcBytes)> {
+    fn ipc_event_record(&self, device: usize, stream: Stream) -> Result<(EventHandle, IpcBytes)> {
         let _scope = self.enter(device)?;
         let mut event: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_INTERPROCESS as u32
@@ -108,12 +104,7 @@ impl CudaDriver {
         }
     }
 
-    pub(super) fn ipc_event_wait_(
-        &self,
-        device: usize,
-        stream: Stream,
-        handle: &IpcBytes,
-    ) -> Result<()> {
+    fn ipc_event_wait(&self, device: usize, stream: Stream, handle: &IpcBytes) -> Result<()> {
         let _scope = self.enter(device)?;
         let handle = sys::CUipcEventHandle {
             reserved: handle.map(|b| b as std::ffi::c_char),

@@ -6,7 +6,7 @@
 //! pointer, and an import is released by `free_async` without freeing the exporter's block.
 
 use super::{driver_error, SimDriver, CUDA_ERROR_INVALID_VALUE};
-use crate::driver::{DevicePtr, Driver, EventHandle, IpcBytes, PoolHandle, Stream};
+use crate::driver::{DevicePtr, Driver, EventHandle, IpcBytes, IpcDriver, PoolHandle, Stream};
 use crate::error::Result;
 
 fn inode(fd: i32) -> Option<u64> {
@@ -29,12 +29,19 @@ impl SimDriver {
         self.ipc_unsupported.lock().push(device);
     }
 
-    pub(super) fn ipc_supported_(&self, device: usize) -> Result<bool> {
+    /// Pointers imported and not yet released, on `device`.
+    pub fn imported_count(&self, device: usize) -> u32 {
+        self.devices[device].lock().imported.values().sum()
+    }
+}
+
+impl IpcDriver for SimDriver {
+    fn ipc_supported(&self, device: usize) -> Result<bool> {
         drop(self.device(device, "cuDeviceGetAttribute")?);
         Ok(!self.ipc_unsupported.lock().contains(&device))
     }
 
-    pub(super) fn pool_export_fd_(&self, device: usize, pool: PoolHandle) -> Result<i32> {
+    fn pool_export_fd(&self, device: usize, pool: PoolHandle) -> Result<i32> {
         let call = "cuMemPoolExportToShareableHandle";
         if !self.device(device, call)?.pools[pool.0].shareable {
             return Err(invalid(call));
@@ -46,7 +53,7 @@ impl SimDriver {
         Ok(fd)
     }
 
-    pub(super) fn pool_import_fd_(&self, device: usize, fd: i32) -> Result<PoolHandle> {
+    fn pool_import_fd(&self, device: usize, fd: i32) -> Result<PoolHandle> {
         let call = "cuMemPoolImportFromShareableHandle";
         let exported = inode(fd).and_then(|ino| self.exported_pools.lock().get(&ino).copied());
         match exported {
@@ -55,7 +62,7 @@ impl SimDriver {
         }
     }
 
-    pub(super) fn pointer_export_(&self, device: usize, ptr: DevicePtr) -> Result<IpcBytes> {
+    fn pointer_export(&self, device: usize, ptr: DevicePtr) -> Result<IpcBytes> {
         let call = "cuMemPoolExportPointer";
         let d = self.device(device, call)?;
         let pool = d
@@ -69,7 +76,7 @@ impl SimDriver {
         Ok(data)
     }
 
-    pub(super) fn pointer_import_(
+    fn pointer_import(
         &self,
         device: usize,
         pool: PoolHandle,
@@ -89,11 +96,7 @@ impl SimDriver {
         Ok(ptr)
     }
 
-    pub(super) fn ipc_event_record_(
-        &self,
-        device: usize,
-        stream: Stream,
-    ) -> Result<(EventHandle, IpcBytes)> {
+    fn ipc_event_record(&self, device: usize, stream: Stream) -> Result<(EventHandle, IpcBytes)> {
         let event = self.event_create(device)?;
         if let Err(e) = self.event_record(device, event, stream) {
             self.event_destroy(device, event);
@@ -104,22 +107,12 @@ impl SimDriver {
         Ok((event, handle))
     }
 
-    pub(super) fn ipc_event_wait_(
-        &self,
-        device: usize,
-        _stream: Stream,
-        handle: &IpcBytes,
-    ) -> Result<()> {
+    fn ipc_event_wait(&self, device: usize, _stream: Stream, handle: &IpcBytes) -> Result<()> {
         let call = "cuIpcOpenEventHandle";
         let d = self.device(device, call)?;
         match d.events.contains_key(&(word(handle, 0) as usize)) {
             true => Ok(()),
             false => Err(driver_error(call, 400, "CUDA_ERROR_INVALID_HANDLE")),
         }
-    }
-
-    /// Pointers imported and not yet released, on `device`.
-    pub fn imported_count(&self, device: usize) -> u32 {
-        self.devices[device].lock().imported.values().sum()
     }
 }
