@@ -341,6 +341,11 @@ int streampool_shareable_begin(void);
 int streampool_shareable_end(void);
 
 /**
+ * 1 if `device` supports stream-ordered memory pools, 0 if not, or a negative status.
+ */
+int streampool_pools_supported(int device);
+
+/**
  * 1 if `device`'s pools can be shared with other processes, 0 if not, or a negative status.
  */
 int streampool_ipc_supported(int device);

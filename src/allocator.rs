@@ -142,6 +142,12 @@ impl Allocator {
             .fold(Ok(()), Result::and)
     }
 
+    /// True if `device` supports stream-ordered memory pools.
+    pub fn pools_supported(&self, device: i64) -> Result<bool> {
+        self.device(device)?;
+        self.driver.pools_supported(device as usize)
+    }
+
     /// True if `device`'s pools can be shared with other processes.
     pub fn ipc_supported(&self, device: i64) -> Result<bool> {
         self.device(device)?;

@@ -394,10 +394,21 @@ pub extern "C" fn streampool_shareable_end() -> c_int {
     }
 }
 
+/// 1 if `device` supports stream-ordered memory pools, 0 if not, or a negative status.
+#[no_mangle]
+pub extern "C" fn streampool_pools_supported(device: c_int) -> c_int {
+    flag(guarded(|| global()?.pools_supported(device.into())))
+}
+
 /// 1 if `device`'s pools can be shared with other processes, 0 if not, or a negative status.
 #[no_mangle]
 pub extern "C" fn streampool_ipc_supported(device: c_int) -> c_int {
-    match guarded(|| global()?.ipc_supported(device.into())) {
+    flag(guarded(|| global()?.ipc_supported(device.into())))
+}
+
+/// 1 / 0 for a yes / no answer, or a negative status with the message kept.
+fn flag(answer: Result<bool>) -> c_int {
+    match answer {
         Ok(supported) => {
             clear_last_error();
             supported as c_int

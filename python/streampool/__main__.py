@@ -20,9 +20,14 @@ def _device_line(index: int) -> str:
         f"device {index}: total {format_bytes(s['device_total_bytes'])}, "
         f"allocated {format_bytes(s['allocated_bytes.all.current'])}, "
         f"reserved {format_bytes(s['reserved_bytes.all.current'])}, "
-        f"cached {format_bytes(s['cached_bytes'])}, limit {limit}, "
-        f"shareable pools (IPC) {'supported' if streampool.ipc_supported(index) else 'not supported'}"
+        f"cached {format_bytes(s['cached_bytes'])}, limit {limit}; "
+        f"memory pools {_supported('streampool_pools_supported', index)}, "
+        f"shareable pools (IPC) {_supported('streampool_ipc_supported', index)}"
     )
+
+
+def _supported(function: str, index: int) -> str:
+    return "supported" if _lib.device_flag(function, index) else "NOT supported"
 
 
 def _variable_lines() -> List[str]:

@@ -50,10 +50,7 @@ def shareable() -> Iterator[None]:
 
 def ipc_supported(device: int = 0) -> bool:
     """True if ``device`` can share pool memory with other processes (POSIX file descriptors)."""
-    result = _lib.library().streampool_ipc_supported(device)
-    if result < 0:
-        _lib.check(result)
-    return bool(result)
+    return _lib.device_flag("streampool_ipc_supported", device)
 
 
 # --- release bytes ---------------------------------------------------------------------------

@@ -199,6 +199,7 @@ _SIGNATURES = {
     "streampool_shareable_begin": (_c_int, []),
     "streampool_shareable_end": (_c_int, []),
     "streampool_ipc_supported": (_c_int, [_c_int]),
+    "streampool_pools_supported": (_c_int, [_c_int]),
     "streampool_ipc_export": (_c_int, [_c_void_p, _c_int, _c_void_p, ctypes.POINTER(StreampoolIpcHandle)]),
     "streampool_ipc_release_export": (_c_int, [_c_int, _c_uint64]),
     "streampool_ipc_import_pool": (_c_int, [_c_int, _c_int, ctypes.POINTER(_c_uint64)]),
@@ -347,6 +348,14 @@ def device_count() -> int:
     if count < 0:
         check(count)
     return count
+
+
+def device_flag(name: str, device: int) -> bool:
+    """The yes/no answer of export ``name`` (1 / 0) for ``device``; raises on a negative status."""
+    answer = getattr(library(), name)(device)
+    if answer < 0:
+        check(answer)
+    return bool(answer)
 
 
 def get_stats(device: int) -> StreampoolStats:

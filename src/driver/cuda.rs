@@ -164,17 +164,21 @@ impl Driver for CudaDriver {
         })
     }
 
+    fn pools_supported(&self, device: usize) -> Result<bool> {
+        let supported = self.device_attr(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        )?;
+        Ok(supported != 0)
+    }
+
     fn pool_create(
         &self,
         device: usize,
         max_size_bytes: u64,
         shareable: bool,
     ) -> Result<PoolHandle> {
-        let supported = self.device_attr(
-            device,
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-        )?;
-        if supported == 0 {
+        if !self.pools_supported(device)? {
             return Err(Error::DriverUnavailable(format!(
                 "device {device} does not support CUDA memory pools (cuMemAllocFromPoolAsync); streampool needs CUDA 11.2+ and a supported GPU"
             )));

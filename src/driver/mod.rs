@@ -53,6 +53,8 @@ pub trait Driver: IpcDriver + Send + Sync {
     fn name(&self) -> &'static str;
     fn device_count(&self) -> Result<usize>;
     fn mem_info(&self, device: usize) -> Result<MemInfo>;
+    /// True if `device` supports stream-ordered memory pools.
+    fn pools_supported(&self, device: usize) -> Result<bool>;
 
     /// Creates an explicit pool on `device`; `max_size_bytes == u64::MAX` means unlimited. A
     /// `shareable` pool can be exported to other processes as a POSIX file descriptor.

@@ -370,6 +370,11 @@ impl Driver for SimDriver {
         })
     }
 
+    fn pools_supported(&self, device: usize) -> Result<bool> {
+        drop(self.device(device, "cuDeviceGetAttribute")?);
+        Ok(true)
+    }
+
     fn pool_create(
         &self,
         device: usize,
