@@ -78,6 +78,8 @@ struct State {
     /// In the order they were freed.
     pending: VecDeque<PendingBlock>,
     deferred: Vec<DeferredBlock>,
+    /// Live or waiting blocks of the shareable pool: they go back to it, never into the cache.
+    shared_ptrs: WordMap<DevicePtr, ()>,
     /// Blocks whose `cuMemFreeAsync` failed, with whether they count in `held_bytes`; the next
     /// flush tries again, so a transient driver error loses no memory.
     unreturned: Vec<(CachedBlock, bool)>,
@@ -291,10 +293,12 @@ impl DeviceAllocator {
         stream: Stream,
     ) -> Result<DevicePtr> {
         let pool = self.shared_pool()?;
+        self.enforce_limit(requested_bytes, block_bytes, stream)?;
         let ptr = self.alloc_or_retry(pool, requested_bytes, block_bytes, stream)?;
         let mut st = self.state.lock();
         st.counters.num_device_allocs += 1;
         st.held_bytes += block_bytes;
+        st.shared_ptrs.insert(ptr, ());
         st.note(Event::PoolAlloc, stream, ptr, block_bytes);
         st.insert_live(
             ptr,
@@ -552,12 +556,6 @@ impl DeviceAllocator {
             block_bytes: block.block_bytes,
             stream: block.stream,
         };
-        if block.origin == Origin::SharedPool && block.recorded_streams.is_empty() {
-            st.counters.active_bytes.sub(block.requested_bytes);
-            st.held_bytes -= block.block_bytes;
-            drop(st);
-            return self.return_to_pool(vec![cached], true);
-        }
         if block.origin == Origin::Graph {
             st.counters.active_bytes.sub(block.requested_bytes);
             drop(st);
@@ -581,7 +579,7 @@ impl DeviceAllocator {
         mut st: parking_lot::MutexGuard<'_, State>,
         block: CachedBlock,
     ) -> Result<()> {
-        match st.cache.put(block) {
+        match st.put_in_cache(block) {
             Ok(()) => Ok(()),
             Err(block) => {
                 st.held_bytes -= block.block_bytes;
@@ -683,7 +681,7 @@ impl DeviceAllocator {
         for p in st.pending.drain(..ready).collect::<Vec<_>>() {
             st.spare_events.extend(p.events);
             st.counters.active_bytes.sub(p.requested_bytes);
-            if let Err(block) = st.cache.put(p.block) {
+            if let Err(block) = st.put_in_cache(p.block) {
                 st.held_bytes -= block.block_bytes;
                 let result = self.driver.free_async(self.device, block.ptr, block.stream);
                 let _ = st.settle_return(self.device, block, true, result);
@@ -911,6 +909,17 @@ impl DeviceAllocator {
     }
 }
 
+impl Drop for DeviceAllocator {
+    /// Closes the exported pool's file descriptor (an allocator lives as long as its process;
+    /// tests and the fuzzer make many).
+    fn drop(&mut self) {
+        if let Some((_, Some(fd))) = *self.shared_pool.get_mut() {
+            // SAFETY: the descriptor was returned by pool_export_fd and is closed only here.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
 impl State {
     #[inline]
     fn insert_live(
@@ -1022,6 +1031,9 @@ impl State {
         match result {
             Ok(()) => {
                 self.counters.num_device_frees += 1;
+                if !self.shared_ptrs.is_empty() {
+                    self.shared_ptrs.remove(&block.ptr);
+                }
                 self.note(Event::PoolFree, block.stream, block.ptr, block.block_bytes);
                 Ok(())
             }
@@ -1065,6 +1077,16 @@ impl State {
             );
         }
         (held, graph.into_iter().map(|(b, _)| b).collect())
+    }
+
+    /// Keeps `block` for reuse; hands it back (to go to the pool) if the cache is full, the block
+    /// too large, or the block belongs to the shareable pool.
+    #[inline]
+    fn put_in_cache(&mut self, block: CachedBlock) -> Result<(), CachedBlock> {
+        if !self.shared_ptrs.is_empty() && self.shared_ptrs.contains_key(&block.ptr) {
+            return Err(block);
+        }
+        self.cache.put(block)
     }
 
     /// Takes every cached block out of the cache (they leave `held_bytes`).

@@ -144,3 +144,43 @@ fn bad_imports_and_scopes_are_errors() {
     rig.alloc.free(ptr, 0).unwrap();
     rig.finish();
 }
+
+#[test]
+fn a_shareable_block_used_on_other_streams_goes_back_to_its_pool_not_the_cache() {
+    let rig = rig(64 * MIB);
+    let shared = with_shareable(|| rig.alloc.malloc(MIB, 0, 1).unwrap());
+    rig.alloc.record_stream(shared, 2).unwrap();
+    rig.alloc.free(shared, 0).unwrap();
+    assert_eq!(rig.stats(0).active_bytes, MIB, "waits for stream 2");
+    rig.sim.complete_all();
+    let normal = rig.alloc.malloc(MIB, 0, 1).unwrap(); // collects the finished wait
+    let s = rig.stats(0);
+    assert_eq!(
+        (s.cached_bytes, s.ipc_used_bytes, s.num_cache_hits),
+        (0, 0, 0)
+    );
+    assert_eq!(
+        s.num_device_frees, 1,
+        "the shareable block went back to its pool"
+    );
+    rig.alloc.free(normal, 0).unwrap();
+    rig.finish();
+}
+
+#[test]
+fn the_memory_fraction_caps_shareable_allocations_too() {
+    let rig = rig(64 * MIB);
+    rig.alloc
+        .device(0)
+        .unwrap()
+        .set_memory_fraction(0.25)
+        .unwrap(); // 16 MiB
+    let first = with_shareable(|| rig.alloc.malloc(12 * MIB, 0, 0).unwrap());
+    let e = with_shareable(|| rig.alloc.malloc(8 * MIB, 0, 0).unwrap_err().to_string());
+    assert!(
+        e.starts_with("CUDA out of memory.") && e.contains("limit"),
+        "{e}"
+    );
+    rig.alloc.free(first, 0).unwrap();
+    rig.finish();
+}
