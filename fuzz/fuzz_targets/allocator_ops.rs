@@ -17,6 +17,10 @@
 //! - stream safety: a freed block is handed out again on stream X only once every other stream
 //!   that used it (its allocation stream and record_stream streams) has completed the work it had
 //!   when the block was freed (checked with the harness's own simulated events).
+//! - blocks allocated inside a shareable scope export, others are refused as "not in a shareable
+//!   pool" without changing a statistic; an export imports, closes and releases cleanly; the
+//!   shareable pool's used bytes cover its live blocks, and its blocks never reach the cache;
+//! - with the memory timeline on, the newest event's allocated-bytes gauge equals the statistics.
 //!
 //! At the end: captures end, everything is freed, streams complete, the cache is emptied, and the
 //! simulator must hold no memory (`outstanding_bytes() == 0`).
@@ -32,6 +36,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use streampool::driver::sim::{SimDriver, SimFault};
 use streampool::driver::{DevicePtr, Driver, EventHandle, PoolHandle, Stream};
+use streampool::ipc::{begin_shareable, end_shareable};
 use streampool::{Allocator, Config, Error, StreampoolStats};
 
 const DEVICES: usize = 2;
@@ -251,6 +256,21 @@ pub enum Op {
         pick: u8,
     },
     InjectFault(Fault),
+    /// A malloc inside `streampool.shareable()`: from the device's shareable pool.
+    MallocShareable {
+        size: Size,
+        device: Dev,
+        stream: StreamSel,
+    },
+    /// Export a live block; if that succeeds, import it here (as another process would), close
+    /// the import and release the export.
+    ExportImport {
+        pick: u16,
+        stream: StreamSel,
+    },
+    RecordHistory {
+        on: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -258,6 +278,8 @@ struct Block {
     bytes: u64,
     stream: Stream,
     captured: bool,
+    /// From the shareable pool.
+    shareable: bool,
     recorded: Vec<Stream>,
 }
 
@@ -291,6 +313,7 @@ struct Harness {
     quarantine: Vec<Quarantine>,
     /// Faults injected and not yet consumed, per kind (index into FAULTS).
     pending_faults: [u32; 6],
+    history_on: bool,
 }
 
 fn is_injected(e: &Error) -> bool {
@@ -325,6 +348,7 @@ impl Harness {
             last_freed: None,
             quarantine: Vec::new(),
             pending_faults: [0; 6],
+            history_on: false,
         }
     }
 
@@ -462,6 +486,37 @@ impl Harness {
                 device,
                 stream,
             } => self.malloc(size.bytes(), device.index(), stream.stream()),
+            Op::MallocShareable {
+                size,
+                device,
+                stream,
+            } => {
+                begin_shareable();
+                let outcome = self.malloc(size.bytes(), device.index(), stream.stream());
+                end_shareable().expect("matched scope");
+                match outcome {
+                    Outcome::Malloc {
+                        result,
+                        device,
+                        bytes,
+                        stream,
+                    } => Outcome::MallocShareable {
+                        result,
+                        device,
+                        bytes,
+                        stream,
+                    },
+                    other => other,
+                }
+            }
+            Op::ExportImport { pick, stream } => match self.live_nth(pick) {
+                Some((d, p)) => self.export_import(d, p, stream.stream()),
+                None => Outcome::None,
+            },
+            Op::RecordHistory { on } => {
+                self.history_on = on;
+                Outcome::MustSucceed(self.alloc.record_history(on, 64))
+            }
             Op::Free(target) => self.free(target),
             Op::RecordStream { pick, stream } => match self.live_nth(pick) {
                 Some((d, p)) => {
@@ -582,6 +637,10 @@ impl Harness {
         self.pending_faults = left;
 
         let after = self.all_stats();
+        let outcome_kind = match &outcome {
+            Outcome::MallocShareable { .. } => OutcomeKind::MallocShareable,
+            _ => OutcomeKind::Other,
+        };
         match outcome {
             Outcome::None => {}
             Outcome::MustSucceed(r) => {
@@ -618,7 +677,14 @@ impl Harness {
                 device,
                 bytes,
                 stream,
+            }
+            | Outcome::MallocShareable {
+                result,
+                device,
+                bytes,
+                stream,
             } => {
+                let shareable_scope = matches!(outcome_kind, OutcomeKind::MallocShareable);
                 match result {
                     Ok(ptr) => {
                         let d = device;
@@ -630,6 +696,7 @@ impl Harness {
                                 bytes,
                                 stream,
                                 captured,
+                                shareable: shareable_scope && !captured,
                                 recorded: Vec::new(),
                             },
                         );
@@ -669,6 +736,46 @@ impl Harness {
         }
         self.prune_quarantine();
         self.check_stats(&after);
+        if self.history_on {
+            if let Some(e) = self.alloc.history(1).0.last() {
+                let d = e.device as usize;
+                assert_eq!(
+                    e.allocated_bytes, after[d].allocated_bytes,
+                    "device {d}: the newest timeline event's allocated_bytes gauge is stale: {e:?}"
+                );
+            }
+        }
+    }
+
+    /// Exports the block; a shareable one must export (unless an injected fault fired) and then
+    /// round-trips through import and close with faults set aside, as another process would.
+    fn export_import(&mut self, d: usize, p: DevicePtr, stream: Stream) -> Outcome {
+        let shareable = self.live[&(d, p)].shareable;
+        let exported = self.alloc.ipc_export(p, d as i64, stream);
+        if !shareable {
+            return Outcome::Rejected(exported.map(drop), Expect::Invalid("not in a shareable pool"));
+        }
+        let handle = match exported {
+            Ok(h) => h,
+            Err(e) => return Outcome::MustSucceed(Err(e)),
+        };
+        let left = self.drain_faults();
+        let token = self
+            .alloc
+            .ipc_import_pool(d as i64, handle.pool_fd)
+            .expect("import the pool");
+        let imported = self
+            .alloc
+            .ipc_import(token, &handle, stream)
+            .expect("import the block");
+        assert_eq!(imported, p, "the simulator maps an import at the exporter's address");
+        self.alloc.ipc_close(imported, stream).expect("close the import");
+        assert_eq!(self.alloc.ipc_open_imports(), 0);
+        self.alloc
+            .ipc_release_export(d as i64, handle.event)
+            .expect("release the export");
+        self.reinject(left);
+        Outcome::MustSucceed(Ok(()))
     }
 
     fn malloc(&mut self, bytes: u64, device: i64, stream: Stream) -> Outcome {
@@ -735,10 +842,18 @@ impl Harness {
             .fold((0, 0), |(b, n), (_, blk)| (b + blk.bytes, n + 1))
     }
 
-    /// Requested bytes of live blocks that came from the pool (not graph memory).
+    /// Requested bytes of live blocks held from a pool (not graph memory), shareable included.
     fn pool_live_bytes(&self, device: usize) -> u64 {
         self.live_on(device)
             .filter(|(_, b)| !b.captured)
+            .map(|(_, b)| b.bytes)
+            .sum()
+    }
+
+    /// Requested bytes of live blocks of the shareable pool (`true`) or of the main pool.
+    fn live_bytes_of(&self, device: usize, shareable: bool) -> u64 {
+        self.live_on(device)
+            .filter(|(_, b)| !b.captured && b.shareable == shareable)
             .map(|(_, b)| b.bytes)
             .sum()
     }
@@ -777,7 +892,13 @@ impl Harness {
                 s.active_bytes,
                 s.allocated_bytes
             );
-            let pool_live = self.pool_live_bytes(d);
+            let pool_live = self.live_bytes_of(d, false);
+            let shared_live = self.live_bytes_of(d, true);
+            assert!(
+                s.ipc_used_bytes >= shared_live,
+                "device {d}: shareable pool used {} < its live {shared_live}",
+                s.ipc_used_bytes
+            );
             assert!(
                 s.pool_used_bytes >= pool_live + s.cached_bytes,
                 "device {d}: pool used {} < live {pool_live} + cached {}",
@@ -855,6 +976,17 @@ enum Outcome {
         bytes: u64,
         stream: Stream,
     },
+    MallocShareable {
+        result: Result<DevicePtr, Error>,
+        device: usize,
+        bytes: u64,
+        stream: Stream,
+    },
+}
+
+enum OutcomeKind {
+    MallocShareable,
+    Other,
 }
 
 fuzz_target!(|ops: Vec<Op>| {
