@@ -18,6 +18,7 @@ pub struct Allocator {
     devices: Vec<DeviceAllocator>,
     history: Arc<History>,
     imports: Imports,
+    peers: Arc<Peers>,
 }
 
 impl Allocator {
@@ -40,8 +41,8 @@ impl Allocator {
         let devices = (0..count)
             .map(|d| {
                 let (driver, config) = (Arc::clone(&driver), Arc::clone(&config));
-                let (history, peers) = (Arc::clone(&history), Arc::clone(&peers));
-                DeviceAllocator::new(d, driver, config, history, peers)
+                let (history, device_peers) = (Arc::clone(&history), Arc::clone(&peers));
+                DeviceAllocator::new(d, driver, config, history, device_peers)
             })
             .collect();
         log::info!("streampool: {} driver, {count} device(s)", driver.name());
@@ -50,6 +51,7 @@ impl Allocator {
             devices,
             history,
             imports: Imports::default(),
+            peers,
         })
     }
 
@@ -178,8 +180,12 @@ impl Allocator {
                 "not a file descriptor: {fd}"
             )));
         }
-        self.imports
-            .import_pool(self.driver.as_ref(), device as usize, fd)
+        let driver = self.driver.as_ref();
+        let (pool, new) = self.imports.import_pool(driver, device as usize, fd)?;
+        if new {
+            self.peers.pool_imported(driver, device as usize, pool);
+        }
+        Ok(pool.0 as u64)
     }
 
     pub fn ipc_import(

@@ -82,14 +82,21 @@ pub struct Imports {
 }
 
 impl Imports {
-    /// Imports another process's pool from `fd` (which stays the caller's); returns its token.
-    pub fn import_pool(&self, driver: &dyn Driver, device: usize, fd: i32) -> Result<u64> {
+    /// Imports another process's pool from `fd` (which stays the caller's); returns the pool
+    /// and whether this process had not imported it before.
+    pub fn import_pool(
+        &self,
+        driver: &dyn Driver,
+        device: usize,
+        fd: i32,
+    ) -> Result<(PoolHandle, bool)> {
         let pool = driver.pool_import_fd(device, fd)?;
         let mut pools = self.pools.lock();
-        if !pools.contains(&(device, pool)) {
+        let new = !pools.contains(&(device, pool));
+        if new {
             pools.push((device, pool));
         }
-        Ok(pool.0 as u64)
+        Ok((pool, new))
     }
 
     /// Maps the block `handle` describes from the imported pool `pool_token`, and makes `stream`

@@ -9,7 +9,8 @@
 //! Invariants: access is only ever granted, never revoked (CUDA cannot revoke it); a device is
 //! granted access only after `cuDeviceCanAccessPeer` says it can have it; a pool's own device is
 //! never granted (CUDA rejects changing the owner's access); a failed grant never makes a pool
-//! unusable by its own device.
+//! unusable by its own device. Pools imported from other processes follow the same mode for the
+//! devices of the importing process.
 
 use crate::config::PeerAccess;
 use crate::driver::{Driver, PoolHandle};
@@ -20,6 +21,8 @@ use parking_lot::Mutex;
 pub struct Peers {
     mode: PeerAccess,
     pools: Mutex<Vec<Option<PoolHandle>>>,
+    /// Pools imported from other processes, with their device.
+    imported: Mutex<Vec<(usize, PoolHandle)>>,
 }
 
 impl Peers {
@@ -27,6 +30,7 @@ impl Peers {
         Peers {
             mode,
             pools: Mutex::new(vec![None; device_count]),
+            imported: Mutex::new(Vec::new()),
         }
     }
 
@@ -42,7 +46,8 @@ impl Peers {
                     .filter(|&peer| peer != device)
                     .map(|peer| (device, pool, peer))
                     .collect(),
-                // Both directions between this device and every device already allocated on.
+                // Both directions between this device and every device already allocated on,
+                // and this device to pools imported on other devices.
                 PeerAccess::Auto => pools
                     .iter()
                     .enumerate()
@@ -50,9 +55,40 @@ impl Peers {
                     .flat_map(|(other, other_pool)| {
                         [(device, pool, other), (other, other_pool, device)]
                     })
+                    .chain(
+                        self.imported
+                            .lock()
+                            .iter()
+                            .filter(|(owner, _)| *owner != device)
+                            .map(|&(owner, imported)| (owner, imported, device)),
+                    )
                     .collect(),
             }
         };
+        self.apply(driver, grants);
+    }
+
+    /// Called when another process's pool was imported on `device`: the devices the mode names
+    /// get access to it too, so copies from its memory to them work.
+    pub fn pool_imported(&self, driver: &dyn Driver, device: usize, pool: PoolHandle) {
+        let grants: Vec<(usize, PoolHandle, usize)> = {
+            self.imported.lock().push((device, pool));
+            let pools = self.pools.lock();
+            let peers = (0..pools.len()).filter(|&peer| peer != device);
+            match self.mode {
+                PeerAccess::Off => Vec::new(),
+                PeerAccess::On => peers.map(|peer| (device, pool, peer)).collect(),
+                PeerAccess::Auto => peers
+                    .filter(|&peer| pools[peer].is_some())
+                    .map(|peer| (device, pool, peer))
+                    .collect(),
+            }
+        };
+        self.apply(driver, grants);
+    }
+
+    /// Grants each (owner, pool, peer); a pair that cannot be granted is logged.
+    fn apply(&self, driver: &dyn Driver, grants: Vec<(usize, PoolHandle, usize)>) {
         for (owner, pool, peer) in grants {
             match grant(driver, owner, pool, peer) {
                 Ok(()) => log::info!("device {peer} can now access device {owner}'s pool"),

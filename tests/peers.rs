@@ -88,3 +88,25 @@ fn one_device_has_no_peers_to_grant() {
     assert!(rig.sim.pool_peers(0, POOL).is_empty());
     rig.finish();
 }
+
+#[test]
+fn devices_the_receiver_uses_get_access_to_an_imported_pool() {
+    use streampool::ipc::{begin_shareable, end_shareable};
+    // Here one process exports and imports; the simulator hands back the exporting pool itself.
+    let rig = rig_peers(3, PeerAccess::Auto);
+    begin_shareable();
+    let ptr = rig.alloc.malloc(MIB, 0, 0).unwrap();
+    end_shareable().unwrap();
+    let shared_pool = PoolHandle(1); // device 0: main pool 0, shareable pool 1
+    let handle = rig.alloc.ipc_export(ptr, 0, 0).unwrap();
+    touch(&rig, 1); // the receiver allocates on device 1 before importing ...
+    rig.alloc.ipc_import_pool(0, handle.pool_fd).unwrap();
+    assert_eq!(rig.sim.pool_peers(0, shared_pool), [1]);
+    touch(&rig, 2); // ... and on device 2 after
+    assert_eq!(rig.sim.pool_peers(0, shared_pool), [1, 2]);
+    rig.alloc.ipc_import_pool(0, handle.pool_fd).unwrap(); // again: nothing new to grant
+    assert_eq!(rig.sim.pool_peers(0, shared_pool), [1, 2]);
+    rig.alloc.ipc_release_export(0, handle.event).unwrap();
+    rig.alloc.free(ptr, 0).unwrap();
+    rig.finish();
+}
