@@ -168,8 +168,7 @@ impl Allocator {
     }
 
     pub fn ipc_release_export(&self, device: i64, event: u64) -> Result<()> {
-        self.device(device)?.release_export(event);
-        Ok(())
+        self.device(device)?.release_export(event)
     }
 
     /// Imports another process's pool on `device` from `fd` (which stays the caller's).
@@ -183,7 +182,7 @@ impl Allocator {
         let driver = self.driver.as_ref();
         let (pool, new) = self.imports.import_pool(driver, device as usize, fd)?;
         if new {
-            self.peers.pool_imported(driver, device as usize, pool);
+            self.peers.extra_pool(driver, device as usize, pool);
         }
         Ok(pool.0 as u64)
     }

@@ -106,6 +106,8 @@ pub struct DeviceAllocator {
     /// The pool of `streampool.shareable()` (the main pool itself with `STREAMPOOL_IPC`), and its
     /// exported file descriptor.
     shared_pool: Mutex<Option<(PoolHandle, Option<i32>)>>,
+    /// Events of exports not yet released (only these may be destroyed).
+    exported_events: Mutex<WordMap<u64, ()>>,
     state: Mutex<State>,
     limit_bytes: AtomicU64,
     history: Arc<History>,
@@ -127,6 +129,7 @@ impl DeviceAllocator {
             pool: OnceLock::new(),
             pool_creation: Mutex::new(()),
             shared_pool: Mutex::new(None),
+            exported_events: Mutex::new(WordMap::default()),
             state: Mutex::new(State {
                 device,
                 history: Arc::clone(&history),
@@ -318,7 +321,12 @@ impl DeviceAllocator {
         }
         let pool = match self.config.ipc {
             true => self.pool()?,
-            false => Pool::create(self.driver.as_ref(), self.device, &self.config, true)?,
+            false => {
+                let pool = Pool::create(self.driver.as_ref(), self.device, &self.config, true)?;
+                self.peers
+                    .extra_pool(self.driver.as_ref(), self.device, pool.handle);
+                pool
+            }
         };
         *shared = Some((pool.handle, None));
         Ok(pool.handle)
@@ -356,6 +364,7 @@ impl DeviceAllocator {
         };
         let pointer_data = self.driver.pointer_export(self.device, ptr)?;
         let (event, event_handle) = self.driver.ipc_event_record(self.device, stream)?;
+        self.exported_events.lock().insert(event.0 as u64, ());
         Ok(StreampoolIpcHandle {
             pointer_data,
             event_handle,
@@ -366,10 +375,18 @@ impl DeviceAllocator {
         })
     }
 
-    /// Releases the event of an export once every importer has closed it.
-    pub fn release_export(&self, event: u64) {
+    /// Releases the event of an export once every importer has closed it; an event this device
+    /// did not export (or released already) is an error, never destroyed.
+    pub fn release_export(&self, event: u64) -> Result<()> {
+        if self.exported_events.lock().remove(&event).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "{event:#x} is not the event of an unreleased export on device {}",
+                self.device
+            )));
+        }
         self.driver
             .event_destroy(self.device, EventHandle(event as usize));
+        Ok(())
     }
 
     /// Step 3: the cap from `set_memory_fraction` counts every byte held from the pool.

@@ -7,7 +7,7 @@
 //! until closed, and closing it frees the import and waits for the device before returning, so
 //! the exporter may free the block once every importer has closed.
 
-use crate::driver::{DevicePtr, Driver, PoolHandle, Stream};
+use crate::driver::{DevicePtr, Driver, IpcBytes, PoolHandle, Stream};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::cell::Cell;
@@ -77,8 +77,9 @@ pub struct StreampoolIpcHandle {
 #[derive(Default)]
 pub struct Imports {
     pools: Mutex<Vec<(usize, PoolHandle)>>,
-    /// Imported pointer -> (device, imports not yet closed).
-    pointers: Mutex<HashMap<DevicePtr, (usize, u32)>>,
+    /// Imported pointer -> (device, its export data, imports not yet closed). A block imported
+    /// again is mapped once and counted: closing one import must not unmap the others.
+    pointers: Mutex<HashMap<DevicePtr, (usize, IpcBytes, u32)>>,
 }
 
 impl Imports {
@@ -116,46 +117,61 @@ impl Imports {
                 handle.device
             )));
         }
-        let ptr = driver.pointer_import(device, pool, &handle.pointer_data)?;
+        let mapped = self
+            .pointers
+            .lock()
+            .iter()
+            .find(|(_, (d, data, _))| *d == device && *data == handle.pointer_data)
+            .map(|(ptr, _)| *ptr);
+        let ptr = match mapped {
+            Some(ptr) => ptr,
+            None => driver.pointer_import(device, pool, &handle.pointer_data)?,
+        };
         if let Err(e) = driver.ipc_event_wait(device, stream, &handle.event_handle) {
-            let _ = driver.free_async(device, ptr, stream);
+            if mapped.is_none() {
+                let _ = driver.free_async(device, ptr, stream);
+            }
             return Err(e);
         }
-        self.pointers.lock().entry(ptr).or_insert((device, 0)).1 += 1;
+        let mut pointers = self.pointers.lock();
+        let entry = pointers
+            .entry(ptr)
+            .or_insert((device, handle.pointer_data, 0));
+        entry.2 += 1;
         Ok(ptr)
     }
 
     /// Releases an import: frees it on `stream` and waits for the device (work on other streams
     /// may still read the block), so the exporter may free the block as soon as this returns.
     pub fn close(&self, driver: &dyn Driver, ptr: DevicePtr, stream: Stream) -> Result<()> {
-        let device = self.take_import(ptr)?;
+        let (device, data, last) = {
+            let mut pointers = self.pointers.lock();
+            let (device, data, count) = pointers
+                .get_mut(&ptr)
+                .ok_or(Error::UnknownPointer { ptr, device: 0 })?;
+            let out = (*device, *data, *count == 1);
+            *count -= 1;
+            if out.2 {
+                pointers.remove(&ptr);
+            }
+            out
+        };
+        if !last {
+            return Ok(()); // still mapped for the other imports; the last close waits
+        }
         if let Err(e) = driver.free_async(device, ptr, stream) {
             // Still mapped: a later close may work.
-            self.pointers.lock().entry(ptr).or_insert((device, 0)).1 += 1;
+            self.pointers.lock().insert(ptr, (device, data, 1));
             return Err(e);
         }
         driver.synchronize(device)
-    }
-
-    /// Counts one import of `ptr` as closed; returns its device.
-    fn take_import(&self, ptr: DevicePtr) -> Result<usize> {
-        let mut pointers = self.pointers.lock();
-        let (device, count) = pointers
-            .get_mut(&ptr)
-            .ok_or(Error::UnknownPointer { ptr, device: 0 })?;
-        let device = *device;
-        *count -= 1;
-        if *count == 0 {
-            pointers.remove(&ptr);
-        }
-        Ok(device)
     }
 
     pub fn open_count(&self) -> usize {
         self.pointers
             .lock()
             .values()
-            .map(|(_, n)| *n as usize)
+            .map(|(_, _, n)| *n as usize)
             .sum()
     }
 }

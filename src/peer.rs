@@ -21,8 +21,9 @@ use parking_lot::Mutex;
 pub struct Peers {
     mode: PeerAccess,
     pools: Mutex<Vec<Option<PoolHandle>>>,
-    /// Pools imported from other processes, with their device.
-    imported: Mutex<Vec<(usize, PoolHandle)>>,
+    /// Pools other than the devices' own, with their device: imported from other processes, or
+    /// the shareable pools of `streampool.shareable()`.
+    extra: Mutex<Vec<(usize, PoolHandle)>>,
 }
 
 impl Peers {
@@ -30,7 +31,7 @@ impl Peers {
         Peers {
             mode,
             pools: Mutex::new(vec![None; device_count]),
-            imported: Mutex::new(Vec::new()),
+            extra: Mutex::new(Vec::new()),
         }
     }
 
@@ -47,7 +48,7 @@ impl Peers {
                     .map(|peer| (device, pool, peer))
                     .collect(),
                 // Both directions between this device and every device already allocated on,
-                // and this device to pools imported on other devices.
+                // and this device to the extra pools of other devices.
                 PeerAccess::Auto => pools
                     .iter()
                     .enumerate()
@@ -56,7 +57,7 @@ impl Peers {
                         [(device, pool, other), (other, other_pool, device)]
                     })
                     .chain(
-                        self.imported
+                        self.extra
                             .lock()
                             .iter()
                             .filter(|(owner, _)| *owner != device)
@@ -68,11 +69,12 @@ impl Peers {
         self.apply(driver, grants);
     }
 
-    /// Called when another process's pool was imported on `device`: the devices the mode names
-    /// get access to it too, so copies from its memory to them work.
-    pub fn pool_imported(&self, driver: &dyn Driver, device: usize, pool: PoolHandle) {
+    /// Called for a pool of `device` other than its own (imported from another process, or the
+    /// shareable pool): the devices the mode names get access to it too, so copies from its
+    /// memory to them work.
+    pub fn extra_pool(&self, driver: &dyn Driver, device: usize, pool: PoolHandle) {
         let grants: Vec<(usize, PoolHandle, usize)> = {
-            self.imported.lock().push((device, pool));
+            self.extra.lock().push((device, pool));
             let pools = self.pools.lock();
             let peers = (0..pools.len()).filter(|&peer| peer != device);
             match self.mode {

@@ -184,3 +184,65 @@ fn the_memory_fraction_caps_shareable_allocations_too() {
     rig.alloc.free(first, 0).unwrap();
     rig.finish();
 }
+
+#[test]
+fn a_block_imported_twice_is_mapped_once_until_its_last_close() {
+    let rig = rig(64 * MIB);
+    let ptr = with_shareable(|| rig.alloc.malloc(MIB, 0, 0).unwrap());
+    let (h1, h2) = (
+        rig.alloc.ipc_export(ptr, 0, 0).unwrap(),
+        rig.alloc.ipc_export(ptr, 0, 0).unwrap(),
+    );
+    let pool = rig.alloc.ipc_import_pool(0, h1.pool_fd).unwrap();
+    let (a, b) = (
+        rig.alloc.ipc_import(pool, &h1, 0).unwrap(),
+        rig.alloc.ipc_import(pool, &h2, 0).unwrap(),
+    );
+    assert_eq!(a, b);
+    assert_eq!(
+        (rig.sim.imported_count(0), rig.alloc.ipc_open_imports()),
+        (1, 2)
+    );
+    rig.alloc.ipc_close(a, 0).unwrap();
+    assert_eq!(
+        (rig.sim.imported_count(0), rig.alloc.ipc_open_imports()),
+        (1, 1),
+        "still mapped"
+    );
+    rig.alloc.ipc_close(b, 0).unwrap();
+    assert_eq!(
+        (rig.sim.imported_count(0), rig.alloc.ipc_open_imports()),
+        (0, 0)
+    );
+    for h in [h1, h2] {
+        rig.alloc.ipc_release_export(0, h.event).unwrap();
+        let again = rig
+            .alloc
+            .ipc_release_export(0, h.event)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            again.contains("not the event of an unreleased export"),
+            "{again}"
+        );
+    }
+    assert!(
+        rig.alloc.ipc_release_export(0, 0xbad).is_err(),
+        "never exported"
+    );
+    rig.alloc.free(ptr, 0).unwrap();
+    rig.finish();
+}
+
+#[test]
+fn the_shareable_pool_follows_the_peer_access_policy() {
+    use streampool::driver::PoolHandle;
+    let rig = rig(64 * MIB); // auto
+    let p1 = rig.alloc.malloc(MIB, 1, 0).unwrap();
+    let ptr = with_shareable(|| rig.alloc.malloc(MIB, 0, 0).unwrap());
+    // device 0: main pool 0, shareable pool 1; device 1 allocates, so it may read both.
+    assert_eq!(rig.sim.pool_peers(0, PoolHandle(1)), [1]);
+    rig.alloc.free(ptr, 0).unwrap();
+    rig.alloc.free(p1, 1).unwrap();
+    rig.finish();
+}

@@ -118,17 +118,24 @@ def _mark_released(slot: Tuple[str, int]) -> None:
 
 class BlockHandle:
     """What another process needs to map one shared block; picklable (the pool's file
-    descriptor is passed by ``multiprocessing``'s descriptor sharing)."""
+    descriptor is passed by ``multiprocessing``'s descriptor sharing). Each pickling is one
+    receiver: it gets its own release byte, and the exporter keeps the block until every
+    receiver has released it."""
 
-    def __init__(self, raw: bytes, key: Tuple[int, int, int], fd: int, slot: Tuple[str, int], nbytes: int):
+    def __init__(self, raw: bytes, key: Tuple[str, int], fd: int, slot: Optional[Tuple[str, int]], nbytes: int,
+                 owned_fd: bool = False, sent_key: Optional[Tuple[int, int]] = None):
         self.raw, self.key, self.fd, self.slot, self.nbytes = raw, key, fd, slot, nbytes
+        self.owned_fd, self.sent_key = owned_fd, sent_key
 
     @property
     def device(self) -> int:
         return self.key[1]
 
     def __reduce__(self) -> Any:
-        return (_rebuild_block_handle, (self.raw, self.key, _dup_fd(self.fd), self.slot, self.nbytes))
+        if self.sent_key is None:
+            raise RuntimeError("a received streampool handle cannot be sent on: send from the process that shared it")
+        slot = _add_receiver(self.sent_key)
+        return (_rebuild_block_handle, (self.raw, self.key, _dup_fd(self.fd), slot, self.nbytes))
 
 
 def _dup_fd(fd: int) -> Any:
@@ -144,11 +151,11 @@ def _dup_fd(fd: int) -> Any:
     return passed[fd]
 
 
-def _rebuild_block_handle(raw: bytes, key: Tuple[int, int, int], dup: Any, slot: Tuple[str, int], nbytes: int) -> BlockHandle:
+def _rebuild_block_handle(raw: bytes, key: Tuple[str, int], dup: Any, slot: Tuple[str, int], nbytes: int) -> BlockHandle:
     fd = dup.detach()
     if not isinstance(dup, resource_sharer.DupFd):
         fd = os.dup(fd)  # inherited at spawn and shared by every handle that came with it
-    return BlockHandle(raw, key, fd, slot, nbytes)
+    return BlockHandle(raw, key, fd, slot, nbytes, owned_fd=True)
 
 
 class _Sent:
@@ -161,27 +168,47 @@ class _Sent:
 _release_bytes = _ReleaseBytes()
 _sent: Dict[Tuple[int, int], _Sent] = {}
 _sent_lock = threading.Lock()
+# (device, pool fd) -> a random name for that pool, so receivers never mix up two exporters'
+# pools (a process id can be reused).
+_pool_names: Dict[Tuple[int, int], str] = {}
 
 
 def share_block(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes: int) -> BlockHandle:
     """Export the shareable block at ``ptr``: ready after the work queued on ``stream``, kept alive
-    (by holding ``keep``) until the receiver of the returned handle releases it."""
+    (by holding ``keep``) until every receiver of the returned handle has released it."""
     ipc_collect()
+    if ptr in _imported_ptrs and (device, ptr) not in _sent:
+        raise RuntimeError(
+            "this tensor was received from another process and cannot be sent on: send it from the "
+            "process that shared it"
+        )
     raw = _lib.StreampoolIpcHandle()
     _lib.check(_lib.library().streampool_ipc_export(ptr, device, stream, ctypes.byref(raw)))
-    slot = _release_bytes.allocate()
     with _sent_lock:
         sent = _sent.setdefault((device, ptr), _Sent(keep, device))
         sent.events.append(raw.event)
+        name = _pool_names.setdefault((device, raw.pool_fd), uuid.uuid4().hex)
+    return BlockHandle(bytes(raw), (name, device), raw.pool_fd, None, nbytes, sent_key=(device, ptr))
+
+
+def _add_receiver(sent_key: Tuple[int, int]) -> Tuple[str, int]:
+    """A release byte for one more receiver of the block ``sent_key``."""
+    slot = _release_bytes.allocate()
+    with _sent_lock:
+        sent = _sent.get(sent_key)
+        if sent is None:
+            raise RuntimeError("this handle's block was already released by its receivers: call share() again")
         sent.slots.append(slot)
-    return BlockHandle(bytes(raw), (os.getpid(), device, raw.pool_fd), raw.pool_fd, slot, nbytes)
+    return slot
 
 
 def ipc_collect() -> int:
     """Let go of shared blocks every receiver has released (their memory can then be reused);
-    returns how many. ``share`` runs it too."""
+    returns how many. ``share`` runs it too. A block no receiver has taken yet is kept."""
     with _sent_lock:
-        done = [key for key, sent in _sent.items() if all(map(_release_bytes.released, sent.slots))]
+        done = [
+            key for key, sent in _sent.items() if sent.slots and all(map(_release_bytes.released, sent.slots))
+        ]
         finished = [_sent.pop(key) for key in done]
     for sent in finished:
         for event in sent.events:
@@ -197,24 +224,30 @@ def shared_block_count() -> int:
 
 # --- importing -------------------------------------------------------------------------------
 
-_imported_pools: Dict[Tuple[int, int, int], int] = {}
+_imported_pools: Dict[Tuple[str, int], int] = {}
+_imported_ptrs: Dict[int, int] = {}  # address -> open imports of it, in this process
 _open_imports: "weakref.WeakSet[ImportedBlock]" = weakref.WeakSet()
 _import_lock = threading.Lock()
 
 
 def _pool_token(handle: BlockHandle) -> int:
-    """The imported pool of ``handle`` (imported once per exporting pool); closes its fd."""
+    """The imported pool of ``handle`` (imported once per exporting pool); closes the handle's
+    descriptor if it was received (the exporter's own stays open)."""
     with _import_lock:
         try:
             token = _imported_pools.get(handle.key)
             if token is None:
+                if handle.fd < 0:
+                    raise ValueError("this handle's pool descriptor was already used")
                 out = ctypes.c_uint64()
                 _lib.check(_lib.library().streampool_ipc_import_pool(handle.device, handle.fd, ctypes.byref(out)))
                 token = _imported_pools[handle.key] = out.value
             return token
         finally:
-            with contextlib.suppress(OSError):
-                os.close(handle.fd)
+            if handle.owned_fd and handle.fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(handle.fd)
+                handle.fd = -1
 
 
 class ImportedBlock:
@@ -224,12 +257,20 @@ class ImportedBlock:
     def __init__(self, handle: BlockHandle, stream: Optional[int]):
         self.ptr: Optional[int] = None
         self._lock = threading.Lock()
-        token = _pool_token(handle)
-        raw = _lib.StreampoolIpcHandle.from_buffer_copy(handle.raw)
-        out = ctypes.c_void_p()
-        _lib.check(_lib.library().streampool_ipc_import(token, ctypes.byref(raw), stream, ctypes.byref(out)))
+        if handle.slot is None:
+            raise ValueError("open a handle in the process it was sent to (pickle it there), not in the exporter")
+        try:
+            token = _pool_token(handle)
+            raw = _lib.StreampoolIpcHandle.from_buffer_copy(handle.raw)
+            out = ctypes.c_void_p()
+            _lib.check(_lib.library().streampool_ipc_import(token, ctypes.byref(raw), stream, ctypes.byref(out)))
+        except BaseException:
+            _mark_released(handle.slot)  # never mapped here: the exporter need not wait for us
+            raise
         self.ptr = out.value
         self.device, self.nbytes, self._slot, self._stream = handle.device, handle.nbytes, handle.slot, stream
+        with _import_lock:
+            _imported_ptrs[self.ptr] = _imported_ptrs.get(self.ptr, 0) + 1
         _open_imports.add(self)
 
     @property
@@ -242,9 +283,16 @@ class ImportedBlock:
         """Unmap the block and tell the exporter (after this process's work on it is done)."""
         with self._lock:
             ptr, self.ptr = self.ptr, None
-        if ptr is None:
-            return
-        _lib.check(_lib.library().streampool_ipc_close(ptr, self._stream))
+            if ptr is None:
+                return
+            status = _lib.library().streampool_ipc_close(ptr, self._stream)
+            if status != _lib.OK:
+                self.ptr = ptr  # still mapped: a later close (or the one at exit) tries again
+                _lib.check(status)
+        with _import_lock:
+            left = _imported_ptrs.pop(ptr, 1) - 1
+            if left:
+                _imported_ptrs[ptr] = left
         _mark_released(self._slot)
 
     def __del__(self) -> None:

@@ -169,3 +169,36 @@ def test_handles_among_spawn_arguments_share_one_passed_descriptor(tmp_path):
     script.write_text(SPAWN_ARGS)
     proc = run_python(args=[str(script)], env={"STREAMPOOL_LIBRARY": str(_lib.library_path())}, timeout=120)
     assert proc.returncode == 0 and "CHILD (True, True)" in proc.stdout, describe(proc)
+
+
+def test_one_handle_pickled_twice_is_two_receivers():
+    """Each pickling is a receiver with its own release byte: the block is kept until both let go."""
+    ptr = _shareable_block()
+    handle = _ipc.share_block(ptr, 0, None, None, MiB)
+    first, second = (_ipc.ImportedBlock(pickle.loads(pickle.dumps(handle)), None) for _ in range(2))
+    first.close()
+    assert _ipc.ipc_collect() == 0, "the second receiver still has it"
+    second.close()
+    assert _ipc.ipc_collect() == 1
+    with pytest.raises(RuntimeError, match="already released"):
+        pickle.dumps(handle)
+    _lib.free(ptr, 3 * MiB, 0)
+
+
+def test_the_exporters_own_descriptor_is_never_closed_and_unpickled_handles_are_refused():
+    ptr = _shareable_block()
+    handle = _ipc.share_block(ptr, 0, None, None, MiB)
+    with pytest.raises(ValueError, match="pickle it there"):
+        _ipc.ImportedBlock(handle, None)
+    import os
+
+    os.fstat(handle.fd)  # still open
+    received = pickle.loads(pickle.dumps(handle))
+    with pytest.raises(RuntimeError, match="cannot be sent on"):
+        pickle.dumps(received)
+    block = _ipc.ImportedBlock(received, None)
+    assert received.fd == -1, "a received descriptor is closed once its pool is imported"
+    block.close()
+    os.fstat(handle.fd)
+    assert _ipc.ipc_collect() == 1
+    _lib.free(ptr, 3 * MiB, 0)
