@@ -103,9 +103,10 @@ pub struct DeviceAllocator {
     config: Arc<Config>,
     pool: OnceLock<Pool>,
     pool_creation: Mutex<()>,
-    /// The pool of `streampool.shareable()` (the main pool itself with `STREAMPOOL_IPC`), and its
-    /// exported file descriptor.
-    shared_pool: Mutex<Option<(PoolHandle, Option<i32>)>>,
+    /// The pool of `streampool.shareable()` (the main pool itself with `STREAMPOOL_IPC`).
+    shared_pool: Mutex<Option<PoolHandle>>,
+    /// That pool's file descriptor, exported on the first export.
+    shared_pool_fd: Mutex<Option<i32>>,
     /// Events of exports not yet released (only these may be destroyed).
     exported_events: Mutex<WordMap<u64, ()>>,
     state: Mutex<State>,
@@ -129,6 +130,7 @@ impl DeviceAllocator {
             pool: OnceLock::new(),
             pool_creation: Mutex::new(()),
             shared_pool: Mutex::new(None),
+            shared_pool_fd: Mutex::new(None),
             exported_events: Mutex::new(WordMap::default()),
             state: Mutex::new(State {
                 device,
@@ -316,7 +318,7 @@ impl DeviceAllocator {
     /// The shareable pool, created on first use (the main pool itself with `STREAMPOOL_IPC`).
     fn shared_pool(&self) -> Result<PoolHandle> {
         let mut shared = self.shared_pool.lock();
-        if let Some((pool, _)) = *shared {
+        if let Some(pool) = *shared {
             return Ok(pool);
         }
         let pool = match self.config.ipc {
@@ -328,7 +330,7 @@ impl DeviceAllocator {
                 pool
             }
         };
-        *shared = Some((pool.handle, None));
+        *shared = Some(pool.handle);
         Ok(pool.handle)
     }
 
@@ -353,13 +355,12 @@ impl DeviceAllocator {
                 self.device
             )));
         }
+        let pool = self.shared_pool()?;
         let pool_fd = {
-            let pool = self.shared_pool()?;
-            let mut shared = self.shared_pool.lock();
-            match shared.as_mut() {
-                Some((_, Some(fd))) => *fd,
-                Some((_, fd)) => *fd.insert(self.driver.pool_export_fd(self.device, pool)?),
-                None => unreachable!("shared_pool() created it"),
+            let mut fd = self.shared_pool_fd.lock();
+            match *fd {
+                Some(fd) => fd,
+                None => *fd.insert(self.driver.pool_export_fd(self.device, pool)?),
             }
         };
         let pointer_data = self.driver.pointer_export(self.device, ptr)?;
@@ -845,7 +846,7 @@ impl DeviceAllocator {
             Some(p) => self.driver.pool_usage(self.device, p.handle)?,
             None => Default::default(),
         };
-        let shared_pool = self.shared_pool.lock().map(|(pool, _)| pool);
+        let shared_pool = *self.shared_pool.lock();
         let shared = match shared_pool {
             Some(pool) => self.driver.pool_usage(self.device, pool)?,
             None => Default::default(),
@@ -930,7 +931,7 @@ impl Drop for DeviceAllocator {
     /// Closes the exported pool's file descriptor (an allocator lives as long as its process;
     /// tests and the fuzzer make many).
     fn drop(&mut self) {
-        if let Some((_, Some(fd))) = *self.shared_pool.get_mut() {
+        if let Some(fd) = *self.shared_pool_fd.get_mut() {
             // SAFETY: the descriptor was returned by pool_export_fd and is closed only here.
             unsafe { libc::close(fd) };
         }

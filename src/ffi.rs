@@ -397,21 +397,25 @@ pub extern "C" fn streampool_shareable_end() -> c_int {
 /// 1 if `device` supports stream-ordered memory pools, 0 if not, or a negative status.
 #[no_mangle]
 pub extern "C" fn streampool_pools_supported(device: c_int) -> c_int {
-    flag(guarded(|| global()?.pools_supported(device.into())))
+    value_or_status(guarded(|| {
+        Ok(global()?.pools_supported(device.into())? as c_int)
+    }))
 }
 
 /// 1 if `device`'s pools can be shared with other processes, 0 if not, or a negative status.
 #[no_mangle]
 pub extern "C" fn streampool_ipc_supported(device: c_int) -> c_int {
-    flag(guarded(|| global()?.ipc_supported(device.into())))
+    value_or_status(guarded(|| {
+        Ok(global()?.ipc_supported(device.into())? as c_int)
+    }))
 }
 
-/// 1 / 0 for a yes / no answer, or a negative status with the message kept.
-fn flag(answer: Result<bool>) -> c_int {
+/// A non-negative answer as it is, or a negative status with the message kept.
+fn value_or_status(answer: Result<c_int>) -> c_int {
     match answer {
-        Ok(supported) => {
+        Ok(value) => {
             clear_last_error();
-            supported as c_int
+            value
         }
         Err(e) => {
             set_last_error(&e);
@@ -515,16 +519,7 @@ pub extern "C" fn streampool_ipc_close(ptr: *mut c_void, stream: *mut c_void) ->
 /// Number of devices, or a negative status.
 #[no_mangle]
 pub extern "C" fn streampool_device_count() -> c_int {
-    match guarded(|| Ok(global()?.device_count())) {
-        Ok(n) => {
-            clear_last_error();
-            n as c_int
-        }
-        Err(e) => {
-            set_last_error(&e);
-            StreampoolStatus::from(&e) as c_int
-        }
-    }
+    value_or_status(guarded(|| Ok(global()?.device_count() as c_int)))
 }
 
 /// Parses the `STREAMPOOL_*` variables now: 0, or `STREAMPOOL_CONFIG_ERROR` with the message.
