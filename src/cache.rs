@@ -6,6 +6,7 @@
 //! `limit_bytes`; no block larger than `max_block_bytes` is kept.
 
 use crate::driver::{DevicePtr, Stream};
+use std::ops::RangeInclusive;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CachedBlock {
@@ -151,6 +152,24 @@ impl Cache {
         })
     }
 
+    /// Removes every block whose size is in `sizes` (the blocks of one pool).
+    pub fn drain_sizes(&mut self, sizes: RangeInclusive<u64>) -> Vec<CachedBlock> {
+        let mut out = Vec::new();
+        for (stream, bins) in &mut self.streams {
+            let start = bins.first_at_least(*sizes.start());
+            let end = bins.first_at_least(sizes.end().saturating_add(1));
+            for (size, list) in bins.by_size.drain(start..end) {
+                out.extend(list.into_iter().map(|ptr| CachedBlock {
+                    ptr,
+                    block_bytes: size,
+                    stream: *stream,
+                }));
+            }
+        }
+        self.cached_bytes -= out.iter().map(|b| b.block_bytes).sum::<u64>();
+        out
+    }
+
     /// Removes every block.
     pub fn drain(&mut self) -> Vec<CachedBlock> {
         let mut out = Vec::new();
@@ -218,5 +237,26 @@ mod tests {
         assert_eq!(c.cached_bytes(), 512 + 65536);
         assert_eq!(c.drain().len(), 2);
         assert_eq!(c.cached_bytes(), 0);
+    }
+
+    #[test]
+    fn drains_one_pools_sizes_of_every_stream() {
+        let mut c = Cache::new(u64::MAX, u64::MAX);
+        c.put(block(0x1000, 512, 1)).unwrap();
+        c.put(block(0x2000, 8192, 1)).unwrap();
+        c.put(block(0x9000, 4096, 2)).unwrap();
+        c.put(block(0xa000, 65536, 2)).unwrap();
+        let mut small = c.drain_sizes(0..=4096);
+        small.sort_by_key(|b| b.ptr);
+        assert_eq!(small, vec![block(0x1000, 512, 1), block(0x9000, 4096, 2)]);
+        assert_eq!(c.cached_bytes(), 8192 + 65536);
+        assert_eq!(c.drain_sizes(4097..=u64::MAX).len(), 2);
+        assert_eq!(c.cached_bytes(), 0);
+        c.put(block(0x1000, 512, 1)).unwrap();
+        assert_eq!(
+            c.take(1, 512),
+            Some(block(0x1000, 512, 1)),
+            "bins still work"
+        );
     }
 }

@@ -50,6 +50,8 @@ pub struct Config {
     pub cache_limit: SizeSpec,
     /// Blocks larger than this go straight back to the pool, which can coalesce them.
     pub cache_max_block: SizeSpec,
+    /// Blocks up to this size come from a second pool of their own (0: one pool for all).
+    pub small_pool_max: SizeSpec,
     /// Before the pool grows, wait for the allocating stream and release the pool's unused
     /// memory, so memory freed in pieces is not kept beside the new growth.
     pub trim_on_growth: bool,
@@ -73,6 +75,7 @@ impl Default for Config {
             // time did not change measurably; 64 MiB still serves alloc/free loops at every size.
             cache_limit: SizeSpec::Bytes(64 << 20),
             cache_max_block: SizeSpec::Max,
+            small_pool_max: SizeSpec::Bytes(0),
             // On: H100, training with shapes changing every step (bench/diag_growth.py): over
             // 600 steps the pool grew 3% after warm-up without it and stayed flat with it; over
             // 1,000 steps it still grew 3-4% either way (BENCHMARKS.md, "Pool growth").
@@ -89,12 +92,13 @@ impl Default for Config {
 const BOOL_ACCEPTED: &str = "1, 0, true, false, yes, no, on, off";
 
 /// Every variable streampool reads, for `python -m streampool info` and the README.
-pub const VARIABLES: [&str; 14] = [
+pub const VARIABLES: [&str; 15] = [
     "STREAMPOOL_DRIVER",
     "STREAMPOOL_RELEASE_THRESHOLD",
     "STREAMPOOL_MAX_POOL_SIZE",
     "STREAMPOOL_CACHE_LIMIT",
     "STREAMPOOL_CACHE_MAX_BLOCK",
+    "STREAMPOOL_SMALL_POOL_MAX",
     "STREAMPOOL_TRIM_ON_GROWTH",
     "STREAMPOOL_PEER_ACCESS",
     "STREAMPOOL_IPC",
@@ -144,6 +148,7 @@ impl Config {
         };
         c.cache_limit = size("STREAMPOOL_CACHE_LIMIT", c.cache_limit)?;
         c.cache_max_block = size("STREAMPOOL_CACHE_MAX_BLOCK", c.cache_max_block)?;
+        c.small_pool_max = size("STREAMPOOL_SMALL_POOL_MAX", c.small_pool_max)?;
         let flag = |name: &'static str| -> Result<Option<bool>> {
             get(name).map(|v| parse_bool(name, &v)).transpose()
         };

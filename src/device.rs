@@ -22,7 +22,7 @@ use crate::history::{
 };
 use crate::ipc::{self, StreampoolIpcHandle};
 use crate::peer::Peers;
-use crate::pool::Pool;
+use crate::pool::{self, Pool};
 use crate::stats::{DeviceCounters, StreampoolStats};
 use crate::units::round_up;
 use parking_lot::Mutex;
@@ -88,8 +88,9 @@ struct State {
     capturing: Vec<Stream>,
     /// Bytes held from the pool: live (non-graph) blocks + cached + pending.
     held_bytes: u64,
-    /// The pool's reserved bytes when last read, to notice growth.
-    reserved_seen_bytes: u64,
+    /// Each pool's reserved bytes when last read ([`pool::MAIN`], [`pool::SMALL`]), to notice
+    /// growth.
+    reserved_seen_bytes: [u64; 2],
     counters: DeviceCounters,
     device: usize,
     history: Arc<History>,
@@ -158,8 +159,9 @@ impl DeviceAllocator {
             &self.config,
             self.config.ipc,
         )?;
+        let own: Vec<PoolHandle> = pool.handles().collect();
         self.peers
-            .pool_created(self.driver.as_ref(), self.device, pool.handle);
+            .pools_created(self.driver.as_ref(), self.device, &own);
         self.state.lock().cache = Cache::new(pool.cache_limit_bytes, pool.cache_max_block_bytes);
         Ok(*self.pool.get_or_init(|| pool))
     }
@@ -209,8 +211,9 @@ impl DeviceAllocator {
         stream: Stream,
     ) -> Result<DevicePtr> {
         self.enforce_limit(requested_bytes, block_bytes, stream)?;
-        self.make_room(pool, block_bytes, stream)?;
-        let ptr = self.alloc_or_retry(pool.handle, requested_bytes, block_bytes, stream)?;
+        let (which, handle) = pool.serving(block_bytes);
+        self.make_room(pool, which, block_bytes, stream)?;
+        let ptr = self.alloc_or_retry(handle, requested_bytes, block_bytes, stream)?;
         let reserved_bytes = self.reserved_for_timeline(pool);
         {
             let mut st = self.state.lock();
@@ -226,7 +229,7 @@ impl DeviceAllocator {
             "device {}: alloc {requested_bytes} B on stream {stream:#x} -> {ptr:#x} (pool)",
             self.device
         );
-        self.release_cache_after_growth(pool)?;
+        self.release_cache_after_growth(pool, which)?;
         Ok(ptr)
     }
 
@@ -413,27 +416,30 @@ impl DeviceAllocator {
         Ok(())
     }
 
-    /// Step 4: if the pool has no free room for the block, give it the whole cache back, and
-    /// with `trim_on_growth` wait for the stream and release the pool's unused memory first.
+    /// Step 4: if the block's pool has no free room for it, give that pool its cached blocks
+    /// back, and with `trim_on_growth` wait for the stream and release its unused memory first.
     ///
     /// Only the pool can coalesce freed ranges into a block of a new size; returning just the
     /// deficit (measured on the H100) left the cache fragmented and let GPT-2's reserved memory
     /// ratchet up to 2.5x its peak live bytes when shapes change every step.
-    fn make_room(&self, pool: Pool, block_bytes: u64, stream: Stream) -> Result<()> {
+    fn make_room(&self, pool: Pool, which: usize, block_bytes: u64, stream: Stream) -> Result<()> {
         let trim = self.config.trim_on_growth;
         if !trim && self.state.lock().cache.cached_bytes() == 0 {
             return Ok(());
         }
-        let (reserved_bytes, used_bytes) =
-            self.driver.pool_reserved_used(self.device, pool.handle)?;
+        let (_, handle) = pool.serving(block_bytes);
+        let (reserved_bytes, used_bytes) = self.driver.pool_reserved_used(self.device, handle)?;
         let room = reserved_bytes.saturating_sub(used_bytes);
         let (blocks, capturing) = {
             let mut st = self.state.lock();
-            st.reserved_seen_bytes = reserved_bytes;
+            st.reserved_seen_bytes[which] = reserved_bytes;
             if block_bytes <= room {
                 return Ok(());
             }
-            (st.drain_cache(), !st.capturing.is_empty())
+            (
+                st.drain_cache_sizes(pool.sizes_served(which)),
+                !st.capturing.is_empty(),
+            )
         };
         log::debug!(
             "device {}: the pool is full; returning {} cached blocks instead of growing it",
@@ -446,7 +452,7 @@ impl DeviceAllocator {
             return Ok(());
         }
         // The trim only saves memory: if a step of it fails, the allocation goes on without it.
-        if let Err(e) = self.trim_before_growth(pool, block_bytes, stream) {
+        if let Err(e) = self.trim_before_growth(handle, which, block_bytes, stream) {
             log::warn!("device {}: trimming before growth failed: {e}", self.device);
         }
         Ok(())
@@ -454,18 +460,23 @@ impl DeviceAllocator {
 
     /// Once the stream has caught up, every free on it is back in the pool: if that made room,
     /// the pool reuses it; if not, the pool releases what it does not use before it grows.
-    fn trim_before_growth(&self, pool: Pool, block_bytes: u64, stream: Stream) -> Result<()> {
+    fn trim_before_growth(
+        &self,
+        pool: PoolHandle,
+        which: usize,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<()> {
         self.driver.stream_synchronize(self.device, stream)?;
-        let (reserved_bytes, used_bytes) =
-            self.driver.pool_reserved_used(self.device, pool.handle)?;
+        let (reserved_bytes, used_bytes) = self.driver.pool_reserved_used(self.device, pool)?;
         if block_bytes <= reserved_bytes.saturating_sub(used_bytes) {
             return Ok(());
         }
-        self.driver.pool_trim(self.device, pool.handle, 0)?;
-        let (after_bytes, _) = self.driver.pool_reserved_used(self.device, pool.handle)?;
+        self.driver.pool_trim(self.device, pool, 0)?;
+        let (after_bytes, _) = self.driver.pool_reserved_used(self.device, pool)?;
         {
             let mut st = self.state.lock();
-            st.reserved_seen_bytes = after_bytes;
+            st.reserved_seen_bytes[which] = after_bytes;
             st.note_trim(reserved_bytes, after_bytes, stream);
         }
         log::info!(
@@ -475,21 +486,27 @@ impl DeviceAllocator {
         Ok(())
     }
 
-    /// Step 5b: the pool grew although it had room (its free memory was fragmented): return the
-    /// cache too, so cached blocks do not push the next peak higher still.
-    fn release_cache_after_growth(&self, pool: Pool) -> Result<()> {
+    /// Step 5b: the pool grew although it had room (its free memory was fragmented): return its
+    /// cached blocks too, so they do not push the next peak higher still.
+    fn release_cache_after_growth(&self, pool: Pool, which: usize) -> Result<()> {
         if self.state.lock().cache.cached_bytes() == 0 {
             return Ok(());
         }
-        let (reserved_bytes, _) = self.driver.pool_reserved_used(self.device, pool.handle)?;
+        let handle = if which == pool::SMALL {
+            pool.small
+        } else {
+            Some(pool.handle)
+        };
+        let Some(handle) = handle else { return Ok(()) };
+        let (reserved_bytes, _) = self.driver.pool_reserved_used(self.device, handle)?;
         let blocks = {
             let mut st = self.state.lock();
-            let grew = reserved_bytes > st.reserved_seen_bytes;
-            st.reserved_seen_bytes = reserved_bytes;
+            let grew = reserved_bytes > st.reserved_seen_bytes[which];
+            st.reserved_seen_bytes[which] = reserved_bytes;
             if !grew {
                 return Ok(());
             }
-            st.drain_cache()
+            st.drain_cache_sizes(pool.sizes_served(which))
         };
         log::info!(
             "device {}: the pool grew to {reserved_bytes} B; returning {} cached blocks",
@@ -531,7 +548,7 @@ impl DeviceAllocator {
         let reserved = self
             .pool
             .get()
-            .and_then(|p| self.driver.pool_usage(self.device, p.handle).ok())
+            .and_then(|p| p.usage(self.driver.as_ref(), self.device).ok())
             .map_or(0, |u| u.reserved_bytes);
         let mut st = self.state.lock();
         if limit_bytes.is_none() {
@@ -792,8 +809,7 @@ impl DeviceAllocator {
         if !capturing {
             self.driver.synchronize(self.device)?;
             let before_bytes = self.reserved_for_timeline(pool);
-            self.driver
-                .pool_trim(self.device, pool.handle, keep_bytes)?;
+            pool.for_each(|h| self.driver.pool_trim(self.device, h, keep_bytes))?;
             if let (Some(before), Some(after)) = (before_bytes, self.reserved_for_timeline(pool)) {
                 self.state.lock().note_trim(before, after, 0);
             }
@@ -807,11 +823,10 @@ impl DeviceAllocator {
 
     pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
         let pool = self.pool()?;
-        self.driver.pool_set_attr(
-            self.device,
-            pool.handle,
-            PoolAttr::ReleaseThresholdBytes(bytes),
-        )
+        pool.for_each(|h| {
+            self.driver
+                .pool_set_attr(self.device, h, PoolAttr::ReleaseThresholdBytes(bytes))
+        })
     }
 
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
@@ -843,7 +858,7 @@ impl DeviceAllocator {
             (st.counters.clone(), st.cache.cached_bytes())
         };
         let usage = match self.pool.get() {
-            Some(p) => self.driver.pool_usage(self.device, p.handle)?,
+            Some(p) => p.usage(self.driver.as_ref(), self.device)?,
             None => Default::default(),
         };
         let shared_pool = *self.shared_pool.lock();
@@ -882,16 +897,16 @@ impl DeviceAllocator {
     pub fn reset_peak_stats(&self) -> Result<()> {
         self.state.lock().counters.reset_peaks();
         match self.pool.get() {
-            Some(p) => self.driver.pool_reset_peaks(self.device, p.handle),
+            Some(p) => p.for_each(|h| self.driver.pool_reset_peaks(self.device, h)),
             None => Ok(()),
         }
     }
 
     /// Grants every other device access to this device's pool (see [`Peers::grant_all`]).
     pub fn enable_peer_access(&self) -> Result<()> {
-        let pool = self.pool()?;
+        let own: Vec<PoolHandle> = self.pool()?.handles().collect();
         self.peers
-            .grant_all(self.driver.as_ref(), self.device, pool.handle)
+            .grant_all(self.driver.as_ref(), self.device, &own)
     }
 
     /// The blocks this device holds from its pool (for `dump_snapshot`).
@@ -904,12 +919,11 @@ impl DeviceAllocator {
         self.history
             .enabled()
             .then(|| {
-                self.driver
-                    .pool_reserved_used(self.device, pool.handle)
+                pool.usage(self.driver.as_ref(), self.device)
                     .ok()
+                    .map(|u| u.reserved_bytes)
             })
             .flatten()
-            .map(|(reserved_bytes, _)| reserved_bytes)
     }
 
     /// Called when the timeline starts: its reserved gauge begins at the pool's current value.
@@ -1110,6 +1124,13 @@ impl State {
     /// Takes every cached block out of the cache (they leave `held_bytes`).
     fn drain_cache(&mut self) -> Vec<CachedBlock> {
         let blocks = self.cache.drain();
+        self.held_bytes -= blocks.iter().map(|b| b.block_bytes).sum::<u64>();
+        blocks
+    }
+
+    /// Takes the cached blocks of one pool out of the cache (they leave `held_bytes`).
+    fn drain_cache_sizes(&mut self, sizes: std::ops::RangeInclusive<u64>) -> Vec<CachedBlock> {
+        let blocks = self.cache.drain_sizes(sizes);
         self.held_bytes -= blocks.iter().map(|b| b.block_bytes).sum::<u64>();
         blocks
     }

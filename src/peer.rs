@@ -20,7 +20,8 @@ use parking_lot::Mutex;
 /// The pools created so far, and the configured policy.
 pub struct Peers {
     mode: PeerAccess,
-    pools: Mutex<Vec<Option<PoolHandle>>>,
+    /// Each device's own pools (the main pool and the small-block pool), once created.
+    pools: Mutex<Vec<Vec<PoolHandle>>>,
     /// Pools other than the devices' own, with their device: imported from other processes, or
     /// the shareable pools of `streampool.shareable()`.
     extra: Mutex<Vec<(usize, PoolHandle)>>,
@@ -30,40 +31,47 @@ impl Peers {
     pub fn new(mode: PeerAccess, device_count: usize) -> Peers {
         Peers {
             mode,
-            pools: Mutex::new(vec![None; device_count]),
+            pools: Mutex::new(vec![Vec::new(); device_count]),
             extra: Mutex::new(Vec::new()),
         }
     }
 
-    /// Called once `device`'s pool exists: grants what the mode asks for. A pair that cannot be
-    /// granted is logged, not returned: the pool serves its own device either way.
-    pub fn pool_created(&self, driver: &dyn Driver, device: usize, pool: PoolHandle) {
+    /// Called once `device`'s pools exist: grants what the mode asks for. A pair that cannot be
+    /// granted is logged, not returned: the pools serve their own device either way.
+    pub fn pools_created(&self, driver: &dyn Driver, device: usize, own: &[PoolHandle]) {
         let grants: Vec<(usize, PoolHandle, usize)> = {
             let mut pools = self.pools.lock();
-            pools[device] = Some(pool);
+            pools[device] = own.to_vec();
+            let count = pools.len();
             match self.mode {
                 PeerAccess::Off => Vec::new(),
-                PeerAccess::On => (0..pools.len())
+                PeerAccess::On => (0..count)
                     .filter(|&peer| peer != device)
-                    .map(|peer| (device, pool, peer))
+                    .flat_map(|peer| own.iter().map(move |&pool| (device, pool, peer)))
                     .collect(),
                 // Both directions between this device and every device already allocated on,
                 // and this device to the extra pools of other devices.
-                PeerAccess::Auto => pools
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(other, p)| p.filter(|_| other != device).map(|p| (other, p)))
-                    .flat_map(|(other, other_pool)| {
-                        [(device, pool, other), (other, other_pool, device)]
-                    })
-                    .chain(
-                        self.extra
-                            .lock()
-                            .iter()
-                            .filter(|(owner, _)| *owner != device)
-                            .map(|&(owner, imported)| (owner, imported, device)),
-                    )
-                    .collect(),
+                PeerAccess::Auto => {
+                    let others: Vec<(usize, PoolHandle)> = pools
+                        .iter()
+                        .enumerate()
+                        .filter(|(other, _)| *other != device)
+                        .flat_map(|(other, theirs)| theirs.iter().map(move |&p| (other, p)))
+                        .collect();
+                    let used: Vec<usize> = (0..count)
+                        .filter(|&d| d != device && !pools[d].is_empty())
+                        .collect();
+                    let mine = used
+                        .iter()
+                        .flat_map(|&other| own.iter().map(move |&pool| (device, pool, other)));
+                    let theirs = others.iter().map(|&(other, p)| (other, p, device));
+                    let extra = self.extra.lock();
+                    let imported = extra
+                        .iter()
+                        .filter(|(owner, _)| *owner != device)
+                        .map(|&(owner, pool)| (owner, pool, device));
+                    mine.chain(theirs).chain(imported).collect()
+                }
             }
         };
         self.apply(driver, grants);
@@ -81,7 +89,7 @@ impl Peers {
                 PeerAccess::Off => Vec::new(),
                 PeerAccess::On => peers.map(|peer| (device, pool, peer)).collect(),
                 PeerAccess::Auto => peers
-                    .filter(|&peer| pools[peer].is_some())
+                    .filter(|&peer| !pools[peer].is_empty())
                     .map(|peer| (device, pool, peer))
                     .collect(),
             }
@@ -100,13 +108,14 @@ impl Peers {
         }
     }
 
-    /// Grants every other device access to `device`'s `pool`. Every capable peer is granted; the
-    /// first pair that could not be is the error.
-    pub fn grant_all(&self, driver: &dyn Driver, device: usize, pool: PoolHandle) -> Result<()> {
+    /// Grants every other device access to `device`'s `own` pools. Every capable peer is
+    /// granted; the first pair that could not be is the error.
+    pub fn grant_all(&self, driver: &dyn Driver, device: usize, own: &[PoolHandle]) -> Result<()> {
         let count = self.pools.lock().len();
         (0..count)
             .filter(|&peer| peer != device)
-            .map(|peer| grant(driver, device, pool, peer))
+            .flat_map(|peer| own.iter().map(move |&pool| (peer, pool)))
+            .map(|(peer, pool)| grant(driver, device, pool, peer))
             .fold(Ok(()), Result::and)
     }
 }

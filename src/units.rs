@@ -20,6 +20,10 @@ impl SizeSpec {
             SizeSpec::Max => u64::MAX,
         }
     }
+
+    pub fn is_max(self) -> bool {
+        self == SizeSpec::Max
+    }
 }
 
 pub const SIZE_ACCEPTED: &str = "a byte count with an optional unit (4096, 512KB, 512KiB, 8MB, 8GiB, 1TB; \

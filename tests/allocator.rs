@@ -403,3 +403,84 @@ fn before_the_pool_grows_it_releases_memory_it_no_longer_uses() {
         "released the 8 MiB first"
     );
 }
+
+fn small_pool_config() -> Config {
+    Config {
+        small_pool_max: streampool::units::SizeSpec::Bytes(MIB),
+        ..Config::default()
+    }
+}
+
+#[test]
+fn small_blocks_come_from_their_own_pool_and_its_growth_keeps_large_blocks_cached() {
+    use streampool::driver::PoolHandle;
+    let r = rig_with(2, 1 << 30, small_pool_config());
+    let (main, small) = (PoolHandle(0), PoolHandle(1));
+    let large = r.alloc.malloc(8 * MIB, 0, 0).unwrap();
+    let tiny = r.alloc.malloc(MIB, 0, 0).unwrap();
+    assert_eq!(r.sim.pool_usage(0, main).unwrap().used_bytes, 8 * MIB);
+    assert_eq!(r.sim.pool_usage(0, small).unwrap().used_bytes, MIB);
+    let s = r.stats(0);
+    let sum = |f: fn(&streampool::driver::PoolUsage) -> u64| {
+        f(&r.sim.pool_usage(0, main).unwrap()) + f(&r.sim.pool_usage(0, small).unwrap())
+    };
+    assert_eq!(
+        s.reserved_bytes,
+        sum(|u| u.reserved_bytes),
+        "both pools count"
+    );
+    assert_eq!(s.pool_used_bytes, 9 * MIB);
+    // A cached large block stays cached while the small pool grows: it cannot help it.
+    r.alloc.free(large, 0).unwrap();
+    let smalls: Vec<u64> = (0..64)
+        .map(|_| r.alloc.malloc(MIB - 512, 0, 0).unwrap())
+        .collect();
+    assert!(r.sim.pool_usage(0, small).unwrap().reserved_bytes >= 65 * MIB);
+    assert_eq!(r.stats(0).cached_bytes, 8 * MIB);
+    // The large block's pool still reuses it for a large request.
+    assert_eq!(r.alloc.malloc(8 * MIB, 0, 0).unwrap(), large);
+    for p in smalls.into_iter().chain([tiny, large]) {
+        r.alloc.free(p, 0).unwrap();
+    }
+    r.finish();
+}
+
+#[test]
+fn small_pool_follows_peer_access_and_is_off_for_a_capped_or_shareable_pool() {
+    use streampool::driver::PoolHandle;
+    let r = rig_with(2, 1 << 30, small_pool_config());
+    let a = r.alloc.malloc(4096, 0, 0).unwrap();
+    let b = r.alloc.malloc(4096, 1, 0).unwrap();
+    for pool in [PoolHandle(0), PoolHandle(1)] {
+        assert_eq!(
+            r.sim.pool_peers(0, pool),
+            vec![1],
+            "device 0's pool {pool:?}"
+        );
+        assert_eq!(
+            r.sim.pool_peers(1, pool),
+            vec![0],
+            "device 1's pool {pool:?}"
+        );
+    }
+    r.alloc.free(a, 0).unwrap();
+    r.alloc.free(b, 1).unwrap();
+    r.finish();
+    for config in [
+        Config {
+            max_pool_size: streampool::units::SizeSpec::Bytes(512 * MIB),
+            ..small_pool_config()
+        },
+        Config {
+            ipc: true,
+            ..small_pool_config()
+        },
+    ] {
+        let r = rig_with(1, 1 << 30, config);
+        let p = r.alloc.malloc(4096, 0, 0).unwrap();
+        assert_eq!(r.sim.pool_usage(0, PoolHandle(0)).unwrap().used_bytes, 4096);
+        assert_eq!(r.sim.pool_count(0), 1, "one pool only");
+        r.alloc.free(p, 0).unwrap();
+        r.finish();
+    }
+}

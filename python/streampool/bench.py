@@ -193,6 +193,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help=f"seconds per child process (default {CHILD_TIMEOUT_FULL_S}, "
         f"--quick {CHILD_TIMEOUT_QUICK_S})",
     )
+    parser.add_argument(
+        "--variant",
+        type=_variant,
+        action="append",
+        default=[],
+        metavar="LABEL:VAR=VALUE[,VAR=VALUE]",
+        help="also run streampool with these STREAMPOOL_* settings, as configuration "
+        "streampool:LABEL (repeatable), e.g. small:STREAMPOOL_SMALL_POOL_MAX=1MiB",
+    )
     parser.add_argument("--child", choices=CONFIGS, default=None, help=argparse.SUPPRESS)
     options = parser.parse_args(list(argv))
     if options.repeats is None:
@@ -203,7 +212,26 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         options.timeout_s = CHILD_TIMEOUT_QUICK_S if options.quick else CHILD_TIMEOUT_FULL_S
     if NATIVE not in options.configs:
         options.configs.insert(0, NATIVE)
+    options.variants = dict(options.variant)
+    if len(options.variants) != len(options.variant):
+        parser.error("--variant labels must differ")
+    options.configs += [VARIANT_PREFIX + label for label in options.variants]
     return options
+
+
+VARIANT_PREFIX = "streampool:"
+
+
+def _variant(text: str) -> Tuple[str, Dict[str, str]]:
+    """``LABEL:VAR=VALUE[,VAR=VALUE]`` -> (label, {VAR: VALUE}); only STREAMPOOL_* variables."""
+    label, sep, settings = text.partition(":")
+    env = dict(item.partition("=")[::2] for item in settings.split(",") if item)
+    bad = [v for v in env if not v.startswith("STREAMPOOL_") or not env[v]]
+    if not sep or not label or not env or bad:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected LABEL:STREAMPOOL_VAR=VALUE[,STREAMPOOL_VAR=VALUE...]"
+        )
+    return label, env
 
 
 def command_line(argv: Sequence[str], environ: Dict[str, str]) -> str:
@@ -339,10 +367,14 @@ def parse_child_output(outcome: ChildOutcome, workloads: Sequence[str]) -> Dict[
 
 
 def run_child(config: str, options: argparse.Namespace, label: str) -> Dict[str, Any]:
-    """Measure ``config`` on the selected workloads in a fresh process."""
+    """Measure ``config`` on the selected workloads in a fresh process (a ``streampool:LABEL``
+    variant is streampool with its settings added to the environment)."""
+    base, settings = config, {}
+    if config.startswith(VARIANT_PREFIX):
+        base, settings = "streampool", options.variants[config[len(VARIANT_PREFIX) :]]
     outcome = run_process(
-        child_command(config, options.workloads, options.quick),
-        child_environment(config, dict(os.environ)),
+        child_command(base, options.workloads, options.quick),
+        child_environment(base, {**os.environ, **settings}),
         options.timeout_s,
         label,
     )
@@ -497,6 +529,7 @@ def build_report(
         "quick": options.quick,
         "repeats": options.repeats,
         "configs": list(options.configs),
+        "variants": dict(getattr(options, "variants", {})),
         "workloads": aggregate(runs, options.configs, options.workloads),
         "raw": list(runs),
     }

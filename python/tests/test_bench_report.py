@@ -73,9 +73,27 @@ def test_names_are_put_in_canonical_order_and_native_is_always_run():
     assert options.workloads == ["empty_1KiB", "gpt2"]
 
 
+def test_a_variant_runs_streampool_with_its_settings(monkeypatch):
+    options = options_for(
+        ["--configs", "streampool", "--variant", "small:STREAMPOOL_SMALL_POOL_MAX=1MiB"]
+    )
+    assert options.configs == ["native", "streampool", "streampool:small"]
+    seen = {}
+
+    def fake_run_process(command, env, timeout_s, label):
+        seen.update(command=command, env=env)
+        return bench.ChildOutcome("", "", None)
+
+    monkeypatch.setattr(bench, "run_process", fake_run_process)
+    bench.run_child("streampool:small", options, "label")
+    assert seen["command"][seen["command"].index("--child") + 1] == "streampool"
+    assert seen["env"]["STREAMPOOL_SMALL_POOL_MAX"] == "1MiB"
+
+
 @pytest.mark.parametrize(
     "argv",
-    [["--configs", "jemalloc"], ["--workloads", "bert"], ["--configs", ","], ["--repeats", "0"]],
+    [["--variant", "small"], ["--variant", "x:PATH=/"], ["--variant", ":STREAMPOOL_X=1"],
+     ["--configs", "jemalloc"], ["--workloads", "bert"], ["--configs", ","], ["--repeats", "0"]],
 )
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):

@@ -202,6 +202,11 @@ impl SimDriver {
         self.peer_incapable.lock().push((device, peer));
     }
 
+    /// How many pools `device` has created.
+    pub fn pool_count(&self, device: usize) -> usize {
+        self.devices[device].lock().pools.len()
+    }
+
     /// The devices granted access to `device`'s `pool`, in the order granted.
     pub fn pool_peers(&self, device: usize, pool: PoolHandle) -> Vec<usize> {
         self.devices[device].lock().pools[pool.0].peers.clone()
