@@ -106,7 +106,13 @@ typedef struct StreampoolStats {
   uint64_t freed_bytes_total;
   uint64_t active_bytes;
   uint64_t active_bytes_peak;
+  /**
+   * The device's pools (main and small) together.
+   */
   uint64_t reserved_bytes;
+  /**
+   * The sum of each pool's peak: an upper bound of the peak of their sum.
+   */
   uint64_t reserved_bytes_peak;
   uint64_t pool_used_bytes;
   uint64_t cached_bytes;

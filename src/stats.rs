@@ -65,7 +65,9 @@ pub struct StreampoolStats {
     pub freed_bytes_total: u64,
     pub active_bytes: u64,
     pub active_bytes_peak: u64,
+    /// The device's pools (main and small) together.
     pub reserved_bytes: u64,
+    /// The sum of each pool's peak: an upper bound of the peak of their sum.
     pub reserved_bytes_peak: u64,
     pub pool_used_bytes: u64,
     pub cached_bytes: u64,
