@@ -1,7 +1,6 @@
 """GPU cases for reliability (``case_<name>(ctx)``): many threads and streams at once, and a long
 soak of training steps with shapes that change every step."""
 
-import os
 import queue
 import threading
 
@@ -51,8 +50,7 @@ def case_threads_stress(ctx) -> None:
     baseline = ctx.allocated()
     handoff: "queue.Queue" = queue.Queue()
     errors: list = []
-    # Fewer under racecheck (GPU_CASES_STRESS_ROUNDS), whose every kernel is slow.
-    rounds = int(os.environ.get("GPU_CASES_STRESS_ROUNDS", 40 if ctx.quick else 200))
+    rounds = 40 if ctx.quick else 200
     threads = [
         threading.Thread(target=_producer_consumer, args=(seed, handoff, errors, rounds)) for seed in range(8)
     ]
