@@ -24,11 +24,11 @@ use crate::ipc::{self, StreampoolIpcHandle};
 use crate::peer::Peers;
 use crate::pool::{self, Pool};
 use crate::stats::{DeviceCounters, StreampoolStats};
+use crate::sync::{Mutex, MutexGuard, OnceCell};
 use crate::units::round_up;
-use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// Requests are rounded up to this, as PyTorch's own allocator does.
 pub const BLOCK_ALIGN_BYTES: u64 = 512;
@@ -102,7 +102,7 @@ pub struct DeviceAllocator {
     device: usize,
     driver: Arc<dyn Driver>,
     config: Arc<Config>,
-    pool: OnceLock<Pool>,
+    pool: OnceCell<Pool>,
     pool_creation: Mutex<()>,
     /// The pool of `streampool.shareable()` (the main pool itself with `STREAMPOOL_IPC`).
     shared_pool: Mutex<Option<PoolHandle>>,
@@ -128,7 +128,7 @@ impl DeviceAllocator {
             device,
             driver,
             config,
-            pool: OnceLock::new(),
+            pool: OnceCell::new(),
             pool_creation: Mutex::new(()),
             shared_pool: Mutex::new(None),
             shared_pool_fd: Mutex::new(None),
@@ -147,11 +147,11 @@ impl DeviceAllocator {
     /// The device's pool, created on first use.
     fn pool(&self) -> Result<Pool> {
         if let Some(pool) = self.pool.get() {
-            return Ok(*pool);
+            return Ok(pool);
         }
         let _creating = self.pool_creation.lock();
         if let Some(pool) = self.pool.get() {
-            return Ok(*pool);
+            return Ok(pool);
         }
         let pool = Pool::create(
             self.driver.as_ref(),
@@ -163,7 +163,7 @@ impl DeviceAllocator {
         self.peers
             .pools_created(self.driver.as_ref(), self.device, &own);
         self.state.lock().cache = Cache::new(pool.cache_limit_bytes, pool.cache_max_block_bytes);
-        Ok(*self.pool.get_or_init(|| pool))
+        Ok(self.pool.get_or_init(|| pool))
     }
 
     pub fn allocate(&self, requested_bytes: u64, stream: Stream) -> Result<DevicePtr> {
@@ -609,11 +609,7 @@ impl DeviceAllocator {
         self.keep_or_return(st, cached)
     }
 
-    fn keep_or_return(
-        &self,
-        mut st: parking_lot::MutexGuard<'_, State>,
-        block: CachedBlock,
-    ) -> Result<()> {
+    fn keep_or_return(&self, mut st: MutexGuard<'_, State>, block: CachedBlock) -> Result<()> {
         match st.put_in_cache(block) {
             Ok(()) => Ok(()),
             Err(block) => {
@@ -627,7 +623,7 @@ impl DeviceAllocator {
     /// A block used on other streams waits for events recorded on them before it is reused.
     fn free_after_streams(
         &self,
-        mut st: parking_lot::MutexGuard<'_, State>,
+        mut st: MutexGuard<'_, State>,
         requested_bytes: u64,
         block: CachedBlock,
         streams: Vec<Stream>,
@@ -777,7 +773,7 @@ impl DeviceAllocator {
     /// `keep_bytes`. While a graph is being captured it only returns the cache (no waiting). A
     /// block the driver refuses to free does not stop the trim; the first error is reported.
     pub fn flush(&self, keep_bytes: u64) -> Result<()> {
-        let Some(pool) = self.pool.get().copied() else {
+        let Some(pool) = self.pool.get() else {
             return Ok(());
         };
         let capturing = {
@@ -928,7 +924,7 @@ impl DeviceAllocator {
 
     /// Called when the timeline starts: its reserved gauge begins at the pool's current value.
     pub fn start_timeline(&self) {
-        if let Some(pool) = self.pool.get().copied() {
+        if let Some(pool) = self.pool.get() {
             if let Some(reserved_bytes) = self.reserved_for_timeline(pool) {
                 self.state.lock().timeline_reserved_bytes = reserved_bytes;
             }
@@ -945,7 +941,7 @@ impl Drop for DeviceAllocator {
     /// Closes the exported pool's file descriptor (an allocator lives as long as its process;
     /// tests and the fuzzer make many).
     fn drop(&mut self) {
-        if let Some(fd) = *self.shared_pool_fd.get_mut() {
+        if let Some(fd) = *self.shared_pool_fd.lock() {
             // SAFETY: the descriptor was returned by pool_export_fd and is closed only here.
             unsafe { libc::close(fd) };
         }

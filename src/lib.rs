@@ -32,6 +32,7 @@ pub mod ipc;
 pub mod peer;
 pub mod pool;
 pub mod stats;
+mod sync;
 pub mod units;
 
 pub use allocator::Allocator;
