@@ -133,6 +133,10 @@ typedef struct StreampoolStats {
    */
   uint64_t ipc_reserved_bytes;
   uint64_t ipc_used_bytes;
+  /**
+   * Allocations that waited for their stream before the pool grew (`STREAMPOOL_TRIM_ON_GROWTH`).
+   */
+  uint64_t num_growth_syncs;
 } StreampoolStats;
 
 /**

@@ -45,6 +45,7 @@ pub struct DeviceCounters {
     pub num_device_frees: u64,
     pub num_alloc_retries: u64,
     pub num_ooms: u64,
+    pub num_growth_syncs: u64,
 }
 
 impl DeviceCounters {
@@ -86,4 +87,6 @@ pub struct StreampoolStats {
     /// `STREAMPOOL_IPC`; 0 before any shareable allocation).
     pub ipc_reserved_bytes: u64,
     pub ipc_used_bytes: u64,
+    /// Allocations that waited for their stream before the pool grew (`STREAMPOOL_TRIM_ON_GROWTH`).
+    pub num_growth_syncs: u64,
 }

@@ -488,3 +488,42 @@ fn small_pool_follows_peer_access_and_is_off_for_a_capped_or_shareable_pool() {
         r.finish();
     }
 }
+
+#[test]
+fn a_miss_waits_for_its_stream_only_when_returned_blocks_cannot_make_room() {
+    let r = rig(1 << 30);
+    let a = r.alloc.malloc(8 * MIB, 0, 5).unwrap();
+    let b = r.alloc.malloc(8 * MIB, 0, 5).unwrap();
+    r.alloc.free(a, 0).unwrap();
+    r.alloc.free(b, 0).unwrap();
+    let s = r.stats(0);
+    assert_eq!(s.cached_bytes, 16 * MIB);
+    assert_eq!(
+        s.num_growth_syncs, 2,
+        "each growth of the empty pool waited"
+    );
+    // The pool is full of cached blocks of this stream: returning them makes room, no wait.
+    let c = r.alloc.malloc(10 * MIB, 0, 5).unwrap();
+    let s = r.stats(0);
+    assert_eq!((s.cached_bytes, s.num_growth_syncs), (0, 2));
+    // Nothing cached to return and no room: the stream is waited for before the pool grows.
+    let d = r.alloc.malloc(64 * MIB, 0, 5).unwrap();
+    assert_eq!(r.stats(0).num_growth_syncs, 3);
+    // Without STREAMPOOL_TRIM_ON_GROWTH it never waits.
+    let quiet = rig_with(
+        1,
+        1 << 30,
+        Config {
+            trim_on_growth: false,
+            ..Config::default()
+        },
+    );
+    let e = quiet.alloc.malloc(64 * MIB, 0, 5).unwrap();
+    assert_eq!(quiet.stats(0).num_growth_syncs, 0);
+    quiet.alloc.free(e, 0).unwrap();
+    quiet.finish();
+    for p in [c, d] {
+        r.alloc.free(p, 0).unwrap();
+    }
+    r.finish();
+}

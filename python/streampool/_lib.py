@@ -102,11 +102,12 @@ STATS_FIELDS = (
     "device_total_bytes",
     "ipc_reserved_bytes",
     "ipc_used_bytes",
+    "num_growth_syncs",
 )
 
 
 class StreampoolStats(ctypes.Structure):
-    """``struct StreampoolStats``: 23 ``uint64_t`` counters, in the C field order."""
+    """``struct StreampoolStats``: 24 ``uint64_t`` counters, in the C field order."""
 
     _fields_ = [(name, ctypes.c_uint64) for name in STATS_FIELDS]
 

@@ -33,6 +33,7 @@ OWN_KEYS = {
     "device_total_bytes": "device_total_bytes",
     "ipc_reserved_bytes": "ipc_reserved_bytes",
     "ipc_used_bytes": "ipc_used_bytes",
+    "num_growth_syncs": "num_growth_syncs",
 }
 
 

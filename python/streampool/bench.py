@@ -1029,14 +1029,21 @@ def _time_steps(
 
 def _streampool_record(before: Dict[str, int]) -> Dict[str, int]:
     """streampool's own view of a workload since ``before`` (its memory_stats() at the start):
-    peak live bytes above the start (a cross-check of native's), device allocations, retries,
-    OOMs, and what it held at the end."""
+    peak live bytes above the start (a cross-check of native's), allocations, cache hits, device
+    allocations, waits before growth, retries, OOMs, and what it held at the end."""
     import streampool
 
     after = streampool.memory_stats()
     counts = {
         key: after[key] - before[key]
-        for key in ("num_device_alloc", "num_alloc_retries", "num_ooms")
+        for key in (
+            "allocation.all.allocated",
+            "cache_hits",
+            "num_device_alloc",
+            "num_growth_syncs",
+            "num_alloc_retries",
+            "num_ooms",
+        )
     }
     return {
         **counts,

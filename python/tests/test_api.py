@@ -35,6 +35,7 @@ OWN_KEYS = {
     "device_total_bytes",
     "ipc_reserved_bytes",
     "ipc_used_bytes",
+    "num_growth_syncs",
 }
 
 
