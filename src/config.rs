@@ -329,6 +329,7 @@ mod tests {
             ("STREAMPOOL_LOG", "streampool=loud"),
             ("STREAMPOOL_PEER_ACCESS", "sometimes"),
             ("STREAMPOOL_IPC", "2"),
+            ("STREAMPOOL_SMALL_POOL_MAX", "1MiBs"),
         ] {
             let msg = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(
