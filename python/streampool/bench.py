@@ -600,11 +600,14 @@ def target_rows(report: Dict[str, Any]) -> List[Tuple[str, str, str, str, str]]:
 
 
 def _best_other(report: Dict[str, Any], workload: str, metric: str) -> str:
-    """The best configuration other than streampool and native on ``metric``, from this run."""
+    """The best configuration other than streampool and native on ``metric``, from this run; a
+    memory ratio that is only a lower bound (memory held before the workload) is no measure."""
     cells = {
         c: cell
         for c, cell in report["workloads"][workload].items()
-        if c not in ("streampool", NATIVE) and cell.get(metric) is not None
+        if c not in ("streampool", NATIVE)
+        and cell.get(metric) is not None
+        and not (metric == "peak_memory_ratio" and cell.get("peak_memory_lower_bound"))
     }
     if not cells:
         return "—"

@@ -408,6 +408,14 @@ def test_targets_are_judged_from_the_measured_numbers():
     )
 
 
+def test_a_lower_bound_memory_ratio_is_never_the_best_other():
+    report = fake_report()
+    cells = report["workloads"]["gpt2"]
+    cells["expandable"] = {**cells["expandable"], "peak_memory_ratio": 1.07}
+    cells["rmm-pool"] = {"peak_memory_ratio": 0.01, "peak_memory_lower_bound": True}
+    assert bench._best_other(report, "gpt2", "peak_memory_ratio").startswith("expandable 1.070")
+
+
 def test_targets_of_a_failed_streampool_are_not_measured():
     report = fake_report()
     report["workloads"]["gpt2"]["streampool"] = {"error": "boom"}
