@@ -172,17 +172,8 @@ impl Cache {
 
     /// Removes every block.
     pub fn drain(&mut self) -> Vec<CachedBlock> {
-        let mut out = Vec::new();
-        for (stream, bins) in self.streams.drain(..) {
-            for (size, list) in bins.by_size {
-                out.extend(list.into_iter().map(|ptr| CachedBlock {
-                    ptr,
-                    block_bytes: size,
-                    stream,
-                }));
-            }
-        }
-        self.cached_bytes = 0;
+        let out = self.drain_sizes(0..=u64::MAX);
+        self.streams.clear();
         out
     }
 }

@@ -22,7 +22,7 @@ use crate::history::{
 };
 use crate::ipc::{self, StreampoolIpcHandle};
 use crate::peer::Peers;
-use crate::pool::{self, Pool};
+use crate::pool::Pool;
 use crate::stats::{DeviceCounters, StreampoolStats};
 use crate::sync::{Mutex, MutexGuard, OnceCell};
 use crate::units::round_up;
@@ -88,7 +88,7 @@ struct State {
     capturing: Vec<Stream>,
     /// Bytes held from the pool: live (non-graph) blocks + cached + pending.
     held_bytes: u64,
-    /// Each pool's reserved bytes when last read ([`pool::MAIN`], [`pool::SMALL`]), to notice
+    /// Each pool's reserved bytes when last read ([`crate::pool::MAIN`], [`crate::pool::SMALL`]), to notice
     /// growth.
     reserved_seen_bytes: [u64; 2],
     counters: DeviceCounters,
@@ -212,7 +212,7 @@ impl DeviceAllocator {
     ) -> Result<DevicePtr> {
         self.enforce_limit(requested_bytes, block_bytes, stream)?;
         let (which, handle) = pool.serving(block_bytes);
-        self.make_room(pool, which, block_bytes, stream)?;
+        self.make_room(pool, (which, handle), block_bytes, stream)?;
         let ptr = self.alloc_or_retry(handle, requested_bytes, block_bytes, stream)?;
         let reserved_bytes = self.reserved_for_timeline(pool);
         {
@@ -229,7 +229,7 @@ impl DeviceAllocator {
             "device {}: alloc {requested_bytes} B on stream {stream:#x} -> {ptr:#x} (pool)",
             self.device
         );
-        self.release_cache_after_growth(pool, which)?;
+        self.release_cache_after_growth(pool, (which, handle))?;
         Ok(ptr)
     }
 
@@ -426,12 +426,17 @@ impl DeviceAllocator {
     /// Only the pool can coalesce freed ranges into a block of a new size; returning just the
     /// deficit (measured on the H100) left the cache fragmented and let GPT-2's reserved memory
     /// ratchet up to 2.5x its peak live bytes when shapes change every step.
-    fn make_room(&self, pool: Pool, which: usize, block_bytes: u64, stream: Stream) -> Result<()> {
+    fn make_room(
+        &self,
+        pool: Pool,
+        (which, handle): (usize, PoolHandle),
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<()> {
         let trim = self.config.trim_on_growth;
         if !trim && self.state.lock().cache.cached_bytes() == 0 {
             return Ok(());
         }
-        let (_, handle) = pool.serving(block_bytes);
         let (reserved_bytes, used_bytes) = self.driver.pool_reserved_used(self.device, handle)?;
         let room = reserved_bytes.saturating_sub(used_bytes);
         let (blocks, capturing) = {
@@ -498,16 +503,14 @@ impl DeviceAllocator {
 
     /// Step 5b: the pool grew although it had room (its free memory was fragmented): return its
     /// cached blocks too, so they do not push the next peak higher still.
-    fn release_cache_after_growth(&self, pool: Pool, which: usize) -> Result<()> {
+    fn release_cache_after_growth(
+        &self,
+        pool: Pool,
+        (which, handle): (usize, PoolHandle),
+    ) -> Result<()> {
         if self.state.lock().cache.cached_bytes() == 0 {
             return Ok(());
         }
-        let handle = if which == pool::SMALL {
-            pool.small
-        } else {
-            Some(pool.handle)
-        };
-        let Some(handle) = handle else { return Ok(()) };
         let (reserved_bytes, _) = self.driver.pool_reserved_used(self.device, handle)?;
         let blocks = {
             let mut st = self.state.lock();

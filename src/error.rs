@@ -1,7 +1,7 @@
 //! Errors and the status codes they map to at the C boundary.
 //!
 //! Invariant: every failure inside streampool is an [`Error`] value with a message a user can act
-//! on; the C ABI turns it into a [`Status`] code plus `streampool_last_error()` text.
+//! on; the C ABI turns it into a [`StreampoolStatus`] code plus `streampool_last_error()` text.
 
 use crate::units::format_bytes;
 

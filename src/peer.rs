@@ -52,25 +52,17 @@ impl Peers {
                 // Both directions between this device and every device already allocated on,
                 // and this device to the extra pools of other devices.
                 PeerAccess::Auto => {
-                    let others: Vec<(usize, PoolHandle)> = pools
-                        .iter()
-                        .enumerate()
-                        .filter(|(other, _)| *other != device)
-                        .flat_map(|(other, theirs)| theirs.iter().map(move |&p| (other, p)))
-                        .collect();
-                    let used: Vec<usize> = (0..count)
-                        .filter(|&d| d != device && !pools[d].is_empty())
-                        .collect();
-                    let mine = used
-                        .iter()
-                        .flat_map(|&other| own.iter().map(move |&pool| (device, pool, other)));
-                    let theirs = others.iter().map(|&(other, p)| (other, p, device));
+                    let mut grants = Vec::new();
+                    for (other, theirs) in pools.iter().enumerate() {
+                        if other != device && !theirs.is_empty() {
+                            grants.extend(own.iter().map(|&pool| (device, pool, other)));
+                            grants.extend(theirs.iter().map(|&pool| (other, pool, device)));
+                        }
+                    }
                     let extra = self.extra.lock();
-                    let imported = extra
-                        .iter()
-                        .filter(|(owner, _)| *owner != device)
-                        .map(|&(owner, pool)| (owner, pool, device));
-                    mine.chain(theirs).chain(imported).collect()
+                    let imported = extra.iter().filter(|(owner, _)| *owner != device);
+                    grants.extend(imported.map(|&(owner, pool)| (owner, pool, device)));
+                    grants
                 }
             }
         };

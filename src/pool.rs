@@ -63,7 +63,7 @@ impl Pool {
         })
     }
 
-    /// The pool that serves blocks of `block_bytes`, with its index ([`MAIN`] or [`SMALL`]).
+    /// The pool that serves blocks of `block_bytes`, with its index (`MAIN` or `SMALL`).
     #[inline]
     pub fn serving(&self, block_bytes: u64) -> (usize, PoolHandle) {
         match self.small {
