@@ -1,17 +1,26 @@
-//! The allocator of a process: one [`DeviceAllocator`] per device over one [`Driver`].
+//! The allocator of a process: one [`DeviceAllocator`] per device over one [`Driver`], and the
+//! methods behind every C entry point.
 //!
-//! Invariant: every public entry validates its arguments (size, device index, pointer ownership)
-//! before any state changes, so a rejected call leaves statistics untouched.
+//! Invariant: every public entry validates its arguments (size, device index, pointer) before any
+//! state changes, so a rejected call leaves statistics untouched; sizes are decided here: 0 gets
+//! NULL, above [`MAX_ALLOCATION_BYTES`] is an invalid argument.
 
 use crate::config::{Config, DriverKind};
 use crate::device::DeviceAllocator;
-use crate::driver::{cuda::CudaDriver, sim::SimDriver, DevicePtr, Driver, Stream};
+use crate::driver::{cuda::CudaDriver, DevicePtr, Driver, Stream};
 use crate::error::{Error, Result};
-use crate::history::{History, StreampoolBlock, StreampoolEvent};
-use crate::ipc::{Imports, StreampoolIpcHandle};
+use crate::history::{History, Recorder, StreampoolBlock, StreampoolEvent};
+use crate::ipc::imports::Imports;
+use crate::ipc::{self, StreampoolIpcHandle};
 use crate::peer::Peers;
 use crate::stats::StreampoolStats;
+use crate::units::{format_bytes, parse_size, SIZE_ACCEPTED};
 use std::sync::Arc;
+
+/// The largest request streampool accepts: 2^48 bytes (256 TiB), beyond any GPU's memory and
+/// far from the sizes whose rounding would overflow 64 bits. Larger is an invalid argument;
+/// smaller but more than the device has is out of memory.
+pub const MAX_ALLOCATION_BYTES: u64 = 1 << 48;
 
 pub struct Allocator {
     driver: Arc<dyn Driver>,
@@ -26,9 +35,7 @@ impl Allocator {
     pub fn from_config(config: Config) -> Result<Allocator> {
         let driver: Arc<dyn Driver> = match config.driver {
             DriverKind::Cuda => Arc::new(CudaDriver::new()?),
-            DriverKind::Sim => {
-                Arc::new(SimDriver::new(config.sim_devices, config.sim_memory_bytes))
-            }
+            DriverKind::Sim => sim_driver(&config)?,
         };
         Allocator::new(driver, config)
     }
@@ -41,8 +48,8 @@ impl Allocator {
         let devices = (0..count)
             .map(|d| {
                 let (driver, config) = (Arc::clone(&driver), Arc::clone(&config));
-                let (history, device_peers) = (Arc::clone(&history), Arc::clone(&peers));
-                DeviceAllocator::new(d, driver, config, history, device_peers)
+                let recorder = Recorder::new(d, Arc::clone(&history));
+                DeviceAllocator::new(d, driver, config, recorder, Arc::clone(&peers))
             })
             .collect();
         log::info!("streampool: {} driver, {count} device(s)", driver.name());
@@ -63,37 +70,55 @@ impl Allocator {
         self.devices.len()
     }
 
-    pub fn device(&self, device: i64) -> Result<&DeviceAllocator> {
+    fn device(&self, device: i64) -> Result<&DeviceAllocator> {
         usize::try_from(device)
             .ok()
             .and_then(|d| self.devices.get(d))
             .ok_or_else(|| {
+                let what = match self.driver.name() {
+                    "sim" => "simulated device(s) (STREAMPOOL_SIM_DEVICES)",
+                    _ => "CUDA device(s)",
+                };
                 Error::InvalidArgument(format!(
-                    "device index {device} is out of range: streampool sees {} CUDA device(s) (valid: 0..{})",
+                    "device index {device} is out of range: streampool sees {} {what} (valid: 0..{})",
                     self.devices.len(),
                     self.devices.len().saturating_sub(1)
                 ))
             })
     }
 
-    /// Allocates `bytes` (> 0) on `device`, ordered on `stream`.
+    /// Allocates `bytes` on `device`, ordered on `stream`; 0 bytes gives NULL (not an error).
     pub fn malloc(&self, bytes: u64, device: i64, stream: Stream) -> Result<DevicePtr> {
+        let d = self.device(device)?;
         if bytes == 0 {
-            return Err(Error::InvalidArgument(
-                "allocation size must be positive, got 0 bytes".into(),
-            ));
+            return Ok(DevicePtr::NULL);
         }
-        self.device(device)?.allocate(bytes, stream)
+        if bytes > MAX_ALLOCATION_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "allocation size {bytes} bytes is larger than streampool's maximum of {} ({} bytes)",
+                format_bytes(MAX_ALLOCATION_BYTES),
+                MAX_ALLOCATION_BYTES
+            )));
+        }
+        d.allocate(bytes, stream, ipc::in_shareable_scope())
     }
 
-    /// Frees `ptr`; the block is ordered after all work on its allocation stream.
+    /// Frees `ptr` (NULL does nothing); the block is ordered after all work on its allocation
+    /// stream.
     pub fn free(&self, ptr: DevicePtr, device: i64) -> Result<()> {
-        self.device(device)?.free(ptr)
+        let d = self.device(device)?;
+        match ptr {
+            DevicePtr::NULL => Ok(()),
+            ptr => d.free(ptr),
+        }
     }
 
     /// Finds the device owning `ptr` (record_stream gets no device index from PyTorch).
     pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
-        let mut last = Error::UnknownPointer { ptr, device: 0 };
+        let mut last = Error::UnknownPointer {
+            ptr: ptr.0,
+            device: 0,
+        };
         for d in &self.devices {
             match d.record_stream(ptr, stream) {
                 Err(e @ Error::UnknownPointer { .. }) => last = e,
@@ -103,14 +128,50 @@ impl Allocator {
         Err(last)
     }
 
-    /// `torch.cuda.empty_cache()`: every device returns its cache and trims its pool to 0. A
-    /// device whose context is broken does not keep the others from being emptied; the first
+    /// `torch.cuda.empty_cache()`: every device returns its cache and trims its resources to 0.
+    /// A device whose context is broken does not keep the others from being emptied; the first
     /// error is reported.
     pub fn empty_cache(&self) -> Result<()> {
         self.devices
             .iter()
             .map(|d| d.flush(0))
             .fold(Ok(()), Result::and)
+    }
+
+    /// Returns `device`'s cache, synchronises and trims its resources to `keep_bytes`.
+    pub fn trim(&self, device: i64, keep_bytes: u64) -> Result<()> {
+        self.device(device)?.trim(keep_bytes)
+    }
+
+    pub fn set_release_threshold(&self, device: i64, bytes: u64) -> Result<()> {
+        self.device(device)?.set_release_threshold(bytes)
+    }
+
+    /// `torch.cuda.set_per_process_memory_fraction`: caps what `device` holds.
+    pub fn set_memory_fraction(&self, device: i64, fraction: f64) -> Result<()> {
+        self.device(device)?.set_memory_fraction(fraction)
+    }
+
+    pub fn reset_peak_stats(&self, device: i64) -> Result<()> {
+        self.device(device)?.reset_peak_stats()
+    }
+
+    /// PyTorch's init hook: warns if PyTorch and the driver disagree on the device count.
+    pub fn check_device_count(&self, torch_count: i64) {
+        let seen = self.devices.len();
+        if usize::try_from(torch_count).ok() != Some(seen) {
+            log::warn!("streampool_init: PyTorch reports {torch_count} devices, the driver {seen}");
+        }
+    }
+
+    /// `spec` ("8GiB", "80%" of `device`'s memory, "max", ...) in bytes.
+    pub fn parse_bytes(&self, spec: &str, device: i64) -> Result<u64> {
+        let size = parse_size(spec).map_err(|reason| {
+            Error::InvalidArgument(format!(
+                "{spec:?} is not a size ({reason}); accepted: {SIZE_ACCEPTED}"
+            ))
+        })?;
+        Ok(size.resolve_bytes(self.device(device)?.device_total_bytes()?))
     }
 
     /// Starts the timeline afresh, keeping the newest `max_entries` events, or stops it (what
@@ -132,8 +193,8 @@ impl Allocator {
         self.history.newest(max_events)
     }
 
-    /// Grants every other device access to `device`'s pool, or to every pool if `device` is
-    /// -1; every capable pair is granted, the first that is not is the error.
+    /// Grants every other device access to `device`'s resources, or to every device's if
+    /// `device` is -1; every capable pair is granted, the first that is not is the error.
     pub fn enable_peer_access(&self, device: i64) -> Result<()> {
         if device != -1 {
             return self.device(device)?.enable_peer_access();
@@ -154,6 +215,12 @@ impl Allocator {
     pub fn ipc_supported(&self, device: i64) -> Result<bool> {
         self.device(device)?;
         self.driver.ipc_supported(device as usize)
+    }
+
+    /// True if `device` supports virtual memory management (`STREAMPOOL_BACKEND=vmm`).
+    pub fn vmm_supported(&self, device: i64) -> Result<bool> {
+        self.device(device)?;
+        self.driver.vmm_supported(device as usize)
     }
 
     /// Exports the live shareable block at `ptr` on `device`, ready after the work queued on
@@ -179,12 +246,14 @@ impl Allocator {
                 "not a file descriptor: {fd}"
             )));
         }
-        let driver = self.driver.as_ref();
-        let (pool, new) = self.imports.import_pool(driver, device as usize, fd)?;
-        if new {
-            self.peers.extra_pool(driver, device as usize, pool);
+        let (pool, new) = self
+            .imports
+            .import_pool(&self.driver, device as usize, fd)?;
+        if let Some(pool) = new {
+            self.peers
+                .extra_pool(self.driver.as_ref(), device as usize, pool);
         }
-        Ok(pool.0 as u64)
+        Ok(pool.raw() as u64)
     }
 
     pub fn ipc_import(
@@ -214,4 +283,22 @@ impl Allocator {
     pub fn stats(&self, device: i64) -> Result<StreampoolStats> {
         self.device(device)?.stats()
     }
+}
+
+#[cfg(feature = "sim")]
+fn sim_driver(config: &Config) -> Result<Arc<dyn Driver>> {
+    use crate::driver::sim::SimDriver;
+    Ok(Arc::new(SimDriver::new(
+        config.sim_devices,
+        config.sim_memory_bytes,
+    )))
+}
+
+#[cfg(not(feature = "sim"))]
+fn sim_driver(_config: &Config) -> Result<Arc<dyn Driver>> {
+    Err(Error::DriverUnavailable(
+        "STREAMPOOL_DRIVER=sim: this build of libstreampool has no simulated driver (build it with \
+         `cargo build --features sim`, or use the pip package, which includes it)"
+            .into(),
+    ))
 }

@@ -24,7 +24,7 @@ extern "C" fn note_fork_in_child() {
 
 /// The process's allocator, built on first use.
 pub fn global() -> Result<&'static Allocator> {
-    if FORKED.load(Ordering::Relaxed) {
+    if in_fork_child() {
         return Err(Error::DriverUnavailable(
             "streampool cannot allocate in a fork() child of a process that had already used it: \
              CUDA does not survive fork(). Start worker processes with the 'spawn' start method \
@@ -48,13 +48,33 @@ pub fn global() -> Result<&'static Allocator> {
         .map_err(Clone::clone)
 }
 
+/// True in a `fork()` child of a process that had used streampool: nothing may take a lock there
+/// that a thread of the parent could have held at the fork (the allocator's, stderr's).
+pub fn in_fork_child() -> bool {
+    FORKED.load(Ordering::Relaxed)
+}
+
 /// Frees `ptr` through the process's allocator. In a fork() child it does nothing: memory
 /// inherited from the parent belongs to the parent's CUDA context, which the child cannot touch.
 pub fn free(ptr: DevicePtr, device: i64) -> Result<()> {
-    if FORKED.load(Ordering::Relaxed) {
+    if in_fork_child() {
         return Ok(());
     }
     global()?.free(ptr, device)
+}
+
+/// Parses the `STREAMPOOL_*` variables now, for an early, clear error.
+pub fn check_config() -> Result<()> {
+    Config::from_env().map(|_| ())
+}
+
+/// The driver in use, or the one `STREAMPOOL_DRIVER` selects if the allocator could not start;
+/// "invalid" if the configuration is malformed.
+pub fn driver_name() -> &'static str {
+    match global() {
+        Ok(a) => a.driver_name(),
+        Err(_) => Config::from_env().map_or("invalid", |c| c.driver.name()),
+    }
 }
 
 /// `STREAMPOOL_LOG`, else `RUST_LOG`, else warnings only. Never replaces a logger already set.

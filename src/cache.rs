@@ -182,11 +182,11 @@ impl Cache {
 mod tests {
     use super::*;
 
-    fn block(ptr: u64, bytes: u64, stream: Stream) -> CachedBlock {
+    fn block(ptr: u64, bytes: u64, stream: usize) -> CachedBlock {
         CachedBlock {
-            ptr,
+            ptr: DevicePtr(ptr),
             block_bytes: bytes,
-            stream,
+            stream: Stream(stream),
         }
     }
 
@@ -194,9 +194,9 @@ mod tests {
     fn reuses_only_on_the_same_stream_and_close_sizes() {
         let mut c = Cache::new(u64::MAX, u64::MAX);
         c.put(block(0x1000, 4096, 1)).unwrap();
-        assert_eq!(c.take(2, 4096), None, "another stream");
-        assert_eq!(c.take(1, 1024), None, "4x too big for 1 KiB");
-        assert_eq!(c.take(1, 3700), Some(block(0x1000, 4096, 1)));
+        assert_eq!(c.take(Stream(2), 4096), None, "another stream");
+        assert_eq!(c.take(Stream(1), 1024), None, "4x too big for 1 KiB");
+        assert_eq!(c.take(Stream(1), 3700), Some(block(0x1000, 4096, 1)));
         assert_eq!(c.cached_bytes(), 0);
     }
 
@@ -223,7 +223,7 @@ mod tests {
         c.put(block(0x1000, 512, 1)).unwrap();
         c.put(block(0x2000, 8192, 1)).unwrap();
         c.put(block(0x9000, 65536, 2)).unwrap();
-        let out = c.evict(4096, 1);
+        let out = c.evict(4096, Stream(1));
         assert_eq!(out, vec![block(0x2000, 8192, 1)]);
         assert_eq!(c.cached_bytes(), 512 + 65536);
         assert_eq!(c.drain().len(), 2);
@@ -245,7 +245,7 @@ mod tests {
         assert_eq!(c.cached_bytes(), 0);
         c.put(block(0x1000, 512, 1)).unwrap();
         assert_eq!(
-            c.take(1, 512),
+            c.take(Stream(1), 512),
             Some(block(0x1000, 512, 1)),
             "bins still work"
         );

@@ -22,6 +22,16 @@ impl DriverKind {
     }
 }
 
+/// What serves blocks above `STREAMPOOL_SMALL_POOL_MAX` (`STREAMPOOL_BACKEND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A CUDA stream-ordered memory pool.
+    Pool,
+    /// streampool's own virtual-memory pool (`cuMemCreate` + `cuMemMap`), one address range per
+    /// device shared by all streams.
+    Vmm,
+}
+
 /// Which other devices get access to a device's pool (`STREAMPOOL_PEER_ACCESS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeerAccess {
@@ -44,6 +54,7 @@ pub struct ReusePolicy {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub driver: DriverKind,
+    pub backend: Backend,
     pub release_threshold: SizeSpec,
     /// `Max` means the pool may grow to the whole device.
     pub max_pool_size: SizeSpec,
@@ -59,6 +70,9 @@ pub struct Config {
     /// Every pool is shareable with other processes (and then never releases memory).
     pub ipc: bool,
     pub reuse: ReusePolicy,
+    /// The physical handle size of the virtual-memory backend (a multiple of the device's
+    /// granularity, which it is rounded up to).
+    pub vmm_page_size: SizeSpec,
     pub sim_devices: usize,
     pub sim_memory_bytes: u64,
 }
@@ -67,6 +81,9 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             driver: DriverKind::Cuda,
+            // The CUDA pool, measured on the GPU; vmm becomes the default only once a benchmark
+            // run on the GPU shows it at or below the pool on memory and not slower.
+            backend: Backend::Pool,
             // Keep everything: a threshold of 0 with per-step syncs costs 1.4-1.5x in training.
             release_threshold: SizeSpec::Max,
             max_pool_size: SizeSpec::Max,
@@ -86,6 +103,10 @@ impl Default for Config {
             peer_access: PeerAccess::Auto,
             ipc: false,
             reuse: ReusePolicy::default(),
+            // The granularity of current GPUs: the least memory held beyond live blocks. PyTorch
+            // uses 20 MiB for large blocks because mapping cost grows with the number of
+            // handles; which is better here awaits a measurement on the GPU.
+            vmm_page_size: SizeSpec::Bytes(2 << 20),
             sim_devices: 2,
             sim_memory_bytes: 16 << 30,
         }
@@ -93,25 +114,6 @@ impl Default for Config {
 }
 
 const BOOL_ACCEPTED: &str = "1, 0, true, false, yes, no, on, off";
-
-/// Every variable streampool reads, for `python -m streampool info` and the README.
-pub const VARIABLES: [&str; 15] = [
-    "STREAMPOOL_DRIVER",
-    "STREAMPOOL_RELEASE_THRESHOLD",
-    "STREAMPOOL_MAX_POOL_SIZE",
-    "STREAMPOOL_CACHE_LIMIT",
-    "STREAMPOOL_CACHE_MAX_BLOCK",
-    "STREAMPOOL_SMALL_POOL_MAX",
-    "STREAMPOOL_TRIM_ON_GROWTH",
-    "STREAMPOOL_PEER_ACCESS",
-    "STREAMPOOL_IPC",
-    "STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES",
-    "STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC",
-    "STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES",
-    "STREAMPOOL_LOG",
-    "STREAMPOOL_SIM_DEVICES",
-    "STREAMPOOL_SIM_MEMORY",
-];
 
 impl Config {
     /// Reads the process environment.
@@ -136,6 +138,20 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = get("STREAMPOOL_BACKEND") {
+            c.backend = match v.trim().to_ascii_lowercase().as_str() {
+                "pool" => Backend::Pool,
+                "vmm" => Backend::Vmm,
+                _ => {
+                    return Err(config_error(
+                        "STREAMPOOL_BACKEND",
+                        &v,
+                        "unknown backend",
+                        "pool, vmm",
+                    ))
+                }
+            };
+        }
         let size = |name: &'static str, default: SizeSpec| -> Result<SizeSpec> {
             match get(name) {
                 None => Ok(default),
@@ -152,6 +168,19 @@ impl Config {
         c.cache_limit = size("STREAMPOOL_CACHE_LIMIT", c.cache_limit)?;
         c.cache_max_block = size("STREAMPOOL_CACHE_MAX_BLOCK", c.cache_max_block)?;
         c.small_pool_max = size("STREAMPOOL_SMALL_POOL_MAX", c.small_pool_max)?;
+        c.vmm_page_size = match size("STREAMPOOL_VMM_PAGE_SIZE", c.vmm_page_size)? {
+            SizeSpec::Bytes(b) if (1..=1 << 40).contains(&b) => SizeSpec::Bytes(b),
+            _ => {
+                let value = get("STREAMPOOL_VMM_PAGE_SIZE").unwrap_or_default();
+                return Err(config_error(
+                    "STREAMPOOL_VMM_PAGE_SIZE",
+                    &value,
+                    "must be a byte count from 1 B to 1 TiB",
+                    "a byte count with an optional unit, e.g. 2MiB or 20MiB (rounded up to the \
+                     device's granularity)",
+                ));
+            }
+        };
         let flag = |name: &'static str| -> Result<Option<bool>> {
             get(name).map(|v| parse_bool(name, &v)).transpose()
         };
@@ -285,6 +314,7 @@ mod tests {
     fn defaults_keep_everything() {
         let c = parse(&[]).unwrap();
         assert_eq!(c.driver, DriverKind::Cuda);
+        assert_eq!(c.backend, Backend::Pool);
         assert_eq!(c.release_threshold, SizeSpec::Max);
         assert_eq!(c.reuse, ReusePolicy::default());
     }
@@ -302,9 +332,13 @@ mod tests {
             ("STREAMPOOL_LOG", "streampool=trace"),
             ("STREAMPOOL_PEER_ACCESS", "on"),
             ("STREAMPOOL_IPC", "yes"),
+            ("STREAMPOOL_BACKEND", " VMM"),
+            ("STREAMPOOL_VMM_PAGE_SIZE", "20MiB"),
         ])
         .unwrap();
         assert_eq!(c.driver, DriverKind::Sim);
+        assert_eq!(c.backend, Backend::Vmm);
+        assert_eq!(c.vmm_page_size, SizeSpec::Bytes(20 << 20));
         assert_eq!(c.release_threshold, SizeSpec::Bytes(8 << 30));
         assert_eq!(c.max_pool_size, SizeSpec::Percent(80.0));
         assert_eq!(c.reuse.allow_opportunistic, Some(false));
@@ -330,6 +364,9 @@ mod tests {
             ("STREAMPOOL_PEER_ACCESS", "sometimes"),
             ("STREAMPOOL_IPC", "2"),
             ("STREAMPOOL_SMALL_POOL_MAX", "1MiBs"),
+            ("STREAMPOOL_BACKEND", "expandable"),
+            ("STREAMPOOL_VMM_PAGE_SIZE", "0"),
+            ("STREAMPOOL_VMM_PAGE_SIZE", "50%"),
         ] {
             let msg = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(

@@ -6,13 +6,11 @@
 //! NULL plus `streampool_last_error()`.
 
 use crate::api::{self, clear_last_error, global, last_error_ptr, set_last_error};
-use crate::config::Config;
-use crate::driver::Stream;
+use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result, StreampoolStatus};
 use crate::history::{StreampoolBlock, StreampoolEvent};
 use crate::ipc::{self, StreampoolIpcHandle};
 use crate::stats::StreampoolStats;
-use crate::units::{parse_size, SIZE_ACCEPTED};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -46,12 +44,23 @@ fn status(result: Result<()>) -> c_int {
     }
 }
 
-/// Logs an error from an entry point that returns nothing.
+/// Logs an error from an entry point that returns nothing. Not in a fork() child: a thread of the
+/// parent may have held the logger's or stderr's lock at the fork, and it is never released there.
 fn report(entry: &str, result: Result<()>) {
     if let Err(e) = result {
         set_last_error(&e);
-        log::error!("{entry}: {e}");
+        if !api::in_fork_child() {
+            log::error!("{entry}: {e}");
+        }
     }
+}
+
+fn stream_of(stream: *mut c_void) -> Stream {
+    Stream(stream as usize)
+}
+
+fn ptr_of(ptr: *mut c_void) -> DevicePtr {
+    DevicePtr(ptr as u64)
 }
 
 fn size_from_ssize(size: libc::ssize_t) -> Result<u64> {
@@ -70,12 +79,10 @@ pub unsafe extern "C-unwind" fn my_malloc(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    let result = guarded(|| match size_from_ssize(size)? {
-        0 => Ok(0),
-        bytes => global()?.malloc(bytes, device.into(), stream as Stream),
-    });
+    let result =
+        guarded(|| global()?.malloc(size_from_ssize(size)?, device.into(), stream_of(stream)));
     match result {
-        Ok(ptr) => ptr as *mut c_void,
+        Ok(ptr) => ptr.0 as *mut c_void,
         Err(e) => {
             set_last_error(&e);
             drop(e);
@@ -102,7 +109,7 @@ pub unsafe extern "C" fn my_free(
     if ptr.is_null() {
         return;
     }
-    report("my_free", guarded(|| api::free(ptr as u64, device.into())));
+    report("my_free", guarded(|| api::free(ptr_of(ptr), device.into())));
 }
 
 /// Allocation for C/C++ callers: NULL on failure (see `streampool_last_error`); size 0 gives NULL
@@ -116,14 +123,11 @@ pub unsafe extern "C" fn streampool_malloc(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    let result = guarded(|| match size {
-        0 => Ok(0),
-        bytes => global()?.malloc(bytes as u64, device.into(), stream as Stream),
-    });
+    let result = guarded(|| global()?.malloc(size as u64, device.into(), stream_of(stream)));
     match result {
         Ok(ptr) => {
             clear_last_error();
-            ptr as *mut c_void
+            ptr.0 as *mut c_void
         }
         Err(e) => {
             set_last_error(&e);
@@ -148,7 +152,7 @@ pub unsafe extern "C" fn streampool_free(
     if ptr.is_null() {
         return status(Ok(()));
     }
-    status(guarded(|| api::free(ptr as u64, device.into())))
+    status(guarded(|| api::free(ptr_of(ptr), device.into())))
 }
 
 /// This thread's last error message ("" if none); valid until the next streampool call on this thread.
@@ -163,12 +167,7 @@ pub extern "C" fn streampool_init(device_count: c_int) {
     report(
         "streampool_init",
         guarded(|| {
-            let seen = global()?.device_count();
-            if usize::try_from(device_count).ok() != Some(seen) {
-                log::warn!(
-                    "streampool_init: PyTorch reports {device_count} devices, the driver {seen}"
-                );
-            }
+            global()?.check_device_count(device_count.into());
             Ok(())
         }),
     );
@@ -194,7 +193,7 @@ pub unsafe extern "C" fn streampool_record_stream(ptr: *mut c_void, stream: *mut
     }
     report(
         "streampool_record_stream",
-        guarded(|| global()?.record_stream(ptr as u64, stream as Stream)),
+        guarded(|| global()?.record_stream(ptr_of(ptr), stream_of(stream))),
     );
 }
 
@@ -203,11 +202,7 @@ pub unsafe extern "C" fn streampool_record_stream(ptr: *mut c_void, stream: *mut
 pub extern "C" fn streampool_set_memory_fraction(fraction: f64, device: c_int) {
     report(
         "streampool_set_memory_fraction",
-        guarded(|| {
-            global()?
-                .device(device.into())?
-                .set_memory_fraction(fraction)
-        }),
+        guarded(|| global()?.set_memory_fraction(device.into(), fraction)),
     );
 }
 
@@ -235,7 +230,7 @@ pub unsafe extern "C" fn streampool_get_stats(device: c_int, out: *mut Streampoo
 pub extern "C" fn streampool_reset_peak_stats(device: c_int) {
     report(
         "streampool_reset_peak_stats",
-        guarded(|| global()?.device(device.into())?.reset_peak_stats()),
+        guarded(|| global()?.reset_peak_stats(device.into())),
     );
 }
 
@@ -243,18 +238,14 @@ pub extern "C" fn streampool_reset_peak_stats(device: c_int) {
 #[no_mangle]
 pub extern "C" fn streampool_set_release_threshold(device: c_int, bytes: u64) -> c_int {
     status(guarded(|| {
-        global()?
-            .device(device.into())?
-            .set_release_threshold(bytes)
+        global()?.set_release_threshold(device.into(), bytes)
     }))
 }
 
 /// Returns cached memory, synchronises and trims `device`'s pool to `keep_bytes`.
 #[no_mangle]
 pub extern "C" fn streampool_trim(device: c_int, keep_bytes: u64) -> c_int {
-    status(guarded(|| {
-        global()?.device(device.into())?.trim(keep_bytes)
-    }))
+    status(guarded(|| global()?.trim(device.into(), keep_bytes)))
 }
 
 /// Parses "8GiB", "512MB", "4096", "80%" (of `device`'s memory) or "max" into bytes.
@@ -275,14 +266,9 @@ pub unsafe extern "C" fn streampool_parse_bytes(
         }
         // SAFETY: checked non-NULL; the caller guarantees NUL termination.
         let text = unsafe { CStr::from_ptr(spec) }.to_string_lossy();
-        let size = parse_size(&text).map_err(|reason| {
-            Error::InvalidArgument(format!(
-                "{text:?} is not a size ({reason}); accepted: {SIZE_ACCEPTED}"
-            ))
-        })?;
-        let total = global()?.device(device.into())?.device_total_bytes()?;
+        let bytes = global()?.parse_bytes(&text, device.into())?;
         // SAFETY: checked non-NULL; the caller guarantees it is writable.
-        unsafe { out_bytes.write(size.resolve_bytes(total)) };
+        unsafe { out_bytes.write(bytes) };
         Ok(())
     }))
 }
@@ -410,6 +396,15 @@ pub extern "C" fn streampool_ipc_supported(device: c_int) -> c_int {
     }))
 }
 
+/// 1 if `device` supports virtual memory management (`STREAMPOOL_BACKEND=vmm`), 0 if not, or a
+/// negative status.
+#[no_mangle]
+pub extern "C" fn streampool_vmm_supported(device: c_int) -> c_int {
+    value_or_status(guarded(|| {
+        Ok(global()?.vmm_supported(device.into())? as c_int)
+    }))
+}
+
 /// A non-negative answer as it is, or a negative status with the message kept.
 fn value_or_status(answer: Result<c_int>) -> c_int {
     match answer {
@@ -442,7 +437,7 @@ pub unsafe extern "C" fn streampool_ipc_export(
         if out.is_null() {
             return Err(Error::InvalidArgument("out must not be NULL".into()));
         }
-        let handle = global()?.ipc_export(ptr as u64, device.into(), stream as Stream)?;
+        let handle = global()?.ipc_export(ptr_of(ptr), device.into(), stream_of(stream))?;
         // SAFETY: checked non-NULL; the caller guarantees it is writable.
         unsafe { out.write(handle) };
         Ok(())
@@ -500,9 +495,9 @@ pub unsafe extern "C" fn streampool_ipc_import(
         }
         // SAFETY: checked non-NULL; the caller guarantees it points to a handle.
         let handle = unsafe { handle.read() };
-        let ptr = global()?.ipc_import(pool, &handle, stream as Stream)?;
+        let ptr = global()?.ipc_import(pool, &handle, stream_of(stream))?;
         // SAFETY: checked non-NULL; the caller guarantees it is writable.
-        unsafe { out.write(ptr as *mut c_void) };
+        unsafe { out.write(ptr.0 as *mut c_void) };
         Ok(())
     }))
 }
@@ -512,7 +507,7 @@ pub unsafe extern "C" fn streampool_ipc_import(
 #[no_mangle]
 pub extern "C" fn streampool_ipc_close(ptr: *mut c_void, stream: *mut c_void) -> c_int {
     status(guarded(|| {
-        global()?.ipc_close(ptr as u64, stream as Stream)
+        global()?.ipc_close(ptr_of(ptr), stream_of(stream))
     }))
 }
 
@@ -525,7 +520,7 @@ pub extern "C" fn streampool_device_count() -> c_int {
 /// Parses the `STREAMPOOL_*` variables now: 0, or `STREAMPOOL_CONFIG_ERROR` with the message.
 #[no_mangle]
 pub extern "C" fn streampool_check_config() -> c_int {
-    status(guarded(|| Config::from_env().map(|_| ())))
+    status(guarded(api::check_config))
 }
 
 /// The library's version, e.g. "0.1.0".
@@ -538,11 +533,7 @@ pub extern "C" fn streampool_version() -> *const c_char {
 /// "invalid" if the configuration is malformed.
 #[no_mangle]
 pub extern "C" fn streampool_driver_name() -> *const c_char {
-    let name = guarded(|| match global() {
-        Ok(a) => Ok(a.driver_name()),
-        Err(_) => Ok(Config::from_env().map_or("invalid", |c| c.driver.name())),
-    })
-    .unwrap_or("invalid");
+    let name = guarded(|| Ok(api::driver_name())).unwrap_or("invalid");
     match name {
         "cuda" => c"cuda".as_ptr(),
         "sim" => c"sim".as_ptr(),

@@ -5,13 +5,15 @@
 //!
 //! Invariants: off by default, and when off a recording point costs one relaxed atomic load. When
 //! on, events are appended under the ring's own lock, which is a leaf: nothing else is locked or
-//! called while it is held. A full ring drops its oldest event and counts it.
+//! called while it is held; an event's time is read under that lock, so the ring is in time order
+//! whatever the threads. A full ring drops its oldest event and counts it.
 
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What an event records (`StreampoolEvent::kind`).
@@ -33,6 +35,10 @@ pub enum StreampoolEventKind {
     /// A request for `bytes` failed: out of memory, or over the memory fraction. `address` holds
     /// the device's free bytes at the time (as PyTorch's `device_free`).
     Oom = 7,
+    /// The virtual-memory backend mapped `bytes` of physical memory at `address`.
+    Map = 8,
+    /// The virtual-memory backend unmapped (and released) `bytes` at `address`.
+    Unmap = 9,
 }
 
 /// One timeline entry, as copied out by `streampool_history`. The gauges are the device's values
@@ -159,15 +165,12 @@ impl History {
         bytes: u64,
         g: Gauges,
     ) {
-        let time_ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let event = StreampoolEvent {
-            time_ns,
+        let mut event = StreampoolEvent {
+            time_ns: 0,
             kind: kind as u32,
             device: device as i32,
-            stream: stream as u64,
-            address,
+            stream: stream.0 as u64,
+            address: address.0,
             bytes,
             allocated_bytes: g.allocated_bytes,
             held_bytes: g.held_bytes,
@@ -178,6 +181,9 @@ impl History {
         if !self.enabled() {
             return; // stopped while this event was being made
         }
+        event.time_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
         if ring.events.len() == ring.max_entries {
             ring.events.pop_front();
             ring.dropped += 1;
@@ -204,6 +210,142 @@ impl History {
     }
 }
 
+/// One device's view of the timeline: its events carry the device's gauges, with the reserved
+/// bytes of its resources as last read, and growth and trims are noted as such.
+///
+/// Invariant: the gauges it remembers (for events of a resource, made outside the device lock)
+/// are those of the device's last event; when the timeline is off nothing is read or written.
+pub struct Recorder {
+    device: usize,
+    history: Arc<History>,
+    reserved_bytes: AtomicU64,
+    /// The device's allocated, held and cached bytes at its last event.
+    last: [AtomicU64; 3],
+}
+
+impl Recorder {
+    pub fn new(device: usize, history: Arc<History>) -> Recorder {
+        Recorder {
+            device,
+            history,
+            reserved_bytes: AtomicU64::new(0),
+            last: Default::default(),
+        }
+    }
+
+    #[inline]
+    pub fn enabled(&self) -> bool {
+        self.history.enabled()
+    }
+
+    /// Records an event with the device's `gauges` (evaluated only while recording).
+    #[inline]
+    pub fn note(
+        &self,
+        kind: StreampoolEventKind,
+        stream: Stream,
+        address: DevicePtr,
+        bytes: u64,
+        gauges: impl FnOnce() -> Gauges,
+    ) {
+        if self.enabled() {
+            self.push(kind, stream, address, bytes, gauges());
+        }
+    }
+
+    #[cold]
+    fn push(
+        &self,
+        kind: StreampoolEventKind,
+        stream: Stream,
+        address: DevicePtr,
+        bytes: u64,
+        g: Gauges,
+    ) {
+        let g = Gauges {
+            reserved_bytes: self.reserved_bytes.load(Ordering::Relaxed),
+            ..g
+        };
+        for (slot, value) in self
+            .last
+            .iter()
+            .zip([g.allocated_bytes, g.held_bytes, g.cached_bytes])
+        {
+            slot.store(value, Ordering::Relaxed);
+        }
+        self.history
+            .record(kind, self.device, stream, address, bytes, || g);
+    }
+
+    /// Records an event of a resource (a mapping), with the gauges of the device's last event.
+    pub fn note_resource(
+        &self,
+        kind: StreampoolEventKind,
+        address: DevicePtr,
+        bytes: u64,
+        reserved_bytes: u64,
+    ) {
+        if !self.enabled() {
+            return;
+        }
+        self.reserved_bytes.store(reserved_bytes, Ordering::Relaxed);
+        let [allocated_bytes, held_bytes, cached_bytes] =
+            self.last.each_ref().map(|v| v.load(Ordering::Relaxed));
+        let g = Gauges {
+            allocated_bytes,
+            held_bytes,
+            cached_bytes,
+            reserved_bytes,
+        };
+        self.history
+            .record(kind, self.device, Stream(0), address, bytes, || g);
+    }
+
+    /// The reserved gauge starts at `reserved_bytes` (when the timeline starts).
+    pub fn set_reserved(&self, reserved_bytes: u64) {
+        self.reserved_bytes.store(reserved_bytes, Ordering::Relaxed);
+    }
+
+    /// Records growth of the reserved memory to `reserved_bytes`, if it grew.
+    pub fn note_reserved(
+        &self,
+        reserved_bytes: u64,
+        stream: Stream,
+        gauges: impl FnOnce() -> Gauges,
+    ) {
+        let before = self.reserved_bytes.swap(reserved_bytes, Ordering::Relaxed);
+        if reserved_bytes > before {
+            self.note(
+                StreampoolEventKind::PoolGrow,
+                stream,
+                DevicePtr::NULL,
+                reserved_bytes - before,
+                gauges,
+            );
+        }
+    }
+
+    /// Records a trim from `before_bytes` to `after_bytes` reserved, if it released anything.
+    pub fn note_trim(
+        &self,
+        before_bytes: u64,
+        after_bytes: u64,
+        stream: Stream,
+        gauges: impl FnOnce() -> Gauges,
+    ) {
+        self.reserved_bytes.store(after_bytes, Ordering::Relaxed);
+        if before_bytes > after_bytes {
+            self.note(
+                StreampoolEventKind::PoolTrim,
+                stream,
+                DevicePtr::NULL,
+                before_bytes - after_bytes,
+                gauges,
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,8 +354,8 @@ mod tests {
         h.record(
             StreampoolEventKind::Alloc,
             0,
-            0,
-            0x1000,
+            Stream(0),
+            DevicePtr(0x1000),
             bytes,
             Gauges::default,
         );
@@ -222,10 +364,63 @@ mod tests {
     #[test]
     fn off_records_nothing_and_never_evaluates_the_gauges() {
         let h = History::default();
-        h.record(StreampoolEventKind::Alloc, 0, 0, 1, 1, || {
-            panic!("gauges read while off")
-        });
+        h.record(
+            StreampoolEventKind::Alloc,
+            0,
+            Stream(0),
+            DevicePtr(1),
+            1,
+            || panic!("gauges read while off"),
+        );
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn events_are_in_time_order_across_threads() {
+        let h = Arc::new(History::default());
+        h.start(100_000).unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let h = Arc::clone(&h);
+                std::thread::spawn(move || (0..5_000).for_each(|i| record(&h, i)))
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        let (events, _) = h.newest(usize::MAX);
+        assert_eq!(events.len(), 20_000);
+        assert!(events.windows(2).all(|w| w[0].time_ns <= w[1].time_ns));
+    }
+
+    #[test]
+    fn a_recorder_notes_growth_and_trims_with_the_device_gauges() {
+        let h = Arc::new(History::default());
+        let r = Recorder::new(1, Arc::clone(&h));
+        r.note_reserved(100, Stream(0), Gauges::default);
+        assert!(h.is_empty(), "off: nothing");
+        h.start(10).unwrap();
+        let g = || Gauges {
+            allocated_bytes: 7,
+            ..Gauges::default()
+        };
+        r.note_reserved(300, Stream(2), g);
+        r.note_reserved(300, Stream(2), g);
+        r.note_trim(300, 50, Stream(0), g);
+        r.note_resource(StreampoolEventKind::Map, DevicePtr(0x2000), 64, 114);
+        let (events, _) = h.newest(usize::MAX);
+        let seen: Vec<_> = events
+            .iter()
+            .map(|e| (e.kind, e.bytes, e.reserved_bytes, e.allocated_bytes))
+            .collect();
+        let (grow, trim, map) = (
+            StreampoolEventKind::PoolGrow as u32,
+            StreampoolEventKind::PoolTrim as u32,
+            StreampoolEventKind::Map as u32,
+        );
+        assert_eq!(
+            seen,
+            [(grow, 200, 300, 7), (trim, 250, 50, 7), (map, 64, 114, 7)]
+        );
+        assert!(events.iter().all(|e| e.device == 1));
     }
 
     #[test]

@@ -1,41 +1,46 @@
 //! streampool: a PyTorch pluggable CUDA allocator — a small Rust cache over CUDA stream-ordered
-//! memory pools (`cuMemAllocFromPoolAsync` / `cuMemFreeAsync`).
+//! memory pools (`cuMemAllocFromPoolAsync` / `cuMemFreeAsync`) or over its own virtual-memory
+//! pool for large blocks (`STREAMPOOL_BACKEND=vmm`).
 //!
-//! Layers, top to bottom:
-//! - [`ffi`]: the C ABI (`my_malloc`/`my_free` for PyTorch, hooks, stats); no policy.
-//! - [`api`]: the process-wide [`allocator::Allocator`] built from [`config`] on first use.
-//! - [`allocator`]: argument checks and one [`device::DeviceAllocator`] per device.
-//! - [`device`]: the policy, in order: graph capture, cache, limit, room, pool, OOM recovery.
-//! - [`cache`]: freed blocks per stream; [`pool`]: the device's explicit pool and its knobs.
-//! - [`history`]: the memory timeline each device records into when asked; [`peer`]: which
-//!   devices may access which pools; [`ipc`]: sharing blocks with other processes.
-//! - [`driver`]: the CUDA edge behind one trait — [`driver::cuda`] for GPUs, [`driver::sim`] for CI.
+//! Layers, top to bottom, in the order a call goes through them:
+//! - `ffi`: the C ABI (`my_malloc`/`my_free` for PyTorch, hooks, stats): argument conversion,
+//!   `catch_unwind`, status codes; no policy.
+//! - `api`: the process-wide [`Allocator`] built from [`config`] on first use; fork guard.
+//! - [`allocator`]: argument checks and one device allocator per device.
+//! - `device`: the pipeline of one device, one layer per file: graph capture and stream waits,
+//!   cache, limit, growth, out-of-memory recovery, over its resources.
+//! - `resource`: where blocks come from — a CUDA pool, or the virtual-memory pool — behind one
+//!   trait (RMM's `device_memory_resource` shape).
+//! - [`history`]: the memory timeline; `peer`: which devices may access which memory;
+//!   [`ipc`]: sharing blocks with other processes; [`stats`]: counters and the C stats struct.
+//! - [`driver`]: the CUDA edge behind one trait — `driver::cuda` for GPUs, `driver::sim` (feature
+//!   `sim`) for CI and machines without a GPU.
 //!
 //! Stream-reuse rule: a freed block is reused without synchronisation only by its own stream; a
 //! block that other streams used (record_stream) waits for events on them.
 //!
 //! Thread-safety rule: PyTorch calls in from the main thread and from autograd's backward thread
-//! at once; each device's bookkeeping sits behind its own mutex, and driver calls that can take
-//! time are made outside it.
+//! at once; each device's books sit behind its own mutex, and driver calls that can wait for the
+//! GPU are made outside it.
 
 pub mod allocator;
-pub mod api;
-pub mod cache;
+mod api;
+mod cache;
 pub mod config;
-pub mod device;
+mod device;
 pub mod driver;
 pub mod error;
-pub mod fasthash;
-pub mod ffi;
+mod fasthash;
+mod ffi;
 pub mod history;
 pub mod ipc;
-pub mod peer;
-pub mod pool;
+mod peer;
+mod resource;
 pub mod stats;
 mod sync;
 pub mod units;
 
-pub use allocator::Allocator;
+pub use allocator::{Allocator, MAX_ALLOCATION_BYTES};
 pub use config::Config;
 pub use error::{Error, Result};
 pub use stats::StreampoolStats;

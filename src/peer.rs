@@ -7,24 +7,30 @@
 //! `cuMemPoolSetAccess`.
 //!
 //! Invariants: access is only ever granted, never revoked (CUDA cannot revoke it); a device is
-//! granted access only after `cuDeviceCanAccessPeer` says it can have it; a pool's own device is
-//! never granted (CUDA rejects changing the owner's access); a failed grant never makes a pool
-//! unusable by its own device. Pools imported from other processes follow the same mode for the
-//! devices of the importing process.
+//! granted access only after `cuDeviceCanAccessPeer` says it can have it; a resource's own device
+//! is never granted here (CUDA rejects changing a pool owner's access; the virtual-memory
+//! resource gives its device access itself); a failed grant never makes memory unusable by its
+//! own device. Pools imported from other processes follow the same mode for the devices of the
+//! importing process.
 
 use crate::config::PeerAccess;
-use crate::driver::{Driver, PoolHandle};
+use crate::driver::Driver;
 use crate::error::{Error, Result};
+use crate::resource::Accessible;
 use parking_lot::Mutex;
+use std::sync::Arc;
 
-/// The pools created so far, and the configured policy.
+/// Memory of a device that peers may be given access to.
+type Target = Arc<dyn Accessible>;
+
+/// The resources created so far, and the configured policy.
 pub struct Peers {
     mode: PeerAccess,
-    /// Each device's own pools (the main pool and the small-block pool), once created.
-    pools: Mutex<Vec<Vec<PoolHandle>>>,
-    /// Pools other than the devices' own, with their device: imported from other processes, or
-    /// the shareable pools of `streampool.shareable()`.
-    extra: Mutex<Vec<(usize, PoolHandle)>>,
+    /// Each device's own resources (for large and small blocks), once created.
+    pools: Mutex<Vec<Vec<Target>>>,
+    /// Memory other than the devices' own, with its device: pools imported from other
+    /// processes, or the shareable pools of `streampool.shareable()`.
+    extra: Mutex<Vec<(usize, Target)>>,
 }
 
 impl Peers {
@@ -36,10 +42,10 @@ impl Peers {
         }
     }
 
-    /// Called once `device`'s pools exist: grants what the mode asks for. A pair that cannot be
-    /// granted is logged, not returned: the pools serve their own device either way.
-    pub fn pools_created(&self, driver: &dyn Driver, device: usize, own: &[PoolHandle]) {
-        let grants: Vec<(usize, PoolHandle, usize)> = {
+    /// Called once `device`'s resources exist: grants what the mode asks for. A pair that cannot
+    /// be granted is logged, not returned: the resources serve their own device either way.
+    pub fn pools_created(&self, driver: &dyn Driver, device: usize, own: &[Target]) {
+        let grants: Vec<(usize, Target, usize)> = {
             let mut pools = self.pools.lock();
             pools[device] = own.to_vec();
             let count = pools.len();
@@ -47,7 +53,7 @@ impl Peers {
                 PeerAccess::Off => Vec::new(),
                 PeerAccess::On => (0..count)
                     .filter(|&peer| peer != device)
-                    .flat_map(|peer| own.iter().map(move |&pool| (device, pool, peer)))
+                    .flat_map(|peer| own.iter().map(move |pool| (device, Arc::clone(pool), peer)))
                     .collect(),
                 // Both directions between this device and every device already allocated on,
                 // and this device to the extra pools of other devices.
@@ -55,13 +61,13 @@ impl Peers {
                     let mut grants = Vec::new();
                     for (other, theirs) in pools.iter().enumerate() {
                         if other != device && !theirs.is_empty() {
-                            grants.extend(own.iter().map(|&pool| (device, pool, other)));
-                            grants.extend(theirs.iter().map(|&pool| (other, pool, device)));
+                            grants.extend(own.iter().map(|p| (device, Arc::clone(p), other)));
+                            grants.extend(theirs.iter().map(|p| (other, Arc::clone(p), device)));
                         }
                     }
                     let extra = self.extra.lock();
                     let imported = extra.iter().filter(|(owner, _)| *owner != device);
-                    grants.extend(imported.map(|&(owner, pool)| (owner, pool, device)));
+                    grants.extend(imported.map(|(owner, p)| (*owner, Arc::clone(p), device)));
                     grants
                 }
             }
@@ -72,54 +78,60 @@ impl Peers {
     /// Called for a pool of `device` other than its own (imported from another process, or the
     /// shareable pool): the devices the mode names get access to it too, so copies from its
     /// memory to them work.
-    pub fn extra_pool(&self, driver: &dyn Driver, device: usize, pool: PoolHandle) {
-        let grants: Vec<(usize, PoolHandle, usize)> = {
-            self.extra.lock().push((device, pool));
+    pub fn extra_pool(&self, driver: &dyn Driver, device: usize, pool: Target) {
+        let grants: Vec<(usize, Target, usize)> = {
+            self.extra.lock().push((device, Arc::clone(&pool)));
             let pools = self.pools.lock();
             let peers = (0..pools.len()).filter(|&peer| peer != device);
             match self.mode {
                 PeerAccess::Off => Vec::new(),
-                PeerAccess::On => peers.map(|peer| (device, pool, peer)).collect(),
+                PeerAccess::On => peers
+                    .map(|peer| (device, Arc::clone(&pool), peer))
+                    .collect(),
                 PeerAccess::Auto => peers
                     .filter(|&peer| !pools[peer].is_empty())
-                    .map(|peer| (device, pool, peer))
+                    .map(|peer| (device, Arc::clone(&pool), peer))
                     .collect(),
             }
         };
         self.apply(driver, grants);
     }
 
-    /// Grants each (owner, pool, peer); a pair that cannot be granted is logged.
-    fn apply(&self, driver: &dyn Driver, grants: Vec<(usize, PoolHandle, usize)>) {
-        for (owner, pool, peer) in grants {
-            match grant(driver, owner, pool, peer) {
-                Ok(()) => log::info!("device {peer} can now access device {owner}'s pool"),
+    /// Grants each (owner, memory, peer); a pair that cannot be granted is logged.
+    fn apply(&self, driver: &dyn Driver, grants: Vec<(usize, Target, usize)>) {
+        for (owner, target, peer) in grants {
+            match grant(driver, owner, target.as_ref(), peer) {
+                Ok(()) => log::info!(
+                    "device {peer} can now access device {owner}'s {}",
+                    target.label()
+                ),
                 Err(e) if self.mode == PeerAccess::Auto => log::info!("{e}"),
                 Err(e) => log::warn!("STREAMPOOL_PEER_ACCESS=1: {e}"),
             }
         }
     }
 
-    /// Grants every other device access to `device`'s `own` pools. Every capable peer is
+    /// Grants every other device access to `device`'s `own` resources. Every capable peer is
     /// granted; the first pair that could not be is the error.
-    pub fn grant_all(&self, driver: &dyn Driver, device: usize, own: &[PoolHandle]) -> Result<()> {
+    pub fn grant_all(&self, driver: &dyn Driver, device: usize, own: &[Target]) -> Result<()> {
         let count = self.pools.lock().len();
         (0..count)
             .filter(|&peer| peer != device)
-            .flat_map(|peer| own.iter().map(move |&pool| (peer, pool)))
-            .map(|(peer, pool)| grant(driver, device, pool, peer))
+            .flat_map(|peer| own.iter().map(move |target| (peer, target)))
+            .map(|(peer, target)| grant(driver, device, target.as_ref(), peer))
             .fold(Ok(()), Result::and)
     }
 }
 
-/// Lets `peer` read and write all of `owner`'s `pool`, after checking that it can.
-fn grant(driver: &dyn Driver, owner: usize, pool: PoolHandle, peer: usize) -> Result<()> {
+/// Lets `peer` read and write all of `owner`'s `target`, after checking that it can.
+fn grant(driver: &dyn Driver, owner: usize, target: &dyn Accessible, peer: usize) -> Result<()> {
     if !driver.can_access_peer(owner, peer)? {
         return Err(Error::InvalidArgument(format!(
             "device {peer} cannot access memory on device {owner}: cuDeviceCanAccessPeer reports \
              no peer path between them (no NVLink or PCIe peer-to-peer), so device {peer} cannot \
-             be granted access to device {owner}'s pool"
+             be granted access to device {owner}'s {}",
+            target.label()
         )));
     }
-    driver.pool_grant_access(owner, pool, peer)
+    target.grant_access(peer)
 }

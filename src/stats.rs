@@ -1,7 +1,10 @@
-//! Counters kept per device, and the `#[repr(C)]` snapshot handed to C and Python.
+//! Counters kept per device, and the `#[repr(C)]` snapshot handed to C and Python, assembled
+//! from them and the resources' own accounting.
 //!
 //! Invariant: counters change only under the device lock, together with the state they describe,
 //! so a snapshot is always consistent (e.g. `allocated_bytes` equals the sum over live blocks).
+
+use crate::driver::PoolUsage;
 
 /// A quantity with a high-water mark.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +84,7 @@ pub struct StreampoolStats {
     pub num_device_frees: u64,
     pub num_alloc_retries: u64,
     pub num_ooms: u64,
+    /// The cap set by `set_memory_fraction` (0 refuses every allocation); `UINT64_MAX` if none.
     pub memory_limit_bytes: u64,
     pub device_total_bytes: u64,
     /// The shareable pool's reserved and used bytes (that pool is the main pool with
@@ -89,4 +93,49 @@ pub struct StreampoolStats {
     pub ipc_used_bytes: u64,
     /// Allocations that waited for their stream before the pool grew (`STREAMPOOL_TRIM_ON_GROWTH`).
     pub num_growth_syncs: u64,
+}
+
+/// What a device knows of itself when asked for its statistics.
+pub struct DeviceFigures<'a> {
+    pub counters: &'a DeviceCounters,
+    pub cached_bytes: u64,
+    /// The device's resources together.
+    pub usage: PoolUsage,
+    /// The shareable pool of `streampool.shareable()` (the main pool with `STREAMPOOL_IPC`).
+    pub shareable: PoolUsage,
+    /// `u64::MAX` if no limit is set.
+    pub limit_bytes: u64,
+    pub device_total_bytes: u64,
+}
+
+impl StreampoolStats {
+    pub fn assemble(f: DeviceFigures<'_>) -> StreampoolStats {
+        let c = f.counters;
+        StreampoolStats {
+            allocated_bytes: c.allocated_bytes.current,
+            allocated_bytes_peak: c.allocated_bytes.peak,
+            allocated_bytes_total: c.allocated_bytes_total,
+            freed_bytes_total: c.freed_bytes_total,
+            active_bytes: c.active_bytes.current,
+            active_bytes_peak: c.active_bytes.peak,
+            reserved_bytes: f.usage.reserved_bytes,
+            reserved_bytes_peak: f.usage.reserved_bytes_high,
+            pool_used_bytes: f.usage.used_bytes,
+            cached_bytes: f.cached_bytes,
+            num_allocs: c.num_allocs,
+            num_frees: c.num_frees,
+            allocations_current: c.allocations.current,
+            allocations_peak: c.allocations.peak,
+            num_cache_hits: c.num_cache_hits,
+            num_device_allocs: c.num_device_allocs,
+            num_device_frees: c.num_device_frees,
+            num_alloc_retries: c.num_alloc_retries,
+            num_ooms: c.num_ooms,
+            memory_limit_bytes: f.limit_bytes,
+            device_total_bytes: f.device_total_bytes,
+            ipc_reserved_bytes: f.shareable.reserved_bytes,
+            ipc_used_bytes: f.shareable.used_bytes,
+            num_growth_syncs: c.num_growth_syncs,
+        }
+    }
 }

@@ -87,9 +87,21 @@ pub fn format_bytes(bytes: u64) -> String {
     format!("{value:.2} {}", UNITS[unit])
 }
 
-/// Rounds up to a multiple of `align` (a power of two).
-pub const fn round_up(bytes: u64, align: u64) -> u64 {
-    (bytes + align - 1) & !(align - 1)
+/// Like [`format_bytes`], but `u64::MAX` (no limit) reads "max".
+pub fn format_limit(bytes: u64) -> String {
+    match bytes {
+        u64::MAX => "max".into(),
+        _ => format_bytes(bytes),
+    }
+}
+
+/// Rounds up to a multiple of `align` (a power of two); `None` if that overflows 64 bits.
+#[inline]
+pub const fn round_up(bytes: u64, align: u64) -> Option<u64> {
+    match bytes.checked_add(align - 1) {
+        Some(b) => Some(b & !(align - 1)),
+        None => None,
+    }
 }
 
 #[cfg(test)]
@@ -128,7 +140,15 @@ mod tests {
         assert_eq!(format_bytes(12), "12 B");
         assert_eq!(format_bytes(1536), "1.50 KiB");
         assert_eq!(format_bytes(10 << 40), "10.00 TiB");
-        assert_eq!(round_up(1, 512), 512);
-        assert_eq!(round_up(1024, 512), 1024);
+        assert_eq!(format_limit(u64::MAX), "max");
+        assert_eq!(format_limit(1536), "1.50 KiB");
+        assert_eq!(round_up(1, 512), Some(512));
+        assert_eq!(round_up(1024, 512), Some(1024));
+        assert_eq!(
+            round_up(u64::MAX - 510, 512),
+            None,
+            "overflow is None, never a wrap"
+        );
+        assert_eq!(round_up(u64::MAX - 1024, 512), Some(u64::MAX - 1023));
     }
 }

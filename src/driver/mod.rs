@@ -1,27 +1,85 @@
-//! The CUDA edge: everything streampool asks of the GPU goes through the [`Driver`] trait.
+//! The CUDA edge: everything streampool asks of the GPU goes through the [`Driver`] trait, made
+//! of one sub-trait per role — the device itself, stream-ordered pools, streams and events, peer
+//! access, sharing with other processes, virtual memory.
 //!
 //! Invariant: implementations hold no allocation policy. `cuda` forwards to the CUDA driver API;
-//! `sim` reproduces its stream-ordered semantics on the host so every layer above runs in CI.
+//! `sim` (cargo feature `sim`) reproduces its semantics on the host so every layer above runs in
+//! CI. Handles are opaque: only the driver that made one can look inside it.
 
 pub mod cuda;
+#[cfg(feature = "sim")]
 pub mod sim;
 
 use crate::error::Result;
+use std::fmt;
 
 /// A raw `CUstream` / `cudaStream_t` value; 0 is the legacy default stream.
-pub type Stream = usize;
-/// A device address.
-pub type DevicePtr = u64;
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Stream(pub usize);
+
+/// A device address; 0 is NULL.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// The address `bytes` further on (addresses are below 2^64 by construction).
+    #[inline]
+    pub fn offset(self, bytes: u64) -> DevicePtr {
+        DevicePtr(self.0 + bytes)
+    }
+}
+
+impl fmt::LowerHex for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
+impl fmt::LowerHex for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
 /// Opaque bytes CUDA hands out for another process (`CUmemPoolPtrExportData`, `CUipcEventHandle`).
 pub type IpcBytes = [u8; 64];
 
-/// Opaque handle of a memory pool created by a driver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PoolHandle(pub usize);
+/// Declares an opaque handle type: only drivers (in this crate) make one from a raw value.
+macro_rules! handle {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub struct $name(usize);
 
-/// Opaque handle of an event created by a driver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct EventHandle(pub usize);
+        impl $name {
+            pub(crate) fn from_raw(raw: usize) -> $name {
+                $name(raw)
+            }
+
+            /// The driver's own value (a pointer for CUDA, an index for the simulator).
+            pub fn raw(self) -> usize {
+                self.0
+            }
+        }
+    };
+}
+
+handle!(
+    /// A memory pool created or imported by a driver.
+    PoolHandle
+);
+handle!(
+    /// An event created by a driver.
+    EventHandle
+);
+handle!(
+    /// A physical memory allocation (`CUmemGenericAllocationHandle`), mapped with `mem_map`.
+    MemHandle
+);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemInfo {
@@ -29,13 +87,25 @@ pub struct MemInfo {
     pub total_bytes: u64,
 }
 
-/// The pool's own accounting (`CU_MEMPOOL_ATTR_*_MEM_*`).
+/// A pool's own accounting (`CU_MEMPOOL_ATTR_*_MEM_*`), or a resource's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolUsage {
     pub reserved_bytes: u64,
     pub reserved_bytes_high: u64,
     pub used_bytes: u64,
     pub used_bytes_high: u64,
+}
+
+impl PoolUsage {
+    /// Both usages added (high-water marks too: an upper bound of the sum's).
+    pub fn plus(self, other: PoolUsage) -> PoolUsage {
+        PoolUsage {
+            reserved_bytes: self.reserved_bytes + other.reserved_bytes,
+            reserved_bytes_high: self.reserved_bytes_high + other.reserved_bytes_high,
+            used_bytes: self.used_bytes + other.used_bytes,
+            used_bytes_high: self.used_bytes_high + other.used_bytes_high,
+        }
+    }
 }
 
 /// Settable pool attributes.
@@ -47,15 +117,31 @@ pub enum PoolAttr {
     ReuseAllowInternalDependencies(bool),
 }
 
-/// The operations streampool needs from CUDA. Every method that touches a device takes its index
-/// so the implementation can make the right context current on the calling thread.
-pub trait Driver: IpcDriver + Send + Sync {
+/// Everything streampool needs from CUDA. Every method that touches a device takes its index so
+/// the implementation can make the right context current on the calling thread.
+pub trait Driver:
+    DeviceDriver + PoolDriver + StreamDriver + PeerDriver + IpcDriver + VmmDriver + Send + Sync
+{
+}
+
+impl<T> Driver for T where
+    T: DeviceDriver + PoolDriver + StreamDriver + PeerDriver + IpcDriver + VmmDriver + Send + Sync
+{
+}
+
+/// The devices themselves.
+pub trait DeviceDriver {
     fn name(&self) -> &'static str;
     fn device_count(&self) -> Result<usize>;
     fn mem_info(&self, device: usize) -> Result<MemInfo>;
+    /// Waits for all work on the device.
+    fn synchronize(&self, device: usize) -> Result<()>;
+}
+
+/// Stream-ordered memory pools (`cuMemPool*`, `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`).
+pub trait PoolDriver {
     /// True if `device` supports stream-ordered memory pools.
     fn pools_supported(&self, device: usize) -> Result<bool>;
-
     /// Creates an explicit pool on `device`; `max_size_bytes == u64::MAX` means unlimited. A
     /// `shareable` pool can be exported to other processes as a POSIX file descriptor.
     fn pool_create(
@@ -64,6 +150,9 @@ pub trait Driver: IpcDriver + Send + Sync {
         max_size_bytes: u64,
         shareable: bool,
     ) -> Result<PoolHandle>;
+    /// Destroys a pool this driver created; memory still allocated from it is released once
+    /// freed (as `cuMemPoolDestroy`).
+    fn pool_destroy(&self, device: usize, pool: PoolHandle) -> Result<()>;
     fn pool_set_attr(&self, device: usize, pool: PoolHandle, attr: PoolAttr) -> Result<()>;
     fn pool_usage(&self, device: usize, pool: PoolHandle) -> Result<PoolUsage>;
     /// (reserved, used) bytes only: two attribute reads on the allocation path instead of four.
@@ -71,7 +160,6 @@ pub trait Driver: IpcDriver + Send + Sync {
     /// Resets the reserved and used high-water marks to the current values.
     fn pool_reset_peaks(&self, device: usize, pool: PoolHandle) -> Result<()>;
     fn pool_trim(&self, device: usize, pool: PoolHandle, keep_bytes: u64) -> Result<()>;
-
     /// `cuMemAllocFromPoolAsync`. Out of memory is `Error::Driver` with `CUDA_ERROR_OUT_OF_MEMORY`.
     fn alloc_async(
         &self,
@@ -80,24 +168,28 @@ pub trait Driver: IpcDriver + Send + Sync {
         bytes: u64,
         stream: Stream,
     ) -> Result<DevicePtr>;
-    /// Allocation on a capturing stream: becomes a graph allocation node (`cuMemAllocAsync`).
-    fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr>;
     /// `cuMemFreeAsync`: the memory returns to its pool once `stream` reaches this point.
     fn free_async(&self, device: usize, ptr: DevicePtr, stream: Stream) -> Result<()>;
-    /// Waits for all work on the device.
-    fn synchronize(&self, device: usize) -> Result<()>;
+}
+
+/// Streams, events and graph capture.
+pub trait StreamDriver {
     /// Waits for all work submitted to `stream` so far.
     fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()>;
-
     fn event_create(&self, device: usize) -> Result<EventHandle>;
     fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()>;
     /// True once all work captured by the event's last record has completed.
     fn event_query(&self, device: usize, event: EventHandle) -> Result<bool>;
     fn event_destroy(&self, device: usize, event: EventHandle);
-
     /// True while `stream` is being captured into a CUDA graph.
     fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool>;
+    /// Allocation on a capturing stream: becomes a graph allocation node (`cuMemAllocAsync` from
+    /// the device's default pool); freed with `free_async`.
+    fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr>;
+}
 
+/// Access to one device's memory from another.
+pub trait PeerDriver {
     /// True if `peer` can access memory resident on `device` (`cuDeviceCanAccessPeer`).
     fn can_access_peer(&self, device: usize, peer: usize) -> Result<bool>;
     /// Lets `peer` read and write every allocation, present and future, of `device`'s `pool`
@@ -105,8 +197,8 @@ pub trait Driver: IpcDriver + Send + Sync {
     fn pool_grant_access(&self, device: usize, pool: PoolHandle, peer: usize) -> Result<()>;
 }
 
-/// The part of [`Driver`] that shares pool memory with other processes
-/// (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`); implemented next to each driver in `ipc.rs`.
+/// Sharing pool memory with other processes (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`);
+/// implemented next to each driver in `ipc.rs`.
 pub trait IpcDriver {
     /// True if `device`'s pools can be shared through POSIX file descriptors.
     fn ipc_supported(&self, device: usize) -> Result<bool>;
@@ -127,4 +219,36 @@ pub trait IpcDriver {
     fn ipc_event_record(&self, device: usize, stream: Stream) -> Result<(EventHandle, IpcBytes)>;
     /// Makes `stream` wait for another process's event.
     fn ipc_event_wait(&self, device: usize, stream: Stream, handle: &IpcBytes) -> Result<()>;
+}
+
+/// Virtual memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, ...); implemented
+/// next to each driver in `vmm.rs`. None of these calls is stream-ordered: `mem_unmap` must wait
+/// until no work on any stream still uses the range, and `mem_unmap` / `mem_set_access` behave
+/// synchronously.
+pub trait VmmDriver {
+    /// True if `device` supports virtual memory management.
+    fn vmm_supported(&self, device: usize) -> Result<bool>;
+    /// The recommended granularity of physical allocations and mappings on `device`, in bytes.
+    fn vmm_granularity_bytes(&self, device: usize) -> Result<u64>;
+    /// Reserves `bytes` (a multiple of the granularity) of virtual addresses, unbacked.
+    fn address_reserve(&self, device: usize, bytes: u64) -> Result<DevicePtr>;
+    /// Frees a reservation made by `address_reserve`; nothing may be mapped in it.
+    fn address_free(&self, device: usize, base: DevicePtr, bytes: u64) -> Result<()>;
+    /// Allocates `bytes` (a multiple of the granularity) of physical memory on `device`. Out of
+    /// memory is `Error::Driver` with `CUDA_ERROR_OUT_OF_MEMORY`.
+    fn mem_create(&self, device: usize, bytes: u64) -> Result<MemHandle>;
+    /// Releases a physical allocation that is no longer mapped.
+    fn mem_release(&self, device: usize, handle: MemHandle) -> Result<()>;
+    /// Maps all of `handle` (`bytes` long) at `at`, inside a reservation, where nothing is mapped.
+    fn mem_map(&self, device: usize, at: DevicePtr, bytes: u64, handle: MemHandle) -> Result<()>;
+    /// Unmaps `[at, at + bytes)`, which must be whole mappings.
+    fn mem_unmap(&self, device: usize, at: DevicePtr, bytes: u64) -> Result<()>;
+    /// Gives each of `devices` read/write access to the mapped range `[at, at + bytes)`.
+    fn mem_set_access(
+        &self,
+        device: usize,
+        at: DevicePtr,
+        bytes: u64,
+        devices: &[usize],
+    ) -> Result<()>;
 }

@@ -3,7 +3,7 @@
 //! Invariant: as for the rest of `cuda`: the device's primary context is current for every call
 //! that needs one, and an error is returned, never a panic.
 
-use super::{check, stream_ptr, CudaDriver};
+use super::{check, pool_ptr, stream_ptr, CudaDriver};
 use crate::driver::{DevicePtr, EventHandle, IpcBytes, IpcDriver, PoolHandle, Stream};
 use crate::error::Result;
 use cudarc::driver::sys;
@@ -27,7 +27,7 @@ impl IpcDriver for CudaDriver {
         check("cuMemPoolExportToShareableHandle", unsafe {
             sys::cuMemPoolExportToShareableHandle(
                 &mut fd as *mut i32 as *mut _,
-                pool.0 as sys::CUmemoryPool,
+                pool_ptr(pool),
                 POSIX_FD,
                 0,
             )
@@ -42,7 +42,7 @@ impl IpcDriver for CudaDriver {
         check("cuMemPoolImportFromShareableHandle", unsafe {
             sys::cuMemPoolImportFromShareableHandle(&mut pool, fd as isize as *mut _, POSIX_FD, 0)
         })?;
-        Ok(PoolHandle(pool as usize))
+        Ok(PoolHandle::from_raw(pool as usize))
     }
 
     fn pointer_export(&self, device: usize, ptr: DevicePtr) -> Result<IpcBytes> {
@@ -51,7 +51,7 @@ impl IpcDriver for CudaDriver {
         let mut data: sys::CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
         // SAFETY: `ptr` is a live allocation of a shareable pool (checked by the caller).
         check("cuMemPoolExportPointer", unsafe {
-            sys::cuMemPoolExportPointer(&mut data, ptr)
+            sys::cuMemPoolExportPointer(&mut data, ptr.0)
         })?;
         Ok(data.reserved)
     }
@@ -67,9 +67,9 @@ impl IpcDriver for CudaDriver {
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `pool` was imported by pool_import_fd; `share` is a copy the call may read.
         check("cuMemPoolImportPointer", unsafe {
-            sys::cuMemPoolImportPointer(&mut ptr, pool.0 as sys::CUmemoryPool, &mut share)
+            sys::cuMemPoolImportPointer(&mut ptr, pool_ptr(pool), &mut share)
         })?;
-        Ok(ptr)
+        Ok(DevicePtr(ptr))
     }
 
     fn ipc_event_record(&self, device: usize, stream: Stream) -> Result<(EventHandle, IpcBytes)> {
@@ -95,7 +95,7 @@ impl IpcDriver for CudaDriver {
             Ok(handle.reserved.map(|b| b as u8))
         })();
         match recorded {
-            Ok(bytes) => Ok((EventHandle(event as usize), bytes)),
+            Ok(bytes) => Ok((EventHandle::from_raw(event as usize), bytes)),
             Err(e) => {
                 // SAFETY: the event is not used after this.
                 unsafe { sys::cuEventDestroy_v2(event) };

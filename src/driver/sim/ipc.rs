@@ -6,7 +6,9 @@
 //! pointer, and an import is released by `free_async` without freeing the exporter's block.
 
 use super::{driver_error, SimDriver, CUDA_ERROR_INVALID_VALUE};
-use crate::driver::{DevicePtr, Driver, EventHandle, IpcBytes, IpcDriver, PoolHandle, Stream};
+use crate::driver::{
+    DevicePtr, EventHandle, IpcBytes, IpcDriver, PoolHandle, Stream, StreamDriver,
+};
 use crate::error::Result;
 
 fn inode(fd: i32) -> Option<u64> {
@@ -43,13 +45,18 @@ impl IpcDriver for SimDriver {
 
     fn pool_export_fd(&self, device: usize, pool: PoolHandle) -> Result<i32> {
         let call = "cuMemPoolExportToShareableHandle";
-        if !self.device(device, call)?.pools[pool.0].shareable {
+        let shareable = self
+            .device(device, call)?
+            .pools
+            .get(pool.raw())
+            .map(|p| p.shareable);
+        if shareable != Some(true) {
             return Err(invalid(call));
         }
         // SAFETY: creates an anonymous file; its inode names the pool.
         let fd = unsafe { libc::memfd_create(c"streampool-sim-pool".as_ptr(), 0) };
         let ino = inode(fd).ok_or_else(|| invalid(call))?;
-        self.exported_pools.lock().insert(ino, (device, pool));
+        self.exported_pools.lock().insert(ino, (device, pool.raw()));
         Ok(fd)
     }
 
@@ -57,7 +64,7 @@ impl IpcDriver for SimDriver {
         let call = "cuMemPoolImportFromShareableHandle";
         let exported = inode(fd).and_then(|ino| self.exported_pools.lock().get(&ino).copied());
         match exported {
-            Some((d, pool)) if d == device => Ok(pool),
+            Some((d, pool)) if d == device => Ok(PoolHandle::from_raw(pool)),
             _ => Err(invalid(call)),
         }
     }
@@ -71,7 +78,7 @@ impl IpcDriver for SimDriver {
             .position(|p| p.shareable && p.live.contains_key(&ptr))
             .ok_or_else(|| invalid(call))?;
         let mut data = [0u8; 64];
-        data[..8].copy_from_slice(&ptr.to_le_bytes());
+        data[..8].copy_from_slice(&ptr.0.to_le_bytes());
         data[8..16].copy_from_slice(&(pool as u64).to_le_bytes());
         Ok(data)
     }
@@ -84,12 +91,12 @@ impl IpcDriver for SimDriver {
     ) -> Result<DevicePtr> {
         let call = "cuMemPoolImportPointer";
         let mut d = self.device(device, call)?;
-        let (ptr, exported_pool) = (word(data, 0), word(data, 1) as usize);
+        let (ptr, exported_pool) = (DevicePtr(word(data, 0)), word(data, 1) as usize);
         let live = d
             .pools
-            .get(pool.0)
+            .get(pool.raw())
             .is_some_and(|p| p.live.contains_key(&ptr));
-        if exported_pool != pool.0 || !live {
+        if exported_pool != pool.raw() || !live {
             return Err(invalid(call));
         }
         *d.imported.entry(ptr).or_default() += 1;
@@ -103,7 +110,7 @@ impl IpcDriver for SimDriver {
             return Err(e);
         }
         let mut handle = [0u8; 64];
-        handle[..8].copy_from_slice(&(event.0 as u64).to_le_bytes());
+        handle[..8].copy_from_slice(&(event.raw() as u64).to_le_bytes());
         Ok((event, handle))
     }
 

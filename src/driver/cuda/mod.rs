@@ -5,8 +5,12 @@
 //! (autograd's backward thread has none) and restores the thread's previous context afterwards.
 
 mod ipc;
+mod vmm;
 
-use super::{DevicePtr, Driver, EventHandle, MemInfo, PoolAttr, PoolHandle, PoolUsage, Stream};
+use super::{
+    DeviceDriver, DevicePtr, EventHandle, MemInfo, PeerDriver, PoolAttr, PoolDriver, PoolHandle,
+    PoolUsage, Stream, StreamDriver,
+};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::CStr;
@@ -22,6 +26,11 @@ unsafe impl Sync for PrimaryContext {}
 pub struct CudaDriver {
     devices: Vec<sys::CUdevice>,
     contexts: Vec<OnceLock<PrimaryContext>>,
+}
+
+/// A size the driver's `size_t` cannot hold (only on targets where `usize` is narrower than 64 bits).
+fn too_large(bytes: u64) -> Error {
+    Error::InvalidArgument(format!("{bytes} bytes does not fit the driver's size_t"))
 }
 
 fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
@@ -47,7 +56,15 @@ fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
 }
 
 fn stream_ptr(stream: Stream) -> sys::CUstream {
-    stream as sys::CUstream
+    stream.0 as sys::CUstream
+}
+
+fn pool_ptr(pool: PoolHandle) -> sys::CUmemoryPool {
+    pool.raw() as sys::CUmemoryPool
+}
+
+fn event_ptr(event: EventHandle) -> sys::CUevent {
+    event.raw() as sys::CUevent
 }
 
 /// Restores the thread's previous context when dropped.
@@ -123,11 +140,7 @@ impl CudaDriver {
         let mut value: u64 = 0;
         // SAFETY: the usage attributes are cuuint64_t, matching `value`.
         check("cuMemPoolGetAttribute", unsafe {
-            sys::cuMemPoolGetAttribute(
-                pool.0 as sys::CUmemoryPool,
-                attr,
-                &mut value as *mut u64 as *mut _,
-            )
+            sys::cuMemPoolGetAttribute(pool_ptr(pool), attr, &mut value as *mut u64 as *mut _)
         })?;
         Ok(value)
     }
@@ -142,7 +155,7 @@ impl CudaDriver {
     }
 }
 
-impl Driver for CudaDriver {
+impl DeviceDriver for CudaDriver {
     fn name(&self) -> &'static str {
         "cuda"
     }
@@ -164,6 +177,14 @@ impl Driver for CudaDriver {
         })
     }
 
+    fn synchronize(&self, device: usize) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // SAFETY: the device's context is current.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+}
+
+impl PoolDriver for CudaDriver {
     fn pools_supported(&self, device: usize) -> Result<bool> {
         let supported = self.device_attr(
             device,
@@ -204,12 +225,20 @@ impl Driver for CudaDriver {
         check("cuMemPoolCreate", unsafe {
             sys::cuMemPoolCreate(&mut pool, &props)
         })?;
-        Ok(PoolHandle(pool as usize))
+        Ok(PoolHandle::from_raw(pool as usize))
+    }
+
+    fn pool_destroy(&self, device: usize, pool: PoolHandle) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // SAFETY: a pool this driver created, not used by streampool after this call.
+        check("cuMemPoolDestroy", unsafe {
+            sys::cuMemPoolDestroy(pool_ptr(pool))
+        })
     }
 
     fn pool_set_attr(&self, _device: usize, pool: PoolHandle, attr: PoolAttr) -> Result<()> {
         use sys::CUmemPool_attribute::*;
-        let pool = pool.0 as sys::CUmemoryPool;
+        let pool = pool_ptr(pool);
         // SAFETY: the release threshold is a cuuint64_t and the reuse flags are ints, as passed.
         unsafe {
             match attr {
@@ -270,11 +299,7 @@ impl Driver for CudaDriver {
             let mut zero: u64 = 0;
             // SAFETY: the high-water attributes are cuuint64_t and may only be set to 0.
             check("cuMemPoolSetAttribute(*_MEM_HIGH)", unsafe {
-                sys::cuMemPoolSetAttribute(
-                    pool.0 as sys::CUmemoryPool,
-                    attr,
-                    &mut zero as *mut u64 as *mut _,
-                )
+                sys::cuMemPoolSetAttribute(pool_ptr(pool), attr, &mut zero as *mut u64 as *mut _)
             })?;
         }
         Ok(())
@@ -284,10 +309,7 @@ impl Driver for CudaDriver {
         let _scope = self.enter(device)?;
         // SAFETY: a valid pool handle.
         check("cuMemPoolTrimTo", unsafe {
-            sys::cuMemPoolTrimTo(
-                pool.0 as sys::CUmemoryPool,
-                keep_bytes.min(usize::MAX as u64) as usize,
-            )
+            sys::cuMemPoolTrimTo(pool_ptr(pool), keep_bytes.min(usize::MAX as u64) as usize)
         })
     }
 
@@ -304,29 +326,19 @@ impl Driver for CudaDriver {
         check("cuMemAllocFromPoolAsync", unsafe {
             sys::cuMemAllocFromPoolAsync(
                 &mut ptr,
-                bytes as usize,
-                pool.0 as sys::CUmemoryPool,
+                usize::try_from(bytes).map_err(|_| too_large(bytes))?,
+                pool_ptr(pool),
                 stream_ptr(stream),
             )
         })?;
-        Ok(ptr)
-    }
-
-    fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr> {
-        let _scope = self.enter(device)?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; during capture this records a graph allocation node.
-        check("cuMemAllocAsync", unsafe {
-            sys::cuMemAllocAsync(&mut ptr, bytes as usize, stream_ptr(stream))
-        })?;
-        Ok(ptr)
+        Ok(DevicePtr(ptr))
     }
 
     fn free_async(&self, device: usize, ptr: DevicePtr, stream: Stream) -> Result<()> {
         let freed = self.enter(device).and_then(|_scope| {
             // SAFETY: `ptr` came from this driver's allocation on `device` and is freed once.
             check("cuMemFreeAsync", unsafe {
-                sys::cuMemFreeAsync(ptr, stream_ptr(stream))
+                sys::cuMemFreeAsync(ptr.0, stream_ptr(stream))
             })
         });
         match freed {
@@ -340,13 +352,9 @@ impl Driver for CudaDriver {
             other => other,
         }
     }
+}
 
-    fn synchronize(&self, device: usize) -> Result<()> {
-        let _scope = self.enter(device)?;
-        // SAFETY: the device's context is current.
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
-    }
-
+impl StreamDriver for CudaDriver {
     fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
         let _scope = self.enter(device)?;
         // Relaxed capture mode for this thread: a graph another thread is capturing in global
@@ -375,20 +383,20 @@ impl Driver for CudaDriver {
                 sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
             )
         })?;
-        Ok(EventHandle(event as usize))
+        Ok(EventHandle::from_raw(event as usize))
     }
 
     fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()> {
         let _scope = self.enter(device)?;
         // SAFETY: an event created by event_create on this device.
         check("cuEventRecord", unsafe {
-            sys::cuEventRecord(event.0 as sys::CUevent, stream_ptr(stream))
+            sys::cuEventRecord(event_ptr(event), stream_ptr(stream))
         })
     }
 
     fn event_query(&self, _device: usize, event: EventHandle) -> Result<bool> {
         // SAFETY: an event created by event_create; querying needs no current context.
-        match unsafe { sys::cuEventQuery(event.0 as sys::CUevent) } {
+        match unsafe { sys::cuEventQuery(event_ptr(event)) } {
             sys::CUresult::CUDA_SUCCESS => Ok(true),
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             other => check("cuEventQuery", other).map(|_| false),
@@ -397,7 +405,7 @@ impl Driver for CudaDriver {
 
     fn event_destroy(&self, _device: usize, event: EventHandle) {
         // SAFETY: destroys an event this driver created; it is not used afterwards.
-        unsafe { sys::cuEventDestroy_v2(event.0 as sys::CUevent) };
+        unsafe { sys::cuEventDestroy_v2(event_ptr(event)) };
     }
 
     fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool> {
@@ -410,6 +418,19 @@ impl Driver for CudaDriver {
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
+    fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        let _scope = self.enter(device)?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        let bytes = usize::try_from(bytes).map_err(|_| too_large(bytes))?;
+        // SAFETY: valid out-pointer; during capture this records a graph allocation node.
+        check("cuMemAllocAsync", unsafe {
+            sys::cuMemAllocAsync(&mut ptr, bytes, stream_ptr(stream))
+        })?;
+        Ok(DevicePtr(ptr))
+    }
+}
+
+impl PeerDriver for CudaDriver {
     fn can_access_peer(&self, device: usize, peer: usize) -> Result<bool> {
         let mut can_access = 0;
         // SAFETY: valid out-pointer and device handles.
@@ -430,7 +451,7 @@ impl Driver for CudaDriver {
         };
         // SAFETY: one fully initialised descriptor; the pool was created by this driver.
         check("cuMemPoolSetAccess", unsafe {
-            sys::cuMemPoolSetAccess(pool.0 as sys::CUmemoryPool, &desc, 1)
+            sys::cuMemPoolSetAccess(pool_ptr(pool), &desc, 1)
         })
     }
 }

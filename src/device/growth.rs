@@ -1,0 +1,161 @@
+//! Growth: what the device does before and after a resource grows, for resources that can reuse
+//! freed memory only once it is given back to them (the CUDA pool; see
+//! [`Resource::returns_before_growth`]).
+//!
+//! Invariants: this layer touches the books only to take cached blocks of the growing resource's
+//! size class out of them and to count growth waits, and its own marks (each class's reserved
+//! bytes when last seen); it waits for the allocating stream only when giving back the cache
+//! cannot make room, never during a capture; trimming only saves memory, so its failure never
+//! fails the allocation.
+
+use super::{DeviceAllocator, Home};
+use crate::driver::Stream;
+use crate::error::Result;
+use crate::resource::{Resource, Resources, SizeClass};
+
+/// Each class's reserved bytes when last seen, to notice growth.
+#[derive(Debug, Default)]
+pub(super) struct GrowthMarks {
+    reserved_seen_bytes: [u64; 2],
+}
+
+impl GrowthMarks {
+    fn slot(&mut self, class: SizeClass) -> &mut u64 {
+        &mut self.reserved_seen_bytes[class as usize]
+    }
+}
+
+impl DeviceAllocator {
+    /// Step 4: if the block's resource has no free room for it, give it its cached blocks back;
+    /// if even those (on the requesting stream, which it reuses at once) leave it short, with
+    /// `trim_on_growth` wait for the stream and release its unused memory first.
+    ///
+    /// A wait stalls the CPU until the GPU catches up, so it is kept for real shortage: in the
+    /// H100 benchmark GPT-2 waited 62 times in 64,665 allocations, ResNet-50 9 times in 47,833.
+    ///
+    /// Only the pool can coalesce freed ranges into a block of a new size; returning just the
+    /// deficit (measured on the H100) left the cache fragmented and let GPT-2's reserved memory
+    /// ratchet up to 2.5x its peak live bytes when shapes change every step.
+    pub(super) fn make_room(
+        &self,
+        resources: &Resources,
+        class: SizeClass,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        let resource = resources.get(class);
+        let trim = self.config.trim_on_growth;
+        if !resource.returns_before_growth()
+            || (!trim && self.state.lock().books.cached_bytes() == 0)
+        {
+            return Ok(());
+        }
+        let (reserved_bytes, used_bytes) = resource.reserved_used_bytes()?;
+        let room = reserved_bytes.saturating_sub(used_bytes);
+        let (blocks, capturing) = {
+            let mut st = self.state.lock();
+            *st.growth.slot(class) = reserved_bytes;
+            if block_bytes <= room {
+                return Ok(());
+            }
+            let sizes = resources.sizes_served(class);
+            (
+                st.books.drain_cache_sizes(sizes, Home::of(class)),
+                st.waits.capturing(),
+            )
+        };
+        let returned_on_stream_bytes: u64 = blocks
+            .iter()
+            .filter(|b| b.stream == stream)
+            .map(|b| b.block_bytes)
+            .sum();
+        log::debug!(
+            "device {}: the {} is full; returning {} cached blocks instead of growing it",
+            self.device,
+            resource.label(),
+            blocks.len()
+        );
+        // A block the driver refuses stays held until the next flush; the allocation goes on.
+        let _ = self.send_home(blocks);
+        if !trim || capturing || block_bytes <= room + returned_on_stream_bytes {
+            return Ok(());
+        }
+        if let Err(e) = self.trim_before_growth(resource, class, block_bytes, stream) {
+            log::warn!("device {}: trimming before growth failed: {e}", self.device);
+        }
+        Ok(())
+    }
+
+    /// Once the stream has caught up, every free on it is back in the resource: if that made
+    /// room, it reuses it; if not, it releases what it does not use before it grows.
+    fn trim_before_growth(
+        &self,
+        resource: &dyn Resource,
+        class: SizeClass,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        self.state.lock().books.counters_mut().num_growth_syncs += 1;
+        self.driver.stream_synchronize(self.device, stream)?;
+        let (reserved_bytes, used_bytes) = resource.reserved_used_bytes()?;
+        if block_bytes <= reserved_bytes.saturating_sub(used_bytes) {
+            return Ok(());
+        }
+        resource.trim(0)?;
+        let (after_bytes, _) = resource.reserved_used_bytes()?;
+        {
+            let mut st = self.state.lock();
+            *st.growth.slot(class) = after_bytes;
+            let st = &*st;
+            self.recorder
+                .note_trim(reserved_bytes, after_bytes, stream, || st.books.gauges());
+        }
+        log::info!(
+            "device {}: the {} must grow for {block_bytes} B; released its unused memory first \
+             ({reserved_bytes} -> {after_bytes} B reserved)",
+            self.device,
+            resource.label()
+        );
+        Ok(())
+    }
+
+    /// Step 5b: the resource grew although it had room (its free memory was fragmented): return
+    /// its cached blocks too, so they do not push the next peak higher still. Only saves memory:
+    /// a failure is logged, never returned.
+    pub(super) fn release_cache_after_growth(&self, resources: &Resources, class: SizeClass) {
+        let resource = resources.get(class);
+        if !resource.returns_before_growth() || self.state.lock().books.cached_bytes() == 0 {
+            return;
+        }
+        let reserved_bytes = match resource.reserved_used_bytes() {
+            Ok((reserved_bytes, _)) => reserved_bytes,
+            Err(e) => {
+                log::warn!(
+                    "device {}: reading the {}: {e}",
+                    self.device,
+                    resource.label()
+                );
+                return;
+            }
+        };
+        let blocks = {
+            let mut st = self.state.lock();
+            let seen = st.growth.slot(class);
+            let grew = reserved_bytes > *seen;
+            *seen = reserved_bytes;
+            if !grew {
+                return;
+            }
+            st.books
+                .drain_cache_sizes(resources.sizes_served(class), Home::of(class))
+        };
+        log::info!(
+            "device {}: the {} grew to {reserved_bytes} B; returning {} cached blocks",
+            self.device,
+            resource.label(),
+            blocks.len()
+        );
+        // A block the driver refuses stays held until the next flush; the allocation goes on.
+        let _ = self.send_home(blocks);
+    }
+}

@@ -1,0 +1,177 @@
+//! The memory limit (`set_per_process_memory_fraction`) and out of memory: reserving a block's
+//! bytes against the cap, the retry after a flush, and the report a user reads.
+//!
+//! Invariants: the cap is hard — a block's bytes join `held_bytes` in the same lock section that
+//! checks them against the cap, and leave it again if the allocation then fails, so concurrent
+//! allocations never hold more than the cap together; out of memory is retried once after a
+//! flush, and reported as an [`Error::OutOfMemory`] that counts in `num_ooms`. This layer touches
+//! the books only through `reserve`, `unreserve`, `evict` and the counters.
+
+use super::{DeviceAllocator, Home};
+use crate::driver::{DevicePtr, Stream};
+use crate::error::{Error, OomReport, Result};
+use crate::history::StreampoolEventKind as Event;
+use crate::resource::Resource;
+use crate::units::{format_bytes, round_up};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Requests are rounded up to this, as PyTorch's own allocator does.
+pub const BLOCK_ALIGN_BYTES: u64 = 512;
+
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: a resource that may not map memory while a stream of
+/// the device captures a graph says so with it.
+pub(crate) const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
+
+/// The block a request of `requested_bytes` gets.
+#[inline]
+pub(super) fn block_bytes(requested_bytes: u64) -> Result<u64> {
+    round_up(requested_bytes, BLOCK_ALIGN_BYTES).ok_or_else(|| {
+        Error::InvalidArgument(format!("allocation size {requested_bytes} is too large"))
+    })
+}
+
+/// True for a resource's refusal to map memory during a capture.
+pub(super) fn is_mapping_paused(e: &Error) -> bool {
+    matches!(e, Error::Driver { code, .. } if *code == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+}
+
+/// The cap on the bytes a device holds from its resources; `u64::MAX` when there is none.
+#[derive(Debug)]
+pub(super) struct Limit(AtomicU64);
+
+impl Default for Limit {
+    fn default() -> Limit {
+        Limit(AtomicU64::new(u64::MAX))
+    }
+}
+
+impl Limit {
+    #[inline]
+    pub fn bytes(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl DeviceAllocator {
+    /// Step 3: `block_bytes` join the bytes held from the resources if that stays within the cap;
+    /// if not, cached blocks are given back to make room, and if that is not enough either, the
+    /// request is out of memory. The caller must `unreserve` if its allocation then fails.
+    pub(super) fn reserve_within_limit(
+        &self,
+        requested_bytes: u64,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        let limit_bytes = self.limit.bytes();
+        let over_bytes = match self.state.lock().books.reserve(block_bytes, limit_bytes) {
+            Ok(()) => return Ok(()),
+            Err(over_bytes) => over_bytes,
+        };
+        let resources = self.resources()?;
+        let evicted = {
+            let mut st = self.state.lock();
+            let home_of = |bytes| Home::of(resources.class_of(bytes));
+            st.books.evict(over_bytes, stream, home_of)
+        };
+        // A block the driver refuses stays held (and counted) until the next flush.
+        let _ = self.send_home(evicted);
+        if self
+            .state
+            .lock()
+            .books
+            .reserve(block_bytes, limit_bytes)
+            .is_ok()
+        {
+            return Ok(());
+        }
+        Err(self.out_of_memory(requested_bytes, stream, Some(limit_bytes)))
+    }
+
+    /// Steps 5 and 6: `resource` serves the block; out of memory, the cache goes back, the
+    /// device is synchronised and its resources trimmed (their unused memory may be what is
+    /// missing, for the shareable pool too), and the resource is asked once more.
+    pub(super) fn allocate_or_retry(
+        &self,
+        resource: &dyn Resource,
+        requested_bytes: u64,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        let result = match resource.allocate(block_bytes, stream) {
+            Err(e) if e.is_device_oom() => {
+                log::warn!(
+                    "device {}: out of memory for {}; flushing the cache, synchronising, trimming, retrying",
+                    self.device,
+                    format_bytes(block_bytes)
+                );
+                self.state.lock().books.counters_mut().num_alloc_retries += 1;
+                if let Err(e) = self.flush(0) {
+                    log::warn!("device {}: before the retry: {e}", self.device);
+                }
+                resource.allocate(block_bytes, stream)
+            }
+            other => other,
+        };
+        match result {
+            Err(e) if e.is_device_oom() => Err(self.out_of_memory(requested_bytes, stream, None)),
+            other => other,
+        }
+    }
+
+    /// The error a user reads, with what the device and streampool hold; counted in `num_ooms`
+    /// and noted on the timeline.
+    pub(super) fn out_of_memory(
+        &self,
+        requested_bytes: u64,
+        stream: Stream,
+        limit_bytes: Option<u64>,
+    ) -> Error {
+        let mem = self.driver.mem_info(self.device).unwrap_or_default();
+        let reserved_bytes = self
+            .provisioned
+            .get()
+            .and_then(|p| p.resources.usage().ok())
+            .map_or(0, |u| u.reserved_bytes);
+        let mut st = self.state.lock();
+        st.books.counters_mut().num_ooms += 1;
+        self.note(
+            &st,
+            Event::Oom,
+            stream,
+            DevicePtr(mem.free_bytes),
+            requested_bytes,
+        );
+        let report = OomReport {
+            requested_bytes,
+            device: self.device,
+            device_free_bytes: mem.free_bytes,
+            device_total_bytes: mem.total_bytes,
+            allocated_bytes: st.books.counters().allocated_bytes.current,
+            reserved_bytes,
+            cached_bytes: st.books.cached_bytes(),
+            limit_bytes,
+        };
+        drop(st);
+        log::warn!("{report}");
+        Error::OutOfMemory(Box::new(report))
+    }
+
+    /// Caps the bytes held from the device's resources at `fraction` (0..=1) of its memory.
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::InvalidArgument(format!(
+                "memory fraction {fraction} is outside 0..=1"
+            )));
+        }
+        let total_bytes = self.device_total_bytes()?;
+        let limit_bytes = (total_bytes as f64 * fraction) as u64;
+        self.limit.0.store(limit_bytes, Ordering::Relaxed);
+        log::info!(
+            "device {}: memory limit set to {} ({fraction} of {})",
+            self.device,
+            format_bytes(limit_bytes),
+            format_bytes(total_bytes)
+        );
+        Ok(())
+    }
+}

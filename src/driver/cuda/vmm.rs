@@ -1,0 +1,136 @@
+//! The CUDA virtual memory calls (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, ...).
+//!
+//! Invariant: as for the rest of `cuda`: the device's primary context is current for every call
+//! that needs one, and an error is returned, never a panic. Physical memory is plain device
+//! memory of the device (`CU_MEM_ALLOCATION_TYPE_PINNED`), with no shareable handle type.
+
+use super::{check, too_large, CudaDriver};
+use crate::driver::{DevicePtr, MemHandle, VmmDriver};
+use crate::error::Result;
+use cudarc::driver::sys;
+
+fn size_t(bytes: u64) -> Result<usize> {
+    usize::try_from(bytes).map_err(|_| too_large(bytes))
+}
+
+fn device_location(device: usize) -> sys::CUmemLocation {
+    sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: device as i32,
+    }
+}
+
+/// What `cuMemCreate` and the granularity query are asked for: device memory on `device`.
+fn allocation_prop(device: usize) -> sys::CUmemAllocationProp {
+    // SAFETY: CUmemAllocationProp is plain data (a NULL pointer among it); zero is its default.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    prop.location = device_location(device);
+    prop
+}
+
+impl VmmDriver for CudaDriver {
+    fn vmm_supported(&self, device: usize) -> Result<bool> {
+        let supported = self.device_attr(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+        )?;
+        Ok(supported != 0)
+    }
+
+    fn vmm_granularity_bytes(&self, device: usize) -> Result<u64> {
+        let prop = allocation_prop(device);
+        let mut granularity: usize = 0;
+        // SAFETY: valid out-pointer and a fully initialised property struct.
+        check("cuMemGetAllocationGranularity", unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            )
+        })?;
+        Ok(granularity as u64)
+    }
+
+    fn address_reserve(&self, device: usize, bytes: u64) -> Result<DevicePtr> {
+        let _scope = self.enter(device)?;
+        let mut base: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; alignment 0 and address 0 let the driver choose.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut base, size_t(bytes)?, 0, 0, 0)
+        })?;
+        Ok(DevicePtr(base))
+    }
+
+    fn address_free(&self, device: usize, base: DevicePtr, bytes: u64) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // SAFETY: a whole reservation made by address_reserve, with nothing mapped in it.
+        check("cuMemAddressFree", unsafe {
+            sys::cuMemAddressFree(base.0, size_t(bytes)?)
+        })
+    }
+
+    fn mem_create(&self, device: usize, bytes: u64) -> Result<MemHandle> {
+        let _scope = self.enter(device)?;
+        let prop = allocation_prop(device);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer; `bytes` is a multiple of the granularity (the caller's).
+        check("cuMemCreate", unsafe {
+            sys::cuMemCreate(&mut handle, size_t(bytes)?, &prop, 0)
+        })?;
+        Ok(MemHandle::from_raw(handle as usize))
+    }
+
+    fn mem_release(&self, device: usize, handle: MemHandle) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // SAFETY: a handle from mem_create that is no longer mapped anywhere.
+        check("cuMemRelease", unsafe {
+            sys::cuMemRelease(handle.raw() as sys::CUmemGenericAllocationHandle)
+        })
+    }
+
+    fn mem_map(&self, device: usize, at: DevicePtr, bytes: u64, handle: MemHandle) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // SAFETY: `[at, at + bytes)` lies in a reservation and is unmapped; the handle is `bytes`
+        // long, mapped from its start (offset 0).
+        check("cuMemMap", unsafe {
+            sys::cuMemMap(
+                at.0,
+                size_t(bytes)?,
+                0,
+                handle.raw() as sys::CUmemGenericAllocationHandle,
+                0,
+            )
+        })
+    }
+
+    fn mem_unmap(&self, device: usize, at: DevicePtr, bytes: u64) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // SAFETY: whole mappings that no work still uses (the caller's invariant).
+        check("cuMemUnmap", unsafe {
+            sys::cuMemUnmap(at.0, size_t(bytes)?)
+        })
+    }
+
+    fn mem_set_access(
+        &self,
+        device: usize,
+        at: DevicePtr,
+        bytes: u64,
+        devices: &[usize],
+    ) -> Result<()> {
+        let _scope = self.enter(device)?;
+        let descs: Vec<sys::CUmemAccessDesc> = devices
+            .iter()
+            .map(|&d| sys::CUmemAccessDesc {
+                location: device_location(d),
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        // SAFETY: `descs` holds `descs.len()` initialised descriptors; the range is mapped.
+        check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(at.0, size_t(bytes)?, descs.as_ptr(), descs.len())
+        })
+    }
+}

@@ -1,0 +1,189 @@
+//! The simulator's own rules, checked directly (the allocator's tests rely on them).
+
+use super::vmm::GRANULE_BYTES;
+use super::*;
+use crate::driver::{MemHandle, PoolAttr, PoolDriver, VmmDriver};
+
+const S1: Stream = Stream(1);
+const S2: Stream = Stream(2);
+
+#[test]
+fn same_stream_reuses_at_once_other_streams_after_completion() {
+    let sim = SimDriver::new(1, 64 << 20).strict();
+    let pool = sim.pool_create(0, u64::MAX, false).unwrap();
+    let a = sim.alloc_async(0, pool, 4 << 20, S1).unwrap();
+    sim.free_async(0, a, S1).unwrap();
+    assert_eq!(
+        sim.alloc_async(0, pool, 4 << 20, S1).unwrap(),
+        a,
+        "own stream reuses at once"
+    );
+    sim.free_async(0, a, S1).unwrap();
+    let b = sim.alloc_async(0, pool, 4 << 20, S2).unwrap();
+    assert_ne!(
+        a, b,
+        "another stream must not get memory whose free has not completed"
+    );
+    sim.free_async(0, b, S2).unwrap();
+    sim.synchronize(0).unwrap();
+    assert_eq!(sim.pool_usage(0, pool).unwrap().used_bytes, 0);
+    sim.pool_destroy(0, pool).unwrap();
+}
+
+#[test]
+fn capacity_limits_growth_and_trim_releases() {
+    let sim = SimDriver::new(1, 8 << 20).strict();
+    let pool = sim.pool_create(0, u64::MAX, false).unwrap();
+    sim.pool_set_attr(0, pool, PoolAttr::ReleaseThresholdBytes(u64::MAX))
+        .unwrap();
+    let a = sim.alloc_async(0, pool, 6 << 20, Stream(0)).unwrap();
+    let err = sim.alloc_async(0, pool, 4 << 20, Stream(0)).unwrap_err();
+    assert!(err.is_device_oom());
+    assert!(
+        sim.alloc_async(0, pool, u64::MAX - 100, Stream(0))
+            .unwrap_err()
+            .is_device_oom(),
+        "a size near 2^64 is out of memory, not a wrapped small allocation"
+    );
+    sim.free_async(0, a, Stream(0)).unwrap();
+    sim.synchronize(0).unwrap();
+    assert_eq!(sim.pool_usage(0, pool).unwrap().reserved_bytes, 6 << 20);
+    sim.pool_trim(0, pool, 0).unwrap();
+    assert_eq!(sim.pool_usage(0, pool).unwrap().reserved_bytes, 0);
+    sim.pool_destroy(0, pool).unwrap();
+    assert!(
+        sim.alloc_async(0, pool, 512, Stream(0)).is_err(),
+        "a destroyed pool serves nothing"
+    );
+}
+
+#[test]
+fn events_complete_with_their_stream() {
+    let sim = SimDriver::new(1, 8 << 20);
+    let e = sim.event_create(0).unwrap();
+    sim.event_record(0, e, Stream(7)).unwrap();
+    assert!(!sim.event_query(0, e).unwrap());
+    sim.complete_stream(0, Stream(7));
+    assert!(sim.event_query(0, e).unwrap());
+    sim.event_destroy(0, e);
+}
+
+#[test]
+#[should_panic(expected = "leak")]
+fn strict_drop_reports_leaked_memory() {
+    let sim = SimDriver::new(1, 8 << 20).strict();
+    let pool = sim.pool_create(0, u64::MAX, false).unwrap();
+    sim.alloc_async(0, pool, 512, Stream(0)).unwrap();
+}
+
+#[test]
+#[should_panic(expected = "1 pools not destroyed")]
+fn strict_drop_reports_pools_left() {
+    let sim = SimDriver::new(1, 8 << 20).strict();
+    sim.pool_create(0, u64::MAX, false).unwrap();
+}
+
+/// A mapped, accessible page at the start of a fresh reservation of `pages` pages.
+fn mapped(sim: &SimDriver, pages: u64) -> (DevicePtr, MemHandle) {
+    let base = sim.address_reserve(0, pages * GRANULE_BYTES).unwrap();
+    let h = sim.mem_create(0, GRANULE_BYTES).unwrap();
+    sim.mem_map(0, base, GRANULE_BYTES, h).unwrap();
+    sim.mem_set_access(0, base, GRANULE_BYTES, &[0]).unwrap();
+    (base, h)
+}
+
+fn tidy(sim: &SimDriver, base: DevicePtr, pages: u64, h: MemHandle) {
+    sim.mem_unmap(0, base, GRANULE_BYTES).unwrap();
+    sim.mem_release(0, h).unwrap();
+    sim.address_free(0, base, pages * GRANULE_BYTES).unwrap();
+}
+
+#[test]
+fn vmm_counts_physical_memory_and_runs_out() {
+    let sim = SimDriver::new(1, 3 * GRANULE_BYTES).strict();
+    let (base, h) = mapped(&sim, 4);
+    let h2 = sim.mem_create(0, 2 * GRANULE_BYTES).unwrap();
+    assert_eq!(sim.mem_info(0).unwrap().free_bytes, 0);
+    assert!(sim
+        .mem_create(0, GRANULE_BYTES)
+        .unwrap_err()
+        .is_device_oom());
+    sim.mem_release(0, h2).unwrap();
+    tidy(&sim, base, 4, h);
+    assert_eq!(sim.physical_bytes(0), 0);
+}
+
+#[test]
+fn vmm_touch_needs_mapping_and_access() {
+    let sim = SimDriver::new(2, 64 << 20);
+    let base = sim.address_reserve(0, 2 * GRANULE_BYTES).unwrap();
+    let h = sim.mem_create(0, GRANULE_BYTES).unwrap();
+    assert!(sim.touch(0, 0, base, 512, S1).is_err(), "unmapped");
+    sim.mem_map(0, base, GRANULE_BYTES, h).unwrap();
+    assert!(
+        sim.touch(0, 0, base, 512, S1).is_err(),
+        "mapped, but no access set yet"
+    );
+    sim.mem_set_access(0, base, GRANULE_BYTES, &[0]).unwrap();
+    sim.touch(0, 0, base, 512, S1).unwrap();
+    assert!(
+        sim.touch(0, 1, base, 512, S1).is_err(),
+        "the peer has no access"
+    );
+    sim.mem_set_access(0, base, GRANULE_BYTES, &[1]).unwrap();
+    sim.touch(0, 1, base, 512, S1).unwrap();
+    assert!(
+        sim.touch(0, 0, base.offset(GRANULE_BYTES - 256), 512, S1)
+            .is_err(),
+        "past the page"
+    );
+    sim.complete_all();
+    tidy(&sim, base, 2, h);
+}
+
+#[test]
+#[should_panic(expected = "unfinished work on stream")]
+fn vmm_unmap_of_memory_in_use_panics_when_strict() {
+    let sim = SimDriver::new(1, 64 << 20).strict();
+    let (base, _) = mapped(&sim, 1);
+    sim.touch(0, 0, base, 4096, S2).unwrap();
+    let _ = sim.mem_unmap(0, base, GRANULE_BYTES);
+}
+
+#[test]
+fn vmm_rejects_overlapping_maps_partial_unmaps_and_busy_releases() {
+    let sim = SimDriver::new(1, 64 << 20);
+    let (base, h) = mapped(&sim, 2);
+    let other = sim.mem_create(0, GRANULE_BYTES).unwrap();
+    assert!(
+        sim.mem_map(0, base, GRANULE_BYTES, other).is_err(),
+        "over a mapping"
+    );
+    assert!(
+        sim.mem_map(0, base.offset(GRANULE_BYTES), GRANULE_BYTES, h)
+            .is_err(),
+        "mapped twice"
+    );
+    assert!(
+        sim.mem_unmap(0, base, 2 * GRANULE_BYTES).is_err(),
+        "not one whole mapping"
+    );
+    assert!(sim.mem_release(0, h).is_err(), "still mapped");
+    assert!(
+        sim.address_free(0, base, 2 * GRANULE_BYTES).is_err(),
+        "not empty"
+    );
+    assert!(
+        sim.address_reserve(0, 4096).is_err(),
+        "not a multiple of the granule"
+    );
+    sim.mem_release(0, other).unwrap();
+    tidy(&sim, base, 2, h);
+}
+
+#[test]
+#[should_panic(expected = "physical handles not released")]
+fn strict_drop_reports_vmm_leaks() {
+    let sim = SimDriver::new(1, 64 << 20).strict();
+    sim.mem_create(0, GRANULE_BYTES).unwrap();
+}

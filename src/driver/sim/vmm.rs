@@ -1,0 +1,343 @@
+//! The simulator's twin of CUDA's virtual memory management: address reservations, physical
+//! handles, mappings and access, with the checks a real GPU makes or should make.
+//!
+//! Invariants (each a misuse — an error, a panic when strict — if broken by a caller):
+//! reservations and handles are multiples of the granule; a handle is mapped whole, at one place,
+//! inside one reservation, where nothing is mapped; an unmap removes exactly one mapping, and only
+//! once all work recorded against it ([`SimDriver::touch`]) has completed; a handle is released
+//! only unmapped; memory is touched only where mapped and only by devices given access, the owner
+//! included; a reservation is freed only empty. Physical handles count as device memory.
+
+use super::{driver_error, SimDevice, SimDriver, SimFault};
+use crate::driver::{DevicePtr, MemHandle, PeerDriver, Stream, VmmDriver};
+use crate::error::Result;
+use std::collections::{BTreeMap, HashMap};
+
+/// The granule of reservations and handles, as on current GPUs.
+pub(super) const GRANULE_BYTES: u64 = 2 << 20;
+
+struct Reservation {
+    bytes: u64,
+    /// The address range claimed for it (aligned inside).
+    claimed_at: DevicePtr,
+    claimed_bytes: u64,
+}
+
+struct Mapping {
+    bytes: u64,
+    handle: usize,
+    access: Vec<usize>,
+    /// The latest (stream, sequence number) of work that used it, per stream.
+    uses: Vec<(Stream, u64)>,
+}
+
+#[derive(Default)]
+pub(super) struct SimVmm {
+    reservations: BTreeMap<u64, Reservation>,
+    /// Physical handles: id -> (bytes, mapped at).
+    handles: HashMap<usize, (u64, Option<u64>)>,
+    next_handle: usize,
+    mappings: BTreeMap<u64, Mapping>,
+}
+
+type Check = std::result::Result<(), String>;
+
+impl SimVmm {
+    pub(super) fn physical_bytes(&self) -> u64 {
+        self.handles.values().map(|(bytes, _)| bytes).sum()
+    }
+
+    /// True if `ptr` lies in a reservation.
+    pub(super) fn contains(&self, ptr: DevicePtr) -> bool {
+        self.reservation_of(ptr.0).is_some()
+    }
+
+    fn reservation_of(&self, addr: u64) -> Option<(u64, u64)> {
+        let (&base, r) = self.reservations.range(..=addr).next_back()?;
+        (addr < base + r.bytes).then_some((base, r.bytes))
+    }
+
+    /// The mappings covering `[start, end)`, which must be covered without a gap.
+    fn covering(&mut self, start: u64, end: u64) -> std::result::Result<Vec<&mut Mapping>, String> {
+        let first = self
+            .mappings
+            .range(..=start)
+            .next_back()
+            .map_or(start, |(&at, _)| at);
+        let mut next = start;
+        let mut out = Vec::new();
+        for (&at, m) in self.mappings.range_mut(first..end) {
+            if at + m.bytes <= next {
+                continue;
+            }
+            if at > next {
+                break;
+            }
+            next = at + m.bytes;
+            out.push(m);
+        }
+        match next >= end {
+            true => Ok(out),
+            false => Err(format!("{next:#x} is not mapped")),
+        }
+    }
+
+    pub(super) fn touch(
+        &mut self,
+        ptr: DevicePtr,
+        bytes: u64,
+        from: usize,
+        device: usize,
+        used: (Stream, u64),
+    ) -> Check {
+        let end = ptr.0.checked_add(bytes).ok_or("range overflows")?;
+        for m in self.covering(ptr.0, end)? {
+            if !m.access.contains(&from) {
+                return Err(format!(
+                    "device {from} touched device {device}'s mapping without access \
+                     (cuMemSetAccess)"
+                ));
+            }
+            match m.uses.iter_mut().find(|(s, _)| *s == used.0) {
+                Some(u) => u.1 = used.1,
+                None => m.uses.push(used),
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn leaks(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (what, n) in [
+            ("address reservations not freed", self.reservations.len()),
+            ("physical handles not released", self.handles.len()),
+            ("mappings not unmapped", self.mappings.len()),
+        ] {
+            if n > 0 {
+                out.push(format!("{n} {what}"));
+            }
+        }
+        out
+    }
+}
+
+fn multiple_of_granule(bytes: u64) -> Check {
+    match bytes > 0 && bytes % GRANULE_BYTES == 0 {
+        true => Ok(()),
+        false => Err(format!(
+            "{bytes} bytes is not a multiple of the {GRANULE_BYTES}-byte granule"
+        )),
+    }
+}
+
+impl SimDriver {
+    /// Makes `device` report no virtual memory management support.
+    pub fn set_vmm_unsupported(&self, device: usize) {
+        self.vmm_unsupported.lock().push(device);
+    }
+
+    /// Physical bytes `device` holds in handles (mapped or not).
+    pub fn physical_bytes(&self, device: usize) -> u64 {
+        self.devices[device].lock().vmm.physical_bytes()
+    }
+
+    /// (mapped bytes, devices with access to all of them) of `device`'s mappings, for tests.
+    pub fn mappings(&self, device: usize) -> Vec<(DevicePtr, u64, Vec<usize>)> {
+        let d = self.devices[device].lock();
+        let mappings = d.vmm.mappings.iter();
+        mappings
+            .map(|(&at, m)| (DevicePtr(at), m.bytes, m.access.clone()))
+            .collect()
+    }
+
+    fn vmm_call<T>(
+        &self,
+        device: usize,
+        fault: Option<SimFault>,
+        call: &'static str,
+        f: impl FnOnce(&mut SimDevice) -> std::result::Result<T, String>,
+    ) -> Result<T> {
+        if let Some(fault) = fault {
+            self.take_fault(fault, call)?;
+        }
+        let mut d = self.device(device, call)?;
+        f(&mut d).map_err(|why| {
+            drop(d);
+            self.misuse(call, why)
+        })
+    }
+}
+
+impl VmmDriver for SimDriver {
+    fn vmm_supported(&self, device: usize) -> Result<bool> {
+        drop(self.device(device, "cuDeviceGetAttribute")?);
+        Ok(!self.vmm_unsupported.lock().contains(&device))
+    }
+
+    fn vmm_granularity_bytes(&self, device: usize) -> Result<u64> {
+        drop(self.device(device, "cuMemGetAllocationGranularity")?);
+        Ok(GRANULE_BYTES)
+    }
+
+    fn address_reserve(&self, device: usize, bytes: u64) -> Result<DevicePtr> {
+        let call = "cuMemAddressReserve";
+        self.take_fault(SimFault::AddressReserve, call)?;
+        let mut d = self.device(device, call)?;
+        multiple_of_granule(bytes).map_err(|why| self.misuse(call, why))?;
+        let claimed_bytes = bytes
+            .checked_add(GRANULE_BYTES)
+            .ok_or_else(|| Self::out_of_memory(call))?;
+        let claimed_at = d
+            .claim_range(claimed_bytes)
+            .ok_or_else(|| Self::out_of_memory(call))?;
+        let base = claimed_at.0.next_multiple_of(GRANULE_BYTES);
+        let reservation = Reservation {
+            bytes,
+            claimed_at,
+            claimed_bytes,
+        };
+        d.vmm.reservations.insert(base, reservation);
+        Ok(DevicePtr(base))
+    }
+
+    fn address_free(&self, device: usize, base: DevicePtr, bytes: u64) -> Result<()> {
+        let call = "cuMemAddressFree";
+        let mut d = self.device(device, call)?;
+        let check = match d.vmm.reservations.get(&base.0) {
+            Some(r) if r.bytes != bytes => {
+                Err(format!("{bytes} bytes is not the reservation's size"))
+            }
+            Some(_)
+                if d.vmm
+                    .mappings
+                    .range(base.0..base.0 + bytes)
+                    .next()
+                    .is_some() =>
+            {
+                Err(format!("the reservation at {base:#x} still has mappings"))
+            }
+            Some(_) => Ok(()),
+            None => Err(format!("{base:#x} is not a reservation")),
+        };
+        if let Err(why) = check {
+            drop(d);
+            return Err(self.misuse(call, why));
+        }
+        let r = d.vmm.reservations.remove(&base.0).expect("checked above");
+        d.release_range(r.claimed_at, r.claimed_bytes);
+        Ok(())
+    }
+
+    fn mem_create(&self, device: usize, bytes: u64) -> Result<MemHandle> {
+        let call = "cuMemCreate";
+        self.take_fault(SimFault::MemCreate, call)?;
+        let mut d = self.device(device, call)?;
+        multiple_of_granule(bytes).map_err(|why| self.misuse(call, why))?;
+        let fits = d
+            .memory_in_use_bytes()
+            .checked_add(bytes)
+            .is_some_and(|total| total <= self.memory_bytes);
+        if !fits {
+            return Err(Self::out_of_memory(call));
+        }
+        let id = d.vmm.next_handle;
+        d.vmm.next_handle += 1;
+        d.vmm.handles.insert(id, (bytes, None));
+        Ok(MemHandle::from_raw(id))
+    }
+
+    fn mem_release(&self, device: usize, handle: MemHandle) -> Result<()> {
+        self.vmm_call(
+            device,
+            Some(SimFault::MemRelease),
+            "cuMemRelease",
+            |d| match d.vmm.handles.get(&handle.raw()) {
+                None => Err(format!("{handle:?} is not a live handle")),
+                Some((_, Some(at))) => Err(format!("{handle:?} is still mapped at {at:#x}")),
+                Some((_, None)) => {
+                    d.vmm.handles.remove(&handle.raw());
+                    Ok(())
+                }
+            },
+        )
+    }
+
+    fn mem_map(&self, device: usize, at: DevicePtr, bytes: u64, handle: MemHandle) -> Result<()> {
+        self.vmm_call(device, Some(SimFault::MemMap), "cuMemMap", |d| {
+            let vmm = &mut d.vmm;
+            let end = at.0.checked_add(bytes).ok_or("range overflows")?;
+            match vmm.handles.get(&handle.raw()) {
+                None => return Err(format!("{handle:?} is not a live handle")),
+                Some((_, Some(_))) => return Err(format!("{handle:?} is already mapped")),
+                Some((b, None)) if *b != bytes => {
+                    return Err(format!("{handle:?} is {b} bytes, not {bytes}"))
+                }
+                Some(_) => {}
+            }
+            match vmm.reservation_of(at.0) {
+                Some((base, len)) if end <= base + len => {}
+                _ => return Err(format!("{at:#x}+{bytes} is not inside one reservation")),
+            }
+            let before = vmm.mappings.range(..end).next_back();
+            if before.is_some_and(|(&start, m)| start + m.bytes > at.0) {
+                return Err(format!("{at:#x}+{bytes} overlaps a mapping"));
+            }
+            vmm.handles.insert(handle.raw(), (bytes, Some(at.0)));
+            let mapping = Mapping {
+                bytes,
+                handle: handle.raw(),
+                access: Vec::new(),
+                uses: Vec::new(),
+            };
+            vmm.mappings.insert(at.0, mapping);
+            Ok(())
+        })
+    }
+
+    fn mem_unmap(&self, device: usize, at: DevicePtr, bytes: u64) -> Result<()> {
+        self.vmm_call(device, Some(SimFault::MemUnmap), "cuMemUnmap", |d| {
+            let m = match d.vmm.mappings.get(&at.0) {
+                Some(m) if m.bytes == bytes => m,
+                _ => return Err(format!("{at:#x}+{bytes} is not one whole mapping")),
+            };
+            if let Some(&(stream, _)) = m.uses.iter().find(|u| !d.completed(**u)) {
+                return Err(format!(
+                    "unmapping {at:#x}+{bytes} while unfinished work on stream {stream:#x} uses it"
+                ));
+            }
+            let m = d.vmm.mappings.remove(&at.0).expect("checked above");
+            d.vmm.handles.insert(m.handle, (bytes, None));
+            Ok(())
+        })
+    }
+
+    fn mem_set_access(
+        &self,
+        device: usize,
+        at: DevicePtr,
+        bytes: u64,
+        devices: &[usize],
+    ) -> Result<()> {
+        let call = "cuMemSetAccess";
+        self.take_fault(SimFault::SetAccess, call)?;
+        for &peer in devices.iter().filter(|&&p| p != device) {
+            if !self.can_access_peer(device, peer)? {
+                return Err(driver_error(call, 101, "CUDA_ERROR_INVALID_DEVICE"));
+            }
+        }
+        self.vmm_call(device, None, call, |d| {
+            let end = at.0.checked_add(bytes).ok_or("range overflows")?;
+            if !d.vmm.mappings.contains_key(&at.0) {
+                return Err(format!("{at:#x} starts no mapping"));
+            }
+            for m in d.vmm.covering(at.0, end)? {
+                for &dev in devices {
+                    if !m.access.contains(&dev) {
+                        m.access.push(dev);
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,124 @@
+//! The exporting side of sharing, per device: the shareable pool (created on first use, or the
+//! device's own pool with `STREAMPOOL_IPC`), its file descriptor, and the events of exports not
+//! yet released.
+//!
+//! Invariants: the pool is created at most once; the file descriptor is exported once and closed
+//! when the exporter is dropped; only events this exporter recorded, and not yet released, are
+//! destroyed on release. The caller (the device) decides whether a block may be exported.
+
+use super::StreampoolIpcHandle;
+use crate::driver::{DevicePtr, Driver, EventHandle, PoolUsage, Stream};
+use crate::error::{Error, Result};
+use crate::fasthash::WordMap;
+use crate::resource::Resource;
+use crate::sync::Mutex;
+use std::sync::Arc;
+
+pub struct Exporter {
+    device: usize,
+    driver: Arc<dyn Driver>,
+    pool: Mutex<Option<Arc<dyn Resource>>>,
+    pool_fd: Mutex<Option<i32>>,
+    /// Events of exports not yet released (only these may be destroyed).
+    events: Mutex<WordMap<u64, ()>>,
+}
+
+impl Exporter {
+    pub fn new(device: usize, driver: Arc<dyn Driver>) -> Exporter {
+        Exporter {
+            device,
+            driver,
+            pool: Mutex::new(None),
+            pool_fd: Mutex::new(None),
+            events: Mutex::new(WordMap::default()),
+        }
+    }
+
+    /// The shareable pool, made by `create` on first use.
+    pub fn pool(
+        &self,
+        create: impl FnOnce() -> Result<Arc<dyn Resource>>,
+    ) -> Result<Arc<dyn Resource>> {
+        let mut pool = self.pool.lock();
+        if let Some(pool) = pool.as_ref() {
+            return Ok(Arc::clone(pool));
+        }
+        let created = create()?;
+        *pool = Some(Arc::clone(&created));
+        Ok(created)
+    }
+
+    /// The shareable pool if it exists.
+    pub fn existing_pool(&self) -> Option<Arc<dyn Resource>> {
+        self.pool.lock().clone()
+    }
+
+    pub fn usage(&self) -> Result<PoolUsage> {
+        match self.existing_pool() {
+            Some(pool) => pool.usage(),
+            None => Ok(PoolUsage::default()),
+        }
+    }
+
+    /// What another process needs to map the live shareable block at `ptr` (of `block_bytes`,
+    /// from `pool`), with an event recorded on `stream` (the exporter's work so far); the event
+    /// is released with [`Exporter::release`].
+    pub fn export(
+        &self,
+        pool: &dyn Resource,
+        ptr: DevicePtr,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<StreampoolIpcHandle> {
+        let handle = pool.pool_handle().ok_or_else(|| {
+            Error::Internal(format!(
+                "the {} of device {} is not a CUDA pool",
+                pool.label(),
+                self.device
+            ))
+        })?;
+        let pool_fd = {
+            let mut fd = self.pool_fd.lock();
+            match *fd {
+                Some(fd) => fd,
+                None => *fd.insert(self.driver.pool_export_fd(self.device, handle)?),
+            }
+        };
+        let pointer_data = self.driver.pointer_export(self.device, ptr)?;
+        let (event, event_handle) = self.driver.ipc_event_record(self.device, stream)?;
+        self.events.lock().insert(event.raw() as u64, ());
+        Ok(StreampoolIpcHandle {
+            pointer_data,
+            event_handle,
+            event: event.raw() as u64,
+            block_bytes,
+            pool_fd,
+            device: self.device as i32,
+        })
+    }
+
+    /// Releases the event of an export once every importer has closed it; an event this device
+    /// did not export (or released already) is an error, never destroyed.
+    pub fn release(&self, event: u64) -> Result<()> {
+        if self.events.lock().remove(&event).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "{event:#x} is not the event of an unreleased export on device {}",
+                self.device
+            )));
+        }
+        let event = EventHandle::from_raw(event as usize);
+        self.driver.event_destroy(self.device, event);
+        Ok(())
+    }
+}
+
+impl Drop for Exporter {
+    /// Closes the exported pool's file descriptor (an allocator lives as long as its process;
+    /// tests and the fuzzer make many).
+    fn drop(&mut self) {
+        if let Some(fd) = *self.pool_fd.lock() {
+            // SAFETY: the descriptor was returned by pool_export_fd and is closed only here.
+            unsafe { libc::close(fd) };
+        }
+    }
+}

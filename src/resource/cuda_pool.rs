@@ -1,0 +1,137 @@
+//! A CUDA stream-ordered memory pool (`cuMemPoolCreate`, `cuMemAllocFromPoolAsync`,
+//! `cuMemFreeAsync`) as a [`Resource`].
+//!
+//! Invariants: the pool is created in the device's primary context with the configured release
+//! threshold, maximum size and reuse policies applied before any allocation is made from it; if
+//! applying them fails, the pool is destroyed again and the error returned; a shareable pool is
+//! created only where the device supports it; the pool is destroyed when the resource is dropped
+//! (CUDA releases memory still allocated from it once that is freed).
+
+use super::{Accessible, Resource};
+use crate::config::Config;
+use crate::driver::{DevicePtr, Driver, PoolAttr, PoolHandle, PoolUsage, Stream};
+use crate::error::{Error, Result};
+use crate::units::format_limit;
+use std::sync::Arc;
+
+pub struct CudaPoolResource {
+    driver: Arc<dyn Driver>,
+    device: usize,
+    handle: PoolHandle,
+    label: &'static str,
+}
+
+impl CudaPoolResource {
+    /// A new pool on `device` (of `total_bytes` memory), configured from `config`.
+    pub fn create(
+        driver: &Arc<dyn Driver>,
+        device: usize,
+        config: &Config,
+        total_bytes: u64,
+        shareable: bool,
+        label: &'static str,
+    ) -> Result<CudaPoolResource> {
+        if shareable && !driver.ipc_supported(device)? {
+            return Err(Error::DriverUnavailable(format!(
+                "device {device} cannot share pool memory with other processes: its driver reports \
+                 no POSIX file descriptor handles for memory pools \
+                 (CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES); unset STREAMPOOL_IPC and \
+                 allocate outside streampool.shareable()"
+            )));
+        }
+        let max_size_bytes = config.max_pool_size.resolve_bytes(total_bytes);
+        let handle = driver.pool_create(device, max_size_bytes, shareable)?;
+        // From here the pool is ours: dropping `pool` destroys it, also on the error paths below.
+        let pool = CudaPoolResource {
+            driver: Arc::clone(driver),
+            device,
+            handle,
+            label,
+        };
+        let threshold_bytes = config.release_threshold.resolve_bytes(total_bytes);
+        let reuse = config.reuse;
+        let attrs = [
+            Some(PoolAttr::ReleaseThresholdBytes(threshold_bytes)),
+            reuse
+                .follow_event_dependencies
+                .map(PoolAttr::ReuseFollowEventDependencies),
+            reuse
+                .allow_opportunistic
+                .map(PoolAttr::ReuseAllowOpportunistic),
+            reuse
+                .allow_internal_dependencies
+                .map(PoolAttr::ReuseAllowInternalDependencies),
+        ];
+        for attr in attrs.into_iter().flatten() {
+            pool.driver.pool_set_attr(device, handle, attr)?;
+        }
+        log::info!(
+            "device {device}: created the {label}{} (release threshold {}, max size {})",
+            if shareable { ", shareable" } else { "" },
+            format_limit(threshold_bytes),
+            format_limit(max_size_bytes),
+        );
+        Ok(pool)
+    }
+}
+
+impl Drop for CudaPoolResource {
+    fn drop(&mut self) {
+        if let Err(e) = self.driver.pool_destroy(self.device, self.handle) {
+            log::debug!("device {}: destroying the {}: {e}", self.device, self.label);
+        }
+    }
+}
+
+impl Accessible for CudaPoolResource {
+    fn label(&self) -> &'static str {
+        self.label
+    }
+
+    fn grant_access(&self, peer: usize) -> Result<()> {
+        self.driver
+            .pool_grant_access(self.device, self.handle, peer)
+    }
+}
+
+impl Resource for CudaPoolResource {
+    #[inline]
+    fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        self.driver
+            .alloc_async(self.device, self.handle, bytes, stream)
+    }
+
+    #[inline]
+    fn deallocate(&self, ptr: DevicePtr, _bytes: u64, stream: Stream) -> Result<()> {
+        self.driver.free_async(self.device, ptr, stream)
+    }
+
+    fn usage(&self) -> Result<PoolUsage> {
+        self.driver.pool_usage(self.device, self.handle)
+    }
+
+    fn reserved_used_bytes(&self) -> Result<(u64, u64)> {
+        self.driver.pool_reserved_used(self.device, self.handle)
+    }
+
+    fn trim(&self, keep_bytes: u64) -> Result<()> {
+        self.driver.pool_trim(self.device, self.handle, keep_bytes)
+    }
+
+    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        let attr = PoolAttr::ReleaseThresholdBytes(bytes);
+        self.driver.pool_set_attr(self.device, self.handle, attr)
+    }
+
+    fn reset_peaks(&self) -> Result<()> {
+        self.driver.pool_reset_peaks(self.device, self.handle)
+    }
+
+    fn returns_before_growth(&self) -> bool {
+        true
+    }
+
+    fn pool_handle(&self) -> Option<PoolHandle> {
+        Some(self.handle)
+    }
+}

@@ -1,0 +1,185 @@
+//! Where a device's blocks come from: the [`Resource`] interface above the driver (RMM's
+//! `device_memory_resource` shape), its implementations — [`cuda_pool`] (a CUDA stream-ordered
+//! pool) and [`vmm`] (streampool's own virtual-memory pool) — and [`Resources`], the pair of
+//! resources of one device chosen by block size.
+//!
+//! Invariants: every resource serves one device and is safe to call from any thread; allocation
+//! and deallocation are stream-ordered — a block deallocated on stream S may be handed out again
+//! on S at once, on another stream only after the work S had queued at the deallocation is done;
+//! which resource serves a block is a function of its size alone ([`Resources::class_of`]), so a
+//! free needs no record of it.
+
+pub mod cuda_pool;
+pub mod vmm;
+
+use crate::config::{Backend, Config};
+use crate::driver::{DevicePtr, Driver, PoolHandle, PoolUsage, Stream};
+use crate::error::Result;
+use cuda_pool::CudaPoolResource;
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+use vmm::VmmResource;
+
+/// Memory that other devices can be given access to (a resource, or a pool imported from
+/// another process).
+pub trait Accessible: Send + Sync {
+    /// What it is, for messages ("pool", "small-block pool", "virtual memory", ...).
+    fn label(&self) -> &'static str;
+    /// Lets device `peer` read and write all of its memory, present and future.
+    fn grant_access(&self, peer: usize) -> Result<()>;
+}
+
+/// A source of device memory for blocks of one size class.
+pub trait Resource: Accessible {
+    /// A block of `bytes` (a multiple of 512), ordered on `stream`. Out of memory is
+    /// `Error::Driver` with `CUDA_ERROR_OUT_OF_MEMORY`.
+    fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr>;
+    /// Gives back a block `allocate` returned, of the same `bytes`, ordered on `stream` (its
+    /// allocation stream).
+    fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()>;
+    /// Reserved (physical) and used bytes, with their high-water marks.
+    fn usage(&self) -> Result<PoolUsage>;
+    /// (reserved, used) bytes now: what it holds from the device, and what of that is handed
+    /// out (or freed on a stream that has not caught up yet). Cheaper than [`Resource::usage`].
+    fn reserved_used_bytes(&self) -> Result<(u64, u64)>;
+    /// Gives the device back what it holds unused, keeping `keep_bytes` reserved. Called after
+    /// the device synchronised, so every deallocation has completed.
+    fn trim(&self, keep_bytes: u64) -> Result<()>;
+    /// Reserved memory above this is given back to the device once unused.
+    fn set_release_threshold(&self, bytes: u64) -> Result<()>;
+    /// Resets the high-water marks to the current values.
+    fn reset_peaks(&self) -> Result<()>;
+    /// True if it can reuse freed memory only after it was given back (a CUDA pool coalesces
+    /// only what is returned to it): the device then returns cached blocks, and trims, before it
+    /// grows. A resource that manages its own holes says false.
+    fn returns_before_growth(&self) -> bool;
+    /// A stream of the device began (true) or ended (false) capturing a CUDA graph: a resource
+    /// that maps memory must not map or unmap in between.
+    fn set_capturing(&self, _capturing: bool) {}
+    /// The CUDA pool behind it, if it is one (for sharing with other processes).
+    fn pool_handle(&self) -> Option<PoolHandle> {
+        None
+    }
+}
+
+/// Which of a device's resources serves a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeClass {
+    /// Up to `STREAMPOOL_SMALL_POOL_MAX`, when there is a small-block resource.
+    Small,
+    Large,
+}
+
+/// The resources of one device: one for large blocks and, unless disabled, one for small ones.
+pub struct Resources {
+    large: Arc<dyn Resource>,
+    small: Option<Arc<dyn Resource>>,
+    small_max_bytes: u64,
+}
+
+impl Resources {
+    /// The resources `config` asks for on `device` (of `total_bytes` memory). With
+    /// `STREAMPOOL_IPC`, one shareable pool serves every size. A small-block pool that cannot be
+    /// created is logged and left out (the large resource serves every size).
+    pub fn create(
+        driver: &Arc<dyn Driver>,
+        device: usize,
+        config: &Config,
+        total_bytes: u64,
+    ) -> Result<Resources> {
+        let small_max_bytes = config.small_pool_max.resolve_bytes(total_bytes);
+        if config.ipc {
+            let pool = CudaPoolResource::create(driver, device, config, total_bytes, true, "pool")?;
+            return Ok(Resources::single(Arc::new(pool)));
+        }
+        let large: Arc<dyn Resource> = match config.backend {
+            Backend::Pool => Arc::new(CudaPoolResource::create(
+                driver,
+                device,
+                config,
+                total_bytes,
+                false,
+                "pool",
+            )?),
+            Backend::Vmm => Arc::from(VmmResource::create(driver, device, config, total_bytes)?),
+        };
+        // A pool size cap applies to one pool: no split then.
+        let split = small_max_bytes > 0 && config.max_pool_size.is_max();
+        let small = match split {
+            false => None,
+            true => {
+                let label = "small-block pool";
+                match CudaPoolResource::create(driver, device, config, total_bytes, false, label) {
+                    Ok(pool) => Some(Arc::new(pool) as Arc<dyn Resource>),
+                    Err(e) => {
+                        log::warn!(
+                            "device {device}: no small-block pool, one resource serves all: {e}"
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        Ok(Resources {
+            large,
+            small,
+            small_max_bytes,
+        })
+    }
+
+    /// One resource for every size.
+    pub fn single(resource: Arc<dyn Resource>) -> Resources {
+        Resources {
+            large: resource,
+            small: None,
+            small_max_bytes: 0,
+        }
+    }
+
+    /// The class of a block of `block_bytes`.
+    #[inline]
+    pub fn class_of(&self, block_bytes: u64) -> SizeClass {
+        match self.small.is_some() && block_bytes <= self.small_max_bytes {
+            true => SizeClass::Small,
+            false => SizeClass::Large,
+        }
+    }
+
+    #[inline]
+    pub fn get(&self, class: SizeClass) -> &dyn Resource {
+        match (class, &self.small) {
+            (SizeClass::Small, Some(small)) => small.as_ref(),
+            _ => self.large.as_ref(),
+        }
+    }
+
+    /// The largest block served by the small-block resource (0 without one).
+    pub fn small_max_bytes(&self) -> u64 {
+        self.small.as_ref().map_or(0, |_| self.small_max_bytes)
+    }
+
+    /// The block sizes `class` serves.
+    pub fn sizes_served(&self, class: SizeClass) -> RangeInclusive<u64> {
+        match (class, &self.small) {
+            (SizeClass::Small, _) => 0..=self.small_max_bytes,
+            (SizeClass::Large, Some(_)) => self.small_max_bytes + 1..=u64::MAX,
+            (SizeClass::Large, None) => 0..=u64::MAX,
+        }
+    }
+
+    /// Every resource, the large one first.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn Resource>> {
+        std::iter::once(&self.large).chain(&self.small)
+    }
+
+    /// The resources' usage, summed.
+    pub fn usage(&self) -> Result<PoolUsage> {
+        self.all()
+            .try_fold(PoolUsage::default(), |sum, r| Ok(sum.plus(r.usage()?)))
+    }
+
+    /// Runs `f` on every resource; every one is tried, the first error is returned.
+    pub fn for_each(&self, mut f: impl FnMut(&dyn Resource) -> Result<()>) -> Result<()> {
+        self.all().map(|r| f(r.as_ref())).fold(Ok(()), Result::and)
+    }
+}
