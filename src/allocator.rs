@@ -48,7 +48,7 @@ impl Allocator {
         let devices = (0..count)
             .map(|d| {
                 let (driver, config) = (Arc::clone(&driver), Arc::clone(&config));
-                let recorder = Recorder::new(d, Arc::clone(&history));
+                let recorder = Arc::new(Recorder::new(d, Arc::clone(&history)));
                 DeviceAllocator::new(d, driver, config, recorder, Arc::clone(&peers))
             })
             .collect();

@@ -18,21 +18,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Requests are rounded up to this, as PyTorch's own allocator does.
 pub const BLOCK_ALIGN_BYTES: u64 = 512;
 
-/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: a resource that may not map memory while a stream of
-/// the device captures a graph says so with it.
-pub(crate) const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
-
 /// The block a request of `requested_bytes` gets.
 #[inline]
 pub(super) fn block_bytes(requested_bytes: u64) -> Result<u64> {
     round_up(requested_bytes, BLOCK_ALIGN_BYTES).ok_or_else(|| {
         Error::InvalidArgument(format!("allocation size {requested_bytes} is too large"))
     })
-}
-
-/// True for a resource's refusal to map memory during a capture.
-pub(super) fn is_mapping_paused(e: &Error) -> bool {
-    matches!(e, Error::Driver { code, .. } if *code == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
 }
 
 /// The cap on the bytes a device holds from its resources; `u64::MAX` when there is none.

@@ -15,6 +15,7 @@ pub mod vmm;
 use crate::config::{Backend, Config};
 use crate::driver::{DevicePtr, Driver, PoolHandle, PoolUsage, Stream};
 use crate::error::Result;
+use crate::history::Recorder;
 use cuda_pool::CudaPoolResource;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
@@ -86,6 +87,7 @@ impl Resources {
         device: usize,
         config: &Config,
         total_bytes: u64,
+        recorder: &Arc<Recorder>,
     ) -> Result<Resources> {
         let small_max_bytes = config.small_pool_max.resolve_bytes(total_bytes);
         if config.ipc {
@@ -101,7 +103,9 @@ impl Resources {
                 false,
                 "pool",
             )?),
-            Backend::Vmm => Arc::from(VmmResource::create(driver, device, config, total_bytes)?),
+            Backend::Vmm => {
+                VmmResource::create(driver, device, config, total_bytes, Arc::clone(recorder))?
+            }
         };
         // A pool size cap applies to one pool: no split then.
         let split = small_max_bytes > 0 && config.max_pool_size.is_max();

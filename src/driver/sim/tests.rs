@@ -2,7 +2,7 @@
 
 use super::vmm::GRANULE_BYTES;
 use super::*;
-use crate::driver::{MemHandle, PoolAttr, PoolDriver, VmmDriver};
+use crate::driver::{MemHandle, PoolAttr, PoolDriver, StreamDriver, VmmDriver};
 
 const S1: Stream = Stream(1);
 const S2: Stream = Stream(2);

@@ -5,11 +5,12 @@
 //! PyTorch turns into a Python `RuntimeError`; every other entry reports failure by status code or
 //! NULL plus `streampool_last_error()`.
 
+mod ipc;
+mod timeline;
+
 use crate::api::{self, clear_last_error, global, last_error_ptr, set_last_error};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result, StreampoolStatus};
-use crate::history::{StreampoolBlock, StreampoolEvent};
-use crate::ipc::{self, StreampoolIpcHandle};
 use crate::stats::StreampoolStats;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -280,106 +281,6 @@ pub extern "C" fn streampool_enable_peer_access(device: c_int) -> c_int {
     status(guarded(|| global()?.enable_peer_access(device.into())))
 }
 
-/// Starts the memory timeline afresh (`enabled` != 0), keeping the newest `max_entries` (> 0)
-/// events, or stops it (`enabled` == 0); stopping keeps what was recorded readable.
-#[no_mangle]
-pub extern "C" fn streampool_record_history(enabled: c_int, max_entries: usize) -> c_int {
-    status(guarded(|| {
-        global()?.record_history(enabled != 0, max_entries)
-    }))
-}
-
-/// Copies the newest timeline events, oldest first, into `out` (room for `capacity`) and sets
-/// `*count` to how many were copied; with `out` NULL, `*count` is how many there are. `*dropped`
-/// (if not NULL) is how many events the full ring dropped since recording started.
-///
-/// # Safety
-/// `out` must be NULL or writable for `capacity` events; `count` writable; `dropped` NULL or
-/// writable.
-#[no_mangle]
-pub unsafe extern "C" fn streampool_history(
-    out: *mut StreampoolEvent,
-    capacity: usize,
-    count: *mut usize,
-    dropped: *mut u64,
-) -> c_int {
-    status(guarded(|| {
-        let wanted = if out.is_null() { usize::MAX } else { capacity };
-        let (events, dropped_events) = global()?.history(wanted);
-        if !dropped.is_null() {
-            // SAFETY: checked non-NULL; the caller guarantees it is writable.
-            unsafe { dropped.write(dropped_events) };
-        }
-        // SAFETY: forwarded from the caller's guarantees.
-        unsafe { copy_out(&events, out, capacity, count) }
-    }))
-}
-
-/// Copies the blocks `device` holds from its pool into `out` (room for `capacity`) and sets
-/// `*count` to how many were copied; with `out` NULL, `*count` is how many there are.
-///
-/// # Safety
-/// `out` must be NULL or writable for `capacity` blocks; `count` writable.
-#[no_mangle]
-pub unsafe extern "C" fn streampool_blocks(
-    device: c_int,
-    out: *mut StreampoolBlock,
-    capacity: usize,
-    count: *mut usize,
-) -> c_int {
-    status(guarded(|| {
-        let blocks = global()?.blocks(device.into())?;
-        // SAFETY: forwarded from the caller's guarantees.
-        unsafe { copy_out(&blocks, out, capacity, count) }
-    }))
-}
-
-/// Writes `items.len()` to `*count` if `out` is NULL, else copies the first `capacity` items to
-/// `out` and writes how many to `*count`.
-///
-/// # Safety
-/// `out` NULL or writable for `capacity` items; `count` writable.
-unsafe fn copy_out<T: Copy>(
-    items: &[T],
-    out: *mut T,
-    capacity: usize,
-    count: *mut usize,
-) -> Result<()> {
-    if count.is_null() {
-        return Err(Error::InvalidArgument("count must not be NULL".into()));
-    }
-    let n = if out.is_null() {
-        items.len()
-    } else {
-        let n = items.len().min(capacity);
-        // SAFETY: the caller guarantees room for `capacity` >= n items; the regions are distinct.
-        unsafe { std::ptr::copy_nonoverlapping(items.as_ptr(), out, n) };
-        n
-    };
-    // SAFETY: checked non-NULL; the caller guarantees it is writable.
-    unsafe { count.write(n) };
-    Ok(())
-}
-
-/// Enters a shareable scope on this thread: its allocations come from a pool other processes can
-/// import (`streampool.shareable()`). Returns the scope depth.
-#[no_mangle]
-pub extern "C" fn streampool_shareable_begin() -> c_int {
-    ipc::begin_shareable() as c_int
-}
-
-/// Leaves a shareable scope: the remaining depth, or a negative status for an unmatched end.
-#[no_mangle]
-pub extern "C" fn streampool_shareable_end() -> c_int {
-    match ipc::end_shareable() {
-        Ok(depth) => depth as c_int,
-        Err(e) => {
-            set_last_error(&e);
-            StreampoolStatus::from(&e) as c_int
-        }
-    }
-}
-
 /// 1 if `device` supports stream-ordered memory pools, 0 if not, or a negative status.
 #[no_mangle]
 pub extern "C" fn streampool_pools_supported(device: c_int) -> c_int {
@@ -417,98 +318,6 @@ fn value_or_status(answer: Result<c_int>) -> c_int {
             StreampoolStatus::from(&e) as c_int
         }
     }
-}
-
-/// Exports the live shareable block at `ptr` on `device` into `*out`, with an event recorded on
-/// `stream` that importers wait for. Until every importer has closed it, keep the block
-/// allocated; then call `streampool_ipc_release_export(device, out->event)`.
-///
-/// # Safety
-/// `out` must be NULL or writable for one `StreampoolIpcHandle`; `stream` a stream of `device`
-/// (or NULL).
-#[no_mangle]
-pub unsafe extern "C" fn streampool_ipc_export(
-    ptr: *mut c_void,
-    device: c_int,
-    stream: *mut c_void,
-    out: *mut StreampoolIpcHandle,
-) -> c_int {
-    status(guarded(|| {
-        if out.is_null() {
-            return Err(Error::InvalidArgument("out must not be NULL".into()));
-        }
-        let handle = global()?.ipc_export(ptr_of(ptr), device.into(), stream_of(stream))?;
-        // SAFETY: checked non-NULL; the caller guarantees it is writable.
-        unsafe { out.write(handle) };
-        Ok(())
-    }))
-}
-
-/// Releases the event of an export (`StreampoolIpcHandle::event`).
-#[no_mangle]
-pub extern "C" fn streampool_ipc_release_export(device: c_int, event: u64) -> c_int {
-    status(guarded(|| {
-        global()?.ipc_release_export(device.into(), event)
-    }))
-}
-
-/// Imports another process's pool on `device` from the file descriptor `fd` (which stays the
-/// caller's to close) and writes a token for it to `*pool`.
-///
-/// # Safety
-/// `pool` must be NULL or writable.
-#[no_mangle]
-pub unsafe extern "C" fn streampool_ipc_import_pool(
-    device: c_int,
-    fd: c_int,
-    pool: *mut u64,
-) -> c_int {
-    status(guarded(|| {
-        if pool.is_null() {
-            return Err(Error::InvalidArgument("pool must not be NULL".into()));
-        }
-        let token = global()?.ipc_import_pool(device.into(), fd)?;
-        // SAFETY: checked non-NULL; the caller guarantees it is writable.
-        unsafe { pool.write(token) };
-        Ok(())
-    }))
-}
-
-/// Maps the block `handle` describes from the imported `pool` and makes `stream` wait for the
-/// exporter's event; writes the address to `*out`. Release it with `streampool_ipc_close`.
-///
-/// # Safety
-/// `handle` must be NULL or point to a `StreampoolIpcHandle`; `out` NULL or writable; `stream` a
-/// stream of the handle's device (or NULL).
-#[no_mangle]
-pub unsafe extern "C" fn streampool_ipc_import(
-    pool: u64,
-    handle: *const StreampoolIpcHandle,
-    stream: *mut c_void,
-    out: *mut *mut c_void,
-) -> c_int {
-    status(guarded(|| {
-        if handle.is_null() || out.is_null() {
-            return Err(Error::InvalidArgument(
-                "handle and out must not be NULL".into(),
-            ));
-        }
-        // SAFETY: checked non-NULL; the caller guarantees it points to a handle.
-        let handle = unsafe { handle.read() };
-        let ptr = global()?.ipc_import(pool, &handle, stream_of(stream))?;
-        // SAFETY: checked non-NULL; the caller guarantees it is writable.
-        unsafe { out.write(ptr.0 as *mut c_void) };
-        Ok(())
-    }))
-}
-
-/// Releases an imported block: frees it on `stream` and waits for that stream, so the exporter
-/// may free the block once this returns.
-#[no_mangle]
-pub extern "C" fn streampool_ipc_close(ptr: *mut c_void, stream: *mut c_void) -> c_int {
-    status(guarded(|| {
-        global()?.ipc_close(ptr_of(ptr), stream_of(stream))
-    }))
 }
 
 /// Number of devices, or a negative status.

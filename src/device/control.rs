@@ -1,0 +1,94 @@
+//! The device's knobs and views: release threshold, peak reset, peer access, statistics, the
+//! blocks it holds, the timeline's starting point, trims.
+//!
+//! Invariant: a view reads the books under the device lock and the resources' own accounting
+//! outside it; nothing here changes what is allocated.
+
+use super::DeviceAllocator;
+use crate::error::Result;
+use crate::history::StreampoolBlock;
+use crate::resource::{Accessible, Resources};
+use crate::stats::{DeviceFigures, StreampoolStats};
+use std::sync::Arc;
+
+impl DeviceAllocator {
+    pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        self.resources()?
+            .for_each(|r| r.set_release_threshold(bytes))
+    }
+
+    /// The device's memory, read once.
+    pub fn device_total_bytes(&self) -> Result<u64> {
+        match self.provisioned.get() {
+            Some(p) => Ok(p.total_bytes),
+            None => Ok(self.driver.mem_info(self.device)?.total_bytes),
+        }
+    }
+
+    pub fn stats(&self) -> Result<StreampoolStats> {
+        let (counters, cached_bytes) = {
+            let st = self.state.lock();
+            (st.books.counters().clone(), st.books.cached_bytes())
+        };
+        let usage = match self.provisioned.get() {
+            Some(p) => p.resources.usage()?,
+            None => Default::default(),
+        };
+        Ok(StreampoolStats::assemble(DeviceFigures {
+            counters: &counters,
+            cached_bytes,
+            usage,
+            shareable: self.exporter.usage()?,
+            limit_bytes: self.limit.bytes(),
+            device_total_bytes: self.device_total_bytes()?,
+        }))
+    }
+
+    pub fn reset_peak_stats(&self) -> Result<()> {
+        self.state.lock().books.counters_mut().reset_peaks();
+        match self.provisioned.get() {
+            Some(p) => p.resources.for_each(|r| r.reset_peaks()),
+            None => Ok(()),
+        }
+    }
+
+    /// Grants every other device access to this device's resources (see [`Peers::grant_all`]).
+    pub fn enable_peer_access(&self) -> Result<()> {
+        let own: Vec<Arc<dyn Accessible>> = self
+            .resources()?
+            .all()
+            .map(|r| Arc::clone(r) as _)
+            .collect();
+        self.peers
+            .grant_all(self.driver.as_ref(), self.device, &own)
+    }
+
+    /// The blocks this device holds from its resources (for `dump_snapshot`).
+    pub fn blocks(&self) -> Vec<StreampoolBlock> {
+        let st = self.state.lock();
+        st.books.blocks(self.device, st.waits.blocks())
+    }
+
+    /// The resources' reserved bytes, read only while the timeline is recording.
+    pub(super) fn reserved_for_timeline(&self, resources: &Resources) -> Option<u64> {
+        self.recorder
+            .enabled()
+            .then(|| resources.usage().ok().map(|u| u.reserved_bytes))
+            .flatten()
+    }
+
+    /// Called when the timeline starts: its reserved gauge begins at the resources' current value.
+    pub fn start_timeline(&self) {
+        if let Some(p) = self.provisioned.get() {
+            if let Some(reserved_bytes) = self.reserved_for_timeline(&p.resources) {
+                self.recorder.set_reserved(reserved_bytes);
+            }
+        }
+    }
+
+    /// Returns the cache, synchronises and trims each resource to `keep_bytes`.
+    pub fn trim(&self, keep_bytes: u64) -> Result<()> {
+        self.resources()?;
+        self.flush(keep_bytes)
+    }
+}

@@ -1,0 +1,162 @@
+//! The way back: blocks whose streams are done are collected from the waits, kept in the cache
+//! or sent home to their resource (or the driver), and `flush` (`empty_cache`, trim) returns
+//! everything and trims the resources.
+//!
+//! Invariants: a block leaves the books before it is sent home and comes back onto them (as
+//! unreturned, held) if the driver refuses it, so no failure loses memory; sending home happens
+//! outside the device lock; a flush during a capture neither waits nor trims.
+
+use super::books::{FreedBlock, Home};
+use super::{DeviceAllocator, DeviceState};
+use crate::driver::Stream;
+use crate::error::{Error, Result};
+use crate::history::StreampoolEventKind as Event;
+use crate::resource::SizeClass;
+use crate::sync::MutexGuard;
+
+impl DeviceAllocator {
+    pub(super) fn keep_or_send_home(
+        &self,
+        mut st: MutexGuard<'_, DeviceState>,
+        block: FreedBlock,
+    ) -> Result<()> {
+        match st.books.keep(block) {
+            Ok(()) => Ok(()),
+            Err(block) => {
+                drop(st);
+                self.send_home(vec![block])
+            }
+        }
+    }
+
+    /// Hands back the blocks whose streams are done (and notes a capture that ended); those the
+    /// cache does not keep are added to `homeless`, to be sent home once the lock is released.
+    pub(super) fn collect_waits(&self, st: &mut DeviceState, homeless: &mut Vec<FreedBlock>) {
+        let collected = st.waits.collect(self.driver.as_ref(), self.device);
+        if collected.capture_ended {
+            if let Some(p) = self.provisioned.get() {
+                p.resources.all().for_each(|r| r.set_capturing(false));
+            }
+        }
+        for w in collected.ready {
+            st.books.deactivate(w.requested_bytes);
+            if let Err(block) = st.books.keep(w.block) {
+                homeless.push(block);
+            }
+        }
+    }
+
+    /// Sends blocks home — to their resource, the shareable pool or the driver — on their own
+    /// streams; they already left `held_bytes`. A block the driver refuses stays on the books
+    /// for the next flush to retry; the first error is returned.
+    pub(super) fn send_home(&self, blocks: Vec<FreedBlock>) -> Result<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let shareable = blocks
+            .iter()
+            .any(|b| b.home == Home::Shareable)
+            .then(|| self.exporter.existing_pool())
+            .flatten();
+        let results: Vec<Result<()>> = blocks
+            .iter()
+            .map(|b| match (b.home, self.provisioned.get(), &shareable) {
+                (Home::Driver, _, _) => self.driver.free_async(self.device, b.ptr, b.stream),
+                (Home::Shareable, _, Some(pool)) => pool.deallocate(b.ptr, b.block_bytes, b.stream),
+                (Home::Small, Some(p), _) => {
+                    p.resources
+                        .get(SizeClass::Small)
+                        .deallocate(b.ptr, b.block_bytes, b.stream)
+                }
+                (Home::Large, Some(p), _) => {
+                    p.resources
+                        .get(SizeClass::Large)
+                        .deallocate(b.ptr, b.block_bytes, b.stream)
+                }
+                _ => Err(Error::Internal(format!(
+                    "{:#x}: its {:?} resource does not exist",
+                    b.ptr, b.home
+                ))),
+            })
+            .collect();
+        let mut first_error = Ok(());
+        {
+            let mut st = self.state.lock();
+            for (block, result) in blocks.iter().zip(results) {
+                match st.books.settle_return(*block, result) {
+                    Ok(()) => self.note(
+                        &st,
+                        Event::PoolFree,
+                        block.stream,
+                        block.ptr,
+                        block.block_bytes,
+                    ),
+                    Err(e) => first_error = first_error.and(Err(e)),
+                }
+            }
+        }
+        if let Err(e) = &first_error {
+            log::error!(
+                "device {}: returning blocks failed ({e}); empty_cache will retry",
+                self.device
+            );
+        }
+        first_error
+    }
+
+    /// Returns cached and completed blocks to their resources, synchronises and trims each
+    /// resource to `keep_bytes`. While a graph is being captured it only returns the cache (no
+    /// waiting). A block the driver refuses does not stop the trim; the first error is reported.
+    pub fn flush(&self, keep_bytes: u64) -> Result<()> {
+        let Some(provisioned) = self.provisioned.get() else {
+            return Ok(());
+        };
+        let resources = &provisioned.resources;
+        let mut blocks = Vec::new();
+        let capturing = {
+            let mut st = self.state.lock();
+            self.collect_waits(&mut st, &mut blocks);
+            st.waits.capturing()
+        };
+        let synced = match capturing {
+            true => Ok(()),
+            false => self.driver.synchronize(self.device),
+        };
+        {
+            let mut st = self.state.lock();
+            if !capturing && synced.is_ok() {
+                // All work queued before the synchronisation is done: every waiting block is free.
+                for w in st.waits.take_all_after_sync() {
+                    st.books.deactivate(w.requested_bytes);
+                    st.books.release(&w.block);
+                    blocks.push(w.block);
+                }
+            }
+            blocks.extend(
+                st.books
+                    .drain_cache(|bytes| Home::of(resources.class_of(bytes))),
+            );
+            blocks.extend(st.books.take_unreturned());
+        }
+        let count = blocks.len();
+        let returned = self.send_home(blocks);
+        synced?;
+        if !capturing {
+            self.driver.synchronize(self.device)?;
+            let before_bytes = self.reserved_for_timeline(resources);
+            resources.for_each(|r| r.trim(keep_bytes))?;
+            if let (Some(before), Some(after)) =
+                (before_bytes, self.reserved_for_timeline(resources))
+            {
+                let st = self.state.lock();
+                self.recorder
+                    .note_trim(before, after, Stream(0), || st.books.gauges());
+            }
+        }
+        log::info!(
+            "device {}: flushed {count} blocks, trimmed to {keep_bytes} B",
+            self.device
+        );
+        returned
+    }
+}

@@ -1,0 +1,348 @@
+//! The free address ranges of the virtual-memory resource: pure bookkeeping, no driver calls.
+//!
+//! Invariants: free ranges never overlap and lie inside extents; two neighbours are merged when
+//! they are ready for the same streams, never across an extent's end; a range is one of
+//! - `Unmapped`: no physical memory behind it, whole pages, usable by any stream once mapped;
+//! - `Ready`: mapped, and no work on any stream still uses it;
+//! - `Freed { stream, seq }`: mapped, freed on `stream` — usable at once by that stream, by others
+//!   once the stream's fence `seq` (recorded at the free) has completed.
+//!
+//! Pages are `page_bytes` long and counted from each extent's base.
+
+use crate::driver::Stream;
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    Unmapped,
+    Ready,
+    Freed { stream: Stream, seq: u64 },
+}
+
+impl State {
+    fn usable_by(self, stream: Stream) -> bool {
+        match self {
+            State::Ready => true,
+            State::Freed { stream: s, .. } => s == stream,
+            State::Unmapped => false,
+        }
+    }
+
+    /// Two neighbours in these states may be one range.
+    fn merges_with(self, other: State) -> Option<State> {
+        match (self, other) {
+            (State::Unmapped, State::Unmapped) => Some(State::Unmapped),
+            (State::Ready, State::Ready) => Some(State::Ready),
+            (State::Freed { stream: a, seq: x }, State::Freed { stream: b, seq: y }) if a == b => {
+                Some(State::Freed {
+                    stream: a,
+                    seq: x.max(y),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Range {
+    bytes: u64,
+    state: State,
+}
+
+/// Where a request that fits no mapped range can go, once `pages` are mapped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub start: u64,
+    /// Unmapped pages inside the window (their starts), to map before it can be used.
+    pub pages: Vec<u64>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct FreeRanges {
+    page_bytes: u64,
+    /// base -> bytes of each reservation.
+    extents: BTreeMap<u64, u64>,
+    ranges: BTreeMap<u64, Range>,
+    /// (bytes, start) of every `Ready` range: best fit in O(log n).
+    ready_by_size: BTreeSet<(u64, u64)>,
+    /// (stream, bytes, start) of every `Freed` range.
+    freed_by_size: BTreeSet<(Stream, u64, u64)>,
+}
+
+impl FreeRanges {
+    pub fn new(page_bytes: u64) -> FreeRanges {
+        FreeRanges {
+            page_bytes,
+            ..FreeRanges::default()
+        }
+    }
+
+    /// A new reservation of `bytes` (whole pages) at `base`, all unmapped.
+    pub fn add_extent(&mut self, base: u64, bytes: u64) {
+        debug_assert_eq!(bytes % self.page_bytes, 0);
+        self.extents.insert(base, bytes);
+        self.put(base, bytes, State::Unmapped);
+    }
+
+    pub fn extents(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.extents.iter().map(|(&b, &l)| (b, l))
+    }
+
+    /// The smallest mapped range `stream` may use that holds `bytes`; its start.
+    pub fn best_fit(&self, bytes: u64, stream: Stream) -> Option<u64> {
+        let ready = self.ready_by_size.range((bytes, 0)..).next();
+        let freed = self
+            .freed_by_size
+            .range((stream, bytes, 0)..=(stream, u64::MAX, u64::MAX))
+            .next()
+            .map(|&(_, len, start)| (len, start));
+        match (ready, freed) {
+            (Some(&a), Some(b)) => Some(a.min(b).1),
+            (Some(&a), None) => Some(a.1),
+            (None, Some(b)) => Some(b.1),
+            (None, None) => None,
+        }
+    }
+
+    /// Hands out `[start, start + bytes)`, which must be free and usable (mapped) for the caller.
+    pub fn take(&mut self, start: u64, bytes: u64) {
+        let end = start + bytes;
+        let first = self
+            .ranges
+            .range(..=start)
+            .next_back()
+            .map_or(start, |(&s, _)| s);
+        let covered: Vec<(u64, Range)> = self
+            .ranges
+            .range(first..end)
+            .map(|(&s, &r)| (s, r))
+            .filter(|(s, r)| s + r.bytes > start)
+            .collect();
+        debug_assert!(covered.iter().map(|(_, r)| r.bytes).sum::<u64>() >= bytes);
+        for &(s, r) in &covered {
+            debug_assert!(r.state != State::Unmapped, "taking unmapped memory");
+            self.remove(s, r);
+            if s < start {
+                self.put(s, start - s, r.state);
+            }
+            if s + r.bytes > end {
+                self.put(end, s + r.bytes - end, r.state);
+            }
+        }
+    }
+
+    /// Gives `[start, start + bytes)` back in `state`, merged with its neighbours where they may be.
+    pub fn give(&mut self, start: u64, bytes: u64, state: State) {
+        if let Some((&s, &r)) = self.ranges.range(..start).next_back() {
+            if s + r.bytes == start && !self.extents.contains_key(&start) {
+                if let Some(merged) = r.state.merges_with(state) {
+                    self.remove(s, r);
+                    return self.give(s, r.bytes + bytes, merged);
+                }
+            }
+        }
+        let end = start + bytes;
+        if let Some(&r) = self.ranges.get(&end) {
+            if !self.extents.contains_key(&end) {
+                if let Some(merged) = state.merges_with(r.state) {
+                    self.remove(end, r);
+                    return self.give(start, bytes + r.bytes, merged);
+                }
+            }
+        }
+        self.put(start, bytes, state);
+    }
+
+    /// Freed ranges of `stream` whose fence is at most `completed_seq` become ready.
+    pub fn promote(&mut self, stream: Stream, completed_seq: u64) {
+        let done: Vec<(u64, Range)> = self
+            .freed_by_size
+            .range((stream, 0, 0)..=(stream, u64::MAX, u64::MAX))
+            .map(|&(_, _, start)| (start, self.ranges[&start]))
+            .filter(|(_, r)| matches!(r.state, State::Freed { seq, .. } if seq <= completed_seq))
+            .collect();
+        for (start, r) in done {
+            self.remove(start, r);
+            self.give(start, r.bytes, State::Ready);
+        }
+    }
+
+    /// Streams with freed ranges not yet ready.
+    #[cfg(test)]
+    pub fn streams_waited_for(&self) -> Vec<Stream> {
+        let mut streams: Vec<Stream> = self.freed_by_size.iter().map(|&(s, _, _)| s).collect();
+        streams.dedup();
+        streams
+    }
+
+    /// Bytes in freed ranges that are not ready yet.
+    pub fn freed_bytes(&self) -> u64 {
+        self.freed_by_size.iter().map(|&(_, len, _)| len).sum()
+    }
+
+    /// Whole mapped pages that no work uses (inside `Ready` ranges), smallest holes first, none
+    /// inside `[keep_start, keep_end)`.
+    pub fn idle_pages(&self, keep_start: u64, keep_end: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for &(_, start) in &self.ready_by_size {
+            let end = start + self.ranges[&start].bytes;
+            let mut page = self.page_ceil(start);
+            while page + self.page_bytes <= end {
+                if page + self.page_bytes <= keep_start || keep_end <= page {
+                    out.push(page);
+                }
+                page += self.page_bytes;
+            }
+        }
+        out
+    }
+
+    /// The whole page at `page` (inside a `Ready` range) is now unmapped.
+    pub fn mark_unmapped(&mut self, page: u64) {
+        self.retag(page, State::Ready, State::Unmapped);
+    }
+
+    /// The whole page at `page` (inside an `Unmapped` range) is now mapped and ready.
+    pub fn mark_mapped(&mut self, page: u64) {
+        self.retag(page, State::Unmapped, State::Ready);
+    }
+
+    fn retag(&mut self, page: u64, from: State, to: State) {
+        let (&s, &r) = self
+            .ranges
+            .range(..=page)
+            .next_back()
+            .expect("a page inside a free range");
+        debug_assert!(r.state == from && page + self.page_bytes <= s + r.bytes);
+        self.remove(s, r);
+        if s < page {
+            self.put(s, page - s, from);
+        }
+        let end = page + self.page_bytes;
+        if end < s + r.bytes {
+            self.put(end, s + r.bytes - end, from);
+        }
+        self.give(page, self.page_bytes, to);
+    }
+
+    /// The best place for `bytes` on `stream` among contiguous free ranges it may use once their
+    /// unmapped pages are mapped: the fewest pages to map, then the lowest address.
+    pub fn window(&self, bytes: u64, stream: Stream) -> Option<Window> {
+        let mut best: Option<Window> = None;
+        let mut consider = |w: Window| {
+            let better = best.as_ref().map_or(true, |b| {
+                (w.pages.len(), w.start) < (b.pages.len(), b.start)
+            });
+            if better {
+                best = Some(w);
+            }
+        };
+        let mut run: Option<(u64, u64)> = None;
+        let usable = |r: &Range| r.state == State::Unmapped || r.state.usable_by(stream);
+        let mut runs = Vec::new();
+        for (&s, r) in &self.ranges {
+            let joins = run.is_some_and(|(_, end)| end == s && !self.extents.contains_key(&s));
+            match (usable(r), joins) {
+                (true, true) => run = run.map(|(start, _)| (start, s + r.bytes)),
+                (true, false) => {
+                    runs.extend(run.take());
+                    run = Some((s, s + r.bytes));
+                }
+                (false, _) => runs.extend(run.take()),
+            }
+        }
+        runs.extend(run);
+        for (start, end) in runs.into_iter().filter(|(s, e)| e - s >= bytes) {
+            let last = (end - bytes) & !511;
+            for at in [start, last] {
+                consider(Window {
+                    start: at,
+                    pages: self.unmapped_pages(at, at + bytes),
+                });
+            }
+        }
+        best
+    }
+
+    /// Starts of the unmapped pages that `[start, end)` touches.
+    fn unmapped_pages(&self, start: u64, end: u64) -> Vec<u64> {
+        let first = self
+            .ranges
+            .range(..=start)
+            .next_back()
+            .map_or(start, |(&s, _)| s);
+        let mut pages = Vec::new();
+        for (&s, r) in self.ranges.range(first..end) {
+            if r.state != State::Unmapped || s + r.bytes <= start {
+                continue;
+            }
+            let mut page = self.page_floor(start.max(s));
+            while page < end.min(s + r.bytes) {
+                pages.push(page);
+                page += self.page_bytes;
+            }
+        }
+        pages
+    }
+
+    fn extent_base(&self, addr: u64) -> u64 {
+        *self
+            .extents
+            .range(..=addr)
+            .next_back()
+            .expect("an address inside an extent")
+            .0
+    }
+
+    fn page_floor(&self, addr: u64) -> u64 {
+        let base = self.extent_base(addr);
+        base + (addr - base) / self.page_bytes * self.page_bytes
+    }
+
+    fn page_ceil(&self, addr: u64) -> u64 {
+        let floor = self.page_floor(addr);
+        match floor == addr {
+            true => addr,
+            false => floor + self.page_bytes,
+        }
+    }
+
+    fn put(&mut self, start: u64, bytes: u64, state: State) {
+        match state {
+            State::Ready => {
+                self.ready_by_size.insert((bytes, start));
+            }
+            State::Freed { stream, .. } => {
+                self.freed_by_size.insert((stream, bytes, start));
+            }
+            State::Unmapped => {}
+        }
+        self.ranges.insert(start, Range { bytes, state });
+    }
+
+    fn remove(&mut self, start: u64, r: Range) {
+        match r.state {
+            State::Ready => {
+                self.ready_by_size.remove(&(r.bytes, start));
+            }
+            State::Freed { stream, .. } => {
+                self.freed_by_size.remove(&(stream, r.bytes, start));
+            }
+            State::Unmapped => {}
+        }
+        self.ranges.remove(&start);
+    }
+
+    /// Every free range as (start, bytes, state), in address order.
+    #[cfg(test)]
+    pub fn snapshot(&self) -> Vec<(u64, u64, State)> {
+        self.ranges
+            .iter()
+            .map(|(&s, r)| (s, r.bytes, r.state))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

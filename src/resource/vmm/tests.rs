@@ -1,0 +1,303 @@
+//! The virtual-memory resource over a strict simulator, which checks every mapping rule: blocks
+//! are touched (used by "kernels") on their streams, so an early unmap or a missing access is a
+//! panic, and dropping leaks nothing.
+
+use super::*;
+use crate::config::Config;
+use crate::driver::sim::{SimDriver, SimFault};
+use crate::history::History;
+use crate::units::SizeSpec;
+
+const PAGE: u64 = 2 << 20;
+const S1: Stream = Stream(1);
+const S2: Stream = Stream(2);
+
+struct Rig {
+    sim: Arc<SimDriver>,
+    vmm: Arc<VmmResource>,
+}
+
+fn rig_with(devices: usize, memory_bytes: u64, threshold: SizeSpec) -> Rig {
+    let sim = Arc::new(SimDriver::new(devices, memory_bytes).strict());
+    let driver: Arc<dyn Driver> = sim.clone();
+    let config = Config {
+        release_threshold: threshold,
+        ..Config::default()
+    };
+    let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
+    let vmm = VmmResource::create(&driver, 0, &config, memory_bytes, recorder).unwrap();
+    Rig { sim, vmm }
+}
+
+fn rig() -> Rig {
+    rig_with(2, 64 * PAGE, SizeSpec::Max)
+}
+
+impl Rig {
+    /// Allocates and uses the block on `stream`, as a kernel would.
+    fn alloc(&self, bytes: u64, stream: Stream) -> DevicePtr {
+        let ptr = self.vmm.allocate(bytes, stream).unwrap();
+        self.sim.touch(0, 0, ptr, bytes, stream).unwrap();
+        ptr
+    }
+
+    fn free(&self, ptr: DevicePtr, bytes: u64, stream: Stream) {
+        self.vmm.deallocate(ptr, bytes, stream).unwrap();
+    }
+
+    fn physical(&self) -> u64 {
+        self.sim.physical_bytes(0)
+    }
+
+    fn reserved(&self) -> u64 {
+        self.vmm.usage().unwrap().reserved_bytes
+    }
+}
+
+#[test]
+fn a_freed_block_is_reused_at_once_by_its_stream_and_by_others_after_its_fence() {
+    let r = rig();
+    let a = r.alloc(3 * PAGE, S1);
+    r.free(a, 3 * PAGE, S1);
+    assert_eq!(r.alloc(3 * PAGE, S1), a, "same stream: at once");
+    r.free(a, 3 * PAGE, S1);
+    let b = r.alloc(3 * PAGE, S2);
+    assert_ne!(a, b, "another stream must wait for the fence");
+    r.free(b, 3 * PAGE, S2);
+    assert_eq!(r.alloc(3 * PAGE, S2), b, "S2 reuses its own block at once");
+    r.free(b, 3 * PAGE, S2);
+    r.sim.complete_all();
+    let s3 = Stream(3);
+    let c = r.alloc(6 * PAGE, s3);
+    assert_eq!(
+        (c, r.physical()),
+        (a, 6 * PAGE),
+        "after the fences both coalesce for any stream"
+    );
+    r.free(c, 6 * PAGE, s3);
+}
+
+#[test]
+fn neighbours_coalesce_so_a_larger_block_needs_no_new_memory() {
+    let r = rig();
+    let a = r.alloc(2 * PAGE, S1);
+    let b = r.alloc(2 * PAGE, S1);
+    assert_eq!(b, a.offset(2 * PAGE), "packed in one address range");
+    let before = r.physical();
+    r.free(a, 2 * PAGE, S1);
+    r.free(b, 2 * PAGE, S1);
+    let c = r.alloc(4 * PAGE, S1);
+    assert_eq!((c, r.physical()), (a, before));
+    r.free(c, 4 * PAGE, S1);
+}
+
+#[test]
+fn growth_takes_handles_out_of_idle_holes_before_creating_memory() {
+    let r = rig();
+    let a = r.alloc(PAGE, S1);
+    let b = r.alloc(PAGE, S1);
+    let c = r.alloc(PAGE, S1);
+    r.free(a, PAGE, S1);
+    r.free(c, PAGE, S1);
+    r.sim.complete_all();
+    let before = r.physical();
+    // Two free pages, but not adjacent (b is live between them): a 2-page block cannot fit, so
+    // the idle pages are moved behind it instead of new memory being created.
+    let d = r.alloc(2 * PAGE, S1);
+    assert_eq!(
+        r.physical(),
+        before,
+        "no growth while memory sits idle in holes"
+    );
+    assert_eq!(d, c, "c's hole extended by a page taken out of a's");
+    assert_eq!(r.sim.mappings(0).len(), 3);
+    r.free(b, PAGE, S1);
+    r.free(d, 2 * PAGE, S1);
+}
+
+#[test]
+fn a_hole_still_in_use_is_not_unmapped() {
+    let r = rig();
+    let a = r.alloc(PAGE, S1);
+    let b = r.alloc(PAGE, S1);
+    r.free(a, PAGE, S1);
+    // a's fence has not completed: a 2-page request on S2 must not take a's page away (the
+    // strict simulator would panic on the unmap) and grows instead.
+    let before = r.physical();
+    let c = r.alloc(2 * PAGE, S2);
+    assert_eq!(r.physical(), before + 2 * PAGE);
+    r.free(b, PAGE, S1);
+    r.free(c, 2 * PAGE, S2);
+}
+
+#[test]
+fn the_release_threshold_applies_at_frees_once_the_gpu_is_done() {
+    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(PAGE));
+    let a = r.alloc(4 * PAGE, S1);
+    let b = r.alloc(PAGE, S2);
+    r.free(a, 4 * PAGE, S1);
+    assert_eq!(
+        r.physical(),
+        5 * PAGE,
+        "the fence has not completed: nothing may go"
+    );
+    r.sim.complete_stream(0, S1);
+    r.free(b, PAGE, S2);
+    assert_eq!(
+        r.physical(),
+        PAGE,
+        "a's pages released at the next free; b's fence is pending"
+    );
+    assert_eq!(r.reserved(), PAGE);
+}
+
+#[test]
+fn the_releaser_gives_memory_back_without_another_call() {
+    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(0));
+    let a = r.alloc(4 * PAGE, S1);
+    r.free(a, 4 * PAGE, S1);
+    assert_eq!(r.physical(), 4 * PAGE);
+    r.sim.complete_stream(0, S1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while r.physical() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(r.physical(), 0, "an idle process hands its memory back");
+}
+
+#[test]
+fn trim_keeps_what_it_is_asked_to_and_drop_leaks_nothing() {
+    let r = rig();
+    let a = r.alloc(6 * PAGE, S1);
+    let b = r.alloc(PAGE, S2);
+    r.free(a, 6 * PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.trim(2 * PAGE).unwrap();
+    assert_eq!(r.physical(), 2 * PAGE, "b's page and one idle page");
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), PAGE, "b is live");
+    r.free(b, PAGE, S2);
+    // Dropping the rig drops the resource, then the strict simulator checks for leaks.
+}
+
+#[test]
+fn no_mapping_during_a_capture_and_frees_on_a_capturing_stream_wait_for_its_end() {
+    let r = rig();
+    let a = r.alloc(2 * PAGE, S1);
+    r.free(a, 2 * PAGE, S1);
+    r.vmm.set_capturing(true);
+    assert_eq!(r.alloc(2 * PAGE, S1), a, "a mapped fit is still served");
+    let refused = r.vmm.allocate(8 * PAGE, S1).unwrap_err();
+    assert!(refused.is_capture_refusal(), "{refused}");
+    r.sim.begin_capture(0, S1);
+    r.free(a, 2 * PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.set_capturing(false);
+    let b = r.alloc(2 * PAGE, S2);
+    assert_ne!(
+        a, b,
+        "freed during the capture: not reusable before it ends and a fence completes"
+    );
+    r.sim.end_capture(0, S1);
+    r.free(b, 2 * PAGE, S2);
+    r.sim.complete_all();
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), 0);
+}
+
+#[test]
+fn peers_get_access_to_every_mapping_present_and_future() {
+    let r = rig();
+    let a = r.alloc(PAGE, S1);
+    assert!(
+        r.sim.touch(0, 1, a, PAGE, S1).is_err(),
+        "no access before the grant"
+    );
+    r.vmm.grant_access(1).unwrap();
+    r.sim.touch(0, 1, a, PAGE, S1).unwrap();
+    let b = r.alloc(3 * PAGE, S1);
+    r.sim.touch(0, 1, b, 3 * PAGE, S1).unwrap();
+    assert!(r
+        .sim
+        .mappings(0)
+        .iter()
+        .all(|(_, _, access)| access == &[0, 1]));
+    r.free(a, PAGE, S1);
+    r.free(b, 3 * PAGE, S1);
+}
+
+#[test]
+fn a_failed_map_or_access_leaves_nothing_half_done() {
+    for fault in [SimFault::MemCreate, SimFault::MemMap, SimFault::SetAccess] {
+        let r = rig();
+        let a = r.alloc(PAGE, S1);
+        r.sim.inject_fault(fault, 1);
+        let e = r.vmm.allocate(3 * PAGE, S1).unwrap_err();
+        assert!(e.to_string().contains("injected"), "{fault:?}: {e}");
+        assert_eq!(
+            r.sim.mappings(0).len(),
+            1,
+            "{fault:?}: only a's page is mapped"
+        );
+        let b = r.alloc(3 * PAGE, S1);
+        r.free(a, PAGE, S1);
+        r.free(b, 3 * PAGE, S1);
+    }
+}
+
+#[test]
+fn a_failed_unmap_keeps_the_page_and_a_failed_release_keeps_the_handle() {
+    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(0));
+    let a = r.alloc(2 * PAGE, S1);
+    r.free(a, 2 * PAGE, S1);
+    r.sim.inject_fault(SimFault::MemUnmap, 1);
+    r.sim.inject_fault(SimFault::MemRelease, 1);
+    r.sim.complete_all();
+    r.vmm.trim(0).unwrap();
+    assert_eq!(
+        r.physical(),
+        2 * PAGE,
+        "one page not unmapped, one handle not released"
+    );
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), 0, "the next trim finishes the job");
+}
+
+#[test]
+fn bad_frees_are_refused_without_changing_anything() {
+    let r = rig();
+    let a = r.alloc(PAGE, S1);
+    assert!(
+        r.vmm.deallocate(a.offset(512), PAGE, S1).is_err(),
+        "inside a block"
+    );
+    assert!(r.vmm.deallocate(a, 2 * PAGE, S1).is_err(), "wrong size");
+    assert_eq!(r.vmm.usage().unwrap().used_bytes, PAGE);
+    r.free(a, PAGE, S1);
+    assert!(r.vmm.deallocate(a, PAGE, S1).is_err(), "double free");
+}
+
+#[test]
+fn an_address_space_that_no_window_fits_gets_another_reservation() {
+    // The resource believes the device has 2 pages: it reserves 4 pages of addresses.
+    let sim = Arc::new(SimDriver::new(1, 64 * PAGE).strict());
+    let driver: Arc<dyn Driver> = sim.clone();
+    let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
+    let vmm = VmmResource::create(&driver, 0, &Config::default(), 2 * PAGE, recorder).unwrap();
+    let r = Rig { sim, vmm };
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| r.alloc(PAGE, S1)).collect();
+    r.free(blocks[0], PAGE, S1);
+    r.free(blocks[2], PAGE, S1);
+    r.sim.complete_all();
+    // Free pages 0 and 2 with 1 and 3 live: no two adjacent free pages in the first reservation.
+    let big = r.alloc(2 * PAGE, S1);
+    assert!(
+        big.0 > blocks[3].0 + PAGE,
+        "served from a second reservation"
+    );
+    let huge = r.alloc(6 * PAGE, S1);
+    r.free(big, 2 * PAGE, S1);
+    r.free(huge, 6 * PAGE, S1);
+    r.free(blocks[1], PAGE, S1);
+    r.free(blocks[3], PAGE, S1);
+}

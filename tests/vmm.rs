@@ -1,0 +1,284 @@
+//! The virtual-memory backend (`STREAMPOOL_BACKEND=vmm`) through the whole allocator, on a strict
+//! simulator: every block handed out is touched on its streams (so an unmapped page, a missing
+//! access or an unmap under unfinished work panics), and nothing may leak at the end.
+
+use std::sync::Arc;
+use streampool::config::{Backend, PeerAccess};
+use streampool::driver::sim::SimDriver;
+use streampool::driver::{DevicePtr, Driver, Stream};
+use streampool::history::StreampoolEventKind as Kind;
+use streampool::units::SizeSpec;
+use streampool::{Allocator, Config, StreampoolStats};
+
+const MIB: u64 = 1 << 20;
+const PAGE: u64 = 2 * MIB;
+const S1: Stream = Stream(1);
+const S2: Stream = Stream(2);
+
+struct Rig {
+    sim: Arc<SimDriver>,
+    alloc: Allocator,
+}
+
+fn vmm_config() -> Config {
+    Config {
+        backend: Backend::Vmm,
+        ..Config::default()
+    }
+}
+
+fn rig_with(devices: usize, memory_bytes: u64, config: Config) -> Rig {
+    let sim = Arc::new(SimDriver::new(devices, memory_bytes).strict());
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config).unwrap();
+    Rig { sim, alloc }
+}
+
+fn rig() -> Rig {
+    rig_with(1, 256 * MIB, vmm_config())
+}
+
+impl Rig {
+    fn malloc(&self, bytes: u64, device: i64, stream: Stream) -> DevicePtr {
+        let ptr = self.alloc.malloc(bytes, device, stream).unwrap();
+        self.sim
+            .touch(device as usize, device as usize, ptr, bytes, stream)
+            .unwrap();
+        ptr
+    }
+
+    fn stats(&self) -> StreampoolStats {
+        self.alloc.stats(0).unwrap()
+    }
+
+    fn finish(self) {
+        self.alloc.empty_cache().unwrap();
+        assert_eq!(self.sim.outstanding_bytes(), 0, "pool memory left");
+        for d in 0..self.alloc.device_count() {
+            assert_eq!(
+                self.sim.physical_bytes(d),
+                0,
+                "device {d}: mapped memory left"
+            );
+        }
+    }
+}
+
+#[test]
+fn large_blocks_are_mapped_small_ones_pooled_and_only_small_ones_cached() {
+    let r = rig();
+    let small = r.malloc(64 * 1024, 0, S1);
+    let large = r.malloc(5 * MIB, 0, S1);
+    assert_eq!(r.sim.physical_bytes(0), 3 * PAGE, "5 MiB on 2 MiB pages");
+    let s = r.stats();
+    let pool_reserved = s.reserved_bytes - 3 * PAGE;
+    assert!(
+        pool_reserved >= 64 * 1024,
+        "the small block's pool: {pool_reserved}"
+    );
+    r.alloc.free(small, 0).unwrap();
+    r.alloc.free(large, 0).unwrap();
+    assert_eq!(
+        r.stats().cached_bytes,
+        64 * 1024,
+        "the large block went home, not to the cache"
+    );
+    assert_eq!(
+        r.malloc(5 * MIB, 0, S1),
+        large,
+        "its own stream reuses it at once"
+    );
+    r.alloc.free(large, 0).unwrap();
+    r.finish();
+}
+
+#[test]
+fn record_stream_blocks_wait_for_their_streams_before_going_home() {
+    let r = rig();
+    let a = r.malloc(4 * MIB, 0, S1);
+    r.alloc.record_stream(a, S2).unwrap();
+    r.sim.touch(0, 0, a, 4 * MIB, S2).unwrap();
+    r.alloc.free(a, 0).unwrap();
+    let b = r.malloc(4 * MIB, 0, S1);
+    assert_ne!(a, b, "S2 may still use a");
+    r.sim.complete_stream(0, S2);
+    r.alloc.free(b, 0).unwrap();
+    assert_eq!(
+        r.malloc(4 * MIB, 0, S1),
+        a,
+        "after S2: a is home and S1 reuses it"
+    );
+    r.alloc.free(a, 0).unwrap();
+    r.sim.complete_all();
+    r.finish();
+}
+
+#[test]
+fn empty_cache_releases_every_free_page_and_oom_recovers_after_it() {
+    let r = rig_with(1, 32 * MIB, vmm_config());
+    let a = r.malloc(20 * MIB, 0, S1);
+    let e = r.alloc.malloc(20 * MIB, 0, S2).unwrap_err().to_string();
+    assert!(e.starts_with("CUDA out of memory."), "{e}");
+    r.alloc.free(a, 0).unwrap();
+    // S2 cannot reuse S1's pages before its fence: the retry synchronises, then remaps them.
+    let b = r.malloc(20 * MIB, 0, S2);
+    assert_eq!(r.stats().num_alloc_retries, 2);
+    r.alloc.free(b, 0).unwrap();
+    r.alloc.empty_cache().unwrap();
+    assert_eq!(r.sim.physical_bytes(0), 0);
+    r.finish();
+}
+
+#[test]
+fn memory_held_in_holes_is_remapped_instead_of_growing() {
+    let r = rig();
+    let blocks: Vec<DevicePtr> = (0..6).map(|_| r.malloc(PAGE, 0, S1)).collect();
+    for &b in blocks.iter().step_by(2) {
+        r.alloc.free(b, 0).unwrap();
+    }
+    r.sim.complete_all();
+    let before = r.sim.physical_bytes(0);
+    let big = r.malloc(3 * PAGE, 0, S1);
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        before,
+        "three idle holes back one new block"
+    );
+    r.alloc.free(big, 0).unwrap();
+    for &b in blocks.iter().skip(1).step_by(2) {
+        r.alloc.free(b, 0).unwrap();
+    }
+    r.finish();
+}
+
+#[test]
+fn the_memory_fraction_caps_mapped_blocks_too() {
+    let r = rig_with(1, 64 * MIB, vmm_config());
+    r.alloc.set_memory_fraction(0, 0.25).unwrap();
+    let a = r.malloc(12 * MIB, 0, S1);
+    let e = r.alloc.malloc(6 * MIB, 0, S1).unwrap_err().to_string();
+    assert!(e.contains("set_per_process_memory_fraction"), "{e}");
+    r.alloc.free(a, 0).unwrap();
+    r.finish();
+}
+
+#[test]
+fn a_capture_elsewhere_does_not_map_and_the_driver_serves_instead() {
+    let r = rig();
+    let capturing = Stream(9);
+    r.sim.begin_capture(0, capturing);
+    let graph = r.malloc(4 * MIB, 0, capturing);
+    let mapped_before = r.sim.mappings(0).len();
+    let other = r.malloc(8 * MIB, 0, S1);
+    assert_eq!(
+        r.sim.mappings(0).len(),
+        mapped_before,
+        "nothing mapped during the capture"
+    );
+    r.alloc.free(other, 0).unwrap();
+    r.alloc.free(graph, 0).unwrap();
+    r.sim.end_capture(0, capturing);
+    let after = r.malloc(8 * MIB, 0, S1);
+    assert!(
+        r.sim.mappings(0).len() > mapped_before,
+        "mapping resumes after the capture"
+    );
+    r.alloc.free(after, 0).unwrap();
+    r.finish();
+}
+
+#[test]
+fn peers_can_use_every_mapping_including_new_ones_after_growth() {
+    let config = Config {
+        peer_access: PeerAccess::Auto,
+        ..vmm_config()
+    };
+    let r = rig_with(2, 256 * MIB, config);
+    let a = r.malloc(4 * MIB, 0, S1);
+    let b = r.malloc(4 * MIB, 1, S1);
+    r.sim.touch(0, 1, a, 4 * MIB, S1).unwrap();
+    r.sim.touch(1, 0, b, 4 * MIB, S1).unwrap();
+    let grown = r.malloc(40 * MIB, 0, S1);
+    r.sim.touch(0, 1, grown, 40 * MIB, S1).unwrap();
+    for ptr in [a, grown] {
+        r.alloc.free(ptr, 0).unwrap();
+    }
+    r.sim.complete_all();
+    let remapped = r.malloc(44 * MIB, 0, S2);
+    r.sim.touch(0, 1, remapped, 44 * MIB, S2).unwrap();
+    r.alloc.free(remapped, 0).unwrap();
+    r.alloc.free(b, 1).unwrap();
+    r.finish();
+}
+
+#[test]
+fn the_timeline_shows_mappings_and_unmappings() {
+    let r = rig();
+    r.alloc.record_history(true, 1000).unwrap();
+    let a = r.malloc(4 * MIB, 0, S1);
+    r.alloc.free(a, 0).unwrap();
+    r.alloc.empty_cache().unwrap();
+    let (events, _) = r.alloc.history(usize::MAX);
+    let count = |k: Kind| events.iter().filter(|e| e.kind == k as u32).count();
+    assert_eq!((count(Kind::Map), count(Kind::Unmap)), (2, 2));
+    let last_unmap = events
+        .iter()
+        .rev()
+        .find(|e| e.kind == Kind::Unmap as u32)
+        .unwrap();
+    assert_eq!(last_unmap.reserved_bytes, 0);
+    r.finish();
+}
+
+#[test]
+fn four_streams_with_record_stream_and_a_low_threshold_never_unmap_memory_in_use() {
+    let config = Config {
+        release_threshold: SizeSpec::Bytes(8 * MIB),
+        ..vmm_config()
+    };
+    let r = rig_with(1, 96 * MIB, config);
+    let streams = [Stream(1), Stream(2), Stream(3), Stream(4)];
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut live: Vec<(DevicePtr, u64, Vec<Stream>)> = Vec::new();
+    for _ in 0..3000 {
+        match next(10) {
+            0..=4 if live.len() < 12 => {
+                let bytes = (1 + next(6)) * MIB + next(4) * 512;
+                let stream = streams[next(4) as usize];
+                let Ok(ptr) = r.alloc.malloc(bytes, 0, stream) else {
+                    continue; // out of memory with everything live: allowed
+                };
+                r.sim.touch(0, 0, ptr, bytes, stream).unwrap();
+                for (other, other_bytes, _) in &live {
+                    assert!(
+                        ptr.0 + bytes <= other.0 || other.0 + other_bytes <= ptr.0,
+                        "overlap"
+                    );
+                }
+                live.push((ptr, bytes, vec![stream]));
+            }
+            5 if !live.is_empty() => {
+                let i = next(live.len() as u64) as usize;
+                let stream = streams[next(4) as usize];
+                r.alloc.record_stream(live[i].0, stream).unwrap();
+                r.sim.touch(0, 0, live[i].0, live[i].1, stream).unwrap();
+                live[i].2.push(stream);
+            }
+            6..=8 if !live.is_empty() => {
+                let (ptr, _, _) = live.swap_remove(next(live.len() as u64) as usize);
+                r.alloc.free(ptr, 0).unwrap();
+            }
+            _ => r.sim.complete_stream(0, streams[next(4) as usize]),
+        }
+    }
+    for (ptr, _, _) in live {
+        r.alloc.free(ptr, 0).unwrap();
+    }
+    r.sim.complete_all();
+    r.finish();
+}
