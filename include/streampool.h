@@ -58,6 +58,14 @@ enum StreampoolEventKind
    * the device's free bytes at the time (as PyTorch's `device_free`).
    */
   STREAMPOOL_EVENT_KIND_OOM = 7,
+  /**
+   * The virtual-memory backend mapped `bytes` of physical memory at `address`.
+   */
+  STREAMPOOL_EVENT_KIND_MAP = 8,
+  /**
+   * The virtual-memory backend unmapped (and released) `bytes` at `address`.
+   */
+  STREAMPOOL_EVENT_KIND_UNMAP = 9,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -125,6 +133,9 @@ typedef struct StreampoolStats {
   uint64_t num_device_frees;
   uint64_t num_alloc_retries;
   uint64_t num_ooms;
+  /**
+   * The cap set by `set_memory_fraction` (0 refuses every allocation); `UINT64_MAX` if none.
+   */
   uint64_t memory_limit_bytes;
   uint64_t device_total_bytes;
   /**
@@ -138,6 +149,33 @@ typedef struct StreampoolStats {
    */
   uint64_t num_growth_syncs;
 } StreampoolStats;
+
+/**
+ * Everything another process needs to map a shareable block (`streampool_ipc_export`). The
+ * pool's file descriptor stays the exporter's; it travels by the receiving side's means
+ * (SCM_RIGHTS, e.g. Python's multiprocessing), the rest as bytes.
+ */
+typedef struct StreampoolIpcHandle {
+  /**
+   * `CUmemPoolPtrExportData` of the block.
+   */
+  uint8_t pointer_data[64];
+  /**
+   * `CUipcEventHandle` of an event recorded on the exporter's stream at export: the data is
+   * ready once it has completed.
+   */
+  uint8_t event_handle[64];
+  /**
+   * The exporter's own event, released with `streampool_ipc_release_export`.
+   */
+  uint64_t event;
+  uint64_t block_bytes;
+  /**
+   * The exporting pool's file descriptor, valid in the exporting process.
+   */
+  int32_t pool_fd;
+  int32_t device;
+} StreampoolIpcHandle;
 
 /**
  * One timeline entry, as copied out by `streampool_history`. The gauges are the device's values
@@ -181,31 +219,10 @@ typedef struct StreampoolBlock {
 } StreampoolBlock;
 
 /**
- * Everything another process needs to map a shareable block (`streampool_ipc_export`). The
- * pool's file descriptor stays the exporter's; it travels by the receiving side's means
- * (SCM_RIGHTS, e.g. Python's multiprocessing), the rest as bytes.
+ * `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: also how a resource that may not map memory while a
+ * stream of the device captures a graph refuses an allocation.
  */
-typedef struct StreampoolIpcHandle {
-  /**
-   * `CUmemPoolPtrExportData` of the block.
-   */
-  uint8_t pointer_data[64];
-  /**
-   * `CUipcEventHandle` of an event recorded on the exporter's stream at export: the data is
-   * ready once it has completed.
-   */
-  uint8_t event_handle[64];
-  /**
-   * The exporter's own event, released with `streampool_ipc_release_export`.
-   */
-  uint64_t event;
-  uint64_t block_bytes;
-  /**
-   * The exporting pool's file descriptor, valid in the exporting process.
-   */
-  int32_t pool_fd;
-  int32_t device;
-} StreampoolIpcHandle;
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
 
 #ifdef __cplusplus
 extern "C" {
@@ -311,33 +328,41 @@ int streampool_parse_bytes(const char *spec, int device, uint64_t *out_bytes);
 int streampool_enable_peer_access(int device);
 
 /**
- * Starts the memory timeline afresh (`enabled` != 0), keeping the newest `max_entries` (> 0)
- * events, or stops it (`enabled` == 0); stopping keeps what was recorded readable.
+ * 1 if `device` supports stream-ordered memory pools, 0 if not, or a negative status.
  */
-int streampool_record_history(int enabled, size_t max_entries);
+int streampool_pools_supported(int device);
 
 /**
- * Copies the newest timeline events, oldest first, into `out` (room for `capacity`) and sets
- * `*count` to how many were copied; with `out` NULL, `*count` is how many there are. `*dropped`
- * (if not NULL) is how many events the full ring dropped since recording started.
- *
- * # Safety
- * `out` must be NULL or writable for `capacity` events; `count` writable; `dropped` NULL or
- * writable.
+ * 1 if `device`'s pools can be shared with other processes, 0 if not, or a negative status.
  */
-int streampool_history(struct StreampoolEvent *out,
-                       size_t capacity,
-                       size_t *count,
-                       uint64_t *dropped);
+int streampool_ipc_supported(int device);
 
 /**
- * Copies the blocks `device` holds from its pool into `out` (room for `capacity`) and sets
- * `*count` to how many were copied; with `out` NULL, `*count` is how many there are.
- *
- * # Safety
- * `out` must be NULL or writable for `capacity` blocks; `count` writable.
+ * 1 if `device` supports virtual memory management (`STREAMPOOL_BACKEND=vmm`), 0 if not, or a
+ * negative status.
  */
-int streampool_blocks(int device, struct StreampoolBlock *out, size_t capacity, size_t *count);
+int streampool_vmm_supported(int device);
+
+/**
+ * Number of devices, or a negative status.
+ */
+int streampool_device_count(void);
+
+/**
+ * Parses the `STREAMPOOL_*` variables now: 0, or `STREAMPOOL_CONFIG_ERROR` with the message.
+ */
+int streampool_check_config(void);
+
+/**
+ * The library's version, e.g. "0.1.0".
+ */
+const char *streampool_version(void);
+
+/**
+ * "cuda" or "sim": the driver in use (or selected by STREAMPOOL_DRIVER if it failed to start);
+ * "invalid" if the configuration is malformed.
+ */
+const char *streampool_driver_name(void);
 
 /**
  * Enters a shareable scope on this thread: its allocations come from a pool other processes can
@@ -349,16 +374,6 @@ int streampool_shareable_begin(void);
  * Leaves a shareable scope: the remaining depth, or a negative status for an unmatched end.
  */
 int streampool_shareable_end(void);
-
-/**
- * 1 if `device` supports stream-ordered memory pools, 0 if not, or a negative status.
- */
-int streampool_pools_supported(int device);
-
-/**
- * 1 if `device`'s pools can be shared with other processes, 0 if not, or a negative status.
- */
-int streampool_ipc_supported(int device);
 
 /**
  * Exports the live shareable block at `ptr` on `device` into `*out`, with an event recorded on
@@ -405,25 +420,33 @@ int streampool_ipc_import(uint64_t pool,
 int streampool_ipc_close(void *ptr, void *stream);
 
 /**
- * Number of devices, or a negative status.
+ * Starts the memory timeline afresh (`enabled` != 0), keeping the newest `max_entries` (> 0)
+ * events, or stops it (`enabled` == 0); stopping keeps what was recorded readable.
  */
-int streampool_device_count(void);
+int streampool_record_history(int enabled, size_t max_entries);
 
 /**
- * Parses the `STREAMPOOL_*` variables now: 0, or `STREAMPOOL_CONFIG_ERROR` with the message.
+ * Copies the newest timeline events, oldest first, into `out` (room for `capacity`) and sets
+ * `*count` to how many were copied; with `out` NULL, `*count` is how many there are. `*dropped`
+ * (if not NULL) is how many events the full ring dropped since recording started.
+ *
+ * # Safety
+ * `out` must be NULL or writable for `capacity` events; `count` writable; `dropped` NULL or
+ * writable.
  */
-int streampool_check_config(void);
+int streampool_history(struct StreampoolEvent *out,
+                       size_t capacity,
+                       size_t *count,
+                       uint64_t *dropped);
 
 /**
- * The library's version, e.g. "0.1.0".
+ * Copies the blocks `device` holds from its pool into `out` (room for `capacity`) and sets
+ * `*count` to how many were copied; with `out` NULL, `*count` is how many there are.
+ *
+ * # Safety
+ * `out` must be NULL or writable for `capacity` blocks; `count` writable.
  */
-const char *streampool_version(void);
-
-/**
- * "cuda" or "sim": the driver in use (or selected by STREAMPOOL_DRIVER if it failed to start);
- * "invalid" if the configuration is malformed.
- */
-const char *streampool_driver_name(void);
+int streampool_blocks(int device, struct StreampoolBlock *out, size_t capacity, size_t *count);
 
 #ifdef __cplusplus
 }  // extern "C"

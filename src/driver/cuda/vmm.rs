@@ -54,11 +54,13 @@ impl VmmDriver for CudaDriver {
     }
 
     fn address_reserve(&self, device: usize, bytes: u64) -> Result<DevicePtr> {
+        // Aligned to the granularity, so that pages counted from the base can be mapped.
+        let alignment = size_t(self.vmm_granularity_bytes(device)?)?;
         let _scope = self.enter(device)?;
         let mut base: sys::CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; alignment 0 and address 0 let the driver choose.
+        // SAFETY: valid out-pointer; address 0 lets the driver choose where.
         check("cuMemAddressReserve", unsafe {
-            sys::cuMemAddressReserve(&mut base, size_t(bytes)?, 0, 0, 0)
+            sys::cuMemAddressReserve(&mut base, size_t(bytes)?, alignment, 0, 0)
         })?;
         Ok(DevicePtr(base))
     }
