@@ -218,12 +218,6 @@ typedef struct StreampoolBlock {
   int32_t device;
 } StreampoolBlock;
 
-/**
- * `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: also how a resource that may not map memory while a
- * stream of the device captures a graph refuses an allocation.
- */
-#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
