@@ -148,6 +148,11 @@ typedef struct StreampoolStats {
    * Allocations that waited for their stream before the pool grew (`STREAMPOOL_TRIM_ON_GROWTH`).
    */
   uint64_t num_growth_syncs;
+  /**
+   * Pages the virtual-memory backend mapped and unmapped (`STREAMPOOL_BACKEND=vmm`; 0 otherwise).
+   */
+  uint64_t num_maps;
+  uint64_t num_unmaps;
 } StreampoolStats;
 
 /**

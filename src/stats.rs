@@ -93,6 +93,9 @@ pub struct StreampoolStats {
     pub ipc_used_bytes: u64,
     /// Allocations that waited for their stream before the pool grew (`STREAMPOOL_TRIM_ON_GROWTH`).
     pub num_growth_syncs: u64,
+    /// Pages the virtual-memory backend mapped and unmapped (`STREAMPOOL_BACKEND=vmm`; 0 otherwise).
+    pub num_maps: u64,
+    pub num_unmaps: u64,
 }
 
 /// What a device knows of itself when asked for its statistics.
@@ -105,6 +108,8 @@ pub struct DeviceFigures<'a> {
     pub shareable: PoolUsage,
     /// `u64::MAX` if no limit is set.
     pub limit_bytes: u64,
+    /// Pages mapped and unmapped by the resources.
+    pub map_counts: (u64, u64),
     pub device_total_bytes: u64,
 }
 
@@ -136,6 +141,8 @@ impl StreampoolStats {
             ipc_reserved_bytes: f.shareable.reserved_bytes,
             ipc_used_bytes: f.shareable.used_bytes,
             num_growth_syncs: c.num_growth_syncs,
+            num_maps: f.map_counts.0,
+            num_unmaps: f.map_counts.1,
         }
     }
 }

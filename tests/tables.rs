@@ -68,7 +68,11 @@ fn python_s_documented_defaults_are_the_library_s_defaults() {
         }
         let parsed = Config::from_lookup(|k| (k == name).then(|| text.clone()))
             .unwrap_or_else(|e| panic!("{name}={text:?}: {e}"));
-        assert_eq!(parsed, Config::default(), "{name}: documented default {text:?}");
+        assert_eq!(
+            parsed,
+            Config::default(),
+            "{name}: documented default {text:?}"
+        );
     }
     let reuse = Config::default().reuse;
     assert_eq!(
@@ -99,7 +103,9 @@ fn declared_functions(text: &str) -> BTreeSet<String> {
         .filter_map(|l| {
             let open = l.find('(')?;
             let head = &l[..open];
-            let name = head.rsplit(|c: char| !(c.is_alphanumeric() || c == '_')).next()?;
+            let name = head
+                .rsplit(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .next()?;
             let has_type = head.trim_end().len() > name.len();
             (has_type && (name.starts_with("streampool_") || name.starts_with("my_")))
                 .then(|| name.to_string())

@@ -220,6 +220,12 @@ fn the_timeline_shows_mappings_and_unmappings() {
     let (events, _) = r.alloc.history(usize::MAX);
     let count = |k: Kind| events.iter().filter(|e| e.kind == k as u32).count();
     assert_eq!((count(Kind::Map), count(Kind::Unmap)), (2, 2));
+    let s = r.stats();
+    assert_eq!(
+        (s.num_maps, s.num_unmaps),
+        (2, 2),
+        "the statistics count them too"
+    );
     let last_unmap = events
         .iter()
         .rev()

@@ -30,8 +30,8 @@ impl DeviceAllocator {
             let st = self.state.lock();
             (st.books.counters().clone(), st.books.cached_bytes())
         };
-        let usage = match self.provisioned.get() {
-            Some(p) => p.resources.usage()?,
+        let (usage, map_counts) = match self.provisioned.get() {
+            Some(p) => (p.resources.usage()?, p.resources.map_counts()),
             None => Default::default(),
         };
         Ok(StreampoolStats::assemble(DeviceFigures {
@@ -40,6 +40,7 @@ impl DeviceAllocator {
             usage,
             shareable: self.exporter.usage()?,
             limit_bytes: self.limit.bytes(),
+            map_counts,
             device_total_bytes: self.device_total_bytes()?,
         }))
     }

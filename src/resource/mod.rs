@@ -57,6 +57,11 @@ pub trait Resource: Accessible {
     /// A stream of the device began (true) or ended (false) capturing a CUDA graph: a resource
     /// that maps memory must not map or unmap in between.
     fn set_capturing(&self, _capturing: bool) {}
+    /// Pages mapped and unmapped so far, for a resource that maps memory itself.
+    fn map_counts(&self) -> (u64, u64) {
+        (0, 0)
+    }
+
     /// The CUDA pool behind it, if it is one (for sharing with other processes).
     fn pool_handle(&self) -> Option<PoolHandle> {
         None
@@ -180,6 +185,13 @@ impl Resources {
     pub fn usage(&self) -> Result<PoolUsage> {
         self.all()
             .try_fold(PoolUsage::default(), |sum, r| Ok(sum.plus(r.usage()?)))
+    }
+
+    /// Pages mapped and unmapped by the resources, summed.
+    pub fn map_counts(&self) -> (u64, u64) {
+        self.all()
+            .map(|r| r.map_counts())
+            .fold((0, 0), |(m, u), (dm, du)| (m + dm, u + du))
     }
 
     /// Runs `f` on every resource; every one is tried, the first error is returned.

@@ -42,7 +42,7 @@ impl VmmResource {
             Ok(()) => {
                 for &page in &mapped {
                     st.free.mark_mapped(page);
-                    self.note(Event::Map, page, st);
+                    self.count(Event::Map, page, st);
                 }
                 Ok(())
             }
@@ -80,7 +80,7 @@ impl VmmResource {
             {
                 let handle = st.pages.remove(&page).expect("an idle page is mapped");
                 st.free.mark_unmapped(page);
-                self.note(Event::Unmap, page, st);
+                self.count(Event::Unmap, page, st);
                 return Ok(handle);
             }
         }
@@ -156,7 +156,7 @@ impl VmmResource {
             }
             let handle = st.pages.remove(&page).expect("an idle page is mapped");
             st.free.mark_unmapped(page);
-            self.note(Event::Unmap, page, st);
+            self.count(Event::Unmap, page, st);
             if let Err(e) = self.driver.mem_release(self.device, handle) {
                 log::warn!("device {}: releasing a page: {e}", self.device);
                 st.spare_handles.push(handle);

@@ -73,6 +73,9 @@ struct VmmState {
     deferred: Vec<(u64, u64, Stream)>,
     /// Devices other than its own with access.
     peers: Vec<usize>,
+    /// Pages mapped and unmapped so far.
+    maps: u64,
+    unmaps: u64,
 }
 
 impl VmmState {
@@ -214,7 +217,12 @@ impl VmmResource {
                 || self.capturing.load(Ordering::Relaxed))
     }
 
-    fn note(&self, kind: Event, page: u64, st: &VmmState) {
+    /// Counts a page mapped or unmapped, and notes it on the timeline.
+    fn count(&self, kind: Event, page: u64, st: &mut VmmState) {
+        match kind {
+            Event::Map => st.maps += 1,
+            _ => st.unmaps += 1,
+        }
         let reserved_bytes = st.physical_bytes(self.page_bytes);
         self.recorder
             .note_resource(kind, DevicePtr(page), self.page_bytes, reserved_bytes);
@@ -360,6 +368,11 @@ impl Resource for VmmResource {
 
     fn set_capturing(&self, capturing: bool) {
         self.capturing.store(capturing, Ordering::Relaxed);
+    }
+
+    fn map_counts(&self) -> (u64, u64) {
+        let st = self.state.lock();
+        (st.maps, st.unmaps)
     }
 }
 
