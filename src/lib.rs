@@ -22,6 +22,7 @@ pub mod allocator;
 pub mod api;
 pub mod cache;
 pub mod config;
+mod cxx_throw;
 pub mod device;
 pub mod driver;
 pub mod error;
