@@ -16,6 +16,9 @@ fn lib_dir() -> PathBuf {
             let mut cargo = Command::new(env!("CARGO"));
             cargo.args(["build", "--lib", "--quiet", "--manifest-path"]);
             cargo.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+            if cfg!(feature = "sim") {
+                cargo.args(["--features", "sim"]);
+            }
             if dir.ends_with("release") {
                 cargo.arg("--release");
             }
