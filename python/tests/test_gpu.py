@@ -294,7 +294,7 @@ def _device_count() -> int:
     return torch.cuda.device_count()
 
 
-two_gpus = pytest.mark.skipif(_device_count() < 2, reason="needs 2 GPUs (scripts/gpu-check multigpu on nvidia-h200-x2)")
+two_gpus = pytest.mark.skipif(_device_count() < 2, reason="needs 2 GPUs (scripts/gpu-check multigpu)")
 
 
 @two_gpus
