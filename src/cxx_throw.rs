@@ -8,8 +8,9 @@
 //! Itanium C++ ABI a throw needs are looked up at run time, all from one copy of libstdc++ —
 //! the one already loaded in the process (`dlopen(.., RTLD_NOLOAD)`, which is how PyTorch's
 //! private copy is found), else one visible to `dlsym(RTLD_DEFAULT, ..)`, else
-//! `libstdc++.so.6` loaded now. The library then links only the C library (and libgcc_s for
-//! unwinding), which is what lets one wheel run on any glibc from its floor up.
+//! `libstdc++.so.6` loaded now. The library then links only the C library and libgcc_s (for
+//! unwinding): neither the build machine's libstdc++ (whose `GLIBCXX_` symbol versions would raise
+//! the wheel's floor) nor a linker's own C++ runtime (zig's libc++) can end up in it.
 
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
