@@ -78,10 +78,15 @@ pub fn driver_name() -> &'static str {
 }
 
 /// `STREAMPOOL_LOG`, else `RUST_LOG`, else warnings only. Never replaces a logger already set.
+/// A malformed `STREAMPOOL_LOG` is reported by the configuration (the first allocation fails
+/// naming it); the logger then keeps to warnings rather than have env_logger print its own line
+/// about the same value.
 pub fn init_logging() {
-    let filter = std::env::var("STREAMPOOL_LOG")
-        .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "warn".into());
+    let filter = match std::env::var("STREAMPOOL_LOG") {
+        Ok(spec) if crate::config::validate_log_filter(&spec).is_ok() => spec,
+        Ok(_) => "warn".into(),
+        Err(_) => std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+    };
     let _ = env_logger::Builder::new().parse_filters(&filter).try_init();
 }
 

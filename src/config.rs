@@ -261,30 +261,43 @@ fn parse_bool(name: &'static str, value: &str) -> Result<bool> {
     }
 }
 
-/// Accepts env_logger filters whose levels are known words (`warn`, `streampool=trace`, ...).
-fn validate_log_filter(value: &str) -> Result<()> {
-    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
-    let ok = value
+const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+const LOG_ACCEPTED: &str = "off, error, warn, info, debug, trace, or streampool=LEVEL / \
+     streampool::MODULE=LEVEL directives separated by commas";
+
+/// Accepts what `STREAMPOOL_LOG` can mean for streampool's own log lines: a level, a module of
+/// streampool (`streampool`, `streampool::device`) with or without `=level`, comma-separated.
+/// A bare word that is neither (`verbose`) would be read by env_logger as a module name that
+/// logs nothing, silencing every warning, so it is refused; so are other crates' modules.
+pub(crate) fn validate_log_filter(value: &str) -> Result<()> {
+    let is_level = |word: &str| LOG_LEVELS.contains(&word.trim().to_ascii_lowercase().as_str());
+    let is_ours = |module: &str| {
+        let module = module.trim();
+        module == "streampool"
+            || module.strip_prefix("streampool::").is_some_and(|rest| {
+                !rest.is_empty()
+                    && rest.split("::").all(|part| {
+                        !part.is_empty()
+                            && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    })
+            })
+    };
+    let bad = value
         .split(',')
         .map(str::trim)
-        .filter(|d| !d.is_empty())
-        .all(|directive| {
-            let level = directive.rsplit('=').next().unwrap_or(directive);
-            LEVELS.contains(&level.to_ascii_lowercase().as_str())
-                || !directive.contains('=')
-                    && directive
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+        .filter(|directive| !directive.is_empty())
+        .find(|directive| match directive.split_once('=') {
+            Some((module, level)) => !(is_ours(module) && is_level(level)),
+            None => !(is_level(directive) || is_ours(directive)),
         });
-    if ok {
-        Ok(())
-    } else {
-        Err(config_error(
+    match bad {
+        None => Ok(()),
+        Some(directive) => Err(config_error(
             "STREAMPOOL_LOG",
             value,
-            "not a log filter",
-            "off, error, warn, info, debug, trace, or module=level directives separated by commas",
-        ))
+            &format!("{directive:?} is neither a log level nor a streampool module"),
+            LOG_ACCEPTED,
+        )),
     }
 }
 
@@ -374,5 +387,52 @@ mod tests {
                 "{msg}"
             );
         }
+    }
+
+    #[test]
+    fn log_filters_are_levels_and_streampool_modules() {
+        for good in [
+            "warn",
+            "INFO",
+            "off",
+            "streampool",
+            "streampool=trace",
+            "streampool::device=debug,warn",
+            "warn, streampool::pool = info,",
+        ] {
+            assert!(
+                validate_log_filter(good).is_ok(),
+                "{good:?} should be accepted"
+            );
+        }
+        for bad in [
+            "verbose",
+            "streampool=loud",
+            "cudarc=debug",
+            "streampoolx=debug",
+            "streampool::=info",
+            "streampool::a::=info",
+            "=info",
+            "info/alloc",
+            "warn,verbose",
+        ] {
+            let msg = validate_log_filter(bad).unwrap_err().to_string();
+            assert!(
+                msg.contains("neither a log level nor a streampool module"),
+                "{bad:?}: {msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_negative_size_variable_says_negative_sizes_are_refused() {
+        let msg = parse(&[("STREAMPOOL_CACHE_LIMIT", "-1")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("STREAMPOOL_CACHE_LIMIT=\"-1\"")
+                && msg.contains("negative sizes are not accepted"),
+            "{msg}"
+        );
     }
 }

@@ -27,6 +27,7 @@ pub mod allocator;
 mod api;
 mod cache;
 pub mod config;
+mod cxx_throw;
 mod device;
 pub mod driver;
 pub mod error;

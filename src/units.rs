@@ -35,6 +35,9 @@ pub fn parse_size(text: &str) -> Result<SizeSpec, String> {
     if t.is_empty() {
         return Err("empty value".into());
     }
+    if t.starts_with('-') {
+        return Err("negative sizes are not accepted".into());
+    }
     if t.eq_ignore_ascii_case("max") || t.eq_ignore_ascii_case("unlimited") {
         return Ok(SizeSpec::Max);
     }
@@ -132,6 +135,17 @@ mod tests {
             "20000000TiB",
         ] {
             assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn negative_sizes_are_refused_as_negative() {
+        for bad in ["-1", " -5GiB", "-0", "-50%"] {
+            assert_eq!(
+                parse_size(bad),
+                Err("negative sizes are not accepted".to_string()),
+                "{bad:?}"
+            );
         }
     }
 

@@ -16,6 +16,9 @@ fn lib_dir() -> PathBuf {
             let mut cargo = Command::new(env!("CARGO"));
             cargo.args(["build", "--lib", "--quiet", "--manifest-path"]);
             cargo.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
+            if cfg!(feature = "sim") {
+                cargo.args(["--features", "sim"]);
+            }
             if dir.ends_with("release") {
                 cargo.arg("--release");
             }
@@ -94,4 +97,37 @@ fn malformed_environment_is_reported_with_variable_value_and_accepted_forms() {
         t.contains("STREAMPOOL_RELEASE_THRESHOLD=\"12XB\" is not valid") && t.contains("accepted:"),
         "{t}"
     );
+}
+
+#[test]
+fn my_malloc_throws_through_a_cpp_runtime_the_process_loaded_privately() {
+    // PyTorch's situation in Python: the host has no C++ runtime, libstdc++ comes in with a
+    // library loaded RTLD_LOCAL, and so does libstreampool.so: my_malloc must find that copy.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = std::env::temp_dir().join(format!("streampool-{}-private", std::process::id()));
+    let plugin = tmp.with_extension("so");
+    let compiled = Command::new("c++")
+        .args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
+        .arg(&plugin)
+        .arg(root.join("tests/c/private_runtime_plugin.cpp"))
+        .status()
+        .expect("a C++ compiler");
+    assert!(compiled.success(), "compiling the plugin failed");
+    let compiled = Command::new("cc")
+        .arg(root.join("tests/c/private_runtime_host.c"))
+        .args(["-Wall", "-Werror", "-o"])
+        .arg(&tmp)
+        .arg("-ldl")
+        .status()
+        .expect("a C compiler");
+    assert!(compiled.success(), "compiling the host failed");
+    let mut cmd = Command::new(&tmp);
+    cmd.arg(lib_dir().join("libstreampool.so")).arg(&plugin);
+    let out = cmd
+        .env("STREAMPOOL_DRIVER", "sim")
+        .env("STREAMPOOL_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("caught privately: CUDA out of memory."));
 }

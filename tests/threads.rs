@@ -18,11 +18,11 @@ fn eight_threads_hundred_thousand_ops_each() {
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
                     let device = (rng % 2) as i64;
-                    if live.len() < 32 && (rng >> 8) % 3 != 0 {
+                    if live.len() < 32 && !(rng >> 8).is_multiple_of(3) {
                         let bytes = 1 + (rng >> 16) % (256 << 10);
                         let stream = ((t + i) % 4) as usize;
                         let p = r.alloc.malloc(bytes, device, stream).unwrap();
-                        if (rng >> 40) % 16 == 0 {
+                        if (rng >> 40).is_multiple_of(16) {
                             r.alloc.record_stream(p, 9).unwrap();
                         }
                         live.push((p, device));

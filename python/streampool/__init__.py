@@ -17,6 +17,7 @@ All sizes are in bytes. Every failure of the library raises :class:`StreampoolEr
 subclass) with the library's message.
 """
 
+import sys
 from typing import Any, Dict, Union
 
 from . import _lib
@@ -51,6 +52,7 @@ __all__ = [
     "ipc_collect",
     "ipc_supported",
     "is_installed",
+    "is_out_of_memory",
     "library_path",
     "max_memory_allocated",
     "max_memory_reserved",
@@ -80,6 +82,33 @@ def __getattr__(name: str) -> str:
     if name == "__version__":
         return _lib.version()
     raise AttributeError(f"module 'streampool' has no attribute {name!r}")
+
+
+OUT_OF_MEMORY_PREFIX = "CUDA out of memory."
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True if ``error`` is a CUDA out-of-memory error, whichever allocator raised it.
+
+    With ``install()``, PyTorch raises streampool's out-of-memory error as a plain
+    ``RuntimeError("CUDA out of memory. ...")``: a pluggable allocator cannot raise the typed
+    ``torch.cuda.OutOfMemoryError`` (see the README). This accepts that, PyTorch's own typed
+    error (native allocator, ``mempool()`` regions) and streampool's ``OutOfMemoryError``::
+
+        try:
+            step()
+        except RuntimeError as exc:
+            if not streampool.is_out_of_memory(exc):
+                raise
+            ...  # smaller batch, free caches, retry
+    """
+    if isinstance(error, OutOfMemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    typed = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    if isinstance(typed, type) and isinstance(error, typed):
+        return True
+    return isinstance(error, RuntimeError) and str(error).startswith(OUT_OF_MEMORY_PREFIX)
 
 
 def library_path() -> str:

@@ -1,4 +1,4 @@
-"""Command line: ``python -m streampool {info,demo,bench,plot}``."""
+"""Command line: ``streampool {info,demo,bench,plot}`` (also ``python -m streampool ...``)."""
 
 import argparse
 import os
@@ -60,14 +60,45 @@ def info() -> int:
     return status
 
 
+DESCRIPTION = (
+    "streampool: a PyTorch CUDA allocator over CUDA stream-ordered memory pools. "
+    "`info` shows the library, driver, devices and STREAMPOOL_* settings; `demo` allocates through "
+    "streampool (on the GPU when PyTorch and a CUDA device are present, else on the simulated driver); "
+    "`bench` compares allocators on the GPU; `plot` draws a memory timeline from a snapshot."
+)
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for ``exc``: an OSError's own words (no errno tuple), else its message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[0].lower() + exc.strerror[1:]
+    if isinstance(exc, (KeyError, pickle.UnpicklingError, EOFError)):
+        return f"not a memory snapshot ({type(exc).__name__}: {exc})"
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text
+
+
 def plot_command(snapshot: str, out: str, device: Optional[int]) -> int:
     try:
         path = streampool.plot_timeline(snapshot, out, device=device)
-    except (OSError, ValueError, KeyError, pickle.UnpicklingError) as exc:
-        print(f"error: cannot plot {snapshot}: {exc!r}", file=sys.stderr)
+    except ImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError) as exc:
+        print(f"error: cannot plot {snapshot}: {_reason(exc)}", file=sys.stderr)
         return 1
     print(f"wrote {path}")
     return 0
+
+
+def demo() -> int:
+    from ._demo import DemoError, run
+
+    try:
+        return run()
+    except (DemoError, streampool.StreampoolError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def bench(argv: List[str]) -> int:
@@ -76,11 +107,12 @@ def bench(argv: List[str]) -> int:
     return bench_module.main(argv)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, prog: str = "streampool") -> int:
+    """The ``streampool`` console script; ``python -m streampool`` passes its own ``prog``."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # everything after "bench" belongs to streampool.bench
         return bench(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m streampool", description=__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="library, driver, devices, statistics and STREAMPOOL_* variables")
     commands.add_parser("demo", help="allocate through streampool on the GPU, or the simulated driver")
@@ -94,10 +126,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return info()
     if options.command == "plot":
         return plot_command(options.snapshot, options.out, options.device)
-    from ._demo import run
-
-    return run()
+    return demo()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m streampool"))

@@ -43,15 +43,34 @@ def _print_phase(name: str) -> None:
     )
 
 
+class DemoError(Exception):
+    """The demo cannot run as asked (the message says why and what to do)."""
+
+
 def gpu_unavailable_reason() -> Optional[str]:
-    """Why the demo cannot use a GPU, or None if it can. Does not initialise CUDA."""
-    if os.environ.get("STREAMPOOL_DRIVER", "").strip().lower() == "sim":
+    """Why the demo runs on the simulated driver, or None if it runs on the GPU. Without
+    STREAMPOOL_DRIVER the GPU is used where there is one; STREAMPOOL_DRIVER=cuda insists on it
+    (DemoError naming what is missing), =sim never uses it, anything else is the library's
+    ConfigError. Does not initialise CUDA."""
+    choice = os.environ.get("STREAMPOOL_DRIVER", "").strip().lower()
+    if choice == "sim":
         return "STREAMPOOL_DRIVER=sim"
+    if choice not in ("", "cuda"):
+        _lib.check_config()  # raises ConfigError naming the variable, its value and what is accepted
     try:
         import torch
     except ImportError:
+        if choice == "cuda":
+            raise DemoError(
+                "STREAMPOOL_DRIVER=cuda: the demo runs on the GPU through PyTorch, which is not "
+                "installed (pip install torch), or unset STREAMPOOL_DRIVER for the simulated driver"
+            ) from None
         return "no CUDA GPU found: PyTorch is not installed"
     if not torch.cuda.is_available():
+        if choice == "cuda":
+            raise DemoError(
+                "STREAMPOOL_DRIVER=cuda: PyTorch finds no CUDA GPU (torch.cuda.is_available() is False)"
+            )
         return "no CUDA GPU found"
     return None
 

@@ -6,6 +6,7 @@ before that first use are the ones the library sees.
 """
 
 import ctypes
+import operator
 import os
 import threading
 from pathlib import Path
@@ -28,15 +29,16 @@ DRIVER_ERROR = -5
 DRIVER_UNAVAILABLE = -6
 INTERNAL_ERROR = -7
 
+# The names of include/streampool.h's enum StreampoolStatus.
 STATUS_NAMES = {
-    OK: "STREAMPOOL_OK",
-    INVALID_ARGUMENT: "STREAMPOOL_INVALID_ARGUMENT",
-    OUT_OF_MEMORY: "STREAMPOOL_OUT_OF_MEMORY",
-    UNKNOWN_POINTER: "STREAMPOOL_UNKNOWN_POINTER",
-    CONFIG_ERROR: "STREAMPOOL_CONFIG_ERROR",
-    DRIVER_ERROR: "STREAMPOOL_DRIVER_ERROR",
-    DRIVER_UNAVAILABLE: "STREAMPOOL_DRIVER_UNAVAILABLE",
-    INTERNAL_ERROR: "STREAMPOOL_INTERNAL_ERROR",
+    OK: "STREAMPOOL_STATUS_OK",
+    INVALID_ARGUMENT: "STREAMPOOL_STATUS_INVALID_ARGUMENT",
+    OUT_OF_MEMORY: "STREAMPOOL_STATUS_OUT_OF_MEMORY",
+    UNKNOWN_POINTER: "STREAMPOOL_STATUS_UNKNOWN_POINTER",
+    CONFIG_ERROR: "STREAMPOOL_STATUS_CONFIG_ERROR",
+    DRIVER_ERROR: "STREAMPOOL_STATUS_DRIVER_ERROR",
+    DRIVER_UNAVAILABLE: "STREAMPOOL_STATUS_DRIVER_UNAVAILABLE",
+    INTERNAL_ERROR: "STREAMPOOL_STATUS_INTERNAL_ERROR",
 }
 
 
@@ -68,6 +70,10 @@ class ConfigError(StreampoolError):
 class DriverError(StreampoolError):
     """A CUDA driver call failed, or no usable CUDA driver was found."""
 
+
+# Shown (in tracebacks, repr, pickles) under their public path, streampool.ConfigError and so on.
+for _error_class in (StreampoolError, InvalidArgumentError, OutOfMemoryError, UnknownPointerError, ConfigError, DriverError):
+    _error_class.__module__ = "streampool"
 
 _ERROR_CLASSES = {
     INVALID_ARGUMENT: InvalidArgumentError,
@@ -374,7 +380,9 @@ def parse_bytes(spec: str, device: int) -> int:
 
 def malloc(size: int, device: int, stream: Optional[int] = None) -> Optional[int]:
     """``streampool_malloc``: the device address of ``size`` bytes allocated on ``stream``
-    (None = legacy default stream). Size 0 gives None. Failure raises StreampoolError."""
+    (None = legacy default stream). Size 0 gives None. Failure raises StreampoolError; a negative
+    size (which ctypes would turn into a size near 2**64) raises InvalidArgumentError."""
+    size = check_size(size)
     ptr = library().streampool_malloc(size, device, stream)
     if ptr is None and size > 0:
         # A NULL return carries no status code: only the message tells an OOM apart.
@@ -382,6 +390,20 @@ def malloc(size: int, device: int, stream: Optional[int] = None) -> Optional[int
         status = OUT_OF_MEMORY if message.startswith("CUDA out of memory.") else None
         raise error(status, f"streampool_malloc({size}, device={device}) returned NULL")
     return ptr
+
+
+def check_size(size: int) -> int:
+    """``size`` as an int if a ``size_t`` holds it as it is, else InvalidArgumentError: ctypes
+    would wrap -1 to 2**64 - 1 and truncate 2**64 to 0. TypeError if it is not an integer."""
+    try:
+        size = operator.index(size)
+    except TypeError:
+        raise TypeError(f"allocation size must be an int (bytes), not {type(size).__name__}") from None
+    if size < 0:
+        raise InvalidArgumentError(f"allocation size must not be negative, got {size}", INVALID_ARGUMENT)
+    if size >= 2**64:
+        raise InvalidArgumentError(f"allocation size must be below 2**64 bytes, got {size}", INVALID_ARGUMENT)
+    return size
 
 
 def free(ptr: Optional[int], size: int, device: int, stream: Optional[int] = None) -> None:

@@ -172,15 +172,15 @@ def plot_timeline(
     """Draw allocated, held, cached and reserved bytes over time from a snapshot (a path or the
     dict) into ``out`` (PNG), one panel per device that has events (or only ``device``).
     PyTorch's own snapshots work too: their allocated and segment bytes are replayed from the
-    trace. Needs matplotlib."""
+    trace. Needs matplotlib (``pip install 'streampool[plot]'``)."""
+    snap = load_snapshot(source)
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ImportError("plot_timeline needs matplotlib (pip install matplotlib)") from exc
-    snap = load_snapshot(source)
+    except ImportError:
+        raise ImportError("plotting needs matplotlib: pip install 'streampool[plot]' (or pip install matplotlib)") from None
     own = "streampool" in snap
     devices = range(len(snap["device_traces"])) if device is None else [device]
     panels = []

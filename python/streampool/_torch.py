@@ -87,11 +87,13 @@ def _require_cuda_driver() -> None:
         )
 
 
-def _new_allocator(torch: Any, wire_record_stream: bool = True) -> Any:
-    """A CUDAPluggableAllocator over libstreampool with every hook this PyTorch offers wired."""
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        str(_lib.library_path()), "my_malloc", "my_free"
-    )
+def _new_allocator(torch: Any, wire_record_stream: bool = True, malloc: str = "my_malloc") -> Any:
+    """A CUDAPluggableAllocator over libstreampool with every hook this PyTorch offers wired.
+    ``malloc`` is the export PyTorch allocates with: ``my_malloc`` throws on failure (what the
+    process-wide allocator must do), ``streampool_malloc`` returns NULL (what a MemPool's
+    allocator may do: PyTorch's caching allocator above it then frees its own cache, retries and
+    raises torch.OutOfMemoryError)."""
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(str(_lib.library_path()), malloc, "my_free")
     raw = allocator.allocator()
     for setter, function in _HOOKS:
         if function == "streampool_record_stream" and not wire_record_stream:
@@ -151,17 +153,13 @@ def is_installed() -> bool:
     return _installation is not None
 
 
-def _check_device(device: Any) -> int:
-    """The index of ``device`` (see streampool.device_index); ValueError if streampool's driver
-    has no such device."""
-    index = device_index(device)
-    count = _lib.device_count()
+def _check_index(device: Any, index: int, count: int) -> None:
+    """ValueError if ``device`` (``index``) is not one of the ``count`` devices streampool sees."""
     if not 0 <= index < count:
         raise ValueError(
             f"device {device!r} (index {index}) does not exist: streampool sees {count} device(s), "
             f"indices 0 to {count - 1}"
         )
-    return index
 
 
 def mempool(device: Any = None) -> Any:
@@ -171,11 +169,25 @@ def mempool(device: Any = None) -> Any:
 
     ``device`` (None = current device, an int, "cuda:N" or a torch.device) is the device the pool
     is meant for. A MemPool belongs to the process, not to a device, so it is only checked here
-    (ValueError if streampool has no such device); pass the same device to ``use_mem_pool``."""
+    (ValueError if streampool has no such device); pass the same device to ``use_mem_pool``.
+
+    Out of memory inside the region raises ``torch.cuda.OutOfMemoryError``: PyTorch's allocator
+    above streampool raises its typed error when streampool returns no memory."""
     global _scoped_allocator
-    _check_device(device)
+    index = device_index(device)
+    try:
+        count: Optional[int] = _lib.device_count()
+    except _lib.StreampoolError:
+        count = None  # no usable CUDA driver: what is missing is said below, torch first
+    if count is not None:
+        _check_index(device, index, count)
     torch = _import_torch("mempool")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "streampool.mempool() needs a CUDA GPU, and PyTorch finds none (torch.cuda.is_available() is False)"
+        )
     _require_cuda_driver()
+    _check_index(device, index, _lib.device_count())
     if _scoped_allocator is None:
-        _scoped_allocator = _new_allocator(torch)
+        _scoped_allocator = _new_allocator(torch, malloc="streampool_malloc")
     return torch.cuda.MemPool(_scoped_allocator.allocator())

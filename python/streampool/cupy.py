@@ -24,7 +24,9 @@ def _import_cupy() -> Any:
 
 
 def _malloc(size: int, device: int) -> int:
-    """CuPy's malloc hook: ``size`` bytes on ``device``, ordered on CuPy's current stream."""
+    """CuPy's malloc hook: ``size`` bytes on ``device``, ordered on CuPy's current stream. A
+    negative size raises InvalidArgumentError before anything reaches the library."""
+    size = _lib.check_size(size)
     import cupy
 
     return _lib.malloc(size, device, cupy.cuda.get_current_stream().ptr) or 0

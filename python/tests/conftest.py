@@ -1,4 +1,9 @@
-"""Test setup: streampool is imported from python/ and, in this process, runs on the simulated driver.
+"""Test setup: which streampool is tested, and, in this process, the simulated driver.
+
+By default the tests import streampool from python/ in this checkout, with the library that
+``STREAMPOOL_LIBRARY`` names (scripts/test builds it). With ``STREAMPOOL_TEST_INSTALLED=1`` they
+test the streampool installed in the running interpreter (a wheel, ``pip install .``) with the
+library inside that package: python/ is not put on any path.
 
 The library reads STREAMPOOL_* once per process, so the environment is fixed here, before any test
 loads it; cases that need other values run in subprocesses (see helpers.run_python). GPU cases
@@ -10,10 +15,30 @@ import sys
 from pathlib import Path
 
 PYTHON_DIR = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(PYTHON_DIR))
+INSTALLED = os.environ.get("STREAMPOOL_TEST_INSTALLED") == "1"
 
-for _name in [n for n in os.environ if n.startswith("STREAMPOOL_") and n != "STREAMPOOL_LIBRARY"]:
+if INSTALLED:
+    os.environ.pop("STREAMPOOL_LIBRARY", None)  # the package's own library is what is tested
+else:
+    sys.path.insert(0, str(PYTHON_DIR))
+
+_KEPT = ("STREAMPOOL_LIBRARY", "STREAMPOOL_TEST_INSTALLED")
+for _name in [n for n in os.environ if n.startswith("STREAMPOOL_") and n not in _KEPT]:
     del os.environ[_name]
 os.environ.update(
     {"STREAMPOOL_DRIVER": "sim", "STREAMPOOL_SIM_DEVICES": "2", "STREAMPOOL_SIM_MEMORY": "16GiB"}
 )
+
+import streampool  # noqa: E402  (after the path and the environment are set)
+
+if INSTALLED and Path(streampool.__file__).resolve().parent.parent == PYTHON_DIR:
+    raise RuntimeError(
+        f"STREAMPOOL_TEST_INSTALLED=1 but streampool comes from the checkout ({streampool.__file__}): "
+        "run pytest with the interpreter the package is installed in, outside python/"
+    )
+
+
+def pytest_report_header(config):
+    from streampool import _lib
+
+    return f"streampool: {Path(streampool.__file__).parent} (library: {_lib.find_library()})"

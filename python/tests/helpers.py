@@ -16,9 +16,11 @@ HIDE_TORCH = "import sys; sys.modules['torch'] = None\n"
 
 
 def python_env(overrides: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
-    """This process's environment with python/ on PYTHONPATH; an override of None deletes."""
+    """This process's environment with python/ on PYTHONPATH (unless the installed package is
+    under test, see conftest); an override of None deletes."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHON_DIR), env.get("PYTHONPATH")]))
+    if env.get("STREAMPOOL_TEST_INSTALLED") != "1":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHON_DIR), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     for name, value in (overrides or {}).items():
         if value is None:

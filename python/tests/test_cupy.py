@@ -86,3 +86,13 @@ def test_install_without_cupy_says_what_is_missing():
     )
     assert proc.returncode == 0, describe(proc)
     assert "ERR streampool.cupy.install() needs CuPy" in proc.stdout, describe(proc)
+
+
+def test_a_negative_cupy_size_is_refused_before_the_library_sees_it(fake_cupy):
+    import streampool.cupy
+
+    streampool.cupy.install()
+    before = _lib.get_stats(0).as_dict()
+    with pytest.raises(streampool.InvalidArgumentError, match="must not be negative, got -1"):
+        fake_cupy.cuda.allocator(-1)
+    assert _lib.get_stats(0).as_dict() == before

@@ -76,6 +76,10 @@ def test_scoped_mempool_without_install():
     run_case("scoped_mempool", allocator="scoped")
 
 
+def test_out_of_memory_in_a_scoped_mempool_is_torch_typed_error():
+    run_case("scoped_mempool_out_of_memory", allocator="scoped")
+
+
 def test_install_after_cuda_initialisation_is_refused_with_advice():
     run_case("install_after_cuda_init", allocator="native")
 
@@ -290,7 +294,7 @@ def _device_count() -> int:
     return torch.cuda.device_count()
 
 
-two_gpus = pytest.mark.skipif(_device_count() < 2, reason="needs 2 GPUs (scripts/gpu-check multigpu on nvidia-h200-x2)")
+two_gpus = pytest.mark.skipif(_device_count() < 2, reason="needs 2 GPUs (scripts/gpu-check multigpu)")
 
 
 @two_gpus

@@ -79,7 +79,7 @@ def test_stats_fields_follow_the_header_order():
 
 def test_status_codes_match_the_header():
     codes = dict(re.findall(r"STREAMPOOL_STATUS_(\w+) = (-?\d+)", _header_code()))
-    assert {f"STREAMPOOL_{name}": int(code) for name, code in codes.items()} == {
+    assert {f"STREAMPOOL_STATUS_{name}": int(code) for name, code in codes.items()} == {
         name: code for code, name in _lib.STATUS_NAMES.items()
     }
 

@@ -171,6 +171,47 @@ def test_size_zero_gives_null_quietly():
     assert stats() == before
 
 
+@pytest.mark.parametrize("size, match", [(-1, "must not be negative, got -1"), (-(2**63), "must not be negative"),
+                                         (2**64, "must be below 2\\*\\*64")])
+def test_sizes_ctypes_would_wrap_are_refused_before_the_library_sees_them(size, match):
+    # ctypes.c_size_t turns -1 into 2**64 - 1, a size the library must never be asked for.
+    before = stats()
+    with pytest.raises(streampool.InvalidArgumentError, match=match) as raised:
+        _lib.malloc(size, 0)
+    assert raised.value.status == _lib.INVALID_ARGUMENT
+    assert stats() == before
+
+
+def test_a_size_that_is_not_an_integer_is_a_type_error():
+    with pytest.raises(TypeError, match="allocation size must be an int"):
+        _lib.malloc(4096.0, 0)
+
+
+def test_a_failed_status_without_a_message_names_the_header_constant():
+    _lib.device_count()  # clears this thread's last error
+    with pytest.raises(streampool.StreampoolError, match="failed with STREAMPOOL_STATUS_INTERNAL_ERROR$"):
+        _lib.check(_lib.INTERNAL_ERROR)
+
+
+def test_errors_carry_their_public_path_and_survive_pickling():
+    import pickle
+
+    for name in ("StreampoolError", "ConfigError", "DriverError", "InvalidArgumentError", "OutOfMemoryError",
+                 "UnknownPointerError"):
+        cls = getattr(streampool, name)
+        assert f"{cls.__module__}.{cls.__qualname__}" == f"streampool.{name}"
+        copy = pickle.loads(pickle.dumps(cls("message", -1)))
+        assert type(copy) is cls and str(copy) == "message"
+
+
+def test_is_out_of_memory_knows_every_form_of_the_error():
+    assert streampool.is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 1.00 PiB"))
+    assert streampool.is_out_of_memory(streampool.OutOfMemoryError("CUDA out of memory.", _lib.OUT_OF_MEMORY))
+    assert not streampool.is_out_of_memory(RuntimeError("CUDA error: an illegal memory access"))
+    assert not streampool.is_out_of_memory(ValueError("CUDA out of memory."))
+    assert not streampool.is_out_of_memory(KeyboardInterrupt())
+
+
 def test_free_of_null_is_a_no_op():
     assert _lib.library().streampool_free(None, 0, 0, None) == _lib.OK
     _lib.library().my_free(None, 0, 0, None)
@@ -268,3 +309,14 @@ def test_version_driver_and_device_count():
     assert streampool.driver_name() == "sim"
     assert streampool.device_count() == 2
     assert streampool.library_path().endswith(".so")
+
+
+def test_is_out_of_memory_knows_torch_typed_error(monkeypatch):
+    import sys
+    import types
+
+    class OutOfMemoryError(RuntimeError):
+        """Stands in for torch.OutOfMemoryError, whose message need not start as streampool's."""
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError))
+    assert streampool.is_out_of_memory(OutOfMemoryError("out of memory on device 0"))

@@ -12,6 +12,9 @@ MALFORMED = [
     ("STREAMPOOL_SIM_DEVICES", "0"),
     ("STREAMPOOL_SIM_MEMORY", "0"),
     ("STREAMPOOL_LOG", "streampool=loud"),
+    ("STREAMPOOL_LOG", "verbose"),
+    ("STREAMPOOL_LOG", "cudarc=debug"),
+    ("STREAMPOOL_CACHE_LIMIT", "-1"),
 ]
 
 # Prints the exception type and message of each call, one line each.
@@ -33,10 +36,11 @@ for name, call in [
 """
 
 
-@pytest.mark.parametrize("variable, value", MALFORMED, ids=[v for v, _ in MALFORMED])
+@pytest.mark.parametrize("variable, value", MALFORMED, ids=[f"{v}={x}" for v, x in MALFORMED])
 def test_malformed_variable_fails_every_call_naming_variable_and_value(variable, value):
     proc = run_python(REPORT_ERRORS, env={variable: value})
     assert proc.returncode == 0, describe(proc)
+    assert "invalid logging spec" not in proc.stderr, "env_logger's own line beside ours: " + describe(proc)
     lines = proc.stdout.splitlines()
     assert len(lines) == 5, describe(proc)
     for line in lines:
@@ -46,6 +50,18 @@ def test_malformed_variable_fails_every_call_naming_variable_and_value(variable,
     assert lines[2].startswith("memory_stats ConfigError")
     assert lines[3].startswith("empty_cache ConfigError")
     assert lines[4].startswith("reset_peak_memory_stats ConfigError")
+
+
+def test_a_negative_size_variable_is_refused_as_negative():
+    proc = run_python(REPORT_ERRORS, env={"STREAMPOOL_CACHE_LIMIT": "-1"})
+    assert 'STREAMPOOL_CACHE_LIMIT="-1" is not valid (negative sizes are not accepted)' in proc.stdout, describe(proc)
+
+
+def test_an_uncaught_error_shows_its_public_name():
+    proc = run_python("import streampool; streampool.memory_stats()", env={"STREAMPOOL_LOG": "verbose"})
+    assert proc.returncode == 1, describe(proc)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith('streampool.ConfigError: STREAMPOOL_LOG="verbose" is not valid'), describe(proc)
 
 
 def test_simulated_devices_and_memory_follow_the_environment():
@@ -160,6 +176,61 @@ def test_demo_on_the_simulated_driver():
     assert "streampool memory summary, device 0 (driver sim)" in proc.stdout
 
 
+# A stand-in torch without a GPU: torch.cuda.is_available() is False.
+TORCH_WITHOUT_GPU = """
+import sys, types
+torch = types.ModuleType("torch")
+torch.cuda = types.SimpleNamespace(is_available=lambda: False, is_initialized=lambda: False)
+sys.modules["torch"] = torch
+"""
+
+RUN_DEMO = "import sys\nfrom streampool.__main__ import main\nsys.exit(main(['demo']))\n"
+
+
+def one_error_line(proc) -> str:
+    """The single line a failing command printed (stderr), checking there is no other."""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), describe(proc)
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "torch, missing",
+    [(HIDE_TORCH, "not installed (pip install torch)"), (TORCH_WITHOUT_GPU, "PyTorch finds no CUDA GPU")],
+    ids=["no torch", "no GPU"],
+)
+def test_demo_with_the_cuda_driver_asked_for_fails_saying_what_is_missing(torch, missing):
+    proc = run_python(torch + RUN_DEMO, env={"STREAMPOOL_DRIVER": "cuda"})
+    assert proc.returncode == 1, describe(proc)
+    assert "simulated driver" not in proc.stdout, "ran on the simulated driver against the explicit choice"
+    line = one_error_line(proc)
+    assert line.startswith("error: STREAMPOOL_DRIVER=cuda: ") and missing in line, describe(proc)
+
+
+def test_demo_with_a_malformed_driver_fails_naming_it():
+    proc = run_python(HIDE_TORCH + RUN_DEMO, env={"STREAMPOOL_DRIVER": "gpu"})
+    assert proc.returncode == 1 and proc.stdout == "", describe(proc)
+    assert one_error_line(proc).startswith('error: STREAMPOOL_DRIVER="gpu" is not valid'), describe(proc)
+
+
+@pytest.mark.parametrize(
+    "torch, error",
+    [
+        (HIDE_TORCH, "ImportError streampool.mempool() needs PyTorch (pip install torch)"),
+        (TORCH_WITHOUT_GPU, "RuntimeError streampool.mempool() needs a CUDA GPU, and PyTorch finds none"),
+    ],
+    ids=["no torch", "no GPU"],
+)
+def test_mempool_without_a_gpu_says_what_is_missing_and_no_dead_end(torch, error):
+    # The CUDA driver (no STREAMPOOL_DRIVER): on a machine without a GPU the library cannot start,
+    # and its advice (the simulated driver) cannot back torch.cuda.MemPool.
+    code = torch + "import streampool\ntry:\n    streampool.mempool()\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    proc = run_python(code, env={"STREAMPOOL_DRIVER": None})
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.startswith(error), describe(proc)
+    assert "STREAMPOOL_DRIVER=sim" not in proc.stdout, describe(proc)
+
+
 def test_demo_without_torch_falls_back_to_the_simulated_driver():
     code = HIDE_TORCH + "from streampool.__main__ import main; sys.exit(main(['demo']))"
     proc = run_python(code, env={"STREAMPOOL_DRIVER": None})
@@ -189,3 +260,43 @@ def test_info_reports_a_malformed_variable_and_fails():
     proc = run_python(args=["-m", "streampool", "info"], env={"STREAMPOOL_CACHE_LIMIT": "150%"})
     assert proc.returncode == 1, describe(proc)
     assert 'error: STREAMPOOL_CACHE_LIMIT="150%" is not valid' in proc.stdout, describe(proc)
+
+
+def test_help_describes_the_commands_under_the_name_it_was_run_by():
+    script = run_python("import sys\nfrom streampool.__main__ import main\nsys.exit(main(['--help']))")
+    module = run_python(args=["-m", "streampool", "--help"])
+    for proc, name in ((script, "streampool"), (module, "python -m streampool")):
+        assert proc.returncode == 0, describe(proc)
+        assert proc.stdout.startswith(f"usage: {name} [-h] {{info,demo,bench,plot}}"), describe(proc)
+        assert "``" not in proc.stdout and "streampool: a PyTorch CUDA allocator" in proc.stdout, describe(proc)
+
+
+HIDE_MATPLOTLIB = "import sys; sys.modules['matplotlib'] = None\n"
+
+
+def test_plot_without_matplotlib_says_how_to_get_it_in_one_line(tmp_path):
+    snapshot = tmp_path / "s.pickle"
+    snapshot.write_bytes(__import__("pickle").dumps({"segments": [], "device_traces": [[]]}))
+    code = HIDE_MATPLOTLIB + f"from streampool.__main__ import main\nsys.exit(main(['plot', {str(snapshot)!r}]))"
+    proc = run_python(code)
+    assert proc.returncode == 1, describe(proc)
+    assert one_error_line(proc) == (
+        "error: plotting needs matplotlib: pip install 'streampool[plot]' (or pip install matplotlib)"
+    ), describe(proc)
+
+
+@pytest.mark.parametrize("hide", ["", HIDE_MATPLOTLIB], ids=["with matplotlib", "without"])
+def test_plot_of_a_missing_file_says_so_in_one_line(tmp_path, hide):
+    missing = tmp_path / "missing.pickle"
+    code = hide + f"import sys\nfrom streampool.__main__ import main\nsys.exit(main(['plot', {str(missing)!r}]))"
+    proc = run_python(code)
+    assert proc.returncode == 1, describe(proc)
+    assert one_error_line(proc) == f"error: cannot plot {missing}: no such file or directory", describe(proc)
+
+
+def test_plot_of_a_file_that_is_not_a_snapshot_says_so_in_one_line(tmp_path):
+    junk = tmp_path / "junk.pickle"
+    junk.write_bytes(b"not a pickle")
+    proc = run_python(args=["-m", "streampool", "plot", str(junk)])
+    assert proc.returncode == 1, describe(proc)
+    assert one_error_line(proc).startswith(f"error: cannot plot {junk}: not a memory snapshot"), describe(proc)

@@ -15,11 +15,6 @@ use crate::stats::StreampoolStats;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-extern "C-unwind" {
-    /// Defined in src/oom.cpp: throws `std::runtime_error(message)`; the message is copied.
-    fn streampool_throw_runtime_error(message: *const c_char) -> !;
-}
-
 /// Runs `f`, turning a panic into `Error::Internal`.
 fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
@@ -87,9 +82,9 @@ pub unsafe extern "C-unwind" fn my_malloc(
         Err(e) => {
             set_last_error(&e);
             drop(e);
-            // SAFETY: the C++ shim copies the message before throwing; nothing in this frame
-            // needs dropping, and PyTorch's caller catches the exception.
-            unsafe { streampool_throw_runtime_error(last_error_ptr()) }
+            // SAFETY: the message is a valid C string, copied before the throw; nothing in this
+            // frame needs dropping, and PyTorch's caller catches the exception.
+            unsafe { crate::cxx_throw::throw_runtime_error(last_error_ptr()) }
         }
     }
 }

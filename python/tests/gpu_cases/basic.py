@@ -105,9 +105,16 @@ def case_memory_fraction(ctx) -> None:
 
 def case_out_of_memory(ctx) -> None:
     """A 10 TiB request raises PyTorch's out-of-memory message; tensors work afterwards."""
-    message = _expect_oom(10 * 2**40)
-    print(f"out-of-memory message: {message}")
+    try:
+        torch.empty(10 * 2**40, dtype=torch.uint8, device="cuda")
+    except RuntimeError as exc:
+        error = exc
+    else:
+        raise AssertionError("a 10 TiB tensor was allocated; expected out of memory")
+    message = str(error)
+    print(f"out-of-memory error ({type(error).__name__}): {message}")
     assert message.startswith("CUDA out of memory."), message
+    assert streampool.is_out_of_memory(error), "the README's pattern would not recognise it"
     assert streampool.memory_stats()["num_ooms"] >= 1
     numbers = torch.arange(1024, device="cuda")
     assert int(numbers.sum()) == 1024 * 1023 // 2
@@ -155,6 +162,27 @@ def case_scoped_mempool(ctx) -> None:
     assert torch.cuda.memory_allocated() >= 8 * MiB  # PyTorch's own statistics keep working
     del inside
     torch.cuda.synchronize()
+
+
+def case_scoped_mempool_out_of_memory(ctx) -> None:
+    """Inside use_mem_pool(streampool.mempool()), a 10 TiB request raises the typed
+    torch.cuda.OutOfMemoryError (PyTorch's allocator above streampool raises it when streampool
+    returns no memory), and the region keeps working afterwards."""
+    assert not streampool.is_installed()
+    pool = streampool.mempool()
+    with torch.cuda.use_mem_pool(pool):
+        try:
+            torch.empty(10 * 2**40, dtype=torch.uint8, device="cuda")
+        except torch.cuda.OutOfMemoryError as exc:
+            error = exc
+        else:
+            raise AssertionError("a 10 TiB tensor was allocated inside the pool region")
+        message = str(error)
+        assert streampool.is_out_of_memory(error), message
+        after = torch.full((4 * MiB,), 7, dtype=torch.uint8, device="cuda")
+    assert streampool.memory_stats()["num_ooms"] >= 1
+    assert int(after[-1]) == 7
+    print(f"typed out-of-memory error in the pool region: {message.splitlines()[0]}")
 
 
 def _churn(seed: int, use_side_stream: bool, errors: list) -> None:

@@ -122,7 +122,7 @@ impl SimVmm {
 }
 
 fn multiple_of_granule(bytes: u64) -> Check {
-    match bytes > 0 && bytes % GRANULE_BYTES == 0 {
+    match bytes > 0 && bytes.is_multiple_of(GRANULE_BYTES) {
         true => Ok(()),
         false => Err(format!(
             "{bytes} bytes is not a multiple of the {GRANULE_BYTES}-byte granule"

@@ -231,9 +231,9 @@ impl FreeRanges {
     pub fn window(&self, bytes: u64, stream: Stream) -> Option<Window> {
         let mut best: Option<Window> = None;
         let mut consider = |w: Window| {
-            let better = best.as_ref().map_or(true, |b| {
-                (w.pages.len(), w.start) < (b.pages.len(), b.start)
-            });
+            let better = best
+                .as_ref()
+                .is_none_or(|b| (w.pages.len(), w.start) < (b.pages.len(), b.start));
             if better {
                 best = Some(w);
             }

@@ -86,10 +86,7 @@ mod thread {
             }
             let done: Vec<Weak<VmmResource>> = list
                 .into_iter()
-                .filter(|w| {
-                    w.upgrade()
-                        .map_or(true, |resource| !resource.release_pass())
-                })
+                .filter(|w| w.upgrade().is_none_or(|resource| !resource.release_pass()))
                 .collect();
             let mut waiting = r.waiting.lock().unwrap_or_else(|e| e.into_inner());
             waiting.retain(|w| !done.iter().any(|d| d.ptr_eq(w)));
