@@ -129,7 +129,9 @@ def device_count() -> int:
 def memory_stats(device: Device = None) -> Dict[str, int]:
     """Statistics of ``device`` under ``torch.cuda.memory_stats()`` names (bytes and counts),
     plus streampool's ``cached_bytes``, ``cache_hits``, ``pool_used_bytes``,
-    ``memory_limit_bytes`` and ``device_total_bytes``."""
+    ``memory_limit_bytes`` (2**64 - 1 when no limit is set), ``device_total_bytes``,
+    ``num_growth_syncs``, and the pages the vmm backend mapped and unmapped (``num_maps``,
+    ``num_unmaps``)."""
     return stats_dict(_lib.get_stats(device_index(device)))
 
 

@@ -10,19 +10,20 @@ import streampool
 
 from . import _lib
 from ._config import variables_in_effect
-from ._stats import format_bytes
+from ._stats import NO_LIMIT, format_bytes
 
 
 def _device_line(index: int) -> str:
     s = streampool.memory_stats(index)
-    limit = format_bytes(s["memory_limit_bytes"]) if s["memory_limit_bytes"] else "none"
+    limit = "none" if s["memory_limit_bytes"] == NO_LIMIT else format_bytes(s["memory_limit_bytes"])
     return (
         f"device {index}: total {format_bytes(s['device_total_bytes'])}, "
         f"allocated {format_bytes(s['allocated_bytes.all.current'])}, "
         f"reserved {format_bytes(s['reserved_bytes.all.current'])}, "
         f"cached {format_bytes(s['cached_bytes'])}, limit {limit}; "
         f"memory pools {_supported('streampool_pools_supported', index)}, "
-        f"shareable pools (IPC) {_supported('streampool_ipc_supported', index)}"
+        f"shareable pools (IPC) {_supported('streampool_ipc_supported', index)}, "
+        f"virtual memory (STREAMPOOL_BACKEND=vmm) {_supported('streampool_vmm_supported', index)}"
     )
 
 

@@ -6,6 +6,8 @@ from typing import Dict, List, Mapping, Tuple
 # Every variable the library reads, with the default documented in docs/abi.md.
 VARIABLE_DEFAULTS: Dict[str, str] = {
     "STREAMPOOL_DRIVER": "cuda",
+    "STREAMPOOL_BACKEND": "pool",
+    "STREAMPOOL_VMM_PAGE_SIZE": "2MiB",
     "STREAMPOOL_RELEASE_THRESHOLD": "max",
     "STREAMPOOL_MAX_POOL_SIZE": "max",
     "STREAMPOOL_CACHE_LIMIT": "64MiB",
@@ -24,6 +26,8 @@ VARIABLE_DEFAULTS: Dict[str, str] = {
 
 # install() keyword -> variable.
 OPTION_VARIABLES: Dict[str, str] = {
+    "backend": "STREAMPOOL_BACKEND",
+    "vmm_page_size": "STREAMPOOL_VMM_PAGE_SIZE",
     "release_threshold": "STREAMPOOL_RELEASE_THRESHOLD",
     "max_pool_size": "STREAMPOOL_MAX_POOL_SIZE",
     "cache_limit": "STREAMPOOL_CACHE_LIMIT",

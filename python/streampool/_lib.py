@@ -109,11 +109,13 @@ STATS_FIELDS = (
     "ipc_reserved_bytes",
     "ipc_used_bytes",
     "num_growth_syncs",
+    "num_maps",
+    "num_unmaps",
 )
 
 
 class StreampoolStats(ctypes.Structure):
-    """``struct StreampoolStats``: 24 ``uint64_t`` counters, in the C field order."""
+    """``struct StreampoolStats``: 26 ``uint64_t`` counters, in the C field order."""
 
     _fields_ = [(name, ctypes.c_uint64) for name in STATS_FIELDS]
 
@@ -165,7 +167,17 @@ class StreampoolIpcHandle(ctypes.Structure):
 
 
 # enum StreampoolEventKind / StreampoolBlockState values -> names used in Python.
-EVENT_KINDS = {1: "alloc", 2: "free", 3: "pool_alloc", 4: "pool_free", 5: "pool_grow", 6: "pool_trim", 7: "oom"}
+EVENT_KINDS = {
+    1: "alloc",
+    2: "free",
+    3: "pool_alloc",
+    4: "pool_free",
+    5: "pool_grow",
+    6: "pool_trim",
+    7: "oom",
+    8: "map",
+    9: "unmap",
+}
 BLOCK_STATES = {1: "live", 2: "inactive", 3: "waiting_for_streams"}
 
 _c_void_p = ctypes.c_void_p
@@ -207,6 +219,7 @@ _SIGNATURES = {
     "streampool_shareable_end": (_c_int, []),
     "streampool_ipc_supported": (_c_int, [_c_int]),
     "streampool_pools_supported": (_c_int, [_c_int]),
+    "streampool_vmm_supported": (_c_int, [_c_int]),
     "streampool_ipc_export": (_c_int, [_c_void_p, _c_int, _c_void_p, ctypes.POINTER(StreampoolIpcHandle)]),
     "streampool_ipc_release_export": (_c_int, [_c_int, _c_uint64]),
     "streampool_ipc_import_pool": (_c_int, [_c_int, _c_int, ctypes.POINTER(_c_uint64)]),

@@ -24,6 +24,9 @@ TORCH_KEYS = {
     "num_device_free": "num_device_frees",
 }
 
+# ``memory_limit_bytes`` when no limit is set (a limit of 0 refuses every allocation).
+NO_LIMIT = 2**64 - 1
+
 # streampool's own keys -> StreampoolStats field.
 OWN_KEYS = {
     "cached_bytes": "cached_bytes",
@@ -34,6 +37,8 @@ OWN_KEYS = {
     "ipc_reserved_bytes": "ipc_reserved_bytes",
     "ipc_used_bytes": "ipc_used_bytes",
     "num_growth_syncs": "num_growth_syncs",
+    "num_maps": "num_maps",
+    "num_unmaps": "num_unmaps",
 }
 
 
@@ -86,7 +91,7 @@ def summary(device: int, driver: str, stats: StreampoolStats) -> str:
         ("Allocations", str(s.allocations_current), str(s.allocations_peak),
          str(s.num_allocs), str(s.num_frees)),
     ]
-    limit = b(s.memory_limit_bytes) if s.memory_limit_bytes else "none"
+    limit = "none" if s.memory_limit_bytes == NO_LIMIT else b(s.memory_limit_bytes)
     facts = [
         ("Cached, ready for reuse", b(s.cached_bytes), "Pool used", b(s.pool_used_bytes)),
         ("Cache hits", str(s.num_cache_hits), "Alloc retries", str(s.num_alloc_retries)),

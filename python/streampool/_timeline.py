@@ -7,7 +7,9 @@ with its byte gauges, rides along under the key ``"streampool"``, which PyTorch'
 
 How streampool maps onto PyTorch's vocabulary: a "segment" is a block streampool took from the
 CUDA pool (the pool's own layout is not visible); ``segment_alloc`` / ``segment_free`` are blocks
-taken from and returned to the pool; ``alloc`` / ``free_*`` are tensors' allocations.
+taken from and returned to the pool; ``alloc`` / ``free_*`` are tensors' allocations; with
+``STREAMPOOL_BACKEND=vmm``, ``segment_map`` / ``segment_unmap`` are pages of physical memory
+mapped and unmapped (as PyTorch's expandable segments show theirs).
 """
 
 import pickle
@@ -34,7 +36,7 @@ def record_history(enabled: bool = True, max_entries: int = DEFAULT_MAX_ENTRIES)
 
 def history() -> List[Dict[str, Any]]:
     """The recorded events, oldest first: ``action`` (alloc, free, pool_alloc, pool_free,
-    pool_grow, pool_trim, oom), ``time_us``, ``device``, ``stream``, ``address``, ``bytes`` and the
+    pool_grow, pool_trim, oom, and with the vmm backend map, unmap), ``time_us``, ``device``, ``stream``, ``address``, ``bytes`` and the
     device's gauges after the event (``allocated_bytes``, ``held_bytes``, ``cached_bytes``,
     ``reserved_bytes``). For ``oom``, ``address`` is the device's free bytes."""
     events, _ = _lib.history()
@@ -98,6 +100,8 @@ def _trace_entries(e: Dict[str, Any]) -> List[Dict[str, Any]]:
         return [dict(base, action="segment_free")]
     if action == "oom":
         return [dict(base, action="oom", addr=0, device_free=e["address"])]
+    if action in ("map", "unmap"):
+        return [dict(base, action=f"segment_{action}")]
     return []
 
 

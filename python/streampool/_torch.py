@@ -110,11 +110,12 @@ def install(*, _wire_record_stream: bool = True, **options: Any) -> Any:
     ``torch.cuda.memory.CUDAPluggableAllocator``.
 
     Options (each sets the STREAMPOOL_* variable of docs/abi.md; sizes in bytes or strings such
-    as "8GiB", "80%", "max"): release_threshold, max_pool_size, cache_limit, cache_max_block,
-    small_pool_max (0: one pool for all sizes), trim_on_growth, peer_access ("auto", True or False), ipc (every allocation shareable with
-    other processes; such pools never give memory back), reuse_follow_event_dependencies,
-    reuse_allow_opportunistic, reuse_allow_internal_dependencies (bools), log (a log filter
-    such as "info").
+    as "8GiB", "80%", "max"): backend ("pool", or "vmm": large blocks on streampool's own
+    virtual-memory pool), vmm_page_size, release_threshold, max_pool_size, cache_limit,
+    cache_max_block, small_pool_max (0: one pool for all sizes), trim_on_growth, peer_access
+    ("auto", True or False), ipc (every allocation shareable with other processes; such pools
+    never give memory back), reuse_follow_event_dependencies, reuse_allow_opportunistic,
+    reuse_allow_internal_dependencies (bools), log (a log filter such as "info").
 
     Must run before CUDA is initialised in the process. A second call returns the same allocator
     (with a warning if its options differ). ``_wire_record_stream=False`` is for tests only.

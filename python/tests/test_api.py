@@ -36,6 +36,8 @@ OWN_KEYS = {
     "ipc_reserved_bytes",
     "ipc_used_bytes",
     "num_growth_syncs",
+    "num_maps",
+    "num_unmaps",
 }
 
 

@@ -32,16 +32,25 @@ MISSING = _missing_gpu()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"GPU tests need PyTorch and a CUDA GPU: {MISSING}")
 
 
-def gpu_env():
-    """The real CUDA driver (no STREAMPOOL_DRIVER=sim) and deterministic cuBLAS for training."""
+# The backend every GPU case runs streampool with: STREAMPOOL_TEST_BACKEND (scripts/gpu-check
+# sets it from STREAMPOOL_BACKEND, which conftest removes from this process), else the default.
+TEST_BACKEND = os.environ.get("STREAMPOOL_TEST_BACKEND")
+
+
+def gpu_env(backend: Optional[str] = None):
+    """The real CUDA driver (no STREAMPOOL_DRIVER=sim), the backend under test, and deterministic
+    cuBLAS for training."""
     env = {name: None for name in os.environ if name.startswith("STREAMPOOL_") and name != "STREAMPOOL_LIBRARY"}
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    backend = backend or TEST_BACKEND
+    if backend:
+        env["STREAMPOOL_BACKEND"] = backend
     return env
 
 
-def run_case(name: str, allocator: str = "streampool") -> str:
+def run_case(name: str, allocator: str = "streampool", backend: Optional[str] = None) -> str:
     """Runs one case in a fresh process; fails the test with its output if it fails. Returns stdout."""
-    proc = run_python(args=[RUNNER, "--allocator", allocator, name], env=gpu_env(), timeout=600)
+    proc = run_python(args=[RUNNER, "--allocator", allocator, name], env=gpu_env(backend), timeout=600)
     assert proc.returncode == 0, describe(proc)
     assert f"CASE {name} ({allocator}) passed" in proc.stdout, describe(proc)
     return proc.stdout
@@ -70,6 +79,10 @@ def tagged_line(stdout: str, tag: str) -> str:
 )
 def test_case_under_streampool(case):
     run_case(case)
+
+
+def test_vmm_backend_keeps_every_element_while_pages_move():
+    print(f"\nvmm remap: {tagged_line(run_case('vmm_remap_four_streams', backend='vmm'), 'vmm remap:')}")
 
 
 def test_scoped_mempool_without_install():

@@ -29,6 +29,7 @@ import multigpu  # noqa: E402
 import stress  # noqa: E402
 import timeline  # noqa: E402
 import training  # noqa: E402
+import vmm  # noqa: E402
 
 MODES = ("streampool", "streampool-no-record-stream-hook", "native", "scoped")
 
@@ -78,7 +79,7 @@ class Context:
 def find_cases():
     """name -> function, from every ``case_<name>`` in the case modules."""
     cases = {}
-    for module in (basic, graphs, multigpu, stress, timeline, training):
+    for module in (basic, graphs, multigpu, stress, timeline, training, vmm):
         for attribute in dir(module):
             if attribute.startswith("case_"):
                 cases[attribute[len("case_"):]] = getattr(module, attribute)
