@@ -1,4 +1,4 @@
-"""Command line: ``python -m streampool {info,demo,bench,plot}``."""
+"""Command line: ``python -m streampool {info,demo,plot}``."""
 
 import argparse
 import os
@@ -70,21 +70,21 @@ def plot_command(snapshot: str, out: str, device: Optional[int]) -> int:
     return 0
 
 
-def bench(argv: List[str]) -> int:
-    from . import bench as bench_module
-
-    return bench_module.main(argv)
+BENCH_MOVED = (
+    "the benchmark is a tool of the source repository: from a checkout, "
+    "python3 -m bench --help (see BENCHMARKS.md)"
+)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # everything after "bench" belongs to streampool.bench
-        return bench(argv[1:])
+    if argv[:1] == ["bench"]:  # the benchmark left the package for the repository's bench/
+        print(BENCH_MOVED, file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="python -m streampool", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="library, driver, devices, statistics and STREAMPOOL_* variables")
     commands.add_parser("demo", help="allocate through streampool on the GPU, or the simulated driver")
-    commands.add_parser("bench", help="benchmarks; arguments go to streampool.bench")
     plot = commands.add_parser("plot", help="draw a snapshot's memory timeline (streampool.dump_snapshot)")
     plot.add_argument("snapshot", help="a pickle from streampool.dump_snapshot (or PyTorch's _dump_snapshot)")
     plot.add_argument("-o", "--out", default="memory.png", help="the PNG to write (default: memory.png)")
