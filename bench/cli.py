@@ -34,7 +34,7 @@ REPEATS_FULL = 8
 REPEATS_QUICK = 3
 # The GPU machine allows 10 minutes per command: stop starting repeats in time to write reports.
 TIME_BUDGET_FULL_S = 530
-TIME_BUDGET_QUICK_S = 200
+TIME_BUDGET_QUICK_S = 240
 CHILD_TIMEOUT_S = 180
 COTENANT_TIMEOUT_S = 120
 COMMAND = "python3 -m bench"
@@ -87,7 +87,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="also run streampool with these STREAMPOOL_* settings, as "
                         "configuration streampool:LABEL (repeatable)")
     parser.add_argument("--from-json", type=Path, default=None,
-                        help="run nothing: render latest.md and latest.png from this latest.json")
+                        help="run nothing: render latest.md and latest.png from this latest.json "
+                        "(one left by a run cut short: its report too)")
     options = parser.parse_args(list(argv))
     if options.repeats is None:
         options.repeats = REPEATS_QUICK if options.quick else REPEATS_FULL
@@ -165,8 +166,9 @@ def write_renderings(document: Dict[str, Any], out_dir: Path) -> None:
 
 def run(options: argparse.Namespace, argv: Sequence[str], environ: Dict[str, str],
         make_runner=child_runner, cotenant_trial=cotenant.run_trial) -> Dict[str, Any]:
-    """Co-tenant first (it warms the machine's file cache), then the repeats; latest.json after
-    every repeat. Returns the final report."""
+    """Co-tenant first (it warms the machine's file cache), then the repeats; after every repeat
+    latest.json holds the raw results so far (report.partial_document), at the end the report.
+    Returns the final report."""
     started_s = time.monotonic()
     timed = [w for w in options.workloads if w in TIMED_WORKLOADS]
     facts = {
@@ -187,24 +189,20 @@ def run(options: argparse.Namespace, argv: Sequence[str], environ: Dict[str, str
         c: workloads_of(resolve(c, options.variants), timed) for c in options.configs
     }
     configs = [c for c in options.configs if workloads_by_config[c]]
-    target_document = targets.load()
 
-    def document(repeats: runner.Repeats, stop_reason: Optional[str]) -> Dict[str, Any]:
-        return report.build_report(
-            repeats.runs,
-            configs=configs,
-            workloads=timed,
-            repeats_requested=options.repeats,
-            orders=repeats.orders,
-            stop_reason=stop_reason,
-            cotenant=cotenant_result,
-            facts={**facts, "elapsed_s": round(time.monotonic() - started_s, 1)},
-            target_document=target_document,
-        )
+    def inputs(repeats: runner.Repeats) -> Dict[str, Any]:
+        """build_report's arguments besides the runs and the stop reason."""
+        return {
+            "configs": configs,
+            "workloads": timed,
+            "repeats_requested": options.repeats,
+            "orders": repeats.orders,
+            "cotenant": cotenant_result,
+            "facts": {**facts, "elapsed_s": round(time.monotonic() - started_s, 1)},
+        }
 
-    def save(partial: runner.Repeats) -> None:
-        incomplete = f"incomplete: written after repeat {len(partial.runs)}"
-        write_json(document(partial, incomplete), options.out_dir)
+    def save(partial: runner.Repeats) -> None:  # no statistics here: they take seconds
+        write_json(report.partial_document(partial.runs, inputs(partial)), options.out_dir)
 
     repeats = runner.Repeats([], [], None)
     if timed:
@@ -217,7 +215,12 @@ def run(options: argparse.Namespace, argv: Sequence[str], environ: Dict[str, str
             started_s=started_s,
             on_repeat=save,
         )
-    final = document(repeats, repeats.stop_reason)
+    final = report.build_report(
+        repeats.runs,
+        stop_reason=repeats.stop_reason,
+        target_document=targets.load(),
+        **inputs(repeats),
+    )
     write_json(final, options.out_dir)
     return final
 
@@ -227,6 +230,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     options = parse_args(argv)
     if options.from_json is not None:
         final = json.loads(options.from_json.read_text())
+        if final.get("partial"):  # a run cut short: its report from the repeats it finished
+            final = report.rebuild(final)
+            write_json(final, options.out_dir)
     else:
         final = run(options, argv, dict(os.environ))
     write_renderings(final, options.out_dir)

@@ -160,3 +160,16 @@ def build_report(
     }
     report["targets"] = targets.judge(report, target_document)
     return report
+
+
+def partial_document(runs: Runs, inputs: Dict[str, Any]) -> Dict[str, Any]:
+    """What latest.json holds while a run goes on: the repeats so far and the inputs of
+    build_report, no statistics (they take seconds); ``rebuild`` makes the report from it."""
+    return {"partial": True, "repeats": len(runs), "inputs": inputs, "raw": list(runs)}
+
+
+def rebuild(document: Dict[str, Any]) -> Dict[str, Any]:
+    """The report of a run that stopped before its end, from its last partial_document."""
+    runs = document["raw"]
+    reason = f"incomplete: the run stopped after {len(runs)} repeat(s)"
+    return build_report(runs, stop_reason=reason, **document["inputs"])

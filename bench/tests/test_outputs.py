@@ -192,6 +192,7 @@ def test_main_end_to_end_with_fake_children(tmp_path, monkeypatch, capsys):
     assert document["workloads"]["gpt2"]["streampool-vmm"]["error"].startswith("StreampoolError")
     assert document["workloads"]["gpt2"]["native-aa"]["time_ratio_ci95"][0] < 1.0
     assert written == [1, 2, 3, 3]  # after every repeat, then the final report
+    assert "workloads" in document and "partial" not in document
     assert (out / "latest.md").read_text() == markdown.markdown(document)
     out_text, err = capsys.readouterr()
     assert "target gpt2 time_ratio streampool" in out_text
@@ -245,3 +246,57 @@ def test_a_plot_that_fails_loses_nothing_else(tmp_path, monkeypatch, capsys):
     cli.write_renderings(full_report(), tmp_path)
     assert (tmp_path / "latest.md").exists()
     assert "no plot: ValueError: old matplotlib" in capsys.readouterr().err
+
+
+def test_ratio_cells_print_the_interval_not_the_spread():
+    cell = {"time_ratio": 0.97, "time_ratio_ci95": [0.96, 0.99], "time_ratio_min": 0.90,
+            "time_ratio_max": 1.20}
+    assert markdown.ratio_text(cell, "time_ratio") == "0.970× (0.960–0.990)"
+    assert markdown.spread_text(cell, "time_ratio") == "0.97× (0.90–1.20)"
+
+
+def test_each_configuration_gets_only_its_workloads(tmp_path):
+    calls = {}
+
+    def make_runner(variants, environ, timeout_s):
+        def run(config, names, label):
+            calls[config] = names
+            return fakes.child({w: fakes.record(1.0, live_bytes=10) for w in names})
+        return run
+
+    options = cli.parse_args(["--configs", "streampool,streampool-nocache", "--repeats", "1",
+                              "--workloads", "empty_1KiB,churn,gpt2", "--out-dir", str(tmp_path)])
+    document = cli.run(options, [], {}, make_runner=make_runner)
+    assert calls == {"native": ["empty_1KiB", "churn", "gpt2"],
+                     "streampool": ["empty_1KiB", "churn", "gpt2"],
+                     "streampool-nocache": ["churn"]}
+    assert "streampool-nocache" in document["workloads"]["churn"]
+    assert "streampool-nocache" not in document["workloads"]["gpt2"]
+    alone = cli.parse_args(["--configs", "streampool-nocache", "--repeats", "1",
+                            "--workloads", "gpt2", "--out-dir", str(tmp_path)])
+    calls.clear()
+    assert cli.run(alone, [], {}, make_runner=make_runner)["configs"] == ["native"]
+    assert list(calls) == ["native"]  # no process started for a configuration with nothing to run
+
+
+def test_a_run_cut_short_leaves_a_json_that_renders(tmp_path, monkeypatch):
+    fake_children(tmp_path, monkeypatch)
+    partials = []
+    real_write_json = cli.write_json
+
+    def keep(document, out_dir):
+        partials.append(json.loads(json.dumps(document)))
+        real_write_json(document, out_dir)
+
+    monkeypatch.setattr(cli, "write_json", keep)
+    cli.main(["--configs", "native-aa,streampool", "--workloads", "churn", "--repeats", "2",
+              "--out-dir", str(tmp_path / "full")])
+    first = partials[0]
+    assert first["partial"] and first["repeats"] == 1 and "workloads" not in first
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(first))  # as if the machine had been taken away after repeat 1
+    cli.main(["--out-dir", str(tmp_path / "re"), "--from-json", str(cut)])
+    rebuilt = json.loads((tmp_path / "re" / "latest.json").read_text())
+    assert rebuilt["repeats"] == 1 and rebuilt["stop_reason"].startswith("incomplete")
+    assert rebuilt["workloads"]["churn"]["streampool"]["time_ratio"] == pytest.approx(0.9, abs=0.01)
+    assert "1 repeat(s) of 2 asked (incomplete" in (tmp_path / "re" / "latest.md").read_text()

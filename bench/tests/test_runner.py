@@ -153,18 +153,20 @@ class FakeClock:
 def test_no_repeat_starts_that_would_end_past_the_time_budget():
     clock = FakeClock()
     seen = []
+    child_s = iter([50.0, 50.0] + [30.0] * 20)  # the first repeat's children start cold
 
     def fake(config, names, label):
-        clock.now_s += 30.0  # every child takes 30 s: a repeat of two takes 60 s
+        clock.now_s += next(child_s)
         return ok_child(names)
 
     repeats = runner.run_repeats(
         ["native", "streampool"], {"native": ["churn"], "streampool": ["churn"]}, 8, fake,
-        time_budget_s=200.0, started_s=-20.0, clock=clock,
+        time_budget_s=250.0, started_s=-20.0, clock=clock,
         on_repeat=lambda partial: seen.append(len(partial.runs)),
     )
-    # 20 s already spent: repeats end at 80, 140, 200 s; a fourth would end at 260 s.
+    # 20 s spent before; repeat 1 ends at 120 s (cold), 2 at 180 s, 3 at 240 s; a fourth would
+    # end at 300 s. (Judged by the longest repeat, 100 s, the third would not have started.)
     assert len(repeats.runs) == 3 and seen == [1, 2, 3]
-    assert repeats.stop_reason.startswith("time budget: 3 of 8 repeats ran in 200 s")
+    assert repeats.stop_reason.startswith("time budget: 3 of 8 repeats ran in 240 s")
     unlimited = runner.run_repeats(["native"], {"native": ["churn"]}, 8, fake, clock=clock)
     assert len(unlimited.runs) == 8 and unlimited.stop_reason is None
