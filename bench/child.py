@@ -30,7 +30,7 @@ class Skipped(Exception):
 
 
 def unknown_streampool_variables(environ: Dict[str, str], known: Iterable[str]) -> List[str]:
-    """The STREAMPOOL_* variables in ``environ`` that are not in ``known`` (nor the library path)."""
+    """The STREAMPOOL_* variables in ``environ`` neither in ``known`` nor the library path."""
     known = set(known) | {"STREAMPOOL_LIBRARY"}
     return sorted(n for n in environ if n.startswith("STREAMPOOL_") and n not in known)
 
@@ -111,7 +111,9 @@ def child_info(torch: Any, base: str) -> Dict[str, Any]:
         "allocator_backend": torch.cuda.get_allocator_backend(),
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "streampool_variables": {
-            k: v for k, v in os.environ.items() if k.startswith("STREAMPOOL_") and k != "STREAMPOOL_LIBRARY"
+            k: v
+            for k, v in os.environ.items()
+            if k.startswith("STREAMPOOL_") and k != "STREAMPOOL_LIBRARY"
         },
     }
     if base == "streampool":
@@ -168,7 +170,9 @@ def time_schedule(
             host_time_s += elapsed_s
             gpu_time_s += start_event.elapsed_time(end_event) / 1e3 if on_cuda else elapsed_s
         if on_cuda:
-            peak_device_bytes = max(peak_device_bytes, start_free_bytes - torch.cuda.mem_get_info()[0])
+            peak_device_bytes = max(
+                peak_device_bytes, start_free_bytes - torch.cuda.mem_get_info()[0]
+            )
     return {
         "host_time_s": host_time_s,
         "gpu_time_s": gpu_time_s,
@@ -201,7 +205,10 @@ def streampool_record(before: Dict[str, int]) -> Dict[str, Any]:
         record["peak_live_bytes"] = (
             after["allocated_bytes.all.peak"] - before["allocated_bytes.all.current"]
         )
-    for key, name in (("reserved_bytes.all.current", "reserved_bytes_at_end"), ("cached_bytes", "cached_bytes_at_end")):
+    for key, name in (
+        ("reserved_bytes.all.current", "reserved_bytes_at_end"),
+        ("cached_bytes", "cached_bytes_at_end"),
+    ):
         if key in after:
             record[name] = after[key]
     return record
@@ -242,7 +249,8 @@ def record_text(record: Dict[str, Any]) -> str:
     per_unit = record["host_time_s"] / record["units"]
     factor, text = s.UNIT_SCALE[record["unit"]]
     return (
-        f"{per_unit * factor:.3f} {text} (GPU {record['gpu_time_s'] / record['units'] * factor:.3f}), "
+        f"{per_unit * factor:.3f} {text} "
+        f"(GPU {record['gpu_time_s'] / record['units'] * factor:.3f}), "
         f"peak device used {record['peak_device_bytes'] / 2**20:.1f} MiB"
     )
 
@@ -287,8 +295,15 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def command(base: str, backend: str, names: Sequence[str]) -> list:
     """argv of the child that measures ``base`` (expecting ``backend``) on ``names``."""
     return [
-        sys.executable, "-m", "bench.child",
-        "--base", base, "--backend", backend, "--workloads", ",".join(names),
+        sys.executable,
+        "-m",
+        "bench.child",
+        "--base",
+        base,
+        "--backend",
+        backend,
+        "--workloads",
+        ",".join(names),
     ]
 
 

@@ -64,31 +64,70 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         description="Time and memory of streampool against PyTorch's allocators, on the GPU "
         "(run from the repository root; BENCHMARKS.md describes the method).",
     )
-    parser.add_argument("--out-dir", type=Path, required=True,
-                        help="where latest.json, latest.md and latest.png go (created)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{REPEATS_QUICK} repeats and a shorter co-tenant (about 3 min)")
-    parser.add_argument("--configs", type=_name_list(CONFIG_NAMES, "configuration"),
-                        default=list(CONFIG_NAMES),
-                        help=f"comma-separated, from {','.join(CONFIG_NAMES)} (native always runs)")
-    parser.add_argument("--workloads", type=_name_list(WORKLOADS, "workload"),
-                        default=list(WORKLOADS), help=f"comma-separated, from {','.join(WORKLOADS)}")
-    parser.add_argument("--repeats", type=int, default=None,
-                        help=f"interleaved repeats (default {REPEATS_FULL}, --quick {REPEATS_QUICK})")
-    parser.add_argument("--cotenant-repeats", type=int, default=1,
-                        help="rounds of the co-tenant workload (default 1)")
-    parser.add_argument("--time-budget-s", type=float, default=None,
-                        help=f"start no repeat that would end past this many seconds from the "
-                        f"start (default {TIME_BUDGET_FULL_S}, --quick {TIME_BUDGET_QUICK_S}; 0: none)")
-    parser.add_argument("--child-timeout-s", type=float, default=CHILD_TIMEOUT_S,
-                        help=f"seconds per child process (default {CHILD_TIMEOUT_S})")
-    parser.add_argument("--variant", type=parse_variant, action="append", default=[],
-                        metavar="LABEL:VAR=VALUE[,VAR=VALUE]",
-                        help="also run streampool with these STREAMPOOL_* settings, as "
-                        "configuration streampool:LABEL (repeatable)")
-    parser.add_argument("--from-json", type=Path, default=None,
-                        help="run nothing: render latest.md and latest.png from this latest.json "
-                        "(one left by a run cut short: its report too)")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        required=True,
+        help="where latest.json, latest.md and latest.png go (created)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{REPEATS_QUICK} repeats and a shorter co-tenant (about 3 min)",
+    )
+    parser.add_argument(
+        "--configs",
+        type=_name_list(CONFIG_NAMES, "configuration"),
+        default=list(CONFIG_NAMES),
+        help=f"comma-separated, from {','.join(CONFIG_NAMES)} (native always runs)",
+    )
+    parser.add_argument(
+        "--workloads",
+        type=_name_list(WORKLOADS, "workload"),
+        default=list(WORKLOADS),
+        help=f"comma-separated, from {','.join(WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"interleaved repeats (default {REPEATS_FULL}, --quick {REPEATS_QUICK})",
+    )
+    parser.add_argument(
+        "--cotenant-repeats",
+        type=int,
+        default=1,
+        help="rounds of the co-tenant workload (default 1)",
+    )
+    parser.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help=f"start no repeat that would end past this many seconds from the "
+        f"start (default {TIME_BUDGET_FULL_S}, --quick {TIME_BUDGET_QUICK_S}; 0: none)",
+    )
+    parser.add_argument(
+        "--child-timeout-s",
+        type=float,
+        default=CHILD_TIMEOUT_S,
+        help=f"seconds per child process (default {CHILD_TIMEOUT_S})",
+    )
+    parser.add_argument(
+        "--variant",
+        type=parse_variant,
+        action="append",
+        default=[],
+        metavar="LABEL:VAR=VALUE[,VAR=VALUE]",
+        help="also run streampool with these STREAMPOOL_* settings, as "
+        "configuration streampool:LABEL (repeatable)",
+    )
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="run nothing: render latest.md and latest.png from this latest.json "
+        "(one left by a run cut short: its report too)",
+    )
     options = parser.parse_args(list(argv))
     if options.repeats is None:
         options.repeats = REPEATS_QUICK if options.quick else REPEATS_FULL
@@ -121,7 +160,10 @@ def driver_version() -> str:
     try:
         done = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=60, check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"unknown ({type(exc).__name__})"
@@ -164,8 +206,13 @@ def write_renderings(document: Dict[str, Any], out_dir: Path) -> None:
         protocol.progress(f"no plot: {type(exc).__name__}: {exc}")
 
 
-def run(options: argparse.Namespace, argv: Sequence[str], environ: Dict[str, str],
-        make_runner=child_runner, cotenant_trial=cotenant.run_trial) -> Dict[str, Any]:
+def run(
+    options: argparse.Namespace,
+    argv: Sequence[str],
+    environ: Dict[str, str],
+    make_runner=child_runner,
+    cotenant_trial=cotenant.run_trial,
+) -> Dict[str, Any]:
     """Co-tenant first (it warms the machine's file cache), then the repeats; after every repeat
     latest.json holds the raw results so far (report.partial_document), at the end the report.
     Returns the final report."""

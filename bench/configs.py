@@ -37,7 +37,9 @@ CONFIGS: Dict[str, Config] = {
     # The A/A control: native again, as a configuration of its own in every repeat.
     NATIVE_AA: Config("native"),
     "expandable": Config("native", alloc_conf="expandable_segments:True"),
-    "torch-async": Config("native", alloc_conf="backend:cudaMallocAsync", backend="cudaMallocAsync"),
+    "torch-async": Config(
+        "native", alloc_conf="backend:cudaMallocAsync", backend="cudaMallocAsync"
+    ),
     "streampool": Config("streampool", backend=STREAMPOOL_BACKEND),
     # The virtual-memory backend; a library that rejects the value fails this child's set-up.
     "streampool-vmm": Config(

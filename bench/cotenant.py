@@ -84,8 +84,14 @@ class Process:
 def holder_command(name: str) -> List[str]:
     cotenant = COTENANT_CONFIGS[name]
     command = [
-        sys.executable, "-m", "bench.cotenant_child", "holder",
-        "--base", cotenant.config.base, "--backend", cotenant.config.backend,
+        sys.executable,
+        "-m",
+        "bench.cotenant_child",
+        "holder",
+        "--base",
+        cotenant.config.base,
+        "--backend",
+        cotenant.config.backend,
     ]
     return command + (["--empty-cache"] if cotenant.empty_cache else [])
 
@@ -101,7 +107,9 @@ def run_trial(name: str, environ: Dict[str, str], timeout_s: float, label: str) 
     deadline_s = started_s + timeout_s
     grace_s = 2.0
     holder = Process(
-        holder_command(name), child_environment(COTENANT_CONFIGS[name].config, environ), f"{label} A"
+        holder_command(name),
+        child_environment(COTENANT_CONFIGS[name].config, environ),
+        f"{label} A",
     )
     prober = Process(prober_command(), child_environment(CONFIGS[NATIVE], environ), f"{label} B")
     try:

@@ -64,7 +64,8 @@ def hold(base: str, backend: str, empty_cache: bool) -> int:
 
 def largest_fit_bytes(fits: Callable[[int], bool], high_bytes: int) -> int:
     """The largest multiple of PROBE_ALIGN_BYTES up to ``high_bytes`` for which ``fits`` is true,
-    to within PROBE_RESOLUTION_BYTES (0 if none fits), assuming that whatever fits, less fits too."""
+    to within PROBE_RESOLUTION_BYTES (0 if none fits), assuming that whatever fits, less fits too.
+    """
     low, high = 0, high_bytes  # low fits (nothing), high is not known to
     if fits(high):
         return high

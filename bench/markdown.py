@@ -116,7 +116,8 @@ def _aa_lines(report: Dict[str, Any]) -> List[str]:
     ]
     for workload, cell in rows:
         lines.append(
-            f"| `{workload}` | {ratio_text(cell, 'time_ratio')} | {ratio_text(cell, 'gpu_time_ratio')} |"
+            f"| `{workload}` | {ratio_text(cell, 'time_ratio')} | "
+            f"{ratio_text(cell, 'gpu_time_ratio')} |"
         )
     return lines
 
@@ -134,7 +135,8 @@ def _cotenant_lines(report: Dict[str, Any]) -> List[str]:
         "tensor it can (binary search to 64 MiB) and fills it. Fraction: B's largest allocation "
         "÷ the device's memory, median (min–max) over repeats.",
         "",
-        "| A's configuration | A called `empty_cache()` | B's largest allocation | fraction of device |",
+        "| A's configuration | A called `empty_cache()` | B's largest allocation "
+        "| fraction of device |",
         "|---|---|---|---|",
     ]
     for name, cell in cells.items():
@@ -165,7 +167,8 @@ def _target_lines(report: Dict[str, Any]) -> List[str]:
         if row["median"] is None:
             measured = "—"
         elif row["metric"] == "cotenant_fit_fraction":
-            measured = f"{row['median']:.3f} ({row['ci95'][0]:.3f}–{row['ci95'][1]:.3f}, min–max)"
+            low, high = row["ci95"]
+            measured = f"{row['median']:.3f} ({low:.3f}–{high:.3f}, min–max)"
         else:
             measured = f"{row['median']:.3f}× ({row['ci95'][0]:.3f}–{row['ci95'][1]:.3f})"
         lines.append(
@@ -213,7 +216,9 @@ def markdown(report: Dict[str, Any]) -> str:
             "end, idle gaps included (for a step the host cannot keep the GPU busy in, it "
             "approaches the host time).",
             "",
-            *_table(report, workloads, lambda cell: claimed_text(cell, "gpu_time"), "1 (reference)"),
+            *_table(
+                report, workloads, lambda cell: claimed_text(cell, "gpu_time"), "1 (reference)"
+            ),
             *_aa_lines(report),
             "",
             "## Time per unit on this machine (median over repeats, host clock)",

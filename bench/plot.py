@@ -45,7 +45,9 @@ def _bar_panel(
         values = [cell[metric] for _, cell in cells]
         low_high = [_whiskers(cell, metric, interval) for _, cell in cells]
         errors = [[low for low, _ in low_high], [high for _, high in low_high]]
-        bars = axes.bar(xs, values, width, yerr=errors, capsize=2, label=config, color=f"C{colour % 10}")
+        bars = axes.bar(
+            xs, values, width, yerr=errors, capsize=2, label=config, color=f"C{colour % 10}"
+        )
         axes.bar_label(bars, fmt="%.2f", fontsize=5, padding=2)
     axes.set_xticks(range(len(groups)), groups, fontsize=7)
     if columns:
@@ -69,8 +71,12 @@ def write_plot(report: Dict[str, Any], path: Path) -> None:
     ):
         _bar_panel(axes, workloads, report["workloads"], configs, metric, "ci95")
         axes.axhline(1.0, color="black", linewidth=0.8)
-        axes.set_title(f"{title}: median of {report['repeats']} repeat(s), 95% interval", fontsize=9)
-    _bar_panel(panels[2], memory_workloads, report["workloads"], configs, "peak_memory_ratio", "spread")
+        axes.set_title(
+            f"{title}: median of {report['repeats']} repeat(s), 95% interval", fontsize=9
+        )
+    _bar_panel(
+        panels[2], memory_workloads, report["workloads"], configs, "peak_memory_ratio", "spread"
+    )
     panels[2].axhline(1.0, color="black", linewidth=0.8)
     panels[2].set_title("peak device memory ÷ native peak live: median, min–max", fontsize=9)
     cotenant = report.get("cotenant") or {}
@@ -78,9 +84,12 @@ def write_plot(report: Dict[str, Any], path: Path) -> None:
     _bar_panel(
         panels[3], ["cotenant"], {"cotenant": cotenant}, names, "cotenant_fit_fraction", "spread"
     )
-    panels[3].set_title("co-tenant: B's largest allocation ÷ device memory (higher is better)", fontsize=9)
+    panels[3].set_title(
+        "co-tenant: B's largest allocation ÷ device memory (higher is better)", fontsize=9
+    )
     figure.suptitle(
-        f"streampool {report['streampool']} on {report['device']}, torch {report['torch']}", fontsize=10
+        f"streampool {report['streampool']} on {report['device']}, torch {report['torch']}",
+        fontsize=10,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)

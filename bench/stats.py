@@ -1,4 +1,4 @@
-"""Statistics of the benchmark: medians, seeded bootstrap intervals, comparison with the A/A control.
+"""The benchmark's statistics: medians, seeded bootstrap intervals, the A/A comparison.
 
 Invariant: every function here is pure and deterministic (the bootstrap draws from its own
 ``random.Random(seed)``), takes plain numbers and knows nothing of workloads or configurations, so
@@ -40,9 +40,7 @@ def bootstrap_median_interval(
         raise ValueError("bootstrap of no values")
     rng = random.Random(seed)
     n = len(values)
-    medians = sorted(
-        statistics.median(rng.choices(values, k=n)) for _ in range(resamples)
-    )
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
     tail = (1 - confidence) / 2
     return quantile(medians, tail), quantile(medians, 1 - tail)
 
@@ -68,7 +66,7 @@ def summarise_ratios(name: str, per_repeat: Sequence[float]) -> dict:
 def compare_with_aa(
     interval: Sequence[float], aa_interval: Optional[Sequence[float]]
 ) -> Optional[str]:
-    """"lower" or "higher" when ``interval`` lies wholly below or above the A/A interval (native
+    """ "lower" or "higher" when ``interval`` lies wholly below or above the A/A interval (native
     against itself in the same run): only then is a difference from native claimed; "within A/A"
     when they overlap; None without an A/A interval."""
     if aa_interval is None:

@@ -44,8 +44,12 @@ def _ratio_row(report: Dict[str, Any], target: Dict[str, Any], config: str) -> O
     cell = report["workloads"].get(target["workload"], {}).get(config)
     if cell is None:
         return None
-    row = {"workload": target["workload"], "metric": target["metric"], "config": config,
-           "target": target_text(target)}
+    row = {
+        "workload": target["workload"],
+        "metric": target["metric"],
+        "config": config,
+        "target": target_text(target),
+    }
     if "error" in cell or cell.get(target["metric"]) is None:
         return {**row, "median": None, "ci95": None, "status": "not measured"}
     median, (low, high) = cell[target["metric"]], cell[f"{target['metric']}_ci95"]
@@ -61,14 +65,20 @@ def _cotenant_row(report: Dict[str, Any], target: Dict[str, Any]) -> Optional[di
     config = target["config"]
     if config not in cells:
         return None
-    row = {"workload": target["workload"], "metric": COTENANT_METRIC, "config": config,
-           "target": target_text(target)}
+    row = {
+        "workload": target["workload"],
+        "metric": COTENANT_METRIC,
+        "config": config,
+        "target": target_text(target),
+    }
     mine = cells[config]
     others = {n: cells[n] for n in target["above_all_of"] if n in cells and "error" not in cells[n]}
     if "error" in mine:
         return {**row, "median": None, "ci95": None, "status": "not measured"}
-    row.update(median=mine[COTENANT_METRIC],
-               ci95=[mine[f"{COTENANT_METRIC}_min"], mine[f"{COTENANT_METRIC}_max"]])
+    row.update(
+        median=mine[COTENANT_METRIC],
+        ci95=[mine[f"{COTENANT_METRIC}_min"], mine[f"{COTENANT_METRIC}_max"]],
+    )
     if not others:
         return {**row, "status": "not judged (no PyTorch configuration measured)"}
     best_other = max(cell[f"{COTENANT_METRIC}_max"] for cell in others.values())

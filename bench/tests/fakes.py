@@ -3,7 +3,9 @@
 from bench import report, targets
 
 
-def record(host_s, gpu_s=None, device_bytes=1000, live_bytes=None, held_bytes=0, units=10, unit="step"):
+def record(
+    host_s, gpu_s=None, device_bytes=1000, live_bytes=None, held_bytes=0, units=10, unit="step"
+):
     """A child's record for one workload; live_bytes only in a native child's."""
     result = {
         "host_time_s": host_s,
@@ -40,23 +42,33 @@ def eight_repeats():
         runs.append(
             {
                 "native": child(
-                    {"gpt2": record(native_gpt2, 30.0, 1240, 1000),
-                     "empty_1KiB": record(2.0, 2.0, 0, 0, unit="pair")},
+                    {
+                        "gpt2": record(native_gpt2, 30.0, 1240, 1000),
+                        "empty_1KiB": record(2.0, 2.0, 0, 0, unit="pair"),
+                    },
                     info=INFO,
                 ),
                 "native-aa": child(
-                    {"gpt2": record(native_gpt2 * (1 + wobble), 30.0, 1250, 1001),
-                     "empty_1KiB": record(2.0 * (1 - wobble), 2.0, 0, 0, unit="pair")},
+                    {
+                        "gpt2": record(native_gpt2 * (1 + wobble), 30.0, 1250, 1001),
+                        "empty_1KiB": record(2.0 * (1 - wobble), 2.0, 0, 0, unit="pair"),
+                    },
                     info=INFO,
                 ),
                 "expandable": child(
-                    {"gpt2": record(native_gpt2 * 0.99, 30.0, 1070),
-                     "empty_1KiB": record(2.1, 2.1, 0, unit="pair")},
+                    {
+                        "gpt2": record(native_gpt2 * 0.99, 30.0, 1070),
+                        "empty_1KiB": record(2.1, 2.1, 0, unit="pair"),
+                    },
                     info=INFO,
                 ),
                 "streampool": child(
-                    {"gpt2": record(native_gpt2 * (0.95 + 0.01 * (repeat % 4)), 30.0, 1100 + repeat),
-                     "empty_1KiB": record(1.8, 1.8, 0, unit="pair")},
+                    {
+                        "gpt2": record(
+                            native_gpt2 * (0.95 + 0.01 * (repeat % 4)), 30.0, 1100 + repeat
+                        ),
+                        "empty_1KiB": record(1.8, 1.8, 0, unit="pair"),
+                    },
                     info={**INFO, "streampool_version": "0.1.0"},
                 ),
             }
@@ -77,7 +89,14 @@ def build(runs=None, configs=CONFIGS, workloads=("empty_1KiB", "gpt2"), cotenant
         orders=[configs] * len(runs),
         stop_reason=facts.pop("stop_reason", None),
         cotenant=cotenant or {},
-        facts={"command": "python3 -m bench --out-dir /tmp/x", "date": "2026-11-24 10:00 UTC",
-               "driver": "580.65.06", "quick": False, "variants": {}, "elapsed_s": 400.0, **facts},
+        facts={
+            "command": "python3 -m bench --out-dir /tmp/x",
+            "date": "2026-11-24 10:00 UTC",
+            "driver": "580.65.06",
+            "quick": False,
+            "variants": {},
+            "elapsed_s": 400.0,
+            **facts,
+        },
         target_document=targets.load(),
     )

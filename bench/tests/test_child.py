@@ -47,7 +47,9 @@ def test_only_timed_steps_are_summed_on_both_clocks(monkeypatch):
     def step(seconds):
         clock.now_s += seconds
 
-    schedule = s.Schedule(steps=(5.0, 7.0, 0.25, 0.5, 1.0), warmup=2, units=(1, 1, 2, 4, 8), unit="token")
+    schedule = s.Schedule(
+        steps=(5.0, 7.0, 0.25, 0.5, 1.0), warmup=2, units=(1, 1, 2, 4, 8), unit="token"
+    )
     torch = fake_torch(clock, [900, 400, 700, 800, 600])
     measured = child.time_schedule(torch, step, schedule, "cuda", start_free_bytes=1000)
     assert measured["host_time_s"] == pytest.approx(1.75)  # not the 12 s of warm-up
@@ -70,7 +72,12 @@ def test_on_the_cpu_gpu_time_is_host_time_and_memory_is_not_read(monkeypatch):
 
 
 def test_record_text_reads_per_unit():
-    record = {"host_time_s": 0.5, "gpu_time_s": 0.25, "units": 100, "unit": "sample",
-              "peak_device_bytes": 3 * 2**20}
+    record = {
+        "host_time_s": 0.5,
+        "gpu_time_s": 0.25,
+        "units": 100,
+        "unit": "sample",
+        "peak_device_bytes": 3 * 2**20,
+    }
     assert child.record_text(record) == "5.000 ms/sample (GPU 2.500), peak device used 3.0 MiB"
     assert child.record_text({"error": "boom"}) == "failed: boom"

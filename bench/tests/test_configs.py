@@ -41,7 +41,9 @@ def test_expected_backends():
     backends = {name: config.backend for name, config in configs.CONFIGS.items()}
     assert backends["native"] == backends["expandable"] == "native"
     assert backends["torch-async"] == "cudaMallocAsync"
-    assert backends["streampool"] == backends["streampool-vmm"] == backends["rmm-pool"] == "pluggable"
+    assert (
+        backends["streampool"] == backends["streampool-vmm"] == backends["rmm-pool"] == "pluggable"
+    )
 
 
 def test_the_pool_alone_runs_only_churn_and_multistream():
@@ -56,7 +58,10 @@ def test_the_pool_alone_runs_only_churn_and_multistream():
 
 def test_variants_are_streampool_with_their_settings():
     label, settings = configs.parse_variant("small:STREAMPOOL_SMALL_POOL_MAX=1MiB,STREAMPOOL_X=2")
-    assert label == "small" and settings == {"STREAMPOOL_SMALL_POOL_MAX": "1MiB", "STREAMPOOL_X": "2"}
+    assert label == "small" and settings == {
+        "STREAMPOOL_SMALL_POOL_MAX": "1MiB",
+        "STREAMPOOL_X": "2",
+    }
     env = env_of("streampool:small", variants={"small": settings})
     assert env["STREAMPOOL_SMALL_POOL_MAX"] == "1MiB" and env["STREAMPOOL_X"] == "2"
     assert configs.resolve("streampool:small", {"small": settings}).base == "streampool"
@@ -69,22 +74,46 @@ def test_bad_variants_are_refused(text):
 
 
 def test_cotenant_configurations_follow_the_main_ones():
-    full = configs.cotenant_configs(["native", "native-aa", "expandable", "torch-async",
-                                     "streampool", "streampool-vmm", "rmm-pool"], quick=False)
-    assert full == ["native", "native+empty_cache", "expandable", "torch-async", "streampool",
-                    "streampool-threshold-1GiB", "streampool-vmm"]
+    full = configs.cotenant_configs(
+        [
+            "native",
+            "native-aa",
+            "expandable",
+            "torch-async",
+            "streampool",
+            "streampool-vmm",
+            "rmm-pool",
+        ],
+        quick=False,
+    )
+    assert full == [
+        "native",
+        "native+empty_cache",
+        "expandable",
+        "torch-async",
+        "streampool",
+        "streampool-threshold-1GiB",
+        "streampool-vmm",
+    ]
     quick = configs.cotenant_configs(["native", "expandable", "streampool"], quick=True)
     assert quick == ["native", "streampool", "streampool-threshold-1GiB"]
     threshold = configs.COTENANT_CONFIGS["streampool-threshold-1GiB"]
     assert dict(threshold.config.env) == {"STREAMPOOL_RELEASE_THRESHOLD": "1GiB"}
     assert configs.COTENANT_CONFIGS["native+empty_cache"].empty_cache
-    assert not any(c.empty_cache for n, c in configs.COTENANT_CONFIGS.items() if n != "native+empty_cache")
+    assert not any(
+        c.empty_cache for n, c in configs.COTENANT_CONFIGS.items() if n != "native+empty_cache"
+    )
 
 
 def test_a_streampool_child_refuses_variables_its_library_does_not_read():
     known = ["STREAMPOOL_CACHE_MAX_BLOCK", "STREAMPOOL_LOG"]
-    environ = {"STREAMPOOL_BACKEND": "vmm", "STREAMPOOL_LOG": "warn", "STREAMPOOL_LIBRARY": "/x.so",
-               "STREAMPOOL_CACHE_MAX_BLOCK": "0", "OTHER": "1"}
+    environ = {
+        "STREAMPOOL_BACKEND": "vmm",
+        "STREAMPOOL_LOG": "warn",
+        "STREAMPOOL_LIBRARY": "/x.so",
+        "STREAMPOOL_CACHE_MAX_BLOCK": "0",
+        "OTHER": "1",
+    }
     assert child.unknown_streampool_variables(environ, known) == ["STREAMPOOL_BACKEND"]
     with pytest.raises(RuntimeError, match="does not read STREAMPOOL_BACKEND"):
         child.check_streampool_variables({"STREAMPOOL_BACKEND_TYPO": "vmm"})
@@ -93,8 +122,16 @@ def test_a_streampool_child_refuses_variables_its_library_does_not_read():
 
 def test_child_command_runs_the_child_module():
     command = child.command("streampool", "pluggable", ["empty_1KiB", "gpt2"])
-    assert command[1:] == ["-m", "bench.child", "--base", "streampool", "--backend", "pluggable",
-                           "--workloads", "empty_1KiB,gpt2"]
+    assert command[1:] == [
+        "-m",
+        "bench.child",
+        "--base",
+        "streampool",
+        "--backend",
+        "pluggable",
+        "--workloads",
+        "empty_1KiB,gpt2",
+    ]
     options = child.parse_args(command[3:])
     assert options.base == "streampool" and options.workloads == ["empty_1KiB", "gpt2"]
     with pytest.raises(SystemExit):

@@ -21,7 +21,10 @@ def test_the_search_finds_the_largest_fit_within_its_resolution(limit_bytes):
 
     found = cotenant_child.largest_fit_bytes(fits, 80 * GIB)
     assert found <= limit_bytes  # never claims what did not fit
-    assert limit_bytes - found <= cotenant_child.PROBE_RESOLUTION_BYTES + cotenant_child.PROBE_ALIGN_BYTES
+    assert (
+        limit_bytes - found
+        <= cotenant_child.PROBE_RESOLUTION_BYTES + cotenant_child.PROBE_ALIGN_BYTES
+    )
     assert found % cotenant_child.PROBE_ALIGN_BYTES == 0
     assert len(tried) <= 12  # a binary search, not a scan
 
@@ -72,10 +75,14 @@ def test_a_trial_runs_b_only_while_a_idles(tmp_path, monkeypatch):
 
 
 def test_a_holder_that_fails_is_an_error_and_both_processes_end(tmp_path, monkeypatch):
-    failing = write(tmp_path, "a.py", """
+    failing = write(
+        tmp_path,
+        "a.py",
+        """
         import json
         print(MARKER + json.dumps({"kind": "setup_error", "reason": "StreampoolError: bad value"}), flush=True)
-    """)
+    """,
+    )
     prober = write(tmp_path, "b.py", PROBER)
     log = tmp_path / "log.txt"
     monkeypatch.setattr(cotenant, "holder_command", lambda name: failing)
@@ -103,13 +110,28 @@ def test_rounds_and_summary():
         if name == "rmm-async":
             return {"error": "skipped: no rmm", "wall_s": 0.1}
         fraction = fits[name][sum(1 for c in calls if c == name) - 1]
-        return {"fit_bytes": int(fraction * 1000), "device_total_bytes": 1000,
-                "empty_cache_called": False, "wall_s": 1.0}
+        return {
+            "fit_bytes": int(fraction * 1000),
+            "device_total_bytes": 1000,
+            "empty_cache_called": False,
+            "wall_s": 1.0,
+        }
 
-    rounds = cotenant.run_cotenant(["native", "streampool-threshold-1GiB", "rmm-async"], 2, {}, 10, trial)
-    assert calls == ["native", "streampool-threshold-1GiB", "rmm-async", "native", "streampool-threshold-1GiB"]
+    rounds = cotenant.run_cotenant(
+        ["native", "streampool-threshold-1GiB", "rmm-async"], 2, {}, 10, trial
+    )
+    assert calls == [
+        "native",
+        "streampool-threshold-1GiB",
+        "rmm-async",
+        "native",
+        "streampool-threshold-1GiB",
+    ]
     cells = cotenant.summarise(rounds)
     assert cells["native"]["cotenant_fit_fraction"] == pytest.approx(0.61)
-    assert (cells["native"]["cotenant_fit_fraction_min"], cells["native"]["cotenant_fit_fraction_max"]) == (0.6, 0.62)
+    assert (
+        cells["native"]["cotenant_fit_fraction_min"],
+        cells["native"]["cotenant_fit_fraction_max"],
+    ) == (0.6, 0.62)
     assert cells["streampool-threshold-1GiB"]["fit_bytes"] == 945
     assert cells["rmm-async"] == {"error": "skipped: no rmm"}

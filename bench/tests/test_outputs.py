@@ -12,13 +12,24 @@ from bench import child, cli, cotenant, markdown, plot
 from bench.tests import fakes
 
 COTENANT_CELLS = {
-    "native": {"cotenant_fit_fraction": 0.6, "cotenant_fit_fraction_min": 0.59,
-               "cotenant_fit_fraction_max": 0.61, "fit_bytes": 48 * 2**30,
-               "device_total_bytes": 80 * 2**30, "empty_cache_called": False, "repeats_measured": 2},
-    "native+empty_cache": {"cotenant_fit_fraction": 0.97, "cotenant_fit_fraction_min": 0.97,
-                           "cotenant_fit_fraction_max": 0.97, "fit_bytes": 77 * 2**30,
-                           "device_total_bytes": 80 * 2**30, "empty_cache_called": True,
-                           "repeats_measured": 2},
+    "native": {
+        "cotenant_fit_fraction": 0.6,
+        "cotenant_fit_fraction_min": 0.59,
+        "cotenant_fit_fraction_max": 0.61,
+        "fit_bytes": 48 * 2**30,
+        "device_total_bytes": 80 * 2**30,
+        "empty_cache_called": False,
+        "repeats_measured": 2,
+    },
+    "native+empty_cache": {
+        "cotenant_fit_fraction": 0.97,
+        "cotenant_fit_fraction_min": 0.97,
+        "cotenant_fit_fraction_max": 0.97,
+        "fit_bytes": 77 * 2**30,
+        "device_total_bytes": 80 * 2**30,
+        "empty_cache_called": True,
+        "repeats_measured": 2,
+    },
     "streampool-threshold-1GiB": {"error": "child exited with status 1: boom"},
 }
 
@@ -41,15 +52,29 @@ def test_defaults_are_the_full_run():
 
 
 def test_native_always_runs_and_variants_come_last():
-    options = cli.parse_args(["--out-dir", "x", "--configs", "streampool,expandable",
-                              "--variant", "small:STREAMPOOL_SMALL_POOL_MAX=1MiB"])
+    options = cli.parse_args(
+        [
+            "--out-dir",
+            "x",
+            "--configs",
+            "streampool,expandable",
+            "--variant",
+            "small:STREAMPOOL_SMALL_POOL_MAX=1MiB",
+        ]
+    )
     assert options.configs == ["native", "expandable", "streampool", "streampool:small"]
 
 
-@pytest.mark.parametrize("argv", [[], ["--out-dir", "x", "--configs", "jemalloc"],
-                                  ["--out-dir", "x", "--workloads", "bert,nope"],
-                                  ["--out-dir", "x", "--repeats", "0"],
-                                  ["--out-dir", "x", "--variant", "a:STREAMPOOL_X=1", "--variant", "a:STREAMPOOL_Y=1"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--out-dir", "x", "--configs", "jemalloc"],
+        ["--out-dir", "x", "--workloads", "bert,nope"],
+        ["--out-dir", "x", "--repeats", "0"],
+        ["--out-dir", "x", "--variant", "a:STREAMPOOL_X=1", "--variant", "a:STREAMPOOL_Y=1"],
+    ],
+)
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         cli.parse_args(argv)
@@ -73,13 +98,22 @@ def test_markdown_has_intervals_the_aa_row_and_claims_only_beyond_it():
     assert "- command: `python3 -m bench --out-dir /tmp/x`" in text
     assert "| workload | native | native-aa | expandable | streampool |" in text
     host = text.split("## Time ×native, host clock")[1].split("## Time ×native, GPU clock")[0]
-    assert "| `gpt2` | 1 (reference) | 1.000× (0.990–1.010) | 0.990× (0.990–0.990) | **0.965× (0.950–0.980)** |" in host
+    assert (
+        "| `gpt2` | 1 (reference) | 1.000× (0.990–1.010) | 0.990× (0.990–0.990) | **0.965× (0.950–0.980)** |"
+        in host
+    )
     gpu = text.split("## Time ×native, GPU clock")[1].split("## A/A control")[0]
-    assert "| `gpt2` | 1 (reference) | 1.000× (1.000–1.000) | 1.000× (1.000–1.000) | 1.000× (1.000–1.000) |" in gpu
+    assert (
+        "| `gpt2` | 1 (reference) | 1.000× (1.000–1.000) | 1.000× (1.000–1.000) | 1.000× (1.000–1.000) |"
+        in gpu
+    )
     aa = text.split("## A/A control")[1].split("##")[0]
     assert "| `gpt2` | 1.000× (0.990–1.010) | 1.000× (1.000–1.000) |" in aa
     memory = text.split("## Peak device memory")[1].split("## Co-tenant")[0]
-    assert "empty_1KiB" not in memory and "| `gpt2` | 1.24× | 1.25× | 1.07× | 1.10× (1.10–1.11) |" in memory
+    assert (
+        "empty_1KiB" not in memory
+        and "| `gpt2` | 1.24× | 1.25× | 1.07× | 1.10× (1.10–1.11) |" in memory
+    )
 
 
 def test_markdown_time_per_unit_uses_each_workloads_unit():
@@ -96,9 +130,14 @@ def test_markdown_cotenant_targets_and_failures():
     assert "| `native+empty_cache` | yes | 77.0 GiB | 0.970 |" in text
     assert "| `streampool-threshold-1GiB` | | failed | |" in text
     targets = text.split("## Targets")[1]
-    assert ("| `gpt2` | time_ratio | `streampool` | median ≤ 1.00×, upper end ≤ 1.02 | "
-            "0.965× (0.950–0.980) | met |") in targets
-    assert "| `gpt2` | peak_memory_ratio | `streampool` | upper end ≤ 1.03 | 1.103× (1.101–1.106) | not met |" in targets
+    assert (
+        "| `gpt2` | time_ratio | `streampool` | median ≤ 1.00×, upper end ≤ 1.02 | "
+        "0.965× (0.950–0.980) | met |"
+    ) in targets
+    assert (
+        "| `gpt2` | peak_memory_ratio | `streampool` | upper end ≤ 1.03 | 1.103× (1.101–1.106) | not met |"
+        in targets
+    )
     assert "- `streampool-threshold-1GiB` (cotenant): child exited with status 1: boom" in text
 
 
@@ -110,7 +149,10 @@ def test_markdown_says_when_the_run_stopped_early():
 def test_summary_lines():
     lines = markdown.summary_lines(full_report())
     gpt2 = next(line for line in lines if line.startswith("gpt2 "))
-    assert "streampool 0.965(0.950-0.980) [1.10]" in gpt2 and "native-aa 1.000(0.990-1.010) [1.25]" in gpt2
+    assert (
+        "streampool 0.965(0.950-0.980) [1.10]" in gpt2
+        and "native-aa 1.000(0.990-1.010) [1.25]" in gpt2
+    )
     assert ["cotenant", "native", "0.600"] in [line.split() for line in lines]
     assert "target gpt2 time_ratio streampool: met" in lines
 
@@ -123,7 +165,12 @@ def test_plot_is_a_png_with_error_bars(tmp_path):
 
 
 def test_error_bars_are_the_interval_for_time_and_the_spread_for_memory():
-    cell = {"time_ratio": 0.97, "time_ratio_ci95": [0.95, 1.00], "time_ratio_min": 0.90, "time_ratio_max": 1.1}
+    cell = {
+        "time_ratio": 0.97,
+        "time_ratio_ci95": [0.95, 1.00],
+        "time_ratio_min": 0.90,
+        "time_ratio_max": 1.1,
+    }
     assert plot._whiskers(cell, "time_ratio", "ci95") == pytest.approx((0.02, 0.03))
     assert plot._whiskers(cell, "time_ratio", "spread") == pytest.approx((0.07, 0.13))
 
@@ -161,8 +208,16 @@ def fake_children(tmp_path, monkeypatch):
     script, log = tmp_path / "fake_child.py", tmp_path / "starts.log"
     script.write_text(FAKE_CHILD.format(root=str(REPO_ROOT), log=str(log)))
     monkeypatch.setattr(
-        child, "command",
-        lambda base, backend, names: [sys.executable, str(script), "--base", base, "--workloads", ",".join(names)],
+        child,
+        "command",
+        lambda base, backend, names: [
+            sys.executable,
+            str(script),
+            "--base",
+            base,
+            "--workloads",
+            ",".join(names),
+        ],
     )
     monkeypatch.setattr(cli, "driver_version", lambda: "fake driver")
     return log
@@ -172,10 +227,22 @@ def test_main_end_to_end_with_fake_children(tmp_path, monkeypatch, capsys):
     log = fake_children(tmp_path, monkeypatch)
     written = []
     real_write_json = cli.write_json
-    monkeypatch.setattr(cli, "write_json", lambda doc, out: (written.append(doc["repeats"]), real_write_json(doc, out)))
+    monkeypatch.setattr(
+        cli,
+        "write_json",
+        lambda doc, out: (written.append(doc["repeats"]), real_write_json(doc, out)),
+    )
     out = tmp_path / "out"
-    argv = ["--configs", "native-aa,streampool,streampool-vmm", "--workloads", "empty_1KiB,gpt2",
-            "--repeats", "3", "--out-dir", str(out)]
+    argv = [
+        "--configs",
+        "native-aa,streampool,streampool-vmm",
+        "--workloads",
+        "empty_1KiB,gpt2",
+        "--repeats",
+        "3",
+        "--out-dir",
+        str(out),
+    ]
     assert cli.main(argv) == 0
     document = json.loads((out / "latest.json").read_text())
     assert document["repeats"] == 3 and document["device"] == "Fake GPU"
@@ -184,8 +251,18 @@ def test_main_end_to_end_with_fake_children(tmp_path, monkeypatch, capsys):
     # one process per configuration per repeat, in the rotated order; the rejected one once
     # (native-aa is native in its own process: the fake child cannot tell them apart)
     starts = log.read_text().split()
-    assert starts == ["native", "native", "streampool", "streampool-vmm",
-                      "native", "streampool", "native", "streampool", "native", "native"]
+    assert starts == [
+        "native",
+        "native",
+        "streampool",
+        "streampool-vmm",
+        "native",
+        "streampool",
+        "native",
+        "streampool",
+        "native",
+        "native",
+    ]
     cell = document["workloads"]["gpt2"]["streampool"]
     assert cell["time_ratio"] == pytest.approx(0.9, abs=0.005) and cell["gpu_time_ratio"] == 1.0
     assert cell["peak_memory_ratio"] == pytest.approx(1800 / 1600, abs=0.01)
@@ -206,7 +283,18 @@ def test_a_run_writes_nothing_outside_its_out_dir(tmp_path, monkeypatch):
     working = tmp_path / "cwd"
     working.mkdir()
     monkeypatch.chdir(working)
-    cli.main(["--configs", "streampool", "--workloads", "churn", "--repeats", "1", "--out-dir", str(tmp_path / "o")])
+    cli.main(
+        [
+            "--configs",
+            "streampool",
+            "--workloads",
+            "churn",
+            "--repeats",
+            "1",
+            "--out-dir",
+            str(tmp_path / "o"),
+        ]
+    )
     assert list(working.iterdir()) == []
 
 
@@ -216,12 +304,26 @@ def test_cotenant_runs_first_and_reaches_the_report(tmp_path, monkeypatch):
 
     def trial(name, environ, timeout_s, label):
         order.append(name)
-        return {"fit_bytes": 60 if "threshold" in name else 40, "device_total_bytes": 100,
-                "empty_cache_called": name == "native+empty_cache", "wall_s": 0.1}
+        return {
+            "fit_bytes": 60 if "threshold" in name else 40,
+            "device_total_bytes": 100,
+            "empty_cache_called": name == "native+empty_cache",
+            "wall_s": 0.1,
+        }
 
     monkeypatch.setattr(cotenant, "run_trial", trial)
-    options = cli.parse_args(["--configs", "streampool", "--workloads", "churn,cotenant",
-                              "--repeats", "1", "--out-dir", str(tmp_path / "o")])
+    options = cli.parse_args(
+        [
+            "--configs",
+            "streampool",
+            "--workloads",
+            "churn,cotenant",
+            "--repeats",
+            "1",
+            "--out-dir",
+            str(tmp_path / "o"),
+        ]
+    )
     document = cli.run(options, [], {}, cotenant_trial=trial)
     assert order == ["native", "native+empty_cache", "streampool", "streampool-threshold-1GiB"]
     assert document["cotenant"]["streampool-threshold-1GiB"]["cotenant_fit_fraction"] == 0.6
@@ -249,8 +351,12 @@ def test_a_plot_that_fails_loses_nothing_else(tmp_path, monkeypatch, capsys):
 
 
 def test_ratio_cells_print_the_interval_not_the_spread():
-    cell = {"time_ratio": 0.97, "time_ratio_ci95": [0.96, 0.99], "time_ratio_min": 0.90,
-            "time_ratio_max": 1.20}
+    cell = {
+        "time_ratio": 0.97,
+        "time_ratio_ci95": [0.96, 0.99],
+        "time_ratio_min": 0.90,
+        "time_ratio_max": 1.20,
+    }
     assert markdown.ratio_text(cell, "time_ratio") == "0.970× (0.960–0.990)"
     assert markdown.spread_text(cell, "time_ratio") == "0.97× (0.90–1.20)"
 
@@ -262,18 +368,41 @@ def test_each_configuration_gets_only_its_workloads(tmp_path):
         def run(config, names, label):
             calls[config] = names
             return fakes.child({w: fakes.record(1.0, live_bytes=10) for w in names})
+
         return run
 
-    options = cli.parse_args(["--configs", "streampool,streampool-nocache", "--repeats", "1",
-                              "--workloads", "empty_1KiB,churn,gpt2", "--out-dir", str(tmp_path)])
+    options = cli.parse_args(
+        [
+            "--configs",
+            "streampool,streampool-nocache",
+            "--repeats",
+            "1",
+            "--workloads",
+            "empty_1KiB,churn,gpt2",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     document = cli.run(options, [], {}, make_runner=make_runner)
-    assert calls == {"native": ["empty_1KiB", "churn", "gpt2"],
-                     "streampool": ["empty_1KiB", "churn", "gpt2"],
-                     "streampool-nocache": ["churn"]}
+    assert calls == {
+        "native": ["empty_1KiB", "churn", "gpt2"],
+        "streampool": ["empty_1KiB", "churn", "gpt2"],
+        "streampool-nocache": ["churn"],
+    }
     assert "streampool-nocache" in document["workloads"]["churn"]
     assert "streampool-nocache" not in document["workloads"]["gpt2"]
-    alone = cli.parse_args(["--configs", "streampool-nocache", "--repeats", "1",
-                            "--workloads", "gpt2", "--out-dir", str(tmp_path)])
+    alone = cli.parse_args(
+        [
+            "--configs",
+            "streampool-nocache",
+            "--repeats",
+            "1",
+            "--workloads",
+            "gpt2",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     calls.clear()
     assert cli.run(alone, [], {}, make_runner=make_runner)["configs"] == ["native"]
     assert list(calls) == ["native"]  # no process started for a configuration with nothing to run
@@ -289,8 +418,18 @@ def test_a_run_cut_short_leaves_a_json_that_renders(tmp_path, monkeypatch):
         real_write_json(document, out_dir)
 
     monkeypatch.setattr(cli, "write_json", keep)
-    cli.main(["--configs", "native-aa,streampool", "--workloads", "churn", "--repeats", "2",
-              "--out-dir", str(tmp_path / "full")])
+    cli.main(
+        [
+            "--configs",
+            "native-aa,streampool",
+            "--workloads",
+            "churn",
+            "--repeats",
+            "2",
+            "--out-dir",
+            str(tmp_path / "full"),
+        ]
+    )
     first = partials[0]
     assert first["partial"] and first["repeats"] == 1 and "workloads" not in first
     cut = tmp_path / "cut.json"

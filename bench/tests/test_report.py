@@ -16,7 +16,9 @@ def test_time_ratios_are_per_repeat_then_median_with_interval():
     cell = report.aggregate_cell(runs, "streampool", "gpt2")
     per_repeat = [0.95 + 0.01 * (r % 4) for r in range(8)]  # native drifts 40..47: no effect
     assert cell["time_ratio"] == pytest.approx(statistics.median(per_repeat))
-    assert cell["time_ratio_ci95"] == pytest.approx(list(stats.bootstrap_median_interval(per_repeat)))
+    assert cell["time_ratio_ci95"] == pytest.approx(
+        list(stats.bootstrap_median_interval(per_repeat))
+    )
     assert (cell["time_ratio_min"], cell["time_ratio_max"]) == pytest.approx((0.95, 0.98))
     assert cell["repeats_measured"] == 8
 
@@ -25,8 +27,9 @@ def test_gpu_time_has_its_own_ratio():
     cell = report.aggregate_cell(fakes.eight_repeats(), "streampool", "gpt2")
     assert cell["gpu_time_ratio"] == 1.0 and cell["gpu_time_ratio_ci95"] == [1.0, 1.0]
     assert cell["gpu_time_per_unit_s"] == pytest.approx(3.0)  # 30 s over 10 units
-    assert cell["host_time_per_unit_s"] == pytest.approx(statistics.median(
-        [(40.0 + r) * (0.95 + 0.01 * (r % 4)) / 10 for r in range(8)]))
+    assert cell["host_time_per_unit_s"] == pytest.approx(
+        statistics.median([(40.0 + r) * (0.95 + 0.01 * (r % 4)) / 10 for r in range(8)])
+    )
     assert cell["unit"] == "step"
 
 
@@ -50,12 +53,20 @@ def test_no_memory_ratio_for_the_empty_loops():
 
 
 def test_memory_held_before_the_workload_makes_the_ratio_a_lower_bound():
-    runs = [{"native": child({"gpt2": record(1.0, 1.0, 1200, 1000, held_bytes=30)}),
-             "rmm-pool": child({"gpt2": record(1.0, 1.0, 10, held_bytes=40_000)})}]
+    runs = [
+        {
+            "native": child({"gpt2": record(1.0, 1.0, 1200, 1000, held_bytes=30)}),
+            "rmm-pool": child({"gpt2": record(1.0, 1.0, 10, held_bytes=40_000)}),
+        }
+    ]
     cell = report.aggregate_cell(runs, "rmm-pool", "gpt2")
     assert cell["peak_memory_ratio"] == pytest.approx(0.01) and cell["peak_memory_lower_bound"]
-    just_under = [{"native": child({"gpt2": record(1.0, 1.0, 1200, 1000, held_bytes=0)}),
-                   "x": child({"gpt2": record(1.0, 1.0, 1000, held_bytes=50)})}]
+    just_under = [
+        {
+            "native": child({"gpt2": record(1.0, 1.0, 1200, 1000, held_bytes=0)}),
+            "x": child({"gpt2": record(1.0, 1.0, 1000, held_bytes=50)}),
+        }
+    ]
     assert report.aggregate_cell(just_under, "x", "gpt2")["peak_memory_lower_bound"] is False
 
 
@@ -65,7 +76,10 @@ def test_failed_repeats_are_left_out_and_named():
     runs[2]["streampool"]["workloads"]["gpt2"] = {"error": "RuntimeError: x"}
     cell = report.aggregate_cell(runs, "streampool", "gpt2")
     assert cell["repeats_measured"] == 6
-    assert cell["repeat_errors"] == ["native failed in the same repeat: OutOfMemoryError", "RuntimeError: x"]
+    assert cell["repeat_errors"] == [
+        "native failed in the same repeat: OutOfMemoryError",
+        "RuntimeError: x",
+    ]
     for run in runs:
         run["streampool"]["workloads"]["empty_1KiB"] = {"error": "RuntimeError: y"}
     assert report.aggregate_cell(runs, "streampool", "empty_1KiB") == {"error": "RuntimeError: y"}
@@ -102,8 +116,15 @@ def test_the_report_has_the_fields_issue_15_promises():
     for workload in ("gpt2", "empty_1KiB"):
         for config in fakes.CONFIGS:
             cell = document["workloads"][workload][config]
-            for key in ("time_ratio", "time_ratio_ci95", "gpu_time_ratio", "gpu_time_ratio_ci95",
-                        "peak_memory_ratio", "host_time_per_unit_s", "repeats_measured"):
+            for key in (
+                "time_ratio",
+                "time_ratio_ci95",
+                "gpu_time_ratio",
+                "gpu_time_ratio_ci95",
+                "peak_memory_ratio",
+                "host_time_per_unit_s",
+                "repeats_measured",
+            ):
                 assert key in cell, (workload, config, key)
             assert len(cell["time_ratio_ci95"]) == 2 and len(cell["gpu_time_ratio_ci95"]) == 2
     assert document["workloads"]["gpt2"]["native"]["time_ratio_ci95"] == [1.0, 1.0]
@@ -114,7 +135,11 @@ def test_the_report_has_the_fields_issue_15_promises():
 
 
 def test_run_facts_come_from_the_children():
-    runs = [{"native": child({}, info={"device": "GPU Y", "torch": "t", "cuda": "c"}),
-             "streampool": child({}, status="setup_error")}]
+    runs = [
+        {
+            "native": child({}, info={"device": "GPU Y", "torch": "t", "cuda": "c"}),
+            "streampool": child({}, status="setup_error"),
+        }
+    ]
     facts = report.run_facts(runs)
     assert facts["device"] == "GPU Y" and facts["streampool"].startswith("unknown")

@@ -50,7 +50,9 @@ def test_skipped_and_setup_errors_mark_every_workload():
         ["churn"],
     )
     assert rejected["status"] == "setup_error"
-    assert rejected["workloads"]["churn"] == {"error": "StreampoolError: STREAMPOOL_BACKEND=vmm: unknown"}
+    assert rejected["workloads"]["churn"] == {
+        "error": "StreampoolError: STREAMPOOL_BACKEND=vmm: unknown"
+    }
 
 
 def test_a_crashed_child_keeps_finished_workloads_and_blames_the_rest():
@@ -64,7 +66,10 @@ def test_a_crashed_child_keeps_finished_workloads_and_blames_the_rest():
     assert result["process_failure"] == "child exited with status -11"
     assert result["workloads"]["churn"] == {"host_time_s": 5.0}
     error = result["workloads"]["gpt2"]["error"]
-    assert error.startswith("child exited with status -11: Traceback") and "Segmentation fault" in error
+    assert (
+        error.startswith("child exited with status -11: Traceback")
+        and "Segmentation fault" in error
+    )
 
 
 def write_script(tmp_path, body):
@@ -83,7 +88,11 @@ def test_run_process_captures_stdout_and_echoes_stderr(tmp_path, capsys):
         """,
     )
     result = runner.run_process(command, {}, 30, "label")
-    assert (result.stdout, result.stderr_tail, result.failure) == ("out line\n", "progress line\n", None)
+    assert (result.stdout, result.stderr_tail, result.failure) == (
+        "out line\n",
+        "progress line\n",
+        None,
+    )
     assert 0 < result.wall_s < 30
     assert "label| progress line" in capsys.readouterr().err
 
@@ -96,8 +105,12 @@ def test_run_process_reports_exit_status_and_timeout(tmp_path):
 
 
 def ok_child(workloads):
-    return {"status": "ok", "info": {}, "workloads": {w: {"host_time_s": 1.0} for w in workloads},
-            "wall_s": 1.0}
+    return {
+        "status": "ok",
+        "info": {},
+        "workloads": {w: {"host_time_s": 1.0} for w in workloads},
+        "wall_s": 1.0,
+    }
 
 
 def test_each_repeat_starts_every_configuration_once_in_rotated_order():
@@ -127,11 +140,23 @@ def test_skipped_or_rejected_configurations_are_not_started_again():
     def fake(config, names, label):
         calls.append(config)
         if config == "rmm-pool":
-            return {"status": "skipped", "info": {}, "workloads": {w: {"error": "skipped: no"} for w in names}}
+            return {
+                "status": "skipped",
+                "info": {},
+                "workloads": {w: {"error": "skipped: no"} for w in names},
+            }
         if config == "streampool-vmm":
-            return {"status": "setup_error", "info": {}, "workloads": {w: {"error": "rejected"} for w in names}}
+            return {
+                "status": "setup_error",
+                "info": {},
+                "workloads": {w: {"error": "rejected"} for w in names},
+            }
         if config == "streampool":
-            return {"status": "failed", "info": {}, "workloads": {w: {"error": "crash"} for w in names}}
+            return {
+                "status": "failed",
+                "info": {},
+                "workloads": {w: {"error": "crash"} for w in names},
+            }
         return ok_child(names)
 
     configs = ["native", "streampool", "streampool-vmm", "rmm-pool"]
@@ -160,8 +185,13 @@ def test_no_repeat_starts_that_would_end_past_the_time_budget():
         return ok_child(names)
 
     repeats = runner.run_repeats(
-        ["native", "streampool"], {"native": ["churn"], "streampool": ["churn"]}, 8, fake,
-        time_budget_s=250.0, started_s=-20.0, clock=clock,
+        ["native", "streampool"],
+        {"native": ["churn"], "streampool": ["churn"]},
+        8,
+        fake,
+        time_budget_s=250.0,
+        started_s=-20.0,
+        clock=clock,
         on_repeat=lambda partial: seen.append(len(partial.runs)),
     )
     # 20 s spent before; repeat 1 ends at 120 s (cold), 2 at 180 s, 3 at 240 s; a fourth would

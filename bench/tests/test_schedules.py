@@ -57,7 +57,9 @@ def test_churn_steps_are_slices_of_one_seeded_size_list():
     churn = s.build_schedule("churn")
     assert all(len(step) == s.CHURN_OPS_PER_STEP for step in churn.steps)
     flat = [size for step in churn.steps for size in step]
-    assert flat == s.log_uniform_sizes_bytes(len(flat), s.CHURN_MIN_BYTES, s.CHURN_MAX_BYTES, s.SEED)
+    assert flat == s.log_uniform_sizes_bytes(
+        len(flat), s.CHURN_MIN_BYTES, s.CHURN_MAX_BYTES, s.SEED
+    )
 
 
 def test_memory_ratio_is_for_all_but_the_empty_loops():

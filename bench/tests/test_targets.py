@@ -9,8 +9,13 @@ from bench import targets
 
 
 def cell(median, low, high, **extra):
-    return {"time_ratio": median, "time_ratio_ci95": [low, high],
-            "peak_memory_ratio": median, "peak_memory_ratio_ci95": [low, high], **extra}
+    return {
+        "time_ratio": median,
+        "time_ratio_ci95": [low, high],
+        "peak_memory_ratio": median,
+        "peak_memory_ratio_ci95": [low, high],
+        **extra,
+    }
 
 
 def report_with(workloads, cotenant=None, configs=("native", "streampool")):
@@ -19,14 +24,19 @@ def report_with(workloads, cotenant=None, configs=("native", "streampool")):
 
 def status(document, workload, metric, config="streampool", report=None):
     rows = targets.judge(report, document)
-    return next(r["status"] for r in rows
-                if (r["workload"], r["metric"], r["config"]) == (workload, metric, config))
+    return next(
+        r["status"]
+        for r in rows
+        if (r["workload"], r["metric"], r["config"]) == (workload, metric, config)
+    )
 
 
 def test_the_repository_targets_are_issue_15s():
     document = targets.load()
-    limits = {(t["workload"], t["metric"]): (t.get("median_at_most"), t.get("upper_at_most"))
-              for t in document["targets"]}
+    limits = {
+        (t["workload"], t["metric"]): (t.get("median_at_most"), t.get("upper_at_most"))
+        for t in document["targets"]
+    }
     for size in ("1KiB", "1MiB", "64MiB"):
         assert limits[(f"empty_{size}", "time_ratio")] == (None, 1.00)
     assert limits[("churn", "time_ratio")] == (None, 1.00)
@@ -44,7 +54,11 @@ def test_the_repository_targets_are_issue_15s():
 
 def test_a_target_without_its_limit_is_refused(tmp_path):
     path = tmp_path / "targets.json"
-    path.write_text(json.dumps({"judged_configs": [], "targets": [{"workload": "gpt2", "metric": "time_ratio"}]}))
+    path.write_text(
+        json.dumps(
+            {"judged_configs": [], "targets": [{"workload": "gpt2", "metric": "time_ratio"}]}
+        )
+    )
     with pytest.raises(ValueError, match="upper_at_most"):
         targets.load(path)
 
@@ -88,8 +102,10 @@ def test_memory_targets_use_the_upper_end_and_skip_lower_bounds():
 
 def test_rows_only_for_what_ran_and_failures_are_not_measured():
     document = targets.load()
-    report = report_with({"gpt2": {"streampool": {"error": "boom"}, "streampool-vmm": cell(0.9, 0.8, 1.0)}},
-                         configs=("native", "streampool", "streampool-vmm"))
+    report = report_with(
+        {"gpt2": {"streampool": {"error": "boom"}, "streampool-vmm": cell(0.9, 0.8, 1.0)}},
+        configs=("native", "streampool", "streampool-vmm"),
+    )
     rows = targets.judge(report, document)
     assert {r["workload"] for r in rows} == {"gpt2"}
     assert status(document, "gpt2", "time_ratio", report=report) == "not measured"
@@ -99,8 +115,12 @@ def test_rows_only_for_what_ran_and_failures_are_not_measured():
 
 
 def fit(median, low, high, empty_cache=False):
-    return {"cotenant_fit_fraction": median, "cotenant_fit_fraction_min": low,
-            "cotenant_fit_fraction_max": high, "empty_cache_called": empty_cache}
+    return {
+        "cotenant_fit_fraction": median,
+        "cotenant_fit_fraction_min": low,
+        "cotenant_fit_fraction_max": high,
+        "empty_cache_called": empty_cache,
+    }
 
 
 def test_cotenant_target_needs_more_than_every_pytorch_configuration():
@@ -117,8 +137,17 @@ def test_cotenant_target_needs_more_than_every_pytorch_configuration():
     row = next(r for r in rows if r["metric"] == "cotenant_fit_fraction")
     assert row["status"] == "met" and row["compared_with"] == ["expandable", "native"]
     cotenant["expandable"] = fit(0.945, 0.90, 0.945)  # its best repeat beats our worst
-    assert status(document, "cotenant", "cotenant_fit_fraction", "streampool-threshold-1GiB",
-                  report=report) == "not met"
+    assert (
+        status(
+            document,
+            "cotenant",
+            "cotenant_fit_fraction",
+            "streampool-threshold-1GiB",
+            report=report,
+        )
+        == "not met"
+    )
     alone = report_with({}, {"streampool-threshold-1GiB": fit(0.95, 0.95, 0.95)})
-    assert status(document, "cotenant", "cotenant_fit_fraction", "streampool-threshold-1GiB",
-                  report=alone).startswith("not judged")
+    assert status(
+        document, "cotenant", "cotenant_fit_fraction", "streampool-threshold-1GiB", report=alone
+    ).startswith("not judged")

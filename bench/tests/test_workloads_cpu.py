@@ -34,7 +34,9 @@ def test_builder_runs_a_small_step_on_the_cpu(workload):
     pytest.importorskip("torchvision")
     step = workloads.build(torch, workload, "cpu")
     params = SMALL_STEPS[workload]
-    measured = child.time_schedule(torch, step, s.Schedule((params, params), 1, (1, 1), "step"), "cpu", 0)
+    measured = child.time_schedule(
+        torch, step, s.Schedule((params, params), 1, (1, 1), "step"), "cpu", 0
+    )
     assert measured["host_time_s"] > 0
 
 
