@@ -1,6 +1,6 @@
 """The PNG of one run (latest.png): ratios with error bars, drawn from latest.json alone.
 
-Invariant: a bar is the reported median and its whiskers the reported 95% interval (time) or
+Invariant: a point is the reported median and its whiskers the reported 95% interval (time) or
 min–max over repeats (memory, co-tenant); each configuration keeps one colour in every panel;
 only matplotlib's Agg canvas is used (no display, no pyplot state).
 """
@@ -20,18 +20,21 @@ def _whiskers(cell: Dict[str, Any], metric: str, interval: str) -> Tuple[float, 
     return max(0.0, value - low), max(0.0, high - value)
 
 
-def _bar_panel(
+def _point_panel(
     axes: Any,
     groups: Sequence[str],
     cells_of: Dict[str, Dict[str, Dict[str, Any]]],
     configs: Sequence[str],
     metric: str,
     interval: str,
+    colour_of: Dict[str, int],
 ) -> None:
-    """Grouped bars of ``metric``: a group per name in ``groups``, a bar per configuration with a
-    value there, labelled with the value; ``cells_of[group][config]`` is the cell."""
+    """``metric`` as a point with whiskers per configuration, side by side within a group per name
+    in ``groups`` (``cells_of[group][config]`` is the cell), labelled with its value. Points, not
+    bars from zero: the axis spans the data, so differences of 1-2% and their intervals show."""
     columns: List[Tuple[int, str, List[Tuple[int, Dict[str, Any]]]]] = []
-    for colour, config in enumerate(configs):
+    for config in configs:
+        colour = colour_of[config]
         cells = [
             (position, cells_of[group][config])
             for position, group in enumerate(groups)
@@ -45,11 +48,28 @@ def _bar_panel(
         values = [cell[metric] for _, cell in cells]
         low_high = [_whiskers(cell, metric, interval) for _, cell in cells]
         errors = [[low for low, _ in low_high], [high for _, high in low_high]]
-        bars = axes.bar(
-            xs, values, width, yerr=errors, capsize=2, label=config, color=f"C{colour % 10}"
+        axes.errorbar(
+            xs,
+            values,
+            yerr=errors,
+            fmt="o",
+            markersize=4,
+            capsize=3,
+            label=config,
+            color=f"C{colour % 10}",
         )
-        axes.bar_label(bars, fmt="%.2f", fontsize=5, padding=2)
+        for x, value in zip(xs, values):
+            axes.annotate(
+                f"{value:.3f}",
+                (x, value),
+                xytext=(3, 0),
+                textcoords="offset points",
+                fontsize=5,
+                va="center",
+            )
     axes.set_xticks(range(len(groups)), groups, fontsize=7)
+    axes.set_xlim(-0.5, max(len(groups), 1) - 0.5)
+    axes.grid(axis="y", linewidth=0.3)
     if columns:
         axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
@@ -62,6 +82,9 @@ def write_plot(report: Dict[str, Any], path: Path) -> None:
     workloads = list(report["workloads"])
     memory_workloads = [w for w in workloads if has_memory_ratio(w)]
     configs = report["configs"]
+    cotenant = report.get("cotenant") or {}
+    names = list(cotenant)
+    colour_of = {name: i for i, name in enumerate(dict.fromkeys(list(configs) + names))}
     figure = Figure(figsize=(max(10.0, 1.6 * len(workloads)), 14.0), layout="constrained")
     FigureCanvasAgg(figure)
     panels = figure.subplots(4, 1)
@@ -69,20 +92,30 @@ def write_plot(report: Dict[str, Any], path: Path) -> None:
         panels[:2],
         [("time_ratio", "host time ×native"), ("gpu_time_ratio", "GPU time ×native")],
     ):
-        _bar_panel(axes, workloads, report["workloads"], configs, metric, "ci95")
+        _point_panel(axes, workloads, report["workloads"], configs, metric, "ci95", colour_of)
         axes.axhline(1.0, color="black", linewidth=0.8)
         axes.set_title(
             f"{title}: median of {report['repeats']} repeat(s), 95% interval", fontsize=9
         )
-    _bar_panel(
-        panels[2], memory_workloads, report["workloads"], configs, "peak_memory_ratio", "spread"
+    _point_panel(
+        panels[2],
+        memory_workloads,
+        report["workloads"],
+        configs,
+        "peak_memory_ratio",
+        "spread",
+        colour_of,
     )
     panels[2].axhline(1.0, color="black", linewidth=0.8)
     panels[2].set_title("peak device memory ÷ native peak live: median, min–max", fontsize=9)
-    cotenant = report.get("cotenant") or {}
-    names = list(cotenant)
-    _bar_panel(
-        panels[3], ["cotenant"], {"cotenant": cotenant}, names, "cotenant_fit_fraction", "spread"
+    _point_panel(
+        panels[3],
+        ["cotenant"],
+        {"cotenant": cotenant},
+        names,
+        "cotenant_fit_fraction",
+        "spread",
+        colour_of,
     )
     panels[3].set_title(
         "co-tenant: B's largest allocation ÷ device memory (higher is better)", fontsize=9
