@@ -214,10 +214,11 @@ def streampool_record(before: Dict[str, int]) -> Dict[str, Any]:
     return record
 
 
-def start_live_tracking(torch: Any, base: str) -> Callable[[], Dict[str, Any]]:
-    """Reset the allocator's peak statistics where it keeps them (native, streampool); returns
-    what gives the workload's record fields from them at its end."""
-    if base == "native":
+def start_live_tracking(torch: Any, base: str, backend: str) -> Callable[[], Dict[str, Any]]:
+    """Reset the allocator's peak statistics where it keeps them (PyTorch's caching allocator,
+    streampool); returns what gives the workload's record fields from them at its end. Only
+    native's peak live bytes enter a ratio; torch's cudaMallocAsync backend is left alone."""
+    if base == "native" and backend == "native":
         torch.cuda.reset_peak_memory_stats()
         live_at_start_bytes = torch.cuda.memory_allocated()
         return lambda: {"peak_live_bytes": torch.cuda.max_memory_allocated() - live_at_start_bytes}
@@ -230,11 +231,13 @@ def start_live_tracking(torch: Any, base: str) -> Callable[[], Dict[str, Any]]:
     return lambda: {}
 
 
-def run_workload(torch: Any, base: str, workload: str, baseline_free_bytes: int) -> Dict[str, Any]:
+def run_workload(
+    torch: Any, base: str, backend: str, workload: str, baseline_free_bytes: int
+) -> Dict[str, Any]:
     """Measure one workload in this (already set up) child process."""
     start_free_bytes = torch.cuda.mem_get_info()[0]
     record: Dict[str, Any] = {"held_at_start_bytes": baseline_free_bytes - start_free_bytes}
-    live_fields = start_live_tracking(torch, base)
+    live_fields = start_live_tracking(torch, base, backend)
     built_s = time.perf_counter()
     step = workloads.build(torch, workload, "cuda")
     record["build_s"] = time.perf_counter() - built_s
@@ -270,7 +273,7 @@ def child_main(base: str, backend: str, names: Sequence[str]) -> int:
     for workload in names:
         protocol.progress(f"{workload}: running")
         try:
-            record = run_workload(torch, base, workload, baseline_free_bytes)
+            record = run_workload(torch, base, backend, workload, baseline_free_bytes)
         except Exception as exc:  # one workload failing (OOM, ...) must not lose the others
             traceback.print_exc()
             record = {"error": protocol.exception_text(exc)}

@@ -81,3 +81,71 @@ def test_record_text_reads_per_unit():
     }
     assert child.record_text(record) == "5.000 ms/sample (GPU 2.500), peak device used 3.0 MiB"
     assert child.record_text({"error": "boom"}) == "failed: boom"
+
+
+def test_only_pytorchs_caching_allocator_reports_live_bytes():
+    calls = []
+    cuda = SimpleNamespace(
+        reset_peak_memory_stats=lambda: calls.append("reset"),
+        memory_allocated=lambda: 100,
+        max_memory_allocated=lambda: 1100,
+    )
+    torch = SimpleNamespace(cuda=cuda)
+    assert child.start_live_tracking(torch, "native", "native")() == {"peak_live_bytes": 1000}
+    assert calls == ["reset"]
+    assert child.start_live_tracking(torch, "native", "cudaMallocAsync")() == {}  # torch-async
+    assert child.start_live_tracking(torch, "rmm-pool", "pluggable")() == {}
+    assert calls == ["reset"]
+
+
+def messages_of(capsys):
+    from bench import protocol
+
+    return list(protocol.messages(capsys.readouterr().out))
+
+
+def test_a_failing_workload_loses_no_other(monkeypatch, capsys):
+    fake = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None))
+    monkeypatch.setattr(child, "set_up", lambda base, backend: (fake, 0, {"device": "Fake"}))
+
+    def run_workload(torch, base, backend, workload, baseline_free_bytes):
+        if workload == "bert":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")
+        return {
+            "host_time_s": 1.0,
+            "gpu_time_s": 1.0,
+            "units": 2,
+            "unit": "step",
+            "peak_device_bytes": 0,
+        }
+
+    monkeypatch.setattr(child, "run_workload", run_workload)
+    assert child.child_main("native", "native", ["churn", "bert", "gpt2"]) == 0
+    kinds = [(m["kind"], m.get("workload")) for m in messages_of(capsys)]
+    assert kinds == [
+        ("info", None),
+        ("workload", "churn"),
+        ("workload", "bert"),
+        ("workload", "gpt2"),
+    ]
+
+
+def test_set_up_failures_are_reported_not_raised(monkeypatch, capsys):
+    def skipped(base, backend):
+        raise child.Skipped("rmm is not importable (no)")
+
+    monkeypatch.setattr(child, "set_up", skipped)
+    assert child.child_main("rmm-pool", "pluggable", ["churn"]) == 0
+    assert messages_of(capsys) == [{"kind": "skipped", "reason": "rmm is not importable (no)"}]
+
+    def rejected(base, backend):
+        raise RuntimeError("this streampool does not read STREAMPOOL_BACKEND")
+
+    monkeypatch.setattr(child, "set_up", rejected)
+    assert child.child_main("streampool", "pluggable", ["churn"]) == 0
+    assert messages_of(capsys) == [
+        {
+            "kind": "setup_error",
+            "reason": "RuntimeError: this streampool does not read STREAMPOOL_BACKEND",
+        }
+    ]
