@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import child, cotenant, markdown, plot, protocol, report, runner, targets
+from . import child, cotenant, markdown, plot, protocol, report, runner, stats, targets
 from .configs import (
     CONFIG_NAMES,
     NATIVE,
@@ -30,7 +30,7 @@ from .configs import (
 )
 from .schedules import COTENANT, TIMED_WORKLOADS, WORKLOADS
 
-REPEATS_FULL = 8
+REPEATS_FULL = stats.METHOD_REPEATS
 REPEATS_QUICK = 3
 # The GPU machine allows 10 minutes per command: stop starting repeats in time to write reports.
 TIME_BUDGET_FULL_S = 530

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from .configs import NATIVE, NATIVE_AA
 from .schedules import UNIT_SCALE, has_memory_ratio
+from .stats import METHOD_REPEATS
 
 
 def ratio_text(cell: Dict[str, Any], metric: str, digits: int = 3) -> str:
@@ -81,6 +82,11 @@ def _header(report: Dict[str, Any]) -> List[str]:
     repeats = f"{report['repeats']} repeat(s)"
     if report.get("stop_reason"):
         repeats += f" of {report['repeats_requested']} asked ({report['stop_reason']})"
+    if report["repeats"] < METHOD_REPEATS:
+        repeats += (
+            f" — fewer than the method's {METHOD_REPEATS}: the intervals are coarse, and a target "
+            "met here is not established"
+        )
     return [
         "# streampool benchmarks",
         "",

@@ -439,3 +439,9 @@ def test_a_run_cut_short_leaves_a_json_that_renders(tmp_path, monkeypatch):
     assert rebuilt["repeats"] == 1 and rebuilt["stop_reason"].startswith("incomplete")
     assert rebuilt["workloads"]["churn"]["streampool"]["time_ratio"] == pytest.approx(0.9, abs=0.01)
     assert "1 repeat(s) of 2 asked (incomplete" in (tmp_path / "re" / "latest.md").read_text()
+
+
+def test_markdown_warns_below_the_methods_repeats():
+    assert "fewer than the method's 8" not in markdown.markdown(full_report())
+    three = fakes.build(runs=fakes.eight_repeats()[:3])
+    assert "3 repeat(s) — fewer than the method's 8" in markdown.markdown(three)
