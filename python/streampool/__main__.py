@@ -1,4 +1,4 @@
-"""Command line: ``streampool {info,demo,bench,plot}`` (also ``python -m streampool ...``)."""
+"""Command line: ``streampool {info,demo,plot}`` (also ``python -m streampool ...``)."""
 
 import argparse
 import os
@@ -65,7 +65,8 @@ DESCRIPTION = (
     "streampool: a PyTorch CUDA allocator over CUDA stream-ordered memory pools. "
     "`info` shows the library, driver, devices and STREAMPOOL_* settings; `demo` allocates through "
     "streampool (on the GPU when PyTorch and a CUDA device are present, else on the simulated driver); "
-    "`bench` compares allocators on the GPU; `plot` draws a memory timeline from a snapshot."
+    "`plot` draws a memory timeline from a snapshot. (The benchmark is `python3 -m bench` in a "
+    "source checkout.)"
 )
 
 
@@ -102,22 +103,22 @@ def demo() -> int:
         return 1
 
 
-def bench(argv: List[str]) -> int:
-    from . import bench as bench_module
-
-    return bench_module.main(argv)
+BENCH_MOVED = (
+    "the benchmark is a tool of the source repository: from a checkout, "
+    "python3 -m bench --help (see BENCHMARKS.md)"
+)
 
 
 def main(argv: Optional[List[str]] = None, prog: str = "streampool") -> int:
     """The ``streampool`` console script; ``python -m streampool`` passes its own ``prog``."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # everything after "bench" belongs to streampool.bench
-        return bench(argv[1:])
+    if argv[:1] == ["bench"]:  # the benchmark left the package for the repository's bench/
+        print(BENCH_MOVED, file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="library, driver, devices, statistics and STREAMPOOL_* variables")
     commands.add_parser("demo", help="allocate through streampool on the GPU, or the simulated driver")
-    commands.add_parser("bench", help="benchmarks; arguments go to streampool.bench")
     plot = commands.add_parser("plot", help="draw a snapshot's memory timeline (streampool.dump_snapshot)")
     plot.add_argument("snapshot", help="a pickle from streampool.dump_snapshot (or PyTorch's _dump_snapshot)")
     plot.add_argument("-o", "--out", default="memory.png", help="the PNG to write (default: memory.png)")
