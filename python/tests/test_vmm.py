@@ -62,3 +62,20 @@ def test_a_malformed_backend_is_refused_naming_what_is_accepted():
     proc = run_python(code, env={"STREAMPOOL_BACKEND": "expandable"})
     assert proc.returncode != 0
     assert "STREAMPOOL_BACKEND" in proc.stderr and "pool, vmm" in proc.stderr, describe(proc)
+
+
+def test_a_library_older_than_the_vmm_export_still_loads_for_a_benchmark_a_b():
+    code = """
+import streampool
+from streampool import _lib
+_lib._SIGNATURES["streampool_from_the_future"] = (None, [])
+_lib._NEWER_EXPORTS = _lib._NEWER_EXPORTS | {"streampool_from_the_future"}
+assert streampool.device_count() == 2
+try:
+    _lib.device_flag("streampool_from_the_future", 0)
+except streampool.StreampoolError as exc:
+    assert "predates streampool_from_the_future" in str(exc), exc
+    print("ok")
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0 and "ok" in proc.stdout, describe(proc)
