@@ -119,12 +119,12 @@ impl DeviceAllocator {
         Ok(())
     }
 
-    /// Step 5b: the resource grew although it had room (its free memory was fragmented): return
-    /// its cached blocks too, so they do not push the next peak higher still. Only saves memory:
-    /// a failure is logged, never returned.
+    /// Step 5b (called while the cache holds blocks): the resource grew although it had room
+    /// (its free memory was fragmented): return its cached blocks too, so they do not push the
+    /// next peak higher still. Only saves memory: a failure is logged, never returned.
     pub(super) fn release_cache_after_growth(&self, resources: &Resources, class: SizeClass) {
         let resource = resources.get(class);
-        if !resource.returns_before_growth() || self.state.lock().books.cached_bytes() == 0 {
+        if !resource.returns_before_growth() {
             return;
         }
         let reserved_bytes = match resource.reserved_used_bytes() {

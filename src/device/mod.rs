@@ -158,27 +158,40 @@ impl DeviceAllocator {
             return self.allocate_shareable(requested_bytes, block_bytes, stream);
         }
         let mut homeless = Vec::new();
-        let hit = {
+        let (hit, reserved) = {
             let mut st = self.state.lock();
             if !st.waits.is_idle() {
                 self.collect_waits(&mut st, &mut homeless);
             }
-            st.books.take_cached(stream, block_bytes).map(|block| {
-                let home = Home::of(resources.class_of(block.block_bytes));
-                st.books
-                    .insert_live(block.ptr, requested_bytes, block.block_bytes, stream, home);
-                self.note(&st, Event::Alloc, stream, block.ptr, requested_bytes);
-                block.ptr
-            })
+            match st.books.take_cached(stream, block_bytes) {
+                Some(block) => {
+                    let home = Home::of(resources.class_of(block.block_bytes));
+                    let bytes = block.block_bytes;
+                    st.books
+                        .insert_live(block.ptr, requested_bytes, bytes, stream, home);
+                    self.note(&st, Event::Alloc, stream, block.ptr, requested_bytes);
+                    (Some(block.ptr), false)
+                }
+                // Step 3 in the same lock section, when the cap leaves room at once.
+                None => (
+                    None,
+                    st.books.reserve(block_bytes, self.limit.bytes()).is_ok(),
+                ),
+            }
         };
         let _ = self.send_home(homeless);
         match hit {
             Some(ptr) => Ok(ptr),
-            None => self.allocate_from_resource(resources, requested_bytes, block_bytes, stream),
+            None => {
+                if !reserved {
+                    self.reserve_after_eviction(requested_bytes, block_bytes, stream)?;
+                }
+                self.allocate_from_resource(resources, requested_bytes, block_bytes, stream)
+            }
         }
     }
 
-    /// Steps 3 to 6.
+    /// Steps 4 to 6, for a block whose bytes are reserved against the limit.
     fn allocate_from_resource(
         &self,
         resources: &Resources,
@@ -187,7 +200,6 @@ impl DeviceAllocator {
         stream: Stream,
     ) -> Result<DevicePtr> {
         let class = resources.class_of(block_bytes);
-        self.reserve_within_limit(requested_bytes, block_bytes, stream)?;
         let served = self
             .make_room(resources, class, block_bytes, stream)
             .and_then(|()| {
@@ -207,7 +219,7 @@ impl DeviceAllocator {
             }
         };
         let reserved_bytes = self.reserved_for_timeline(resources);
-        {
+        let cache_in_use = {
             let mut st = self.state.lock();
             st.books.counters_mut().num_device_allocs += 1;
             if let Some(reserved_bytes) = reserved_bytes {
@@ -218,8 +230,11 @@ impl DeviceAllocator {
                 .insert_live(ptr, requested_bytes, block_bytes, stream, home);
             self.note(&st, Event::PoolAlloc, stream, ptr, block_bytes);
             self.note(&st, Event::Alloc, stream, ptr, requested_bytes);
+            st.books.cached_bytes() > 0
+        };
+        if cache_in_use {
+            self.release_cache_after_growth(resources, class);
         }
-        self.release_cache_after_growth(resources, class);
         Ok(ptr)
     }
 
