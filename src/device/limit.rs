@@ -45,24 +45,9 @@ impl Limit {
 
 impl DeviceAllocator {
     /// Step 3: `block_bytes` join the bytes held from the resources if that stays within the cap;
-    /// if not, see [`DeviceAllocator::reserve_after_eviction`]. The caller must `unreserve` if its
-    /// allocation then fails.
+    /// if not, cached blocks are given back to make room, and if that is not enough either, the
+    /// request is out of memory. The caller must `unreserve` if its allocation then fails.
     pub(super) fn reserve_within_limit(
-        &self,
-        requested_bytes: u64,
-        block_bytes: u64,
-        stream: Stream,
-    ) -> Result<()> {
-        let limit_bytes = self.limit.bytes();
-        match self.state.lock().books.reserve(block_bytes, limit_bytes) {
-            Ok(()) => Ok(()),
-            Err(_) => self.reserve_after_eviction(requested_bytes, block_bytes, stream),
-        }
-    }
-
-    /// Step 3 when the cap left no room: cached blocks are given back to make it, and if that is
-    /// not enough either, the request is out of memory.
-    pub(super) fn reserve_after_eviction(
         &self,
         requested_bytes: u64,
         block_bytes: u64,

@@ -184,7 +184,7 @@ impl DeviceAllocator {
             Some(ptr) => Ok(ptr),
             None => {
                 if !reserved {
-                    self.reserve_after_eviction(requested_bytes, block_bytes, stream)?;
+                    self.reserve_within_limit(requested_bytes, block_bytes, stream)?;
                 }
                 self.allocate_from_resource(resources, requested_bytes, block_bytes, stream)
             }
