@@ -8,6 +8,13 @@
 #include <sys/types.h>
 
 /**
+ * The largest request streampool accepts: 2^48 bytes (256 TiB), beyond any GPU's memory and
+ * far from the sizes whose rounding would overflow 64 bits. Larger is an invalid argument;
+ * smaller but more than the device has is out of memory.
+ */
+#define MAX_ALLOCATION_BYTES (1 << 48)
+
+/**
  * Status codes returned by the C entry points (see `docs/abi.md`).
  */
 typedef enum StreampoolStatus {
@@ -58,6 +65,14 @@ enum StreampoolEventKind
    * the device's free bytes at the time (as PyTorch's `device_free`).
    */
   STREAMPOOL_EVENT_KIND_OOM = 7,
+  /**
+   * The virtual-memory backend mapped `bytes` of physical memory at `address`.
+   */
+  STREAMPOOL_EVENT_KIND_MAP = 8,
+  /**
+   * The virtual-memory backend unmapped (and released) `bytes` at `address`.
+   */
+  STREAMPOOL_EVENT_KIND_UNMAP = 9,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -125,6 +140,9 @@ typedef struct StreampoolStats {
   uint64_t num_device_frees;
   uint64_t num_alloc_retries;
   uint64_t num_ooms;
+  /**
+   * The cap set by `set_memory_fraction` (0 refuses every allocation); `UINT64_MAX` if none.
+   */
   uint64_t memory_limit_bytes;
   uint64_t device_total_bytes;
   /**
@@ -359,6 +377,12 @@ int streampool_pools_supported(int device);
  * 1 if `device`'s pools can be shared with other processes, 0 if not, or a negative status.
  */
 int streampool_ipc_supported(int device);
+
+/**
+ * 1 if `device` supports virtual memory management (`STREAMPOOL_BACKEND=vmm`), 0 if not, or a
+ * negative status.
+ */
+int streampool_vmm_supported(int device);
 
 /**
  * Exports the live shareable block at `ptr` on `device` into `*out`, with an event recorded on
