@@ -159,7 +159,17 @@ class StreampoolIpcHandle(ctypes.Structure):
 
 
 # enum StreampoolEventKind / StreampoolBlockState values -> names used in Python.
-EVENT_KINDS = {1: "alloc", 2: "free", 3: "pool_alloc", 4: "pool_free", 5: "pool_grow", 6: "pool_trim", 7: "oom"}
+EVENT_KINDS = {
+    1: "alloc",
+    2: "free",
+    3: "pool_alloc",
+    4: "pool_free",
+    5: "pool_grow",
+    6: "pool_trim",
+    7: "oom",
+    8: "map",
+    9: "unmap",
+}
 BLOCK_STATES = {1: "live", 2: "inactive", 3: "waiting_for_streams"}
 
 _c_void_p = ctypes.c_void_p
@@ -201,6 +211,7 @@ _SIGNATURES = {
     "streampool_shareable_end": (_c_int, []),
     "streampool_ipc_supported": (_c_int, [_c_int]),
     "streampool_pools_supported": (_c_int, [_c_int]),
+    "streampool_vmm_supported": (_c_int, [_c_int]),
     "streampool_ipc_export": (_c_int, [_c_void_p, _c_int, _c_void_p, ctypes.POINTER(StreampoolIpcHandle)]),
     "streampool_ipc_release_export": (_c_int, [_c_int, _c_uint64]),
     "streampool_ipc_import_pool": (_c_int, [_c_int, _c_int, ctypes.POINTER(_c_uint64)]),
@@ -374,7 +385,14 @@ def parse_bytes(spec: str, device: int) -> int:
 
 def malloc(size: int, device: int, stream: Optional[int] = None) -> Optional[int]:
     """``streampool_malloc``: the device address of ``size`` bytes allocated on ``stream``
-    (None = legacy default stream). Size 0 gives None. Failure raises StreampoolError."""
+    (None = legacy default stream). Size 0 gives None. Failure raises StreampoolError.
+
+    A size ctypes cannot pass as a ``size_t`` is refused here: ctypes would wrap -1 to SIZE_MAX and
+    2**64 + 512 to 512 silently."""
+    if size < 0:
+        raise InvalidArgumentError(f"allocation size must not be negative, got {size}", INVALID_ARGUMENT)
+    if size >= 1 << 64:
+        raise InvalidArgumentError(f"allocation size {size} does not fit in 64 bits", INVALID_ARGUMENT)
     ptr = library().streampool_malloc(size, device, stream)
     if ptr is None and size > 0:
         # A NULL return carries no status code: only the message tells an OOM apart.
