@@ -33,11 +33,10 @@
 
 #![no_main]
 
-use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use streampool::driver::sim::{SimDriver, SimFault};
+use streampool::driver::sim::SimDriver;
 use streampool::driver::{DevicePtr, Driver, EventHandle, Stream, StreamDriver};
 use streampool::ipc::{begin_shareable, end_shareable};
 use streampool::{Allocator, Config, Error, StreampoolStats, MAX_ALLOCATION_BYTES};
@@ -51,225 +50,9 @@ const STREAMS: [Stream; 4] = [Stream(0), Stream(1), Stream(2), Stream(7)];
 const SIM_BASE: u64 = 0x7f00_0000_0000;
 const INJECTED_CODE: i32 = 999;
 
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub enum Size {
-    /// 0..=6 MiB.
-    Bytes(u32),
-    /// k x 512 bytes (exact cache sizes).
-    Blocks(u8),
-    Zero,
-    /// 1 TiB: always out of memory.
-    Huge,
-    /// `u64::MAX - x`: whose rounding to 512 overflows 64 bits (an invalid argument).
-    NearMax(u16),
-    /// `MAX_ALLOCATION_BYTES - 1024 + x`: either side of the largest size accepted.
-    AroundLimit(u16),
-    /// Any 64-bit size.
-    Any(u64),
-}
-
-impl Size {
-    fn bytes(self) -> u64 {
-        match self {
-            Size::Bytes(b) => u64::from(b) % (6 * MIB + 1),
-            Size::Blocks(k) => u64::from(k) * 512,
-            Size::Zero => 0,
-            Size::Huge => 1 << 40,
-            Size::NearMax(x) => u64::MAX - u64::from(x),
-            Size::AroundLimit(x) => MAX_ALLOCATION_BYTES - 1024 + u64::from(x % 2048),
-            Size::Any(b) => b,
-        }
-    }
-}
-
-/// -1, 0, 1, 2: two simulated devices, so -1 and 2 are out of range.
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub struct Dev(u8);
-
-impl Dev {
-    fn index(self) -> i64 {
-        i64::from(self.0 % 4) - 1
-    }
-}
-
-/// A valid device index, for the simulator's own controls.
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub struct SimDev(u8);
-
-impl SimDev {
-    fn index(self) -> usize {
-        usize::from(self.0) % DEVICES
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub struct StreamSel(u8);
-
-impl StreamSel {
-    fn stream(self) -> Stream {
-        STREAMS[usize::from(self.0) % STREAMS.len()]
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub enum FreeTarget {
-    /// A live pointer on its own device.
-    Live(u16),
-    /// A live pointer on another (or an invalid) device.
-    LiveOn(u16, Dev),
-    Null(Dev),
-    /// An address near the simulator's allocations that may or may not be live.
-    Unknown(u32, Dev),
-    /// live ptr + 512.
-    Interior(u16),
-    /// The pointer freed last, again.
-    DoubleFree,
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub enum Fraction {
-    Of255(u8),
-    Zero,
-    One,
-    OnePointFive,
-    Negative,
-    NaN,
-    Infinity,
-}
-
-impl Fraction {
-    fn value(self) -> f64 {
-        match self {
-            Fraction::Of255(x) => f64::from(x) / 255.0,
-            Fraction::Zero => 0.0,
-            Fraction::One => 1.0,
-            Fraction::OnePointFive => 1.5,
-            Fraction::Negative => -0.25,
-            Fraction::NaN => f64::NAN,
-            Fraction::Infinity => f64::INFINITY,
-        }
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub enum Bytes {
-    Zero,
-    /// x * 64 KiB.
-    Chunks(u16),
-    Max,
-}
-
-impl Bytes {
-    fn value(self) -> u64 {
-        match self {
-            Bytes::Zero => 0,
-            Bytes::Chunks(x) => u64::from(x) << 16,
-            Bytes::Max => u64::MAX,
-        }
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    PoolCreate,
-    PoolSetAttr,
-    Alloc,
-    Free,
-    EventCreate,
-    EventRecord,
-    Synchronize,
-}
-
-const FAULTS: [Fault; 7] = [
-    Fault::PoolCreate,
-    Fault::PoolSetAttr,
-    Fault::Alloc,
-    Fault::Free,
-    Fault::EventCreate,
-    Fault::EventRecord,
-    Fault::Synchronize,
-];
-
-impl Fault {
-    fn sim(self) -> SimFault {
-        match self {
-            Fault::PoolCreate => SimFault::PoolCreate,
-            Fault::PoolSetAttr => SimFault::PoolSetAttr,
-            Fault::Alloc => SimFault::Alloc,
-            Fault::Free => SimFault::Free,
-            Fault::EventCreate => SimFault::EventCreate,
-            Fault::EventRecord => SimFault::EventRecord,
-            Fault::Synchronize => SimFault::Synchronize,
-        }
-    }
-
-    /// Consumes one pending fault of this kind if there is one; returns whether there was.
-    fn probe(self, sim: &SimDriver) -> bool {
-        sim.take_injected(self.sim())
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub enum Op {
-    Malloc {
-        size: Size,
-        device: Dev,
-        stream: StreamSel,
-    },
-    Free(FreeTarget),
-    RecordStream {
-        pick: u16,
-        stream: StreamSel,
-    },
-    RecordStreamUnknown {
-        offset: u32,
-        stream: StreamSel,
-    },
-    EmptyCache,
-    SetReleaseThreshold {
-        device: Dev,
-        bytes: Bytes,
-    },
-    Trim {
-        device: Dev,
-        keep: Bytes,
-    },
-    SetMemoryFraction {
-        device: Dev,
-        fraction: Fraction,
-    },
-    ResetPeaks {
-        device: Dev,
-    },
-    CompleteStream {
-        device: SimDev,
-        stream: StreamSel,
-    },
-    CompleteAll,
-    BeginCapture {
-        device: SimDev,
-        stream: StreamSel,
-    },
-    EndCapture {
-        pick: u8,
-    },
-    InjectFault(Fault),
-    /// A malloc inside `streampool.shareable()`: from the device's shareable pool.
-    MallocShareable {
-        size: Size,
-        device: Dev,
-        stream: StreamSel,
-    },
-    /// Export a live block; if that succeeds, import it here (as another process would), close
-    /// the import and release the export.
-    ExportImport {
-        pick: u16,
-        stream: StreamSel,
-    },
-    RecordHistory {
-        on: bool,
-    },
-}
+#[path = "allocator_ops/input.rs"]
+mod input;
+use input::{FreeTarget, Op, FAULTS};
 
 #[derive(Debug, Clone)]
 struct Block {
@@ -622,11 +405,9 @@ impl Harness {
         // Which injected faults fired during this operation.
         let left = self.drain_faults();
         let mut fired = false;
-        for i in 0..FAULTS.len() {
-            assert!(left[i] <= self.pending_faults[i], "faults appeared");
-            if left[i] < self.pending_faults[i] {
-                fired = true;
-            }
+        for (now, before) in left.iter().zip(&self.pending_faults) {
+            assert!(now <= before, "faults appeared");
+            fired |= now < before;
         }
         self.reinject(left);
         self.pending_faults = left;
@@ -791,8 +572,8 @@ impl Harness {
         let r = self.alloc.malloc(bytes, device, stream);
         match device_ok(device) {
             None => Outcome::Rejected(r.map(drop), Expect::BadDevice(device)),
-            Some(_) if bytes == 0 => Outcome::Unchanged(r.and_then(|p| match p {
-                DevicePtr::NULL => Ok(()),
+            Some(_) if bytes == 0 => Outcome::Unchanged(r.map(|p| match p {
+                DevicePtr::NULL => (),
                 p => panic!("malloc(0) gave {p:#x}, not NULL"),
             })),
             Some(_) if bytes > MAX_ALLOCATION_BYTES => Outcome::Rejected(
