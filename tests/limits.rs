@@ -84,6 +84,11 @@ fn memory_limit_bytes_tells_no_limit_from_a_cap_of_zero() {
     r.finish();
 }
 
+/// Runs `f`; a panic becomes a message (a worker that panics would leave the others at a barrier).
+fn unpanicked<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(AssertUnwindSafe(f)).map_err(|_| "a panic in the allocator".into())
+}
+
 /// Issue 16, defect 2: the limit check and the increase of the bytes held were in different lock
 /// sections, so concurrent allocations passed the check together (up to 1.38x the cap was live).
 /// Here 16 threads allocate 8 MiB blocks at once under a 64 MiB cap, round after round: each
@@ -133,44 +138,38 @@ fn memory_fraction_caps_live_bytes_at_every_moment_under_16_threads() {
                     scope.spawn(move || {
                         // No assertion in here: a panicking thread would leave the others
                         // waiting at the barrier. What is seen is checked after the join.
-                        let guarded = |f: &mut dyn FnMut() -> Result<(), Error>| {
-                            let outcome = std::panic::catch_unwind(AssertUnwindSafe(f));
-                            let failure = match outcome {
-                                Ok(Ok(())) => return,
-                                Ok(Err(e)) => e.to_string(),
-                                Err(_) => "a panic in the allocator".to_string(),
-                            };
-                            unexpected.lock().unwrap().push(failure);
-                        };
+                        let note = |failure: String| unexpected.lock().unwrap().push(failure);
                         for _ in 0..ROUNDS {
-                            let mut malloc = || r.alloc.malloc(BLOCK_BYTES, 0, Stream(t + 1));
-                            let mut result = None;
-                            guarded(&mut || {
-                                result = Some(malloc());
-                                Ok(())
-                            });
-                            let block = match result.unwrap_or(Ok(DevicePtr::NULL)) {
-                                Ok(DevicePtr::NULL) => None,
-                                Ok(p) => {
+                            let malloc = || r.alloc.malloc(BLOCK_BYTES, 0, Stream(t + 1));
+                            let block = match unpanicked(malloc) {
+                                Ok(Ok(p)) => {
                                     let now = live_bytes.fetch_add(BLOCK_BYTES, Ordering::SeqCst)
                                         + BLOCK_BYTES;
                                     most_live_bytes.fetch_max(now, Ordering::SeqCst);
                                     served.fetch_add(1, Ordering::Relaxed);
                                     Some(p)
                                 }
-                                Err(Error::OutOfMemory(_)) => {
+                                Ok(Err(Error::OutOfMemory(_))) => {
                                     refused.fetch_add(1, Ordering::Relaxed);
                                     None
                                 }
-                                Err(e) => {
-                                    unexpected.lock().unwrap().push(e.to_string());
+                                Ok(Err(e)) => {
+                                    note(e.to_string());
+                                    None
+                                }
+                                Err(panic) => {
+                                    note(panic);
                                     None
                                 }
                             };
                             barrier.wait(); // every thread has tried: the blocks are live together
                             if let Some(p) = block {
                                 live_bytes.fetch_sub(BLOCK_BYTES, Ordering::SeqCst);
-                                guarded(&mut || r.alloc.free(p, 0));
+                                match unpanicked(|| r.alloc.free(p, 0)) {
+                                    Ok(Ok(())) => {}
+                                    Ok(Err(e)) => note(e.to_string()),
+                                    Err(panic) => note(panic),
+                                }
                             }
                             barrier.wait();
                         }
