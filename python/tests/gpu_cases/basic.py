@@ -103,11 +103,20 @@ def case_memory_fraction(ctx) -> None:
 
 
 def case_out_of_memory(ctx) -> None:
-    """A 10 TiB request raises PyTorch's out-of-memory message; tensors work afterwards."""
+    """A 10 TiB request raises PyTorch's out-of-memory message, and so does 2^48 bytes; a byte
+    more is an invalid size; tensors work afterwards."""
     message = _expect_oom(10 * 2**40)
     print(f"out-of-memory message: {message}")
     assert message.startswith("CUDA out of memory."), message
     assert streampool.memory_stats()["num_ooms"] >= 1
+    # Issue 16: the largest size streampool accepts (2^48 bytes) reaches cuMemAllocFromPoolAsync,
+    # which must say out of memory; one byte more is refused before any driver call.
+    message = _expect_oom(2**48)
+    print(f"2^48 bytes: {message}")
+    assert message.startswith("CUDA out of memory."), message
+    message = _expect_oom(2**48 + 1)
+    print(f"2^48 + 1 bytes: {message}")
+    assert "is larger than streampool's maximum" in message, message
     numbers = torch.arange(1024, device="cuda")
     assert int(numbers.sum()) == 1024 * 1023 // 2
 
