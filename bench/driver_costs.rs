@@ -6,7 +6,9 @@
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
-use streampool::driver::{cuda::CudaDriver, Driver, PoolAttr};
+use streampool::driver::{
+    cuda::CudaDriver, DeviceDriver, Driver, PoolAttr, PoolDriver, Stream, StreamDriver,
+};
 use streampool::{Allocator, Config};
 
 const MIB: u64 = 1 << 20;
@@ -45,7 +47,7 @@ fn main() {
     report(
         "cuStreamIsCapturing (with the context check)",
         ns_per_op(n, |_| {
-            black_box(driver.is_capturing(0, 0).unwrap());
+            black_box(driver.is_capturing(0, Stream(0)).unwrap());
         }),
     );
     report(
@@ -56,8 +58,8 @@ fn main() {
     );
     for bytes in [4096, MIB, 64 * MIB] {
         let ns = ns_per_op(n, |_| {
-            let p = driver.alloc_async(0, pool, bytes, 0).unwrap();
-            driver.free_async(0, p, 0).unwrap();
+            let p = driver.alloc_async(0, pool, bytes, Stream(0)).unwrap();
+            driver.free_async(0, p, Stream(0)).unwrap();
         });
         report(
             &format!("cuMemAllocFromPoolAsync + cuMemFreeAsync, {bytes} B"),
@@ -65,12 +67,13 @@ fn main() {
         );
     }
     driver.synchronize(0).unwrap();
+    driver.pool_destroy(0, pool).unwrap();
 
     let alloc = Allocator::new(driver.clone() as Arc<dyn Driver>, Config::default()).unwrap();
     report(
         "streampool malloc + free, cache hit, 1 MiB",
         ns_per_op(n, |_| {
-            let p = alloc.malloc(MIB, 0, 0).unwrap();
+            let p = alloc.malloc(MIB, 0, Stream(0)).unwrap();
             alloc.free(black_box(p), 0).unwrap();
         }),
     );
@@ -79,7 +82,7 @@ fn main() {
     for (what, base) in [("small pool", 4096u64), ("main pool", 2 * MIB)] {
         let sizes: Vec<u64> = (0..8).map(|i| base * 5u64.pow(i) / 4u64.pow(i)).collect();
         let ns = ns_per_op(n, |i| {
-            let p = alloc.malloc(sizes[i % sizes.len()], 0, 0).unwrap();
+            let p = alloc.malloc(sizes[i % sizes.len()], 0, Stream(0)).unwrap();
             alloc.free(p, 0).unwrap();
         });
         report(
@@ -103,7 +106,7 @@ fn main() {
     let alloc = Allocator::new(driver.clone() as Arc<dyn Driver>, uncached).unwrap();
     for bytes in [4096, 64 * MIB] {
         let ns = ns_per_op(n, |_| {
-            let p = alloc.malloc(bytes, 0, 0).unwrap();
+            let p = alloc.malloc(bytes, 0, Stream(0)).unwrap();
             alloc.free(p, 0).unwrap();
         });
         report(

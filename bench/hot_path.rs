@@ -4,7 +4,7 @@
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use std::hint::black_box;
 use std::sync::Arc;
-use streampool::driver::{sim::SimDriver, Driver};
+use streampool::driver::{sim::SimDriver, DevicePtr, Driver, Stream};
 use streampool::{Allocator, Config};
 
 fn allocator() -> Allocator {
@@ -14,11 +14,12 @@ fn allocator() -> Allocator {
 
 fn bench(c: &mut Criterion) {
     let a = allocator();
-    let p = a.malloc(1 << 20, 0, 0).unwrap();
+    let s0 = Stream(0);
+    let p = a.malloc(1 << 20, 0, s0).unwrap();
     a.free(p, 0).unwrap();
     c.bench_function("cache_hit_pair_1MiB", |b| {
         b.iter(|| {
-            let p = a.malloc(black_box(1 << 20), 0, 0).unwrap();
+            let p = a.malloc(black_box(1 << 20), 0, s0).unwrap();
             a.free(black_box(p), 0).unwrap();
         })
     });
@@ -27,14 +28,14 @@ fn bench(c: &mut Criterion) {
     // them all), so the cache can keep one block of each without raising peak memory. The sizes
     // (512 B to 1.5 MiB, both pools) total 48 MiB, within the 64 MiB cache budget: all hits.
     let sizes: Vec<u64> = (0..64).map(|i| 512 + (i * 7919 % 1536) * 1024).collect();
-    let warm: Vec<u64> = sizes.iter().map(|&s| a.malloc(s, 0, 0).unwrap()).collect();
+    let warm: Vec<DevicePtr> = sizes.iter().map(|&s| a.malloc(s, 0, s0).unwrap()).collect();
     for p in warm {
         a.free(p, 0).unwrap();
     }
     c.bench_function("cache_hit_pairs_mixed_sizes_x64", |b| {
         b.iter(|| {
             for &s in &sizes {
-                let p = a.malloc(black_box(s), 0, 0).unwrap();
+                let p = a.malloc(black_box(s), 0, s0).unwrap();
                 a.free(p, 0).unwrap();
             }
         })
@@ -49,7 +50,7 @@ fn bench(c: &mut Criterion) {
                     let alloc = Arc::clone(&alloc);
                     std::thread::spawn(move || {
                         for _ in 0..10_000 {
-                            let p = alloc.malloc(4096, 0, stream).unwrap();
+                            let p = alloc.malloc(4096, 0, Stream(stream)).unwrap();
                             alloc.free(p, 0).unwrap();
                         }
                     })

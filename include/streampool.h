@@ -8,6 +8,13 @@
 #include <sys/types.h>
 
 /**
+ * The largest size `my_malloc` and `streampool_malloc` accept: 2^48 bytes (256 TiB); larger is
+ * STREAMPOOL_STATUS_INVALID_ARGUMENT, smaller but more than the device has is out of memory.
+ * (The value of `streampool::MAX_ALLOCATION_BYTES`, written out for the C header.)
+ */
+#define STREAMPOOL_MAX_ALLOCATION_BYTES 281474976710656
+
+/**
  * Status codes returned by the C entry points (see `docs/abi.md`).
  */
 typedef enum StreampoolStatus {

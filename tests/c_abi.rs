@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 /// target/<profile>/, where libstreampool.so is. `cargo test` builds the library only as an
-/// rlib for tests, so the cdylib is built here, once per test run.
+/// rlib for tests, so the cdylib is built here, once per test run, with the simulated driver.
 fn lib_dir() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
@@ -14,7 +14,14 @@ fn lib_dir() -> PathBuf {
             let exe = std::env::current_exe().unwrap();
             let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
             let mut cargo = Command::new(env!("CARGO"));
-            cargo.args(["build", "--lib", "--quiet", "--manifest-path"]);
+            cargo.args([
+                "build",
+                "--lib",
+                "--features",
+                "sim",
+                "--quiet",
+                "--manifest-path",
+            ]);
             cargo.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
             if cfg!(feature = "sim") {
                 cargo.args(["--features", "sim"]);
@@ -71,12 +78,91 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// The functions include/streampool.h declares: the identifier before the `(` of each line that
+/// starts a declaration at column 0 (cbindgen's layout; tests/header.rs keeps the header equal to
+/// what cbindgen generates from src/ffi.rs).
+fn header_functions() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let header = std::fs::read_to_string(root.join("include/streampool.h")).unwrap();
+    header
+        .lines()
+        .filter(|line| line.starts_with(|c: char| c.is_ascii_alphabetic()))
+        .filter(|line| !line.starts_with("typedef") && !line.starts_with("enum"))
+        .filter_map(|line| line.split_once('('))
+        .map(|(before, _)| {
+            let name = before.rsplit(|c: char| !c.is_ascii_alphanumeric() && c != '_');
+            name.into_iter().next().unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
+/// `source` without its `/* */` and `//` comments.
+fn without_comments(source: &str) -> String {
+    let mut out = String::new();
+    let mut rest = source;
+    while let Some(i) = rest.find("/*") {
+        out.push_str(&rest[..i]);
+        rest = rest[i..].split_once("*/").map_or("", |(_, after)| after);
+    }
+    out.push_str(rest);
+    out.lines()
+        .map(|line| line.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Issue 16: the program once called 18 of 31 exports. Every function the header declares must
+/// be called by tests/c/abi_check.c (fails as soon as the header gains one it does not call), and
+/// the header must declare every `#[no_mangle]` function of src/ffi/.
 #[test]
 fn c_program_calls_every_export() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let declared = header_functions();
+    let exports: usize = std::fs::read_dir(root.join("src/ffi"))
+        .unwrap()
+        .map(|f| std::fs::read_to_string(f.unwrap().path()).unwrap())
+        .map(|text| text.matches("#[no_mangle]").count())
+        .sum();
+    assert_eq!(
+        declared.len(),
+        exports,
+        "the header's functions against src/ffi/'s exports: {declared:?}"
+    );
+    assert!(
+        declared.iter().any(|f| f == "my_malloc") && declared.len() >= 32,
+        "{declared:?}"
+    );
+    let program =
+        without_comments(&std::fs::read_to_string(root.join("tests/c/abi_check.c")).unwrap());
+    let uncalled: Vec<&String> = declared
+        .iter()
+        .filter(|f| {
+            let called = program.match_indices(f.as_str()).any(|(i, _)| {
+                let before = program[..i].chars().next_back();
+                let after = program[i + f.len()..].trim_start();
+                !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && after.starts_with('(')
+            });
+            !called
+        })
+        .collect();
+    assert!(
+        uncalled.is_empty(),
+        "tests/c/abi_check.c does not call {uncalled:?}, declared in include/streampool.h"
+    );
     let exe = build("abi", "tests/c/abi_check.c", "cc");
     let out = run(&exe, &[]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("c abi ok"));
+}
+
+/// Found while migrating (issue 16): cbindgen wrote `MAX_ALLOCATION_BYTES` as `(1 << 48)`, a shift
+/// of a 32-bit `int` by 48 in C (undefined behaviour). The header's constant must be 2^48 in C.
+#[test]
+fn the_header_s_maximum_size_is_2_to_the_48_in_c() {
+    let exe = build("max", "tests/c/max_size_check.c", "cc");
+    let out = run(&exe, &[]);
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 #[test]

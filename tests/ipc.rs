@@ -4,6 +4,7 @@
 
 mod common;
 use common::*;
+use streampool::driver::DevicePtr;
 use streampool::ipc::{begin_shareable, end_shareable};
 use streampool::Config;
 
@@ -17,29 +18,29 @@ fn with_shareable<T>(f: impl FnOnce() -> T) -> T {
 #[test]
 fn a_shareable_block_round_trips_through_export_import_and_close() {
     let rig = rig(64 * MIB);
-    let ptr = with_shareable(|| rig.alloc.malloc(3 * MIB, 0, 5).unwrap());
-    let handle = rig.alloc.ipc_export(ptr, 0, 0).unwrap();
+    let ptr = with_shareable(|| rig.malloc(3 * MIB, 0, 5));
+    let handle = rig.alloc.ipc_export(ptr, 0, s(0)).unwrap();
     assert_eq!((handle.device, handle.block_bytes), (0, 3 * MIB));
     assert!(handle.pool_fd >= 0);
     assert_eq!(rig.stats(0).ipc_used_bytes, 3 * MIB);
     assert_eq!(rig.stats(0).reserved_bytes, 0, "the main pool is untouched");
     // The importing side (here the same process).
     let pool = rig.alloc.ipc_import_pool(0, handle.pool_fd).unwrap();
-    let imported = rig.alloc.ipc_import(pool, &handle, 9).unwrap();
+    let imported = rig.alloc.ipc_import(pool, &handle, s(9)).unwrap();
     assert_eq!(imported, ptr);
     assert_eq!(
         (rig.sim.imported_count(0), rig.alloc.ipc_open_imports()),
         (1, 1)
     );
-    rig.alloc.ipc_close(imported, 9).unwrap();
+    rig.alloc.ipc_close(imported, s(9)).unwrap();
     assert_eq!(
         (rig.sim.imported_count(0), rig.alloc.ipc_open_imports()),
         (0, 0)
     );
-    assert!(rig.alloc.ipc_close(imported, 9).is_err(), "closed twice");
+    assert!(rig.alloc.ipc_close(imported, s(9)).is_err(), "closed twice");
     // The exporter lets go: the block goes straight back to the shareable pool.
     rig.alloc.ipc_release_export(0, handle.event).unwrap();
-    rig.alloc.free(ptr, 0).unwrap();
+    rig.free(ptr, 0);
     assert_eq!(rig.stats(0).cached_bytes, 0);
     rig.finish();
 }
@@ -47,37 +48,37 @@ fn a_shareable_block_round_trips_through_export_import_and_close() {
 #[test]
 fn shareable_allocations_never_take_cached_blocks() {
     let rig = rig(64 * MIB);
-    let normal = rig.alloc.malloc(MIB, 0, 0).unwrap();
-    rig.alloc.free(normal, 0).unwrap(); // cached on stream 0
-    let shared = with_shareable(|| rig.alloc.malloc(MIB, 0, 0).unwrap());
+    let normal = rig.malloc(MIB, 0, 0);
+    rig.free(normal, 0); // cached on stream 0
+    let shared = with_shareable(|| rig.malloc(MIB, 0, 0));
     assert_ne!(shared, normal);
-    rig.alloc.ipc_export(shared, 0, 0).unwrap();
-    let again = rig.alloc.malloc(MIB, 0, 0).unwrap();
+    rig.alloc.ipc_export(shared, 0, s(0)).unwrap();
+    let again = rig.malloc(MIB, 0, 0);
     assert_eq!(
         again, normal,
         "outside the scope the cache serves as before"
     );
-    rig.alloc.free(again, 0).unwrap();
-    rig.alloc.free(shared, 0).unwrap();
+    rig.free(again, 0);
+    rig.free(shared, 0);
     rig.finish();
 }
 
 #[test]
 fn exporting_a_block_from_the_ordinary_pool_says_how_to_make_it_shareable() {
     let rig = rig(64 * MIB);
-    let p = rig.alloc.malloc(MIB, 0, 0).unwrap();
-    let e = rig.alloc.ipc_export(p, 0, 0).unwrap_err().to_string();
+    let p = rig.malloc(MIB, 0, 0);
+    let e = rig.alloc.ipc_export(p, 0, s(0)).unwrap_err().to_string();
     assert!(
         e.contains("not in a shareable pool") && e.contains("streampool.shareable()"),
         "{e}"
     );
     assert!(e.contains("STREAMPOOL_IPC=1"), "{e}");
     assert!(
-        rig.alloc.ipc_export(p + 512, 0, 0).is_err(),
+        rig.alloc.ipc_export(p.offset(512), 0, s(0)).is_err(),
         "interior pointer"
     );
-    assert!(rig.alloc.ipc_export(p, 1, 0).is_err(), "wrong device");
-    rig.alloc.free(p, 0).unwrap();
+    assert!(rig.alloc.ipc_export(p, 1, s(0)).is_err(), "wrong device");
+    rig.free(p, 0);
     rig.finish();
 }
 
@@ -88,21 +89,21 @@ fn with_ipc_on_every_pool_block_is_shareable_cached_ones_included() {
         ..Config::default()
     };
     let rig = rig_with(2, 64 * MIB, config);
-    let p = rig.alloc.malloc(MIB, 1, 0).unwrap();
-    rig.alloc.free(p, 1).unwrap();
-    let q = rig.alloc.malloc(MIB, 1, 0).unwrap();
+    let p = rig.malloc(MIB, 1, 0);
+    rig.free(p, 1);
+    let q = rig.malloc(MIB, 1, 0);
     assert_eq!(p, q, "from the cache");
-    let handle = rig.alloc.ipc_export(q, 1, 0).unwrap();
-    let s = rig.stats(1);
+    let handle = rig.alloc.ipc_export(q, 1, s(0)).unwrap();
+    let st = rig.stats(1);
     assert_eq!(
-        (s.ipc_reserved_bytes, s.ipc_used_bytes),
-        (s.reserved_bytes, s.pool_used_bytes)
+        (st.ipc_reserved_bytes, st.ipc_used_bytes),
+        (st.reserved_bytes, st.pool_used_bytes)
     );
     let pool = rig.alloc.ipc_import_pool(1, handle.pool_fd).unwrap();
-    let imported = rig.alloc.ipc_import(pool, &handle, 0).unwrap();
-    rig.alloc.ipc_close(imported, 0).unwrap();
+    let imported = rig.alloc.ipc_import(pool, &handle, s(0)).unwrap();
+    rig.alloc.ipc_close(imported, s(0)).unwrap();
     rig.alloc.ipc_release_export(1, handle.event).unwrap();
-    rig.alloc.free(q, 1).unwrap();
+    rig.free(q, 1);
     rig.finish();
 }
 
@@ -110,7 +111,7 @@ fn with_ipc_on_every_pool_block_is_shareable_cached_ones_included() {
 fn a_device_without_sharing_support_gives_a_clear_error() {
     let rig = rig(64 * MIB);
     rig.sim.set_ipc_unsupported(1);
-    let e = with_shareable(|| rig.alloc.malloc(MIB, 1, 0).unwrap_err().to_string());
+    let e = with_shareable(|| rig.alloc.malloc(MIB, 1, s(0)).unwrap_err().to_string());
     assert!(
         e.contains("device 1 cannot share pool memory") && e.contains("HANDLE_TYPES"),
         "{e}"
@@ -124,10 +125,10 @@ fn a_device_without_sharing_support_gives_a_clear_error() {
 fn bad_imports_and_scopes_are_errors() {
     let rig = rig(64 * MIB);
     assert!(end_shareable().is_err(), "end without begin");
-    let ptr = with_shareable(|| rig.alloc.malloc(MIB, 0, 0).unwrap());
-    let handle = rig.alloc.ipc_export(ptr, 0, 0).unwrap();
+    let ptr = with_shareable(|| rig.malloc(MIB, 0, 0));
+    let handle = rig.alloc.ipc_export(ptr, 0, s(0)).unwrap();
     assert!(
-        rig.alloc.ipc_import(0xdead, &handle, 0).is_err(),
+        rig.alloc.ipc_import(0xdead, &handle, s(0)).is_err(),
         "pool never imported"
     );
     assert!(rig.alloc.ipc_import_pool(0, -1).is_err());
@@ -138,78 +139,74 @@ fn bad_imports_and_scopes_are_errors() {
         .alloc
         .ipc_import_pool(0, unknown_fd.as_raw_fd())
         .is_err());
-    assert!(rig.alloc.ipc_close(0x1234, 0).is_err());
+    assert!(rig.alloc.ipc_close(DevicePtr(0x1234), s(0)).is_err());
     assert_eq!(rig.alloc.ipc_open_imports(), 0);
     rig.alloc.ipc_release_export(0, handle.event).unwrap();
-    rig.alloc.free(ptr, 0).unwrap();
+    rig.free(ptr, 0);
     rig.finish();
 }
 
 #[test]
 fn a_shareable_block_used_on_other_streams_goes_back_to_its_pool_not_the_cache() {
     let rig = rig(64 * MIB);
-    let shared = with_shareable(|| rig.alloc.malloc(MIB, 0, 1).unwrap());
-    rig.alloc.record_stream(shared, 2).unwrap();
-    rig.alloc.free(shared, 0).unwrap();
+    let shared = with_shareable(|| rig.malloc(MIB, 0, 1));
+    rig.alloc.record_stream(shared, s(2)).unwrap();
+    rig.free(shared, 0);
     assert_eq!(rig.stats(0).active_bytes, MIB, "waits for stream 2");
     rig.sim.complete_all();
-    let normal = rig.alloc.malloc(MIB, 0, 1).unwrap(); // collects the finished wait
-    let s = rig.stats(0);
+    let normal = rig.malloc(MIB, 0, 1); // collects the finished wait
+    let st = rig.stats(0);
     assert_eq!(
-        (s.cached_bytes, s.ipc_used_bytes, s.num_cache_hits),
+        (st.cached_bytes, st.ipc_used_bytes, st.num_cache_hits),
         (0, 0, 0)
     );
     assert_eq!(
-        s.num_device_frees, 1,
+        st.num_device_frees, 1,
         "the shareable block went back to its pool"
     );
-    rig.alloc.free(normal, 0).unwrap();
+    rig.free(normal, 0);
     rig.finish();
 }
 
 #[test]
 fn the_memory_fraction_caps_shareable_allocations_too() {
     let rig = rig(64 * MIB);
-    rig.alloc
-        .device(0)
-        .unwrap()
-        .set_memory_fraction(0.25)
-        .unwrap(); // 16 MiB
-    let first = with_shareable(|| rig.alloc.malloc(12 * MIB, 0, 0).unwrap());
-    let e = with_shareable(|| rig.alloc.malloc(8 * MIB, 0, 0).unwrap_err().to_string());
+    rig.alloc.set_memory_fraction(0, 0.25).unwrap(); // 16 MiB
+    let first = with_shareable(|| rig.malloc(12 * MIB, 0, 0));
+    let e = with_shareable(|| rig.alloc.malloc(8 * MIB, 0, s(0)).unwrap_err().to_string());
     assert!(
         e.starts_with("CUDA out of memory.") && e.contains("limit"),
         "{e}"
     );
-    rig.alloc.free(first, 0).unwrap();
+    rig.free(first, 0);
     rig.finish();
 }
 
 #[test]
 fn a_block_imported_twice_is_mapped_once_until_its_last_close() {
     let rig = rig(64 * MIB);
-    let ptr = with_shareable(|| rig.alloc.malloc(MIB, 0, 0).unwrap());
+    let ptr = with_shareable(|| rig.malloc(MIB, 0, 0));
     let (h1, h2) = (
-        rig.alloc.ipc_export(ptr, 0, 0).unwrap(),
-        rig.alloc.ipc_export(ptr, 0, 0).unwrap(),
+        rig.alloc.ipc_export(ptr, 0, s(0)).unwrap(),
+        rig.alloc.ipc_export(ptr, 0, s(0)).unwrap(),
     );
     let pool = rig.alloc.ipc_import_pool(0, h1.pool_fd).unwrap();
     let (a, b) = (
-        rig.alloc.ipc_import(pool, &h1, 0).unwrap(),
-        rig.alloc.ipc_import(pool, &h2, 0).unwrap(),
+        rig.alloc.ipc_import(pool, &h1, s(0)).unwrap(),
+        rig.alloc.ipc_import(pool, &h2, s(0)).unwrap(),
     );
     assert_eq!(a, b);
     assert_eq!(
         (rig.sim.imported_count(0), rig.alloc.ipc_open_imports()),
         (1, 2)
     );
-    rig.alloc.ipc_close(a, 0).unwrap();
+    rig.alloc.ipc_close(a, s(0)).unwrap();
     assert_eq!(
         (rig.sim.imported_count(0), rig.alloc.ipc_open_imports()),
         (1, 1),
         "still mapped"
     );
-    rig.alloc.ipc_close(b, 0).unwrap();
+    rig.alloc.ipc_close(b, s(0)).unwrap();
     assert_eq!(
         (rig.sim.imported_count(0), rig.alloc.ipc_open_imports()),
         (0, 0)
@@ -230,19 +227,35 @@ fn a_block_imported_twice_is_mapped_once_until_its_last_close() {
         rig.alloc.ipc_release_export(0, 0xbad).is_err(),
         "never exported"
     );
-    rig.alloc.free(ptr, 0).unwrap();
+    rig.free(ptr, 0);
     rig.finish();
 }
 
+/// Found by what it is (the device's one shareable pool), not by number: with the small-block
+/// pool it is the third pool. Fails if shareable pools are never granted to peers.
 #[test]
 fn the_shareable_pool_follows_the_peer_access_policy() {
-    use streampool::driver::PoolHandle;
     let rig = rig(64 * MIB); // auto
-    let p1 = rig.alloc.malloc(MIB, 1, 0).unwrap();
-    let ptr = with_shareable(|| rig.alloc.malloc(MIB, 0, 0).unwrap());
-    // device 0: main pool 0, shareable pool 1; device 1 allocates, so it may read both.
-    assert_eq!(rig.sim.pool_peers(0, PoolHandle(1)), [1]);
-    rig.alloc.free(ptr, 0).unwrap();
-    rig.alloc.free(p1, 1).unwrap();
+    let p1 = rig.malloc(MIB, 1, 0);
+    let ptr = with_shareable(|| rig.malloc(MIB, 0, 0));
+    assert_eq!(rig.own_pools(0).len(), 2, "main and small-block pools");
+    // device 1 allocates, so it may read device 0's shareable pool.
+    assert_eq!(rig.shareable_pool(0).peers, [1]);
+    rig.free(ptr, 0);
+    rig.free(p1, 1);
+    rig.finish();
+    let rig = rig_with(
+        2,
+        64 * MIB,
+        Config {
+            peer_access: streampool::config::PeerAccess::Off,
+            ..Config::default()
+        },
+    );
+    let p1 = rig.malloc(MIB, 1, 0);
+    let ptr = with_shareable(|| rig.malloc(MIB, 0, 0));
+    assert!(rig.shareable_pool(0).peers.is_empty(), "off: no grants");
+    rig.free(ptr, 0);
+    rig.free(p1, 1);
     rig.finish();
 }

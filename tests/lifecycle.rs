@@ -5,14 +5,14 @@ mod common;
 use common::*;
 use std::sync::Arc;
 use streampool::driver::sim::SimDriver;
-use streampool::driver::Driver;
+use streampool::driver::{Driver, Stream};
 use streampool::{Allocator, Config};
 
 #[test]
 fn a_device_that_is_never_used_gets_no_pool_and_costs_nothing() {
     let r = rig(64 * MIB);
-    let p = r.alloc.malloc(3 * MIB, 1, 7).unwrap();
-    r.alloc.free(p, 1).unwrap();
+    let p = r.malloc(3 * MIB, 1, 7);
+    r.free(p, 1);
     let unused = r.stats(0);
     assert_eq!(
         (
@@ -38,12 +38,12 @@ fn a_sticky_error_on_one_device_is_reported_and_the_other_device_keeps_working()
     // Not strict: device 0's memory cannot be given back once its context is gone.
     let sim = Arc::new(SimDriver::new(2, 64 * MIB));
     let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, Config::default()).unwrap();
-    let on_0 = alloc.malloc(MIB, 0, 0).unwrap();
-    let on_1 = alloc.malloc(MIB, 1, 0).unwrap();
+    let on_0 = alloc.malloc(MIB, 0, Stream(0)).unwrap();
+    let on_1 = alloc.malloc(MIB, 1, Stream(0)).unwrap();
     alloc.free(on_1, 1).unwrap(); // cached on device 1
 
     sim.set_sticky_error(0);
-    let e = alloc.malloc(8 * MIB, 0, 0).unwrap_err().to_string();
+    let e = alloc.malloc(8 * MIB, 0, Stream(0)).unwrap_err().to_string();
     assert!(
         e.starts_with("CUDA driver call cu") && e.contains("CUDA_ERROR_ILLEGAL_ADDRESS"),
         "{e}"
@@ -58,7 +58,7 @@ fn a_sticky_error_on_one_device_is_reported_and_the_other_device_keeps_working()
     );
 
     for round in 0..100 {
-        let p = alloc.malloc(MIB + round * 512, 1, 3).unwrap();
+        let p = alloc.malloc(MIB + round * 512, 1, Stream(3)).unwrap();
         alloc.free(p, 1).unwrap();
     }
     alloc.empty_cache().unwrap_err();

@@ -9,15 +9,20 @@
 //! - `frees_flush_and_growth_drain_the_cache_together`: frees into the cache while `empty_cache`
 //!   and a growing allocation drain it;
 //! - `record_stream_blocks_wait_then_are_reused`: a block used on another stream, freed while
-//!   another thread allocates.
+//!   another thread allocates;
+//! - `the_memory_fraction_is_a_hard_cap_for_concurrent_allocations`: two threads allocate at
+//!   once under a cap that fits one block (issue 16: the check and the reservation were in
+//!   different lock sections, and both passed).
 //!
-//! Every model checks that no two live blocks overlap, that the statistics agree with the pool
+//! Every model checks that no two live blocks overlap (a block counts as live from malloc's
+//! return until its `free` has been called: it leaves the overlap set only after `free`
+//! returned, so a block handed out twice, or before its owner freed it, is caught), that the statistics agree with the pool
 //! (`num_allocs` = cache hits + device allocations; once the streams completed, the pool's used
 //! bytes = live + cached + waiting blocks), and that nothing is left cached or in the pools after
 //! `empty_cache`.
 //!
 //! ```text
-//! CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" cargo test --release --test loom -- --nocapture
+//! CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" cargo test --release --features sim --test loom -- --nocapture
 //! ```
 //!
 //! (`--nocapture` shows how many interleavings each model explored; the separate target dir keeps
@@ -29,21 +34,31 @@ use loom::thread;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 use streampool::driver::sim::SimDriver;
-use streampool::driver::{DevicePtr, Driver};
-use streampool::{Allocator, Config, StreampoolStats};
+use streampool::driver::{DevicePtr, Driver, Stream};
+use streampool::{Allocator, Config, Error, StreampoolStats};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 /// Every model allocates on device 0; stream 1 unless said otherwise.
-const STREAM: usize = 1;
+const STREAM: Stream = Stream(1);
+
+/// Where a block the model allocated stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Returned by malloc, `free` not called yet: nothing else may overlap it.
+    Live,
+    /// `free` has been called and has not returned: the allocator may hand it out again.
+    Freeing,
+}
 
 /// An allocator over a strict simulated device, with the blocks the model holds.
 struct Rig {
     sim: std::sync::Arc<SimDriver>,
     alloc: Allocator,
-    /// Live blocks (address, bytes), to check that no two overlap. A std mutex: loom never
-    /// switches threads while it is held, since nothing under it is a loom operation.
-    live: std::sync::Mutex<Vec<(DevicePtr, u64)>>,
+    /// Blocks the model allocated and has not finished freeing (address, bytes, state), to
+    /// check that no live block overlaps another. A std mutex: loom never switches threads while
+    /// it is held, since nothing under it is a loom operation.
+    live: std::sync::Mutex<Vec<(DevicePtr, u64, State)>>,
 }
 
 impl Rig {
@@ -57,23 +72,53 @@ impl Rig {
         }
     }
 
-    fn malloc(&self, bytes: u64, stream: usize) -> DevicePtr {
-        let ptr = self.alloc.malloc(bytes, 0, stream).unwrap();
+    fn malloc(&self, bytes: u64, stream: Stream) -> DevicePtr {
+        self.try_malloc(bytes, stream).unwrap()
+    }
+
+    fn try_malloc(&self, bytes: u64, stream: Stream) -> Result<DevicePtr, Error> {
+        let ptr = self.alloc.malloc(bytes, 0, stream)?;
         let mut live = self.live.lock().unwrap();
-        for &(other, other_bytes) in live.iter() {
-            let overlap = ptr < other + other_bytes && other < ptr + bytes;
+        for &(other, other_bytes, state) in live.iter() {
+            let overlap = ptr.0 < other.0 + other_bytes && other.0 < ptr.0 + bytes;
             assert!(
-                !overlap,
+                !overlap || state == State::Freeing,
                 "{ptr:#x}+{bytes} overlaps live {other:#x}+{other_bytes}"
             );
         }
-        live.push((ptr, bytes));
-        ptr
+        live.push((ptr, bytes, State::Live));
+        Ok(ptr)
     }
 
+    /// Marks the block as being freed, frees it, and only then forgets it.
     fn free(&self, ptr: DevicePtr) {
-        self.live.lock().unwrap().retain(|&(p, _)| p != ptr);
+        self.set_state(ptr, State::Live, Some(State::Freeing));
         self.alloc.free(ptr, 0).unwrap();
+        self.set_state(ptr, State::Freeing, None);
+    }
+
+    /// Moves the model's block at `ptr` from `from` to `to` (None: forgotten).
+    fn set_state(&self, ptr: DevicePtr, from: State, to: Option<State>) {
+        let mut live = self.live.lock().unwrap();
+        let i = live
+            .iter()
+            .position(|&(p, _, state)| p == ptr && state == from)
+            .unwrap_or_else(|| panic!("{ptr:#x} is not {from:?}"));
+        match to {
+            Some(state) => live[i].2 = state,
+            None => {
+                live.swap_remove(i);
+            }
+        }
+    }
+
+    /// Bytes of the blocks callers own (malloc returned, free not called yet).
+    fn live_bytes(&self) -> u64 {
+        let live = self.live.lock().unwrap();
+        live.iter()
+            .filter(|(_, _, state)| *state == State::Live)
+            .map(|(_, bytes, _)| bytes)
+            .sum()
     }
 
     fn stats(&self) -> StreampoolStats {
@@ -95,7 +140,7 @@ impl Rig {
     fn check_books(&self) {
         let s = self.stats();
         assert_eq!(s.num_allocs, s.num_cache_hits + s.num_device_allocs);
-        let live_bytes: u64 = self.live.lock().unwrap().iter().map(|(_, b)| b).sum();
+        let live_bytes = self.live_bytes();
         assert_eq!(s.allocated_bytes, live_bytes);
         self.sim.complete_all();
         let s = self.stats();
@@ -152,7 +197,9 @@ fn first_allocations_create_the_pools_once() {
             .collect();
         let ptrs: Vec<DevicePtr> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         // Config::default() makes a main pool and a small-block pool, once.
-        assert_eq!(r.sim.pool_count(0), 2);
+        let pools = r.sim.pool_infos(0);
+        assert_eq!(pools.len(), 2, "{pools:?}");
+        assert!(pools.iter().all(|p| !p.destroyed && !p.shareable));
         assert_ne!(ptrs[0], ptrs[1]);
         for p in ptrs {
             r.free(p);
@@ -226,7 +273,7 @@ fn record_stream_blocks_wait_then_are_reused() {
             let r = Arc::clone(&r);
             thread::spawn(move || {
                 let p = r.malloc(4 * KIB, STREAM);
-                r.alloc.record_stream(p, 2).unwrap();
+                r.alloc.record_stream(p, Stream(2)).unwrap();
                 r.free(p);
                 p
             })
@@ -247,4 +294,50 @@ fn record_stream_blocks_wait_then_are_reused() {
         r.free(q);
         r.finish();
     });
+}
+
+/// Issue 16, defect 2: under a cap that fits one 4 KiB block, two threads allocate one at once:
+/// one gets it, the other is out of memory — never both (the model's live bytes are checked at
+/// each success). Fails when the limit is checked in one lock section and the bytes are added in
+/// another (the old code, restored by hand).
+#[test]
+fn the_memory_fraction_is_a_hard_cap_for_concurrent_allocations() {
+    check(
+        "the_memory_fraction_is_a_hard_cap_for_concurrent_allocations",
+        || {
+            const CAP_BYTES: u64 = 4 * KIB;
+            let r = Arc::new(Rig::with_pools());
+            // 4 KiB of the simulated 1 GiB: 2^-18, exact in binary.
+            r.alloc
+                .set_memory_fraction(0, 1.0 / f64::from(1 << 18))
+                .unwrap();
+            assert_eq!(r.stats().memory_limit_bytes, CAP_BYTES);
+            let threads: Vec<_> = (0..2)
+                .map(|t| {
+                    let r = Arc::clone(&r);
+                    thread::spawn(move || match r.try_malloc(4 * KIB, Stream(1 + t)) {
+                        Ok(p) => {
+                            let live_bytes = r.live_bytes();
+                            assert!(live_bytes <= CAP_BYTES, "{live_bytes} B live");
+                            Some(p)
+                        }
+                        Err(e) => {
+                            assert!(matches!(e, Error::OutOfMemory(_)), "{e}");
+                            None
+                        }
+                    })
+                })
+                .collect();
+            let served: Vec<DevicePtr> = threads
+                .into_iter()
+                .filter_map(|t| t.join().unwrap())
+                .collect();
+            assert_eq!(served.len(), 1, "one block fits the cap, and it was free");
+            assert_eq!(r.stats().num_ooms, 1);
+            for p in served {
+                r.free(p);
+            }
+            r.finish();
+        },
+    );
 }

@@ -4,6 +4,7 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
+use streampool::driver::DevicePtr;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -38,7 +39,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// What PyTorch-style statistics must say, computed the obvious way.
 #[derive(Default)]
 struct Reference {
-    live: BTreeMap<(i64, u64), u64>,
+    live: BTreeMap<(i64, DevicePtr), u64>,
     peak: [u64; 2],
     count_peak: [u64; 2],
     allocs: [u64; 2],
@@ -68,10 +69,10 @@ proptest! {
         let mut m = Reference::default();
         for op in ops {
             match op {
-                Op::Alloc { bytes, stream, device } => match r.alloc.malloc(bytes, device, stream) {
+                Op::Alloc { bytes, stream, device } => match r.alloc.malloc(bytes, device, s(stream)) {
                     Ok(p) => {
                         for (&(d, q), &qb) in &m.live {
-                            prop_assert!(d != device || p + bytes <= q || q + qb <= p, "overlap");
+                            prop_assert!(d != device || !overlaps(p, bytes, q, qb), "overlap");
                         }
                         m.live.insert((device, p), bytes);
                         let di = device as usize;
@@ -95,7 +96,7 @@ proptest! {
                 }
                 Op::RecordStream { pick, stream } if !m.live.is_empty() => {
                     let (&(_, p), _) = m.live.iter().nth(pick % m.live.len()).unwrap();
-                    r.alloc.record_stream(p, stream).unwrap();
+                    r.alloc.record_stream(p, s(stream)).unwrap();
                 }
                 Op::CompleteAll => r.sim.complete_all(),
                 Op::EmptyCache => {
@@ -109,7 +110,7 @@ proptest! {
                 }
                 Op::ResetPeaks => {
                     for d in 0..2 {
-                        r.alloc.device(d).unwrap().reset_peak_stats().unwrap();
+                        r.alloc.reset_peak_stats(d).unwrap();
                         let (cur, n) = m.current(d);
                         m.peak[d as usize] = cur;
                         m.count_peak[d as usize] = n;

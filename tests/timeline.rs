@@ -21,8 +21,8 @@ fn k(kinds: &[Kind]) -> Vec<u32> {
 #[test]
 fn nothing_is_recorded_until_asked() {
     let rig = rig(64 * MIB);
-    let p = rig.alloc.malloc(MIB, 0, 1).unwrap();
-    rig.alloc.free(p, 0).unwrap();
+    let p = rig.malloc(MIB, 0, 1);
+    rig.free(p, 0);
     assert!(kinds(&rig).is_empty());
     rig.finish();
 }
@@ -31,11 +31,11 @@ fn nothing_is_recorded_until_asked() {
 fn records_allocations_pool_traffic_growth_and_trims_with_gauges() {
     let rig = rig(64 * MIB);
     rig.alloc.record_history(true, 1000).unwrap();
-    let p = rig.alloc.malloc(MIB - 100, 0, 1).unwrap();
-    rig.alloc.free(p, 0).unwrap();
-    let q = rig.alloc.malloc(MIB - 100, 0, 1).unwrap(); // from the cache
+    let p = rig.malloc(MIB - 100, 0, 1);
+    rig.free(p, 0);
+    let q = rig.malloc(MIB - 100, 0, 1); // from the cache
     assert_eq!(p, q);
-    rig.alloc.free(q, 0).unwrap();
+    rig.free(q, 0);
     rig.alloc.empty_cache().unwrap();
     let expected = [
         Kind::PoolGrow,
@@ -54,14 +54,14 @@ fn records_allocations_pool_traffic_growth_and_trims_with_gauges() {
         panic!("{events:?}")
     };
     assert_eq!((grow.bytes, grow.reserved_bytes), (2 * MIB, 2 * MIB));
-    assert_eq!((pool_alloc.address, pool_alloc.bytes), (p, MIB));
+    assert_eq!((pool_alloc.address, pool_alloc.bytes), (p.0, MIB));
     assert_eq!(
         (alloc.address, alloc.bytes, alloc.stream),
-        (p, MIB - 100, 1)
+        (p.0, MIB - 100, 1)
     );
     assert_eq!((alloc.allocated_bytes, alloc.held_bytes), (MIB - 100, MIB));
     assert_eq!((free.allocated_bytes, free.cached_bytes), (0, 0));
-    assert_eq!((pool_free.address, pool_free.held_bytes), (p, 0));
+    assert_eq!((pool_free.address, pool_free.held_bytes), (p.0, 0));
     assert_eq!((trim.bytes, trim.reserved_bytes), (2 * MIB, 0));
     assert!(events.windows(2).all(|w| w[0].time_ns <= w[1].time_ns));
     assert!(events.iter().all(|e| e.device == 0));
@@ -72,8 +72,8 @@ fn records_allocations_pool_traffic_growth_and_trims_with_gauges() {
 fn out_of_memory_is_recorded_and_a_full_ring_keeps_the_newest() {
     let rig = rig(64 * MIB);
     rig.alloc.record_history(true, 2).unwrap();
-    let p = rig.alloc.malloc(MIB, 1, 0).unwrap();
-    assert!(rig.alloc.malloc(1 << 40, 1, 0).is_err());
+    let p = rig.malloc(MIB, 1, 0);
+    assert!(rig.alloc.malloc(1 << 40, 1, s(0)).is_err());
     let (events, dropped) = rig.alloc.history(usize::MAX);
     assert_eq!(dropped, 2); // PoolGrow, PoolAlloc, Alloc, Oom: the ring of 2 keeps the last two
     assert_eq!(
@@ -83,7 +83,7 @@ fn out_of_memory_is_recorded_and_a_full_ring_keeps_the_newest() {
     assert_eq!((events[1].bytes, events[1].device), (1 << 40, 1));
     assert_eq!(events[1].address, 64 * MIB - 2 * MIB, "device_free");
     rig.alloc.record_history(false, 0).unwrap();
-    rig.alloc.free(p, 1).unwrap();
+    rig.free(p, 1);
     assert_eq!(
         rig.alloc.history(usize::MAX).0.len(),
         2,
@@ -96,12 +96,12 @@ fn out_of_memory_is_recorded_and_a_full_ring_keeps_the_newest() {
 #[test]
 fn blocks_list_live_cached_and_waiting_blocks() {
     let rig = rig(64 * MIB);
-    let live = rig.alloc.malloc(1000, 0, 1).unwrap();
-    let cached = rig.alloc.malloc(4096, 0, 1).unwrap();
-    let waiting = rig.alloc.malloc(8192, 0, 1).unwrap();
-    rig.alloc.free(cached, 0).unwrap();
-    rig.alloc.record_stream(waiting, 2).unwrap();
-    rig.alloc.free(waiting, 0).unwrap();
+    let live = rig.malloc(1000, 0, 1);
+    let cached = rig.malloc(4096, 0, 1);
+    let waiting = rig.malloc(8192, 0, 1);
+    rig.free(cached, 0);
+    rig.alloc.record_stream(waiting, s(2)).unwrap();
+    rig.free(waiting, 0);
     let mut blocks = rig.alloc.blocks(0).unwrap();
     blocks.sort_by_key(|b| b.block_bytes);
     let summary: Vec<_> = blocks
@@ -119,14 +119,14 @@ fn blocks_list_live_cached_and_waiting_blocks() {
     assert_eq!(
         summary,
         [
-            (live, 1024, 1000, State::Live as u32, 1),
-            (cached, 4096, 0, State::Inactive as u32, 1),
-            (waiting, 8192, 8192, State::WaitingForStreams as u32, 1),
+            (live.0, 1024, 1000, State::Live as u32, 1),
+            (cached.0, 4096, 0, State::Inactive as u32, 1),
+            (waiting.0, 8192, 8192, State::WaitingForStreams as u32, 1),
         ]
     );
     assert!(rig.alloc.blocks(1).unwrap().is_empty());
     assert!(rig.alloc.blocks(2).is_err());
-    rig.alloc.free(live, 0).unwrap();
+    rig.free(live, 0);
     rig.finish();
 }
 
@@ -134,12 +134,14 @@ fn blocks_list_live_cached_and_waiting_blocks() {
 fn the_timeline_is_per_allocator_and_survives_concurrent_use() {
     let rig = rig_with(2, 256 * MIB, Config::default());
     rig.alloc.record_history(true, 1_000_000).unwrap();
-    std::thread::scope(|s| {
+    std::thread::scope(|scope| {
         for t in 0..4usize {
             let alloc = &rig.alloc;
-            s.spawn(move || {
+            scope.spawn(move || {
                 for i in 0..500u64 {
-                    let p = alloc.malloc(512 * (1 + i % 7), (t % 2) as i64, t).unwrap();
+                    let p = alloc
+                        .malloc(512 * (1 + i % 7), (t % 2) as i64, s(t))
+                        .unwrap();
                     alloc.free(p, (t % 2) as i64).unwrap();
                 }
             });

@@ -10,6 +10,9 @@
 //! - `active_bytes >= allocated_bytes`, `pool_used_bytes >= live pool bytes + cached_bytes`,
 //!   `reserved_bytes >= pool_used_bytes`, `cached_bytes <=` the 64 MiB cache budget;
 //! - after a malloc served by the pool under `set_memory_fraction`, the bytes held stay under the cap;
+//! - sizes span the whole 64-bit range: 0 gives NULL and changes nothing, above
+//!   `MAX_ALLOCATION_BYTES` is an invalid argument that changes nothing, below it but beyond the
+//!   device is out of memory; freeing NULL does nothing;
 //! - every error is the expected kind: invalid arguments and unknown pointers exactly when the
 //!   model says so, out of memory only as "CUDA out of memory. ...", an injected driver error only
 //!   when an injected fault fired during that very operation, nothing else;
@@ -30,248 +33,26 @@
 
 #![no_main]
 
-use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use streampool::driver::sim::{SimDriver, SimFault};
-use streampool::driver::{DevicePtr, Driver, EventHandle, PoolHandle, Stream};
+use streampool::driver::sim::SimDriver;
+use streampool::driver::{DevicePtr, Driver, EventHandle, Stream, StreamDriver};
 use streampool::ipc::{begin_shareable, end_shareable};
-use streampool::{Allocator, Config, Error, StreampoolStats};
+use streampool::{Allocator, Config, Error, StreampoolStats, MAX_ALLOCATION_BYTES};
 
 const DEVICES: usize = 2;
 const MIB: u64 = 1 << 20;
 const MEMORY_BYTES: u64 = 64 * MIB;
 const CACHE_LIMIT_BYTES: u64 = 64 * MIB; // Config::default()
 const MAX_OPS: usize = 300;
-const STREAMS: [Stream; 4] = [0, 1, 2, 7];
+const STREAMS: [Stream; 4] = [Stream(0), Stream(1), Stream(2), Stream(7)];
 const SIM_BASE: u64 = 0x7f00_0000_0000;
 const INJECTED_CODE: i32 = 999;
-/// No device has this index: probing a fault with it consumes the fault and does nothing else.
-const NO_DEVICE: usize = 99;
 
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub enum Size {
-    /// 0..=6 MiB.
-    Bytes(u32),
-    /// k x 512 bytes (exact cache sizes).
-    Blocks(u8),
-    Zero,
-    /// 1 TiB: always out of memory.
-    Huge,
-}
-
-impl Size {
-    fn bytes(self) -> u64 {
-        match self {
-            Size::Bytes(b) => u64::from(b) % (6 * MIB + 1),
-            Size::Blocks(k) => u64::from(k) * 512,
-            Size::Zero => 0,
-            Size::Huge => 1 << 40,
-        }
-    }
-}
-
-/// -1, 0, 1, 2: two simulated devices, so -1 and 2 are out of range.
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub struct Dev(u8);
-
-impl Dev {
-    fn index(self) -> i64 {
-        i64::from(self.0 % 4) - 1
-    }
-}
-
-/// A valid device index, for the simulator's own controls.
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub struct SimDev(u8);
-
-impl SimDev {
-    fn index(self) -> usize {
-        usize::from(self.0) % DEVICES
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub struct StreamSel(u8);
-
-impl StreamSel {
-    fn stream(self) -> Stream {
-        STREAMS[usize::from(self.0) % STREAMS.len()]
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub enum FreeTarget {
-    /// A live pointer on its own device.
-    Live(u16),
-    /// A live pointer on another (or an invalid) device.
-    LiveOn(u16, Dev),
-    Null(Dev),
-    /// An address near the simulator's allocations that may or may not be live.
-    Unknown(u32, Dev),
-    /// live ptr + 512.
-    Interior(u16),
-    /// The pointer freed last, again.
-    DoubleFree,
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub enum Fraction {
-    Of255(u8),
-    Zero,
-    One,
-    OnePointFive,
-    Negative,
-    NaN,
-    Infinity,
-}
-
-impl Fraction {
-    fn value(self) -> f64 {
-        match self {
-            Fraction::Of255(x) => f64::from(x) / 255.0,
-            Fraction::Zero => 0.0,
-            Fraction::One => 1.0,
-            Fraction::OnePointFive => 1.5,
-            Fraction::Negative => -0.25,
-            Fraction::NaN => f64::NAN,
-            Fraction::Infinity => f64::INFINITY,
-        }
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub enum Bytes {
-    Zero,
-    /// x * 64 KiB.
-    Chunks(u16),
-    Max,
-}
-
-impl Bytes {
-    fn value(self) -> u64 {
-        match self {
-            Bytes::Zero => 0,
-            Bytes::Chunks(x) => u64::from(x) << 16,
-            Bytes::Max => u64::MAX,
-        }
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    PoolCreate,
-    Alloc,
-    Free,
-    EventCreate,
-    EventRecord,
-    Synchronize,
-}
-
-const FAULTS: [Fault; 6] = [
-    Fault::PoolCreate,
-    Fault::Alloc,
-    Fault::Free,
-    Fault::EventCreate,
-    Fault::EventRecord,
-    Fault::Synchronize,
-];
-
-impl Fault {
-    fn sim(self) -> SimFault {
-        match self {
-            Fault::PoolCreate => SimFault::PoolCreate,
-            Fault::Alloc => SimFault::Alloc,
-            Fault::Free => SimFault::Free,
-            Fault::EventCreate => SimFault::EventCreate,
-            Fault::EventRecord => SimFault::EventRecord,
-            Fault::Synchronize => SimFault::Synchronize,
-        }
-    }
-
-    /// Consumes one pending fault of this kind if there is one; returns whether there was.
-    /// Every probe names a device that does not exist, so without a pending fault it does nothing.
-    fn probe(self, sim: &SimDriver) -> bool {
-        let r = match self {
-            Fault::PoolCreate => sim.pool_create(NO_DEVICE, u64::MAX, false).map(drop),
-            Fault::Alloc => sim.alloc_async(NO_DEVICE, PoolHandle(0), 512, 0).map(drop),
-            Fault::Free => sim.free_async(NO_DEVICE, 0, 0),
-            Fault::EventCreate => sim.event_create(NO_DEVICE).map(drop),
-            Fault::EventRecord => sim.event_record(NO_DEVICE, EventHandle(0), 0),
-            Fault::Synchronize => sim.synchronize(NO_DEVICE),
-        };
-        matches!(
-            r,
-            Err(Error::Driver {
-                code: INJECTED_CODE,
-                ..
-            })
-        )
-    }
-}
-
-#[derive(Arbitrary, Debug, Clone, Copy)]
-pub enum Op {
-    Malloc {
-        size: Size,
-        device: Dev,
-        stream: StreamSel,
-    },
-    Free(FreeTarget),
-    RecordStream {
-        pick: u16,
-        stream: StreamSel,
-    },
-    RecordStreamUnknown {
-        offset: u32,
-        stream: StreamSel,
-    },
-    EmptyCache,
-    SetReleaseThreshold {
-        device: Dev,
-        bytes: Bytes,
-    },
-    Trim {
-        device: Dev,
-        keep: Bytes,
-    },
-    SetMemoryFraction {
-        device: Dev,
-        fraction: Fraction,
-    },
-    ResetPeaks {
-        device: Dev,
-    },
-    CompleteStream {
-        device: SimDev,
-        stream: StreamSel,
-    },
-    CompleteAll,
-    BeginCapture {
-        device: SimDev,
-        stream: StreamSel,
-    },
-    EndCapture {
-        pick: u8,
-    },
-    InjectFault(Fault),
-    /// A malloc inside `streampool.shareable()`: from the device's shareable pool.
-    MallocShareable {
-        size: Size,
-        device: Dev,
-        stream: StreamSel,
-    },
-    /// Export a live block; if that succeeds, import it here (as another process would), close
-    /// the import and release the export.
-    ExportImport {
-        pick: u16,
-        stream: StreamSel,
-    },
-    RecordHistory {
-        on: bool,
-    },
-}
+#[path = "allocator_ops/input.rs"]
+mod input;
+use input::{FreeTarget, Op, FAULTS};
 
 #[derive(Debug, Clone)]
 struct Block {
@@ -312,7 +93,7 @@ struct Harness {
     last_freed: Option<(usize, DevicePtr)>,
     quarantine: Vec<Quarantine>,
     /// Faults injected and not yet consumed, per kind (index into FAULTS).
-    pending_faults: [u32; 6],
+    pending_faults: [u32; FAULTS.len()],
     history_on: bool,
 }
 
@@ -347,7 +128,7 @@ impl Harness {
             capturing: Vec::new(),
             last_freed: None,
             quarantine: Vec::new(),
-            pending_faults: [0; 6],
+            pending_faults: [0; FAULTS.len()],
             history_on: false,
         }
     }
@@ -357,8 +138,8 @@ impl Harness {
     }
 
     /// Takes every pending fault out of the simulator; returns how many of each there were.
-    fn drain_faults(&self) -> [u32; 6] {
-        let mut left = [0; 6];
+    fn drain_faults(&self) -> [u32; FAULTS.len()] {
+        let mut left = [0; FAULTS.len()];
         for (i, f) in FAULTS.iter().enumerate() {
             while f.probe(&self.sim) {
                 left[i] += 1;
@@ -367,7 +148,7 @@ impl Harness {
         left
     }
 
-    fn reinject(&self, left: [u32; 6]) {
+    fn reinject(&self, left: [u32; FAULTS.len()]) {
         for (i, f) in FAULTS.iter().enumerate() {
             if left[i] > 0 {
                 self.sim.inject_fault(f.sim(), left[i]);
@@ -391,7 +172,7 @@ impl Harness {
 
     fn live_on(&self, device: usize) -> impl Iterator<Item = (&DevicePtr, &Block)> {
         self.live
-            .range((device, 0)..=(device, u64::MAX))
+            .range((device, DevicePtr(0))..=(device, DevicePtr(u64::MAX)))
             .map(|((_, p), b)| (p, b))
     }
 
@@ -412,8 +193,8 @@ impl Harness {
         self.reinject(left);
         self.quarantine.push(Quarantine {
             device,
-            start: ptr,
-            end: ptr + block.bytes,
+            start: ptr.0,
+            end: ptr.0 + block.bytes,
             waits,
         });
     }
@@ -441,10 +222,10 @@ impl Harness {
     }
 
     fn check_new_block(&self, device: usize, ptr: DevicePtr, bytes: u64, stream: Stream) {
-        assert_eq!(ptr % 512, 0, "pointer {ptr:#x} is not 512-byte aligned");
-        let end = ptr + bytes;
+        assert_eq!(ptr.0 % 512, 0, "pointer {ptr:#x} is not 512-byte aligned");
+        let end = ptr.0 + bytes;
         if let Some(((d, p), b)) = self.live.range(..=(device, ptr)).next_back() {
-            if *d == device && *p + b.bytes > ptr {
+            if *d == device && p.0 + b.bytes > ptr.0 {
                 panic!(
                     "device {device}: new block {ptr:#x}+{bytes} overlaps live block {p:#x}+{}",
                     b.bytes
@@ -452,7 +233,7 @@ impl Harness {
             }
         }
         if let Some(((d, p), b)) = self.live.range((device, ptr)..).next() {
-            if *d == device && *p < end {
+            if *d == device && p.0 < end {
                 panic!(
                     "device {device}: new block {ptr:#x}+{bytes} overlaps live block {p:#x}+{}",
                     b.bytes
@@ -460,14 +241,14 @@ impl Harness {
             }
         }
         for q in &self.quarantine {
-            if q.device != device || q.end <= ptr || end <= q.start {
+            if q.device != device || q.end <= ptr.0 || end <= q.start {
                 continue;
             }
             for (s, e) in &q.waits {
                 if *s != stream && !self.event_done(device, *e) {
                     panic!(
-                        "device {device}: block {ptr:#x}+{bytes} handed to stream {stream} overlaps \
-                         freed block {:#x}..{:#x} that stream {s} may still be using",
+                        "device {device}: block {ptr:#x}+{bytes} handed to stream {stream:#x} overlaps \
+                         freed block {:#x}..{:#x} that stream {s:#x} may still be using",
                         q.start, q.end
                     );
                 }
@@ -531,7 +312,7 @@ impl Harness {
                 None => Outcome::None,
             },
             Op::RecordStreamUnknown { offset, stream } => {
-                let addr = SIM_BASE + u64::from(offset) * 512;
+                let addr = DevicePtr(SIM_BASE + u64::from(offset) * 512);
                 let live = (0..DEVICES).find(|d| self.live.contains_key(&(*d, addr)));
                 let r = self.alloc.record_stream(addr, stream.stream());
                 match live {
@@ -549,47 +330,44 @@ impl Harness {
             Op::EmptyCache => Outcome::MustSucceed(self.alloc.empty_cache()),
             Op::SetReleaseThreshold { device, bytes } => {
                 let d = device.index();
-                match self.alloc.device(d) {
-                    Ok(dev) => Outcome::MustSucceed(dev.set_release_threshold(bytes.value())),
-                    Err(e) => Outcome::Rejected(Err(e), Expect::BadDevice(d)),
+                let r = self.alloc.set_release_threshold(d, bytes.value());
+                match device_ok(d) {
+                    Some(_) => Outcome::MustSucceed(r),
+                    None => Outcome::Rejected(r, Expect::BadDevice(d)),
                 }
             }
             Op::Trim { device, keep } => {
                 let d = device.index();
-                match self.alloc.device(d) {
-                    Ok(dev) => Outcome::MustSucceed(dev.trim(keep.value())),
-                    Err(e) => Outcome::Rejected(Err(e), Expect::BadDevice(d)),
+                let r = self.alloc.trim(d, keep.value());
+                match device_ok(d) {
+                    Some(_) => Outcome::MustSucceed(r),
+                    None => Outcome::Rejected(r, Expect::BadDevice(d)),
                 }
             }
             Op::SetMemoryFraction { device, fraction } => {
                 let d = device.index();
                 let f = fraction.value();
-                match self.alloc.device(d) {
-                    Ok(dev) => {
-                        let r = dev.set_memory_fraction(f);
-                        if (0.0..=1.0).contains(&f) {
-                            let di = d as usize;
-                            self.counts[di].limit = Some((MEMORY_BYTES as f64 * f) as u64);
-                            Outcome::MustSucceed(r)
-                        } else {
-                            Outcome::Rejected(r, Expect::Invalid("memory fraction"))
-                        }
+                let r = self.alloc.set_memory_fraction(d, f);
+                match device_ok(d) {
+                    None => Outcome::Rejected(r, Expect::BadDevice(d)),
+                    Some(di) if (0.0..=1.0).contains(&f) => {
+                        self.counts[di].limit = Some((MEMORY_BYTES as f64 * f) as u64);
+                        Outcome::MustSucceed(r)
                     }
-                    Err(e) => Outcome::Rejected(Err(e), Expect::BadDevice(d)),
+                    Some(_) => Outcome::Rejected(r, Expect::Invalid("memory fraction")),
                 }
             }
             Op::ResetPeaks { device } => {
                 let d = device.index();
-                match self.alloc.device(d) {
-                    Ok(dev) => {
-                        let r = dev.reset_peak_stats();
-                        let di = d as usize;
+                let r = self.alloc.reset_peak_stats(d);
+                match device_ok(d) {
+                    Some(di) => {
                         let (bytes, count) = self.current(di);
                         self.counts[di].peak_bytes = bytes;
                         self.counts[di].peak_count = count;
                         Outcome::MustSucceed(r)
                     }
-                    Err(e) => Outcome::Rejected(Err(e), Expect::BadDevice(d)),
+                    None => Outcome::Rejected(r, Expect::BadDevice(d)),
                 }
             }
             Op::CompleteStream { device, stream } => {
@@ -627,11 +405,9 @@ impl Harness {
         // Which injected faults fired during this operation.
         let left = self.drain_faults();
         let mut fired = false;
-        for i in 0..FAULTS.len() {
-            assert!(left[i] <= self.pending_faults[i], "faults appeared");
-            if left[i] < self.pending_faults[i] {
-                fired = true;
-            }
+        for (now, before) in left.iter().zip(&self.pending_faults) {
+            assert!(now <= before, "faults appeared");
+            fired |= now < before;
         }
         self.reinject(left);
         self.pending_faults = left;
@@ -650,6 +426,12 @@ impl Harness {
                         "{op:?} failed unexpectedly: {e} ({e:?})"
                     );
                 }
+            }
+            Outcome::Unchanged(r) => {
+                if let Err(e) = r {
+                    panic!("{op:?} failed: {e} ({e:?}); expected success without effect");
+                }
+                assert_eq!(before, after, "{op:?} must change no statistic");
             }
             Outcome::Rejected(r, want) => {
                 let e = match r {
@@ -753,7 +535,10 @@ impl Harness {
         let shareable = self.live[&(d, p)].shareable;
         let exported = self.alloc.ipc_export(p, d as i64, stream);
         if !shareable {
-            return Outcome::Rejected(exported.map(drop), Expect::Invalid("not in a shareable pool"));
+            return Outcome::Rejected(
+                exported.map(drop),
+                Expect::Invalid("not in a shareable pool"),
+            );
         }
         let handle = match exported {
             Ok(h) => h,
@@ -768,8 +553,13 @@ impl Harness {
             .alloc
             .ipc_import(token, &handle, stream)
             .expect("import the block");
-        assert_eq!(imported, p, "the simulator maps an import at the exporter's address");
-        self.alloc.ipc_close(imported, stream).expect("close the import");
+        assert_eq!(
+            imported, p,
+            "the simulator maps an import at the exporter's address"
+        );
+        self.alloc
+            .ipc_close(imported, stream)
+            .expect("close the import");
         assert_eq!(self.alloc.ipc_open_imports(), 0);
         self.alloc
             .ipc_release_export(d as i64, handle.event)
@@ -780,11 +570,16 @@ impl Harness {
 
     fn malloc(&mut self, bytes: u64, device: i64, stream: Stream) -> Outcome {
         let r = self.alloc.malloc(bytes, device, stream);
-        if bytes == 0 {
-            return Outcome::Rejected(r.map(drop), Expect::Invalid("positive"));
-        }
         match device_ok(device) {
             None => Outcome::Rejected(r.map(drop), Expect::BadDevice(device)),
+            Some(_) if bytes == 0 => Outcome::Unchanged(r.map(|p| match p {
+                DevicePtr::NULL => (),
+                p => panic!("malloc(0) gave {p:#x}, not NULL"),
+            })),
+            Some(_) if bytes > MAX_ALLOCATION_BYTES => Outcome::Rejected(
+                r.map(drop),
+                Expect::Invalid("is larger than streampool's maximum"),
+            ),
             Some(d) => Outcome::Malloc {
                 result: r,
                 device: d,
@@ -804,13 +599,14 @@ impl Harness {
                 Some((_, p)) => (p, dev.index()),
                 None => return Outcome::None,
             },
-            FreeTarget::Null(dev) => (0, dev.index()),
+            FreeTarget::Null(dev) => (DevicePtr::NULL, dev.index()),
             FreeTarget::Unknown(offset, dev) => {
                 let d = dev.index().clamp(0, 1) as u64;
-                (SIM_BASE + (d << 44) + u64::from(offset) * 512, dev.index())
+                let addr = SIM_BASE + (d << 44) + u64::from(offset) * 512;
+                (DevicePtr(addr), dev.index())
             }
             FreeTarget::Interior(pick) => match self.live_nth(pick) {
-                Some((d, p)) => (p + 512, d as i64),
+                Some((d, p)) => (p.offset(512), d as i64),
                 None => return Outcome::None,
             },
             FreeTarget::DoubleFree => match self.last_freed {
@@ -821,6 +617,9 @@ impl Harness {
         let Some(d) = device_ok(device) else {
             return Outcome::Rejected(self.alloc.free(addr, device), Expect::BadDevice(device));
         };
+        if addr == DevicePtr::NULL {
+            return Outcome::Unchanged(self.alloc.free(addr, device));
+        }
         match self.live.get(&(d, addr)).cloned() {
             None => Outcome::Rejected(self.alloc.free(addr, device), Expect::UnknownPointer),
             Some(block) => {
@@ -883,7 +682,7 @@ impl Harness {
             );
             assert_eq!(
                 s.memory_limit_bytes,
-                c.limit.unwrap_or(0),
+                c.limit.unwrap_or(u64::MAX),
                 "device {d}: memory limit"
             );
             assert!(
@@ -970,6 +769,8 @@ enum Outcome {
     MustSucceed(Result<(), Error>),
     /// Must fail as expected and change nothing.
     Rejected(Result<(), Error>, Expect),
+    /// Must succeed (no injected fault can reach it) and change nothing.
+    Unchanged(Result<(), Error>),
     Malloc {
         result: Result<DevicePtr, Error>,
         device: usize,

@@ -10,12 +10,12 @@ import streampool
 
 from . import _lib
 from ._config import variables_in_effect
-from ._stats import NO_LIMIT, format_bytes
+from ._stats import format_bytes, format_limit
 
 
 def _device_line(index: int) -> str:
     s = streampool.memory_stats(index)
-    limit = "none" if s["memory_limit_bytes"] == NO_LIMIT else format_bytes(s["memory_limit_bytes"])
+    limit = format_limit(s["memory_limit_bytes"])
     return (
         f"device {index}: total {format_bytes(s['device_total_bytes'])}, "
         f"allocated {format_bytes(s['allocated_bytes.all.current'])}, "

@@ -24,9 +24,6 @@ TORCH_KEYS = {
     "num_device_free": "num_device_frees",
 }
 
-# ``memory_limit_bytes`` when no limit is set (a limit of 0 refuses every allocation).
-NO_LIMIT = 2**64 - 1
-
 # streampool's own keys -> StreampoolStats field.
 OWN_KEYS = {
     "cached_bytes": "cached_bytes",
@@ -46,6 +43,15 @@ def stats_dict(stats: StreampoolStats) -> Dict[str, int]:
     """PyTorch-named statistics plus streampool's own, sorted by key like torch.cuda.memory_stats."""
     keys = {**TORCH_KEYS, **OWN_KEYS}
     return {key: int(getattr(stats, keys[key])) for key in sorted(keys)}
+
+
+# ``memory_limit_bytes`` when no limit is set (UINT64_MAX); 0 is a cap of 0 bytes.
+NO_LIMIT = (1 << 64) - 1
+
+
+def format_limit(limit: int) -> str:
+    """``memory_limit_bytes`` for people: ``"none"`` for no limit, else bytes (``"0 B"`` for a cap of 0)."""
+    return "none" if limit == NO_LIMIT else format_bytes(limit)
 
 
 def format_bytes(count: int) -> str:
@@ -91,7 +97,7 @@ def summary(device: int, driver: str, stats: StreampoolStats) -> str:
         ("Allocations", str(s.allocations_current), str(s.allocations_peak),
          str(s.num_allocs), str(s.num_frees)),
     ]
-    limit = "none" if s.memory_limit_bytes == NO_LIMIT else b(s.memory_limit_bytes)
+    limit = format_limit(s.memory_limit_bytes)
     facts = [
         ("Cached, ready for reuse", b(s.cached_bytes), "Pool used", b(s.pool_used_bytes)),
         ("Cache hits", str(s.num_cache_hits), "Alloc retries", str(s.num_alloc_retries)),

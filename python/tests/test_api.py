@@ -100,6 +100,18 @@ def test_memory_summary_is_a_readable_table():
 
 
 @pytest.mark.parametrize(
+    "limit, shown", [((1 << 64) - 1, "none"), (0, "0 B"), (8 << 30, "8.00 GiB")]
+)
+def test_memory_summary_tells_no_limit_from_a_cap_of_zero(limit, shown):
+    from streampool._lib import StreampoolStats
+    from streampool._stats import summary
+
+    text = summary(0, "sim", StreampoolStats(memory_limit_bytes=limit))
+    row = next(line for line in text.splitlines() if "Memory limit" in line)
+    assert row.rstrip("| ").endswith(shown), row
+
+
+@pytest.mark.parametrize(
     "count, text",
     [(0, "0 B"), (511, "511 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"), (3 * MiB, "3.00 MiB"), (10 << 40, "10.00 TiB")],
 )

@@ -76,7 +76,7 @@ def test_a_cupy_allocation_that_does_not_fit_raises_out_of_memory(fake_cupy):
 
     streampool.cupy.install()
     with pytest.raises(streampool.OutOfMemoryError, match=r"^CUDA out of memory\."):
-        fake_cupy.cuda.allocator(1 << 45)  # beyond the device, within streampool's 2**48 maximum
+        fake_cupy.cuda.allocator(1 << 45)  # 32 TiB: at most the maximum, more than the device
 
 
 def test_install_without_cupy_says_what_is_missing():

@@ -97,7 +97,7 @@ def test_snapshot_has_pytorchs_shape():
 
 def test_out_of_memory_becomes_an_oom_trace_entry_with_device_free():
     with pytest.raises(streampool.OutOfMemoryError):
-        _lib.malloc(1 << 45, 1)
+        _lib.malloc(1 << 45, 1)  # 32 TiB: at most the maximum, more than the device
     trace = streampool.snapshot()["device_traces"][1]
     assert trace[-1]["action"] == "oom" and trace[-1]["size"] == 1 << 45
     assert trace[-1]["device_free"] == streampool.memory_stats(1)["device_total_bytes"]

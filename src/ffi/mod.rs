@@ -51,6 +51,12 @@ fn report(entry: &str, result: Result<()>) {
     }
 }
 
+/// The largest size `my_malloc` and `streampool_malloc` accept: 2^48 bytes (256 TiB); larger is
+/// STREAMPOOL_STATUS_INVALID_ARGUMENT, smaller but more than the device has is out of memory.
+/// (The value of `streampool::MAX_ALLOCATION_BYTES`, written out for the C header.)
+pub const STREAMPOOL_MAX_ALLOCATION_BYTES: u64 = 0x1_0000_0000_0000;
+const _: () = assert!(STREAMPOOL_MAX_ALLOCATION_BYTES == crate::MAX_ALLOCATION_BYTES);
+
 fn stream_of(stream: *mut c_void) -> Stream {
     Stream(stream as usize)
 }

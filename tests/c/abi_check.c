@@ -1,50 +1,169 @@
-/* Calls every export through include/streampool.h on the simulated driver. Exit 0 = all good. */
+/* Calls every export of include/streampool.h on the simulated driver (tests/c_abi.rs checks that
+ * every function the header declares is called here). Exit 0 = all good. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include "../../include/streampool.h"
 
 #define CHECK(cond) do { if (!(cond)) { fprintf(stderr, "FAIL %s:%d %s (last error: %s)\n", __FILE__, __LINE__, #cond, streampool_last_error()); return 1; } } while (0)
+#define OK STREAMPOOL_STATUS_OK
+#define INVALID STREAMPOOL_STATUS_INVALID_ARGUMENT
+/* Entries that return nothing set the last error on failure only: a successful call with a
+ * status clears it first (as python/streampool/_lib.py's call_reporting does). */
+#define CLEAR() CHECK(streampool_device_count() == 2 && streampool_last_error()[0] == '\0')
+
+static int same_stats(const StreampoolStats *a, const StreampoolStats *b) {
+  return memcmp(a, b, sizeof *a) == 0;
+}
+
+/* Issue 16: sizes near SIZE_MAX used to wrap to small blocks in release builds (and to panic, as
+ * an internal error, in debug ones); they are invalid arguments, with a message, that change
+ * nothing. */
+static int oversized_sizes_are_refused(void *stream) {
+  StreampoolStats before, after;
+  CHECK(streampool_get_stats(0, &before) == OK);
+  for (size_t k = 0; k <= 2048; k++) {
+    CHECK(streampool_malloc(SIZE_MAX - k, 0, stream) == NULL);
+    CHECK(strstr(streampool_last_error(), "is larger than streampool's maximum") != NULL);
+  }
+  CHECK(streampool_malloc(((size_t)1 << 48) + 1, 0, stream) == NULL);
+  CHECK(strstr(streampool_last_error(), "is larger than streampool's maximum") != NULL);
+  CHECK(streampool_get_stats(0, &after) == OK && same_stats(&before, &after));
+  /* At or below the maximum, more than the device has is out of memory. */
+  CHECK(streampool_malloc((size_t)1 << 47, 0, stream) == NULL);
+  CHECK(strncmp(streampool_last_error(), "CUDA out of memory.", 19) == 0);
+  return 0;
+}
+
+/* The timeline and the block listing while two blocks are live. */
+static int history_and_blocks(void *a, void *b) {
+  size_t count = 0;
+  uint64_t dropped = 1;
+  CHECK(streampool_history(NULL, 0, &count, &dropped) == OK && count >= 4 && dropped == 0);
+  StreampoolEvent events[64];
+  CHECK(count <= 64 && streampool_history(events, 64, &count, NULL) == OK);
+  CHECK(events[count - 1].kind == STREAMPOOL_EVENT_KIND_ALLOC && events[count - 1].address == (uint64_t)b);
+  CHECK(events[0].time_ns <= events[count - 1].time_ns);
+  CHECK(streampool_history(events, 64, NULL, NULL) == INVALID);
+  StreampoolBlock blocks[8];
+  CHECK(streampool_blocks(0, NULL, 0, &count) == OK && count == 2);
+  CHECK(streampool_blocks(0, blocks, 1, &count) == OK && count == 1);
+  CHECK(streampool_blocks(0, blocks, 8, &count) == OK && count == 2);
+  for (size_t i = 0; i < count; i++) {
+    CHECK(blocks[i].state == STREAMPOOL_BLOCK_STATE_LIVE && blocks[i].device == 0);
+    CHECK(blocks[i].address == (uint64_t)a || blocks[i].address == (uint64_t)b);
+  }
+  CHECK(streampool_blocks(5, blocks, 8, &count) == INVALID);
+  return 0;
+}
+
+/* A shareable block exported, imported (here, by the same process), closed and released. */
+static int sharing(void *stream) {
+  CHECK(streampool_shareable_begin() == 1);
+  void *shared = streampool_malloc(1 << 20, 1, stream);
+  CHECK(shared != NULL);
+  CHECK(streampool_shareable_end() == 0);
+  CHECK(streampool_shareable_end() == INVALID);
+  StreampoolIpcHandle handle;
+  CHECK(streampool_ipc_export(shared, 1, stream, &handle) == OK);
+  CHECK(handle.device == 1 && handle.block_bytes == (1 << 20) && handle.pool_fd >= 0);
+  CHECK(streampool_ipc_export(shared, 1, stream, NULL) == INVALID);
+  uint64_t pool = 0;
+  CHECK(streampool_ipc_import_pool(1, handle.pool_fd, &pool) == OK);
+  CHECK(streampool_ipc_import_pool(1, -1, &pool) == INVALID);
+  void *imported = NULL;
+  CHECK(streampool_ipc_import(pool, &handle, stream, &imported) == OK && imported == shared);
+  CHECK(streampool_ipc_import(pool, NULL, stream, &imported) == INVALID);
+  CHECK(streampool_ipc_close(imported, stream) == OK);
+  CHECK(streampool_ipc_close(imported, stream) == STREAMPOOL_STATUS_UNKNOWN_POINTER);
+  CHECK(streampool_ipc_release_export(1, handle.event) == OK);
+  CHECK(streampool_ipc_release_export(1, handle.event) == INVALID);
+  CHECK(streampool_free(shared, 1 << 20, 1, stream) == OK);
+  /* A block of the ordinary pool cannot be exported. */
+  void *plain = streampool_malloc(4096, 1, stream);
+  CHECK(streampool_ipc_export(plain, 1, stream, &handle) == INVALID);
+  CHECK(strstr(streampool_last_error(), "not in a shareable pool") != NULL);
+  CHECK(streampool_free(plain, 4096, 1, stream) == OK);
+  return 0;
+}
 
 int main(void) {
   StreampoolStats s;
   CHECK(strcmp(streampool_driver_name(), "sim") == 0);
+  CHECK(strlen(streampool_version()) > 0);
+  CHECK(streampool_check_config() == OK);
   CHECK(streampool_device_count() == 2);
   streampool_init(2);
+  CHECK(streampool_last_error()[0] == '\0');
+  CHECK(streampool_pools_supported(0) == 1 && streampool_ipc_supported(1) == 1);
+  CHECK(streampool_vmm_supported(0) == 1);
+  CHECK(streampool_pools_supported(2) == INVALID && streampool_ipc_supported(-1) == INVALID);
+  CHECK(streampool_vmm_supported(2) == INVALID);
+  CHECK(streampool_get_stats(0, &s) == OK && s.memory_limit_bytes == UINT64_MAX); /* no limit */
+  CHECK(streampool_record_history(1, 100) == OK);
+  CHECK(streampool_record_history(1, 0) == INVALID);
+  CHECK(streampool_record_history(1, 100) == OK);
   void *stream = (void *)0x10;
   void *a = streampool_malloc(1000, 0, stream);
   void *b = streampool_malloc(1 << 20, 0, stream);
   CHECK(a && b && a != b);
-  CHECK(streampool_get_stats(0, &s) == STREAMPOOL_STATUS_OK);
+  CHECK((uintptr_t)a % 512 == 0 && (uintptr_t)b % 512 == 0);
+  CHECK(streampool_get_stats(0, &s) == OK);
   CHECK(s.allocated_bytes == 1000 + (1 << 20) && s.allocations_current == 2);
+  if (history_and_blocks(a, b)) return 1;
+  CHECK(streampool_record_history(0, 0) == OK);
+  CLEAR();
   streampool_record_stream(b, (void *)0x20);
-  CHECK(streampool_free(a, 1000, 0, stream) == STREAMPOOL_STATUS_OK);
+  CHECK(streampool_last_error()[0] == '\0');
+  streampool_record_stream((void *)0x1234, (void *)0x20);
+  CHECK(strstr(streampool_last_error(), "unknown pointer") != NULL);
+  CHECK(streampool_free(a, 1000, 0, stream) == OK);
   CHECK(streampool_free(a, 1000, 0, stream) == STREAMPOOL_STATUS_UNKNOWN_POINTER);
   CHECK(strstr(streampool_last_error(), "unknown pointer") != NULL);
-  CHECK(streampool_free(b, 1 << 20, 0, stream) == STREAMPOOL_STATUS_OK);
-  CHECK(streampool_free(NULL, 0, 0, stream) == STREAMPOOL_STATUS_OK);
+  CHECK(streampool_free(b, 1 << 20, 0, stream) == OK);
+  CHECK(streampool_free(NULL, 0, 0, stream) == OK);
   CHECK(streampool_malloc(0, 0, stream) == NULL && streampool_last_error()[0] == '\0');
   CHECK(streampool_malloc(64, 5, stream) == NULL && strstr(streampool_last_error(), "device index 5"));
-  CHECK(streampool_malloc((size_t)1 << 50, 0, stream) == NULL);
-  CHECK(strncmp(streampool_last_error(), "CUDA out of memory.", 19) == 0);
+  if (oversized_sizes_are_refused(stream)) return 1;
+  CHECK(streampool_enable_peer_access(-1) == OK);
+  CHECK(streampool_enable_peer_access(0) == OK);
+  CHECK(streampool_enable_peer_access(7) == INVALID);
+  if (sharing(stream)) return 1;
   uint64_t bytes = 0;
-  CHECK(streampool_parse_bytes("50%", 0, &bytes) == STREAMPOOL_STATUS_OK && bytes == (8ull << 30));
-  CHECK(streampool_parse_bytes("12XB", 0, &bytes) == STREAMPOOL_STATUS_INVALID_ARGUMENT);
-  CHECK(streampool_set_release_threshold(0, 1 << 20) == STREAMPOOL_STATUS_OK);
-  CHECK(streampool_set_release_threshold(-1, 0) == STREAMPOOL_STATUS_INVALID_ARGUMENT);
+  CHECK(streampool_parse_bytes("50%", 0, &bytes) == OK && bytes == (8ull << 30));
+  CHECK(streampool_parse_bytes("12XB", 0, &bytes) == INVALID);
+  CHECK(streampool_parse_bytes(NULL, 0, &bytes) == INVALID);
+  CHECK(streampool_set_release_threshold(0, 1 << 20) == OK);
+  CHECK(streampool_set_release_threshold(-1, 0) == INVALID);
+  CLEAR();
   streampool_set_memory_fraction(0.5, 0);
+  CHECK(streampool_last_error()[0] == '\0');
+  streampool_set_memory_fraction(1.5, 0);
+  CHECK(strstr(streampool_last_error(), "memory fraction 1.5") != NULL);
+  CLEAR();
   streampool_reset_peak_stats(0);
+  CHECK(streampool_last_error()[0] == '\0');
+  streampool_reset_peak_stats(9);
+  CHECK(strstr(streampool_last_error(), "device index 9") != NULL);
+  CLEAR();
   streampool_empty_cache();
-  CHECK(streampool_trim(0, 0) == STREAMPOOL_STATUS_OK);
-  CHECK(streampool_get_stats(0, &s) == STREAMPOOL_STATUS_OK);
+  CHECK(streampool_last_error()[0] == '\0');
+  CHECK(streampool_trim(0, 0) == OK);
+  CHECK(streampool_trim(3, 0) == INVALID);
+  CHECK(streampool_get_stats(0, &s) == OK);
   CHECK(s.allocated_bytes == 0 && s.cached_bytes == 0 && s.memory_limit_bytes == (8ull << 30));
-  CHECK(streampool_get_stats(0, NULL) == STREAMPOOL_STATUS_INVALID_ARGUMENT);
-  CHECK(streampool_check_config() == STREAMPOOL_STATUS_OK);
-  CHECK(strlen(streampool_version()) > 0);
+  CHECK(s.allocated_bytes_peak == 0);
+  CHECK(streampool_get_stats(0, NULL) == INVALID);
+  streampool_set_memory_fraction(0.0, 0);
+  CHECK(streampool_get_stats(0, &s) == OK && s.memory_limit_bytes == 0); /* a cap of 0 */
+  CHECK(streampool_malloc(512, 0, stream) == NULL);
+  CHECK(strncmp(streampool_last_error(), "CUDA out of memory.", 19) == 0);
   /* PyTorch's entry points */
   void *t = my_malloc(4096, 1, stream);
-  CHECK(t != NULL && my_malloc(0, 1, stream) == NULL);
+  CHECK(t != NULL && (uintptr_t)t % 512 == 0 && my_malloc(0, 1, stream) == NULL);
   my_free(t, 4096, 1, stream);
   my_free(NULL, 0, 1, stream);
+  CHECK(streampool_get_stats(1, &s) == OK && s.allocated_bytes == 0);
   printf("c abi ok\n");
   return 0;
 }

@@ -9,7 +9,7 @@ using my_malloc_fn = void *(*)(ssize_t, int, void *);
 
 extern "C" int plugin_catches_oom(my_malloc_fn my_malloc, char *message, size_t capacity) {
   try {
-    my_malloc((ssize_t)1 << 50, 0, nullptr);
+    my_malloc((ssize_t)1 << 45, 0, nullptr);  // 32 TiB: more than the device, within the maximum
   } catch (const std::runtime_error &e) {
     std::strncpy(message, e.what(), capacity - 1);
     message[capacity - 1] = '\0';

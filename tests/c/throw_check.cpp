@@ -1,4 +1,5 @@
 // my_malloc must throw (not return NULL) on bad input and out of memory, and keep working after.
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -24,11 +25,17 @@ static bool same_stats(const StreampoolStats &a, const StreampoolStats &b) {
 }
 
 int main() {
-  if (expect_throw((ssize_t)1 << 50, 0, "CUDA out of memory.")) return 1;
+  if (expect_throw((ssize_t)1 << 40, 0, "CUDA out of memory.")) return 1;
   // Bad arguments are rejected before anything is counted.
   StreampoolStats before{}, after{};
   if (streampool_get_stats(0, &before) != 0) return 1;
-  if (expect_throw(-5, 0, "allocation size must not be negative")) return 1;
+  if (expect_throw(-5, 0, "allocation size must not be negative, got -5")) return 1;
+  if (expect_throw(-1, 0, "allocation size must not be negative, got -1")) return 1;
+  if (expect_throw(-SSIZE_MAX - 1, 0, "allocation size must not be negative")) return 1;
+  // Issue 16: the largest sizes ssize_t can carry are above streampool's maximum of 2^48 bytes.
+  if (expect_throw(SSIZE_MAX, 0, "allocation size 9223372036854775807 bytes is larger than")) return 1;
+  if (expect_throw(SSIZE_MAX - 511, 0, "allocation size 9223372036854775296 bytes is larger than")) return 1;
+  if (expect_throw(((ssize_t)1 << 48) + 1, 0, "allocation size 281474976710657 bytes is larger than")) return 1;
   if (expect_throw(64, 7, "device index 7 is out of range")) return 1;
   if (expect_throw(64, -1, "device index -1 is out of range")) return 1;
   if (streampool_get_stats(0, &after) != 0) return 1;

@@ -27,12 +27,12 @@ def case_tensor_sizes(ctx) -> None:
     sizes = [0, 1, 511, 1 * KiB, 1 * MiB, 100 * MiB]
     if not ctx.quick:
         sizes += [2 * GiB, 4 * GiB]
-    ctx.settle()
-    baseline = ctx.allocated()
-    expected = baseline
+    baseline = ctx.baseline()
+    expected = baseline.allocated
     tensors = []
     for value, size in enumerate(sizes, start=1):
         tensor = torch.empty(size, dtype=torch.uint8, device="cuda")
+        ctx.check_aligned(tensor)
         expected += size
         assert ctx.allocated() == expected, f"{size} B tensor: allocated {ctx.allocated()}, expected {expected}"
         tensor.fill_(value)
@@ -42,8 +42,7 @@ def case_tensor_sizes(ctx) -> None:
             assert bool((tensor == value).all()), f"{tensor.numel()} B tensor lost its values"
             assert int(tensor[0]) == value and int(tensor[-1]) == value
     del tensor, tensors
-    ctx.settle()
-    assert ctx.allocated() == baseline, f"allocated {ctx.allocated()} after del, baseline {baseline}"
+    ctx.assert_back_to(baseline, "after del")
     print(streampool.memory_summary())
 
 
@@ -104,7 +103,8 @@ def case_memory_fraction(ctx) -> None:
 
 
 def case_out_of_memory(ctx) -> None:
-    """A 10 TiB request raises PyTorch's out-of-memory message; tensors work afterwards."""
+    """A 10 TiB request raises PyTorch's out-of-memory message, and so does 2^48 bytes; a byte
+    more is an invalid size; tensors work afterwards."""
     try:
         torch.empty(10 * 2**40, dtype=torch.uint8, device="cuda")
     except RuntimeError as exc:
@@ -116,6 +116,14 @@ def case_out_of_memory(ctx) -> None:
     assert message.startswith("CUDA out of memory."), message
     assert streampool.is_out_of_memory(error), "the README's pattern would not recognise it"
     assert streampool.memory_stats()["num_ooms"] >= 1
+    # Issue 16: the largest size streampool accepts (2^48 bytes) reaches cuMemAllocFromPoolAsync,
+    # which must say out of memory; one byte more is refused before any driver call.
+    message = _expect_oom(2**48)
+    print(f"2^48 bytes: {message}")
+    assert message.startswith("CUDA out of memory."), message
+    message = _expect_oom(2**48 + 1)
+    print(f"2^48 + 1 bytes: {message}")
+    assert "is larger than streampool's maximum" in message, message
     numbers = torch.arange(1024, device="cuda")
     assert int(numbers.sum()) == 1024 * 1023 // 2
 
@@ -185,8 +193,9 @@ def case_scoped_mempool_out_of_memory(ctx) -> None:
     print(f"typed out-of-memory error in the pool region: {message.splitlines()[0]}")
 
 
-def _churn(seed: int, use_side_stream: bool, errors: list) -> None:
-    """Allocates, checks and frees tensors of varying sizes, keeping a few alive at a time."""
+def _churn(ctx, seed: int, use_side_stream: bool, errors: list) -> None:
+    """Allocates, checks (every element) and frees tensors of varying sizes, keeping a few alive
+    at a time."""
     try:
         stream = torch.cuda.Stream() if use_side_stream else torch.cuda.current_stream()
         with torch.cuda.stream(stream):
@@ -194,10 +203,13 @@ def _churn(seed: int, use_side_stream: bool, errors: list) -> None:
             for i in range(200):
                 size = 1 + (seed * 7919 + i * 104729) % (4 * MiB)
                 value = (seed * 31 + i) % 251
-                alive.append((torch.full((size,), value, dtype=torch.uint8, device="cuda"), value))
+                made = torch.full((size,), value, dtype=torch.uint8, device="cuda")
+                ctx.check_aligned(made)
+                alive.append((made, value))
+                del made
                 if len(alive) > 4:
                     tensor, expected = alive.pop(0)
-                    assert int(tensor[-1]) == expected and int(tensor[0]) == expected
+                    assert bool((tensor == expected).all()), f"a {size}-byte tensor lost its value {expected}"
             alive.clear()
         stream.synchronize()
     except BaseException as exc:  # reported by the main thread
@@ -206,23 +218,20 @@ def _churn(seed: int, use_side_stream: bool, errors: list) -> None:
 
 def case_threads(ctx) -> None:
     """Four Python threads allocate and free at once, two on side streams."""
-    ctx.settle()
-    baseline = ctx.allocated()
+    baseline = ctx.baseline()
     errors = []
-    threads = [threading.Thread(target=_churn, args=(seed, seed % 2 == 1, errors)) for seed in range(4)]
+    threads = [threading.Thread(target=_churn, args=(ctx, seed, seed % 2 == 1, errors)) for seed in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert not errors, errors
-    ctx.settle()
-    assert ctx.allocated() == baseline, f"allocated {ctx.allocated()}, baseline {baseline}"
+    ctx.assert_back_to(baseline, "after the threads")
 
 
 def case_backward(ctx) -> None:
     """Autograd's backward thread allocates through streampool: gradients are right."""
-    ctx.settle()
-    baseline = ctx.allocated()
+    baseline = ctx.baseline()
     torch.manual_seed(0)
     x = torch.randn(4096, device="cuda", requires_grad=True)
     (x**3).sum().backward()
@@ -233,9 +242,9 @@ def case_backward(ctx) -> None:
         model.zero_grad(set_to_none=True)
         model(inputs).sum().backward()
     assert all(bool(p.grad.isfinite().all()) and p.grad.abs().sum() > 0 for p in model.parameters())
+    ctx.check_aligned(x.grad, *(p.grad for p in model.parameters()))
     del x, model, inputs
-    ctx.settle()
-    assert ctx.allocated() == baseline, f"allocated {ctx.allocated()}, baseline {baseline}"
+    ctx.assert_back_to(baseline, "after backward")
 
 
 def case_install_after_cuda_init(ctx) -> None:

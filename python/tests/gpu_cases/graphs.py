@@ -14,8 +14,12 @@ def _mlp(d_in: int, hidden: int, d_out: int) -> torch.nn.Module:
 
 
 def _bystanders(step: int) -> list:
-    """Tensors allocated around a replay, filled with a marker the graph must not overwrite."""
-    return [torch.full((size,), 7.0, device="cuda") for size in (1024, 64 * 1024 + step, MiB // 4, MiB)]
+    """Tensors allocated around a replay, filled with a marker the graph must not overwrite; each
+    512-byte aligned."""
+    tensors = [torch.full((size,), 7.0, device="cuda") for size in (1024, 64 * 1024 + step, MiB // 4, MiB)]
+    for t in tensors:
+        assert t.data_ptr() % 512 == 0, f"a bystander at {t.data_ptr():#x} is not 512-byte aligned"
+    return tensors
 
 
 def case_graph_whole_network(ctx) -> None:

@@ -15,6 +15,8 @@ import gc
 import os
 import sys
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -32,6 +34,25 @@ import training  # noqa: E402
 import vmm  # noqa: E402
 
 MODES = ("streampool", "streampool-no-record-stream-hook", "native", "scoped")
+
+MiB = 1 << 20
+# Device memory a case may take outside any allocator: CUDA loads kernels on first use
+# (CUDA_MODULE_LOADING=LAZY, the default) and cuBLAS/cuDNN make handles per thread and stream.
+# The driver-level leak check allows this much; the pool-level checks are exact.
+UNTRACKED_DEVICE_BYTES = 256 * MiB
+# Where streampool and PyTorch's own allocator put blocks (PyTorch's pluggable-allocator contract).
+ALIGNMENT_BYTES = 512
+
+
+@dataclass
+class Baseline:
+    """What a case must return to (bytes). The driver-level figures are taken only when streampool
+    is the global allocator, after ``torch.cuda.empty_cache()``; None otherwise."""
+
+    allocated: int
+    pool_used: Optional[int] = None
+    pool_reserved: Optional[int] = None
+    device_free: Optional[int] = None
 
 
 class Context:
@@ -66,6 +87,51 @@ class Context:
             streampool.reset_peak_memory_stats()
         else:
             torch.cuda.reset_peak_memory_stats()
+
+    def baseline(self) -> Baseline:
+        """Live bytes now; with streampool global, also its pools' used and reserved bytes and the
+        device's free memory once its cache is returned and its pools trimmed."""
+        self.settle()
+        base = Baseline(allocated=self.allocated())
+        if self.streampool_is_global:
+            base.pool_used, base.pool_reserved, base.device_free = self._driver_level()
+        return base
+
+    def assert_back_to(self, base: Baseline, when: str) -> None:
+        """Live bytes are back to ``base``; with streampool global, the pools' used and reserved
+        bytes too (a block lost after free() lowered the live bytes shows only there), and the
+        device's free memory within UNTRACKED_DEVICE_BYTES of it."""
+        self.settle()
+        allocated = self.allocated()
+        assert allocated == base.allocated, f"{when}: allocated {allocated} B, baseline {base.allocated} B"
+        if base.pool_used is None:
+            return
+        used, reserved, free = self._driver_level()
+        assert used == base.pool_used, f"{when}: the pools use {used} B, at the start {base.pool_used} B"
+        assert reserved == base.pool_reserved, (
+            f"{when}: the pools reserve {reserved} B after empty_cache, at the start {base.pool_reserved} B"
+        )
+        lost = base.device_free - free
+        assert lost <= UNTRACKED_DEVICE_BYTES, (
+            f"{when}: the device has {lost} B less free memory than at the start after empty_cache"
+        )
+
+    @staticmethod
+    def _driver_level():
+        """(pool used, pool reserved, device free) bytes after empty_cache: streampool returns its
+        cache, synchronises the device and trims its pools to 0."""
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        stats = streampool.memory_stats()
+        free, _ = torch.cuda.mem_get_info()
+        return stats["pool_used_bytes"], stats["reserved_bytes.all.current"], free
+
+    @staticmethod
+    def check_aligned(*tensors) -> None:
+        """Every tensor's memory starts on a 512-byte boundary (size-0 tensors have none)."""
+        for tensor in tensors:
+            ptr = tensor.data_ptr()
+            assert ptr % ALIGNMENT_BYTES == 0, f"a {tensor.numel()}-element tensor at {ptr:#x} is not 512-byte aligned"
 
     @staticmethod
     def settle() -> None:

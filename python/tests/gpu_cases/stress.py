@@ -9,9 +9,10 @@ import torch
 MiB = 1 << 20
 
 
-def _producer_consumer(seed: int, handoff: "queue.Queue", errors: list, rounds: int) -> None:
+def _producer_consumer(ctx, seed: int, handoff: "queue.Queue", errors: list, rounds: int) -> None:
     """Makes tensors on a side stream, uses them on this thread's stream (record_stream), checks
-    them, and hands every other one to the next thread, which frees it: frees cross threads."""
+    every element, and hands every other one to the next thread, which frees it: frees cross
+    threads."""
     try:
         side, main = torch.cuda.Stream(), torch.cuda.Stream()
         for i in range(rounds):
@@ -19,21 +20,24 @@ def _producer_consumer(seed: int, handoff: "queue.Queue", errors: list, rounds: 
             value = (seed * 31 + i) % 251
             with torch.cuda.stream(side):
                 made = torch.full((size,), value, dtype=torch.uint8, device="cuda")
+            ctx.check_aligned(made)
             main.wait_stream(side)
             with torch.cuda.stream(main):
                 made.record_stream(main)
                 doubled = made.to(torch.int16) * 2
+            ctx.check_aligned(doubled)
             if i % 2:
                 handoff.put((made, doubled, value))
             else:
                 main.synchronize()
-                assert int(doubled[0]) == int(doubled[-1]) == 2 * value, (i, value)
+                assert bool((doubled == 2 * value).all()) and bool((made == value).all()), (i, value)
             del made, doubled
             try:
                 theirs, their_doubled, their_value = handoff.get_nowait()
                 torch.cuda.current_stream().wait_stream(main)
                 torch.cuda.synchronize()
-                assert int(their_doubled[-1]) == 2 * their_value and int(theirs[0]) == their_value
+                assert bool((their_doubled == 2 * their_value).all()), their_value
+                assert bool((theirs == their_value).all()), their_value
                 del theirs, their_doubled  # freed here, allocated on another thread
             except queue.Empty:
                 pass
@@ -46,13 +50,12 @@ def _producer_consumer(seed: int, handoff: "queue.Queue", errors: list, rounds: 
 def case_threads_stress(ctx) -> None:
     """Eight Python threads, two streams each, record_stream on every tensor, tensors freed on
     other threads than made them; values stay right and no byte is left allocated."""
-    ctx.settle()
-    baseline = ctx.allocated()
+    baseline = ctx.baseline()
     handoff: "queue.Queue" = queue.Queue()
     errors: list = []
     rounds = 40 if ctx.quick else 200
     threads = [
-        threading.Thread(target=_producer_consumer, args=(seed, handoff, errors, rounds)) for seed in range(8)
+        threading.Thread(target=_producer_consumer, args=(ctx, seed, handoff, errors, rounds)) for seed in range(8)
     ]
     for thread in threads:
         thread.start()
@@ -61,9 +64,8 @@ def case_threads_stress(ctx) -> None:
     assert not errors, errors
     while not handoff.empty():
         handoff.get_nowait()
-    ctx.settle()
-    assert ctx.allocated() == baseline, f"allocated {ctx.allocated()}, baseline {baseline}"
-    print(f"THREADS 8 threads x {rounds} rounds, live bytes back to {baseline}")
+    ctx.assert_back_to(baseline, "after the threads")
+    print(f"THREADS 8 threads x {rounds} rounds, live bytes back to {baseline.allocated}")
 
 
 def case_soak(ctx) -> None:
@@ -75,8 +77,7 @@ def case_soak(ctx) -> None:
 
     steps = 60 if ctx.quick else 1000
     torch.manual_seed(0)
-    ctx.settle()
-    baseline = ctx.allocated()
+    baseline = ctx.baseline()
     config = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=512)
     model = transformers.GPT2LMHeadModel(config).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -101,5 +102,4 @@ def case_soak(ctx) -> None:
     torch.cuda.synchronize()
     print(f"SOAK {first_half_peak} {ctx.max_reserved()} steps={steps} loss={loss.item():.3f}")
     del model, optimizer, loss, tokens
-    ctx.settle()
-    assert ctx.allocated() == baseline, f"allocated {ctx.allocated()} after the soak, baseline {baseline}"
+    ctx.assert_back_to(baseline, "after the soak")

@@ -2,7 +2,9 @@
 
 Each prints ``LOSSES <json list>``; test_gpu runs a case under the native allocator and under
 streampool and compares the lists. Seeds and deterministic settings make the runs comparable.
-Each case also checks that deleting the model brings live bytes back to the baseline.
+Each case also checks that deleting the model brings live bytes back to the baseline (and, with
+streampool, its pools' used and reserved bytes and the device's free memory: run.Context), and
+that parameters and gradients are 512-byte aligned.
 """
 
 import json
@@ -26,9 +28,9 @@ def _deterministic(seed: int = 0) -> None:
 def _train(ctx, build_model, make_batch, loss_of) -> None:
     """Trains ``build_model()`` on batches from ``make_batch()`` and prints the losses; then
     deletes the model and checks that live bytes are back where they were before it existed."""
-    ctx.settle()
-    baseline = ctx.allocated()
+    baseline = ctx.baseline()
     model = build_model()
+    ctx.check_aligned(*model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     losses = []
     for _ in range(QUICK_STEPS if ctx.quick else STEPS):
@@ -38,9 +40,9 @@ def _train(ctx, build_model, make_batch, loss_of) -> None:
         optimizer.step()
         losses.append(loss.item())
     print("LOSSES " + json.dumps(losses))
+    ctx.check_aligned(*(p.grad for p in model.parameters() if p.grad is not None))
     del model, optimizer, loss
-    ctx.settle()
-    assert ctx.allocated() == baseline, f"allocated {ctx.allocated()} after training, baseline {baseline}"
+    ctx.assert_back_to(baseline, "after training")
 
 
 def case_resnet18(ctx) -> None:
