@@ -73,6 +73,10 @@ pub struct Config {
     /// The physical handle size of the virtual-memory backend (a multiple of the device's
     /// granularity, which it is rounded up to).
     pub vmm_page_size: SizeSpec,
+    /// The virtual-memory backend releases memory above the threshold that the GPU was still
+    /// using at the last free from a background thread (no variable: tests and the fuzzer turn
+    /// it off to stay deterministic).
+    pub vmm_background_release: bool,
     pub sim_devices: usize,
     pub sim_memory_bytes: u64,
 }
@@ -107,6 +111,7 @@ impl Default for Config {
             // uses 20 MiB for large blocks because mapping cost grows with the number of
             // handles; which is better here awaits a measurement on the GPU.
             vmm_page_size: SizeSpec::Bytes(2 << 20),
+            vmm_background_release: true,
             sim_devices: 2,
             sim_memory_bytes: 16 << 30,
         }

@@ -82,3 +82,50 @@ fn a_block_the_driver_refuses_to_free_is_returned_by_the_next_empty_cache() {
     assert_eq!(s.pool_used_bytes, 100 * MIB, "still held from the pool");
     r.finish();
 }
+
+/// Fuzz input (the vmm backend, one op): malloc 1 TiB on a 64 MiB device. The vmm resource
+/// looked for a window of free addresses for it page by page, listing 512 Ki pages of every
+/// candidate window (and would have reserved a 1 TiB address range) before finding out that the
+/// device cannot hold it; the fuzzer ran out of its 2 GiB of memory. A request larger than the
+/// device now fails as out of memory at once.
+#[test]
+fn the_vmm_backend_refuses_a_request_larger_than_the_device_at_once() {
+    let config = Config {
+        backend: streampool::config::Backend::Vmm,
+        ..Config::default()
+    };
+    let r = rig_with(1, 64 * MIB, config);
+    let started = std::time::Instant::now();
+    for bytes in [1 << 40, streampool::MAX_ALLOCATION_BYTES] {
+        let e = r.alloc.malloc(bytes, 0, s(1)).unwrap_err().to_string();
+        assert!(e.starts_with("CUDA out of memory."), "{e}");
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    r.finish();
+}
+
+/// Fuzz input (the vmm backend): a large block freed on a stream while that stream captures a
+/// graph; the capture ends; everything completes; `empty_cache` left the block's page mapped.
+/// The vmm resource keeps such a block out of its free ranges until the capture ends and then
+/// records its fence — during the trim, after empty_cache's synchronisation, so the fence had not
+/// completed and the page was not idle. The trim now waits for those fences too.
+#[test]
+fn empty_cache_releases_a_vmm_block_freed_during_a_capture() {
+    let config = Config {
+        backend: streampool::config::Backend::Vmm,
+        ..Config::default()
+    };
+    let r = rig_with(1, 64 * MIB, config);
+    let p = r.malloc(2 * MIB, 0, 3);
+    r.sim.begin_capture(0, s(3));
+    r.alloc.free(p, 0).unwrap();
+    r.sim.end_capture(0, s(3));
+    r.sim.complete_all();
+    r.alloc.empty_cache().unwrap();
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        0,
+        "the page freed during the capture is still mapped"
+    );
+    r.finish();
+}

@@ -25,8 +25,12 @@
 //!   shareable pool's used bytes cover its live blocks, and its blocks never reach the cache;
 //! - with the memory timeline on, the newest event's allocated-bytes gauge equals the statistics.
 //!
+//! - every new block can be used on its stream (the simulator's `touch`: allocated, and with
+//!   `STREAMPOOL_BACKEND=vmm` mapped with access for the device).
+//!
+//! Each run picks the backend of large blocks (the pool or the vmm backend) from its first byte.
 //! At the end: captures end, everything is freed, streams complete, the cache is emptied, and the
-//! simulator must hold no memory (`outstanding_bytes() == 0`).
+//! simulator must hold no memory (`outstanding_bytes() == 0`, nothing mapped).
 //!
 //! Bugs this harness found are fixed and kept as plain tests in tests/fuzz_regressions.rs
 //! (docs/reliability.md); nothing is excused.
@@ -37,8 +41,9 @@ use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use streampool::driver::sim::SimDriver;
-use streampool::driver::{DevicePtr, Driver, EventHandle, Stream, StreamDriver};
+use streampool::driver::{DevicePtr, Driver, EventHandle, Stream};
 use streampool::ipc::{begin_shareable, end_shareable};
+use streampool::config::Backend;
 use streampool::{Allocator, Config, Error, StreampoolStats, MAX_ALLOCATION_BYTES};
 
 const DEVICES: usize = 2;
@@ -50,9 +55,14 @@ const STREAMS: [Stream; 4] = [Stream(0), Stream(1), Stream(2), Stream(7)];
 const SIM_BASE: u64 = 0x7f00_0000_0000;
 const INJECTED_CODE: i32 = 999;
 
+#[path = "allocator_ops/checks.rs"]
+mod checks;
 #[path = "allocator_ops/input.rs"]
 mod input;
-use input::{FreeTarget, Op, FAULTS};
+#[path = "allocator_ops/outcome.rs"]
+mod outcome;
+use outcome::{Expect, Outcome};
+use input::{FreeTarget, Op, Run, FAULTS};
 
 #[derive(Debug, Clone)]
 struct Block {
@@ -116,9 +126,17 @@ fn device_ok(d: i64) -> Option<usize> {
 }
 
 impl Harness {
-    fn new() -> Harness {
+    fn new(vmm: bool) -> Harness {
         let sim = Arc::new(SimDriver::new(DEVICES, MEMORY_BYTES));
-        let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, Config::default())
+        let config = match vmm {
+            false => Config::default(),
+            true => Config {
+                backend: Backend::Vmm,
+                vmm_background_release: false,
+                ..Config::default()
+            },
+        };
+        let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config)
             .expect("allocator over the simulator");
         Harness {
             sim,
@@ -174,86 +192,6 @@ impl Harness {
         self.live
             .range((device, DevicePtr(0))..=(device, DevicePtr(u64::MAX)))
             .map(|((_, p), b)| (p, b))
-    }
-
-    /// Records harness events on every stream that used `block` (faults set aside meanwhile).
-    fn quarantine_before_free(&mut self, device: usize, ptr: DevicePtr, block: &Block) {
-        if block.captured {
-            return; // graph memory: freed straight to the driver, outside the cache's rules
-        }
-        let left = self.drain_faults();
-        let mut waits = Vec::new();
-        for s in std::iter::once(block.stream).chain(block.recorded.iter().copied()) {
-            let e = self.sim.event_create(device).expect("harness event");
-            self.sim
-                .event_record(device, e, s)
-                .expect("harness event record");
-            waits.push((s, e));
-        }
-        self.reinject(left);
-        self.quarantine.push(Quarantine {
-            device,
-            start: ptr.0,
-            end: ptr.0 + block.bytes,
-            waits,
-        });
-    }
-
-    fn event_done(&self, device: usize, e: EventHandle) -> bool {
-        self.sim
-            .event_query(device, e)
-            .expect("harness event query")
-    }
-
-    fn prune_quarantine(&mut self) {
-        let sim = &self.sim;
-        self.quarantine.retain(|q| {
-            let done = q
-                .waits
-                .iter()
-                .all(|(_, e)| sim.event_query(q.device, *e).expect("harness event query"));
-            if done {
-                for (_, e) in &q.waits {
-                    sim.event_destroy(q.device, *e);
-                }
-            }
-            !done
-        });
-    }
-
-    fn check_new_block(&self, device: usize, ptr: DevicePtr, bytes: u64, stream: Stream) {
-        assert_eq!(ptr.0 % 512, 0, "pointer {ptr:#x} is not 512-byte aligned");
-        let end = ptr.0 + bytes;
-        if let Some(((d, p), b)) = self.live.range(..=(device, ptr)).next_back() {
-            if *d == device && p.0 + b.bytes > ptr.0 {
-                panic!(
-                    "device {device}: new block {ptr:#x}+{bytes} overlaps live block {p:#x}+{}",
-                    b.bytes
-                );
-            }
-        }
-        if let Some(((d, p), b)) = self.live.range((device, ptr)..).next() {
-            if *d == device && p.0 < end {
-                panic!(
-                    "device {device}: new block {ptr:#x}+{bytes} overlaps live block {p:#x}+{}",
-                    b.bytes
-                );
-            }
-        }
-        for q in &self.quarantine {
-            if q.device != device || q.end <= ptr.0 || end <= q.start {
-                continue;
-            }
-            for (s, e) in &q.waits {
-                if *s != stream && !self.event_done(device, *e) {
-                    panic!(
-                        "device {device}: block {ptr:#x}+{bytes} handed to stream {stream:#x} overlaps \
-                         freed block {:#x}..{:#x} that stream {s:#x} may still be using",
-                        q.start, q.end
-                    );
-                }
-            }
-        }
     }
 
     fn step(&mut self, op: Op) {
@@ -402,131 +340,7 @@ impl Harness {
             }
         };
 
-        // Which injected faults fired during this operation.
-        let left = self.drain_faults();
-        let mut fired = false;
-        for (now, before) in left.iter().zip(&self.pending_faults) {
-            assert!(now <= before, "faults appeared");
-            fired |= now < before;
-        }
-        self.reinject(left);
-        self.pending_faults = left;
-
-        let after = self.all_stats();
-        let outcome_kind = match &outcome {
-            Outcome::MallocShareable { .. } => OutcomeKind::MallocShareable,
-            _ => OutcomeKind::Other,
-        };
-        match outcome {
-            Outcome::None => {}
-            Outcome::MustSucceed(r) => {
-                if let Err(e) = r {
-                    assert!(
-                        fired && is_injected(&e),
-                        "{op:?} failed unexpectedly: {e} ({e:?})"
-                    );
-                }
-            }
-            Outcome::Unchanged(r) => {
-                if let Err(e) = r {
-                    panic!("{op:?} failed: {e} ({e:?}); expected success without effect");
-                }
-                assert_eq!(before, after, "{op:?} must change no statistic");
-            }
-            Outcome::Rejected(r, want) => {
-                let e = match r {
-                    Ok(()) => panic!("{op:?} was accepted; expected {want:?}"),
-                    Err(e) => e,
-                };
-                let ok = match want {
-                    Expect::UnknownPointer => matches!(e, Error::UnknownPointer { .. }),
-                    Expect::BadDevice(d) => {
-                        matches!(&e, Error::InvalidArgument(m)
-                            if m.contains(&format!("device index {d} is out of range")))
-                    }
-                    Expect::Invalid(text) => {
-                        matches!(&e, Error::InvalidArgument(m) if m.contains(text))
-                    }
-                };
-                assert!(ok, "{op:?}: expected {want:?}, got {e} ({e:?})");
-                assert_eq!(
-                    before, after,
-                    "{op:?} was rejected ({e}) but changed statistics"
-                );
-            }
-            Outcome::Malloc {
-                result,
-                device,
-                bytes,
-                stream,
-            }
-            | Outcome::MallocShareable {
-                result,
-                device,
-                bytes,
-                stream,
-            } => {
-                let shareable_scope = matches!(outcome_kind, OutcomeKind::MallocShareable);
-                match result {
-                    Ok(ptr) => {
-                        let d = device;
-                        let captured = self.is_capturing(d, stream);
-                        self.check_new_block(d, ptr, bytes, stream);
-                        self.live.insert(
-                            (d, ptr),
-                            Block {
-                                bytes,
-                                stream,
-                                captured,
-                                shareable: shareable_scope && !captured,
-                                recorded: Vec::new(),
-                            },
-                        );
-                        let (cur, n) = self.current(d);
-                        let pool_live = self.pool_live_bytes(d);
-                        let c = &mut self.counts[d];
-                        c.allocs += 1;
-                        c.bytes_total += bytes;
-                        c.peak_bytes = c.peak_bytes.max(cur);
-                        c.peak_count = c.peak_count.max(n);
-                        // A block from the pool (not the cache, not a graph) must fit under the cap.
-                        if let (Some(limit), false) = (c.limit, captured) {
-                            if after[d].num_cache_hits == hits_before[d] {
-                                let held = pool_live + after[d].cached_bytes;
-                                assert!(
-                                    held <= limit,
-                                    "device {d}: {held} B held after a pool allocation, over the \
-                                 memory-fraction cap of {limit} B"
-                                );
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        assert!(
-                        is_oom(&e) || (fired && is_injected(&e)),
-                        "{op:?} failed with an unexpected error: {e} ({e:?}), fault fired: {fired}"
-                    );
-                        let (b, a) = (&before[device], &after[device]);
-                        assert_eq!(
-                            (b.allocated_bytes, b.allocations_current, b.num_allocs),
-                            (a.allocated_bytes, a.allocations_current, a.num_allocs),
-                            "{op:?} failed ({e}) but changed the live statistics"
-                        );
-                    }
-                }
-            }
-        }
-        self.prune_quarantine();
-        self.check_stats(&after);
-        if self.history_on {
-            if let Some(e) = self.alloc.history(1).0.last() {
-                let d = e.device as usize;
-                assert_eq!(
-                    e.allocated_bytes, after[d].allocated_bytes,
-                    "device {d}: the newest timeline event's allocated_bytes gauge is stale: {e:?}"
-                );
-            }
-        }
+        self.judge(op, outcome, before, hits_before);
     }
 
     /// Exports the block; a shareable one must export (unless an injected fault fired) and then
@@ -636,88 +450,6 @@ impl Harness {
         }
     }
 
-    fn current(&self, device: usize) -> (u64, u64) {
-        self.live_on(device)
-            .fold((0, 0), |(b, n), (_, blk)| (b + blk.bytes, n + 1))
-    }
-
-    /// Requested bytes of live blocks held from a pool (not graph memory), shareable included.
-    fn pool_live_bytes(&self, device: usize) -> u64 {
-        self.live_on(device)
-            .filter(|(_, b)| !b.captured)
-            .map(|(_, b)| b.bytes)
-            .sum()
-    }
-
-    /// Requested bytes of live blocks of the shareable pool (`true`) or of the main pool.
-    fn live_bytes_of(&self, device: usize, shareable: bool) -> u64 {
-        self.live_on(device)
-            .filter(|(_, b)| !b.captured && b.shareable == shareable)
-            .map(|(_, b)| b.bytes)
-            .sum()
-    }
-
-    fn check_stats(&self, stats: &[StreampoolStats; DEVICES]) {
-        for (d, s) in stats.iter().enumerate() {
-            let c = &self.counts[d];
-            let (cur, n) = self.current(d);
-            let got = (
-                s.allocated_bytes,
-                s.allocations_current,
-                s.num_allocs,
-                s.num_frees,
-                s.allocated_bytes_total,
-                s.freed_bytes_total,
-            );
-            let want = (cur, n, c.allocs, c.frees, c.bytes_total, c.freed_total);
-            assert_eq!(
-                got, want,
-                "device {d}: (allocated_bytes, allocations_current, num_allocs, num_frees, \
-                 allocated_bytes_total, freed_bytes_total) differ from the model"
-            );
-            assert_eq!(
-                (s.allocated_bytes_peak, s.allocations_peak),
-                (c.peak_bytes, c.peak_count),
-                "device {d}: peaks differ from the model"
-            );
-            assert_eq!(
-                s.memory_limit_bytes,
-                c.limit.unwrap_or(u64::MAX),
-                "device {d}: memory limit"
-            );
-            assert!(
-                s.active_bytes >= s.allocated_bytes,
-                "device {d}: active {} < allocated {}",
-                s.active_bytes,
-                s.allocated_bytes
-            );
-            let pool_live = self.live_bytes_of(d, false);
-            let shared_live = self.live_bytes_of(d, true);
-            assert!(
-                s.ipc_used_bytes >= shared_live,
-                "device {d}: shareable pool used {} < its live {shared_live}",
-                s.ipc_used_bytes
-            );
-            assert!(
-                s.pool_used_bytes >= pool_live + s.cached_bytes,
-                "device {d}: pool used {} < live {pool_live} + cached {}",
-                s.pool_used_bytes,
-                s.cached_bytes
-            );
-            assert!(
-                s.reserved_bytes >= s.pool_used_bytes,
-                "device {d}: reserved {} < used {}",
-                s.reserved_bytes,
-                s.pool_used_bytes
-            );
-            assert!(
-                s.cached_bytes <= CACHE_LIMIT_BYTES,
-                "device {d}: cache {} over its budget",
-                s.cached_bytes
-            );
-        }
-    }
-
     /// Ends every capture, frees everything, completes all work, empties the cache: nothing may
     /// be left in the simulator.
     fn finish(mut self) {
@@ -752,47 +484,16 @@ impl Harness {
         }
         let leaked = self.sim.outstanding_bytes();
         assert_eq!(leaked, 0, "{leaked} bytes still allocated in the simulator");
+        for d in 0..DEVICES {
+            let mapped = self.sim.physical_bytes(d);
+            assert_eq!(mapped, 0, "device {d}: {mapped} bytes still mapped after empty_cache");
+        }
     }
 }
 
-#[derive(Debug)]
-enum Expect {
-    UnknownPointer,
-    BadDevice(i64),
-    Invalid(&'static str),
-}
-
-enum Outcome {
-    /// Nothing to check beyond the invariants.
-    None,
-    /// Must succeed unless an injected fault fired.
-    MustSucceed(Result<(), Error>),
-    /// Must fail as expected and change nothing.
-    Rejected(Result<(), Error>, Expect),
-    /// Must succeed (no injected fault can reach it) and change nothing.
-    Unchanged(Result<(), Error>),
-    Malloc {
-        result: Result<DevicePtr, Error>,
-        device: usize,
-        bytes: u64,
-        stream: Stream,
-    },
-    MallocShareable {
-        result: Result<DevicePtr, Error>,
-        device: usize,
-        bytes: u64,
-        stream: Stream,
-    },
-}
-
-enum OutcomeKind {
-    MallocShareable,
-    Other,
-}
-
-fuzz_target!(|ops: Vec<Op>| {
-    let mut h = Harness::new();
-    for op in ops.into_iter().take(MAX_OPS) {
+fuzz_target!(|run: Run| {
+    let mut h = Harness::new(run.vmm);
+    for op in run.ops.into_iter().take(MAX_OPS) {
         h.step(op);
     }
     h.finish();

@@ -133,9 +133,15 @@ pub enum Fault {
     EventCreate,
     EventRecord,
     Synchronize,
+    AddressReserve,
+    MemCreate,
+    MemMap,
+    MemUnmap,
+    MemRelease,
+    SetAccess,
 }
 
-pub const FAULTS: [Fault; 7] = [
+pub const FAULTS: [Fault; 13] = [
     Fault::PoolCreate,
     Fault::PoolSetAttr,
     Fault::Alloc,
@@ -143,6 +149,12 @@ pub const FAULTS: [Fault; 7] = [
     Fault::EventCreate,
     Fault::EventRecord,
     Fault::Synchronize,
+    Fault::AddressReserve,
+    Fault::MemCreate,
+    Fault::MemMap,
+    Fault::MemUnmap,
+    Fault::MemRelease,
+    Fault::SetAccess,
 ];
 
 impl Fault {
@@ -155,6 +167,12 @@ impl Fault {
             Fault::EventCreate => SimFault::EventCreate,
             Fault::EventRecord => SimFault::EventRecord,
             Fault::Synchronize => SimFault::Synchronize,
+            Fault::AddressReserve => SimFault::AddressReserve,
+            Fault::MemCreate => SimFault::MemCreate,
+            Fault::MemMap => SimFault::MemMap,
+            Fault::MemUnmap => SimFault::MemUnmap,
+            Fault::MemRelease => SimFault::MemRelease,
+            Fault::SetAccess => SimFault::SetAccess,
         }
     }
 
@@ -162,6 +180,15 @@ impl Fault {
     pub fn probe(self, sim: &SimDriver) -> bool {
         sim.take_injected(self.sim())
     }
+}
+
+/// One fuzz input: which backend serves large blocks, and the operations.
+#[derive(Arbitrary, Debug)]
+pub struct Run {
+    /// `STREAMPOOL_BACKEND=vmm` (with the background releaser off, so that a run is
+    /// deterministic and injected faults fire only inside operations).
+    pub vmm: bool,
+    pub ops: Vec<Op>,
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]

@@ -27,7 +27,9 @@ mod releaser;
 use super::{Accessible, Resource};
 use crate::config::Config;
 use crate::driver::{DevicePtr, Driver, MemHandle, PoolUsage, Stream};
-use crate::error::{Error, Result, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED};
+use crate::error::{
+    Error, Result, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+};
 use crate::fasthash::WordMap;
 use crate::history::{Recorder, StreampoolEventKind as Event};
 use crate::sync::Mutex;
@@ -49,6 +51,8 @@ pub struct VmmResource {
     page_bytes: u64,
     extent_bytes: u64,
     max_physical_bytes: u64,
+    device_total_bytes: u64,
+    background_release: bool,
     recorder: Arc<Recorder>,
     state: Mutex<VmmState>,
     capturing: AtomicBool,
@@ -122,6 +126,8 @@ impl VmmResource {
             page_bytes,
             extent_bytes,
             max_physical_bytes: config.max_pool_size.resolve_bytes(total_bytes),
+            device_total_bytes: total_bytes,
+            background_release: config.vmm_background_release,
             recorder,
             state: Mutex::new(VmmState {
                 free: FreeRanges::new(page_bytes),
@@ -195,7 +201,8 @@ impl VmmResource {
         }
         self.settle(st);
         self.release_down_to(st, threshold);
-        if st.physical_bytes(self.page_bytes) > threshold
+        if self.background_release
+            && st.physical_bytes(self.page_bytes) > threshold
             && (st.free.freed_bytes() > 0 || !st.deferred.is_empty())
         {
             releaser::wake(self.me.clone());
@@ -257,6 +264,13 @@ impl Resource for VmmResource {
         }
         if self.capturing.load(Ordering::Relaxed) {
             return Err(paused());
+        }
+        if bytes > self.max_physical_bytes.min(self.device_total_bytes) {
+            return Err(Error::Driver {
+                call: "cuMemCreate",
+                code: CUDA_ERROR_OUT_OF_MEMORY,
+                name: "CUDA_ERROR_OUT_OF_MEMORY (more than the device has)".into(),
+            });
         }
         let window = match st.free.window(bytes, stream) {
             Some(window) => window,
@@ -344,6 +358,14 @@ impl Resource for VmmResource {
 
     fn trim(&self, keep_bytes: u64) -> Result<()> {
         let mut st = self.state.lock();
+        if !st.deferred.is_empty() {
+            // Blocks freed during a capture get their fences only now, after the device's
+            // synchronisation: wait for those too, so that empty_cache releases every free page.
+            self.fence_deferred(&mut st);
+            drop(st);
+            self.driver.synchronize(self.device)?;
+            st = self.state.lock();
+        }
         self.settle(&mut st);
         self.release_down_to(&mut st, keep_bytes);
         Ok(())

@@ -227,19 +227,12 @@ impl FreeRanges {
     }
 
     /// The best place for `bytes` on `stream` among contiguous free ranges it may use once their
-    /// unmapped pages are mapped: the fewest pages to map, then the lowest address.
+    /// unmapped pages are mapped: the fewest pages to map, then the lowest address. Candidates
+    /// are compared by counting pages; only the chosen window's are listed.
     pub fn window(&self, bytes: u64, stream: Stream) -> Option<Window> {
-        let mut best: Option<Window> = None;
-        let mut consider = |w: Window| {
-            let better = best
-                .as_ref()
-                .is_none_or(|b| (w.pages.len(), w.start) < (b.pages.len(), b.start));
-            if better {
-                best = Some(w);
-            }
-        };
-        let mut run: Option<(u64, u64)> = None;
+        let mut best: Option<(u64, u64)> = None; // (pages to map, start)
         let usable = |r: &Range| r.state == State::Unmapped || r.state.usable_by(stream);
+        let mut run: Option<(u64, u64)> = None;
         let mut runs = Vec::new();
         for (&s, r) in &self.ranges {
             let joins = run.is_some_and(|(_, end)| end == s && !self.extents.contains_key(&s));
@@ -256,34 +249,44 @@ impl FreeRanges {
         for (start, end) in runs.into_iter().filter(|(s, e)| e - s >= bytes) {
             let last = (end - bytes) & !511;
             for at in [start, last] {
-                consider(Window {
-                    start: at,
-                    pages: self.unmapped_pages(at, at + bytes),
-                });
+                let candidate = (self.unmapped_pages_in(at, at + bytes, None), at);
+                if best.is_none_or(|b| candidate < b) {
+                    best = Some(candidate);
+                }
             }
         }
-        best
+        let (_, start) = best?;
+        let mut pages = Vec::new();
+        self.unmapped_pages_in(start, start + bytes, Some(&mut pages));
+        Some(Window { start, pages })
     }
 
-    /// Starts of the unmapped pages that `[start, end)` touches.
-    fn unmapped_pages(&self, start: u64, end: u64) -> Vec<u64> {
+    /// How many unmapped pages `[start, end)` touches; their starts are added to `list` if given.
+    fn unmapped_pages_in(&self, start: u64, end: u64, mut list: Option<&mut Vec<u64>>) -> u64 {
         let first = self
             .ranges
             .range(..=start)
             .next_back()
             .map_or(start, |(&s, _)| s);
-        let mut pages = Vec::new();
+        let mut count = 0;
         for (&s, r) in self.ranges.range(first..end) {
             if r.state != State::Unmapped || s + r.bytes <= start {
                 continue;
             }
             let mut page = self.page_floor(start.max(s));
-            while page < end.min(s + r.bytes) {
-                pages.push(page);
-                page += self.page_bytes;
+            let stop = end.min(s + r.bytes);
+            if page >= stop {
+                continue;
+            }
+            count += (stop - page).div_ceil(self.page_bytes);
+            if let Some(list) = list.as_deref_mut() {
+                while page < stop {
+                    list.push(page);
+                    page += self.page_bytes;
+                }
             }
         }
-        pages
+        count
     }
 
     fn extent_base(&self, addr: u64) -> u64 {

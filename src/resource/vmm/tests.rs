@@ -18,12 +18,16 @@ struct Rig {
 }
 
 fn rig_with(devices: usize, memory_bytes: u64, threshold: SizeSpec) -> Rig {
-    let sim = Arc::new(SimDriver::new(devices, memory_bytes).strict());
-    let driver: Arc<dyn Driver> = sim.clone();
     let config = Config {
         release_threshold: threshold,
         ..Config::default()
     };
+    rig_config(devices, memory_bytes, config)
+}
+
+fn rig_config(devices: usize, memory_bytes: u64, config: Config) -> Rig {
+    let sim = Arc::new(SimDriver::new(devices, memory_bytes).strict());
+    let driver: Arc<dyn Driver> = sim.clone();
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
     let vmm = VmmResource::create(&driver, 0, &config, memory_bytes, recorder).unwrap();
     Rig { sim, vmm }
@@ -166,6 +170,23 @@ fn the_releaser_gives_memory_back_without_another_call() {
 }
 
 #[test]
+fn without_the_background_releaser_memory_waits_for_the_next_call() {
+    let config = Config {
+        release_threshold: SizeSpec::Bytes(0),
+        vmm_background_release: false,
+        ..Config::default()
+    };
+    let r = rig_config(1, 64 * PAGE, config);
+    let a = r.alloc(4 * PAGE, S1);
+    r.free(a, 4 * PAGE, S1);
+    r.sim.complete_stream(0, S1);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(r.physical(), 4 * PAGE, "no thread released it");
+    r.vmm.set_release_threshold(0).unwrap();
+    assert_eq!(r.physical(), 0, "the next call does");
+}
+
+#[test]
 fn trim_keeps_what_it_is_asked_to_and_drop_leaks_nothing() {
     let r = rig();
     let a = r.alloc(6 * PAGE, S1);
@@ -264,6 +285,24 @@ fn a_failed_unmap_keeps_the_page_and_a_failed_release_keeps_the_handle() {
 }
 
 #[test]
+fn a_request_beyond_the_device_fails_at_once_without_reserving_or_listing_pages() {
+    let r = rig();
+    let started = std::time::Instant::now();
+    let e = r.vmm.allocate(1 << 47, S1).unwrap_err();
+    assert!(e.is_device_oom(), "{e}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        r.vmm.state.lock().free.extents().count(),
+        1,
+        "no new reservation"
+    );
+}
+
+#[test]
 fn bad_frees_are_refused_without_changing_anything() {
     let r = rig();
     let a = r.alloc(PAGE, S1);
@@ -295,9 +334,12 @@ fn an_address_space_that_no_window_fits_gets_another_reservation() {
         big.0 > blocks[3].0 + PAGE,
         "served from a second reservation"
     );
-    let huge = r.alloc(6 * PAGE, S1);
+    let e = r.vmm.allocate(3 * PAGE, S1).unwrap_err();
+    assert!(
+        e.is_device_oom(),
+        "more than the device has fails at once: {e}"
+    );
     r.free(big, 2 * PAGE, S1);
-    r.free(huge, 6 * PAGE, S1);
     r.free(blocks[1], PAGE, S1);
     r.free(blocks[3], PAGE, S1);
 }
