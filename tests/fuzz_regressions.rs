@@ -129,3 +129,27 @@ fn empty_cache_releases_a_vmm_block_freed_during_a_capture() {
     );
     r.finish();
 }
+
+/// Fuzz input (the vmm backend, injected faults): giving a new page access failed, and so did
+/// unmapping it again; the page was then kept as free memory — mapped, but without access — and
+/// the next block placed there could not be used by its own device. Such a page is now blocked
+/// until access is set or it is unmapped.
+#[test]
+fn a_vmm_page_left_without_access_is_never_handed_out() {
+    let config = Config {
+        backend: streampool::config::Backend::Vmm,
+        ..Config::default()
+    };
+    let r = rig_with(1, 64 * MIB, config);
+    let first = r.malloc(2 * MIB, 0, 1);
+    r.sim.inject_fault(SimFault::SetAccess, 1);
+    r.sim.inject_fault(SimFault::MemUnmap, 1);
+    assert!(r.alloc.malloc(4 * MIB, 0, s(1)).is_err());
+    for _ in 0..3 {
+        let p = r.malloc(4 * MIB, 0, 1);
+        r.sim.touch(0, 0, p, 4 * MIB, s(1)).unwrap();
+        r.alloc.free(p, 0).unwrap();
+    }
+    r.alloc.free(first, 0).unwrap();
+    r.finish();
+}

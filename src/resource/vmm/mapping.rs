@@ -2,11 +2,12 @@
 //! (taken out of idle pages first), giving access, and releasing idle pages.
 //!
 //! Invariants: a page is mapped and given access (device and peers) before any of it is handed
-//! out, and on failure nothing half done stays — every page of a window is left unmapped and
-//! every handle taken is kept as a spare; only idle pages (in `Ready` ranges) are unmapped;
-//! nothing is unmapped during a capture.
+//! out, and on failure nothing half done stays usable — every page of a window is unmapped again
+//! and its handle kept as a spare, or, if even that fails, blocked until access can be set or it
+//! can be unmapped; only idle pages (in `Ready` ranges) are unmapped; nothing is unmapped during
+//! a capture.
 
-use super::ranges::Window;
+use super::ranges::{State, Window};
 use super::{VmmResource, VmmState};
 use crate::driver::{DevicePtr, MemHandle};
 use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
@@ -54,14 +55,35 @@ impl VmmResource {
                         .mem_unmap(self.device, DevicePtr(page), self.page_bytes)
                     {
                         Ok(()) => st.spare_handles.push(handle),
-                        // Still mapped, with no one using it: keep it as a ready page.
+                        // Mapped, maybe without access: no one may use it until that is fixed.
                         Err(_) => {
                             st.pages.insert(page, handle);
-                            st.free.mark_mapped(page);
+                            st.free.retag(page, State::Unmapped, State::Blocked);
+                            st.blocked = true;
                         }
                     }
                 }
                 Err(e)
+            }
+        }
+    }
+
+    /// Blocked pages get access, or are unmapped (their handles kept as spares); a page for which
+    /// both fail stays blocked for the next try.
+    pub(super) fn unblock(&self, st: &mut VmmState) {
+        for page in st.free.blocked_pages() {
+            let access = self.set_access(&[page], &self.access_list(st));
+            if access.is_ok() {
+                st.free.retag(page, State::Blocked, State::Ready);
+                self.count(Event::Map, page, st);
+            } else if self
+                .driver
+                .mem_unmap(self.device, DevicePtr(page), self.page_bytes)
+                .is_ok()
+            {
+                let handle = st.pages.remove(&page).expect("a blocked page is mapped");
+                st.spare_handles.push(handle);
+                st.free.retag(page, State::Blocked, State::Unmapped);
             }
         }
     }

@@ -77,6 +77,8 @@ struct VmmState {
     deferred: Vec<(u64, u64, Stream)>,
     /// Devices other than its own with access.
     peers: Vec<usize>,
+    /// Some pages are blocked (mapped without access): settling tries to fix them.
+    blocked: bool,
     /// Pages mapped and unmapped so far.
     maps: u64,
     unmaps: u64,
@@ -172,6 +174,10 @@ impl VmmResource {
     fn settle(&self, st: &mut VmmState) {
         if !st.deferred.is_empty() {
             self.fence_deferred(st);
+        }
+        if st.blocked {
+            self.unblock(st);
+            st.blocked = !st.free.blocked_pages().is_empty();
         }
         for (stream, completed) in st.fences.poll(self.driver.as_ref(), self.device) {
             st.free.promote(stream, completed);

@@ -5,7 +5,9 @@
 //! - `Unmapped`: no physical memory behind it, whole pages, usable by any stream once mapped;
 //! - `Ready`: mapped, and no work on any stream still uses it;
 //! - `Freed { stream, seq }`: mapped, freed on `stream` — usable at once by that stream, by others
-//!   once the stream's fence `seq` (recorded at the free) has completed.
+//!   once the stream's fence `seq` (recorded at the free) has completed;
+//! - `Blocked`: whole pages mapped but without access (setting it failed, and so did unmapping
+//!   them again): usable by no one until access is set or they are unmapped.
 //!
 //! Pages are `page_bytes` long and counted from each extent's base.
 
@@ -15,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
     Unmapped,
+    Blocked,
     Ready,
     Freed { stream: Stream, seq: u64 },
 }
@@ -24,7 +27,7 @@ impl State {
         match self {
             State::Ready => true,
             State::Freed { stream: s, .. } => s == stream,
-            State::Unmapped => false,
+            State::Unmapped | State::Blocked => false,
         }
     }
 
@@ -32,6 +35,7 @@ impl State {
     fn merges_with(self, other: State) -> Option<State> {
         match (self, other) {
             (State::Unmapped, State::Unmapped) => Some(State::Unmapped),
+            (State::Blocked, State::Blocked) => Some(State::Blocked),
             (State::Ready, State::Ready) => Some(State::Ready),
             (State::Freed { stream: a, seq: x }, State::Freed { stream: b, seq: y }) if a == b => {
                 Some(State::Freed {
@@ -121,7 +125,10 @@ impl FreeRanges {
             .collect();
         debug_assert!(covered.iter().map(|(_, r)| r.bytes).sum::<u64>() >= bytes);
         for &(s, r) in &covered {
-            debug_assert!(r.state != State::Unmapped, "taking unmapped memory");
+            debug_assert!(
+                !matches!(r.state, State::Unmapped | State::Blocked),
+                "taking unmapped or inaccessible memory"
+            );
             self.remove(s, r);
             if s < start {
                 self.put(s, start - s, r.state);
@@ -208,7 +215,9 @@ impl FreeRanges {
         self.retag(page, State::Unmapped, State::Ready);
     }
 
-    fn retag(&mut self, page: u64, from: State, to: State) {
+    /// The whole page at `page`, inside a range in state `from`, is now in state `to` (for the
+    /// `Blocked` transitions; the others have names above).
+    pub fn retag(&mut self, page: u64, from: State, to: State) {
         let (&s, &r) = self
             .ranges
             .range(..=page)
@@ -319,7 +328,7 @@ impl FreeRanges {
             State::Freed { stream, .. } => {
                 self.freed_by_size.insert((stream, bytes, start));
             }
-            State::Unmapped => {}
+            State::Unmapped | State::Blocked => {}
         }
         self.ranges.insert(start, Range { bytes, state });
     }
@@ -332,7 +341,7 @@ impl FreeRanges {
             State::Freed { stream, .. } => {
                 self.freed_by_size.remove(&(stream, r.bytes, start));
             }
-            State::Unmapped => {}
+            State::Unmapped | State::Blocked => {}
         }
         self.ranges.remove(&start);
     }
@@ -349,3 +358,16 @@ impl FreeRanges {
 
 #[cfg(test)]
 mod tests;
+
+impl FreeRanges {
+    /// Starts of the pages in `Blocked` ranges.
+    pub fn blocked_pages(&self) -> Vec<u64> {
+        let blocked = self
+            .ranges
+            .iter()
+            .filter(|(_, r)| r.state == State::Blocked);
+        blocked
+            .flat_map(|(&s, r)| (s..s + r.bytes).step_by(self.page_bytes as usize))
+            .collect()
+    }
+}

@@ -267,6 +267,30 @@ fn a_failed_map_or_access_leaves_nothing_half_done() {
 }
 
 #[test]
+fn a_page_whose_access_and_unmap_both_failed_is_never_handed_out_until_fixed() {
+    let r = rig();
+    let a = r.alloc(PAGE, S1);
+    r.sim.inject_fault(SimFault::SetAccess, 1);
+    r.sim.inject_fault(SimFault::MemUnmap, 1);
+    assert!(
+        r.vmm.allocate(PAGE, S1).is_err(),
+        "no access, and the page stays mapped"
+    );
+    assert_eq!(r.sim.mappings(0).len(), 2, "the blocked page is mapped");
+    // The next allocations must not get the blocked page without access (touch checks it).
+    let blocks: Vec<DevicePtr> = (0..3).map(|_| r.alloc(PAGE, S1)).collect();
+    assert!(r
+        .sim
+        .mappings(0)
+        .iter()
+        .all(|(_, _, access)| access == &[0]));
+    r.free(a, PAGE, S1);
+    for b in blocks {
+        r.free(b, PAGE, S1);
+    }
+}
+
+#[test]
 fn a_failed_unmap_keeps_the_page_and_a_failed_release_keeps_the_handle() {
     let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(0));
     let a = r.alloc(2 * PAGE, S1);
