@@ -119,7 +119,10 @@ impl Harness {
                 match result {
                     Ok(ptr) => {
                         let d = device;
-                        let captured = self.is_capturing(d, stream);
+                        // Graph memory, or (vmm backend) a block its resource could not map
+                        // during a capture, which the driver's own pool served instead.
+                        let captured =
+                            self.is_capturing(d, stream) || self.sim.is_driver_memory(d, ptr);
                         self.check_new_block(d, ptr, bytes, stream);
                         self.live.insert(
                             (d, ptr),

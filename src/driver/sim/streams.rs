@@ -8,6 +8,14 @@ use crate::driver::{DevicePtr, EventHandle, Stream, StreamDriver};
 use crate::error::Result;
 use std::sync::atomic::Ordering;
 
+impl SimDriver {
+    /// True if `ptr` was allocated from the device's default pool (`alloc_captured`: graph
+    /// memory, or a block a resource could not map during a capture) and is still allocated.
+    pub fn is_driver_memory(&self, device: usize, ptr: DevicePtr) -> bool {
+        self.devices[device].lock().captured_live.contains_key(&ptr)
+    }
+}
+
 impl StreamDriver for SimDriver {
     fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
         self.take_fault(SimFault::Synchronize, "cuStreamSynchronize")?;
