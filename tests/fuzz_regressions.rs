@@ -153,3 +153,30 @@ fn a_vmm_page_left_without_access_is_never_handed_out() {
     r.alloc.free(first, 0).unwrap();
     r.finish();
 }
+
+/// Fuzz input (the vmm backend, injected faults): the free of a large block could record no fence
+/// (event creation failed) nor wait for its stream (synchronisation failed). The vmm resource kept
+/// the block to fence it later but reported the error, so the device kept it too, to return it
+/// again at the next `empty_cache` — which the resource then refused as an unknown pointer. A
+/// deallocation now fails only while the block is still the caller's.
+#[test]
+fn a_vmm_free_that_can_neither_fence_nor_wait_keeps_the_block_without_an_error() {
+    let config = Config {
+        backend: streampool::config::Backend::Vmm,
+        release_threshold: streampool::units::SizeSpec::Bytes(0),
+        ..Config::default()
+    };
+    let r = rig_with(1, 64 * MIB, config);
+    let p = r.malloc(4 * MIB, 0, 1);
+    r.sim.inject_fault(SimFault::EventCreate, 1);
+    r.sim.inject_fault(SimFault::Synchronize, 1);
+    r.alloc.free(p, 0).unwrap();
+    r.sim.complete_all();
+    r.alloc.empty_cache().unwrap();
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        0,
+        "released once it could be fenced"
+    );
+    r.finish();
+}

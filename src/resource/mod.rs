@@ -36,7 +36,7 @@ pub trait Resource: Accessible {
     /// `Error::Driver` with `CUDA_ERROR_OUT_OF_MEMORY`.
     fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr>;
     /// Gives back a block `allocate` returned, of the same `bytes`, ordered on `stream` (its
-    /// allocation stream).
+    /// allocation stream). An error means the block is still the caller's, to give back later.
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()>;
     /// Reserved (physical) and used bytes, with their high-water marks.
     fn usage(&self) -> Result<PoolUsage>;

@@ -336,9 +336,14 @@ impl Resource for VmmResource {
                 st = self.state.lock();
                 match synced {
                     Ok(()) => st.free.give(ptr.0, bytes, State::Ready),
+                    // The block is ours now either way: it waits, like a block freed during a
+                    // capture, for a fence at the next try (the caller must not free it again).
                     Err(e) => {
+                        log::warn!(
+                            "device {}: {e}; {ptr:#x} waits for a later fence",
+                            self.device
+                        );
                         st.deferred.push((ptr.0, bytes, stream));
-                        return Err(e);
                     }
                 }
             }
