@@ -301,6 +301,17 @@ impl Recorder {
             .record(kind, self.device, Stream(0), address, bytes, || g);
     }
 
+    /// The device's gauges are `g` (when the timeline starts, before any event of the device).
+    pub fn set_last(&self, g: Gauges) {
+        for (slot, value) in self
+            .last
+            .iter()
+            .zip([g.allocated_bytes, g.held_bytes, g.cached_bytes])
+        {
+            slot.store(value, Ordering::Relaxed);
+        }
+    }
+
     /// The reserved gauge starts at `reserved_bytes` (when the timeline starts).
     pub fn set_reserved(&self, reserved_bytes: u64) {
         self.reserved_bytes.store(reserved_bytes, Ordering::Relaxed);

@@ -180,3 +180,27 @@ fn a_vmm_free_that_can_neither_fence_nor_wait_keeps_the_block_without_an_error()
     );
     r.finish();
 }
+
+/// Fuzz input (the vmm backend): the timeline started while blocks were live, and the first event
+/// after it was a page unmapped by the release threshold; it carried the gauges of the device's
+/// last event while recording (none: zeros) instead of its current ones. The gauges now start at
+/// the device's current values when the timeline starts.
+#[test]
+fn a_mapping_event_right_after_the_timeline_starts_carries_the_device_s_gauges() {
+    let config = Config {
+        backend: streampool::config::Backend::Vmm,
+        ..Config::default()
+    };
+    let r = rig_with(1, 64 * MIB, config);
+    let live = r.malloc(4 * MIB, 0, 1);
+    let freed = r.malloc(4 * MIB, 0, 1);
+    r.alloc.free(freed, 0).unwrap();
+    r.sim.complete_all();
+    r.alloc.record_history(true, 16).unwrap();
+    r.alloc.set_release_threshold(0, 0).unwrap(); // unmaps the freed block's pages
+    let (events, _) = r.alloc.history(usize::MAX);
+    let unmap = events.iter().find(|e| e.kind == 9).expect("an unmap event");
+    assert_eq!(unmap.allocated_bytes, 4 * MIB, "{unmap:?}");
+    r.alloc.free(live, 0).unwrap();
+    r.finish();
+}

@@ -78,13 +78,15 @@ impl DeviceAllocator {
             .flatten()
     }
 
-    /// Called when the timeline starts: its reserved gauge begins at the resources' current value.
+    /// Called when the timeline starts: its gauges begin at the device's current values (events
+    /// of a resource, such as mappings, carry them until the device's next event).
     pub fn start_timeline(&self) {
         if let Some(p) = self.provisioned.get() {
             if let Some(reserved_bytes) = self.reserved_for_timeline(&p.resources) {
                 self.recorder.set_reserved(reserved_bytes);
             }
         }
+        self.recorder.set_last(self.state.lock().books.gauges());
     }
 
     /// Returns the cache, synchronises and trims each resource to `keep_bytes`.
