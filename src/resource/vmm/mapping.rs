@@ -152,14 +152,18 @@ impl VmmResource {
         if self.capturing.load(Ordering::Relaxed) {
             return;
         }
+        // Each spare is tried once; one the driver refuses stays a spare (and counted).
+        let mut refused = Vec::new();
         while st.physical_bytes(self.page_bytes) > keep_bytes {
             let Some(handle) = st.spare_handles.pop() else {
                 break;
             };
             if let Err(e) = self.driver.mem_release(self.device, handle) {
                 log::warn!("device {}: releasing a spare page: {e}", self.device);
+                refused.push(handle);
             }
         }
+        st.spare_handles.append(&mut refused);
         if st.physical_bytes(self.page_bytes) <= keep_bytes {
             return;
         }

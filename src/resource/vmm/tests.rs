@@ -291,6 +291,26 @@ fn a_page_whose_access_and_unmap_both_failed_is_never_handed_out_until_fixed() {
 }
 
 #[test]
+fn a_spare_handle_the_driver_refuses_to_release_stays_counted_for_the_next_trim() {
+    let r = rig();
+    r.sim.inject_fault(SimFault::SetAccess, 1);
+    assert!(
+        r.vmm.allocate(2 * PAGE, S1).is_err(),
+        "its two handles become spares"
+    );
+    assert_eq!((r.physical(), r.reserved()), (2 * PAGE, 2 * PAGE));
+    r.sim.inject_fault(SimFault::MemRelease, 1);
+    r.vmm.trim(0).unwrap();
+    assert_eq!(
+        (r.physical(), r.reserved()),
+        (PAGE, PAGE),
+        "one refused, still held and counted"
+    );
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), 0);
+}
+
+#[test]
 fn a_failed_unmap_keeps_the_page_and_a_failed_release_keeps_the_handle() {
     let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(0));
     let a = r.alloc(2 * PAGE, S1);
