@@ -127,7 +127,8 @@ fn device_ok(d: i64) -> Option<usize> {
 
 impl Harness {
     fn new(vmm: bool) -> Harness {
-        let sim = Arc::new(SimDriver::new(DEVICES, MEMORY_BYTES));
+        // Strict: misuse of the driver (an unmap under unfinished work, a map over a mapping) panics.
+        let sim = Arc::new(SimDriver::new(DEVICES, MEMORY_BYTES).strict());
         let config = match vmm {
             false => Config::default(),
             true => Config {
