@@ -53,9 +53,10 @@ mod loom_sync {
     }
 
     /// A value set once and then read: each read is a lock, so loom sees it race with the set.
+    /// It hands out `&T` to every thread, so it is for `T: Send + Sync` only.
     pub(crate) struct OnceCell<T>(Mutex<Option<Box<T>>>);
 
-    impl<T> OnceCell<T> {
+    impl<T: Send + Sync> OnceCell<T> {
         pub(crate) fn new() -> OnceCell<T> {
             OnceCell(Mutex::new(None))
         }

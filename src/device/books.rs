@@ -23,16 +23,20 @@ pub(crate) enum Home {
     Large,
     /// The shareable pool of `streampool.shareable()`: straight back, never cached.
     Shareable,
-    /// Graph memory (allocated during capture) or memory a resource could not map during a
-    /// capture: straight back to the driver, never cached, never counted in `held_bytes`.
-    Driver,
+    /// Graph memory (allocated on a capturing stream): straight back to the driver when freed
+    /// (a free node of the graph), never cached, never counted in `held_bytes`.
+    Graph,
+    /// A block the driver's own pool served because its resource could not map memory during a
+    /// capture elsewhere: held (it counts against the memory limit) and waits for the streams
+    /// that used it like any block, then goes back to the driver, never to the cache.
+    DriverPool,
 }
 
 impl Home {
-    /// Counted in `held_bytes` (graph memory is the driver's, not a resource's).
+    /// Counted in `held_bytes` (graph memory belongs to its graph, not to streampool).
     #[inline]
     pub(crate) fn is_held(self) -> bool {
-        self != Home::Driver
+        self != Home::Graph
     }
 }
 

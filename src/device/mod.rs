@@ -210,8 +210,16 @@ impl DeviceAllocator {
             Err(e) if e.is_capture_refusal() => {
                 // A capture elsewhere on the device keeps the resource from mapping: the driver's
                 // own pool serves (`cuMemAllocAsync`), and the block goes back to it when freed.
-                self.state.lock().books.unreserve(block_bytes);
-                return self.allocate_from_driver(requested_bytes, block_bytes, stream);
+                let served = self.allocate_from_driver(
+                    requested_bytes,
+                    block_bytes,
+                    stream,
+                    Home::DriverPool,
+                );
+                if served.is_err() {
+                    self.state.lock().books.unreserve(block_bytes);
+                }
+                return served;
             }
             Err(e) => {
                 self.state.lock().books.unreserve(block_bytes);
@@ -251,21 +259,23 @@ impl DeviceAllocator {
                 "device {}: stream {stream:#x} is capturing a CUDA graph; its allocations bypass the cache",
                 self.device
             );
-            self.resources()?.for_each(|r| {
-                r.set_capturing(true);
-                Ok(())
-            })?;
+            // A resource that maps memory keeps it from mapping until the capture ends.
+            self.resources()?
+                .all()
+                .for_each(|r| r.capture_started(stream));
         }
-        self.allocate_from_driver(requested_bytes, block_bytes, stream)
+        self.allocate_from_driver(requested_bytes, block_bytes, stream, Home::Graph)
     }
 
-    /// Memory from the driver's own pool: graph memory during a capture, or a block a resource
-    /// could not serve during one. Freed straight back to the driver; not held.
+    /// Memory from the driver's own pool (`cuMemAllocAsync`): graph memory on a capturing
+    /// stream (`home` Graph, not held), or a block a resource could not map during a capture
+    /// elsewhere (`DriverPool`: its bytes reserved against the limit by the caller).
     fn allocate_from_driver(
         &self,
         requested_bytes: u64,
         block_bytes: u64,
         stream: Stream,
+        home: Home,
     ) -> Result<DevicePtr> {
         let ptr =
             match waits::alloc_for_graph(self.driver.as_ref(), self.device, block_bytes, stream) {
@@ -278,7 +288,7 @@ impl DeviceAllocator {
         let mut st = self.state.lock();
         st.books.counters_mut().num_device_allocs += 1;
         st.books
-            .insert_live(ptr, requested_bytes, block_bytes, stream, Home::Driver);
+            .insert_live(ptr, requested_bytes, block_bytes, stream, home);
         self.note(&st, Event::PoolAlloc, stream, ptr, block_bytes);
         self.note(&st, Event::Alloc, stream, ptr, requested_bytes);
         Ok(ptr)
@@ -300,7 +310,7 @@ impl DeviceAllocator {
             stream: live.stream,
             home: live.home,
         };
-        if !live.recorded_streams.is_empty() && live.home != Home::Driver {
+        if !live.recorded_streams.is_empty() && live.home != Home::Graph {
             let waiting = WaitingBlock {
                 block,
                 requested_bytes: live.requested_bytes,

@@ -29,16 +29,10 @@ impl DeviceAllocator {
         }
     }
 
-    /// Hands back the blocks whose streams are done (and notes a capture that ended); those the
+    /// Hands back the blocks whose streams are done (forgetting captures that ended); those the
     /// cache does not keep are added to `homeless`, to be sent home once the lock is released.
     pub(super) fn collect_waits(&self, st: &mut DeviceState, homeless: &mut Vec<FreedBlock>) {
-        let collected = st.waits.collect(self.driver.as_ref(), self.device);
-        if collected.capture_ended {
-            if let Some(p) = self.provisioned.get() {
-                p.resources.all().for_each(|r| r.set_capturing(false));
-            }
-        }
-        for w in collected.ready {
+        for w in st.waits.collect(self.driver.as_ref(), self.device) {
             st.books.deactivate(w.requested_bytes);
             if let Err(block) = st.books.keep(w.block) {
                 homeless.push(block);
@@ -61,7 +55,9 @@ impl DeviceAllocator {
         let results: Vec<Result<()>> = blocks
             .iter()
             .map(|b| match (b.home, self.provisioned.get(), &shareable) {
-                (Home::Driver, _, _) => self.driver.free_async(self.device, b.ptr, b.stream),
+                (Home::Graph | Home::DriverPool, _, _) => {
+                    self.driver.free_async(self.device, b.ptr, b.stream)
+                }
                 (Home::Shareable, _, Some(pool)) => pool.deallocate(b.ptr, b.block_bytes, b.stream),
                 (Home::Small, Some(p), _) => {
                     p.resources
@@ -113,10 +109,10 @@ impl DeviceAllocator {
         };
         let resources = &provisioned.resources;
         let mut blocks = Vec::new();
-        let capturing = {
+        let (capturing, mark) = {
             let mut st = self.state.lock();
             self.collect_waits(&mut st, &mut blocks);
-            st.waits.capturing()
+            (st.waits.capturing(), st.waits.mark())
         };
         let synced = match capturing {
             true => Ok(()),
@@ -125,8 +121,9 @@ impl DeviceAllocator {
         {
             let mut st = self.state.lock();
             if !capturing && synced.is_ok() {
-                // All work queued before the synchronisation is done: every waiting block is free.
-                for w in st.waits.take_all_after_sync() {
+                // All work queued before the synchronisation is done: every block that waited
+                // before it began is free (one freed since may still be in use).
+                for w in st.waits.take_all_after_sync(mark) {
                     st.books.deactivate(w.requested_bytes);
                     st.books.release(&w.block);
                     blocks.push(w.block);

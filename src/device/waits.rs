@@ -26,6 +26,8 @@ pub(crate) struct WaitingBlock {
 struct Pending {
     waiting: WaitingBlock,
     events: Vec<EventHandle>,
+    /// When it began to wait (see [`Waits::mark`]).
+    seq: u64,
 }
 
 /// Freed while a capture was under way: its streams get events once the capture ends.
@@ -33,6 +35,7 @@ struct Pending {
 struct Deferred {
     waiting: WaitingBlock,
     streams: Vec<Stream>,
+    seq: u64,
 }
 
 #[derive(Debug, Default)]
@@ -43,6 +46,8 @@ pub(super) struct Waits {
     spare_events: Vec<EventHandle>,
     /// Streams seen capturing; while non-empty, no event queries and no synchronisation.
     capturing: Vec<Stream>,
+    /// The sequence number of the next block to wait.
+    next_seq: u64,
 }
 
 /// A block for which no event could be recorded, handed back by [`Waits::wait_for`].
@@ -51,15 +56,6 @@ pub(super) struct WaitFailed {
     pub waiting: WaitingBlock,
     pub streams: Vec<Stream>,
     pub error: crate::Error,
-}
-
-/// What [`Waits::collect`] found.
-#[derive(Debug, Default)]
-pub(super) struct Collected {
-    /// Blocks no stream uses any more, oldest first.
-    pub ready: Vec<WaitingBlock>,
-    /// The last known capture ended.
-    pub capture_ended: bool,
 }
 
 impl Waits {
@@ -73,54 +69,59 @@ impl Waits {
         !self.capturing.is_empty()
     }
 
-    /// Notes that `stream` is capturing a graph; true if no capture was known before.
+    /// Notes that `stream` is capturing a graph; true if it was not known to be.
     pub fn note_capturing(&mut self, stream: Stream) -> bool {
-        let first = self.capturing.is_empty();
-        if !self.capturing.contains(&stream) {
+        let new = !self.capturing.contains(&stream);
+        if new {
             self.capturing.push(stream);
         }
-        first
+        new
+    }
+
+    /// Marks now: [`Waits::take_all_after_sync`] takes only blocks that began to wait before.
+    pub fn mark(&self) -> u64 {
+        self.next_seq
     }
 
     /// Forgets captures that ended (deferred blocks then get their events) and hands back the
     /// pending blocks whose events completed, oldest first, stopping at the first that has not
     /// (as PyTorch does), so an allocation costs O(1) queries when nothing finished.
-    pub fn collect(&mut self, driver: &dyn Driver, device: usize) -> Collected {
-        let mut out = Collected::default();
+    pub fn collect(&mut self, driver: &dyn Driver, device: usize) -> Vec<WaitingBlock> {
+        let mut ready = Vec::new();
         if !self.capturing.is_empty() || !self.deferred.is_empty() {
-            out.capture_ended = self.refresh(driver, device);
+            self.refresh(driver, device);
         }
         if self.pending.is_empty() || !self.capturing.is_empty() {
-            return out;
+            return ready;
         }
         let done = |e: &EventHandle| driver.event_query(device, *e).unwrap_or(false);
-        let ready = self
+        let done_count = self
             .pending
             .iter()
             .take_while(|p| p.events.iter().all(done))
             .count();
-        for p in self.pending.drain(..ready) {
+        for p in self.pending.drain(..done_count) {
             self.spare_events.extend(p.events);
-            out.ready.push(p.waiting);
+            ready.push(p.waiting);
         }
-        out
+        ready
     }
 
     /// Forgets streams whose capture has ended; once none is left, deferred blocks get events on
     /// their streams (a block for which that fails stays deferred until a later try or the next
-    /// flush's synchronisation). True if the last capture ended now.
-    fn refresh(&mut self, driver: &dyn Driver, device: usize) -> bool {
-        let was_capturing = !self.capturing.is_empty();
+    /// flush's synchronisation).
+    fn refresh(&mut self, driver: &dyn Driver, device: usize) {
         self.capturing
             .retain(|s| driver.is_capturing(device, *s).unwrap_or(false));
         if !self.capturing.is_empty() {
-            return false;
+            return;
         }
         for d in std::mem::take(&mut self.deferred) {
             match self.record_events(driver, device, &d.streams) {
                 Ok(events) => self.pending.push_back(Pending {
                     waiting: d.waiting,
                     events,
+                    seq: d.seq,
                 }),
                 Err(e) => {
                     log::warn!(
@@ -131,7 +132,6 @@ impl Waits {
                 }
             }
         }
-        was_capturing
     }
 
     /// `waiting` waits for `streams`: events are recorded on them now, or, during a capture, once
@@ -145,12 +145,17 @@ impl Waits {
         streams: Vec<Stream>,
     ) -> std::result::Result<(), Box<WaitFailed>> {
         if !self.capturing.is_empty() {
-            self.deferred.push(Deferred { waiting, streams });
+            self.defer(waiting, streams);
             return Ok(());
         }
         match self.record_events(driver, device, &streams) {
             Ok(events) => {
-                self.pending.push_back(Pending { waiting, events });
+                let seq = self.next();
+                self.pending.push_back(Pending {
+                    waiting,
+                    events,
+                    seq,
+                });
                 Ok(())
             }
             Err(error) => Err(Box::new(WaitFailed {
@@ -163,18 +168,39 @@ impl Waits {
 
     /// Keeps a block until events can be recorded for it or the device has been synchronised.
     pub fn defer(&mut self, waiting: WaitingBlock, streams: Vec<Stream>) {
-        self.deferred.push(Deferred { waiting, streams });
+        let seq = self.next();
+        self.deferred.push(Deferred {
+            waiting,
+            streams,
+            seq,
+        });
     }
 
-    /// After a device synchronisation outside any capture: every waiting block is free.
-    pub fn take_all_after_sync(&mut self) -> Vec<WaitingBlock> {
-        let pending = self.pending.drain(..).map(|p| {
-            self.spare_events.extend(p.events);
-            p.waiting
-        });
-        let mut all: Vec<WaitingBlock> = pending.collect();
-        all.extend(self.deferred.drain(..).map(|d| d.waiting));
-        all
+    fn next(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq - 1
+    }
+
+    /// After a device synchronisation outside any capture, made after [`Waits::mark`] returned
+    /// `mark`: every block that began to wait before it is free (blocks freed since may still be
+    /// in use by their streams and stay).
+    pub fn take_all_after_sync(&mut self, mark: u64) -> Vec<WaitingBlock> {
+        let mut free = Vec::new();
+        let mut still = VecDeque::new();
+        for p in self.pending.drain(..) {
+            if p.seq < mark {
+                self.spare_events.extend(p.events);
+                free.push(p.waiting);
+            } else {
+                still.push_back(p);
+            }
+        }
+        self.pending = still;
+        let (before, after): (Vec<Deferred>, Vec<Deferred>) =
+            self.deferred.drain(..).partition(|d| d.seq < mark);
+        self.deferred = after;
+        free.extend(before.into_iter().map(|d| d.waiting));
+        free
     }
 
     /// Every waiting block, for snapshots.

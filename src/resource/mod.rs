@@ -54,9 +54,9 @@ pub trait Resource: Accessible {
     /// only what is returned to it): the device then returns cached blocks, and trims, before it
     /// grows. A resource that manages its own holes says false.
     fn returns_before_growth(&self) -> bool;
-    /// A stream of the device began (true) or ended (false) capturing a CUDA graph: a resource
-    /// that maps memory must not map or unmap in between.
-    fn set_capturing(&self, _capturing: bool) {}
+    /// `stream` of the device is capturing a CUDA graph: a resource that maps memory must not
+    /// map, unmap or query events until the capture ends (it asks the driver when that is).
+    fn capture_started(&self, _stream: Stream) {}
     /// Pages mapped and unmapped so far, for a resource that maps memory itself.
     fn map_counts(&self) -> (u64, u64) {
         (0, 0)

@@ -67,6 +67,24 @@ fn event_ptr(event: EventHandle) -> sys::CUevent {
     event.raw() as sys::CUevent
 }
 
+/// Runs `f` with this thread's stream-capture mode relaxed. A graph that another thread (or this
+/// one, in global mode) is capturing would otherwise make the "potentially unsafe" calls
+/// streampool makes for its own bookkeeping — waiting for a stream, querying or recording an event
+/// on a stream that is not capturing, mapping and unmapping memory — fail and invalidate that
+/// capture. (Calls that conflict with a capture, such as querying an event recorded inside it,
+/// still fail; streampool does not make them.)
+pub(super) fn relaxed<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: valid in/out pointer; the previous mode is restored below.
+    check("cuThreadExchangeStreamCaptureMode", unsafe {
+        sys::cuThreadExchangeStreamCaptureMode(&mut mode)
+    })?;
+    let outcome = f();
+    // SAFETY: puts back the mode the thread had.
+    unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    outcome
+}
+
 /// Restores the thread's previous context when dropped.
 struct ContextScope(Option<sys::CUcontext>);
 
@@ -357,20 +375,12 @@ impl PoolDriver for CudaDriver {
 impl StreamDriver for CudaDriver {
     fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
         let _scope = self.enter(device)?;
-        // Relaxed capture mode for this thread: a graph another thread is capturing in global
-        // mode would otherwise make the wait fail and invalidate that capture.
-        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: valid in/out pointer; the previous mode is restored below.
-        check("cuThreadExchangeStreamCaptureMode", unsafe {
-            sys::cuThreadExchangeStreamCaptureMode(&mut mode)
-        })?;
-        // SAFETY: `stream` is a stream of `device` handed to us by the caller of malloc.
-        let waited = check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(stream_ptr(stream))
-        });
-        // SAFETY: puts back the mode the thread had.
-        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
-        waited
+        relaxed(|| {
+            // SAFETY: `stream` is a stream of `device` handed to us by the caller of malloc.
+            check("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(stream_ptr(stream))
+            })
+        })
     }
 
     fn event_create(&self, device: usize) -> Result<EventHandle> {
@@ -388,19 +398,23 @@ impl StreamDriver for CudaDriver {
 
     fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()> {
         let _scope = self.enter(device)?;
-        // SAFETY: an event created by event_create on this device.
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(event_ptr(event), stream_ptr(stream))
+        relaxed(|| {
+            // SAFETY: an event created by event_create on this device.
+            check("cuEventRecord", unsafe {
+                sys::cuEventRecord(event_ptr(event), stream_ptr(stream))
+            })
         })
     }
 
     fn event_query(&self, _device: usize, event: EventHandle) -> Result<bool> {
-        // SAFETY: an event created by event_create; querying needs no current context.
-        match unsafe { sys::cuEventQuery(event_ptr(event)) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            other => check("cuEventQuery", other).map(|_| false),
-        }
+        relaxed(|| {
+            // SAFETY: an event created by event_create; querying needs no current context.
+            match unsafe { sys::cuEventQuery(event_ptr(event)) } {
+                sys::CUresult::CUDA_SUCCESS => Ok(true),
+                sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+                other => check("cuEventQuery", other).map(|_| false),
+            }
+        })
     }
 
     fn event_destroy(&self, _device: usize, event: EventHandle) {

@@ -1,10 +1,13 @@
 //! The CUDA virtual memory calls (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, ...).
 //!
 //! Invariant: as for the rest of `cuda`: the device's primary context is current for every call
-//! that needs one, and an error is returned, never a panic. Physical memory is plain device
-//! memory of the device (`CU_MEM_ALLOCATION_TYPE_PINNED`), with no shareable handle type.
+//! that needs one, and an error is returned, never a panic; the calls that change mappings run in
+//! relaxed capture mode (see `relaxed`). Physical memory is plain device memory of the device
+//! (`CU_MEM_ALLOCATION_TYPE_PINNED`), with no shareable handle type, RDMA-capable where the
+//! device supports GPUDirect RDMA with virtual memory (as PyTorch's expandable segments and NCCL
+//! ask), so that NCCL or a network stack can register tensors from it.
 
-use super::{check, too_large, CudaDriver};
+use super::{check, relaxed, too_large, CudaDriver};
 use crate::driver::{DevicePtr, MemHandle, VmmDriver};
 use crate::error::Result;
 use cudarc::driver::sys;
@@ -21,13 +24,25 @@ fn device_location(device: usize) -> sys::CUmemLocation {
 }
 
 /// What `cuMemCreate` and the granularity query are asked for: device memory on `device`.
-fn allocation_prop(device: usize) -> sys::CUmemAllocationProp {
+fn allocation_prop(device: usize, rdma_capable: bool) -> sys::CUmemAllocationProp {
     // SAFETY: CUmemAllocationProp is plain data (a NULL pointer among it); zero is its default.
     let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
     prop.location = device_location(device);
+    // Only where supported: other devices (integrated GPUs) refuse the flag.
+    prop.allocFlags.gpuDirectRDMACapable = rdma_capable.into();
     prop
+}
+
+impl CudaDriver {
+    fn rdma_with_vmm(&self, device: usize) -> Result<bool> {
+        let supported = self.device_attr(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+        )?;
+        Ok(supported != 0)
+    }
 }
 
 impl VmmDriver for CudaDriver {
@@ -40,7 +55,7 @@ impl VmmDriver for CudaDriver {
     }
 
     fn vmm_granularity_bytes(&self, device: usize) -> Result<u64> {
-        let prop = allocation_prop(device);
+        let prop = allocation_prop(device, false);
         let mut granularity: usize = 0;
         // SAFETY: valid out-pointer and a fully initialised property struct.
         check("cuMemGetAllocationGranularity", unsafe {
@@ -58,60 +73,75 @@ impl VmmDriver for CudaDriver {
         let alignment = size_t(self.vmm_granularity_bytes(device)?)?;
         let _scope = self.enter(device)?;
         let mut base: sys::CUdeviceptr = 0;
-        // SAFETY: valid out-pointer; address 0 lets the driver choose where.
-        check("cuMemAddressReserve", unsafe {
-            sys::cuMemAddressReserve(&mut base, size_t(bytes)?, alignment, 0, 0)
+        let bytes = size_t(bytes)?;
+        relaxed(|| {
+            // SAFETY: valid out-pointer; address 0 lets the driver choose where.
+            check("cuMemAddressReserve", unsafe {
+                sys::cuMemAddressReserve(&mut base, bytes, alignment, 0, 0)
+            })
         })?;
         Ok(DevicePtr(base))
     }
 
     fn address_free(&self, device: usize, base: DevicePtr, bytes: u64) -> Result<()> {
         let _scope = self.enter(device)?;
-        // SAFETY: a whole reservation made by address_reserve, with nothing mapped in it.
-        check("cuMemAddressFree", unsafe {
-            sys::cuMemAddressFree(base.0, size_t(bytes)?)
+        let bytes = size_t(bytes)?;
+        relaxed(|| {
+            // SAFETY: a whole reservation made by address_reserve, with nothing mapped in it.
+            check("cuMemAddressFree", unsafe {
+                sys::cuMemAddressFree(base.0, bytes)
+            })
         })
     }
 
     fn mem_create(&self, device: usize, bytes: u64) -> Result<MemHandle> {
+        let prop = allocation_prop(device, self.rdma_with_vmm(device)?);
         let _scope = self.enter(device)?;
-        let prop = allocation_prop(device);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: valid out-pointer; `bytes` is a multiple of the granularity (the caller's).
-        check("cuMemCreate", unsafe {
-            sys::cuMemCreate(&mut handle, size_t(bytes)?, &prop, 0)
+        let bytes = size_t(bytes)?;
+        relaxed(|| {
+            // SAFETY: valid out-pointer; `bytes` is a multiple of the granularity (the caller's).
+            check("cuMemCreate", unsafe {
+                sys::cuMemCreate(&mut handle, bytes, &prop, 0)
+            })
         })?;
         Ok(MemHandle::from_raw(handle as usize))
     }
 
     fn mem_release(&self, device: usize, handle: MemHandle) -> Result<()> {
         let _scope = self.enter(device)?;
-        // SAFETY: a handle from mem_create that is no longer mapped anywhere.
-        check("cuMemRelease", unsafe {
-            sys::cuMemRelease(handle.raw() as sys::CUmemGenericAllocationHandle)
+        relaxed(|| {
+            // SAFETY: a handle from mem_create that is no longer mapped anywhere.
+            check("cuMemRelease", unsafe {
+                sys::cuMemRelease(handle.raw() as sys::CUmemGenericAllocationHandle)
+            })
         })
     }
 
     fn mem_map(&self, device: usize, at: DevicePtr, bytes: u64, handle: MemHandle) -> Result<()> {
         let _scope = self.enter(device)?;
-        // SAFETY: `[at, at + bytes)` lies in a reservation and is unmapped; the handle is `bytes`
-        // long, mapped from its start (offset 0).
-        check("cuMemMap", unsafe {
-            sys::cuMemMap(
-                at.0,
-                size_t(bytes)?,
-                0,
-                handle.raw() as sys::CUmemGenericAllocationHandle,
-                0,
-            )
+        let bytes = size_t(bytes)?;
+        relaxed(|| {
+            // SAFETY: `[at, at + bytes)` lies in a reservation and is unmapped; the handle is
+            // `bytes` long, mapped from its start (offset 0).
+            check("cuMemMap", unsafe {
+                sys::cuMemMap(
+                    at.0,
+                    bytes,
+                    0,
+                    handle.raw() as sys::CUmemGenericAllocationHandle,
+                    0,
+                )
+            })
         })
     }
 
     fn mem_unmap(&self, device: usize, at: DevicePtr, bytes: u64) -> Result<()> {
         let _scope = self.enter(device)?;
-        // SAFETY: whole mappings that no work still uses (the caller's invariant).
-        check("cuMemUnmap", unsafe {
-            sys::cuMemUnmap(at.0, size_t(bytes)?)
+        let bytes = size_t(bytes)?;
+        relaxed(|| {
+            // SAFETY: whole mappings that no work still uses (the caller's invariant).
+            check("cuMemUnmap", unsafe { sys::cuMemUnmap(at.0, bytes) })
         })
     }
 
@@ -130,9 +160,12 @@ impl VmmDriver for CudaDriver {
                 flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             })
             .collect();
-        // SAFETY: `descs` holds `descs.len()` initialised descriptors; the range is mapped.
-        check("cuMemSetAccess", unsafe {
-            sys::cuMemSetAccess(at.0, size_t(bytes)?, descs.as_ptr(), descs.len())
+        let bytes = size_t(bytes)?;
+        relaxed(|| {
+            // SAFETY: `descs` holds `descs.len()` initialised descriptors; the range is mapped.
+            check("cuMemSetAccess", unsafe {
+                sys::cuMemSetAccess(at.0, bytes, descs.as_ptr(), descs.len())
+            })
         })
     }
 }

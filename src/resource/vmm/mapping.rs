@@ -12,7 +12,6 @@ use super::{VmmResource, VmmState};
 use crate::driver::{DevicePtr, MemHandle};
 use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::history::StreampoolEventKind as Event;
-use std::sync::atomic::Ordering;
 
 impl VmmResource {
     /// Backs the window's unmapped pages: handles of idle pages elsewhere first, then spare
@@ -149,7 +148,7 @@ impl VmmResource {
     /// Unmaps and releases spare handles and idle pages until at most `keep_bytes` of physical
     /// memory is held. Never during a capture; a page the driver refuses stays.
     pub(super) fn release_down_to(&self, st: &mut VmmState, keep_bytes: u64) {
-        if self.capturing.load(Ordering::Relaxed) {
+        if self.capturing(st) {
             return;
         }
         // Each spare is tried once; one the driver refuses stays a spare (and counted).

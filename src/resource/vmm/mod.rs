@@ -14,10 +14,12 @@
 //!
 //! Invariants: a page is unmapped only once no work uses it — it lies in a `Ready` range, whose
 //! fences have completed; every mapping gives the device and every granted peer access before any
-//! block in it is handed out; nothing is mapped or unmapped while a stream of the device captures
-//! a graph (an allocation that would need it fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`,
-//! and the device serves it elsewhere); the resource's lock is held across map and unmap calls
-//! (they are rare: growth, release), never while the device lock is.
+//! block in it is handed out; while a capture is known on the device nothing is mapped, unmapped
+//! or queried (an allocation that would need a mapping fails with
+//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the device serves it elsewhere; frees wait for the
+//! capture's end), and the resource asks the driver when the capture has ended; the resource's
+//! lock is held across map and unmap calls (they are rare: growth, release), never while the
+//! device lock is.
 
 mod fences;
 mod mapping;
@@ -37,7 +39,7 @@ use crate::units::{format_bytes, format_limit};
 use fences::Fences;
 use ranges::{FreeRanges, State};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 /// The address space reserved up front, as a multiple of the device's memory: live blocks take
@@ -55,7 +57,6 @@ pub struct VmmResource {
     background_release: bool,
     recorder: Arc<Recorder>,
     state: Mutex<VmmState>,
-    capturing: AtomicBool,
     release_threshold_bytes: AtomicU64,
     me: Weak<VmmResource>,
 }
@@ -73,6 +74,9 @@ struct VmmState {
     used_high_bytes: u64,
     physical_high_bytes: u64,
     fences: Fences,
+    /// Streams of the device known to capture a graph (from the device's allocations on them):
+    /// while one still does, nothing is mapped, unmapped or queried.
+    capture_streams: Vec<Stream>,
     /// Freed on a stream that was capturing a graph: they get fences once the capture ends.
     deferred: Vec<(u64, u64, Stream)>,
     /// Devices other than its own with access.
@@ -135,7 +139,6 @@ impl VmmResource {
                 free: FreeRanges::new(page_bytes),
                 ..VmmState::default()
             }),
-            capturing: AtomicBool::new(false),
             release_threshold_bytes: AtomicU64::new(
                 config.release_threshold.resolve_bytes(total_bytes),
             ),
@@ -169,9 +172,24 @@ impl VmmResource {
         DevicePtr(start)
     }
 
+    /// True while a known capture is under way on the device (ended ones are forgotten: asking
+    /// whether a stream captures is allowed during a capture).
+    fn capturing(&self, st: &mut VmmState) -> bool {
+        if !st.capture_streams.is_empty() {
+            let (driver, device) = (self.driver.as_ref(), self.device);
+            st.capture_streams
+                .retain(|s| driver.is_capturing(device, *s).unwrap_or(true));
+        }
+        !st.capture_streams.is_empty()
+    }
+
     /// Freed ranges whose fences completed become ready for every stream; blocks freed during a
-    /// capture that has ended get their fences.
+    /// capture that has ended get their fences; blocked pages are fixed. Nothing during a known
+    /// capture, which forbids event queries.
     fn settle(&self, st: &mut VmmState) {
+        if self.capturing(st) {
+            return;
+        }
         if !st.deferred.is_empty() {
             self.fence_deferred(st);
         }
@@ -225,9 +243,7 @@ impl VmmResource {
         self.settle(&mut st);
         self.release_down_to(&mut st, threshold);
         st.physical_bytes(self.page_bytes) > threshold
-            && (st.free.freed_bytes() > 0
-                || !st.deferred.is_empty()
-                || self.capturing.load(Ordering::Relaxed))
+            && (st.free.freed_bytes() > 0 || !st.deferred.is_empty() || self.capturing(&mut st))
     }
 
     /// Counts a page mapped or unmapped, and notes it on the timeline.
@@ -268,7 +284,7 @@ impl Resource for VmmResource {
         if let Some(start) = st.free.best_fit(bytes, stream) {
             return Ok(self.hand_out(&mut st, start, bytes));
         }
-        if self.capturing.load(Ordering::Relaxed) {
+        if self.capturing(&mut st) {
             return Err(paused());
         }
         if bytes > self.max_physical_bytes.min(self.device_total_bytes) {
@@ -315,7 +331,9 @@ impl Resource for VmmResource {
             }
         }
         st.used_bytes -= bytes;
-        if capturing {
+        // On a capturing stream no fence can be recorded; during a known capture elsewhere none
+        // can be queried: the block waits for the capture's end.
+        if capturing || self.capturing(&mut st) {
             st.deferred.push((ptr.0, bytes, stream));
             return Ok(());
         }
@@ -399,8 +417,11 @@ impl Resource for VmmResource {
         false
     }
 
-    fn set_capturing(&self, capturing: bool) {
-        self.capturing.store(capturing, Ordering::Relaxed);
+    fn capture_started(&self, stream: Stream) {
+        let mut st = self.state.lock();
+        if !st.capture_streams.contains(&stream) {
+            st.capture_streams.push(stream);
+        }
     }
 
     fn map_counts(&self) -> (u64, u64) {

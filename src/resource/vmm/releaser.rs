@@ -4,8 +4,9 @@
 //!
 //! Invariants: the thread starts only when a resource first has memory above its threshold
 //! waiting for the GPU (never with the default threshold, `max`); it holds weak references, so it
-//! keeps no resource alive; its own lock is a leaf (released before it calls a resource); it
-//! stops working once the process has begun to exit; under loom it does not exist.
+//! keeps no resource alive; its list's lock is a leaf (released before it calls a resource), and
+//! a wake during a pass is never lost; at exit no pass starts and one under way is waited for;
+//! under loom it does not exist.
 
 use super::VmmResource;
 use std::sync::Weak;
@@ -27,9 +28,23 @@ mod thread {
 
     static RELEASER: OnceLock<Option<Releaser>> = OnceLock::new();
     static STOPPING: AtomicBool = AtomicBool::new(false);
+    /// Held by the thread while it works on resources, so that the exit waits for that to end.
+    static IN_PASS: Mutex<()> = Mutex::new(());
 
+    /// At exit: no pass starts any more, and one under way is waited for (briefly), so that the
+    /// thread is not inside the driver while the driver shuts down. Not in a fork child: the
+    /// thread does not exist there, and its lock may have been held at the fork.
     extern "C" fn stop() {
         STOPPING.store(true, Ordering::Relaxed);
+        if crate::api::in_fork_child() {
+            return;
+        }
+        for _ in 0..100 {
+            if IN_PASS.try_lock().is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     fn start() -> Option<Releaser> {
@@ -40,7 +55,7 @@ mod thread {
             log::warn!("streampool: no background releaser ({e}); memory above the release threshold is released at frees and allocations only");
             return None;
         }
-        // SAFETY: registers a handler that only stores to an atomic.
+        // SAFETY: registers a handler that only touches atomics and a mutex of this module.
         unsafe { libc::atexit(stop) };
         Some(Releaser {
             waiting: Mutex::new(Vec::new()),
@@ -73,23 +88,31 @@ mod thread {
             std::thread::sleep(TICK);
         };
         loop {
+            // The list is taken, not copied: a resource woken during the passes below is in it
+            // again when they end, whatever its pass answered.
             let list: Vec<Weak<VmmResource>> = {
                 let mut waiting = r.waiting.lock().unwrap_or_else(|e| e.into_inner());
                 while waiting.is_empty() {
                     waiting = r.wake.wait(waiting).unwrap_or_else(|e| e.into_inner());
                 }
-                waiting.clone()
+                std::mem::take(&mut *waiting)
             };
             std::thread::sleep(TICK);
-            if STOPPING.load(Ordering::Relaxed) {
-                return;
-            }
-            let done: Vec<Weak<VmmResource>> = list
-                .into_iter()
-                .filter(|w| w.upgrade().is_none_or(|resource| !resource.release_pass()))
-                .collect();
+            let still: Vec<Weak<VmmResource>> = {
+                let _pass = IN_PASS.lock().unwrap_or_else(|e| e.into_inner());
+                if STOPPING.load(Ordering::Relaxed) {
+                    return;
+                }
+                list.into_iter()
+                    .filter(|w| w.upgrade().is_some_and(|resource| resource.release_pass()))
+                    .collect()
+            };
             let mut waiting = r.waiting.lock().unwrap_or_else(|e| e.into_inner());
-            waiting.retain(|w| !done.iter().any(|d| d.ptr_eq(w)));
+            for w in still {
+                if !waiting.iter().any(|x| x.ptr_eq(&w)) {
+                    waiting.push(w);
+                }
+            }
         }
     }
 }

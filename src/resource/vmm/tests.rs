@@ -204,21 +204,46 @@ fn trim_keeps_what_it_is_asked_to_and_drop_leaks_nothing() {
 #[test]
 fn no_mapping_during_a_capture_and_frees_on_a_capturing_stream_wait_for_its_end() {
     let r = rig();
+    let capturing = Stream(9);
     let a = r.alloc(2 * PAGE, S1);
     r.free(a, 2 * PAGE, S1);
-    r.vmm.set_capturing(true);
+    r.sim.begin_capture(0, capturing);
+    r.vmm.capture_started(capturing);
     assert_eq!(r.alloc(2 * PAGE, S1), a, "a mapped fit is still served");
     let refused = r.vmm.allocate(8 * PAGE, S1).unwrap_err();
     assert!(refused.is_capture_refusal(), "{refused}");
-    r.sim.begin_capture(0, S1);
     r.free(a, 2 * PAGE, S1);
     r.sim.complete_all();
-    r.vmm.set_capturing(false);
+    let refused = r.vmm.allocate(2 * PAGE, S2).unwrap_err();
+    assert!(
+        refused.is_capture_refusal(),
+        "a waits for the capture's end: {refused}"
+    );
+    r.sim.end_capture(0, capturing);
     let b = r.alloc(2 * PAGE, S2);
     assert_ne!(
         a, b,
-        "freed during the capture: not reusable before it ends and a fence completes"
+        "a gets its fence only now: not yet reusable by another stream"
     );
+    r.free(b, 2 * PAGE, S2);
+    r.sim.complete_all();
+    r.vmm.trim(0).unwrap();
+    assert_eq!(
+        r.physical(),
+        0,
+        "the end of the capture noticed without being told"
+    );
+}
+
+#[test]
+fn a_free_on_the_capturing_stream_itself_waits_for_the_capture_to_end() {
+    let r = rig();
+    let a = r.alloc(2 * PAGE, S1);
+    r.sim.begin_capture(0, S1);
+    r.free(a, 2 * PAGE, S1); // the capture is not known to the resource: only its stream
+    r.sim.complete_all();
+    let b = r.alloc(2 * PAGE, S2);
+    assert_ne!(a, b, "no fence on a capturing stream: not reusable yet");
     r.sim.end_capture(0, S1);
     r.free(b, 2 * PAGE, S2);
     r.sim.complete_all();

@@ -1,0 +1,384 @@
+//! Races with `empty_cache` and captures, found by a review of issue 13's and 14's change; each
+//! test failed before its fix (simulated driver).
+//!
+//! A `Hooked` driver wraps the simulator: it can run a closure at the N-th device
+//! synchronisation (to interleave another thread's call at a precise point without a scheduler),
+//! and counts `cuEventQuery` calls made while the test says a capture is under way.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use streampool::config::Backend;
+use streampool::driver::sim::SimDriver;
+use streampool::driver::*;
+use streampool::history::StreampoolBlockState;
+use streampool::units::SizeSpec;
+use streampool::{Allocator, Config, Result};
+
+const MIB: u64 = 1 << 20;
+const S1: Stream = Stream(1);
+const S2: Stream = Stream(2);
+const CAPTURING: Stream = Stream(9);
+
+type Hook = Box<dyn FnOnce() + Send>;
+
+struct Hooked {
+    sim: Arc<SimDriver>,
+    /// Run at successive `synchronize` calls: (before the real synchronisation?, closure).
+    sync_hooks: Mutex<VecDeque<(bool, Hook)>>,
+    /// While set, event queries are counted (total, and those from the releaser thread).
+    counting: AtomicBool,
+    queries: AtomicU32,
+    releaser_queries: AtomicU32,
+}
+
+impl Hooked {
+    fn new(sim: SimDriver) -> Arc<Hooked> {
+        Arc::new(Hooked {
+            sim: Arc::new(sim),
+            sync_hooks: Mutex::new(VecDeque::new()),
+            counting: AtomicBool::new(false),
+            queries: AtomicU32::new(0),
+            releaser_queries: AtomicU32::new(0),
+        })
+    }
+    fn push_sync_hook(&self, before: bool, hook: Hook) {
+        self.sync_hooks.lock().unwrap().push_back((before, hook));
+    }
+}
+
+impl DeviceDriver for Hooked {
+    fn name(&self) -> &'static str {
+        self.sim.name()
+    }
+    fn device_count(&self) -> Result<usize> {
+        self.sim.device_count()
+    }
+    fn mem_info(&self, device: usize) -> Result<MemInfo> {
+        self.sim.mem_info(device)
+    }
+    fn synchronize(&self, device: usize) -> Result<()> {
+        let hook = self.sync_hooks.lock().unwrap().pop_front();
+        match hook {
+            Some((true, hook)) => {
+                hook();
+                self.sim.synchronize(device)
+            }
+            Some((false, hook)) => {
+                let r = self.sim.synchronize(device);
+                hook();
+                r
+            }
+            None => self.sim.synchronize(device),
+        }
+    }
+}
+
+impl PoolDriver for Hooked {
+    fn pools_supported(&self, device: usize) -> Result<bool> {
+        self.sim.pools_supported(device)
+    }
+    fn pool_create(&self, device: usize, max: u64, shareable: bool) -> Result<PoolHandle> {
+        self.sim.pool_create(device, max, shareable)
+    }
+    fn pool_destroy(&self, device: usize, pool: PoolHandle) -> Result<()> {
+        self.sim.pool_destroy(device, pool)
+    }
+    fn pool_set_attr(&self, device: usize, pool: PoolHandle, attr: PoolAttr) -> Result<()> {
+        self.sim.pool_set_attr(device, pool, attr)
+    }
+    fn pool_usage(&self, device: usize, pool: PoolHandle) -> Result<PoolUsage> {
+        self.sim.pool_usage(device, pool)
+    }
+    fn pool_reserved_used(&self, device: usize, pool: PoolHandle) -> Result<(u64, u64)> {
+        self.sim.pool_reserved_used(device, pool)
+    }
+    fn pool_reset_peaks(&self, device: usize, pool: PoolHandle) -> Result<()> {
+        self.sim.pool_reset_peaks(device, pool)
+    }
+    fn pool_trim(&self, device: usize, pool: PoolHandle, keep: u64) -> Result<()> {
+        self.sim.pool_trim(device, pool, keep)
+    }
+    fn alloc_async(&self, d: usize, p: PoolHandle, b: u64, s: Stream) -> Result<DevicePtr> {
+        self.sim.alloc_async(d, p, b, s)
+    }
+    fn free_async(&self, device: usize, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        self.sim.free_async(device, ptr, stream)
+    }
+}
+
+impl StreamDriver for Hooked {
+    fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
+        self.sim.stream_synchronize(device, stream)
+    }
+    fn event_create(&self, device: usize) -> Result<EventHandle> {
+        self.sim.event_create(device)
+    }
+    fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()> {
+        self.sim.event_record(device, event, stream)
+    }
+    fn event_query(&self, device: usize, event: EventHandle) -> Result<bool> {
+        if self.counting.load(Ordering::SeqCst) {
+            self.queries.fetch_add(1, Ordering::SeqCst);
+            if std::thread::current().name() == Some("streampool-releaser") {
+                self.releaser_queries.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        self.sim.event_query(device, event)
+    }
+    fn event_destroy(&self, device: usize, event: EventHandle) {
+        self.sim.event_destroy(device, event)
+    }
+    fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool> {
+        self.sim.is_capturing(device, stream)
+    }
+    fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        self.sim.alloc_captured(device, bytes, stream)
+    }
+}
+
+impl PeerDriver for Hooked {
+    fn can_access_peer(&self, device: usize, peer: usize) -> Result<bool> {
+        self.sim.can_access_peer(device, peer)
+    }
+    fn pool_grant_access(&self, device: usize, pool: PoolHandle, peer: usize) -> Result<()> {
+        self.sim.pool_grant_access(device, pool, peer)
+    }
+}
+
+impl IpcDriver for Hooked {
+    fn ipc_supported(&self, device: usize) -> Result<bool> {
+        self.sim.ipc_supported(device)
+    }
+    fn pool_export_fd(&self, device: usize, pool: PoolHandle) -> Result<i32> {
+        self.sim.pool_export_fd(device, pool)
+    }
+    fn pool_import_fd(&self, device: usize, fd: i32) -> Result<PoolHandle> {
+        self.sim.pool_import_fd(device, fd)
+    }
+    fn pointer_export(&self, device: usize, ptr: DevicePtr) -> Result<IpcBytes> {
+        self.sim.pointer_export(device, ptr)
+    }
+    fn pointer_import(&self, d: usize, p: PoolHandle, data: &IpcBytes) -> Result<DevicePtr> {
+        self.sim.pointer_import(d, p, data)
+    }
+    fn ipc_event_record(&self, device: usize, stream: Stream) -> Result<(EventHandle, IpcBytes)> {
+        self.sim.ipc_event_record(device, stream)
+    }
+    fn ipc_event_wait(&self, device: usize, stream: Stream, handle: &IpcBytes) -> Result<()> {
+        self.sim.ipc_event_wait(device, stream, handle)
+    }
+}
+
+impl VmmDriver for Hooked {
+    fn vmm_supported(&self, device: usize) -> Result<bool> {
+        self.sim.vmm_supported(device)
+    }
+    fn vmm_granularity_bytes(&self, device: usize) -> Result<u64> {
+        self.sim.vmm_granularity_bytes(device)
+    }
+    fn address_reserve(&self, device: usize, bytes: u64) -> Result<DevicePtr> {
+        self.sim.address_reserve(device, bytes)
+    }
+    fn address_free(&self, device: usize, base: DevicePtr, bytes: u64) -> Result<()> {
+        self.sim.address_free(device, base, bytes)
+    }
+    fn mem_create(&self, device: usize, bytes: u64) -> Result<MemHandle> {
+        self.sim.mem_create(device, bytes)
+    }
+    fn mem_release(&self, device: usize, handle: MemHandle) -> Result<()> {
+        self.sim.mem_release(device, handle)
+    }
+    fn mem_map(&self, device: usize, at: DevicePtr, bytes: u64, handle: MemHandle) -> Result<()> {
+        self.sim.mem_map(device, at, bytes, handle)
+    }
+    fn mem_unmap(&self, device: usize, at: DevicePtr, bytes: u64) -> Result<()> {
+        self.sim.mem_unmap(device, at, bytes)
+    }
+    fn mem_set_access(&self, d: usize, at: DevicePtr, b: u64, devices: &[usize]) -> Result<()> {
+        self.sim.mem_set_access(d, at, b, devices)
+    }
+}
+
+fn waiting(alloc: &Allocator, ptr: DevicePtr) -> bool {
+    alloc.blocks(0).unwrap().iter().any(|b| {
+        b.address == ptr.0 && b.state == StreampoolBlockState::WaitingForStreams as u32
+    })
+}
+
+/// Was: `flush` (empty_cache) treats every waiting block as free after its device
+/// synchronisation — also blocks that `free` added to the waits *after* that synchronisation,
+/// whose events on the recorded streams have not completed. Such a block goes home at once and
+/// its allocation stream can get it back while the recorded stream still uses it.
+#[test]
+fn empty_cache_does_not_release_a_block_freed_during_its_synchronisation() {
+    let h = Hooked::new(SimDriver::new(1, 1 << 30));
+    let alloc = Arc::new(Allocator::new(h.clone() as Arc<dyn Driver>, Config::default()).unwrap());
+    let bytes = 8 * MIB;
+    let a = alloc.malloc(bytes, 0, S1).unwrap();
+    alloc.record_stream(a, S2).unwrap();
+
+    // Another thread, right after empty_cache's synchronisation: S2 gets work on `a`, then `a`
+    // is freed (it must now wait for S2).
+    let (al, sim) = (Arc::clone(&alloc), Arc::clone(&h.sim));
+    h.push_sync_hook(
+        false,
+        Box::new(move || {
+            sim.touch(0, 0, a, bytes, S2).unwrap();
+            al.free(a, 0).unwrap();
+        }),
+    );
+    // Just before empty_cache's second synchronisation (S2's work on `a` still runs): where is `a`?
+    let seen: Arc<Mutex<Option<(bool, DevicePtr)>>> = Arc::new(Mutex::new(None));
+    let (al, out) = (Arc::clone(&alloc), Arc::clone(&seen));
+    h.push_sync_hook(
+        true,
+        Box::new(move || {
+            let still_waiting = waiting(&al, a);
+            let again = al.malloc(bytes, 0, S1).unwrap();
+            *out.lock().unwrap() = Some((still_waiting, again));
+        }),
+    );
+    alloc.empty_cache().unwrap();
+    let (still_waiting, again) = seen.lock().unwrap().take().expect("both hooks ran");
+    alloc.free(again, 0).unwrap();
+    eprintln!("still waiting: {still_waiting}; handed out again on S1: {again:#x} (a = {a:#x})");
+    assert!(
+        still_waiting,
+        "{a:#x} left the waits although S2's work on it had not completed"
+    );
+    assert_ne!(again, a, "{a:#x} was handed out again while S2 still uses it");
+}
+
+fn vmm(release_threshold: SizeSpec) -> Config {
+    Config {
+        backend: Backend::Vmm,
+        release_threshold,
+        ..Config::default()
+    }
+}
+
+/// Was: a block that the driver's pool served because a capture elsewhere kept the VMM
+/// resource from mapping (`Home::Driver`) ignores record_stream: `free` sends it straight back
+/// with cuMemFreeAsync on its allocation stream, without waiting for the recorded streams.
+#[test]
+fn a_fallback_block_waits_for_its_recorded_streams() {
+    let sim = Arc::new(SimDriver::new(1, 256 * MIB));
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, vmm(SizeSpec::Max)).unwrap();
+    sim.begin_capture(0, CAPTURING);
+    let graph = alloc.malloc(4 * MIB, 0, CAPTURING).unwrap(); // the capture is known now
+    let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
+    assert!(sim.is_driver_memory(0, a), "served by the driver's pool");
+    alloc.record_stream(a, S2).unwrap();
+    sim.touch(0, 0, a, 8 * MIB, S2).unwrap(); // S2 uses it, not completed
+    alloc.free(a, 0).unwrap();
+    let ok = waiting(&alloc, a) || sim.is_driver_memory(0, a);
+    alloc.free(graph, 0).unwrap();
+    sim.end_capture(0, CAPTURING);
+    assert!(
+        ok,
+        "{a:#x} went back to the driver although S2 has not finished with it"
+    );
+}
+
+/// Was: while a capture is known on the device, the device layer queries no event (waits.rs),
+/// but the VMM resource does: a free of a large block on another stream records a fence and polls
+/// the fence queues (cuEventQuery), which a global-mode capture forbids.
+#[test]
+fn no_event_query_during_a_known_capture_on_a_vmm_free() {
+    let h = Hooked::new(SimDriver::new(1, 256 * MIB));
+    let alloc = Allocator::new(h.clone() as Arc<dyn Driver>, vmm(SizeSpec::Max)).unwrap();
+    let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
+    h.sim.begin_capture(0, CAPTURING);
+    let graph = alloc.malloc(4 * MIB, 0, CAPTURING).unwrap(); // the capture is known now
+    h.counting.store(true, Ordering::SeqCst);
+    alloc.free(a, 0).unwrap(); // a tensor from before the capture, freed inside it
+    h.counting.store(false, Ordering::SeqCst);
+    alloc.free(graph, 0).unwrap();
+    h.sim.end_capture(0, CAPTURING);
+    assert_eq!(
+        h.queries.load(Ordering::SeqCst),
+        0,
+        "cuEventQuery called during a capture"
+    );
+}
+
+/// Was: the background releaser keeps polling fences (cuEventQuery) every 10 ms during a
+/// capture the device knows of; under a global-mode capture that invalidates it.
+#[test]
+fn the_releaser_queries_no_event_during_a_known_capture() {
+    let h = Hooked::new(SimDriver::new(1, 256 * MIB));
+    let alloc = Allocator::new(h.clone() as Arc<dyn Driver>, vmm(SizeSpec::Bytes(0))).unwrap();
+    let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
+    h.sim.touch(0, 0, a, 8 * MIB, S1).unwrap(); // S1 still works on it when it is freed
+    alloc.free(a, 0).unwrap(); // above the threshold, waiting for S1: the releaser starts
+    h.sim.begin_capture(0, CAPTURING);
+    let graph = alloc.malloc(4 * MIB, 0, CAPTURING).unwrap(); // the capture is known now
+    h.counting.store(true, Ordering::SeqCst);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    h.counting.store(false, Ordering::SeqCst);
+    alloc.free(graph, 0).unwrap();
+    h.sim.end_capture(0, CAPTURING);
+    h.sim.complete_all();
+    assert_eq!(
+        h.releaser_queries.load(Ordering::SeqCst),
+        0,
+        "the releaser called cuEventQuery during a capture"
+    );
+}
+
+/// Was: while a capture is known, blocks the VMM resource cannot map come from the driver's
+/// pool as `Home::Driver`, which `held_bytes` does not count: ordinary (non-graph) allocations on
+/// other streams then bypass the set_per_process_memory_fraction cap.
+#[test]
+fn the_memory_fraction_caps_fallback_blocks_during_a_capture() {
+    let sim = Arc::new(SimDriver::new(1, 256 * MIB));
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, vmm(SizeSpec::Max)).unwrap();
+    alloc.set_memory_fraction(0, 1.0 / 16.0).unwrap(); // 16 MiB
+    sim.begin_capture(0, CAPTURING);
+    let graph = alloc.malloc(2 * MIB, 0, CAPTURING).unwrap();
+    let a = alloc.malloc(12 * MIB, 0, S1).unwrap();
+    let b = alloc.malloc(12 * MIB, 0, S2);
+    let over = b.is_ok();
+    alloc.free(a, 0).unwrap();
+    if let Ok(b) = b {
+        alloc.free(b, 0).unwrap();
+    }
+    alloc.free(graph, 0).unwrap();
+    sim.end_capture(0, CAPTURING);
+    assert!(!over, "24 MiB of eager blocks held under a 16 MiB cap");
+}
+
+/// Was: the end of a capture reaches the VMM resource (`set_capturing(false)`) only from
+/// `collect_waits`, i.e. at the device's next allocation or flush; frees alone never clear it.
+/// Until then the resource neither unmaps nor releases, and the releaser polls every 10 ms.
+#[test]
+fn memory_above_the_threshold_is_released_after_a_capture_ends_without_another_allocation() {
+    let sim = Arc::new(SimDriver::new(1, 256 * MIB));
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, vmm(SizeSpec::Bytes(0))).unwrap();
+    let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
+    sim.begin_capture(0, CAPTURING);
+    let graph = alloc.malloc(2 * MIB, 0, CAPTURING).unwrap();
+    alloc.free(graph, 0).unwrap();
+    sim.end_capture(0, CAPTURING);
+    alloc.free(a, 0).unwrap();
+    sim.complete_all();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(
+        sim.physical_bytes(0),
+        0,
+        "memory above a threshold of 0 still held 200 ms after the GPU finished"
+    );
+}
+
+/// Control for the test above: the same without the capture passes.
+#[test]
+fn control_memory_above_the_threshold_is_released_without_a_capture() {
+    let sim = Arc::new(SimDriver::new(1, 256 * MIB));
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, vmm(SizeSpec::Bytes(0))).unwrap();
+    let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
+    alloc.free(a, 0).unwrap();
+    sim.complete_all();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(sim.physical_bytes(0), 0);
+}
