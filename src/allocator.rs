@@ -70,21 +70,28 @@ impl Allocator {
         self.devices.len()
     }
 
+    #[inline]
     fn device(&self, device: i64) -> Result<&DeviceAllocator> {
-        usize::try_from(device)
+        match usize::try_from(device)
             .ok()
             .and_then(|d| self.devices.get(d))
-            .ok_or_else(|| {
-                let what = match self.driver.name() {
-                    "sim" => "simulated device(s) (STREAMPOOL_SIM_DEVICES)",
-                    _ => "CUDA device(s)",
-                };
-                Error::InvalidArgument(format!(
-                    "device index {device} is out of range: streampool sees {} {what} (valid: 0..{})",
-                    self.devices.len(),
-                    self.devices.len().saturating_sub(1)
-                ))
-            })
+        {
+            Some(d) => Ok(d),
+            None => Err(self.no_such_device(device)),
+        }
+    }
+
+    #[cold]
+    fn no_such_device(&self, device: i64) -> Error {
+        let what = match self.driver.name() {
+            "sim" => "simulated device(s) (STREAMPOOL_SIM_DEVICES)",
+            _ => "CUDA device(s)",
+        };
+        Error::InvalidArgument(format!(
+            "device index {device} is out of range: streampool sees {} {what} (valid: 0..{})",
+            self.devices.len(),
+            self.devices.len().saturating_sub(1)
+        ))
     }
 
     /// Allocates `bytes` on `device`, ordered on `stream`; 0 bytes gives NULL (not an error).

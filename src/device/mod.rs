@@ -179,7 +179,9 @@ impl DeviceAllocator {
                 ),
             }
         };
-        let _ = self.send_home(homeless);
+        if !homeless.is_empty() {
+            let _ = self.send_home(homeless);
+        }
         match hit {
             Some(ptr) => Ok(ptr),
             None => {
