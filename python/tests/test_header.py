@@ -96,3 +96,8 @@ def test_event_kinds_and_block_states_match_the_header():
     assert {int(v): k.lower() for k, v in kinds.items()} == _lib.EVENT_KINDS
     states = dict(re.findall(r"STREAMPOOL_BLOCK_STATE_(\w+) = (\d+)", _header_code()))
     assert {int(v): k.lower() for k, v in states.items()} == _lib.BLOCK_STATES
+
+
+def test_the_largest_size_matches_the_header():
+    defined = re.search(r"#define STREAMPOOL_MAX_ALLOCATION_BYTES (\d+)", HEADER.read_text()).group(1)
+    assert _lib.MAX_ALLOCATION_BYTES == int(defined)

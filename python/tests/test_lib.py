@@ -225,7 +225,7 @@ def test_a_size_that_is_no_size_t_is_refused_before_ctypes_wraps_it(size):
 def test_a_size_above_the_maximum_is_refused_by_the_library_and_changes_nothing(size):
     """Issue 16: sizes whose rounding overflowed used to succeed in release builds."""
     before = stats()
-    with pytest.raises(streampool.StreampoolError, match=f"allocation size {size} bytes is larger than"):
+    with pytest.raises(streampool.InvalidArgumentError, match=f"allocation size {size} bytes is larger than"):
         _lib.malloc(size, 0)
     assert stats() == before
 
