@@ -288,3 +288,22 @@ fn four_streams_with_record_stream_and_a_low_threshold_never_unmap_memory_in_use
     r.sim.complete_all();
     r.finish();
 }
+
+#[test]
+fn a_peer_that_cannot_access_the_device_is_named_with_the_resource() {
+    let config = Config {
+        peer_access: PeerAccess::Off,
+        ..vmm_config()
+    };
+    let r = rig_with(2, 256 * MIB, config);
+    r.sim.set_peer_incapable(0, 1);
+    let a = r.malloc(4 * MIB, 0, S1);
+    let e = r.alloc.enable_peer_access(0).unwrap_err().to_string();
+    assert!(
+        e.contains("device 1 cannot access memory on device 0"),
+        "{e}"
+    );
+    assert!(e.contains("virtual memory resource"), "{e}");
+    r.alloc.free(a, 0).unwrap();
+    r.finish();
+}

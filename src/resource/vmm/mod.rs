@@ -335,6 +335,8 @@ impl Resource for VmmResource {
         // can be queried: the block waits for the capture's end.
         if capturing || self.capturing(&mut st) {
             st.deferred.push((ptr.0, bytes, stream));
+            // Above the threshold the releaser looks again once the capture is over.
+            self.apply_release_threshold(&mut st);
             return Ok(());
         }
         match st.fences.record(self.driver.as_ref(), self.device, stream) {

@@ -170,6 +170,91 @@ fn the_releaser_gives_memory_back_without_another_call() {
 }
 
 #[test]
+fn the_releaser_keeps_looking_until_the_gpu_is_done() {
+    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(0));
+    let a = r.alloc(4 * PAGE, S1);
+    r.free(a, 4 * PAGE, S1);
+    std::thread::sleep(std::time::Duration::from_millis(60)); // several passes find S1 busy
+    assert_eq!(r.physical(), 4 * PAGE);
+    r.sim.complete_stream(0, S1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while r.physical() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(
+        r.physical(),
+        0,
+        "released once the GPU was done, with no other call"
+    );
+}
+
+#[test]
+fn a_block_freed_during_a_capture_is_released_in_the_background_after_it() {
+    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(0));
+    let a = r.alloc(4 * PAGE, S1);
+    r.sim.begin_capture(0, S1);
+    r.free(a, 4 * PAGE, S1); // no fence possible: it waits for the capture's end
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    r.sim.end_capture(0, S1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while r.physical() > 0 && std::time::Instant::now() < deadline {
+        r.sim.complete_all(); // the GPU keeps working through whatever was queued
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(
+        r.physical(),
+        0,
+        "released after the capture, with no other call"
+    );
+}
+
+#[test]
+fn a_block_freed_during_a_capture_is_fenced_at_the_next_allocation_after_it() {
+    let r = rig();
+    let a = r.alloc(2 * PAGE, S1);
+    r.sim.begin_capture(0, S1);
+    r.free(a, 2 * PAGE, S1);
+    r.sim.end_capture(0, S1);
+    r.sim.complete_all();
+    let b = r.alloc(2 * PAGE, S2); // fences a now: not usable by S2 before that fence completes
+    assert_ne!(a, b);
+    r.free(b, 2 * PAGE, S2);
+    r.sim.complete_all();
+    assert_eq!(
+        r.alloc(2 * PAGE, Stream(3)),
+        a,
+        "a is free for every stream once fenced"
+    );
+    r.free(a, 2 * PAGE, Stream(3));
+}
+
+#[test]
+fn a_blocked_page_is_retried_until_it_can_be_fixed() {
+    let r = rig();
+    let a = r.alloc(PAGE, S1);
+    r.sim.inject_fault(SimFault::SetAccess, 2);
+    r.sim.inject_fault(SimFault::MemUnmap, 2);
+    assert!(
+        r.vmm.allocate(PAGE, S1).is_err(),
+        "mapped without access: blocked"
+    );
+    r.vmm.trim(0).unwrap(); // the first try to fix it fails too
+    r.vmm.trim(0).unwrap(); // the second works
+    r.free(a, PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), 0, "nothing blocked is left behind");
+}
+
+#[test]
+fn the_first_reservation_is_twice_the_device_memory() {
+    let r = rig();
+    let extents: Vec<(u64, u64)> = r.vmm.state.lock().free.extents().collect();
+    assert_eq!(extents.len(), 1);
+    assert_eq!(extents[0].1, 2 * 64 * PAGE);
+}
+
+#[test]
 fn without_the_background_releaser_memory_waits_for_the_next_call() {
     let config = Config {
         release_threshold: SizeSpec::Bytes(0),
