@@ -201,9 +201,11 @@ impl VmmDriver for Hooked {
 }
 
 fn waiting(alloc: &Allocator, ptr: DevicePtr) -> bool {
-    alloc.blocks(0).unwrap().iter().any(|b| {
-        b.address == ptr.0 && b.state == StreampoolBlockState::WaitingForStreams as u32
-    })
+    alloc
+        .blocks(0)
+        .unwrap()
+        .iter()
+        .any(|b| b.address == ptr.0 && b.state == StreampoolBlockState::WaitingForStreams as u32)
 }
 
 /// Was: `flush` (empty_cache) treats every waiting block as free after its device
@@ -247,7 +249,10 @@ fn empty_cache_does_not_release_a_block_freed_during_its_synchronisation() {
         still_waiting,
         "{a:#x} left the waits although S2's work on it had not completed"
     );
-    assert_ne!(again, a, "{a:#x} was handed out again while S2 still uses it");
+    assert_ne!(
+        again, a,
+        "{a:#x} was handed out again while S2 still uses it"
+    );
 }
 
 fn vmm(release_threshold: SizeSpec) -> Config {
