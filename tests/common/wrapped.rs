@@ -7,6 +7,7 @@
 //!   reserved bytes (so the pool reports room), serve nothing (so it grows anyway), and a trim
 //!   releases them, as `cuMemPoolTrimTo` releases unused memory.
 //! - Events: it counts the events created and destroyed, to check nothing is leaked.
+#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
