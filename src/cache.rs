@@ -230,6 +230,20 @@ mod tests {
         assert_eq!(c.cached_bytes(), 0);
     }
 
+    /// The hot path's promise: a size that recurs reuses its bin (no insertion, no growth).
+    #[test]
+    fn a_size_that_recurs_keeps_one_bin() {
+        let mut c = Cache::new(u64::MAX, u64::MAX);
+        for _ in 0..3 {
+            c.put(block(0x1000, 4096, 1)).unwrap();
+            c.put(block(0x2000, 4096, 1)).unwrap();
+            assert_eq!(c.take(Stream(1), 4096), Some(block(0x2000, 4096, 1)));
+            assert_eq!(c.take(Stream(1), 4096), Some(block(0x1000, 4096, 1)));
+        }
+        assert_eq!(c.streams.len(), 1);
+        assert_eq!(c.streams[0].1.by_size.len(), 1, "{:?}", c.streams);
+    }
+
     #[test]
     fn drains_one_pools_sizes_of_every_stream() {
         let mut c = Cache::new(u64::MAX, u64::MAX);

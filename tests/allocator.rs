@@ -6,7 +6,17 @@ mod common;
 use common::*;
 use streampool::driver::sim::SimFault;
 use streampool::driver::{DevicePtr, StreamDriver};
-use streampool::Error;
+use streampool::history::StreampoolBlockState;
+use streampool::{Config, Error};
+
+/// True if `ptr` is a freed block of device 0 that waits for the streams that used it.
+fn waiting(r: &Rig, ptr: DevicePtr) -> bool {
+    r.alloc
+        .blocks(0)
+        .unwrap()
+        .iter()
+        .any(|b| b.address == ptr.0 && b.state == StreampoolBlockState::WaitingForStreams as u32)
+}
 
 #[test]
 fn live_pointers_are_distinct_and_do_not_overlap() {
@@ -233,5 +243,126 @@ fn stats_count_pool_and_cache() {
         },
         "an unused device: nothing counted, no limit"
     );
+    r.finish();
+}
+
+#[test]
+fn the_allocator_reports_its_driver_its_devices_and_what_each_supports() {
+    let r = rig_with(3, 64 * MIB, Config::default());
+    assert_eq!(r.alloc.driver_name(), "sim");
+    assert_eq!(r.alloc.device_count(), 3);
+    r.sim.set_vmm_unsupported(1);
+    assert!(r.alloc.pools_supported(0).unwrap());
+    assert!(r.alloc.vmm_supported(0).unwrap());
+    assert!(!r.alloc.vmm_supported(1).unwrap(), "device 1 has no VMM");
+    for bad in [-1, 3] {
+        assert!(r.alloc.pools_supported(bad).is_err(), "device {bad}");
+        assert!(r.alloc.vmm_supported(bad).is_err(), "device {bad}");
+    }
+    r.finish();
+}
+
+#[test]
+fn reset_peak_stats_resets_the_pools_high_water_marks_too() {
+    let r = rig(1 << 30);
+    let a = r.malloc(40 * MIB, 0, 0);
+    r.free(a, 0);
+    r.alloc.empty_cache().unwrap();
+    let st = r.stats(0);
+    assert_eq!((st.reserved_bytes, st.reserved_bytes_peak), (0, 40 * MIB));
+    r.alloc.reset_peak_stats(0).unwrap();
+    assert_eq!(r.stats(0).reserved_bytes_peak, 0);
+    r.finish();
+}
+
+#[test]
+fn record_stream_on_the_block_s_own_stream_adds_no_wait() {
+    let r = rig(1 << 30);
+    let a = r.malloc(4096, 0, 1);
+    r.alloc.record_stream(a, s(1)).unwrap();
+    r.free(a, 0);
+    let st = r.stats(0);
+    assert_eq!(
+        (st.cached_bytes, st.active_bytes),
+        (4096, 0),
+        "cached at once, like any block of stream 1"
+    );
+    assert_eq!(r.malloc(4096, 0, 1), a);
+    r.free(a, 0);
+    r.finish();
+}
+
+/// A block other streams used is free only after they are done: an `empty_cache` whose device
+/// synchronisation failed knows nothing of them and must leave the block waiting.
+#[test]
+fn empty_cache_that_could_not_synchronise_keeps_blocks_waiting_for_other_streams() {
+    let r = rig(1 << 30);
+    let a = r.malloc(4096, 0, 1);
+    r.alloc.record_stream(a, s(2)).unwrap();
+    r.free(a, 0); // waits for an event on stream 2
+    r.sim.inject_fault(SimFault::Synchronize, 1);
+    let e = r.alloc.empty_cache().unwrap_err().to_string();
+    assert!(e.contains("cuCtxSynchronize"), "{e}");
+    assert!(
+        waiting(&r, a),
+        "{a:#x} left the waits without a synchronisation"
+    );
+    assert_eq!(r.stats(0).active_bytes, 4096);
+    r.alloc.empty_cache().unwrap();
+    assert_eq!(r.stats(0).active_bytes, 0);
+    r.finish();
+}
+
+/// While a capture is known nothing is synchronised or queried: `empty_cache` leaves a block
+/// that waits for another stream waiting, and no allocation takes it back (even once that
+/// stream is done) until the capture has ended.
+#[test]
+fn during_a_known_capture_blocks_waiting_for_other_streams_stay_waiting() {
+    let r = rig(1 << 30);
+    let a = r.malloc(4096, 0, 1);
+    r.alloc.record_stream(a, s(2)).unwrap();
+    r.free(a, 0); // waits for an event on stream 2
+    r.sim.begin_capture(0, s(9));
+    let graph = r.malloc(512, 0, 9); // the allocator learns of the capture
+    r.alloc.empty_cache().unwrap();
+    assert!(
+        waiting(&r, a),
+        "empty_cache released {a:#x} during a capture"
+    );
+    r.sim.complete_stream(0, s(2));
+    let b = r.malloc(4096, 0, 1);
+    assert_ne!(b, a, "handed back during a capture");
+    assert!(waiting(&r, a));
+    r.free(graph, 0);
+    r.sim.end_capture(0, s(9));
+    let c = r.malloc(4096, 0, 1);
+    assert_eq!(
+        c, a,
+        "the capture ended and stream 2 is done: back through the cache"
+    );
+    r.free(b, 0);
+    r.free(c, 0);
+    r.finish();
+}
+
+/// A block for which neither an event nor a synchronisation could be had waits, deferred; the
+/// next allocation records its event, and once the stream is done it is reused without an
+/// `empty_cache`.
+#[test]
+fn a_block_deferred_for_lack_of_an_event_gets_one_at_the_next_allocation() {
+    let r = rig(1 << 30);
+    let a = r.malloc(4096, 0, 1);
+    r.alloc.record_stream(a, s(2)).unwrap();
+    r.sim.inject_fault(SimFault::EventCreate, 1);
+    r.sim.inject_fault(SimFault::Synchronize, 1);
+    assert!(r.alloc.free(a, 0).is_err(), "no event, no synchronisation");
+    assert!(waiting(&r, a));
+    let b = r.malloc(4096, 0, 1); // records the event on stream 2 now
+    assert_ne!(b, a);
+    r.sim.complete_stream(0, s(2));
+    let c = r.malloc(4096, 0, 1);
+    assert_eq!(c, a, "stream 2 is done: reused");
+    r.free(b, 0);
+    r.free(c, 0);
     r.finish();
 }

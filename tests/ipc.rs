@@ -66,13 +66,21 @@ fn shareable_allocations_never_take_cached_blocks() {
 #[test]
 fn exporting_a_block_from_the_ordinary_pool_says_how_to_make_it_shareable() {
     let rig = rig(64 * MIB);
-    let p = rig.malloc(MIB, 0, 0);
-    let e = rig.alloc.ipc_export(p, 0, s(0)).unwrap_err().to_string();
-    assert!(
-        e.contains("not in a shareable pool") && e.contains("streampool.shareable()"),
-        "{e}"
-    );
-    assert!(e.contains("STREAMPOOL_IPC=1"), "{e}");
+    let large = rig.malloc(8 * MIB, 0, 0); // from the main pool
+    let p = rig.malloc(MIB, 0, 0); // from the small-block pool
+    for block in [large, p] {
+        let e = rig
+            .alloc
+            .ipc_export(block, 0, s(0))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("not in a shareable pool") && e.contains("streampool.shareable()"),
+            "{e}"
+        );
+        assert!(e.contains("STREAMPOOL_IPC=1"), "{e}");
+    }
+    rig.free(large, 0);
     assert!(
         rig.alloc.ipc_export(p.offset(512), 0, s(0)).is_err(),
         "interior pointer"
@@ -131,7 +139,12 @@ fn bad_imports_and_scopes_are_errors() {
         rig.alloc.ipc_import(0xdead, &handle, s(0)).is_err(),
         "pool never imported"
     );
-    assert!(rig.alloc.ipc_import_pool(0, -1).is_err());
+    let e = rig.alloc.ipc_import_pool(0, -1).unwrap_err().to_string();
+    assert!(e.contains("not a file descriptor: -1"), "{e}");
+    // 0 is a descriptor like any other (a process without stdin can receive a pool as 0): the
+    // driver decides, here that it is no exported pool.
+    let e = rig.alloc.ipc_import_pool(0, 0).unwrap_err().to_string();
+    assert!(e.contains("cuMemPoolImportFromShareableHandle"), "{e}");
     assert!(rig.alloc.ipc_import_pool(5, handle.pool_fd).is_err());
     let unknown_fd = std::fs::File::open("/dev/null").unwrap();
     use std::os::fd::AsRawFd;
@@ -257,5 +270,18 @@ fn the_shareable_pool_follows_the_peer_access_policy() {
     assert!(rig.shareable_pool(0).peers.is_empty(), "off: no grants");
     rig.free(ptr, 0);
     rig.free(p1, 1);
+    rig.finish();
+}
+
+#[test]
+fn shareable_allocations_count_as_device_allocations() {
+    let rig = rig(64 * MIB);
+    let p = with_shareable(|| rig.malloc(MIB, 0, 0));
+    let st = rig.stats(0);
+    assert_eq!(
+        (st.num_allocs, st.num_device_allocs, st.num_cache_hits),
+        (1, 1, 0)
+    );
+    rig.free(p, 0);
     rig.finish();
 }

@@ -1,12 +1,18 @@
-//! Process shapes beyond one healthy device: several devices of which only some are used, and a
-//! device whose context is lost to a sticky error while another keeps working.
+//! Process shapes beyond one healthy device: several devices of which only some are used, a
+//! device whose context is lost to a sticky error while another keeps working, the device count
+//! PyTorch reports at init, and an allocator dropped (its driver resources go with it).
 
 mod common;
+#[path = "common/wrapped.rs"]
+mod wrapped;
+
 use common::*;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use streampool::driver::sim::SimDriver;
 use streampool::driver::{Driver, Stream};
 use streampool::{Allocator, Config};
+use wrapped::Wrapped;
 
 #[test]
 fn a_device_that_is_never_used_gets_no_pool_and_costs_nothing() {
@@ -71,4 +77,70 @@ fn a_sticky_error_on_one_device_is_reported_and_the_other_device_keeps_working()
         s.pool_used_bytes, 0,
         "device 1 holds nothing after empty_cache"
     );
+}
+
+/// Warnings logged in this test binary (by every test in it).
+struct Warnings(Mutex<Vec<String>>);
+
+impl log::Log for Warnings {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::Level::Warn
+    }
+    fn log(&self, record: &log::Record) {
+        if self.enabled(record.metadata()) {
+            self.0.lock().unwrap().push(record.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static WARNINGS: Warnings = Warnings(Mutex::new(Vec::new()));
+
+#[test]
+fn init_warns_only_when_pytorch_and_the_driver_disagree_on_the_device_count() {
+    log::set_logger(&WARNINGS).unwrap();
+    log::set_max_level(log::LevelFilter::Warn);
+    let about_counts = || -> Vec<String> {
+        let warnings = WARNINGS.0.lock().unwrap();
+        warnings
+            .iter()
+            .filter(|w| w.starts_with("streampool_init"))
+            .cloned()
+            .collect()
+    };
+    let r = rig(64 * MIB); // 2 devices
+    r.alloc.check_device_count(2);
+    assert!(about_counts().is_empty(), "{:?}", about_counts());
+    r.alloc.check_device_count(3);
+    r.alloc.check_device_count(-1);
+    assert_eq!(
+        about_counts(),
+        [
+            "streampool_init: PyTorch reports 3 devices, the driver 2",
+            "streampool_init: PyTorch reports -1 devices, the driver 2"
+        ]
+    );
+    r.finish();
+}
+
+/// Events kept for reuse (spares, from waits that completed) are destroyed with the allocator.
+#[test]
+fn dropping_the_allocator_destroys_the_events_it_kept() {
+    let w = Wrapped::new(1, 64 * MIB);
+    let alloc = Allocator::new(w.clone() as Arc<dyn Driver>, Config::default()).unwrap();
+    let p = alloc.malloc(MIB, 0, Stream(1)).unwrap();
+    alloc.record_stream(p, Stream(2)).unwrap();
+    alloc.free(p, 0).unwrap(); // waits for an event on stream 2
+    w.sim.complete_all();
+    alloc.empty_cache().unwrap(); // the wait is over: its event becomes a spare
+    let created = w.events_created.load(Ordering::SeqCst);
+    assert_eq!(created, 1);
+    assert_eq!(
+        w.events_destroyed.load(Ordering::SeqCst),
+        0,
+        "kept for reuse"
+    );
+    drop(alloc);
+    assert_eq!(w.events_destroyed.load(Ordering::SeqCst), created);
+    assert_eq!(w.sim.outstanding_bytes(), 0);
 }

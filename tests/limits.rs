@@ -6,6 +6,7 @@ use common::*;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
+use streampool::driver::sim::SimFault;
 use streampool::driver::{DevicePtr, Stream};
 use streampool::units::SizeSpec;
 use streampool::{Config, Error, MAX_ALLOCATION_BYTES};
@@ -213,7 +214,8 @@ fn bad_input_is_an_error_and_changes_nothing() {
     );
     check(
         r.alloc.malloc(64, 2, s(0)).unwrap_err(),
-        "device index 2 is out of range",
+        "device index 2 is out of range: streampool sees 2 simulated device(s) \
+         (STREAMPOOL_SIM_DEVICES) (valid: 0..1)",
     );
     check(
         r.alloc.free(DevicePtr(0x1234), 0).unwrap_err(),
@@ -271,5 +273,84 @@ fn sizes_above_the_maximum_are_invalid_arguments_that_change_nothing() {
     let e = r.alloc.malloc(MAX_ALLOCATION_BYTES, 0, s(1)).unwrap_err();
     assert!(matches!(e, Error::OutOfMemory(_)), "{e}");
     assert_eq!(r.stats(0).num_ooms, 1);
+    r.finish();
+}
+
+/// An allocation whose bytes were reserved against the cap and which then failed gives them back:
+/// the cap leaves the same room as before.
+#[test]
+fn a_failed_allocation_gives_back_its_share_of_the_memory_fraction() {
+    let r = rig(100 * MIB);
+    r.alloc.set_memory_fraction(0, 0.5).unwrap(); // 50 MiB
+    r.sim.inject_fault(SimFault::Alloc, 1);
+    let e = r.alloc.malloc(40 * MIB, 0, s(0)).unwrap_err().to_string();
+    assert!(e.contains("cuMemAllocFromPoolAsync"), "{e}");
+    let p = r.malloc(40 * MIB, 0, 0);
+    r.free(p, 0);
+    r.finish();
+}
+
+/// Over the cap, cached blocks go back to make room — from any stream, and no more than the
+/// request is over by (largest first: here the 1 MiB block, not the 512 KiB one).
+#[test]
+fn the_memory_fraction_evicts_just_enough_cached_blocks_from_any_stream() {
+    let r = rig(100 * MIB);
+    r.alloc.set_memory_fraction(0, 0.5).unwrap(); // 50 MiB
+    let live = r.malloc(40 * MIB, 0, 1);
+    let a = r.malloc(MIB, 0, 1);
+    let b = r.malloc(MIB / 2, 0, 1);
+    r.free(a, 0);
+    r.free(b, 0); // 41.5 MiB held, 1.5 MiB of it cached on stream 1
+    let c = r.malloc(9 * MIB + MIB / 2, 0, 2); // 1 MiB over the cap
+    let st = r.stats(0);
+    assert_eq!(st.cached_bytes, MIB / 2, "only the 1 MiB block went back");
+    assert_eq!(st.allocated_bytes, 49 * MIB + MIB / 2);
+    assert_eq!(
+        r.malloc(MIB / 2, 0, 1),
+        b,
+        "the other stays cached for stream 1"
+    );
+    for p in [live, b, c] {
+        r.free(p, 0);
+    }
+    r.finish();
+}
+
+#[test]
+fn parse_bytes_reads_sizes_and_shares_of_the_device() {
+    let r = rig(64 * MIB);
+    assert_eq!(r.alloc.parse_bytes("8MiB", 0).unwrap(), 8 * MIB);
+    assert_eq!(r.alloc.parse_bytes("50%", 1).unwrap(), 32 * MIB);
+    let e = r.alloc.parse_bytes("lots", 0).unwrap_err().to_string();
+    assert!(
+        e.contains("\"lots\" is not a size") && e.contains("accepted"),
+        "{e}"
+    );
+    assert!(r.alloc.parse_bytes("8MiB", 2).is_err(), "no device 2");
+    r.finish();
+}
+
+/// On a capturing stream the driver's pool serves graph memory: its out of memory is reported
+/// like any other (counted, PyTorch's wording), other driver errors as themselves, and a
+/// served block counts as a device allocation.
+#[test]
+fn graph_memory_failures_are_reported_as_what_they_are_and_successes_counted() {
+    let r = rig(64 * MIB);
+    r.sim.begin_capture(0, s(9));
+    let e = r.alloc.malloc(1 << 30, 0, s(9)).unwrap_err().to_string();
+    assert!(e.starts_with("CUDA out of memory."), "{e}");
+    assert_eq!(r.stats(0).num_ooms, 1);
+    r.sim.inject_fault(SimFault::Alloc, 1);
+    let e = r.alloc.malloc(4096, 0, s(9)).unwrap_err().to_string();
+    assert!(
+        e.contains("cuMemAllocAsync") && !e.contains("out of memory"),
+        "{e}"
+    );
+    assert_eq!(r.stats(0).num_ooms, 1, "not an out of memory");
+    let g = r.malloc(4096, 0, 9);
+    let st = r.stats(0);
+    assert_eq!((st.num_allocs, st.num_device_allocs), (1, 1));
+    r.free(g, 0);
+    r.sim.end_capture(0, s(9));
     r.finish();
 }

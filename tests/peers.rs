@@ -78,10 +78,15 @@ fn an_incapable_peer_is_a_clear_error_and_the_others_are_still_granted() {
     let e = rig.alloc.enable_peer_access(0).unwrap_err().to_string();
     assert!(
         e.contains("device 1 cannot access memory on device 0")
-            && e.contains("cuDeviceCanAccessPeer"),
+            && e.contains("cuDeviceCanAccessPeer")
+            && e.contains("access to device 0's pool"),
         "{e}"
     );
     assert_eq!(rig.own_peers(0), [2]);
+    assert!(
+        rig.live_pools(1).is_empty(),
+        "only device 0's pools: device 1 still has none"
+    );
     rig.alloc.enable_peer_access(-1).unwrap_err();
     assert_eq!(rig.own_peers(1), [0, 2]);
     assert!(rig.alloc.enable_peer_access(3).is_err());
@@ -103,6 +108,7 @@ fn one_device_has_no_peers_to_grant() {
     let rig = rig_peers(1, PeerAccess::On);
     touch(&rig, 0);
     rig.alloc.enable_peer_access(0).unwrap();
+    rig.alloc.enable_peer_access(-1).unwrap(); // every device
     assert!(rig.own_peers(0).is_empty());
     rig.finish();
 }

@@ -213,7 +213,7 @@ fn small_blocks_come_from_their_own_pool_and_its_growth_keeps_large_blocks_cache
 }
 
 #[test]
-fn small_pool_follows_peer_access_and_is_off_for_a_capped_or_shareable_pool() {
+fn small_pool_follows_peer_access_and_is_off_when_disabled_or_for_a_capped_or_shareable_pool() {
     let r = rig_with(2, 1 << 30, small_pool_config());
     let a = r.malloc(4096, 0, 0);
     let b = r.malloc(4096, 1, 0);
@@ -232,6 +232,10 @@ fn small_pool_follows_peer_access_and_is_off_for_a_capped_or_shareable_pool() {
     r.free(b, 1);
     r.finish();
     for config in [
+        Config {
+            small_pool_max: SizeSpec::Bytes(0),
+            ..Config::default()
+        },
         Config {
             max_pool_size: SizeSpec::Bytes(512 * MIB),
             ..small_pool_config()
@@ -254,4 +258,47 @@ fn small_pool_follows_peer_access_and_is_off_for_a_capped_or_shareable_pool() {
         r.free(p, 0);
         r.finish();
     }
+}
+
+/// The mirror of the test above: a growth of the main pool gives back its own cached blocks, not
+/// the small-block pool's (1 MiB, the largest small block, included).
+#[test]
+fn the_main_pool_s_growth_keeps_small_blocks_cached() {
+    let r = rig_with(1, 1 << 30, small_pool_config());
+    let small = r.malloc(MIB, 0, 0);
+    r.free(small, 0);
+    let large = r.malloc(8 * MIB, 0, 0);
+    assert_eq!(r.stats(0).cached_bytes, MIB);
+    assert_eq!(r.malloc(MIB, 0, 0), small, "still cached");
+    r.free(small, 0);
+    r.free(large, 0);
+    r.finish();
+}
+
+#[test]
+fn trim_returns_the_cache_and_keeps_the_bytes_asked_for() {
+    let r = rig(1 << 30);
+    let a = r.malloc(40 * MIB, 0, 1);
+    r.free(a, 0);
+    assert_eq!(r.stats(0).cached_bytes, 40 * MIB);
+    r.alloc.trim(0, 16 * MIB).unwrap();
+    let st = r.stats(0);
+    assert_eq!((st.cached_bytes, st.reserved_bytes), (0, 16 * MIB));
+    r.alloc.trim(0, 0).unwrap();
+    assert_eq!(r.stats(0).reserved_bytes, 0);
+    assert!(r.alloc.trim(2, 0).is_err(), "no device 2");
+    r.finish();
+}
+
+#[test]
+fn the_release_threshold_is_set_on_every_pool_of_the_device() {
+    let r = rig(1 << 30);
+    r.alloc.set_release_threshold(1, 8 * MIB).unwrap();
+    let pools = r.own_pools(1);
+    assert_eq!(pools.len(), 2, "main and small-block pools: {pools:?}");
+    for pool in pools {
+        assert_eq!(pool.release_threshold_bytes, 8 * MIB, "{pool:?}");
+    }
+    assert!(r.alloc.set_release_threshold(2, 0).is_err(), "no device 2");
+    r.finish();
 }

@@ -11,7 +11,7 @@
 use super::{DeviceAllocator, Home};
 use crate::driver::Stream;
 use crate::error::Result;
-use crate::resource::{Resource, Resources, SizeClass};
+use crate::resource::{Resources, SizeClass};
 
 /// Each class's reserved bytes when last seen, to notice growth.
 #[derive(Debug, Default)]
@@ -80,7 +80,7 @@ impl DeviceAllocator {
         if !trim || capturing || block_bytes <= room + returned_on_stream_bytes {
             return Ok(());
         }
-        if let Err(e) = self.trim_before_growth(resource, class, block_bytes, stream) {
+        if let Err(e) = self.trim_before_growth(resources, class, block_bytes, stream) {
             log::warn!("device {}: trimming before growth failed: {e}", self.device);
         }
         Ok(())
@@ -90,25 +90,31 @@ impl DeviceAllocator {
     /// room, it reuses it; if not, it releases what it does not use before it grows.
     fn trim_before_growth(
         &self,
-        resource: &dyn Resource,
+        resources: &Resources,
         class: SizeClass,
         block_bytes: u64,
         stream: Stream,
     ) -> Result<()> {
+        let resource = resources.get(class);
         self.state.lock().books.counters_mut().num_growth_syncs += 1;
         self.driver.stream_synchronize(self.device, stream)?;
         let (reserved_bytes, used_bytes) = resource.reserved_used_bytes()?;
         if block_bytes <= reserved_bytes.saturating_sub(used_bytes) {
             return Ok(());
         }
+        // The timeline's reserved gauge is the device's (every resource), not this resource's.
+        let device_before_bytes = self.reserved_for_timeline(resources);
         resource.trim(0)?;
         let (after_bytes, _) = resource.reserved_used_bytes()?;
+        let device_after_bytes = self.reserved_for_timeline(resources);
         {
             let mut st = self.state.lock();
             *st.growth.slot(class) = after_bytes;
-            let st = &*st;
-            self.recorder
-                .note_trim(reserved_bytes, after_bytes, stream, || st.books.gauges());
+            if let (Some(before), Some(after)) = (device_before_bytes, device_after_bytes) {
+                let st = &*st;
+                self.recorder
+                    .note_trim(before, after, stream, || st.books.gauges());
+            }
         }
         log::info!(
             "device {}: the {} must grow for {block_bytes} B; released its unused memory first \
