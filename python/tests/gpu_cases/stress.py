@@ -72,7 +72,8 @@ def case_soak(ctx) -> None:
     """1,000 training steps of a small GPT-2 whose batch and sequence length change every step,
     the largest shape first. Prints the reserved-bytes peak of each half (``SOAK first second``,
     bytes) for test_gpu to compare with the native allocator's on the same steps; at the end
-    live bytes must be back to the baseline."""
+    live bytes must be back to the baseline. test_gpu runs it beside a native process, so the
+    device's free memory is not compared (that process's context and cache move it)."""
     import transformers
 
     steps = 60 if ctx.quick else 1000
@@ -102,4 +103,4 @@ def case_soak(ctx) -> None:
     torch.cuda.synchronize()
     print(f"SOAK {first_half_peak} {ctx.max_reserved()} steps={steps} loss={loss.item():.3f}")
     del model, optimizer, loss, tokens
-    ctx.assert_back_to(baseline, "after the soak")
+    ctx.assert_back_to(baseline, "after the soak", device_shared=True)
