@@ -73,7 +73,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"{REPEATS_QUICK} repeats and a shorter co-tenant (about 3 min)",
+        help=f"{REPEATS_QUICK} repeats and a shorter co-tenant (as many as fit its time budget)",
     )
     parser.add_argument(
         "--configs",
