@@ -5,6 +5,10 @@
 //! synchronisation (to interleave another thread's call at a precise point without a scheduler),
 //! and counts `cuEventQuery` calls made while the test says a capture is under way.
 
+#[path = "common/forward.rs"]
+#[macro_use]
+mod forward;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -137,68 +141,7 @@ impl StreamDriver for Hooked {
     }
 }
 
-impl PeerDriver for Hooked {
-    fn can_access_peer(&self, device: usize, peer: usize) -> Result<bool> {
-        self.sim.can_access_peer(device, peer)
-    }
-    fn pool_grant_access(&self, device: usize, pool: PoolHandle, peer: usize) -> Result<()> {
-        self.sim.pool_grant_access(device, pool, peer)
-    }
-}
-
-impl IpcDriver for Hooked {
-    fn ipc_supported(&self, device: usize) -> Result<bool> {
-        self.sim.ipc_supported(device)
-    }
-    fn pool_export_fd(&self, device: usize, pool: PoolHandle) -> Result<i32> {
-        self.sim.pool_export_fd(device, pool)
-    }
-    fn pool_import_fd(&self, device: usize, fd: i32) -> Result<PoolHandle> {
-        self.sim.pool_import_fd(device, fd)
-    }
-    fn pointer_export(&self, device: usize, ptr: DevicePtr) -> Result<IpcBytes> {
-        self.sim.pointer_export(device, ptr)
-    }
-    fn pointer_import(&self, d: usize, p: PoolHandle, data: &IpcBytes) -> Result<DevicePtr> {
-        self.sim.pointer_import(d, p, data)
-    }
-    fn ipc_event_record(&self, device: usize, stream: Stream) -> Result<(EventHandle, IpcBytes)> {
-        self.sim.ipc_event_record(device, stream)
-    }
-    fn ipc_event_wait(&self, device: usize, stream: Stream, handle: &IpcBytes) -> Result<()> {
-        self.sim.ipc_event_wait(device, stream, handle)
-    }
-}
-
-impl VmmDriver for Hooked {
-    fn vmm_supported(&self, device: usize) -> Result<bool> {
-        self.sim.vmm_supported(device)
-    }
-    fn vmm_granularity_bytes(&self, device: usize) -> Result<u64> {
-        self.sim.vmm_granularity_bytes(device)
-    }
-    fn address_reserve(&self, device: usize, bytes: u64) -> Result<DevicePtr> {
-        self.sim.address_reserve(device, bytes)
-    }
-    fn address_free(&self, device: usize, base: DevicePtr, bytes: u64) -> Result<()> {
-        self.sim.address_free(device, base, bytes)
-    }
-    fn mem_create(&self, device: usize, bytes: u64) -> Result<MemHandle> {
-        self.sim.mem_create(device, bytes)
-    }
-    fn mem_release(&self, device: usize, handle: MemHandle) -> Result<()> {
-        self.sim.mem_release(device, handle)
-    }
-    fn mem_map(&self, device: usize, at: DevicePtr, bytes: u64, handle: MemHandle) -> Result<()> {
-        self.sim.mem_map(device, at, bytes, handle)
-    }
-    fn mem_unmap(&self, device: usize, at: DevicePtr, bytes: u64) -> Result<()> {
-        self.sim.mem_unmap(device, at, bytes)
-    }
-    fn mem_set_access(&self, d: usize, at: DevicePtr, b: u64, devices: &[usize]) -> Result<()> {
-        self.sim.mem_set_access(d, at, b, devices)
-    }
-}
+forward_to_sim!(Hooked: PeerDriver, IpcDriver, VmmDriver);
 
 fn waiting(alloc: &Allocator, ptr: DevicePtr) -> bool {
     alloc
