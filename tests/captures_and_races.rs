@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use streampool::config::Backend;
-use streampool::driver::sim::SimDriver;
+use streampool::driver::sim::{SimDriver, SimFault};
 use streampool::driver::*;
 use streampool::history::StreampoolBlockState;
 use streampool::units::SizeSpec;
@@ -196,6 +196,60 @@ fn empty_cache_does_not_release_a_block_freed_during_its_synchronisation() {
         again, a,
         "{a:#x} was handed out again while S2 still uses it"
     );
+}
+
+/// A block that got neither an event nor a device synchronisation at its free waits without
+/// events ("deferred"). If empty_cache cannot record its events either, its own synchronisation
+/// still makes the block free: that empty_cache hands it back.
+#[test]
+fn empty_cache_returns_a_block_that_waited_without_events_before_its_synchronisation() {
+    let sim = Arc::new(SimDriver::new(1, 1 << 30));
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, Config::default()).unwrap();
+    let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
+    alloc.record_stream(a, S2).unwrap();
+    sim.touch(0, 0, a, 8 * MIB, S2).unwrap();
+    // At the free and again when empty_cache retries; the free's fallback wait fails too.
+    sim.inject_fault(SimFault::EventRecord, 2);
+    sim.inject_fault(SimFault::Synchronize, 1);
+    alloc.free(a, 0).unwrap_err();
+    assert!(waiting(&alloc, a), "{a:#x} waits without events");
+    alloc.empty_cache().unwrap();
+    assert!(
+        !sim.take_injected(SimFault::EventRecord),
+        "empty_cache tried to record the block's events again"
+    );
+    assert!(!waiting(&alloc, a), "{a:#x} still waits after empty_cache");
+    let stats = alloc.stats(0).unwrap();
+    assert_eq!(stats.pool_used_bytes, 0, "the block is back in its pool");
+}
+
+/// The same kind of block, freed by another thread right after empty_cache's synchronisation
+/// (its stream's work came after it): that empty_cache must keep it waiting.
+#[test]
+fn empty_cache_keeps_a_block_that_began_to_wait_without_events_after_its_synchronisation() {
+    let h = Hooked::new(SimDriver::new(1, 1 << 30));
+    let alloc = Arc::new(Allocator::new(h.clone() as Arc<dyn Driver>, Config::default()).unwrap());
+    let bytes = 8 * MIB;
+    let a = alloc.malloc(bytes, 0, S1).unwrap();
+    alloc.record_stream(a, S2).unwrap();
+    let (al, sim) = (Arc::clone(&alloc), Arc::clone(&h.sim));
+    h.push_sync_hook(
+        false,
+        Box::new(move || {
+            sim.touch(0, 0, a, bytes, S2).unwrap();
+            sim.inject_fault(SimFault::EventRecord, 1);
+            sim.inject_fault(SimFault::Synchronize, 1);
+            al.free(a, 0).unwrap_err(); // no event, no wait: it waits without events
+        }),
+    );
+    alloc.empty_cache().unwrap();
+    assert!(
+        waiting(&alloc, a),
+        "{a:#x} left the waits although S2's work on it came after the synchronisation"
+    );
+    h.sim.complete_all();
+    alloc.empty_cache().unwrap();
+    assert!(!waiting(&alloc, a), "the next empty_cache hands it back");
 }
 
 fn vmm(release_threshold: SizeSpec) -> Config {
