@@ -307,3 +307,107 @@ fn a_peer_that_cannot_access_the_device_is_named_with_the_resource() {
     r.alloc.free(a, 0).unwrap();
     r.finish();
 }
+
+/// The vmm resource's share of the statistics: a large block is used bytes while live and after
+/// its free until empty_cache takes it back; a peak reset brings the reserved peak down to what
+/// is mapped now.
+#[test]
+fn used_bytes_and_the_reserved_peak_follow_the_vmm_resource() {
+    let r = rig();
+    let a = r.malloc(8 * MIB, 0, S1);
+    let live = r.stats();
+    assert_eq!(
+        (live.pool_used_bytes, live.reserved_bytes),
+        (8 * MIB, 8 * MIB)
+    );
+    r.alloc.free(a, 0).unwrap();
+    r.alloc.empty_cache().unwrap();
+    let emptied = r.stats();
+    assert_eq!(
+        (emptied.pool_used_bytes, emptied.reserved_bytes),
+        (0, 0),
+        "nothing used or mapped after empty_cache"
+    );
+    assert_eq!(
+        emptied.reserved_bytes_peak,
+        8 * MIB,
+        "the peak stays until reset"
+    );
+    r.alloc.reset_peak_stats(0).unwrap();
+    assert_eq!(
+        r.stats().reserved_bytes_peak,
+        0,
+        "reset to what is mapped now"
+    );
+    r.finish();
+}
+
+/// Whether the device's mapped memory drops to 0 within 5 s, with no call into streampool,
+/// while the GPU keeps up (the simulator completes work only when told: every 5 ms, all of it,
+/// the releaser's fences included).
+fn released_in_the_background(sim: &SimDriver) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(5) {
+        sim.complete_all();
+        if sim.physical_bytes(0) == 0 {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    false
+}
+
+/// The allocation, above the threshold too, may have woken the releaser; its pass (10 ms later)
+/// finds nothing waiting for the GPU and stops. Wait for that, so that only the free can wake it.
+fn let_a_pass_started_by_the_allocation_end() {
+    std::thread::sleep(std::time::Duration::from_millis(50));
+}
+
+/// A free above the release threshold whose stream still works on the block wakes the releaser:
+/// once the GPU is done, the pages go back without the program calling streampool again.
+#[test]
+fn the_releaser_returns_a_block_freed_while_its_stream_still_used_it() {
+    let config = Config {
+        release_threshold: SizeSpec::Bytes(0),
+        ..vmm_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
+    let a = r.malloc(8 * MIB, 0, S1); // S1's work on it has not completed
+    let_a_pass_started_by_the_allocation_end();
+    r.alloc.free(a, 0).unwrap();
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        8 * MIB,
+        "still in use by S1 at its free"
+    );
+    assert!(
+        released_in_the_background(&r.sim),
+        "still mapped 5 s after S1 finished"
+    );
+    r.finish();
+}
+
+/// The same for a block freed during a capture: it waits for the capture's end, and the releaser
+/// (woken at the free) returns it after that, again without another call.
+#[test]
+fn the_releaser_returns_a_block_freed_during_a_capture_after_the_capture() {
+    let config = Config {
+        release_threshold: SizeSpec::Bytes(0),
+        ..vmm_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
+    let capturing = Stream(9);
+    let a = r.malloc(8 * MIB, 0, S1);
+    r.sim.complete_all();
+    let_a_pass_started_by_the_allocation_end();
+    r.sim.begin_capture(0, capturing);
+    let graph = r.alloc.malloc(2 * MIB, 0, capturing).unwrap(); // the capture is known now
+    r.alloc.free(a, 0).unwrap(); // waits for the capture's end
+    r.alloc.free(graph, 0).unwrap();
+    r.sim.end_capture(0, capturing);
+    assert!(
+        released_in_the_background(&r.sim),
+        "still mapped 5 s after the capture"
+    );
+    r.finish();
+}
