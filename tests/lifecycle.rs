@@ -144,3 +144,24 @@ fn dropping_the_allocator_destroys_the_events_it_kept() {
     assert_eq!(w.events_destroyed.load(Ordering::SeqCst), created);
     assert_eq!(w.sim.outstanding_bytes(), 0);
 }
+
+/// The vmm resource's fences (one still waiting on its stream, spares from completed ones) are
+/// destroyed with the allocator too.
+#[test]
+fn dropping_the_allocator_destroys_the_vmm_resource_s_fences() {
+    let w = Wrapped::new(1, 256 * MIB);
+    let config = Config {
+        backend: streampool::config::Backend::Vmm,
+        ..Config::default()
+    };
+    let alloc = Allocator::new(w.clone() as Arc<dyn Driver>, config).unwrap();
+    let a = alloc.malloc(8 * MIB, 0, Stream(1)).unwrap();
+    let b = alloc.malloc(8 * MIB, 0, Stream(2)).unwrap();
+    w.sim.touch(0, 0, b, 8 * MIB, Stream(2)).unwrap(); // stream 2 still works on b
+    alloc.free(a, 0).unwrap(); // a fence on stream 1
+    alloc.free(b, 0).unwrap(); // a fence on stream 2, not completed
+    let created = w.events_created.load(Ordering::SeqCst);
+    assert!(created >= 2, "{created} fences");
+    drop(alloc);
+    assert_eq!(w.events_destroyed.load(Ordering::SeqCst), created);
+}

@@ -411,3 +411,25 @@ fn the_releaser_returns_a_block_freed_during_a_capture_after_the_capture() {
     );
     r.finish();
 }
+
+/// Mapping is batched: the pages of one block get their access in one cuMemSetAccess call (it
+/// behaves synchronously), and the pool's cap (`STREAMPOOL_MAX_POOL_SIZE`) holds to the page.
+#[test]
+fn a_block_s_pages_get_access_in_one_call_and_the_cap_holds_to_the_page() {
+    let config = Config {
+        max_pool_size: SizeSpec::Bytes(8 * MIB),
+        ..vmm_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
+    let a = r.malloc(8 * MIB, 0, S1); // four pages: exactly the cap
+    assert_eq!(r.sim.calls("cuMemMap"), 4);
+    assert_eq!(
+        r.sim.calls("cuMemSetAccess"),
+        1,
+        "one call for four contiguous pages"
+    );
+    let e = r.alloc.malloc(2 * MIB, 0, S1).unwrap_err().to_string();
+    assert!(e.starts_with("CUDA out of memory."), "{e}");
+    r.alloc.free(a, 0).unwrap();
+    r.finish();
+}

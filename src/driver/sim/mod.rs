@@ -77,6 +77,8 @@ pub struct SimDriver {
     next_event: AtomicUsize,
     capturing_streams: AtomicUsize,
     faults: Mutex<HashMap<SimFault, u32>>,
+    /// How many times each driver call was made (those that can fail by injection).
+    calls: Mutex<HashMap<&'static str, u64>>,
     strict: bool,
     /// (device, peer) pairs where `peer` cannot access `device`'s memory; all others can.
     peer_incapable: Mutex<Vec<(usize, usize)>>,
@@ -103,6 +105,7 @@ impl SimDriver {
             next_event: AtomicUsize::new(1),
             capturing_streams: AtomicUsize::new(0),
             faults: Mutex::new(HashMap::new()),
+            calls: Mutex::new(HashMap::new()),
             strict: false,
             peer_incapable: Mutex::new(Vec::new()),
             ipc_unsupported: Mutex::new(Vec::new()),
@@ -125,6 +128,11 @@ impl SimDriver {
     /// Takes one pending injection of `fault` without calling anything: true if there was one.
     pub fn take_injected(&self, fault: SimFault) -> bool {
         self.take_fault(fault, "probe").is_err()
+    }
+
+    /// How many times `call` (a driver function's name, e.g. `"cuMemSetAccess"`) was made.
+    pub fn calls(&self, call: &str) -> u64 {
+        self.calls.lock().get(call).copied().unwrap_or(0)
     }
 
     /// All work submitted so far on `stream` completes.
@@ -205,6 +213,9 @@ impl SimDriver {
     }
 
     fn take_fault(&self, fault: SimFault, call: &'static str) -> Result<()> {
+        if call != "probe" {
+            *self.calls.lock().entry(call).or_default() += 1;
+        }
         let mut faults = self.faults.lock();
         match faults.get_mut(&fault) {
             Some(n) if *n > 0 => {
