@@ -160,3 +160,28 @@ fn an_unaligned_window_maps_every_page_it_touches() {
         ]
     );
 }
+
+#[test]
+fn of_two_windows_the_one_with_fewer_pages_to_map_wins_even_at_a_higher_address() {
+    let mut r = ranges(8, 8);
+    // Unmapped [0, 3p); live [3p, 4p); ready [4p, 6p); unmapped [6p, 7p); live [7p, 8p).
+    r.take(BASE + 3 * PAGE, PAGE);
+    r.take(BASE + 7 * PAGE, PAGE);
+    for page in [0, 1, 2, 6] {
+        r.mark_unmapped(BASE + page * PAGE);
+    }
+    assert_eq!(r.unmapped_pages_in(BASE, BASE + 3 * PAGE, None), 3);
+    assert_eq!(
+        r.unmapped_pages_in(BASE + 4 * PAGE, BASE + 7 * PAGE, None),
+        1
+    );
+    let w = r.window(3 * PAGE, S1).unwrap();
+    assert_eq!(
+        w,
+        Window {
+            start: BASE + 4 * PAGE,
+            pages: vec![BASE + 6 * PAGE]
+        },
+        "one page to map, not three"
+    );
+}
