@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use streampool::config::{Backend, PeerAccess};
-use streampool::driver::sim::SimDriver;
+use streampool::driver::sim::{SimDriver, SimFault};
 use streampool::driver::{DevicePtr, Driver, Stream};
 use streampool::history::StreampoolEventKind as Kind;
 use streampool::units::SizeSpec;
@@ -431,5 +431,28 @@ fn a_block_s_pages_get_access_in_one_call_and_the_cap_holds_to_the_page() {
     let e = r.alloc.malloc(2 * MIB, 0, S1).unwrap_err().to_string();
     assert!(e.starts_with("CUDA out of memory."), "{e}");
     r.alloc.free(a, 0).unwrap();
+    r.finish();
+}
+
+/// A trim keeps what it is asked to keep, spare handles included: handles left over from a
+/// failed mapping are released only down to `keep` bytes.
+#[test]
+fn a_trim_releases_spare_handles_down_to_what_it_keeps_and_no_further() {
+    let r = rig();
+    r.sim.inject_fault(SimFault::SetAccess, 1);
+    r.alloc.malloc(4 * MIB, 0, S1).unwrap_err(); // two pages made, unmapped again: two spares
+    assert_eq!(
+        r.stats().reserved_bytes,
+        4 * MIB,
+        "the spares count as reserved"
+    );
+    r.alloc.trim(0, 4 * MIB).unwrap();
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        4 * MIB,
+        "already at what the trim keeps"
+    );
+    r.alloc.trim(0, 2 * MIB).unwrap();
+    assert_eq!(r.sim.physical_bytes(0), 2 * MIB);
     r.finish();
 }
