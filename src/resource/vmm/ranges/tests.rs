@@ -185,3 +185,30 @@ fn of_two_windows_the_one_with_fewer_pages_to_map_wins_even_at_a_higher_address(
         "one page to map, not three"
     );
 }
+
+#[test]
+fn unmapped_and_blocked_neighbours_merge_into_one_range_each() {
+    let mut r = ranges(4, 4);
+    r.mark_unmapped(BASE);
+    r.mark_unmapped(BASE + PAGE);
+    r.mark_unmapped(BASE + 2 * PAGE);
+    r.retag(BASE + PAGE, State::Unmapped, State::Blocked);
+    r.retag(BASE + 2 * PAGE, State::Unmapped, State::Blocked);
+    assert_eq!(
+        r.snapshot(),
+        [
+            (BASE, PAGE, State::Unmapped),
+            (BASE + PAGE, 2 * PAGE, State::Blocked),
+            (BASE + 3 * PAGE, PAGE, State::Ready)
+        ]
+    );
+    r.retag(BASE + PAGE, State::Blocked, State::Unmapped);
+    r.retag(BASE + 2 * PAGE, State::Blocked, State::Unmapped);
+    assert_eq!(
+        r.snapshot(),
+        [
+            (BASE, 3 * PAGE, State::Unmapped),
+            (BASE + 3 * PAGE, PAGE, State::Ready)
+        ]
+    );
+}
