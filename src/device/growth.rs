@@ -102,15 +102,17 @@ impl DeviceAllocator {
         if block_bytes <= reserved_bytes.saturating_sub(used_bytes) {
             return Ok(());
         }
-        // The timeline's reserved gauge is the device's (every resource), not this resource's.
-        let device_before_bytes = self.reserved_for_timeline(resources);
         resource.trim(0)?;
         let (after_bytes, _) = resource.reserved_used_bytes()?;
+        // The timeline's reserved gauge is the device's (every resource), not this resource's;
+        // the trim released what this resource held beyond `after_bytes` (reading the device's
+        // total before it too would count another thread's growth meanwhile as trimmed).
         let device_after_bytes = self.reserved_for_timeline(resources);
         {
             let mut st = self.state.lock();
             *st.growth.slot(class) = after_bytes;
-            if let (Some(before), Some(after)) = (device_before_bytes, device_after_bytes) {
+            if let Some(after) = device_after_bytes {
+                let before = after.saturating_add(reserved_bytes.saturating_sub(after_bytes));
                 let st = &*st;
                 self.recorder
                     .note_trim(before, after, stream, || st.books.gauges());
