@@ -77,7 +77,8 @@ pub struct SimDriver {
     next_event: AtomicUsize,
     capturing_streams: AtomicUsize,
     faults: Mutex<HashMap<SimFault, u32>>,
-    /// How many times each driver call was made (those that can fail by injection).
+    /// How many times each driver call that can fail by injection was attempted (failed ones
+    /// included), over all devices.
     calls: Mutex<HashMap<&'static str, u64>>,
     strict: bool,
     /// (device, peer) pairs where `peer` cannot access `device`'s memory; all others can.
@@ -130,7 +131,8 @@ impl SimDriver {
         self.take_fault(fault, "probe").is_err()
     }
 
-    /// How many times `call` (a driver function's name, e.g. `"cuMemSetAccess"`) was made.
+    /// How many times `call` (a driver function's name, e.g. `"cuMemSetAccess"`) was attempted,
+    /// over all devices. Only calls with a [`SimFault`] are counted: others always read 0.
     pub fn calls(&self, call: &str) -> u64 {
         self.calls.lock().get(call).copied().unwrap_or(0)
     }
