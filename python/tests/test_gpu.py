@@ -148,7 +148,8 @@ def test_soak_reserves_no_more_than_native_after_warm_up(capsys):
     procs = {
         mode: subprocess.Popen(
             [sys.executable, RUNNER, "--allocator", mode, "soak"],
-            env=python_env(gpu_env()),
+            # The two share the device: its free memory says nothing of either (stress.py).
+            env=python_env({**gpu_env(), "GPU_CASE_DEVICE_SHARED": "1"}),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

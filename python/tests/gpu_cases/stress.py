@@ -1,6 +1,7 @@
 """GPU cases for reliability (``case_<name>(ctx)``): many threads and streams at once, and a long
 soak of training steps with shapes that change every step."""
 
+import os
 import queue
 import threading
 
@@ -72,8 +73,9 @@ def case_soak(ctx) -> None:
     """1,000 training steps of a small GPT-2 whose batch and sequence length change every step,
     the largest shape first. Prints the reserved-bytes peak of each half (``SOAK first second``,
     bytes) for test_gpu to compare with the native allocator's on the same steps; at the end
-    live bytes must be back to the baseline. test_gpu runs it beside a native process, so the
-    device's free memory is not compared (that process's context and cache move it)."""
+    live bytes must be back to the baseline. With GPU_CASE_DEVICE_SHARED=1 (test_gpu runs it
+    beside a native process, whose context and cache move the device's free memory) the device's
+    free memory is not compared; the pools' bytes still are, exactly."""
     import transformers
 
     steps = 60 if ctx.quick else 1000
@@ -103,4 +105,5 @@ def case_soak(ctx) -> None:
     torch.cuda.synchronize()
     print(f"SOAK {first_half_peak} {ctx.max_reserved()} steps={steps} loss={loss.item():.3f}")
     del model, optimizer, loss, tokens
-    ctx.assert_back_to(baseline, "after the soak", device_shared=True)
+    device_shared = os.environ.get("GPU_CASE_DEVICE_SHARED") == "1"
+    ctx.assert_back_to(baseline, "after the soak", device_shared=device_shared)
