@@ -99,7 +99,8 @@ def _header(report: Dict[str, Any]) -> List[str]:
         "is the sum over the schedule's timed steps. A cell is the median over repeats of the "
         "ratio to native in the same repeat, with its 95% bootstrap interval in parentheses. "
         "**Bold**: the interval lies wholly outside the A/A interval (`native-aa`, native run "
-        "again as a configuration of its own): only those differences are claimed.",
+        "again as a configuration of its own), both measured in at least 3 repeats: only those "
+        "differences are claimed.",
     ]
 
 

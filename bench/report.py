@@ -21,6 +21,9 @@ HELD_LOWER_BOUND_FRACTION = 0.05
 Runs = Sequence[Dict[str, Dict[str, Any]]]
 
 
+# Below this many repeats (of a configuration or of the A/A control) no difference is claimed.
+MIN_REPEATS_TO_CLAIM = 3
+
 def _median_int(values: Sequence[int]) -> int:
     return int(round(statistics.median(values)))
 
@@ -81,7 +84,9 @@ def aggregate_cell(runs: Runs, config: str, workload: str) -> Optional[Dict[str,
 def aggregate(runs: Runs, configs: Sequence[str], workloads: Sequence[str]) -> Dict[str, Any]:
     """``{workload: {config: cell}}`` for the configurations that ran each workload, each cell
     compared with the A/A control's interval where native-aa ran (``time_vs_aa``,
-    ``gpu_time_vs_aa``: "lower", "higher" or "within A/A")."""
+    ``gpu_time_vs_aa``: "lower", "higher", "within A/A", or "too few repeats" when either was
+    measured in fewer than MIN_REPEATS_TO_CLAIM repeats: one repeat's "interval" is a point, and
+    two points never overlap)."""
     table: Dict[str, Dict[str, Any]] = {}
     for workload in workloads:
         cells = {c: aggregate_cell(runs, c, workload) for c in configs}
@@ -90,9 +95,12 @@ def aggregate(runs: Runs, configs: Sequence[str], workloads: Sequence[str]) -> D
         for config, cell in cells.items():
             if "error" in cell or config in (NATIVE, NATIVE_AA):
                 continue
+            measured = min(cell["repeats_measured"], aa.get("repeats_measured", 0))
             for clock in ("time", "gpu_time"):
                 aa_interval = aa.get(f"{clock}_ratio_ci95")
                 verdict = stats.compare_with_aa(cell[f"{clock}_ratio_ci95"], aa_interval)
+                if verdict is not None and measured < MIN_REPEATS_TO_CLAIM:
+                    verdict = "too few repeats"
                 if verdict is not None:
                     cell[f"{clock}_vs_aa"] = verdict
         table[workload] = cells

@@ -107,6 +107,14 @@ def test_differences_are_claimed_against_the_aa_interval():
     assert "time_vs_aa" not in without_aa["gpt2"]["streampool"]
 
 
+def test_no_difference_is_claimed_from_fewer_than_three_repeats():
+    for repeats in (1, 2):
+        table = report.aggregate(fakes.eight_repeats()[:repeats], fakes.CONFIGS, ["empty_1KiB"])
+        assert table["empty_1KiB"]["expandable"]["time_vs_aa"] == "too few repeats", repeats
+    table = report.aggregate(fakes.eight_repeats()[:3], fakes.CONFIGS, ["empty_1KiB"])
+    assert table["empty_1KiB"]["expandable"]["time_vs_aa"] != "too few repeats"
+
+
 def test_the_report_has_the_fields_issue_15_promises():
     document = fakes.build()
     assert document["repeats"] == 8 and document["repeats_requested"] == 8
