@@ -151,17 +151,26 @@ fn waiting(alloc: &Allocator, ptr: DevicePtr) -> bool {
         .any(|b| b.address == ptr.0 && b.state == StreampoolBlockState::WaitingForStreams as u32)
 }
 
+const BLOCK_BYTES: u64 = 8 * MIB;
+
+/// A hooked simulator, an allocator on it, and a block of BLOCK_BYTES allocated on S1 and
+/// recorded on S2.
+fn hooked_block_recorded_on_s2() -> (Arc<Hooked>, Arc<Allocator>, DevicePtr) {
+    let h = Hooked::new(SimDriver::new(1, 1 << 30));
+    let alloc = Arc::new(Allocator::new(h.clone() as Arc<dyn Driver>, Config::default()).unwrap());
+    let a = alloc.malloc(BLOCK_BYTES, 0, S1).unwrap();
+    alloc.record_stream(a, S2).unwrap();
+    (h, alloc, a)
+}
+
 /// Was: `flush` (empty_cache) treats every waiting block as free after its device
 /// synchronisation — also blocks that `free` added to the waits *after* that synchronisation,
 /// whose events on the recorded streams have not completed. Such a block goes home at once and
 /// its allocation stream can get it back while the recorded stream still uses it.
 #[test]
 fn empty_cache_does_not_release_a_block_freed_during_its_synchronisation() {
-    let h = Hooked::new(SimDriver::new(1, 1 << 30));
-    let alloc = Arc::new(Allocator::new(h.clone() as Arc<dyn Driver>, Config::default()).unwrap());
-    let bytes = 8 * MIB;
-    let a = alloc.malloc(bytes, 0, S1).unwrap();
-    alloc.record_stream(a, S2).unwrap();
+    let (h, alloc, a) = hooked_block_recorded_on_s2();
+    let bytes = BLOCK_BYTES;
 
     // Another thread, right after empty_cache's synchronisation: S2 gets work on `a`, then `a`
     // is freed (it must now wait for S2).
@@ -227,11 +236,8 @@ fn empty_cache_returns_a_block_that_waited_without_events_before_its_synchronisa
 /// (its stream's work came after it): that empty_cache must keep it waiting.
 #[test]
 fn empty_cache_keeps_a_block_that_began_to_wait_without_events_after_its_synchronisation() {
-    let h = Hooked::new(SimDriver::new(1, 1 << 30));
-    let alloc = Arc::new(Allocator::new(h.clone() as Arc<dyn Driver>, Config::default()).unwrap());
-    let bytes = 8 * MIB;
-    let a = alloc.malloc(bytes, 0, S1).unwrap();
-    alloc.record_stream(a, S2).unwrap();
+    let (h, alloc, a) = hooked_block_recorded_on_s2();
+    let bytes = BLOCK_BYTES;
     let (al, sim) = (Arc::clone(&alloc), Arc::clone(&h.sim));
     h.push_sync_hook(
         false,
