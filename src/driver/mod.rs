@@ -181,6 +181,9 @@ pub trait StreamDriver {
     /// True once all work captured by the event's last record has completed.
     fn event_query(&self, device: usize, event: EventHandle) -> Result<bool>;
     fn event_destroy(&self, device: usize, event: EventHandle);
+    /// Work submitted to `stream` from now on waits until the event's last record has completed
+    /// (`cuStreamWaitEvent`); returns at once.
+    fn stream_wait_event(&self, device: usize, stream: Stream, event: EventHandle) -> Result<()>;
     /// True while `stream` is being captured into a CUDA graph.
     fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool>;
     /// Allocation on a capturing stream: becomes a graph allocation node (`cuMemAllocAsync` from

@@ -422,6 +422,15 @@ impl StreamDriver for CudaDriver {
         unsafe { sys::cuEventDestroy_v2(event_ptr(event)) };
     }
 
+    fn stream_wait_event(&self, device: usize, stream: Stream, event: EventHandle) -> Result<()> {
+        let _scope = self.enter(device)?;
+        // SAFETY: `stream` is the caller's stream of `device`, `event` one this driver created;
+        // the call only enqueues a dependency.
+        check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(stream_ptr(stream), event_ptr(event), 0)
+        })
+    }
+
     fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool> {
         let _scope = self.enter(device)?;
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;

@@ -39,6 +39,7 @@ pub enum SimFault {
     Free,
     EventCreate,
     EventRecord,
+    StreamWait,
     Synchronize,
     AddressReserve,
     MemCreate,
@@ -54,12 +55,22 @@ struct StreamClock {
     completed: u64,
 }
 
+/// Work of `stream` from its tick `from_tick` on cannot complete before `on` has: completing
+/// the one completes the other.
+struct StreamWait {
+    stream: Stream,
+    from_tick: u64,
+    on: (Stream, u64),
+}
+
 #[derive(Default)]
 struct SimDevice {
     pools: Vec<SimPool>,
     streams: HashMap<Stream, StreamClock>,
     /// event id -> (stream, sequence number) of its last record
     events: HashMap<usize, Option<(Stream, u64)>>,
+    /// Waits between streams (`stream_wait_event`) not yet known to be satisfied.
+    waits: Vec<StreamWait>,
     capturing: Vec<Stream>,
     captured_live: HashMap<DevicePtr, u64>,
     /// Pointers imported from a shareable pool (`pointer_import`), with how often.
@@ -137,12 +148,9 @@ impl SimDriver {
         self.calls.lock().get(call).copied().unwrap_or(0)
     }
 
-    /// All work submitted so far on `stream` completes.
+    /// All work submitted so far on `stream` completes (and the work it waited for).
     pub fn complete_stream(&self, device: usize, stream: Stream) {
-        let mut d = self.devices[device].lock();
-        let clock = d.streams.entry(stream).or_default();
-        clock.completed = clock.submitted;
-        d.retire_completed();
+        self.devices[device].lock().complete_stream(stream);
     }
 
     /// All work on every stream of every device completes.
@@ -282,6 +290,27 @@ impl SimDevice {
     fn complete_all_streams(&mut self) {
         for clock in self.streams.values_mut() {
             clock.completed = clock.submitted;
+        }
+        self.waits.clear();
+        self.retire_completed();
+    }
+
+    /// Everything submitted to `stream` completes, and with it what it waited for.
+    fn complete_stream(&mut self, stream: Stream) {
+        let to = self.streams.get(&stream).map_or(0, |c| c.submitted);
+        let mut work = vec![(stream, to)];
+        while let Some((s, to)) = work.pop() {
+            let clock = self.streams.entry(s).or_default();
+            clock.completed = clock.completed.max(to.min(clock.submitted));
+            let done = clock.completed;
+            self.waits
+                .retain(|w| match w.stream == s && w.from_tick <= done {
+                    true => {
+                        work.push(w.on);
+                        false
+                    }
+                    false => true,
+                });
         }
         self.retire_completed();
     }

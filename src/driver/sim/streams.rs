@@ -3,7 +3,7 @@
 //! Invariant: every call that enqueues work ticks its stream's clock; an event is complete once
 //! its stream has completed the tick of its last record; graph memory counts as device memory.
 
-use super::{driver_error, SimDriver, SimFault};
+use super::{driver_error, SimDriver, SimFault, StreamWait};
 use crate::driver::{DevicePtr, EventHandle, Stream, StreamDriver};
 use crate::error::Result;
 use std::sync::atomic::Ordering;
@@ -19,10 +19,8 @@ impl SimDriver {
 impl StreamDriver for SimDriver {
     fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
         self.take_fault(SimFault::Synchronize, "cuStreamSynchronize")?;
-        let mut d = self.device(device, "cuStreamSynchronize")?;
-        let clock = d.streams.entry(stream).or_default();
-        clock.completed = clock.submitted;
-        d.retire_completed();
+        self.device(device, "cuStreamSynchronize")?
+            .complete_stream(stream);
         Ok(())
     }
 
@@ -69,6 +67,31 @@ impl StreamDriver for SimDriver {
         if let Ok(mut d) = self.device(device, "cuEventDestroy") {
             d.events.remove(&event.raw());
         }
+    }
+
+    fn stream_wait_event(&self, device: usize, stream: Stream, event: EventHandle) -> Result<()> {
+        self.take_fault(SimFault::StreamWait, "cuStreamWaitEvent")?;
+        let mut d = self.device(device, "cuStreamWaitEvent")?;
+        let on = match d.events.get(&event.raw()) {
+            Some(on) => *on,
+            None => {
+                return Err(driver_error(
+                    "cuStreamWaitEvent",
+                    400,
+                    "CUDA_ERROR_INVALID_HANDLE",
+                ))
+            }
+        };
+        // An event never recorded, or already complete, adds nothing to wait for.
+        if let Some(on) = on.filter(|on| !d.completed(*on)) {
+            let from_tick = d.tick(stream);
+            d.waits.push(StreamWait {
+                stream,
+                from_tick,
+                on,
+            });
+        }
+        Ok(())
     }
 
     fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool> {
