@@ -160,6 +160,21 @@ typedef struct StreampoolStats {
    */
   uint64_t num_maps;
   uint64_t num_unmaps;
+  /**
+   * Physical pages it created and released, and its `cuMemSetAccess` calls.
+   */
+  uint64_t num_mem_creates;
+  uint64_t num_mem_releases;
+  uint64_t num_set_access_calls;
+  /**
+   * Blocks handed to a stream after a GPU-side wait for another stream's free.
+   */
+  uint64_t num_stream_waits;
+  /**
+   * Idle releases: times the device gave back its unused memory after being idle
+   * (`STREAMPOOL_IDLE_RELEASE`).
+   */
+  uint64_t num_idle_releases;
 } StreampoolStats;
 
 /**

@@ -24,7 +24,7 @@ pub const MAX_ALLOCATION_BYTES: u64 = 1 << 48;
 
 pub struct Allocator {
     driver: Arc<dyn Driver>,
-    devices: Vec<DeviceAllocator>,
+    devices: Vec<Arc<DeviceAllocator>>,
     history: Arc<History>,
     imports: Imports,
     peers: Arc<Peers>,
@@ -71,7 +71,7 @@ impl Allocator {
     }
 
     #[inline]
-    fn device(&self, device: i64) -> Result<&DeviceAllocator> {
+    fn device(&self, device: i64) -> Result<&Arc<DeviceAllocator>> {
         match usize::try_from(device)
             .ok()
             .and_then(|d| self.devices.get(d))
@@ -189,9 +189,7 @@ impl Allocator {
             return Ok(());
         }
         self.history.start(max_entries)?;
-        self.devices
-            .iter()
-            .for_each(DeviceAllocator::start_timeline);
+        self.devices.iter().for_each(|d| d.start_timeline());
         Ok(())
     }
 
@@ -208,7 +206,7 @@ impl Allocator {
         }
         self.devices
             .iter()
-            .map(DeviceAllocator::enable_peer_access)
+            .map(|d| d.enable_peer_access())
             .fold(Ok(()), Result::and)
     }
 

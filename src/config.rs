@@ -55,6 +55,8 @@ pub struct ReusePolicy {
 pub struct Config {
     pub driver: DriverKind,
     pub backend: Backend,
+    /// `STREAMPOOL_BACKEND` was set: no fallback to the pool where VMM is unsupported.
+    pub backend_explicit: bool,
     pub release_threshold: SizeSpec,
     /// `Max` means the pool may grow to the whole device.
     pub max_pool_size: SizeSpec,
@@ -73,10 +75,16 @@ pub struct Config {
     /// The physical handle size of the virtual-memory backend (a multiple of the device's
     /// granularity, which it is rounded up to).
     pub vmm_page_size: SizeSpec,
-    /// The virtual-memory backend releases memory above the threshold that the GPU was still
-    /// using at the last free from a background thread (no variable: tests and the fuzzer turn
-    /// it off to stay deterministic).
-    pub vmm_background_release: bool,
+    /// A page of the virtual-memory backend unused this long is cold: moved first to back new
+    /// blocks, and released above the release threshold (`STREAMPOOL_VMM_COLD_AFTER`).
+    pub vmm_cold_after_ms: u64,
+    /// After this long without an allocation or a free, a device gives back all memory not in
+    /// use (`STREAMPOOL_IDLE_RELEASE`); `None`: never.
+    pub idle_release_ms: Option<u64>,
+    /// Each device is tended by a background thread: idle release, and the virtual-memory
+    /// backend's release threshold (no variable: tests and the fuzzer call it themselves to
+    /// stay deterministic).
+    pub background: bool,
     pub sim_devices: usize,
     pub sim_memory_bytes: u64,
 }
@@ -85,9 +93,10 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             driver: DriverKind::Cuda,
-            // The CUDA pool, measured on the GPU; vmm becomes the default only once a benchmark
-            // run on the GPU shows it at or below the pool on memory and not slower.
-            backend: Backend::Pool,
+            // The virtual-memory pool: less memory than the CUDA pool and than PyTorch's
+            // expandable segments (BENCHMARKS.md); the pool where VMM is unsupported.
+            backend: Backend::Vmm,
+            backend_explicit: false,
             // Keep everything: a threshold of 0 with per-step syncs costs 1.4-1.5x in training.
             release_threshold: SizeSpec::Max,
             max_pool_size: SizeSpec::Max,
@@ -111,7 +120,13 @@ impl Default for Config {
             // uses 20 MiB for large blocks because mapping cost grows with the number of
             // handles; which is better here awaits a measurement on the GPU.
             vmm_page_size: SizeSpec::Bytes(2 << 20),
-            vmm_background_release: true,
+            // Longer than a training step or a request, so memory a loop uses every step is not
+            // moved or released between its steps (chosen by measurement: BENCHMARKS.md).
+            vmm_cold_after_ms: 250,
+            // A notebook cell, an evaluation pause or an idle server: after 2 s the memory goes
+            // to the process's neighbours; a training loop never idles that long.
+            idle_release_ms: Some(2000),
+            background: true,
             sim_devices: 2,
             sim_memory_bytes: 16 << 30,
         }
@@ -144,6 +159,7 @@ impl Config {
             };
         }
         if let Some(v) = get("STREAMPOOL_BACKEND") {
+            c.backend_explicit = true;
             c.backend = match v.trim().to_ascii_lowercase().as_str() {
                 "pool" => Backend::Pool,
                 "vmm" => Backend::Vmm,
@@ -186,6 +202,13 @@ impl Config {
                 ));
             }
         };
+        if let Some(v) = get("STREAMPOOL_IDLE_RELEASE") {
+            c.idle_release_ms = parse_duration_ms("STREAMPOOL_IDLE_RELEASE", &v)?;
+        }
+        if let Some(v) = get("STREAMPOOL_VMM_COLD_AFTER") {
+            c.vmm_cold_after_ms =
+                parse_duration_ms("STREAMPOOL_VMM_COLD_AFTER", &v)?.unwrap_or(u64::MAX);
+        }
         let flag = |name: &'static str| -> Result<Option<bool>> {
             get(name).map(|v| parse_bool(name, &v)).transpose()
         };
@@ -255,6 +278,33 @@ impl Config {
             validate_log_filter(&v)?;
         }
         Ok(c)
+    }
+}
+
+const DURATION_ACCEPTED: &str =
+    "a duration such as 250ms, 2s or 1.5s (at most a day); off, never or 0 to disable";
+
+/// A duration in milliseconds; `None` for off.
+fn parse_duration_ms(name: &'static str, value: &str) -> Result<Option<u64>> {
+    let v = value.trim().to_ascii_lowercase();
+    if matches!(v.as_str(), "off" | "never" | "0") {
+        return Ok(None);
+    }
+    let (number, scale_ms) = match (v.strip_suffix("ms"), v.strip_suffix('s')) {
+        (Some(n), _) => (n, 1.0),
+        (None, Some(n)) => (n, 1000.0),
+        (None, None) => return Err(config_error(name, value, "no unit", DURATION_ACCEPTED)),
+    };
+    match number.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && n > 0.0 && n * scale_ms <= 86_400_000.0 => {
+            Ok(Some(((n * scale_ms).round() as u64).max(1)))
+        }
+        _ => Err(config_error(
+            name,
+            value,
+            "not a positive duration of at most a day",
+            DURATION_ACCEPTED,
+        )),
     }
 }
 
@@ -332,7 +382,7 @@ mod tests {
     fn defaults_keep_everything() {
         let c = parse(&[]).unwrap();
         assert_eq!(c.driver, DriverKind::Cuda);
-        assert_eq!(c.backend, Backend::Pool);
+        assert_eq!((c.backend, c.backend_explicit), (Backend::Vmm, false));
         assert_eq!(c.release_threshold, SizeSpec::Max);
         assert_eq!(c.reuse, ReusePolicy::default());
     }
@@ -352,8 +402,21 @@ mod tests {
             ("STREAMPOOL_IPC", "yes"),
             ("STREAMPOOL_BACKEND", " VMM"),
             ("STREAMPOOL_VMM_PAGE_SIZE", "20MiB"),
+            ("STREAMPOOL_IDLE_RELEASE", "1.5s"),
+            ("STREAMPOOL_VMM_COLD_AFTER", "40ms"),
         ])
         .unwrap();
+        assert_eq!(c.idle_release_ms, Some(1500));
+        assert_eq!(c.vmm_cold_after_ms, 40);
+        let off = parse(&[
+            ("STREAMPOOL_IDLE_RELEASE", "off"),
+            ("STREAMPOOL_VMM_COLD_AFTER", "never"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (off.idle_release_ms, off.vmm_cold_after_ms),
+            (None, u64::MAX)
+        );
         assert_eq!(c.driver, DriverKind::Sim);
         assert_eq!(c.backend, Backend::Vmm);
         assert_eq!(c.vmm_page_size, SizeSpec::Bytes(20 << 20));
@@ -385,6 +448,11 @@ mod tests {
             ("STREAMPOOL_BACKEND", "expandable"),
             ("STREAMPOOL_VMM_PAGE_SIZE", "0"),
             ("STREAMPOOL_VMM_PAGE_SIZE", "50%"),
+            ("STREAMPOOL_IDLE_RELEASE", "2"),
+            ("STREAMPOOL_IDLE_RELEASE", "-1s"),
+            ("STREAMPOOL_IDLE_RELEASE", "2days"),
+            ("STREAMPOOL_IDLE_RELEASE", "90000s"),
+            ("STREAMPOOL_VMM_COLD_AFTER", "fast"),
         ] {
             let msg = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(

@@ -25,6 +25,7 @@
 
 pub mod allocator;
 mod api;
+mod background;
 mod cache;
 pub mod config;
 mod cxx_throw;
@@ -36,7 +37,7 @@ mod ffi;
 pub mod history;
 pub mod ipc;
 mod peer;
-mod resource;
+pub(crate) mod resource;
 pub mod stats;
 mod sync;
 pub mod units;

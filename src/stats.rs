@@ -5,6 +5,7 @@
 //! so a snapshot is always consistent (e.g. `allocated_bytes` equals the sum over live blocks).
 
 use crate::driver::PoolUsage;
+use crate::resource::DriverCounts;
 
 /// A quantity with a high-water mark.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +50,7 @@ pub struct DeviceCounters {
     pub num_alloc_retries: u64,
     pub num_ooms: u64,
     pub num_growth_syncs: u64,
+    pub num_idle_releases: u64,
 }
 
 impl DeviceCounters {
@@ -96,6 +98,15 @@ pub struct StreampoolStats {
     /// Pages the virtual-memory backend mapped and unmapped (`STREAMPOOL_BACKEND=vmm`; 0 otherwise).
     pub num_maps: u64,
     pub num_unmaps: u64,
+    /// Physical pages it created and released, and its `cuMemSetAccess` calls.
+    pub num_mem_creates: u64,
+    pub num_mem_releases: u64,
+    pub num_set_access_calls: u64,
+    /// Blocks handed to a stream after a GPU-side wait for another stream's free.
+    pub num_stream_waits: u64,
+    /// Idle releases: times the device gave back its unused memory after being idle
+    /// (`STREAMPOOL_IDLE_RELEASE`).
+    pub num_idle_releases: u64,
 }
 
 /// What a device knows of itself when asked for its statistics.
@@ -108,8 +119,8 @@ pub struct DeviceFigures<'a> {
     pub shareable: PoolUsage,
     /// `u64::MAX` if no limit is set.
     pub limit_bytes: u64,
-    /// Pages mapped and unmapped by the resources.
-    pub map_counts: (u64, u64),
+    /// Driver calls the resources made.
+    pub driver_counts: DriverCounts,
     pub device_total_bytes: u64,
 }
 
@@ -141,8 +152,13 @@ impl StreampoolStats {
             ipc_reserved_bytes: f.shareable.reserved_bytes,
             ipc_used_bytes: f.shareable.used_bytes,
             num_growth_syncs: c.num_growth_syncs,
-            num_maps: f.map_counts.0,
-            num_unmaps: f.map_counts.1,
+            num_maps: f.driver_counts.maps,
+            num_unmaps: f.driver_counts.unmaps,
+            num_mem_creates: f.driver_counts.creates,
+            num_mem_releases: f.driver_counts.releases,
+            num_set_access_calls: f.driver_counts.set_access_calls,
+            num_stream_waits: f.driver_counts.stream_waits,
+            num_idle_releases: c.num_idle_releases,
         }
     }
 }

@@ -7,7 +7,7 @@ use common::*;
 use streampool::driver::sim::SimFault;
 use streampool::driver::{DevicePtr, StreamDriver};
 use streampool::history::StreampoolBlockState;
-use streampool::{Config, Error};
+use streampool::Error;
 
 /// True if `ptr` is a freed block of device 0 that waits for the streams that used it.
 fn waiting(r: &Rig, ptr: DevicePtr) -> bool {
@@ -198,7 +198,7 @@ fn failed_event_after_capture_keeps_the_block_until_it_is_safe() {
 
 #[test]
 fn stats_count_pool_and_cache() {
-    let r = rig(1 << 30);
+    let r = rig_with(2, 1 << 30, common::pool_config());
     let a = r.malloc(1000, 1, 0);
     let b = r.malloc(3 * MIB, 1, 0);
     let st = r.stats(1);
@@ -248,7 +248,7 @@ fn stats_count_pool_and_cache() {
 
 #[test]
 fn the_allocator_reports_its_driver_its_devices_and_what_each_supports() {
-    let r = rig_with(3, 64 * MIB, Config::default());
+    let r = rig_with(3, 64 * MIB, common::base_config());
     assert_eq!(r.alloc.driver_name(), "sim");
     assert_eq!(r.alloc.device_count(), 3);
     r.sim.set_vmm_unsupported(1);

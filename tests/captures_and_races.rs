@@ -55,6 +55,9 @@ impl DeviceDriver for Hooked {
     fn name(&self) -> &'static str {
         self.sim.name()
     }
+    fn now_ms(&self) -> u64 {
+        self.sim.now_ms()
+    }
     fn device_count(&self) -> Result<usize> {
         self.sim.device_count()
     }
@@ -160,7 +163,17 @@ const BLOCK_BYTES: u64 = 8 * MIB;
 /// recorded on S2.
 fn hooked_block_recorded_on_s2() -> (Arc<Hooked>, Arc<Allocator>, DevicePtr) {
     let h = Hooked::new(SimDriver::new(1, 1 << 30));
-    let alloc = Arc::new(Allocator::new(h.clone() as Arc<dyn Driver>, Config::default()).unwrap());
+    let alloc = Arc::new(
+        Allocator::new(
+            h.clone() as Arc<dyn Driver>,
+            Config {
+                backend: streampool::config::Backend::Pool,
+                background: false,
+                ..Config::default()
+            },
+        )
+        .unwrap(),
+    );
     let a = alloc.malloc(BLOCK_BYTES, 0, S1).unwrap();
     alloc.record_stream(a, S2).unwrap();
     (h, alloc, a)
@@ -216,7 +229,15 @@ fn empty_cache_does_not_release_a_block_freed_during_its_synchronisation() {
 #[test]
 fn empty_cache_returns_a_block_that_waited_without_events_before_its_synchronisation() {
     let sim = Arc::new(SimDriver::new(1, 1 << 30));
-    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, Config::default()).unwrap();
+    let alloc = Allocator::new(
+        sim.clone() as Arc<dyn Driver>,
+        Config {
+            backend: streampool::config::Backend::Pool,
+            background: false,
+            ..Config::default()
+        },
+    )
+    .unwrap();
     let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
     alloc.record_stream(a, S2).unwrap();
     sim.touch(0, 0, a, 8 * MIB, S2).unwrap();
@@ -265,8 +286,27 @@ fn vmm(release_threshold: SizeSpec) -> Config {
     Config {
         backend: Backend::Vmm,
         release_threshold,
+        background: false,
         ..Config::default()
     }
+}
+
+/// The same with the device's background thread, which applies the threshold to memory unused
+/// for `vmm_cold_after_ms` (the tests stop the simulator's clock and move it past that).
+fn vmm_tended(release_threshold: SizeSpec) -> Config {
+    Config {
+        background: true,
+        ..vmm(release_threshold)
+    }
+}
+
+/// Waits (up to 30 s, at once when done) for the background thread to release everything.
+fn released_in_the_background(sim: &SimDriver) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while sim.physical_bytes(0) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    sim.physical_bytes(0) == 0
 }
 
 /// Was: a block that the driver's pool served because a capture elsewhere kept the VMM
@@ -319,7 +359,8 @@ fn no_event_query_during_a_known_capture_on_a_vmm_free() {
 #[test]
 fn the_releaser_queries_no_event_during_a_known_capture() {
     let h = Hooked::new(SimDriver::new(1, 256 * MIB));
-    let alloc = Allocator::new(h.clone() as Arc<dyn Driver>, vmm(SizeSpec::Bytes(0))).unwrap();
+    let alloc =
+        Allocator::new(h.clone() as Arc<dyn Driver>, vmm_tended(SizeSpec::Bytes(0))).unwrap();
     let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
     h.sim.touch(0, 0, a, 8 * MIB, S1).unwrap(); // S1 still works on it when it is freed
     alloc.free(a, 0).unwrap(); // above the threshold, waiting for S1: the releaser starts
@@ -366,7 +407,9 @@ fn the_memory_fraction_caps_fallback_blocks_during_a_capture() {
 #[test]
 fn memory_above_the_threshold_is_released_after_a_capture_ends_without_another_allocation() {
     let sim = Arc::new(SimDriver::new(1, 256 * MIB));
-    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, vmm(SizeSpec::Bytes(0))).unwrap();
+    sim.stop_clock();
+    let config = vmm_tended(SizeSpec::Bytes(0));
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config.clone()).unwrap();
     let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
     sim.begin_capture(0, CAPTURING);
     let graph = alloc.malloc(2 * MIB, 0, CAPTURING).unwrap();
@@ -374,11 +417,10 @@ fn memory_above_the_threshold_is_released_after_a_capture_ends_without_another_a
     sim.end_capture(0, CAPTURING);
     alloc.free(a, 0).unwrap();
     sim.complete_all();
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    assert_eq!(
-        sim.physical_bytes(0),
-        0,
-        "memory above a threshold of 0 still held 200 ms after the GPU finished"
+    sim.advance_clock_ms(config.vmm_cold_after_ms);
+    assert!(
+        released_in_the_background(&sim),
+        "memory above a threshold of 0 still held after the GPU finished and it went cold"
     );
 }
 
@@ -386,10 +428,12 @@ fn memory_above_the_threshold_is_released_after_a_capture_ends_without_another_a
 #[test]
 fn control_memory_above_the_threshold_is_released_without_a_capture() {
     let sim = Arc::new(SimDriver::new(1, 256 * MIB));
-    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, vmm(SizeSpec::Bytes(0))).unwrap();
+    sim.stop_clock();
+    let config = vmm_tended(SizeSpec::Bytes(0));
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config.clone()).unwrap();
     let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
     alloc.free(a, 0).unwrap();
     sim.complete_all();
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    assert_eq!(sim.physical_bytes(0), 0);
+    sim.advance_clock_ms(config.vmm_cold_after_ms);
+    assert!(released_in_the_background(&sim));
 }

@@ -21,7 +21,7 @@ fn memory_freed_on_one_stream_is_not_given_to_another_before_that_stream_complet
     // Without trim_on_growth, which would wait for stream 1 and so complete the free.
     let config = Config {
         trim_on_growth: false,
-        ..Config::default()
+        ..common::base_config()
     };
     let r = rig_with(2, 64 * MIB, config);
     let a_bytes = 5_049_568;
@@ -68,7 +68,7 @@ fn failed_event_record_and_failed_synchronize_do_not_leak_the_block() {
 /// in the pool for good. It now stays held and the next `empty_cache` hands it back.
 #[test]
 fn a_block_the_driver_refuses_to_free_is_returned_by_the_next_empty_cache() {
-    let r = rig(256 * MIB);
+    let r = rig_with(2, 256 * MIB, common::pool_config());
     let p = r.malloc(100 * MIB, 0, 0); // larger than the 64 MiB cache budget
     r.sim.inject_fault(SimFault::Free, 1);
     let e = r.alloc.free(p, 0).unwrap_err().to_string();
@@ -92,7 +92,7 @@ fn a_block_the_driver_refuses_to_free_is_returned_by_the_next_empty_cache() {
 fn the_vmm_backend_refuses_a_request_larger_than_the_device_at_once() {
     let config = Config {
         backend: streampool::config::Backend::Vmm,
-        ..Config::default()
+        ..common::base_config()
     };
     let r = rig_with(1, 64 * MIB, config);
     let started = std::time::Instant::now();
@@ -113,7 +113,7 @@ fn the_vmm_backend_refuses_a_request_larger_than_the_device_at_once() {
 fn empty_cache_releases_a_vmm_block_freed_during_a_capture() {
     let config = Config {
         backend: streampool::config::Backend::Vmm,
-        ..Config::default()
+        ..common::base_config()
     };
     let r = rig_with(1, 64 * MIB, config);
     let p = r.malloc(2 * MIB, 0, 3);
@@ -138,7 +138,7 @@ fn empty_cache_releases_a_vmm_block_freed_during_a_capture() {
 fn a_vmm_page_left_without_access_is_never_handed_out() {
     let config = Config {
         backend: streampool::config::Backend::Vmm,
-        ..Config::default()
+        ..common::base_config()
     };
     let r = rig_with(1, 64 * MIB, config);
     let first = r.malloc(2 * MIB, 0, 1);
@@ -164,7 +164,7 @@ fn a_vmm_free_that_can_neither_fence_nor_wait_keeps_the_block_without_an_error()
     let config = Config {
         backend: streampool::config::Backend::Vmm,
         release_threshold: streampool::units::SizeSpec::Bytes(0),
-        ..Config::default()
+        ..common::base_config()
     };
     let r = rig_with(1, 64 * MIB, config);
     let p = r.malloc(4 * MIB, 0, 1);
@@ -189,7 +189,7 @@ fn a_vmm_free_that_can_neither_fence_nor_wait_keeps_the_block_without_an_error()
 fn a_mapping_event_right_after_the_timeline_starts_carries_the_device_s_gauges() {
     let config = Config {
         backend: streampool::config::Backend::Vmm,
-        ..Config::default()
+        ..common::base_config()
     };
     let r = rig_with(1, 64 * MIB, config);
     let live = r.malloc(4 * MIB, 0, 1);
@@ -197,7 +197,7 @@ fn a_mapping_event_right_after_the_timeline_starts_carries_the_device_s_gauges()
     r.alloc.free(freed, 0).unwrap();
     r.sim.complete_all();
     r.alloc.record_history(true, 16).unwrap();
-    r.alloc.set_release_threshold(0, 0).unwrap(); // unmaps the freed block's pages
+    r.alloc.trim(0, 0).unwrap(); // unmaps the freed block's pages
     let (events, _) = r.alloc.history(usize::MAX);
     let unmap = events.iter().find(|e| e.kind == 9).expect("an unmap event");
     assert_eq!(unmap.allocated_bytes, 4 * MIB, "{unmap:?}");

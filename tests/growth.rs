@@ -33,7 +33,7 @@ fn k(kinds: &[Kind]) -> Vec<u32> {
 /// without growing, the cache keeps its blocks and nobody waits for the stream.
 #[test]
 fn a_miss_the_pool_has_room_for_leaves_the_cache_alone_and_does_not_wait() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     // Over the 64 MiB cache budget: freed straight back to the pool, which keeps it as room.
     let big = r.malloc(100 * MIB, 0, 1);
     r.free(big, 0);
@@ -56,7 +56,7 @@ fn a_miss_the_pool_has_room_for_leaves_the_cache_alone_and_does_not_wait() {
 #[test]
 fn a_pool_that_grew_although_it_reported_room_gets_its_cached_blocks_back() {
     let w = Wrapped::new(1, 1 << 30);
-    let alloc = Allocator::new(w.clone() as Arc<dyn Driver>, Config::default()).unwrap();
+    let alloc = Allocator::new(w.clone() as Arc<dyn Driver>, common::pool_config()).unwrap();
     let a = alloc.malloc(8 * MIB, 0, s(1)).unwrap();
     alloc.free(a, 0).unwrap(); // cached
     let main = w.sim.pool_infos(0)[0].handle; // created first: the pool of large blocks
@@ -88,7 +88,7 @@ fn a_pool_that_grew_although_it_reported_room_gets_its_cached_blocks_back() {
 fn a_wait_that_makes_room_is_followed_by_neither_a_trim_nor_growth() {
     let config = Config {
         cache_limit: SizeSpec::Bytes(0), // every free goes straight back to the pool
-        ..Config::default()
+        ..common::pool_config()
     };
     let r = rig_with(1, 1 << 30, config);
     let a = r.malloc(4 * MIB, 0, 1);
@@ -115,7 +115,7 @@ fn a_wait_that_makes_room_is_followed_by_neither_a_trim_nor_growth() {
 /// small-block pool's 2 MiB included).
 #[test]
 fn a_pool_that_must_grow_releases_its_unused_memory_first_as_the_timeline_shows() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     let tiny = r.malloc(4096, 0, 0); // the small-block pool holds 2 MiB throughout
     let a = r.malloc(8 * MIB, 0, 1);
     r.free(a, 0); // cached
@@ -145,7 +145,7 @@ fn a_pool_that_must_grow_releases_its_unused_memory_first_as_the_timeline_shows(
 fn without_trim_on_growth_cached_blocks_still_go_back_before_the_pool_grows() {
     let config = Config {
         trim_on_growth: false,
-        ..Config::default()
+        ..common::pool_config()
     };
     let r = rig_with(1, 1 << 30, config);
     let a = r.malloc(8 * MIB, 0, 1);
@@ -162,24 +162,20 @@ fn without_trim_on_growth_cached_blocks_still_go_back_before_the_pool_grows() {
 }
 
 /// The virtual-memory resource reuses its own holes (it does not return before growth): its
-/// growth never waits for the stream; the small-block pool beside it does.
+/// growth never waits for the stream, for large blocks or small ones (carved out of its pages).
 #[test]
-fn only_a_cuda_pool_waits_for_its_stream_before_growing() {
+fn the_virtual_memory_backend_never_waits_for_its_stream_before_growing() {
     let config = Config {
         backend: Backend::Vmm,
-        vmm_background_release: false,
-        ..Config::default()
+        ..common::pool_config()
     };
     let r = rig_with(1, 1 << 30, config);
     let large = r.malloc(8 * MIB, 0, 1);
-    assert_eq!(r.stats(0).num_growth_syncs, 0, "vmm: no wait");
     let small = r.malloc(4096, 0, 1);
-    assert_eq!(
-        r.stats(0).num_growth_syncs,
-        1,
-        "the empty small-block pool waited"
-    );
     r.free(large, 0);
+    let larger = r.malloc(12 * MIB, 0, 1);
+    assert_eq!(r.stats(0).num_growth_syncs, 0, "vmm: no wait");
+    r.free(larger, 0);
     r.free(small, 0);
     r.finish();
 }
@@ -189,7 +185,7 @@ fn only_a_cuda_pool_waits_for_its_stream_before_growing() {
 /// trims.
 #[test]
 fn while_a_capture_is_known_growth_does_not_wait_and_empty_cache_does_not_trim() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     r.sim.begin_capture(0, s(9));
     let graph = r.malloc(4096, 0, 9); // the allocator learns of the capture
     let a = r.malloc(8 * MIB, 0, 1);

@@ -94,7 +94,7 @@ fn exporting_a_block_from_the_ordinary_pool_says_how_to_make_it_shareable() {
 fn with_ipc_on_every_pool_block_is_shareable_cached_ones_included() {
     let config = Config {
         ipc: true,
-        ..Config::default()
+        ..common::base_config()
     };
     let rig = rig_with(2, 64 * MIB, config);
     let p = rig.malloc(MIB, 1, 0);
@@ -161,7 +161,7 @@ fn bad_imports_and_scopes_are_errors() {
 
 #[test]
 fn a_shareable_block_used_on_other_streams_goes_back_to_its_pool_not_the_cache() {
-    let rig = rig(64 * MIB);
+    let rig = rig_with(2, 64 * MIB, common::pool_config());
     let shared = with_shareable(|| rig.malloc(MIB, 0, 1));
     rig.alloc.record_stream(shared, s(2)).unwrap();
     rig.free(shared, 0);
@@ -248,7 +248,7 @@ fn a_block_imported_twice_is_mapped_once_until_its_last_close() {
 /// pool it is the third pool. Fails if shareable pools are never granted to peers.
 #[test]
 fn the_shareable_pool_follows_the_peer_access_policy() {
-    let rig = rig(64 * MIB); // auto
+    let rig = rig_with(2, 64 * MIB, common::pool_config()); // auto
     let p1 = rig.malloc(MIB, 1, 0);
     let ptr = with_shareable(|| rig.malloc(MIB, 0, 0));
     assert_eq!(rig.own_pools(0).len(), 2, "main and small-block pools");
@@ -262,7 +262,7 @@ fn the_shareable_pool_follows_the_peer_access_policy() {
         64 * MIB,
         Config {
             peer_access: streampool::config::PeerAccess::Off,
-            ..Config::default()
+            ..common::pool_config()
         },
     );
     let p1 = rig.malloc(MIB, 1, 0);

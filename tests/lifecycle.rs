@@ -43,7 +43,7 @@ fn a_device_that_is_never_used_gets_no_pool_and_costs_nothing() {
 fn a_sticky_error_on_one_device_is_reported_and_the_other_device_keeps_working() {
     // Not strict: device 0's memory cannot be given back once its context is gone.
     let sim = Arc::new(SimDriver::new(2, 64 * MIB));
-    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, Config::default()).unwrap();
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, common::base_config()).unwrap();
     let on_0 = alloc.malloc(MIB, 0, Stream(0)).unwrap();
     let on_1 = alloc.malloc(MIB, 1, Stream(0)).unwrap();
     alloc.free(on_1, 1).unwrap(); // cached on device 1
@@ -127,7 +127,7 @@ fn init_warns_only_when_pytorch_and_the_driver_disagree_on_the_device_count() {
 #[test]
 fn dropping_the_allocator_destroys_the_events_it_kept() {
     let w = Wrapped::new(1, 64 * MIB);
-    let alloc = Allocator::new(w.clone() as Arc<dyn Driver>, Config::default()).unwrap();
+    let alloc = Allocator::new(w.clone() as Arc<dyn Driver>, common::pool_config()).unwrap();
     let p = alloc.malloc(MIB, 0, Stream(1)).unwrap();
     alloc.record_stream(p, Stream(2)).unwrap();
     alloc.free(p, 0).unwrap(); // waits for an event on stream 2
@@ -152,7 +152,7 @@ fn dropping_the_allocator_destroys_the_vmm_resource_s_fences() {
     let w = Wrapped::new(1, 256 * MIB);
     let config = Config {
         backend: streampool::config::Backend::Vmm,
-        ..Config::default()
+        ..common::base_config()
     };
     let alloc = Allocator::new(w.clone() as Arc<dyn Driver>, config).unwrap();
     let a = alloc.malloc(8 * MIB, 0, Stream(1)).unwrap();

@@ -13,7 +13,7 @@ use streampool::{Config, Error, MAX_ALLOCATION_BYTES};
 
 #[test]
 fn out_of_memory_flushes_synchronises_trims_and_retries() {
-    let r = rig(64 * MIB);
+    let r = rig_with(2, 64 * MIB, common::pool_config());
     // stream 1 frees 48 MiB into the cache; for stream 2 the cache hands it to the pool, which
     // can't reuse it before stream 1 reaches the free: growth fails, a synchronisation fixes it
     let a = r.malloc(48 * MIB, 0, 1);
@@ -108,10 +108,10 @@ fn memory_fraction_caps_live_bytes_at_every_moment_under_16_threads() {
     const ROUNDS: u64 = 1000;
     const BLOCK_BYTES: u64 = 8 * MIB;
     const CAP_BYTES: u64 = 64 * MIB;
-    for cache_limit in [SizeSpec::Bytes(0), Config::default().cache_limit] {
+    for cache_limit in [SizeSpec::Bytes(0), common::base_config().cache_limit] {
         let config = Config {
             cache_limit,
-            ..Config::default()
+            ..common::base_config()
         };
         let r = rig_with(1, 1 << 30, config);
         r.alloc.set_memory_fraction(0, 1.0 / 16.0).unwrap();
@@ -280,7 +280,7 @@ fn sizes_above_the_maximum_are_invalid_arguments_that_change_nothing() {
 /// the cap leaves the same room as before.
 #[test]
 fn a_failed_allocation_gives_back_its_share_of_the_memory_fraction() {
-    let r = rig(100 * MIB);
+    let r = rig_with(2, 100 * MIB, common::pool_config());
     r.alloc.set_memory_fraction(0, 0.5).unwrap(); // 50 MiB
     r.sim.inject_fault(SimFault::Alloc, 1);
     let e = r.alloc.malloc(40 * MIB, 0, s(0)).unwrap_err().to_string();
@@ -294,7 +294,7 @@ fn a_failed_allocation_gives_back_its_share_of_the_memory_fraction() {
 /// request is over by (largest first: here the 1 MiB block, not the 512 KiB one).
 #[test]
 fn the_memory_fraction_evicts_just_enough_cached_blocks_from_any_stream() {
-    let r = rig(100 * MIB);
+    let r = rig_with(2, 100 * MIB, common::pool_config());
     r.alloc.set_memory_fraction(0, 0.5).unwrap(); // 50 MiB
     let live = r.malloc(40 * MIB, 0, 1);
     let a = r.malloc(MIB, 0, 1);

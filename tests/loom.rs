@@ -64,7 +64,14 @@ struct Rig {
 impl Rig {
     fn new() -> Rig {
         let sim = std::sync::Arc::new(SimDriver::new(1, 1 << 30).strict());
-        let alloc = Allocator::new(sim.clone() as std::sync::Arc<dyn Driver>, Config::default());
+        let alloc = Allocator::new(
+            sim.clone() as std::sync::Arc<dyn Driver>,
+            Config {
+                backend: streampool::config::Backend::Pool,
+                background: false,
+                ..Config::default()
+            },
+        );
         Rig {
             sim,
             alloc: alloc.unwrap(),
@@ -196,7 +203,7 @@ fn first_allocations_create_the_pools_once() {
             })
             .collect();
         let ptrs: Vec<DevicePtr> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-        // Config::default() makes a main pool and a small-block pool, once.
+        // Config { backend: streampool::config::Backend::Pool, background: false, ..Config::default() } makes a main pool and a small-block pool, once.
         let pools = r.sim.pool_infos(0);
         assert_eq!(pools.len(), 2, "{pools:?}");
         assert!(pools.iter().all(|p| !p.destroyed && !p.shareable));

@@ -35,6 +35,7 @@ impl Rig {
         let sim = std::sync::Arc::new(SimDriver::new(1, 64 * MIB).strict());
         let config = Config {
             backend: Backend::Vmm,
+            background: false,
             ..Config::default()
         };
         let alloc = Allocator::new(sim.clone() as std::sync::Arc<dyn Driver>, config).unwrap();

@@ -15,7 +15,7 @@ use streampool::{Allocator, Config};
 fn peer_config(mode: PeerAccess) -> Config {
     Config {
         peer_access: mode,
-        ..Config::default()
+        ..common::pool_config()
     }
 }
 

@@ -11,7 +11,7 @@ use streampool::Config;
 
 #[test]
 fn driver_faults_are_reported_and_the_allocator_stays_usable() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     r.sim.inject_fault(SimFault::PoolCreate, 1);
     let e = r.alloc.malloc(64, 0, s(0)).unwrap_err().to_string();
     assert!(e.contains("cuMemPoolCreate"), "{e}");
@@ -32,7 +32,7 @@ fn driver_faults_are_reported_and_the_allocator_stays_usable() {
 /// destroyed. Fails if the error path leaks the pool (`std::mem::forget` of the resource there).
 #[test]
 fn a_pool_whose_attributes_cannot_be_set_is_destroyed() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     r.sim.inject_fault(SimFault::PoolSetAttr, 1);
     let e = r.alloc.malloc(4096, 0, s(0)).unwrap_err().to_string();
     assert!(e.contains("cuMemPoolSetAttribute"), "{e}");
@@ -62,7 +62,7 @@ fn a_pool_whose_attributes_cannot_be_set_is_destroyed() {
 
 #[test]
 fn a_block_the_driver_will_not_free_does_not_stop_trimming_or_the_oom_retry() {
-    let r = rig(256 * MIB);
+    let r = pool_rig(256 * MIB);
     let stuck = r.malloc(100 * MIB, 0, 0); // over the cache budget: freed at once
     r.sim.inject_fault(SimFault::Free, 2);
     r.alloc.free(stuck, 0).unwrap_err(); // refused; kept for a retry
@@ -95,7 +95,7 @@ fn a_block_the_driver_will_not_free_does_not_stop_trimming_or_the_oom_retry() {
 
 #[test]
 fn cache_gives_blocks_back_before_the_pool_grows() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     let a = r.malloc(8 * MIB, 0, 1);
     r.free(a, 0);
     assert_eq!(r.stats(0).cached_bytes, 8 * MIB);
@@ -113,7 +113,7 @@ fn before_the_pool_grows_it_releases_memory_it_no_longer_uses() {
     let grow_after_8_mib_freed = |trim_on_growth: bool| {
         let config = Config {
             trim_on_growth,
-            ..Config::default()
+            ..common::pool_config()
         };
         let r = rig_with(2, 1 << 30, config);
         let a = r.malloc(8 * MIB, 0, 1);
@@ -138,7 +138,7 @@ fn before_the_pool_grows_it_releases_memory_it_no_longer_uses() {
 
 #[test]
 fn a_miss_waits_for_its_stream_only_when_returned_blocks_cannot_make_room() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     let a = r.malloc(8 * MIB, 0, 5);
     let b = r.malloc(8 * MIB, 0, 5);
     r.free(a, 0);
@@ -162,7 +162,7 @@ fn a_miss_waits_for_its_stream_only_when_returned_blocks_cannot_make_room() {
         1 << 30,
         Config {
             trim_on_growth: false,
-            ..Config::default()
+            ..common::pool_config()
         },
     );
     let e = quiet.malloc(64 * MIB, 0, 5);
@@ -178,7 +178,7 @@ fn a_miss_waits_for_its_stream_only_when_returned_blocks_cannot_make_room() {
 fn small_pool_config() -> Config {
     Config {
         small_pool_max: SizeSpec::Bytes(MIB),
-        ..Config::default()
+        ..common::pool_config()
     }
 }
 
@@ -234,7 +234,7 @@ fn small_pool_follows_peer_access_and_is_off_when_disabled_or_for_a_capped_or_sh
     for config in [
         Config {
             small_pool_max: SizeSpec::Bytes(0),
-            ..Config::default()
+            ..common::pool_config()
         },
         Config {
             max_pool_size: SizeSpec::Bytes(512 * MIB),
@@ -277,7 +277,7 @@ fn the_main_pool_s_growth_keeps_small_blocks_cached() {
 
 #[test]
 fn trim_returns_the_cache_and_keeps_the_bytes_asked_for() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     let a = r.malloc(40 * MIB, 0, 1);
     r.free(a, 0);
     assert_eq!(r.stats(0).cached_bytes, 40 * MIB);
@@ -292,7 +292,7 @@ fn trim_returns_the_cache_and_keeps_the_bytes_asked_for() {
 
 #[test]
 fn the_release_threshold_is_set_on_every_pool_of_the_device() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     r.alloc.set_release_threshold(1, 8 * MIB).unwrap();
     let pools = r.own_pools(1);
     assert_eq!(pools.len(), 2, "main and small-block pools: {pools:?}");

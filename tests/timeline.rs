@@ -3,7 +3,6 @@
 mod common;
 use common::*;
 use streampool::history::{StreampoolBlockState as State, StreampoolEventKind as Kind};
-use streampool::Config;
 
 fn kinds(rig: &Rig) -> Vec<u32> {
     rig.alloc
@@ -29,7 +28,7 @@ fn nothing_is_recorded_until_asked() {
 
 #[test]
 fn records_allocations_pool_traffic_growth_and_trims_with_gauges() {
-    let rig = rig(64 * MIB);
+    let rig = rig_with(2, 64 * MIB, common::pool_config());
     rig.alloc.record_history(true, 1000).unwrap();
     let p = rig.malloc(MIB - 100, 0, 1);
     rig.free(p, 0);
@@ -132,7 +131,7 @@ fn blocks_list_live_cached_and_waiting_blocks() {
 
 #[test]
 fn the_timeline_is_per_allocator_and_survives_concurrent_use() {
-    let rig = rig_with(2, 256 * MIB, Config::default());
+    let rig = rig_with(2, 256 * MIB, common::base_config());
     rig.alloc.record_history(true, 1_000_000).unwrap();
     std::thread::scope(|scope| {
         for t in 0..4usize {

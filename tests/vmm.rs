@@ -23,6 +23,7 @@ struct Rig {
 fn vmm_config() -> Config {
     Config {
         backend: Backend::Vmm,
+        background: false,
         ..Config::default()
     }
 }
@@ -64,17 +65,17 @@ impl Rig {
 }
 
 #[test]
-fn large_blocks_are_mapped_small_ones_pooled_and_only_small_ones_cached() {
+fn small_blocks_share_the_pages_of_large_ones_and_only_small_ones_are_cached() {
     let r = rig();
     let small = r.malloc(64 * 1024, 0, S1);
     let large = r.malloc(5 * MIB, 0, S1);
-    assert_eq!(r.sim.physical_bytes(0), 3 * PAGE, "5 MiB on 2 MiB pages");
-    let s = r.stats();
-    let pool_reserved = s.reserved_bytes - 3 * PAGE;
-    assert!(
-        pool_reserved >= 64 * 1024,
-        "the small block's pool: {pool_reserved}"
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        4 * PAGE,
+        "5 MiB on 2 MiB pages, and one page for small blocks"
     );
+    assert_eq!(r.stats().reserved_bytes, 4 * PAGE, "no CUDA pool beside it");
+    assert_eq!(r.sim.outstanding_bytes(), 0, "nothing from a CUDA pool");
     r.alloc.free(small, 0).unwrap();
     r.alloc.free(large, 0).unwrap();
     assert_eq!(
@@ -88,6 +89,47 @@ fn large_blocks_are_mapped_small_ones_pooled_and_only_small_ones_cached() {
         "its own stream reuses it at once"
     );
     r.alloc.free(large, 0).unwrap();
+    r.finish();
+}
+
+/// Small blocks are carved out of whole pages: one live 4 KiB block keeps one page, and a page
+/// whose blocks are all free is an idle page again, released like any other.
+#[test]
+fn one_live_small_block_holds_one_page_and_an_emptied_page_is_idle_again() {
+    let config = Config {
+        cache_limit: SizeSpec::Bytes(0), // every free reaches the resource
+        ..vmm_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
+    let blocks: Vec<DevicePtr> = (0..600).map(|_| r.malloc(4096, 0, S1)).collect();
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        2 * PAGE,
+        "600 x 4 KiB on two pages"
+    );
+    for &b in &blocks[1..] {
+        r.alloc.free(b, 0).unwrap();
+    }
+    r.sim.complete_all();
+    r.alloc.trim(0, 0).unwrap();
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        PAGE,
+        "one live 4 KiB block holds one page; the emptied page went back"
+    );
+    let large = r.malloc(PAGE, 0, S2);
+    assert_eq!(r.stats().num_maps, 3, "one page mapped for it");
+    r.alloc.free(blocks[0], 0).unwrap();
+    r.alloc.free(large, 0).unwrap();
+    r.sim.complete_all();
+    let maps = r.stats().num_maps;
+    let again = r.malloc(2 * PAGE, 0, S2);
+    assert_eq!(
+        r.stats().num_maps,
+        maps,
+        "the small blocks' page, empty now, serves a large block without a mapping"
+    );
+    r.alloc.free(again, 0).unwrap();
     r.finish();
 }
 
@@ -113,15 +155,18 @@ fn record_stream_blocks_wait_for_their_streams_before_going_home() {
 }
 
 #[test]
-fn empty_cache_releases_every_free_page_and_oom_recovers_after_it() {
+fn a_block_freed_on_one_stream_serves_another_at_once_and_empty_cache_releases_it() {
     let r = rig_with(1, 32 * MIB, vmm_config());
     let a = r.malloc(20 * MIB, 0, S1);
     let e = r.alloc.malloc(20 * MIB, 0, S2).unwrap_err().to_string();
     assert!(e.starts_with("CUDA out of memory."), "{e}");
+    assert_eq!(r.stats().num_alloc_retries, 1);
     r.alloc.free(a, 0).unwrap();
-    // S2 cannot reuse S1's pages before its fence: the retry synchronises, then remaps them.
+    // S1's work on a may still run: S2 gets it at once, after a GPU-side wait for S1's free.
     let b = r.malloc(20 * MIB, 0, S2);
-    assert_eq!(r.stats().num_alloc_retries, 2);
+    assert_eq!(b, a);
+    let st = r.stats();
+    assert_eq!((st.num_alloc_retries, st.num_stream_waits), (1, 1));
     r.alloc.free(b, 0).unwrap();
     r.alloc.empty_cache().unwrap();
     assert_eq!(r.sim.physical_bytes(0), 0);
@@ -129,19 +174,21 @@ fn empty_cache_releases_every_free_page_and_oom_recovers_after_it() {
 }
 
 #[test]
-fn memory_held_in_holes_is_remapped_instead_of_growing() {
+fn memory_left_unused_in_holes_is_remapped_instead_of_growing() {
     let r = rig();
+    r.sim.stop_clock();
     let blocks: Vec<DevicePtr> = (0..6).map(|_| r.malloc(PAGE, 0, S1)).collect();
     for &b in blocks.iter().step_by(2) {
         r.alloc.free(b, 0).unwrap();
     }
     r.sim.complete_all();
+    r.sim.advance_clock_ms(Config::default().vmm_cold_after_ms);
     let before = r.sim.physical_bytes(0);
     let big = r.malloc(3 * PAGE, 0, S1);
     assert_eq!(
         r.sim.physical_bytes(0),
         before,
-        "three idle holes back one new block"
+        "three cold holes back one new block"
     );
     r.alloc.free(big, 0).unwrap();
     for &b in blocks.iter().skip(1).step_by(2) {
@@ -343,9 +390,8 @@ fn used_bytes_and_the_reserved_peak_follow_the_vmm_resource() {
 }
 
 /// Whether the device's mapped memory drops to 0 within 30 s (at once when right), with no call
-/// into streampool,
-/// while the GPU keeps up (the simulator completes work only when told: every 5 ms, all of it,
-/// the releaser's fences included).
+/// into streampool, while the GPU keeps up (the simulator completes work only when told: every
+/// 5 ms, all of it, the fences included).
 fn released_in_the_background(sim: &SimDriver) -> bool {
     let start = std::time::Instant::now();
     while start.elapsed() < std::time::Duration::from_secs(30) {
@@ -358,55 +404,84 @@ fn released_in_the_background(sim: &SimDriver) -> bool {
     false
 }
 
-/// The allocation wakes nothing (nothing waits for the GPU yet), but a wake condition that is
-/// wrong that way would, and the pass it starts 10 ms later could still be running at the free
-/// and release the block in the free's place. Give such a pass time to end, so that these tests
-/// see whether the free itself wakes the releaser. (Only a mutant depends on this wait.)
-fn let_a_pass_started_by_the_allocation_end() {
-    std::thread::sleep(std::time::Duration::from_millis(50));
+/// The device's background thread on, idle release after 100 ms.
+fn tended(config: Config) -> Config {
+    Config {
+        background: true,
+        idle_release_ms: Some(100),
+        ..config
+    }
 }
 
-/// A free above the release threshold whose stream still works on the block wakes the releaser:
-/// once the GPU is done, the pages go back without the program calling streampool again.
+/// Above the release threshold, memory unused for `vmm_cold_after_ms` goes back from the
+/// background thread, without another call (the device is not idle: its idle release is off).
 #[test]
-fn the_releaser_returns_a_block_freed_while_its_stream_still_used_it() {
+fn above_the_threshold_cold_memory_goes_back_in_the_background() {
     let config = Config {
         release_threshold: SizeSpec::Bytes(0),
-        ..vmm_config()
+        idle_release_ms: None,
+        ..tended(vmm_config())
     };
     let r = rig_with(1, 256 * MIB, config);
+    r.sim.stop_clock();
     let a = r.malloc(8 * MIB, 0, S1); // S1's work on it has not completed
-    let_a_pass_started_by_the_allocation_end();
     r.alloc.free(a, 0).unwrap();
-    assert_eq!(
-        r.sim.physical_bytes(0),
-        8 * MIB,
-        "still in use by S1 at its free"
-    );
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    r.sim.complete_all();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(r.sim.physical_bytes(0), 8 * MIB, "not cold yet");
+    r.sim.advance_clock_ms(Config::default().vmm_cold_after_ms);
     assert!(
         released_in_the_background(&r.sim),
-        "still mapped 30 s after S1 finished"
+        "still mapped 30 s after it went cold"
     );
     r.finish();
 }
 
-/// The same for a block freed during a capture: it waits for the capture's end, and the releaser
-/// (woken at the free) returns it after that, again without another call.
+/// With the default threshold (keep everything), an idle device gives back all it does not use:
+/// its cache, and every idle page, once its streams are done.
 #[test]
-fn the_releaser_returns_a_block_freed_during_a_capture_after_the_capture() {
-    let config = Config {
-        release_threshold: SizeSpec::Bytes(0),
-        ..vmm_config()
-    };
-    let r = rig_with(1, 256 * MIB, config);
+fn an_idle_device_gives_back_its_cache_and_idle_pages_in_the_background() {
+    let r = rig_with(1, 256 * MIB, tended(vmm_config()));
+    let live = r.malloc(4096, 0, S1);
+    let a = r.malloc(8 * MIB, 0, S1);
+    let cached = r.malloc(64 * 1024, 0, S1);
+    r.alloc.free(a, 0).unwrap();
+    r.alloc.free(cached, 0).unwrap();
+    let start = std::time::Instant::now();
+    while r.sim.physical_bytes(0) > PAGE && start.elapsed() < std::time::Duration::from_secs(30) {
+        r.sim.complete_all();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let st = r.stats();
+    assert_eq!(
+        (r.sim.physical_bytes(0), st.cached_bytes),
+        (PAGE, 0),
+        "down to the page of the live block"
+    );
+    assert_eq!(st.num_idle_releases, 1);
+    r.alloc.free(live, 0).unwrap();
+    r.finish();
+}
+
+/// The same for a block freed during a capture: it waits for the capture's end, and is
+/// released after it, again without another call.
+#[test]
+fn a_block_freed_during_a_capture_goes_back_after_the_capture_in_the_background() {
+    let r = rig_with(1, 256 * MIB, tended(vmm_config()));
     let capturing = Stream(9);
     let a = r.malloc(8 * MIB, 0, S1);
     r.sim.complete_all();
-    let_a_pass_started_by_the_allocation_end();
     r.sim.begin_capture(0, capturing);
     let graph = r.alloc.malloc(2 * MIB, 0, capturing).unwrap(); // the capture is known now
     r.alloc.free(a, 0).unwrap(); // waits for the capture's end
     r.alloc.free(graph, 0).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        8 * MIB,
+        "nothing released during the capture"
+    );
     r.sim.end_capture(0, capturing);
     assert!(
         released_in_the_background(&r.sim),

@@ -133,7 +133,7 @@ impl Harness {
             false => Config::default(),
             true => Config {
                 backend: Backend::Vmm,
-                vmm_background_release: false,
+                background: false,
                 ..Config::default()
             },
         };

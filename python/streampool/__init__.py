@@ -130,8 +130,9 @@ def memory_stats(device: Device = None) -> Dict[str, int]:
     """Statistics of ``device`` under ``torch.cuda.memory_stats()`` names (bytes and counts),
     plus streampool's ``cached_bytes``, ``cache_hits``, ``pool_used_bytes``,
     ``memory_limit_bytes`` (2**64 - 1 when no limit is set), ``device_total_bytes``,
-    ``num_growth_syncs``, and the pages the vmm backend mapped and unmapped (``num_maps``,
-    ``num_unmaps``)."""
+    ``num_growth_syncs``, the vmm backend's driver calls (``num_maps``, ``num_unmaps``,
+    ``num_mem_creates``, ``num_mem_releases``, ``num_set_access_calls``), blocks handed to a stream
+    after a GPU-side wait (``num_stream_waits``) and idle releases (``num_idle_releases``)."""
     return stats_dict(_lib.get_stats(device_index(device)))
 
 

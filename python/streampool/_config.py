@@ -6,8 +6,10 @@ from typing import Dict, List, Mapping, Tuple
 # Every variable the library reads, with the default documented in docs/abi.md.
 VARIABLE_DEFAULTS: Dict[str, str] = {
     "STREAMPOOL_DRIVER": "cuda",
-    "STREAMPOOL_BACKEND": "pool",
+    "STREAMPOOL_BACKEND": "vmm",
     "STREAMPOOL_VMM_PAGE_SIZE": "2MiB",
+    "STREAMPOOL_VMM_COLD_AFTER": "250ms",
+    "STREAMPOOL_IDLE_RELEASE": "2s",
     "STREAMPOOL_RELEASE_THRESHOLD": "max",
     "STREAMPOOL_MAX_POOL_SIZE": "max",
     "STREAMPOOL_CACHE_LIMIT": "64MiB",
@@ -28,6 +30,8 @@ VARIABLE_DEFAULTS: Dict[str, str] = {
 OPTION_VARIABLES: Dict[str, str] = {
     "backend": "STREAMPOOL_BACKEND",
     "vmm_page_size": "STREAMPOOL_VMM_PAGE_SIZE",
+    "vmm_cold_after": "STREAMPOOL_VMM_COLD_AFTER",
+    "idle_release": "STREAMPOOL_IDLE_RELEASE",
     "release_threshold": "STREAMPOOL_RELEASE_THRESHOLD",
     "max_pool_size": "STREAMPOOL_MAX_POOL_SIZE",
     "cache_limit": "STREAMPOOL_CACHE_LIMIT",

@@ -111,11 +111,16 @@ STATS_FIELDS = (
     "num_growth_syncs",
     "num_maps",
     "num_unmaps",
+    "num_mem_creates",
+    "num_mem_releases",
+    "num_set_access_calls",
+    "num_stream_waits",
+    "num_idle_releases",
 )
 
 
 class StreampoolStats(ctypes.Structure):
-    """``struct StreampoolStats``: 26 ``uint64_t`` counters, in the C field order."""
+    """``struct StreampoolStats``: 31 ``uint64_t`` counters, in the C field order."""
 
     _fields_ = [(name, ctypes.c_uint64) for name in STATS_FIELDS]
 

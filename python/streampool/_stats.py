@@ -36,6 +36,11 @@ OWN_KEYS = {
     "num_growth_syncs": "num_growth_syncs",
     "num_maps": "num_maps",
     "num_unmaps": "num_unmaps",
+    "num_mem_creates": "num_mem_creates",
+    "num_mem_releases": "num_mem_releases",
+    "num_set_access_calls": "num_set_access_calls",
+    "num_stream_waits": "num_stream_waits",
+    "num_idle_releases": "num_idle_releases",
 }
 
 

@@ -11,6 +11,8 @@ loads it; cases that need other values run in subprocesses (see helpers.run_pyth
 """
 
 import os
+
+import pytest
 import sys
 from pathlib import Path
 
@@ -22,12 +24,19 @@ if INSTALLED:
 else:
     sys.path.insert(0, str(PYTHON_DIR))
 
-_KEPT = ("STREAMPOOL_LIBRARY", "STREAMPOOL_TEST_INSTALLED")
+# The backend under test: the library's default unless STREAMPOOL_TEST_BACKEND names one
+# (scripts/test runs the suite under both).
+BACKEND = os.environ.get("STREAMPOOL_TEST_BACKEND", "vmm")
+if BACKEND not in ("pool", "vmm"):
+    raise RuntimeError(f"STREAMPOOL_TEST_BACKEND={BACKEND!r}: expected pool or vmm")
+_KEPT = ("STREAMPOOL_LIBRARY", "STREAMPOOL_TEST_INSTALLED", "STREAMPOOL_TEST_BACKEND")
 for _name in [n for n in os.environ if n.startswith("STREAMPOOL_") and n not in _KEPT]:
     del os.environ[_name]
 os.environ.update(
     {"STREAMPOOL_DRIVER": "sim", "STREAMPOOL_SIM_DEVICES": "2", "STREAMPOOL_SIM_MEMORY": "16GiB"}
 )
+if "STREAMPOOL_TEST_BACKEND" in os.environ:
+    os.environ["STREAMPOOL_BACKEND"] = BACKEND
 
 import streampool  # noqa: E402  (after the path and the environment are set)
 
@@ -42,3 +51,12 @@ def pytest_report_header(config):
     from streampool import _lib
 
     return f"streampool: {Path(streampool.__file__).parent} (library: {_lib.find_library()})"
+
+
+def pool_backend_only(test):
+    """For a test of the CUDA pool backend's own behaviour (its cache of large blocks, its event
+    sequence); the vmm backend's counterpart is in test_vmm.py. Runs when the suite runs under
+    STREAMPOOL_TEST_BACKEND=pool."""
+    return pytest.mark.skipif(
+        BACKEND != "pool", reason="pool backend behaviour (scripts/test runs it under pool)"
+    )(test)

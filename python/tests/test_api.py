@@ -8,6 +8,7 @@ from streampool import _lib
 from streampool._config import option_environment, variables_in_effect
 from streampool._device import device_index
 from streampool._stats import format_bytes
+from conftest import pool_backend_only
 
 TORCH_KEYS = {
     "allocated_bytes.all.current",
@@ -38,6 +39,11 @@ OWN_KEYS = {
     "num_growth_syncs",
     "num_maps",
     "num_unmaps",
+    "num_mem_creates",
+    "num_mem_releases",
+    "num_set_access_calls",
+    "num_stream_waits",
+    "num_idle_releases",
 }
 
 
@@ -169,6 +175,7 @@ def test_trim_rejects_sizes_outside_uint64_before_ctypes_wraps_them(value):
         streampool.trim(value)
 
 
+@pool_backend_only
 def test_trim_through_the_public_api_empties_the_cache():
     block = _lib.malloc(4 * MiB, 0)
     _lib.free(block, 4 * MiB, 0)

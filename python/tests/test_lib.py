@@ -5,6 +5,7 @@ from helpers import GiB, MiB
 
 import streampool
 from streampool import _lib
+from conftest import pool_backend_only
 
 STREAM_A = 0x1234  # fake stream handles: the simulated driver accepts any value
 STREAM_B = 0x5678
@@ -299,6 +300,7 @@ def test_parse_bytes_resolves_units_and_percentages():
         _lib.parse_bytes("12XB", 0)
 
 
+@pool_backend_only
 def test_trim_returns_cached_memory_and_shrinks_the_pool():
     block = _lib.malloc(8 * MiB, 0, STREAM_A)
     _lib.free(block, 8 * MiB, 0, STREAM_A)

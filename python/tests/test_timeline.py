@@ -13,6 +13,7 @@ from helpers import MiB, describe, run_python
 
 import streampool
 from streampool import _lib
+from conftest import pool_backend_only
 
 
 @pytest.fixture(autouse=True)
@@ -33,6 +34,7 @@ def _alloc_free_cycle():
     return b, c
 
 
+@pool_backend_only
 def test_history_records_each_action_with_gauges():
     b, c = _alloc_free_cycle()
     events = streampool.history()
@@ -68,6 +70,7 @@ def test_stopping_keeps_the_record_and_starting_clears_it():
             streampool.record_history(True, max_entries=bad)
 
 
+@pool_backend_only
 def test_snapshot_has_pytorchs_shape():
     b, c = _alloc_free_cycle()
     snap = streampool.snapshot()
@@ -103,6 +106,7 @@ def test_out_of_memory_becomes_an_oom_trace_entry_with_device_free():
     assert trace[-1]["device_free"] == streampool.memory_stats(1)["device_total_bytes"]
 
 
+@pool_backend_only
 def test_dump_snapshot_writes_protocol_4_and_plot_draws_it(tmp_path):
     b, c = _alloc_free_cycle()
     path = streampool.dump_snapshot(tmp_path / "snap.pickle")

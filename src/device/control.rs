@@ -30,8 +30,8 @@ impl DeviceAllocator {
             let st = self.state.lock();
             (st.books.counters().clone(), st.books.cached_bytes())
         };
-        let (usage, map_counts) = match self.provisioned.get() {
-            Some(p) => (p.resources.usage()?, p.resources.map_counts()),
+        let (usage, driver_counts) = match self.provisioned.get() {
+            Some(p) => (p.resources.usage()?, p.resources.driver_counts()),
             None => Default::default(),
         };
         Ok(StreampoolStats::assemble(DeviceFigures {
@@ -40,7 +40,7 @@ impl DeviceAllocator {
             usage,
             shareable: self.exporter.usage()?,
             limit_bytes: self.limit.bytes(),
-            map_counts,
+            driver_counts,
             device_total_bytes: self.device_total_bytes()?,
         }))
     }

@@ -14,6 +14,7 @@ use crate::history::StreampoolEventKind as Event;
 use crate::resource::Resource;
 use crate::units::{format_bytes, round_up};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Requests are rounded up to this, as PyTorch's own allocator does.
 pub const BLOCK_ALIGN_BYTES: u64 = 512;
@@ -26,13 +27,14 @@ pub(super) fn block_bytes(requested_bytes: u64) -> Result<u64> {
     })
 }
 
-/// The cap on the bytes a device holds from its resources; `u64::MAX` when there is none.
+/// The cap on the bytes a device holds from its resources; `u64::MAX` when there is none. Shared
+/// with the resources, which keep what they reserve from the device under it too.
 #[derive(Debug)]
-pub(super) struct Limit(AtomicU64);
+pub(super) struct Limit(Arc<AtomicU64>);
 
 impl Default for Limit {
     fn default() -> Limit {
-        Limit(AtomicU64::new(u64::MAX))
+        Limit(Arc::new(AtomicU64::new(u64::MAX)))
     }
 }
 
@@ -40,6 +42,10 @@ impl Limit {
     #[inline]
     pub fn bytes(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
+    }
+
+    pub fn shared(&self) -> &Arc<AtomicU64> {
+        &self.0
     }
 }
 

@@ -22,6 +22,7 @@
 mod books;
 mod control;
 mod growth;
+mod idle;
 mod limit;
 mod returns;
 mod shareable;
@@ -39,7 +40,7 @@ use crate::sync::{Mutex, OnceCell};
 use books::{Books, FreedBlock, Home};
 use growth::GrowthMarks;
 use limit::Limit;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use waits::{WaitingBlock, Waits};
 
 /// The device's resources and what was learnt when they were made.
@@ -53,6 +54,8 @@ struct DeviceState {
     books: Books,
     waits: Waits,
     growth: GrowthMarks,
+    /// Allocations and frees so far (the background thread tells idleness by it).
+    activity: u64,
 }
 
 pub struct DeviceAllocator {
@@ -66,6 +69,8 @@ pub struct DeviceAllocator {
     recorder: Arc<Recorder>,
     exporter: Exporter,
     peers: Arc<Peers>,
+    idle: idle::Watch,
+    me: Weak<DeviceAllocator>,
 }
 
 impl Home {
@@ -84,8 +89,8 @@ impl DeviceAllocator {
         config: Arc<Config>,
         recorder: Arc<Recorder>,
         peers: Arc<Peers>,
-    ) -> DeviceAllocator {
-        DeviceAllocator {
+    ) -> Arc<DeviceAllocator> {
+        Arc::new_cyclic(|me| DeviceAllocator {
             device,
             exporter: Exporter::new(device, Arc::clone(&driver)),
             driver,
@@ -96,11 +101,14 @@ impl DeviceAllocator {
                 books: Books::default(),
                 waits: Waits::default(),
                 growth: GrowthMarks::default(),
+                activity: 0,
             }),
             limit: Limit::default(),
             recorder,
             peers,
-        }
+            idle: idle::Watch::default(),
+            me: me.clone(),
+        })
     }
 
     /// The device's resources, created on first use.
@@ -118,6 +126,7 @@ impl DeviceAllocator {
             self.device,
             &self.config,
             total_bytes,
+            self.limit.shared(),
             &self.recorder,
         )?;
         let own: Vec<Arc<dyn Accessible>> = resources.all().map(|r| Arc::clone(r) as _).collect();
@@ -126,15 +135,20 @@ impl DeviceAllocator {
         let mut max_block_bytes = self.config.cache_max_block.resolve_bytes(total_bytes);
         if self.config.backend == Backend::Vmm && !self.config.ipc {
             // The virtual-memory resource reuses and coalesces freed blocks itself: caching
-            // them above it would only keep them from coalescing.
-            max_block_bytes = max_block_bytes.min(resources.small_max_bytes());
+            // large ones above it would only keep them from coalescing.
+            max_block_bytes =
+                max_block_bytes.min(self.config.small_pool_max.resolve_bytes(total_bytes));
         }
         let limit_bytes = self.config.cache_limit.resolve_bytes(total_bytes);
         self.state.lock().books = Books::new(Cache::new(limit_bytes, max_block_bytes));
-        Ok(self.provisioned.get_or_init(|| Provisioned {
+        let provisioned = self.provisioned.get_or_init(|| Provisioned {
             resources,
             total_bytes,
-        }))
+        });
+        if self.config.background {
+            crate::background::register(self.me.clone() as Weak<dyn crate::background::Tended>);
+        }
+        Ok(provisioned)
     }
 
     fn resources(&self) -> Result<&Resources> {
@@ -160,6 +174,7 @@ impl DeviceAllocator {
         let mut homeless = Vec::new();
         let (hit, reserved) = {
             let mut st = self.state.lock();
+            st.activity += 1;
             if !st.waits.is_idle() {
                 self.collect_waits(&mut st, &mut homeless);
             }
@@ -299,6 +314,7 @@ impl DeviceAllocator {
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
         let mut st = self.state.lock();
         let live = st.books.remove_live(ptr, self.device)?;
+        st.activity += 1;
         self.note(&st, Event::Free, live.stream, ptr, live.requested_bytes);
         log::trace!(
             "device {}: free {ptr:#x} ({} B) on stream {:#x}",

@@ -136,6 +136,18 @@ pub trait DeviceDriver {
     fn mem_info(&self, device: usize) -> Result<MemInfo>;
     /// Waits for all work on the device.
     fn synchronize(&self, device: usize) -> Result<()>;
+    /// Milliseconds on a monotonic clock (how long memory has stayed unused, how long a device
+    /// has been idle); the simulator's can be stopped and moved by tests.
+    fn now_ms(&self) -> u64;
+}
+
+/// Milliseconds since the first call in this process, on the monotonic clock.
+pub fn monotonic_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
 }
 
 /// Stream-ordered memory pools (`cuMemPool*`, `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`).

@@ -18,8 +18,10 @@ use crate::error::Result;
 use crate::history::Recorder;
 use cuda_pool::CudaPoolResource;
 use std::ops::RangeInclusive;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use vmm::VmmResource;
+pub use vmm::DriverCounts;
+use vmm::{VmmResource, VmmSettings};
 
 /// Memory that other devices can be given access to (a resource, or a pool imported from
 /// another process).
@@ -57,9 +59,20 @@ pub trait Resource: Accessible {
     /// `stream` of the device is capturing a CUDA graph: a resource that maps memory must not
     /// map, unmap or query events until the capture ends (it asks the driver when that is).
     fn capture_started(&self, _stream: Stream) {}
-    /// Pages mapped and unmapped so far, for a resource that maps memory itself.
-    fn map_counts(&self) -> (u64, u64) {
-        (0, 0)
+    /// The driver calls it made that cost time on the allocating thread (a resource that maps
+    /// memory itself; zero for others).
+    fn driver_counts(&self) -> DriverCounts {
+        DriverCounts::default()
+    }
+    /// Called regularly while the device is in use (by its background thread): a resource that
+    /// applies its release threshold itself does so here. True while it holds memory above it.
+    fn tend(&self) -> bool {
+        false
+    }
+    /// The device has been idle: give back all memory not in use, without synchronising. True if
+    /// some may become releasable later (its streams have not caught up): call again.
+    fn release_idle(&self) -> Result<bool> {
+        self.trim(0).map(|()| false)
     }
 
     /// The CUDA pool behind it, if it is one (for sharing with other processes).
@@ -92,6 +105,7 @@ impl Resources {
         device: usize,
         config: &Config,
         total_bytes: u64,
+        limit_bytes: &Arc<AtomicU64>,
         recorder: &Arc<Recorder>,
     ) -> Result<Resources> {
         let small_max_bytes = config.small_pool_max.resolve_bytes(total_bytes);
@@ -99,19 +113,33 @@ impl Resources {
             let pool = CudaPoolResource::create(driver, device, config, total_bytes, true, "pool")?;
             return Ok(Resources::single(Arc::new(pool)));
         }
-        let large: Arc<dyn Resource> = match config.backend {
-            Backend::Pool => Arc::new(CudaPoolResource::create(
+        if config.backend == Backend::Vmm && !config.backend_explicit && !vmm_usable(driver, device)
+        {
+            log::warn!(
+                "device {device}: no CUDA virtual memory management here; streampool uses the \
+                 CUDA pool backend (STREAMPOOL_BACKEND=pool)"
+            );
+        } else if config.backend == Backend::Vmm {
+            // One resource for every size: small blocks are carved out of its own pages.
+            let settings = VmmSettings::from_config(config, total_bytes);
+            let vmm = VmmResource::create(
                 driver,
                 device,
-                config,
+                &settings,
                 total_bytes,
-                false,
-                "pool",
-            )?),
-            Backend::Vmm => {
-                VmmResource::create(driver, device, config, total_bytes, Arc::clone(recorder))?
-            }
-        };
+                Arc::clone(limit_bytes),
+                Arc::clone(recorder),
+            )?;
+            return Ok(Resources::single(vmm));
+        }
+        let large = Arc::new(CudaPoolResource::create(
+            driver,
+            device,
+            config,
+            total_bytes,
+            false,
+            "pool",
+        )?);
         // A pool size cap applies to one pool: no split then.
         let split = small_max_bytes > 0 && config.max_pool_size.is_max();
         let small = match split {
@@ -162,11 +190,6 @@ impl Resources {
         }
     }
 
-    /// The largest block served by the small-block resource (0 without one).
-    pub fn small_max_bytes(&self) -> u64 {
-        self.small.as_ref().map_or(0, |_| self.small_max_bytes)
-    }
-
     /// The block sizes `class` serves.
     pub fn sizes_served(&self, class: SizeClass) -> RangeInclusive<u64> {
         match (class, &self.small) {
@@ -187,15 +210,20 @@ impl Resources {
             .try_fold(PoolUsage::default(), |sum, r| Ok(sum.plus(r.usage()?)))
     }
 
-    /// Pages mapped and unmapped by the resources, summed.
-    pub fn map_counts(&self) -> (u64, u64) {
+    /// The driver calls the resources made, summed.
+    pub fn driver_counts(&self) -> DriverCounts {
         self.all()
-            .map(|r| r.map_counts())
-            .fold((0, 0), |(m, u), (dm, du)| (m + dm, u + du))
+            .map(|r| r.driver_counts())
+            .fold(DriverCounts::default(), DriverCounts::plus)
     }
 
     /// Runs `f` on every resource; every one is tried, the first error is returned.
     pub fn for_each(&self, mut f: impl FnMut(&dyn Resource) -> Result<()>) -> Result<()> {
         self.all().map(|r| f(r.as_ref())).fold(Ok(()), Result::and)
     }
+}
+
+/// True if `device` supports virtual memory management (a failing query counts as no).
+fn vmm_usable(driver: &Arc<dyn Driver>, device: usize) -> bool {
+    driver.vmm_supported(device).unwrap_or(false)
 }

@@ -28,7 +28,37 @@ pub fn rig_with(devices: usize, memory_bytes: u64, config: Config) -> Rig {
 }
 
 pub fn rig(memory_bytes: u64) -> Rig {
-    rig_with(2, memory_bytes, Config::default())
+    rig_with(2, memory_bytes, base_config())
+}
+
+/// As [`rig`], on the CUDA pool backend whatever the backend under test.
+pub fn pool_rig(memory_bytes: u64) -> Rig {
+    rig_with(2, memory_bytes, pool_config())
+}
+
+/// The configuration the tests start from: the backend under test (`STREAMPOOL_TEST_BACKEND`:
+/// `pool` unless set to `vmm`; scripts/test runs the backend-neutral suites under both), and no
+/// background thread (tests that need its work call it themselves, so nothing changes under
+/// them on a slow machine).
+pub fn base_config() -> Config {
+    let backend = match std::env::var("STREAMPOOL_TEST_BACKEND").as_deref() {
+        Ok("vmm") => streampool::config::Backend::Vmm,
+        Ok("pool") | Err(_) => streampool::config::Backend::Pool,
+        Ok(other) => panic!("STREAMPOOL_TEST_BACKEND={other:?}: expected pool or vmm"),
+    };
+    Config {
+        backend,
+        background: false,
+        ..Config::default()
+    }
+}
+
+/// The CUDA pool backend, whatever the backend under test.
+pub fn pool_config() -> Config {
+    Config {
+        backend: streampool::config::Backend::Pool,
+        ..base_config()
+    }
 }
 
 /// True if `[a, a + a_bytes)` and `[b, b + b_bytes)` share a byte.

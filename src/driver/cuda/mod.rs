@@ -178,6 +178,10 @@ impl DeviceDriver for CudaDriver {
         "cuda"
     }
 
+    fn now_ms(&self) -> u64 {
+        super::monotonic_ms()
+    }
+
     fn device_count(&self) -> Result<usize> {
         Ok(self.devices.len())
     }

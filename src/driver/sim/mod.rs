@@ -20,7 +20,7 @@ use crate::units::round_up;
 use parking_lot::Mutex;
 use pools::SimPool;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use vmm::SimVmm;
 
 pub use pools::SimPoolInfo;
@@ -71,6 +71,8 @@ struct SimDevice {
     events: HashMap<usize, Option<(Stream, u64)>>,
     /// Waits between streams (`stream_wait_event`) not yet known to be satisfied.
     waits: Vec<StreamWait>,
+    /// The event recorded last (for tests).
+    last_recorded_event: Option<usize>,
     capturing: Vec<Stream>,
     captured_live: HashMap<DevicePtr, u64>,
     /// Pointers imported from a shareable pool (`pointer_import`), with how often.
@@ -98,6 +100,10 @@ pub struct SimDriver {
     vmm_unsupported: Mutex<Vec<usize>>,
     /// inode of an exported pool's file descriptor -> (device, pool).
     exported_pools: Mutex<HashMap<u64, (usize, usize)>>,
+    /// The clock (`now_ms`): the monotonic clock, unless a test stopped it (`u64::MAX`: running),
+    /// plus what tests moved it on by.
+    clock_frozen_at_ms: AtomicU64,
+    clock_offset_ms: AtomicU64,
 }
 
 impl SimDriver {
@@ -123,7 +129,25 @@ impl SimDriver {
             ipc_unsupported: Mutex::new(Vec::new()),
             vmm_unsupported: Mutex::new(Vec::new()),
             exported_pools: Mutex::new(HashMap::new()),
+            clock_frozen_at_ms: AtomicU64::new(u64::MAX),
+            clock_offset_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Stops the clock (`now_ms`): from now on it moves only by [`SimDriver::advance_clock_ms`].
+    pub fn stop_clock(&self) {
+        let now_ms = super::monotonic_ms();
+        let _ = self.clock_frozen_at_ms.compare_exchange(
+            u64::MAX,
+            now_ms,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Moves the clock on by `ms`.
+    pub fn advance_clock_ms(&self, ms: u64) {
+        self.clock_offset_ms.fetch_add(ms, Ordering::Relaxed);
     }
 
     /// Makes misuse and leaks panic (for tests; see the module's invariants).
@@ -397,6 +421,14 @@ fn driver_error(call: &'static str, code: i32, name: &str) -> Error {
 impl DeviceDriver for SimDriver {
     fn name(&self) -> &'static str {
         "sim"
+    }
+
+    fn now_ms(&self) -> u64 {
+        let offset_ms = self.clock_offset_ms.load(Ordering::Relaxed);
+        match self.clock_frozen_at_ms.load(Ordering::Relaxed) {
+            u64::MAX => super::monotonic_ms() + offset_ms,
+            frozen_ms => frozen_ms + offset_ms,
+        }
     }
 
     fn device_count(&self) -> Result<usize> {

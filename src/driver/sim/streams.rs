@@ -9,6 +9,12 @@ use crate::error::Result;
 use std::sync::atomic::Ordering;
 
 impl SimDriver {
+    /// The event recorded last on `device`, for tests that look at a fence.
+    pub fn event_recorded_last(&self, device: usize) -> Option<EventHandle> {
+        let d = self.devices[device].lock();
+        d.last_recorded_event.map(EventHandle::from_raw)
+    }
+
     /// True if `ptr` was allocated from the device's default pool (`alloc_captured`: graph
     /// memory, or a block a resource could not map during a capture) and is still allocated.
     pub fn is_driver_memory(&self, device: usize, ptr: DevicePtr) -> bool {
@@ -40,6 +46,7 @@ impl StreamDriver for SimDriver {
         match d.events.get_mut(&event.raw()) {
             Some(slot) => {
                 *slot = Some((stream, seq));
+                d.last_recorded_event = Some(event.raw());
                 Ok(())
             }
             None => Err(driver_error(

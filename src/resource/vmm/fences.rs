@@ -41,6 +41,14 @@ impl Fences {
         Ok(self.last_seq)
     }
 
+    /// The event of `stream`'s fence `seq`, if it has not been seen to complete (then it is still
+    /// queued, and waiting on it orders work after the free it fenced).
+    pub fn event_of(&self, stream: Stream, seq: u64) -> Option<EventHandle> {
+        let (_, queue) = self.streams.iter().find(|(s, _)| *s == stream)?;
+        let i = queue.binary_search_by_key(&seq, |&(s, _)| s).ok()?;
+        Some(queue[i].1)
+    }
+
     /// The streams whose fences completed since the last poll, with their newest completed
     /// fence. A query that fails counts as not completed (tried again at the next poll).
     pub fn poll(&mut self, driver: &dyn Driver, device: usize) -> Vec<(Stream, u64)> {

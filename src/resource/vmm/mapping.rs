@@ -1,31 +1,75 @@
-//! Mapping and unmapping pages of the virtual-memory resource: backing a window with handles
-//! (taken out of idle pages first), giving access, and releasing idle pages.
+//! Mapping and unmapping pages of the virtual-memory resource: backing a window with handles,
+//! giving access, and releasing idle pages.
+//!
+//! A window's unmapped pages are backed, in this order, by: spare handles (unmapped already);
+//! handles moved out of cold idle pages (unused for `cold_after_ms`: memory the program has
+//! stopped using, so moving it costs no future mapping); new handles, while the pool cap and the
+//! device's memory limit allow and the device has memory; and only then handles moved out of any
+//! idle page. So in a steady loop the set of mapped pages settles and nothing is mapped on the
+//! allocating thread, while memory that stays unused is reused before the device grows.
 //!
 //! Invariants: a page is mapped and given access (device and peers) before any of it is handed
 //! out, and on failure nothing half done stays usable — every page of a window is unmapped again
 //! and its handle kept as a spare, or, if even that fails, blocked until access can be set or it
 //! can be unmapped; only idle pages (in `Ready` ranges) are unmapped; nothing is unmapped during
-//! a capture.
+//! a capture; physical memory never exceeds the pool cap or the memory limit through this module.
 
 use super::ranges::{State, Window};
-use super::{VmmResource, VmmState};
+use super::{Page, VmmResource, VmmState};
 use crate::driver::{DevicePtr, MemHandle};
 use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::history::StreampoolEventKind as Event;
 
+/// Driver calls a resource made, for the statistics (what costs time on the allocating thread).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DriverCounts {
+    pub maps: u64,
+    pub unmaps: u64,
+    pub creates: u64,
+    pub releases: u64,
+    pub set_access_calls: u64,
+    /// Blocks handed to a stream after a GPU-side wait for another stream's fence.
+    pub stream_waits: u64,
+}
+
+impl DriverCounts {
+    pub fn plus(self, o: DriverCounts) -> DriverCounts {
+        DriverCounts {
+            maps: self.maps + o.maps,
+            unmaps: self.unmaps + o.unmaps,
+            creates: self.creates + o.creates,
+            releases: self.releases + o.releases,
+            set_access_calls: self.set_access_calls + o.set_access_calls,
+            stream_waits: self.stream_waits + o.stream_waits,
+        }
+    }
+}
+
+/// Idle pages outside a window that may give their handles, cold ones first; listed on first use.
+struct Donors {
+    keep: (u64, u64),
+    listed: Option<(Vec<u64>, Vec<u64>)>,
+}
+
 impl VmmResource {
-    /// Backs the window's unmapped pages: handles of idle pages elsewhere first, then spare
-    /// handles, then fresh ones; then gives the device and its peers access. On failure every
-    /// page of the window is left unmapped and every handle taken is kept as a spare.
-    pub(super) fn map_window(&self, st: &mut VmmState, window: &Window, bytes: u64) -> Result<()> {
-        let mut idle = st
-            .free
-            .idle_pages(window.start, window.start + bytes)
-            .into_iter();
+    /// Backs the window's unmapped pages (see the module's order) and gives the device and its
+    /// peers access. On failure every page of the window is left unmapped and every handle taken
+    /// is kept as a spare.
+    pub(super) fn map_window(
+        &self,
+        st: &mut VmmState,
+        window: &Window,
+        bytes: u64,
+        now_ms: u64,
+    ) -> Result<()> {
+        let mut donors = Donors {
+            keep: (window.start, window.start + bytes),
+            listed: None,
+        };
         let mut mapped: Vec<u64> = Vec::with_capacity(window.pages.len());
         let outcome = (|| {
             for &page in &window.pages {
-                let handle = self.take_handle(st, &mut idle)?;
+                let handle = self.take_handle(st, &mut donors, now_ms)?;
                 if let Err(e) =
                     self.driver
                         .mem_map(self.device, DevicePtr(page), self.page_bytes, handle)
@@ -33,22 +77,29 @@ impl VmmResource {
                     st.spare_handles.push(handle);
                     return Err(e);
                 }
-                st.pages.insert(page, handle);
+                st.pages.insert(
+                    page,
+                    Page {
+                        handle,
+                        last_used_ms: now_ms,
+                    },
+                );
                 mapped.push(page);
             }
-            self.set_access(&mapped, &self.access_list(st))
+            let devices = self.access_list(st);
+            self.set_access(st, &mapped, &devices)
         })();
         match outcome {
             Ok(()) => {
                 for &page in &mapped {
-                    st.free.mark_mapped(page);
+                    st.large.mark_mapped(page);
                     self.count(Event::Map, page, st);
                 }
                 Ok(())
             }
             Err(e) => {
                 for page in mapped {
-                    let handle = st.pages.remove(&page).expect("mapped above");
+                    let handle = st.pages.remove(&page).expect("mapped above").handle;
                     match self
                         .driver
                         .mem_unmap(self.device, DevicePtr(page), self.page_bytes)
@@ -56,8 +107,14 @@ impl VmmResource {
                         Ok(()) => st.spare_handles.push(handle),
                         // Mapped, maybe without access: no one may use it until that is fixed.
                         Err(_) => {
-                            st.pages.insert(page, handle);
-                            st.free.retag(page, State::Unmapped, State::Blocked);
+                            st.pages.insert(
+                                page,
+                                Page {
+                                    handle,
+                                    last_used_ms: now_ms,
+                                },
+                            );
+                            st.large.retag(page, State::Unmapped, State::Blocked);
                             st.blocked = true;
                         }
                     }
@@ -70,56 +127,111 @@ impl VmmResource {
     /// Blocked pages get access, or are unmapped (their handles kept as spares); a page for which
     /// both fail stays blocked for the next try.
     pub(super) fn unblock(&self, st: &mut VmmState) {
-        for page in st.free.blocked_pages() {
-            let access = self.set_access(&[page], &self.access_list(st));
-            if access.is_ok() {
-                st.free.retag(page, State::Blocked, State::Ready);
+        for page in st.large.blocked_pages() {
+            let devices = self.access_list(st);
+            if self.set_access(st, &[page], &devices).is_ok() {
+                st.large.retag(page, State::Blocked, State::Ready);
                 self.count(Event::Map, page, st);
             } else if self
                 .driver
                 .mem_unmap(self.device, DevicePtr(page), self.page_bytes)
                 .is_ok()
             {
-                let handle = st.pages.remove(&page).expect("a blocked page is mapped");
+                let handle = st
+                    .pages
+                    .remove(&page)
+                    .expect("a blocked page is mapped")
+                    .handle;
                 st.spare_handles.push(handle);
-                st.free.retag(page, State::Blocked, State::Unmapped);
+                st.large.retag(page, State::Blocked, State::Unmapped);
             }
         }
     }
 
-    /// A handle for a page: out of an idle page (unmapped now), a spare, or a new one.
+    /// A handle for a page (see the module's order).
     fn take_handle(
         &self,
         st: &mut VmmState,
-        idle: &mut impl Iterator<Item = u64>,
+        donors: &mut Donors,
+        now_ms: u64,
     ) -> Result<MemHandle> {
-        for page in idle.by_ref() {
+        if let Some(handle) = st.spare_handles.pop() {
+            return Ok(handle);
+        }
+        if let Some(handle) = self.move_idle_page(st, donors, now_ms, true) {
+            return Ok(handle);
+        }
+        let within_cap = st
+            .physical_bytes(self.page_bytes)
+            .checked_add(self.page_bytes)
+            .is_some_and(|after| after <= self.physical_cap_bytes());
+        let created = match within_cap {
+            true => self.driver.mem_create(self.device, self.page_bytes),
+            false => Err(self.cap_reached()),
+        };
+        match created {
+            Ok(handle) => {
+                st.counts.creates += 1;
+                st.physical_high_bytes = st
+                    .physical_high_bytes
+                    .max(st.physical_bytes(self.page_bytes) + self.page_bytes);
+                Ok(handle)
+            }
+            Err(e) if e.is_device_oom() => self.move_idle_page(st, donors, now_ms, false).ok_or(e),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn cap_reached(&self) -> Error {
+        Error::Driver {
+            call: "cuMemCreate",
+            code: CUDA_ERROR_OUT_OF_MEMORY,
+            name: "CUDA_ERROR_OUT_OF_MEMORY (the memory limit or STREAMPOOL_MAX_POOL_SIZE reached)"
+                .into(),
+        }
+    }
+
+    /// Unmaps an idle page outside the window (a cold one if `cold_only`) and returns its handle.
+    fn move_idle_page(
+        &self,
+        st: &mut VmmState,
+        donors: &mut Donors,
+        now_ms: u64,
+        cold_only: bool,
+    ) -> Option<MemHandle> {
+        let (cold, hot) = donors.listed.get_or_insert_with(|| {
+            let cold_before_ms = now_ms.saturating_sub(self.cold_after_ms);
+            let (mut cold, mut hot): (Vec<u64>, Vec<u64>) = st
+                .large
+                .idle_pages(donors.keep.0, donors.keep.1)
+                .into_iter()
+                .partition(|p| st.pages[p].last_used_ms <= cold_before_ms);
+            // Popped from the back: the smallest holes first, as listed.
+            cold.reverse();
+            hot.reverse();
+            (cold, hot)
+        });
+        let list = match cold_only {
+            true => cold,
+            false => hot,
+        };
+        while let Some(page) = list.pop() {
             if self
                 .driver
                 .mem_unmap(self.device, DevicePtr(page), self.page_bytes)
                 .is_ok()
             {
-                let handle = st.pages.remove(&page).expect("an idle page is mapped");
-                st.free.mark_unmapped(page);
+                let handle = st
+                    .pages
+                    .remove(&page)
+                    .expect("an idle page is mapped")
+                    .handle;
+                st.large.mark_unmapped(page);
                 self.count(Event::Unmap, page, st);
-                return Ok(handle);
+                return Some(handle);
             }
         }
-        if let Some(handle) = st.spare_handles.pop() {
-            return Ok(handle);
-        }
-        if st.physical_bytes(self.page_bytes) + self.page_bytes > self.max_physical_bytes {
-            return Err(Error::Driver {
-                call: "cuMemCreate",
-                code: CUDA_ERROR_OUT_OF_MEMORY,
-                name: "CUDA_ERROR_OUT_OF_MEMORY (STREAMPOOL_MAX_POOL_SIZE reached)".into(),
-            });
-        }
-        let handle = self.driver.mem_create(self.device, self.page_bytes)?;
-        st.physical_high_bytes = st
-            .physical_high_bytes
-            .max(st.physical_bytes(self.page_bytes) + self.page_bytes);
-        Ok(handle)
+        None
     }
 
     /// The device and every granted peer.
@@ -130,7 +242,12 @@ impl VmmResource {
     }
 
     /// Gives `devices` access to `pages`, one call per run of contiguous pages.
-    pub(super) fn set_access(&self, pages: &[u64], devices: &[usize]) -> Result<()> {
+    pub(super) fn set_access(
+        &self,
+        st: &mut VmmState,
+        pages: &[u64],
+        devices: &[usize],
+    ) -> Result<()> {
         let mut i = 0;
         while i < pages.len() {
             let mut j = i + 1;
@@ -138,6 +255,7 @@ impl VmmResource {
                 j += 1;
             }
             let bytes = (j - i) as u64 * self.page_bytes;
+            st.counts.set_access_calls += 1;
             self.driver
                 .mem_set_access(self.device, DevicePtr(pages[i]), bytes, devices)?;
             i = j;
@@ -146,8 +264,14 @@ impl VmmResource {
     }
 
     /// Unmaps and releases spare handles and idle pages until at most `keep_bytes` of physical
-    /// memory is held. Never during a capture; a page the driver refuses stays.
-    pub(super) fn release_down_to(&self, st: &mut VmmState, keep_bytes: u64) {
+    /// memory is held; with `cold_before_ms`, only pages unused since then. Never during a
+    /// capture; a page the driver refuses stays.
+    pub(super) fn release_down_to(
+        &self,
+        st: &mut VmmState,
+        keep_bytes: u64,
+        cold_before_ms: Option<u64>,
+    ) {
         if self.capturing(st) {
             return;
         }
@@ -157,16 +281,22 @@ impl VmmResource {
             let Some(handle) = st.spare_handles.pop() else {
                 break;
             };
-            if let Err(e) = self.driver.mem_release(self.device, handle) {
-                log::warn!("device {}: releasing a spare page: {e}", self.device);
-                refused.push(handle);
+            match self.driver.mem_release(self.device, handle) {
+                Ok(()) => st.counts.releases += 1,
+                Err(e) => {
+                    log::warn!("device {}: releasing a spare page: {e}", self.device);
+                    refused.push(handle);
+                }
             }
         }
         st.spare_handles.append(&mut refused);
         if st.physical_bytes(self.page_bytes) <= keep_bytes {
             return;
         }
-        let mut idle = st.free.idle_pages(0, 0);
+        let mut idle = st.large.idle_pages(0, 0);
+        if let Some(before_ms) = cold_before_ms {
+            idle.retain(|p| st.pages[p].last_used_ms <= before_ms);
+        }
         idle.sort_unstable_by(|a, b| b.cmp(a)); // from the top of the address space down
         for page in idle {
             if st.physical_bytes(self.page_bytes) <= keep_bytes {
@@ -179,12 +309,19 @@ impl VmmResource {
                 log::warn!("device {}: unmapping an idle page: {e}", self.device);
                 continue;
             }
-            let handle = st.pages.remove(&page).expect("an idle page is mapped");
-            st.free.mark_unmapped(page);
+            let handle = st
+                .pages
+                .remove(&page)
+                .expect("an idle page is mapped")
+                .handle;
+            st.large.mark_unmapped(page);
             self.count(Event::Unmap, page, st);
-            if let Err(e) = self.driver.mem_release(self.device, handle) {
-                log::warn!("device {}: releasing a page: {e}", self.device);
-                st.spare_handles.push(handle);
+            match self.driver.mem_release(self.device, handle) {
+                Ok(()) => st.counts.releases += 1,
+                Err(e) => {
+                    log::warn!("device {}: releasing a page: {e}", self.device);
+                    st.spare_handles.push(handle);
+                }
             }
         }
     }

@@ -1,33 +1,37 @@
-//! streampool's own virtual-memory pool for large blocks (`STREAMPOOL_BACKEND=vmm`): one address
-//! range per device, shared by every stream, backed page by page with physical handles
+//! streampool's own virtual-memory pool (`STREAMPOOL_BACKEND=vmm`): one address range per device,
+//! shared by every stream and every block size, backed page by page with physical handles
 //! (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess`).
 //!
-//! - A block freed on stream S is reusable on S at once, on other streams once a fence (an event
-//!   recorded on S at the free) has completed ([`fences`]); free neighbours coalesce
-//!   ([`ranges`]).
-//! - A request that fits no mapped free range gets a window of free addresses; its unmapped pages
-//!   are backed first by handles taken out of idle pages elsewhere (holes whose fences have
-//!   completed), then by fresh handles — the device's memory grows only when no idle page is left.
-//! - Physical memory above the release threshold that no work uses is unmapped and released at
-//!   frees and allocations, and, for what the GPU had not finished at the last free, by a
-//!   background releaser ([`releaser`]) — without the program having to synchronise.
+//! - Large blocks are placed by best fit in the free ranges ([`ranges`]); small blocks (up to
+//!   `small_max_bytes`) are carved out of whole pages, their carriers ([`small`]), so that they
+//!   do not split the ranges large blocks need; an emptied carrier is a free page again.
+//! - A block freed on stream S is reusable on S at once, on another stream T at once after T
+//!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
+//!   the fence has completed ([`fences`]).
+//! - A request that fits no mapped range gets a window of free addresses whose unmapped pages are
+//!   backed ([`mapping`]) by spare handles, then by handles moved out of cold idle pages (unused
+//!   for `cold_after_ms`), then by new handles, and only when the device or the cap is full by
+//!   handles moved out of any idle page.
+//! - Nothing is released on the allocating thread: memory above the release threshold is
+//!   released once cold, and all idle memory once the device is idle, by the device's background
+//!   thread ([`VmmResource::tend`], [`VmmResource::release_idle`]); `trim` after a
+//!   synchronisation (empty_cache).
 //!
 //! Invariants: a page is unmapped only once no work uses it — it lies in a `Ready` range, whose
 //! fences have completed; every mapping gives the device and every granted peer access before any
-//! block in it is handed out; while a capture is known on the device nothing is mapped, unmapped
-//! or queried (an allocation that would need a mapping fails with
-//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the device serves it elsewhere; frees wait for the
-//! capture's end), and the resource asks the driver when the capture has ended; the resource's
-//! lock is held across map and unmap calls (they are rare: growth, release), never while the
-//! device lock is.
+//! block in it is handed out; physical memory never exceeds the pool cap nor the device's memory
+//! limit (`set_per_process_memory_fraction`); while a capture is known on the device nothing is
+//! mapped, unmapped or queried (an allocation that would need a mapping fails with
+//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the device serves it elsewhere; frees wait for
+//! the capture's end), and the resource asks the driver when the capture has ended; the
+//! resource's lock is held across map and unmap calls, never while the device lock is.
 
 mod fences;
 mod mapping;
 mod ranges;
-mod releaser;
+mod small;
 
 use super::{Accessible, Resource};
-use crate::config::Config;
 use crate::driver::{DevicePtr, Driver, MemHandle, PoolUsage, Stream};
 use crate::error::{
     Error, Result, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
@@ -40,33 +44,75 @@ use fences::Fences;
 use ranges::{FreeRanges, State};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
+
+pub use mapping::DriverCounts;
 
 /// The address space reserved up front, as a multiple of the device's memory: live blocks take
 /// at most 1x, so half of it is always free for new windows, however fragmented. More is reserved
 /// only if no window fits.
 const ADDRESS_SPACE_PER_DEVICE_MEMORY: u64 = 2;
 
+/// The resolved settings of a virtual-memory resource.
+#[derive(Debug, Clone)]
+pub struct VmmSettings {
+    /// The physical handle size wanted (rounded up to the device's granularity).
+    pub page_bytes: u64,
+    /// Blocks up to this size are carved out of carrier pages (0: none; at most half a page).
+    pub small_max_bytes: u64,
+    /// `STREAMPOOL_MAX_POOL_SIZE`: physical memory never exceeds it.
+    pub max_physical_bytes: u64,
+    pub release_threshold_bytes: u64,
+    /// A page unused this long is cold: moved first to back new blocks, released above the
+    /// release threshold.
+    pub cold_after_ms: u64,
+}
+
+impl VmmSettings {
+    /// The settings `config` gives on a device of `total_bytes`.
+    pub fn from_config(config: &crate::config::Config, total_bytes: u64) -> VmmSettings {
+        VmmSettings {
+            page_bytes: config.vmm_page_size.resolve_bytes(total_bytes),
+            small_max_bytes: config.small_pool_max.resolve_bytes(total_bytes),
+            max_physical_bytes: config.max_pool_size.resolve_bytes(total_bytes),
+            release_threshold_bytes: config.release_threshold.resolve_bytes(total_bytes),
+            cold_after_ms: config.vmm_cold_after_ms,
+        }
+    }
+}
+
 pub struct VmmResource {
     driver: Arc<dyn Driver>,
     device: usize,
     page_bytes: u64,
+    small_max_bytes: u64,
     extent_bytes: u64,
     max_physical_bytes: u64,
     device_total_bytes: u64,
-    background_release: bool,
+    cold_after_ms: u64,
+    /// The device's memory limit (`set_per_process_memory_fraction`), shared with the device.
+    limit_bytes: Arc<AtomicU64>,
     recorder: Arc<Recorder>,
     state: Mutex<VmmState>,
     release_threshold_bytes: AtomicU64,
-    me: Weak<VmmResource>,
+}
+
+/// A mapped page: its handle, and when a block on it was last handed out or freed.
+#[derive(Debug, Clone, Copy)]
+struct Page {
+    handle: MemHandle,
+    last_used_ms: u64,
 }
 
 #[derive(Default)]
 struct VmmState {
-    free: FreeRanges,
-    /// Mapped pages and their handles.
-    pages: BTreeMap<u64, MemHandle>,
-    /// Handles taken out of idle pages and not mapped again yet (counted as reserved).
+    /// The free ranges of the address space (carriers of small blocks are taken out of it).
+    large: FreeRanges,
+    /// The free ranges inside carriers: each carrier (a page) is an extent of its own.
+    small: FreeRanges,
+    /// Mapped pages.
+    pages: BTreeMap<u64, Page>,
+    /// Handles taken out of pages and not mapped again yet (counted as reserved).
     spare_handles: Vec<MemHandle>,
     /// Live blocks: start -> bytes.
     live: WordMap<u64, u64>,
@@ -83,9 +129,7 @@ struct VmmState {
     peers: Vec<usize>,
     /// Some pages are blocked (mapped without access): settling tries to fix them.
     blocked: bool,
-    /// Pages mapped and unmapped so far.
-    maps: u64,
-    unmaps: u64,
+    counts: DriverCounts,
 }
 
 impl VmmState {
@@ -109,8 +153,9 @@ impl VmmResource {
     pub fn create(
         driver: &Arc<dyn Driver>,
         device: usize,
-        config: &Config,
+        settings: &VmmSettings,
         total_bytes: u64,
+        limit_bytes: Arc<AtomicU64>,
         recorder: Arc<Recorder>,
     ) -> Result<Arc<VmmResource>> {
         if !driver.vmm_supported(device)? {
@@ -121,36 +166,36 @@ impl VmmResource {
             )));
         }
         let granularity = driver.vmm_granularity_bytes(device)?.max(1);
-        let wanted = config.vmm_page_size.resolve_bytes(total_bytes);
-        let page_bytes = wanted.div_ceil(granularity).max(1) * granularity;
+        let page_bytes = settings.page_bytes.div_ceil(granularity).max(1) * granularity;
         let extent_bytes = (total_bytes.max(page_bytes) * ADDRESS_SPACE_PER_DEVICE_MEMORY)
             .div_ceil(page_bytes)
             * page_bytes;
-        let resource = Arc::new_cyclic(|me| VmmResource {
+        let resource = Arc::new(VmmResource {
             driver: Arc::clone(driver),
             device,
             page_bytes,
+            small_max_bytes: settings.small_max_bytes.min(page_bytes / 2),
             extent_bytes,
-            max_physical_bytes: config.max_pool_size.resolve_bytes(total_bytes),
+            max_physical_bytes: settings.max_physical_bytes,
             device_total_bytes: total_bytes,
-            background_release: config.vmm_background_release,
+            cold_after_ms: settings.cold_after_ms,
+            limit_bytes,
             recorder,
             state: Mutex::new(VmmState {
-                free: FreeRanges::new(page_bytes),
+                large: FreeRanges::new(page_bytes),
+                small: FreeRanges::new(page_bytes),
                 ..VmmState::default()
             }),
-            release_threshold_bytes: AtomicU64::new(
-                config.release_threshold.resolve_bytes(total_bytes),
-            ),
-            me: me.clone(),
+            release_threshold_bytes: AtomicU64::new(settings.release_threshold_bytes),
         });
         resource.reserve(&mut resource.state.lock(), extent_bytes)?;
         log::info!(
-            "device {device}: created the virtual memory resource ({} pages, {} of addresses, \
-             release threshold {})",
+            "device {device}: created the virtual memory resource ({} pages, blocks up to {} on \
+             shared pages, {} of addresses, release threshold {})",
             format_bytes(page_bytes),
+            format_bytes(resource.small_max_bytes),
             format_bytes(extent_bytes),
-            format_limit(resource.release_threshold_bytes.load(Ordering::Relaxed)),
+            format_limit(settings.release_threshold_bytes),
         );
         Ok(resource)
     }
@@ -159,26 +204,24 @@ impl VmmResource {
     fn reserve(&self, st: &mut VmmState, bytes: u64) -> Result<()> {
         let bytes = bytes.div_ceil(self.page_bytes) * self.page_bytes;
         let base = self.driver.address_reserve(self.device, bytes)?;
-        st.free.add_extent(base.0, bytes);
+        st.large.add_extent(base.0, bytes);
         Ok(())
     }
 
-    /// Hands `[start, start + bytes)` out as a live block.
-    fn hand_out(&self, st: &mut VmmState, start: u64, bytes: u64) -> DevicePtr {
-        st.free.take(start, bytes);
-        st.live.insert(start, bytes);
-        st.used_bytes += bytes;
-        st.used_high_bytes = st.used_high_bytes.max(st.used_bytes);
-        DevicePtr(start)
+    /// The physical memory it may hold: the pool cap and the device's memory limit.
+    fn physical_cap_bytes(&self) -> u64 {
+        self.max_physical_bytes
+            .min(self.limit_bytes.load(Ordering::Relaxed))
     }
 
     /// True while a known capture is under way on the device (ended ones are forgotten: asking
-    /// whether a stream captures is allowed during a capture).
+    /// whether a stream captures is allowed during a capture). A stream the driver cannot answer
+    /// for (destroyed, say) is not capturing: a capture ends before its stream can be destroyed.
     fn capturing(&self, st: &mut VmmState) -> bool {
         if !st.capture_streams.is_empty() {
             let (driver, device) = (self.driver.as_ref(), self.device);
             st.capture_streams
-                .retain(|s| driver.is_capturing(device, *s).unwrap_or(true));
+                .retain(|s| driver.is_capturing(device, *s).unwrap_or(false));
         }
         !st.capture_streams.is_empty()
     }
@@ -195,66 +238,169 @@ impl VmmResource {
         }
         if st.blocked {
             self.unblock(st);
-            st.blocked = !st.free.blocked_pages().is_empty();
+            st.blocked = !st.large.blocked_pages().is_empty();
         }
+        let now_ms = self.driver.now_ms();
         for (stream, completed) in st.fences.poll(self.driver.as_ref(), self.device) {
-            st.free.promote(stream, completed);
+            st.large.promote(stream, completed);
+            for (start, bytes) in st.small.promote(stream, completed) {
+                self.return_carrier_if_empty(st, start, bytes, now_ms);
+            }
         }
     }
 
     fn fence_deferred(&self, st: &mut VmmState) {
         let (driver, device) = (self.driver.as_ref(), self.device);
         for (start, bytes, stream) in std::mem::take(&mut st.deferred) {
-            if driver.is_capturing(device, stream).unwrap_or(true) {
+            if driver.is_capturing(device, stream).unwrap_or(false) {
                 st.deferred.push((start, bytes, stream));
                 continue;
             }
             match st.fences.record(driver, device, stream) {
-                Ok(seq) => st.free.give(start, bytes, State::Freed { stream, seq }),
+                Ok(seq) => {
+                    let now_ms = driver.now_ms();
+                    self.give_back(st, start, bytes, State::Freed { stream, seq }, now_ms)
+                }
                 Err(_) => st.deferred.push((start, bytes, stream)),
             }
         }
     }
 
-    /// At a free or an allocation: memory above the release threshold that no work uses goes
-    /// back to the device; what the GPU has not finished with yet is left to the releaser.
-    fn apply_release_threshold(&self, st: &mut VmmState) {
-        let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
-        if st.physical_bytes(self.page_bytes) <= threshold {
-            return;
+    /// A large block for `stream`: a mapped range it may use at once, one freed on another
+    /// stream after a GPU-side wait for its fence, or a window whose pages are mapped now.
+    fn place_large(
+        &self,
+        st: &mut VmmState,
+        bytes: u64,
+        stream: Stream,
+        now_ms: u64,
+    ) -> Result<u64> {
+        if let Some(start) = st.large.best_fit(bytes, stream) {
+            st.large.take(start, bytes);
+            return Ok(start);
         }
         self.settle(st);
-        self.release_down_to(st, threshold);
-        if self.background_release
-            && st.physical_bytes(self.page_bytes) > threshold
-            && (st.free.freed_bytes() > 0 || !st.deferred.is_empty())
-        {
-            releaser::wake(self.me.clone());
+        if let Some(start) = st.large.best_fit(bytes, stream) {
+            st.large.take(start, bytes);
+            return Ok(start);
+        }
+        if let Some(start) = self.take_after_wait(st, false, bytes, stream) {
+            return Ok(start);
+        }
+        if self.capturing(st) {
+            return Err(paused());
+        }
+        if bytes > self.physical_cap_bytes().min(self.device_total_bytes) {
+            return Err(Error::Driver {
+                call: "cuMemCreate",
+                code: CUDA_ERROR_OUT_OF_MEMORY,
+                name: "CUDA_ERROR_OUT_OF_MEMORY (more than the device, its memory limit or \
+                       STREAMPOOL_MAX_POOL_SIZE allows)"
+                    .into(),
+            });
+        }
+        let window = match st.large.window(bytes, stream) {
+            Some(window) => window,
+            None => {
+                self.reserve(st, bytes.max(self.extent_bytes))?;
+                st.large.window(bytes, stream).ok_or_else(|| {
+                    Error::Internal(format!("no window for {bytes} B in a new reservation"))
+                })?
+            }
+        };
+        self.map_window(st, &window, bytes, now_ms)?;
+        st.large.take(window.start, bytes);
+        Ok(window.start)
+    }
+
+    /// The best fit among ranges freed on other streams, handed out after `stream` was made to
+    /// wait (on the GPU) for the fence of the free; `None` if there is none or the wait failed.
+    fn take_after_wait(
+        &self,
+        st: &mut VmmState,
+        small: bool,
+        bytes: u64,
+        stream: Stream,
+    ) -> Option<u64> {
+        let ranges = match small {
+            true => &mut st.small,
+            false => &mut st.large,
+        };
+        let (start, other, seq) = ranges.best_fit_other(bytes, stream)?;
+        let event = st.fences.event_of(other, seq)?;
+        if let Err(e) = self.driver.stream_wait_event(self.device, stream, event) {
+            log::debug!("device {}: {e}; not reusing {start:#x} yet", self.device);
+            return None;
+        }
+        st.counts.stream_waits += 1;
+        ranges.take(start, bytes);
+        Some(start)
+    }
+
+    /// Books `[start, start + bytes)` as a live block.
+    fn hand_out(&self, st: &mut VmmState, start: u64, bytes: u64, now_ms: u64) -> DevicePtr {
+        st.live.insert(start, bytes);
+        st.used_bytes += bytes;
+        st.used_high_bytes = st.used_high_bytes.max(st.used_bytes);
+        self.mark_used(st, start, bytes, now_ms);
+        DevicePtr(start)
+    }
+
+    /// Gives a freed block back to the ranges it came from, in `state`.
+    fn give_back(&self, st: &mut VmmState, start: u64, bytes: u64, state: State, now_ms: u64) {
+        match bytes <= self.small_max_bytes {
+            true => self.give_small(st, start, bytes, state, now_ms),
+            false => {
+                st.large.give(start, bytes, state);
+                self.mark_used(st, start, bytes, now_ms);
+            }
         }
     }
 
-    /// One pass of the releaser: true while memory above the threshold still waits for the GPU.
-    pub(super) fn release_pass(&self) -> bool {
-        let mut st = self.state.lock();
-        let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
-        if st.physical_bytes(self.page_bytes) <= threshold {
-            return false;
+    /// The pages under `[start, start + bytes)` were used now.
+    fn mark_used(&self, st: &mut VmmState, start: u64, bytes: u64, now_ms: u64) {
+        let first = start.saturating_sub(self.page_bytes - 1);
+        for (_, page) in st.pages.range_mut(first..start + bytes) {
+            page.last_used_ms = now_ms;
         }
-        self.settle(&mut st);
-        self.release_down_to(&mut st, threshold);
-        st.physical_bytes(self.page_bytes) > threshold
-            && (st.free.freed_bytes() > 0 || !st.deferred.is_empty() || self.capturing(&mut st))
     }
 
     /// Counts a page mapped or unmapped, and notes it on the timeline.
     fn count(&self, kind: Event, page: u64, st: &mut VmmState) {
         match kind {
-            Event::Map => st.maps += 1,
-            _ => st.unmaps += 1,
+            Event::Map => st.counts.maps += 1,
+            _ => st.counts.unmaps += 1,
         }
         let reserved_bytes = st.physical_bytes(self.page_bytes);
         self.recorder
             .note_resource(kind, DevicePtr(page), self.page_bytes, reserved_bytes);
+    }
+
+    /// Called regularly by the device's background thread: memory above the release threshold
+    /// that has been unused for `cold_after_ms` goes back to the device. True while memory above
+    /// the threshold is still held.
+    pub fn tend(&self) -> bool {
+        let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
+        let mut st = self.state.lock();
+        if st.physical_bytes(self.page_bytes) <= threshold {
+            return false;
+        }
+        self.settle(&mut st);
+        let cold_before_ms = self.driver.now_ms().saturating_sub(self.cold_after_ms);
+        self.release_down_to(&mut st, threshold, Some(cold_before_ms));
+        st.physical_bytes(self.page_bytes) > threshold
+    }
+
+    /// The device is idle: every idle page and spare handle goes back to the device, whatever
+    /// the threshold. True if memory not in use is still held (its fences have not completed,
+    /// or a capture is under way): the caller tries again later.
+    pub fn release_idle(&self) -> bool {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        self.release_down_to(&mut st, 0, None);
+        st.large.freed_bytes() + st.small.freed_bytes() > 0
+            || !st.deferred.is_empty()
+            || self.capturing(&mut st)
     }
 }
 
@@ -266,7 +412,7 @@ impl Accessible for VmmResource {
     fn grant_access(&self, peer: usize) -> Result<()> {
         let mut st = self.state.lock();
         let pages: Vec<u64> = st.pages.keys().copied().collect();
-        self.set_access(&pages, &[peer])?;
+        self.set_access(&mut st, &pages, &[peer])?;
         if !st.peers.contains(&peer) {
             st.peers.push(peer);
         }
@@ -276,37 +422,13 @@ impl Accessible for VmmResource {
 
 impl Resource for VmmResource {
     fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        let now_ms = self.driver.now_ms();
         let mut st = self.state.lock();
-        if let Some(start) = st.free.best_fit(bytes, stream) {
-            return Ok(self.hand_out(&mut st, start, bytes));
-        }
-        self.settle(&mut st);
-        if let Some(start) = st.free.best_fit(bytes, stream) {
-            return Ok(self.hand_out(&mut st, start, bytes));
-        }
-        if self.capturing(&mut st) {
-            return Err(paused());
-        }
-        if bytes > self.max_physical_bytes.min(self.device_total_bytes) {
-            return Err(Error::Driver {
-                call: "cuMemCreate",
-                code: CUDA_ERROR_OUT_OF_MEMORY,
-                name: "CUDA_ERROR_OUT_OF_MEMORY (more than the device has)".into(),
-            });
-        }
-        let window = match st.free.window(bytes, stream) {
-            Some(window) => window,
-            None => {
-                self.reserve(&mut st, bytes.max(self.extent_bytes))?;
-                st.free.window(bytes, stream).ok_or_else(|| {
-                    Error::Internal(format!("no window for {bytes} B in a new reservation"))
-                })?
-            }
+        let start = match bytes <= self.small_max_bytes {
+            true => self.place_small(&mut st, bytes, stream, now_ms)?,
+            false => self.place_large(&mut st, bytes, stream, now_ms)?,
         };
-        self.map_window(&mut st, &window, bytes)?;
-        let ptr = self.hand_out(&mut st, window.start, bytes);
-        self.apply_release_threshold(&mut st);
-        Ok(ptr)
+        Ok(self.hand_out(&mut st, start, bytes, now_ms))
     }
 
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
@@ -314,6 +436,7 @@ impl Resource for VmmResource {
             .driver
             .is_capturing(self.device, stream)
             .unwrap_or(true);
+        let now_ms = self.driver.now_ms();
         let mut st = self.state.lock();
         match st.live.remove(&ptr.0) {
             Some(b) if b == bytes => {}
@@ -335,13 +458,11 @@ impl Resource for VmmResource {
         // can be queried: the block waits for the capture's end.
         if capturing || self.capturing(&mut st) {
             st.deferred.push((ptr.0, bytes, stream));
-            // Above the threshold the releaser looks again once the capture is over.
-            self.apply_release_threshold(&mut st);
             return Ok(());
         }
         match st.fences.record(self.driver.as_ref(), self.device, stream) {
             Ok(seq) => {
-                st.free.give(ptr.0, bytes, State::Freed { stream, seq });
+                self.give_back(&mut st, ptr.0, bytes, State::Freed { stream, seq }, now_ms);
                 // Keeps the fence queues short: each free looks at their fronts.
                 self.settle(&mut st);
             }
@@ -355,7 +476,7 @@ impl Resource for VmmResource {
                 let synced = self.driver.stream_synchronize(self.device, stream);
                 st = self.state.lock();
                 match synced {
-                    Ok(()) => st.free.give(ptr.0, bytes, State::Ready),
+                    Ok(()) => self.give_back(&mut st, ptr.0, bytes, State::Ready, now_ms),
                     // The block is ours now either way: it waits, like a block freed during a
                     // capture, for a fence at the next try (the caller must not free it again).
                     Err(e) => {
@@ -368,7 +489,6 @@ impl Resource for VmmResource {
                 }
             }
         }
-        self.apply_release_threshold(&mut st);
         Ok(())
     }
 
@@ -398,13 +518,12 @@ impl Resource for VmmResource {
             st = self.state.lock();
         }
         self.settle(&mut st);
-        self.release_down_to(&mut st, keep_bytes);
+        self.release_down_to(&mut st, keep_bytes, None);
         Ok(())
     }
 
     fn set_release_threshold(&self, bytes: u64) -> Result<()> {
         self.release_threshold_bytes.store(bytes, Ordering::Relaxed);
-        self.apply_release_threshold(&mut self.state.lock());
         Ok(())
     }
 
@@ -426,9 +545,16 @@ impl Resource for VmmResource {
         }
     }
 
-    fn map_counts(&self) -> (u64, u64) {
-        let st = self.state.lock();
-        (st.maps, st.unmaps)
+    fn driver_counts(&self) -> DriverCounts {
+        self.state.lock().counts
+    }
+
+    fn tend(&self) -> bool {
+        VmmResource::tend(self)
+    }
+
+    fn release_idle(&self) -> Result<bool> {
+        Ok(VmmResource::release_idle(self))
     }
 }
 
@@ -439,14 +565,14 @@ impl Drop for VmmResource {
         let _ = driver.synchronize(device);
         let st = &mut *self.state.lock();
         st.fences.destroy(driver, device);
-        for (page, handle) in std::mem::take(&mut st.pages) {
+        for (page, p) in std::mem::take(&mut st.pages) {
             let _ = driver.mem_unmap(device, DevicePtr(page), self.page_bytes);
-            st.spare_handles.push(handle);
+            st.spare_handles.push(p.handle);
         }
         for handle in st.spare_handles.drain(..) {
             let _ = driver.mem_release(device, handle);
         }
-        for (base, bytes) in st.free.extents() {
+        for (base, bytes) in st.large.extents() {
             let _ = driver.address_free(device, DevicePtr(base), bytes);
         }
     }

@@ -31,6 +31,16 @@ impl State {
         }
     }
 
+    /// What a block made of pieces in these two states is: ready only if both are, else freed
+    /// on the one stream (with the later fence). `None` for pieces no one stream may use alone.
+    fn joined(self, other: State) -> Option<State> {
+        match (self, other) {
+            (State::Ready, s) | (s, State::Ready) => Some(s),
+            (a @ State::Freed { .. }, b @ State::Freed { .. }) => a.merges_with(b),
+            _ => None,
+        }
+    }
+
     /// Two neighbours in these states may be one range.
     fn merges_with(self, other: State) -> Option<State> {
         match (self, other) {
@@ -85,8 +95,27 @@ impl FreeRanges {
     /// A new reservation of `bytes` (whole pages) at `base`, all unmapped.
     pub fn add_extent(&mut self, base: u64, bytes: u64) {
         debug_assert_eq!(bytes % self.page_bytes, 0);
+        self.add_extent_in(base, bytes, State::Unmapped);
+    }
+
+    /// A new extent of `bytes` at `base`, free in `state` (the carriers of small blocks are
+    /// extents of their own, mapped from the start).
+    pub fn add_extent_in(&mut self, base: u64, bytes: u64, state: State) {
         self.extents.insert(base, bytes);
-        self.put(base, bytes, State::Unmapped);
+        self.put(base, bytes, state);
+    }
+
+    /// If the extent at `base` is wholly free in one range, removes it and returns that range's
+    /// state; otherwise changes nothing.
+    pub fn remove_extent_if_free(&mut self, base: u64) -> Option<State> {
+        let bytes = *self.extents.get(&base)?;
+        let r = *self.ranges.get(&base)?;
+        if r.bytes != bytes {
+            return None;
+        }
+        self.remove(base, r);
+        self.extents.remove(&base);
+        Some(r.state)
     }
 
     pub fn extents(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
@@ -109,8 +138,59 @@ impl FreeRanges {
         }
     }
 
-    /// Hands out `[start, start + bytes)`, which must be free and usable (mapped) for the caller.
-    pub fn take(&mut self, start: u64, bytes: u64) {
+    /// The smallest range freed on a stream other than `stream` that holds `bytes`, with that
+    /// stream and its fence: `stream` may use it once it has waited for the fence.
+    pub fn best_fit_other(&self, bytes: u64, stream: Stream) -> Option<(u64, Stream, u64)> {
+        let mut best: Option<(u64, u64)> = None; // (bytes, start)
+        let mut from = (Stream(0), 0, 0);
+        while let Some(&(s, _, _)) = self.freed_by_size.range(from..).next() {
+            if s != stream {
+                let fit = self
+                    .freed_by_size
+                    .range((s, bytes, 0)..=(s, u64::MAX, u64::MAX))
+                    .next();
+                if let Some(&(_, len, start)) = fit {
+                    best = best.min(Some((len, start))).or(Some((len, start)));
+                }
+            }
+            match s.0.checked_add(1) {
+                Some(next) => from = (Stream(next), 0, 0),
+                None => break,
+            }
+        }
+        let (_, start) = best?;
+        match self.ranges[&start].state {
+            State::Freed { stream, seq } => Some((start, stream, seq)),
+            _ => None,
+        }
+    }
+
+    /// A whole page (page-aligned) inside one mapped range that `stream` may use: the smallest
+    /// such range first. For the carriers of small blocks.
+    pub fn best_fit_page(&self, stream: Stream) -> Option<u64> {
+        let page = self.page_bytes;
+        let fits = |start: u64, len: u64| {
+            let at = self.page_ceil(start);
+            (at + page <= start + len).then_some((len, at))
+        };
+        let ready = self
+            .ready_by_size
+            .range((page, 0)..)
+            .find_map(|&(len, start)| fits(start, len));
+        let freed = self
+            .freed_by_size
+            .range((stream, page, 0)..=(stream, u64::MAX, u64::MAX))
+            .find_map(|&(_, len, start)| fits(start, len));
+        match (ready, freed) {
+            (Some(a), Some(b)) => Some(a.min(b).1),
+            (a, b) => a.or(b).map(|(_, at)| at),
+        }
+    }
+
+    /// Hands out `[start, start + bytes)`, which must be free and usable (mapped) for the caller;
+    /// the state the block was in (ready, or freed on one stream with the latest fence of its
+    /// pieces).
+    pub fn take(&mut self, start: u64, bytes: u64) -> State {
         let end = start + bytes;
         let first = self
             .ranges
@@ -124,7 +204,9 @@ impl FreeRanges {
             .filter(|(s, r)| s + r.bytes > start)
             .collect();
         debug_assert!(covered.iter().map(|(_, r)| r.bytes).sum::<u64>() >= bytes);
+        let mut state = State::Ready;
         for &(s, r) in &covered {
+            state = state.joined(r.state).unwrap_or(state);
             debug_assert!(
                 !matches!(r.state, State::Unmapped | State::Blocked),
                 "taking unmapped or inaccessible memory"
@@ -137,10 +219,12 @@ impl FreeRanges {
                 self.put(end, s + r.bytes - end, r.state);
             }
         }
+        state
     }
 
-    /// Gives `[start, start + bytes)` back in `state`, merged with its neighbours where they may be.
-    pub fn give(&mut self, start: u64, bytes: u64, state: State) {
+    /// Gives `[start, start + bytes)` back in `state`, merged with its neighbours where they may
+    /// be; the free range it is now part of, as (start, bytes).
+    pub fn give(&mut self, start: u64, bytes: u64, state: State) -> (u64, u64) {
         if let Some((&s, &r)) = self.ranges.range(..start).next_back() {
             if s + r.bytes == start && !self.extents.contains_key(&start) {
                 if let Some(merged) = r.state.merges_with(state) {
@@ -159,20 +243,31 @@ impl FreeRanges {
             }
         }
         self.put(start, bytes, state);
+        (start, bytes)
     }
 
-    /// Freed ranges of `stream` whose fence is at most `completed_seq` become ready.
-    pub fn promote(&mut self, stream: Stream, completed_seq: u64) {
+    /// The extent `[start, start + bytes)` lies in, as its base, if it is one of its extents.
+    pub fn is_whole_extent(&self, start: u64, bytes: u64) -> bool {
+        self.extents.get(&start) == Some(&bytes)
+    }
+
+    /// Freed ranges of `stream` whose fence is at most `completed_seq` become ready; the ready
+    /// ranges they are now part of, as (start, bytes).
+    pub fn promote(&mut self, stream: Stream, completed_seq: u64) -> Vec<(u64, u64)> {
         let done: Vec<(u64, Range)> = self
             .freed_by_size
             .range((stream, 0, 0)..=(stream, u64::MAX, u64::MAX))
             .map(|&(_, _, start)| (start, self.ranges[&start]))
             .filter(|(_, r)| matches!(r.state, State::Freed { seq, .. } if seq <= completed_seq))
             .collect();
+        let mut merged = Vec::with_capacity(done.len());
         for (start, r) in done {
+            // Two freed ranges of one stream are never neighbours (they merge), so no earlier
+            // give of this loop has taken this one in.
             self.remove(start, r);
-            self.give(start, r.bytes, State::Ready);
+            merged.push(self.give(start, r.bytes, State::Ready));
         }
+        merged
     }
 
     /// Streams with freed ranges not yet ready.
@@ -239,6 +334,12 @@ impl FreeRanges {
     /// unmapped pages are mapped: the fewest pages to map, then the lowest address. Candidates
     /// are compared by counting pages; only the chosen window's are listed.
     pub fn window(&self, bytes: u64, stream: Stream) -> Option<Window> {
+        self.window_aligned(bytes, stream, 512)
+    }
+
+    /// As [`FreeRanges::window`], for a block starting at a multiple of `align_bytes` (a power of
+    /// two: 512, or the page for the carriers of small blocks) from its extent's base.
+    pub fn window_aligned(&self, bytes: u64, stream: Stream, align_bytes: u64) -> Option<Window> {
         let mut best: Option<(u64, u64)> = None; // (pages to map, start)
         let usable = |r: &Range| r.state == State::Unmapped || r.state.usable_by(stream);
         let mut run: Option<(u64, u64)> = None;
@@ -256,8 +357,13 @@ impl FreeRanges {
         }
         runs.extend(run);
         for (start, end) in runs.into_iter().filter(|(s, e)| e - s >= bytes) {
-            let last = (end - bytes) & !511;
-            for at in [start, last] {
+            let base = self.extent_base(start);
+            let first = base + (start - base).div_ceil(align_bytes) * align_bytes;
+            let last = base + (end - bytes - base) / align_bytes * align_bytes;
+            if first > last {
+                continue;
+            }
+            for at in [first, last] {
                 let candidate = (self.unmapped_pages_in(at, at + bytes, None), at);
                 if best.is_none_or(|b| candidate < b) {
                     best = Some(candidate);

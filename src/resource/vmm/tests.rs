@@ -5,8 +5,10 @@
 use super::*;
 use crate::config::Config;
 use crate::driver::sim::{SimDriver, SimFault};
+use crate::driver::StreamDriver;
 use crate::history::History;
 use crate::units::SizeSpec;
+use std::sync::atomic::AtomicU64;
 
 const PAGE: u64 = 2 << 20;
 const S1: Stream = Stream(1);
@@ -29,7 +31,9 @@ fn rig_config(devices: usize, memory_bytes: u64, config: Config) -> Rig {
     let sim = Arc::new(SimDriver::new(devices, memory_bytes).strict());
     let driver: Arc<dyn Driver> = sim.clone();
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
-    let vmm = VmmResource::create(&driver, 0, &config, memory_bytes, recorder).unwrap();
+    let settings = VmmSettings::from_config(&config, memory_bytes);
+    let limit = Arc::new(AtomicU64::new(u64::MAX));
+    let vmm = VmmResource::create(&driver, 0, &settings, memory_bytes, limit, recorder).unwrap();
     Rig { sim, vmm }
 }
 
@@ -59,24 +63,40 @@ impl Rig {
 }
 
 #[test]
-fn a_freed_block_is_reused_at_once_by_its_stream_and_by_others_after_its_fence() {
+fn a_freed_block_is_reused_at_once_by_its_stream_and_by_others_after_a_gpu_side_wait() {
     let r = rig();
     let a = r.alloc(3 * PAGE, S1);
     r.free(a, 3 * PAGE, S1);
     assert_eq!(r.alloc(3 * PAGE, S1), a, "same stream: at once");
     r.free(a, 3 * PAGE, S1);
+    assert_eq!(r.vmm.driver_counts().stream_waits, 0);
     let b = r.alloc(3 * PAGE, S2);
-    assert_ne!(a, b, "another stream must wait for the fence");
-    r.free(b, 3 * PAGE, S2);
-    assert_eq!(r.alloc(3 * PAGE, S2), b, "S2 reuses its own block at once");
+    assert_eq!(
+        b, a,
+        "another stream: at once, after waiting for S1's fence on the GPU"
+    );
+    assert_eq!(r.vmm.driver_counts().stream_waits, 1);
+    assert_eq!(r.physical(), 3 * PAGE, "nothing new mapped");
+    // The wait is real: S2's work cannot complete before S1's free.
+    let fence = r.sim.event_recorded_last(0).expect("S1's fence");
+    assert!(!r.sim.event_query(0, fence).unwrap());
+    r.sim.complete_stream(0, S2);
+    assert!(
+        r.sim.event_query(0, fence).unwrap(),
+        "completing S2 completed S1"
+    );
     r.free(b, 3 * PAGE, S2);
     r.sim.complete_all();
     let s3 = Stream(3);
     let c = r.alloc(6 * PAGE, s3);
     assert_eq!(
-        (c, r.physical()),
-        (a, 6 * PAGE),
-        "after the fences both coalesce for any stream"
+        c, a,
+        "after the fences the block and its neighbour serve any stream"
+    );
+    assert_eq!(
+        r.vmm.driver_counts().stream_waits,
+        1,
+        "no wait once the fence is done"
     );
     r.free(c, 6 * PAGE, s3);
 }
@@ -96,27 +116,46 @@ fn neighbours_coalesce_so_a_larger_block_needs_no_new_memory() {
 }
 
 #[test]
-fn growth_takes_handles_out_of_idle_holes_before_creating_memory() {
+fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
     let r = rig();
+    r.sim.stop_clock();
     let a = r.alloc(PAGE, S1);
     let b = r.alloc(PAGE, S1);
     let c = r.alloc(PAGE, S1);
+    let e = r.alloc(PAGE, S1);
     r.free(a, PAGE, S1);
     r.free(c, PAGE, S1);
     r.sim.complete_all();
+    // Two free pages, not adjacent (b is live between them): a 2-page block cannot fit in
+    // mapped memory. Just used, they are hot: a loop will want them again, so the device grows
+    // instead of moving them (a move costs what a new page costs, and would come back).
     let before = r.physical();
-    // Two free pages, but not adjacent (b is live between them): a 2-page block cannot fit, so
-    // the idle pages are moved behind it instead of new memory being created.
     let d = r.alloc(2 * PAGE, S1);
+    assert_eq!(r.physical(), before + 2 * PAGE, "grown, holes kept");
+    assert_eq!(r.vmm.driver_counts().unmaps, 0);
+    r.free(d, 2 * PAGE, S1);
+    r.sim.complete_all();
+    // Unused for longer than STREAMPOOL_VMM_COLD_AFTER, idle pages are cold: they back a new
+    // block before the device grows.
+    let f = r.alloc(4 * PAGE, S1); // d's two pages and two more
+    r.sim
+        .advance_clock_ms(Config::default().vmm_cold_after_ms + 1);
+    r.free(f, 4 * PAGE, S1);
+    let g = r.alloc(2 * PAGE, S1); // fits f's old range: no mapping at all
+    r.free(g, 2 * PAGE, S1);
+    r.sim.complete_all();
+    let before = r.physical();
+    let h = r.alloc(6 * PAGE, S1); // f's four pages and two more, backed by a's and c's
     assert_eq!(
         r.physical(),
         before,
-        "no growth while memory sits idle in holes"
+        "no growth while cold memory sits idle"
     );
-    assert_eq!(d, c, "c's hole extended by a page taken out of a's");
-    assert_eq!(r.sim.mappings(0).len(), 3);
-    r.free(b, PAGE, S1);
-    r.free(d, 2 * PAGE, S1);
+    assert!(r.vmm.driver_counts().unmaps > 0, "cold pages moved");
+    assert_eq!(r.vmm.driver_counts().unmaps, 2);
+    for (ptr, bytes) in [(b, PAGE), (e, PAGE), (h, 6 * PAGE)] {
+        r.free(ptr, bytes, S1);
+    }
 }
 
 #[test]
@@ -135,77 +174,68 @@ fn a_hole_still_in_use_is_not_unmapped() {
 }
 
 #[test]
-fn the_release_threshold_applies_at_frees_once_the_gpu_is_done() {
+fn above_the_threshold_cold_pages_go_back_when_tended_never_at_frees() {
     let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(PAGE));
+    r.sim.stop_clock();
     let a = r.alloc(4 * PAGE, S1);
     let b = r.alloc(PAGE, S2);
     r.free(a, 4 * PAGE, S1);
-    assert_eq!(
-        r.physical(),
-        5 * PAGE,
-        "the fence has not completed: nothing may go"
-    );
     r.sim.complete_stream(0, S1);
     r.free(b, PAGE, S2);
     assert_eq!(
         r.physical(),
+        5 * PAGE,
+        "nothing released on the allocating thread"
+    );
+    assert!(r.vmm.tend(), "above the threshold");
+    assert_eq!(
+        r.physical(),
+        5 * PAGE,
+        "not cold yet: a loop may want it next step"
+    );
+    r.sim.advance_clock_ms(Config::default().vmm_cold_after_ms);
+    assert!(!r.vmm.tend(), "at the threshold now");
+    assert_eq!(
+        r.physical(),
         PAGE,
-        "a's pages released at the next free; b's fence is pending"
+        "a's cold pages released; b's fence is pending and it stays"
     );
     assert_eq!(r.reserved(), PAGE);
 }
 
 #[test]
-fn the_releaser_gives_memory_back_without_another_call() {
-    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(0));
+fn an_idle_release_gives_back_every_idle_page_once_the_gpu_is_done() {
+    let r = rig();
     let a = r.alloc(4 * PAGE, S1);
+    let b = r.alloc(PAGE / 8, S1);
     r.free(a, 4 * PAGE, S1);
-    assert_eq!(r.physical(), 4 * PAGE);
-    r.sim.complete_stream(0, S1);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while r.physical() > 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    assert_eq!(r.physical(), 0, "an idle process hands its memory back");
-}
-
-#[test]
-fn the_releaser_keeps_looking_until_the_gpu_is_done() {
-    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(0));
-    let a = r.alloc(4 * PAGE, S1);
-    r.free(a, 4 * PAGE, S1);
-    std::thread::sleep(std::time::Duration::from_millis(60)); // several passes find S1 busy
-    assert_eq!(r.physical(), 4 * PAGE);
-    r.sim.complete_stream(0, S1);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while r.physical() > 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    assert_eq!(
-        r.physical(),
-        0,
-        "released once the GPU was done, with no other call"
+    assert!(
+        r.vmm.release_idle(),
+        "the fence is pending: look again later"
     );
+    assert_eq!(r.physical(), 5 * PAGE, "memory the GPU may still use stays");
+    r.sim.complete_stream(0, S1);
+    assert!(!r.vmm.release_idle(), "nothing left for later");
+    assert_eq!(r.physical(), PAGE, "all but the page under the live block");
+    r.free(b, PAGE / 8, S1);
+    r.sim.complete_all();
+    r.vmm.release_idle();
+    assert_eq!(r.physical(), 0);
 }
 
 #[test]
-fn a_block_freed_during_a_capture_is_released_in_the_background_after_it() {
-    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(0));
+fn a_block_freed_during_a_capture_is_released_by_an_idle_release_after_it() {
+    let r = rig();
     let a = r.alloc(4 * PAGE, S1);
     r.sim.begin_capture(0, S1);
     r.free(a, 4 * PAGE, S1); // no fence possible: it waits for the capture's end
-    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert!(r.vmm.release_idle(), "look again after the capture");
+    assert_eq!(r.physical(), 4 * PAGE);
     r.sim.end_capture(0, S1);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while r.physical() > 0 && std::time::Instant::now() < deadline {
-        r.sim.complete_all(); // the GPU keeps working through whatever was queued
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    assert_eq!(
-        r.physical(),
-        0,
-        "released after the capture, with no other call"
-    );
+    assert!(r.vmm.release_idle(), "fenced now; the GPU is not done");
+    r.sim.complete_all();
+    assert!(!r.vmm.release_idle());
+    assert_eq!(r.physical(), 0, "released after the capture");
 }
 
 #[test]
@@ -215,15 +245,15 @@ fn a_block_freed_during_a_capture_is_fenced_at_the_next_allocation_after_it() {
     r.sim.begin_capture(0, S1);
     r.free(a, 2 * PAGE, S1);
     r.sim.end_capture(0, S1);
-    r.sim.complete_all();
-    let b = r.alloc(2 * PAGE, S2); // fences a now: not usable by S2 before that fence completes
-    assert_ne!(a, b);
+    let b = r.alloc(2 * PAGE, S2); // fences a now, and waits for that fence on the GPU
+    assert_eq!(b, a);
+    assert_eq!(r.vmm.driver_counts().stream_waits, 1);
     r.free(b, 2 * PAGE, S2);
     r.sim.complete_all();
     assert_eq!(
         r.alloc(2 * PAGE, Stream(3)),
         a,
-        "a is free for every stream once fenced"
+        "a is free for every stream once its fences completed"
     );
     r.free(a, 2 * PAGE, Stream(3));
 }
@@ -249,26 +279,28 @@ fn a_blocked_page_is_retried_until_it_can_be_fixed() {
 #[test]
 fn the_first_reservation_is_twice_the_device_memory() {
     let r = rig();
-    let extents: Vec<(u64, u64)> = r.vmm.state.lock().free.extents().collect();
+    let extents: Vec<(u64, u64)> = r.vmm.state.lock().large.extents().collect();
     assert_eq!(extents.len(), 1);
     assert_eq!(extents[0].1, 2 * 64 * PAGE);
 }
 
 #[test]
-fn without_the_background_releaser_memory_waits_for_the_next_call() {
-    let config = Config {
-        release_threshold: SizeSpec::Bytes(0),
-        vmm_background_release: false,
-        ..Config::default()
-    };
-    let r = rig_config(1, 64 * PAGE, config);
+fn a_new_threshold_applies_at_the_next_look_not_on_the_calling_thread() {
+    let r = rig();
+    r.sim.stop_clock();
     let a = r.alloc(4 * PAGE, S1);
     r.free(a, 4 * PAGE, S1);
     r.sim.complete_stream(0, S1);
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    assert_eq!(r.physical(), 4 * PAGE, "no thread released it");
+    r.sim.advance_clock_ms(Config::default().vmm_cold_after_ms);
+    assert!(!r.vmm.tend(), "the default threshold keeps everything");
     r.vmm.set_release_threshold(0).unwrap();
-    assert_eq!(r.physical(), 0, "the next call does");
+    assert_eq!(
+        r.physical(),
+        4 * PAGE,
+        "setting it releases nothing by itself"
+    );
+    assert!(!r.vmm.tend());
+    assert_eq!(r.physical(), 0, "the next look does");
 }
 
 #[test]
@@ -306,9 +338,9 @@ fn no_mapping_during_a_capture_and_frees_on_a_capturing_stream_wait_for_its_end(
     );
     r.sim.end_capture(0, capturing);
     let b = r.alloc(2 * PAGE, S2);
-    assert_ne!(
+    assert_eq!(
         a, b,
-        "a gets its fence only now: not yet reusable by another stream"
+        "a gets its fence only now, and S2 waits for it on the GPU"
     );
     r.free(b, 2 * PAGE, S2);
     r.sim.complete_all();
@@ -450,7 +482,7 @@ fn a_request_beyond_the_device_fails_at_once_without_reserving_or_listing_pages(
         started.elapsed()
     );
     assert_eq!(
-        r.vmm.state.lock().free.extents().count(),
+        r.vmm.state.lock().large.extents().count(),
         1,
         "no new reservation"
     );
@@ -476,7 +508,9 @@ fn an_address_space_that_no_window_fits_gets_another_reservation() {
     let sim = Arc::new(SimDriver::new(1, 64 * PAGE).strict());
     let driver: Arc<dyn Driver> = sim.clone();
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
-    let vmm = VmmResource::create(&driver, 0, &Config::default(), 2 * PAGE, recorder).unwrap();
+    let settings = VmmSettings::from_config(&Config::default(), 2 * PAGE);
+    let limit = Arc::new(AtomicU64::new(u64::MAX));
+    let vmm = VmmResource::create(&driver, 0, &settings, 2 * PAGE, limit, recorder).unwrap();
     let r = Rig { sim, vmm };
     let blocks: Vec<DevicePtr> = (0..4).map(|_| r.alloc(PAGE, S1)).collect();
     r.free(blocks[0], PAGE, S1);

@@ -1,0 +1,108 @@
+//! The background thread: every few tens of milliseconds it tends each device that asked for it —
+//! the idle release, and the release threshold of resources that apply it themselves — so that
+//! memory goes back to the device without the program calling anything.
+//!
+//! Invariants: one thread per process, started when the first device registers; it holds weak
+//! references, so it keeps no device alive, and forgets a device once it is gone; its list's lock
+//! is a leaf (released before it calls a device); at exit no pass starts and one under way is
+//! waited for (briefly), so the thread is not inside the driver while the driver shuts down;
+//! under loom it does not exist.
+
+use std::sync::Weak;
+
+/// Something the background thread looks after.
+pub trait Tended: Send + Sync {
+    /// One look: release what is due.
+    fn tend(&self);
+}
+
+/// How often registered devices are looked at.
+#[cfg(not(loom))]
+const TICK: std::time::Duration = std::time::Duration::from_millis(50);
+
+#[cfg(not(loom))]
+mod thread {
+    use super::{Tended, Weak, TICK};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Mutex, OnceLock};
+
+    /// What the thread looks after; `None` if the thread could not be started.
+    type List = Mutex<Vec<Weak<dyn Tended>>>;
+    static TENDED: OnceLock<Option<List>> = OnceLock::new();
+    static STOPPING: AtomicBool = AtomicBool::new(false);
+    /// Held by the thread while it works on devices, so that the exit waits for that to end.
+    static IN_PASS: Mutex<()> = Mutex::new(());
+
+    /// At exit: no pass starts any more, and one under way is waited for (briefly). Not in a
+    /// fork child: the thread does not exist there, and its lock may have been held at the fork.
+    extern "C" fn stop() {
+        STOPPING.store(true, Ordering::Relaxed);
+        if crate::api::in_fork_child() {
+            return;
+        }
+        for _ in 0..100 {
+            if IN_PASS.try_lock().is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    fn start() -> Option<List> {
+        let spawned = std::thread::Builder::new()
+            .name("streampool-releaser".into())
+            .spawn(run);
+        if let Err(e) = spawned {
+            log::warn!(
+                "streampool: no background thread ({e}); idle memory is released only by \
+                 empty_cache and trim"
+            );
+            return None;
+        }
+        // SAFETY: registers a handler that only touches atomics and a mutex of this module.
+        unsafe { libc::atexit(stop) };
+        Some(Mutex::new(Vec::new()))
+    }
+
+    pub(super) fn register(tended: Weak<dyn Tended>) {
+        if let Some(list) = TENDED.get_or_init(start) {
+            list.lock().unwrap_or_else(|e| e.into_inner()).push(tended);
+        }
+    }
+
+    fn run() {
+        // The list exists once `start` has returned; wait for it.
+        let list = loop {
+            if let Some(list) = TENDED.get() {
+                match list {
+                    Some(list) => break list,
+                    None => return,
+                }
+            }
+            std::thread::sleep(TICK);
+        };
+        loop {
+            std::thread::sleep(TICK);
+            let tended: Vec<Weak<dyn Tended>> = {
+                let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
+                list.retain(|w| w.strong_count() > 0);
+                list.clone()
+            };
+            let _pass = IN_PASS.lock().unwrap_or_else(|e| e.into_inner());
+            if STOPPING.load(Ordering::Relaxed) {
+                return;
+            }
+            for t in tended.iter().filter_map(Weak::upgrade) {
+                t.tend();
+            }
+        }
+    }
+}
+
+/// Asks the background thread to tend `tended` from now on, for as long as it lives.
+pub fn register(tended: Weak<dyn Tended>) {
+    #[cfg(not(loom))]
+    thread::register(tended);
+    #[cfg(loom)]
+    drop(tended);
+}

@@ -1,0 +1,102 @@
+//! Small blocks of the virtual-memory resource: blocks up to `small_max_bytes` are carved out of
+//! carriers — whole pages taken out of the address space's free ranges — best fit, split at 512
+//! bytes, neighbours merged, so that they never split the ranges large blocks need.
+//!
+//! Invariants: a carrier is one page, page-aligned, taken out of the large ranges while any block
+//! in it is live or waits for its fence, and given back to them (in the state of its one free
+//! range) as soon as it is wholly free, so an idle carrier is an idle page like any other; the
+//! same stream-ordering rules apply inside carriers as outside (`Freed` pieces serve their stream
+//! at once, other streams after a GPU-side wait or their fence).
+
+use super::ranges::State;
+use super::{VmmResource, VmmState};
+use crate::driver::Stream;
+use crate::error::Result;
+
+impl VmmResource {
+    /// A small block for `stream`: a fit in a carrier it may use, after settling fences, after a
+    /// GPU-side wait, or in a new carrier.
+    pub(super) fn place_small(
+        &self,
+        st: &mut VmmState,
+        bytes: u64,
+        stream: Stream,
+        now_ms: u64,
+    ) -> Result<u64> {
+        if let Some(start) = st.small.best_fit(bytes, stream) {
+            st.small.take(start, bytes);
+            return Ok(start);
+        }
+        self.settle(st);
+        if let Some(start) = st.small.best_fit(bytes, stream) {
+            st.small.take(start, bytes);
+            return Ok(start);
+        }
+        if let Some(start) = self.take_after_wait(st, true, bytes, stream) {
+            return Ok(start);
+        }
+        let (page, state) = self.new_carrier(st, stream, now_ms)?;
+        st.small.add_extent_in(page, self.page_bytes, state);
+        st.small.take(page, bytes);
+        Ok(page)
+    }
+
+    /// A page for a new carrier, taken out of the large ranges: a mapped one `stream` may use,
+    /// else one mapped now; with the state it was in.
+    fn new_carrier(&self, st: &mut VmmState, stream: Stream, now_ms: u64) -> Result<(u64, State)> {
+        if let Some(page) = st.large.best_fit_page(stream) {
+            return Ok((page, st.large.take(page, self.page_bytes)));
+        }
+        if self.capturing(st) {
+            return Err(super::paused());
+        }
+        let page_bytes = self.page_bytes;
+        let window = match st.large.window_aligned(page_bytes, stream, page_bytes) {
+            Some(window) => window,
+            None => {
+                self.reserve(st, self.extent_bytes)?;
+                st.large
+                    .window_aligned(page_bytes, stream, page_bytes)
+                    .ok_or_else(|| {
+                        crate::Error::Internal(
+                            "no page for small blocks in a new reservation".into(),
+                        )
+                    })?
+            }
+        };
+        self.map_window(st, &window, page_bytes, now_ms)?;
+        Ok((window.start, st.large.take(window.start, page_bytes)))
+    }
+
+    /// Gives a small block back inside its carrier; a carrier that is wholly free goes back to
+    /// the large ranges.
+    pub(super) fn give_small(
+        &self,
+        st: &mut VmmState,
+        start: u64,
+        bytes: u64,
+        state: State,
+        now_ms: u64,
+    ) {
+        let (merged_start, merged_bytes) = st.small.give(start, bytes, state);
+        self.return_carrier_if_empty(st, merged_start, merged_bytes, now_ms);
+    }
+
+    /// If the free range `[start, start + bytes)` of the small ranges is a whole carrier, the
+    /// carrier goes back to the large ranges.
+    pub(super) fn return_carrier_if_empty(
+        &self,
+        st: &mut VmmState,
+        start: u64,
+        bytes: u64,
+        now_ms: u64,
+    ) {
+        if !st.small.is_whole_extent(start, bytes) {
+            return;
+        }
+        if let Some(state) = st.small.remove_extent_if_free(start) {
+            st.large.give(start, bytes, state);
+            self.mark_used(st, start, bytes, now_ms);
+        }
+    }
+}
