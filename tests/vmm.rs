@@ -180,6 +180,7 @@ fn memory_left_unused_in_holes_is_remapped_instead_of_growing() {
     let blocks: Vec<DevicePtr> = (0..6).map(|_| r.malloc(PAGE, 0, S1)).collect();
     for &b in blocks.iter().step_by(2) {
         r.alloc.free(b, 0).unwrap();
+        r.sim.advance_clock_ms(1); // a fence per free: one per millisecond
     }
     r.sim.complete_all();
     r.sim.advance_clock_ms(Config::default().vmm_cold_after_ms);

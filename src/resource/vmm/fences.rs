@@ -1,26 +1,107 @@
-//! Fences of the virtual-memory resource: an event recorded on a stream when a block is freed on
-//! it, so that other streams may reuse the block once the event has completed.
+//! Fences of the virtual-memory resource: events recorded on a stream after blocks were freed on
+//! it, so that other streams may reuse those blocks — at once after a GPU-side wait on the
+//! event, or without one once it has completed.
 //!
-//! Invariants: fences of one stream complete in the order they were recorded (stream order), so
+//! Fences are recorded lazily: a free only takes the sequence number of its stream's next fence
+//! (no driver call on the freeing thread); the fence is recorded when someone needs it — a settle
+//! (an allocation that found nothing, the background thread), another stream that wants the
+//! block, a trim. Recorded later than the free, it covers the free and more: never less.
+//!
+//! Invariants: a stream's fences complete in the order they were recorded (stream order), so
 //! each stream keeps a queue and only its front is queried; sequence numbers grow across all
-//! streams, and a stream's completed fence number only grows; events are reused once completed.
-//! The calls made here (event create, record, query) return at once.
+//! streams, a stream's pending number is greater than any it recorded, and its completed fence
+//! number only grows; events are reused once completed. The calls made here (event create,
+//! record, query) return at once.
 
 use crate::driver::{Driver, EventHandle, Stream};
 use crate::error::Result;
 use std::collections::VecDeque;
 
+struct StreamFences {
+    stream: Stream,
+    /// Recorded fences not known to have completed, oldest first.
+    recorded: VecDeque<(u64, EventHandle)>,
+    /// The number of the fence that will cover the frees made since the last record.
+    pending: Option<u64>,
+    /// When its last fence was recorded (the driver's clock); `None`: never.
+    recorded_at_ms: Option<u64>,
+}
+
 #[derive(Default)]
 pub(super) struct Fences {
-    /// Per stream, its fences not known to have completed, oldest first.
-    streams: Vec<(Stream, VecDeque<(u64, EventHandle)>)>,
+    streams: Vec<StreamFences>,
     last_seq: u64,
     spare: Vec<EventHandle>,
 }
 
 impl Fences {
-    /// Records a fence on `stream` now; its sequence number.
-    pub fn record(&mut self, driver: &dyn Driver, device: usize, stream: Stream) -> Result<u64> {
+    fn slot(&mut self, stream: Stream) -> &mut StreamFences {
+        match self.streams.iter().position(|s| s.stream == stream) {
+            Some(i) => &mut self.streams[i],
+            None => {
+                self.streams.push(StreamFences {
+                    stream,
+                    recorded: VecDeque::new(),
+                    pending: None,
+                    recorded_at_ms: None,
+                });
+                self.streams.last_mut().expect("just pushed")
+            }
+        }
+    }
+
+    /// The number of the fence that will cover a free on `stream` now (no driver call).
+    pub fn seq_for_free(&mut self, stream: Stream) -> u64 {
+        let next = self.last_seq + 1;
+        let slot = self.slot(stream);
+        match slot.pending {
+            Some(seq) => seq,
+            None => {
+                slot.pending = Some(next);
+                self.last_seq = next;
+                next
+            }
+        }
+    }
+
+    /// Records `stream`'s pending fence if its last one is `interval_ms` old or more: a stream
+    /// that frees all the time records one fence per interval, and no free waits longer than
+    /// that for a fence that can complete.
+    pub fn record_if_due(
+        &mut self,
+        driver: &dyn Driver,
+        device: usize,
+        stream: Stream,
+        interval_ms: u64,
+    ) -> Result<()> {
+        let now_ms = driver.now_ms();
+        let due = self
+            .streams
+            .iter()
+            .find(|s| s.stream == stream)
+            .is_some_and(|s| {
+                s.recorded_at_ms
+                    .is_none_or(|at_ms| now_ms.saturating_sub(at_ms) >= interval_ms)
+            });
+        match due {
+            true => self.record_pending(driver, device, stream),
+            false => Ok(()),
+        }
+    }
+
+    /// Records `stream`'s pending fence, if it has one.
+    pub fn record_pending(
+        &mut self,
+        driver: &dyn Driver,
+        device: usize,
+        stream: Stream,
+    ) -> Result<()> {
+        let Some(i) = self.streams.iter().position(|s| s.stream == stream) else {
+            return Ok(());
+        };
+        let Some(seq) = self.streams[i].pending else {
+            return Ok(());
+        };
         let event = match self.spare.pop() {
             Some(event) => event,
             None => driver.event_create(device)?,
@@ -29,43 +110,66 @@ impl Fences {
             self.spare.push(event);
             return Err(e);
         }
-        self.last_seq += 1;
-        let queue = match self.streams.iter().position(|(s, _)| *s == stream) {
-            Some(i) => &mut self.streams[i].1,
-            None => {
-                self.streams.push((stream, VecDeque::new()));
-                &mut self.streams.last_mut().expect("just pushed").1
+        let slot = &mut self.streams[i];
+        slot.pending = None;
+        slot.recorded.push_back((seq, event));
+        slot.recorded_at_ms = Some(driver.now_ms());
+        Ok(())
+    }
+
+    /// Records every stream's pending fence except on streams `skip` says no to (capturing
+    /// ones); a record that fails stays pending for the next try. True if any was recorded.
+    pub fn record_all_pending(
+        &mut self,
+        driver: &dyn Driver,
+        device: usize,
+        skip: impl Fn(Stream) -> bool,
+    ) -> bool {
+        let pending: Vec<Stream> = self
+            .streams
+            .iter()
+            .filter(|s| s.pending.is_some())
+            .map(|s| s.stream)
+            .collect();
+        let mut recorded = false;
+        for stream in pending {
+            if skip(stream) {
+                continue;
             }
-        };
-        queue.push_back((self.last_seq, event));
-        Ok(self.last_seq)
+            match self.record_pending(driver, device, stream) {
+                Ok(()) => recorded = true,
+                Err(e) => log::debug!("device {device}: fence on {stream:#x}: {e}; later"),
+            }
+        }
+        recorded
     }
 
-    /// The event of `stream`'s fence `seq`, if it has not been seen to complete (then it is still
-    /// queued, and waiting on it orders work after the free it fenced).
+    /// The event of `stream`'s recorded fence `seq`, if it has not been seen to complete (then it
+    /// is still queued, and waiting on it orders work after the frees it covers).
     pub fn event_of(&self, stream: Stream, seq: u64) -> Option<EventHandle> {
-        let (_, queue) = self.streams.iter().find(|(s, _)| *s == stream)?;
-        let i = queue.binary_search_by_key(&seq, |&(s, _)| s).ok()?;
-        Some(queue[i].1)
+        let slot = self.streams.iter().find(|s| s.stream == stream)?;
+        let i = slot.recorded.binary_search_by_key(&seq, |&(s, _)| s).ok()?;
+        Some(slot.recorded[i].1)
     }
 
-    /// The streams whose fences completed since the last poll, with their newest completed
-    /// fence. A query that fails counts as not completed (tried again at the next poll).
+    /// The streams whose recorded fences completed since the last poll, with their newest
+    /// completed fence. A query that fails counts as not completed (tried again at the next poll).
     pub fn poll(&mut self, driver: &dyn Driver, device: usize) -> Vec<(Stream, u64)> {
         let mut out = Vec::new();
-        for (stream, queue) in &mut self.streams {
+        for slot in &mut self.streams {
             let mut completed = None;
-            while let Some(&(seq, event)) = queue.front() {
+            while let Some(&(seq, event)) = slot.recorded.front() {
                 if !driver.event_query(device, event).unwrap_or(false) {
                     break;
                 }
-                queue.pop_front();
+                slot.recorded.pop_front();
                 self.spare.push(event);
                 completed = Some(seq);
             }
-            out.extend(completed.map(|seq| (*stream, seq)));
+            out.extend(completed.map(|seq| (slot.stream, seq)));
         }
-        self.streams.retain(|(_, queue)| !queue.is_empty());
+        self.streams
+            .retain(|s| !s.recorded.is_empty() || s.pending.is_some());
         out
     }
 
@@ -74,7 +178,7 @@ impl Fences {
         let pending = self
             .streams
             .drain(..)
-            .flat_map(|(_, q)| q.into_iter().map(|(_, e)| e));
+            .flat_map(|s| s.recorded.into_iter().map(|(_, e)| e));
         for event in pending.chain(self.spare.drain(..)).collect::<Vec<_>>() {
             driver.event_destroy(device, event);
         }

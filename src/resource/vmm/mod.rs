@@ -53,6 +53,9 @@ pub use mapping::DriverCounts;
 /// only if no window fits.
 const ADDRESS_SPACE_PER_DEVICE_MEMORY: u64 = 2;
 
+/// A free records its stream's fence only if the last one is this old (see [`fences`]).
+const FENCE_INTERVAL_MS: u64 = 1;
+
 /// The resolved settings of a virtual-memory resource.
 #[derive(Debug, Clone)]
 pub struct VmmSettings {
@@ -226,9 +229,10 @@ impl VmmResource {
         !st.capture_streams.is_empty()
     }
 
-    /// Freed ranges whose fences completed become ready for every stream; blocks freed during a
-    /// capture that has ended get their fences; blocked pages are fixed. Nothing during a known
-    /// capture, which forbids event queries.
+    /// Freed ranges whose fences completed become ready for every stream; pending fences are
+    /// recorded (for the next settle); blocks freed during a capture that has ended get their
+    /// fence numbers; blocked pages are fixed. Nothing during a known capture, which forbids
+    /// event queries and records.
     fn settle(&self, st: &mut VmmState) {
         if self.capturing(st) {
             return;
@@ -241,28 +245,30 @@ impl VmmResource {
             st.blocked = !st.large.blocked_pages().is_empty();
         }
         let now_ms = self.driver.now_ms();
-        for (stream, completed) in st.fences.poll(self.driver.as_ref(), self.device) {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        for (stream, completed) in st.fences.poll(driver, device) {
             st.large.promote(stream, completed);
             for (start, bytes) in st.small.promote(stream, completed) {
                 self.return_carrier_if_empty(st, start, bytes, now_ms);
             }
         }
+        st.fences.record_all_pending(driver, device, |s| {
+            driver.is_capturing(device, s).unwrap_or(true)
+        });
     }
 
+    /// Blocks freed on a stream that was capturing: once it no longer is, they are freed like
+    /// any other (covered by the stream's next fence).
     fn fence_deferred(&self, st: &mut VmmState) {
         let (driver, device) = (self.driver.as_ref(), self.device);
+        let now_ms = driver.now_ms();
         for (start, bytes, stream) in std::mem::take(&mut st.deferred) {
-            if driver.is_capturing(device, stream).unwrap_or(false) {
+            if driver.is_capturing(device, stream).unwrap_or(true) {
                 st.deferred.push((start, bytes, stream));
                 continue;
             }
-            match st.fences.record(driver, device, stream) {
-                Ok(seq) => {
-                    let now_ms = driver.now_ms();
-                    self.give_back(st, start, bytes, State::Freed { stream, seq }, now_ms)
-                }
-                Err(_) => st.deferred.push((start, bytes, stream)),
-            }
+            let seq = st.fences.seq_for_free(stream);
+            self.give_back(st, start, bytes, State::Freed { stream, seq }, now_ms);
         }
     }
 
@@ -322,11 +328,26 @@ impl VmmResource {
         bytes: u64,
         stream: Stream,
     ) -> Option<u64> {
+        if self.capturing(st) {
+            return None;
+        }
         let ranges = match small {
             true => &mut st.small,
             false => &mut st.large,
         };
         let (start, other, seq) = ranges.best_fit_other(bytes, stream)?;
+        if st.fences.event_of(other, seq).is_none() {
+            // Its fence is still pending: record it now, unless the freeing stream has begun a
+            // capture since (a record would join the graph).
+            let (driver, device) = (self.driver.as_ref(), self.device);
+            if driver.is_capturing(device, other).unwrap_or(true) {
+                return None;
+            }
+            if let Err(e) = st.fences.record_pending(driver, device, other) {
+                log::debug!("device {}: {e}; not reusing {start:#x} yet", self.device);
+                return None;
+            }
+        }
         let event = st.fences.event_of(other, seq)?;
         if let Err(e) = self.driver.stream_wait_event(self.device, stream, event) {
             log::debug!("device {}: {e}; not reusing {start:#x} yet", self.device);
@@ -382,10 +403,12 @@ impl VmmResource {
     pub fn tend(&self) -> bool {
         let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
         let mut st = self.state.lock();
+        // Fences of the last frees are recorded and collected here, so that memory is ready
+        // for every stream (and idle, for moves and releases) without waiting for a miss.
+        self.settle(&mut st);
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
         }
-        self.settle(&mut st);
         let cold_before_ms = self.driver.now_ms().saturating_sub(self.cold_after_ms);
         self.release_down_to(&mut st, threshold, Some(cold_before_ms));
         st.physical_bytes(self.page_bytes) > threshold
@@ -460,34 +483,16 @@ impl Resource for VmmResource {
             st.deferred.push((ptr.0, bytes, stream));
             return Ok(());
         }
-        match st.fences.record(self.driver.as_ref(), self.device, stream) {
-            Ok(seq) => {
-                self.give_back(&mut st, ptr.0, bytes, State::Freed { stream, seq }, now_ms);
-                // Keeps the fence queues short: each free looks at their fronts.
-                self.settle(&mut st);
-            }
-            Err(e) => {
-                // No fence: wait for the stream, after which no work uses the block.
-                drop(st);
-                log::warn!(
-                    "device {}: {e}; synchronising the stream before reusing {ptr:#x}",
-                    self.device
-                );
-                let synced = self.driver.stream_synchronize(self.device, stream);
-                st = self.state.lock();
-                match synced {
-                    Ok(()) => self.give_back(&mut st, ptr.0, bytes, State::Ready, now_ms),
-                    // The block is ours now either way: it waits, like a block freed during a
-                    // capture, for a fence at the next try (the caller must not free it again).
-                    Err(e) => {
-                        log::warn!(
-                            "device {}: {e}; {ptr:#x} waits for a later fence",
-                            self.device
-                        );
-                        st.deferred.push((ptr.0, bytes, stream));
-                    }
-                }
-            }
+        // Reusable by its stream at once; by others after the stream's next fence, recorded
+        // here at most once a millisecond, or when someone needs it.
+        let seq = st.fences.seq_for_free(stream);
+        self.give_back(&mut st, ptr.0, bytes, State::Freed { stream, seq }, now_ms);
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        if let Err(e) = st
+            .fences
+            .record_if_due(driver, device, stream, FENCE_INTERVAL_MS)
+        {
+            log::debug!("device {device}: a fence on {stream:#x}: {e}; recorded later");
         }
         Ok(())
     }
@@ -509,10 +514,17 @@ impl Resource for VmmResource {
 
     fn trim(&self, keep_bytes: u64) -> Result<()> {
         let mut st = self.state.lock();
-        if !st.deferred.is_empty() {
-            // Blocks freed during a capture get their fences only now, after the device's
-            // synchronisation: wait for those too, so that empty_cache releases every free page.
-            self.fence_deferred(&mut st);
+        if self.capturing(&mut st) {
+            return Ok(());
+        }
+        // Fences of frees made before the device's synchronisation may not be recorded yet (or,
+        // for blocks freed during a capture, not even numbered): record them and wait for them
+        // too, so that empty_cache releases every free page.
+        self.fence_deferred(&mut st);
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        if st.fences.record_all_pending(driver, device, |s| {
+            driver.is_capturing(device, s).unwrap_or(true)
+        }) {
             drop(st);
             self.driver.synchronize(self.device)?;
             st = self.state.lock();
