@@ -200,7 +200,8 @@ fn counts_event_queries_and_the_handles_set_access_covers() {
             h
         })
         .collect();
-    sim.mem_set_access(0, base, 3 * GRANULE_BYTES, &[0]).unwrap();
+    sim.mem_set_access(0, base, 3 * GRANULE_BYTES, &[0])
+        .unwrap();
     sim.mem_set_access(0, base, GRANULE_BYTES, &[0]).unwrap();
     assert_eq!(sim.calls("cuMemSetAccess"), 2);
     assert_eq!(sim.calls("cuMemSetAccess handles"), 4, "3 + 1 mappings");
