@@ -47,14 +47,14 @@ struct Cli {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if !args.iter().any(|a| a == "--bench") {
-        return checks::main(&args);
-    }
-    let args: Vec<String> = args.into_iter().filter(|a| a != "--bench").collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
         println!("{USAGE}");
         return ExitCode::SUCCESS;
     }
+    if !args.iter().any(|a| a == "--bench") {
+        return checks::main(&args);
+    }
+    let args: Vec<String> = args.into_iter().filter(|a| a != "--bench").collect();
     let cli = match parse_cli(&args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -141,6 +141,15 @@ fn parse_cli(args: &[String]) -> Result<Cli, String> {
             name: "default".into(),
             env: Vec::new(),
         });
+    }
+    let names: Vec<&str> = cli.settings.iter().map(|s| s.name.as_str()).collect();
+    if let Some(twice) = names
+        .iter()
+        .find(|n| names.iter().filter(|m| m == n).count() > 1)
+    {
+        return Err(format!(
+            "--config {twice:?} is given twice: names must differ"
+        ));
     }
     for setting in &mut cli.settings {
         let own = std::mem::take(&mut setting.env);
