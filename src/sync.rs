@@ -50,6 +50,10 @@ mod loom_sync {
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock().unwrap()
         }
+
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.0.try_lock().ok()
+        }
     }
 
     /// A value set once and then read: each read is a lock, so loom sees it race with the set.

@@ -106,7 +106,7 @@ impl DeviceAllocator {
             limit: Limit::default(),
             recorder,
             peers,
-            idle: idle::Watch::default(),
+            idle: Mutex::new(idle::IdleWatch::default()),
             me: me.clone(),
         })
     }

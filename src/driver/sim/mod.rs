@@ -167,9 +167,14 @@ impl SimDriver {
     }
 
     /// How many times `call` (a driver function's name, e.g. `"cuMemSetAccess"`) was attempted,
-    /// over all devices. Only calls with a [`SimFault`] are counted: others always read 0.
+    /// over all devices. Counted: the calls with a [`SimFault`], `cuEventQuery`, and
+    /// `"cuMemSetAccess handles"` (the mappings those calls covered, summed); others read 0.
     pub fn calls(&self, call: &str) -> u64 {
         self.calls.lock().get(call).copied().unwrap_or(0)
+    }
+
+    fn count(&self, call: &'static str, n: u64) {
+        *self.calls.lock().entry(call).or_default() += n;
     }
 
     /// All work submitted so far on `stream` completes (and the work it waited for).
@@ -248,7 +253,7 @@ impl SimDriver {
 
     fn take_fault(&self, fault: SimFault, call: &'static str) -> Result<()> {
         if call != "probe" {
-            *self.calls.lock().entry(call).or_default() += 1;
+            self.count(call, 1);
         }
         let mut faults = self.faults.lock();
         match faults.get_mut(&fault) {

@@ -58,6 +58,7 @@ impl StreamDriver for SimDriver {
     }
 
     fn event_query(&self, device: usize, event: EventHandle) -> Result<bool> {
+        self.count("cuEventQuery", 1);
         let d = self.device(device, "cuEventQuery")?;
         match d.events.get(&event.raw()) {
             Some(None) => Ok(true),

@@ -187,3 +187,35 @@ fn strict_drop_reports_vmm_leaks() {
     let sim = SimDriver::new(1, 64 << 20).strict();
     sim.mem_create(0, GRANULE_BYTES).unwrap();
 }
+
+#[test]
+fn counts_event_queries_and_the_handles_set_access_covers() {
+    let sim = SimDriver::new(1, 64 << 20).strict();
+    let base = sim.address_reserve(0, 4 * GRANULE_BYTES).unwrap();
+    let handles: Vec<MemHandle> = (0..3)
+        .map(|page| {
+            let h = sim.mem_create(0, GRANULE_BYTES).unwrap();
+            sim.mem_map(0, base.offset(page * GRANULE_BYTES), GRANULE_BYTES, h)
+                .unwrap();
+            h
+        })
+        .collect();
+    sim.mem_set_access(0, base, 3 * GRANULE_BYTES, &[0])
+        .unwrap();
+    sim.mem_set_access(0, base, GRANULE_BYTES, &[0]).unwrap();
+    assert_eq!(sim.calls("cuMemSetAccess"), 2);
+    assert_eq!(sim.calls("cuMemSetAccess handles"), 4, "3 + 1 mappings");
+    let event = sim.event_create(0).unwrap();
+    sim.event_record(0, event, S1).unwrap();
+    assert!(!sim.event_query(0, event).unwrap());
+    assert!(!sim.event_query(0, event).unwrap());
+    assert_eq!(sim.calls("cuEventQuery"), 2);
+    sim.event_destroy(0, event);
+    sim.complete_all();
+    for (page, h) in handles.into_iter().enumerate() {
+        sim.mem_unmap(0, base.offset(page as u64 * GRANULE_BYTES), GRANULE_BYTES)
+            .unwrap();
+        sim.mem_release(0, h).unwrap();
+    }
+    sim.address_free(0, base, 4 * GRANULE_BYTES).unwrap();
+}

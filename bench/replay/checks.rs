@@ -1,0 +1,277 @@
+//! The replay's self-check, run by `cargo test` (the bench target has `test = true`; cargo runs
+//! it without `--bench`): the format, gzip, and a small committed trace replayed under both
+//! backends. Kept to well under a second of CI time.
+//!
+//! Invariant: each check states the bug it catches; a filter argument that no check's name
+//! contains runs none (as libtest does), other libtest flags are ignored.
+
+use super::inflate::{crc32, gunzip};
+use super::run::{self, Options, Setting};
+use super::trace::{Event, Trace};
+use std::path::Path;
+use std::process::ExitCode;
+
+type Check = (&'static str, fn() -> Result<(), String>);
+
+const CHECKS: [Check; 7] = [
+    ("replay_peak_live_follows_allocs_and_frees", peak_live),
+    ("replay_rejects_inconsistent_traces", rejects_bad_traces),
+    ("replay_gunzip_stored_and_compressed", gunzip_blocks),
+    ("replay_tiny_trace_under_both_backends", tiny_trace),
+    (
+        "replay_allocator_sees_the_trace_live_bytes",
+        allocator_agrees,
+    ),
+    ("replay_churn_trace_parses", churn_parses),
+    ("replay_completion_decides_cross_stream_reuse", completion),
+];
+
+pub fn main(args: &[String]) -> ExitCode {
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let mut failed = 0;
+    let mut ran = 0;
+    for (name, check) in CHECKS {
+        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        ran += 1;
+        match check() {
+            Ok(()) => println!("check {name} ... ok"),
+            Err(e) => {
+                failed += 1;
+                println!("check {name} ... FAILED: {e}");
+            }
+        }
+    }
+    println!(
+        "replay self-check: {} passed, {failed} failed",
+        ran - failed
+    );
+    match failed {
+        0 => ExitCode::SUCCESS,
+        _ => ExitCode::FAILURE,
+    }
+}
+
+fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    match ok {
+        true => Ok(()),
+        false => Err(what()),
+    }
+}
+
+fn traces_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/traces"))
+}
+
+fn setting(name: &str, env: &[(&str, &str)]) -> Setting {
+    Setting {
+        name: name.into(),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+/// Catches a peak that forgets frees (or counts only the last allocation).
+fn peak_live() -> Result<(), String> {
+    let text = "# workload synthetic\na 1 100 0\na 2 50 0\nf 1\na 3 70 1\nr 3 0\nf 2\nw 0 1\ns\na 4 200 0\nf 3\nf 4\nx\n";
+    let t = Trace::parse("synthetic", text)?;
+    // live: 100, 150, 50, 120, 70, 270 (peak), 200, 0
+    ensure(t.peak_live_bytes == 270, || {
+        format!("peak live {} != 270", t.peak_live_bytes)
+    })?;
+    ensure(t.allocations == 4 && t.steps == 1, || {
+        format!("{} allocations, {} steps", t.allocations, t.steps)
+    })?;
+    ensure(t.header("workload") == Some("synthetic"), || {
+        format!("header {:?}", t.headers)
+    })?;
+    ensure(t.events[4] == Event::Record { id: 3, stream: 0 }, || {
+        format!("{:?}", t.events[4])
+    })?;
+    ensure(t.streams.len() == 2, || format!("streams {:?}", t.streams))
+}
+
+/// Catches a parser that accepts a free of a dead ID or a malformed line silently.
+fn rejects_bad_traces() -> Result<(), String> {
+    for (text, expect) in [
+        (
+            "a 1 10 0\nf 1\nf 1\n",
+            "t:3: free of ID 1, which is not live",
+        ),
+        ("a 1 10 0\na 1 20 0\n", "already live (allocated on line 1)"),
+        ("a 1 ten 0\n", "BYTES \"ten\" is not a non-negative integer"),
+        ("r 5 1\n", "record_stream of ID 5"),
+        ("q\n", "unknown event \"q\""),
+        ("f\n", "takes 2 fields, not 1"),
+    ] {
+        match Trace::parse("t", text) {
+            Ok(_) => return Err(format!("{text:?} was accepted")),
+            Err(e) => ensure(e.contains(expect), || {
+                format!("{text:?}: {e:?} lacks {expect:?}")
+            })?,
+        }
+    }
+    Ok(())
+}
+
+/// Catches errors in the stored-block path, the CRC check and the Huffman decoder (the
+/// committed traces are compressed with dynamic codes by Python's gzip).
+fn gunzip_blocks() -> Result<(), String> {
+    let body = b"a 1 4096 0\nf 1\nx\n";
+    let mut gz = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 1];
+    gz.extend((body.len() as u16).to_le_bytes());
+    gz.extend((!(body.len() as u16)).to_le_bytes());
+    gz.extend(body);
+    gz.extend(crc32(body).to_le_bytes());
+    gz.extend((body.len() as u32).to_le_bytes());
+    ensure(gunzip(&gz)? == body, || "stored block".into())?;
+    let n = gz.len();
+    gz[n - 8] ^= 1;
+    ensure(gunzip(&gz).is_err_and(|e| e.contains("CRC")), || {
+        "a corrupt CRC passed".into()
+    })?;
+    // Fixed Huffman codes: Python's gzip.compress(b"hello hello hello\n", mtime=0).
+    let fixed = [
+        0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 2, 3, 0xcb, 0x48, 0xcd, 0xc9, 0xc9, 0x57, 0xc8, 0x40, 0x90,
+        0x5c, 0x00, 0x3b, 0x7c, 0x8a, 0xdf, 0x12, 0, 0, 0,
+    ];
+    let text = gunzip(&fixed)?;
+    ensure(text == b"hello hello hello\n", || {
+        format!("fixed codes gave {text:?}")
+    })
+}
+
+/// Catches a replay that fails on any event kind, ignores its configuration, or loses calls.
+fn tiny_trace() -> Result<(), String> {
+    let t = Trace::load(&traces_dir().join("tiny.trace.gz"))?;
+    let options = Options::default();
+    let pool = run::replay(
+        &t,
+        &setting("pool", &[("STREAMPOOL_BACKEND", "pool")]),
+        &options,
+    );
+    let vmm = run::replay(
+        &t,
+        &setting("vmm", &[("STREAMPOOL_BACKEND", "vmm")]),
+        &options,
+    );
+    let big = [
+        ("STREAMPOOL_BACKEND", "vmm"),
+        ("STREAMPOOL_VMM_PAGE_SIZE", "20MiB"),
+    ];
+    let vmm20 = run::replay(&t, &setting("vmm20", &big), &options);
+    for o in [&pool, &vmm, &vmm20] {
+        ensure(o.error.is_none(), || {
+            format!("{}: {:?}", o.setting, o.error)
+        })?;
+        ensure(o.peak_reserved_bytes >= o.peak_live_bytes, || {
+            format!(
+                "{}: reserved {} < live {}",
+                o.setting, o.peak_reserved_bytes, o.peak_live_bytes
+            )
+        })?;
+        ensure(o.modeled_driver_s > 0.0, || {
+            format!("{}: no modeled time", o.setting)
+        })?;
+        // The trace's own `s` events are the replay's synchronisations, not the allocator's.
+        ensure(o.call("cuCtxSynchronize") == 0, || {
+            format!(
+                "{}: {} device syncs counted",
+                o.setting,
+                o.call("cuCtxSynchronize")
+            )
+        })?;
+    }
+    ensure(
+        pool.call("cuMemMap") == 0 && pool.call("cuMemAllocFromPoolAsync") > 0,
+        || format!("pool backend calls: {:?}", pool.calls),
+    )?;
+    ensure(
+        vmm.call("cuMemMap") > 0 && vmm.call("cuMemMap") == vmm.stats_maps,
+        || {
+            format!(
+                "vmm: {} cuMemMap calls, {} pages mapped",
+                vmm.call("cuMemMap"),
+                vmm.stats_maps
+            )
+        },
+    )?;
+    ensure(vmm20.call("cuMemMap") < vmm.call("cuMemMap"), || {
+        format!(
+            "20 MiB pages mapped {} times, 2 MiB {}",
+            vmm20.call("cuMemMap"),
+            vmm.call("cuMemMap")
+        )
+    })
+}
+
+/// Catches a replay that drops or duplicates allocations: the allocator's own peak of live
+/// bytes must be the trace's.
+fn allocator_agrees() -> Result<(), String> {
+    let text =
+        "a 1 3000000 0\na 2 5000 1\nr 1 1\nf 1\na 3 64 0\ns\na 4 8000000 1\nx\nf 2\nf 3\nf 4\nx\n";
+    let t = Trace::parse("agree", text)?;
+    for backend in ["pool", "vmm"] {
+        let o = run::replay(
+            &t,
+            &setting(backend, &[("STREAMPOOL_BACKEND", backend)]),
+            &Options::default(),
+        );
+        ensure(o.error.is_none(), || format!("{backend}: {:?}", o.error))?;
+        ensure(o.allocated_peak_bytes == t.peak_live_bytes, || {
+            format!(
+                "{backend}: allocator peak {} != trace peak {}",
+                o.allocated_peak_bytes, t.peak_live_bytes
+            )
+        })?;
+    }
+    let typo = setting("typo", &[("STREAMPOOL_VMM_PAGESIZE", "20MiB")]);
+    let o = run::replay(&t, &typo, &Options::default());
+    ensure(
+        o.error
+            .as_deref()
+            .is_some_and(|e| e.contains("STREAMPOOL_VMM_PAGESIZE is not a variable")),
+        || format!("a misspelt variable gave {:?}", o.error),
+    )
+}
+
+/// Catches a committed churn trace that no longer parses (it is generated, not captured).
+fn churn_parses() -> Result<(), String> {
+    let t = Trace::load(&traces_dir().join("churn.trace.gz"))?;
+    ensure(
+        t.steps > 0 && t.allocations > 0 && t.header("workload") == Some("churn"),
+        || {
+            format!(
+                "churn: {} steps, {} allocations, headers {:?}",
+                t.steps, t.allocations, t.headers
+            )
+        },
+    )
+}
+
+/// Catches a completion model that is not applied: under vmm, 8 MiB freed on stream 1 serves
+/// stream 0's next 8 MiB only once stream 1's work has completed, so the GPU keeping up (every
+/// event) holds 8 MiB and completing only at the step end holds 16. (The pool backend caches the
+/// block for stream 1 and holds 16 either way.)
+fn completion() -> Result<(), String> {
+    let t = Trace::parse("cross", "a 1 8388608 1\nf 1\na 2 8388608 0\nf 2\nx\n")?;
+    let held = |every: u64| {
+        let options = Options {
+            complete_every_events: every,
+            ..Options::default()
+        };
+        let o = run::replay(
+            &t,
+            &setting("vmm", &[("STREAMPOOL_BACKEND", "vmm")]),
+            &options,
+        );
+        (o.peak_reserved_bytes >> 20, o.error)
+    };
+    let (kept_up, lagging) = (held(1), held(0));
+    ensure(kept_up == (8, None) && lagging == (16, None), || {
+        format!("MiB held when the GPU keeps up {kept_up:?}, when it lags {lagging:?}")
+    })
+}
