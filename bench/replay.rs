@@ -33,6 +33,8 @@ TRACE...
   --env VAR=VALUE     a STREAMPOOL_* variable for every configuration
   --config NAME:VARS  a configuration to compare: NAME, then VAR=VALUE pairs separated by commas
                       (`base:` for none); default: one configuration, \"default\"
+  --event-us US       the simulator's clock moves on by US microseconds per event, and the
+                      allocator is tended every 50 ms of it (cold pages, idle release)
   --complete-every N  all streams complete their work every N events (default 1: the GPU keeps
                       up; 0: only at synchronisations `s` and step ends `x`, which they do always)
   --cost CALL=US      the modeled cost of a driver call in microseconds (e.g. cuMemRelease=10)
@@ -108,6 +110,13 @@ fn parse_cli(args: &[String]) -> Result<Cli, String> {
         match arg.as_str() {
             "--env" => common.push(pair("--env", &value("--env")?)?),
             "--config" => cli.settings.push(parse_setting(&value("--config")?)?),
+            "--event-us" => {
+                let v = value("--event-us")?;
+                cli.options.event_us =
+                    Some(v.parse().ok().filter(|x: &f64| *x >= 0.0).ok_or_else(|| {
+                        format!("--event-us {v:?} is not a duration in microseconds (>= 0)")
+                    })?);
+            }
             "--complete-every" => {
                 let v = value("--complete-every")?;
                 cli.options.complete_every_events = v.parse().map_err(|_| {
@@ -214,7 +223,13 @@ fn table(outcomes: &[Outcome], settings: &[Setting]) -> String {
         "ratio".into(),
     ];
     head.extend(CALLS.iter().map(|(_, h)| h.to_string()));
-    head.extend(["model ms".into(), "us/step".into()]);
+    head.extend([
+        "model ms".into(),
+        "us/step".into(),
+        "timed map".into(),
+        "timed unmap".into(),
+        "timed ms".into(),
+    ]);
     let rows: Vec<Vec<String>> = outcomes
         .iter()
         .map(|o| {
@@ -231,6 +246,10 @@ fn table(outcomes: &[Outcome], settings: &[Setting]) -> String {
                 0 => "-".into(),
                 n => format!("{:.1}", o.modeled_driver_s * 1e6 / n as f64),
             });
+            let timed = |c: &str| o.timed_calls.get(c).copied().unwrap_or(0).to_string();
+            row.push(timed("cuMemMap"));
+            row.push(timed("cuMemUnmap"));
+            row.push(format!("{:.2}", o.timed_modeled_s * 1e3));
             if o.error.is_some() {
                 row[2] = "FAILED".into();
             }

@@ -135,6 +135,14 @@ impl Allocator {
         Err(last)
     }
 
+    /// One look of the background thread at every device (idle release, the vmm release
+    /// threshold, fences): for tests and replays that run without the thread
+    /// (`Config::background` off) on the simulator's clock.
+    pub fn tend(&self) {
+        use crate::background::Tended;
+        self.devices.iter().for_each(|d| d.tend());
+    }
+
     /// `torch.cuda.empty_cache()`: every device returns its cache and trims its resources to 0.
     /// A device whose context is broken does not keep the others from being emptied; the first
     /// error is reported.

@@ -78,6 +78,10 @@ pub struct Config {
     /// A page of the virtual-memory backend unused this long is cold: moved first to back new
     /// blocks, and released above the release threshold (`STREAMPOOL_VMM_COLD_AFTER`).
     pub vmm_cold_after_ms: u64,
+    /// Beyond this many percent of the bytes in use, the virtual-memory backend moves idle
+    /// pages, cold or not, before the device grows (`STREAMPOOL_VMM_GROWTH_SLACK`); `None`:
+    /// only cold ones.
+    pub vmm_growth_slack_percent: Option<u64>,
     /// After this long without an allocation or a free, a device gives back all memory not in
     /// use (`STREAMPOOL_IDLE_RELEASE`); `None`: never.
     pub idle_release_ms: Option<u64>,
@@ -123,6 +127,7 @@ impl Default for Config {
             // Longer than a training step or a request, so memory a loop uses every step is not
             // moved or released between its steps (chosen by measurement: BENCHMARKS.md).
             vmm_cold_after_ms: 250,
+            vmm_growth_slack_percent: None,
             // A notebook cell, an evaluation pause or an idle server: after 2 s the memory goes
             // to the process's neighbours; a training loop never idles that long.
             idle_release_ms: Some(2000),
@@ -205,6 +210,9 @@ impl Config {
         if let Some(v) = get("STREAMPOOL_IDLE_RELEASE") {
             c.idle_release_ms = parse_duration_ms("STREAMPOOL_IDLE_RELEASE", &v)?;
         }
+        if let Some(v) = get("STREAMPOOL_VMM_GROWTH_SLACK") {
+            c.vmm_growth_slack_percent = parse_percent("STREAMPOOL_VMM_GROWTH_SLACK", &v)?;
+        }
         if let Some(v) = get("STREAMPOOL_VMM_COLD_AFTER") {
             c.vmm_cold_after_ms =
                 parse_duration_ms("STREAMPOOL_VMM_COLD_AFTER", &v)?.unwrap_or(u64::MAX);
@@ -278,6 +286,25 @@ impl Config {
             validate_log_filter(&v)?;
         }
         Ok(c)
+    }
+}
+
+const PERCENT_ACCEPTED: &str = "a whole percentage from 0% to 1000% (e.g. 5%), or off";
+
+/// A whole percentage; `None` for off.
+fn parse_percent(name: &'static str, value: &str) -> Result<Option<u64>> {
+    let v = value.trim().to_ascii_lowercase();
+    if v == "off" {
+        return Ok(None);
+    }
+    match v.strip_suffix('%').map(|n| n.trim().parse::<u64>()) {
+        Some(Ok(n)) if n <= 1000 => Ok(Some(n)),
+        _ => Err(config_error(
+            name,
+            value,
+            "not a percentage",
+            PERCENT_ACCEPTED,
+        )),
     }
 }
 
@@ -453,6 +480,8 @@ mod tests {
             ("STREAMPOOL_IDLE_RELEASE", "2days"),
             ("STREAMPOOL_IDLE_RELEASE", "90000s"),
             ("STREAMPOOL_VMM_COLD_AFTER", "fast"),
+            ("STREAMPOOL_VMM_GROWTH_SLACK", "5"),
+            ("STREAMPOOL_VMM_GROWTH_SLACK", "2000%"),
         ] {
             let msg = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(

@@ -136,6 +136,9 @@ impl StreamDriver for Hooked {
     fn event_destroy(&self, device: usize, event: EventHandle) {
         self.sim.event_destroy(device, event)
     }
+    fn stream_query(&self, device: usize, stream: Stream) -> Result<bool> {
+        self.sim.stream_query(device, stream)
+    }
     fn stream_wait_event(&self, device: usize, stream: Stream, event: EventHandle) -> Result<()> {
         self.sim.stream_wait_event(device, stream, event)
     }

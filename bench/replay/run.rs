@@ -69,12 +69,17 @@ pub struct Options {
     pub complete_every_events: u64,
     /// Call name -> microseconds.
     pub costs_us: BTreeMap<String, f64>,
+    /// If set, the simulator's clock is stopped and moves on by this many microseconds per
+    /// event, and the allocator is tended (as by its background thread) every 50 ms of it:
+    /// what depends on time (cold pages, idle release, fence intervals) follows the trace.
+    pub event_us: Option<f64>,
 }
 
 impl Default for Options {
     fn default() -> Options {
         Options {
             complete_every_events: 1,
+            event_us: None,
             costs_us: DEFAULT_COSTS_US
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
@@ -97,6 +102,10 @@ pub struct Outcome {
     pub events: u64,
     /// Driver calls the allocator made, by name (every name of [`CALLS`]).
     pub calls: BTreeMap<String, u64>,
+    /// The same, made after the trace's warm-up steps (its `schedule_steps ... (warm-up N)`
+    /// header; all of them if it has none), and their modeled time: the steady state.
+    pub timed_calls: BTreeMap<String, u64>,
+    pub timed_modeled_s: f64,
     /// Pages mapped and unmapped, as the stats report them.
     pub stats_maps: u64,
     pub stats_unmaps: u64,
@@ -145,7 +154,7 @@ pub fn config_for(setting: &Setting) -> Result<Config, String> {
         ));
     }
     Ok(Config {
-        vmm_background_release: false,
+        background: false,
         ..config
     })
 }
@@ -176,7 +185,8 @@ pub fn replay(trace: &Trace, setting: &Setting, options: &Options) -> Outcome {
         }
     };
     out.error = result.err();
-    out.modeled_driver_s = modeled_s(&out, &options.costs_us);
+    out.modeled_driver_s = modeled_s(&out.calls, &options.costs_us);
+    out.timed_modeled_s = modeled_s(&out.timed_calls, &options.costs_us);
     out.replay_wall_s = started.elapsed().as_secs_f64();
     out
 }
@@ -199,6 +209,17 @@ fn drive(
     let alloc = Allocator::new(Arc::clone(&sim) as Arc<dyn Driver>, config)
         .map_err(|e| format!("cannot create the allocator: {e}"))?;
     let before: Vec<u64> = CALLS.iter().map(|(c, _)| sim.calls(c)).collect();
+    if options.event_us.is_some() {
+        sim.stop_clock();
+    }
+    let (mut clock_us, mut tended_us) = (0.0f64, 0.0f64);
+    let warmup_steps: u64 = trace
+        .header("schedule_steps")
+        .and_then(|h| h.split("warm-up ").nth(1))
+        .and_then(|w| w.trim_end_matches(')').trim().parse().ok())
+        .unwrap_or(0);
+    let mut timed_before = before.clone();
+    let mut steps_seen = 0u64;
     let mut live: HashMap<u64, (DevicePtr, u64)> = HashMap::new();
     let mut own_syncs = 0u64;
     for (index, event) in trace.events.iter().enumerate() {
@@ -236,19 +257,36 @@ fn drive(
                 sim.synchronize(0).map_err(|e| at(e.to_string()))?;
                 own_syncs += 1;
             }
-            Event::Step => sim.complete_all(),
+            Event::Step => {
+                sim.complete_all();
+                steps_seen += 1;
+                if steps_seen == warmup_steps {
+                    timed_before = CALLS.iter().map(|(c, _)| sim.calls(c)).collect();
+                }
+            }
         }
         let every = options.complete_every_events;
         if every > 0 && (index as u64 + 1).is_multiple_of(every) {
             sim.complete_all();
         }
+        if let Some(event_us) = options.event_us {
+            let before_ms = (clock_us / 1000.0) as u64;
+            clock_us += event_us;
+            sim.advance_clock_ms((clock_us / 1000.0) as u64 - before_ms);
+            if clock_us - tended_us >= 50_000.0 {
+                tended_us = clock_us;
+                alloc.tend();
+            }
+        }
     }
-    for ((name, _), before) in CALLS.iter().zip(before) {
+    for (((name, _), before), timed_before) in CALLS.iter().zip(before).zip(timed_before) {
         let mut n = sim.calls(name) - before;
         if *name == "cuCtxSynchronize" {
             n -= own_syncs;
         }
         out.calls.insert(name.to_string(), n);
+        let timed = (sim.calls(name) - timed_before).min(n);
+        out.timed_calls.insert(name.to_string(), timed);
     }
     let stats = alloc.stats(0).map_err(|e| format!("stats: {e}"))?;
     out.allocated_peak_bytes = stats.allocated_bytes_peak;
@@ -270,16 +308,17 @@ fn drive(
 }
 
 /// The driver time the calls would take on the GPU, by the cost model.
-pub fn modeled_s(out: &Outcome, costs_us: &BTreeMap<String, f64>) -> f64 {
+pub fn modeled_s(calls: &BTreeMap<String, u64>, costs_us: &BTreeMap<String, f64>) -> f64 {
+    let call = |name: &str| calls.get(name).copied().unwrap_or(0);
     let us: f64 = costs_us
         .iter()
         .map(|(name, cost)| {
             let n = match name.as_str() {
                 // The first handle of each call is in the call's own price.
-                "cuMemSetAccess handles" => out
-                    .call("cuMemSetAccess handles")
-                    .saturating_sub(out.call("cuMemSetAccess")),
-                other => out.call(other),
+                "cuMemSetAccess handles" => {
+                    call("cuMemSetAccess handles").saturating_sub(call("cuMemSetAccess"))
+                }
+                other => call(other),
             };
             n as f64 * cost
         })

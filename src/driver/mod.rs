@@ -193,6 +193,9 @@ pub trait StreamDriver {
     /// True once all work captured by the event's last record has completed.
     fn event_query(&self, device: usize, event: EventHandle) -> Result<bool>;
     fn event_destroy(&self, device: usize, event: EventHandle);
+    /// True once all work submitted to `stream` so far has completed (`cuStreamQuery`); a stream
+    /// that is capturing a graph cannot be queried (an error).
+    fn stream_query(&self, device: usize, stream: Stream) -> Result<bool>;
     /// Work submitted to `stream` from now on waits until the event's last record has completed
     /// (`cuStreamWaitEvent`); returns at once.
     fn stream_wait_event(&self, device: usize, stream: Stream, event: EventHandle) -> Result<()>;

@@ -426,6 +426,18 @@ impl StreamDriver for CudaDriver {
         unsafe { sys::cuEventDestroy_v2(event_ptr(event)) };
     }
 
+    fn stream_query(&self, device: usize, stream: Stream) -> Result<bool> {
+        let _scope = self.enter(device)?;
+        relaxed(|| {
+            // SAFETY: `stream` is a stream of `device` handed to us by the caller of malloc.
+            match unsafe { sys::cuStreamQuery(stream_ptr(stream)) } {
+                sys::CUresult::CUDA_SUCCESS => Ok(true),
+                sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+                other => check("cuStreamQuery", other).map(|_| false),
+            }
+        })
+    }
+
     fn stream_wait_event(&self, device: usize, stream: Stream, event: EventHandle) -> Result<()> {
         let _scope = self.enter(device)?;
         // SAFETY: `stream` is the caller's stream of `device`, `event` one this driver created;

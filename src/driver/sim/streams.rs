@@ -77,6 +77,20 @@ impl StreamDriver for SimDriver {
         }
     }
 
+    fn stream_query(&self, device: usize, stream: Stream) -> Result<bool> {
+        let d = self.device(device, "cuStreamQuery")?;
+        if d.capturing.contains(&stream) {
+            return Err(driver_error(
+                "cuStreamQuery",
+                900,
+                "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+            ));
+        }
+        Ok(d.streams
+            .get(&stream)
+            .is_none_or(|c| c.completed >= c.submitted))
+    }
+
     fn stream_wait_event(&self, device: usize, stream: Stream, event: EventHandle) -> Result<()> {
         self.take_fault(SimFault::StreamWait, "cuStreamWaitEvent")?;
         let mut d = self.device(device, "cuStreamWaitEvent")?;

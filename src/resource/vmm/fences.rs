@@ -144,6 +144,31 @@ impl Fences {
         recorded
     }
 
+    /// For the background thread, which records nothing on the program's streams (a stream may
+    /// begin a capture at any moment, and a record would join the graph): the pending fences of
+    /// streams that have finished all their work are complete without being recorded. The
+    /// streams and fence numbers so completed.
+    pub fn complete_pending_of_idle_streams(
+        &mut self,
+        driver: &dyn Driver,
+        device: usize,
+    ) -> Vec<(Stream, u64)> {
+        let mut out = Vec::new();
+        for slot in &mut self.streams {
+            let Some(seq) = slot.pending else { continue };
+            // Recorded fences of the stream are older: queried first (poll), so only a stream
+            // whose queue is empty can be asked as a whole.
+            if slot.recorded.is_empty() && driver.stream_query(device, slot.stream).unwrap_or(false)
+            {
+                slot.pending = None;
+                out.push((slot.stream, seq));
+            }
+        }
+        self.streams
+            .retain(|s| !s.recorded.is_empty() || s.pending.is_some());
+        out
+    }
+
     /// The event of `stream`'s recorded fence `seq`, if it has not been seen to complete (then it
     /// is still queued, and waiting on it orders work after the frees it covers).
     pub fn event_of(&self, stream: Stream, seq: u64) -> Option<EventHandle> {

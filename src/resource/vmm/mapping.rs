@@ -15,7 +15,7 @@
 //! a capture; physical memory never exceeds the pool cap or the memory limit through this module.
 
 use super::ranges::{State, Window};
-use super::{Page, VmmResource, VmmState};
+use super::{Page, Region, VmmResource, VmmState};
 use crate::driver::{DevicePtr, MemHandle};
 use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::history::StreampoolEventKind as Event;
@@ -58,6 +58,7 @@ impl VmmResource {
     pub(super) fn map_window(
         &self,
         st: &mut VmmState,
+        region: Region,
         window: &Window,
         bytes: u64,
         now_ms: u64,
@@ -81,6 +82,7 @@ impl VmmResource {
                     page,
                     Page {
                         handle,
+                        region,
                         last_used_ms: now_ms,
                     },
                 );
@@ -92,7 +94,7 @@ impl VmmResource {
         match outcome {
             Ok(()) => {
                 for &page in &mapped {
-                    st.large.mark_mapped(page);
+                    st.region(region).mark_mapped(page);
                     self.count(Event::Map, page, st);
                 }
                 Ok(())
@@ -111,10 +113,12 @@ impl VmmResource {
                                 page,
                                 Page {
                                     handle,
+                                    region,
                                     last_used_ms: now_ms,
                                 },
                             );
-                            st.large.retag(page, State::Unmapped, State::Blocked);
+                            st.region(region)
+                                .retag(page, State::Unmapped, State::Blocked);
                             st.blocked = true;
                         }
                     }
@@ -127,10 +131,10 @@ impl VmmResource {
     /// Blocked pages get access, or are unmapped (their handles kept as spares); a page for which
     /// both fail stays blocked for the next try.
     pub(super) fn unblock(&self, st: &mut VmmState) {
-        for page in st.large.blocked_pages() {
+        for (region, page) in st.blocked_pages() {
             let devices = self.access_list(st);
             if self.set_access(st, &[page], &devices).is_ok() {
-                st.large.retag(page, State::Blocked, State::Ready);
+                st.region(region).retag(page, State::Blocked, State::Ready);
                 self.count(Event::Map, page, st);
             } else if self
                 .driver
@@ -143,7 +147,8 @@ impl VmmResource {
                     .expect("a blocked page is mapped")
                     .handle;
                 st.spare_handles.push(handle);
-                st.large.retag(page, State::Blocked, State::Unmapped);
+                st.region(region)
+                    .retag(page, State::Blocked, State::Unmapped);
             }
         }
     }
@@ -160,6 +165,17 @@ impl VmmResource {
         }
         if let Some(handle) = self.move_idle_page(st, donors, now_ms, true) {
             return Ok(handle);
+        }
+        // Beyond the slack over what is in use, idle memory is moved before the device grows.
+        if let Some(percent) = self.growth_slack_percent {
+            let allowed_bytes = st
+                .used_bytes
+                .saturating_add(st.used_bytes / 100 * percent.min(1000));
+            if st.physical_bytes(self.page_bytes) + self.page_bytes > allowed_bytes {
+                if let Some(handle) = self.move_idle_page(st, donors, now_ms, false) {
+                    return Ok(handle);
+                }
+            }
         }
         let within_cap = st
             .physical_bytes(self.page_bytes)
@@ -201,9 +217,7 @@ impl VmmResource {
     ) -> Option<MemHandle> {
         let (cold, hot) = donors.listed.get_or_insert_with(|| {
             let cold_before_ms = now_ms.saturating_sub(self.cold_after_ms);
-            let (mut cold, mut hot): (Vec<u64>, Vec<u64>) = st
-                .large
-                .idle_pages(donors.keep.0, donors.keep.1)
+            let (mut cold, mut hot): (Vec<u64>, Vec<u64>) = idle_pages(st, donors.keep)
                 .into_iter()
                 .partition(|p| st.pages[p].last_used_ms <= cold_before_ms);
             // Popped from the back: the smallest holes first, as listed.
@@ -221,14 +235,10 @@ impl VmmResource {
                 .mem_unmap(self.device, DevicePtr(page), self.page_bytes)
                 .is_ok()
             {
-                let handle = st
-                    .pages
-                    .remove(&page)
-                    .expect("an idle page is mapped")
-                    .handle;
-                st.large.mark_unmapped(page);
+                let p = st.pages.remove(&page).expect("an idle page is mapped");
+                st.region(p.region).mark_unmapped(page);
                 self.count(Event::Unmap, page, st);
-                return Some(handle);
+                return Some(p.handle);
             }
         }
         None
@@ -293,7 +303,7 @@ impl VmmResource {
         if st.physical_bytes(self.page_bytes) <= keep_bytes {
             return;
         }
-        let mut idle = st.large.idle_pages(0, 0);
+        let mut idle = idle_pages(st, (0, 0));
         if let Some(before_ms) = cold_before_ms {
             idle.retain(|p| st.pages[p].last_used_ms <= before_ms);
         }
@@ -309,13 +319,10 @@ impl VmmResource {
                 log::warn!("device {}: unmapping an idle page: {e}", self.device);
                 continue;
             }
-            let handle = st
-                .pages
-                .remove(&page)
-                .expect("an idle page is mapped")
-                .handle;
-            st.large.mark_unmapped(page);
+            let p = st.pages.remove(&page).expect("an idle page is mapped");
+            st.region(p.region).mark_unmapped(page);
             self.count(Event::Unmap, page, st);
+            let handle = p.handle;
             match self.driver.mem_release(self.device, handle) {
                 Ok(()) => st.counts.releases += 1,
                 Err(e) => {
@@ -325,4 +332,12 @@ impl VmmResource {
             }
         }
     }
+}
+
+/// Idle pages of both regions (the large blocks' smallest holes first, then the carriers'
+/// region's), none inside `[keep.0, keep.1)`.
+fn idle_pages(st: &VmmState, keep: (u64, u64)) -> Vec<u64> {
+    let mut pages = st.large.idle_pages(keep.0, keep.1);
+    pages.extend(st.carriers.idle_pages(keep.0, keep.1));
+    pages
 }

@@ -69,6 +69,9 @@ pub struct VmmSettings {
     /// A page unused this long is cold: moved first to back new blocks, released above the
     /// release threshold.
     pub cold_after_ms: u64,
+    /// Beyond this many percent of the bytes in use, idle pages, cold or not, are moved to back
+    /// a new block before the device grows (`None`: only cold ones).
+    pub growth_slack_percent: Option<u64>,
 }
 
 impl VmmSettings {
@@ -80,6 +83,7 @@ impl VmmSettings {
             max_physical_bytes: config.max_pool_size.resolve_bytes(total_bytes),
             release_threshold_bytes: config.release_threshold.resolve_bytes(total_bytes),
             cold_after_ms: config.vmm_cold_after_ms,
+            growth_slack_percent: config.vmm_growth_slack_percent,
         }
     }
 }
@@ -93,6 +97,7 @@ pub struct VmmResource {
     max_physical_bytes: u64,
     device_total_bytes: u64,
     cold_after_ms: u64,
+    growth_slack_percent: Option<u64>,
     /// The device's memory limit (`set_per_process_memory_fraction`), shared with the device.
     limit_bytes: Arc<AtomicU64>,
     recorder: Arc<Recorder>,
@@ -100,17 +105,28 @@ pub struct VmmResource {
     release_threshold_bytes: AtomicU64,
 }
 
-/// A mapped page: its handle, and when a block on it was last handed out or freed.
+/// The two parts of the address space: one for large blocks, one for the carriers of small
+/// blocks (so that a carrier never splits a range large blocks need); pages move between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Region {
+    Large,
+    Carriers,
+}
+
+/// A mapped page: its handle, its region, and when a block on it was last handed out or freed.
 #[derive(Debug, Clone, Copy)]
 struct Page {
     handle: MemHandle,
+    region: Region,
     last_used_ms: u64,
 }
 
 #[derive(Default)]
 struct VmmState {
-    /// The free ranges of the address space (carriers of small blocks are taken out of it).
+    /// The free ranges of the large blocks' part of the address space.
     large: FreeRanges,
+    /// The free pages of the carriers' part (a carrier is taken out of it while in use).
+    carriers: FreeRanges,
     /// The free ranges inside carriers: each carrier (a page) is an extent of its own.
     small: FreeRanges,
     /// Mapped pages.
@@ -138,6 +154,23 @@ struct VmmState {
 impl VmmState {
     fn physical_bytes(&self, page_bytes: u64) -> u64 {
         (self.pages.len() + self.spare_handles.len()) as u64 * page_bytes
+    }
+
+    fn region(&mut self, region: Region) -> &mut FreeRanges {
+        match region {
+            Region::Large => &mut self.large,
+            Region::Carriers => &mut self.carriers,
+        }
+    }
+
+    /// Pages blocked (mapped without access) in either region.
+    fn blocked_pages(&self) -> Vec<(Region, u64)> {
+        let large = self.large.blocked_pages().into_iter();
+        let carriers = self.carriers.blocked_pages().into_iter();
+        large
+            .map(|p| (Region::Large, p))
+            .chain(carriers.map(|p| (Region::Carriers, p)))
+            .collect()
     }
 }
 
@@ -182,16 +215,20 @@ impl VmmResource {
             max_physical_bytes: settings.max_physical_bytes,
             device_total_bytes: total_bytes,
             cold_after_ms: settings.cold_after_ms,
+            growth_slack_percent: settings.growth_slack_percent,
             limit_bytes,
             recorder,
             state: Mutex::new(VmmState {
                 large: FreeRanges::new(page_bytes),
+                carriers: FreeRanges::new(page_bytes),
                 small: FreeRanges::new(page_bytes),
                 ..VmmState::default()
             }),
             release_threshold_bytes: AtomicU64::new(settings.release_threshold_bytes),
         });
-        resource.reserve(&mut resource.state.lock(), extent_bytes)?;
+        resource.reserve(&mut resource.state.lock(), Region::Large, extent_bytes)?;
+        let carrier_bytes = (extent_bytes / ADDRESS_SPACE_PER_DEVICE_MEMORY).max(page_bytes);
+        resource.reserve(&mut resource.state.lock(), Region::Carriers, carrier_bytes)?;
         log::info!(
             "device {device}: created the virtual memory resource ({} pages, blocks up to {} on \
              shared pages, {} of addresses, release threshold {})",
@@ -203,11 +240,11 @@ impl VmmResource {
         Ok(resource)
     }
 
-    /// Reserves another extent of at least `bytes` of addresses.
-    fn reserve(&self, st: &mut VmmState, bytes: u64) -> Result<()> {
+    /// Reserves another extent of at least `bytes` of addresses for `region`.
+    fn reserve(&self, st: &mut VmmState, region: Region, bytes: u64) -> Result<()> {
         let bytes = bytes.div_ceil(self.page_bytes) * self.page_bytes;
         let base = self.driver.address_reserve(self.device, bytes)?;
-        st.large.add_extent(base.0, bytes);
+        st.region(region).add_extent(base.0, bytes);
         Ok(())
     }
 
@@ -242,12 +279,13 @@ impl VmmResource {
         }
         if st.blocked {
             self.unblock(st);
-            st.blocked = !st.large.blocked_pages().is_empty();
+            st.blocked = !st.blocked_pages().is_empty();
         }
         let now_ms = self.driver.now_ms();
         let (driver, device) = (self.driver.as_ref(), self.device);
         for (stream, completed) in st.fences.poll(driver, device) {
             st.large.promote(stream, completed);
+            st.carriers.promote(stream, completed);
             for (start, bytes) in st.small.promote(stream, completed) {
                 self.return_carrier_if_empty(st, start, bytes, now_ms);
             }
@@ -255,6 +293,33 @@ impl VmmResource {
         st.fences.record_all_pending(driver, device, |s| {
             driver.is_capturing(device, s).unwrap_or(true)
         });
+    }
+
+    /// [`VmmResource::settle`] for the background thread: it records no fence on the program's
+    /// streams (one may begin a capture at any moment); streams that have finished all their
+    /// work complete their pending fences instead.
+    fn settle_from_background(&self, st: &mut VmmState) {
+        if self.capturing(st) {
+            return;
+        }
+        if !st.deferred.is_empty() {
+            self.fence_deferred(st);
+        }
+        if st.blocked {
+            self.unblock(st);
+            st.blocked = !st.blocked_pages().is_empty();
+        }
+        let now_ms = self.driver.now_ms();
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let mut done = st.fences.poll(driver, device);
+        done.extend(st.fences.complete_pending_of_idle_streams(driver, device));
+        for (stream, completed) in done {
+            st.large.promote(stream, completed);
+            st.carriers.promote(stream, completed);
+            for (start, bytes) in st.small.promote(stream, completed) {
+                self.return_carrier_if_empty(st, start, bytes, now_ms);
+            }
+        }
     }
 
     /// Blocks freed on a stream that was capturing: once it no longer is, they are freed like
@@ -308,13 +373,13 @@ impl VmmResource {
         let window = match st.large.window(bytes, stream) {
             Some(window) => window,
             None => {
-                self.reserve(st, bytes.max(self.extent_bytes))?;
+                self.reserve(st, Region::Large, bytes.max(self.extent_bytes))?;
                 st.large.window(bytes, stream).ok_or_else(|| {
                     Error::Internal(format!("no window for {bytes} B in a new reservation"))
                 })?
             }
         };
-        self.map_window(st, &window, bytes, now_ms)?;
+        self.map_window(st, Region::Large, &window, bytes, now_ms)?;
         st.large.take(window.start, bytes);
         Ok(window.start)
     }
@@ -403,9 +468,9 @@ impl VmmResource {
     pub fn tend(&self) -> bool {
         let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
         let mut st = self.state.lock();
-        // Fences of the last frees are recorded and collected here, so that memory is ready
-        // for every stream (and idle, for moves and releases) without waiting for a miss.
-        self.settle(&mut st);
+        // Fences of the last frees are collected here, so that memory is ready for every stream
+        // (and idle, for moves and releases) without waiting for a miss.
+        self.settle_from_background(&mut st);
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
         }
@@ -419,9 +484,9 @@ impl VmmResource {
     /// or a capture is under way): the caller tries again later.
     pub fn release_idle(&self) -> bool {
         let mut st = self.state.lock();
-        self.settle(&mut st);
+        self.settle_from_background(&mut st);
         self.release_down_to(&mut st, 0, None);
-        st.large.freed_bytes() + st.small.freed_bytes() > 0
+        st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
             || !st.deferred.is_empty()
             || self.capturing(&mut st)
     }
@@ -584,7 +649,7 @@ impl Drop for VmmResource {
         for handle in st.spare_handles.drain(..) {
             let _ = driver.mem_release(device, handle);
         }
-        for (base, bytes) in st.large.extents() {
+        for (base, bytes) in st.large.extents().chain(st.carriers.extents()) {
             let _ = driver.address_free(device, DevicePtr(base), bytes);
         }
     }

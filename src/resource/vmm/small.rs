@@ -2,14 +2,15 @@
 //! carriers — whole pages taken out of the address space's free ranges — best fit, split at 512
 //! bytes, neighbours merged, so that they never split the ranges large blocks need.
 //!
-//! Invariants: a carrier is one page, page-aligned, taken out of the large ranges while any block
-//! in it is live or waits for its fence, and given back to them (in the state of its one free
+//! Invariants: a carrier is one page of the carriers' region of the address space (apart from
+//! large blocks, so that it never splits a range they need), taken out of its free pages while
+//! any block in it is live or waits for its fence, and given back (in the state of its one free
 //! range) as soon as it is wholly free, so an idle carrier is an idle page like any other; the
 //! same stream-ordering rules apply inside carriers as outside (`Freed` pieces serve their stream
 //! at once, other streams after a GPU-side wait or their fence).
 
 use super::ranges::State;
-use super::{VmmResource, VmmState};
+use super::{Region, VmmResource, VmmState};
 use crate::driver::Stream;
 use crate::error::Result;
 
@@ -41,21 +42,21 @@ impl VmmResource {
         Ok(page)
     }
 
-    /// A page for a new carrier, taken out of the large ranges: a mapped one `stream` may use,
-    /// else one mapped now; with the state it was in.
+    /// A page for a new carrier, taken out of the carriers' region: a mapped one `stream` may
+    /// use, else one mapped now; with the state it was in.
     fn new_carrier(&self, st: &mut VmmState, stream: Stream, now_ms: u64) -> Result<(u64, State)> {
-        if let Some(page) = st.large.best_fit_page(stream) {
-            return Ok((page, st.large.take(page, self.page_bytes)));
+        if let Some(page) = st.carriers.best_fit_page(stream) {
+            return Ok((page, st.carriers.take(page, self.page_bytes)));
         }
         if self.capturing(st) {
             return Err(super::paused());
         }
         let page_bytes = self.page_bytes;
-        let window = match st.large.window_aligned(page_bytes, stream, page_bytes) {
+        let window = match st.carriers.window_aligned(page_bytes, stream, page_bytes) {
             Some(window) => window,
             None => {
-                self.reserve(st, self.extent_bytes)?;
-                st.large
+                self.reserve(st, Region::Carriers, self.extent_bytes)?;
+                st.carriers
                     .window_aligned(page_bytes, stream, page_bytes)
                     .ok_or_else(|| {
                         crate::Error::Internal(
@@ -64,8 +65,8 @@ impl VmmResource {
                     })?
             }
         };
-        self.map_window(st, &window, page_bytes, now_ms)?;
-        Ok((window.start, st.large.take(window.start, page_bytes)))
+        self.map_window(st, Region::Carriers, &window, page_bytes, now_ms)?;
+        Ok((window.start, st.carriers.take(window.start, page_bytes)))
     }
 
     /// Gives a small block back inside its carrier; a carrier that is wholly free goes back to
@@ -95,7 +96,7 @@ impl VmmResource {
             return;
         }
         if let Some(state) = st.small.remove_extent_if_free(start) {
-            st.large.give(start, bytes, state);
+            st.carriers.give(start, bytes, state);
             self.mark_used(st, start, bytes, now_ms);
         }
     }
