@@ -42,6 +42,12 @@ def current_device():
     return 0
 
 
+def mem_get_info(device=None):
+    """(free, total) bytes: 16 GiB of which FAKE_TORCH_USED_BYTES are in use."""
+    total = 16 << 30
+    return total - int(os.environ.get("FAKE_TORCH_USED_BYTES", "0")), total
+
+
 def _get_device_index(device, optional=False):
     if device is None:
         return current_device()
