@@ -76,15 +76,8 @@ class LibraryError(StreampoolError, OSError):
 
 
 # Shown (in tracebacks, repr, pickles) under their public path, streampool.ConfigError and so on.
-for _error_class in (
-    StreampoolError,
-    InvalidArgumentError,
-    OutOfMemoryError,
-    UnknownPointerError,
-    ConfigError,
-    DriverError,
-    LibraryError,
-):
+for _error_class in (StreampoolError, InvalidArgumentError, OutOfMemoryError, UnknownPointerError,
+                     ConfigError, DriverError, LibraryError):
     _error_class.__module__ = "streampool"
 
 _ERROR_CLASSES = {

@@ -161,8 +161,9 @@ class NvmlSampler:
             total += memory.used
         return total
 
-    def _processes_on(self, handle: ctypes.c_void_p) -> List[Tuple[int, int]]:
-        """(pid, used bytes) of the compute processes on one device; NVML's 'not available' is 0."""
+    def _processes_on(self, handle: ctypes.c_void_p) -> List[Tuple[int, Optional[int]]]:
+        """(pid, used bytes) of the compute processes on one device; None where NVML says 'not
+        available' (as it does in some containers)."""
         capacity = 64
         while True:
             count = ctypes.c_uint(capacity)
@@ -174,7 +175,7 @@ class NvmlSampler:
             if status != NVML_SUCCESS:
                 return []
             return [
-                (int(info.pid), 0 if info.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE else int(info.usedGpuMemory))
+                (int(info.pid), None if info.usedGpuMemory == NVML_VALUE_NOT_AVAILABLE else int(info.usedGpuMemory))
                 for info in infos[: count.value]
             ]
 
@@ -188,16 +189,19 @@ class NvmlSampler:
         self._lineage = {}
 
     def read(self) -> Reading:
-        matched = False
+        """Per process: None unless NVML lists a process of the run, and None too if it cannot say
+        how much one of them uses (a sum without it would be too small)."""
+        matched, known = False, True
         process_bytes = 0
         for handle in self._devices:
             for pid, used in self._processes_on(handle):
                 if descends_from(pid, self._root_pid, self._lineage):
                     matched = True
-                    process_bytes += used
+                    known = known and used is not None
+                    process_bytes += used or 0
         device = self._device_used_bytes()
         device_bytes = None if device is None else max(0, device - self._device_before)
-        return Reading(process_bytes if matched else None, device_bytes)
+        return Reading(process_bytes if matched and known else None, device_bytes)
 
     def close(self) -> None:
         self._nvml.nvmlShutdown()
