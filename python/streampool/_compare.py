@@ -161,8 +161,8 @@ def _status(returncode: int) -> str:
 
 
 def _end_group(proc: subprocess.Popen, grace_s: float = 5.0) -> bool:
-    """SIGTERM, then after ``grace_s`` SIGKILL, every process left in the run's process group
-    (the run was started in a session of its own); True if any was there. Reaps the run."""
+    """SIGTERM, then after ``grace_s`` SIGKILL, every process left in the run's process group (the
+    run leads a group of its own: start_new_session); True if any was there. Reaps the run."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
