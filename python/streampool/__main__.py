@@ -7,6 +7,7 @@ Invariant: a command that cannot do its job says why in one line on stderr (or s
 import argparse
 import os
 import pickle
+import shutil
 import sys
 from typing import List, Optional
 
@@ -182,6 +183,8 @@ def _compare(options: argparse.Namespace) -> int:
     try:
         if not command:
             raise UsageError("compare: no command given; put it after --, e.g. -- python train.py")
+        if shutil.which(command[0]) is None:
+            raise UsageError(f"compare: {command[0]!r} is not a command found on PATH or an executable file")
         if options.runs < 1:
             raise UsageError(f"--runs must be 1 or more, got {options.runs}")
         if options.interval_ms < 1:

@@ -195,7 +195,9 @@ def test_without_a_gpu_one_line_and_a_failing_status(capsys):
 def test_the_command_line_refuses_bad_arguments_in_one_line():
     for args, message in [(["--runs", "0", "--", "true"], "error: --runs must be 1 or more, got 0"),
                           (["--"], "error: compare: no command given; put it after --"),
-                          (["--allocators", "x", "--", "true"], "error: --allocators: unknown allocator 'x'")]:
+                          (["--allocators", "x", "--", "true"], "error: --allocators: unknown allocator 'x'"),
+                          (["--", "no-such-command-here", "x"],
+                           "error: compare: 'no-such-command-here' is not a command found on PATH")]:
         proc = run_python(args=["-m", "streampool", "compare", *args])
         assert proc.returncode == 2, describe(proc)
         assert proc.stderr.startswith(message), describe(proc)
