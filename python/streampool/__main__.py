@@ -233,7 +233,9 @@ def main(argv: Optional[List[str]] = None, prog: str = "streampool") -> int:
     """The ``streampool`` console script; ``python -m streampool`` passes its own ``prog``."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        return _dispatch(argv, prog)
+        status = _dispatch(argv, prog)
+        sys.stdout.flush()  # here, not at exit, so that a reader gone away is caught below
+        return status
     except BrokenPipeError:
         return _quiet_broken_pipe()
     except (OSError, streampool.StreampoolError) as exc:  # the library cannot be found, loaded or used

@@ -1,6 +1,7 @@
 """The command line's rough edges: --version, info without a GPU, a bad STREAMPOOL_LIBRARY, a
 reader that goes away (``demo | head``): each ends in one line, never a traceback."""
 
+import os
 import subprocess
 import sys
 
@@ -75,15 +76,19 @@ def test_a_bad_library_is_one_line_without_a_traceback(command, library, message
     assert len(errors) == 1 and message in errors[0], describe(proc)
 
 
-@pytest.mark.parametrize("command", [["demo"], ["info"]])
-def test_output_into_a_closed_pipe_ends_quietly(command):
-    proc = subprocess.Popen([sys.executable, "-m", "streampool", *command], env=python_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.readline()
-    proc.stdout.close()  # what `| head -1` does
-    stderr = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 141, stderr
-    assert stderr == "", stderr
+@pytest.mark.parametrize("buffered", [True, False], ids=["block-buffered", "unbuffered"])
+@pytest.mark.parametrize("command", [["demo"], ["info"], ["--version"]])
+def test_output_into_a_closed_pipe_ends_quietly(command, buffered):
+    # The reader is gone before the first write (what `| head -1` leads to once head has its
+    # line), whether stdout is a block-buffered pipe (the usual case) or unbuffered.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = python_env({"PYTHONUNBUFFERED": None if buffered else "1"})
+    proc = subprocess.run([sys.executable, "-m", "streampool", *command], env=env, stdout=write_end,
+                          stderr=subprocess.PIPE, timeout=120)
+    os.close(write_end)
+    assert proc.returncode == 141, proc.stderr.decode()
+    assert proc.stderr.decode() == ""
 
 
 def test_no_command_says_which_there_are():
