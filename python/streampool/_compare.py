@@ -228,11 +228,14 @@ def run_once(allocator: Allocator, command: Sequence[str], env: Dict[str, str], 
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
     def sample() -> None:
-        sampler.track(proc.pid)
-        while True:
-            readings.append((time.monotonic() - start, sampler.read()))
-            if stop.wait(interval_s):
-                return
+        try:
+            sampler.track(proc.pid)
+            while True:
+                readings.append((time.monotonic() - start, sampler.read()))
+                if stop.wait(interval_s):
+                    return
+        except Exception as exc:  # the run goes on; its memory is what was read until then
+            (out / "sampler-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
 
     thread = threading.Thread(target=sample, name="streampool-compare-nvml", daemon=True) if sampler else None
     if thread:

@@ -226,7 +226,8 @@ def test_the_spread_and_medians_come_from_successful_runs_only():
 
 # The stand-in torch: each Python process of a run imports it; the first one starts another.
 TORCH_SCRIPT = """
-import os, subprocess, sys
+import importlib.util, os, subprocess, sys
+assert importlib.util.find_spec("torch") is not None  # a lookup first, as libraries do
 import torch
 torch.cuda.init()
 import streampool

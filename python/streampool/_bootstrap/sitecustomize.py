@@ -143,8 +143,10 @@ def _after_torch_import(torch):
 
 
 class _TorchImportHook:
-    """A meta path finder that answers only for ``torch``, once: it finds torch's spec with the
-    other finders and runs :func:`_after_torch_import` right after torch's module has executed."""
+    """A meta path finder that answers only for ``torch`` until torch has been imported: it finds
+    torch's spec with the other finders and has :func:`_after_torch_import` run right after
+    torch's module has executed. Every spec asked for is wrapped, since a lookup need not be an
+    import (``importlib.util.find_spec("torch")``, as libraries do to see whether torch is there)."""
 
     def __init__(self):
         self.done = False
@@ -152,7 +154,6 @@ class _TorchImportHook:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "torch" or self.done:
             return None
-        self.done = True  # stays in sys.meta_path: removing it during the import would skip a finder
         spec = None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
@@ -164,10 +165,13 @@ class _TorchImportHook:
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         original = spec.loader.exec_module
+        hook = self
 
         def exec_module(module):
             original(module)
-            _after_torch_import(module)
+            if not hook.done:  # stays in sys.meta_path: removing it during an import skips a finder
+                hook.done = True
+                _after_torch_import(module)
 
         spec.loader.exec_module = exec_module
         return spec
