@@ -1,5 +1,5 @@
-//! The allocator of a process: one [`DeviceAllocator`] per device over one [`Driver`], and the
-//! methods behind every C entry point.
+//! The allocator of a process: one `DeviceAllocator` (`src/device/`) per device over one
+//! [`Driver`], and the methods behind every C entry point.
 //!
 //! Invariant: every public entry validates its arguments (size, device index, pointer) before any
 //! state changes, so a rejected call leaves statistics untouched; sizes are decided here: 0 gets

@@ -80,7 +80,7 @@ fn text(o: &Output) -> String {
 
 /// The functions include/streampool.h declares: the identifier before the `(` of each line that
 /// starts a declaration at column 0 (cbindgen's layout; tests/header.rs keeps the header equal to
-/// what cbindgen generates from src/ffi.rs).
+/// what cbindgen generates from src/ffi/).
 fn header_functions() -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let header = std::fs::read_to_string(root.join("include/streampool.h")).unwrap();

@@ -1,4 +1,4 @@
-//! Drives the exported C ABI (`my_malloc`/`my_free` and every `streampool_*` function, src/ffi.rs)
+//! Drives the exported C ABI (`my_malloc`/`my_free` and every `streampool_*` function, src/ffi/)
 //! on the simulated driver with arbitrary operations, from one thread or several at once, with
 //! sizes over the whole range: 0, small, either side of `MAX_ALLOCATION_BYTES`, near `SIZE_MAX`,
 //! any 64-bit value, and negative `ssize_t` through `my_malloc` (whose C++ exception is caught by

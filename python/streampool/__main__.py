@@ -1,8 +1,13 @@
-"""Command line: ``streampool {info,demo,plot}`` (also ``python -m streampool ...``)."""
+"""Command line: ``streampool {info,demo,plot,compare}`` (also ``python -m streampool ...``).
+
+Invariant: a command that cannot do its job says why in one line on stderr (or stdout for
+``info``'s report) and exits non-zero; no traceback reaches the user for a foreseen failure.
+"""
 
 import argparse
 import os
 import pickle
+import shutil
 import sys
 from typing import List, Optional
 
@@ -10,6 +15,7 @@ import streampool
 
 from . import _lib
 from ._config import variables_in_effect
+from ._probe import cuda_unavailable_reason
 from ._stats import format_bytes, format_limit
 
 
@@ -31,8 +37,10 @@ def _supported(function: str, index: int) -> str:
     return "supported" if _lib.device_flag(function, index) else "NOT supported"
 
 
-def _variable_lines() -> List[str]:
+def _variable_lines(driver_note: Optional[str] = None) -> List[str]:
     rows = variables_in_effect()
+    if driver_note:
+        rows = [(n, v, driver_note if n == "STREAMPOOL_DRIVER" else s) for n, v, s in rows]
     width = max(len(name) for name, _, _ in rows)
     lines = [f"  {name:<{width}} = {value}  ({source})" for name, value, source in rows]
     library = os.environ.get(_lib.LIBRARY_ENV)
@@ -41,14 +49,30 @@ def _variable_lines() -> List[str]:
     return lines
 
 
+def _simulate_without_gpu() -> Optional[str]:
+    """With STREAMPOOL_DRIVER unset on a machine without a usable CUDA driver: set it to "sim" for
+    this process (before the library reads it) and return why; else None."""
+    if os.environ.get("STREAMPOOL_DRIVER") or _lib.is_loaded():
+        return None
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        os.environ["STREAMPOOL_DRIVER"] = "sim"
+    return reason
+
+
 def info() -> int:
     """Print where the library is, what it runs on, per-device statistics and its variables.
-    Returns 1 if the library cannot be used here (the reason is printed), else 0."""
+    Without a GPU (and no STREAMPOOL_DRIVER) it reports the simulated driver. Returns 1 if the
+    library cannot be used here (the reason is printed), else 0."""
     status = 0
+    no_gpu = _simulate_without_gpu()
     try:
         print(f"library: {streampool.library_path()}")
         print(f"version: {streampool.__version__}")
-        print(f"driver: {streampool.driver_name()}")
+        if no_gpu:
+            print(f"driver: sim (no CUDA GPU here: {no_gpu}; the simulated driver is shown instead)")
+        else:
+            print(f"driver: {streampool.driver_name()}")
         count = streampool.device_count()
         print(f"devices: {count}")
         for index in range(count):
@@ -57,16 +81,30 @@ def info() -> int:
         print(f"error: {exc}")
         status = 1
     print("variables:")
-    print("\n".join(_variable_lines()))
+    print("\n".join(_variable_lines("no CUDA GPU here" if no_gpu else None)))
     return status
+
+
+def version_text() -> str:
+    """``streampool VERSION (library PATH)``; the library's version is the package's."""
+    return f"streampool {streampool.__version__} (library {streampool.library_path()})"
 
 
 DESCRIPTION = (
     "streampool: a PyTorch CUDA allocator over CUDA stream-ordered memory pools. "
-    "`info` shows the library, driver, devices and STREAMPOOL_* settings; `demo` allocates through "
-    "streampool (on the GPU when PyTorch and a CUDA device are present, else on the simulated driver); "
-    "`plot` draws a memory timeline from a snapshot. (The benchmark is `python3 -m bench` in a "
-    "source checkout.)"
+    "`compare` runs your own command under several allocators and prints peak device memory and "
+    "wall time side by side; `info` shows the library, driver, devices and STREAMPOOL_* settings; "
+    "`demo` allocates through streampool (on the GPU when PyTorch and a CUDA device are present, "
+    "else on the simulated driver); `plot` draws a memory timeline from a snapshot. (The benchmark "
+    "is `python3 -m bench` in a source checkout.)"
+)
+
+COMPARE_EPILOG = (
+    "example: streampool compare --runs 3 --plot memory.png -- python train.py --epochs 1. "
+    "Each run is a fresh process tree; streampool is installed in each of its Python processes "
+    "when they import torch (a sitecustomize put first on PYTHONPATH: DataLoader workers and "
+    "torchrun's workers included), PyTorch's allocators are chosen with PYTORCH_CUDA_ALLOC_CONF. "
+    "Device memory comes from NVML (per process of the run) where it can see the run's processes."
 )
 
 
@@ -98,7 +136,7 @@ def demo() -> int:
 
     try:
         return run()
-    except (DemoError, streampool.StreampoolError) as exc:
+    except DemoError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
@@ -109,26 +147,100 @@ BENCH_MOVED = (
 )
 
 
-def main(argv: Optional[List[str]] = None, prog: str = "streampool") -> int:
-    """The ``streampool`` console script; ``python -m streampool`` passes its own ``prog``."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:  # the benchmark left the package for the repository's bench/
-        print(BENCH_MOVED, file=sys.stderr)
-        return 2
+def _parser(prog: str) -> argparse.ArgumentParser:
+    from ._compare import ALLOCATORS_HELP, DEFAULT_ALLOCATORS
+
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="store_true", help="print the version and the library in use")
+    commands = parser.add_subparsers(dest="command")
     commands.add_parser("info", help="library, driver, devices, statistics and STREAMPOOL_* variables")
     commands.add_parser("demo", help="allocate through streampool on the GPU, or the simulated driver")
     plot = commands.add_parser("plot", help="draw a snapshot's memory timeline (streampool.dump_snapshot)")
     plot.add_argument("snapshot", help="a pickle from streampool.dump_snapshot (or PyTorch's _dump_snapshot)")
     plot.add_argument("-o", "--out", default="memory.png", help="the PNG to write (default: memory.png)")
     plot.add_argument("--device", type=int, default=None, help="only this device")
+    compare = commands.add_parser(
+        "compare",
+        help="run your command under several allocators: peak device memory and wall time",
+        usage=f"{prog} compare [options] -- COMMAND [ARGS...]",
+        epilog=COMPARE_EPILOG,
+    )
+    compare.add_argument("--runs", type=int, default=3, help="rounds; each allocator runs once per round, native twice (default: 3)")
+    compare.add_argument("--allocators", default=DEFAULT_ALLOCATORS, help=ALLOCATORS_HELP)
+    compare.add_argument("--plot", metavar="FILE.png", help="draw device memory over time for every run")
+    compare.add_argument("--json", metavar="FILE.json", help="write every run's figures and memory series")
+    compare.add_argument("--log-dir", metavar="DIR", help="each run's stdout, stderr and files (default: a new temporary folder)")
+    compare.add_argument("--interval-ms", type=int, default=50, help="memory sampling period in milliseconds (default: 50)")
+    compare.add_argument("--timeout-s", type=float, default=None, help="end a run that takes longer (seconds)")
+    compare.add_argument("argv", metavar="COMMAND", nargs=argparse.REMAINDER, help="the command to run, after --")
+    return parser
+
+
+def _compare(options: argparse.Namespace) -> int:
+    from ._compare import UsageError, compare, parse_allocators
+
+    command = options.argv[1:] if options.argv[:1] == ["--"] else options.argv
+    try:
+        if not command:
+            raise UsageError("compare: no command given; put it after --, e.g. -- python train.py")
+        if shutil.which(command[0]) is None:
+            raise UsageError(f"compare: {command[0]!r} is not a command found on PATH or an executable file")
+        if options.runs < 1:
+            raise UsageError(f"--runs must be 1 or more, got {options.runs}")
+        if options.interval_ms < 1:
+            raise UsageError(f"--interval-ms must be 1 or more, got {options.interval_ms}")
+        if options.timeout_s is not None and options.timeout_s <= 0:
+            raise UsageError(f"--timeout-s must be above 0, got {options.timeout_s:g}")
+        allocators = parse_allocators(options.allocators)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return compare(command, allocators, options.runs, plot_path=options.plot, json_path=options.json,
+                   log_dir=options.log_dir, interval_ms=options.interval_ms, timeout_s=options.timeout_s)
+
+
+def _dispatch(argv: List[str], prog: str) -> int:
+    if argv[:1] == ["bench"]:  # the benchmark left the package for the repository's bench/
+        print(BENCH_MOVED, file=sys.stderr)
+        return 2
+    parser = _parser(prog)
     options = parser.parse_args(argv)
+    if options.version:
+        print(version_text())
+        return 0
+    if options.command is None:
+        parser.print_usage(sys.stderr)
+        print(f"{prog}: error: a command is required (info, demo, plot, compare), or --version", file=sys.stderr)
+        return 2
     if options.command == "info":
         return info()
     if options.command == "plot":
         return plot_command(options.snapshot, options.out, options.device)
+    if options.command == "compare":
+        return _compare(options)
     return demo()
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader of our output went away (``streampool demo | head``): stop without a traceback,
+    and keep Python from failing again when it flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + 13  # what a process ended by SIGPIPE reports
+
+
+def main(argv: Optional[List[str]] = None, prog: str = "streampool") -> int:
+    """The ``streampool`` console script; ``python -m streampool`` passes its own ``prog``."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        status = _dispatch(argv, prog)
+        sys.stdout.flush()  # here, not at exit, so that a reader gone away is caught below
+        return status
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except (OSError, streampool.StreampoolError) as exc:  # the library cannot be found, loaded or used
+        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -71,8 +71,13 @@ class DriverError(StreampoolError):
     """A CUDA driver call failed, or no usable CUDA driver was found."""
 
 
+class LibraryError(StreampoolError, OSError):
+    """The file found for ``libstreampool.so`` cannot be loaded, or is not libstreampool."""
+
+
 # Shown (in tracebacks, repr, pickles) under their public path, streampool.ConfigError and so on.
-for _error_class in (StreampoolError, InvalidArgumentError, OutOfMemoryError, UnknownPointerError, ConfigError, DriverError):
+for _error_class in (StreampoolError, InvalidArgumentError, OutOfMemoryError, UnknownPointerError,
+                     ConfigError, DriverError, LibraryError):
     _error_class.__module__ = "streampool"
 
 _ERROR_CLASSES = {
@@ -276,7 +281,7 @@ def library() -> ctypes.CDLL:
     with _load_lock:
         if _library is None:
             path = find_library()
-            lib = ctypes.CDLL(str(path))
+            lib = _load(path)
             for name, (restype, argtypes) in _SIGNATURES.items():
                 if name in _NEWER_EXPORTS and not hasattr(lib, name):
                     continue  # an older library (a benchmark's A/B against the last release)
@@ -288,6 +293,33 @@ def library() -> ctypes.CDLL:
         if _environment_at_load is None:
             _environment_at_load = streampool_environment()
         return _library
+
+
+def _origin(path: Path) -> str:
+    """How ``path`` was chosen, for messages: the variable and its value, or the path."""
+    configured = os.environ.get(LIBRARY_ENV)
+    return f"{LIBRARY_ENV}={configured}" if configured else str(path)
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    """``path`` loaded, or LibraryError in one line if it is no shared library or not libstreampool
+    (a library missing one of the exports this package declares)."""
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        reason = str(exc).replace(f"{path}: ", "")
+        raise LibraryError(
+            f"{_origin(path)} cannot be loaded ({reason}): expected a {LIBRARY_NAME} from this "
+            "package, the wheel or `cargo build --release`"
+        ) from None
+    missing = [name for name in _SIGNATURES if name not in _NEWER_EXPORTS and not hasattr(lib, name)]
+    if missing:
+        raise LibraryError(
+            f"{_origin(path)} is not {LIBRARY_NAME}: it lacks {missing[0]}"
+            + (f" and {len(missing) - 1} more exports" if len(missing) > 1 else "")
+            + f"; expected a {LIBRARY_NAME} from this package, the wheel or `cargo build --release`"
+        )
+    return lib
 
 
 def is_loaded() -> bool:

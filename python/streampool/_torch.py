@@ -105,9 +105,10 @@ def _new_allocator(torch: Any, wire_record_stream: bool = True, malloc: str = "m
     return allocator
 
 
-def install(*, _wire_record_stream: bool = True, **options: Any) -> Any:
+def install(*, torch_stats: bool = True, _wire_record_stream: bool = True, **options: Any) -> Any:
     """Make streampool PyTorch's CUDA allocator for this process; returns the
-    ``torch.cuda.memory.CUDAPluggableAllocator``.
+    ``torch.cuda.memory.CUDAPluggableAllocator``, or None where PyTorch finds no CUDA GPU (then
+    nothing is installed and one warning line says so).
 
     Options (each sets the STREAMPOOL_* variable of docs/abi.md; sizes in bytes or strings such
     as "8GiB", "80%", "max"): backend ("pool", or "vmm": large blocks on streampool's own
@@ -116,6 +117,12 @@ def install(*, _wire_record_stream: bool = True, **options: Any) -> Any:
     ("auto", True or False), ipc (every allocation shareable with other processes; such pools
     never give memory back), reuse_follow_event_dependencies, reuse_allow_opportunistic,
     reuse_allow_internal_dependencies (bools), log (a log filter such as "info").
+
+    ``torch_stats`` (default True): ``torch.cuda.memory_stats()``, ``memory_allocated()``,
+    ``max_memory_allocated()``, ``memory_reserved()``, ``max_memory_reserved()``,
+    ``reset_peak_memory_stats()``, ``reset_accumulated_memory_stats()`` and ``memory_summary()``
+    read streampool's statistics (PyTorch's key names and meanings; keys streampool cannot know are
+    absent). False leaves them as PyTorch has them for pluggable allocators: they raise.
 
     Must run before CUDA is initialised in the process. A second call returns the same allocator
     (with a warning if its options differ). ``_wire_record_stream=False`` is for tests only.
@@ -140,11 +147,21 @@ def install(*, _wire_record_stream: bool = True, **options: Any) -> Any:
         )
     _apply_environment(variables)
     _require_cuda_driver()
+    if not torch.cuda.is_available():  # does not initialise CUDA
+        _log.warning(
+            "streampool.install(): PyTorch finds no CUDA GPU (torch.cuda.is_available() is False), "
+            "so nothing was installed; CPU tensors are unaffected"
+        )
+        return None
     allocator = _new_allocator(torch, wire_record_stream=_wire_record_stream)
     torch.cuda.memory.change_current_allocator(allocator)
     from ._ipc import register_reductions
 
     register_reductions()  # CUDA tensors sent to other processes go through shareable pools
+    if torch_stats:
+        from ._torch_stats import route
+
+        route(torch)
     _installation = _Installation(allocator, dict(options))
     return allocator
 

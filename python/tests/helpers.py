@@ -46,3 +46,14 @@ def run_python(
 def describe(proc: subprocess.CompletedProcess) -> str:
     """The output of a finished subprocess, for assertion messages."""
     return f"exit status {proc.returncode}\n--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
+
+
+# A stand-in for PyTorch (stand_ins/torch): what install(), compare's bootstrap and PyTorch's memory
+# functions touch, for CPU tests. Only subprocesses get it, never the test process.
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+
+
+def stand_in_torch_env(**variables: Optional[str]) -> Dict[str, Optional[str]]:
+    """Overrides for run_python: the stand-in torch first on PYTHONPATH, plus ``variables``."""
+    path = python_env().get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(STAND_INS), path])), **variables}

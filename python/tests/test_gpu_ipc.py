@@ -1,4 +1,4 @@
-"""GPU tests for sharing CUDA tensors between processes (issue 7): each scenario of
+"""GPU tests for sharing CUDA tensors between processes: each scenario of
 gpu_cases/ipc_procs.py runs as a producer process that spawns its consumers."""
 
 import os

@@ -1,4 +1,4 @@
-"""Sharing blocks between processes (issue 7) on the simulated driver, without torch: handles
+"""Sharing blocks between processes on the simulated driver, without torch: handles
 survive pickling (the pool's descriptor through multiprocessing's descriptor sharing), the
 exporter keeps a block until every receiver has released it, and only shareable memory exports.
 The simulator cannot map memory across processes, so the receiver here is this process; the GPU

@@ -215,7 +215,7 @@ def test_is_out_of_memory_knows_every_form_of_the_error():
 
 @pytest.mark.parametrize("size", [-1, -4096, -(1 << 63), 1 << 64, (1 << 64) + 512])
 def test_a_size_that_is_no_size_t_is_refused_before_ctypes_wraps_it(size):
-    """Issue 16: ctypes passed -1 as SIZE_MAX and 2**64 + 512 as 512."""
+    """ctypes once passed -1 as SIZE_MAX and 2**64 + 512 as 512."""
     before = stats()
     with pytest.raises(streampool.InvalidArgumentError, match="allocation size"):
         _lib.malloc(size, 0)
@@ -224,7 +224,7 @@ def test_a_size_that_is_no_size_t_is_refused_before_ctypes_wraps_it(size):
 
 @pytest.mark.parametrize("size", [(1 << 64) - 1, (1 << 64) - 2048, (1 << 48) + 1])
 def test_a_size_above_the_maximum_is_refused_by_the_library_and_changes_nothing(size):
-    """Issue 16: sizes whose rounding overflowed used to succeed in release builds."""
+    """Sizes whose rounding overflowed used to succeed in release builds."""
     before = stats()
     with pytest.raises(streampool.InvalidArgumentError, match=f"allocation size {size} bytes is larger than"):
         _lib.malloc(size, 0)

@@ -112,7 +112,7 @@ print(f"HUNG {hung} FAILED {failed} OF {len(children)}")
 
 
 def test_fork_children_finish_while_parent_threads_are_logging(tmp_path):
-    """Issue 16, defect 3: 7-13 of 200 children hung in env_logger's stderr lock, held by a parent
+    """A defect found by an outside attack suite: 7-13 of 200 children hung in env_logger's stderr lock, held by a parent
     thread at the fork. With ffi::report logging in the child again (the bug put back), 10-20 of
     the 100 children hung in each of 5 runs; tests/fork.rs is the deterministic twin."""
     stderr = tmp_path / "stderr.txt"

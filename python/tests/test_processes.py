@@ -267,7 +267,7 @@ def test_help_describes_the_commands_under_the_name_it_was_run_by():
     module = run_python(args=["-m", "streampool", "--help"])
     for proc, name in ((script, "streampool"), (module, "python -m streampool")):
         assert proc.returncode == 0, describe(proc)
-        assert proc.stdout.startswith(f"usage: {name} [-h] {{info,demo,plot}}"), describe(proc)
+        assert proc.stdout.startswith(f"usage: {name} [-h] [--version] {{info,demo,plot,compare}}"), describe(proc)
         assert "``" not in proc.stdout and "streampool: a PyTorch CUDA allocator" in proc.stdout, describe(proc)
 
 

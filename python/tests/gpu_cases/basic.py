@@ -116,7 +116,7 @@ def case_out_of_memory(ctx) -> None:
     assert message.startswith("CUDA out of memory."), message
     assert streampool.is_out_of_memory(error), "the README's pattern would not recognise it"
     assert streampool.memory_stats()["num_ooms"] >= 1
-    # Issue 16: the largest size streampool accepts (2^48 bytes) reaches cuMemAllocFromPoolAsync,
+    # The largest size streampool accepts (2^48 bytes) reaches cuMemAllocFromPoolAsync,
     # which must say out of memory; one byte more is refused before any driver call.
     message = _expect_oom(2**48)
     print(f"2^48 bytes: {message}")

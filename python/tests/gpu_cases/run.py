@@ -6,6 +6,7 @@ traceback. Modes:
 
 - ``streampool``: streampool.install() before any CUDA work;
 - ``streampool-no-record-stream-hook``: the same without the record_stream hook (for comparison);
+- ``streampool-no-torch-stats``: ``install(torch_stats=False)``: PyTorch's memory functions left alone;
 - ``native``: PyTorch's own caching allocator;
 - ``scoped``: no install; cases use ``streampool.mempool()`` regions.
 """
@@ -30,10 +31,11 @@ import graphs  # noqa: E402
 import multigpu  # noqa: E402
 import stress  # noqa: E402
 import timeline  # noqa: E402
+import torch_stats  # noqa: E402
 import training  # noqa: E402
 import vmm  # noqa: E402
 
-MODES = ("streampool", "streampool-no-record-stream-hook", "native", "scoped")
+MODES = ("streampool", "streampool-no-record-stream-hook", "streampool-no-torch-stats", "native", "scoped")
 
 MiB = 1 << 20
 # Device memory a case may take outside any allocator: CUDA loads kernels on first use
@@ -148,7 +150,7 @@ class Context:
 def find_cases():
     """name -> function, from every ``case_<name>`` in the case modules."""
     cases = {}
-    for module in (basic, graphs, multigpu, stress, timeline, training, vmm):
+    for module in (basic, graphs, multigpu, stress, timeline, torch_stats, training, vmm):
         for attribute in dir(module):
             if attribute.startswith("case_"):
                 cases[attribute[len("case_"):]] = getattr(module, attribute)
@@ -167,6 +169,8 @@ def main(argv=None) -> int:
         streampool.install()
     elif options.allocator == "streampool-no-record-stream-hook":
         streampool.install(_wire_record_stream=False)
+    elif options.allocator == "streampool-no-torch-stats":
+        streampool.install(torch_stats=False)
     context = Context(options.allocator, options.quick)
     for name in options.cases:
         start = time.perf_counter()

@@ -1,0 +1,1 @@
+"""The folder ``streampool compare`` puts first on each run's PYTHONPATH (see sitecustomize.py)."""

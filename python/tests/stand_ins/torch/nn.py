@@ -1,0 +1,1 @@
+"""torch.nn: Parameter is set by the package."""
