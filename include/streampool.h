@@ -8,6 +8,12 @@
 #include <sys/types.h>
 
 /**
+ * Above the release threshold, the virtual-memory backend releases memory unused this long (a
+ * training step or a request takes less: what a loop uses every step stays mapped).
+ */
+#define VMM_RELEASE_AFTER_MS 1000
+
+/**
  * The largest size `my_malloc` and `streampool_malloc` accept: 2^48 bytes (256 TiB); larger is
  * STREAMPOOL_STATUS_INVALID_ARGUMENT, smaller but more than the device has is out of memory.
  * (The value of `streampool::MAX_ALLOCATION_BYTES`, written out for the C header.)

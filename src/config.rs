@@ -6,6 +6,10 @@
 use crate::error::{Error, Result};
 use crate::units::{parse_size, SizeSpec, SIZE_ACCEPTED};
 
+/// Above the release threshold, the virtual-memory backend releases memory unused this long (a
+/// training step or a request takes less: what a loop uses every step stays mapped).
+pub const VMM_RELEASE_AFTER_MS: u64 = 1000;
+
 /// Which implementation of the CUDA edge to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DriverKind {
@@ -76,7 +80,8 @@ pub struct Config {
     /// granularity, which it is rounded up to).
     pub vmm_page_size: SizeSpec,
     /// A page of the virtual-memory backend unused this long is cold: moved first to back new
-    /// blocks, and released above the release threshold (`STREAMPOOL_VMM_COLD_AFTER`).
+    /// blocks (`STREAMPOOL_VMM_COLD_AFTER`); above the release threshold, pages unused for a
+    /// second or this long, whichever is longer, are released.
     pub vmm_cold_after_ms: u64,
     /// Beyond this many percent of the bytes in use, the virtual-memory backend moves idle
     /// pages, cold or not, before the device grows (`STREAMPOOL_VMM_GROWTH_SLACK`); `None`:
@@ -124,9 +129,12 @@ impl Default for Config {
             // uses 20 MiB for large blocks because mapping cost grows with the number of
             // handles; which is better here awaits a measurement on the GPU.
             vmm_page_size: SizeSpec::Bytes(2 << 20),
-            // Longer than a training step or a request, so memory a loop uses every step is not
-            // moved or released between its steps (chosen by measurement: BENCHMARKS.md).
-            vmm_cold_after_ms: 250,
+            // Pages idle this long back new blocks before the device grows. Replayed allocation
+            // traces of the benchmark's workloads (BENCHMARKS.md, "Allocation traces and
+            // replay"): 10 ms holds 4-11% less than 250 ms on llama decode and BERT, the same on
+            // the others, with a handful of mappings per timed step at most; 2 ms moves more
+            // and holds more on churn.
+            vmm_cold_after_ms: 10,
             vmm_growth_slack_percent: None,
             // A notebook cell, an evaluation pause or an idle server: after 2 s the memory goes
             // to the process's neighbours; a training loop never idles that long.

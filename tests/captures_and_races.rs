@@ -55,8 +55,8 @@ impl DeviceDriver for Hooked {
     fn name(&self) -> &'static str {
         self.sim.name()
     }
-    fn now_ms(&self) -> u64 {
-        self.sim.now_ms()
+    fn now_us(&self) -> u64 {
+        self.sim.now_us()
     }
     fn device_count(&self) -> Result<usize> {
         self.sim.device_count()
@@ -295,7 +295,7 @@ fn vmm(release_threshold: SizeSpec) -> Config {
 }
 
 /// The same with the device's background thread, which applies the threshold to memory unused
-/// for `vmm_cold_after_ms` (the tests stop the simulator's clock and move it past that).
+/// for `VMM_RELEASE_AFTER_MS` (the tests stop the simulator's clock and move it past that).
 fn vmm_tended(release_threshold: SizeSpec) -> Config {
     Config {
         background: true,
@@ -420,7 +420,7 @@ fn memory_above_the_threshold_is_released_after_a_capture_ends_without_another_a
     sim.end_capture(0, CAPTURING);
     alloc.free(a, 0).unwrap();
     sim.complete_all();
-    sim.advance_clock_ms(config.vmm_cold_after_ms);
+    sim.advance_clock_ms(streampool::config::VMM_RELEASE_AFTER_MS);
     assert!(
         released_in_the_background(&sim),
         "memory above a threshold of 0 still held after the GPU finished and it went cold"
@@ -437,6 +437,6 @@ fn control_memory_above_the_threshold_is_released_without_a_capture() {
     let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
     alloc.free(a, 0).unwrap();
     sim.complete_all();
-    sim.advance_clock_ms(config.vmm_cold_after_ms);
+    sim.advance_clock_ms(streampool::config::VMM_RELEASE_AFTER_MS);
     assert!(released_in_the_background(&sim));
 }

@@ -414,7 +414,7 @@ fn tended(config: Config) -> Config {
     }
 }
 
-/// Above the release threshold, memory unused for `vmm_cold_after_ms` goes back from the
+/// Above the release threshold, memory unused for `VMM_RELEASE_AFTER_MS` goes back from the
 /// background thread, without another call (the device is not idle: its idle release is off).
 #[test]
 fn above_the_threshold_cold_memory_goes_back_in_the_background() {
@@ -431,7 +431,8 @@ fn above_the_threshold_cold_memory_goes_back_in_the_background() {
     r.sim.complete_all();
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert_eq!(r.sim.physical_bytes(0), 8 * MIB, "not cold yet");
-    r.sim.advance_clock_ms(Config::default().vmm_cold_after_ms);
+    r.sim
+        .advance_clock_ms(streampool::config::VMM_RELEASE_AFTER_MS);
     assert!(
         released_in_the_background(&r.sim),
         "still mapped 30 s after it went cold"

@@ -136,18 +136,22 @@ pub trait DeviceDriver {
     fn mem_info(&self, device: usize) -> Result<MemInfo>;
     /// Waits for all work on the device.
     fn synchronize(&self, device: usize) -> Result<()>;
-    /// Milliseconds on a monotonic clock (how long memory has stayed unused, how long a device
-    /// has been idle); the simulator's can be stopped and moved by tests.
-    fn now_ms(&self) -> u64;
+    /// Microseconds on a monotonic clock (how long memory has stayed unused, how long a device
+    /// has been idle, how old a fence is); the simulator's can be stopped and moved by tests.
+    fn now_us(&self) -> u64;
+    /// The same clock in milliseconds.
+    fn now_ms(&self) -> u64 {
+        self.now_us() / 1000
+    }
 }
 
-/// Milliseconds since the first call in this process, on the monotonic clock.
-pub fn monotonic_ms() -> u64 {
+/// Microseconds since the first call in this process, on the monotonic clock.
+pub fn monotonic_us() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     START
         .get_or_init(std::time::Instant::now)
         .elapsed()
-        .as_millis() as u64
+        .as_micros() as u64
 }
 
 /// Stream-ordered memory pools (`cuMemPool*`, `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`).

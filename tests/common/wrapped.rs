@@ -60,8 +60,8 @@ impl DeviceDriver for Wrapped {
     fn name(&self) -> &'static str {
         self.sim.name()
     }
-    fn now_ms(&self) -> u64 {
-        self.sim.now_ms()
+    fn now_us(&self) -> u64 {
+        self.sim.now_us()
     }
     fn device_count(&self) -> Result<usize> {
         self.sim.device_count()

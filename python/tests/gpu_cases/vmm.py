@@ -1,6 +1,8 @@
 """GPU cases for the virtual-memory backend (``case_<name>(ctx)``; run with STREAMPOOL_BACKEND=vmm,
-which test_gpu.py and scripts/gpu-check set for them): data stays right while pages are moved
-out of holes and released under four streams with record_stream."""
+which test_gpu.py and scripts/gpu-check set for them, and with STREAMPOOL_VMM_GROWTH_SLACK=0% and
+STREAMPOOL_VMM_COLD_AFTER=1ms so that idle pages move as often as they can): data stays right
+while pages are moved out of holes and released under four streams with record_stream, and while
+blocks go from one stream to another after GPU-side waits."""
 
 import os
 import random

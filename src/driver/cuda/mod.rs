@@ -178,8 +178,8 @@ impl DeviceDriver for CudaDriver {
         "cuda"
     }
 
-    fn now_ms(&self) -> u64 {
-        super::monotonic_ms()
+    fn now_us(&self) -> u64 {
+        super::monotonic_us()
     }
 
     fn device_count(&self) -> Result<usize> {

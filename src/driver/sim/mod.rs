@@ -102,8 +102,8 @@ pub struct SimDriver {
     exported_pools: Mutex<HashMap<u64, (usize, usize)>>,
     /// The clock (`now_ms`): the monotonic clock, unless a test stopped it (`u64::MAX`: running),
     /// plus what tests moved it on by.
-    clock_frozen_at_ms: AtomicU64,
-    clock_offset_ms: AtomicU64,
+    clock_frozen_at_us: AtomicU64,
+    clock_offset_us: AtomicU64,
 }
 
 impl SimDriver {
@@ -129,17 +129,17 @@ impl SimDriver {
             ipc_unsupported: Mutex::new(Vec::new()),
             vmm_unsupported: Mutex::new(Vec::new()),
             exported_pools: Mutex::new(HashMap::new()),
-            clock_frozen_at_ms: AtomicU64::new(u64::MAX),
-            clock_offset_ms: AtomicU64::new(0),
+            clock_frozen_at_us: AtomicU64::new(u64::MAX),
+            clock_offset_us: AtomicU64::new(0),
         }
     }
 
     /// Stops the clock (`now_ms`): from now on it moves only by [`SimDriver::advance_clock_ms`].
     pub fn stop_clock(&self) {
-        let now_ms = super::monotonic_ms();
-        let _ = self.clock_frozen_at_ms.compare_exchange(
+        let now_us = super::monotonic_us();
+        let _ = self.clock_frozen_at_us.compare_exchange(
             u64::MAX,
-            now_ms,
+            now_us,
             Ordering::Relaxed,
             Ordering::Relaxed,
         );
@@ -147,7 +147,12 @@ impl SimDriver {
 
     /// Moves the clock on by `ms`.
     pub fn advance_clock_ms(&self, ms: u64) {
-        self.clock_offset_ms.fetch_add(ms, Ordering::Relaxed);
+        self.advance_clock_us(ms.saturating_mul(1000));
+    }
+
+    /// Moves the clock on by `us`.
+    pub fn advance_clock_us(&self, us: u64) {
+        self.clock_offset_us.fetch_add(us, Ordering::Relaxed);
     }
 
     /// Makes misuse and leaks panic (for tests; see the module's invariants).
@@ -428,11 +433,11 @@ impl DeviceDriver for SimDriver {
         "sim"
     }
 
-    fn now_ms(&self) -> u64 {
-        let offset_ms = self.clock_offset_ms.load(Ordering::Relaxed);
-        match self.clock_frozen_at_ms.load(Ordering::Relaxed) {
-            u64::MAX => super::monotonic_ms() + offset_ms,
-            frozen_ms => frozen_ms + offset_ms,
+    fn now_us(&self) -> u64 {
+        let offset_us = self.clock_offset_us.load(Ordering::Relaxed);
+        match self.clock_frozen_at_us.load(Ordering::Relaxed) {
+            u64::MAX => super::monotonic_us() + offset_us,
+            frozen_us => frozen_us + offset_us,
         }
     }
 

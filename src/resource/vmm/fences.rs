@@ -24,7 +24,7 @@ struct StreamFences {
     /// The number of the fence that will cover the frees made since the last record.
     pending: Option<u64>,
     /// When its last fence was recorded (the driver's clock); `None`: never.
-    recorded_at_ms: Option<u64>,
+    recorded_at_us: Option<u64>,
 }
 
 #[derive(Default)]
@@ -43,7 +43,7 @@ impl Fences {
                     stream,
                     recorded: VecDeque::new(),
                     pending: None,
-                    recorded_at_ms: None,
+                    recorded_at_us: None,
                 });
                 self.streams.last_mut().expect("just pushed")
             }
@@ -64,28 +64,29 @@ impl Fences {
         }
     }
 
-    /// Records `stream`'s pending fence if its last one is `interval_ms` old or more: a stream
+    /// Records `stream`'s pending fence if its last one is `interval_us` old or more: a stream
     /// that frees all the time records one fence per interval, and no free waits longer than
     /// that for a fence that can complete.
+    /// True if it recorded one.
     pub fn record_if_due(
         &mut self,
         driver: &dyn Driver,
         device: usize,
         stream: Stream,
-        interval_ms: u64,
-    ) -> Result<()> {
-        let now_ms = driver.now_ms();
+        interval_us: u64,
+    ) -> Result<bool> {
+        let now_us = driver.now_us();
         let due = self
             .streams
             .iter()
             .find(|s| s.stream == stream)
             .is_some_and(|s| {
-                s.recorded_at_ms
-                    .is_none_or(|at_ms| now_ms.saturating_sub(at_ms) >= interval_ms)
+                s.recorded_at_us
+                    .is_none_or(|at_us| now_us.saturating_sub(at_us) >= interval_us)
             });
         match due {
-            true => self.record_pending(driver, device, stream),
-            false => Ok(()),
+            true => self.record_pending(driver, device, stream).map(|()| true),
+            false => Ok(false),
         }
     }
 
@@ -113,7 +114,7 @@ impl Fences {
         let slot = &mut self.streams[i];
         slot.pending = None;
         slot.recorded.push_back((seq, event));
-        slot.recorded_at_ms = Some(driver.now_ms());
+        slot.recorded_at_us = Some(driver.now_us());
         Ok(())
     }
 

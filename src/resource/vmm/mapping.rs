@@ -166,11 +166,11 @@ impl VmmResource {
         if let Some(handle) = self.move_idle_page(st, donors, now_ms, true) {
             return Ok(handle);
         }
-        // Beyond the slack over what is in use, idle memory is moved before the device grows.
+        // Beyond the slack over the most ever in use, idle memory is moved before the device
+        // grows.
         if let Some(percent) = self.growth_slack_percent {
-            let allowed_bytes = st
-                .used_bytes
-                .saturating_add(st.used_bytes / 100 * percent.min(1000));
+            let most_bytes = st.used_max_bytes.max(st.used_bytes);
+            let allowed_bytes = most_bytes.saturating_add(most_bytes / 100 * percent.min(1000));
             if st.physical_bytes(self.page_bytes) + self.page_bytes > allowed_bytes {
                 if let Some(handle) = self.move_idle_page(st, donors, now_ms, false) {
                     return Ok(handle);

@@ -53,8 +53,11 @@ pub use mapping::DriverCounts;
 /// only if no window fits.
 const ADDRESS_SPACE_PER_DEVICE_MEMORY: u64 = 2;
 
-/// A free records its stream's fence only if the last one is this old (see [`fences`]).
-const FENCE_INTERVAL_MS: u64 = 1;
+/// A free records its stream's fence only if the last one is this old (see [`fences`]): fences
+/// complete soon after the GPU is done, so that freed pages become idle (movable) in time.
+const FENCE_INTERVAL_US: u64 = 50;
+
+use crate::config::VMM_RELEASE_AFTER_MS as RELEASE_AFTER_MS;
 
 /// The resolved settings of a virtual-memory resource.
 #[derive(Debug, Clone)]
@@ -137,6 +140,8 @@ struct VmmState {
     live: WordMap<u64, u64>,
     used_bytes: u64,
     used_high_bytes: u64,
+    /// The most ever in use (not reset with the peaks).
+    used_max_bytes: u64,
     physical_high_bytes: u64,
     fences: Fences,
     /// Streams of the device known to capture a graph (from the device's allocations on them):
@@ -283,13 +288,8 @@ impl VmmResource {
         }
         let now_ms = self.driver.now_ms();
         let (driver, device) = (self.driver.as_ref(), self.device);
-        for (stream, completed) in st.fences.poll(driver, device) {
-            st.large.promote(stream, completed);
-            st.carriers.promote(stream, completed);
-            for (start, bytes) in st.small.promote(stream, completed) {
-                self.return_carrier_if_empty(st, start, bytes, now_ms);
-            }
-        }
+        let done = st.fences.poll(driver, device);
+        self.promote(st, done, now_ms);
         st.fences.record_all_pending(driver, device, |s| {
             driver.is_capturing(device, s).unwrap_or(true)
         });
@@ -313,6 +313,11 @@ impl VmmResource {
         let (driver, device) = (self.driver.as_ref(), self.device);
         let mut done = st.fences.poll(driver, device);
         done.extend(st.fences.complete_pending_of_idle_streams(driver, device));
+        self.promote(st, done, now_ms);
+    }
+
+    /// Freed ranges covered by fences that completed become ready for every stream.
+    fn promote(&self, st: &mut VmmState, done: Vec<(Stream, u64)>, now_ms: u64) {
         for (stream, completed) in done {
             st.large.promote(stream, completed);
             st.carriers.promote(stream, completed);
@@ -320,6 +325,17 @@ impl VmmResource {
                 self.return_carrier_if_empty(st, start, bytes, now_ms);
             }
         }
+    }
+
+    /// Polls the recorded fences (no record, no capture check: a query is allowed during a
+    /// capture of another stream in relaxed mode, and the fronts are fences of streams that
+    /// were not capturing when they were recorded).
+    fn collect_completed(&self, st: &mut VmmState, now_ms: u64) {
+        if !st.capture_streams.is_empty() {
+            return;
+        }
+        let done = st.fences.poll(self.driver.as_ref(), self.device);
+        self.promote(st, done, now_ms);
     }
 
     /// Blocks freed on a stream that was capturing: once it no longer is, they are freed like
@@ -428,6 +444,7 @@ impl VmmResource {
         st.live.insert(start, bytes);
         st.used_bytes += bytes;
         st.used_high_bytes = st.used_high_bytes.max(st.used_bytes);
+        st.used_max_bytes = st.used_max_bytes.max(st.used_bytes);
         self.mark_used(st, start, bytes, now_ms);
         DevicePtr(start)
     }
@@ -463,7 +480,7 @@ impl VmmResource {
     }
 
     /// Called regularly by the device's background thread: memory above the release threshold
-    /// that has been unused for `cold_after_ms` goes back to the device. True while memory above
+    /// that has been unused for a second (and is cold) goes back to the device. True while memory above
     /// the threshold is still held.
     pub fn tend(&self) -> bool {
         let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
@@ -474,7 +491,9 @@ impl VmmResource {
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
         }
-        let cold_before_ms = self.driver.now_ms().saturating_sub(self.cold_after_ms);
+        // Unused for a second or more (and cold): not memory a loop uses every step.
+        let unused_ms = self.cold_after_ms.max(RELEASE_AFTER_MS);
+        let cold_before_ms = self.driver.now_ms().saturating_sub(unused_ms);
         self.release_down_to(&mut st, threshold, Some(cold_before_ms));
         st.physical_bytes(self.page_bytes) > threshold
     }
@@ -549,15 +568,19 @@ impl Resource for VmmResource {
             return Ok(());
         }
         // Reusable by its stream at once; by others after the stream's next fence, recorded
-        // here at most once a millisecond, or when someone needs it.
+        // here at most once every 50 µs, or when someone needs it.
         let seq = st.fences.seq_for_free(stream);
         self.give_back(&mut st, ptr.0, bytes, State::Freed { stream, seq }, now_ms);
         let (driver, device) = (self.driver.as_ref(), self.device);
-        if let Err(e) = st
+        match st
             .fences
-            .record_if_due(driver, device, stream, FENCE_INTERVAL_MS)
+            .record_if_due(driver, device, stream, FENCE_INTERVAL_US)
         {
-            log::debug!("device {device}: a fence on {stream:#x}: {e}; recorded later");
+            // With each fence recorded, those that completed are collected: freed memory
+            // becomes ready for every stream, and idle, while the program runs.
+            Ok(true) => self.collect_completed(&mut st, now_ms),
+            Ok(false) => {}
+            Err(e) => log::debug!("device {device}: a fence on {stream:#x}: {e}; recorded later"),
         }
         Ok(())
     }

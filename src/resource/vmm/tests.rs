@@ -193,7 +193,7 @@ fn above_the_threshold_cold_pages_go_back_when_tended_never_at_frees() {
         5 * PAGE,
         "not cold yet: a loop may want it next step"
     );
-    r.sim.advance_clock_ms(Config::default().vmm_cold_after_ms);
+    r.sim.advance_clock_ms(crate::config::VMM_RELEASE_AFTER_MS);
     assert!(!r.vmm.tend(), "at the threshold now");
     assert_eq!(
         r.physical(),
@@ -291,7 +291,7 @@ fn a_new_threshold_applies_at_the_next_look_not_on_the_calling_thread() {
     let a = r.alloc(4 * PAGE, S1);
     r.free(a, 4 * PAGE, S1);
     r.sim.complete_stream(0, S1);
-    r.sim.advance_clock_ms(Config::default().vmm_cold_after_ms);
+    r.sim.advance_clock_ms(crate::config::VMM_RELEASE_AFTER_MS);
     assert!(!r.vmm.tend(), "the default threshold keeps everything");
     r.vmm.set_release_threshold(0).unwrap();
     assert_eq!(
