@@ -1,0 +1,109 @@
+"""The parent's run over real worker processes with stand-in steps: pairing and ABBA order in
+time, a slower configuration found, failures of every kind kept with the end of their error,
+stages by memory and by idle gap, and the report built from it."""
+
+import pytest
+
+from bench import report, session, targets
+from bench.configs import pairs_of
+
+ENGINE = "bench.tests.standin:StandinEngine"
+CONFIGS = ["native", "native-aa", "expandable", "torch-async", "streampool", "streampool-vmm"]
+BEHAVIOUR = ";".join([
+    "streampool:slow=2",
+    "expandable:fail=bert",
+    "expandable:memory=0.5",
+    "torch-async:fail=setup",
+    "streampool-vmm:raise=churn",
+])
+
+
+def run(configs, workloads, behaviour, pairs=12, block_s=0.004, idle_release_s=None):
+    environ = {"BENCH_STANDIN": behaviour, "PYTHONPATH": ""}
+    options = session.Options(pairs, block_s, idle_release_s)
+    live = session.Session(configs, {}, environ, options, engine=ENGINE, log=lambda _: None)
+    try:
+        records = session.run_group(live, workloads, pairs_of(configs, {}))
+    finally:
+        live.close()
+    return live, records
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    return run(CONFIGS, ["bert", "gpt2", "churn"], BEHAVIOUR)
+
+
+def test_pairs_are_abba_in_time_on_the_same_steps(mixed):
+    _, records = mixed
+    gpt2 = records[1]
+    by_config = {}
+    for pair in gpt2["pairs"]:
+        by_config.setdefault(pair["config"], []).append(pair)
+    assert set(by_config) == {"native-aa", "expandable", "streampool", "streampool-vmm"}
+    for config, pairs in by_config.items():
+        assert len(pairs) == 12, config
+        assert [p["ref_first"] for p in pairs] == [r % 2 == 0 for r in range(12)]
+        assert all(p["ref"] == "native" and p["units"] == gpt2["steps_per_block"] for p in pairs)
+
+
+def test_a_slower_configuration_is_found_and_the_aa_is_not(mixed):
+    _, records = mixed
+    cells = report.workload_cells([{"workloads": records}])["gpt2"]
+    low, high = cells["streampool"]["time"]["ci95"]  # busy-waits on a shared machine: loose
+    assert 1.3 < low and 1.6 < cells["streampool"]["time"]["ratio"] < 2.5
+    aa = cells["native-aa"]["time"]
+    assert 0.8 < aa["ratio"] < 1.25 and aa["n"] == 12
+
+
+def test_failures_are_kept_with_their_error_never_dropped(mixed):
+    live, records = mixed
+    bert, gpt2, churn = records
+    assert "cannot build bert" in bert["failed"]["expandable"]
+    assert "expandable" not in gpt2["failed"]  # a failed workload loses no other
+    for record in records:
+        assert "set-up failed on purpose" in record["failed"]["torch-async"]
+    assert "step failed in churn" in churn["failed"]["streampool-vmm"]
+    assert not [p for p in churn["pairs"] if p["config"] == "streampool-vmm"]
+    cells = report.workload_cells([{"workloads": records}])
+    assert cells["bert"]["expandable"]["failed"]
+    assert "OutOfMemoryError" in cells["bert"]["expandable"]["errors"][0]
+    assert cells["churn"]["torch-async"]["failed"] and cells["gpt2"]["torch-async"]["failed"]
+    assert "torch-async" in live.dead
+
+
+def test_memory_is_the_memory_pass_against_native_peak_live(mixed):
+    _, records = mixed
+    cells = report.workload_cells([{"workloads": records}])["gpt2"]
+    assert cells["native"]["memory"]["ratio"] == 1.0
+    assert cells["expandable"]["memory"]["ratio"] == pytest.approx((100 + 10) / 120)
+    rows = [r for r in targets.judge(report.build([{"workloads": records}]))
+            if r["metric"] == "memory" and r["workload"] == "gpt2"]
+    assert {r["config"]: r["status"] for r in rows}["streampool"] == "not met"  # 1.0 > 0.917
+
+
+def test_a_worker_that_exits_fails_this_workload_and_every_later_one():
+    live, records = run(["native", "streampool"], ["gpt2", "churn"], "streampool:exit=gpt2",
+                        pairs=2)
+    assert "exited with status 3" in records[0]["failed"]["streampool"]
+    assert "worker could not run" in records[1]["failed"]["streampool"]
+    assert records[1]["prepare"].keys() == {"native"}
+
+
+def test_a_configuration_that_never_fits_is_reported_not_skipped():
+    _, records = run(["native", "native-aa", "streampool"], ["gpt2"], "streampool:memory=5000",
+                     pairs=2)
+    assert "does not fit on the card" in records[0]["failed"]["streampool"]
+    assert {p["config"] for p in records[0]["pairs"]} == {"native-aa"}
+
+
+def test_a_short_idle_release_splits_the_pairs_into_stages_and_gaps_are_recorded():
+    _, records = run(["native", "native-aa", "streampool"], ["gpt2"], "", pairs=10,
+                     idle_release_s=0.001)
+    record = records[0]
+    stages = [[list(pair) for pair in stage] for stage in record["stages"]]
+    assert stages == [[["native", "native-aa"]], [["native", "streampool"]]]
+    cells = report.workload_cells([{"workloads": records,
+                                    "facts": {"idle_release_s": 0.001}}])["gpt2"]
+    assert cells["streampool"]["max_idle_s"] > 0.001
+    assert cells["streampool"]["gap_over_idle_release"] is True
