@@ -5,7 +5,7 @@ Run from the repository root on the GPU machine (BENCHMARKS.md has the method an
 ``python3 -m bench merge DIR... --out-dir OUT``; ``python3 -m bench calibrate`` picks the block
 length.
 
-Invariant: the parent process (cli, session, plan, workers, stats, report, targets, markdown,
+Invariant: the parent process (cli, runner, plan, workers, stats, report, targets, markdown,
 details, calibrate, cotenant, nvml) never imports torch; every measurement is made in a worker
 process of one configuration (worker + engine + workloads, cotenant_child), set up once and
 driven over a pipe, and the two sides speak only through protocol's lines.
@@ -13,7 +13,7 @@ Files, one job each:
   cli.py            the run, the calibration and the merge; the files written to --out-dir
   configs.py        the configurations, what each is paired with, each worker's environment
   plan.py           groups of workloads per call, ABBA order, block sizes, stages that fit
-  session.py        the parent's run of workloads over long-lived workers (memory passes, pairs)
+  runner.py         the parent's run of workloads over long-lived workers (memory passes, pairs)
   workers.py        the parent's handle on a worker process (commands, answers, failures)
   worker.py         a worker: the command loop, the memory pass, timed blocks
   engine.py         the worker's torch side: allocator, CUDA, memory readings

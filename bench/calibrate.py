@@ -47,19 +47,19 @@ def best_block(rows: Dict[str, Dict[str, Any]], workload: str) -> Optional[str]:
     return min(timed, key=timed.get) if timed else None
 
 
-def run(session, workloads: Sequence[str], blocks_s: Sequence[float],
+def run(runner, workloads: Sequence[str], blocks_s: Sequence[float],
         clock: Callable[[], float] = time.monotonic,
         on_workload: Optional[Callable[[Dict[str, Any]], None]] = None) -> List[Dict[str, Any]]:
     """The raw calibration records, one per workload."""
     records = []
     for workload in workloads:
-        session.log(f"== calibration: {workload}")
-        prepared, failed = session.prepare(workload, [NATIVE, NATIVE_AA])
+        runner.log(f"== calibration: {workload}")
+        prepared, failed = runner.prepare(workload, [NATIVE, NATIVE_AA])
         record: Dict[str, Any] = {"workload": workload, "prepare": prepared, "failed": failed,
                                   "blocks": {}}
         for block_s in blocks_s:
             started_s = clock()
-            timed = session.time(workload, [(NATIVE, NATIVE_AA)], prepared, failed, block_s)
+            timed = runner.time(workload, [(NATIVE, NATIVE_AA)], prepared, failed, block_s)
             wall_s = clock() - started_s
             if not timed["pairs"]:
                 continue
@@ -69,9 +69,9 @@ def run(session, workloads: Sequence[str], blocks_s: Sequence[float],
                 "summary": summarise(timed["pairs"], wall_s),
             }
             summary = record["blocks"][f"{block_s:g}"]["summary"]
-            session.log(f"{workload} at {block_s:g} s: A/A sd {100 * summary['log_sd']:.1f}% "
+            runner.log(f"{workload} at {block_s:g} s: A/A sd {100 * summary['log_sd']:.1f}% "
                         f"over {summary['n']} pairs")
-        session.drop_all()
+        runner.drop_all()
         records.append(record)
         if on_workload is not None:
             on_workload(record)

@@ -7,7 +7,7 @@
   the other (the whole benchmark in one process).
 - ``python3 -m bench calibrate [--blocks-s 0.05,0.1,...]``: the A/A at several block lengths;
   DIR/calibration.json and DIR/calibration.md.
-- ``python3 -m bench merge DIR... --out-dir OUT``: the calls' results pooled into one report.
+- ``python3 -m bench merge DIR... --out-dir OUT``: the runs' results pooled into one report.
 Invariant: the parent never imports torch or touches CUDA (workers do); it writes only into
 --out-dir; it does every pair it announces (no time budget cuts a run short: --budget-s refuses
 up front a run estimated to need longer); without torch, numpy or a GPU it says which in one line
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import calibrate, cotenant, details, markdown, nvml, plan, protocol, report, session
+from . import calibrate, cotenant, details, markdown, nvml, plan, protocol, report, runner
 from .configs import (CONFIG_NAMES, COTENANT_NAMES, DEFAULT_CONFIGS, NATIVE, NATIVE_AA,
                       PRICE_CONFIGS, VARIANT_PREFIX, pairs_of, parse_variant)
 from .schedules import TIMED_WORKLOADS
@@ -158,8 +158,10 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def write_report(calls: List[Dict[str, Any]], out_dir: Path) -> Dict[str, Any]:
-    built = report.build(calls)
+def write_report(
+    calls: List[Dict[str, Any]], out_dir: Path, merge_command: Optional[str] = None
+) -> Dict[str, Any]:
+    built = report.build(calls, merge_command=merge_command)
     _write(out_dir / "report.json", json.dumps(built, indent=1, allow_nan=False) + "\n")
     _write(out_dir / "report.md", details.render(built))
     protocol.progress(f"wrote {out_dir / 'report.md'} and report.json")
@@ -207,15 +209,15 @@ def run(options, argv: Sequence[str], environ: Dict[str, str]) -> Dict[str, Any]
         "configs": options.configs, "variants": options.variants, "groups": options.groups,
         "nvml": "clocks and power" if device is not None else None,
     }, "workers": {}, "workloads": [], "cotenant": []}
-    sampler = session.Sampler(library, device)
+    sampler = runner.Sampler(library, device)
 
     def save(_: Any = None) -> None:
         _write(options.out_dir / RESULTS,
-               json.dumps({"format": report.FORMAT, "calls": [call]}, allow_nan=False) + "\n")
+               json.dumps({"format": report.FORMAT, "runs": [call]}, allow_nan=False) + "\n")
 
-    def run_sessions(names: Sequence[str], workloads: Sequence[str]) -> None:
-        opts = session.Options(options.pairs, options.block_s, release_s)
-        live = session.Session(names, options.variants, environ, opts, sampler, options.engine)
+    def run_workers(names: Sequence[str], workloads: Sequence[str]) -> None:
+        opts = runner.Options(options.pairs, options.block_s, release_s)
+        live = runner.Runner(names, options.variants, environ, opts, sampler, options.engine)
         try:
             uuid = live.infos.get(NATIVE, {}).get("device_uuid")
             if library is not None and uuid:  # the workers' device, whatever NVML numbers it
@@ -229,28 +231,28 @@ def run(options, argv: Sequence[str], environ: Dict[str, str]) -> Dict[str, Any]
                 call["workloads"].append(record)
                 save()
 
-            session.run_group(live, workloads, pairs_of(names, options.variants), keep)
+            runner.run_group(live, workloads, pairs_of(names, options.variants), keep)
         finally:
             live.close()
 
     for group, workloads in _groups(options):
         protocol.progress(f"=== {group}")
         if group != plan.COTENANT_GROUP:
-            run_sessions(options.configs, workloads)
+            run_workers(options.configs, workloads)
             continue
         call["cotenant"] = cotenant.run_cotenant(COTENANT_NAMES, environ,
                                                  options.cotenant_repeats)
         save()
-        run_sessions(list(PRICE_CONFIGS), ["gpt2"])
+        run_workers(list(PRICE_CONFIGS), ["gpt2"])
     save()
     return write_report([call], options.out_dir)
 
 
 def run_calibration(options, argv: Sequence[str], environ: Dict[str, str]) -> None:
-    opts = session.Options(options.pairs, options.blocks_s[0], plan.idle_release_s(environ))
+    opts = runner.Options(options.pairs, options.blocks_s[0], plan.idle_release_s(environ))
     library = nvml.Nvml.open()
-    sampler = session.Sampler(library, library.handle() if library else None)
-    live = session.Session([NATIVE, NATIVE_AA], {}, environ, opts, sampler, options.engine)
+    sampler = runner.Sampler(library, library.handle() if library else None)
+    live = runner.Runner([NATIVE, NATIVE_AA], {}, environ, opts, sampler, options.engine)
     facts = {
         "command": command_line(argv, environ),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -271,15 +273,15 @@ def run_calibration(options, argv: Sequence[str], environ: Dict[str, str]) -> No
     print(calibrate.markdown(document["records"], facts), flush=True)
 
 
-def merge(dirs: Sequence[Path], out_dir: Path) -> Dict[str, Any]:
+def merge(dirs: Sequence[Path], out_dir: Path, command: Optional[str] = None) -> Dict[str, Any]:
     calls = []
     for directory in dirs:
         path = directory if directory.suffix == ".json" else directory / RESULTS
         if not path.is_file():
             raise SystemExit(f"{COMMAND} merge: {path} not found (a run's --out-dir holds it)")
-        calls += json.loads(path.read_text())["calls"]
-    _write(out_dir / RESULTS, json.dumps({"format": report.FORMAT, "calls": calls}) + "\n")
-    return write_report(calls, out_dir)
+        calls += json.loads(path.read_text())["runs"]
+    _write(out_dir / RESULTS, json.dumps({"format": report.FORMAT, "runs": calls}) + "\n")
+    return write_report(calls, out_dir, command)
 
 
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]] = None) -> int:
@@ -287,7 +289,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]]
     environ = dict(os.environ if environ is None else environ)
     options = parse_args(argv)
     if options.mode == "merge":
-        built = merge(options.dirs, options.out_dir)
+        built = merge(options.dirs, options.out_dir, command_line(argv, {}))
         print("\n".join(markdown.headline(built)), flush=True)
         return 0
     try:

@@ -1,7 +1,7 @@
 """The parts of report.md below the headline: what each number rests on.
 
 Invariant: like markdown.py, every number comes from the report document; a table has a row for
-every workload and a column for every configuration that ran in any call.
+every workload and a column for every configuration that ran in any run.
 """
 
 from typing import Any, Dict, List
@@ -57,9 +57,11 @@ def _memory(cell: Dict[str, Any]) -> str:
     memory = cell.get("memory")
     if not memory:
         return "—"
+    during = cell.get("process_bytes_during_timing")
+    during_text = "" if during is None else f"; {during / 2**20:.0f} MiB while timed (NVML)"
     return (
         f"{memory['peak_device_bytes'] / 2**20:.0f} MiB ÷ {memory['peak_live_bytes'] / 2**20:.0f}"
-        f" = {markdown.memory_text(memory)} ({', '.join(memory['sources'])})"
+        f" = {markdown.memory_text(memory)} ({', '.join(memory['sources'])}{during_text})"
     )
 
 
@@ -83,7 +85,7 @@ def _targets(report: Dict[str, Any]) -> List[str]:
         )
     if absent:
         names = sorted({f"{r['metric']} `{r['workload']}`" for r in absent})
-        lines += ["", "Not measured in these calls: " + ", ".join(names) + "."]
+        lines += ["", "Not measured in these runs: " + ", ".join(names) + "."]
     return lines
 
 
@@ -114,13 +116,19 @@ def _calls(report: Dict[str, Any]) -> List[str]:
     facts = report["facts"]
     lines = []
     for index, command in enumerate(facts["commands"]):
-        release = facts["idle_release_s"][index] if index < len(facts["idle_release_s"]) else None
-        nvml = facts["nvml"][index] if index < len(facts["nvml"]) else None
+        release = facts["idle_release_s"][index]
+        gpu = facts["gpu"][index]
+        clocks = "" if not gpu["sm_mhz"] else (
+            f"; SM clock {gpu['sm_mhz'][0]}–{gpu['sm_mhz'][1]} MHz, power up to "
+            f"{gpu['power_w_max']} W, {gpu['throttled_pairs']} of {gpu['pairs']} pairs throttled"
+        )
         lines.append(
             f"- `{command}` ({facts['dates'][index]}; idle release "
-            f"{'off' if release is None else f'{release:g} s'}; NVML "
-            f"{'process list' if nvml == 'processes' else nvml or 'absent'})"
+            f"{'off' if release is None else f'{release:g} s'}; NVML: "
+            f"{facts['nvml'][index] or 'absent'}{clocks})"
         )
+    if facts.get("merge_command"):
+        lines.append(f"- merged by `{facts['merge_command']}`")
     return lines
 
 
@@ -151,5 +159,5 @@ def render(report: Dict[str, Any]) -> str:
     failures = markdown.failure_lines(report)
     if failures:
         lines += ["", "## Failures (last lines of each error)", ""] + [f"- {f}" for f in failures]
-    lines += ["", "## Calls", ""] + _calls(report)
+    lines += ["", "## Runs", ""] + _calls(report)
     return "\n".join(lines) + "\n"

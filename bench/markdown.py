@@ -125,9 +125,11 @@ def headline(report: Dict[str, Any]) -> List[str]:
         lines.append(row + " |")
     lines += _cotenant_row(report, status, configs)
     lines += _headline_notes(report)
-    commands = [c for c in facts["commands"] if c]
+    commands = [f"- `{c}`" for c in facts["commands"] if c]
+    if facts.get("merge_command"):
+        commands.append(f"- merged: `{facts['merge_command']}`")
     if commands:
-        lines += ["", "Commands (one GPU call each):", ""] + [f"- `{c}`" for c in commands]
+        lines += ["", "Commands (one run per group of workloads):", ""] + commands
     return lines
 
 

@@ -15,9 +15,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 Pair = Tuple[str, str]  # (reference, config)
 
 # The calls of a full run: workloads that share one set of worker processes (and one GPU call).
+# Each fits in about 5-8 minutes at the defaults (estimate_s; `python3 -m bench --group G`
+# prints its estimate before it starts).
 GROUPS: Dict[str, Tuple[str, ...]] = {
-    "alloc": ("empty_1KiB", "empty_1MiB", "empty_64MiB", "churn", "multistream"),
-    "models": ("llama_decode", "bert", "gpt2"),
+    "alloc": ("empty_1KiB", "empty_1MiB", "empty_64MiB", "churn"),
+    "models": ("multistream", "llama_decode", "bert", "gpt2"),
     "vision": ("resnet50", "vision_sizes", "compiled"),
 }
 COTENANT_GROUP = "cotenant"
@@ -25,7 +27,7 @@ GROUP_NAMES = tuple(GROUPS) + (COTENANT_GROUP,)
 
 # The run's defaults (BENCHMARKS.md, "Method": chosen from a calibration run).
 DEFAULT_BLOCK_S = 0.2
-DEFAULT_PAIRS = 30
+DEFAULT_PAIRS = 24
 
 # A card is shared by the workers of a stage: keep this fraction of its memory for them.
 CARD_FRACTION = 0.9

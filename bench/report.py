@@ -1,11 +1,12 @@
-"""From the raw results of one or more calls (results.json each) to the report (report.json).
+"""From the raw results of one or more runs (results.json each) to the report (report.json).
 
+A run is one ``python3 -m bench`` command (a group of workloads); ``merge`` pools several.
 Invariant: a time ratio is the median of paired ratios, each pair two adjacent blocks of the
-*same call* on the same steps, pooled over calls; its interval is stats.median_interval of those
+*same run* on the same steps, pooled over runs; its interval is stats.median_interval of those
 pairs (none below stats.MIN_PAIRS). A memory ratio is a configuration's peak device memory ÷
-native's peak live bytes of the *same call*; over several calls the report keeps the median and
-the lowest and highest. A configuration that failed on a workload in a call contributes no pairs
-from that call and its error is kept; a cell without any measurement is a failure, never absent.
+native's peak live bytes of the *same run*; over several runs the report keeps the median and
+the lowest and highest. A configuration that failed on a workload in a run contributes no pairs
+from that run and its error is kept; a cell without any measurement is a failure, never absent.
 """
 
 from typing import Any, Dict, List, Optional, Sequence
@@ -18,7 +19,7 @@ FORMAT = 2
 
 
 def _calls_facts(calls: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-    """Device, versions and commands over the calls (a mismatch is named, not hidden)."""
+    """Device, versions and commands over the runs (a mismatch is named, not hidden)."""
     infos = [info for call in calls for info in call.get("workers", {}).values() if info]
 
     def values(key: str, source) -> List[str]:
@@ -36,11 +37,26 @@ def _calls_facts(calls: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         "block_s": sorted({f.get("block_s") for f in facts if f.get("block_s") is not None}),
         "idle_release_s": [f.get("idle_release_s") for f in facts],
         "nvml": [f.get("nvml") for f in facts],
+        "gpu": [gpu_summary(call) for call in calls],
+    }
+
+
+def gpu_summary(call: Dict[str, Any]) -> Dict[str, Any]:
+    """SM clock range, highest power and throttled pairs over the run's timed pairs."""
+    pairs = [p for run in call.get("workloads", []) for p in run.get("pairs", [])]
+    samples = [s for p in pairs for s in p.get("gpu", []) if s]
+    clocks = [s["sm_mhz"] for s in samples if s.get("sm_mhz") is not None]
+    power = [s["power_w"] for s in samples if s.get("power_w") is not None]
+    return {
+        "pairs": len(pairs),
+        "throttled_pairs": sum(1 for p in pairs if p.get("throttled")),
+        "sm_mhz": [min(clocks), max(clocks)] if clocks else None,
+        "power_w_max": max(power) if power else None,
     }
 
 
 def _memory(records: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """``records``: (config's memory pass, native's) per call -> the memory figures."""
+    """``records``: (config's memory pass, native's) per run -> the memory figures."""
     ratios = [
         mine["peak_device_bytes"] / native["peak_live_bytes"]
         for mine, native in records
@@ -52,7 +68,7 @@ def _memory(records: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
         "ratio": stats.median(ratios),
         "low": min(ratios),
         "high": max(ratios),
-        "calls": len(ratios),
+        "runs": len(ratios),
         "peak_device_bytes": int(stats.median([m["peak_device_bytes"] for m, _ in records])),
         "peak_live_bytes": int(stats.median([n["peak_live_bytes"] for _, n in records])),
         "sources": sorted({m["memory_source"] for m, _ in records}),
@@ -60,14 +76,14 @@ def _memory(records: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 
 def _cell(workload: str, config: str, runs: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """One configuration on one workload over ``runs`` (raw workload records of calls)."""
-    cell: Dict[str, Any] = {"errors": [], "calls": 0}
+    """One configuration on one workload over ``runs`` (raw workload records of runs)."""
+    cell: Dict[str, Any] = {"errors": [], "runs": 0}
     pairs, memory_records, gaps, own_blocks, units = [], [], [], [], None
-    for run, idle_release_s in runs:
+    for run, idle_release_s, infos in runs:
         prepared, failed = run.get("prepare", {}), run.get("failed", {})
         if config not in prepared and config not in failed:
             continue
-        cell["calls"] += 1
+        cell["runs"] += 1
         if config in failed:
             cell["errors"].append(failed[config])
             continue
@@ -82,8 +98,13 @@ def _cell(workload: str, config: str, runs: List[Dict[str, Any]]) -> Dict[str, A
         gaps += [p["ref_idle_s"] for p in as_ref if p.get("ref_idle_s") is not None]
         if idle_release_s is not None:
             cell["idle_release_s"] = idle_release_s
+        peak = run.get("process_peak_bytes", {}).get(config)
+        baseline = infos.get(config, {}).get("baseline_process_bytes")
+        if peak is not None and baseline is not None:  # NVML, with every worker alive
+            during = max(peak - baseline, cell.get("process_bytes_during_timing", 0))
+            cell["process_bytes_during_timing"] = during
         units = prepared[config].get("unit", units)
-    if cell["calls"] == 0:
+    if cell["runs"] == 0:
         return {}
     if pairs:
         ratios = stats.paired_ratios([p["config_s"] for p in pairs], [p["ref_s"] for p in pairs])
@@ -92,7 +113,7 @@ def _cell(workload: str, config: str, runs: List[Dict[str, Any]]) -> Dict[str, A
     if own_blocks:
         cell["per_unit_s"] = stats.median(own_blocks)
         cell["unit"] = units
-    elif config != NATIVE and len(cell["errors"]) < cell["calls"]:
+    elif config != NATIVE and len(cell["errors"]) < cell["runs"]:
         cell["errors"].append("no pair was timed")
     if has_memory_ratio(workload) and memory_records:
         cell["memory"] = _memory(memory_records)
@@ -106,16 +127,16 @@ def _cell(workload: str, config: str, runs: List[Dict[str, Any]]) -> Dict[str, A
 
 
 def workload_cells(calls: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Dict[str, Any]]]:
-    """``{workload: {config: cell}}`` over every call, workloads in the order first seen."""
+    """``{workload: {config: cell}}`` over every run, workloads in the order first seen."""
     runs: Dict[str, List] = {}
     for call in calls:
         release = call.get("facts", {}).get("idle_release_s")
         for run in call.get("workloads", []):
-            runs.setdefault(run["workload"], []).append((run, release))
+            runs.setdefault(run["workload"], []).append((run, release, call.get("workers", {})))
     table = {}
     for workload, records in runs.items():
         configs = []
-        for run, _ in records:
+        for run, _, _ in records:
             configs += list(run.get("prepare", {})) + list(run.get("failed", {}))
         cells = {c: _cell(workload, c, records) for c in dict.fromkeys(configs)}
         table[workload] = {c: cell for c, cell in cells.items() if cell}
@@ -162,12 +183,14 @@ def cotenant_cells(calls: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]
     return cells
 
 
-def build(calls: Sequence[Dict[str, Any]], target_document=None) -> Dict[str, Any]:
-    """The report of ``calls`` (raw results.json documents, one per call)."""
+def build(
+    calls: Sequence[Dict[str, Any]], target_document=None, merge_command: Optional[str] = None
+) -> Dict[str, Any]:
+    """The report of ``calls`` (raw results.json documents, one per run)."""
     workloads = workload_cells(calls)
     report = {
         "format": FORMAT,
-        "facts": _calls_facts(calls),
+        "facts": {**_calls_facts(calls), "merge_command": merge_command},
         "workloads": workloads,
         "cotenant": cotenant_cells(calls),
         "price": workloads.get("gpt2", {}).get(THRESHOLD, {}).get("time"),

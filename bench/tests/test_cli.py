@@ -78,7 +78,7 @@ def run_standin(out_dir, workloads="gpt2,churn", pairs="10", behaviour=""):
 def test_a_run_writes_its_results_and_report_and_prints_the_headline(tmp_path, capsys):
     assert run_standin(tmp_path, behaviour="streampool:fail=churn") == 0
     results = json.loads((tmp_path / "results.json").read_text())
-    (call,) = results["calls"]
+    (call,) = results["runs"]
     assert [w["workload"] for w in call["workloads"]] == ["churn", "gpt2"]
     assert "STREAMPOOL_IDLE_RELEASE=off python3 -m bench --workloads" in call["facts"]["command"]
     assert call["facts"]["idle_release_s"] is None

@@ -146,4 +146,27 @@ def test_the_full_report_renders_and_lists_failures_with_their_last_lines(built)
     text = details.render(built)
     assert text.startswith("# streampool benchmarks\n\n## Headline")
     assert "Traceback ...\n  RuntimeError: CUDA error: out of memory" in text
-    assert "Not measured in these calls:" in text and "| time | `gpt2` | `streampool` |" in text
+    assert "Not measured in these runs:" in text and "| time | `gpt2` | `streampool` |" in text
+
+
+def test_clocks_throttling_and_nvml_memory_while_timed_are_reported():
+    gpt2 = fakes.workload("gpt2", {"streampool": 1.0}, {"native": 18, "streampool": 10}, n=12)
+    for index, pair in enumerate(gpt2["pairs"]):
+        throttled = index == 3
+        pair["gpu"] = [{"sm_mhz": 1980 - 10 * index, "power_w": 400.0 + index,
+                        "throttled": throttled}, None]
+        pair["throttled"] = throttled
+    gpt2["process_peak_bytes"] = {"streampool": 13 * fakes.GIB}
+    call = fakes.call([gpt2])
+    call["workers"]["streampool"]["baseline_process_bytes"] = fakes.GIB // 2
+    built = report.build([call], merge_command="python3 -m bench merge a b --out-dir c")
+    cell = built["workloads"]["gpt2"]["streampool"]
+    assert cell["throttled_pairs"] == 1
+    assert cell["process_bytes_during_timing"] == 13 * fakes.GIB - fakes.GIB // 2
+    assert built["facts"]["gpu"] == [{"pairs": 12, "throttled_pairs": 1,
+                                      "sm_mhz": [1870, 1980], "power_w_max": 411.0}]
+    text = details.render(built)
+    assert "SM clock 1870–1980 MHz, power up to 411.0 W, 1 of 12 pairs throttled" in text
+    assert "12800 MiB while timed (NVML)" in text
+    assert "† some pairs ran while the GPU reported" in text
+    assert "- merged: `python3 -m bench merge a b --out-dir c`" in text

@@ -42,7 +42,7 @@ class Sampler:
         return self.nvml.sample(self.device), None if used is None else used.get(pid)
 
 
-class Session:
+class Runner:
     """Workers by configuration name, and the ones that can no longer run (with why)."""
 
     def __init__(
@@ -214,7 +214,7 @@ def memory_text(record: Dict[str, Any]) -> str:
 
 
 def run_group(
-    session: Session,
+    runner: Runner,
     workloads: Sequence[str],
     pairs: Sequence[plan.Pair],
     on_workload: Optional[Callable[[Dict[str, Any]], None]] = None,
@@ -224,8 +224,8 @@ def run_group(
     records = []
     for workload in workloads:
         started_s = clock()
-        session.log(f"== {workload}")
-        record = session.run_workload(workload, pairs)
+        runner.log(f"== {workload}")
+        record = runner.run_workload(workload, pairs)
         record["wall_s"] = round(clock() - started_s, 1)
         records.append(record)
         if on_workload is not None:

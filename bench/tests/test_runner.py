@@ -4,7 +4,7 @@ stages by memory and by idle gap, and the report built from it."""
 
 import pytest
 
-from bench import report, session, targets
+from bench import report, runner, targets
 from bench.configs import pairs_of
 
 ENGINE = "bench.tests.standin:StandinEngine"
@@ -20,10 +20,10 @@ BEHAVIOUR = ";".join([
 
 def run(configs, workloads, behaviour, pairs=12, block_s=0.004, idle_release_s=None):
     environ = {"BENCH_STANDIN": behaviour, "PYTHONPATH": ""}
-    options = session.Options(pairs, block_s, idle_release_s)
-    live = session.Session(configs, {}, environ, options, engine=ENGINE, log=lambda _: None)
+    options = runner.Options(pairs, block_s, idle_release_s)
+    live = runner.Runner(configs, {}, environ, options, engine=ENGINE, log=lambda _: None)
     try:
-        records = session.run_group(live, workloads, pairs_of(configs, {}))
+        records = runner.run_group(live, workloads, pairs_of(configs, {}))
     finally:
         live.close()
     return live, records
