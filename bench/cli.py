@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from . import calibrate, cotenant, details, markdown, nvml, plan, protocol, report, runner
 from .configs import (CONFIG_NAMES, COTENANT_NAMES, DEFAULT_CONFIGS, NATIVE, NATIVE_AA,
                       PRICE_CONFIGS, VARIANT_PREFIX, pairs_of, parse_variant)
-from .schedules import TIMED_WORKLOADS
+from .schedules import TIMED_WORKLOADS, preload_modules
 
 COMMAND = "python3 -m bench"
 RESULTS = "results.json"
@@ -217,7 +217,8 @@ def run(options, argv: Sequence[str], environ: Dict[str, str]) -> Dict[str, Any]
 
     def run_workers(names: Sequence[str], workloads: Sequence[str]) -> None:
         opts = runner.Options(options.pairs, options.block_s, release_s)
-        live = runner.Runner(names, options.variants, environ, opts, sampler, options.engine)
+        live = runner.Runner(names, options.variants, environ, opts, sampler, options.engine,
+                             preload=preload_modules(workloads) if options.engine is None else ())
         try:
             uuid = live.infos.get(NATIVE, {}).get("device_uuid")
             if library is not None and uuid:  # the workers' device, whatever NVML numbers it
@@ -252,7 +253,9 @@ def run_calibration(options, argv: Sequence[str], environ: Dict[str, str]) -> No
     opts = runner.Options(options.pairs, options.blocks_s[0], plan.idle_release_s(environ))
     library = nvml.Nvml.open()
     sampler = runner.Sampler(library, library.handle() if library else None)
-    live = runner.Runner([NATIVE, NATIVE_AA], {}, environ, opts, sampler, options.engine)
+    preload = preload_modules(options.workloads) if options.engine is None else ()
+    live = runner.Runner([NATIVE, NATIVE_AA], {}, environ, opts, sampler, options.engine,
+                         preload=preload)
     facts = {
         "command": command_line(argv, environ),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -87,6 +87,7 @@ class CudaEngine:
         self.torch: Any = None
         self.nvml: Optional[nvml.Nvml] = None
         self.device: Any = None
+        self.compiled = False
 
     def set_up(self) -> Dict[str, Any]:
         finish = install_allocator(self.base)
@@ -157,7 +158,14 @@ class CudaEngine:
         return lambda: None
 
     def build(self, workload: str) -> Tuple[Any, s.Schedule]:
+        self.compiled = self.compiled or workload == "compiled"
         return workloads.build(self.torch, workload, "cuda"), s.build_schedule(workload)
+
+    def forget(self) -> None:
+        """torch.compile keeps compiled code and CUDA-graph memory past the step function."""
+        if self.compiled:
+            self.torch._dynamo.reset()
+            self.compiled = False
 
     def settle(self) -> None:
         """Drop garbage and return cached memory (the workload's live tensors stay)."""

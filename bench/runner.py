@@ -54,14 +54,16 @@ class Runner:
         sampler: Optional[Sampler] = None,
         engine: Optional[str] = None,
         log: Callable[[str], None] = protocol.progress,
+        preload: Sequence[str] = (),
     ) -> None:
+        """Start a worker per name (``preload``: modules each imports while starting)."""
         self.options, self.log = options, log
         self.sampler = sampler or Sampler()
         self.workers: Dict[str, Worker] = {}
         self.dead: Dict[str, str] = {}
         for name in names:  # all start at once: their imports overlap
             config = resolve(name, variants)
-            command = worker.command(config.base, config.backend, engine)
+            command = worker.command(config.base, config.backend, engine, preload)
             env = {**worker_environment(config, environ), "BENCH_CONFIG": name}
             self.workers[name] = Worker(name, command, env)
         self.infos: Dict[str, Dict[str, Any]] = {}
@@ -84,6 +86,9 @@ class Runner:
     def _request(self, name: str, failed: Dict[str, str], command: str, timeout_s: float, **kw):
         """The worker's answer, or None after recording why in ``failed`` (a worker that exited
         is also buried for the workloads still to come)."""
+        if name not in self.workers:
+            failed.setdefault(name, f"worker could not run: {self.dead.get(name)}")
+            return None
         try:
             return self.workers[name].request(command, timeout_s, **kw)
         except CommandFailed as exc:
@@ -202,6 +207,8 @@ class Runner:
             "config_idle_s": blocks[config]["idle_before_s"],
             "ref_idle_s": blocks[ref]["idle_before_s"],
             "units": blocks[config]["units"],
+            "steps": blocks[config]["steps"],
+            "ref_steps": blocks[ref]["steps"],
             "gpu": samples,
             "throttled": any(s is not None and s.get("throttled") for s in samples),
         }

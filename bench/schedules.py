@@ -26,6 +26,20 @@ TIMED_WORKLOADS = tuple(EMPTY_SIZES_BYTES) + (
     "compiled",
 )
 COTENANT = "cotenant"
+# What a worker imports while it starts when it will run these workloads.
+PRELOAD_MODULES = {
+    "llama_decode": ("transformers",),
+    "bert": ("transformers",),
+    "gpt2": ("transformers",),
+    "resnet50": ("torchvision",),
+    "vision_sizes": ("torchvision",),
+    "compiled": ("torch._inductor",),
+}
+
+
+def preload_modules(workloads: Sequence[str]) -> List[str]:
+    """The modules ``workloads`` need, each once."""
+    return list(dict.fromkeys(m for w in workloads for m in PRELOAD_MODULES.get(w, ())))
 
 # empty_*: a step is a round of this many torch.empty + del pairs.
 EMPTY_PAIRS_PER_STEP = 10_000

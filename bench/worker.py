@@ -21,7 +21,7 @@ import importlib
 import json
 import sys
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from . import protocol
 
@@ -113,6 +113,7 @@ class Worker:
             "elapsed_s": ended_s - began_s,
             "idle_before_s": idle_s,
             "units": sum(self.units[i] for i in indices),
+            "steps": [indices[0], count],
         }
 
     def settle(self) -> Dict[str, Any]:
@@ -122,6 +123,9 @@ class Worker:
 
     def drop(self) -> Dict[str, Any]:
         self.step, self.workload, self.timed, self.units = None, None, (), ()
+        forget = getattr(self.engine, "forget", None)
+        if forget is not None:  # what the engine keeps for a workload besides its step
+            forget()
         return self.settle()
 
     def handle(self, request: Dict[str, Any]) -> Dict[str, Any]:
@@ -137,10 +141,13 @@ class Worker:
         raise ValueError(f"unknown command {command!r}")
 
 
-def serve(engine: Any, lines, emit=protocol.emit) -> int:
-    """Set up, say ready, answer every command on ``lines`` until they end."""
+def serve(engine: Any, lines, emit=protocol.emit, preload: Sequence[str] = ()) -> int:
+    """Set up (and import ``preload``), say ready, answer every command on ``lines`` until
+    they end."""
     try:
         info = engine.set_up()
+        for module in preload:
+            importlib.import_module(module)
     except Skipped as exc:
         emit("skipped", reason=str(exc))
         return 0
@@ -168,10 +175,14 @@ def load_engine(spec: str, base: str, backend: str) -> Any:
     return getattr(importlib.import_module(module), name)(base, backend)
 
 
-def command(base: str, backend: str, engine: Optional[str] = None) -> list:
-    """argv of a worker that installs ``base`` (expecting ``backend``)."""
+def command(
+    base: str, backend: str, engine: Optional[str] = None, preload: Sequence[str] = ()
+) -> list:
+    """argv of a worker that installs ``base`` (expecting ``backend``) and imports ``preload``
+    while it starts (the workers' imports overlap; the memory passes run one at a time)."""
     argv = [sys.executable, "-m", "bench.worker", "--base", base, "--backend", backend]
-    return argv + (["--engine", engine] if engine else [])
+    argv += ["--engine", engine] if engine else []
+    return argv + (["--preload", ",".join(preload)] if preload else [])
 
 
 def main(argv=None) -> int:
@@ -179,8 +190,11 @@ def main(argv=None) -> int:
     parser.add_argument("--base", required=True)
     parser.add_argument("--backend", required=True)
     parser.add_argument("--engine", default="bench.engine:CudaEngine")
+    parser.add_argument("--preload", default="", help="modules to import after set-up")
     options = parser.parse_args(argv)
-    return serve(load_engine(options.engine, options.base, options.backend), sys.stdin)
+    engine = load_engine(options.engine, options.base, options.backend)
+    preload = [m for m in options.preload.split(",") if m]
+    return serve(engine, sys.stdin, preload=preload)
 
 
 if __name__ == "__main__":

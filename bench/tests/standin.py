@@ -1,12 +1,13 @@
 """A worker engine without torch, for the CPU tests: real worker processes, real pipes, stand-in
 steps. ``python3 -m bench.worker --engine bench.tests.standin:StandinEngine ...``.
 
-A step busy-waits ``params`` milliseconds times the configuration's slowdown; memory is a
+A step sleeps ``params`` milliseconds times the configuration's slowdown; memory is a
 counter: a workload's step holds STEP_BYTES × the configuration's memory factor until settle.
 Behaviour per configuration (named by BENCH_CONFIG, which the parent sets) comes from
 BENCH_STANDIN: ``config:slow=1.5``, ``config:memory=2``, ``config:fail=WORKLOAD`` (raise at
-build), ``config:fail=setup``, ``config:exit=WORKLOAD`` (the process exits in its first timed
-block), ``config:raise=WORKLOAD`` (a block raises), separated by ``;``.
+build), ``config:fail=setup``, ``config:crash=WORKLOAD`` (the process exits in the memory
+pass), ``config:exit=WORKLOAD`` (it exits in its first timed block), ``config:raise=WORKLOAD``
+(a block raises), separated by ``;``.
 Invariant: the same inputs give the same memory figures on every run (only times vary); a
 workload's live bytes go when the worker drops its step function.
 """
@@ -59,6 +60,8 @@ class StandinEngine:
         }
 
     def build(self, workload: str):
+        if self.settings.get("crash") == workload:
+            os._exit(4)
         if self.settings.get("fail") == workload:
             raise RuntimeError(f"stand-in {self.config} cannot build {workload}\n"
                                "torch.OutOfMemoryError: CUDA out of memory (stand-in)")
@@ -76,9 +79,7 @@ class StandinEngine:
                     raise RuntimeError(f"stand-in {self.config} step failed in {workload}")
             self.held = max(self.held, int(LIVE_BYTES + STEP_BYTES * self.factor))
             self.peak_live = max(self.peak_live, LIVE_BYTES + STEP_BYTES)
-            end = time.perf_counter() + milliseconds * self.slow / 1000
-            while time.perf_counter() < end:
-                pass
+            time.sleep(milliseconds * self.slow / 1000)  # a sleep: robust to a busy machine
 
         weakref.finalize(step, self._forget)  # the worker dropped the workload: its model goes
         schedule = s.Schedule(STEPS_MS, 2, (1,) * len(STEPS_MS), "step")

@@ -45,13 +45,16 @@ def test_pairs_are_abba_in_time_on_the_same_steps(mixed):
         assert len(pairs) == 12, config
         assert [p["ref_first"] for p in pairs] == [r % 2 == 0 for r in range(12)]
         assert all(p["ref"] == "native" and p["units"] == gpt2["steps_per_block"] for p in pairs)
+        assert all(p["steps"] == p["ref_steps"] for p in pairs)  # both blocks: the same steps
+    starts = [p["steps"][0] for p in gpt2["pairs"]]
+    assert len(set(starts)) > 1  # pairs move on through the schedule
 
 
 def test_a_slower_configuration_is_found_and_the_aa_is_not(mixed):
     _, records = mixed
     cells = report.workload_cells([{"workloads": records}])["gpt2"]
-    low, high = cells["streampool"]["time"]["ci95"]  # busy-waits on a shared machine: loose
-    assert 1.3 < low and 1.6 < cells["streampool"]["time"]["ratio"] < 2.5
+    low, high = cells["streampool"]["time"]["ci95"]  # sleeps on a shared machine: loose
+    assert 1.3 < low and 1.5 < cells["streampool"]["time"]["ratio"] < 3
     aa = cells["native-aa"]["time"]
     assert 0.8 < aa["ratio"] < 1.25 and aa["n"] == 12
 
@@ -107,3 +110,11 @@ def test_a_short_idle_release_splits_the_pairs_into_stages_and_gaps_are_recorded
                                     "facts": {"idle_release_s": 0.001}}])["gpt2"]
     assert cells["streampool"]["max_idle_s"] > 0.001
     assert cells["streampool"]["gap_over_idle_release"] is True
+
+
+def test_a_worker_that_dies_in_its_memory_pass_fails_there_and_later():
+    live, records = run(["native", "native-aa", "streampool"], ["gpt2", "churn"],
+                        "streampool:crash=gpt2", pairs=2)
+    assert "exited with status 4" in records[0]["failed"]["streampool"]
+    assert "worker could not run" in records[1]["failed"]["streampool"]
+    assert {p["config"] for r in records for p in r["pairs"]} == {"native-aa"}
