@@ -164,18 +164,22 @@ def _headline_notes(report: Dict[str, Any]) -> List[str]:
 
 
 def failure_lines(report: Dict[str, Any], last_line_only: bool = False) -> List[str]:
-    """One entry per failed (workload, configuration) and co-tenant configuration."""
-    lines = []
+    """One entry per failure: ``workload`` × configurations (those failing with the same text
+    together), then the co-tenant's; the whole end of each error, or its last line only."""
 
     def text(error: str) -> str:
         kept = [line for line in error.splitlines() if line.strip()] or [""]
         return kept[-1] if last_line_only else "\n  ".join(kept)
 
+    grouped: Dict[tuple, List[str]] = {}
     for workload, cells in report["workloads"].items():
         for config, cell in cells.items():
             if cell.get("failed"):
-                lines.append(f"`{workload}` × `{config}`: {text(cell['errors'][0])}")
+                grouped.setdefault((f"`{workload}`", text(cell["errors"][0])), []).append(config)
     for name, cell in (report.get("cotenant") or {}).items():
         if "error" in cell:
-            lines.append(f"co-tenant × `{name}`: {text(cell['error'])}")
-    return lines
+            grouped.setdefault(("co-tenant", text(cell["error"])), []).append(name)
+    return [
+        f"{where} × {', '.join(f'`{c}`' for c in configs)}: {error}"
+        for (where, error), configs in grouped.items()
+    ]

@@ -56,22 +56,24 @@ def gpu_summary(call: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _memory(records: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """``records``: (config's memory pass, native's) per run -> the memory figures."""
-    ratios = [
-        mine["peak_device_bytes"] / native["peak_live_bytes"]
+    """``records``: (config's memory pass, native's) per run -> the memory figures, from the
+    runs where both were read."""
+    usable = [
+        (mine, native)
         for mine, native in records
         if mine.get("peak_device_bytes") is not None and (native.get("peak_live_bytes") or 0) > 0
     ]
-    if not ratios:
+    if not usable:
         return None
+    ratios = [mine["peak_device_bytes"] / native["peak_live_bytes"] for mine, native in usable]
     return {
         "ratio": stats.median(ratios),
         "low": min(ratios),
         "high": max(ratios),
         "runs": len(ratios),
-        "peak_device_bytes": int(stats.median([m["peak_device_bytes"] for m, _ in records])),
-        "peak_live_bytes": int(stats.median([n["peak_live_bytes"] for _, n in records])),
-        "sources": sorted({m["memory_source"] for m, _ in records}),
+        "peak_device_bytes": int(stats.median([m["peak_device_bytes"] for m, _ in usable])),
+        "peak_live_bytes": int(stats.median([n["peak_live_bytes"] for _, n in usable])),
+        "sources": sorted({m["memory_source"] for m, _ in usable}),
     }
 
 
@@ -79,7 +81,7 @@ def _cell(workload: str, config: str, runs: List[Dict[str, Any]]) -> Dict[str, A
     """One configuration on one workload over ``runs`` (raw workload records of runs)."""
     cell: Dict[str, Any] = {"errors": [], "runs": 0}
     pairs, memory_records, gaps, own_blocks, units = [], [], [], [], None
-    for run, idle_release_s, infos in runs:
+    for run, idle_release_s in runs:
         prepared, failed = run.get("prepare", {}), run.get("failed", {})
         if config not in prepared and config not in failed:
             continue
@@ -99,7 +101,7 @@ def _cell(workload: str, config: str, runs: List[Dict[str, Any]]) -> Dict[str, A
         if idle_release_s is not None:
             cell["idle_release_s"] = idle_release_s
         peak = run.get("process_peak_bytes", {}).get(config)
-        baseline = infos.get(config, {}).get("baseline_process_bytes")
+        baseline = run.get("baseline_process_bytes", {}).get(config)
         if peak is not None and baseline is not None:  # NVML, with every worker alive
             during = max(peak - baseline, cell.get("process_bytes_during_timing", 0))
             cell["process_bytes_during_timing"] = during
@@ -132,11 +134,11 @@ def workload_cells(calls: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Dict[
     for call in calls:
         release = call.get("facts", {}).get("idle_release_s")
         for run in call.get("workloads", []):
-            runs.setdefault(run["workload"], []).append((run, release, call.get("workers", {})))
+            runs.setdefault(run["workload"], []).append((run, release))
     table = {}
     for workload, records in runs.items():
         configs = []
-        for run, _, _ in records:
+        for run, _ in records:
             configs += list(run.get("prepare", {})) + list(run.get("failed", {}))
         cells = {c: _cell(workload, c, records) for c in dict.fromkeys(configs)}
         table[workload] = {c: cell for c, cell in cells.items() if cell}

@@ -121,6 +121,9 @@ class Runner:
         """The raw record of ``workload`` (see the module's docstring)."""
         prepared, failed = self.prepare(workload, [n for pair in pairs for n in pair])
         result: Dict[str, Any] = {"workload": workload, "prepare": prepared, "failed": failed}
+        result["baseline_process_bytes"] = {  # NVML, right after each worker's CUDA started
+            n: self.infos[n].get("baseline_process_bytes") for n in prepared if n in self.infos
+        }
         result.update(self.time(workload, pairs, prepared, failed, self.options.block_s))
         self.drop_all()
         return result

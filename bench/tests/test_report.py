@@ -157,8 +157,8 @@ def test_clocks_throttling_and_nvml_memory_while_timed_are_reported():
                         "throttled": throttled}, None]
         pair["throttled"] = throttled
     gpt2["process_peak_bytes"] = {"streampool": 13 * fakes.GIB}
+    gpt2["baseline_process_bytes"] = {"streampool": fakes.GIB // 2}
     call = fakes.call([gpt2])
-    call["workers"]["streampool"]["baseline_process_bytes"] = fakes.GIB // 2
     built = report.build([call], merge_command="python3 -m bench merge a b --out-dir c")
     cell = built["workloads"]["gpt2"]["streampool"]
     assert cell["throttled_pairs"] == 1
