@@ -81,8 +81,13 @@ def _common(parser: argparse.ArgumentParser, out_dir: str) -> None:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     argv = list(argv)
     mode = argv.pop(0) if argv and argv[0] in ("calibrate", "merge") else "run"
-    parser = argparse.ArgumentParser(prog=f"{COMMAND} {mode}" if mode != "run" else COMMAND,
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=f"{COMMAND} {mode}" if mode != "run" else COMMAND,
+        description="Time and memory of streampool against PyTorch's allocators on the GPU "
+        f"(BENCHMARKS.md). '{COMMAND} [--group G]' runs the benchmark, '{COMMAND} calibrate' "
+        f"measures the A/A control by block length, '{COMMAND} merge DIR... --out-dir OUT' "
+        "pools runs into one report.",
+    )
     if mode == "merge":
         parser.add_argument("dirs", nargs="+", type=Path, help="directories with results.json")
         parser.add_argument("--out-dir", type=Path, required=True)

@@ -1,8 +1,8 @@
 """The fixed schedule of every timed workload: which shapes each step uses, in which order.
 
 Invariant: a schedule depends only on the workload's name (seeded ``random.Random``, no clock, no
-device), so every configuration, repeat and machine runs the same steps in the same order; its
-warm-up steps meet every distinct shape once before the first timed step, so per-shape set-up
+device), so every configuration and machine runs the same steps in the same order; its warm-up
+steps meet every distinct shape at least once before the first timed step, so per-shape set-up
 (cuBLAS/cuDNN heuristics, the allocator's first growth to that shape) is not timed. Pure Python:
 the parent and the CPU tests import it without torch.
 """

@@ -1,4 +1,4 @@
-"""What each timed workload does on the device, one step at a time (runs inside a child process).
+"""What each timed workload does on the device, one step at a time (runs in a worker process).
 
 Invariant: a builder sets its workload up (model, optimizer, streams) and returns
 ``step(params)``, which runs one step of the schedule (schedules.py) and returns without
