@@ -113,7 +113,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                             default=plan.DEFAULT_BLOCK_S,
                             help=f"seconds of steps a block holds (default {plan.DEFAULT_BLOCK_S})")
         parser.add_argument("--cotenant-repeats", type=_positive(int, "--cotenant-repeats"),
-                            default=1)
+                            default=1, help="trials per configuration of the co-tenant's A "
+                            "(default 1)")
         parser.add_argument("--variant", type=parse_variant, action="append", default=[],
                             metavar="LABEL:STREAMPOOL_VAR=VALUE[,...]",
                             help="also run streampool with these settings as streampool:LABEL")
