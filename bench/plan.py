@@ -126,20 +126,22 @@ def stages(
     return planned, left_out
 
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|)\s*$")
+_DURATION = re.compile(r"^([0-9]*\.?[0-9]+)(ms|s)$")
 
 
 def parse_duration_s(text: str, variable: str = IDLE_RELEASE_VARIABLE) -> Optional[float]:
-    """``2s``, ``500ms``, ``1.5`` (seconds) -> seconds; ``off`` -> None (disabled)."""
-    if text.strip().lower() == "off":
+    """The library's syntax: ``250ms``, ``2s``, ``1.5s`` -> seconds; ``off``, ``never`` or ``0``
+    -> None (disabled)."""
+    value = text.strip().lower()
+    if value in ("off", "never", "0"):
         return None
-    match = _DURATION.match(text)
-    if not match:
+    match = _DURATION.match(value)
+    if not match or float(match.group(1)) <= 0:
         raise ValueError(
-            f"{variable}={text!r}: expected a duration such as 2s, 500ms or 1.5, or off"
+            f"{variable}={text!r}: expected a duration such as 250ms, 2s or 1.5s, or off"
         )
-    value = float(match.group(1))
-    return value / 1000 if match.group(2) == "ms" else value
+    seconds = float(match.group(1))
+    return seconds / 1000 if match.group(2) == "ms" else seconds
 
 
 def idle_release_s(environ: Dict[str, str]) -> Optional[float]:

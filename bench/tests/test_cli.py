@@ -57,9 +57,9 @@ def test_without_a_gpu_one_line_says_so(monkeypatch, tmp_path):
 
 
 def test_a_bad_idle_release_setting_is_refused(capsys, tmp_path):
-    environ = {"STREAMPOOL_IDLE_RELEASE": "never"}
+    environ = {"STREAMPOOL_IDLE_RELEASE": "2"}  # the library wants a unit too
     assert cli.main(["--out-dir", str(tmp_path), *STANDIN], environ) == 2
-    assert "STREAMPOOL_IDLE_RELEASE='never'" in capsys.readouterr().err
+    assert "STREAMPOOL_IDLE_RELEASE='2'" in capsys.readouterr().err
 
 
 def test_a_run_longer_than_the_budget_is_refused_before_it_starts(capsys, tmp_path):

@@ -82,11 +82,12 @@ def test_stages_respect_the_gap_limit_and_name_what_never_fits():
 def test_idle_release_setting():
     assert plan.idle_release_s({}) == plan.IDLE_RELEASE_DEFAULT_S == 2.0
     assert plan.idle_release_s({"STREAMPOOL_IDLE_RELEASE": "500ms"}) == 0.5
-    assert plan.idle_release_s({"STREAMPOOL_IDLE_RELEASE": "1.5s"}) == 1.5
-    assert plan.idle_release_s({"STREAMPOOL_IDLE_RELEASE": "3"}) == 3.0
-    assert plan.idle_release_s({"STREAMPOOL_IDLE_RELEASE": "off"}) is None
-    with pytest.raises(ValueError, match="STREAMPOOL_IDLE_RELEASE='soon'.*off"):
-        plan.idle_release_s({"STREAMPOOL_IDLE_RELEASE": "soon"})
+    assert plan.idle_release_s({"STREAMPOOL_IDLE_RELEASE": " 1.5S "}) == 1.5
+    for off in ("off", "never", "0"):  # as the library reads it
+        assert plan.idle_release_s({"STREAMPOOL_IDLE_RELEASE": off}) is None
+    for bad in ("soon", "2", "-1s", "0s"):  # the library refuses these too
+        with pytest.raises(ValueError, match=f"STREAMPOOL_IDLE_RELEASE='{bad}'.*off"):
+            plan.idle_release_s({"STREAMPOOL_IDLE_RELEASE": bad})
 
 
 def test_every_timed_workload_is_in_one_group_and_has_an_estimate():
