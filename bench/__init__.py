@@ -1,25 +1,31 @@
-"""The GPU benchmark of this repository: streampool against PyTorch's allocators (and RMM's).
+"""The GPU benchmark of this repository: streampool against PyTorch's allocators.
 
-Run from the repository root on the GPU machine (BENCHMARKS.md has the method and the command):
-``STREAMPOOL_LIBRARY=... PYTHONPATH=python python3 -m bench --out-dir DIR [--quick]``.
+Run from the repository root on the GPU machine (BENCHMARKS.md has the method and the commands):
+``STREAMPOOL_LIBRARY=... PYTHONPATH=python python3 -m bench [--group G] --out-dir DIR``, then
+``python3 -m bench merge DIR... --out-dir OUT``; ``python3 -m bench calibrate`` picks the block
+length.
 
-Invariant: the parent process (cli, runner, report, stats, targets, markdown, plot, cotenant)
-never imports torch; every measurement is made in a child process of one configuration
-(child, cotenant_child, workloads), and the two sides speak only through protocol's marker lines.
+Invariant: the parent process (cli, runner, plan, workers, stats, report, targets, markdown,
+details, calibrate, cotenant, nvml) never imports torch; every measurement is made in a worker
+process of one configuration (worker + engine + workloads, cotenant_child), set up once and
+driven over a pipe, and the two sides speak only through protocol's lines.
 Files, one job each:
-  cli.py            options, the run from start to end, the files written to --out-dir
-  configs.py        the configurations and each child's environment
-  runner.py         repeats: a fresh process per configuration, order rotated, time budget
-  child.py          a child: install the allocator, run the workloads, time and measure them
-  workloads.py      what each workload does, one step at a time (torch, in the child)
+  cli.py            the run, the calibration and the merge; the files written to --out-dir
+  configs.py        the configurations, what each is paired with, each worker's environment
+  plan.py           groups of workloads per call, ABBA order, block sizes, stages that fit
+  runner.py         the parent's run of workloads over long-lived workers (memory passes, pairs)
+  workers.py        the parent's handle on a worker process (commands, answers, failures)
+  worker.py         a worker: the command loop, the memory pass, timed blocks
+  engine.py         the worker's torch side: allocator, CUDA, memory readings
+  workloads.py      what each workload does, one step at a time (torch, in the worker)
   schedules.py      the fixed seeded schedule of every workload (pure Python)
-  cotenant.py       the co-tenant workload's parent side (two processes on one GPU)
-  cotenant_child.py its two processes: the idle trainer (A) and the prober (B)
-  stats.py          medians, bootstrap intervals, the A/A comparison, rotation
-  report.py         children's records -> latest.json
-  targets.py        targets.json and the verdicts
-  markdown.py       latest.json -> latest.md;  plot.py: latest.json -> latest.png
-  protocol.py       the marker lines between child and parent
+  nvml.py           clocks, power, throttle reasons, per-process memory (ctypes)
+  stats.py          paired ratios, medians, the bootstrap interval, pairs a precision needs
+  report.py         the calls' raw results -> report.json;  targets.py: targets.json's verdicts
+  markdown.py       the one-screen headline;  details.py: the rest of report.md
+  calibrate.py      the A/A at several block lengths
+  cotenant.py       the co-tenant's parent side;  cotenant_child.py: its two processes
+  protocol.py       the lines between the parent and its processes
 The Rust benches (hot_path.rs, driver_costs.rs) and the diag_*.py scripts beside them are
 separate tools (cargo bench, scripts/gpu-diag).
 """

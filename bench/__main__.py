@@ -1,4 +1,4 @@
-"""``python3 -m bench --out-dir DIR [--quick]``: the GPU benchmark (cli.py, BENCHMARKS.md)."""
+"""``python3 -m bench``: the GPU benchmark (cli.py, BENCHMARKS.md)."""
 
 import sys
 

@@ -1,287 +1,328 @@
-"""``python3 -m bench``: options, the run from start to end, and the files it writes.
+"""``python3 -m bench``: the run, the calibration and the merge, and the files they write.
 
-Invariant: the parent never imports torch or touches CUDA; it writes only into ``--out-dir``
-(latest.json after every repeat, so a run cut short still leaves its repeats; latest.md and
-latest.png at the end), and the command it records is the one that was typed, with the
-STREAMPOOL_* variables that shape the allocator.
+- ``python3 -m bench [--group G ...] [--pairs N] [--block-s S] [--out-dir DIR]``: the workloads
+  of each group (plan.GROUPS; ``cotenant``: the co-tenant and the price of a release threshold),
+  every configuration in long-lived workers; DIR/results.json (the raw results, rewritten after
+  every workload), DIR/report.json and DIR/report.md. Without --group: every group, one after
+  the other (the whole benchmark in one process).
+- ``python3 -m bench calibrate [--blocks-s 0.05,0.1,...]``: the A/A at several block lengths;
+  DIR/calibration.json and DIR/calibration.md.
+- ``python3 -m bench merge DIR... --out-dir OUT``: the runs' results pooled into one report.
+Invariant: the parent never imports torch or touches CUDA (workers do); it writes only into
+--out-dir; it does every pair it announces (no time budget cuts a run short: --budget-s refuses
+up front a run estimated to need longer); without torch, numpy or a GPU it says which in one line
+and exits with status 2.
 """
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import child, cotenant, markdown, plot, protocol, report, runner, stats, targets
-from .configs import (
-    CONFIG_NAMES,
-    NATIVE,
-    VARIANT_PREFIX,
-    child_environment,
-    cotenant_configs,
-    parse_variant,
-    resolve,
-    workloads_of,
-)
-from .schedules import COTENANT, TIMED_WORKLOADS, WORKLOADS
+from . import calibrate, cotenant, details, markdown, nvml, plan, protocol, report, runner
+from .configs import (CONFIG_NAMES, COTENANT_NAMES, DEFAULT_CONFIGS, NATIVE, NATIVE_AA,
+                      PRICE_CONFIGS, VARIANT_PREFIX, pairs_of, parse_variant)
+from .schedules import TIMED_WORKLOADS, preload_modules
 
-REPEATS_FULL = stats.METHOD_REPEATS
-REPEATS_QUICK = 3
-# The GPU machine allows 10 minutes per command: stop starting repeats in time to write reports.
-TIME_BUDGET_FULL_S = 530
-TIME_BUDGET_QUICK_S = 240
-CHILD_TIMEOUT_S = 180
-COTENANT_TIMEOUT_S = 120
 COMMAND = "python3 -m bench"
+RESULTS = "results.json"
 
 
-def _name_list(known: Sequence[str], what: str) -> Callable[[str], List[str]]:
-    """An argparse type: comma-separated names from ``known``, returned in ``known``'s order."""
+def _names(known: Sequence[str], what: str) -> Callable[[str], List[str]]:
+    """An argparse type: comma-separated names from ``known``, in ``known``'s order."""
 
     def parse(text: str) -> List[str]:
         names = [name.strip() for name in text.split(",") if name.strip()]
         unknown = [name for name in names if name not in known]
         if unknown or not names:
             raise argparse.ArgumentTypeError(
-                f"unknown {what} {', '.join(unknown) or '(none given)'}; "
-                f"choose from {', '.join(known)}"
+                f"unknown {what} {', '.join(unknown) or '(none given)'}; choose from "
+                f"{', '.join(known)}"
             )
         return [name for name in known if name in names]
 
     return parse
 
 
+def _positive(kind: type, what: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value <= 0:
+            raise argparse.ArgumentTypeError(f"{what} {text!r}: expected a positive number")
+        return value
+
+    return parse
+
+
+def _blocks(text: str) -> List[float]:
+    return [_positive(float, "--blocks-s")(part) for part in text.split(",") if part.strip()]
+
+
+def _common(parser: argparse.ArgumentParser, out_dir: str) -> None:
+    parser.add_argument("--out-dir", type=Path, default=Path(out_dir),
+                        help=f"where the files go (created; default {out_dir})")
+    parser.add_argument("--pairs", type=_positive(int, "--pairs"), default=None,
+                        help=f"pairs per configuration and workload (default {plan.DEFAULT_PAIRS};"
+                        " calibrate: 20)")
+    parser.add_argument("--budget-s", type=_positive(float, "--budget-s"), default=None,
+                        help="refuse to start if the run is estimated to need longer")
+    parser.add_argument("--engine", default=None, help=argparse.SUPPRESS)  # CPU tests
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """The options; fills in what depends on --quick and puts native first (every ratio needs
-    it), then the variants as ``streampool:LABEL``."""
+    argv = list(argv)
+    mode = argv.pop(0) if argv and argv[0] in ("calibrate", "merge") else "run"
     parser = argparse.ArgumentParser(
-        prog=COMMAND,
-        description="Time and memory of streampool against PyTorch's allocators, on the GPU "
-        "(run from the repository root; BENCHMARKS.md describes the method).",
+        prog=f"{COMMAND} {mode}" if mode != "run" else COMMAND,
+        description="Time and memory of streampool against PyTorch's allocators on the GPU "
+        f"(BENCHMARKS.md). '{COMMAND} [--group G]' runs the benchmark, '{COMMAND} calibrate' "
+        f"measures the A/A control by block length, '{COMMAND} merge DIR... --out-dir OUT' "
+        "pools runs into one report.",
     )
-    parser.add_argument(
-        "--out-dir",
-        type=Path,
-        required=True,
-        help="where latest.json, latest.md and latest.png go (created)",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"{REPEATS_QUICK} repeats and a shorter co-tenant (as many as fit its time budget)",
-    )
-    parser.add_argument(
-        "--configs",
-        type=_name_list(CONFIG_NAMES, "configuration"),
-        default=list(CONFIG_NAMES),
-        help=f"comma-separated, from {','.join(CONFIG_NAMES)} (native always runs)",
-    )
-    parser.add_argument(
-        "--workloads",
-        type=_name_list(WORKLOADS, "workload"),
-        default=list(WORKLOADS),
-        help=f"comma-separated, from {','.join(WORKLOADS)}",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=None,
-        help=f"interleaved repeats (default {REPEATS_FULL}, --quick {REPEATS_QUICK})",
-    )
-    parser.add_argument(
-        "--cotenant-repeats",
-        type=int,
-        default=1,
-        help="rounds of the co-tenant workload (default 1)",
-    )
-    parser.add_argument(
-        "--time-budget-s",
-        type=float,
-        default=None,
-        help=f"start no repeat that would end past this many seconds from the "
-        f"start (default {TIME_BUDGET_FULL_S}, --quick {TIME_BUDGET_QUICK_S}; 0: none)",
-    )
-    parser.add_argument(
-        "--child-timeout-s",
-        type=float,
-        default=CHILD_TIMEOUT_S,
-        help=f"seconds per child process (default {CHILD_TIMEOUT_S})",
-    )
-    parser.add_argument(
-        "--variant",
-        type=parse_variant,
-        action="append",
-        default=[],
-        metavar="LABEL:VAR=VALUE[,VAR=VALUE]",
-        help="also run streampool with these STREAMPOOL_* settings, as "
-        "configuration streampool:LABEL (repeatable)",
-    )
-    parser.add_argument(
-        "--from-json",
-        type=Path,
-        default=None,
-        help="run nothing: render latest.md and latest.png from this latest.json "
-        "(one left by a run cut short: its report too)",
-    )
-    options = parser.parse_args(list(argv))
-    if options.repeats is None:
-        options.repeats = REPEATS_QUICK if options.quick else REPEATS_FULL
-    if options.repeats < 1 or options.cotenant_repeats < 1:
-        parser.error("--repeats and --cotenant-repeats must be at least 1")
-    if options.time_budget_s is None:
-        options.time_budget_s = TIME_BUDGET_QUICK_S if options.quick else TIME_BUDGET_FULL_S
-    if NATIVE not in options.configs:
-        options.configs.insert(0, NATIVE)
-    options.variants = dict(options.variant)
-    if len(options.variants) != len(options.variant):
-        parser.error("--variant labels must differ")
-    options.configs += [VARIANT_PREFIX + label for label in options.variants]
+    if mode == "merge":
+        parser.add_argument("dirs", nargs="+", type=Path, help="directories with results.json")
+        parser.add_argument("--out-dir", type=Path, required=True)
+    elif mode == "calibrate":
+        _common(parser, "bench-calibration")
+        parser.add_argument("--blocks-s", type=_blocks, default=list(calibrate.DEFAULT_BLOCKS_S),
+                            help="comma-separated block lengths in seconds (default "
+                            f"{','.join(f'{b:g}' for b in calibrate.DEFAULT_BLOCKS_S)})")
+        parser.add_argument("--workloads", type=_names(TIMED_WORKLOADS, "workload"),
+                            default=list(calibrate.DEFAULT_WORKLOADS))
+    else:
+        _common(parser, "bench-results")
+        parser.add_argument("--group", type=_names(plan.GROUP_NAMES, "group"), action="append",
+                            help=f"comma-separated, from {', '.join(plan.GROUP_NAMES)} "
+                            "(default: all, one after the other)")
+        parser.add_argument("--workloads", type=_names(TIMED_WORKLOADS, "workload"),
+                            help="run these workloads as one group instead")
+        parser.add_argument("--configs", type=_names(CONFIG_NAMES, "configuration"),
+                            default=list(DEFAULT_CONFIGS),
+                            help="comma-separated (native always runs; default "
+                            f"{','.join(DEFAULT_CONFIGS)})")
+        parser.add_argument("--block-s", type=_positive(float, "--block-s"),
+                            default=plan.DEFAULT_BLOCK_S,
+                            help=f"seconds of steps a block holds (default {plan.DEFAULT_BLOCK_S})")
+        parser.add_argument("--cotenant-repeats", type=_positive(int, "--cotenant-repeats"),
+                            default=1, help="trials per configuration of the co-tenant's A "
+                            "(default 1)")
+        parser.add_argument("--variant", type=parse_variant, action="append", default=[],
+                            metavar="LABEL:STREAMPOOL_VAR=VALUE[,...]",
+                            help="also run streampool with these settings as streampool:LABEL")
+    options = parser.parse_args(argv)
+    options.mode = mode
+    if mode == "run":
+        options.groups = sorted({g for chosen in options.group or [] for g in chosen},
+                                key=plan.GROUP_NAMES.index) or list(plan.GROUP_NAMES)
+        options.variants = dict(options.variant)
+        if len(options.variants) != len(options.variant):
+            parser.error("--variant labels must differ")
+        options.configs = list(dict.fromkeys([NATIVE] + options.configs))
+        options.configs += [VARIANT_PREFIX + label for label in options.variants]
+        try:
+            pairs_of(options.configs, options.variants)
+        except ValueError as exc:
+            parser.error(f"--configs: {exc}")
+    if mode != "merge" and options.pairs is None:
+        options.pairs = 20 if mode == "calibrate" else plan.DEFAULT_PAIRS
     return options
 
 
+def missing_requirement(python: str = sys.executable) -> Optional[str]:
+    """What this machine lacks to run the benchmark, in one line (None: nothing)."""
+    for module, why in (("torch", "PyTorch"), ("numpy", "numpy (the statistics)")):
+        if importlib.util.find_spec(module) is None:
+            return f"{COMMAND}: {why} is not installed here (no module {module}); nothing measured"
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)"
+    done = subprocess.run([python, "-c", probe], capture_output=True, text=True)
+    if done.returncode != 0:
+        detail = protocol.tail(done.stderr, 1) if done.returncode != 3 else ""
+        return (f"{COMMAND}: no CUDA GPU is visible to torch here "
+                f"(torch.cuda.is_available() is False{'; ' + detail if detail else ''}); "
+                "nothing measured")
+    return None
+
+
 def command_line(argv: Sequence[str], environ: Dict[str, str]) -> str:
-    """The command as a user would retype it, with the STREAMPOOL_* variables that shape the
-    allocator's behaviour (not STREAMPOOL_LIBRARY, a machine's path; the version is reported)."""
-    variables = [
-        f"{name}={shlex.quote(value)}"
-        for name, value in sorted(environ.items())
-        if name.startswith("STREAMPOOL_") and name != "STREAMPOOL_LIBRARY"
-    ]
+    """The command as typed, with the STREAMPOOL_* variables that shape the allocator."""
+    variables = [f"{k}={shlex.quote(v)}" for k, v in sorted(environ.items())
+                 if k.startswith("STREAMPOOL_") and k != "STREAMPOOL_LIBRARY"]
     return " ".join(variables + [COMMAND] + [shlex.quote(a) for a in argv])
 
 
-def driver_version() -> str:
-    """The NVIDIA driver version from nvidia-smi, or why it is unknown."""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"unknown ({type(exc).__name__})"
-    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else "unknown"
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
-def child_runner(variants: Dict[str, Dict[str, str]], environ: Dict[str, str], timeout_s: float):
-    """A runner.ChildRunner that starts ``python3 -m bench.child`` for a configuration."""
-
-    def run(config_name: str, names: List[str], label: str) -> Dict[str, Any]:
-        config = resolve(config_name, variants)
-        outcome = runner.run_process(
-            child.command(config.base, config.backend, names),
-            child_environment(config, environ),
-            timeout_s,
-            label,
-        )
-        return runner.parse_child_output(outcome, names)
-
-    return run
-
-
-def write_json(document: Dict[str, Any], out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "latest.json"
-    path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
-    protocol.progress(f"wrote {path}")
-
-
-def write_renderings(document: Dict[str, Any], out_dir: Path) -> None:
-    """latest.md, then latest.png; a plot that cannot be drawn (no matplotlib) is reported on
-    stderr and loses nothing else."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "latest.md").write_text(markdown.markdown(document))
-    protocol.progress(f"wrote {out_dir / 'latest.md'}")
-    try:
-        plot.write_plot(document, out_dir / "latest.png")
-        protocol.progress(f"wrote {out_dir / 'latest.png'}")
-    except Exception as exc:  # the plot is optional; the numbers are already written
-        protocol.progress(f"no plot: {type(exc).__name__}: {exc}")
-
-
-def run(
-    options: argparse.Namespace,
-    argv: Sequence[str],
-    environ: Dict[str, str],
-    make_runner=child_runner,
-    cotenant_trial=cotenant.run_trial,
+def write_report(
+    calls: List[Dict[str, Any]], out_dir: Path, merge_command: Optional[str] = None
 ) -> Dict[str, Any]:
-    """Co-tenant first (it warms the machine's file cache), then the repeats; after every repeat
-    latest.json holds the raw results so far (report.partial_document), at the end the report.
-    Returns the final report."""
-    started_s = time.monotonic()
-    timed = [w for w in options.workloads if w in TIMED_WORKLOADS]
+    built = report.build(calls, merge_command=merge_command)
+    _write(out_dir / "report.json", json.dumps(built, indent=1, allow_nan=False) + "\n")
+    _write(out_dir / "report.md", details.render(built))
+    protocol.progress(f"wrote {out_dir / 'report.md'} and report.json")
+    return built
+
+
+def _groups(options) -> List[tuple]:
+    if options.workloads:
+        return [("workloads", options.workloads)]
+    return [(g, plan.GROUPS.get(g, ())) for g in options.groups]
+
+
+def announce(options) -> float:
+    """Print what the run will do and return its estimated seconds."""
+    total_s = 0.0
+    others = len(options.configs) - 1
+    for group, workloads in _groups(options):
+        if group == plan.COTENANT_GROUP:
+            seconds = len(COTENANT_NAMES) * options.cotenant_repeats * 20 + plan.estimate_s(
+                ["gpt2"], len(PRICE_CONFIGS), options.pairs, options.block_s, 18.0)
+            text = (f"co-tenant ({len(COTENANT_NAMES)} configurations of A × "
+                    f"{options.cotenant_repeats}) and the price of a release threshold on gpt2")
+        else:
+            seconds = plan.estimate_s(workloads, len(options.configs), options.pairs,
+                                      options.block_s, plan.START_S.get(group, 18.0))
+            text = (f"{len(workloads)} workload(s) ({', '.join(workloads)}) × "
+                    f"{len(options.configs)} configurations, {options.pairs} pairs each for "
+                    f"{others} of them")
+        protocol.progress(f"{group}: {text}: about {seconds / 60:.1f} min")
+        total_s += seconds
+    protocol.progress(f"blocks of {options.block_s:g} s; about {total_s / 60:.1f} min in all")
+    return total_s
+
+
+def run(options, argv: Sequence[str], environ: Dict[str, str]) -> Dict[str, Any]:
+    """The run (module docstring); returns its report."""
+    release_s = plan.idle_release_s(environ)
+    library = nvml.Nvml.open()
+    device = library.handle() if library else None
+    call: Dict[str, Any] = {"facts": {
+        "command": command_line(argv, environ),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "driver": library.driver_version() if library else None,
+        "block_s": options.block_s, "pairs": options.pairs, "idle_release_s": release_s,
+        "configs": options.configs, "variants": options.variants, "groups": options.groups,
+        "nvml": "clocks and power" if device is not None else None,
+    }, "workers": {}, "workloads": [], "cotenant": []}
+    sampler = runner.Sampler(library, device)
+
+    def save(_: Any = None) -> None:
+        _write(options.out_dir / RESULTS,
+               json.dumps({"format": report.FORMAT, "runs": [call]}, allow_nan=False) + "\n")
+
+    def run_workers(names: Sequence[str], workloads: Sequence[str]) -> None:
+        opts = runner.Options(options.pairs, options.block_s, release_s)
+        live = runner.Runner(names, options.variants, environ, opts, sampler, options.engine,
+                             preload=preload_modules(workloads) if options.engine is None else ())
+        try:
+            uuid = live.infos.get(NATIVE, {}).get("device_uuid")
+            if library is not None and uuid:  # the workers' device, whatever NVML numbers it
+                sampler.device = library.handle(uuid) or sampler.device
+            call["workers"].update({n: live.infos.get(n, {"error": live.dead.get(n)})
+                                    for n in names})
+            if any(i.get("baseline_process_bytes") is not None for i in live.infos.values()):
+                call["facts"]["nvml"] = "clocks, power and process memory"
+
+            def keep(record: Dict[str, Any]) -> None:
+                call["workloads"].append(record)
+                save()
+
+            runner.run_group(live, workloads, pairs_of(names, options.variants), keep)
+        finally:
+            live.close()
+
+    for group, workloads in _groups(options):
+        protocol.progress(f"=== {group}")
+        if group != plan.COTENANT_GROUP:
+            run_workers(options.configs, workloads)
+            continue
+        call["cotenant"] = cotenant.run_cotenant(COTENANT_NAMES, environ,
+                                                 options.cotenant_repeats)
+        save()
+        run_workers(list(PRICE_CONFIGS), ["gpt2"])
+    save()
+    return write_report([call], options.out_dir)
+
+
+def run_calibration(options, argv: Sequence[str], environ: Dict[str, str]) -> None:
+    opts = runner.Options(options.pairs, options.blocks_s[0], plan.idle_release_s(environ))
+    library = nvml.Nvml.open()
+    sampler = runner.Sampler(library, library.handle() if library else None)
+    preload = preload_modules(options.workloads) if options.engine is None else ()
+    live = runner.Runner([NATIVE, NATIVE_AA], {}, environ, opts, sampler, options.engine,
+                         preload=preload)
     facts = {
         "command": command_line(argv, environ),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "driver": driver_version(),
-        "quick": options.quick,
-        "variants": options.variants,
+        "device": live.infos.get(NATIVE, {}).get("device", "unknown"),
+        "blocks_s": options.blocks_s, "pairs": options.pairs,
     }
-    cotenant_result: Dict[str, Any] = {}
-    if COTENANT in options.workloads:
-        names = cotenant_configs(options.configs, options.quick)
-        rounds = cotenant.run_cotenant(
-            names, options.cotenant_repeats, environ, COTENANT_TIMEOUT_S, trial=cotenant_trial
-        )
-        cotenant_result = {"cells": cotenant.summarise(rounds), "rounds": rounds}
-    workloads_by_config = {
-        c: workloads_of(resolve(c, options.variants), timed) for c in options.configs
-    }
-    configs = [c for c in options.configs if workloads_by_config[c]]
+    document: Dict[str, Any] = {"facts": facts, "workers": live.infos, "records": []}
 
-    def inputs(repeats: runner.Repeats) -> Dict[str, Any]:
-        """build_report's arguments besides the runs and the stop reason."""
-        return {
-            "configs": configs,
-            "workloads": timed,
-            "repeats_requested": options.repeats,
-            "orders": repeats.orders,
-            "cotenant": cotenant_result,
-            "facts": {**facts, "elapsed_s": round(time.monotonic() - started_s, 1)},
-        }
+    def keep(record: Dict[str, Any]) -> None:
+        document["records"].append(record)
+        _write(options.out_dir / "calibration.json", json.dumps(document, allow_nan=False))
 
-    def save(partial: runner.Repeats) -> None:  # no statistics here: they take seconds
-        write_json(report.partial_document(partial.runs, inputs(partial)), options.out_dir)
-
-    repeats = runner.Repeats([], [], None)
-    if timed:
-        repeats = runner.run_repeats(
-            configs,
-            workloads_by_config,
-            options.repeats,
-            make_runner(options.variants, environ, options.child_timeout_s),
-            time_budget_s=options.time_budget_s,
-            started_s=started_s,
-            on_repeat=save,
-        )
-    final = report.build_report(
-        repeats.runs,
-        stop_reason=repeats.stop_reason,
-        target_document=targets.load(),
-        **inputs(repeats),
-    )
-    write_json(final, options.out_dir)
-    return final
+    try:
+        calibrate.run(live, options.workloads, options.blocks_s, on_workload=keep)
+    finally:
+        live.close()
+    _write(options.out_dir / "calibration.md", calibrate.markdown(document["records"], facts))
+    print(calibrate.markdown(document["records"], facts), flush=True)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def merge(dirs: Sequence[Path], out_dir: Path, command: Optional[str] = None) -> Dict[str, Any]:
+    calls = []
+    for directory in dirs:
+        path = directory if directory.suffix == ".json" else directory / RESULTS
+        if not path.is_file():
+            raise SystemExit(f"{COMMAND} merge: {path} not found (a run's --out-dir holds it)")
+        calls += json.loads(path.read_text())["runs"]
+    _write(out_dir / RESULTS, json.dumps({"format": report.FORMAT, "runs": calls}) + "\n")
+    return write_report(calls, out_dir, command)
+
+
+def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    environ = dict(os.environ if environ is None else environ)
     options = parse_args(argv)
-    if options.from_json is not None:
-        final = json.loads(options.from_json.read_text())
-        if final.get("partial"):  # a run cut short: its report from the repeats it finished
-            final = report.rebuild(final)
-            write_json(final, options.out_dir)
+    if options.mode == "merge":
+        built = merge(options.dirs, options.out_dir, command_line(argv, {}))
+        print("\n".join(markdown.headline(built)), flush=True)
+        return 0
+    try:
+        plan.idle_release_s(environ)
+    except ValueError as exc:
+        print(f"{COMMAND}: {exc}", file=sys.stderr)
+        return 2
+    if options.engine is None:
+        missing = missing_requirement()
+        if missing:
+            print(missing, file=sys.stderr)
+            return 2
+    if options.mode == "calibrate":
+        estimate = calibrate.estimate_s(options.workloads, options.blocks_s, options.pairs)
+        protocol.progress(f"calibration: about {estimate / 60:.1f} min")
     else:
-        final = run(options, argv, dict(os.environ))
-    write_renderings(final, options.out_dir)
-    print("\n".join(markdown.summary_lines(final)), flush=True)
+        estimate = announce(options)
+    if options.budget_s is not None and estimate > options.budget_s:
+        print(f"{COMMAND}: this run needs about {estimate:.0f} s, more than --budget-s "
+              f"{options.budget_s:g}: choose fewer --pairs or fewer groups", file=sys.stderr)
+        return 2
+    if options.mode == "calibrate":
+        run_calibration(options, argv, environ)
+        return 0
+    built = run(options, argv, environ)
+    print("\n".join(markdown.headline(built)), flush=True)
     return 0

@@ -1,9 +1,9 @@
-"""The configurations the benchmark compares and the environment each child process gets.
+"""The configurations the benchmark compares and the environment each worker process gets.
 
-Invariant: a configuration is fully described by its entry here (the allocator its child installs,
-the variables added to the child's environment, the backend torch must then report, and the
-workloads it runs); the parent never touches CUDA, and a child's environment differs from the
-parent's only by these settings and PYTHONPATH.
+Invariant: a configuration is fully described by its entry here (the allocator its worker
+installs, the variables added to the worker's environment, the backend torch must then report,
+and the configuration its time is paired with); the parent never touches CUDA, and a worker's
+environment differs from the parent's only by these settings and PYTHONPATH.
 """
 
 import argparse
@@ -16,46 +16,61 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 NATIVE = "native"
 NATIVE_AA = "native-aa"
 VARIANT_PREFIX = "streampool:"
+PLUGGABLE = "pluggable"
+RELEASE_THRESHOLD = "1GiB"
+THRESHOLD = f"streampool-threshold-{RELEASE_THRESHOLD}"
 
 
 class Config(NamedTuple):
-    """``base``: the allocator the child installs (native, streampool, rmm-pool, rmm-async);
+    """``base``: the allocator the worker installs (native, streampool, rmm-pool, rmm-async);
     ``alloc_conf``: PYTORCH_CUDA_ALLOC_CONF (None: unset); ``env``: variables added;
-    ``backend``: what torch.cuda.get_allocator_backend() must say; ``workloads``: the only timed
-    workloads it runs (None: all that were selected)."""
+    ``backend``: what torch.cuda.get_allocator_backend() must say; ``reference``: the
+    configuration each of its blocks is paired with (its time ratio is to that one)."""
 
     base: str
     alloc_conf: Optional[str] = None
     env: Tuple[Tuple[str, str], ...] = ()
     backend: str = "native"
-    workloads: Optional[Tuple[str, ...]] = None
+    reference: str = NATIVE
 
 
-STREAMPOOL_BACKEND = "pluggable"
 CONFIGS: Dict[str, Config] = {
-    NATIVE: Config("native"),
-    # The A/A control: native again, as a configuration of its own in every repeat.
+    NATIVE: Config("native", reference=""),
+    # The A/A control: native again, as a worker of its own, paired with native like any other.
     NATIVE_AA: Config("native"),
     "expandable": Config("native", alloc_conf="expandable_segments:True"),
     "torch-async": Config(
         "native", alloc_conf="backend:cudaMallocAsync", backend="cudaMallocAsync"
     ),
-    "streampool": Config("streampool", backend=STREAMPOOL_BACKEND),
-    # The virtual-memory backend; a library that rejects the value fails this child's set-up.
-    "streampool-vmm": Config(
-        "streampool", env=(("STREAMPOOL_BACKEND", "vmm"),), backend=STREAMPOOL_BACKEND
+    # streampool at its defaults, whatever backend the library defaults to; then each backend.
+    "streampool": Config("streampool", backend=PLUGGABLE),
+    "streampool-pool": Config(
+        "streampool", env=(("STREAMPOOL_BACKEND", "pool"),), backend=PLUGGABLE
     ),
-    # The pool alone, no cache: which layer costs memory on churn and multistream.
-    "streampool-nocache": Config(
+    "streampool-vmm": Config("streampool", env=(("STREAMPOOL_BACKEND", "vmm"),), backend=PLUGGABLE),
+    # The price of a release threshold: paired with streampool at its default (threshold max).
+    THRESHOLD: Config(
         "streampool",
-        env=(("STREAMPOOL_CACHE_MAX_BLOCK", "0"),),
-        backend=STREAMPOOL_BACKEND,
-        workloads=("churn", "multistream"),
+        env=(("STREAMPOOL_RELEASE_THRESHOLD", RELEASE_THRESHOLD),),
+        backend=PLUGGABLE,
+        reference="streampool",
     ),
-    "rmm-pool": Config("rmm-pool", backend=STREAMPOOL_BACKEND),
-    "rmm-async": Config("rmm-async", backend=STREAMPOOL_BACKEND),
+    "rmm-pool": Config("rmm-pool", backend=PLUGGABLE),
+    "rmm-async": Config("rmm-async", backend=PLUGGABLE),
 }
 CONFIG_NAMES = tuple(CONFIGS)
+# What a run compares unless --configs says otherwise (RMM only where its wheels are carried).
+DEFAULT_CONFIGS = (
+    NATIVE,
+    NATIVE_AA,
+    "expandable",
+    "torch-async",
+    "streampool",
+    "streampool-pool",
+    "streampool-vmm",
+)
+# The price of the threshold (the co-tenant call): GPT-2 with and without it, paired.
+PRICE_CONFIGS = (NATIVE, NATIVE_AA, "streampool", THRESHOLD)
 
 
 def parse_variant(text: str) -> Tuple[str, Dict[str, str]]:
@@ -65,34 +80,37 @@ def parse_variant(text: str) -> Tuple[str, Dict[str, str]]:
     bad = [v for v in env if not v.startswith("STREAMPOOL_") or not env[v]]
     if not sep or not label or not env or bad:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: expected LABEL:STREAMPOOL_VAR=VALUE[,STREAMPOOL_VAR=VALUE...]"
+            f"--variant {text!r}: expected LABEL:STREAMPOOL_VAR=VALUE[,STREAMPOOL_VAR=VALUE...]"
         )
     return label, env
-
-
-def variant_config(settings: Dict[str, str]) -> Config:
-    """streampool with ``settings`` added, on every selected workload."""
-    return Config("streampool", env=tuple(sorted(settings.items())), backend=STREAMPOOL_BACKEND)
 
 
 def resolve(name: str, variants: Dict[str, Dict[str, str]]) -> Config:
     """The Config of ``name``: a fixed configuration or a ``streampool:LABEL`` variant."""
     if name.startswith(VARIANT_PREFIX):
-        return variant_config(variants[name[len(VARIANT_PREFIX) :]])
+        settings = variants[name[len(VARIANT_PREFIX) :]]
+        return Config("streampool", env=tuple(sorted(settings.items())), backend=PLUGGABLE)
     return CONFIGS[name]
 
 
-def workloads_of(config: Config, selected: Sequence[str]) -> List[str]:
-    """The selected timed workloads that ``config`` runs, in the selected order."""
-    if config.workloads is None:
-        return list(selected)
-    return [w for w in selected if w in config.workloads]
+def pairs_of(names: Sequence[str], variants: Dict[str, Dict[str, str]]) -> List[Tuple[str, str]]:
+    """``(reference, config)`` for every configuration in ``names`` but native, in that order.
+    Raises ValueError when a configuration's reference is not among ``names``."""
+    pairs = []
+    for name in names:
+        if name == NATIVE:
+            continue
+        reference = resolve(name, variants).reference
+        if reference not in names:
+            raise ValueError(f"configuration {name} is paired with {reference}: select it too")
+        pairs.append((reference, name))
+    return pairs
 
 
-def child_environment(config: Config, environ: Dict[str, str]) -> Dict[str, str]:
-    """``environ`` with ``config``'s allocator settings and this repository on PYTHONPATH (the
-    child runs ``python3 -m bench.child``). Allocator variables of the parent are dropped: a
-    child must not measure an allocator other than its configuration's."""
+def worker_environment(config: Config, environ: Dict[str, str]) -> Dict[str, str]:
+    """``environ`` with ``config``'s allocator settings and this repository on PYTHONPATH.
+    Allocator variables of the parent are dropped: a worker must not measure an allocator other
+    than its configuration's."""
     env = {
         k: v
         for k, v in environ.items()
@@ -118,34 +136,13 @@ class CotenantConfig(NamedTuple):
     empty_cache: bool = False
 
 
-RELEASE_THRESHOLD = "1GiB"
 COTENANT_CONFIGS: Dict[str, CotenantConfig] = {
     NATIVE: CotenantConfig(CONFIGS[NATIVE]),
     "native+empty_cache": CotenantConfig(CONFIGS[NATIVE], empty_cache=True),
     "expandable": CotenantConfig(CONFIGS["expandable"]),
     "torch-async": CotenantConfig(CONFIGS["torch-async"]),
     "streampool": CotenantConfig(CONFIGS["streampool"]),
-    f"streampool-threshold-{RELEASE_THRESHOLD}": CotenantConfig(
-        Config(
-            "streampool",
-            env=(("STREAMPOOL_RELEASE_THRESHOLD", RELEASE_THRESHOLD),),
-            backend=STREAMPOOL_BACKEND,
-        )
-    ),
+    THRESHOLD: CotenantConfig(CONFIGS[THRESHOLD]),
     "streampool-vmm": CotenantConfig(CONFIGS["streampool-vmm"]),
 }
-# Which of the main run's configurations brings which co-tenant configurations along.
-COTENANT_FOR = {
-    NATIVE: (NATIVE, "native+empty_cache"),
-    "expandable": ("expandable",),
-    "torch-async": ("torch-async",),
-    "streampool": ("streampool", f"streampool-threshold-{RELEASE_THRESHOLD}"),
-    "streampool-vmm": ("streampool-vmm",),
-}
-COTENANT_QUICK = (NATIVE, "streampool", f"streampool-threshold-{RELEASE_THRESHOLD}")
-
-
-def cotenant_configs(configs: Sequence[str], quick: bool) -> List[str]:
-    """The co-tenant configurations of A for the selected main configurations."""
-    names = [name for config in configs for name in COTENANT_FOR.get(config, ())]
-    return [name for name in names if not quick or name in COTENANT_QUICK]
+COTENANT_NAMES = tuple(COTENANT_CONFIGS)

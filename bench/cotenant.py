@@ -1,98 +1,32 @@
-"""The parent's side of the co-tenant workload: two processes on one GPU, and what B could get.
+"""The parent's side of the co-tenant workload: what a second process gets while this one idles.
 
-Invariant: in a trial, A (the configuration under test) and B (native, the newcomer) are started
-together; B is told to search only after A has said ``ready`` (trained, synchronised, idle with
-its model alive), and A is told to exit (its stdin closed) only after B has answered or failed;
-no two trials overlap, and every process a trial started has exited when it returns.
-``cotenant_fit_fraction`` = B's largest allocation ÷ the device's total memory.
+One prober B (native) lives through every trial. A trial of configuration A: A (already loaded:
+its imports overlap the previous trial) is told to go; B reads free memory before A touches
+CUDA; A trains GPT-2, then idles and says so; B probes at PROBE_TIMES_S after that (free memory,
+confirmed by filling that much less headroom). Invariant: no two holders touch CUDA at once (the
+next one is only loaded while the current one idles), every process a trial started has exited
+when it returns, and held beyond live = A's free memory at its start - B's free memory at the
+probe - A's live tensor bytes.
 """
 
-import queue
-import statistics
-import subprocess
 import sys
-import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from . import protocol
-from .configs import CONFIGS, NATIVE, COTENANT_CONFIGS, child_environment
+from .configs import CONFIGS, COTENANT_CONFIGS, NATIVE, worker_environment
+from .workers import CommandFailed, Worker, WorkerGone
 
-
-class Process:
-    """A child with its stdin open; its messages arrive on a queue, its stderr is echoed."""
-
-    def __init__(self, command: List[str], env: Dict[str, str], label: str) -> None:
-        self.messages: "queue.Queue[Optional[Dict[str, Any]]]" = queue.Queue()
-        self.stderr_tail: List[str] = []
-        self.popen = subprocess.Popen(
-            command,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-        )
-        threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, args=(label,), daemon=True).start()
-
-    def _read_stdout(self) -> None:
-        for line in self.popen.stdout:
-            for message in protocol.messages(line):
-                self.messages.put(message)
-        self.messages.put(None)  # end of output
-
-    def _read_stderr(self, label: str) -> None:
-        for line in self.popen.stderr:
-            self.stderr_tail = (self.stderr_tail + [line])[-30:]
-            sys.stderr.write(f"    {label}| {line}")
-
-    def wait_for(self, kind: str, deadline_s: float) -> Dict[str, Any]:
-        """The next message; raises RuntimeError if it is not of ``kind`` (a skip or set-up
-        error says why), the process ended, or ``deadline_s`` (time.monotonic) passed."""
-        try:
-            message = self.messages.get(timeout=max(0.0, deadline_s - time.monotonic()))
-        except queue.Empty:
-            raise RuntimeError(f"no {kind!r} before the trial's time-out") from None
-        if message is None:
-            self.popen.wait()
-            raise RuntimeError(
-                f"exited with status {self.popen.returncode} before {kind!r}: "
-                + protocol.tail("".join(self.stderr_tail))
-            )
-        if message["kind"] == "skipped":
-            raise RuntimeError(f"skipped: {message['reason']}")
-        if message["kind"] != kind:
-            raise RuntimeError(message.get("reason", f"said {message['kind']!r}, not {kind!r}"))
-        return message
-
-    def finish(self, timeout_s: float = 30.0) -> None:
-        """Close stdin (the signal to exit) and wait up to ``timeout_s``; kill it if it does not
-        go."""
-        try:
-            self.popen.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+PROBE_TIMES_S = (0.5, 3.0, 10.0)
+LOAD_TIMEOUT_S = 180.0
+TRAIN_TIMEOUT_S = 180.0
+PROBE_TIMEOUT_S = 60.0
 
 
 def holder_command(name: str) -> List[str]:
     cotenant = COTENANT_CONFIGS[name]
-    command = [
-        sys.executable,
-        "-m",
-        "bench.cotenant_child",
-        "holder",
-        "--base",
-        cotenant.config.base,
-        "--backend",
-        cotenant.config.backend,
-    ]
+    command = [sys.executable, "-m", "bench.cotenant_child", "holder", "--base"]
+    command += [cotenant.config.base, "--backend", cotenant.config.backend]
     return command + (["--empty-cache"] if cotenant.empty_cache else [])
 
 
@@ -100,91 +34,104 @@ def prober_command() -> List[str]:
     return [sys.executable, "-m", "bench.cotenant_child", "prober"]
 
 
-def run_trial(name: str, environ: Dict[str, str], timeout_s: float, label: str) -> Dict[str, Any]:
-    """One trial of A = ``name``: ``{"fit_bytes", "device_total_bytes", "free_bytes_before",
-    "empty_cache_called", "a_free_bytes_when_idle", "wall_s"}`` or ``{"error", "wall_s"}``."""
-    started_s = time.monotonic()
-    deadline_s = started_s + timeout_s
-    grace_s = 2.0
-    holder = Process(
-        holder_command(name),
-        child_environment(COTENANT_CONFIGS[name].config, environ),
-        f"{label} A",
-    )
-    prober = Process(prober_command(), child_environment(CONFIGS[NATIVE], environ), f"{label} B")
+def _expect(worker: Worker, kind: str, timeout_s: float) -> Dict[str, Any]:
+    message = worker.receive(timeout_s)
+    if message["kind"] == "skipped":
+        raise CommandFailed(f"skipped: {message['reason']}")
+    if message["kind"] != kind:
+        raise CommandFailed(message.get("reason", f"said {message['kind']!r}, not {kind!r}"))
+    return message
+
+
+def trial(
+    name: str,
+    holder: Worker,
+    prober: Worker,
+    start_next: Callable[[], None],
+    probe_times_s: Sequence[float] = PROBE_TIMES_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Dict[str, Any]:
+    """One trial of A = ``name`` (module docstring); ``start_next`` starts loading the next
+    holder once this one idles."""
+    started_s = clock()
     try:
-        ready = holder.wait_for("ready", deadline_s)
-        prober.wait_for("ready", deadline_s)
-        prober.popen.stdin.write("go\n")
-        prober.popen.stdin.flush()
-        fit = prober.wait_for("fit", deadline_s)
+        _expect(holder, "loaded", LOAD_TIMEOUT_S)
+        free_before_bytes = prober.request("free", PROBE_TIMEOUT_S)["free_bytes"]
+        holder.send({"command": "go"})
+        idle = _expect(holder, "idle", TRAIN_TIMEOUT_S)
+        idle_s = clock()
+        start_next()
+        probes = []
+        for at_s in probe_times_s:
+            sleep(max(0.0, idle_s + at_s - clock()))
+            answer = prober.request("probe", PROBE_TIMEOUT_S)
+            held = idle["free_bytes_at_start"] - answer["free_bytes"] - idle["live_bytes"]
+            probes.append(
+                {**answer, "idle_s": round(clock() - idle_s, 2), "held_beyond_live_bytes": held}
+            )
         result = {
-            "fit_bytes": fit["fit_bytes"],
-            "device_total_bytes": fit["device_total_bytes"],
-            "free_bytes_before": fit["free_bytes_before"],
-            "empty_cache_called": ready["empty_cache_called"],
-            "a_free_bytes_when_idle": ready["free_bytes_when_idle"],
-            "info": ready.get("info", {}),
+            "probes": probes,
+            "live_bytes": idle["live_bytes"],
+            "free_before_bytes": free_before_bytes,
+            "free_bytes_at_start": idle["free_bytes_at_start"],
+            "empty_cache_called": idle["empty_cache_called"],
+            "device": idle.get("device"),
         }
-        grace_s = 30.0
-    except (RuntimeError, OSError) as exc:
+    except (CommandFailed, WorkerGone, OSError) as exc:
+        start_next()
         result = {"error": protocol.tail(str(exc))}
-        grace_s = 2.0  # something is wrong: do not wait long for either to go
     finally:
-        prober.finish(grace_s)
-        holder.finish(grace_s)
-    result["wall_s"] = round(time.monotonic() - started_s, 2)
+        holder.close(10.0)
+    result["wall_s"] = round(clock() - started_s, 2)
     return result
 
 
 def run_cotenant(
-    names: Sequence[str], repeats: int, environ: Dict[str, str], timeout_s: float, trial=run_trial
-) -> List[Dict[str, Dict[str, Any]]]:
-    """``repeats`` rounds of one trial per configuration of A (``{name: trial result}`` per round).
-    A configuration skipped in a round is not tried again."""
-    rounds: List[Dict[str, Dict[str, Any]]] = []
-    settled: Dict[str, Dict[str, Any]] = {}
-    for repeat in range(repeats):
-        results: Dict[str, Dict[str, Any]] = {}
-        for name in names:
-            if name in settled:
-                results[name] = settled[name]
-                continue
-            label = f"[cotenant {repeat + 1}/{repeats}] {name}"
-            protocol.progress(f"{label}: A trains then idles; B probes")
-            results[name] = trial(name, environ, timeout_s, label)
-            outcome = results[name].get("error") or (
-                f"B got {results[name]['fit_bytes'] / 2**30:.1f} GiB"
-            )
-            protocol.progress(f"{label}: {outcome} ({results[name]['wall_s']:.1f} s)")
-            if results[name].get("error", "").startswith("skipped"):
-                settled[name] = results[name]
-        rounds.append(results)
-    return rounds
+    names: Sequence[str],
+    environ: Dict[str, str],
+    repeats: int = 1,
+    log: Callable[[str], None] = protocol.progress,
+) -> List[Dict[str, Any]]:
+    """``repeats`` rounds of one trial per configuration of A: ``[{"config", "round", ...}]``."""
+    order = [(r, name) for r in range(repeats) for name in names]
+    native_env = worker_environment(CONFIGS[NATIVE], environ)
+    prober = Worker("cotenant B", prober_command(), native_env)
+    try:
+        prober.wait_ready(LOAD_TIMEOUT_S)
+    except (CommandFailed, WorkerGone) as exc:
+        prober.close(5.0)
+        why = protocol.tail(f"the prober (B) could not start: {exc}")
+        return [{"config": n, "round": r, "error": why} for r, n in order]
+    holders: List[Optional[Worker]] = [None] * len(order)
+
+    def start(index: int) -> None:
+        if index < len(order) and holders[index] is None:
+            name = order[index][1]
+            env = worker_environment(COTENANT_CONFIGS[name].config, environ)
+            holders[index] = Worker(f"cotenant A {name}", holder_command(name), env)
+
+    results = []
+    try:
+        start(0)
+        for index, (round_index, name) in enumerate(order):
+            log(f"co-tenant {index + 1}/{len(order)}: A = {name} trains, then idles; B probes")
+            result = trial(name, holders[index], prober, lambda: start(index + 1))
+            results.append({"config": name, "round": round_index, **result})
+            log(f"co-tenant {name}: {trial_text(result)}")
+    finally:
+        for holder in holders:
+            if holder is not None:
+                holder.close(5.0)
+        prober.close(10.0)
+    return results
 
 
-def summarise(rounds: Sequence[Dict[str, Dict[str, Any]]]) -> Dict[str, Dict[str, Any]]:
-    """``{name: cell}`` with ``cotenant_fit_fraction`` (median over rounds), its min and max,
-    ``fit_bytes`` (median), ``device_total_bytes``, ``empty_cache_called``, or ``{"error"}``."""
-    names = list(dict.fromkeys(name for results in rounds for name in results))
-    cells: Dict[str, Dict[str, Any]] = {}
-    for name in names:
-        trials = [results[name] for results in rounds if name in results]
-        measured = [t for t in trials if "error" not in t]
-        if not measured:
-            cells[name] = {"error": trials[0]["error"]}
-            continue
-        fractions = [t["fit_bytes"] / t["device_total_bytes"] for t in measured]
-        cells[name] = {
-            "cotenant_fit_fraction": statistics.median(fractions),
-            "cotenant_fit_fraction_min": min(fractions),
-            "cotenant_fit_fraction_max": max(fractions),
-            "fit_bytes": int(statistics.median(t["fit_bytes"] for t in measured)),
-            "device_total_bytes": measured[0]["device_total_bytes"],
-            "empty_cache_called": measured[0]["empty_cache_called"],
-            "repeats_measured": len(measured),
-        }
-        errors = [t["error"] for t in trials if "error" in t]
-        if errors:
-            cells[name]["repeat_errors"] = errors
-    return cells
+def trial_text(result: Dict[str, Any]) -> str:
+    if "error" in result:
+        return f"failed: {result['error'].splitlines()[-1] if result['error'] else ''}"
+    return ", ".join(
+        f"{p['idle_s']:.1f} s: held {p['held_beyond_live_bytes'] / 2**30:.2f} GiB beyond live, "
+        f"B {'could use' if p['confirmed'] else 'could NOT use'} {p['tried_bytes'] / 2**30:.1f} GiB"
+        for p in result["probes"]
+    )

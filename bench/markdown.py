@@ -1,276 +1,185 @@
-"""The markdown report of one run (latest.md, for BENCHMARKS.md), rendered from latest.json alone.
+"""The report in Markdown (report.md): the one-screen headline for the top of BENCHMARKS.md, then
+the details it rests on. Rendered from report.json alone.
 
-Invariant: every number printed comes from the report document (no recomputation, no numbers of
-its own), so re-rendering an old latest.json gives the same text; an interval is always printed
-beside its median, and a cell is bold only when its interval lies wholly outside the A/A
-interval of the same run (the only differences from native the report claims).
+Invariant: every number printed comes from the report (no recomputation), so re-rendering an old
+report gives the same text; a time ratio is always printed with its interval (or "no interval"
+below the method's pairs); every configuration that was asked for is in the tables, a failure as
+"failed" with the end of its error below, wins and losses alike.
 """
 
-import collections
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional
 
-from .configs import NATIVE, NATIVE_AA
-from .schedules import UNIT_SCALE, has_memory_ratio
-from .stats import METHOD_REPEATS
+from .configs import NATIVE, NATIVE_AA, THRESHOLD
+from .stats import MIN_PAIRS
+
+HEADLINE_CONFIGS = (NATIVE, "expandable", "torch-async", "streampool", "streampool-pool",
+                    "streampool-vmm")
+COTENANT_COLUMNS = {NATIVE: NATIVE, "expandable": "expandable", "torch-async": "torch-async",
+                    "streampool": "streampool", "streampool-vmm": "streampool-vmm"}
+HEADLINE_IDLE_S = 3.0
+MARKS = {"met": " ✓", "not met": " ✗"}
 
 
-def ratio_text(cell: Dict[str, Any], metric: str, digits: int = 3) -> str:
-    """``0.973× (0.951–0.990)``: the median and its 95% interval; ``≥`` for a memory ratio that
-    is a lower bound; ``—`` when absent."""
-    value = cell.get(metric)
-    if value is None:
+def interval_text(time: Optional[Dict[str, Any]], digits: int = 2) -> str:
+    """``1.01 (0.99–1.03)``, ``1.01 (no interval: 6 pairs)``, or ``—``."""
+    if not time or time.get("ratio") is None:
         return "—"
-    bound = "≥" if metric == "peak_memory_ratio" and cell.get("peak_memory_lower_bound") else ""
-    low, high = cell[f"{metric}_ci95"]
-    return f"{bound}{value:.{digits}f}× ({low:.{digits}f}–{high:.{digits}f})"
+    if time.get("ci95") is None:
+        return f"{time['ratio']:.{digits}f} (no interval: {time['n']} pairs)"
+    low, high = time["ci95"]
+    return f"{time['ratio']:.{digits}f} ({low:.{digits}f}–{high:.{digits}f})"
 
 
-def claimed_text(cell: Dict[str, Any], clock: str) -> str:
-    """``ratio_text`` of a time ratio, bold when it differs from native beyond the A/A interval."""
-    text = ratio_text(cell, f"{clock}_ratio")
-    return f"**{text}**" if cell.get(f"{clock}_vs_aa") in ("lower", "higher") else text
-
-
-def spread_text(cell: Dict[str, Any], metric: str) -> str:
-    """``1.11× (1.10–1.12)``: median and min–max over repeats (memory)."""
-    value = cell.get(metric)
-    if value is None:
+def memory_text(memory: Optional[Dict[str, Any]]) -> str:
+    if not memory:
         return "—"
-    bound = "≥" if cell.get("peak_memory_lower_bound") else ""
-    low, high = cell[f"{metric}_min"], cell[f"{metric}_max"]
+    low, high = memory["low"], memory["high"]
     spread = f" ({low:.2f}–{high:.2f})" if f"{low:.2f}" != f"{high:.2f}" else ""
-    return f"{bound}{value:.2f}×{spread}"
+    return f"{memory['ratio']:.2f}{spread}"
 
 
-def per_unit_text(cell: Dict[str, Any], key: str = "host_time_per_unit_s") -> str:
-    factor, unit = UNIT_SCALE[cell["unit"]]
-    return f"{cell[key] * factor:.3f} {unit}"
+def _statuses(report: Dict[str, Any]) -> Dict[tuple, str]:
+    return {(r["metric"], r["workload"], r["config"]): r["status"] for r in report["targets"]}
 
 
-def failure_word(cell: Dict[str, Any]) -> str:
-    return "skipped" if cell["error"].startswith("skipped") else "failed"
+def _notes_of(cell: Dict[str, Any]) -> str:
+    marks = ""
+    if cell.get("gap_over_idle_release"):
+        marks += "‡"
+    if cell.get("throttled_pairs"):
+        marks += "†"
+    return marks
 
 
-def _table(
-    report: Dict[str, Any],
-    workloads: Sequence[str],
-    text: Callable[[Dict[str, Any]], str],
-    native_text: str = "",
-) -> List[str]:
-    """One row per workload, one column per configuration; ``not run`` where a configuration
-    does not run that workload; ``native_text``, if given, in native's cells (the reference)."""
-    configs = report["configs"]
-    lines = ["| workload | " + " | ".join(configs) + " |", "|---" * (len(configs) + 1) + "|"]
-    for workload in workloads:
-        cells = report["workloads"][workload]
-        texts = []
-        for config in configs:
-            cell = cells.get(config)
-            if cell is None:
-                texts.append("not run")
-            elif "error" in cell:
-                texts.append(failure_word(cell))
-            elif config == NATIVE and native_text:
-                texts.append(native_text)
-            else:
-                texts.append(text(cell))
-        lines.append(f"| `{workload}` | " + " | ".join(texts) + " |")
-    return lines
+def _headline_cell(workload: str, config: str, cell: Optional[Dict], status: Dict) -> str:
+    if not cell:
+        return "not run"
+    if cell.get("failed"):
+        return "**failed**"
+    memory = memory_text(cell.get("memory"))
+    memory += MARKS.get(status.get(("memory", workload, config)), "")
+    if config == NATIVE:
+        return f"{memory} · 1"
+    time = interval_text(cell.get("time")) + MARKS.get(status.get(("time", workload, config)), "")
+    return f"{memory} · {time}{_notes_of(cell)}"
 
 
-def _header(report: Dict[str, Any]) -> List[str]:
-    repeats = f"{report['repeats']} repeat(s)"
-    if report.get("stop_reason"):
-        repeats += f" of {report['repeats_requested']} asked ({report['stop_reason']})"
-    if report["repeats"] < METHOD_REPEATS:
-        repeats += (
-            f" — fewer than the method's {METHOD_REPEATS}: the intervals are coarse, and a target "
-            "met here is not established"
-        )
-    return [
-        "# streampool benchmarks",
-        "",
-        f"- GPU: {report['device']}, driver {report['driver']}",
-        f"- torch {report['torch']} (CUDA {report['cuda']}), streampool {report['streampool']}",
-        f"- date: {report['date']}",
-        f"- command: `{report['command']}`",
-        f"- {repeats}; every repeat runs each configuration once, each in a fresh process, the "
-        "order rotated by one every repeat. Each workload runs a fixed seeded schedule; its time "
-        "is the sum over the schedule's timed steps. A cell is the median over repeats of the "
-        "ratio to native in the same repeat, with its 95% bootstrap interval in parentheses. "
-        "**Bold**: the interval lies wholly outside the A/A interval (`native-aa`, native run "
-        "again as a configuration of its own), both measured in at least 3 repeats: only those "
-        "differences are claimed.",
-    ]
+def _pairs_text(cells: Dict[str, Any]) -> str:
+    counts = [c["time"]["n"] for c in cells.values() if c.get("time")]
+    if not counts:
+        return ""
+    low, high = min(counts), max(counts)
+    return f" ({low} pairs)" if low == high else f" ({low}–{high} pairs)"
 
 
-def _aa_lines(report: Dict[str, Any]) -> List[str]:
-    rows = [
-        (w, cells[NATIVE_AA])
-        for w, cells in report["workloads"].items()
-        if NATIVE_AA in cells and "error" not in cells[NATIVE_AA]
-    ]
-    if not rows:
-        return []
-    lines = [
-        "",
-        "## A/A control: native ÷ native in the same repeat",
-        "",
-        "A ratio whose interval overlaps these is not distinguishable from noise in this run.",
-        "",
-        "| workload | host time | GPU time |",
-        "|---|---|---|",
-    ]
-    for workload, cell in rows:
-        lines.append(
-            f"| `{workload}` | {ratio_text(cell, 'time_ratio')} | "
-            f"{ratio_text(cell, 'gpu_time_ratio')} |"
-        )
-    return lines
-
-
-def _cotenant_lines(report: Dict[str, Any]) -> List[str]:
+def _cotenant_row(report: Dict[str, Any], status: Dict, configs: List[str]) -> List[str]:
     cells = report.get("cotenant") or {}
     if not cells:
         return []
-    lines = [
-        "",
-        "## Co-tenant: what a second process gets while this one idles",
-        "",
-        "Process A (the configuration) trains GPT-2 over every sequence length, synchronises and "
-        "idles with its model and optimizer alive; process B (native) then allocates the largest "
-        "tensor it can (binary search to 64 MiB) and fills it. Fraction: B's largest allocation "
-        "÷ the device's memory, median (min–max) over repeats.",
-        "",
-        "| A's configuration | A called `empty_cache()` | B's largest allocation "
-        "| fraction of device |",
-        "|---|---|---|---|",
-    ]
-    for name, cell in cells.items():
+
+    def held(name: str) -> str:
+        cell = cells.get(name)
+        if not cell:
+            return "not run"
         if "error" in cell:
-            lines.append(f"| `{name}` | | {failure_word(cell)} | |")
-            continue
-        low, high = cell["cotenant_fit_fraction_min"], cell["cotenant_fit_fraction_max"]
-        spread = f" ({low:.3f}–{high:.3f})" if low != high else ""
-        lines.append(
-            f"| `{name}` | {'yes' if cell['empty_cache_called'] else 'no'} | "
-            f"{cell['fit_bytes'] / 2**30:.1f} GiB | {cell['cotenant_fit_fraction']:.3f}{spread} |"
-        )
-    return lines
+            return "**failed**"
+        probe = [p for p in cell["probes"] if abs(p["idle_s"] - HEADLINE_IDLE_S) < 1.0]
+        if not probe:
+            return "—"
+        mark = MARKS.get(status.get(("cotenant", f"idle {HEADLINE_IDLE_S:g} s", name)), "")
+        return f"{probe[0]['held_gib_median']:.2f} GiB{mark}"
+
+    texts = [held(COTENANT_COLUMNS[c]) if c in COTENANT_COLUMNS else "" for c in configs]
+    return [f"| co-tenant: held beyond live after {HEADLINE_IDLE_S:g} s idle | | "
+            + " | ".join(texts) + " |"]
 
 
-def _target_lines(report: Dict[str, Any]) -> List[str]:
-    rows = report.get("targets") or []
-    if not rows:
-        return []
+def headline(report: Dict[str, Any]) -> List[str]:
+    """The one screen (module docstring)."""
+    facts, status = report["facts"], _statuses(report)
+    configs = [c for c in HEADLINE_CONFIGS
+               if any(c in cells for cells in report["workloads"].values())] or [NATIVE]
     lines = [
+        "## Headline",
         "",
-        "## Targets (bench/targets.json): judged by the 95% interval's upper end",
+        f"{', '.join(facts['device'])}, driver {', '.join(facts['driver'])}, torch "
+        f"{', '.join(facts['torch'])} (CUDA {', '.join(facts['cuda'])}), streampool "
+        f"{', '.join(facts['streampool'])}; {', '.join(d for d in facts['dates'] if d)}.",
         "",
-        "| workload | metric | configuration | target | median (95% interval) | status |",
-        "|---|---|---|---|---|---|",
+        "Each cell: peak device memory ÷ native's peak live tensor bytes · time ×native, the "
+        "median of paired ratios (95% interval). ✓ / ✗: target of `bench/targets.json` met / "
+        "not met (a time target when the interval's upper end is at or below it; memory at or "
+        "below expandable's). A/A: native against itself, the noise of the run. "
+        f"No interval from fewer than {MIN_PAIRS} pairs.",
+        "",
+        "| workload | A/A | " + " | ".join(configs) + " |",
+        "|---" * (len(configs) + 2) + "|",
     ]
-    for row in rows:
-        if row["median"] is None:
-            measured = "—"
-        elif row["metric"] == "cotenant_fit_fraction":
-            low, high = row["ci95"]
-            measured = f"{row['median']:.3f} ({low:.3f}–{high:.3f}, min–max)"
-        else:
-            measured = f"{row['median']:.3f}× ({row['ci95'][0]:.3f}–{row['ci95'][1]:.3f})"
-        lines.append(
-            f"| `{row['workload']}` | {row['metric']} | `{row['config']}` | {row['target']} | "
-            f"{measured} | {row['status']} |"
+    for workload, cells in report["workloads"].items():
+        aa = cells.get(NATIVE_AA)
+        aa_text = "not run" if not aa else "**failed**" if aa.get("failed") else (
+            interval_text(aa.get("time")) + MARKS.get(status.get(("aa", workload, NATIVE_AA)), "")
         )
+        texts = [_headline_cell(workload, c, cells.get(c), status) for c in configs]
+        row = f"| `{workload}`{_pairs_text(cells)} | {aa_text} | " + " | ".join(texts)
+        lines.append(row + " |")
+    lines += _cotenant_row(report, status, configs)
+    lines += _headline_notes(report)
+    commands = [f"- `{c}`" for c in facts["commands"] if c]
+    if facts.get("merge_command"):
+        commands.append(f"- merged: `{facts['merge_command']}`")
+    if commands:
+        lines += ["", "Commands (one run per group of workloads):", ""] + commands
     return lines
 
 
-def _failure_lines(report: Dict[str, Any]) -> List[str]:
-    """One item per (configuration, error): what failed or was skipped, in which workloads."""
-    failed: Dict[Tuple[str, str], List[str]] = collections.defaultdict(list)
+def _headline_notes(report: Dict[str, Any]) -> List[str]:
+    notes = []
+    extra = report.get("cotenant", {}).get("native+empty_cache")
+    if extra and "error" not in extra:
+        probe = [p for p in extra["probes"] if abs(p["idle_s"] - HEADLINE_IDLE_S) < 1.0]
+        if probe:
+            notes.append(f"native calling `empty_cache()` holds {probe[0]['held_gib_median']:.2f} "
+                         f"GiB beyond live after {HEADLINE_IDLE_S:g} s idle.")
+    threshold = report.get("cotenant", {}).get(THRESHOLD)
+    if threshold and "error" not in threshold:
+        probe = [p for p in threshold["probes"] if abs(p["idle_s"] - HEADLINE_IDLE_S) < 1.0]
+        if probe:
+            notes.append(f"streampool with `STREAMPOOL_RELEASE_THRESHOLD=1GiB` holds "
+                         f"{probe[0]['held_gib_median']:.2f} GiB.")
+    if report.get("price"):
+        notes.append("Its price, GPT-2 training time with the threshold ÷ without (paired): "
+                     f"{interval_text(report['price'])}.")
+    failures = failure_lines(report, last_line_only=True)
+    if failures:
+        notes.append("Failed: " + "; ".join(failures) + ".")
+    marks = {m for cells in report["workloads"].values() for c in cells.values()
+             for m in _notes_of(c)}
+    if "‡" in marks:
+        notes.append("‡ a worker idled longer than the idle-release delay between two of its "
+                     "blocks: not a busy loop.")
+    if "†" in marks:
+        notes.append("† some pairs ran while the GPU reported a power or thermal slowdown.")
+    return ["", " ".join(notes)] if notes else []
+
+
+def failure_lines(report: Dict[str, Any], last_line_only: bool = False) -> List[str]:
+    """One entry per failure: ``workload`` × configurations (those failing with the same text
+    together), then the co-tenant's; the whole end of each error, or its last line only."""
+
+    def text(error: str) -> str:
+        kept = [line for line in error.splitlines() if line.strip()] or [""]
+        return kept[-1] if last_line_only else "\n  ".join(kept)
+
+    grouped: Dict[tuple, List[str]] = {}
     for workload, cells in report["workloads"].items():
         for config, cell in cells.items():
-            if "error" in cell:
-                failed[(config, " ".join(cell["error"].split()))].append(workload)
-            for error in cell.get("repeat_errors", []):
-                failed[(config, "in one repeat: " + " ".join(error.split()))].append(workload)
+            if cell.get("failed"):
+                grouped.setdefault((f"`{workload}`", text(cell["errors"][0])), []).append(config)
     for name, cell in (report.get("cotenant") or {}).items():
         if "error" in cell:
-            failed[(name, " ".join(cell["error"].split()))].append("cotenant")
-    lines = [f"- `{c}` ({', '.join(ws)}): {error}" for (c, error), ws in failed.items()]
-    return ["", "## Failed or skipped", ""] + lines if lines else []
-
-
-def markdown(report: Dict[str, Any]) -> str:
-    """The whole report (see the module's invariant)."""
-    workloads = list(report["workloads"])
-    memory_workloads = [w for w in workloads if has_memory_ratio(w)]
-    lines = _header(report)
-    if workloads:
-        lines += [
-            "",
-            "![ratios](latest.png)",
-            "",
-            "## Time ×native, host clock (lower is better)",
-            "",
-            "Host time between synchronisations, summed over the schedule's timed steps.",
-            "",
-            *_table(report, workloads, lambda cell: claimed_text(cell, "time"), "1 (reference)"),
-            "",
-            "## Time ×native, GPU clock (CUDA events around each step)",
-            "",
-            "Elapsed time between two events recorded on the current stream at a step's start and "
-            "end, idle gaps included (for a step the host cannot keep the GPU busy in, it "
-            "approaches the host time).",
-            "",
-            *_table(
-                report, workloads, lambda cell: claimed_text(cell, "gpu_time"), "1 (reference)"
-            ),
-            *_aa_lines(report),
-            "",
-            "## Time per unit on this machine (median over repeats, host clock)",
-            "",
-            *_table(report, workloads, per_unit_text),
-        ]
-    if memory_workloads:
-        lines += [
-            "",
-            "## Peak device memory used ÷ native's peak live tensor bytes (lower is better)",
-            "",
-            "Peak device memory used: the largest drop of free device memory since the workload "
-            "started, read after each step; median (min–max) over repeats. `≥`: the configuration "
-            "held memory from before the workload that `torch.cuda.empty_cache()` did not return, "
-            "so the ratio is a lower bound.",
-            "",
-            *_table(report, memory_workloads, lambda cell: spread_text(cell, "peak_memory_ratio")),
-        ]
-    lines += _cotenant_lines(report) + _target_lines(report) + _failure_lines(report)
-    return "\n".join(lines) + "\n"
-
-
-def summary_lines(report: Dict[str, Any]) -> List[str]:
-    """The last lines on stdout: per workload, each configuration's host-time ratio with its
-    interval and, where reported, the memory ratio; then the co-tenant fractions and targets."""
-    lines = [
-        f"bench on {report['device']}: time ×native (95% interval) [memory ÷ native peak live], "
-        f"{report['repeats']} repeat(s)"
+            grouped.setdefault(("co-tenant", text(cell["error"])), []).append(name)
+    return [
+        f"{where} × {', '.join(f'`{c}`' for c in configs)}: {error}"
+        for (where, error), configs in grouped.items()
     ]
-    width = max([len(w) for w in report["workloads"]] + [8])
-    for workload, cells in report["workloads"].items():
-        parts = []
-        for config, cell in cells.items():
-            if "error" in cell:
-                parts.append(f"{config} {failure_word(cell)}")
-                continue
-            low, high = cell["time_ratio_ci95"]
-            memory = cell.get("peak_memory_ratio")
-            bound = "≥" if cell.get("peak_memory_lower_bound") else ""
-            memory_text = f" [{bound}{memory:.2f}]" if memory is not None else ""
-            parts.append(f"{config} {cell['time_ratio']:.3f}({low:.3f}-{high:.3f}){memory_text}")
-        lines.append(f"{workload:<{width}}  " + "  ".join(parts))
-    for name, cell in (report.get("cotenant") or {}).items():
-        text = failure_word(cell) if "error" in cell else f"{cell['cotenant_fit_fraction']:.3f}"
-        lines.append(f"{'cotenant':<{width}}  {name} {text}")
-    for row in report.get("targets") or []:
-        lines.append(f"target {row['workload']} {row['metric']} {row['config']}: {row['status']}")
-    return lines

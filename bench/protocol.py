@@ -1,45 +1,62 @@
-"""How a child process tells the parent what it measured: one JSON object per marker line on stdout.
+"""The messages between the parent and its worker processes.
 
-Invariant: only lines starting with RESULT_MARKER carry results (libraries may print anything
-else); every message is ``{"kind": ..., ...}`` with kind one of MESSAGE_KINDS, written with
-allow_nan=False so the parent's json.loads never sees NaN. No torch here: both sides import it.
+Worker -> parent: one JSON object per line on stdout, after RESULT_MARKER (libraries may print
+anything else there). Parent -> worker: one JSON object per line on the worker's stdin.
+Invariant: every message is ``{"kind": ..., ...}`` with kind one of MESSAGE_KINDS, written with
+allow_nan=False so that json.loads never sees NaN; error texts are the *last* lines of what went
+wrong (a traceback's end says most). No torch here: both sides import it.
 """
 
 import json
 import sys
+import traceback
 from typing import Any, Dict, Iterator
 
 RESULT_MARKER = "STREAMPOOL_BENCH "
-# info: the child's facts; workload: one record; skipped: the configuration cannot run here;
-# setup_error: it failed before any workload; ready / fit: the co-tenant's two processes.
-MESSAGE_KINDS = ("info", "workload", "skipped", "setup_error", "ready", "fit")
-ERROR_TEXT_CHARS = 600
+# ready: set up, with the worker's facts; reply: the answer to one command; skipped: the
+# configuration cannot run here; setup_error: it failed before any command; loaded / idle /
+# probe: the co-tenant's processes.
+MESSAGE_KINDS = ("ready", "reply", "skipped", "setup_error", "loaded", "idle", "probe")
+ERROR_LINES = 8
+ERROR_CHARS = 1200
+
+
+def encode(kind: str, **fields: Any) -> str:
+    if kind not in MESSAGE_KINDS:
+        raise ValueError(f"unknown message kind {kind!r}")
+    return RESULT_MARKER + json.dumps({"kind": kind, **fields}, allow_nan=False)
 
 
 def emit(kind: str, **fields: Any) -> None:
     """One marker line on stdout for the parent."""
-    if kind not in MESSAGE_KINDS:
-        raise ValueError(f"unknown message kind {kind!r}")
-    print(RESULT_MARKER + json.dumps({"kind": kind, **fields}, allow_nan=False), flush=True)
+    print(encode(kind, **fields), flush=True)
+
+
+def decode(line: str):
+    """The message on ``line``, or None for a line that is not one."""
+    if not line.startswith(RESULT_MARKER):
+        return None
+    return json.loads(line[len(RESULT_MARKER) :])
 
 
 def messages(stdout: str) -> Iterator[Dict[str, Any]]:
-    """The messages in a child's stdout, in order."""
+    """The messages in a process's stdout, in order."""
     for line in stdout.splitlines():
-        if line.startswith(RESULT_MARKER):
-            yield json.loads(line[len(RESULT_MARKER) :])
+        message = decode(line)
+        if message is not None:
+            yield message
 
 
-def tail(text: str) -> str:
-    """The last ERROR_TEXT_CHARS characters of ``text`` (a log: the end says most), stripped."""
-    text = text.strip()
-    return text if len(text) <= ERROR_TEXT_CHARS else "..." + text[-ERROR_TEXT_CHARS:]
+def tail(text: str, lines: int = ERROR_LINES) -> str:
+    """The last ``lines`` non-empty lines of ``text``, at most ERROR_CHARS characters."""
+    kept = [line.rstrip() for line in text.strip().splitlines() if line.strip()][-lines:]
+    joined = "\n".join(kept)
+    return joined if len(joined) <= ERROR_CHARS else "..." + joined[-ERROR_CHARS:]
 
 
-def exception_text(exc: BaseException) -> str:
-    """``Type: message``, cut to ERROR_TEXT_CHARS (the start of a message says most)."""
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return text if len(text) <= ERROR_TEXT_CHARS else text[:ERROR_TEXT_CHARS] + "..."
+def error_text(exc: BaseException) -> str:
+    """The last lines of ``exc``'s traceback (its type and message last)."""
+    return tail("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
 
 
 def progress(text: str) -> None:

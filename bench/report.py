@@ -1,183 +1,204 @@
-"""From the children's records to the latest.json document: ratios to native, intervals, A/A.
+"""From the raw results of one or more runs (results.json each) to the report (report.json).
 
-Invariant: every ratio compares two records of the *same repeat* (a configuration's and
-native's), and a reported value is the median of those per-repeat ratios with its seeded
-bootstrap interval; a repeat where either side failed is left out and named in
-``repeat_errors``. A cell exists only for a workload its configuration ran. Memory ratios use
-native's peak live bytes as the denominator for every configuration.
+A run is one ``python3 -m bench`` command (a group of workloads); ``merge`` pools several.
+Invariant: a time ratio is the median of paired ratios, each pair two adjacent blocks of the
+*same run* on the same steps, pooled over runs; its interval is stats.median_interval of those
+pairs (none below stats.MIN_PAIRS). A memory ratio is a configuration's peak device memory ÷
+native's peak live bytes of the *same run*; over several runs the report keeps the median and
+the lowest and highest. A configuration that failed on a workload in a run contributes no pairs
+from that run and its error is kept; a cell without any measurement is a failure, never absent.
 """
 
-import statistics
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import stats, targets
-from .configs import NATIVE, NATIVE_AA
-from .schedules import has_memory_ratio
+from .configs import NATIVE, NATIVE_AA, THRESHOLD
+from .schedules import UNIT_SCALE, has_memory_ratio
 
-# A configuration holding more than this fraction of native's peak live bytes above what native
-# holds at a workload's start has its memory ratio marked as a lower bound.
-HELD_LOWER_BOUND_FRACTION = 0.05
-
-Runs = Sequence[Dict[str, Dict[str, Any]]]
+FORMAT = 2
 
 
-# Below this many repeats (of a configuration or of the A/A control) no difference is claimed.
-MIN_REPEATS_TO_CLAIM = 3
+def _calls_facts(calls: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """Device, versions and commands over the runs (a mismatch is named, not hidden)."""
+    infos = [info for call in calls for info in call.get("workers", {}).values() if info]
 
-def _median_int(values: Sequence[int]) -> int:
-    return int(round(statistics.median(values)))
+    def values(key: str, source) -> List[str]:
+        return sorted({str(item[key]) for item in source if item.get(key) not in (None, "")})
 
-
-def _memory_fields(workload: str, pairs: Sequence[tuple]) -> Dict[str, Any]:
-    """peak_device_bytes, peak_live_bytes (native's), peak_memory_ratio with its interval and
-    spread, and the lower-bound flag, from (config record, native record) pairs."""
-    live = _median_int([native["peak_live_bytes"] for _, native in pairs])
-    fields: Dict[str, Any] = {
-        "peak_device_bytes": _median_int([mine["peak_device_bytes"] for mine, _ in pairs]),
-        "peak_live_bytes": live,
-        "held_at_start_bytes": _median_int([m["held_at_start_bytes"] for m, _ in pairs]),
-        "peak_memory_ratio": None,
+    facts = [call.get("facts", {}) for call in calls]
+    return {
+        "device": values("device", infos) or ["unknown (no worker started CUDA)"],
+        "torch": values("torch", infos) or ["unknown"],
+        "cuda": values("cuda", infos) or ["unknown"],
+        "streampool": values("streampool_version", infos) or ["unknown"],
+        "driver": values("driver", facts) or ["unknown"],
+        "commands": [f.get("command", "") for f in facts],
+        "dates": [f.get("date", "") for f in facts],
+        "block_s": sorted({f.get("block_s") for f in facts if f.get("block_s") is not None}),
+        "idle_release_s": [f.get("idle_release_s") for f in facts],
+        "nvml": [f.get("nvml") for f in facts],
+        "gpu": [gpu_summary(call) for call in calls],
     }
-    if not has_memory_ratio(workload) or min(n["peak_live_bytes"] for _, n in pairs) <= 0:
-        return fields
-    per_repeat = [m["peak_device_bytes"] / n["peak_live_bytes"] for m, n in pairs]
-    fields.update(stats.summarise_ratios("peak_memory_ratio", per_repeat))
-    excess_held_bytes = statistics.median(
-        [m["held_at_start_bytes"] - n["held_at_start_bytes"] for m, n in pairs]
-    )
-    fields["peak_memory_lower_bound"] = excess_held_bytes > HELD_LOWER_BOUND_FRACTION * live
-    return fields
 
 
-def aggregate_cell(runs: Runs, config: str, workload: str) -> Optional[Dict[str, Any]]:
-    """The result of ``config`` on ``workload`` over all repeats (see the module's invariant);
-    ``{"error": ...}`` when no repeat produced both records; None when it never ran it."""
-    pairs, errors = [], []
-    for run in runs:
-        if config not in run or workload not in run[config]["workloads"]:
+def gpu_summary(call: Dict[str, Any]) -> Dict[str, Any]:
+    """SM clock range, highest power and throttled pairs over the run's timed pairs."""
+    pairs = [p for run in call.get("workloads", []) for p in run.get("pairs", [])]
+    samples = [s for p in pairs for s in p.get("gpu", []) if s]
+    clocks = [s["sm_mhz"] for s in samples if s.get("sm_mhz") is not None]
+    power = [s["power_w"] for s in samples if s.get("power_w") is not None]
+    return {
+        "pairs": len(pairs),
+        "throttled_pairs": sum(1 for p in pairs if p.get("throttled")),
+        "sm_mhz": [min(clocks), max(clocks)] if clocks else None,
+        "power_w_max": max(power) if power else None,
+    }
+
+
+def _memory(records: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """``records``: (config's memory pass, native's) per run -> the memory figures, from the
+    runs where both were read."""
+    usable = [
+        (mine, native)
+        for mine, native in records
+        if mine.get("peak_device_bytes") is not None and (native.get("peak_live_bytes") or 0) > 0
+    ]
+    if not usable:
+        return None
+    ratios = [mine["peak_device_bytes"] / native["peak_live_bytes"] for mine, native in usable]
+    return {
+        "ratio": stats.median(ratios),
+        "low": min(ratios),
+        "high": max(ratios),
+        "runs": len(ratios),
+        "peak_device_bytes": int(stats.median([m["peak_device_bytes"] for m, _ in usable])),
+        "peak_live_bytes": int(stats.median([n["peak_live_bytes"] for _, n in usable])),
+        "sources": sorted({m["memory_source"] for m, _ in usable}),
+    }
+
+
+def _cell(workload: str, config: str, runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One configuration on one workload over ``runs`` (raw workload records of runs)."""
+    cell: Dict[str, Any] = {"errors": [], "runs": 0}
+    pairs, memory_records, gaps, own_blocks, units = [], [], [], [], None
+    for run, idle_release_s in runs:
+        prepared, failed = run.get("prepare", {}), run.get("failed", {})
+        if config not in prepared and config not in failed:
             continue
-        mine, native = run[config]["workloads"][workload], run[NATIVE]["workloads"][workload]
-        if "error" in mine:
-            errors.append(mine["error"])
-        elif "error" in native:
-            errors.append(f"native failed in the same repeat: {native['error']}")
-        else:
-            pairs.append((mine, native))
-    if not pairs:
-        return {"error": errors[0]} if errors else None
-    cell: Dict[str, Any] = {}
-    for clock in ("time", "gpu_time"):
-        key = "host_time_s" if clock == "time" else "gpu_time_s"
-        per_repeat = stats.ratios([m[key] for m, _ in pairs], [n[key] for _, n in pairs])
-        cell.update(stats.summarise_ratios(f"{clock}_ratio", per_repeat))
-    units = pairs[0][0]["units"]
-    cell["unit"] = pairs[0][0]["unit"]
-    cell["host_time_per_unit_s"] = statistics.median([m["host_time_s"] / units for m, _ in pairs])
-    cell["gpu_time_per_unit_s"] = statistics.median([m["gpu_time_s"] / units for m, _ in pairs])
-    cell["repeats_measured"] = len(pairs)
-    cell.update(_memory_fields(workload, pairs))
-    if errors:
-        cell["repeat_errors"] = errors
+        cell["runs"] += 1
+        if config in failed:
+            cell["errors"].append(failed[config])
+            continue
+        if config == NATIVE or NATIVE in prepared:
+            memory_records.append((prepared[config], prepared.get(NATIVE, {})))
+        mine = [p for p in run.get("pairs", []) if p["config"] == config]
+        as_ref = [p for p in run.get("pairs", []) if p["ref"] == config]
+        pairs += mine
+        own_blocks += [p["config_s"] / p["units"] for p in mine]
+        own_blocks += [p["ref_s"] / p["units"] for p in as_ref]
+        gaps += [p["config_idle_s"] for p in mine if p.get("config_idle_s") is not None]
+        gaps += [p["ref_idle_s"] for p in as_ref if p.get("ref_idle_s") is not None]
+        if idle_release_s is not None:
+            cell["idle_release_s"] = idle_release_s
+        peak = run.get("process_peak_bytes", {}).get(config)
+        baseline = run.get("baseline_process_bytes", {}).get(config)
+        if peak is not None and baseline is not None:  # NVML, with every worker alive
+            during = max(peak - baseline, cell.get("process_bytes_during_timing", 0))
+            cell["process_bytes_during_timing"] = during
+        units = prepared[config].get("unit", units)
+    if cell["runs"] == 0:
+        return {}
+    if pairs:
+        ratios = stats.paired_ratios([p["config_s"] for p in pairs], [p["ref_s"] for p in pairs])
+        cell["time"] = {**stats.summarise(ratios), "ref": pairs[0]["ref"]}
+        cell["throttled_pairs"] = sum(1 for p in pairs if p.get("throttled"))
+    if own_blocks:
+        cell["per_unit_s"] = stats.median(own_blocks)
+        cell["unit"] = units
+    elif config != NATIVE and len(cell["errors"]) < cell["runs"]:
+        cell["errors"].append("no pair was timed")
+    if has_memory_ratio(workload) and memory_records:
+        cell["memory"] = _memory(memory_records)
+    if gaps:
+        cell["max_idle_s"] = max(gaps)
+        release = cell.get("idle_release_s")
+        cell["gap_over_idle_release"] = release is not None and max(gaps) >= release
+    if cell["errors"] and "time" not in cell and "memory" not in cell:
+        cell["failed"] = True
     return cell
 
 
-def aggregate(runs: Runs, configs: Sequence[str], workloads: Sequence[str]) -> Dict[str, Any]:
-    """``{workload: {config: cell}}`` for the configurations that ran each workload, each cell
-    compared with the A/A control's interval where native-aa ran (``time_vs_aa``,
-    ``gpu_time_vs_aa``: "lower", "higher", "within A/A", or "too few repeats" when either was
-    measured in fewer than MIN_REPEATS_TO_CLAIM repeats: one repeat's "interval" is a point, and
-    two points never overlap)."""
-    table: Dict[str, Dict[str, Any]] = {}
-    for workload in workloads:
-        cells = {c: aggregate_cell(runs, c, workload) for c in configs}
-        cells = {c: cell for c, cell in cells.items() if cell is not None}
-        aa = cells.get(NATIVE_AA, {})
-        for config, cell in cells.items():
-            if "error" in cell or config in (NATIVE, NATIVE_AA):
-                continue
-            measured = min(cell["repeats_measured"], aa.get("repeats_measured", 0))
-            for clock in ("time", "gpu_time"):
-                aa_interval = aa.get(f"{clock}_ratio_ci95")
-                verdict = stats.compare_with_aa(cell[f"{clock}_ratio_ci95"], aa_interval)
-                if verdict is not None and measured < MIN_REPEATS_TO_CLAIM:
-                    verdict = "too few repeats"
-                if verdict is not None:
-                    cell[f"{clock}_vs_aa"] = verdict
-        table[workload] = cells
+def workload_cells(calls: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """``{workload: {config: cell}}`` over every run, workloads in the order first seen."""
+    runs: Dict[str, List] = {}
+    for call in calls:
+        release = call.get("facts", {}).get("idle_release_s")
+        for run in call.get("workloads", []):
+            runs.setdefault(run["workload"], []).append((run, release))
+    table = {}
+    for workload, records in runs.items():
+        configs = []
+        for run, _ in records:
+            configs += list(run.get("prepare", {})) + list(run.get("failed", {}))
+        cells = {c: _cell(workload, c, records) for c in dict.fromkeys(configs)}
+        table[workload] = {c: cell for c, cell in cells.items() if cell}
     return table
 
 
-def run_facts(runs: Runs) -> Dict[str, str]:
-    """GPU name, torch and CUDA versions (from the first child that reported them) and the
-    streampool version (from a streampool child)."""
-    infos = [run[config]["info"] for run in runs for config in run if run[config]["info"]]
-    first = infos[0] if infos else {}
-    versions = [info["streampool_version"] for info in infos if "streampool_version" in info]
-    return {
-        "device": first.get("device", "unknown (no child started CUDA)"),
-        "torch": first.get("torch", "unknown"),
-        "cuda": first.get("cuda", "unknown"),
-        "streampool": versions[0] if versions else "unknown (no streampool child started)",
-    }
+def cotenant_cells(calls: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """``{A's configuration: {"probes": [{"idle_s", "held_gib_median", "held_gib_min",
+    "held_gib_max", "free_gib_min", "confirmed"}], "rounds", "empty_cache_called"}}`` or
+    ``{"error"}``."""
+    trials: Dict[str, List[Dict[str, Any]]] = {}
+    for call in calls:
+        for trial in call.get("cotenant", []):
+            trials.setdefault(trial["config"], []).append(trial)
+    cells = {}
+    for name, results in trials.items():
+        measured = [t for t in results if "error" not in t]
+        errors = [t["error"] for t in results if "error" in t]
+        if not measured:
+            cells[name] = {"error": errors[0], "rounds": 0}
+            continue
+        probes = []
+        for i, first in enumerate(measured[0]["probes"]):
+            at = [t["probes"][i] for t in measured if len(t["probes"]) > i]
+            held = [p["held_beyond_live_bytes"] / 2**30 for p in at]
+            probes.append(
+                {
+                    "idle_s": first["idle_s"],
+                    "held_gib_median": stats.median(held),
+                    "held_gib_min": min(held),
+                    "held_gib_max": max(held),
+                    "free_gib_min": min(p["free_bytes"] for p in at) / 2**30,
+                    "confirmed": all(p["confirmed"] for p in at),
+                    "errors": [p["error"] for p in at if p.get("error")],
+                }
+            )
+        cells[name] = {
+            "probes": probes,
+            "rounds": len(measured),
+            "empty_cache_called": measured[0]["empty_cache_called"],
+            "live_gib": measured[0]["live_bytes"] / 2**30,
+            "errors": errors,
+        }
+    return cells
 
 
-def child_wall_times_s(runs: Runs) -> Dict[str, float]:
-    """Median wall time of each configuration's child process, for planning GPU time."""
-    names = list(dict.fromkeys(c for run in runs for c in run))
-    times = {c: [run[c].get("wall_s", 0.0) for run in runs if c in run] for c in names}
-    return {c: round(statistics.median(t), 2) for c, t in times.items() if t}
-
-
-def build_report(
-    runs: Runs,
-    *,
-    configs: Sequence[str],
-    workloads: Sequence[str],
-    repeats_requested: int,
-    orders: Sequence[Sequence[str]],
-    stop_reason: Optional[str],
-    cotenant: Dict[str, Any],
-    facts: Dict[str, Any],
-    target_document: Optional[Dict[str, Any]] = None,
+def build(
+    calls: Sequence[Dict[str, Any]], target_document=None, merge_command: Optional[str] = None
 ) -> Dict[str, Any]:
-    """The latest.json document. ``facts``: command, date, driver, quick, variants, elapsed_s;
-    ``cotenant``: ``{"cells": summarise(rounds), "rounds": rounds}`` (or empty)."""
-    found = run_facts(runs)
-    report: Dict[str, Any] = {
-        "device": found["device"],
-        "driver": facts.get("driver", "unknown"),
-        "torch": found["torch"],
-        "cuda": found["cuda"],
-        "streampool": found["streampool"],
-        "date": facts.get("date", ""),
-        "command": facts.get("command", ""),
-        "quick": facts.get("quick", False),
-        "repeats": len(runs),
-        "repeats_requested": repeats_requested,
-        "stop_reason": stop_reason,
-        "configs": list(configs),
-        "variants": facts.get("variants", {}),
-        "config_orders": [list(order) for order in orders],
-        "aa_config": NATIVE_AA if NATIVE_AA in configs else None,
-        "elapsed_s": facts.get("elapsed_s"),
-        "child_wall_s": child_wall_times_s(runs),
-        "workloads": aggregate(runs, configs, workloads) if runs else {},
-        "cotenant": cotenant.get("cells", {}),
-        "raw": list(runs),
-        "cotenant_raw": cotenant.get("rounds", []),
+    """The report of ``calls`` (raw results.json documents, one per run)."""
+    workloads = workload_cells(calls)
+    report = {
+        "format": FORMAT,
+        "facts": {**_calls_facts(calls), "merge_command": merge_command},
+        "workloads": workloads,
+        "cotenant": cotenant_cells(calls),
+        "price": workloads.get("gpt2", {}).get(THRESHOLD, {}).get("time"),
+        "aa": {w: cells[NATIVE_AA].get("time") for w, cells in workloads.items()
+               if NATIVE_AA in cells},
+        "unit_scale": UNIT_SCALE,
     }
     report["targets"] = targets.judge(report, target_document)
     return report
-
-
-def partial_document(runs: Runs, inputs: Dict[str, Any]) -> Dict[str, Any]:
-    """What latest.json holds while a run goes on: the repeats so far and the inputs of
-    build_report, no statistics (they take seconds); ``rebuild`` makes the report from it."""
-    return {"partial": True, "repeats": len(runs), "inputs": inputs, "raw": list(runs)}
-
-
-def rebuild(document: Dict[str, Any]) -> Dict[str, Any]:
-    """The report of a run that stopped before its end, from its last partial_document."""
-    runs = document["raw"]
-    reason = f"incomplete: the run stopped after {len(runs)} repeat(s)"
-    return build_report(runs, stop_reason=reason, **document["inputs"])

@@ -1,163 +1,243 @@
-"""The parent's repeats: one fresh child process per configuration per repeat, order rotated.
+"""The parent's run of workloads over long-lived workers, one workload at a time.
 
-Invariant: within a repeat every configuration runs once, in its own process, one after the
-other (never two children at once), in the order ``stats.rotated(configs, repeat)``; a
-configuration that was skipped or failed to set up is not started again (its first result stands
-for every repeat); a new repeat starts only if the time budget leaves room for one as long as the
-last one took. This file runs processes and reads their messages; it computes no statistics.
+For each workload: every worker builds it and runs its memory pass *alone* (the others idle,
+settled), native first; then the pairs (reference, config) are packed into stages that fit the
+card and keep idle gaps short (plan.py); each stage warms its workers up and runs ``pairs``
+rounds in ABBA order, both blocks of a pair on the same steps; then every worker drops the
+workload. Invariant: a configuration that fails (set-up, memory pass, a block, a worker that
+exits) is recorded with the end of its error and never silently dropped; a pair is recorded only
+when both of its blocks ran; nothing here computes statistics.
 """
 
-import collections
-import subprocess
-import sys
-import tempfile
-import threading
+import math
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from . import protocol
-from .stats import rotated
+from . import plan, protocol, worker
+from .configs import NATIVE, resolve, worker_environment
+from .workers import CommandFailed, Worker, WorkerGone, close_all
 
-
-class ChildOutcome(NamedTuple):
-    """What a child process left: stdout, the tail of stderr, why it failed (or None), and how
-    long it ran (seconds)."""
-
-    stdout: str
-    stderr_tail: str
-    failure: Optional[str]
-    wall_s: float = 0.0
+READY_TIMEOUT_S = 300.0
+PREPARE_TIMEOUT_S = 300.0
+BLOCK_TIMEOUT_S = 120.0
 
 
-def run_process(
-    command: List[str], env: Dict[str, str], timeout_s: float, label: str
-) -> ChildOutcome:
-    """Run ``command``, echoing its stderr (prefixed with ``label``) to ours as it comes."""
-    tail: collections.deque = collections.deque(maxlen=30)
-    started_s = time.perf_counter()
-    with tempfile.TemporaryFile(mode="w+", errors="replace") as stdout_file:
-        process = subprocess.Popen(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout_file,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-        )
+class Options(NamedTuple):
+    pairs: int
+    block_s: float
+    idle_release_s: Optional[float]
 
-        def pump() -> None:
-            for line in process.stderr:
-                tail.append(line)
-                sys.stderr.write(f"    {label}| {line}")
 
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
+class Sampler:
+    """GPU clocks, power, throttle reasons and per-process memory after each block (NVML, in
+    the parent); every reading None without NVML."""
+
+    def __init__(self, nvml: Any = None, device: Any = None) -> None:
+        self.nvml, self.device = nvml, device
+
+    def after_block(self, pid: int) -> Tuple[Optional[Dict[str, Any]], Optional[int]]:
+        if self.nvml is None or self.device is None:
+            return None, None
+        used = self.nvml.process_used_bytes(self.device)
+        return self.nvml.sample(self.device), None if used is None else used.get(pid)
+
+
+class Runner:
+    """Workers by configuration name, and the ones that can no longer run (with why)."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        variants: Dict[str, Dict[str, str]],
+        environ: Dict[str, str],
+        options: Options,
+        sampler: Optional[Sampler] = None,
+        engine: Optional[str] = None,
+        log: Callable[[str], None] = protocol.progress,
+        preload: Sequence[str] = (),
+    ) -> None:
+        """Start a worker per name (``preload``: modules each imports while starting)."""
+        self.options, self.log = options, log
+        self.sampler = sampler or Sampler()
+        self.workers: Dict[str, Worker] = {}
+        self.dead: Dict[str, str] = {}
+        for name in names:  # all start at once: their imports overlap
+            config = resolve(name, variants)
+            command = worker.command(config.base, config.backend, engine, preload)
+            env = {**worker_environment(config, environ), "BENCH_CONFIG": name}
+            self.workers[name] = Worker(name, command, env)
+        self.infos: Dict[str, Dict[str, Any]] = {}
+        for name in names:
+            try:
+                self.infos[name] = self.workers[name].wait_ready(READY_TIMEOUT_S)
+            except (CommandFailed, WorkerGone) as exc:
+                self._bury(name, f"set-up failed: {exc}")
+
+    def close(self) -> None:
+        close_all(list(self.workers.values()))
+
+    def _bury(self, name: str, why: str) -> None:
+        self.dead[name] = why
+        gone = self.workers.pop(name, None)
+        if gone is not None:
+            gone.close(5.0)
+        self.log(f"{name}: {why.splitlines()[0] if why else ''}")
+
+    def _request(self, name: str, failed: Dict[str, str], command: str, timeout_s: float, **kw):
+        """The worker's answer, or None after recording why in ``failed`` (a worker that exited
+        is also buried for the workloads still to come)."""
+        if name not in self.workers:
+            failed.setdefault(name, f"worker could not run: {self.dead.get(name)}")
+            return None
         try:
-            returncode = process.wait(timeout=timeout_s)
-            failure = None if returncode == 0 else f"child exited with status {returncode}"
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            failure = f"child timed out after {timeout_s:g} s"
-        reader.join()
-        stdout_file.seek(0)
-        wall_s = time.perf_counter() - started_s
-        return ChildOutcome(stdout_file.read(), "".join(tail), failure, wall_s)
+            return self.workers[name].request(command, timeout_s, **kw)
+        except CommandFailed as exc:
+            failed[name] = str(exc)
+        except WorkerGone as exc:
+            failed[name] = str(exc)
+            self._bury(name, str(exc))
+        return None
 
-
-def parse_child_output(outcome: ChildOutcome, workloads: Sequence[str]) -> Dict[str, Any]:
-    """``{"status", "info", "workloads": {name: record}, "wall_s"}`` from a child's messages;
-    every workload without a record gets ``{"error": why}``."""
-    info: Dict[str, Any] = {}
-    records: Dict[str, Dict[str, Any]] = {}
-    status, reason = "ok", None
-    for message in protocol.messages(outcome.stdout):
-        if message["kind"] == "info":
-            info = message["info"]
-        elif message["kind"] == "workload":
-            records[message["workload"]] = message["record"]
-        elif message["kind"] in ("skipped", "setup_error"):
-            status, reason = message["kind"], message["reason"]
-    if status == "skipped":
-        reason = f"skipped: {reason}"
-    if outcome.failure is not None and status == "ok":
-        status, reason = "failed", protocol.tail(f"{outcome.failure}: {outcome.stderr_tail}")
-    missing = {
-        name: {"error": reason or "the child printed no result for it"}
-        for name in workloads
-        if name not in records
-    }
-    result = {
-        "status": status,
-        "info": info,
-        "workloads": {**records, **missing},
-        "wall_s": round(outcome.wall_s, 2),
-    }
-    if outcome.failure is not None:
-        result["process_failure"] = outcome.failure
-    return result
-
-
-# (configuration, its workloads, progress label) -> the child's parsed result
-ChildRunner = Callable[[str, List[str], str], Dict[str, Any]]
-SETTLED_STATUSES = ("skipped", "setup_error")
-
-
-class Repeats(NamedTuple):
-    """``runs[r]``: ``{config: child result}`` of repeat r; ``orders[r]``: the order it ran them;
-    ``stop_reason``: why fewer repeats ran than asked (None when all ran)."""
-
-    runs: List[Dict[str, Dict[str, Any]]]
-    orders: List[List[str]]
-    stop_reason: Optional[str]
-
-
-def run_repeats(
-    configs: Sequence[str],
-    workloads_by_config: Dict[str, List[str]],
-    repeats: int,
-    runner: ChildRunner,
-    time_budget_s: float = 0.0,
-    started_s: Optional[float] = None,
-    clock: Callable[[], float] = time.monotonic,
-    on_repeat: Optional[Callable[[Repeats], None]] = None,
-) -> Repeats:
-    """Run ``repeats`` interleaved repeats of ``configs`` (see the module's invariant).
-    ``time_budget_s`` (0: none) counts from ``started_s`` (default: now) on ``clock``;
-    ``on_repeat`` sees the results so far after every repeat (to save them)."""
-    started_s = clock() if started_s is None else started_s
-    runs: List[Dict[str, Dict[str, Any]]] = []
-    orders: List[List[str]] = []
-    settled: Dict[str, Dict[str, Any]] = {}
-    last_repeat_s = 0.0  # the last, not the longest: the first repeat pays for cold caches
-    for repeat in range(repeats):
-        elapsed_s = clock() - started_s
-        if repeat > 0 and time_budget_s > 0 and elapsed_s + last_repeat_s > time_budget_s:
-            reason = (
-                f"time budget: {repeat} of {repeats} repeats ran in {elapsed_s:.0f} s; "
-                f"another would take about {last_repeat_s:.0f} s of the {time_budget_s:.0f} s"
-            )
-            protocol.progress(f"stopping: {reason}")
-            return Repeats(runs, orders, reason)
-        repeat_started_s = clock()
-        order = rotated(configs, repeat)
-        run: Dict[str, Dict[str, Any]] = {}
-        for config in order:
-            if config in settled:
-                run[config] = settled[config]
+    def prepare(self, workload: str, names: Sequence[str]):
+        """The memory pass of each worker in ``names``, one at a time, native first: returns
+        ``(prepared records, failed: {name: why})``."""
+        names = list(dict.fromkeys([NATIVE] + list(names)))
+        failed = {n: f"worker could not run: {self.dead[n]}" for n in names if n in self.dead}
+        prepared: Dict[str, Dict[str, Any]] = {}
+        for name in [n for n in names if n in self.workers]:
+            record = self._request(name, failed, "prepare", PREPARE_TIMEOUT_S, workload=workload)
+            if record is None:
+                self._request(name, {}, "drop", PREPARE_TIMEOUT_S)  # give back what it holds
                 continue
-            label = f"[{repeat + 1}/{repeats}] {config}"
-            protocol.progress(f"{label}: running {', '.join(workloads_by_config[config])}")
-            run[config] = runner(config, workloads_by_config[config], label)
-            protocol.progress(
-                f"{label}: {run[config]['status']} in {run[config].get('wall_s', 0):.1f} s"
+            prepared[name] = record
+            self.log(f"{workload}: {name} memory pass: {memory_text(record)}")
+        return prepared, failed
+
+    def drop_all(self) -> None:
+        for name in list(self.workers):
+            self._request(name, {}, "drop", PREPARE_TIMEOUT_S)
+
+    def run_workload(self, workload: str, pairs: Sequence[plan.Pair]) -> Dict[str, Any]:
+        """The raw record of ``workload`` (see the module's docstring)."""
+        prepared, failed = self.prepare(workload, [n for pair in pairs for n in pair])
+        result: Dict[str, Any] = {"workload": workload, "prepare": prepared, "failed": failed}
+        result["baseline_process_bytes"] = {  # NVML, right after each worker's CUDA started
+            n: self.infos[n].get("baseline_process_bytes") for n in prepared if n in self.infos
+        }
+        result.update(self.time(workload, pairs, prepared, failed, self.options.block_s))
+        self.drop_all()
+        return result
+
+    def time(self, workload, pairs, prepared, failed, block_s: float) -> Dict[str, Any]:
+        """The timed pairs of ``workload`` at blocks of about ``block_s`` (stages, warm-up,
+        rounds); records failures in ``failed``."""
+        result: Dict[str, Any] = {"pairs": [], "stages": [], "process_peak_bytes": {}}
+        runnable = [p for p in pairs if p[0] in prepared and p[1] in prepared]
+        for ref, config in pairs:
+            if (ref, config) not in runnable and config not in failed:
+                failed[config] = f"its reference {ref} failed on this workload: {failed.get(ref)}"
+        if NATIVE not in prepared or not runnable:
+            return result
+        step_s = prepared[NATIVE]["step_s"]
+        per_block = plan.steps_per_block(block_s, step_s)
+        slowest_s = max(prepared[n]["step_s"] for pair in runnable for n in pair)
+        card_bytes = self.infos.get(NATIVE, {}).get("device_total_bytes") or 1 << 60
+
+        def footprint(name: str, key: str) -> int:
+            return (prepared[name].get(key) or 0) + plan.PROCESS_OVERHEAD_BYTES
+
+        members = {n for pair in runnable for n in pair}
+        staged, left_out = plan.stages(
+            runnable,
+            {n: footprint(n, "peak_device_bytes") for n in members},
+            {n: footprint(n, "settled_bytes") for n in members},
+            card_bytes,
+            plan.max_pairs_for_gap(self.options.idle_release_s, per_block * slowest_s),
+        )
+        failed.update(left_out)
+        result.update(steps_per_block=per_block, block_s=block_s, stages=staged)
+        counter = 0
+        for index, stage in enumerate(staged):
+            active = list(dict.fromkeys(n for pair in stage for n in pair))
+            self.log(
+                f"{workload}: stage {index + 1}/{len(staged)}: {', '.join(active)}, "
+                f"{per_block} step(s) a block"
             )
-            if run[config]["status"] in SETTLED_STATUSES:
-                settled[config] = run[config]
-        runs.append(run)
-        orders.append(order)
-        last_repeat_s = clock() - repeat_started_s
-        if on_repeat is not None:
-            on_repeat(Repeats(runs, orders, None))
-    return Repeats(runs, orders, None)
+            for name in [n for n in self.workers if n not in active]:
+                self._request(name, {}, "settle", PREPARE_TIMEOUT_S)
+            self._warm_up(active, prepared[NATIVE]["timed_steps"], per_block, failed)
+            for r in range(self.options.pairs):
+                for ref, config, ref_first in plan.round_order(stage, r):
+                    if ref in failed or config in failed:
+                        if ref in failed and config not in failed:
+                            failed[config] = f"its reference {ref} failed: {failed[ref]}"
+                        continue
+                    first = counter * per_block
+                    counter += 1
+                    pair = self._pair(ref, config, ref_first, first, per_block, failed,
+                                      result["process_peak_bytes"])
+                    if pair is not None:
+                        result["pairs"].append({**pair, "round": r, "stage": index})
+        return result
+
+    def _warm_up(self, active: List[str], cycle: int, per_block: int, failed) -> None:
+        """Every active worker runs the timed steps once, a block each in turn (untimed)."""
+        for k in range(math.ceil(cycle / per_block)):
+            for name in [n for n in active if n in self.workers and n not in failed]:
+                self._request(name, failed, "block", BLOCK_TIMEOUT_S, first=k * per_block,
+                              count=per_block, warm=True)
+
+    def _pair(self, ref, config, ref_first, first, count, failed, peaks) -> Optional[Dict]:
+        """Both blocks of one pair, in order; None if either failed (recorded in ``failed``)."""
+        blocks: Dict[str, Dict[str, Any]] = {}
+        samples = []
+        for name in [ref, config] if ref_first else [config, ref]:
+            answer = self._request(name, failed, "block", BLOCK_TIMEOUT_S, first=first,
+                                   count=count, warm=False)
+            if answer is None:
+                return None
+            gpu, process_bytes = self.sampler.after_block(self.workers[name].pid)
+            samples.append(gpu)
+            if process_bytes is not None:
+                peaks[name] = max(peaks.get(name, 0), process_bytes)
+            blocks[name] = answer
+        return {
+            "config": config,
+            "ref": ref,
+            "ref_first": ref_first,
+            "config_s": blocks[config]["elapsed_s"],
+            "ref_s": blocks[ref]["elapsed_s"],
+            "config_idle_s": blocks[config]["idle_before_s"],
+            "ref_idle_s": blocks[ref]["idle_before_s"],
+            "units": blocks[config]["units"],
+            "steps": blocks[config]["steps"],
+            "ref_steps": blocks[ref]["steps"],
+            "gpu": samples,
+            "throttled": any(s is not None and s.get("throttled") for s in samples),
+        }
+
+
+def memory_text(record: Dict[str, Any]) -> str:
+    peak = record.get("peak_device_bytes")
+    text = "?" if peak is None else f"{peak / 2**30:.2f} GiB"
+    return f"peak {text} ({record['memory_source']}), {record['step_s'] * 1e3:.2f} ms a step"
+
+
+def run_group(
+    runner: Runner,
+    workloads: Sequence[str],
+    pairs: Sequence[plan.Pair],
+    on_workload: Optional[Callable[[Dict[str, Any]], None]] = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> List[Dict[str, Any]]:
+    """``run_workload`` for each workload in order; ``on_workload`` sees each record (to save)."""
+    records = []
+    for workload in workloads:
+        started_s = clock()
+        runner.log(f"== {workload}")
+        record = runner.run_workload(workload, pairs)
+        record["wall_s"] = round(clock() - started_s, 1)
+        records.append(record)
+        if on_workload is not None:
+            on_workload(record)
+    return records

@@ -1,8 +1,8 @@
 """The fixed schedule of every timed workload: which shapes each step uses, in which order.
 
 Invariant: a schedule depends only on the workload's name (seeded ``random.Random``, no clock, no
-device), so every configuration, repeat and machine runs the same steps in the same order; its
-warm-up steps meet every distinct shape once before the first timed step, so per-shape set-up
+device), so every configuration and machine runs the same steps in the same order; its warm-up
+steps meet every distinct shape at least once before the first timed step, so per-shape set-up
 (cuBLAS/cuDNN heuristics, the allocator's first growth to that shape) is not timed. Pure Python:
 the parent and the CPU tests import it without torch.
 """
@@ -14,8 +14,7 @@ from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
 SEED = 1234
 
 EMPTY_SIZES_BYTES = {"empty_1KiB": 1024, "empty_1MiB": 1024**2, "empty_64MiB": 64 * 1024**2}
-# The order in which a child runs its workloads (cheap ones first, so a child that dies in a model
-# has already reported them). "cotenant" is not here: it is two processes, see cotenant.py.
+# Every timed workload ("cotenant" is not one: it is two processes, see cotenant.py).
 TIMED_WORKLOADS = tuple(EMPTY_SIZES_BYTES) + (
     "churn",
     "multistream",
@@ -23,9 +22,24 @@ TIMED_WORKLOADS = tuple(EMPTY_SIZES_BYTES) + (
     "bert",
     "gpt2",
     "resnet50",
+    "vision_sizes",
+    "compiled",
 )
 COTENANT = "cotenant"
-WORKLOADS = TIMED_WORKLOADS + (COTENANT,)
+# What a worker imports while it starts when it will run these workloads.
+PRELOAD_MODULES = {
+    "llama_decode": ("transformers",),
+    "bert": ("transformers",),
+    "gpt2": ("transformers",),
+    "resnet50": ("torchvision",),
+    "vision_sizes": ("torchvision",),
+    "compiled": ("torch._inductor",),
+}
+
+
+def preload_modules(workloads: Sequence[str]) -> List[str]:
+    """The modules ``workloads`` need, each once."""
+    return list(dict.fromkeys(m for w in workloads for m in PRELOAD_MODULES.get(w, ())))
 
 # empty_*: a step is a round of this many torch.empty + del pairs.
 EMPTY_PAIRS_PER_STEP = 10_000
@@ -56,6 +70,20 @@ GPT2_TIMED_STEPS = 10
 RESNET_BATCHES = tuple(range(32, 129, 16))
 RESNET_IMAGE_SIDE = 224
 RESNET_TIMED_STEPS = 10
+# vision_sizes: ResNet-50 training on images whose batch, height and width change every step
+# (multi-scale training): VISION_SHAPES seeded picks of (batch, height, width), at most
+# VISION_MAX_PIXELS pixels a batch so that several workers fit on one card.
+VISION_BATCHES = (4, 8, 16, 24, 32)
+VISION_SIDES = (128, 192, 256, 320, 384, 448, 512)
+VISION_MAX_PIXELS = 16 * 448 * 448
+VISION_SHAPES = 16
+VISION_TIMED_STEPS = 24
+# compiled: torch.compile(mode="reduce-overhead") (CUDA graphs) inference of a small transformer;
+# each (batch, length) is compiled and recorded once, so the warm-up meets each COMPILED_WARMUP
+# times (a graph is recorded on a shape's second call and replayed from its third).
+COMPILED_SHAPES = ((4, 256), (8, 256), (8, 512))
+COMPILED_WARMUP = 3
+COMPILED_TIMED_STEPS = 30
 
 
 class Schedule(NamedTuple):
@@ -116,6 +144,27 @@ def _churn() -> Schedule:
     return Schedule(steps, warmup, (1,) * len(steps), "step")
 
 
+def vision_shapes() -> List[Tuple[int, int, int]]:
+    """VISION_SHAPES distinct (batch, height, width), seeded, within VISION_MAX_PIXELS."""
+    rng = random.Random(SEED)
+    fitting = [
+        (b, h, w)
+        for b in VISION_BATCHES
+        for h in VISION_SIDES
+        for w in VISION_SIDES
+        if b * h * w <= VISION_MAX_PIXELS
+    ]
+    return sorted(rng.sample(fitting, VISION_SHAPES))
+
+
+def _compiled() -> Schedule:
+    """Each shape COMPILED_WARMUP times in a row (compile, record, replay), then seeded picks."""
+    warmup = [shape for shape in COMPILED_SHAPES for _ in range(COMPILED_WARMUP)]
+    timed = varying_schedule(COMPILED_SHAPES, COMPILED_TIMED_STEPS, SEED)
+    steps = tuple(warmup + timed)
+    return Schedule(steps, len(warmup), tuple(b for b, _ in steps), "sample")
+
+
 def build_schedule(workload: str) -> Schedule:
     """The schedule of ``workload`` (one of TIMED_WORKLOADS)."""
     if workload in EMPTY_SIZES_BYTES:
@@ -135,11 +184,15 @@ def build_schedule(workload: str) -> Schedule:
         return _varying(GPT2_SEQ_LENGTHS, GPT2_TIMED_STEPS, lambda _: 1, "step")
     if workload == "resnet50":
         return _varying(RESNET_BATCHES, RESNET_TIMED_STEPS, lambda _: 1, "step")
+    if workload == "vision_sizes":
+        return _varying(vision_shapes(), VISION_TIMED_STEPS, lambda _: 1, "step")
+    if workload == "compiled":
+        return _compiled()
     raise KeyError(f"no schedule for workload {workload!r}")
 
 
 def has_memory_ratio(workload: str) -> bool:
-    """Whether peak_memory_ratio is reported for ``workload`` (not for the empty_* loops)."""
+    """Whether a memory ratio is reported for ``workload`` (not for the empty_* loops)."""
     return workload not in EMPTY_SIZES_BYTES
 
 

@@ -1,11 +1,12 @@
-"""What each timed workload does on the device, one step at a time (runs inside a child process).
+"""What each timed workload does on the device, one step at a time (runs in a worker process).
 
 Invariant: a builder sets its workload up (model, optimizer, streams) and returns
 ``step(params)``, which runs one step of the schedule (schedules.py) and returns without
 synchronising; a step allocates through whatever allocator the process installed and keeps no
 reference to its tensors past the step except where the workload is about that (churn's window,
 the model's parameters and optimizer state). Builders take ``device`` so that a CPU smoke test
-can run them (all but multistream); torch is passed in, never imported at module level.
+can run them (all but multistream and compiled); torch is passed in, never imported at module
+level.
 """
 
 import collections
@@ -182,6 +183,74 @@ def build_resnet50(torch: Any, device: str) -> Step:
     return step
 
 
+def build_vision_sizes(torch: Any, device: str) -> Step:
+    """ResNet-50 training (random weights), channels_last, bf16 autocast, SGD; ``params`` is
+    (batch, height, width) of the step's images, a new shape every step (multi-scale
+    training)."""
+    import torchvision
+
+    torch.manual_seed(s.SEED)
+    with torch.device(device):
+        model = torchvision.models.resnet50()
+    model = model.to(device, memory_format=torch.channels_last).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(shape: Tuple[int, int, int]) -> None:
+        batch, height, width = shape
+        images = torch.empty(
+            (batch, 3, height, width), device=device, memory_format=torch.channels_last
+        ).normal_()
+        labels = torch.randint(0, 1000, (batch,), device=device)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def build_compiled(torch: Any, device: str) -> Step:
+    """Inference of a small pre-norm transformer (4 blocks, width 1024, bf16, random weights)
+    through ``torch.compile(mode="reduce-overhead")``: CUDA graphs recorded per (batch, length)
+    and replayed. ``params`` is (batch, length). PyTorch's graph trees check the allocator's
+    live blocks, which a pluggable allocator cannot answer: such a configuration fails here,
+    and the report says so."""
+    nn, functional = torch.nn, torch.nn.functional
+    width, heads, layers = 1024, 16, 4
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.qkv, self.out = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+        def forward(self, x: Any) -> Any:
+            batch, length, _ = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(batch, length, 3, heads, -1).unbind(2)
+            attended = functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
+            x = x + self.out(attended.transpose(1, 2).reshape(batch, length, width))
+            return x + self.down(functional.gelu(self.up(self.norm2(x))))
+
+    torch.manual_seed(s.SEED)
+    with torch.device(device):
+        model = nn.Sequential(*[Block() for _ in range(layers)])
+    model = model.to(device=device, dtype=torch.bfloat16).eval()
+    compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+
+    def step(shape: Tuple[int, int]) -> None:
+        batch, length = shape
+        with torch.no_grad():
+            torch.compiler.cudagraph_mark_step_begin()
+            inputs = torch.randn(batch, length, width, device=device, dtype=torch.bfloat16)
+            compiled(inputs)
+
+    return step
+
+
 def build(torch: Any, workload: str, device: str = "cuda") -> Step:
     """The step function of ``workload`` (one of schedules.TIMED_WORKLOADS)."""
     if workload in s.EMPTY_SIZES_BYTES:
@@ -196,4 +265,6 @@ BUILDERS: Dict[str, Callable[[Any, str], Step]] = {
     "bert": build_bert,
     "gpt2": build_gpt2,
     "resnet50": build_resnet50,
+    "vision_sizes": build_vision_sizes,
+    "compiled": build_compiled,
 }

@@ -1,102 +1,74 @@
-"""Made-up children's results for the CPU tests (never written outside a test's tmp_path)."""
+"""Made-up raw results of calls for the report tests (never written outside a test's tmp_path)."""
 
-from bench import report, targets
+import numpy
+
+GIB = 2**30
 
 
-def record(
-    host_s, gpu_s=None, device_bytes=1000, live_bytes=None, held_bytes=0, units=10, unit="step"
-):
-    """A child's record for one workload; live_bytes only in a native child's."""
-    result = {
-        "host_time_s": host_s,
-        "gpu_time_s": host_s if gpu_s is None else gpu_s,
-        "peak_device_bytes": device_bytes,
-        "held_at_start_bytes": held_bytes,
-        "timed_steps": 5,
-        "units": units,
-        "unit": unit,
+def memory_pass(peak_gib, live_gib=None, source="mem_get_info"):
+    return {
+        "build_s": 1.0,
+        "step_s": 0.05,
+        "timed_steps": 10,
+        "units_per_cycle": 10,
+        "unit": "step",
+        "memory_source": source,
+        "peak_device_bytes": int(peak_gib * GIB),
+        "peak_live_bytes": None if live_gib is None else int(live_gib * GIB),
+        "settled_bytes": GIB,
     }
-    if live_bytes is not None:
-        result["peak_live_bytes"] = live_bytes
-    return result
 
 
-def child(records, status="ok", info=None):
-    return {"status": status, "info": info or {}, "workloads": records, "wall_s": 9.0}
+def pairs(config, ratio, n, seed, sd=0.01, ref="native", throttled=0):
+    rng = numpy.random.default_rng(seed)
+    out = []
+    for r in range(n):
+        ref_s = 0.2 * (1 + 0.1 * r)  # drift: paired ratios do not see it
+        out.append({
+            "config": config, "ref": ref, "ref_first": r % 2 == 0, "round": r, "stage": 0,
+            "config_s": ref_s * ratio * float(numpy.exp(rng.normal(0, sd))), "ref_s": ref_s,
+            "config_idle_s": 0.3, "ref_idle_s": 0.1, "units": 4, "gpu": [None, None],
+            "throttled": r < throttled,
+        })
+    return out
 
 
-def failed_child(workloads, error, status="failed"):
-    return child({w: {"error": error} for w in workloads}, status=status)
+def workload(name, ratios, memory, failed=None, n=20, seed=0, live_gib=10.0):
+    """``ratios``: {config: time ratio}; ``memory``: {config: peak GiB} (native's live
+    ``live_gib``); ``failed``: {config: error}."""
+    prepared = {c: memory_pass(m, live_gib if c == "native" else None) for c, m in memory.items()}
+    record = {"workload": name, "prepare": prepared, "failed": dict(failed or {}), "pairs": [],
+              "stages": [], "steps_per_block": 4, "block_s": 0.2}
+    for index, (config, ratio) in enumerate(ratios.items()):
+        ref = "streampool" if config.startswith("streampool-threshold") else "native"
+        record["pairs"] += pairs(config, ratio, n, seed + index, ref=ref)
+    return record
 
 
-INFO = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0"}
+def call(workloads, command="python3 -m bench --group models", cotenant=(), release_s=2.0):
+    return {
+        "facts": {"command": command, "date": "2026-11-25 10:00 UTC", "driver": "580.65.06",
+                  "block_s": 0.2, "pairs": 20, "idle_release_s": release_s,
+                  "nvml": "clocks and power"},
+        "workers": {"native": {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130",
+                               "cuda": "13.0"},
+                    "streampool": {"device": "NVIDIA H100 80GB HBM3",
+                                   "streampool_version": "0.1.0"}},
+        "workloads": list(workloads),
+        "cotenant": list(cotenant),
+    }
 
 
-def eight_repeats():
-    """native, native-aa, expandable, streampool on gpt2 and empty_1KiB; streampool's gpt2 host
-    time is 0.95-0.98x native's, its GPU time exactly native's; native-aa is 0.99-1.01x."""
-    runs = []
-    for repeat in range(8):
-        native_gpt2 = 40.0 + repeat  # native drifts: the ratio must not
-        wobble = (repeat % 3 - 1) * 0.01  # -0.01, 0, +0.01
-        runs.append(
-            {
-                "native": child(
-                    {
-                        "gpt2": record(native_gpt2, 30.0, 1240, 1000),
-                        "empty_1KiB": record(2.0, 2.0, 0, 0, unit="pair"),
-                    },
-                    info=INFO,
-                ),
-                "native-aa": child(
-                    {
-                        "gpt2": record(native_gpt2 * (1 + wobble), 30.0, 1250, 1001),
-                        "empty_1KiB": record(2.0 * (1 - wobble), 2.0, 0, 0, unit="pair"),
-                    },
-                    info=INFO,
-                ),
-                "expandable": child(
-                    {
-                        "gpt2": record(native_gpt2 * 0.99, 30.0, 1070),
-                        "empty_1KiB": record(2.1, 2.1, 0, unit="pair"),
-                    },
-                    info=INFO,
-                ),
-                "streampool": child(
-                    {
-                        "gpt2": record(
-                            native_gpt2 * (0.95 + 0.01 * (repeat % 4)), 30.0, 1100 + repeat
-                        ),
-                        "empty_1KiB": record(1.8, 1.8, 0, unit="pair"),
-                    },
-                    info={**INFO, "streampool_version": "0.1.0"},
-                ),
-            }
-        )
-    return runs
-
-
-CONFIGS = ["native", "native-aa", "expandable", "streampool"]
-
-
-def build(runs=None, configs=CONFIGS, workloads=("empty_1KiB", "gpt2"), cotenant=None, **facts):
-    runs = eight_repeats() if runs is None else runs
-    return report.build_report(
-        runs,
-        configs=list(configs),
-        workloads=list(workloads),
-        repeats_requested=8,
-        orders=[configs] * len(runs),
-        stop_reason=facts.pop("stop_reason", None),
-        cotenant=cotenant or {},
-        facts={
-            "command": "python3 -m bench --out-dir /tmp/x",
-            "date": "2026-11-24 10:00 UTC",
-            "driver": "580.65.06",
-            "quick": False,
-            "variants": {},
-            "elapsed_s": 400.0,
-            **facts,
-        },
-        target_document=targets.load(),
-    )
+def trial(config, held_gib, live_gib=1.5, confirmed=True, empty_cache=False, error=None):
+    if error:
+        return {"config": config, "round": 0, "error": error}
+    start = 70 * GIB
+    probes = [
+        {"idle_s": at, "free_bytes": int(start - (held_gib + live_gib) * GIB),
+         "tried_bytes": int(start - (held_gib + live_gib + 0.25) * GIB), "confirmed": confirmed,
+         "error": None, "held_beyond_live_bytes": int(held_gib * GIB)}
+        for at in (0.5, 3.0, 10.0)
+    ]
+    return {"config": config, "round": 0, "probes": probes, "live_bytes": int(live_gib * GIB),
+            "free_before_bytes": 75 * GIB, "free_bytes_at_start": start,
+            "empty_cache_called": empty_cache, "wall_s": 20.0}

@@ -1,137 +1,120 @@
-"""The co-tenant workload without a GPU: B's binary search, the two-process protocol with fake
-processes (B searches only after A is idle; A exits only after B answered), and the summary."""
-
-import sys
-import textwrap
+"""The co-tenant's trial with stand-in processes: B probes at 0.5, 3 and 10 s after A idles,
+held beyond live = A's free memory at its start - B's free memory - A's live bytes, the next
+holder loads while this one idles, and every failure becomes the trial's error."""
 
 import pytest
 
-from bench import cotenant, cotenant_child, protocol
+from bench import cotenant
+from bench.workers import CommandFailed, WorkerGone
 
 GIB = 2**30
+EVENTS = []  # what the holder was told and the prober asked, in order
 
 
-@pytest.mark.parametrize("limit_bytes", [0, 1, 3 * GIB + 12345, 61 * GIB, 80 * GIB - 1])
-def test_the_search_finds_the_largest_fit_within_its_resolution(limit_bytes):
-    tried = []
+class Clock:
+    def __init__(self):
+        self.now_s = 100.0
 
-    def fits(size_bytes):
-        tried.append(size_bytes)
-        return size_bytes <= limit_bytes
+    def __call__(self):
+        return self.now_s
 
-    found = cotenant_child.largest_fit_bytes(fits, 80 * GIB)
-    assert found <= limit_bytes  # never claims what did not fit
-    assert (
-        limit_bytes - found
-        <= cotenant_child.PROBE_RESOLUTION_BYTES + cotenant_child.PROBE_ALIGN_BYTES
-    )
-    assert found % cotenant_child.PROBE_ALIGN_BYTES == 0
-    assert len(tried) <= 12  # a binary search, not a scan
+    def sleep(self, seconds):
+        self.now_s += seconds
 
 
-def test_the_search_takes_everything_when_everything_fits():
-    assert cotenant_child.largest_fit_bytes(lambda size: True, 80 * GIB) == 80 * GIB
+class Holder:
+    """A releases what it caches 2 s after going idle (an idle release)."""
+
+    def __init__(self, messages):
+        self.messages, self.sent, self.closed = list(messages), [], False
+
+    def receive(self, timeout_s):
+        message = self.messages.pop(0)
+        if isinstance(message, Exception):
+            raise message
+        return message
+
+    def send(self, payload):
+        self.sent.append(payload)
+        EVENTS.append(payload["command"])
+
+    def close(self, timeout_s):
+        self.closed = True
 
 
-def write(tmp_path, name, body):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(body).replace("MARKER", repr(protocol.RESULT_MARKER)))
-    return [sys.executable, str(path)]
+class Prober:
+    def __init__(self, clock, idle_at, start_free=70 * GIB, live=1.5 * GIB, cached=12 * GIB):
+        self.clock, self.idle_at, self.asked = clock, idle_at, []
+        self.start_free, self.live, self.cached = start_free, live, cached
+
+    def request(self, command, timeout_s):
+        self.asked.append((command, self.clock()))
+        EVENTS.append(command)
+        if command == "free":
+            return {"free_bytes": 75 * GIB}
+        released = self.idle_at[0] is not None and self.clock() - self.idle_at[0] >= 2.0
+        free = self.start_free - self.live - (0.25 * GIB if released else self.cached)
+        return {"free_bytes": int(free), "tried_bytes": int(free - GIB // 4), "confirmed": True,
+                "error": None}
 
 
-HOLDER = """
-    import json, sys, time
-    def emit(kind, **fields):
-        print(MARKER + json.dumps(dict(kind=kind, **fields)), flush=True)
-    time.sleep(0.3)  # trains
-    open(sys.argv[1], "a").write("A idle\\n")
-    emit("ready", info={"device": "Fake"}, trained_steps=8, empty_cache_called=False,
-         free_bytes_when_idle=50, device_total_bytes=100)
-    sys.stdin.read()
-    open(sys.argv[1], "a").write("A exits\\n")
-"""
-
-PROBER = """
-    import json, sys
-    def emit(kind, **fields):
-        print(MARKER + json.dumps(dict(kind=kind, **fields)), flush=True)
-    emit("ready", device_total_bytes=100)
-    if not sys.stdin.readline():
-        sys.exit(1)  # as the real prober: stdin closed without a "go"
-    open(sys.argv[1], "a").write("B searches\\n")
-    emit("fit", fit_bytes=60, device_total_bytes=100, free_bytes_before=62)
-"""
+IDLE = {"kind": "idle", "free_bytes_at_start": 70 * GIB, "live_bytes": int(1.5 * GIB),
+        "empty_cache_called": False, "device": "stand-in"}
 
 
-def test_a_trial_runs_b_only_while_a_idles(tmp_path, monkeypatch):
-    log = tmp_path / "log.txt"
-    holder, prober = write(tmp_path, "a.py", HOLDER), write(tmp_path, "b.py", PROBER)
-    monkeypatch.setattr(cotenant, "holder_command", lambda name: holder + [str(log)])
-    monkeypatch.setattr(cotenant, "prober_command", lambda: prober + [str(log)])
-    result = cotenant.run_trial("streampool", {}, 30, "test")
-    assert result["fit_bytes"] == 60 and result["device_total_bytes"] == 100
-    assert result["empty_cache_called"] is False and result["a_free_bytes_when_idle"] == 50
-    assert log.read_text().splitlines() == ["A idle", "B searches", "A exits"]
+def test_probes_at_the_idle_times_and_held_beyond_live():
+    clock, idle_at, started = Clock(), [None], []
+    EVENTS.clear()
+    holder = Holder([{"kind": "loaded"}, IDLE])
+    prober = Prober(clock, idle_at)
+
+    def start_next():
+        idle_at[0] = clock()  # the holder said idle just before
+        started.append(clock())
+
+    result = cotenant.trial("streampool", holder, prober, start_next, clock=clock,
+                            sleep=clock.sleep)
+    assert holder.sent == [{"command": "go"}] and holder.closed and len(started) == 1
+    assert [p["idle_s"] for p in result["probes"]] == [0.5, 3.0, 10.0]
+    held = [p["held_beyond_live_bytes"] / GIB for p in result["probes"]]
+    assert held == pytest.approx([12.0, 0.25, 0.25])
+    assert EVENTS == ["free", "go", "probe", "probe", "probe"]  # B's baseline before A's CUDA
+    assert result["live_bytes"] == int(1.5 * GIB) and result["free_before_bytes"] == 75 * GIB
 
 
-def test_a_holder_that_fails_is_an_error_and_both_processes_end(tmp_path, monkeypatch):
-    failing = write(
-        tmp_path,
-        "a.py",
-        """
-        import json
-        print(MARKER + json.dumps({"kind": "setup_error", "reason": "StreampoolError: bad value"}), flush=True)
-    """,
-    )
-    prober = write(tmp_path, "b.py", PROBER)
-    log = tmp_path / "log.txt"
-    monkeypatch.setattr(cotenant, "holder_command", lambda name: failing)
-    monkeypatch.setattr(cotenant, "prober_command", lambda: prober + [str(log)])
-    result = cotenant.run_trial("streampool-vmm", {}, 30, "test")
-    assert result["error"] == "StreampoolError: bad value"
-    assert not log.exists()  # B was never told to search
+@pytest.mark.parametrize(
+    "messages, text",
+    [
+        ([{"kind": "skipped", "reason": "rmm is not importable"}], "skipped: rmm"),
+        ([{"kind": "loaded"}, {"kind": "setup_error", "reason": "CUDA error: out of memory"}],
+         "out of memory"),
+        ([{"kind": "loaded"}, WorkerGone("cotenant A exited with status 1:\nboom")], "boom"),
+    ],
+)
+def test_a_failed_trial_is_an_error_and_the_next_holder_still_loads(messages, text):
+    clock, started = Clock(), []
+    holder = Holder(messages)
+    result = cotenant.trial("torch-async", holder, Prober(clock, [None]),
+                            lambda: started.append(1), clock=clock, sleep=clock.sleep)
+    assert text in result["error"] and "probes" not in result
+    assert holder.closed and started == [1]
 
 
-def test_a_holder_that_hangs_times_out(tmp_path, monkeypatch):
-    hanging = write(tmp_path, "a.py", "import time\ntime.sleep(60)\n")
-    prober = write(tmp_path, "b.py", PROBER)
-    monkeypatch.setattr(cotenant, "holder_command", lambda name: hanging)
-    monkeypatch.setattr(cotenant, "prober_command", lambda: prober + [str(tmp_path / "log")])
-    result = cotenant.run_trial("native", {}, 1.0, "test")
-    assert "no 'ready' before the trial's time-out" in result["error"] and result["wall_s"] < 40
+def test_a_prober_that_fails_fails_the_trial():
+    clock = Clock()
+
+    class Broken(Prober):
+        def request(self, command, timeout_s):
+            raise CommandFailed("RuntimeError: CUDA error: an illegal memory access")
+
+    result = cotenant.trial("native", Holder([{"kind": "loaded"}, IDLE]), Broken(clock, [None]),
+                            lambda: None, clock=clock, sleep=clock.sleep)
+    assert "illegal memory access" in result["error"]
 
 
-def test_rounds_and_summary():
-    fits = {"native": [0.60, 0.62], "streampool-threshold-1GiB": [0.95, 0.94]}
-    calls = []
-
-    def trial(name, environ, timeout_s, label):
-        calls.append(name)
-        if name == "rmm-async":
-            return {"error": "skipped: no rmm", "wall_s": 0.1}
-        fraction = fits[name][sum(1 for c in calls if c == name) - 1]
-        return {
-            "fit_bytes": int(fraction * 1000),
-            "device_total_bytes": 1000,
-            "empty_cache_called": False,
-            "wall_s": 1.0,
-        }
-
-    rounds = cotenant.run_cotenant(
-        ["native", "streampool-threshold-1GiB", "rmm-async"], 2, {}, 10, trial
-    )
-    assert calls == [
-        "native",
-        "streampool-threshold-1GiB",
-        "rmm-async",
-        "native",
-        "streampool-threshold-1GiB",
-    ]
-    cells = cotenant.summarise(rounds)
-    assert cells["native"]["cotenant_fit_fraction"] == pytest.approx(0.61)
-    assert (
-        cells["native"]["cotenant_fit_fraction_min"],
-        cells["native"]["cotenant_fit_fraction_max"],
-    ) == (0.6, 0.62)
-    assert cells["streampool-threshold-1GiB"]["fit_bytes"] == 945
-    assert cells["rmm-async"] == {"error": "skipped: no rmm"}
+def test_holder_commands_follow_the_configurations():
+    command = cotenant.holder_command("native+empty_cache")
+    assert command[-1] == "--empty-cache" and "native" in command
+    command = cotenant.holder_command("streampool-threshold-1GiB")
+    assert command[command.index("--base") + 1] == "streampool"
+    assert "--empty-cache" not in command

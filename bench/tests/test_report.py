@@ -1,153 +1,172 @@
-"""From children's records to latest.json: per-repeat ratios on both clocks, intervals, memory,
-the A/A comparison, failures, and the fields issue 15 promises."""
-
-import json
-import statistics
+"""The report: pooling calls, memory against the same call's native, failures kept, targets by
+the interval's upper end, the co-tenant, and the Markdown headline rendered from it."""
 
 import pytest
 
-from bench import report, stats
+from bench import details, markdown, report, targets
 from bench.tests import fakes
-from bench.tests.fakes import child, record
+
+MEMORY = {"native": 18.0, "native-aa": 18.0, "expandable": 10.7, "torch-async": 11.1,
+          "streampool": 10.5, "streampool-pool": 11.0, "streampool-vmm": 10.8}
+RATIOS = {"native-aa": 1.0, "expandable": 0.99, "torch-async": 1.07, "streampool": 1.0,
+          "streampool-pool": 1.02, "streampool-vmm": 1.06}
 
 
-def test_time_ratios_are_per_repeat_then_median_with_interval():
-    runs = fakes.eight_repeats()
-    cell = report.aggregate_cell(runs, "streampool", "gpt2")
-    per_repeat = [0.95 + 0.01 * (r % 4) for r in range(8)]  # native drifts 40..47: no effect
-    assert cell["time_ratio"] == pytest.approx(statistics.median(per_repeat))
-    assert cell["time_ratio_ci95"] == pytest.approx(
-        list(stats.bootstrap_median_interval(per_repeat))
+def models_call():
+    gpt2 = fakes.workload("gpt2", {**RATIOS, "streampool-threshold-1GiB": 1.01},
+                          {**MEMORY, "streampool-threshold-1GiB": 10.0})
+    bert = fakes.workload(
+        "bert", {k: v for k, v in RATIOS.items() if k != "streampool-vmm"}, MEMORY,
+        failed={"streampool-vmm": "Traceback ...\nRuntimeError: CUDA error: out of memory"},
     )
-    assert (cell["time_ratio_min"], cell["time_ratio_max"]) == pytest.approx((0.95, 0.98))
-    assert cell["repeats_measured"] == 8
+    cotenant = [fakes.trial("native", 12.9),
+                fakes.trial("native+empty_cache", 1.2, empty_cache=True),
+                fakes.trial("expandable", 12.3), fakes.trial("torch-async", 12.8),
+                fakes.trial("streampool", 0.4), fakes.trial("streampool-threshold-1GiB", 0.3),
+                fakes.trial("streampool-vmm", 0.2, error="exited with status 1:\nboom")]
+    return fakes.call([gpt2, bert], cotenant=cotenant)
 
 
-def test_gpu_time_has_its_own_ratio():
-    cell = report.aggregate_cell(fakes.eight_repeats(), "streampool", "gpt2")
-    assert cell["gpu_time_ratio"] == 1.0 and cell["gpu_time_ratio_ci95"] == [1.0, 1.0]
-    assert cell["gpu_time_per_unit_s"] == pytest.approx(3.0)  # 30 s over 10 units
-    assert cell["host_time_per_unit_s"] == pytest.approx(
-        statistics.median([(40.0 + r) * (0.95 + 0.01 * (r % 4)) / 10 for r in range(8)])
-    )
-    assert cell["unit"] == "step"
+@pytest.fixture(scope="module")
+def built():
+    return report.build([models_call()])
 
 
-def test_memory_ratio_uses_natives_live_peak_of_the_same_repeat():
-    runs = fakes.eight_repeats()
-    runs[3]["native"]["workloads"]["gpt2"]["peak_live_bytes"] = 2000  # one repeat's native differs
-    cell = report.aggregate_cell(runs, "streampool", "gpt2")
-    per_repeat = [(1100 + r) / (2000 if r == 3 else 1000) for r in range(8)]
-    assert cell["peak_memory_ratio"] == pytest.approx(statistics.median(per_repeat))
-    assert cell["peak_memory_ratio_min"] == pytest.approx(0.5515)
-    assert cell["peak_memory_ratio_max"] == pytest.approx(1.107)
-    assert cell["peak_live_bytes"] == 1000 and cell["peak_memory_lower_bound"] is False
-    aa = report.aggregate_cell(runs, "native-aa", "gpt2")  # native's own live bytes, not its own
-    assert aa["peak_memory_ratio"] == pytest.approx(1.25)
+def test_time_cells_are_paired_ratios_with_an_interval_and_n(built):
+    gpt2 = built["workloads"]["gpt2"]
+    time = gpt2["torch-async"]["time"]
+    assert time["n"] == 20 and time["ref"] == "native"
+    assert time["ci95"][0] < 1.07 < time["ci95"][1] < 1.08
+    assert "time" not in gpt2["native"] and gpt2["native"]["per_unit_s"] > 0
+    assert gpt2["streampool-threshold-1GiB"]["time"]["ref"] == "streampool"
+    assert built["price"]["ratio"] == pytest.approx(1.01, abs=0.01)
+    assert built["aa"]["gpt2"]["ratio"] == pytest.approx(1.0, abs=0.01)
 
 
-def test_no_memory_ratio_for_the_empty_loops():
-    cell = report.aggregate_cell(fakes.eight_repeats(), "streampool", "empty_1KiB")
-    assert cell["peak_memory_ratio"] is None and "peak_memory_lower_bound" not in cell
-    assert cell["time_ratio"] == pytest.approx(0.9)
+def test_memory_is_peak_device_over_native_peak_live_of_the_same_call(built):
+    memory = built["workloads"]["gpt2"]["expandable"]["memory"]
+    assert memory["ratio"] == pytest.approx(1.07) and memory["low"] == memory["high"]
+    assert memory["sources"] == ["mem_get_info"]
 
 
-def test_memory_held_before_the_workload_makes_the_ratio_a_lower_bound():
-    runs = [
-        {
-            "native": child({"gpt2": record(1.0, 1.0, 1200, 1000, held_bytes=30)}),
-            "rmm-pool": child({"gpt2": record(1.0, 1.0, 10, held_bytes=40_000)}),
-        }
-    ]
-    cell = report.aggregate_cell(runs, "rmm-pool", "gpt2")
-    assert cell["peak_memory_ratio"] == pytest.approx(0.01) and cell["peak_memory_lower_bound"]
-    just_under = [
-        {
-            "native": child({"gpt2": record(1.0, 1.0, 1200, 1000, held_bytes=0)}),
-            "x": child({"gpt2": record(1.0, 1.0, 1000, held_bytes=50)}),
-        }
-    ]
-    assert report.aggregate_cell(just_under, "x", "gpt2")["peak_memory_lower_bound"] is False
+def test_a_failure_is_a_cell_with_its_error(built):
+    cell = built["workloads"]["bert"]["streampool-vmm"]
+    assert cell["failed"] and cell["errors"][0].endswith("CUDA error: out of memory")
+    assert "memory" not in cell and "time" not in cell
 
 
-def test_failed_repeats_are_left_out_and_named():
-    runs = fakes.eight_repeats()
-    runs[1]["native"]["workloads"]["gpt2"] = {"error": "OutOfMemoryError"}
-    runs[2]["streampool"]["workloads"]["gpt2"] = {"error": "RuntimeError: x"}
-    cell = report.aggregate_cell(runs, "streampool", "gpt2")
-    assert cell["repeats_measured"] == 6
-    assert cell["repeat_errors"] == [
-        "native failed in the same repeat: OutOfMemoryError",
-        "RuntimeError: x",
-    ]
-    for run in runs:
-        run["streampool"]["workloads"]["empty_1KiB"] = {"error": "RuntimeError: y"}
-    assert report.aggregate_cell(runs, "streampool", "empty_1KiB") == {"error": "RuntimeError: y"}
+def test_calls_pool_their_pairs_and_keep_each_calls_memory():
+    first = fakes.call([fakes.workload("gpt2", {"streampool": 1.0},
+                                       {"native": 18, "streampool": 10}, n=6, seed=1)])
+    second = fakes.call([fakes.workload("gpt2", {"streampool": 1.0},
+                                        {"native": 18, "streampool": 11}, n=6, seed=2)])
+    one = report.build([first])["workloads"]["gpt2"]["streampool"]
+    assert one["time"]["n"] == 6 and one["time"]["ci95"] is None  # too few pairs: no interval
+    both = report.build([first, second])["workloads"]["gpt2"]["streampool"]
+    assert both["time"]["n"] == 12 and both["time"]["ci95"] is not None
+    assert both["memory"]["low"] == pytest.approx(1.0)
+    assert both["memory"]["high"] == pytest.approx(1.1)
 
 
-def test_a_workload_a_configuration_does_not_run_has_no_cell():
-    runs = fakes.eight_repeats()
-    for run in runs:
-        run["streampool-nocache"] = child({"churn": record(1.0)})
-    assert report.aggregate_cell(runs, "streampool-nocache", "gpt2") is None
-    table = report.aggregate(runs, fakes.CONFIGS + ["streampool-nocache"], ["gpt2"])
-    assert "streampool-nocache" not in table["gpt2"]
+def test_a_configuration_failing_in_one_call_keeps_the_others_pairs_and_the_error():
+    good = fakes.workload("gpt2", {"streampool": 1.0}, {"native": 18, "streampool": 10}, n=12)
+    bad = fakes.workload("gpt2", {}, {"native": 18}, failed={"streampool": "it broke"})
+    cell = report.build([fakes.call([good]), fakes.call([bad])])["workloads"]["gpt2"]["streampool"]
+    assert cell["time"]["n"] == 12 and cell["errors"] == ["it broke"] and not cell.get("failed")
 
 
-def test_differences_are_claimed_against_the_aa_interval():
-    table = report.aggregate(fakes.eight_repeats(), fakes.CONFIGS, ["gpt2", "empty_1KiB"])
-    aa = table["gpt2"]["native-aa"]
-    assert aa["time_ratio_ci95"][0] < 1.0 < aa["time_ratio_ci95"][1]
-    assert table["gpt2"]["streampool"]["time_vs_aa"] == "lower"  # 0.95-0.98 below 0.99-1.01
-    assert table["gpt2"]["streampool"]["gpu_time_vs_aa"] == "within A/A"
-    assert table["gpt2"]["expandable"]["time_vs_aa"] == "within A/A"  # 0.99: inside A/A's
-    assert table["empty_1KiB"]["expandable"]["time_vs_aa"] == "higher"  # 1.05
-    assert "time_vs_aa" not in table["gpt2"]["native"] and "time_vs_aa" not in aa
-    without_aa = report.aggregate(fakes.eight_repeats(), ["native", "streampool"], ["gpt2"])
-    assert "time_vs_aa" not in without_aa["gpt2"]["streampool"]
+def rows(built, metric, workload, config):
+    return [r for r in built["targets"]
+            if (r["metric"], r["workload"], r["config"]) == (metric, workload, config)]
 
 
-def test_no_difference_is_claimed_from_fewer_than_three_repeats():
-    for repeats in (1, 2):
-        table = report.aggregate(fakes.eight_repeats()[:repeats], fakes.CONFIGS, ["empty_1KiB"])
-        assert table["empty_1KiB"]["expandable"]["time_vs_aa"] == "too few repeats", repeats
-    table = report.aggregate(fakes.eight_repeats()[:3], fakes.CONFIGS, ["empty_1KiB"])
-    assert table["empty_1KiB"]["expandable"]["time_vs_aa"] != "too few repeats"
+def test_targets_are_judged_by_the_upper_end(built):
+    (met,) = rows(built, "time", "gpt2", "streampool")
+    assert met["status"] == "met" and met["interval"][1] <= 1.03
+    (slow,) = rows(built, "time", "gpt2", "streampool-vmm")  # median 1.06
+    assert slow["status"] == "not met"
+    (failed,) = rows(built, "time", "bert", "streampool-vmm")
+    assert failed["status"] == "failed" and "out of memory" in failed["error"]
+    (memory,) = rows(built, "memory", "gpt2", "streampool-pool")  # 11.0/10 vs expandable 1.07
+    assert memory["status"] == "not met" and memory["compared_with"] == pytest.approx(1.07)
+    assert rows(built, "memory", "gpt2", "streampool")[0]["status"] == "met"
+    (aa,) = rows(built, "aa", "gpt2", "native-aa")
+    assert aa["status"] == "met"
+    (cotenant,) = rows(built, "cotenant", "idle 3 s", "streampool")
+    assert cotenant["status"] == "met" and cotenant["value"] == pytest.approx(0.4)
+    assert rows(built, "price", "gpt2", "streampool-threshold-1GiB")[0]["status"] == "met"
+    assert rows(built, "time", "resnet50", "streampool")[0]["status"] == "not measured"
 
 
-def test_the_report_has_the_fields_issue_15_promises():
-    document = fakes.build()
-    assert document["repeats"] == 8 and document["repeats_requested"] == 8
-    assert document["aa_config"] == "native-aa" and "native-aa" in document["configs"]
-    assert document["device"] == "NVIDIA H100 80GB HBM3" and document["streampool"] == "0.1.0"
-    assert document["driver"] == "580.65.06" and document["command"].startswith("python3 -m bench")
-    for workload in ("gpt2", "empty_1KiB"):
-        for config in fakes.CONFIGS:
-            cell = document["workloads"][workload][config]
-            for key in (
-                "time_ratio",
-                "time_ratio_ci95",
-                "gpu_time_ratio",
-                "gpu_time_ratio_ci95",
-                "peak_memory_ratio",
-                "host_time_per_unit_s",
-                "repeats_measured",
-            ):
-                assert key in cell, (workload, config, key)
-            assert len(cell["time_ratio_ci95"]) == 2 and len(cell["gpu_time_ratio_ci95"]) == 2
-    assert document["workloads"]["gpt2"]["native"]["time_ratio_ci95"] == [1.0, 1.0]
-    assert len(document["raw"]) == 8 and document["config_orders"][0] == fakes.CONFIGS
-    assert document["child_wall_s"]["native"] == 9.0
-    assert {row["config"] for row in document["targets"]} == {"streampool"}
-    json.dumps(document, allow_nan=False)
+def test_the_rule_is_the_upper_end_not_the_median():
+    target = {"metric": "time", "at_most": 1.03}
+    assert targets.verdict((0.90, 1.031), target) == "not met"  # median far below: not enough
+    assert targets.verdict((1.00, 1.03), target) == "met"
+    band = {"metric": "aa", "at_least": 0.97, "at_most": 1.03}
+    assert targets.verdict((0.96, 1.01), band) == "not met"
+    assert targets.verdict((0.5, 0.9), {"below_config": "native"}, 0.95) == "met"
+    assert targets.verdict((0.5, 0.95), {"below_config": "native"}, 0.95) == "not met"
 
 
-def test_run_facts_come_from_the_children():
-    runs = [
-        {
-            "native": child({}, info={"device": "GPU Y", "torch": "t", "cuda": "c"}),
-            "streampool": child({}, status="setup_error"),
-        }
-    ]
-    facts = report.run_facts(runs)
-    assert facts["device"] == "GPU Y" and facts["streampool"].startswith("unknown")
+def test_every_target_in_the_file_can_be_judged(tmp_path):
+    document = targets.load()
+    assert all(t["metric"] in targets.METRICS for t in document["targets"])
+    bad = tmp_path / "targets.json"
+    bad.write_text('{"judged_configs": [], "targets": [{"metric": "time", "workloads": ["x"]}]}')
+    with pytest.raises(ValueError, match="lacks a bound"):
+        targets.load(bad)
+
+
+def test_cotenant_cells(built):
+    cells = built["cotenant"]
+    assert cells["streampool"]["probes"][1]["held_gib_median"] == pytest.approx(0.4)
+    assert cells["native+empty_cache"]["empty_cache_called"]
+    assert "boom" in cells["streampool-vmm"]["error"]
+
+
+def test_the_headline_shows_every_configuration_wins_losses_and_failures(built):
+    text = "\n".join(markdown.headline(built))
+    assert "NVIDIA H100 80GB HBM3, driver 580.65.06, torch 2.11.0+cu130" in text
+    assert "`python3 -m bench --group models`" in text
+    header = next(line for line in text.splitlines() if line.startswith("| workload"))
+    assert header == ("| workload | A/A | native | expandable | torch-async | streampool | "
+                      "streampool-pool | streampool-vmm |")
+    gpt2 = next(line for line in text.splitlines() if line.startswith("| `gpt2`"))
+    assert "(20 pairs)" in gpt2 and "1.80 · 1 |" in gpt2
+    assert "✗" in gpt2 and "✓" in gpt2  # losses beside wins
+    bert = next(line for line in text.splitlines() if line.startswith("| `bert`"))
+    assert bert.rstrip(" |").endswith("**failed**")
+    cotenant = next(line for line in text.splitlines() if line.startswith("| co-tenant"))
+    assert "12.90 GiB" in cotenant and "0.40 GiB ✓" in cotenant and "**failed**" in cotenant
+    assert "out of memory" in text and "boom" in text  # failures named on the screen
+    assert "threshold ÷ without (paired): 1.02 (1.01–1.02)" in text
+
+
+def test_the_full_report_renders_and_lists_failures_with_their_last_lines(built):
+    text = details.render(built)
+    assert text.startswith("# streampool benchmarks\n\n## Headline")
+    assert "Traceback ...\n  RuntimeError: CUDA error: out of memory" in text
+    assert "Not measured in these runs:" in text and "| time | `gpt2` | `streampool` |" in text
+
+
+def test_clocks_throttling_and_nvml_memory_while_timed_are_reported():
+    gpt2 = fakes.workload("gpt2", {"streampool": 1.0}, {"native": 18, "streampool": 10}, n=12)
+    for index, pair in enumerate(gpt2["pairs"]):
+        throttled = index == 3
+        pair["gpu"] = [{"sm_mhz": 1980 - 10 * index, "power_w": 400.0 + index,
+                        "throttled": throttled}, None]
+        pair["throttled"] = throttled
+    gpt2["process_peak_bytes"] = {"streampool": 13 * fakes.GIB}
+    gpt2["baseline_process_bytes"] = {"streampool": fakes.GIB // 2}
+    call = fakes.call([gpt2])
+    built = report.build([call], merge_command="python3 -m bench merge a b --out-dir c")
+    cell = built["workloads"]["gpt2"]["streampool"]
+    assert cell["throttled_pairs"] == 1
+    assert cell["process_bytes_during_timing"] == 13 * fakes.GIB - fakes.GIB // 2
+    assert built["facts"]["gpu"] == [{"pairs": 12, "throttled_pairs": 1,
+                                      "sm_mhz": [1870, 1980], "power_w_max": 411.0}]
+    text = details.render(built)
+    assert "SM clock 1870–1980 MHz, power up to 411.0 W, 1 of 12 pairs throttled" in text
+    assert "12800 MiB while timed (NVML)" in text
+    assert "† some pairs ran while the GPU reported" in text
+    assert "- merged: `python3 -m bench merge a b --out-dir c`" in text

@@ -34,7 +34,7 @@ def test_every_schedule_is_fixed_and_warms_every_shape_up(workload):
 
 
 def test_shapes_change_every_step_where_the_workload_is_about_changing_shapes():
-    for workload in ("multistream", "llama_decode", "bert", "gpt2", "resnet50"):
+    for workload in ("multistream", "llama_decode", "bert", "gpt2", "resnet50", "vision_sizes"):
         steps = s.build_schedule(workload).steps
         assert all(a != b for a, b in zip(steps, steps[1:])), workload
 
@@ -67,3 +67,18 @@ def test_memory_ratio_is_for_all_but_the_empty_loops():
     assert all(s.has_memory_ratio(w) for w in ("churn", "gpt2", "llama_decode", "bert"))
     with pytest.raises(KeyError):
         s.build_schedule("cotenant")
+
+
+def test_vision_shapes_vary_widely_within_the_pixel_budget():
+    shapes = s.vision_shapes()
+    assert len(set(shapes)) == s.VISION_SHAPES
+    pixels = [b * h * w for b, h, w in shapes]
+    assert max(pixels) <= s.VISION_MAX_PIXELS and max(pixels) >= 10 * min(pixels)
+    assert len({h for _, h, _ in shapes}) >= 4 and len({w for _, _, w in shapes}) >= 4
+
+
+def test_compiled_warm_up_records_every_shape_before_timing():
+    schedule = s.build_schedule("compiled")
+    warmup = schedule.steps[: schedule.warmup]
+    assert all(warmup.count(shape) == s.COMPILED_WARMUP for shape in s.COMPILED_SHAPES)
+    assert set(schedule.steps[schedule.warmup :]) == set(s.COMPILED_SHAPES)

@@ -1,0 +1,105 @@
+"""A worker engine without torch, for the CPU tests: real worker processes, real pipes, stand-in
+steps. ``python3 -m bench.worker --engine bench.tests.standin:StandinEngine ...``.
+
+A step sleeps ``params`` milliseconds times the configuration's slowdown; memory is a
+counter: a workload's step holds STEP_BYTES × the configuration's memory factor until settle.
+Behaviour per configuration (named by BENCH_CONFIG, which the parent sets) comes from
+BENCH_STANDIN: ``config:slow=1.5``, ``config:memory=2``, ``config:fail=WORKLOAD`` (raise at
+build), ``config:fail=setup``, ``config:crash=WORKLOAD`` (the process exits in the memory
+pass), ``config:exit=WORKLOAD`` (it exits in its first timed block), ``config:raise=WORKLOAD``
+(a block raises), separated by ``;``.
+Invariant: the same inputs give the same memory figures on every run (only times vary); a
+workload's live bytes go when the worker drops its step function.
+"""
+
+import os
+import time
+import weakref
+from typing import Any, Dict
+
+from bench import schedules as s
+
+TOTAL_BYTES = 80 * 2**30
+LIVE_BYTES = 100 * 2**20
+STEP_BYTES = 20 * 2**20
+STEPS_MS = (1.0, 2.0, 1.5, 1.0, 2.5, 1.0, 2.0, 1.5)  # two warm-up steps, six timed
+
+
+def behaviour(config: str, environ: Dict[str, str]) -> Dict[str, str]:
+    """The ``key=value`` settings of ``config`` in BENCH_STANDIN."""
+    settings = {}
+    for item in environ.get("BENCH_STANDIN", "").split(";"):
+        name, _, setting = item.strip().partition(":")
+        if name == config and "=" in setting:
+            key, _, value = setting.partition("=")
+            settings[key] = value
+    return settings
+
+
+class StandinEngine:
+    def __init__(self, base: str, backend: str) -> None:
+        self.config = os.environ.get("BENCH_CONFIG", base)
+        self.settings = behaviour(self.config, dict(os.environ))
+        self.slow = float(self.settings.get("slow", "1"))
+        self.factor = float(self.settings.get("memory", "1"))
+        self.live = 0
+        self.held = 0
+        self.peak_live = 0
+        self.blocks = 0
+
+    def set_up(self) -> Dict[str, Any]:
+        if self.settings.get("fail") == "setup":
+            raise RuntimeError(f"{self.config}: set-up failed on purpose")
+        return {
+            "device": "stand-in",
+            "device_total_bytes": TOTAL_BYTES,
+            "pid": os.getpid(),
+            "baseline_process_bytes": None,
+            "torch": "none",
+            "config": self.config,
+        }
+
+    def build(self, workload: str):
+        if self.settings.get("crash") == workload:
+            os._exit(4)
+        if self.settings.get("fail") == workload:
+            raise RuntimeError(f"stand-in {self.config} cannot build {workload}\n"
+                               "torch.OutOfMemoryError: CUDA out of memory (stand-in)")
+        self.live = LIVE_BYTES
+        self.held = max(self.held, LIVE_BYTES)
+        steps = 0
+
+        def step(milliseconds: float) -> None:
+            nonlocal steps
+            steps += 1
+            if steps > len(STEPS_MS):  # a timed block, after the memory pass
+                if self.settings.get("exit") == workload:
+                    os._exit(3)
+                if self.settings.get("raise") == workload:
+                    raise RuntimeError(f"stand-in {self.config} step failed in {workload}")
+            self.held = max(self.held, int(LIVE_BYTES + STEP_BYTES * self.factor))
+            self.peak_live = max(self.peak_live, LIVE_BYTES + STEP_BYTES)
+            time.sleep(milliseconds * self.slow / 1000)  # a sleep: robust to a busy machine
+
+        weakref.finalize(step, self._forget)  # the worker dropped the workload: its model goes
+        schedule = s.Schedule(STEPS_MS, 2, (1,) * len(STEPS_MS), "step")
+        return step, schedule
+
+    def _forget(self) -> None:
+        self.live = 0
+
+    def synchronize(self) -> None:
+        pass
+
+    def memory(self) -> Dict[str, Any]:
+        return {"free_bytes": TOTAL_BYTES - self.held, "process_bytes": None}
+
+    def track_live(self):
+        self.peak_live = self.live
+        start = self.live
+        if self.config.startswith("native") and not self.settings.get("memory"):
+            return lambda: self.peak_live - start
+        return lambda: None
+
+    def settle(self) -> None:
+        self.held = self.live

@@ -1,0 +1,214 @@
+"""The worker: its memory pass, timed blocks and idle gaps (in this process, stand-in engine), its
+command loop, and the protocol with real processes over pipes (WorkerGone, CommandFailed)."""
+
+import json
+import sys
+
+import pytest
+
+from bench import protocol, worker
+from bench.tests import standin
+from bench.workers import CommandFailed, Worker, WorkerGone
+
+ENGINE = "bench.tests.standin:StandinEngine"
+
+
+class Clock:
+    def __init__(self):
+        self.now_s = 10.0
+
+    def __call__(self):
+        return self.now_s
+
+
+def test_the_memory_pass_reads_memory_after_every_step_and_times_only_timed_steps(monkeypatch):
+    monkeypatch.setenv("BENCH_CONFIG", "native")
+    engine = standin.StandinEngine("native", "native")
+    engine.set_up()
+    record = worker.Worker(engine).prepare("gpt2")
+    assert record["memory_source"] == "mem_get_info" and record["peak_process_bytes"] is None
+    assert record["peak_device_bytes"] == standin.LIVE_BYTES + standin.STEP_BYTES
+    assert record["peak_live_bytes"] == standin.LIVE_BYTES + standin.STEP_BYTES
+    assert record["settled_bytes"] == standin.LIVE_BYTES  # cache returned, model kept
+    assert record["timed_steps"] == len(standin.STEPS_MS) - 2
+    assert record["step_s"] >= sum(standin.STEPS_MS[2:]) / 6 / 1000  # sleeps: at least
+
+
+def test_nvml_figures_win_over_free_memory_when_the_process_is_listed():
+    class Engine:
+        used = 0
+
+        def build(self, workload):
+            def step(params):
+                Engine.used += 7
+
+            return step, worker_schedule()
+
+        def memory(self):
+            return {"free_bytes": 1000 - Engine.used * 2, "process_bytes": Engine.used}
+
+        def track_live(self):
+            return lambda: 5
+
+        def synchronize(self):
+            pass
+
+        def settle(self):
+            pass
+
+    record = worker.Worker(Engine()).prepare("w")
+    assert record["memory_source"] == "nvml"
+    assert record["peak_device_bytes"] == record["peak_process_bytes"] == 7 * 4
+    assert record["peak_free_drop_bytes"] == 7 * 4 * 2
+
+
+def worker_schedule():
+    from bench import schedules
+
+    return schedules.Schedule((1, 2, 3, 4), 1, (1, 1, 2, 3), "step")
+
+
+def test_blocks_cycle_through_the_timed_steps_and_report_idle_gaps():
+    clock = Clock()
+    seen = []
+
+    class Engine:
+        def build(self, workload):
+            def step(params):
+                seen.append(params)
+                clock.now_s += 0.5
+
+            return step, worker_schedule()
+
+        def memory(self):
+            return {"free_bytes": None, "process_bytes": None}
+
+        def track_live(self):
+            return lambda: None
+
+        def synchronize(self):
+            pass
+
+        def settle(self):
+            pass
+
+    running = worker.Worker(Engine(), clock=clock)
+    running.prepare("w")
+    seen.clear()
+    warm = running.block(first=0, count=2, warm=True)
+    assert warm["idle_before_s"] is None and seen == [2, 3]
+    clock.now_s += 1.25  # the parent runs other workers' blocks
+    timed = running.block(first=2, count=3)
+    assert seen[2:] == [4, 2, 3]  # steps 2, 3, 4 of the three timed ones: cycling
+    assert timed["elapsed_s"] == pytest.approx(1.5) and timed["units"] == 3 + 1 + 2
+    assert timed["idle_before_s"] == pytest.approx(1.25)
+    running.drop()
+    with pytest.raises(RuntimeError, match="before prepare"):
+        running.block(0, 1)
+
+
+def test_serve_answers_every_command_and_survives_a_failing_one(monkeypatch):
+    monkeypatch.setenv("BENCH_CONFIG", "expandable")
+    monkeypatch.setenv("BENCH_STANDIN", "expandable:fail=bert")
+    sent = []
+    lines = [
+        json.dumps({"command": "prepare", "workload": "bert"}),
+        json.dumps({"command": "prepare", "workload": "gpt2"}),
+        json.dumps({"command": "block", "first": 0, "count": 2}),
+        json.dumps({"command": "jump"}),
+    ]
+    engine = standin.StandinEngine("native", "native")
+    assert worker.serve(engine, lines, emit=lambda kind, **f: sent.append((kind, f))) == 0
+    kinds = [(kind, fields.get("ok")) for kind, fields in sent]
+    assert kinds == [("ready", None), ("reply", False), ("reply", True), ("reply", True),
+                     ("reply", False)]
+    assert "cannot build bert" in sent[1][1]["error"]
+    assert "OutOfMemoryError" in sent[1][1]["error"].splitlines()[-1]  # the end of the error
+    assert "unknown command 'jump'" in sent[4][1]["error"]
+
+
+def test_a_failed_set_up_is_reported_not_raised(monkeypatch):
+    monkeypatch.setenv("BENCH_CONFIG", "torch-async")
+    monkeypatch.setenv("BENCH_STANDIN", "torch-async:fail=setup")
+    sent = []
+    engine = standin.StandinEngine("native", "cudaMallocAsync")
+    worker.serve(engine, [], emit=lambda kind, **f: sent.append((kind, f)))
+    assert sent[0][0] == "setup_error" and "set-up failed on purpose" in sent[0][1]["reason"]
+
+
+def start(config, environ=None, engine=ENGINE):
+    env = {"PYTHONPATH": str(standin.__file__).rsplit("/bench/", 1)[0], "BENCH_CONFIG": config}
+    env.update(environ or {})
+    return Worker(config, worker.command("native", "native", engine), env, echo=False)
+
+
+def test_a_real_worker_process_over_pipes():
+    process = start("native")
+    try:
+        assert process.wait_ready(60)["config"] == "native"
+        record = process.request("prepare", 60, workload="churn")
+        assert record["peak_device_bytes"] == standin.LIVE_BYTES + standin.STEP_BYTES
+        block = process.request("block", 60, first=0, count=3, warm=False)
+        assert block["elapsed_s"] > 0 and block["units"] == 3
+        with pytest.raises(CommandFailed, match="unknown command"):
+            process.request("jump", 60)
+        assert process.request("drop", 60)["free_bytes"] == standin.TOTAL_BYTES
+    finally:
+        process.close(10)
+    assert process.popen.returncode == 0
+
+
+def test_a_worker_that_exits_is_gone_with_the_end_of_its_stderr():
+    process = start("streampool", {"BENCH_STANDIN": "streampool:exit=gpt2"})
+    try:
+        process.wait_ready(60)
+        process.request("prepare", 60, workload="gpt2")
+        with pytest.raises(WorkerGone, match="exited with status 3"):
+            process.request("block", 60, first=0, count=1)
+        with pytest.raises(WorkerGone):  # and stays gone
+            process.request("block", 60, first=0, count=1)
+    finally:
+        process.close(10)
+
+
+def test_a_worker_that_cannot_start_says_why():
+    process = start("native", engine="bench.tests.standin:NoSuchEngine")
+    try:
+        with pytest.raises(WorkerGone, match="AttributeError.*NoSuchEngine"):
+            process.wait_ready(60)
+    finally:
+        process.close(10)
+
+
+def test_a_silent_worker_times_out():
+    code = "import time; time.sleep(30)"
+    process = Worker("sleeper", [sys.executable, "-c", code], {}, echo=False)
+    try:
+        with pytest.raises(WorkerGone, match="no answer in 0.2 s"):
+            process.receive(0.2)
+    finally:
+        process.close(0.5)
+    assert process.popen.returncode is not None
+
+
+def test_protocol_lines_round_trip_and_errors_keep_their_end():
+    line = protocol.encode("reply", ok=True, result={"x": 1})
+    assert protocol.decode(line) == {"kind": "reply", "ok": True, "result": {"x": 1}}
+    assert protocol.decode("some library's print") is None
+    with pytest.raises(ValueError):
+        protocol.encode("nonsense")
+    text = "\n".join(f"line {i}" for i in range(30))
+    assert protocol.tail(text).splitlines() == [f"line {i}" for i in range(22, 30)]
+
+
+def test_workers_import_what_their_workloads_need_while_they_start():
+    from bench import schedules
+
+    assert schedules.preload_modules(["churn", "gpt2", "bert", "vision_sizes"]) == [
+        "transformers", "torchvision"]
+    argv = worker.command("streampool", "pluggable", preload=["transformers"])
+    assert argv[-2:] == ["--preload", "transformers"]
+    sent = []
+    worker.serve(standin.StandinEngine("native", "native"), [], preload=["no_such_module_x"],
+                 emit=lambda kind, **f: sent.append((kind, f)))
+    assert sent[0][0] == "setup_error" and "no_such_module_x" in sent[0][1]["reason"]

@@ -1,0 +1,201 @@
+"""A worker process: one configuration's allocator, set up once, driven by the parent over a pipe.
+
+``python3 -m bench.worker --base streampool --backend pluggable [--engine MODULE:CLASS]``
+(the parent starts it; the allocator's settings come in the environment). The engine does what
+needs torch (engine.py: CudaEngine); the CPU tests give a stand-in (tests/standin.py).
+
+Commands (one JSON line each on stdin, one ``reply`` each on stdout; EOF ends the worker):
+- ``prepare {workload}``: build the workload and run its whole schedule once, synchronising and
+  reading memory after every step (the memory pass; the parent runs it with every other worker
+  idle), then settle (return cached memory) keeping the workload's model;
+- ``block {first, count, warm}``: run timed steps first .. first+count-1 (cycling through the
+  schedule's timed steps), synchronising after each; the block's host time and the idle gap since
+  this worker's previous block (not for warm-up blocks);
+- ``settle``: return cached memory; ``drop``: forget the workload, then settle.
+Invariant: a command that raises answers with the end of its traceback and the worker goes on;
+only the timed section of ``block`` is between the two clock readings it reports.
+"""
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from . import protocol
+
+
+class Skipped(Exception):
+    """The configuration cannot run on this machine (its package is not installed)."""
+
+
+def _delta(start: Optional[int], now: Optional[int], sign: int) -> Optional[int]:
+    return None if start is None or now is None else sign * (now - start)
+
+
+class Worker:
+    """The state between commands: the prepared workload and when the last block ended."""
+
+    def __init__(self, engine: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.workload: Optional[str] = None
+        self.step: Any = None
+        self.timed: tuple = ()
+        self.units: tuple = ()
+        self.last_end_s: Optional[float] = None
+
+    def prepare(self, workload: str) -> Dict[str, Any]:
+        """The memory pass (module docstring); peak figures are above the state at its start."""
+        self.drop()
+        engine = self.engine
+        start = engine.memory()
+        peak_live = engine.track_live()
+        built_s = self.clock()
+        step, schedule = engine.build(workload)
+        self.workload, self.step = workload, step
+        build_s = self.clock() - built_s
+        self.timed = tuple(schedule.steps[schedule.warmup :])
+        self.units = tuple(schedule.units[schedule.warmup :])
+        peak_free_drop = peak_process = None
+        timed_s = 0.0
+        engine.synchronize()
+        for index, params in enumerate(schedule.steps):
+            began_s = self.clock()
+            step(params)
+            engine.synchronize()
+            if index >= schedule.warmup:
+                timed_s += self.clock() - began_s
+            now = engine.memory()
+            drop = _delta(start["free_bytes"], now["free_bytes"], -1)
+            grown = _delta(start["process_bytes"], now["process_bytes"], 1)
+            if drop is not None:
+                peak_free_drop = max(drop, peak_free_drop or 0)
+            if grown is not None:
+                peak_process = max(grown, peak_process or 0)
+        live_bytes = peak_live()
+        engine.settle()
+        settled = engine.memory()
+        source = "nvml" if peak_process is not None else "mem_get_info"
+        return {
+            "build_s": build_s,
+            "step_s": timed_s / max(1, len(self.timed)),
+            "timed_steps": len(self.timed),
+            "units_per_cycle": sum(self.units),
+            "unit": schedule.unit,
+            "memory_source": source,
+            "peak_device_bytes": peak_process if source == "nvml" else peak_free_drop,
+            "peak_free_drop_bytes": peak_free_drop,
+            "peak_process_bytes": peak_process,
+            "peak_live_bytes": live_bytes,
+            "settled_bytes": _delta(start["process_bytes"], settled["process_bytes"], 1)
+            if source == "nvml"
+            else _delta(start["free_bytes"], settled["free_bytes"], -1),
+        }
+
+    def block(self, first: int, count: int, warm: bool = False) -> Dict[str, Any]:
+        if self.step is None:
+            raise RuntimeError("block before prepare")
+        if count < 1:
+            raise ValueError(f"block of {count} steps")
+        n = len(self.timed)
+        indices = [(first + i) % n for i in range(count)]
+        self.engine.synchronize()
+        began_s = self.clock()
+        for i in indices:
+            self.step(self.timed[i])
+            self.engine.synchronize()
+        ended_s = self.clock()
+        idle_s = None if warm or self.last_end_s is None else began_s - self.last_end_s
+        self.last_end_s = ended_s
+        return {
+            "elapsed_s": ended_s - began_s,
+            "idle_before_s": idle_s,
+            "units": sum(self.units[i] for i in indices),
+            "steps": [indices[0], count],
+        }
+
+    def settle(self) -> Dict[str, Any]:
+        self.engine.settle()
+        self.last_end_s = None
+        return self.engine.memory()
+
+    def drop(self) -> Dict[str, Any]:
+        self.step, self.workload, self.timed, self.units = None, None, (), ()
+        forget = getattr(self.engine, "forget", None)
+        if forget is not None:  # what the engine keeps for a workload besides its step
+            forget()
+        return self.settle()
+
+    def handle(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        command = request.get("command")
+        if command == "prepare":
+            return self.prepare(request["workload"])
+        if command == "block":
+            return self.block(request["first"], request["count"], bool(request.get("warm")))
+        if command == "settle":
+            return self.settle()
+        if command == "drop":
+            return self.drop()
+        raise ValueError(f"unknown command {command!r}")
+
+
+def serve(engine: Any, lines, emit=protocol.emit, preload: Sequence[str] = ()) -> int:
+    """Set up (and import ``preload``), say ready, answer every command on ``lines`` until
+    they end."""
+    try:
+        info = engine.set_up()
+        for module in preload:
+            importlib.import_module(module)
+    except Skipped as exc:
+        emit("skipped", reason=str(exc))
+        return 0
+    except Exception as exc:  # reported to the parent, which goes on with other configurations
+        emit("setup_error", reason=protocol.error_text(exc))
+        return 0
+    emit("ready", info=info)
+    worker = Worker(engine)
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            result = worker.handle(json.loads(line))
+        except Exception as exc:  # the parent records it; this worker may serve other workloads
+            sys.stderr.write(protocol.error_text(exc) + "\n")
+            emit("reply", ok=False, error=protocol.error_text(exc))
+            continue
+        emit("reply", ok=True, result=result)
+    return 0
+
+
+def load_engine(spec: str, base: str, backend: str) -> Any:
+    """``MODULE:CLASS`` -> CLASS(base, backend)."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)(base, backend)
+
+
+def command(
+    base: str, backend: str, engine: Optional[str] = None, preload: Sequence[str] = ()
+) -> list:
+    """argv of a worker that installs ``base`` (expecting ``backend``) and imports ``preload``
+    while it starts (the workers' imports overlap; the memory passes run one at a time)."""
+    argv = [sys.executable, "-m", "bench.worker", "--base", base, "--backend", backend]
+    argv += ["--engine", engine] if engine else []
+    return argv + (["--preload", ",".join(preload)] if preload else [])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m bench.worker")
+    parser.add_argument("--base", required=True)
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--engine", default="bench.engine:CudaEngine")
+    parser.add_argument("--preload", default="", help="modules to import after set-up")
+    options = parser.parse_args(argv)
+    engine = load_engine(options.engine, options.base, options.backend)
+    preload = [m for m in options.preload.split(",") if m]
+    return serve(engine, sys.stdin, preload=preload)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
