@@ -439,13 +439,13 @@ impl VmmResource {
         Some(start)
     }
 
-    /// Books `[start, start + bytes)` as a live block.
-    fn hand_out(&self, st: &mut VmmState, start: u64, bytes: u64, now_ms: u64) -> DevicePtr {
+    /// Books `[start, start + bytes)` as a live block. (Its pages are marked used when it is
+    /// freed: until then they are not idle, whatever their mark.)
+    fn hand_out(&self, st: &mut VmmState, start: u64, bytes: u64) -> DevicePtr {
         st.live.insert(start, bytes);
         st.used_bytes += bytes;
         st.used_high_bytes = st.used_high_bytes.max(st.used_bytes);
         st.used_max_bytes = st.used_max_bytes.max(st.used_bytes);
-        self.mark_used(st, start, bytes, now_ms);
         DevicePtr(start)
     }
 
@@ -535,7 +535,7 @@ impl Resource for VmmResource {
             true => self.place_small(&mut st, bytes, stream, now_ms)?,
             false => self.place_large(&mut st, bytes, stream, now_ms)?,
         };
-        Ok(self.hand_out(&mut st, start, bytes, now_ms))
+        Ok(self.hand_out(&mut st, start, bytes))
     }
 
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
