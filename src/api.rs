@@ -9,18 +9,14 @@ use crate::allocator::Allocator;
 use crate::config::Config;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
+use crate::fork::{self, FirstUse};
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::OnceLock;
+
+pub use crate::fork::in_fork_child;
 
 static GLOBAL: OnceLock<Result<Allocator>> = OnceLock::new();
-/// Set in the child by the `pthread_atfork` handler that the first call of [`global`] registers.
-static FORKED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn note_fork_in_child() {
-    FORKED.store(true, Ordering::Relaxed);
-}
 
 /// The process's allocator, built on first use.
 pub fn global() -> Result<&'static Allocator> {
@@ -33,25 +29,21 @@ pub fn global() -> Result<&'static Allocator> {
                 .into(),
         ));
     }
-    // Registered before the allocator is built, so a fork during the build is noticed too.
-    static ATFORK: Once = Once::new();
-    // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
-    ATFORK.call_once(|| unsafe {
-        libc::pthread_atfork(None, None, Some(note_fork_in_child));
-    });
+    if let Some(built) = GLOBAL.get() {
+        return built.as_ref().map_err(Clone::clone);
+    }
+    // Noted before the allocator is built, so a fork during the build gives a child that knows
+    // (the fork handler itself is registered at load time: src/fork.rs).
+    fork::note_first_use();
+    fork::first_use_point(FirstUse::Started);
     GLOBAL
         .get_or_init(|| {
+            fork::first_use_point(FirstUse::BuildingAllocator);
             init_logging();
             Config::from_env().and_then(Allocator::from_config)
         })
         .as_ref()
         .map_err(Clone::clone)
-}
-
-/// True in a `fork()` child of a process that had used streampool: nothing may take a lock there
-/// that a thread of the parent could have held at the fork (the allocator's, stderr's).
-pub fn in_fork_child() -> bool {
-    FORKED.load(Ordering::Relaxed)
 }
 
 /// Frees `ptr` through the process's allocator. In a fork() child it does nothing: memory

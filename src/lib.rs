@@ -33,6 +33,7 @@ pub mod driver;
 pub mod error;
 mod fasthash;
 mod ffi;
+mod fork;
 pub mod history;
 pub mod ipc;
 mod peer;
@@ -45,3 +46,11 @@ pub use allocator::{Allocator, MAX_ALLOCATION_BYTES};
 pub use config::Config;
 pub use error::{Error, Result};
 pub use stats::StreampoolStats;
+
+/// For tests of the fork-safe first-use paths (builds with the simulated driver).
+#[doc(hidden)]
+#[cfg(feature = "sim")]
+pub mod testing {
+    pub use crate::cxx_throw::cxx_runtime_found;
+    pub use crate::fork::{set_first_use_hook, FirstUse};
+}

@@ -211,7 +211,7 @@ impl Harness {
                 device,
                 stream,
             } => {
-                begin_shareable();
+                begin_shareable().expect("a shallow scope");
                 let outcome = self.malloc(size.bytes(), device.index(), stream.stream());
                 end_shareable().expect("matched scope");
                 match outcome {
