@@ -3,7 +3,8 @@
 //!
 //! Invariant: every public entry validates its arguments (size, device index, pointer) before any
 //! state changes, so a rejected call leaves statistics untouched; sizes are decided here: 0 gets
-//! NULL, above [`MAX_ALLOCATION_BYTES`] is an invalid argument.
+//! NULL, above [`MAX_ALLOCATION_BYTES`] is out of memory (as PyTorch reports any request it cannot
+//! serve), counted in `num_ooms` and changing nothing else.
 
 use crate::config::{Config, DriverKind};
 use crate::device::DeviceAllocator;
@@ -14,12 +15,12 @@ use crate::ipc::imports::Imports;
 use crate::ipc::{self, StreampoolIpcHandle};
 use crate::peer::Peers;
 use crate::stats::StreampoolStats;
-use crate::units::{format_bytes, parse_size, SIZE_ACCEPTED};
+use crate::units::{parse_size, SIZE_ACCEPTED};
 use std::sync::Arc;
 
-/// The largest request streampool accepts: 2^48 bytes (256 TiB), beyond any GPU's memory and
-/// far from the sizes whose rounding would overflow 64 bits. Larger is an invalid argument;
-/// smaller but more than the device has is out of memory.
+/// The largest request streampool passes on: 2^48 bytes (256 TiB), beyond any GPU's memory and
+/// far from the sizes whose rounding would overflow 64 bits. A larger request is out of memory at
+/// once (the message says why), like one at or below it that is more than the device has.
 pub const MAX_ALLOCATION_BYTES: u64 = 1 << 48;
 
 pub struct Allocator {
@@ -101,11 +102,7 @@ impl Allocator {
             return Ok(DevicePtr::NULL);
         }
         if bytes > MAX_ALLOCATION_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "allocation size {bytes} bytes is larger than streampool's maximum of {} ({} bytes)",
-                format_bytes(MAX_ALLOCATION_BYTES),
-                MAX_ALLOCATION_BYTES
-            )));
+            return Err(d.out_of_memory_above(bytes, stream, MAX_ALLOCATION_BYTES));
         }
         d.allocate(bytes, stream, ipc::in_shareable_scope())
     }

@@ -83,11 +83,10 @@ pub(super) struct Books {
 }
 
 impl Books {
-    pub fn new(cache: Cache) -> Books {
-        Books {
-            cache,
-            ..Books::default()
-        }
+    /// The cache of a device whose resources were just created (the books are empty then).
+    pub fn set_cache(&mut self, cache: Cache) {
+        debug_assert_eq!(self.cache.cached_bytes(), 0);
+        self.cache = cache;
     }
 
     pub fn counters(&self) -> &DeviceCounters {

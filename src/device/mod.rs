@@ -130,7 +130,12 @@ impl DeviceAllocator {
             max_block_bytes = max_block_bytes.min(resources.small_max_bytes());
         }
         let limit_bytes = self.config.cache_limit.resolve_bytes(total_bytes);
-        self.state.lock().books = Books::new(Cache::new(limit_bytes, max_block_bytes));
+        // Only the cache: the counters may already hold an out-of-memory error (a request
+        // above the maximum is refused without provisioning).
+        self.state
+            .lock()
+            .books
+            .set_cache(Cache::new(limit_bytes, max_block_bytes));
         Ok(self.provisioned.get_or_init(|| Provisioned {
             resources,
             total_bytes,

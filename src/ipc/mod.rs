@@ -22,7 +22,7 @@ static THREADS_IN_SCOPE: AtomicUsize = AtomicUsize::new(0);
 
 /// The deepest nesting of shareable scopes on a thread: `streampool_shareable_begin` returns the
 /// depth as a C `int`.
-pub const MAX_SHAREABLE_DEPTH: u32 = i32::MAX as u32;
+pub(crate) const MAX_SHAREABLE_DEPTH: u32 = i32::MAX as u32;
 
 /// Enters a shareable scope on this thread; returns the new depth. Past [`MAX_SHAREABLE_DEPTH`]
 /// nothing changes and the answer is an error.
