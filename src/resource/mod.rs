@@ -171,7 +171,7 @@ impl Resources {
     pub fn sizes_served(&self, class: SizeClass) -> RangeInclusive<u64> {
         match (class, &self.small) {
             (SizeClass::Small, _) => 0..=self.small_max_bytes,
-            (SizeClass::Large, Some(_)) => self.small_max_bytes + 1..=u64::MAX,
+            (SizeClass::Large, Some(_)) => self.small_max_bytes.saturating_add(1)..=u64::MAX,
             (SizeClass::Large, None) => 0..=u64::MAX,
         }
     }

@@ -120,12 +120,17 @@ impl VmmResource {
                  STREAMPOOL_BACKEND=pool"
             )));
         }
-        let granularity = driver.vmm_granularity_bytes(device)?.max(1);
-        let wanted = config.vmm_page_size.resolve_bytes(total_bytes);
-        let page_bytes = wanted.div_ceil(granularity).max(1) * granularity;
-        let extent_bytes = (total_bytes.max(page_bytes) * ADDRESS_SPACE_PER_DEVICE_MEMORY)
-            .div_ceil(page_bytes)
-            * page_bytes;
+        let granularity = driver.vmm_granularity_bytes(device)?;
+        let crate::config::VmmLayout {
+            page_bytes,
+            extent_bytes,
+        } = config.vmm_layout(
+            device,
+            driver.name(),
+            granularity,
+            total_bytes,
+            ADDRESS_SPACE_PER_DEVICE_MEMORY,
+        )?;
         let resource = Arc::new_cyclic(|me| VmmResource {
             driver: Arc::clone(driver),
             device,
