@@ -96,6 +96,15 @@ pub enum Error {
     DriverUnavailable(String),
     #[error("internal error in streampool (please report): {0}")]
     Internal(String),
+    /// A panic left the state of `device`'s `part` half-updated: the device refuses every call
+    /// that could hand out or take back memory (its statistics stay readable).
+    #[error(
+        "device {device} is disabled after an internal error: a panic inside streampool's {part} \
+         left its state half-updated, so the device refuses further calls rather than risk \
+         handing out the same memory twice (the call that panicked reported it; please report \
+         it). A new process can use the device again"
+    )]
+    Disabled { device: usize, part: &'static str },
 }
 
 impl Error {
@@ -135,7 +144,7 @@ impl From<&Error> for StreampoolStatus {
             Error::Config { .. } => StreampoolStatus::ConfigError,
             Error::Driver { .. } => StreampoolStatus::DriverError,
             Error::DriverUnavailable(_) => StreampoolStatus::DriverUnavailable,
-            Error::Internal(_) => StreampoolStatus::InternalError,
+            Error::Internal(_) | Error::Disabled { .. } => StreampoolStatus::InternalError,
         }
     }
 }

@@ -22,6 +22,7 @@
 mod books;
 mod control;
 mod growth;
+mod health;
 mod limit;
 mod returns;
 mod shareable;
@@ -154,6 +155,7 @@ impl DeviceAllocator {
         stream: Stream,
         shareable: bool,
     ) -> Result<DevicePtr> {
+        self.check_enabled()?;
         let block_bytes = limit::block_bytes(requested_bytes)?;
         let resources = self.resources()?;
         if self.driver.is_capturing(self.device, stream)? {
@@ -164,7 +166,7 @@ impl DeviceAllocator {
         }
         let mut homeless = Vec::new();
         let (hit, reserved) = {
-            let mut st = self.state.lock();
+            let mut st = self.lock_enabled()?;
             if !st.waits.is_idle() {
                 self.collect_waits(&mut st, &mut homeless);
             }
@@ -302,7 +304,7 @@ impl DeviceAllocator {
     }
 
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let mut st = self.state.lock();
+        let mut st = self.lock_enabled()?;
         let live = st.books.remove_live(ptr, self.device)?;
         self.note(&st, Event::Free, live.stream, ptr, live.requested_bytes);
         log::trace!(
@@ -351,8 +353,7 @@ impl DeviceAllocator {
     }
 
     pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
-        self.state
-            .lock()
+        self.lock_enabled()?
             .books
             .record_stream(ptr, stream, self.device)
     }

@@ -110,7 +110,7 @@ impl DeviceAllocator {
         let resources = &provisioned.resources;
         let mut blocks = Vec::new();
         let (capturing, mark) = {
-            let mut st = self.state.lock();
+            let mut st = self.lock_enabled()?;
             self.collect_waits(&mut st, &mut blocks);
             (st.waits.capturing(), st.waits.mark())
         };

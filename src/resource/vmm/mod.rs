@@ -240,7 +240,9 @@ impl VmmResource {
 
     /// One pass of the releaser: true while memory above the threshold still waits for the GPU.
     pub(super) fn release_pass(&self) -> bool {
-        let mut st = self.state.lock();
+        let Ok(mut st) = self.lock_enabled() else {
+            return false;
+        };
         let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
@@ -249,6 +251,17 @@ impl VmmResource {
         self.release_down_to(&mut st, threshold);
         st.physical_bytes(self.page_bytes) > threshold
             && (st.free.freed_bytes() > 0 || !st.deferred.is_empty() || self.capturing(&mut st))
+    }
+
+    /// The resource's lock for an entry point, unless a panic while it was held left the state
+    /// half-updated: then every entry that maps, hands out or takes back memory refuses
+    /// (`crate::sync::Mutex`; views stay readable).
+    #[inline]
+    fn lock_enabled(&self) -> Result<crate::sync::MutexGuard<'_, VmmState>> {
+        self.state.lock_unpoisoned().ok_or(Error::Disabled {
+            device: self.device,
+            part: "virtual-memory resource",
+        })
     }
 
     /// Counts a page mapped or unmapped, and notes it on the timeline.
@@ -269,7 +282,7 @@ impl Accessible for VmmResource {
     }
 
     fn grant_access(&self, peer: usize) -> Result<()> {
-        let mut st = self.state.lock();
+        let mut st = self.lock_enabled()?;
         let pages: Vec<u64> = st.pages.keys().copied().collect();
         self.set_access(&pages, &[peer])?;
         if !st.peers.contains(&peer) {
@@ -281,7 +294,7 @@ impl Accessible for VmmResource {
 
 impl Resource for VmmResource {
     fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
-        let mut st = self.state.lock();
+        let mut st = self.lock_enabled()?;
         if let Some(start) = st.free.best_fit(bytes, stream) {
             return Ok(self.hand_out(&mut st, start, bytes));
         }
@@ -319,7 +332,7 @@ impl Resource for VmmResource {
             .driver
             .is_capturing(self.device, stream)
             .unwrap_or(true);
-        let mut st = self.state.lock();
+        let mut st = self.lock_enabled()?;
         match st.live.remove(&ptr.0) {
             Some(b) if b == bytes => {}
             Some(b) => {
@@ -393,7 +406,7 @@ impl Resource for VmmResource {
     }
 
     fn trim(&self, keep_bytes: u64) -> Result<()> {
-        let mut st = self.state.lock();
+        let mut st = self.lock_enabled()?;
         if !st.deferred.is_empty() {
             // Blocks freed during a capture get their fences only now, after the device's
             // synchronisation: wait for those too, so that empty_cache releases every free page.
@@ -409,7 +422,7 @@ impl Resource for VmmResource {
 
     fn set_release_threshold(&self, bytes: u64) -> Result<()> {
         self.release_threshold_bytes.store(bytes, Ordering::Relaxed);
-        self.apply_release_threshold(&mut self.state.lock());
+        self.apply_release_threshold(&mut *self.lock_enabled()?);
         Ok(())
     }
 
@@ -425,7 +438,9 @@ impl Resource for VmmResource {
     }
 
     fn capture_started(&self, stream: Stream) {
-        let mut st = self.state.lock();
+        let Ok(mut st) = self.lock_enabled() else {
+            return;
+        };
         if !st.capture_streams.contains(&stream) {
             st.capture_streams.push(stream);
         }
