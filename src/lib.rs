@@ -5,7 +5,8 @@
 //! Layers, top to bottom, in the order a call goes through them:
 //! - `ffi`: the C ABI (`my_malloc`/`my_free` for PyTorch, hooks, stats): argument conversion,
 //!   `catch_unwind`, status codes; no policy.
-//! - `api`: the process-wide [`Allocator`] built from [`config`] on first use; fork guard.
+//! - `api`: the process-wide [`Allocator`] built from [`config`] on first use; `fork`: whether
+//!   this process is a fork child of a user of streampool (a leaf any layer may ask).
 //! - [`allocator`]: argument checks and one device allocator per device.
 //! - `device`: the pipeline of one device, one layer per file: graph capture and stream waits,
 //!   cache, limit, growth, out-of-memory recovery, over its resources.
