@@ -14,8 +14,9 @@
 #define VMM_RELEASE_AFTER_MS 1000
 
 /**
- * The largest size `my_malloc` and `streampool_malloc` accept: 2^48 bytes (256 TiB); larger is
- * STREAMPOOL_STATUS_INVALID_ARGUMENT, smaller but more than the device has is out of memory.
+ * The largest size `my_malloc` and `streampool_malloc` pass on: 2^48 bytes (256 TiB). A larger
+ * size is out of memory at once (STREAMPOOL_STATUS_OUT_OF_MEMORY; the message starts
+ * "CUDA out of memory." and says why), as is one at or below it that the device cannot hold.
  * (The value of `streampool::MAX_ALLOCATION_BYTES`, written out for the C header.)
  */
 #define STREAMPOOL_MAX_ALLOCATION_BYTES 281474976710656
@@ -393,7 +394,8 @@ const char *streampool_driver_name(void);
 
 /**
  * Enters a shareable scope on this thread: its allocations come from a pool other processes can
- * import (`streampool.shareable()`). Returns the scope depth.
+ * import (`streampool.shareable()`). Returns the scope depth, or a negative status when scopes
+ * are nested `INT_MAX` deep.
  */
 int streampool_shareable_begin(void);
 

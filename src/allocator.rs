@@ -1,9 +1,11 @@
 //! The allocator of a process: one `DeviceAllocator` (`src/device/`) per device over one
 //! [`Driver`], and the methods behind every C entry point.
 //!
-//! Invariant: every public entry validates its arguments (size, device index, pointer) before any
-//! state changes, so a rejected call leaves statistics untouched; sizes are decided here: 0 gets
-//! NULL, above [`MAX_ALLOCATION_BYTES`] is an invalid argument.
+//! Invariants: every public entry validates its arguments (size, device index, pointer) before
+//! any state changes, so a rejected call leaves statistics untouched; sizes are decided here: 0
+//! gets NULL, above [`MAX_ALLOCATION_BYTES`] is out of memory (as PyTorch reports any request it
+//! cannot serve), counted in `num_ooms` and changing nothing else; a device one of whose parts
+//! reports itself disabled (after a panic) is disabled as a whole.
 
 use crate::config::{Config, DriverKind};
 use crate::device::DeviceAllocator;
@@ -14,12 +16,12 @@ use crate::ipc::imports::Imports;
 use crate::ipc::{self, StreampoolIpcHandle};
 use crate::peer::Peers;
 use crate::stats::StreampoolStats;
-use crate::units::{format_bytes, parse_size, SIZE_ACCEPTED};
+use crate::units::{parse_size, SIZE_ACCEPTED};
 use std::sync::Arc;
 
-/// The largest request streampool accepts: 2^48 bytes (256 TiB), beyond any GPU's memory and
-/// far from the sizes whose rounding would overflow 64 bits. Larger is an invalid argument;
-/// smaller but more than the device has is out of memory.
+/// The largest request streampool passes on: 2^48 bytes (256 TiB), beyond any GPU's memory and
+/// far from the sizes whose rounding would overflow 64 bits. A larger request is out of memory at
+/// once (the message says why), like one at or below it that is more than the device has.
 pub const MAX_ALLOCATION_BYTES: u64 = 1 << 48;
 
 pub struct Allocator {
@@ -101,13 +103,9 @@ impl Allocator {
             return Ok(DevicePtr::NULL);
         }
         if bytes > MAX_ALLOCATION_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "allocation size {bytes} bytes is larger than streampool's maximum of {} ({} bytes)",
-                format_bytes(MAX_ALLOCATION_BYTES),
-                MAX_ALLOCATION_BYTES
-            )));
+            return Err(d.out_of_memory_above(bytes, stream, MAX_ALLOCATION_BYTES));
         }
-        d.allocate(bytes, stream, ipc::in_shareable_scope())
+        disabling_on_error(d, d.allocate(bytes, stream, ipc::in_shareable_scope()))
     }
 
     /// Frees `ptr` (NULL does nothing); the block is ordered after all work on its allocation
@@ -116,7 +114,7 @@ impl Allocator {
         let d = self.device(device)?;
         match ptr {
             DevicePtr::NULL => Ok(()),
-            ptr => d.free(ptr),
+            ptr => disabling_on_error(d, d.free(ptr)),
         }
     }
 
@@ -127,7 +125,7 @@ impl Allocator {
             device: 0,
         };
         for d in &self.devices {
-            match d.record_stream(ptr, stream) {
+            match disabling_on_error(d, d.record_stream(ptr, stream)) {
                 Err(e @ Error::UnknownPointer { .. }) => last = e,
                 other => return other,
             }
@@ -149,17 +147,19 @@ impl Allocator {
     pub fn empty_cache(&self) -> Result<()> {
         self.devices
             .iter()
-            .map(|d| d.flush(0))
+            .map(|d| disabling_on_error(d, d.flush(0)))
             .fold(Ok(()), Result::and)
     }
 
     /// Returns `device`'s cache, synchronises and trims its resources to `keep_bytes`.
     pub fn trim(&self, device: i64, keep_bytes: u64) -> Result<()> {
-        self.device(device)?.trim(keep_bytes)
+        let d = self.device(device)?;
+        disabling_on_error(d, d.trim(keep_bytes))
     }
 
     pub fn set_release_threshold(&self, device: i64, bytes: u64) -> Result<()> {
-        self.device(device)?.set_release_threshold(bytes)
+        let d = self.device(device)?;
+        disabling_on_error(d, d.set_release_threshold(bytes))
     }
 
     /// `torch.cuda.set_per_process_memory_fraction`: caps what `device` holds.
@@ -296,6 +296,16 @@ impl Allocator {
     pub fn stats(&self, device: i64) -> Result<StreampoolStats> {
         self.device(device)?.stats()
     }
+}
+
+/// `result` of a call on `d`; if a resource of `d` reported itself disabled (a panic left its
+/// state half-updated), the whole device refuses further calls from now on.
+#[inline]
+fn disabling_on_error<T>(d: &DeviceAllocator, result: Result<T>) -> Result<T> {
+    if let Err(Error::Disabled { .. }) = &result {
+        d.disable();
+    }
+    result
 }
 
 #[cfg(feature = "sim")]

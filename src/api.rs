@@ -9,18 +9,14 @@ use crate::allocator::Allocator;
 use crate::config::Config;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
+use crate::fork::{self, FirstUse};
 use std::cell::RefCell;
-use std::ffi::{c_char, CString};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Once, OnceLock};
+use std::ffi::{c_char, CString, OsString};
+use std::sync::OnceLock;
+
+pub use crate::fork::in_fork_child;
 
 static GLOBAL: OnceLock<Result<Allocator>> = OnceLock::new();
-/// Set in the child by the `pthread_atfork` handler that the first call of [`global`] registers.
-static FORKED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn note_fork_in_child() {
-    FORKED.store(true, Ordering::Relaxed);
-}
 
 /// The process's allocator, built on first use.
 pub fn global() -> Result<&'static Allocator> {
@@ -33,25 +29,21 @@ pub fn global() -> Result<&'static Allocator> {
                 .into(),
         ));
     }
-    // Registered before the allocator is built, so a fork during the build is noticed too.
-    static ATFORK: Once = Once::new();
-    // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
-    ATFORK.call_once(|| unsafe {
-        libc::pthread_atfork(None, None, Some(note_fork_in_child));
-    });
+    if let Some(built) = GLOBAL.get() {
+        return built.as_ref().map_err(Clone::clone);
+    }
+    // Noted before the allocator is built, so a fork during the build gives a child that knows
+    // (the fork handler itself is registered at load time: src/fork.rs).
+    fork::note_first_use();
+    fork::first_use_point(FirstUse::Started);
     GLOBAL
         .get_or_init(|| {
+            fork::first_use_point(FirstUse::BuildingAllocator);
             init_logging();
             Config::from_env().and_then(Allocator::from_config)
         })
         .as_ref()
         .map_err(Clone::clone)
-}
-
-/// True in a `fork()` child of a process that had used streampool: nothing may take a lock there
-/// that a thread of the parent could have held at the fork (the allocator's, stderr's).
-pub fn in_fork_child() -> bool {
-    FORKED.load(Ordering::Relaxed)
 }
 
 /// Frees `ptr` through the process's allocator. In a fork() child it does nothing: memory
@@ -78,16 +70,26 @@ pub fn driver_name() -> &'static str {
 }
 
 /// `STREAMPOOL_LOG`, else `RUST_LOG`, else warnings only. Never replaces a logger already set.
-/// A malformed `STREAMPOOL_LOG` is reported by the configuration (the first allocation fails
-/// naming it); the logger then keeps to warnings rather than have env_logger print its own line
-/// about the same value.
 pub fn init_logging() {
-    let filter = match std::env::var("STREAMPOOL_LOG") {
-        Ok(spec) if crate::config::validate_log_filter(&spec).is_ok() => spec,
-        Ok(_) => "warn".into(),
-        Err(_) => std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-    };
+    let filter = log_filter(
+        std::env::var_os("STREAMPOOL_LOG"),
+        std::env::var_os("RUST_LOG"),
+    );
     let _ = env_logger::Builder::new().parse_filters(&filter).try_init();
+}
+
+/// The logger's filter from the values of `STREAMPOOL_LOG` and `RUST_LOG`. A malformed
+/// `STREAMPOOL_LOG` — not UTF-8 text included — is reported by the configuration (the first
+/// allocation fails naming it); the logger then keeps to warnings, rather than fall back to
+/// `RUST_LOG` or have env_logger print its own line about the same value.
+fn log_filter(streampool_log: Option<OsString>, rust_log: Option<OsString>) -> String {
+    match streampool_log.map(OsString::into_string) {
+        Some(Ok(spec)) if crate::config::validate_log_filter(&spec).is_ok() => spec,
+        Some(_) => "warn".into(),
+        None => rust_log
+            .and_then(|v| v.into_string().ok())
+            .unwrap_or_else(|| "warn".into()),
+    }
 }
 
 thread_local! {
@@ -115,4 +117,31 @@ pub fn last_error_ptr() -> *const c_char {
     LAST_ERROR
         .try_with(|slot| slot.borrow().as_ptr())
         .unwrap_or(c"streampool: error message unavailable during thread exit".as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::ffi::OsStringExt;
+
+    fn os(text: &str) -> Option<OsString> {
+        Some(text.into())
+    }
+
+    /// A `STREAMPOOL_LOG` that is not UTF-8 text fell back to `RUST_LOG` (`env::var` failed as if
+    /// it were unset): it is malformed, and the logger keeps to warnings.
+    #[test]
+    fn the_log_filter_falls_back_to_rust_log_only_when_streampool_log_is_unset() {
+        let not_utf8 = Some(OsString::from_vec(b"streampool=\xff".to_vec()));
+        assert_eq!(log_filter(os("info"), os("trace")), "info");
+        assert_eq!(log_filter(os("loud"), os("trace")), "warn", "malformed");
+        assert_eq!(
+            log_filter(not_utf8.clone(), os("trace")),
+            "warn",
+            "not UTF-8"
+        );
+        assert_eq!(log_filter(None, os("trace")), "trace");
+        assert_eq!(log_filter(None, not_utf8), "warn");
+        assert_eq!(log_filter(None, None), "warn");
+    }
 }

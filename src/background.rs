@@ -37,7 +37,7 @@ mod thread {
     /// fork child: the thread does not exist there, and its lock may have been held at the fork.
     extern "C" fn stop() {
         STOPPING.store(true, Ordering::Relaxed);
-        if crate::api::in_fork_child() {
+        if crate::fork::in_fork_child() {
             return;
         }
         for _ in 0..100 {

@@ -4,9 +4,24 @@
 //! order makes that safe without events); a block serves a request only when it is at most 1/8
 //! larger than the request; `cached_bytes` equals the sum of cached block sizes and never exceeds
 //! `limit_bytes`; no block larger than `max_block_bytes` is kept.
+//!
+//! Streams come and go (a server may make one per request), so nothing here grows with the
+//! number of streams ever seen: a stream is found by hashing, not by a scan; when the budget is
+//! full, the blocks of the stream that cached a block longest ago leave first (streams no longer
+//! used stop holding the budget); a stream's entry without blocks is dropped once it has been
+//! idle for [`IDLE_PUTS`] puts, and stale entries of the eviction queue are dropped, both
+//! amortised O(1) per put — so there are at most 2 x (streams holding blocks + `IDLE_PUTS`)
+//! entries, and at most 2 x those streams + a constant in the queue.
 
 use crate::driver::{DevicePtr, Stream};
+use crate::fasthash::WordMap;
+use std::collections::VecDeque;
 use std::ops::RangeInclusive;
+
+/// A stream's entry without blocks is dropped after this many puts without one of its own.
+pub(crate) const IDLE_PUTS: u64 = 4096;
+/// Stale entries the eviction queue may hold beyond twice its live ones before it is compacted.
+const QUEUE_SLACK: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CachedBlock {
@@ -15,11 +30,15 @@ pub struct CachedBlock {
     pub stream: Stream,
 }
 
-/// Blocks of one stream, as (block size, pointers) sorted by size. Emptied entries stay until the
-/// next drain, so a size that recurs costs a binary search and a push, no allocation.
+/// Blocks of one stream, as (block size, pointers) sorted by size. Emptied entries stay while the
+/// stream is in use, so a size that recurs costs a binary search and a push, no allocation.
 #[derive(Debug, Default)]
 struct Bins {
     by_size: Vec<(u64, Vec<DevicePtr>)>,
+    /// Blocks in `by_size`.
+    blocks: usize,
+    /// The cache's put count at this stream's last put (its live entry in the eviction queue).
+    last_put: u64,
 }
 
 impl Bins {
@@ -35,13 +54,50 @@ impl Bins {
             Some((size, list)) if *size == bytes => list.push(ptr),
             _ => self.by_size.insert(i, (bytes, vec![ptr])),
         }
+        self.blocks += 1;
+    }
+
+    /// Takes blocks, largest first, until `wanted_bytes` are out (or none is left); their bytes.
+    fn take_largest(
+        &mut self,
+        stream: Stream,
+        wanted_bytes: u64,
+        out: &mut Vec<CachedBlock>,
+    ) -> u64 {
+        let mut taken_bytes = 0;
+        for (size, list) in self.by_size.iter_mut().rev() {
+            while taken_bytes < wanted_bytes {
+                let Some(ptr) = list.pop() else { break };
+                taken_bytes += *size;
+                self.blocks -= 1;
+                out.push(CachedBlock {
+                    ptr,
+                    block_bytes: *size,
+                    stream,
+                });
+            }
+        }
+        taken_bytes
     }
 }
 
-/// A process has a handful of streams per device: a linear scan beats hashing.
 #[derive(Debug, Default)]
 pub struct Cache {
-    streams: Vec<(Stream, Bins)>,
+    /// Each stream's bins, found through `index`.
+    slots: Vec<(Stream, Bins)>,
+    index: WordMap<Stream, usize>,
+    /// The stream used last and its slot: one compare instead of a hash on the hot path.
+    last: Option<(Stream, usize)>,
+    /// Streams in the order of their last put, oldest first, with the put count then; an entry
+    /// whose stream has put since, or holds no block, is stale (skipped, and dropped in time).
+    queue: VecDeque<(Stream, u64)>,
+    /// Puts so far (the clock of `last_put` and of the queue).
+    puts: u64,
+    /// The put count at the last sweep of idle entries, and the entries it left.
+    swept_at: u64,
+    slots_after_sweep: usize,
+    /// Streams holding at least one block.
+    occupied: usize,
     cached_bytes: u64,
     limit_bytes: u64,
     max_block_bytes: u64,
@@ -60,25 +116,57 @@ impl Cache {
         self.cached_bytes
     }
 
+    /// The slot of `stream`, if it has one.
     #[inline]
-    fn bins_mut(&mut self, stream: Stream) -> Option<&mut Bins> {
-        self.streams
-            .iter_mut()
-            .find(|(s, _)| *s == stream)
-            .map(|(_, b)| b)
+    fn slot(&mut self, stream: Stream) -> Option<usize> {
+        if let Some((s, i)) = self.last {
+            if s == stream {
+                return Some(i);
+            }
+        }
+        let i = *self.index.get(&stream)?;
+        self.last = Some((stream, i));
+        Some(i)
+    }
+
+    /// The slot of `stream`, made if it has none.
+    #[inline]
+    fn slot_or_new(&mut self, stream: Stream) -> usize {
+        match self.slot(stream) {
+            Some(i) => i,
+            None => {
+                let i = self.slots.len();
+                self.slots.push((stream, Bins::default()));
+                self.index.insert(stream, i);
+                self.last = Some((stream, i));
+                i
+            }
+        }
+    }
+
+    /// The bins of `stream` if `put` is its last put and it holds blocks (a live queue entry).
+    fn live_entry(&mut self, stream: Stream, put: u64) -> Option<&mut Bins> {
+        let i = self.slot(stream)?;
+        let bins = &mut self.slots[i].1;
+        (bins.last_put == put && bins.blocks > 0).then_some(bins)
     }
 
     /// The smallest cached block of `stream` that fits `block_bytes` with little waste.
     #[inline]
     pub fn take(&mut self, stream: Stream, block_bytes: u64) -> Option<CachedBlock> {
-        let bins = self.bins_mut(stream)?;
-        let largest_fit = block_bytes + block_bytes / 8;
+        let i = self.slot(stream)?;
+        let bins = &mut self.slots[i].1;
+        let largest_fit = block_bytes.saturating_add(block_bytes / 8);
         let start = bins.first_at_least(block_bytes);
         let (size, list) = bins.by_size[start..]
             .iter_mut()
             .take_while(|(size, _)| *size <= largest_fit)
             .find(|(_, list)| !list.is_empty())?;
         let (size, ptr) = (*size, list.pop()?);
+        bins.blocks -= 1;
+        if bins.blocks == 0 {
+            self.occupied -= 1;
+        }
         self.cached_bytes -= size;
         Some(CachedBlock {
             ptr,
@@ -87,52 +175,129 @@ impl Cache {
         })
     }
 
-    /// Keeps `block` for reuse, or hands it back when the cache is full or the block too large.
+    /// Keeps `block` for reuse, or hands it back when it is too large. When the budget is full,
+    /// blocks of the streams that put one longest ago go to `evicted` to make room.
     #[inline]
-    pub fn put(&mut self, block: CachedBlock) -> Result<(), CachedBlock> {
-        if block.block_bytes > self.max_block_bytes
-            || self.cached_bytes + block.block_bytes > self.limit_bytes
-        {
+    pub fn put(
+        &mut self,
+        block: CachedBlock,
+        evicted: &mut Vec<CachedBlock>,
+    ) -> Result<(), CachedBlock> {
+        if block.block_bytes > self.max_block_bytes || block.block_bytes > self.limit_bytes {
             return Err(block);
         }
+        if self.cached_bytes.saturating_add(block.block_bytes) > self.limit_bytes {
+            self.make_room(block.block_bytes, evicted);
+        }
         self.cached_bytes += block.block_bytes;
-        let bins = match self.streams.iter().position(|(s, _)| *s == block.stream) {
-            Some(i) => &mut self.streams[i].1,
-            None => {
-                self.streams.push((block.stream, Bins::default()));
-                &mut self.streams.last_mut().expect("just pushed").1
-            }
-        };
+        self.puts += 1;
+        let i = self.slot_or_new(block.stream);
+        let bins = &mut self.slots[i].1;
+        if bins.blocks == 0 {
+            self.occupied += 1;
+        }
         bins.push(block.block_bytes, block.ptr);
+        // The stream that put last keeps one queue entry, moved on in place.
+        match self.queue.back_mut() {
+            Some(back) if *back == (block.stream, bins.last_put) => back.1 = self.puts,
+            _ => self.queue.push_back((block.stream, self.puts)),
+        }
+        bins.last_put = self.puts;
+        self.tidy();
         Ok(())
     }
 
-    /// Removes blocks totalling at least `wanted_bytes` (or everything), largest first, those of
-    /// `prefer_stream` first: the pool can reuse a block freed on the requesting stream at once.
-    pub fn evict(&mut self, wanted_bytes: u64, prefer_stream: Stream) -> Vec<CachedBlock> {
-        let mut out = Vec::new();
-        let mut freed_bytes = 0;
-        let mut order: Vec<Stream> = self
-            .streams
-            .iter()
-            .map(|(s, _)| *s)
-            .filter(|s| *s != prefer_stream)
-            .collect();
-        order.insert(0, prefer_stream);
-        for stream in order {
-            let Some(bins) = self.bins_mut(stream) else {
+    /// Evicts, oldest put first, until `bytes` more fit the budget.
+    #[cold]
+    fn make_room(&mut self, bytes: u64, evicted: &mut Vec<CachedBlock>) {
+        while self.cached_bytes + bytes > self.limit_bytes {
+            let Some(&(stream, put)) = self.queue.front() else {
+                break;
+            };
+            let over_bytes = self.cached_bytes + bytes - self.limit_bytes;
+            let Some(bins) = self.live_entry(stream, put) else {
+                self.queue.pop_front();
                 continue;
             };
-            for (size, list) in bins.by_size.iter_mut().rev() {
-                while freed_bytes < wanted_bytes {
-                    let Some(ptr) = list.pop() else { break };
-                    freed_bytes += *size;
-                    out.push(CachedBlock {
-                        ptr,
-                        block_bytes: *size,
-                        stream,
-                    });
-                }
+            let taken_bytes = bins.take_largest(stream, over_bytes, evicted);
+            let emptied = bins.blocks == 0;
+            self.cached_bytes -= taken_bytes;
+            if emptied {
+                self.occupied -= 1;
+                self.queue.pop_front();
+            }
+        }
+    }
+
+    /// Drops stale queue entries and idle empty streams, each once enough puts have paid for it.
+    #[inline]
+    fn tidy(&mut self) {
+        if self.queue.len() > 2 * self.occupied + QUEUE_SLACK {
+            self.compact_queue();
+        }
+        // Every IDLE_PUTS puts, or as many puts as the last sweep left streams, whichever is
+        // more: O(1) per put, and at most twice the streams the last sweep left plus IDLE_PUTS.
+        let period = IDLE_PUTS.max(self.slots_after_sweep as u64);
+        if self.puts - self.swept_at >= period {
+            self.sweep();
+        }
+    }
+
+    #[cold]
+    fn compact_queue(&mut self) {
+        let (slots, index) = (&self.slots, &self.index);
+        self.queue.retain(|&(stream, put)| {
+            index
+                .get(&stream)
+                .map(|&i| &slots[i].1)
+                .is_some_and(|b| b.last_put == put && b.blocks > 0)
+        });
+        if self.queue.capacity() > 4 * (self.queue.len() + QUEUE_SLACK) {
+            self.queue.shrink_to(2 * (self.queue.len() + QUEUE_SLACK));
+        }
+    }
+
+    /// Drops the streams without blocks that put none in the last `IDLE_PUTS` puts.
+    #[cold]
+    fn sweep(&mut self) {
+        let idle_before = self.puts - IDLE_PUTS;
+        self.slots
+            .retain(|(_, b)| b.blocks > 0 || b.last_put > idle_before);
+        if self.slots.capacity() > 4 * self.slots.len() + 64 {
+            self.slots.shrink_to(2 * self.slots.len() + 16);
+        }
+        self.index = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, (stream, _))| (*stream, i))
+            .collect();
+        self.last = None;
+        self.swept_at = self.puts;
+        self.slots_after_sweep = self.slots.len();
+    }
+
+    /// Removes blocks totalling at least `wanted_bytes` (or everything), largest first, those of
+    /// `prefer_stream` first — the pool can reuse a block freed on the requesting stream at
+    /// once — then those of the streams that put one longest ago.
+    pub fn evict(&mut self, wanted_bytes: u64, prefer_stream: Stream) -> Vec<CachedBlock> {
+        let prefer = self
+            .slot(prefer_stream)
+            .map(|i| (prefer_stream, self.slots[i].1.last_put));
+        let others = self.queue.iter().filter(|&&(s, _)| s != prefer_stream);
+        let order: Vec<(Stream, u64)> = prefer.into_iter().chain(others.copied()).collect();
+        let mut out = Vec::new();
+        let mut freed_bytes = 0;
+        for (stream, put) in order {
+            if freed_bytes >= wanted_bytes {
+                break;
+            }
+            let Some(bins) = self.live_entry(stream, put) else {
+                continue;
+            };
+            freed_bytes += bins.take_largest(stream, wanted_bytes - freed_bytes, &mut out);
+            if bins.blocks == 0 {
+                self.occupied -= 1;
             }
         }
         self.cached_bytes -= freed_bytes;
@@ -141,7 +306,7 @@ impl Cache {
 
     /// Every cached block, for snapshots.
     pub fn blocks(&self) -> impl Iterator<Item = CachedBlock> + '_ {
-        self.streams.iter().flat_map(|(stream, bins)| {
+        self.slots.iter().flat_map(|(stream, bins)| {
             bins.by_size.iter().flat_map(move |(size, list)| {
                 list.iter().map(move |&ptr| CachedBlock {
                     ptr,
@@ -155,15 +320,20 @@ impl Cache {
     /// Removes every block whose size is in `sizes` (the blocks of one pool).
     pub fn drain_sizes(&mut self, sizes: RangeInclusive<u64>) -> Vec<CachedBlock> {
         let mut out = Vec::new();
-        for (stream, bins) in &mut self.streams {
+        for (stream, bins) in &mut self.slots {
             let start = bins.first_at_least(*sizes.start());
             let end = bins.first_at_least(sizes.end().saturating_add(1));
+            let had_blocks = bins.blocks > 0;
             for (size, list) in bins.by_size.drain(start..end) {
+                bins.blocks -= list.len();
                 out.extend(list.into_iter().map(|ptr| CachedBlock {
                     ptr,
                     block_bytes: size,
                     stream: *stream,
                 }));
+            }
+            if had_blocks && bins.blocks == 0 {
+                self.occupied -= 1;
             }
         }
         self.cached_bytes -= out.iter().map(|b| b.block_bytes).sum::<u64>();
@@ -173,95 +343,10 @@ impl Cache {
     /// Removes every block.
     pub fn drain(&mut self) -> Vec<CachedBlock> {
         let out = self.drain_sizes(0..=u64::MAX);
-        self.streams.clear();
+        *self = Cache::new(self.limit_bytes, self.max_block_bytes);
         out
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn block(ptr: u64, bytes: u64, stream: usize) -> CachedBlock {
-        CachedBlock {
-            ptr: DevicePtr(ptr),
-            block_bytes: bytes,
-            stream: Stream(stream),
-        }
-    }
-
-    #[test]
-    fn reuses_only_on_the_same_stream_and_close_sizes() {
-        let mut c = Cache::new(u64::MAX, u64::MAX);
-        c.put(block(0x1000, 4096, 1)).unwrap();
-        assert_eq!(c.take(Stream(2), 4096), None, "another stream");
-        assert_eq!(c.take(Stream(1), 1024), None, "4x too big for 1 KiB");
-        assert_eq!(c.take(Stream(1), 3700), Some(block(0x1000, 4096, 1)));
-        assert_eq!(c.cached_bytes(), 0);
-    }
-
-    #[test]
-    fn respects_the_limit() {
-        let mut c = Cache::new(8192, 4096);
-        c.put(block(0x1000, 4096, 1)).unwrap();
-        assert_eq!(
-            c.put(block(0x2000, 4608, 1)),
-            Err(block(0x2000, 4608, 1)),
-            "block too large"
-        );
-        c.put(block(0x3000, 4096, 1)).unwrap();
-        assert_eq!(
-            c.put(block(0x4000, 512, 1)),
-            Err(block(0x4000, 512, 1)),
-            "cache full"
-        );
-    }
-
-    #[test]
-    fn evicts_preferred_stream_largest_first_then_drains() {
-        let mut c = Cache::new(u64::MAX, u64::MAX);
-        c.put(block(0x1000, 512, 1)).unwrap();
-        c.put(block(0x2000, 8192, 1)).unwrap();
-        c.put(block(0x9000, 65536, 2)).unwrap();
-        let out = c.evict(4096, Stream(1));
-        assert_eq!(out, vec![block(0x2000, 8192, 1)]);
-        assert_eq!(c.cached_bytes(), 512 + 65536);
-        assert_eq!(c.drain().len(), 2);
-        assert_eq!(c.cached_bytes(), 0);
-    }
-
-    /// The hot path's promise: a size that recurs reuses its bin (no insertion, no growth).
-    #[test]
-    fn a_size_that_recurs_keeps_one_bin() {
-        let mut c = Cache::new(u64::MAX, u64::MAX);
-        for _ in 0..3 {
-            c.put(block(0x1000, 4096, 1)).unwrap();
-            c.put(block(0x2000, 4096, 1)).unwrap();
-            assert_eq!(c.take(Stream(1), 4096), Some(block(0x2000, 4096, 1)));
-            assert_eq!(c.take(Stream(1), 4096), Some(block(0x1000, 4096, 1)));
-        }
-        assert_eq!(c.streams.len(), 1);
-        assert_eq!(c.streams[0].1.by_size.len(), 1, "{:?}", c.streams);
-    }
-
-    #[test]
-    fn drains_one_pools_sizes_of_every_stream() {
-        let mut c = Cache::new(u64::MAX, u64::MAX);
-        c.put(block(0x1000, 512, 1)).unwrap();
-        c.put(block(0x2000, 8192, 1)).unwrap();
-        c.put(block(0x9000, 4096, 2)).unwrap();
-        c.put(block(0xa000, 65536, 2)).unwrap();
-        let mut small = c.drain_sizes(0..=4096);
-        small.sort_by_key(|b| b.ptr);
-        assert_eq!(small, vec![block(0x1000, 512, 1), block(0x9000, 4096, 2)]);
-        assert_eq!(c.cached_bytes(), 8192 + 65536);
-        assert_eq!(c.drain_sizes(4097..=u64::MAX).len(), 2);
-        assert_eq!(c.cached_bytes(), 0);
-        c.put(block(0x1000, 512, 1)).unwrap();
-        assert_eq!(
-            c.take(Stream(1), 512),
-            Some(block(0x1000, 512, 1)),
-            "bins still work"
-        );
-    }
-}
+mod tests;

@@ -1,10 +1,11 @@
 //! `STREAMPOOL_*` environment variables, parsed once into a [`Config`].
 //!
-//! Invariant: a malformed value is an error naming the variable, the value and what is accepted;
-//! it is never ignored or replaced by a default.
+//! Invariant: a malformed value — one that is not UTF-8 text included — is an error naming the
+//! variable, the value and what is accepted; it is never ignored or replaced by a default.
 
 use crate::error::{Error, Result};
-use crate::units::{parse_size, SizeSpec, SIZE_ACCEPTED};
+use crate::units::{format_bytes, parse_size, SizeSpec, SIZE_ACCEPTED};
+use std::ffi::OsString;
 
 /// Above the release threshold, the virtual-memory backend releases memory unused this long (a
 /// training step or a request takes less: what a loop uses every step stays mapped).
@@ -147,17 +148,65 @@ impl Default for Config {
 }
 
 const BOOL_ACCEPTED: &str = "1, 0, true, false, yes, no, on, off";
+const PEER_ACCESS_ACCEPTED: &str = "auto, 1, 0, true, false, yes, no, on, off";
+const SIM_DEVICES_ACCEPTED: &str = "an integer 1..=64";
+const VMM_PAGE_SIZE_ACCEPTED: &str = "a byte count with an optional unit, e.g. 2MiB or 20MiB \
+     (rounded up to the device's granularity, at most the device's memory)";
+
+/// What a variable accepts, for the error about a value that is not UTF-8 text.
+fn accepted(var: &str) -> &'static str {
+    match var {
+        "STREAMPOOL_DRIVER" => "cuda, sim",
+        "STREAMPOOL_BACKEND" => "pool, vmm",
+        "STREAMPOOL_VMM_PAGE_SIZE" => VMM_PAGE_SIZE_ACCEPTED,
+        "STREAMPOOL_PEER_ACCESS" => PEER_ACCESS_ACCEPTED,
+        "STREAMPOOL_SIM_DEVICES" => SIM_DEVICES_ACCEPTED,
+        "STREAMPOOL_LOG" => LOG_ACCEPTED,
+        "STREAMPOOL_TRIM_ON_GROWTH"
+        | "STREAMPOOL_IPC"
+        | "STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES"
+        | "STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC"
+        | "STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES" => BOOL_ACCEPTED,
+        _ => SIZE_ACCEPTED,
+    }
+}
+
+/// `value` of `var` as text, or the error naming it if it is not UTF-8.
+pub(crate) fn utf8_value(var: &'static str, value: OsString) -> Result<String> {
+    value.into_string().map_err(|raw| {
+        let lossy = raw.to_string_lossy().into_owned();
+        let bytes = raw.as_encoded_bytes();
+        let at = std::str::from_utf8(bytes)
+            .err()
+            .map_or(0, |e| e.valid_up_to());
+        config_error(
+            var,
+            &lossy,
+            &format!("not UTF-8 text: byte {:#04x} at offset {at}", bytes[at]),
+            accepted(var),
+        )
+    })
+}
 
 impl Config {
-    /// Reads the process environment.
+    /// Reads the process environment; a `STREAMPOOL_*` value that is not UTF-8 text is an error
+    /// naming it, like any malformed value.
     pub fn from_env() -> Result<Config> {
-        Config::from_lookup(|name| std::env::var(name).ok())
+        Config::from_os_lookup(|name| std::env::var_os(name))
     }
 
     /// Parses from any key lookup (tests pass a map).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        Config::from_os_lookup(|name| get(name).map(OsString::from))
+    }
+
+    /// Parses from a lookup of raw values, as the environment holds them.
+    pub fn from_os_lookup(get_os: impl Fn(&str) -> Option<OsString>) -> Result<Config> {
+        let get = |name: &'static str| -> Result<Option<String>> {
+            get_os(name).map(|v| utf8_value(name, v)).transpose()
+        };
         let mut c = Config::default();
-        if let Some(v) = get("STREAMPOOL_DRIVER") {
+        if let Some(v) = get("STREAMPOOL_DRIVER")? {
             c.driver = match v.trim().to_ascii_lowercase().as_str() {
                 "cuda" => DriverKind::Cuda,
                 "sim" => DriverKind::Sim,
@@ -171,7 +220,7 @@ impl Config {
                 }
             };
         }
-        if let Some(v) = get("STREAMPOOL_BACKEND") {
+        if let Some(v) = get("STREAMPOOL_BACKEND")? {
             c.backend_explicit = true;
             c.backend = match v.trim().to_ascii_lowercase().as_str() {
                 "pool" => Backend::Pool,
@@ -187,7 +236,7 @@ impl Config {
             };
         }
         let size = |name: &'static str, default: SizeSpec| -> Result<SizeSpec> {
-            match get(name) {
+            match get(name)? {
                 None => Ok(default),
                 Some(v) => {
                     parse_size(&v).map_err(|reason| config_error(name, &v, &reason, SIZE_ACCEPTED))
@@ -205,28 +254,27 @@ impl Config {
         c.vmm_page_size = match size("STREAMPOOL_VMM_PAGE_SIZE", c.vmm_page_size)? {
             SizeSpec::Bytes(b) if (1..=1 << 40).contains(&b) => SizeSpec::Bytes(b),
             _ => {
-                let value = get("STREAMPOOL_VMM_PAGE_SIZE").unwrap_or_default();
+                let value = get("STREAMPOOL_VMM_PAGE_SIZE")?.unwrap_or_default();
                 return Err(config_error(
                     "STREAMPOOL_VMM_PAGE_SIZE",
                     &value,
                     "must be a byte count from 1 B to 1 TiB",
-                    "a byte count with an optional unit, e.g. 2MiB or 20MiB (rounded up to the \
-                     device's granularity)",
+                    VMM_PAGE_SIZE_ACCEPTED,
                 ));
             }
         };
-        if let Some(v) = get("STREAMPOOL_IDLE_RELEASE") {
+        if let Some(v) = get("STREAMPOOL_IDLE_RELEASE")? {
             c.idle_release_ms = parse_duration_ms("STREAMPOOL_IDLE_RELEASE", &v)?;
         }
-        if let Some(v) = get("STREAMPOOL_VMM_GROWTH_SLACK") {
+        if let Some(v) = get("STREAMPOOL_VMM_GROWTH_SLACK")? {
             c.vmm_growth_slack_percent = parse_percent("STREAMPOOL_VMM_GROWTH_SLACK", &v)?;
         }
-        if let Some(v) = get("STREAMPOOL_VMM_COLD_AFTER") {
+        if let Some(v) = get("STREAMPOOL_VMM_COLD_AFTER")? {
             c.vmm_cold_after_ms =
                 parse_duration_ms("STREAMPOOL_VMM_COLD_AFTER", &v)?.unwrap_or(u64::MAX);
         }
         let flag = |name: &'static str| -> Result<Option<bool>> {
-            get(name).map(|v| parse_bool(name, &v)).transpose()
+            get(name)?.map(|v| parse_bool(name, &v)).transpose()
         };
         if let Some(on) = flag("STREAMPOOL_TRIM_ON_GROWTH")? {
             c.trim_on_growth = on;
@@ -234,7 +282,7 @@ impl Config {
         if let Some(on) = flag("STREAMPOOL_IPC")? {
             c.ipc = on;
         }
-        if let Some(v) = get("STREAMPOOL_PEER_ACCESS") {
+        if let Some(v) = get("STREAMPOOL_PEER_ACCESS")? {
             c.peer_access = match v.trim().to_ascii_lowercase().as_str() {
                 "auto" => PeerAccess::Auto,
                 _ => match parse_bool("STREAMPOOL_PEER_ACCESS", &v) {
@@ -245,7 +293,7 @@ impl Config {
                             "STREAMPOOL_PEER_ACCESS",
                             &v,
                             "not auto or a boolean",
-                            "auto, 1, 0, true, false, yes, no, on, off",
+                            PEER_ACCESS_ACCEPTED,
                         ))
                     }
                 },
@@ -256,7 +304,7 @@ impl Config {
             allow_opportunistic: flag("STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC")?,
             allow_internal_dependencies: flag("STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES")?,
         };
-        if let Some(v) = get("STREAMPOOL_SIM_DEVICES") {
+        if let Some(v) = get("STREAMPOOL_SIM_DEVICES")? {
             c.sim_devices = match v.trim().parse::<usize>() {
                 Ok(n) if (1..=64).contains(&n) => n,
                 _ => {
@@ -264,12 +312,12 @@ impl Config {
                         "STREAMPOOL_SIM_DEVICES",
                         &v,
                         "not a count",
-                        "an integer 1..=64",
+                        SIM_DEVICES_ACCEPTED,
                     ))
                 }
             };
         }
-        if let Some(v) = get("STREAMPOOL_SIM_MEMORY") {
+        if let Some(v) = get("STREAMPOOL_SIM_MEMORY")? {
             c.sim_memory_bytes = match parse_size(&v) {
                 Ok(SizeSpec::Bytes(b)) if b > 0 => b,
                 Ok(_) => {
@@ -290,7 +338,7 @@ impl Config {
                 }
             };
         }
-        if let Some(v) = get("STREAMPOOL_LOG") {
+        if let Some(v) = get("STREAMPOOL_LOG")? {
             validate_log_filter(&v)?;
         }
         Ok(c)
@@ -340,6 +388,79 @@ fn parse_duration_ms(name: &'static str, value: &str) -> Result<Option<u64>> {
             "not a positive duration of at most a day",
             DURATION_ACCEPTED,
         )),
+    }
+}
+
+/// The address layout of the virtual-memory backend on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VmmLayout {
+    /// `STREAMPOOL_VMM_PAGE_SIZE` rounded up to the device's granularity.
+    pub page_bytes: u64,
+    /// The first address reservation: `addresses_per_memory` times the device's memory, in
+    /// whole pages.
+    pub extent_bytes: u64,
+}
+
+impl Config {
+    /// The vmm backend's layout on `device` (`driver` is its name), of `total_bytes` memory and
+    /// `granularity_bytes` mapping granularity, reserving `addresses_per_memory` times its memory
+    /// in addresses. Checked arithmetic: a page larger than the device, or a reservation that
+    /// does not fit 64 bits, is an error naming the variable to change.
+    pub(crate) fn vmm_layout(
+        &self,
+        device: usize,
+        driver: &str,
+        granularity_bytes: u64,
+        total_bytes: u64,
+        addresses_per_memory: u64,
+    ) -> Result<VmmLayout> {
+        let granularity_bytes = granularity_bytes.max(1);
+        let wanted_bytes = self.vmm_page_size.resolve_bytes(total_bytes);
+        let page_bytes = wanted_bytes
+            .div_ceil(granularity_bytes)
+            .max(1)
+            .checked_mul(granularity_bytes)
+            .filter(|&page| page <= total_bytes)
+            .ok_or_else(|| {
+                config_error(
+                    "STREAMPOOL_VMM_PAGE_SIZE",
+                    &wanted_bytes.to_string(),
+                    &format!(
+                        "pages of {} (rounded up to the granularity of {}) are larger than \
+                         device {device}'s memory of {}",
+                        format_bytes(wanted_bytes),
+                        format_bytes(granularity_bytes),
+                        format_bytes(total_bytes)
+                    ),
+                    VMM_PAGE_SIZE_ACCEPTED,
+                )
+            })?;
+        let extent_bytes = total_bytes
+            .checked_mul(addresses_per_memory)
+            .and_then(|bytes| bytes.checked_next_multiple_of(page_bytes))
+            .ok_or_else(|| {
+                let reason = format!(
+                    "the virtual-memory backend reserves {addresses_per_memory} times device \
+                     {device}'s memory of {} in addresses, more than 64 bits can address",
+                    format_bytes(total_bytes)
+                );
+                match driver {
+                    "sim" => config_error(
+                        "STREAMPOOL_SIM_MEMORY",
+                        &total_bytes.to_string(),
+                        &reason,
+                        "with STREAMPOOL_BACKEND=vmm, a byte count below 8192PiB (twice it, in whole pages, \
+                         must fit in 64 bits)",
+                    ),
+                    _ => Error::DriverUnavailable(format!(
+                        "{reason}: set STREAMPOOL_BACKEND=pool"
+                    )),
+                }
+            })?;
+        Ok(VmmLayout {
+            page_bytes,
+            extent_bytes,
+        })
     }
 }
 
@@ -530,6 +651,44 @@ mod tests {
             assert!(
                 msg.contains("neither a log level nor a streampool module"),
                 "{bad:?}: {msg}"
+            );
+        }
+    }
+
+    /// A value that is not UTF-8 text was taken for an unset variable (`env::var().ok()`): a
+    /// `MAX_POOL_SIZE` cap was dropped, `DRIVER` fell back to cuda. Every variable refuses it
+    /// by name, like any malformed value.
+    #[test]
+    fn values_that_are_not_utf8_are_refused_by_name() {
+        use std::os::unix::ffi::OsStringExt;
+        for var in [
+            "STREAMPOOL_DRIVER",
+            "STREAMPOOL_BACKEND",
+            "STREAMPOOL_RELEASE_THRESHOLD",
+            "STREAMPOOL_MAX_POOL_SIZE",
+            "STREAMPOOL_CACHE_LIMIT",
+            "STREAMPOOL_CACHE_MAX_BLOCK",
+            "STREAMPOOL_SMALL_POOL_MAX",
+            "STREAMPOOL_VMM_PAGE_SIZE",
+            "STREAMPOOL_TRIM_ON_GROWTH",
+            "STREAMPOOL_IPC",
+            "STREAMPOOL_PEER_ACCESS",
+            "STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES",
+            "STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC",
+            "STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES",
+            "STREAMPOOL_SIM_DEVICES",
+            "STREAMPOOL_SIM_MEMORY",
+            "STREAMPOOL_LOG",
+        ] {
+            let raw = OsString::from_vec(b"8\xffGiB".to_vec());
+            let e = Config::from_os_lookup(|k| (k == var).then(|| raw.clone())).unwrap_err();
+            let msg = e.to_string();
+            assert!(
+                matches!(e, Error::Config { var: v, .. } if v == var)
+                    && msg.starts_with(&format!("{var}=\"8\u{fffd}GiB\" is not valid"))
+                    && msg.contains("not UTF-8 text: byte 0xff at offset 1")
+                    && msg.contains(accepted(var)),
+                "{msg}"
             );
         }
     }

@@ -11,9 +11,14 @@
 //! `libstdc++.so.6` loaded now. The library then links only the C library and libgcc_s (for
 //! unwinding): neither the build machine's libstdc++ (whose `GLIBCXX_` symbol versions would raise
 //! the wheel's floor) nor a linker's own C++ runtime (zig's libc++) can end up in it.
+//!
+//! Invariant: the lookup is fork-safe — its result is published with one atomic store, and a
+//! thread that finds nothing published looks up itself (the lookup is idempotent), so a fork
+//! child never waits for a lookup a thread of its parent had begun (a `OnceLock` would).
 
+use crate::fork::{first_use_point, FirstUse};
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// `void* __cxa_allocate_exception(size_t)`.
 type AllocateException = unsafe extern "C" fn(usize) -> *mut c_void;
@@ -38,7 +43,7 @@ const SYMBOLS: [&CStr; 5] = [
 ];
 
 /// The C++ runtime pieces a throw needs, all from one libstdc++.
-struct Runtime {
+pub(crate) struct Runtime {
     allocate_exception: AllocateException,
     throw: Throw,
     runtime_error_type: *const c_void,
@@ -92,9 +97,38 @@ fn find_runtime() -> Option<Runtime> {
     (!loaded.is_null()).then(|| resolve(loaded)).flatten()
 }
 
-fn runtime() -> Option<&'static Runtime> {
-    static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
-    RUNTIME.get_or_init(find_runtime).as_ref()
+/// The runtime, looked up on first use. Not a `OnceLock`: a fork child must not wait for a
+/// lookup that a thread of the parent was in the middle of at the fork.
+pub(crate) fn runtime() -> Option<&'static Runtime> {
+    static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
+    let published = RUNTIME.load(Ordering::Acquire);
+    if !published.is_null() {
+        // SAFETY: published below from a leaked Box, never freed.
+        return Some(unsafe { &*published });
+    }
+    first_use_point(FirstUse::FindingCxxRuntime);
+    let found = Box::into_raw(Box::new(find_runtime()?));
+    match RUNTIME.compare_exchange(
+        std::ptr::null_mut(),
+        found,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        // SAFETY: `found` is ours, leaked for the rest of the process.
+        Ok(_) => Some(unsafe { &*found }),
+        Err(first) => {
+            // SAFETY: another thread published first; ours was never shared.
+            drop(unsafe { Box::from_raw(found) });
+            // SAFETY: as above.
+            Some(unsafe { &*first })
+        }
+    }
+}
+
+/// True if a C++ runtime to throw with is found (tests of the fork-safe lookup).
+#[cfg(feature = "sim")]
+pub fn cxx_runtime_found() -> bool {
+    runtime().is_some()
 }
 
 /// Throws `std::runtime_error(message)` (the message is copied). Without libstdc++ there is no

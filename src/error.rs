@@ -27,16 +27,29 @@ pub struct OomReport {
     pub cached_bytes: u64,
     /// Cap set by `set_memory_fraction`, if it is what refused the request.
     pub limit_bytes: Option<u64>,
+    /// streampool's largest request, if the request is above it (refused before any driver call).
+    pub max_bytes: Option<u64>,
 }
 
 impl std::fmt::Display for OomReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "CUDA out of memory. Tried to allocate {} ({} bytes). GPU {} has a total capacity of {} of which {} is free. \
-             streampool holds {} allocated by live tensors, {} reserved by its pool and {} in its cache.",
+            "CUDA out of memory. Tried to allocate {} ({} bytes)",
             format_bytes(self.requested_bytes),
             self.requested_bytes,
+        )?;
+        if let Some(max) = self.max_bytes {
+            write!(
+                f,
+                ", which is larger than streampool's maximum of {} ({max} bytes) for one allocation",
+                format_bytes(max)
+            )?;
+        }
+        write!(
+            f,
+            ". GPU {} has a total capacity of {} of which {} is free. \
+             streampool holds {} allocated by live tensors, {} reserved by its pool and {} in its cache.",
             self.device,
             format_bytes(self.device_total_bytes),
             format_bytes(self.device_free_bytes),
@@ -83,6 +96,15 @@ pub enum Error {
     DriverUnavailable(String),
     #[error("internal error in streampool (please report): {0}")]
     Internal(String),
+    /// A panic left the state of `device`'s `part` half-updated: the device refuses every call
+    /// that could hand out or take back memory (its statistics stay readable).
+    #[error(
+        "device {device} is disabled after an internal error: a panic inside streampool's {part} \
+         left its state half-updated, so the device refuses further calls rather than risk \
+         handing out the same memory twice (the call that panicked reported it; please report \
+         it). A new process can use the device again"
+    )]
+    Disabled { device: usize, part: &'static str },
 }
 
 impl Error {
@@ -122,7 +144,7 @@ impl From<&Error> for StreampoolStatus {
             Error::Config { .. } => StreampoolStatus::ConfigError,
             Error::Driver { .. } => StreampoolStatus::DriverError,
             Error::DriverUnavailable(_) => StreampoolStatus::DriverUnavailable,
-            Error::Internal(_) => StreampoolStatus::InternalError,
+            Error::Internal(_) | Error::Disabled { .. } => StreampoolStatus::InternalError,
         }
     }
 }

@@ -5,7 +5,8 @@
 //! Layers, top to bottom, in the order a call goes through them:
 //! - `ffi`: the C ABI (`my_malloc`/`my_free` for PyTorch, hooks, stats): argument conversion,
 //!   `catch_unwind`, status codes; no policy.
-//! - `api`: the process-wide [`Allocator`] built from [`config`] on first use; fork guard.
+//! - `api`: the process-wide [`Allocator`] built from [`config`] on first use; `fork`: whether
+//!   this process is a fork child of a user of streampool (a leaf any layer may ask).
 //! - [`allocator`]: argument checks and one device allocator per device.
 //! - `device`: the pipeline of one device, one layer per file: graph capture and stream waits,
 //!   cache, limit, growth, out-of-memory recovery, over its resources.
@@ -34,6 +35,7 @@ pub mod driver;
 pub mod error;
 mod fasthash;
 mod ffi;
+mod fork;
 pub mod history;
 pub mod ipc;
 mod peer;
@@ -46,3 +48,11 @@ pub use allocator::{Allocator, MAX_ALLOCATION_BYTES};
 pub use config::Config;
 pub use error::{Error, Result};
 pub use stats::StreampoolStats;
+
+/// For tests of the fork-safe first-use paths (builds with the simulated driver).
+#[doc(hidden)]
+#[cfg(feature = "sim")]
+pub mod testing {
+    pub use crate::cxx_throw::cxx_runtime_found;
+    pub use crate::fork::{set_first_use_hook, FirstUse};
+}

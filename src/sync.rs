@@ -3,13 +3,135 @@
 //! mutex under `--cfg loom`, so that the model checker (`tests/loom.rs`) explores the
 //! interleavings of their lock sections.
 //!
-//! Invariant: every lock those modules take comes from here. Under loom a thread switches only
+//! Invariants: every lock those modules take comes from here. Under loom a thread switches only
 //! at a loom operation, so a lock of another kind held across one of these would deadlock the
 //! model; the locks elsewhere (the simulator, peers, history, IPC imports) are leaves: never held
-//! while one of these is taken.
+//! while one of these is taken. A [`Mutex`] is poisoned for good when a thread panics while
+//! holding it (a panic that began before the lock was taken does not count), or when its owner
+//! calls [`Mutex::poison`]: the state it guards may then be half-updated, and its owner refuses
+//! further calls ([`Mutex::lock_unpoisoned`]). Costs one relaxed load at lock and at unlock.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// [`Mutex::poisoned`] values.
+const HEALTHY: u8 = 0;
+const PANICKED_WHILE_HELD: u8 = 1;
+const POISONED_BY_OWNER: u8 = 2;
 
 #[cfg(not(loom))]
-pub(crate) use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Mutex as RawMutex, MutexGuard as RawGuard};
+
+#[cfg(loom)]
+use loom::sync::{Mutex as RawMutex, MutexGuard as RawGuard};
+
+/// A mutex without lock poisoning of its own (a poisoned one still locks), that remembers a
+/// panic while it was held.
+pub(crate) struct Mutex<T> {
+    inner: RawMutex<T>,
+    poisoned: AtomicU8,
+}
+
+pub(crate) struct MutexGuard<'a, T> {
+    guard: RawGuard<'a, T>,
+    poisoned: &'a AtomicU8,
+    /// The thread was already unwinding when it took the lock (a destructor that locks).
+    panicking_at_lock: bool,
+}
+
+impl<T> Mutex<T> {
+    pub(crate) fn new(value: T) -> Mutex<T> {
+        Mutex {
+            inner: RawMutex::new(value),
+            poisoned: AtomicU8::new(HEALTHY),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        #[cfg(not(loom))]
+        let guard = self.inner.lock();
+        #[cfg(loom)]
+        let guard = self.inner.lock().unwrap();
+        MutexGuard {
+            guard,
+            poisoned: &self.poisoned,
+            panicking_at_lock: std::thread::panicking(),
+        }
+    }
+
+    /// The lock if it is free right now.
+    #[inline]
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        #[cfg(not(loom))]
+        let guard = self.inner.try_lock()?;
+        #[cfg(loom)]
+        let guard = self.inner.try_lock().ok()?;
+        Some(MutexGuard {
+            guard,
+            poisoned: &self.poisoned,
+            panicking_at_lock: std::thread::panicking(),
+        })
+    }
+
+    /// The lock, or None if a panic left what it guards half-updated (checked once the lock is
+    /// held, so a thread that waited for it while another panicked holding it sees that).
+    #[inline]
+    pub(crate) fn lock_unpoisoned(&self) -> Option<MutexGuard<'_, T>> {
+        let guard = self.lock();
+        match self.is_poisoned() {
+            false => Some(guard),
+            true => None,
+        }
+    }
+
+    /// True once a thread panicked while holding the lock, or [`Mutex::poison`] was called.
+    #[inline]
+    pub(crate) fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Relaxed) != HEALTHY
+    }
+
+    /// True if a thread panicked while holding the lock (not only [`Mutex::poison`]).
+    pub(crate) fn panicked_while_held(&self) -> bool {
+        self.poisoned.load(Ordering::Relaxed) == PANICKED_WHILE_HELD
+    }
+
+    /// Marks what the lock guards as unusable (its owner learnt that it cannot be trusted).
+    pub(crate) fn poison(&self) {
+        let _ = self.poisoned.compare_exchange(
+            HEALTHY,
+            POISONED_BY_OWNER,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+}
+
+impl<T> Drop for MutexGuard<'_, T> {
+    /// Runs before the lock is released: a thread that takes it next sees the poison.
+    #[inline]
+    fn drop(&mut self) {
+        if std::thread::panicking() && !self.panicking_at_lock {
+            self.poisoned.store(PANICKED_WHILE_HELD, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<T> Deref for MutexGuard<'_, T> {
+    type Target = T;
+
+    #[inline]
+    fn deref(&self) -> &T {
+        &self.guard
+    }
+}
+
+impl<T> DerefMut for MutexGuard<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.guard
+    }
+}
 
 /// A value set once and then read (a device's resources).
 #[cfg(not(loom))]
@@ -33,28 +155,11 @@ impl<T> OnceCell<T> {
 }
 
 #[cfg(loom)]
-pub(crate) use loom_sync::{Mutex, MutexGuard, OnceCell};
+pub(crate) use loom_once::OnceCell;
 
 #[cfg(loom)]
-mod loom_sync {
-    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
-
-    /// loom's mutex without poisoning, as parking_lot's.
-    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
-
-    impl<T> Mutex<T> {
-        pub(crate) fn new(value: T) -> Mutex<T> {
-            Mutex(loom::sync::Mutex::new(value))
-        }
-
-        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock().unwrap()
-        }
-
-        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-            self.0.try_lock().ok()
-        }
-    }
+mod loom_once {
+    use super::Mutex;
 
     /// A value set once and then read: each read is a lock, so loom sees it race with the set.
     /// It hands out `&T` to every thread, so it is for `T: Send + Sync` only.
@@ -78,5 +183,51 @@ mod loom_sync {
             // SAFETY: as in `get`.
             unsafe { &*value }
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    #[test]
+    fn a_panic_while_held_poisons_for_good() {
+        let m = Mutex::new(1);
+        assert!(m.lock_unpoisoned().is_some());
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            let mut g = m.lock();
+            *g = 2;
+            panic!("half-way");
+        }));
+        assert!(r.is_err());
+        assert!(m.is_poisoned() && m.panicked_while_held());
+        m.poison();
+        assert!(m.panicked_while_held(), "the first cause stays");
+        assert!(m.lock_unpoisoned().is_none());
+        assert_eq!(*m.lock(), 2, "it still locks, for views and drops");
+    }
+
+    #[test]
+    fn a_lock_taken_while_already_unwinding_does_not_poison() {
+        struct LocksOnDrop<'a>(&'a Mutex<u32>);
+        impl Drop for LocksOnDrop<'_> {
+            fn drop(&mut self) {
+                *self.0.lock() += 1;
+            }
+        }
+        let m = Mutex::new(0);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            let _d = LocksOnDrop(&m);
+            panic!("elsewhere");
+        }));
+        assert!(r.is_err());
+        assert_eq!(*m.lock(), 1);
+        assert!(
+            !m.is_poisoned(),
+            "the panic did not happen while it was held"
+        );
+        m.poison();
+        assert!(m.lock_unpoisoned().is_none() && !m.panicked_while_held());
     }
 }

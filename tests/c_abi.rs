@@ -185,6 +185,36 @@ fn malformed_environment_is_reported_with_variable_value_and_accepted_forms() {
     );
 }
 
+/// A value that is not UTF-8 text was taken for an unset variable: the `MAX_POOL_SIZE` cap was
+/// dropped, a `STREAMPOOL_LOG` fell back to `RUST_LOG`. The program now fails at its first
+/// allocation, naming the variable.
+#[test]
+fn environment_values_that_are_not_utf8_are_refused_by_name() {
+    use std::os::unix::ffi::OsStrExt;
+    let exe = build("env-utf8", "tests/c/throw_check.cpp", "c++");
+    for var in [
+        "STREAMPOOL_MAX_POOL_SIZE",
+        "STREAMPOOL_LOG",
+        "STREAMPOOL_DRIVER",
+    ] {
+        let out = Command::new(&exe)
+            .env("LD_LIBRARY_PATH", lib_dir())
+            .env("STREAMPOOL_DRIVER", "sim")
+            .env_remove("STREAMPOOL_LOG")
+            .env(var, std::ffi::OsStr::from_bytes(b"1\xffGiB"))
+            .output()
+            .unwrap();
+        let t = text(&out);
+        assert!(!out.status.success(), "{var}: {t}");
+        assert!(
+            t.contains(&format!(
+                "{var}=\"1\u{fffd}GiB\" is not valid (not UTF-8 text"
+            )) && t.contains("accepted:"),
+            "{var}: {t}"
+        );
+    }
+}
+
 #[test]
 fn my_malloc_throws_through_a_cpp_runtime_the_process_loaded_privately() {
     // PyTorch's situation in Python: the host has no C++ runtime, libstdc++ comes in with a

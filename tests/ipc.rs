@@ -9,7 +9,7 @@ use streampool::ipc::{begin_shareable, end_shareable};
 use streampool::Config;
 
 fn with_shareable<T>(f: impl FnOnce() -> T) -> T {
-    begin_shareable();
+    begin_shareable().unwrap();
     let out = f();
     end_shareable().unwrap();
     out

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use streampool::driver::sim::SimFault;
 use streampool::driver::{DevicePtr, Stream};
-use streampool::units::SizeSpec;
+use streampool::units::{format_bytes, SizeSpec};
 use streampool::{Config, Error, MAX_ALLOCATION_BYTES};
 
 #[test]
@@ -248,31 +248,72 @@ fn zero_bytes_give_null_and_freeing_null_does_nothing() {
     r.finish();
 }
 
-/// Issue 16, defect 1: sizes whose rounding to 512 overflows 64 bits used to wrap to a tiny
-/// block in release builds (and panic in debug ones); every size above the maximum is now an
-/// invalid argument that says what the maximum is, and changes nothing. Fails before the fix:
-/// in a debug build the rounding panics (this test has no catch_unwind), in release it succeeds.
+/// Sizes above the maximum (2^48 bytes) are out of memory, as PyTorch reports any request it
+/// cannot serve (1 PiB and 200 GiB alike): the message starts like PyTorch's and says why, each
+/// counts once in `num_ooms`, and nothing else changes — not even on a device never used before,
+/// whose resources are not created for it and whose count survives their creation. (Issue 16's
+/// sizes whose rounding to 512 overflowed 64 bits are among them.) Failed when they were invalid
+/// arguments: not counted, and a message without PyTorch's prefix.
 #[test]
-fn sizes_above_the_maximum_are_invalid_arguments_that_change_nothing() {
+fn sizes_above_the_maximum_are_out_of_memory_counted_and_change_nothing_else() {
     let r = rig(1 << 30);
+    let keep = r.malloc(MIB, 0, 1);
     let before = [r.stats(0), r.stats(1)];
     let near_max = (0..=2048).map(|k| u64::MAX - k);
-    let sizes = near_max.chain([MAX_ALLOCATION_BYTES + 1, 1 << 63, u64::MAX / 2 + 1]);
-    for bytes in sizes {
-        match r.alloc.malloc(bytes, 0, s(1)) {
-            Err(Error::InvalidArgument(m)) => assert!(
-                m.contains(&format!("allocation size {bytes} bytes is larger than"))
-                    && m.contains(&MAX_ALLOCATION_BYTES.to_string()),
-                "{m}"
-            ),
-            other => panic!("malloc({bytes}) gave {other:?}, not an invalid argument"),
+    let sizes: Vec<u64> = near_max
+        .chain([MAX_ALLOCATION_BYTES + 1, 1 << 50, 1 << 63, u64::MAX / 2 + 1])
+        .collect();
+    for device in [0, 1] {
+        for &bytes in &sizes {
+            match r.alloc.malloc(bytes, device, s(1)) {
+                Err(Error::OutOfMemory(report)) => {
+                    let m = report.to_string();
+                    assert!(
+                        m.starts_with(&format!(
+                            "CUDA out of memory. Tried to allocate {} ({bytes} bytes), which is \
+                             larger than streampool's maximum of 256.00 TiB \
+                             ({MAX_ALLOCATION_BYTES} bytes) for one allocation. GPU {device} has",
+                            format_bytes(bytes)
+                        )),
+                        "{m}"
+                    );
+                    assert_eq!(report.requested_bytes, bytes);
+                }
+                other => panic!("malloc({bytes}) gave {other:?}, not out of memory"),
+            }
         }
     }
-    assert_eq!([r.stats(0), r.stats(1)], before);
+    let e = r.alloc.malloc(1 << 50, 0, s(1)).unwrap_err().to_string();
+    assert!(
+        e.starts_with("CUDA out of memory. Tried to allocate 1.00 PiB"),
+        "{e}"
+    );
+    let ooms = sizes.len() as u64;
+    for (device, before) in before.into_iter().enumerate() {
+        let mut after = r.stats(device as i64);
+        let extra = u64::from(device == 0);
+        assert_eq!(
+            after.num_ooms,
+            ooms + extra,
+            "device {device}: each counted once"
+        );
+        after.num_ooms = before.num_ooms;
+        assert_eq!(after, before, "device {device}: nothing else changed");
+    }
+    assert!(
+        r.own_pools(1).is_empty(),
+        "no pool created on device 1 for a request above the maximum"
+    );
+    // Device 1's first real allocation creates its resources; the count stays.
+    let p = r.malloc(MIB, 1, 1);
+    assert_eq!(r.stats(1).num_ooms, ooms);
     // The maximum itself is a size like any other: more than the device has.
     let e = r.alloc.malloc(MAX_ALLOCATION_BYTES, 0, s(1)).unwrap_err();
     assert!(matches!(e, Error::OutOfMemory(_)), "{e}");
-    assert_eq!(r.stats(0).num_ooms, 1);
+    assert!(!e.to_string().contains("maximum"), "{e}");
+    assert_eq!(r.stats(0).num_ooms, ooms + 2);
+    r.free(p, 1);
+    r.free(keep, 0);
     r.finish();
 }
 

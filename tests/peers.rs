@@ -142,7 +142,7 @@ fn devices_the_importer_uses_get_access_to_an_imported_pool() {
         peer_config(PeerAccess::Auto),
     )
     .unwrap();
-    begin_shareable();
+    begin_shareable().unwrap();
     let ptr = rig.malloc(MIB, 0, 0);
     end_shareable().unwrap();
     let handle = rig.alloc.ipc_export(ptr, 0, s(0)).unwrap();

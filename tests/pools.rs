@@ -44,7 +44,7 @@ fn a_pool_whose_attributes_cannot_be_set_is_destroyed() {
     assert_eq!(r.own_pools(0).len(), 2, "main and small-block pools");
     // The same for the shareable pool of `streampool.shareable()`.
     r.sim.inject_fault(SimFault::PoolSetAttr, 1);
-    begin_shareable();
+    begin_shareable().unwrap();
     let e = r.alloc.malloc(4096, 0, s(0)).unwrap_err().to_string();
     end_shareable().unwrap();
     assert!(e.contains("cuMemPoolSetAttribute"), "{e}");

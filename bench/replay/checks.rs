@@ -258,20 +258,22 @@ fn churn_parses() -> Result<(), String> {
 /// block for stream 1 and holds 16 either way.)
 fn completion() -> Result<(), String> {
     let t = Trace::parse("cross", "a 1 8388608 1\nf 1\na 2 8388608 0\nf 2\nx\n")?;
-    let held = |every: u64| {
+    let held = |backend: &str, every: u64| {
         let options = Options {
             complete_every_events: every,
             ..Options::default()
         };
         let o = run::replay(
             &t,
-            &setting("vmm", &[("STREAMPOOL_BACKEND", "vmm")]),
+            &setting(backend, &[("STREAMPOOL_BACKEND", backend)]),
             &options,
         );
         (o.peak_reserved_bytes >> 20, o.error)
     };
-    let (kept_up, lagging) = (held(1), held(0));
-    ensure(kept_up == (8, None) && lagging == (16, None), || {
-        format!("MiB held when the GPU keeps up {kept_up:?}, when it lags {lagging:?}")
+    // The vmm backend hands another stream's freed block on at once, after a GPU-side wait:
+    // however far behind the GPU is, the second block reuses the first's memory.
+    let (kept_up, lagging) = (held("vmm", 1), held("vmm", 0));
+    ensure(kept_up == (8, None) && lagging == (8, None), || {
+        format!("vmm: MiB held when the GPU keeps up {kept_up:?}, when it lags {lagging:?}")
     })
 }

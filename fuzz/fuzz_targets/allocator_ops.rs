@@ -11,8 +11,9 @@
 //!   `reserved_bytes >= pool_used_bytes`, `cached_bytes <=` the 64 MiB cache budget;
 //! - after a malloc served by the pool under `set_memory_fraction`, the bytes held stay under the cap;
 //! - sizes span the whole 64-bit range: 0 gives NULL and changes nothing, above
-//!   `MAX_ALLOCATION_BYTES` is an invalid argument that changes nothing, below it but beyond the
-//!   device is out of memory; freeing NULL does nothing;
+//!   `MAX_ALLOCATION_BYTES` is out of memory ("CUDA out of memory. Tried to allocate ..., which is
+//!   larger than streampool's maximum ...") that changes no statistic but `num_ooms` (+1), at or
+//!   below it but beyond the device is out of memory; freeing NULL does nothing;
 //! - every error is the expected kind: invalid arguments and unknown pointers exactly when the
 //!   model says so, out of memory only as "CUDA out of memory. ...", an injected driver error only
 //!   when an injected fault fired during that very operation, nothing else;
@@ -211,7 +212,7 @@ impl Harness {
                 device,
                 stream,
             } => {
-                begin_shareable();
+                begin_shareable().expect("a shallow scope");
                 let outcome = self.malloc(size.bytes(), device.index(), stream.stream());
                 end_shareable().expect("matched scope");
                 match outcome {
@@ -391,10 +392,10 @@ impl Harness {
                 DevicePtr::NULL => (),
                 p => panic!("malloc(0) gave {p:#x}, not NULL"),
             })),
-            Some(_) if bytes > MAX_ALLOCATION_BYTES => Outcome::Rejected(
-                r.map(drop),
-                Expect::Invalid("is larger than streampool's maximum"),
-            ),
+            Some(d) if bytes > MAX_ALLOCATION_BYTES => Outcome::AboveMaximum {
+                result: r.map(drop),
+                device: d,
+            },
             Some(d) => Outcome::Malloc {
                 result: r,
                 device: d,

@@ -11,8 +11,9 @@
 //! nothing allocated and must end so. Checked after every operation:
 //! - no status is `STREAMPOOL_STATUS_INTERNAL_ERROR` (a caught panic, e.g. an overflow in a build
 //!   with overflow checks) and every status and message is the one the arguments call for: a bad
-//!   device, a negative or too large size and a bad fraction are invalid arguments, a foreign
-//!   pointer is unknown, a malloc either succeeds or is out of memory;
+//!   device, a negative size and a bad fraction are invalid arguments, a size above
+//!   `MAX_ALLOCATION_BYTES` is out of memory that says so, a foreign pointer is unknown, a malloc
+//!   either succeeds or is out of memory;
 //! - a returned block is 512-byte aligned and overlaps no block the callers own (a block counts
 //!   from malloc's return until its free was called, and may be reused once its free began);
 //! - the timeline's events come out in time order; listed blocks are aligned and on their device;
@@ -355,12 +356,13 @@ fn expect_message(call: &str, contains: &str) {
 }
 
 /// What a malloc of `bytes` on `device` must do, given the arguments alone: `Err(message part)`
-/// for a refusal the arguments decide, `Ok(())` for success or out of memory.
+/// for a refusal the arguments decide (above the maximum: out of memory, with the reason),
+/// `Ok(())` for success or out of memory.
 fn malloc_verdict(bytes: u64, device: c_int) -> Result<(), &'static str> {
     if !valid(device) {
         Err("device index")
     } else if bytes > MAX_ALLOCATION_BYTES {
-        Err("is larger than streampool's maximum")
+        Err("which is larger than streampool's maximum")
     } else {
         Ok(())
     }

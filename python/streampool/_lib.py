@@ -445,26 +445,25 @@ def malloc(size: int, device: int, stream: Optional[int] = None) -> Optional[int
     size = check_size(size)
     ptr = library().streampool_malloc(size, device, stream)
     if ptr is None and size > 0:
-        # A NULL return carries no status code: the size and the message tell the kind.
+        # A NULL return carries no status code: the message tells the kind (sizes above
+        # MAX_ALLOCATION_BYTES are out of memory too, as PyTorch reports them).
         message = last_error()
         status: Optional[int] = None
-        if size > MAX_ALLOCATION_BYTES:
-            status = INVALID_ARGUMENT
-        elif message.startswith("CUDA out of memory."):
+        if message.startswith("CUDA out of memory."):
             status = OUT_OF_MEMORY
         raise error(status, f"streampool_malloc({size}, device={device}) returned NULL")
     return ptr
 
 
-# The largest size the library accepts (STREAMPOOL_MAX_ALLOCATION_BYTES in the header).
+# The largest size the library passes on (STREAMPOOL_MAX_ALLOCATION_BYTES in the header); larger
+# sizes are out of memory.
 MAX_ALLOCATION_BYTES = 1 << 48
 
 
 def check_size(size: int) -> int:
     """``size`` as an int if a ``size_t`` holds it as it is, else InvalidArgumentError: ctypes
     would wrap -1 to 2**64 - 1 and truncate 2**64 to 0. TypeError if it is not an integer.
-    (Sizes above MAX_ALLOCATION_BYTES the library refuses; `malloc` says so as an
-    InvalidArgumentError too.)"""
+    (Sizes above MAX_ALLOCATION_BYTES the library refuses as out of memory, as PyTorch does.)"""
     try:
         size = operator.index(size)
     except TypeError:

@@ -222,13 +222,20 @@ def test_a_size_that_is_no_size_t_is_refused_before_ctypes_wraps_it(size):
     assert stats() == before
 
 
-@pytest.mark.parametrize("size", [(1 << 64) - 1, (1 << 64) - 2048, (1 << 48) + 1])
-def test_a_size_above_the_maximum_is_refused_by_the_library_and_changes_nothing(size):
-    """Sizes whose rounding overflowed used to succeed in release builds."""
+@pytest.mark.parametrize("size", [(1 << 64) - 1, (1 << 64) - 2048, (1 << 48) + 1, 1 << 50])
+def test_a_size_above_the_maximum_is_out_of_memory_counted_and_changes_nothing_else(size):
+    """Sizes whose rounding overflowed used to succeed in release builds; above the maximum a size
+    is out of memory, as PyTorch reports any request it cannot serve: counted in num_ooms only."""
     before = stats()
-    with pytest.raises(streampool.InvalidArgumentError, match=f"allocation size {size} bytes is larger than"):
+    with pytest.raises(streampool.OutOfMemoryError) as raised:
         _lib.malloc(size, 0)
-    assert stats() == before
+    message = str(raised.value)
+    assert message.startswith("CUDA out of memory. Tried to allocate "), message
+    assert "which is larger than streampool's maximum of 256.00 TiB" in message, message
+    assert streampool.is_out_of_memory(raised.value)
+    after = stats()
+    assert after.pop("num_ooms") == before.pop("num_ooms") + 1
+    assert after == before
 
 
 def test_free_of_null_is_a_no_op():

@@ -83,11 +83,10 @@ pub(super) struct Books {
 }
 
 impl Books {
-    pub fn new(cache: Cache) -> Books {
-        Books {
-            cache,
-            ..Books::default()
-        }
+    /// The cache of a device whose resources were just created (the books are empty then).
+    pub fn set_cache(&mut self, cache: Cache) {
+        debug_assert_eq!(self.cache.cached_bytes(), 0);
+        self.cache = cache;
     }
 
     pub fn counters(&self) -> &DeviceCounters {
@@ -199,25 +198,36 @@ impl Books {
         Some(block)
     }
 
-    /// Keeps a freed, inactive block in the cache; hands it back (no longer held) if it does not
-    /// belong there — not cacheable, too large, or the cache is full — to go home.
+    /// Keeps a freed, inactive block in the cache. What must go home instead leaves the books
+    /// for `homeless`: the block itself if it does not belong in the cache (not cacheable, too
+    /// large), and cached blocks of other streams evicted to make room for it (homes by size,
+    /// from `home_of`).
     #[inline]
-    pub fn keep(&mut self, block: FreedBlock) -> Result<(), FreedBlock> {
+    pub fn keep(
+        &mut self,
+        block: FreedBlock,
+        homeless: &mut Vec<FreedBlock>,
+        home_of: impl Fn(u64) -> Home,
+    ) {
+        let mut evicted = Vec::new();
         let cached = matches!(block.home, Home::Small | Home::Large)
             && self
                 .cache
-                .put(CachedBlock {
-                    ptr: block.ptr,
-                    block_bytes: block.block_bytes,
-                    stream: block.stream,
-                })
+                .put(
+                    CachedBlock {
+                        ptr: block.ptr,
+                        block_bytes: block.block_bytes,
+                        stream: block.stream,
+                    },
+                    &mut evicted,
+                )
                 .is_ok();
-        match cached {
-            true => Ok(()),
-            false => {
-                self.release(&block);
-                Err(block)
-            }
+        if !cached {
+            self.release(&block);
+            homeless.push(block);
+        }
+        if !evicted.is_empty() {
+            homeless.extend(self.take_cached_blocks(evicted, home_of));
         }
     }
 

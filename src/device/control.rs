@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 impl DeviceAllocator {
     pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        self.check_enabled()?;
         self.resources()?
             .for_each(|r| r.set_release_threshold(bytes))
     }

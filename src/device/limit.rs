@@ -147,10 +147,27 @@ impl DeviceAllocator {
             reserved_bytes,
             cached_bytes: st.books.cached_bytes(),
             limit_bytes,
+            max_bytes: None,
         };
         drop(st);
         log::warn!("{report}");
         Error::OutOfMemory(Box::new(report))
+    }
+
+    /// A request above `max_bytes`, streampool's largest: out of memory at once, with the reason,
+    /// counted in `num_ooms` like any other; nothing else changes, and the device's resources
+    /// are not created for it.
+    pub fn out_of_memory_above(
+        &self,
+        requested_bytes: u64,
+        stream: Stream,
+        max_bytes: u64,
+    ) -> Error {
+        let mut e = self.out_of_memory(requested_bytes, stream, None);
+        if let Error::OutOfMemory(report) = &mut e {
+            report.max_bytes = Some(max_bytes);
+        }
+        e
     }
 
     /// Caps the bytes held from the device's resources at `fraction` (0..=1) of its memory.

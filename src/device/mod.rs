@@ -22,6 +22,7 @@
 mod books;
 mod control;
 mod growth;
+mod health;
 mod idle;
 mod limit;
 mod returns;
@@ -140,7 +141,12 @@ impl DeviceAllocator {
                 max_block_bytes.min(self.config.small_pool_max.resolve_bytes(total_bytes));
         }
         let limit_bytes = self.config.cache_limit.resolve_bytes(total_bytes);
-        self.state.lock().books = Books::new(Cache::new(limit_bytes, max_block_bytes));
+        // Only the cache: the counters may already hold an out-of-memory error (a request
+        // above the maximum is refused without provisioning).
+        self.state
+            .lock()
+            .books
+            .set_cache(Cache::new(limit_bytes, max_block_bytes));
         let provisioned = self.provisioned.get_or_init(|| Provisioned {
             resources,
             total_bytes,
@@ -163,6 +169,7 @@ impl DeviceAllocator {
         stream: Stream,
         shareable: bool,
     ) -> Result<DevicePtr> {
+        self.check_enabled()?;
         let block_bytes = limit::block_bytes(requested_bytes)?;
         let resources = self.resources()?;
         if self.driver.is_capturing(self.device, stream)? {
@@ -173,7 +180,7 @@ impl DeviceAllocator {
         }
         let mut homeless = Vec::new();
         let (hit, reserved) = {
-            let mut st = self.state.lock();
+            let mut st = self.lock_enabled()?;
             st.activity += 1;
             if !st.waits.is_idle() {
                 self.collect_waits(&mut st, &mut homeless);
@@ -312,7 +319,7 @@ impl DeviceAllocator {
     }
 
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let mut st = self.state.lock();
+        let mut st = self.lock_enabled()?;
         let live = st.books.remove_live(ptr, self.device)?;
         st.activity += 1;
         self.note(&st, Event::Free, live.stream, ptr, live.requested_bytes);
@@ -362,8 +369,7 @@ impl DeviceAllocator {
     }
 
     pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
-        self.state
-            .lock()
+        self.lock_enabled()?
             .books
             .record_stream(ptr, stream, self.device)
     }

@@ -20,23 +20,33 @@ impl DeviceAllocator {
         mut st: MutexGuard<'_, DeviceState>,
         block: FreedBlock,
     ) -> Result<()> {
-        match st.books.keep(block) {
-            Ok(()) => Ok(()),
-            Err(block) => {
-                drop(st);
-                self.send_home(vec![block])
-            }
+        let mut homeless = Vec::new();
+        st.books
+            .keep(block, &mut homeless, |bytes| self.home_of(bytes));
+        if homeless.is_empty() {
+            return Ok(());
         }
+        drop(st);
+        self.send_home(homeless)
     }
 
     /// Hands back the blocks whose streams are done (forgetting captures that ended); those the
-    /// cache does not keep are added to `homeless`, to be sent home once the lock is released.
+    /// cache does not keep, and those it evicts for them, are added to `homeless`, to be sent
+    /// home once the lock is released.
     pub(super) fn collect_waits(&self, st: &mut DeviceState, homeless: &mut Vec<FreedBlock>) {
         for w in st.waits.collect(self.driver.as_ref(), self.device) {
             st.books.deactivate(w.requested_bytes);
-            if let Err(block) = st.books.keep(w.block) {
-                homeless.push(block);
-            }
+            st.books
+                .keep(w.block, homeless, |bytes| self.home_of(bytes));
+        }
+    }
+
+    /// Where a cached block of `block_bytes` goes back to (cached blocks exist only once the
+    /// resources do).
+    fn home_of(&self, block_bytes: u64) -> Home {
+        match self.provisioned.get() {
+            Some(p) => Home::of(p.resources.class_of(block_bytes)),
+            None => Home::Large,
         }
     }
 
@@ -110,7 +120,7 @@ impl DeviceAllocator {
         let resources = &provisioned.resources;
         let mut blocks = Vec::new();
         let (capturing, mark) = {
-            let mut st = self.state.lock();
+            let mut st = self.lock_enabled()?;
             self.collect_waits(&mut st, &mut blocks);
             (st.waits.capturing(), st.waits.mark())
         };

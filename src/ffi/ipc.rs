@@ -5,23 +5,34 @@
 //! the caller passes are checked for NULL before they are read or written.
 
 use super::{guarded, ptr_of, status, stream_of};
-use crate::api::{global, set_last_error};
-use crate::error::{Error, StreampoolStatus};
+use crate::api::{clear_last_error, global, set_last_error};
+use crate::error::{Error, Result, StreampoolStatus};
 use crate::ipc::{self, StreampoolIpcHandle};
 use std::ffi::{c_int, c_void};
 
 /// Enters a shareable scope on this thread: its allocations come from a pool other processes can
-/// import (`streampool.shareable()`). Returns the scope depth.
+/// import (`streampool.shareable()`). Returns the scope depth, or a negative status when scopes
+/// are nested `INT_MAX` deep.
 #[no_mangle]
 pub extern "C" fn streampool_shareable_begin() -> c_int {
-    ipc::begin_shareable() as c_int
+    depth_or_status(guarded(ipc::begin_shareable))
 }
 
 /// Leaves a shareable scope: the remaining depth, or a negative status for an unmatched end.
 #[no_mangle]
 pub extern "C" fn streampool_shareable_end() -> c_int {
-    match ipc::end_shareable() {
-        Ok(depth) => depth as c_int,
+    depth_or_status(guarded(ipc::end_shareable))
+}
+
+/// A depth (at most `INT_MAX`, [`ipc::MAX_SHAREABLE_DEPTH`]) as it is, or a negative status.
+fn depth_or_status(depth: Result<u32>) -> c_int {
+    match depth.and_then(|d| {
+        c_int::try_from(d).map_err(|_| Error::Internal(format!("shareable depth {d}")))
+    }) {
+        Ok(depth) => {
+            clear_last_error();
+            depth
+        }
         Err(e) => {
             set_last_error(&e);
             StreampoolStatus::from(&e) as c_int
@@ -119,4 +130,44 @@ pub extern "C" fn streampool_ipc_close(ptr: *mut c_void, stream: *mut c_void) ->
     status(guarded(|| {
         global()?.ipc_close(ptr_of(ptr), stream_of(stream))
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::last_error_ptr;
+    use std::ffi::CStr;
+
+    fn last_error() -> String {
+        // SAFETY: this thread's message, read before the next call.
+        unsafe { CStr::from_ptr(last_error_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// The depth is a C `int`: past `INT_MAX` it must neither wrap (it was a `u32` cast to
+    /// `int`: `INT_MAX + 1` came back as `INT_MIN`, which reads as no status at all) nor change.
+    #[test]
+    fn shareable_depth_stops_at_int_max_with_an_error_and_unwinds_from_there() {
+        ipc::set_depth_for_test(ipc::MAX_SHAREABLE_DEPTH - 1);
+        assert_eq!(streampool_shareable_begin(), c_int::MAX);
+        let refused = streampool_shareable_begin();
+        assert_eq!(refused, StreampoolStatus::InvalidArgument as c_int);
+        assert!(
+            last_error().contains("nested 2147483647 deep"),
+            "{}",
+            last_error()
+        );
+        assert!(ipc::in_shareable_scope(), "still inside the scopes");
+        assert_eq!(streampool_shareable_end(), c_int::MAX - 1);
+        assert_eq!(last_error(), "", "a success clears the message");
+        ipc::set_depth_for_test(1);
+        assert_eq!(streampool_shareable_end(), 0);
+        assert!(!ipc::in_shareable_scope());
+        assert_eq!(
+            streampool_shareable_end(),
+            StreampoolStatus::InvalidArgument as c_int,
+            "unmatched"
+        );
+    }
 }

@@ -51,8 +51,9 @@ fn report(entry: &str, result: Result<()>) {
     }
 }
 
-/// The largest size `my_malloc` and `streampool_malloc` accept: 2^48 bytes (256 TiB); larger is
-/// STREAMPOOL_STATUS_INVALID_ARGUMENT, smaller but more than the device has is out of memory.
+/// The largest size `my_malloc` and `streampool_malloc` pass on: 2^48 bytes (256 TiB). A larger
+/// size is out of memory at once (STREAMPOOL_STATUS_OUT_OF_MEMORY; the message starts
+/// "CUDA out of memory." and says why), as is one at or below it that the device cannot hold.
 /// (The value of `streampool::MAX_ALLOCATION_BYTES`, written out for the C header.)
 pub const STREAMPOOL_MAX_ALLOCATION_BYTES: u64 = 0x1_0000_0000_0000;
 const _: () = assert!(STREAMPOOL_MAX_ALLOCATION_BYTES == crate::MAX_ALLOCATION_BYTES);

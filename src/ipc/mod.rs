@@ -4,7 +4,8 @@
 //!
 //! Invariants: the shareable scope is per thread (PyTorch allocates on the calling thread) and
 //! costs other allocations one relaxed load while no thread is inside one; the allocator reads it
-//! once per allocation, at its entry, and passes it down.
+//! once per allocation, at its entry, and passes it down; its depth never wraps: it stops at
+//! [`MAX_SHAREABLE_DEPTH`] (the largest a C `int` returns) with an error.
 
 pub mod export;
 pub mod imports;
@@ -19,20 +20,41 @@ thread_local! {
 /// Threads inside a shareable scope, so that allocations elsewhere skip the thread-local.
 static THREADS_IN_SCOPE: AtomicUsize = AtomicUsize::new(0);
 
-/// Enters a shareable scope on this thread; returns the new depth.
-pub fn begin_shareable() -> u32 {
-    SHAREABLE_DEPTH.with(|d| {
-        if d.get() == 0 {
+/// The deepest nesting of shareable scopes on a thread: `streampool_shareable_begin` returns the
+/// depth as a C `int`.
+pub(crate) const MAX_SHAREABLE_DEPTH: u32 = i32::MAX as u32;
+
+/// Enters a shareable scope on this thread; returns the new depth. Past [`MAX_SHAREABLE_DEPTH`]
+/// nothing changes and the answer is an error.
+pub fn begin_shareable() -> Result<u32> {
+    with_depth(|d| {
+        let depth = d.get();
+        if depth >= MAX_SHAREABLE_DEPTH {
+            return Err(Error::InvalidArgument(format!(
+                "streampool_shareable_begin: shareable scopes are nested {depth} deep on this \
+                 thread, the most there can be (each begin needs a matching end)"
+            )));
+        }
+        if depth == 0 {
             THREADS_IN_SCOPE.fetch_add(1, Ordering::Relaxed);
         }
-        d.set(d.get() + 1);
-        d.get()
+        d.set(depth + 1);
+        Ok(depth + 1)
+    })
+}
+
+/// This thread's depth, or an error while the thread is exiting (its locals are gone).
+fn with_depth<T>(f: impl FnOnce(&Cell<u32>) -> Result<T>) -> Result<T> {
+    SHAREABLE_DEPTH.try_with(f).unwrap_or_else(|_| {
+        Err(Error::InvalidArgument(
+            "shareable scopes cannot be entered or left while the thread exits".into(),
+        ))
     })
 }
 
 /// Leaves a shareable scope; an unmatched end is an error.
 pub fn end_shareable() -> Result<u32> {
-    SHAREABLE_DEPTH.with(|d| match d.get() {
+    with_depth(|d| match d.get() {
         0 => Err(Error::InvalidArgument(
             "streampool_shareable_end without a matching streampool_shareable_begin".into(),
         )),
@@ -44,6 +66,18 @@ pub fn end_shareable() -> Result<u32> {
             Ok(depth - 1)
         }
     })
+}
+
+#[cfg(test)]
+pub(crate) fn set_depth_for_test(depth: u32) {
+    SHAREABLE_DEPTH.with(|d| {
+        match (d.get(), depth) {
+            (0, 1..) => THREADS_IN_SCOPE.fetch_add(1, Ordering::Relaxed),
+            (1.., 0) => THREADS_IN_SCOPE.fetch_sub(1, Ordering::Relaxed),
+            _ => 0,
+        };
+        d.set(depth);
+    });
 }
 
 /// True if this thread's allocations must come from a shareable pool.

@@ -121,7 +121,7 @@ impl Resources {
             );
         } else if config.backend == Backend::Vmm {
             // One resource for every size: small blocks are carved out of its own pages.
-            let settings = VmmSettings::from_config(config, total_bytes);
+            let settings = VmmSettings::resolve(config, driver.as_ref(), device, total_bytes)?;
             let vmm = VmmResource::create(
                 driver,
                 device,
@@ -194,7 +194,7 @@ impl Resources {
     pub fn sizes_served(&self, class: SizeClass) -> RangeInclusive<u64> {
         match (class, &self.small) {
             (SizeClass::Small, _) => 0..=self.small_max_bytes,
-            (SizeClass::Large, Some(_)) => self.small_max_bytes + 1..=u64::MAX,
+            (SizeClass::Large, Some(_)) => self.small_max_bytes.saturating_add(1)..=u64::MAX,
             (SizeClass::Large, None) => 0..=u64::MAX,
         }
     }

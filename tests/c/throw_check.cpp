@@ -32,15 +32,21 @@ int main() {
   if (expect_throw(-5, 0, "allocation size must not be negative, got -5")) return 1;
   if (expect_throw(-1, 0, "allocation size must not be negative, got -1")) return 1;
   if (expect_throw(-SSIZE_MAX - 1, 0, "allocation size must not be negative")) return 1;
-  // Issue 16: the largest sizes ssize_t can carry are above streampool's maximum of 2^48 bytes.
-  if (expect_throw(SSIZE_MAX, 0, "allocation size 9223372036854775807 bytes is larger than")) return 1;
-  if (expect_throw(SSIZE_MAX - 511, 0, "allocation size 9223372036854775296 bytes is larger than")) return 1;
-  if (expect_throw(((ssize_t)1 << 48) + 1, 0, "allocation size 281474976710657 bytes is larger than")) return 1;
   if (expect_throw(64, 7, "device index 7 is out of range")) return 1;
   if (expect_throw(64, -1, "device index -1 is out of range")) return 1;
   if (streampool_get_stats(0, &after) != 0) return 1;
   if (!same_stats(before, after)) {
     std::fprintf(stderr, "FAIL: a rejected my_malloc changed the statistics\n");
+    return 1;
+  }
+  // The largest sizes ssize_t can carry are above streampool's maximum of 2^48 bytes: out of
+  // memory, as PyTorch reports any request it cannot serve, with the reason; counted in num_ooms.
+  if (expect_throw(SSIZE_MAX, 0, "CUDA out of memory. Tried to allocate 8192.00 PiB (9223372036854775807 bytes), which is larger than streampool's maximum of 256.00 TiB")) return 1;
+  if (expect_throw(SSIZE_MAX - 511, 0, "CUDA out of memory. Tried to allocate 8192.00 PiB (9223372036854775296 bytes), which is larger than")) return 1;
+  if (expect_throw(((ssize_t)1 << 48) + 1, 0, "CUDA out of memory. Tried to allocate 256.00 TiB (281474976710657 bytes), which is larger than")) return 1;
+  if (streampool_get_stats(0, &after) != 0) return 1;
+  if (after.num_ooms != before.num_ooms + 3) {
+    std::fprintf(stderr, "FAIL: sizes above the maximum were not counted as out of memory\n");
     return 1;
   }
   void *p = my_malloc(4096, 0, nullptr);

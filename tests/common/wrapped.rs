@@ -7,6 +7,8 @@
 //!   reserved bytes (so the pool reports room), serve nothing (so it grows anyway), and a trim
 //!   releases them, as `cuMemPoolTrimTo` releases unused memory.
 //! - Events: it counts the events created and destroyed, to check nothing is leaked.
+//! - Panics: `panic_at_event_record` makes the next `cuEventRecord` panic, as a bug inside
+//!   streampool would while it holds a lock (the device's, or the vmm resource's).
 #![allow(dead_code)]
 
 #[path = "forward.rs"]
@@ -14,7 +16,7 @@
 mod forward;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use streampool::driver::sim::SimDriver;
 use streampool::driver::*;
@@ -26,6 +28,7 @@ pub struct Wrapped {
     scattered: Mutex<HashMap<(usize, PoolHandle), u64>>,
     pub events_created: AtomicU64,
     pub events_destroyed: AtomicU64,
+    pub panic_at_event_record: AtomicBool,
 }
 
 impl Wrapped {
@@ -36,6 +39,7 @@ impl Wrapped {
             scattered: Mutex::new(HashMap::new()),
             events_created: AtomicU64::new(0),
             events_destroyed: AtomicU64::new(0),
+            panic_at_event_record: AtomicBool::new(false),
         })
     }
 
@@ -125,6 +129,9 @@ impl StreamDriver for Wrapped {
         Ok(event)
     }
     fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()> {
+        if self.panic_at_event_record.swap(false, Ordering::SeqCst) {
+            panic!("injected panic in cuEventRecord");
+        }
         self.sim.event_record(device, event, stream)
     }
     fn event_query(&self, device: usize, event: EventHandle) -> Result<bool> {

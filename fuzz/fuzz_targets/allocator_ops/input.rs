@@ -15,7 +15,7 @@ pub enum Size {
     Zero,
     /// 1 TiB: always out of memory.
     Huge,
-    /// `u64::MAX - x`: whose rounding to 512 overflows 64 bits (an invalid argument).
+    /// `u64::MAX - x`: whose rounding to 512 overflows 64 bits (above the maximum: out of memory).
     NearMax(u16),
     /// `MAX_ALLOCATION_BYTES - 1024 + x`: either side of the largest size accepted.
     AroundLimit(u16),

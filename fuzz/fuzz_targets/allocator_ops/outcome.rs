@@ -22,6 +22,12 @@ pub(crate) enum Outcome {
     Rejected(Result<(), Error>, Expect),
     /// Must succeed (no injected fault can reach it) and change nothing.
     Unchanged(Result<(), Error>),
+    /// A malloc above `MAX_ALLOCATION_BYTES`: out of memory with the reason, counted in
+    /// `num_ooms` of `device`, nothing else changed (no injected fault can reach it).
+    AboveMaximum {
+        result: Result<(), Error>,
+        device: usize,
+    },
     Malloc {
         result: Result<DevicePtr, Error>,
         device: usize,
@@ -81,6 +87,22 @@ impl Harness {
                     panic!("{op:?} failed: {e} ({e:?}); expected success without effect");
                 }
                 assert_eq!(before, after, "{op:?} must change no statistic");
+            }
+            Outcome::AboveMaximum { result, device } => {
+                match &result {
+                    Err(e @ Error::OutOfMemory(_)) => {
+                        let m = e.to_string();
+                        assert!(
+                            m.starts_with("CUDA out of memory. Tried to allocate ")
+                                && m.contains("which is larger than streampool's maximum"),
+                            "{op:?}: {m}"
+                        );
+                    }
+                    other => panic!("{op:?} gave {other:?}; expected out of memory"),
+                }
+                let mut expected = before.clone();
+                expected[device].num_ooms += 1;
+                assert_eq!(expected, after, "{op:?} must change num_ooms and nothing else");
             }
             Outcome::Rejected(r, want) => {
                 let e = match r {

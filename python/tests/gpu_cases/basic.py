@@ -103,8 +103,8 @@ def case_memory_fraction(ctx) -> None:
 
 
 def case_out_of_memory(ctx) -> None:
-    """A 10 TiB request raises PyTorch's out-of-memory message, and so does 2^48 bytes; a byte
-    more is an invalid size; tensors work afterwards."""
+    """A 10 TiB request raises PyTorch's out-of-memory message, and so do 2^48 bytes, a byte more
+    and 1 PiB (above streampool's maximum: the message says so); tensors work afterwards."""
     try:
         torch.empty(10 * 2**40, dtype=torch.uint8, device="cuda")
     except RuntimeError as exc:
@@ -121,9 +121,13 @@ def case_out_of_memory(ctx) -> None:
     message = _expect_oom(2**48)
     print(f"2^48 bytes: {message}")
     assert message.startswith("CUDA out of memory."), message
-    message = _expect_oom(2**48 + 1)
-    print(f"2^48 + 1 bytes: {message}")
-    assert "is larger than streampool's maximum" in message, message
+    ooms = streampool.memory_stats()["num_ooms"]
+    for size in (2**48 + 1, 2**50):
+        message = _expect_oom(size)
+        print(f"{size} bytes: {message}")
+        assert message.startswith("CUDA out of memory. Tried to allocate"), message
+        assert "larger than streampool's maximum" in message, message
+    assert streampool.memory_stats()["num_ooms"] == ooms + 2
     numbers = torch.arange(1024, device="cuda")
     assert int(numbers.sum()) == 1024 * 1023 // 2
 

@@ -32,6 +32,7 @@ mod ranges;
 mod small;
 
 use super::{Accessible, Resource};
+use crate::config::Config;
 use crate::driver::{DevicePtr, Driver, MemHandle, PoolUsage, Stream};
 use crate::error::{
     Error, Result, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
@@ -62,8 +63,11 @@ use crate::config::VMM_RELEASE_AFTER_MS as RELEASE_AFTER_MS;
 /// The resolved settings of a virtual-memory resource.
 #[derive(Debug, Clone)]
 pub struct VmmSettings {
-    /// The physical handle size wanted (rounded up to the device's granularity).
+    /// The physical handle size: `STREAMPOOL_VMM_PAGE_SIZE` rounded up to the device's
+    /// granularity.
     pub page_bytes: u64,
+    /// The first address reservation for large blocks, in whole pages.
+    pub extent_bytes: u64,
     /// Blocks up to this size are carved out of carrier pages (0: none; at most half a page).
     pub small_max_bytes: u64,
     /// `STREAMPOOL_MAX_POOL_SIZE`: physical memory never exceeds it.
@@ -78,16 +82,30 @@ pub struct VmmSettings {
 }
 
 impl VmmSettings {
-    /// The settings `config` gives on a device of `total_bytes`.
-    pub fn from_config(config: &crate::config::Config, total_bytes: u64) -> VmmSettings {
-        VmmSettings {
-            page_bytes: config.vmm_page_size.resolve_bytes(total_bytes),
+    /// The settings `config` gives on `device` (of `total_bytes` memory); the page size and the
+    /// address reservation are checked ([`Config::vmm_layout`]).
+    pub fn resolve(
+        config: &Config,
+        driver: &dyn Driver,
+        device: usize,
+        total_bytes: u64,
+    ) -> Result<VmmSettings> {
+        let layout = config.vmm_layout(
+            device,
+            driver.name(),
+            driver.vmm_granularity_bytes(device)?,
+            total_bytes,
+            ADDRESS_SPACE_PER_DEVICE_MEMORY,
+        )?;
+        Ok(VmmSettings {
+            page_bytes: layout.page_bytes,
+            extent_bytes: layout.extent_bytes,
             small_max_bytes: config.small_pool_max.resolve_bytes(total_bytes),
             max_physical_bytes: config.max_pool_size.resolve_bytes(total_bytes),
             release_threshold_bytes: config.release_threshold.resolve_bytes(total_bytes),
             cold_after_ms: config.vmm_cold_after_ms,
             growth_slack_percent: config.vmm_growth_slack_percent,
-        }
+        })
     }
 }
 
@@ -206,11 +224,8 @@ impl VmmResource {
                  STREAMPOOL_BACKEND=pool"
             )));
         }
-        let granularity = driver.vmm_granularity_bytes(device)?.max(1);
-        let page_bytes = settings.page_bytes.div_ceil(granularity).max(1) * granularity;
-        let extent_bytes = (total_bytes.max(page_bytes) * ADDRESS_SPACE_PER_DEVICE_MEMORY)
-            .div_ceil(page_bytes)
-            * page_bytes;
+        let page_bytes = settings.page_bytes;
+        let extent_bytes = settings.extent_bytes;
         let resource = Arc::new(VmmResource {
             driver: Arc::clone(driver),
             device,
@@ -468,6 +483,17 @@ impl VmmResource {
         }
     }
 
+    /// The resource's lock for an entry point, unless a panic while it was held left the state
+    /// half-updated: then every entry that maps, hands out or takes back memory refuses
+    /// (`crate::sync::Mutex`; views stay readable).
+    #[inline]
+    fn lock_enabled(&self) -> Result<crate::sync::MutexGuard<'_, VmmState>> {
+        self.state.lock_unpoisoned().ok_or(Error::Disabled {
+            device: self.device,
+            part: "virtual-memory resource",
+        })
+    }
+
     /// Counts a page mapped or unmapped, and notes it on the timeline.
     fn count(&self, kind: Event, page: u64, st: &mut VmmState) {
         match kind {
@@ -484,7 +510,9 @@ impl VmmResource {
     /// the threshold is still held.
     pub fn tend(&self) -> bool {
         let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
-        let mut st = self.state.lock();
+        let Ok(mut st) = self.lock_enabled() else {
+            return false;
+        };
         // Fences of the last frees are collected here, so that memory is ready for every stream
         // (and idle, for moves and releases) without waiting for a miss.
         self.settle_from_background(&mut st);
@@ -502,7 +530,9 @@ impl VmmResource {
     /// the threshold. True if memory not in use is still held (its fences have not completed,
     /// or a capture is under way): the caller tries again later.
     pub fn release_idle(&self) -> bool {
-        let mut st = self.state.lock();
+        let Ok(mut st) = self.lock_enabled() else {
+            return false;
+        };
         self.settle_from_background(&mut st);
         self.release_down_to(&mut st, 0, None);
         st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
@@ -517,7 +547,7 @@ impl Accessible for VmmResource {
     }
 
     fn grant_access(&self, peer: usize) -> Result<()> {
-        let mut st = self.state.lock();
+        let mut st = self.lock_enabled()?;
         let pages: Vec<u64> = st.pages.keys().copied().collect();
         self.set_access(&mut st, &pages, &[peer])?;
         if !st.peers.contains(&peer) {
@@ -530,7 +560,7 @@ impl Accessible for VmmResource {
 impl Resource for VmmResource {
     fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
         let now_ms = self.driver.now_ms();
-        let mut st = self.state.lock();
+        let mut st = self.lock_enabled()?;
         let start = match bytes <= self.small_max_bytes {
             true => self.place_small(&mut st, bytes, stream, now_ms)?,
             false => self.place_large(&mut st, bytes, stream, now_ms)?,
@@ -544,7 +574,7 @@ impl Resource for VmmResource {
             .is_capturing(self.device, stream)
             .unwrap_or(true);
         let now_ms = self.driver.now_ms();
-        let mut st = self.state.lock();
+        let mut st = self.lock_enabled()?;
         match st.live.remove(&ptr.0) {
             Some(b) if b == bytes => {}
             Some(b) => {
@@ -601,7 +631,7 @@ impl Resource for VmmResource {
     }
 
     fn trim(&self, keep_bytes: u64) -> Result<()> {
-        let mut st = self.state.lock();
+        let mut st = self.lock_enabled()?;
         if self.capturing(&mut st) {
             return Ok(());
         }
@@ -639,7 +669,9 @@ impl Resource for VmmResource {
     }
 
     fn capture_started(&self, stream: Stream) {
-        let mut st = self.state.lock();
+        let Ok(mut st) = self.lock_enabled() else {
+            return;
+        };
         if !st.capture_streams.contains(&stream) {
             st.capture_streams.push(stream);
         }

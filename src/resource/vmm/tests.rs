@@ -31,7 +31,7 @@ fn rig_config(devices: usize, memory_bytes: u64, config: Config) -> Rig {
     let sim = Arc::new(SimDriver::new(devices, memory_bytes).strict());
     let driver: Arc<dyn Driver> = sim.clone();
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
-    let settings = VmmSettings::from_config(&config, memory_bytes);
+    let settings = VmmSettings::resolve(&config, driver.as_ref(), 0, memory_bytes).unwrap();
     let limit = Arc::new(AtomicU64::new(u64::MAX));
     let vmm = VmmResource::create(&driver, 0, &settings, memory_bytes, limit, recorder).unwrap();
     Rig { sim, vmm }
@@ -508,7 +508,7 @@ fn an_address_space_that_no_window_fits_gets_another_reservation() {
     let sim = Arc::new(SimDriver::new(1, 64 * PAGE).strict());
     let driver: Arc<dyn Driver> = sim.clone();
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
-    let settings = VmmSettings::from_config(&Config::default(), 2 * PAGE);
+    let settings = VmmSettings::resolve(&Config::default(), driver.as_ref(), 0, 2 * PAGE).unwrap();
     let limit = Arc::new(AtomicU64::new(u64::MAX));
     let vmm = VmmResource::create(&driver, 0, &settings, 2 * PAGE, limit, recorder).unwrap();
     let r = Rig { sim, vmm };

@@ -1,0 +1,194 @@
+use super::*;
+
+fn block(ptr: u64, bytes: u64, stream: usize) -> CachedBlock {
+    CachedBlock {
+        ptr: DevicePtr(ptr),
+        block_bytes: bytes,
+        stream: Stream(stream),
+    }
+}
+
+/// Puts `b`, which must be kept; the blocks evicted for it.
+fn put(c: &mut Cache, b: CachedBlock) -> Vec<CachedBlock> {
+    let mut evicted = Vec::new();
+    c.put(b, &mut evicted).unwrap();
+    evicted
+}
+
+/// Checks the books: `cached_bytes` and `occupied` against the blocks themselves.
+fn check(c: &Cache) {
+    assert_eq!(
+        c.cached_bytes,
+        c.blocks().map(|b| b.block_bytes).sum::<u64>()
+    );
+    let occupied = c.slots.iter().filter(|(_, b)| b.blocks > 0).count();
+    assert_eq!(c.occupied, occupied);
+    assert_eq!(c.index.len(), c.slots.len());
+    for (i, (stream, bins)) in c.slots.iter().enumerate() {
+        assert_eq!(c.index[stream], i);
+        let n: usize = bins.by_size.iter().map(|(_, l)| l.len()).sum();
+        assert_eq!(bins.blocks, n);
+    }
+    assert!(c.cached_bytes <= c.limit_bytes);
+}
+
+#[test]
+fn reuses_only_on_the_same_stream_and_close_sizes() {
+    let mut c = Cache::new(u64::MAX, u64::MAX);
+    put(&mut c, block(0x1000, 4096, 1));
+    assert_eq!(c.take(Stream(2), 4096), None, "another stream");
+    assert_eq!(c.take(Stream(1), 1024), None, "4x too big for 1 KiB");
+    assert_eq!(c.take(Stream(1), 3700), Some(block(0x1000, 4096, 1)));
+    assert_eq!(c.cached_bytes(), 0);
+    check(&c);
+}
+
+#[test]
+fn respects_the_limit() {
+    let mut c = Cache::new(8192, 4096);
+    let mut evicted = Vec::new();
+    put(&mut c, block(0x1000, 4096, 1));
+    assert_eq!(
+        c.put(block(0x2000, 4608, 1), &mut evicted),
+        Err(block(0x2000, 4608, 1)),
+        "block too large"
+    );
+    put(&mut c, block(0x3000, 4096, 1));
+    assert_eq!(
+        put(&mut c, block(0x4000, 512, 2)),
+        vec![block(0x3000, 4096, 1)],
+        "full: the oldest stream's largest block makes room"
+    );
+    assert_eq!(c.cached_bytes(), 4096 + 512);
+    let mut small = Cache::new(1024, u64::MAX);
+    assert_eq!(
+        small.put(block(0x1000, 2048, 1), &mut evicted),
+        Err(block(0x1000, 2048, 1)),
+        "larger than the whole budget"
+    );
+    assert!(evicted.is_empty());
+    check(&c);
+}
+
+/// The budget goes to the streams that freed last: the blocks of a stream no longer used leave
+/// first, and those of a stream that keeps freeing stay.
+#[test]
+fn a_full_cache_evicts_the_stream_that_put_longest_ago() {
+    let mut c = Cache::new(4 * 4096, u64::MAX);
+    put(&mut c, block(0x1000, 4096, 1));
+    put(&mut c, block(0x2000, 4096, 2));
+    put(&mut c, block(0x3000, 4096, 1)); // stream 1 is now the newer
+    put(&mut c, block(0x4000, 4096, 3));
+    assert_eq!(
+        put(&mut c, block(0x5000, 4096, 4)),
+        vec![block(0x2000, 4096, 2)]
+    );
+    let evicted = put(&mut c, block(0x6000, 8192, 4));
+    assert_eq!(evicted.len(), 2, "{evicted:?}");
+    assert!(evicted.iter().all(|b| b.stream == Stream(1)), "{evicted:?}");
+    assert_eq!(c.take(Stream(3), 4096), Some(block(0x4000, 4096, 3)));
+    check(&c);
+}
+
+#[test]
+fn evicts_preferred_stream_largest_first_then_the_oldest_and_drains() {
+    let mut c = Cache::new(u64::MAX, u64::MAX);
+    put(&mut c, block(0x1000, 512, 1));
+    put(&mut c, block(0x2000, 8192, 1));
+    put(&mut c, block(0x9000, 65536, 2));
+    let out = c.evict(4096, Stream(1));
+    assert_eq!(out, vec![block(0x2000, 8192, 1)]);
+    assert_eq!(c.cached_bytes(), 512 + 65536);
+    put(&mut c, block(0xa000, 1024, 3));
+    put(&mut c, block(0xb000, 512, 2)); // stream 2 put last: stream 3 goes before it
+    let out = c.evict(1024 + 512 + 1, Stream(1));
+    assert_eq!(
+        out,
+        vec![
+            block(0x1000, 512, 1),
+            block(0xa000, 1024, 3),
+            block(0x9000, 65536, 2)
+        ]
+    );
+    check(&c);
+    assert_eq!(c.drain().len(), 1);
+    assert_eq!(c.cached_bytes(), 0);
+    check(&c);
+}
+
+/// The hot path's promise: a size that recurs reuses its bin (no insertion, no growth).
+#[test]
+fn a_size_that_recurs_keeps_one_bin() {
+    let mut c = Cache::new(u64::MAX, u64::MAX);
+    for _ in 0..3 {
+        put(&mut c, block(0x1000, 4096, 1));
+        put(&mut c, block(0x2000, 4096, 1));
+        assert_eq!(c.take(Stream(1), 4096), Some(block(0x2000, 4096, 1)));
+        assert_eq!(c.take(Stream(1), 4096), Some(block(0x1000, 4096, 1)));
+    }
+    assert_eq!(c.slots.len(), 1);
+    assert_eq!(c.slots[0].1.by_size.len(), 1, "{:?}", c.slots);
+    assert_eq!(
+        c.queue.len(),
+        1,
+        "one stream: one queue entry, moved on in place"
+    );
+    check(&c);
+}
+
+#[test]
+fn drains_one_pools_sizes_of_every_stream() {
+    let mut c = Cache::new(u64::MAX, u64::MAX);
+    put(&mut c, block(0x1000, 512, 1));
+    put(&mut c, block(0x2000, 8192, 1));
+    put(&mut c, block(0x9000, 4096, 2));
+    put(&mut c, block(0xa000, 65536, 2));
+    let mut small = c.drain_sizes(0..=4096);
+    small.sort_by_key(|b| b.ptr);
+    assert_eq!(small, vec![block(0x1000, 512, 1), block(0x9000, 4096, 2)]);
+    assert_eq!(c.cached_bytes(), 8192 + 65536);
+    check(&c);
+    assert_eq!(c.drain_sizes(4097..=u64::MAX).len(), 2);
+    assert_eq!(c.cached_bytes(), 0);
+    check(&c);
+    put(&mut c, block(0x1000, 512, 1));
+    assert_eq!(
+        c.take(Stream(1), 512),
+        Some(block(0x1000, 512, 1)),
+        "bins still work"
+    );
+}
+
+/// A stream per request, 100,000 of them: the entries kept stay bounded (twice the streams
+/// holding blocks plus `IDLE_PUTS`), and the newest streams' blocks are the ones kept. The entries of each stream were kept until an empty_cache, and every take
+/// and put scanned them all.
+#[test]
+fn a_hundred_thousand_streams_leave_bounded_entries() {
+    let mut c = Cache::new(1 << 20, u64::MAX); // room for 256 blocks of 4 KiB
+    let mut evicted = Vec::new();
+    for i in 0..100_000u64 {
+        let s = Stream(0x100 + i as usize);
+        // Each stream takes back what it freed, and leaves one block in the cache.
+        for _ in 0..2 {
+            let b = c
+                .take(s, 4096)
+                .unwrap_or(block(0x1_0000 + i * 4096, 4096, s.0));
+            c.put(b, &mut evicted).unwrap();
+        }
+        assert!(
+            c.slots.len() <= 2 * (c.occupied + IDLE_PUTS as usize),
+            "{} entries for {} streams with blocks",
+            c.slots.len(),
+            c.occupied
+        );
+        assert!(c.queue.len() <= 2 * c.occupied + QUEUE_SLACK + 1);
+    }
+    assert_eq!(c.occupied, 256, "the newest 256 streams hold the budget");
+    assert_eq!(evicted.len(), 100_000 - 256);
+    assert!(c.slots.capacity() <= 8 * (c.occupied + IDLE_PUTS as usize) + 64);
+    assert!(c.index.capacity() <= 8 * (c.occupied + IDLE_PUTS as usize) + 64);
+    check(&c);
+    // The newest streams' blocks are the ones kept.
+    assert!(c.take(Stream(0x100 + 99_999), 4096).is_some());
+    assert!(c.take(Stream(0x100), 4096).is_none());
+}
