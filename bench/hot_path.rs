@@ -24,6 +24,22 @@ fn bench(c: &mut Criterion) {
         })
     });
 
+    // A large block the virtual-memory resource serves (not cached): its own best fit, the
+    // block freed on the stream reused at once; the pages were mapped by the first pair.
+    for (name, bytes) in [
+        ("vmm_pair_8MiB", 8u64 << 20),
+        ("vmm_pair_256MiB", 256 << 20),
+    ] {
+        let p = a.malloc(bytes, 0, s0).unwrap();
+        a.free(p, 0).unwrap();
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                let p = a.malloc(black_box(bytes), 0, s0).unwrap();
+                a.free(black_box(p), 0).unwrap();
+            })
+        });
+    }
+
     // Steady state of a training step: every size was live at once earlier (the pool holds
     // them all), so the cache can keep one block of each without raising peak memory. The sizes
     // (512 B to 1.5 MiB, both pools) total 48 MiB, within the 64 MiB cache budget: all hits.

@@ -175,6 +175,13 @@ impl Cache {
         })
     }
 
+    /// True if a block of `block_bytes` can be kept at all (not larger than the largest block
+    /// or the whole budget).
+    #[inline]
+    pub fn takes(&self, block_bytes: u64) -> bool {
+        block_bytes <= self.max_block_bytes && block_bytes <= self.limit_bytes
+    }
+
     /// Keeps `block` for reuse, or hands it back when it is too large. When the budget is full,
     /// blocks of the streams that put one longest ago go to `evicted` to make room.
     #[inline]
@@ -183,7 +190,7 @@ impl Cache {
         block: CachedBlock,
         evicted: &mut Vec<CachedBlock>,
     ) -> Result<(), CachedBlock> {
-        if block.block_bytes > self.max_block_bytes || block.block_bytes > self.limit_bytes {
+        if !self.takes(block.block_bytes) {
             return Err(block);
         }
         if self.cached_bytes.saturating_add(block.block_bytes) > self.limit_bytes {

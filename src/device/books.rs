@@ -231,6 +231,13 @@ impl Books {
         }
     }
 
+    /// True if `block` may be cached (its home takes cached blocks, and the cache blocks of its
+    /// size): one that may not goes straight home.
+    #[inline]
+    pub fn cacheable(&self, block: &FreedBlock) -> bool {
+        matches!(block.home, Home::Small | Home::Large) && self.cache.takes(block.block_bytes)
+    }
+
     /// A block leaves the books on its way home.
     #[inline]
     pub fn release(&mut self, block: &FreedBlock) {

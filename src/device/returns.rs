@@ -20,6 +20,13 @@ impl DeviceAllocator {
         mut st: MutexGuard<'_, DeviceState>,
         block: FreedBlock,
     ) -> Result<()> {
+        if !st.books.cacheable(&block) {
+            // Straight home (a large block of the vmm backend, which reuses it itself): no
+            // list to build.
+            st.books.release(&block);
+            drop(st);
+            return self.send_one_home(block);
+        }
         let mut homeless = Vec::new();
         st.books
             .keep(block, &mut homeless, |bytes| self.home_of(bytes));
@@ -64,50 +71,90 @@ impl DeviceAllocator {
             .flatten();
         let results: Vec<Result<()>> = blocks
             .iter()
-            .map(|b| match (b.home, self.provisioned.get(), &shareable) {
-                (Home::Graph | Home::DriverPool, _, _) => {
-                    self.driver.free_async(self.device, b.ptr, b.stream)
-                }
-                (Home::Shareable, _, Some(pool)) => pool.deallocate(b.ptr, b.block_bytes, b.stream),
-                (Home::Small, Some(p), _) => {
-                    p.resources
-                        .get(SizeClass::Small)
-                        .deallocate(b.ptr, b.block_bytes, b.stream)
-                }
-                (Home::Large, Some(p), _) => {
-                    p.resources
-                        .get(SizeClass::Large)
-                        .deallocate(b.ptr, b.block_bytes, b.stream)
-                }
-                _ => Err(Error::Internal(format!(
-                    "{:#x}: its {:?} resource does not exist",
-                    b.ptr, b.home
-                ))),
-            })
+            .map(|b| self.return_block(b, shareable.as_deref()))
             .collect();
         let mut first_error = Ok(());
         {
             let mut st = self.state.lock();
             for (block, result) in blocks.iter().zip(results) {
-                match st.books.settle_return(*block, result) {
-                    Ok(()) => self.note(
-                        &st,
-                        Event::PoolFree,
-                        block.stream,
-                        block.ptr,
-                        block.block_bytes,
-                    ),
-                    Err(e) => first_error = first_error.and(Err(e)),
+                if let Err(e) = self.settle_return(&mut st, block, result) {
+                    first_error = first_error.and(Err(e));
                 }
             }
         }
         if let Err(e) = &first_error {
-            log::error!(
-                "device {}: returning blocks failed ({e}); empty_cache will retry",
-                self.device
-            );
+            self.log_return_failure(e);
         }
         first_error
+    }
+
+    /// [`DeviceAllocator::send_home`] for one block, without building a list.
+    fn send_one_home(&self, block: FreedBlock) -> Result<()> {
+        let shareable = match block.home {
+            Home::Shareable => self.exporter.existing_pool(),
+            _ => None,
+        };
+        let result = self.return_block(&block, shareable.as_deref());
+        let settled = self.settle_return(&mut self.state.lock(), &block, result);
+        if let Err(e) = &settled {
+            self.log_return_failure(e);
+        }
+        settled
+    }
+
+    /// Gives `block` back to its resource, the shareable pool or the driver.
+    fn return_block(
+        &self,
+        b: &FreedBlock,
+        shareable: Option<&dyn crate::resource::Resource>,
+    ) -> Result<()> {
+        match (b.home, self.provisioned.get(), shareable) {
+            (Home::Graph | Home::DriverPool, _, _) => {
+                self.driver.free_async(self.device, b.ptr, b.stream)
+            }
+            (Home::Shareable, _, Some(pool)) => pool.deallocate(b.ptr, b.block_bytes, b.stream),
+            (Home::Small, Some(p), _) => {
+                p.resources
+                    .get(SizeClass::Small)
+                    .deallocate(b.ptr, b.block_bytes, b.stream)
+            }
+            (Home::Large, Some(p), _) => {
+                p.resources
+                    .get(SizeClass::Large)
+                    .deallocate(b.ptr, b.block_bytes, b.stream)
+            }
+            _ => Err(Error::Internal(format!(
+                "{:#x}: its {:?} resource does not exist",
+                b.ptr, b.home
+            ))),
+        }
+    }
+
+    /// Books the outcome of a return: the block is home (noted on the timeline), or, refused,
+    /// held again for the next flush.
+    fn settle_return(
+        &self,
+        st: &mut DeviceState,
+        block: &FreedBlock,
+        result: Result<()>,
+    ) -> Result<()> {
+        st.books.settle_return(*block, result)?;
+        self.note(
+            st,
+            Event::PoolFree,
+            block.stream,
+            block.ptr,
+            block.block_bytes,
+        );
+        Ok(())
+    }
+
+    #[cold]
+    fn log_return_failure(&self, e: &Error) {
+        log::error!(
+            "device {}: returning blocks failed ({e}); empty_cache will retry",
+            self.device
+        );
     }
 
     /// Returns cached and completed blocks to their resources, synchronises and trims each

@@ -64,30 +64,17 @@ impl Fences {
         }
     }
 
-    /// Records `stream`'s pending fence if its last one is `interval_us` old or more: a stream
-    /// that frees all the time records one fence per interval, and no free waits longer than
-    /// that for a fence that can complete.
-    /// True if it recorded one.
-    pub fn record_if_due(
-        &mut self,
-        driver: &dyn Driver,
-        device: usize,
-        stream: Stream,
-        interval_us: u64,
-    ) -> Result<bool> {
-        let now_us = driver.now_us();
-        let due = self
-            .streams
-            .iter()
-            .find(|s| s.stream == stream)
-            .is_some_and(|s| {
-                s.recorded_at_us
-                    .is_none_or(|at_us| now_us.saturating_sub(at_us) >= interval_us)
-            });
-        match due {
-            true => self.record_pending(driver, device, stream).map(|()| true),
-            false => Ok(false),
-        }
+    /// True if `stream` has a pending fence and its last record is `interval_us` old or more (or
+    /// it has none): a stream that frees all the time records one fence per interval, and no
+    /// free waits longer than that for a fence that can complete.
+    pub fn record_due(&self, stream: Stream, now_us: u64, interval_us: u64) -> bool {
+        let Some(slot) = self.streams.iter().find(|s| s.stream == stream) else {
+            return false;
+        };
+        slot.pending.is_some()
+            && slot
+                .recorded_at_us
+                .is_none_or(|at_us| now_us.saturating_sub(at_us) >= interval_us)
     }
 
     /// Records `stream`'s pending fence, if it has one.

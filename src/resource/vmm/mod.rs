@@ -54,9 +54,9 @@ pub use mapping::DriverCounts;
 /// only if no window fits.
 const ADDRESS_SPACE_PER_DEVICE_MEMORY: u64 = 2;
 
-/// A free records its stream's fence only if the last one is this old (see [`fences`]): fences
-/// complete soon after the GPU is done, so that freed pages become idle (movable) in time.
-const FENCE_INTERVAL_US: u64 = 50;
+/// A free records its stream's fence only if the last one is this old (see [`fences`]): a loop
+/// that frees all the time pays one event record (and one poll) a millisecond, not one a free.
+const FENCE_INTERVAL_US: u64 = 1000;
 
 use crate::config::VMM_RELEASE_AFTER_MS as RELEASE_AFTER_MS;
 
@@ -165,8 +165,6 @@ struct VmmState {
     /// Streams of the device known to capture a graph (from the device's allocations on them):
     /// while one still does, nothing is mapped, unmapped or queried.
     capture_streams: Vec<Stream>,
-    /// Freed on a stream that was capturing a graph: they get fences once the capture ends.
-    deferred: Vec<(u64, u64, Stream)>,
     /// Devices other than its own with access.
     peers: Vec<usize>,
     /// Some pages are blocked (mapped without access): settling tries to fix them.
@@ -294,9 +292,6 @@ impl VmmResource {
         if self.capturing(st) {
             return;
         }
-        if !st.deferred.is_empty() {
-            self.fence_deferred(st);
-        }
         if st.blocked {
             self.unblock(st);
             st.blocked = !st.blocked_pages().is_empty();
@@ -316,9 +311,6 @@ impl VmmResource {
     fn settle_from_background(&self, st: &mut VmmState) {
         if self.capturing(st) {
             return;
-        }
-        if !st.deferred.is_empty() {
-            self.fence_deferred(st);
         }
         if st.blocked {
             self.unblock(st);
@@ -353,30 +345,9 @@ impl VmmResource {
         self.promote(st, done, now_ms);
     }
 
-    /// Blocks freed on a stream that was capturing: once it no longer is, they are freed like
-    /// any other (covered by the stream's next fence).
-    fn fence_deferred(&self, st: &mut VmmState) {
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        let now_ms = driver.now_ms();
-        for (start, bytes, stream) in std::mem::take(&mut st.deferred) {
-            if driver.is_capturing(device, stream).unwrap_or(true) {
-                st.deferred.push((start, bytes, stream));
-                continue;
-            }
-            let seq = st.fences.seq_for_free(stream);
-            self.give_back(st, start, bytes, State::Freed { stream, seq }, now_ms);
-        }
-    }
-
     /// A large block for `stream`: a mapped range it may use at once, one freed on another
     /// stream after a GPU-side wait for its fence, or a window whose pages are mapped now.
-    fn place_large(
-        &self,
-        st: &mut VmmState,
-        bytes: u64,
-        stream: Stream,
-        now_ms: u64,
-    ) -> Result<u64> {
+    fn place_large(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<u64> {
         if let Some(start) = st.large.best_fit(bytes, stream) {
             st.large.take(start, bytes);
             return Ok(start);
@@ -410,7 +381,7 @@ impl VmmResource {
                 })?
             }
         };
-        self.map_window(st, Region::Large, &window, bytes, now_ms)?;
+        self.map_window(st, Region::Large, &window, bytes, self.driver.now_ms())?;
         st.large.take(window.start, bytes);
         Ok(window.start)
     }
@@ -536,7 +507,6 @@ impl VmmResource {
         self.settle_from_background(&mut st);
         self.release_down_to(&mut st, 0, None);
         st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
-            || !st.deferred.is_empty()
             || self.capturing(&mut st)
     }
 }
@@ -559,21 +529,17 @@ impl Accessible for VmmResource {
 
 impl Resource for VmmResource {
     fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
-        let now_ms = self.driver.now_ms();
         let mut st = self.lock_enabled()?;
         let start = match bytes <= self.small_max_bytes {
-            true => self.place_small(&mut st, bytes, stream, now_ms)?,
-            false => self.place_large(&mut st, bytes, stream, now_ms)?,
+            true => self.place_small(&mut st, bytes, stream)?,
+            false => self.place_large(&mut st, bytes, stream)?,
         };
         Ok(self.hand_out(&mut st, start, bytes))
     }
 
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
-        let capturing = self
-            .driver
-            .is_capturing(self.device, stream)
-            .unwrap_or(true);
-        let now_ms = self.driver.now_ms();
+        let now_us = self.driver.now_us();
+        let now_ms = now_us / 1000;
         let mut st = self.lock_enabled()?;
         match st.live.remove(&ptr.0) {
             Some(b) if b == bytes => {}
@@ -591,26 +557,21 @@ impl Resource for VmmResource {
             }
         }
         st.used_bytes -= bytes;
-        // On a capturing stream no fence can be recorded; during a known capture elsewhere none
-        // can be queried: the block waits for the capture's end.
-        if capturing || self.capturing(&mut st) {
-            st.deferred.push((ptr.0, bytes, stream));
-            return Ok(());
-        }
-        // Reusable by its stream at once; by others after the stream's next fence, recorded
-        // here at most once every 50 µs, or when someone needs it.
+        // Reusable by its stream at once; by others after the stream's next fence (recorded
+        // here at most once a millisecond, never on a capturing stream, or when someone needs
+        // it), by any stream once that has completed.
         let seq = st.fences.seq_for_free(stream);
         self.give_back(&mut st, ptr.0, bytes, State::Freed { stream, seq }, now_ms);
         let (driver, device) = (self.driver.as_ref(), self.device);
-        match st
-            .fences
-            .record_if_due(driver, device, stream, FENCE_INTERVAL_US)
+        if st.fences.record_due(stream, now_us, FENCE_INTERVAL_US)
+            && !driver.is_capturing(device, stream).unwrap_or(true)
         {
-            // With each fence recorded, those that completed are collected: freed memory
-            // becomes ready for every stream, and idle, while the program runs.
-            Ok(true) => self.collect_completed(&mut st, now_ms),
-            Ok(false) => {}
-            Err(e) => log::debug!("device {device}: a fence on {stream:#x}: {e}; recorded later"),
+            match st.fences.record_pending(driver, device, stream) {
+                // With each fence recorded, those that completed are collected: freed memory
+                // becomes ready for every stream, and idle, while the program runs.
+                Ok(()) => self.collect_completed(&mut st, now_ms),
+                Err(e) => log::debug!("device {device}: a fence on {stream:#x}: {e}; later"),
+            }
         }
         Ok(())
     }
@@ -635,10 +596,8 @@ impl Resource for VmmResource {
         if self.capturing(&mut st) {
             return Ok(());
         }
-        // Fences of frees made before the device's synchronisation may not be recorded yet (or,
-        // for blocks freed during a capture, not even numbered): record them and wait for them
-        // too, so that empty_cache releases every free page.
-        self.fence_deferred(&mut st);
+        // Fences of frees made before the device's synchronisation may not be recorded yet:
+        // record them and wait for them too, so that empty_cache releases every free page.
         let (driver, device) = (self.driver.as_ref(), self.device);
         if st.fences.record_all_pending(driver, device, |s| {
             driver.is_capturing(device, s).unwrap_or(true)

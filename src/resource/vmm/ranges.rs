@@ -192,6 +192,16 @@ impl FreeRanges {
     /// pieces).
     pub fn take(&mut self, start: u64, bytes: u64) -> State {
         let end = start + bytes;
+        // The common case (a best fit): the block starts a free range that holds it all.
+        if let Some(&r) = self.ranges.get(&start) {
+            if r.bytes >= bytes && !matches!(r.state, State::Unmapped | State::Blocked) {
+                self.remove(start, r);
+                if r.bytes > bytes {
+                    self.put(end, r.bytes - bytes, r.state);
+                }
+                return r.state;
+            }
+        }
         let first = self
             .ranges
             .range(..=start)

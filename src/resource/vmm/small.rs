@@ -17,13 +17,7 @@ use crate::error::Result;
 impl VmmResource {
     /// A small block for `stream`: a fit in a carrier it may use, after settling fences, after a
     /// GPU-side wait, or in a new carrier.
-    pub(super) fn place_small(
-        &self,
-        st: &mut VmmState,
-        bytes: u64,
-        stream: Stream,
-        now_ms: u64,
-    ) -> Result<u64> {
+    pub(super) fn place_small(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<u64> {
         if let Some(start) = st.small.best_fit(bytes, stream) {
             st.small.take(start, bytes);
             return Ok(start);
@@ -36,7 +30,7 @@ impl VmmResource {
         if let Some(start) = self.take_after_wait(st, true, bytes, stream) {
             return Ok(start);
         }
-        let (page, state) = self.new_carrier(st, stream, now_ms)?;
+        let (page, state) = self.new_carrier(st, stream)?;
         st.small.add_extent_in(page, self.page_bytes, state);
         st.small.take(page, bytes);
         Ok(page)
@@ -44,7 +38,7 @@ impl VmmResource {
 
     /// A page for a new carrier, taken out of the carriers' region: a mapped one `stream` may
     /// use, else one mapped now; with the state it was in.
-    fn new_carrier(&self, st: &mut VmmState, stream: Stream, now_ms: u64) -> Result<(u64, State)> {
+    fn new_carrier(&self, st: &mut VmmState, stream: Stream) -> Result<(u64, State)> {
         if let Some(page) = st.carriers.best_fit_page(stream) {
             return Ok((page, st.carriers.take(page, self.page_bytes)));
         }
@@ -65,7 +59,13 @@ impl VmmResource {
                     })?
             }
         };
-        self.map_window(st, Region::Carriers, &window, page_bytes, now_ms)?;
+        self.map_window(
+            st,
+            Region::Carriers,
+            &window,
+            page_bytes,
+            self.driver.now_ms(),
+        )?;
         Ok((window.start, st.carriers.take(window.start, page_bytes)))
     }
 
