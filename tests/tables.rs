@@ -66,9 +66,8 @@ fn python_s_documented_defaults_are_the_library_s_defaults() {
         if name == "STREAMPOOL_LOG" || text.starts_with("driver default") {
             continue; // not part of Config / left to the driver (checked below)
         }
-        let mut parsed = Config::from_lookup(|k| (k == name).then(|| text.clone()))
+        let parsed = Config::from_lookup(|k| (k == name).then(|| text.clone()))
             .unwrap_or_else(|e| panic!("{name}={text:?}: {e}"));
-        parsed.backend_explicit = false; // setting the default backend turns its fallback off
         assert_eq!(
             parsed,
             Config::default(),

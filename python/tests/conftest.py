@@ -26,7 +26,7 @@ else:
 
 # The backend under test: the library's default unless STREAMPOOL_TEST_BACKEND names one
 # (scripts/test runs the suite under both).
-BACKEND = os.environ.get("STREAMPOOL_TEST_BACKEND", "vmm")
+BACKEND = os.environ.get("STREAMPOOL_TEST_BACKEND", "pool")
 if BACKEND not in ("pool", "vmm"):
     raise RuntimeError(f"STREAMPOOL_TEST_BACKEND={BACKEND!r}: expected pool or vmm")
 _KEPT = ("STREAMPOOL_LIBRARY", "STREAMPOOL_TEST_INSTALLED", "STREAMPOOL_TEST_BACKEND")
@@ -55,8 +55,8 @@ def pytest_report_header(config):
 
 def pool_backend_only(test):
     """For a test of the CUDA pool backend's own behaviour (its cache of large blocks, its event
-    sequence); the vmm backend's counterpart is in test_vmm.py. Runs when the suite runs under
-    STREAMPOOL_TEST_BACKEND=pool."""
+    sequence); the vmm backend's counterpart is in test_vmm.py. Runs when the suite runs on the
+    pool backend (the default; scripts/test also runs it under STREAMPOOL_TEST_BACKEND=vmm)."""
     return pytest.mark.skipif(
         BACKEND != "pool", reason="pool backend behaviour (scripts/test runs it under pool)"
     )(test)

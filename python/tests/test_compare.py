@@ -54,7 +54,7 @@ megabytes = {"native": 160, "expandable": 120}.get(allocator, 60)
 block = bytearray(megabytes << 20)
 for i in range(0, len(block), 4096):
     block[i] = 1
-time.sleep(0.3)
+time.sleep(1.0)  # long enough for the 50 ms sampler on a loaded machine
 print(os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "unset"), os.environ.get("STREAMPOOL_BACKEND", "unset"),
       os.environ.get("STREAMPOOL_RELEASE_THRESHOLD", "unset"))
 """

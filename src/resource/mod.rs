@@ -113,13 +113,7 @@ impl Resources {
             let pool = CudaPoolResource::create(driver, device, config, total_bytes, true, "pool")?;
             return Ok(Resources::single(Arc::new(pool)));
         }
-        if config.backend == Backend::Vmm && !config.backend_explicit && !vmm_usable(driver, device)
-        {
-            log::warn!(
-                "device {device}: no CUDA virtual memory management here; streampool uses the \
-                 CUDA pool backend (STREAMPOOL_BACKEND=pool)"
-            );
-        } else if config.backend == Backend::Vmm {
+        if config.backend == Backend::Vmm {
             // One resource for every size: small blocks are carved out of its own pages.
             let settings = VmmSettings::resolve(config, driver.as_ref(), device, total_bytes)?;
             let vmm = VmmResource::create(
@@ -221,9 +215,4 @@ impl Resources {
     pub fn for_each(&self, mut f: impl FnMut(&dyn Resource) -> Result<()>) -> Result<()> {
         self.all().map(|r| f(r.as_ref())).fold(Ok(()), Result::and)
     }
-}
-
-/// True if `device` supports virtual memory management (a failing query counts as no).
-fn vmm_usable(driver: &Arc<dyn Driver>, device: usize) -> bool {
-    driver.vmm_supported(device).unwrap_or(false)
 }
