@@ -73,6 +73,8 @@ struct SimDevice {
     waits: Vec<StreamWait>,
     /// The event recorded last (for tests).
     last_recorded_event: Option<usize>,
+    /// Streams the program destroyed (`destroy_stream`): calls on them fail as on a GPU.
+    destroyed: Vec<Stream>,
     capturing: Vec<Stream>,
     captured_live: HashMap<DevicePtr, u64>,
     /// Pointers imported from a shareable pool (`pointer_import`), with how often.
@@ -89,6 +91,8 @@ pub struct SimDriver {
     devices: Vec<Mutex<SimDevice>>,
     next_event: AtomicUsize,
     capturing_streams: AtomicUsize,
+    /// How many streams were destroyed (`destroy_stream`), for a lock-free fast path.
+    destroyed_streams: AtomicUsize,
     faults: Mutex<HashMap<SimFault, u32>>,
     /// How many times each driver call that can fail by injection was attempted (failed ones
     /// included), over all devices.
@@ -122,6 +126,7 @@ impl SimDriver {
             devices,
             next_event: AtomicUsize::new(1),
             capturing_streams: AtomicUsize::new(0),
+            destroyed_streams: AtomicUsize::new(0),
             faults: Mutex::new(HashMap::new()),
             calls: Mutex::new(HashMap::new()),
             strict: false,
@@ -191,6 +196,18 @@ impl SimDriver {
     pub fn complete_all(&self) {
         for d in &self.devices {
             d.lock().complete_all_streams();
+        }
+    }
+
+    /// The program destroys `stream` (`cuStreamDestroy`): work already submitted to it still
+    /// completes, a capture on it ends, and every later call that names it fails with
+    /// `CUDA_ERROR_INVALID_HANDLE`.
+    pub fn destroy_stream(&self, device: usize, stream: Stream) {
+        self.end_capture(device, stream);
+        let mut d = self.devices[device].lock();
+        if !d.destroyed.contains(&stream) {
+            d.destroyed.push(stream);
+            self.destroyed_streams.fetch_add(1, Ordering::SeqCst);
         }
     }
 

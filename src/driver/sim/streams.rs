@@ -22,6 +22,11 @@ impl SimDriver {
     }
 }
 
+/// The error a GPU gives for a stream handle that was destroyed.
+fn destroyed(call: &'static str) -> crate::Error {
+    driver_error(call, 400, "CUDA_ERROR_INVALID_HANDLE (a destroyed stream)")
+}
+
 impl StreamDriver for SimDriver {
     fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
         self.take_fault(SimFault::Synchronize, "cuStreamSynchronize")?;
@@ -42,6 +47,9 @@ impl StreamDriver for SimDriver {
     fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()> {
         self.take_fault(SimFault::EventRecord, "cuEventRecord")?;
         let mut d = self.device(device, "cuEventRecord")?;
+        if d.destroyed.contains(&stream) {
+            return Err(destroyed("cuEventRecord"));
+        }
         let seq = d.tick(stream);
         match d.events.get_mut(&event.raw()) {
             Some(slot) => {
@@ -79,6 +87,9 @@ impl StreamDriver for SimDriver {
 
     fn stream_query(&self, device: usize, stream: Stream) -> Result<bool> {
         let d = self.device(device, "cuStreamQuery")?;
+        if d.destroyed.contains(&stream) {
+            return Err(destroyed("cuStreamQuery"));
+        }
         if d.capturing.contains(&stream) {
             return Err(driver_error(
                 "cuStreamQuery",
@@ -117,13 +128,16 @@ impl StreamDriver for SimDriver {
     }
 
     fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool> {
-        if self.capturing_streams.load(Ordering::Relaxed) == 0 {
+        if self.capturing_streams.load(Ordering::Relaxed) == 0
+            && self.destroyed_streams.load(Ordering::Relaxed) == 0
+        {
             return Ok(false);
         }
-        Ok(self
-            .device(device, "cuStreamIsCapturing")?
-            .capturing
-            .contains(&stream))
+        let d = self.device(device, "cuStreamIsCapturing")?;
+        if d.destroyed.contains(&stream) {
+            return Err(destroyed("cuStreamIsCapturing"));
+        }
+        Ok(d.capturing.contains(&stream))
     }
 
     fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr> {

@@ -3,8 +3,9 @@
 //! (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess`).
 //!
 //! - Large blocks are placed by best fit in the free ranges ([`ranges`]); small blocks (up to
-//!   `small_max_bytes`) are carved out of whole pages, their carriers ([`small`]), so that they
-//!   do not split the ranges large blocks need; an emptied carrier is a free page again.
+//!   `small_max_bytes`) are carved out of whole pages, their carriers ([`small`]), in a region of
+//!   the address space of their own, so that they do not split the ranges large blocks need; an
+//!   emptied carrier is an idle page again.
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
 //!   the fence has completed ([`fences`]).
@@ -13,18 +14,20 @@
 //!   for `cold_after_ms`), then by new handles, and only when the device or the cap is full by
 //!   handles moved out of any idle page.
 //! - Nothing is released on the allocating thread: memory above the release threshold is
-//!   released once cold, and all idle memory once the device is idle, by the device's background
-//!   thread ([`VmmResource::tend`], [`VmmResource::release_idle`]); `trim` after a
-//!   synchronisation (empty_cache).
+//!   released once unused for a second, and all idle memory once the device is idle, by the
+//!   device's background thread ([`VmmResource::tend`], [`VmmResource::release_idle`]), which
+//!   records nothing on the program's streams; `trim` after a synchronisation (empty_cache).
 //!
 //! Invariants: a page is unmapped only once no work uses it — it lies in a `Ready` range, whose
 //! fences have completed; every mapping gives the device and every granted peer access before any
 //! block in it is handed out; physical memory never exceeds the pool cap nor the device's memory
-//! limit (`set_per_process_memory_fraction`); while a capture is known on the device nothing is
-//! mapped, unmapped or queried (an allocation that would need a mapping fails with
-//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the device serves it elsewhere; frees wait for
-//! the capture's end), and the resource asks the driver when the capture has ended; the
-//! resource's lock is held across map and unmap calls, never while the device lock is.
+//! limit (`set_per_process_memory_fraction`); no fence is recorded on a stream that is capturing
+//! (a free on it only takes the number of the stream's next fence, recorded after the capture);
+//! while a capture is known on the device nothing is mapped, unmapped or queried (an allocation
+//! that would need a mapping fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the device
+//! serves it elsewhere), and the resource asks the driver when the capture has ended — a stream
+//! the driver cannot answer for (destroyed) is not capturing; the resource's lock is held across
+//! map and unmap calls, never while the device lock is.
 
 mod fences;
 mod mapping;
