@@ -5,7 +5,7 @@
 //! Invariants: the shareable scope is per thread (PyTorch allocates on the calling thread) and
 //! costs other allocations one relaxed load while no thread is inside one; the allocator reads it
 //! once per allocation, at its entry, and passes it down; its depth never wraps: it stops at
-//! [`MAX_SHAREABLE_DEPTH`] (the largest a C `int` returns) with an error.
+//! `MAX_SHAREABLE_DEPTH` (the largest a C `int` returns) with an error.
 
 pub mod export;
 pub mod imports;
@@ -24,7 +24,7 @@ static THREADS_IN_SCOPE: AtomicUsize = AtomicUsize::new(0);
 /// depth as a C `int`.
 pub(crate) const MAX_SHAREABLE_DEPTH: u32 = i32::MAX as u32;
 
-/// Enters a shareable scope on this thread; returns the new depth. Past [`MAX_SHAREABLE_DEPTH`]
+/// Enters a shareable scope on this thread; returns the new depth. Past `MAX_SHAREABLE_DEPTH`
 /// nothing changes and the answer is an error.
 pub fn begin_shareable() -> Result<u32> {
     with_depth(|d| {
