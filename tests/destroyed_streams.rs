@@ -74,3 +74,27 @@ fn a_block_waiting_for_a_destroyed_stream_is_reclaimed_when_its_memory_is_needed
         assert_eq!(alloc.stats(0).unwrap().active_bytes, 0, "{backend:?}");
     }
 }
+
+/// vmm backend: blocks freed on a stream (the last of them too soon after its previous fence to
+/// get one of their own) and the stream destroyed before any fence covers them: no fence can
+/// ever be recorded for them, but after the synchronisation of `empty_cache` their work is done,
+/// and their pages go back.
+#[test]
+fn blocks_freed_on_a_stream_destroyed_before_their_fence_go_back_at_empty_cache() {
+    let sim = Arc::new(SimDriver::new(1, 256 * MIB));
+    sim.stop_clock(); // every free after the first falls inside the fence interval
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config(Backend::Vmm)).unwrap();
+    let blocks: Vec<_> = (0..3)
+        .map(|_| alloc.malloc(8 * MIB, 0, S2).unwrap())
+        .collect();
+    for p in blocks {
+        alloc.free(p, 0).unwrap();
+    }
+    sim.destroy_stream(0, S2);
+    alloc.empty_cache().unwrap();
+    assert_eq!(
+        sim.physical_bytes(0),
+        0,
+        "pages of a destroyed stream's frees kept"
+    );
+}

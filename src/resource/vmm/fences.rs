@@ -157,6 +157,27 @@ impl Fences {
         out
     }
 
+    /// After a device synchronisation: the pending fences of streams the driver no longer knows
+    /// (destroyed: no fence can be recorded on them any more, and their work is done) are
+    /// complete. The streams and fence numbers so completed.
+    pub fn complete_pending_of_gone_streams(
+        &mut self,
+        driver: &dyn Driver,
+        device: usize,
+    ) -> Vec<(Stream, u64)> {
+        let mut out = Vec::new();
+        for slot in &mut self.streams {
+            let Some(seq) = slot.pending else { continue };
+            if driver.is_capturing(device, slot.stream).is_err() {
+                slot.pending = None;
+                out.push((slot.stream, seq));
+            }
+        }
+        self.streams
+            .retain(|s| !s.recorded.is_empty() || s.pending.is_some());
+        out
+    }
+
     /// The event of `stream`'s recorded fence `seq`, if it has not been seen to complete (then it
     /// is still queued, and waiting on it orders work after the frees it covers).
     pub fn event_of(&self, stream: Stream, seq: u64) -> Option<EventHandle> {

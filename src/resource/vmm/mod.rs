@@ -610,6 +610,12 @@ impl Resource for VmmResource {
             st = self.state.lock();
         }
         self.settle(&mut st);
+        // Frees on streams destroyed since: no fence can be recorded on them, but the device's
+        // synchronisation (before this trim) finished their work.
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let gone = st.fences.complete_pending_of_gone_streams(driver, device);
+        let now_ms = driver.now_ms();
+        self.promote(&mut st, gone, now_ms);
         self.release_down_to(&mut st, keep_bytes, None);
         Ok(())
     }
