@@ -192,3 +192,53 @@ fn a_hundred_thousand_streams_leave_bounded_entries() {
     assert!(c.take(Stream(0x100 + 99_999), 4096).is_some());
     assert!(c.take(Stream(0x100), 4096).is_none());
 }
+
+/// Streams that take turns put while the budget has room, so nothing pops stale queue entries
+/// at the front: each put of a stream that did not put last adds one. Compaction keeps the queue
+/// within twice the streams holding blocks plus a constant, and gives back the memory of a burst.
+#[test]
+fn streams_taking_turns_keep_the_eviction_queue_short() {
+    let mut c = Cache::new(u64::MAX, u64::MAX);
+    for i in 0..10_000u64 {
+        put(&mut c, block(0x100_0000 + i * 4096, 4096, 100 + i as usize));
+    }
+    assert_eq!(c.queue.len(), 10_000, "one live entry per stream");
+    for i in 0..10_000u64 {
+        assert!(c.take(Stream(100 + i as usize), 4096).is_some());
+    }
+    assert_eq!(c.occupied, 0);
+    // Eight streams keep a block each; two take turns with another.
+    for s in 1..=8 {
+        put(&mut c, block(0x1000 * s as u64, 512, s));
+    }
+    for k in 0..100_000u64 {
+        let s = 20 + (k % 2) as usize;
+        put(&mut c, block(0x10_0000 + k % 2 * 4096, 4096, s));
+        assert!(
+            c.queue.len() <= 2 * c.occupied + QUEUE_SLACK,
+            "{} queue entries for {} streams holding blocks",
+            c.queue.len(),
+            c.occupied
+        );
+        assert!(c.take(Stream(s), 4096).is_some());
+    }
+    assert!(
+        c.queue.capacity() <= 4 * (c.queue.len() + QUEUE_SLACK),
+        "the burst's {} entries of room stay",
+        c.queue.capacity()
+    );
+    check(&c);
+    // The eight are still the ones evicted first, oldest first.
+    let mut small = Cache::new(8 * 512 + 4096, u64::MAX);
+    for s in 1..=8 {
+        put(&mut small, block(0x1000 * s as u64, 512, s));
+    }
+    for k in 0..1_000u64 {
+        let s = 20 + (k % 2) as usize;
+        put(&mut small, block(0x10_0000 + k % 2 * 4096, 4096, s));
+        assert!(small.take(Stream(s), 4096).is_some());
+    }
+    let evicted = put(&mut small, block(0x20_0000, 5120, 30));
+    assert_eq!(evicted, vec![block(0x1000, 512, 1), block(0x2000, 512, 2)]);
+    check(&small);
+}
