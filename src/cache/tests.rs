@@ -242,3 +242,72 @@ fn streams_taking_turns_keep_the_eviction_queue_short() {
     assert_eq!(evicted, vec![block(0x1000, 512, 1), block(0x2000, 512, 2)]);
     check(&small);
 }
+
+/// A sweep drops exactly the streams without blocks whose last put is `IDLE_PUTS` puts old or
+/// more, keeps those with blocks however old, and gives back the room of a burst.
+#[test]
+fn a_sweep_drops_only_streams_idle_and_empty_and_shrinks() {
+    let mut c = Cache::new(u64::MAX, u64::MAX);
+    put(&mut c, block(0x1000, 512, 1)); // keeps its block
+    put(&mut c, block(0x2000, 512, 2)); // empties at once
+    assert!(c.take(Stream(2), 512).is_some());
+    for i in 0..IDLE_PUTS - 2 {
+        put(&mut c, block(0x10_0000 + i * 512, 512, 1000 + i as usize));
+        assert!(c.take(Stream(1000 + i as usize), 512).is_some());
+    }
+    put(&mut c, block(0x3000, 512, 3)); // the last put before the sweep
+    assert!(c.take(Stream(3), 512).is_some());
+    assert_eq!(c.puts, IDLE_PUTS + 1);
+    c.sweep();
+    let kept = |c: &Cache, s: usize| c.index.contains_key(&Stream(s));
+    // Stream 2's last put is put 2, one younger than the bound (puts - IDLE_PUTS = 1): kept,
+    // like every stream put since.
+    assert_eq!(c.slots.len(), IDLE_PUTS as usize + 1, "every stream so far");
+    assert!(kept(&c, 1) && kept(&c, 2) && kept(&c, 3) && kept(&c, 1000));
+    check(&c);
+    // One put later stream 2 is as old as the bound: dropped; stream 1000 (put 3) is not yet.
+    put(&mut c, block(0x4000, 512, 4));
+    c.sweep();
+    assert!(kept(&c, 1) && !kept(&c, 2) && kept(&c, 1000) && kept(&c, 4));
+    assert_eq!(c.slots.len(), IDLE_PUTS as usize + 1);
+    check(&c);
+    // Long after, only the streams holding blocks stay, in little room.
+    for i in 0..2 * IDLE_PUTS {
+        put(&mut c, block(0x20_0000, 512, 5));
+        assert!(c.take(Stream(5), 512).is_some() || i == u64::MAX);
+    }
+    assert!(c.take(Stream(4), 512).is_some());
+    c.puts += IDLE_PUTS;
+    c.sweep();
+    let left: Vec<usize> = c.slots.iter().map(|(s, _)| s.0).collect();
+    assert_eq!(left, vec![1], "only the stream holding a block");
+    assert!(
+        c.slots.capacity() <= 4 * c.slots.len() + 64,
+        "{}",
+        c.slots.capacity()
+    );
+    assert!(
+        c.index.capacity() <= 4 * c.index.len() + 64,
+        "{}",
+        c.index.capacity()
+    );
+    assert_eq!(c.take(Stream(1), 512), Some(block(0x1000, 512, 1)));
+    check(&c);
+}
+
+/// A memory-limit eviction takes no more than it was asked for, across streams.
+#[test]
+fn an_eviction_across_streams_takes_only_what_is_missing() {
+    let mut c = Cache::new(u64::MAX, u64::MAX);
+    put(&mut c, block(0x1000, 512, 1));
+    put(&mut c, block(0x2000, 512, 2));
+    put(&mut c, block(0x3000, 512, 2));
+    let out = c.evict(1000, Stream(1));
+    assert_eq!(
+        out.len(),
+        2,
+        "512 of stream 1, then one 512 of stream 2: {out:?}"
+    );
+    assert_eq!(c.cached_bytes(), 512);
+    check(&c);
+}
