@@ -30,6 +30,13 @@ fn check(c: &Cache) {
         assert_eq!(bins.blocks, n);
     }
     assert!(c.cached_bytes <= c.limit_bytes);
+    // Every stream holding blocks can be evicted: it has its live entry in the queue.
+    for (stream, bins) in c.slots.iter().filter(|(_, b)| b.blocks > 0) {
+        assert!(
+            c.queue.contains(&(*stream, bins.last_put)),
+            "{stream:?} holds blocks but has no live queue entry"
+        );
+    }
 }
 
 #[test]
@@ -60,6 +67,7 @@ fn respects_the_limit() {
         "full: the oldest stream's largest block makes room"
     );
     assert_eq!(c.cached_bytes(), 4096 + 512);
+    check(&c);
     let mut small = Cache::new(1024, u64::MAX);
     assert_eq!(
         small.put(block(0x1000, 2048, 1), &mut evicted),
