@@ -231,6 +231,9 @@ impl Cache {
             self.cached_bytes -= taken_bytes;
             if emptied {
                 self.occupied -= 1;
+            }
+            // Each round empties a stream or frees bytes: no endless loop under the device lock.
+            if emptied || taken_bytes == 0 {
                 self.queue.pop_front();
             }
         }

@@ -30,6 +30,13 @@ fn check(c: &Cache) {
         assert_eq!(bins.blocks, n);
     }
     assert!(c.cached_bytes <= c.limit_bytes);
+    // Every stream holding blocks can be evicted: it has its live entry in the queue.
+    for (stream, bins) in c.slots.iter().filter(|(_, b)| b.blocks > 0) {
+        assert!(
+            c.queue.contains(&(*stream, bins.last_put)),
+            "{stream:?} holds blocks but has no live queue entry"
+        );
+    }
 }
 
 #[test]
@@ -60,6 +67,7 @@ fn respects_the_limit() {
         "full: the oldest stream's largest block makes room"
     );
     assert_eq!(c.cached_bytes(), 4096 + 512);
+    check(&c);
     let mut small = Cache::new(1024, u64::MAX);
     assert_eq!(
         small.put(block(0x1000, 2048, 1), &mut evicted),
@@ -191,4 +199,123 @@ fn a_hundred_thousand_streams_leave_bounded_entries() {
     // The newest streams' blocks are the ones kept.
     assert!(c.take(Stream(0x100 + 99_999), 4096).is_some());
     assert!(c.take(Stream(0x100), 4096).is_none());
+}
+
+/// Streams that take turns put while the budget has room, so nothing pops stale queue entries
+/// at the front: each put of a stream that did not put last adds one. Compaction keeps the queue
+/// within twice the streams holding blocks plus a constant, and gives back the memory of a burst.
+#[test]
+fn streams_taking_turns_keep_the_eviction_queue_short() {
+    let mut c = Cache::new(u64::MAX, u64::MAX);
+    for i in 0..10_000u64 {
+        put(&mut c, block(0x100_0000 + i * 4096, 4096, 100 + i as usize));
+    }
+    assert_eq!(c.queue.len(), 10_000, "one live entry per stream");
+    for i in 0..10_000u64 {
+        assert!(c.take(Stream(100 + i as usize), 4096).is_some());
+    }
+    assert_eq!(c.occupied, 0);
+    // Eight streams keep a block each; two take turns with another.
+    for s in 1..=8 {
+        put(&mut c, block(0x1000 * s as u64, 512, s));
+    }
+    for k in 0..100_000u64 {
+        let s = 20 + (k % 2) as usize;
+        put(&mut c, block(0x10_0000 + k % 2 * 4096, 4096, s));
+        assert!(
+            c.queue.len() <= 2 * c.occupied + QUEUE_SLACK,
+            "{} queue entries for {} streams holding blocks",
+            c.queue.len(),
+            c.occupied
+        );
+        assert!(c.take(Stream(s), 4096).is_some());
+    }
+    assert!(
+        c.queue.capacity() <= 4 * (c.queue.len() + QUEUE_SLACK),
+        "the burst's {} entries of room stay",
+        c.queue.capacity()
+    );
+    check(&c);
+    // The eight are still the ones evicted first, oldest first.
+    let mut small = Cache::new(8 * 512 + 4096, u64::MAX);
+    for s in 1..=8 {
+        put(&mut small, block(0x1000 * s as u64, 512, s));
+    }
+    for k in 0..1_000u64 {
+        let s = 20 + (k % 2) as usize;
+        put(&mut small, block(0x10_0000 + k % 2 * 4096, 4096, s));
+        assert!(small.take(Stream(s), 4096).is_some());
+    }
+    let evicted = put(&mut small, block(0x20_0000, 5120, 30));
+    assert_eq!(evicted, vec![block(0x1000, 512, 1), block(0x2000, 512, 2)]);
+    check(&small);
+}
+
+/// A sweep drops exactly the streams without blocks whose last put is `IDLE_PUTS` puts old or
+/// more, keeps those with blocks however old, and gives back the room of a burst.
+#[test]
+fn a_sweep_drops_only_streams_idle_and_empty_and_shrinks() {
+    let mut c = Cache::new(u64::MAX, u64::MAX);
+    put(&mut c, block(0x1000, 512, 1)); // keeps its block
+    put(&mut c, block(0x2000, 512, 2)); // empties at once
+    assert!(c.take(Stream(2), 512).is_some());
+    for i in 0..IDLE_PUTS - 2 {
+        put(&mut c, block(0x10_0000 + i * 512, 512, 1000 + i as usize));
+        assert!(c.take(Stream(1000 + i as usize), 512).is_some());
+    }
+    put(&mut c, block(0x3000, 512, 3)); // the last put before the sweep
+    assert!(c.take(Stream(3), 512).is_some());
+    assert_eq!(c.puts, IDLE_PUTS + 1);
+    c.sweep();
+    let kept = |c: &Cache, s: usize| c.index.contains_key(&Stream(s));
+    // Stream 2's last put is put 2, one younger than the bound (puts - IDLE_PUTS = 1): kept,
+    // like every stream put since.
+    assert_eq!(c.slots.len(), IDLE_PUTS as usize + 1, "every stream so far");
+    assert!(kept(&c, 1) && kept(&c, 2) && kept(&c, 3) && kept(&c, 1000));
+    check(&c);
+    // One put later stream 2 is as old as the bound: dropped; stream 1000 (put 3) is not yet.
+    put(&mut c, block(0x4000, 512, 4));
+    c.sweep();
+    assert!(kept(&c, 1) && !kept(&c, 2) && kept(&c, 1000) && kept(&c, 4));
+    assert_eq!(c.slots.len(), IDLE_PUTS as usize + 1);
+    check(&c);
+    // Long after, only the streams holding blocks stay, in little room.
+    for i in 0..2 * IDLE_PUTS {
+        put(&mut c, block(0x20_0000, 512, 5));
+        assert!(c.take(Stream(5), 512).is_some() || i == u64::MAX);
+    }
+    assert!(c.take(Stream(4), 512).is_some());
+    c.puts += IDLE_PUTS;
+    c.sweep();
+    let left: Vec<usize> = c.slots.iter().map(|(s, _)| s.0).collect();
+    assert_eq!(left, vec![1], "only the stream holding a block");
+    assert!(
+        c.slots.capacity() <= 4 * c.slots.len() + 64,
+        "{}",
+        c.slots.capacity()
+    );
+    assert!(
+        c.index.capacity() <= 4 * c.index.len() + 64,
+        "{}",
+        c.index.capacity()
+    );
+    assert_eq!(c.take(Stream(1), 512), Some(block(0x1000, 512, 1)));
+    check(&c);
+}
+
+/// A memory-limit eviction takes no more than it was asked for, across streams.
+#[test]
+fn an_eviction_across_streams_takes_only_what_is_missing() {
+    let mut c = Cache::new(u64::MAX, u64::MAX);
+    put(&mut c, block(0x1000, 512, 1));
+    put(&mut c, block(0x2000, 512, 2));
+    put(&mut c, block(0x3000, 512, 2));
+    let out = c.evict(1000, Stream(1));
+    assert_eq!(
+        out.len(),
+        2,
+        "512 of stream 1, then one 512 of stream 2: {out:?}"
+    );
+    assert_eq!(c.cached_bytes(), 512);
+    check(&c);
 }
