@@ -111,7 +111,7 @@ fn without_comments(source: &str) -> String {
         .join("\n")
 }
 
-/// Issue 16: the program once called 18 of 31 exports. Every function the header declares must
+/// The program once called 18 of 31 exports. Every function the header declares must
 /// be called by tests/c/abi_check.c (fails as soon as the header gains one it does not call), and
 /// the header must declare every `#[no_mangle]` function of src/ffi/.
 #[test]
@@ -156,8 +156,9 @@ fn c_program_calls_every_export() {
     assert!(text(&out).contains("c abi ok"));
 }
 
-/// Found while migrating (issue 16): cbindgen wrote `MAX_ALLOCATION_BYTES` as `(1 << 48)`, a shift
-/// of a 32-bit `int` by 48 in C (undefined behaviour). The header's constant must be 2^48 in C.
+/// Found while migrating the tests to the new API: cbindgen wrote `MAX_ALLOCATION_BYTES` as
+/// `(1 << 48)`, a shift of a 32-bit `int` by 48 in C (undefined behaviour). The header's constant
+/// must be 2^48 in C.
 #[test]
 fn the_header_s_maximum_size_is_2_to_the_48_in_c() {
     let exe = build("max", "tests/c/max_size_check.c", "cc");

@@ -1,5 +1,5 @@
-//! Races with `empty_cache` and captures, found by a review of issue 13's and 14's change; each
-//! test failed before its fix (simulated driver).
+//! Races with `empty_cache` and captures, found by a review of the restructured device pipeline
+//! and the vmm backend; each test failed before its fix (simulated driver).
 //!
 //! A `Hooked` driver wraps the simulator: it can run a closure at the N-th device
 //! synchronisation (to interleave another thread's call at a precise point without a scheduler),

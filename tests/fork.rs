@@ -1,7 +1,7 @@
-//! Issue 16, defect 3: a `fork()` child of a process that uses streampool must never wait for a
-//! lock that a thread of the parent held at the fork — such a lock is never released in the
-//! child. The attack suite saw 7-13 of 200 children hang in `ffi::report`'s log line
-//! (`Stdout/Stderr lock <- env_logger <- ffi::report <- streampool_empty_cache`).
+//! A defect an outside attack suite found: a `fork()` child of a process that uses streampool
+//! must never wait for a lock that a thread of the parent held at the fork — such a lock is never
+//! released in the child. The attack suite saw 7-13 of 200 children hang in `ffi::report`'s log
+//! line (`Stdout/Stderr lock <- env_logger <- ffi::report <- streampool_empty_cache`).
 //!
 //! Deterministic here: a parent thread holds stderr's lock (as a thread caught mid-log would)
 //! while the main thread forks, and the child calls every entry that reports its error by logging

@@ -1,4 +1,4 @@
-//! Sharing blocks with other processes (issue 7), on the simulated driver: in one process the
+//! Sharing blocks with other processes, on the simulated driver: in one process the
 //! exporter and the importer are the same allocator, which is enough to check the handles, the
 //! pool routing and the bookkeeping on both sides.
 

@@ -90,8 +90,9 @@ fn unpanicked<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     std::panic::catch_unwind(AssertUnwindSafe(f)).map_err(|_| "a panic in the allocator".into())
 }
 
-/// Issue 16, defect 2: the limit check and the increase of the bytes held were in different lock
-/// sections, so concurrent allocations passed the check together (up to 1.38x the cap was live).
+/// A defect an outside attack suite found: the limit check and the increase of the bytes held
+/// were in different lock sections, so concurrent allocations passed the check together (up to
+/// 1.38x the cap was live).
 /// Here 16 threads allocate 8 MiB blocks at once under a 64 MiB cap, round after round: each
 /// keeps its block until all 16 have tried (a barrier), so at most 8 can succeed per round and
 /// the cap is under pressure every round, with and without the cache (without it every
@@ -251,9 +252,9 @@ fn zero_bytes_give_null_and_freeing_null_does_nothing() {
 /// Sizes above the maximum (2^48 bytes) are out of memory, as PyTorch reports any request it
 /// cannot serve (1 PiB and 200 GiB alike): the message starts like PyTorch's and says why, each
 /// counts once in `num_ooms`, and nothing else changes — not even on a device never used before,
-/// whose resources are not created for it and whose count survives their creation. (Issue 16's
-/// sizes whose rounding to 512 overflowed 64 bits are among them.) Failed when they were invalid
-/// arguments: not counted, and a message without PyTorch's prefix.
+/// whose resources are not created for it and whose count survives their creation. (The sizes an
+/// outside attack suite found, whose rounding to 512 overflowed 64 bits, are among them.) Failed
+/// when they were invalid arguments: not counted, and a message without PyTorch's prefix.
 #[test]
 fn sizes_above_the_maximum_are_out_of_memory_counted_and_change_nothing_else() {
     let r = rig(1 << 30);

@@ -11,7 +11,7 @@
 //! - `record_stream_blocks_wait_then_are_reused`: a block used on another stream, freed while
 //!   another thread allocates;
 //! - `the_memory_fraction_is_a_hard_cap_for_concurrent_allocations`: two threads allocate at
-//!   once under a cap that fits one block (issue 16: the check and the reservation were in
+//!   once under a cap that fits one block (the defect: the check and the reservation were in
 //!   different lock sections, and both passed).
 //!
 //! Every model checks that no two live blocks overlap (a block counts as live from malloc's
@@ -303,10 +303,10 @@ fn record_stream_blocks_wait_then_are_reused() {
     });
 }
 
-/// Issue 16, defect 2: under a cap that fits one 4 KiB block, two threads allocate one at once:
-/// one gets it, the other is out of memory — never both (the model's live bytes are checked at
-/// each success). Fails when the limit is checked in one lock section and the bytes are added in
-/// another (the old code, restored by hand).
+/// A defect an outside attack suite found: under a cap that fits one 4 KiB block, two threads
+/// allocate one at once: one gets it, the other is out of memory — never both (the model's live
+/// bytes are checked at each success). Fails when the limit is checked in one lock section and the
+/// bytes are added in another (the old code, restored by hand).
 #[test]
 fn the_memory_fraction_is_a_hard_cap_for_concurrent_allocations() {
     check(

@@ -28,7 +28,7 @@ fn driver_faults_are_reported_and_the_allocator_stays_usable() {
     r.finish();
 }
 
-/// Issue 16: a pool whose attributes could not be set after `cuMemPoolCreate` was never
+/// Once, a pool whose attributes could not be set after `cuMemPoolCreate` was never
 /// destroyed. Fails if the error path leaks the pool (`std::mem::forget` of the resource there).
 #[test]
 fn a_pool_whose_attributes_cannot_be_set_is_destroyed() {
