@@ -8,7 +8,9 @@
 //! 4. before a resource that cannot reuse cached blocks would grow, they go back to it, and
 //!    (trim_on_growth) it releases what it does not use once the stream has caught up
 //!    ([`growth`]);
-//! 5. the block's resource serves it ([`crate::resource`]);
+//! 5. the block's resource serves it ([`crate::resource`]); under the memory limit, a resource
+//!    that grows by itself (a CUDA pool) only while the device's reserved memory stays within
+//!    the limit ([`reserved_cap`]);
 //! 6. out of memory: flush the cache, synchronise, trim, retry once, then report ([`limit`]).
 //!
 //! A free goes the other way: a block other streams used waits for them ([`waits`]); then it is
@@ -25,6 +27,7 @@ mod growth;
 mod health;
 mod idle;
 mod limit;
+mod reserved_cap;
 mod returns;
 mod shareable;
 mod waits;
@@ -65,6 +68,8 @@ pub struct DeviceAllocator {
     config: Arc<Config>,
     provisioned: OnceCell<Provisioned>,
     provisioning: Mutex<()>,
+    /// Held while a resource grows under the memory limit ([`reserved_cap`]).
+    growing: Mutex<()>,
     state: Mutex<DeviceState>,
     limit: Limit,
     recorder: Arc<Recorder>,
@@ -98,6 +103,7 @@ impl DeviceAllocator {
             config,
             provisioned: OnceCell::new(),
             provisioning: Mutex::new(()),
+            growing: Mutex::new(()),
             state: Mutex::new(DeviceState {
                 books: Books::default(),
                 waits: Waits::default(),
@@ -227,7 +233,13 @@ impl DeviceAllocator {
         let served = self
             .make_room(resources, class, block_bytes, stream)
             .and_then(|()| {
-                self.allocate_or_retry(resources.get(class), requested_bytes, block_bytes, stream)
+                self.allocate_within_reserved_cap(
+                    resources,
+                    class,
+                    requested_bytes,
+                    block_bytes,
+                    stream,
+                )
             });
         let (ptr, home) = match served {
             Ok(ptr) => (ptr, Home::of(class)),

@@ -84,6 +84,11 @@ struct SimDevice {
     free_ranges: BTreeMap<u64, u64>,
     next_addr: u64,
     sticky_error: Option<i32>,
+    /// The most memory in use at once (pools' reserved, graph and physical bytes), since the
+    /// device was made or `reset_in_use_high`.
+    in_use_high_bytes: u64,
+    /// The pools' free memory is fragmented (`fragment_pools`).
+    pools_fragmented: bool,
 }
 
 pub struct SimDriver {
@@ -243,6 +248,24 @@ impl SimDriver {
 
     /// From now on every call on `device` fails with `CUDA_ERROR_ILLEGAL_ADDRESS`, as after a
     /// kernel fault: the context is unusable for the rest of the process, other devices are not.
+    /// The most memory `device` had in use at once (pools' reserved bytes, graph allocations and
+    /// physical handles) since it was made or [`SimDriver::reset_in_use_high`].
+    pub fn in_use_high_bytes(&self, device: usize) -> u64 {
+        self.devices[device].lock().in_use_high_bytes
+    }
+
+    /// Models fragmented pool memory on `device`: from now on, an allocation that does not reuse
+    /// a free of its own stream grows its pool by its whole size, whatever the pool has free.
+    pub fn fragment_pools(&self, device: usize) {
+        self.devices[device].lock().pools_fragmented = true;
+    }
+
+    /// Restarts [`SimDriver::in_use_high_bytes`] from what `device` has in use now.
+    pub fn reset_in_use_high(&self, device: usize) {
+        let mut d = self.devices[device].lock();
+        d.in_use_high_bytes = d.memory_in_use_bytes();
+    }
+
     pub fn set_sticky_error(&self, device: usize) {
         self.devices[device].lock().sticky_error = Some(CUDA_ERROR_ILLEGAL_ADDRESS);
     }
@@ -367,6 +390,11 @@ impl SimDevice {
     }
 
     /// Bytes of device memory in use: pools' reservations, graph memory, physical handles.
+    /// Keeps the high-water mark of memory in use; called where it can grow.
+    fn note_in_use(&mut self) {
+        self.in_use_high_bytes = self.in_use_high_bytes.max(self.memory_in_use_bytes());
+    }
+
     fn memory_in_use_bytes(&self) -> u64 {
         self.pools.iter().map(|p| p.reserved_bytes).sum::<u64>()
             + self.captured_live.values().sum::<u64>()

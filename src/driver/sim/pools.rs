@@ -260,8 +260,12 @@ impl PoolDriver for SimDriver {
         let block_bytes = round_up(bytes, ALIGN_BYTES).ok_or_else(|| Self::out_of_memory(call))?;
         let reused = d.reuse_own_stream(pool.raw(), stream, block_bytes);
         let elsewhere = d.reserved_elsewhere(pool.raw());
+        let fragmented = d.pools_fragmented;
         let p = &mut d.pools[pool.raw()];
-        let available = p.reserved_bytes - p.used_bytes.min(p.reserved_bytes);
+        let available = match fragmented {
+            true => 0,
+            false => p.reserved_bytes - p.used_bytes.min(p.reserved_bytes),
+        };
         if reused.is_none() && block_bytes > available {
             let growth = round_up(block_bytes - available, GRANULE_BYTES);
             let grown = growth.and_then(|g| p.reserved_bytes.checked_add(g));
@@ -274,6 +278,7 @@ impl PoolDriver for SimDriver {
         }
         p.used_bytes += block_bytes;
         p.note_usage();
+        d.note_in_use();
         let ptr = match reused {
             Some(ptr) => ptr,
             None => d

@@ -155,6 +155,7 @@ impl StreamDriver for SimDriver {
             .claim_range(bytes)
             .ok_or_else(|| SimDriver::out_of_memory(call))?;
         d.captured_live.insert(ptr, bytes);
+        d.note_in_use();
         d.tick(stream);
         Ok(ptr)
     }

@@ -243,6 +243,7 @@ impl VmmDriver for SimDriver {
         let id = d.vmm.next_handle;
         d.vmm.next_handle += 1;
         d.vmm.handles.insert(id, (bytes, None));
+        d.note_in_use();
         Ok(MemHandle::from_raw(id))
     }
 
