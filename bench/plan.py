@@ -14,7 +14,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 Pair = Tuple[str, str]  # (reference, config)
 
-# The calls of a full run: workloads that share one set of worker processes (and one GPU call).
+# The groups of a full run: workloads that share one set of worker processes (one invocation of
+# the benchmark each).
 # Each fits in about 5-8 minutes at the defaults (estimate_s; `python3 -m bench --group G`
 # prints its estimate before it starts).
 GROUPS: Dict[str, Tuple[str, ...]] = {
