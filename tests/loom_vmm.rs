@@ -2,9 +2,10 @@
 //! `--cfg loom` its lock and the device's are loom's (src/sync.rs), and loom runs each model under
 //! every interleaving of their lock sections with at most 3 preemptions per run.
 //!
-//! - `two_streams_allocate_and_free_large_blocks_at_once`: blocks never overlap, a block freed on
-//!   one stream is not handed to the other before its fence completes, and everything is
-//!   unmapped after `empty_cache`;
+//! - `two_streams_allocate_and_free_large_blocks_at_once`: blocks never overlap (a block is live
+//!   until its free is called) and everything is unmapped after `empty_cache` (that a block
+//!   handed to the other stream waits there for the free, on the GPU, is checked by
+//!   src/resource/vmm/tests.rs);
 //! - `growth_remaps_idle_pages_while_another_thread_frees`: a thread that must grow takes idle
 //!   pages while another frees next to them (the strict simulator panics on any unmap of memory
 //!   still in use).
@@ -60,10 +61,11 @@ impl Rig {
         ptr
     }
 
-    /// Frees first, then forgets: the block stays in the overlap set until the free returned.
+    /// Forgets, then frees: a block is live until its free is called. From then on the resource
+    /// may hand its range to another stream at once (ordered after the free by a GPU-side wait).
     fn free(&self, ptr: DevicePtr) {
-        self.alloc.free(ptr, 0).unwrap();
         self.live.lock().unwrap().retain(|&(p, _)| p != ptr);
+        self.alloc.free(ptr, 0).unwrap();
     }
 
     fn finish(&self) {
