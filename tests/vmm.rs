@@ -536,3 +536,26 @@ fn a_trim_releases_spare_handles_down_to_what_it_keeps_and_no_further() {
     assert_eq!(r.sim.physical_bytes(0), 2 * MIB);
     r.finish();
 }
+
+/// A device without virtual memory management serves from CUDA pools instead (one logged line),
+/// while the others map pages: `STREAMPOOL_BACKEND=vmm` never makes such a device unusable, and
+/// its cache keeps blocks of every size as the pool backend's does. Failed when the vmm resource
+/// refused to be created there (every allocation on the device an error).
+#[test]
+fn a_device_without_virtual_memory_management_uses_the_pool_backend() {
+    let r = rig_with(2, 256 * MIB, vmm_config());
+    r.sim.set_vmm_unsupported(1);
+    let on_vmm = r.alloc.malloc(8 * MIB, 0, S1).unwrap();
+    let on_pool = r.alloc.malloc(8 * MIB, 1, S1).unwrap();
+    assert_eq!(r.sim.physical_bytes(0), 8 * MIB);
+    assert_eq!(r.sim.physical_bytes(1), 0, "device 1 mapped pages");
+    assert!(!r.sim.pool_infos(1).is_empty(), "device 1 has no pool");
+    r.alloc.free(on_pool, 1).unwrap();
+    assert_eq!(
+        r.alloc.stats(1).unwrap().cached_bytes,
+        8 * MIB,
+        "an 8 MiB block is cached on the pool backend"
+    );
+    r.alloc.free(on_vmm, 0).unwrap();
+    r.finish();
+}

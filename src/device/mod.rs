@@ -140,7 +140,7 @@ impl DeviceAllocator {
         self.peers
             .pools_created(self.driver.as_ref(), self.device, &own);
         let mut max_block_bytes = self.config.cache_max_block.resolve_bytes(total_bytes);
-        if self.config.backend == Backend::Vmm && !self.config.ipc {
+        if resources.backend() == Backend::Vmm {
             // The virtual-memory resource reuses and coalesces freed blocks itself: caching
             // large ones above it would only keep them from coalescing.
             max_block_bytes =

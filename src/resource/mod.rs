@@ -91,6 +91,8 @@ pub enum SizeClass {
 
 /// The resources of one device: one for large blocks and, unless disabled, one for small ones.
 pub struct Resources {
+    /// The backend serving the device (the pool where `vmm` was asked for and is unsupported).
+    backend: Backend,
     large: Arc<dyn Resource>,
     small: Option<Arc<dyn Resource>>,
     small_max_bytes: u64,
@@ -113,7 +115,14 @@ impl Resources {
             let pool = CudaPoolResource::create(driver, device, config, total_bytes, true, "pool")?;
             return Ok(Resources::single(Arc::new(pool)));
         }
-        if config.backend == Backend::Vmm {
+        let vmm = config.backend == Backend::Vmm;
+        if vmm && !driver.vmm_supported(device)? {
+            log::warn!(
+                "device {device} does not support CUDA virtual memory management \
+                 (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED): it uses the pool \
+                 backend instead of STREAMPOOL_BACKEND=vmm"
+            );
+        } else if vmm {
             // One resource for every size: small blocks are carved out of its own pages.
             let settings = VmmSettings::resolve(config, driver.as_ref(), device, total_bytes)?;
             let vmm = VmmResource::create(
@@ -124,7 +133,10 @@ impl Resources {
                 Arc::clone(limit_bytes),
                 Arc::clone(recorder),
             )?;
-            return Ok(Resources::single(vmm));
+            return Ok(Resources {
+                backend: Backend::Vmm,
+                ..Resources::single(vmm)
+            });
         }
         let large = Arc::new(CudaPoolResource::create(
             driver,
@@ -152,6 +164,7 @@ impl Resources {
             }
         };
         Ok(Resources {
+            backend: Backend::Pool,
             large,
             small,
             small_max_bytes,
@@ -161,10 +174,16 @@ impl Resources {
     /// One resource for every size.
     pub fn single(resource: Arc<dyn Resource>) -> Resources {
         Resources {
+            backend: Backend::Pool,
             large: resource,
             small: None,
             small_max_bytes: 0,
         }
+    }
+
+    /// The backend serving the device.
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     /// The class of a block of `block_bytes`.
