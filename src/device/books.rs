@@ -7,7 +7,6 @@
 //! driver on return — plus allocations in flight that reserved their bytes ([`Books::reserve`]);
 //! a block is in exactly one place at a time (live, cache, a wait, unreturned, or back home).
 
-use super::waits::WaitingBlock;
 use crate::cache::{Cache, CachedBlock};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
@@ -69,6 +68,14 @@ impl FreedBlock {
             home,
         }
     }
+}
+
+/// A freed block on its way home after the streams that used it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WaitingBlock {
+    pub block: FreedBlock,
+    /// Counted as active until it is handed back.
+    pub requested_bytes: u64,
 }
 
 #[derive(Debug, Default)]

@@ -41,11 +41,11 @@ use crate::ipc::export::Exporter;
 use crate::peer::Peers;
 use crate::resource::{Accessible, Resources, SizeClass};
 use crate::sync::{Mutex, OnceCell};
-use books::{Books, FreedBlock, Home};
+use books::{Books, FreedBlock, Home, WaitingBlock};
 use growth::GrowthMarks;
 use limit::Limit;
 use std::sync::{Arc, Weak};
-use waits::{WaitingBlock, Waits};
+use waits::Waits;
 
 /// The device's resources and what was learnt when they were made.
 struct Provisioned {

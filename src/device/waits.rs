@@ -9,18 +9,10 @@
 //! and query, capture status) return at once and take no lock of ours — none waits for the GPU.
 //! The driver is an argument: this layer owns its fields and nothing else of the device.
 
-use super::books::FreedBlock;
+use super::books::WaitingBlock;
 use crate::driver::{DevicePtr, Driver, EventHandle, Stream};
 use crate::error::Result;
 use std::collections::VecDeque;
-
-/// A freed block on its way home after the streams that used it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct WaitingBlock {
-    pub block: FreedBlock,
-    /// Counted as active until it is handed back.
-    pub requested_bytes: u64,
-}
 
 #[derive(Debug)]
 struct Pending {
