@@ -32,10 +32,11 @@
 mod fences;
 mod mapping;
 mod ranges;
+mod release;
+mod settings;
 mod small;
 
 use super::{Accessible, Resource};
-use crate::config::Config;
 use crate::driver::{DevicePtr, Driver, MemHandle, PoolUsage, Stream};
 use crate::error::{
     Error, Result, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
@@ -51,66 +52,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use mapping::DriverCounts;
-
-/// The address space reserved up front, as a multiple of the device's memory: live blocks take
-/// at most 1x, so half of it is always free for new windows, however fragmented. More is reserved
-/// only if no window fits.
-const ADDRESS_SPACE_PER_DEVICE_MEMORY: u64 = 2;
+pub use settings::VmmSettings;
+use settings::ADDRESS_SPACE_PER_DEVICE_MEMORY;
 
 /// A free records its stream's fence only if the last one is this old (see [`fences`]): a loop
 /// that frees all the time pays one event record (and one poll) a millisecond, not one a free.
 const FENCE_INTERVAL_US: u64 = 1000;
 
 use crate::config::VMM_RELEASE_AFTER_MS as RELEASE_AFTER_MS;
-
-/// The resolved settings of a virtual-memory resource.
-#[derive(Debug, Clone)]
-pub struct VmmSettings {
-    /// The physical handle size: `STREAMPOOL_VMM_PAGE_SIZE` rounded up to the device's
-    /// granularity.
-    pub page_bytes: u64,
-    /// The first address reservation for large blocks, in whole pages.
-    pub extent_bytes: u64,
-    /// Blocks up to this size are carved out of carrier pages (0: none; at most half a page).
-    pub small_max_bytes: u64,
-    /// `STREAMPOOL_MAX_POOL_SIZE`: physical memory never exceeds it.
-    pub max_physical_bytes: u64,
-    pub release_threshold_bytes: u64,
-    /// A page unused this long is cold: moved first to back new blocks, released above the
-    /// release threshold.
-    pub cold_after_ms: u64,
-    /// Beyond this many percent of the bytes in use, idle pages, cold or not, are moved to back
-    /// a new block before the device grows (`None`: only cold ones).
-    pub growth_slack_percent: Option<u64>,
-}
-
-impl VmmSettings {
-    /// The settings `config` gives on `device` (of `total_bytes` memory); the page size and the
-    /// address reservation are checked ([`Config::vmm_layout`]).
-    pub fn resolve(
-        config: &Config,
-        driver: &dyn Driver,
-        device: usize,
-        total_bytes: u64,
-    ) -> Result<VmmSettings> {
-        let layout = config.vmm_layout(
-            device,
-            driver.name(),
-            driver.vmm_granularity_bytes(device)?,
-            total_bytes,
-            ADDRESS_SPACE_PER_DEVICE_MEMORY,
-        )?;
-        Ok(VmmSettings {
-            page_bytes: layout.page_bytes,
-            extent_bytes: layout.extent_bytes,
-            small_max_bytes: config.small_pool_max.resolve_bytes(total_bytes),
-            max_physical_bytes: config.max_pool_size.resolve_bytes(total_bytes),
-            release_threshold_bytes: config.release_threshold.resolve_bytes(total_bytes),
-            cold_after_ms: config.vmm_cold_after_ms,
-            growth_slack_percent: config.vmm_growth_slack_percent,
-        })
-    }
-}
 
 pub struct VmmResource {
     driver: Arc<dyn Driver>,
@@ -478,40 +427,6 @@ impl VmmResource {
         self.recorder
             .note_resource(kind, DevicePtr(page), self.page_bytes, reserved_bytes);
     }
-
-    /// Called regularly by the device's background thread: memory above the release threshold
-    /// that has been unused for a second (and is cold) goes back to the device. True while memory above
-    /// the threshold is still held.
-    pub fn tend(&self) -> bool {
-        let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
-        let Ok(mut st) = self.lock_enabled() else {
-            return false;
-        };
-        // Fences of the last frees are collected here, so that memory is ready for every stream
-        // (and idle, for moves and releases) without waiting for a miss.
-        self.settle_from_background(&mut st);
-        if st.physical_bytes(self.page_bytes) <= threshold {
-            return false;
-        }
-        // Unused for a second or more (and cold): not memory a loop uses every step.
-        let unused_ms = self.cold_after_ms.max(RELEASE_AFTER_MS);
-        let cold_before_ms = self.driver.now_ms().saturating_sub(unused_ms);
-        self.release_down_to(&mut st, threshold, Some(cold_before_ms));
-        st.physical_bytes(self.page_bytes) > threshold
-    }
-
-    /// The device is idle: every idle page and spare handle goes back to the device, whatever
-    /// the threshold. True if memory not in use is still held (its fences have not completed,
-    /// or a capture is under way): the caller tries again later.
-    pub fn release_idle(&self) -> bool {
-        let Ok(mut st) = self.lock_enabled() else {
-            return false;
-        };
-        self.settle_from_background(&mut st);
-        self.release_down_to(&mut st, 0, None);
-        st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
-            || self.capturing(&mut st)
-    }
 }
 
 impl Accessible for VmmResource {
@@ -595,29 +510,7 @@ impl Resource for VmmResource {
     }
 
     fn trim(&self, keep_bytes: u64) -> Result<()> {
-        let mut st = self.lock_enabled()?;
-        if self.capturing(&mut st) {
-            return Ok(());
-        }
-        // Fences of frees made before the device's synchronisation may not be recorded yet:
-        // record them and wait for them too, so that empty_cache releases every free page.
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        if st.fences.record_all_pending(driver, device, |s| {
-            driver.is_capturing(device, s).unwrap_or(true)
-        }) {
-            drop(st);
-            self.driver.synchronize(self.device)?;
-            st = self.state.lock();
-        }
-        self.settle(&mut st);
-        // Frees on streams destroyed since: no fence can be recorded on them, but the device's
-        // synchronisation (before this trim) finished their work.
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        let gone = st.fences.complete_pending_of_gone_streams(driver, device);
-        let now_ms = driver.now_ms();
-        self.promote(&mut st, gone, now_ms);
-        self.release_down_to(&mut st, keep_bytes, None);
-        Ok(())
+        self.trim_after_sync(keep_bytes)
     }
 
     fn set_release_threshold(&self, bytes: u64) -> Result<()> {

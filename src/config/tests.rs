@@ -1,0 +1,198 @@
+//! Parsing of every `STREAMPOOL_*` variable: accepted values, and the message for each malformed one.
+
+use super::*;
+use std::collections::HashMap;
+
+fn parse(pairs: &[(&str, &str)]) -> Result<Config> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Config::from_lookup(|k| map.get(k).cloned())
+}
+
+#[test]
+fn defaults_keep_everything() {
+    let c = parse(&[]).unwrap();
+    assert_eq!(c.driver, DriverKind::Cuda);
+    assert_eq!(c.backend, Backend::Pool);
+    assert_eq!(c.release_threshold, SizeSpec::Max);
+    assert_eq!(c.reuse, ReusePolicy::default());
+}
+
+#[test]
+fn parses_every_variable() {
+    let c = parse(&[
+        ("STREAMPOOL_DRIVER", "sim"),
+        ("STREAMPOOL_RELEASE_THRESHOLD", "8GiB"),
+        ("STREAMPOOL_MAX_POOL_SIZE", "80%"),
+        ("STREAMPOOL_CACHE_LIMIT", "1GiB"),
+        ("STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC", "off"),
+        ("STREAMPOOL_SIM_DEVICES", "3"),
+        ("STREAMPOOL_SIM_MEMORY", "1GiB"),
+        ("STREAMPOOL_LOG", "streampool=trace"),
+        ("STREAMPOOL_PEER_ACCESS", "on"),
+        ("STREAMPOOL_IPC", "yes"),
+        ("STREAMPOOL_BACKEND", " VMM"),
+        ("STREAMPOOL_VMM_PAGE_SIZE", "20MiB"),
+        ("STREAMPOOL_IDLE_RELEASE", "1.5s"),
+        ("STREAMPOOL_VMM_COLD_AFTER", "40ms"),
+    ])
+    .unwrap();
+    assert_eq!(c.idle_release_ms, Some(1500));
+    assert_eq!(c.vmm_cold_after_ms, 40);
+    let off = parse(&[
+        ("STREAMPOOL_IDLE_RELEASE", "off"),
+        ("STREAMPOOL_VMM_COLD_AFTER", "never"),
+    ])
+    .unwrap();
+    assert_eq!(
+        (off.idle_release_ms, off.vmm_cold_after_ms),
+        (None, u64::MAX)
+    );
+    assert_eq!(c.driver, DriverKind::Sim);
+    assert_eq!(c.backend, Backend::Vmm);
+    assert_eq!(c.vmm_page_size, SizeSpec::Bytes(20 << 20));
+    assert_eq!(c.release_threshold, SizeSpec::Bytes(8 << 30));
+    assert_eq!(c.max_pool_size, SizeSpec::Percent(80.0));
+    assert_eq!(c.reuse.allow_opportunistic, Some(false));
+    assert_eq!(c.reuse.follow_event_dependencies, None);
+    assert_eq!((c.sim_devices, c.sim_memory_bytes), (3, 1 << 30));
+    assert_eq!(c.peer_access, PeerAccess::On);
+    assert!(c.ipc);
+    let auto = parse(&[("STREAMPOOL_PEER_ACCESS", " Auto ")]).unwrap();
+    assert_eq!(auto.peer_access, PeerAccess::Auto);
+}
+
+#[test]
+fn malformed_values_name_variable_value_and_accepted_forms() {
+    for (var, value) in [
+        ("STREAMPOOL_DRIVER", "gpu"),
+        ("STREAMPOOL_RELEASE_THRESHOLD", "12XB"),
+        ("STREAMPOOL_MAX_POOL_SIZE", "lots"),
+        ("STREAMPOOL_CACHE_LIMIT", "150%"),
+        ("STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES", "maybe"),
+        ("STREAMPOOL_SIM_DEVICES", "0"),
+        ("STREAMPOOL_SIM_MEMORY", "0"),
+        ("STREAMPOOL_LOG", "streampool=loud"),
+        ("STREAMPOOL_PEER_ACCESS", "sometimes"),
+        ("STREAMPOOL_IPC", "2"),
+        ("STREAMPOOL_SMALL_POOL_MAX", "1MiBs"),
+        ("STREAMPOOL_BACKEND", "expandable"),
+        ("STREAMPOOL_VMM_PAGE_SIZE", "0"),
+        ("STREAMPOOL_VMM_PAGE_SIZE", "50%"),
+        ("STREAMPOOL_IDLE_RELEASE", "2"),
+        ("STREAMPOOL_IDLE_RELEASE", "-1s"),
+        ("STREAMPOOL_IDLE_RELEASE", "2days"),
+        ("STREAMPOOL_IDLE_RELEASE", "90000s"),
+        ("STREAMPOOL_VMM_COLD_AFTER", "fast"),
+        ("STREAMPOOL_VMM_GROWTH_SLACK", "5"),
+        ("STREAMPOOL_VMM_GROWTH_SLACK", "2000%"),
+    ] {
+        let msg = parse(&[(var, value)]).unwrap_err().to_string();
+        assert!(
+            msg.contains(var) && msg.contains(value) && msg.contains("accepted"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn log_filters_are_levels_and_streampool_modules() {
+    for good in [
+        "warn",
+        "INFO",
+        "off",
+        "streampool",
+        "streampool=trace",
+        "streampool::device=debug,warn",
+        "warn, streampool::pool = info,",
+    ] {
+        assert!(
+            validate_log_filter(good).is_ok(),
+            "{good:?} should be accepted"
+        );
+    }
+    for bad in [
+        "verbose",
+        "streampool=loud",
+        "cudarc=debug",
+        "streampoolx=debug",
+        "streampool::=info",
+        "streampool::a::=info",
+        "=info",
+        "info/alloc",
+        "warn,verbose",
+    ] {
+        let msg = validate_log_filter(bad).unwrap_err().to_string();
+        assert!(
+            msg.contains("neither a log level nor a streampool module"),
+            "{bad:?}: {msg}"
+        );
+    }
+}
+
+/// A value that is not UTF-8 text was taken for an unset variable (`env::var().ok()`): a
+/// `MAX_POOL_SIZE` cap was dropped, `DRIVER` fell back to cuda. Every variable refuses it
+/// by name, like any malformed value.
+#[test]
+fn values_that_are_not_utf8_are_refused_by_name() {
+    use std::os::unix::ffi::OsStringExt;
+    for var in [
+        "STREAMPOOL_DRIVER",
+        "STREAMPOOL_BACKEND",
+        "STREAMPOOL_RELEASE_THRESHOLD",
+        "STREAMPOOL_MAX_POOL_SIZE",
+        "STREAMPOOL_CACHE_LIMIT",
+        "STREAMPOOL_CACHE_MAX_BLOCK",
+        "STREAMPOOL_SMALL_POOL_MAX",
+        "STREAMPOOL_VMM_PAGE_SIZE",
+        "STREAMPOOL_TRIM_ON_GROWTH",
+        "STREAMPOOL_IPC",
+        "STREAMPOOL_PEER_ACCESS",
+        "STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES",
+        "STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC",
+        "STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES",
+        "STREAMPOOL_SIM_DEVICES",
+        "STREAMPOOL_SIM_MEMORY",
+        "STREAMPOOL_LOG",
+    ] {
+        let raw = OsString::from_vec(b"8\xffGiB".to_vec());
+        let e = Config::from_os_lookup(|k| (k == var).then(|| raw.clone())).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            matches!(e, Error::Config { var: v, .. } if v == var)
+                && msg.starts_with(&format!("{var}=\"8\u{fffd}GiB\" is not valid"))
+                && msg.contains("not UTF-8 text: byte 0xff at offset 1"),
+            "{msg}"
+        );
+        // It accepts what the variable accepts when malformed otherwise.
+        let malformed = match var {
+            "STREAMPOOL_SIM_DEVICES" | "STREAMPOOL_VMM_PAGE_SIZE" => "0",
+            "STREAMPOOL_LOG" => "verbose",
+            _ => "sometimes",
+        };
+        let Error::Config {
+            accepted: usual, ..
+        } = parse(&[(var, malformed)]).unwrap_err()
+        else {
+            panic!("{var}={malformed:?} is not a configuration error");
+        };
+        assert!(
+            matches!(e, Error::Config { accepted, .. } if accepted == usual),
+            "{var}: {msg}, usually accepted: {usual}"
+        );
+    }
+}
+
+#[test]
+fn a_negative_size_variable_says_negative_sizes_are_refused() {
+    let msg = parse(&[("STREAMPOOL_CACHE_LIMIT", "-1")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("STREAMPOOL_CACHE_LIMIT=\"-1\"")
+            && msg.contains("negative sizes are not accepted"),
+        "{msg}"
+    );
+}

@@ -1,0 +1,75 @@
+//! Giving memory back to the device: above the release threshold once unused for a second
+//! (`tend`), everything not in use once the device is idle (`release_idle`), both from the
+//! device's background thread, and on `trim` after a synchronisation.
+//!
+//! Invariant: nothing here records on a program's stream or waits for the GPU but `trim`, which
+//! the device calls after synchronising; a page goes back only from a `Ready` range (see
+//! [`super::mapping`]).
+
+use super::{VmmResource, RELEASE_AFTER_MS};
+use crate::error::Result;
+use std::sync::atomic::Ordering;
+
+impl VmmResource {
+    /// Called regularly by the device's background thread: memory above the release threshold
+    /// that has been unused for a second (and is cold) goes back to the device. True while memory above
+    /// the threshold is still held.
+    pub fn tend(&self) -> bool {
+        let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
+        let Ok(mut st) = self.lock_enabled() else {
+            return false;
+        };
+        // Fences of the last frees are collected here, so that memory is ready for every stream
+        // (and idle, for moves and releases) without waiting for a miss.
+        self.settle_from_background(&mut st);
+        if st.physical_bytes(self.page_bytes) <= threshold {
+            return false;
+        }
+        // Unused for a second or more (and cold): not memory a loop uses every step.
+        let unused_ms = self.cold_after_ms.max(RELEASE_AFTER_MS);
+        let cold_before_ms = self.driver.now_ms().saturating_sub(unused_ms);
+        self.release_down_to(&mut st, threshold, Some(cold_before_ms));
+        st.physical_bytes(self.page_bytes) > threshold
+    }
+
+    /// The device is idle: every idle page and spare handle goes back to the device, whatever
+    /// the threshold. True if memory not in use is still held (its fences have not completed,
+    /// or a capture is under way): the caller tries again later.
+    pub fn release_idle(&self) -> bool {
+        let Ok(mut st) = self.lock_enabled() else {
+            return false;
+        };
+        self.settle_from_background(&mut st);
+        self.release_down_to(&mut st, 0, None);
+        st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
+            || self.capturing(&mut st)
+    }
+
+    /// `trim`: after the device's synchronisation (empty_cache), every free page above
+    /// `keep_bytes` goes back to the device.
+    pub(super) fn trim_after_sync(&self, keep_bytes: u64) -> Result<()> {
+        let mut st = self.lock_enabled()?;
+        if self.capturing(&mut st) {
+            return Ok(());
+        }
+        // Fences of frees made before the device's synchronisation may not be recorded yet:
+        // record them and wait for them too, so that empty_cache releases every free page.
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        if st.fences.record_all_pending(driver, device, |s| {
+            driver.is_capturing(device, s).unwrap_or(true)
+        }) {
+            drop(st);
+            self.driver.synchronize(self.device)?;
+            st = self.state.lock();
+        }
+        self.settle(&mut st);
+        // Frees on streams destroyed since: no fence can be recorded on them, but the device's
+        // synchronisation (before this trim) finished their work.
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let gone = st.fences.complete_pending_of_gone_streams(driver, device);
+        let now_ms = driver.now_ms();
+        self.promote(&mut st, gone, now_ms);
+        self.release_down_to(&mut st, keep_bytes, None);
+        Ok(())
+    }
+}
