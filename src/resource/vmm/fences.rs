@@ -141,20 +141,11 @@ impl Fences {
         driver: &dyn Driver,
         device: usize,
     ) -> Vec<(Stream, u64)> {
-        let mut out = Vec::new();
-        for slot in &mut self.streams {
-            let Some(seq) = slot.pending else { continue };
-            // Recorded fences of the stream are older: queried first (poll), so only a stream
-            // whose queue is empty can be asked as a whole.
-            if slot.recorded.is_empty() && driver.stream_query(device, slot.stream).unwrap_or(false)
-            {
-                slot.pending = None;
-                out.push((slot.stream, seq));
-            }
-        }
-        self.streams
-            .retain(|s| !s.recorded.is_empty() || s.pending.is_some());
-        out
+        // Recorded fences of the stream are older: queried first (poll), so only a stream whose
+        // queue is empty can be asked as a whole.
+        self.complete_pending_where(|slot| {
+            slot.recorded.is_empty() && driver.stream_query(device, slot.stream).unwrap_or(false)
+        })
     }
 
     /// After a device synchronisation: the pending fences of streams the driver no longer knows
@@ -165,10 +156,19 @@ impl Fences {
         driver: &dyn Driver,
         device: usize,
     ) -> Vec<(Stream, u64)> {
+        self.complete_pending_where(|slot| driver.is_capturing(device, slot.stream).is_err())
+    }
+
+    /// The pending fences of the streams `done` says have finished are complete; streams left
+    /// without fences are forgotten. The streams and fence numbers so completed.
+    fn complete_pending_where(
+        &mut self,
+        done: impl Fn(&StreamFences) -> bool,
+    ) -> Vec<(Stream, u64)> {
         let mut out = Vec::new();
         for slot in &mut self.streams {
             let Some(seq) = slot.pending else { continue };
-            if driver.is_capturing(device, slot.stream).is_err() {
+            if done(slot) {
                 slot.pending = None;
                 out.push((slot.stream, seq));
             }
