@@ -440,3 +440,37 @@ fn control_memory_above_the_threshold_is_released_without_a_capture() {
     sim.advance_clock_ms(streampool::config::VMM_RELEASE_AFTER_MS);
     assert!(released_in_the_background(&sim));
 }
+
+/// vmm: a block used and freed on a stream after `empty_cache`'s synchronisation (too soon after
+/// the stream's last fence to get one of its own), and the stream destroyed, all before the trim
+/// that follows the synchronisation: its work may still run, so its page goes back only after a
+/// synchronisation that began once the destroyed stream was seen. Was: the trim took every
+/// pending fence of a destroyed stream as complete (the strict simulator panics at the unmap of a
+/// page still in use).
+#[test]
+fn a_stream_destroyed_between_empty_cache_s_synchronisation_and_its_trim_keeps_its_page_until_done()
+{
+    let h = Hooked::new(SimDriver::new(1, 256 * MIB).strict());
+    h.sim.stop_clock(); // one fence per stream at most: the second free gets none
+    let alloc = Arc::new(Allocator::new(h.clone() as Arc<dyn Driver>, vmm(SizeSpec::Max)).unwrap());
+    let first = alloc.malloc(8 * MIB, 0, S2).unwrap();
+    alloc.free(first, 0).unwrap(); // records S2's fence
+    let block = alloc.malloc(8 * MIB, 0, S2).unwrap();
+    let (sim, freeing) = (Arc::clone(&h.sim), Arc::clone(&alloc));
+    // empty_cache synchronises before it returns the cache, and again before the trims.
+    h.push_sync_hook(false, Box::new(|| {}));
+    h.push_sync_hook(
+        false,
+        Box::new(move || {
+            sim.touch(0, 0, block, 8 * MIB, S2).unwrap(); // work queued on S2, unfinished
+            freeing.free(block, 0).unwrap();
+            sim.destroy_stream(0, S2);
+        }),
+    );
+    alloc.empty_cache().unwrap();
+    assert_eq!(
+        h.sim.physical_bytes(0),
+        0,
+        "the page went back after the work"
+    );
+}

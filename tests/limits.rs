@@ -524,3 +524,39 @@ fn a_pool_growth_past_the_memory_fraction_is_undone() {
     r.free(b, 0);
     r.finish();
 }
+
+/// The limit lowered below what the pool reserves: an allocation that the pool serves from its
+/// free memory is not refused and does not synchronise, as in PyTorch (the limit is checked where
+/// memory would be added). Here 40 MiB are reserved, 32 of them free, and the limit drops to
+/// 32 MiB; a 16 MiB block fits the free memory. Failed when the check compared the device's
+/// reserved total with the limit whatever the growth (a synchronisation and a trim first, and on a
+/// real pool, whose trim releases only whole free chunks, an out-of-memory error).
+#[test]
+fn a_pool_serving_from_its_free_memory_is_not_refused_under_a_lowered_limit() {
+    let config = Config {
+        cache_limit: SizeSpec::Bytes(0),
+        ..common::pool_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
+    let live = r.malloc(8 * MIB, 0, 1);
+    let freed = r.malloc(32 * MIB, 0, 1);
+    r.free(freed, 0);
+    r.sim.complete_stream(0, s(1));
+    r.alloc.set_memory_fraction(0, 0.125).unwrap(); // 32 MiB, below the 40 MiB reserved
+    let before = r.stats(0);
+    let p = r.malloc(16 * MIB, 0, 2);
+    let after = r.stats(0);
+    assert_eq!(after.num_ooms, 0);
+    assert_eq!(
+        after.num_growth_syncs, before.num_growth_syncs,
+        "synchronised"
+    );
+    assert_eq!(
+        after.reserved_bytes,
+        40 * MIB,
+        "the pool grew or was trimmed"
+    );
+    r.free(p, 0);
+    r.free(live, 0);
+    r.finish();
+}

@@ -303,26 +303,27 @@ fn record_stream_blocks_wait_then_are_reused() {
     });
 }
 
-/// A defect an outside attack suite found: under a cap that fits one 4 KiB block, two threads
-/// allocate one at once: one gets it, the other is out of memory — never both (the model's live
-/// bytes are checked at each success). Fails when the limit is checked in one lock section and the
+/// A defect an outside attack suite found: under a cap that fits one 2 MiB block (one granule of
+/// pool memory: the cap counts reserved memory too), two threads allocate one at once: one gets
+/// it, the other is out of memory — never both (the model's live bytes are checked at each
+/// success). Fails when the limit is checked in one lock section and the
 /// bytes are added in another (the old code, restored by hand).
 #[test]
 fn the_memory_fraction_is_a_hard_cap_for_concurrent_allocations() {
     check(
         "the_memory_fraction_is_a_hard_cap_for_concurrent_allocations",
         || {
-            const CAP_BYTES: u64 = 4 * KIB;
+            const CAP_BYTES: u64 = 2 * MIB;
             let r = Arc::new(Rig::with_pools());
-            // 4 KiB of the simulated 1 GiB: 2^-18, exact in binary.
+            // 2 MiB of the simulated 1 GiB: 2^-9, exact in binary.
             r.alloc
-                .set_memory_fraction(0, 1.0 / f64::from(1 << 18))
+                .set_memory_fraction(0, 1.0 / f64::from(1 << 9))
                 .unwrap();
             assert_eq!(r.stats().memory_limit_bytes, CAP_BYTES);
             let threads: Vec<_> = (0..2)
                 .map(|t| {
                     let r = Arc::clone(&r);
-                    thread::spawn(move || match r.try_malloc(4 * KIB, Stream(1 + t)) {
+                    thread::spawn(move || match r.try_malloc(2 * MIB, Stream(1 + t)) {
                         Ok(p) => {
                             let live_bytes = r.live_bytes();
                             assert!(live_bytes <= CAP_BYTES, "{live_bytes} B live");

@@ -111,7 +111,7 @@ def install(*, torch_stats: bool = True, _wire_record_stream: bool = True, **opt
     nothing is installed and one warning line says so).
 
     Options (each sets the STREAMPOOL_* variable of docs/abi.md; sizes in bytes or strings such
-    as "8GiB", "80%", "max"): backend ("pool", or "vmm": large blocks on streampool's own
+    as "8GiB", "80%", "max"): backend ("pool", or "vmm": every block on streampool's own
     virtual-memory pool), vmm_page_size, release_threshold, max_pool_size, cache_limit,
     cache_max_block, small_pool_max (0: one pool for all sizes), trim_on_growth, peer_access
     ("auto", True or False), ipc (every allocation shareable with other processes; such pools

@@ -1,6 +1,9 @@
 //! The memory limit on what the device *reserves*, for resources that grow by themselves (CUDA
-//! pools, [`Resource::returns_before_growth`]): as in PyTorch, `set_per_process_memory_fraction`
-//! caps the memory the process holds from the device, not only its live and cached blocks.
+//! pools, [`crate::resource::Resource::returns_before_growth`]): as in PyTorch, `set_per_process_memory_fraction`
+//! caps the memory the process holds from the device, not only its live and cached blocks, and
+//! is checked where memory would be added (a pool that serves from its free memory is not
+//! refused because a lowered limit left it above). The shareable pool of `streampool.shareable()`
+//! and graph-capture memory are not counted here (the bytes of their blocks are, as held bytes).
 //!
 //! Invariants: under a limit, the resources of such a device grow one allocation at a time (a
 //! device mutex held across the check, the allocation and the check after it), so two threads
@@ -40,9 +43,19 @@ impl DeviceAllocator {
             if !self.room_within_limit(resources, class, block_bytes, limit_bytes)? {
                 break;
             }
+            let before_bytes = reserved_total_bytes(resources)?;
             let ptr = self.allocate_or_retry(resource, requested_bytes, block_bytes, stream)?;
-            let reserved_bytes = reserved_total_bytes(resources)?;
-            if reserved_bytes <= limit_bytes {
+            let reserved_bytes = match reserved_total_bytes(resources) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    // The block is served; not knowing the growth only costs the check.
+                    log::warn!("device {}: reading reserved memory: {e}", self.device);
+                    return Ok(ptr);
+                }
+            };
+            // Only a growth is undone: memory reserved before (a limit lowered since) is not
+            // this allocation's.
+            if reserved_bytes <= limit_bytes || reserved_bytes <= before_bytes {
                 return Ok(ptr);
             }
             log::info!(
@@ -116,8 +129,9 @@ fn reserved_total_bytes(resources: &Resources) -> Result<u64> {
     })
 }
 
-/// True if serving `block_bytes` from `class`'s resource keeps the device's reserved bytes within
-/// `limit_bytes`, were it to grow by what it lacks (rounded to its granule).
+/// True if serving `block_bytes` from `class`'s resource needs no growth by its numbers, or keeps
+/// the device's reserved bytes within `limit_bytes` were it to grow by what it lacks (rounded to
+/// its granule).
 fn growth_fits(
     resources: &Resources,
     class: SizeClass,
@@ -127,7 +141,7 @@ fn growth_fits(
     let (reserved_bytes, used_bytes) = resources.get(class).reserved_used_bytes()?;
     let room_bytes = reserved_bytes.saturating_sub(used_bytes);
     let growth_bytes = match block_bytes.checked_sub(room_bytes) {
-        None | Some(0) => 0,
+        None | Some(0) => return Ok(true), // no growth: nothing to check, as in PyTorch
         Some(missing) => round_up(missing, POOL_GRANULE_BYTES).unwrap_or(u64::MAX),
     };
     let after_bytes = reserved_total_bytes(resources)?.saturating_add(growth_bytes);

@@ -143,32 +143,44 @@ impl Fences {
     ) -> Vec<(Stream, u64)> {
         // Recorded fences of the stream are older: queried first (poll), so only a stream whose
         // queue is empty can be asked as a whole.
-        self.complete_pending_where(|slot| {
+        self.complete_pending_where(|slot, _| {
             slot.recorded.is_empty() && driver.stream_query(device, slot.stream).unwrap_or(false)
         })
     }
 
-    /// After a device synchronisation: the pending fences of streams the driver no longer knows
-    /// (destroyed: no fence can be recorded on them any more, and their work is done) are
-    /// complete. The streams and fence numbers so completed.
-    pub fn complete_pending_of_gone_streams(
-        &mut self,
+    /// The pending fences of streams the driver no longer knows (destroyed: no fence can be
+    /// recorded on them any more). They complete once the device has synchronised after this
+    /// call: [`Fences::complete_pending`].
+    pub fn pending_of_gone_streams(
+        &self,
         driver: &dyn Driver,
         device: usize,
     ) -> Vec<(Stream, u64)> {
-        self.complete_pending_where(|slot| driver.is_capturing(device, slot.stream).is_err())
+        let gone = |s: &&StreamFences| driver.is_capturing(device, s.stream).is_err();
+        let pending = |s: &StreamFences| s.pending.map(|seq| (s.stream, seq));
+        self.streams
+            .iter()
+            .filter(gone)
+            .filter_map(pending)
+            .collect()
+    }
+
+    /// The pending fences `done` (stream, fence number) are complete, those still pending; the
+    /// streams and fence numbers so completed.
+    pub fn complete_pending(&mut self, done: &[(Stream, u64)]) -> Vec<(Stream, u64)> {
+        self.complete_pending_where(|slot, seq| done.contains(&(slot.stream, seq)))
     }
 
     /// The pending fences of the streams `done` says have finished are complete; streams left
     /// without fences are forgotten. The streams and fence numbers so completed.
     fn complete_pending_where(
         &mut self,
-        done: impl Fn(&StreamFences) -> bool,
+        done: impl Fn(&StreamFences, u64) -> bool,
     ) -> Vec<(Stream, u64)> {
         let mut out = Vec::new();
         for slot in &mut self.streams {
             let Some(seq) = slot.pending else { continue };
-            if done(slot) {
+            if done(slot, seq) {
                 slot.pending = None;
                 out.push((slot.stream, seq));
             }

@@ -52,23 +52,25 @@ impl VmmResource {
         if self.capturing(&mut st) {
             return Ok(());
         }
+        // Frees on streams destroyed since: no fence can be recorded on them, but their work is
+        // done once the device has synchronised — after they are noted (one destroyed between
+        // the caller's synchronisation and now may still have had work queued).
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let gone = st.fences.pending_of_gone_streams(driver, device);
         // Fences of frees made before the device's synchronisation may not be recorded yet:
         // record them and wait for them too, so that empty_cache releases every free page.
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        if st.fences.record_all_pending(driver, device, |s| {
+        let recorded = st.fences.record_all_pending(driver, device, |s| {
             driver.is_capturing(device, s).unwrap_or(true)
-        }) {
+        });
+        if recorded || !gone.is_empty() {
             drop(st);
             self.driver.synchronize(self.device)?;
             st = self.state.lock();
         }
         self.settle(&mut st);
-        // Frees on streams destroyed since: no fence can be recorded on them, but the device's
-        // synchronisation (before this trim) finished their work.
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        let gone = st.fences.complete_pending_of_gone_streams(driver, device);
+        let done = st.fences.complete_pending(&gone);
         let now_ms = driver.now_ms();
-        self.promote(&mut st, gone, now_ms);
+        self.promote(&mut st, done, now_ms);
         self.release_down_to(&mut st, keep_bytes, None);
         Ok(())
     }
