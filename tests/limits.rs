@@ -346,7 +346,10 @@ fn the_memory_fraction_evicts_cached_blocks_from_any_stream_to_make_room() {
     let b = r.malloc(MIB / 2, 0, 1);
     r.free(a, 0);
     r.free(b, 0); // 41.5 MiB held, 1.5 MiB of it cached on stream 1; 42 MiB reserved
+    r.sim.reset_in_use_high(0);
     let c = r.malloc(9 * MIB + MIB / 2, 0, 2); // 1 MiB over the cap
+    let high = r.sim.in_use_high_bytes(0);
+    assert!(high <= 50 * MIB, "{} in use at once", format_bytes(high));
     let st = r.stats(0);
     assert_eq!(st.num_ooms, 0);
     assert_eq!(st.cached_bytes, 0);
@@ -558,5 +561,34 @@ fn a_pool_serving_from_its_free_memory_is_not_refused_under_a_lowered_limit() {
     );
     r.free(p, 0);
     r.free(live, 0);
+    r.finish();
+}
+
+/// Under the cap, the first way to room is a synchronisation: a 48 MiB block the cache gave back
+/// on stream 1 is free pool memory once the device has caught up, and a 40 MiB block for stream 2
+/// takes it. Nothing more is done: the other cached block stays, and nothing is trimmed (50 MiB
+/// stay reserved). Failed without that step (the cache went back too), with a trim after a
+/// synchronisation that had made room (40 MiB left reserved), and when the step was not counted
+/// in `num_growth_syncs`.
+#[test]
+fn under_the_cap_a_synchronisation_makes_room_before_anything_else() {
+    let r = rig_with(1, 256 * MIB, common::pool_config());
+    r.alloc.set_memory_fraction(0, 0.25).unwrap(); // 64 MiB
+    let small = r.malloc(MIB / 2, 0, 1);
+    let big = r.malloc(48 * MIB, 0, 1);
+    r.free(small, 0);
+    r.free(big, 0); // both cached on stream 1: 50 MiB reserved (a 2 MiB granule for the small one)
+    let before = r.stats(0);
+    let c = r.malloc(40 * MIB, 0, 2);
+    let after = r.stats(0);
+    assert_eq!(after.num_ooms, 0);
+    assert_eq!(after.cached_bytes, MIB / 2, "the small block stays cached");
+    assert_eq!(after.reserved_bytes, 50 * MIB, "nothing trimmed");
+    assert_eq!(
+        after.num_growth_syncs - before.num_growth_syncs,
+        2,
+        "one wait for the stream before growth, one synchronisation for the cap"
+    );
+    r.free(c, 0);
     r.finish();
 }

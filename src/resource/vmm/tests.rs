@@ -531,3 +531,27 @@ fn an_address_space_that_no_window_fits_gets_another_reservation() {
     r.free(blocks[1], PAGE, S1);
     r.free(blocks[3], PAGE, S1);
 }
+
+/// The idle release looks again while freed small blocks wait for their fences: first one of two
+/// blocks on a carrier page (only the small-block ranges hold freed bytes), then the other (the
+/// emptied carrier's page waits too). Failed when the freed bytes of the regions were multiplied
+/// or subtracted instead of added (mutation testing).
+#[test]
+fn an_idle_release_looks_again_while_freed_small_blocks_wait_for_their_fences() {
+    let r = rig();
+    let a = r.alloc(PAGE / 8, S1);
+    let b = r.alloc(PAGE / 8, S1);
+    r.free(a, PAGE / 8, S1); // the carrier still holds b
+    assert!(
+        r.vmm.release_idle(),
+        "a's fence is pending: look again later"
+    );
+    r.free(b, PAGE / 8, S1);
+    assert!(
+        r.vmm.release_idle(),
+        "the emptied carrier's fence is pending"
+    );
+    r.sim.complete_all();
+    assert!(!r.vmm.release_idle(), "nothing left for later");
+    assert_eq!(r.physical(), 0);
+}
