@@ -157,36 +157,9 @@ def build_gpt2(torch: Any, device: str) -> Step:
     return step
 
 
-def build_resnet50(torch: Any, device: str) -> Step:
-    """ResNet-50 training (random weights), channels_last, bf16 autocast, SGD; ``params`` is the
-    batch of RESNET_IMAGE_SIDE-square images."""
-    import torchvision
-
-    torch.manual_seed(s.SEED)
-    with torch.device(device):
-        model = torchvision.models.resnet50()
-    model = model.to(device, memory_format=torch.channels_last).train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    side = s.RESNET_IMAGE_SIDE
-
-    def step(batch: int) -> None:
-        images = torch.empty(
-            (batch, 3, side, side), device=device, memory_format=torch.channels_last
-        ).normal_()
-        labels = torch.randint(0, 1000, (batch,), device=device)
-        with torch.autocast(device, dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
-
-
-def build_vision_sizes(torch: Any, device: str) -> Step:
-    """ResNet-50 training (random weights), channels_last, bf16 autocast, SGD; ``params`` is
-    (batch, height, width) of the step's images, a new shape every step (multi-scale
-    training)."""
+def _resnet50_training(torch: Any, device: str) -> Callable[[int, int, int], None]:
+    """A training step of ResNet-50 (random weights), channels_last, bf16 autocast, SGD, on a
+    batch of random images of the given (batch, height, width)."""
     import torchvision
 
     torch.manual_seed(s.SEED)
@@ -195,8 +168,7 @@ def build_vision_sizes(torch: Any, device: str) -> Step:
     model = model.to(device, memory_format=torch.channels_last).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-    def step(shape: Tuple[int, int, int]) -> None:
-        batch, height, width = shape
+    def train(batch: int, height: int, width: int) -> None:
         images = torch.empty(
             (batch, 3, height, width), device=device, memory_format=torch.channels_last
         ).normal_()
@@ -206,6 +178,28 @@ def build_vision_sizes(torch: Any, device: str) -> Step:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+    return train
+
+
+def build_resnet50(torch: Any, device: str) -> Step:
+    """ResNet-50 training; ``params`` is the batch of RESNET_IMAGE_SIDE-square images."""
+    train = _resnet50_training(torch, device)
+    side = s.RESNET_IMAGE_SIDE
+
+    def step(batch: int) -> None:
+        train(batch, side, side)
+
+    return step
+
+
+def build_vision_sizes(torch: Any, device: str) -> Step:
+    """ResNet-50 training; ``params`` is (batch, height, width) of the step's images, a new shape
+    every step (multi-scale training)."""
+    train = _resnet50_training(torch, device)
+
+    def step(shape: Tuple[int, int, int]) -> None:
+        train(*shape)
 
     return step
 

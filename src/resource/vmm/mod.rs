@@ -241,26 +241,17 @@ impl VmmResource {
     /// fence numbers; blocked pages are fixed. Nothing during a known capture, which forbids
     /// event queries and records.
     fn settle(&self, st: &mut VmmState) {
-        if self.capturing(st) {
-            return;
-        }
-        if st.blocked {
-            self.unblock(st);
-            st.blocked = !st.blocked_pages().is_empty();
-        }
-        let now_ms = self.driver.now_ms();
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        let done = st.fences.poll(driver, device);
-        self.promote(st, done, now_ms);
-        st.fences.record_all_pending(driver, device, |s| {
-            driver.is_capturing(device, s).unwrap_or(true)
-        });
+        self.settle_as(st, false);
     }
 
     /// [`VmmResource::settle`] for the background thread: it records no fence on the program's
     /// streams (one may begin a capture at any moment); streams that have finished all their
     /// work complete their pending fences instead.
     fn settle_from_background(&self, st: &mut VmmState) {
+        self.settle_as(st, true);
+    }
+
+    fn settle_as(&self, st: &mut VmmState, background: bool) {
         if self.capturing(st) {
             return;
         }
@@ -271,8 +262,15 @@ impl VmmResource {
         let now_ms = self.driver.now_ms();
         let (driver, device) = (self.driver.as_ref(), self.device);
         let mut done = st.fences.poll(driver, device);
-        done.extend(st.fences.complete_pending_of_idle_streams(driver, device));
+        if background {
+            done.extend(st.fences.complete_pending_of_idle_streams(driver, device));
+        }
         self.promote(st, done, now_ms);
+        if !background {
+            st.fences.record_all_pending(driver, device, |s| {
+                driver.is_capturing(device, s).unwrap_or(true)
+            });
+        }
     }
 
     /// Freed ranges covered by fences that completed become ready for every stream.
