@@ -22,6 +22,16 @@
 #define STREAMPOOL_MAX_ALLOCATION_BYTES 281474976710656
 
 /**
+ * Blocks up to this size share segments of [`SMALL_SEGMENT_BYTES`].
+ */
+#define SMALL_BLOCK_MAX_BYTES (1 << 20)
+
+/**
+ * The segment small blocks are carved from, and the granule large segments are rounded to.
+ */
+#define SMALL_SEGMENT_BYTES (2 << 20)
+
+/**
  * Status codes returned by the C entry points (see `docs/abi.md`).
  */
 typedef enum StreampoolStatus {
@@ -252,6 +262,16 @@ typedef struct StreampoolBlock {
   int32_t device;
 } StreampoolBlock;
 
+/**
+ * A block of a memory pool, as `streampool_graph_pool_blocks` lists them.
+ */
+typedef struct StreampoolPoolBlock {
+  uint64_t address;
+  uint64_t requested_bytes;
+  uint64_t block_bytes;
+  uint64_t stream;
+} StreampoolPoolBlock;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -476,6 +496,72 @@ int streampool_history(struct StreampoolEvent *out,
  * `out` must be NULL or writable for `capacity` blocks; `count` writable.
  */
 int streampool_blocks(int device, struct StreampoolBlock *out, size_t capacity, size_t *count);
+
+/**
+ * PyTorch's `beginAllocateToPool` hook (`set_begin_allocate_to_pool`): allocations on `device`
+ * that `filter` (a `std::function<bool(cudaStream_t)>*`) claims go to pool `(id_a, id_b)`; a
+ * NULL or empty `filter` claims every allocation of the device.
+ *
+ * # Safety
+ * `filter` must be NULL or point to a live `std::function<bool(cudaStream_t)>` of the process's
+ * libstdc++ (PyTorch passes its by-value argument so).
+ */
+void streampool_begin_allocate_to_pool(int device,
+                                       uint64_t id_a,
+                                       uint64_t id_b,
+                                       const void *filter);
+
+/**
+ * PyTorch's `endAllocateToPool` hook (`set_end_allocate_to_pool_fn`).
+ */
+void streampool_end_allocate_to_pool(int device, uint64_t id_a, uint64_t id_b);
+
+/**
+ * PyTorch's `releasePool` hook (`set_release_pool`).
+ */
+void streampool_release_pool(int device, uint64_t id_a, uint64_t id_b);
+
+/**
+ * Gives PyTorch's current allocator streampool's C++ methods; returns one line per feature,
+ * `ok\t<feature>` or `missing\t<feature>\t<why>`, or NULL (see `streampool_last_error`) if the
+ * current allocator is not streampool's. Call once, right after `change_current_allocator`.
+ */
+const char *streampool_torch_attach(void);
+
+/**
+ * How many users PyTorch memory pool `(id_a, id_b)` of `device` has, or a negative status.
+ */
+int streampool_graph_pool_use_count(int device, uint64_t id_a, uint64_t id_b);
+
+/**
+ * Copies the live blocks (`segments` == 0) or the segments (`segments` != 0; requested bytes
+ * 0, stream 0) of memory pool `(id_a, id_b)` of `device` into `out` (room for `capacity`) and
+ * sets `*count` to how many there are (with `out` NULL, only counts).
+ *
+ * # Safety
+ * `out` must be NULL or writable for `capacity` blocks; `count` must be writable.
+ */
+int streampool_graph_pool_blocks(int device,
+                                 uint64_t id_a,
+                                 uint64_t id_b,
+                                 int segments,
+                                 struct StreampoolPoolBlock *out,
+                                 size_t capacity,
+                                 size_t *count);
+
+/**
+ * The next allocation of `requested_bytes` on `device` made by this thread through `my_malloc`
+ * restores block `ptr` (`block_bytes`, allocated on `stream`) of memory pool `(id_a, id_b)`
+ * instead of allocating: how a checkpoint of a pool is restored through PyTorch's own
+ * allocation call (so PyTorch books the block). `requested_bytes` 0 clears the directive.
+ */
+int streampool_graph_pool_expect_restore(int device,
+                                         uint64_t id_a,
+                                         uint64_t id_b,
+                                         void *ptr,
+                                         uint64_t requested_bytes,
+                                         uint64_t block_bytes,
+                                         void *stream);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -73,7 +73,7 @@ impl Allocator {
     }
 
     #[inline]
-    fn device(&self, device: i64) -> Result<&Arc<DeviceAllocator>> {
+    pub(crate) fn device(&self, device: i64) -> Result<&Arc<DeviceAllocator>> {
         match usize::try_from(device)
             .ok()
             .and_then(|d| self.devices.get(d))
@@ -201,6 +201,17 @@ impl Allocator {
         Ok(())
     }
 
+    /// True while the timeline records.
+    pub fn history_recording(&self) -> bool {
+        self.history.enabled()
+    }
+
+    /// `device`'s memory now, from the driver.
+    pub fn driver_mem_info(&self, device: i64) -> Result<crate::driver::MemInfo> {
+        self.device(device)?;
+        self.driver.mem_info(device as usize)
+    }
+
     /// The newest `max_events` timeline events, oldest first, and how many the ring dropped.
     pub fn history(&self, max_events: usize) -> (Vec<StreampoolEvent>, u64) {
         self.history.newest(max_events)
@@ -301,7 +312,7 @@ impl Allocator {
 /// `result` of a call on `d`; if a resource of `d` reported itself disabled (a panic left its
 /// state half-updated), the whole device refuses further calls from now on.
 #[inline]
-fn disabling_on_error<T>(d: &DeviceAllocator, result: Result<T>) -> Result<T> {
+pub(crate) fn disabling_on_error<T>(d: &DeviceAllocator, result: Result<T>) -> Result<T> {
     if let Err(Error::Disabled { .. }) = &result {
         d.disable();
     }

@@ -27,7 +27,7 @@ type Throw = unsafe extern "C-unwind" fn(*mut c_void, *const c_void, Destructor)
 /// `std::runtime_error::runtime_error(const char*)` (complete-object constructor, C++11).
 type Construct = unsafe extern "C-unwind" fn(*mut c_void, *const c_char);
 /// `std::runtime_error::~runtime_error()` (complete-object destructor), as `__cxa_throw` takes it.
-type Destructor = unsafe extern "C" fn(*mut c_void);
+pub(crate) type Destructor = unsafe extern "C" fn(*mut c_void);
 
 /// Bytes asked of `__cxa_allocate_exception`. `sizeof(std::runtime_error)` is 16 in libstdc++
 /// (a vtable pointer and a reference-counted string); more is harmless, less would corrupt.
@@ -122,6 +122,33 @@ pub(crate) fn runtime() -> Option<&'static Runtime> {
             // SAFETY: as above.
             Some(unsafe { &*first })
         }
+    }
+}
+
+impl Runtime {
+    /// Exception storage of `bytes` from this runtime (`__cxa_allocate_exception`).
+    ///
+    /// # Safety
+    /// The storage must be thrown with [`Runtime::throw_object`] (or leaked).
+    pub(crate) unsafe fn allocate_exception_bytes(&self, bytes: usize) -> *mut c_void {
+        // SAFETY: the runtime's own allocator; it aborts rather than return NULL.
+        unsafe { (self.allocate_exception)(bytes) }
+    }
+
+    /// Throws `object` (storage from [`Runtime::allocate_exception_bytes`], constructed) as a
+    /// C++ exception of type `type_info`, destroyed by `destroy` when caught and done with.
+    ///
+    /// # Safety
+    /// As `__cxa_throw`: `type_info` is the object's `std::type_info` (or a base's), `destroy`
+    /// its destructor; the caller's frames must be able to unwind.
+    pub(crate) unsafe fn throw_object(
+        &self,
+        object: *mut c_void,
+        type_info: *const c_void,
+        destroy: Destructor,
+    ) -> ! {
+        // SAFETY: as the caller promises.
+        unsafe { (self.throw)(object, type_info, destroy) }
     }
 }
 

@@ -25,6 +25,7 @@
 //! GPU are made outside it.
 
 pub mod allocator;
+mod allocator_pools;
 mod api;
 mod background;
 mod cache;
@@ -42,6 +43,7 @@ mod peer;
 pub(crate) mod resource;
 pub mod stats;
 mod sync;
+mod torch_edge;
 pub mod units;
 
 pub use allocator::{Allocator, MAX_ALLOCATION_BYTES};

@@ -148,6 +148,14 @@ impl StreamDriver for Hooked {
     fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr> {
         self.sim.alloc_captured(device, bytes, stream)
     }
+
+    fn stream_create(&self, device: usize) -> Result<Stream> {
+        self.sim.stream_create(device)
+    }
+
+    fn relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.sim.relaxed_capture(f)
+    }
 }
 
 forward_to_sim!(Hooked: PeerDriver, IpcDriver, VmmDriver);

@@ -29,13 +29,16 @@ pub(crate) enum Home {
     /// capture elsewhere: held (it counts against the memory limit) and waits for the streams
     /// that used it like any block, then goes back to the driver, never to the cache.
     DriverPool,
+    /// A PyTorch memory pool (`torch.cuda.graph`, `MemPool`): back into that pool, never cached;
+    /// the pool's segments are what it holds from the resource, not its blocks.
+    GraphPool(crate::resource::graph_pool::PoolId),
 }
 
 impl Home {
     /// Counted in `held_bytes` (graph memory belongs to its graph, not to streampool).
     #[inline]
     pub(crate) fn is_held(self) -> bool {
-        self != Home::Graph
+        !matches!(self, Home::Graph | Home::GraphPool(_))
     }
 }
 

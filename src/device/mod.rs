@@ -23,6 +23,7 @@
 
 mod books;
 mod control;
+mod graph_pools;
 mod growth;
 mod health;
 mod idle;
@@ -46,6 +47,8 @@ use growth::GrowthMarks;
 use limit::Limit;
 use std::sync::{Arc, Weak};
 use waits::Waits;
+
+pub use graph_pools::{Route, StreamFilter};
 
 /// The device's resources and what was learnt when they were made.
 struct Provisioned {
@@ -76,6 +79,10 @@ pub struct DeviceAllocator {
     exporter: Exporter,
     peers: Arc<Peers>,
     idle: idle::Watch,
+    /// PyTorch's memory pools of the device and the routes to them ([`graph_pools`]).
+    graph_pools: Mutex<graph_pools::GraphPools>,
+    /// How many routes to pools are open: the allocation path looks at the pools only if any.
+    routes_active: std::sync::atomic::AtomicUsize,
     me: Weak<DeviceAllocator>,
 }
 
@@ -114,6 +121,8 @@ impl DeviceAllocator {
             recorder,
             peers,
             idle: Mutex::new(idle::IdleWatch::default()),
+            graph_pools: Mutex::new(graph_pools::GraphPools::default()),
+            routes_active: std::sync::atomic::AtomicUsize::new(0),
             me: me.clone(),
         })
     }

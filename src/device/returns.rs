@@ -112,6 +112,7 @@ impl DeviceAllocator {
             (Home::Graph | Home::DriverPool, _, _) => {
                 self.driver.free_async(self.device, b.ptr, b.stream)
             }
+            (Home::GraphPool(id), _, _) => self.return_to_graph_pool(id, b.ptr),
             (Home::Shareable, _, Some(pool)) => pool.deallocate(b.ptr, b.block_bytes, b.stream),
             (Home::Small, Some(p), _) => {
                 p.resources
@@ -198,6 +199,9 @@ impl DeviceAllocator {
         if !capturing {
             self.driver.synchronize(self.device)?;
             let before_bytes = self.reserved_for_timeline(resources);
+            if let Err(e) = self.release_unused_graph_pools() {
+                log::warn!("device {}: releasing unused memory pools: {e}", self.device);
+            }
             resources.for_each(|r| r.trim(keep_bytes))?;
             if let (Some(before), Some(after)) =
                 (before_bytes, self.reserved_for_timeline(resources))

@@ -208,6 +208,13 @@ pub trait StreamDriver {
     /// Allocation on a capturing stream: becomes a graph allocation node (`cuMemAllocAsync` from
     /// the device's default pool); freed with `free_async`.
     fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr>;
+    /// A new stream of `device` for streampool's own work, which does not synchronise with the
+    /// legacy default stream (`CU_STREAM_NON_BLOCKING`); it lives as long as the process.
+    fn stream_create(&self, device: usize) -> Result<Stream>;
+    /// Runs `f` with this thread's stream-capture mode relaxed, so that the calls it makes for
+    /// streampool's own bookkeeping (allocating on and waiting for streampool's own stream) are
+    /// allowed while a graph is being captured, and do not invalidate that capture.
+    fn relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()>;
 }
 
 /// Access to one device's memory from another.

@@ -7,6 +7,7 @@
 
 mod ipc;
 mod timeline;
+mod torch;
 
 use crate::api::{self, clear_last_error, global, last_error_ptr, set_last_error};
 use crate::driver::{DevicePtr, Stream};
@@ -16,7 +17,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Runs `f`, turning a panic into `Error::Internal`.
-fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<&str>()
@@ -82,16 +83,46 @@ pub unsafe extern "C-unwind" fn my_malloc(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    let result =
-        guarded(|| global()?.malloc(size_from_ssize(size)?, device.into(), stream_of(stream)));
+    let (device, stream) = (i64::from(device), stream_of(stream));
+    // A PyTorch memory pool that claims the allocation (its filter runs outside catch_unwind:
+    // PyTorch's exceptions reach PyTorch).
+    let pool = crate::torch_edge::graphs::route(device, stream);
+    let result = guarded(|| {
+        let bytes = size_from_ssize(size)?;
+        match crate::torch_edge::graphs::take_restore(device, bytes) {
+            Some(r) => global()?.restore_in_graph_pool(
+                device,
+                r.pool,
+                r.ptr,
+                r.requested_bytes,
+                r.block_bytes,
+                r.stream,
+            ),
+            None => global()?.malloc_into(bytes, device, stream, pool),
+        }
+    });
     match result {
         Ok(ptr) => ptr.0 as *mut c_void,
         Err(e) => {
+            let oom = matches!(e, Error::OutOfMemory(_));
             set_last_error(&e);
             drop(e);
+            if oom {
+                // PyTorch's observers (memory history's OOM dump, ...) hear of it first.
+                crate::torch_edge::notify_out_of_memory(device, u64::try_from(size).unwrap_or(0));
+            }
+            let kind = match oom {
+                true => crate::torch_edge::c10_error::Kind::OutOfMemory,
+                false => crate::torch_edge::c10_error::Kind::Error,
+            };
             // SAFETY: the message is a valid C string, copied before the throw; nothing in this
-            // frame needs dropping, and PyTorch's caller catches the exception.
-            unsafe { crate::cxx_throw::throw_runtime_error(last_error_ptr()) }
+            // frame needs dropping, and PyTorch's caller catches the exception: PyTorch's own
+            // type where its library is loaded (torch.OutOfMemoryError in Python), else
+            // std::runtime_error (RuntimeError).
+            unsafe {
+                crate::torch_edge::c10_error::throw(kind, last_error_ptr());
+                crate::cxx_throw::throw_runtime_error(last_error_ptr())
+            }
         }
     }
 }
@@ -205,7 +236,11 @@ pub unsafe extern "C" fn streampool_record_stream(ptr: *mut c_void, stream: *mut
 pub extern "C" fn streampool_set_memory_fraction(fraction: f64, device: c_int) {
     report(
         "streampool_set_memory_fraction",
-        guarded(|| global()?.set_memory_fraction(device.into(), fraction)),
+        guarded(|| {
+            global()?.set_memory_fraction(device.into(), fraction)?;
+            crate::torch_edge::note_memory_fraction(device.into(), fraction);
+            Ok(())
+        }),
     );
 }
 

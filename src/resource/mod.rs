@@ -10,6 +10,7 @@
 //! free needs no record of it.
 
 pub mod cuda_pool;
+pub mod graph_pool;
 pub mod vmm;
 
 use crate::config::{Backend, Config};
@@ -210,6 +211,11 @@ impl Resources {
             (SizeClass::Large, Some(_)) => self.small_max_bytes.saturating_add(1)..=u64::MAX,
             (SizeClass::Large, None) => 0..=u64::MAX,
         }
+    }
+
+    /// The resource for large blocks, shared (graph pools take their segments from it).
+    pub fn large_resource(&self) -> Arc<dyn Resource> {
+        Arc::clone(&self.large)
     }
 
     /// Every resource, the large one first.

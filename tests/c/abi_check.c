@@ -97,6 +97,42 @@ static int sharing(void *stream) {
   return 0;
 }
 
+/* PyTorch's memory pools (torch.cuda.graph, MemPool) through the hooks PyTorch calls, on
+   device 1: a route without a filter claims every allocation of the device. */
+static int memory_pools(void *stream) {
+  StreampoolPoolBlock blocks[4];
+  size_t n = 99;
+  CHECK(streampool_graph_pool_use_count(1, 3, 4) == 0);
+  CHECK(streampool_graph_pool_blocks(1, 3, 4, 0, blocks, 4, &n) == INVALID); /* no such pool */
+  streampool_begin_allocate_to_pool(1, 3, 4, NULL);
+  CHECK(streampool_graph_pool_use_count(1, 3, 4) == 1);
+  void *p = my_malloc(4096, 1, stream);
+  CHECK(streampool_graph_pool_blocks(1, 3, 4, 0, blocks, 4, &n) == OK && n == 1);
+  CHECK(blocks[0].address == (uint64_t)(uintptr_t)p && blocks[0].requested_bytes == 4096);
+  CHECK(streampool_graph_pool_blocks(1, 3, 4, 1, blocks, 4, &n) == OK && n == 1);
+  CHECK(blocks[0].block_bytes == (2u << 20)); /* one segment */
+  CHECK(streampool_graph_pool_blocks(1, 3, 4, 0, NULL, 0, NULL) == INVALID);
+  streampool_end_allocate_to_pool(1, 3, 4);
+  void *q = my_malloc(4096, 1, stream); /* outside the pool now */
+  CHECK(streampool_graph_pool_blocks(1, 3, 4, 0, blocks, 4, &n) == OK && n == 1);
+  my_free(p, 4096, 1, stream);
+  CHECK(streampool_graph_pool_blocks(1, 3, 4, 0, blocks, 4, &n) == OK && n == 0);
+  /* A checkpointed block comes back at its old address through the next my_malloc. */
+  CHECK(streampool_graph_pool_expect_restore(1, 3, 4, p, 4096, 4096, stream) == OK);
+  CHECK(my_malloc(4096, 1, stream) == p);
+  CHECK(streampool_graph_pool_blocks(1, 3, 4, 0, blocks, 4, &n) == OK && n == 1);
+  CHECK(streampool_graph_pool_expect_restore(1, 3, 4, p, 0, 0, stream) == OK); /* clears */
+  my_free(p, 4096, 1, stream);
+  my_free(q, 4096, 1, stream);
+  streampool_release_pool(1, 3, 4);
+  CHECK(streampool_graph_pool_use_count(1, 3, 4) == 0);
+  streampool_empty_cache(); /* nobody uses the pool: its memory goes back, the pool goes */
+  CHECK(streampool_graph_pool_blocks(1, 3, 4, 1, blocks, 4, &n) == INVALID);
+  /* Without PyTorch in the process there is no pluggable allocator to attach to. */
+  CHECK(streampool_torch_attach() == NULL && strstr(streampool_last_error(), "libc10_cuda"));
+  return 0;
+}
+
 int main(void) {
   StreampoolStats s;
   CHECK(strcmp(streampool_driver_name(), "sim") == 0);
@@ -168,6 +204,7 @@ int main(void) {
   CHECK(streampool_get_stats(0, &s) == OK && s.memory_limit_bytes == 0); /* a cap of 0 */
   CHECK(streampool_malloc(512, 0, stream) == NULL);
   CHECK(strncmp(streampool_last_error(), "CUDA out of memory.", 19) == 0);
+  if (memory_pools(stream)) return 1;
   /* PyTorch's entry points */
   void *t = my_malloc(4096, 1, stream);
   CHECK(t != NULL && (uintptr_t)t % 512 == 0 && my_malloc(0, 1, stream) == NULL);

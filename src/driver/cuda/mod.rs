@@ -467,6 +467,29 @@ impl StreamDriver for CudaDriver {
         })?;
         Ok(DevicePtr(ptr))
     }
+
+    fn stream_create(&self, device: usize) -> Result<Stream> {
+        self.create_stream(device)
+    }
+
+    fn relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        relaxed(f)
+    }
+}
+
+impl CudaDriver {
+    fn create_stream(&self, device: usize) -> Result<Stream> {
+        let _scope = self.enter(device)?;
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the stream is never destroyed (it lives with the process).
+        check("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        })?;
+        Ok(Stream(stream as usize))
+    }
 }
 
 impl PeerDriver for CudaDriver {

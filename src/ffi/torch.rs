@@ -1,0 +1,227 @@
+//! The exports streampool's Python package hands to PyTorch: the memory-pool hooks of
+//! `torch._C._CUDAPluggableAllocator` (begin, end, release), the attach of streampool's C++
+//! methods, and what the package's routing of `torch._C`'s pool functions needs (a pool's live
+//! blocks and use count, restoring a checkpointed block).
+//!
+//! Invariant: as for every export — argument conversion, `catch_unwind`, no policy; the three
+//! hooks PyTorch calls from C++ throw PyTorch's `c10::Error` on failure (PyTorch ignores a
+//! return value there), the others return a status.
+
+use super::{guarded, ptr_of, status, stream_of};
+use crate::api::{global, last_error_ptr, set_last_error};
+use crate::error::{Error, Result};
+use crate::torch_edge::c10_error::{self, Kind};
+use crate::torch_edge::graphs::{expect_restore, Restore, TorchFilter};
+use crate::torch_edge::std_function::{FilterSignature, OwnedFunction, StdFunction};
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::sync::{Arc, OnceLock};
+
+use crate::device::StreamFilter;
+
+/// The filter of a route begun without one: every allocation of the device.
+struct EveryStream;
+
+impl StreamFilter for EveryStream {
+    fn claims(&self, _stream: crate::driver::Stream) -> bool {
+        true
+    }
+}
+
+/// Runs `f`; its error is thrown to PyTorch as `c10::Error` (or `std::runtime_error`).
+///
+/// # Safety
+/// Only from an `extern "C-unwind"` frame with nothing to drop.
+unsafe fn or_throw(f: impl FnOnce() -> Result<()>) {
+    if let Err(e) = guarded(f) {
+        set_last_error(&e);
+        drop(e);
+        // SAFETY: as the caller promises; the message is copied by the throw.
+        unsafe {
+            c10_error::throw(Kind::Error, last_error_ptr());
+            crate::cxx_throw::throw_runtime_error(last_error_ptr())
+        }
+    }
+}
+
+/// PyTorch's `beginAllocateToPool` hook (`set_begin_allocate_to_pool`): allocations on `device`
+/// that `filter` (a `std::function<bool(cudaStream_t)>*`) claims go to pool `(id_a, id_b)`; a
+/// NULL or empty `filter` claims every allocation of the device.
+///
+/// # Safety
+/// `filter` must be NULL or point to a live `std::function<bool(cudaStream_t)>` of the process's
+/// libstdc++ (PyTorch passes its by-value argument so).
+#[no_mangle]
+pub unsafe extern "C-unwind" fn streampool_begin_allocate_to_pool(
+    device: c_int,
+    id_a: u64,
+    id_b: u64,
+    filter: *const c_void,
+) {
+    // SAFETY: as the caller promises: a std::function of this signature, or NULL.
+    let copy = match filter.is_null() {
+        true => None,
+        false => unsafe {
+            OwnedFunction::clone_from(filter as *const StdFunction<FilterSignature>)
+        },
+    };
+    let filter: Arc<dyn StreamFilter> = match copy {
+        Some(copy) => Arc::new(TorchFilter(copy)),
+        None => Arc::new(EveryStream),
+    };
+    // SAFETY: an extern "C-unwind" frame; `filter` is moved into the closure.
+    unsafe {
+        or_throw(move || global()?.begin_allocate_to_pool(device.into(), (id_a, id_b), filter))
+    }
+}
+
+/// PyTorch's `endAllocateToPool` hook (`set_end_allocate_to_pool_fn`).
+#[no_mangle]
+pub extern "C-unwind" fn streampool_end_allocate_to_pool(device: c_int, id_a: u64, id_b: u64) {
+    // SAFETY: an extern "C-unwind" frame with nothing to drop.
+    unsafe { or_throw(|| global()?.end_allocate_to_pool(device.into(), (id_a, id_b))) }
+}
+
+/// PyTorch's `releasePool` hook (`set_release_pool`).
+#[no_mangle]
+pub extern "C-unwind" fn streampool_release_pool(device: c_int, id_a: u64, id_b: u64) {
+    // SAFETY: an extern "C-unwind" frame with nothing to drop.
+    unsafe { or_throw(|| global()?.release_pool(device.into(), (id_a, id_b))) }
+}
+
+/// Gives PyTorch's current allocator streampool's C++ methods; returns one line per feature,
+/// `ok\t<feature>` or `missing\t<feature>\t<why>`, or NULL (see `streampool_last_error`) if the
+/// current allocator is not streampool's. Call once, right after `change_current_allocator`.
+#[no_mangle]
+pub extern "C" fn streampool_torch_attach() -> *const c_char {
+    static REPORT: OnceLock<std::result::Result<CString, Error>> = OnceLock::new();
+    let report = REPORT.get_or_init(|| {
+        guarded(|| {
+            // SAFETY: called from install(), before CUDA (and so PyTorch's allocator) is in use.
+            let attached =
+                unsafe { crate::torch_edge::attach() }.map_err(Error::InvalidArgument)?;
+            let mut lines: Vec<String> =
+                attached.wired.iter().map(|f| format!("ok\t{f}")).collect();
+            lines.extend(
+                attached
+                    .unavailable
+                    .iter()
+                    .map(|(f, why)| format!("missing\t{f}\t{why}")),
+            );
+            Ok(CString::new(lines.join("\n").replace('\0', " ")).unwrap_or_default())
+        })
+    });
+    match report {
+        Ok(text) => text.as_ptr(),
+        Err(e) => {
+            set_last_error(e);
+            std::ptr::null()
+        }
+    }
+}
+
+/// How many users PyTorch memory pool `(id_a, id_b)` of `device` has, or a negative status.
+#[no_mangle]
+pub extern "C" fn streampool_graph_pool_use_count(device: c_int, id_a: u64, id_b: u64) -> c_int {
+    match guarded(|| global()?.graph_pool_use_count(device.into(), (id_a, id_b))) {
+        Ok(count) => c_int::try_from(count).unwrap_or(c_int::MAX),
+        Err(e) => status(Err(e)),
+    }
+}
+
+/// A block of a memory pool, as `streampool_graph_pool_blocks` lists them.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StreampoolPoolBlock {
+    pub address: u64,
+    pub requested_bytes: u64,
+    pub block_bytes: u64,
+    pub stream: u64,
+}
+
+/// Copies the live blocks (`segments` == 0) or the segments (`segments` != 0; requested bytes
+/// 0, stream 0) of memory pool `(id_a, id_b)` of `device` into `out` (room for `capacity`) and
+/// sets `*count` to how many there are (with `out` NULL, only counts).
+///
+/// # Safety
+/// `out` must be NULL or writable for `capacity` blocks; `count` must be writable.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_graph_pool_blocks(
+    device: c_int,
+    id_a: u64,
+    id_b: u64,
+    segments: c_int,
+    out: *mut StreampoolPoolBlock,
+    capacity: usize,
+    count: *mut usize,
+) -> c_int {
+    status(guarded(|| {
+        if count.is_null() {
+            return Err(Error::InvalidArgument(
+                "streampool_graph_pool_blocks: count is NULL".into(),
+            ));
+        }
+        let id = (id_a, id_b);
+        let blocks: Vec<StreampoolPoolBlock> = match segments {
+            0 => global()?
+                .graph_pool_live_blocks(device.into(), id)?
+                .into_iter()
+                .map(|(ptr, requested, bytes, stream)| StreampoolPoolBlock {
+                    address: ptr.0,
+                    requested_bytes: requested,
+                    block_bytes: bytes,
+                    stream: stream.0 as u64,
+                })
+                .collect(),
+            _ => global()?
+                .graph_pool_segments(device.into(), id)?
+                .into_iter()
+                .map(|(ptr, bytes)| StreampoolPoolBlock {
+                    address: ptr.0,
+                    block_bytes: bytes,
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        // SAFETY: checked non-NULL; the caller guarantees it is writable.
+        unsafe { count.write(blocks.len()) };
+        if !out.is_null() {
+            for (i, b) in blocks.iter().take(capacity).enumerate() {
+                // SAFETY: i < capacity, for which the caller guarantees room.
+                unsafe { out.add(i).write(*b) };
+            }
+        }
+        Ok(())
+    }))
+}
+
+/// The next allocation of `requested_bytes` on `device` made by this thread through `my_malloc`
+/// restores block `ptr` (`block_bytes`, allocated on `stream`) of memory pool `(id_a, id_b)`
+/// instead of allocating: how a checkpoint of a pool is restored through PyTorch's own
+/// allocation call (so PyTorch books the block). `requested_bytes` 0 clears the directive.
+#[no_mangle]
+pub extern "C" fn streampool_graph_pool_expect_restore(
+    device: c_int,
+    id_a: u64,
+    id_b: u64,
+    ptr: *mut c_void,
+    requested_bytes: u64,
+    block_bytes: u64,
+    stream: *mut c_void,
+) -> c_int {
+    status(guarded(|| {
+        if requested_bytes == 0 {
+            expect_restore(None);
+            return Ok(());
+        }
+        global()?.check_device(device.into())?;
+        expect_restore(Some(Restore {
+            device: device.into(),
+            pool: (id_a, id_b),
+            ptr: ptr_of(ptr),
+            requested_bytes,
+            block_bytes,
+            stream: stream_of(stream),
+        }));
+        Ok(())
+    }))
+}

@@ -1,0 +1,136 @@
+//! A graph pool as a source of blocks: [`GraphPool`]'s books, with segments taken from the
+//! device's resource on streampool's own stream.
+//!
+//! Invariants: a segment is added to the pool only once its allocation has completed (the
+//! stream it was allocated on was synchronised), so it serves any stream at once; segments go
+//! back only from [`GraphPoolResource::release_free_segments`], called after a device
+//! synchronisation and only while nobody uses the pool; the pool's lock is never held across a
+//! driver call.
+
+use super::{GraphPool, PoolBlock, Segment, SegmentSource};
+use crate::driver::{DevicePtr, Driver, Stream};
+use crate::error::{Error, Result};
+use crate::resource::Resource;
+use crate::sync::Mutex;
+use std::sync::Arc;
+
+/// A PyTorch memory pool id (`c10::MempoolId_t`).
+pub type PoolId = (u64, u64);
+
+pub struct GraphPoolResource {
+    device: usize,
+    driver: Arc<dyn Driver>,
+    /// The device's resource its segments come from.
+    parent: Arc<dyn Resource>,
+    /// streampool's own stream of the device: segments are allocated and returned on it.
+    own_stream: Stream,
+    pool: Mutex<GraphPool>,
+}
+
+impl GraphPoolResource {
+    pub fn new(
+        device: usize,
+        driver: Arc<dyn Driver>,
+        parent: Arc<dyn Resource>,
+        own_stream: Stream,
+    ) -> GraphPoolResource {
+        GraphPoolResource {
+            device,
+            driver,
+            parent,
+            own_stream,
+            pool: Mutex::new(GraphPool::default()),
+        }
+    }
+
+    /// Runs `f` on the pool's books.
+    pub fn with<T>(&self, f: impl FnOnce(&mut GraphPool) -> T) -> T {
+        f(&mut self.pool.lock())
+    }
+
+    /// A block of `bytes` (a multiple of 512) for `stream`: from the pool's free ranges, else
+    /// from a new segment.
+    pub fn allocate(&self, bytes: u64, stream: Stream) -> Result<PoolBlock> {
+        if let Some(block) = self.pool.lock().take(bytes, stream) {
+            return Ok(block);
+        }
+        let segment = self.new_segment(GraphPool::segment_bytes_for(bytes)?)?;
+        let mut pool = self.pool.lock();
+        pool.add_segment(segment);
+        pool.take(bytes, stream).ok_or_else(|| {
+            Error::Internal(format!(
+                "a new segment of {} B did not fit {bytes} B",
+                segment.bytes
+            ))
+        })
+    }
+
+    /// A segment of `bytes` from the device's resource — or, if it cannot map memory during a
+    /// capture, the driver's own pool — allocated on streampool's stream and waited for.
+    fn new_segment(&self, bytes: u64) -> Result<Segment> {
+        let (device, stream) = (self.device, self.own_stream);
+        let mut segment = None;
+        self.driver.relaxed_capture(&mut || {
+            let (ptr, source) = match self.parent.allocate(bytes, stream) {
+                Ok(ptr) => (ptr, SegmentSource::Resource),
+                Err(e) if e.is_capture_refusal() => (
+                    self.driver.alloc_captured(device, bytes, stream)?,
+                    SegmentSource::Driver,
+                ),
+                Err(e) => return Err(e),
+            };
+            let made = Segment { ptr, bytes, source };
+            if let Err(e) = self.driver.stream_synchronize(device, stream) {
+                let _ = self.give_back(&made);
+                return Err(e);
+            }
+            segment = Some(made);
+            Ok(())
+        })?;
+        segment.ok_or_else(|| Error::Internal("no segment was made".into()))
+    }
+
+    fn give_back(&self, segment: &Segment) -> Result<()> {
+        match segment.source {
+            SegmentSource::Resource => {
+                self.parent
+                    .deallocate(segment.ptr, segment.bytes, self.own_stream)
+            }
+            SegmentSource::Driver => {
+                self.driver
+                    .free_async(self.device, segment.ptr, self.own_stream)
+            }
+        }
+    }
+
+    /// Frees a live block of the pool into it.
+    pub fn deallocate(&self, ptr: DevicePtr) -> Result<()> {
+        self.pool.lock().give(ptr).map(|_| ())
+    }
+
+    /// Gives the resource back every wholly free segment, if nobody uses the pool (no capture,
+    /// no `MemPool`, no graph that may replay); returns the bytes given back. Call only after a
+    /// device synchronisation: replays may have been using the segments until then.
+    pub fn release_free_segments(&self) -> Result<u64> {
+        let segments = {
+            let mut pool = self.pool.lock();
+            match pool.use_count() {
+                0 => pool.take_free_segments(),
+                _ => return Ok(0),
+            }
+        };
+        let mut first_error = Ok(());
+        let mut released_bytes = 0;
+        for s in &segments {
+            match self.give_back(s) {
+                Ok(()) => released_bytes += s.bytes,
+                Err(e) => {
+                    // Still the pool's: kept for a later release.
+                    self.pool.lock().add_segment(*s);
+                    first_error = first_error.and(Err(e));
+                }
+            }
+        }
+        first_error.map(|()| released_bytes)
+    }
+}

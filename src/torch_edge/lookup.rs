@@ -1,0 +1,100 @@
+//! Finding PyTorch's and the C++ runtime's symbols in the libraries the process has already
+//! loaded, without linking either, and publishing what was found once.
+//!
+//! Invariants: nothing is loaded here (`RTLD_NOLOAD`): a symbol of a library PyTorch has not
+//! loaded is absent, never pulled in; a lookup is published with one atomic store, and a thread
+//! that finds nothing published looks up itself (lookups are idempotent), so a fork child never
+//! waits for a lookup a thread of its parent had begun.
+
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// PyTorch's libraries that hold what this module looks for, by soname.
+pub(crate) const LIBC10: &CStr = c"libc10.so";
+pub(crate) const LIBC10_CUDA: &CStr = c"libc10_cuda.so";
+pub(crate) const LIBTORCH_CUDA: &CStr = c"libtorch_cuda.so";
+pub(crate) const LIBTORCH_PYTHON: &CStr = c"libtorch_python.so";
+
+/// The handle of `library` if the process has loaded it (found by soname), else None.
+fn loaded(library: &CStr) -> Option<*mut c_void> {
+    // SAFETY: dlopen with a NUL-terminated name and RTLD_NOLOAD loads nothing; NULL is checked.
+    let handle = unsafe { libc::dlopen(library.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    (!handle.is_null()).then_some(handle)
+}
+
+/// The address of `name` in the first of `libraries` that is loaded and defines it, else in the
+/// process's global scope; None if nowhere.
+pub(crate) fn symbol(libraries: &[&CStr], name: &CStr) -> Option<*mut c_void> {
+    let mut handles: Vec<*mut c_void> = libraries.iter().filter_map(|l| loaded(l)).collect();
+    handles.push(libc::RTLD_DEFAULT);
+    handles.into_iter().find_map(|handle| {
+        // SAFETY: a handle from dlopen (or RTLD_DEFAULT) and a NUL-terminated name.
+        let address = unsafe { libc::dlsym(handle, name.as_ptr()) };
+        (!address.is_null()).then_some(address)
+    })
+}
+
+/// `dladdr1`'s flag asking for the ELF symbol (glibc's `RTLD_DL_SYMENT`).
+const RTLD_DL_SYMENT: libc::c_int = 1;
+
+/// The size in bytes of the ELF symbol that starts exactly at `address`, if one does.
+pub(crate) fn symbol_size(address: *const c_void) -> Option<usize> {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    let mut entry: *mut libc::Elf64_Sym = std::ptr::null_mut();
+    // SAFETY: dladdr1 writes `info` and, with RTLD_DL_SYMENT, a pointer to the symbol table
+    // entry into `entry`; both outputs are valid for writes.
+    let found = unsafe {
+        libc::dladdr1(
+            address,
+            info.as_mut_ptr(),
+            (&mut entry as *mut *mut libc::Elf64_Sym).cast(),
+            RTLD_DL_SYMENT,
+        )
+    };
+    // SAFETY: dladdr1 returned non-zero, so `info` is written.
+    let info = unsafe { info.assume_init() };
+    if found == 0 || entry.is_null() || !std::ptr::eq(info.dli_saddr as *const c_void, address) {
+        return None;
+    }
+    // SAFETY: a non-null entry of a loaded library's symbol table, which stays mapped.
+    usize::try_from(unsafe { (*entry).st_size }).ok()
+}
+
+/// What a lookup found, published once for the life of the process (never freed).
+pub(crate) struct Published<T: 'static> {
+    slot: AtomicPtr<T>,
+}
+
+impl<T: Send + Sync + 'static> Published<T> {
+    pub(crate) const fn new() -> Published<T> {
+        Published {
+            slot: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// The published value, or the result of `find` published now; None (not published, so a
+    /// later call looks again) if `find` finds nothing.
+    pub(crate) fn get_or_find(&self, find: impl FnOnce() -> Option<T>) -> Option<&'static T> {
+        let published = self.slot.load(Ordering::Acquire);
+        if !published.is_null() {
+            // SAFETY: published below from a leaked Box, never freed.
+            return Some(unsafe { &*published });
+        }
+        let found = Box::into_raw(Box::new(find()?));
+        match self.slot.compare_exchange(
+            std::ptr::null_mut(),
+            found,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: `found` is ours, leaked for the rest of the process.
+            Ok(_) => Some(unsafe { &*found }),
+            Err(first) => {
+                // SAFETY: another thread published first; ours was never shared.
+                drop(unsafe { Box::from_raw(found) });
+                // SAFETY: as above.
+                Some(unsafe { &*first })
+            }
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! streampool's implementations of the `CUDAPluggableAllocator` methods PyTorch leaves
+//! unimplemented, with the C ABI of the C++ methods they replace (`this` first; a returned
+//! class comes back through a hidden pointer passed before `this`), and where each goes.
+//!
+//! Invariants: every body runs inside `catch_unwind`; a failure is thrown as PyTorch's
+//! `c10::Error` (or `std::runtime_error`), never returned as a made-up value; a method answers
+//! from streampool's own state only.
+
+use super::c10_error::{self, Kind};
+use super::std_function::{ObserverSignature, OwnedFunction, StdFunction};
+use super::vtable::{Replacement, SlotAt};
+use crate::api::{global, last_error_ptr, set_last_error};
+use crate::error::{Error, Result};
+use crate::ffi::guarded;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::LazyLock;
+
+/// The feature the typed out-of-memory error serves (not a slot: `my_malloc` throws it).
+pub(crate) const TYPED_OOM: &str = "torch.OutOfMemoryError";
+
+/// Throws `error` to PyTorch as `c10::Error` (Python `RuntimeError`).
+///
+/// # Safety
+/// The caller's frames must be able to unwind (`extern "C-unwind"`, nothing needing a drop).
+unsafe fn throw_error(error: Error) -> ! {
+    set_last_error(&error);
+    drop(error);
+    // SAFETY: the last error is a valid C string copied by the throw; as the caller promises.
+    unsafe {
+        c10_error::throw(Kind::Error, last_error_ptr());
+        crate::cxx_throw::throw_runtime_error(last_error_ptr())
+    }
+}
+
+/// Runs `f` for a replaced method: its value, or its error thrown to PyTorch.
+///
+/// # Safety
+/// As [`throw_error`].
+unsafe fn answer<T>(f: impl FnOnce() -> Result<T>) -> T {
+    match guarded(f) {
+        Ok(value) => value,
+        // SAFETY: as the caller promises.
+        Err(e) => unsafe { throw_error(e) },
+    }
+}
+
+/// `void cacheInfo(DeviceIndex device, size_t* largestBlock)`: cuDNN sizes its benchmark
+/// workspace by it. The largest block streampool could serve now without failing: the device's
+/// free memory plus what streampool holds unused (it gives that back before it reports out of
+/// memory), or the value passed in if larger.
+unsafe extern "C-unwind" fn cache_info(_this: *mut c_void, device: i8, largest: *mut usize) {
+    // SAFETY: an extern "C-unwind" frame with nothing to drop.
+    let bytes = unsafe { answer(|| global()?.cache_info_bytes(device.into())) };
+    if !largest.is_null() {
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        // SAFETY: PyTorch passes a pointer to its size_t.
+        unsafe { *largest = (*largest).max(bytes) };
+    }
+}
+
+/// The fractions set through `set_per_process_memory_fraction`, by device.
+static FRACTIONS: LazyLock<Mutex<HashMap<i64, f64>>> = LazyLock::new(Default::default);
+
+/// Remembers the memory fraction set for `device` (for `getMemoryFraction`).
+pub(crate) fn note_memory_fraction(device: i64, fraction: f64) {
+    FRACTIONS.lock().insert(device, fraction);
+}
+
+/// `double getMemoryFraction(DeviceIndex device)`: the fraction last set, 1.0 if none.
+unsafe extern "C-unwind" fn get_memory_fraction(_this: *mut c_void, device: i8) -> f64 {
+    // SAFETY: an extern "C-unwind" frame with nothing to drop.
+    unsafe {
+        answer(|| {
+            global()?.check_device(device.into())?;
+            Ok(FRACTIONS
+                .lock()
+                .get(&i64::from(device))
+                .copied()
+                .unwrap_or(1.0))
+        })
+    }
+}
+
+/// `int getPoolUseCount(DeviceIndex, MempoolId_t)`.
+unsafe extern "C-unwind" fn get_pool_use_count(
+    _: *mut c_void,
+    device: i8,
+    a: u64,
+    b: u64,
+) -> c_int {
+    // SAFETY: an extern "C-unwind" frame with nothing to drop.
+    unsafe {
+        answer(|| {
+            let count = global()?.graph_pool_use_count(device.into(), (a, b))?;
+            Ok(c_int::try_from(count).unwrap_or(c_int::MAX))
+        })
+    }
+}
+
+/// `void createOrIncrefPool(DeviceIndex, MempoolId_t, std::shared_ptr<CUDAAllocator>)`:
+/// `torch.cuda.MemPool()`. A pool with an allocator of its own other than this one is refused:
+/// streampool serves every block of the process.
+unsafe extern "C-unwind" fn create_or_incref_pool(
+    this: *mut c_void,
+    device: i8,
+    a: u64,
+    b: u64,
+    allocator: *const [*mut c_void; 2],
+) {
+    // SAFETY: a std::shared_ptr is {object pointer, control block}; PyTorch passes a pointer to
+    // its temporary.
+    let own = allocator.is_null() || {
+        let object = unsafe { (*allocator)[0] };
+        object.is_null() || object == this
+    };
+    // SAFETY: an extern "C-unwind" frame with nothing to drop.
+    unsafe {
+        answer(|| {
+            if !own {
+                return Err(Error::InvalidArgument(
+                    "a torch.cuda.MemPool with an allocator of its own cannot be used while \
+                     streampool is PyTorch's allocator (streampool serves every CUDA block of \
+                     the process): create the MemPool without an allocator"
+                        .into(),
+                ));
+            }
+            global()?.graph_pool_create_or_incref(device.into(), (a, b))
+        })
+    }
+}
+
+/// `void setUseOnOOM(DeviceIndex, MempoolId_t, bool)`.
+unsafe extern "C-unwind" fn set_use_on_oom(_: *mut c_void, device: i8, a: u64, b: u64, on: bool) {
+    // SAFETY: an extern "C-unwind" frame with nothing to drop.
+    unsafe { answer(|| global()?.graph_pool_set_use_on_oom(device.into(), (a, b), on)) }
+}
+
+/// `void setNoSplit(DeviceIndex, MempoolId_t)`.
+unsafe extern "C-unwind" fn set_no_split(_: *mut c_void, device: i8, a: u64, b: u64) {
+    // SAFETY: an extern "C-unwind" frame with nothing to drop.
+    unsafe { answer(|| global()?.graph_pool_set_no_split(device.into(), (a, b))) }
+}
+
+/// `bool isHistoryEnabled()`: whether streampool records its memory timeline.
+unsafe extern "C-unwind" fn is_history_enabled(_this: *mut c_void) -> bool {
+    // SAFETY: an extern "C-unwind" frame with nothing to drop.
+    unsafe { answer(|| Ok(global()?.history_enabled())) }
+}
+
+/// `void resetPeakStats(DeviceIndex)`.
+unsafe extern "C-unwind" fn reset_peak_stats(_this: *mut c_void, device: i8) {
+    // SAFETY: an extern "C-unwind" frame with nothing to drop.
+    unsafe { answer(|| global()?.reset_peak_stats(device.into())) }
+}
+
+/// Observers attached with `torch._C._cuda_attach_out_of_memory_observer`.
+static OOM_OBSERVERS: LazyLock<Mutex<Vec<std::sync::Arc<OwnedFunction<ObserverSignature>>>>> =
+    LazyLock::new(Default::default);
+
+/// `void attachOutOfMemoryObserver(OutOfMemoryObserver)`: kept (a copy) and called when an
+/// allocation through `my_malloc` fails.
+unsafe extern "C-unwind" fn attach_oom_observer(
+    _this: *mut c_void,
+    observer: *const StdFunction<ObserverSignature>,
+) {
+    // SAFETY: PyTorch passes a pointer to its std::function temporary, of this signature.
+    if let Some(copy) = unsafe { OwnedFunction::clone_from(observer) } {
+        OOM_OBSERVERS.lock().push(std::sync::Arc::new(copy));
+    }
+}
+
+/// Calls the out-of-memory observers, as PyTorch's allocator does before it raises: device,
+/// the bytes asked for, the device's total and free memory. Called with no lock held; an
+/// observer's exception propagates to the caller.
+pub(crate) fn notify_out_of_memory(device: i64, requested_bytes: u64) {
+    let observers: Vec<_> = OOM_OBSERVERS.lock().clone();
+    if observers.is_empty() {
+        return;
+    }
+    let (total, free) = guarded(|| global()?.device_memory(device)).unwrap_or((0, 0));
+    for observer in observers {
+        observer.call(device, requested_bytes, total, free);
+    }
+}
+
+/// `CheckpointDelta setCheckpointPoolState(DeviceIndex, std::shared_ptr<AllocatorState>)`, as
+/// PyTorch's binding `_cuda_setCheckpointPoolState` reaches it once streampool's Python side
+/// has restored the pool (`streampool._graphs`): nothing left to free or allocate here, so an
+/// empty delta (two empty vectors), and the binding gives the live storages their deleters. A
+/// state that is not None did not come from streampool and is refused.
+unsafe extern "C-unwind" fn set_checkpoint_pool_state(
+    delta: *mut [usize; 6],
+    _this: *mut c_void,
+    _device: i8,
+    state: *const [*mut c_void; 2],
+) -> *mut [usize; 6] {
+    // SAFETY: a shared_ptr temporary of PyTorch's: {object, control block}.
+    let foreign = !state.is_null() && !unsafe { (*state)[0] }.is_null();
+    if foreign {
+        // SAFETY: an extern "C-unwind" frame with nothing to drop.
+        unsafe {
+            throw_error(Error::InvalidArgument(
+                "a checkpoint of PyTorch's own allocator cannot be restored into streampool; \
+                 streampool.install() routes torch._C._cuda_setCheckpointPoolState to its own"
+                    .into(),
+            ))
+        }
+    }
+    // SAFETY: the hidden return pointer is storage for a CheckpointDelta: two std::vectors,
+    // each {begin, end, capacity end}; all null is an empty vector.
+    unsafe { delta.write([0; 6]) };
+    delta
+}
+
+/// The mangled name of a method of PyTorch's pluggable allocator, from the part after the class.
+macro_rules! method {
+    ($tail:literal $(,)?) => {{
+        const NAME: &CStr = match CStr::from_bytes_with_nul(
+            concat!(
+                "_ZN5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator",
+                $tail,
+                "\0"
+            )
+            .as_bytes(),
+        ) {
+            Ok(name) => name,
+            Err(_) => panic!("a mangled name has no NUL inside"),
+        };
+        NAME
+    }};
+}
+
+/// The slots replaced, PyTorch 2.11's `CUDAAllocator` declaration order where a method is not
+/// exported (the four pool methods and `checkPoolLiveAllocations` lie between `releasePool` and
+/// `shareIpcHandle`; `isHistoryEnabled` between `getIpcDevPtr` and `recordHistory`).
+pub(super) fn replacements() -> Vec<Replacement> {
+    let release_pool = method!("11releasePoolEaSt4pairIyyE");
+    let share_ipc = method!("14shareIpcHandleEPv");
+    let pool_method = |offset: usize| SlotAt::Between {
+        anchor: release_pool,
+        offset,
+        closing: share_ipc,
+        span: 6,
+    };
+    vec![
+        Replacement {
+            feature: "cuDNN benchmark mode (cacheInfo)",
+            at: SlotAt::Symbol(method!("9cacheInfoEaPm")),
+            function: cache_info as *const c_void,
+        },
+        Replacement {
+            feature: "torch.cuda.get_per_process_memory_fraction (getMemoryFraction)",
+            at: SlotAt::Symbol(method!("17getMemoryFractionEa")),
+            function: get_memory_fraction as *const c_void,
+        },
+        Replacement {
+            feature: "torch.cuda.MemPool (getPoolUseCount)",
+            at: pool_method(1),
+            function: get_pool_use_count as *const c_void,
+        },
+        Replacement {
+            feature: "torch.cuda.MemPool (createOrIncrefPool)",
+            at: pool_method(2),
+            function: create_or_incref_pool as *const c_void,
+        },
+        Replacement {
+            feature: "torch.cuda.MemPool(use_on_oom=True) (setUseOnOOM)",
+            at: pool_method(3),
+            function: set_use_on_oom as *const c_void,
+        },
+        Replacement {
+            feature: "torch.cuda.MemPool(no_split=True) (setNoSplit)",
+            at: pool_method(4),
+            function: set_no_split as *const c_void,
+        },
+        Replacement {
+            feature: "memory history from C++ (isHistoryEnabled)",
+            at: SlotAt::Between {
+                anchor: method!(
+                    "12getIpcDevPtrENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE",
+                ),
+                offset: 1,
+                closing: method!(
+                    "13recordHistoryEbPFSt10shared_ptrIN3c1015GatheredContextEEvEmNS4_22CachingDeviceAllocator13RecordContextEbRKSt6vectorINSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEESaISH_EE",
+                ),
+                span: 2,
+            },
+            function: is_history_enabled as *const c_void,
+        },
+        Replacement {
+            feature: "reset_peak_memory_stats from C++ (resetPeakStats)",
+            at: SlotAt::Symbol(method!("14resetPeakStatsEa")),
+            function: reset_peak_stats as *const c_void,
+        },
+        Replacement {
+            feature: "out-of-memory observers (attachOutOfMemoryObserver)",
+            at: SlotAt::Symbol(method!("25attachOutOfMemoryObserverESt8functionIFvlmmmEE")),
+            function: attach_oom_observer as *const c_void,
+        },
+        Replacement {
+            feature: "torch.compile CUDA graph trees (setCheckpointPoolState)",
+            at: SlotAt::Symbol(method!(
+                "22setCheckpointPoolStateEaSt10shared_ptrIN3c104cuda20CUDACachingAllocator14AllocatorStateEE",
+            )),
+            function: set_checkpoint_pool_state as *const c_void,
+        },
+    ]
+}
