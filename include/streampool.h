@@ -563,6 +563,18 @@ int streampool_graph_pool_expect_restore(int device,
                                          uint64_t block_bytes,
                                          void *stream);
 
+/**
+ * The next `setCheckpointPoolState` PyTorch makes on `device` reports the `count` blocks at
+ * `ptrs` (of a memory pool just restored to a checkpoint: each live, allocated through
+ * `my_malloc`) as allocated by the restore, so that PyTorch gives the storages holding them
+ * the allocator's deleter. Used by streampool's Python routing of
+ * `torch._C._cuda_setCheckpointPoolState`, right before it calls PyTorch's binding.
+ *
+ * # Safety
+ * `ptrs` must be readable for `count` addresses (or NULL with `count` 0).
+ */
+int streampool_checkpoint_prepare(int device, const uint64_t *ptrs, size_t count);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

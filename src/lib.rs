@@ -48,6 +48,7 @@ pub mod units;
 
 pub use allocator::{Allocator, MAX_ALLOCATION_BYTES};
 pub use config::Config;
+pub use device::StreamFilter;
 pub use error::{Error, Result};
 pub use stats::StreampoolStats;
 

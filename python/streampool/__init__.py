@@ -92,10 +92,11 @@ OUT_OF_MEMORY_PREFIX = "CUDA out of memory."
 def is_out_of_memory(error: BaseException) -> bool:
     """True if ``error`` is a CUDA out-of-memory error, whichever allocator raised it.
 
-    With ``install()``, PyTorch raises streampool's out-of-memory error as a plain
-    ``RuntimeError("CUDA out of memory. ...")``: a pluggable allocator cannot raise the typed
-    ``torch.cuda.OutOfMemoryError`` (see the README). This accepts that, PyTorch's own typed
-    error (native allocator, ``mempool()`` regions) and streampool's ``OutOfMemoryError``::
+    With ``install()``, PyTorch raises streampool's out-of-memory error as its own typed
+    ``torch.cuda.OutOfMemoryError`` (a ``RuntimeError``), so ``except torch.OutOfMemoryError``
+    works; on a PyTorch whose exception type streampool cannot find (the install log says so) it
+    is a plain ``RuntimeError("CUDA out of memory. ...")``. This accepts both, and
+    streampool's own ``OutOfMemoryError``::
 
         try:
             step()

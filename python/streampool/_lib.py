@@ -163,6 +163,17 @@ class StreampoolBlock(ctypes.Structure):
     ]
 
 
+class StreampoolPoolBlock(ctypes.Structure):
+    """A live block or a segment of a PyTorch memory pool (``streampool_graph_pool_blocks``)."""
+
+    _fields_ = [
+        ("address", ctypes.c_uint64),
+        ("requested_bytes", ctypes.c_uint64),
+        ("block_bytes", ctypes.c_uint64),
+        ("stream", ctypes.c_uint64),
+    ]
+
+
 class StreampoolIpcHandle(ctypes.Structure):
     """``struct StreampoolIpcHandle``: what another process needs to map one shareable block."""
 
@@ -242,12 +253,46 @@ _SIGNATURES = {
         _c_int,
         [_c_int, ctypes.POINTER(StreampoolBlock), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
     ),
+    "streampool_begin_allocate_to_pool": (None, [_c_int, _c_uint64, _c_uint64, _c_void_p]),
+    "streampool_end_allocate_to_pool": (None, [_c_int, _c_uint64, _c_uint64]),
+    "streampool_release_pool": (None, [_c_int, _c_uint64, _c_uint64]),
+    "streampool_torch_attach": (ctypes.c_char_p, []),
+    "streampool_graph_pool_use_count": (_c_int, [_c_int, _c_uint64, _c_uint64]),
+    "streampool_graph_pool_blocks": (
+        _c_int,
+        [
+            _c_int,
+            _c_uint64,
+            _c_uint64,
+            _c_int,
+            ctypes.POINTER(StreampoolPoolBlock),
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_size_t),
+        ],
+    ),
+    "streampool_graph_pool_expect_restore": (
+        _c_int,
+        [_c_int, _c_uint64, _c_uint64, _c_void_p, _c_uint64, _c_uint64, _c_void_p],
+    ),
+    "streampool_checkpoint_prepare": (_c_int, [_c_int, ctypes.POINTER(_c_uint64), ctypes.c_size_t]),
 }
 
 # Exports newer than libstreampool 0.1.0 as last measured on the GPU: a library without them still
 # loads (the benchmark compares a build against the previous one with STREAMPOOL_LIBRARY), and
 # asking for one of them there says so.
-_NEWER_EXPORTS = frozenset({"streampool_vmm_supported"})
+_NEWER_EXPORTS = frozenset(
+    {
+        "streampool_vmm_supported",
+        "streampool_begin_allocate_to_pool",
+        "streampool_end_allocate_to_pool",
+        "streampool_release_pool",
+        "streampool_torch_attach",
+        "streampool_graph_pool_use_count",
+        "streampool_graph_pool_blocks",
+        "streampool_graph_pool_expect_restore",
+        "streampool_checkpoint_prepare",
+    }
+)
 
 _load_lock = threading.Lock()
 _library: Optional[ctypes.CDLL] = None

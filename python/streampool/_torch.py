@@ -24,11 +24,13 @@ _HOOKS = (
 
 
 class _Installation:
-    """The allocator handed to PyTorch (kept alive here for the life of the process)."""
+    """The allocator handed to PyTorch (kept alive here for the life of the process), and the
+    PyTorch features wired beyond malloc and free (feature -> None, or why it is unavailable)."""
 
-    def __init__(self, allocator: Any, options: Dict[str, Any]):
+    def __init__(self, allocator: Any, options: Dict[str, Any], features: Dict[str, Optional[str]]):
         self.allocator = allocator
         self.options = options
+        self.features = features
 
 
 _installation: Optional[_Installation] = None
@@ -155,6 +157,10 @@ def install(*, torch_stats: bool = True, _wire_record_stream: bool = True, **opt
         return None
     allocator = _new_allocator(torch, wire_record_stream=_wire_record_stream)
     torch.cuda.memory.change_current_allocator(allocator)
+    from ._parity import wire
+
+    # cuDNN benchmark mode, MemPool, CUDA graph pools and trees, memory history, typed OOM.
+    features = wire(torch, allocator.allocator())
     from ._ipc import register_reductions
 
     register_reductions()  # CUDA tensors sent to other processes go through shareable pools
@@ -162,7 +168,7 @@ def install(*, torch_stats: bool = True, _wire_record_stream: bool = True, **opt
         from ._torch_stats import route
 
         route(torch)
-    _installation = _Installation(allocator, dict(options))
+    _installation = _Installation(allocator, dict(options), features)
     return allocator
 
 

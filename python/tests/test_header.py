@@ -29,6 +29,9 @@ C_TYPES = {
     "struct StreampoolIpcHandle *": ctypes.POINTER(_lib.StreampoolIpcHandle),
     "const struct StreampoolIpcHandle *": ctypes.POINTER(_lib.StreampoolIpcHandle),
     "void * *": ctypes.POINTER(ctypes.c_void_p),
+    "struct StreampoolPoolBlock *": ctypes.POINTER(_lib.StreampoolPoolBlock),
+    "const uint64_t *": ctypes.POINTER(ctypes.c_uint64),
+    "const void *": ctypes.c_void_p,
 }
 C_FIELD_TYPES = {"uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32}
 

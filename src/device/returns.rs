@@ -198,10 +198,14 @@ impl DeviceAllocator {
         synced?;
         if !capturing {
             self.driver.synchronize(self.device)?;
-            let before_bytes = self.reserved_for_timeline(resources);
-            if let Err(e) = self.release_unused_graph_pools() {
-                log::warn!("device {}: releasing unused memory pools: {e}", self.device);
+            // Memory pools nobody uses give back their free segments (their graphs' replays are
+            // done now); once those returns complete, the trim can release them too.
+            match self.release_unused_graph_pools() {
+                Ok(0) => {}
+                Ok(_) => self.driver.synchronize(self.device)?,
+                Err(e) => log::warn!("device {}: releasing unused memory pools: {e}", self.device),
             }
+            let before_bytes = self.reserved_for_timeline(resources);
             resources.for_each(|r| r.trim(keep_bytes))?;
             if let (Some(before), Some(after)) =
                 (before_bytes, self.reserved_for_timeline(resources))

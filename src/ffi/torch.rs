@@ -225,3 +225,34 @@ pub extern "C" fn streampool_graph_pool_expect_restore(
         Ok(())
     }))
 }
+
+/// The next `setCheckpointPoolState` PyTorch makes on `device` reports the `count` blocks at
+/// `ptrs` (of a memory pool just restored to a checkpoint: each live, allocated through
+/// `my_malloc`) as allocated by the restore, so that PyTorch gives the storages holding them
+/// the allocator's deleter. Used by streampool's Python routing of
+/// `torch._C._cuda_setCheckpointPoolState`, right before it calls PyTorch's binding.
+///
+/// # Safety
+/// `ptrs` must be readable for `count` addresses (or NULL with `count` 0).
+#[no_mangle]
+pub unsafe extern "C" fn streampool_checkpoint_prepare(
+    device: c_int,
+    ptrs: *const u64,
+    count: usize,
+) -> c_int {
+    status(guarded(|| {
+        global()?.check_device(device.into())?;
+        let ptrs = match (ptrs.is_null(), count) {
+            (_, 0) => Vec::new(),
+            (true, _) => {
+                return Err(Error::InvalidArgument(
+                    "streampool_checkpoint_prepare: ptrs is NULL".into(),
+                ))
+            }
+            // SAFETY: the caller guarantees `count` readable addresses.
+            (false, n) => unsafe { std::slice::from_raw_parts(ptrs, n) }.to_vec(),
+        };
+        crate::torch_edge::prepare_checkpoint_delta(device.into(), ptrs);
+        Ok(())
+    }))
+}

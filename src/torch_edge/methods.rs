@@ -185,34 +185,117 @@ pub(crate) fn notify_out_of_memory(device: i64, requested_bytes: u64) {
     }
 }
 
+/// The blocks the next `setCheckpointPoolState` on a device hands to PyTorch, set by
+/// [`prepare_checkpoint_delta`] (streampool's Python side, right before it calls PyTorch's
+/// binding).
+static PREPARED: Mutex<Option<(i64, Vec<u64>)>> = Mutex::new(None);
+
+/// The next `setCheckpointPoolState` on `device` reports `ptrs` (blocks of a pool just restored
+/// to a checkpoint, each live and booked by PyTorch's allocator) as allocated by the restore:
+/// PyTorch's binding then gives the storages that hold them the allocator's deleter.
+pub(crate) fn prepare_checkpoint_delta(device: i64, ptrs: Vec<u64>) {
+    *PREPARED.lock() = Some((device, ptrs));
+}
+
+/// `c10::DataPtr` as PyTorch's pluggable allocator builds one: data, context deleter, context
+/// (the address itself), device type and index.
+#[repr(C)]
+struct DataPtr {
+    data: u64,
+    deleter: *const c_void,
+    context: u64,
+    device_type: i8,
+    device_index: i8,
+    padding: [u8; 6],
+}
+
+/// `c10::DeviceType::CUDA`.
+const DEVICE_TYPE_CUDA: i8 = 1;
+
 /// `CheckpointDelta setCheckpointPoolState(DeviceIndex, std::shared_ptr<AllocatorState>)`, as
-/// PyTorch's binding `_cuda_setCheckpointPoolState` reaches it once streampool's Python side
-/// has restored the pool (`streampool._graphs`): nothing left to free or allocate here, so an
-/// empty delta (two empty vectors), and the binding gives the live storages their deleters. A
-/// state that is not None did not come from streampool and is refused.
+/// PyTorch's binding `_cuda_setCheckpointPoolState` reaches it once streampool's Python side has
+/// restored the pool (`streampool._graphs`): nothing was freed (it refused to free blocks that
+/// storages still own), and the blocks it prepared were allocated — each as a `DataPtr` with the
+/// allocator's own deleter, which the binding moves into the storages that hold them. A state
+/// that is not None did not come from streampool and is refused.
 unsafe extern "C-unwind" fn set_checkpoint_pool_state(
     delta: *mut [usize; 6],
-    _this: *mut c_void,
-    _device: i8,
+    this: *mut c_void,
+    device: i8,
     state: *const [*mut c_void; 2],
 ) -> *mut [usize; 6] {
     // SAFETY: a shared_ptr temporary of PyTorch's: {object, control block}.
     let foreign = !state.is_null() && !unsafe { (*state)[0] }.is_null();
-    if foreign {
+    let prepared = PREPARED.lock().take();
+    let ptrs = match prepared {
+        Some((d, ptrs)) if d == i64::from(device) => ptrs,
+        _ => Vec::new(),
+    };
+    let vector = match foreign {
+        true => Err(Error::InvalidArgument(
+            "a checkpoint of PyTorch's own allocator cannot be restored into streampool; \
+             streampool.install() routes torch._C._cuda_setCheckpointPoolState to its own"
+                .into(),
+        )),
+        // SAFETY: `this` is the installed pluggable allocator (its vtable is ours).
+        false => unsafe { data_ptr_vector(this, device, &ptrs) },
+    };
+    match vector {
+        // SAFETY: the hidden return pointer is storage for a CheckpointDelta: two std::vectors,
+        // each {begin, end, capacity end}; all null is an empty vector.
+        Ok([begin, end]) => unsafe { delta.write([0, 0, 0, begin, end, end]) },
         // SAFETY: an extern "C-unwind" frame with nothing to drop.
-        unsafe {
-            throw_error(Error::InvalidArgument(
-                "a checkpoint of PyTorch's own allocator cannot be restored into streampool; \
-                 streampool.install() routes torch._C._cuda_setCheckpointPoolState to its own"
-                    .into(),
-            ))
-        }
+        Err(e) => unsafe { throw_error(e) },
     }
-    // SAFETY: the hidden return pointer is storage for a CheckpointDelta: two std::vectors,
-    // each {begin, end, capacity end}; all null is an empty vector.
-    unsafe { delta.write([0; 6]) };
     delta
 }
+
+/// A `std::vector<c10::DataPtr>`'s storage (from libstdc++'s `operator new`, which its
+/// destructor frees) holding one DataPtr per address: [begin, end).
+///
+/// # Safety
+/// `this` must be PyTorch's pluggable allocator object.
+unsafe fn data_ptr_vector(this: *mut c_void, device: i8, ptrs: &[u64]) -> Result<[usize; 2]> {
+    if ptrs.is_empty() {
+        return Ok([0, 0]);
+    }
+    type RawDeleter = unsafe extern "C-unwind" fn(*mut c_void) -> *const c_void;
+    type OperatorNew = unsafe extern "C-unwind" fn(usize) -> *mut c_void;
+    let new = super::lookup::symbol(&[c"libstdc++.so.6"], c"_Znwm")
+        .ok_or_else(|| Error::Internal("libstdc++'s operator new is not loaded".into()))?;
+    let bytes = std::mem::size_of::<DataPtr>()
+        .checked_mul(ptrs.len())
+        .ok_or_else(|| Error::Internal("too many blocks".into()))?;
+    // SAFETY: `raw_deleter() const` is slot 4 of the allocator's vtable (after the two
+    // destructors, allocate and is_simple_data_ptr; checked against the symbol table when the
+    // vtable was copied); `operator new(size_t)` returns storage or throws.
+    unsafe {
+        let vtable = *(this as *const *const RawDeleter);
+        let deleter = (*vtable.add(RAW_DELETER_SLOT))(this);
+        let storage = std::mem::transmute::<*mut c_void, OperatorNew>(new)(bytes) as *mut DataPtr;
+        for (i, &ptr) in ptrs.iter().enumerate() {
+            storage.add(i).write(DataPtr {
+                data: ptr,
+                deleter,
+                context: ptr,
+                device_type: DEVICE_TYPE_CUDA,
+                device_index: device,
+                padding: [0; 6],
+            });
+        }
+        Ok([storage as usize, storage as usize + bytes])
+    }
+}
+
+/// The index of `raw_deleter() const` in a `c10::Allocator`'s vtable (from its address point),
+/// and the method PyTorch's pluggable allocator has there (checked before the checkpoint method
+/// that calls it is installed).
+pub(super) const RAW_DELETER_SLOT: usize = 4;
+pub(super) const RAW_DELETER: &CStr =
+    c"_ZNK5torch4cuda22CUDAPluggableAllocator22CUDAPluggableAllocator11raw_deleterEv";
+
+/// The feature whose method calls `raw_deleter`.
+pub(super) const CHECKPOINTS: &str = "torch.compile CUDA graph trees (setCheckpointPoolState)";
 
 /// The mangled name of a method of PyTorch's pluggable allocator, from the part after the class.
 macro_rules! method {
@@ -300,7 +383,7 @@ pub(super) fn replacements() -> Vec<Replacement> {
             function: attach_oom_observer as *const c_void,
         },
         Replacement {
-            feature: "torch.compile CUDA graph trees (setCheckpointPoolState)",
+            feature: CHECKPOINTS,
             at: SlotAt::Symbol(method!(
                 "22setCheckpointPoolStateEaSt10shared_ptrIN3c104cuda20CUDACachingAllocator14AllocatorStateEE",
             )),

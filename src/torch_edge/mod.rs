@@ -81,10 +81,21 @@ pub unsafe fn attach() -> Result<Attached, String> {
     let object = installed_pluggable()?;
     // SAFETY: the object is the installed pluggable allocator, checked above; the caller
     // promises nobody calls it meanwhile; each replacement has its method's C ABI signature.
-    let outcome = unsafe { vtable::patch(object, &PLUGGABLE, &methods::replacements()) }?;
+    let mut replacements = methods::replacements();
+    let mut unavailable = Vec::new();
+    if !vtable::slot_holds(&PLUGGABLE, methods::RAW_DELETER_SLOT, methods::RAW_DELETER) {
+        // Restoring a checkpoint hands PyTorch DataPtrs with the allocator's deleter.
+        replacements.retain(|r| r.feature != methods::CHECKPOINTS);
+        unavailable.push((
+            methods::CHECKPOINTS,
+            "raw_deleter is not where expected".into(),
+        ));
+    }
+    let outcome = unsafe { vtable::patch(object, &PLUGGABLE, &replacements) }?;
+    unavailable.extend(outcome.missing);
     let mut attached = Attached {
         wired: outcome.replaced,
-        unavailable: outcome.missing,
+        unavailable,
     };
     match c10_error::available() {
         true => attached.wired.push(methods::TYPED_OOM),
@@ -96,4 +107,4 @@ pub unsafe fn attach() -> Result<Attached, String> {
     Ok(attached)
 }
 
-pub(crate) use methods::{note_memory_fraction, notify_out_of_memory};
+pub(crate) use methods::{note_memory_fraction, notify_out_of_memory, prepare_checkpoint_delta};

@@ -113,6 +113,16 @@ fn locate(class: &Class, table: &[usize], at: &SlotAt) -> Result<usize, String> 
     }
 }
 
+/// True if slot `index` (from the address point) of the class's vtable holds exported
+/// function `symbol`.
+pub(crate) fn slot_holds(class: &Class, index: usize, symbol: &CStr) -> bool {
+    let Ok(table) = class_vtable(class) else {
+        return false;
+    };
+    let function = lookup::symbol(class.libraries, symbol).map(|f| f as usize);
+    function.is_some() && table.get(index + 2).copied() == function
+}
+
 /// Points `object` (an instance of `class`, whose vtable pointer is its first word) at a copy
 /// of the class's vtable with `replacements` in place. Slots that cannot be located are left
 /// alone and reported; if none can, the object is left untouched.

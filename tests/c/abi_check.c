@@ -123,11 +123,25 @@ static int memory_pools(void *stream) {
   CHECK(streampool_graph_pool_blocks(1, 3, 4, 0, blocks, 4, &n) == OK && n == 1);
   CHECK(streampool_graph_pool_expect_restore(1, 3, 4, p, 0, 0, stream) == OK); /* clears */
   my_free(p, 4096, 1, stream);
+  /* Two routes that both claim: the newest decides, as in PyTorch. */
+  streampool_begin_allocate_to_pool(1, 3, 4, NULL);
+  streampool_begin_allocate_to_pool(1, 5, 6, NULL);
+  void *newest = my_malloc(4096, 1, stream);
+  CHECK(streampool_graph_pool_blocks(1, 5, 6, 0, blocks, 4, &n) == OK && n == 1);
+  CHECK(blocks[0].address == (uint64_t)(uintptr_t)newest);
+  streampool_end_allocate_to_pool(1, 5, 6);
+  streampool_end_allocate_to_pool(1, 3, 4);
+  my_free(newest, 4096, 1, stream);
+  streampool_release_pool(1, 5, 6);
+  streampool_release_pool(1, 3, 4);
   my_free(q, 4096, 1, stream);
   streampool_release_pool(1, 3, 4);
   CHECK(streampool_graph_pool_use_count(1, 3, 4) == 0);
   streampool_empty_cache(); /* nobody uses the pool: its memory goes back, the pool goes */
   CHECK(streampool_graph_pool_blocks(1, 3, 4, 1, blocks, 4, &n) == INVALID);
+  CHECK(streampool_checkpoint_prepare(1, NULL, 0) == OK);
+  CHECK(streampool_checkpoint_prepare(1, NULL, 2) == INVALID);
+  CHECK(streampool_checkpoint_prepare(7, NULL, 0) == INVALID);
   /* Without PyTorch in the process there is no pluggable allocator to attach to. */
   CHECK(streampool_torch_attach() == NULL && strstr(streampool_last_error(), "libc10_cuda"));
   return 0;

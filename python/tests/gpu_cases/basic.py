@@ -114,6 +114,8 @@ def case_out_of_memory(ctx) -> None:
     message = str(error)
     print(f"out-of-memory error ({type(error).__name__}): {message}")
     assert message.startswith("CUDA out of memory."), message
+    if ctx.streampool_is_global:
+        assert isinstance(error, torch.cuda.OutOfMemoryError), f"{type(error).__name__}, not PyTorch's typed error"
     assert streampool.is_out_of_memory(error), "the README's pattern would not recognise it"
     assert streampool.memory_stats()["num_ooms"] >= 1
     # The largest size streampool accepts (2^48 bytes) reaches cuMemAllocFromPoolAsync,

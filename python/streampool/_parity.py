@@ -1,0 +1,345 @@
+"""What install() wires beyond malloc and free, so that PyTorch's features keep working:
+
+- PyTorch's memory-pool hooks (``torch.cuda.graph`` captures, ``torch.cuda.MemPool``,
+  ``use_mem_pool``, torch.compile's CUDA graph trees) on the pluggable allocator;
+- streampool's C++ methods on the installed allocator object (cuDNN benchmark mode's
+  ``cacheInfo``, ``MemPool``'s pool methods, out-of-memory observers, the typed
+  ``torch.OutOfMemoryError``), attached by the library (``streampool_torch_attach``);
+- the ``torch._C`` functions PyTorch calls from Python that a pluggable allocator cannot answer:
+  CUDA graph trees' pool checks and checkpoints, memory history and snapshots.
+
+Invariant: every feature that could not be wired is named once in the log (a warning), and its
+PyTorch function is left as PyTorch has it; nothing here answers "fine" without checking.
+"""
+
+import ctypes
+import logging
+import threading
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from . import _lib
+
+_log = logging.getLogger("streampool")
+
+# (setter on torch._C._CUDAPluggableAllocator, export) for PyTorch's memory pools.
+POOL_HOOKS = (
+    ("set_begin_allocate_to_pool", "streampool_begin_allocate_to_pool"),
+    ("set_end_allocate_to_pool_fn", "streampool_end_allocate_to_pool"),
+    ("set_release_pool", "streampool_release_pool"),
+)
+
+# PyTorch's unbounded default (sys.maxsize) is capped: each event takes 72 bytes.
+MAX_HISTORY_ENTRIES = 1_000_000
+
+PoolId = Tuple[int, int]
+
+
+def wire_pool_hooks(raw: Any) -> List[str]:
+    """Sets the memory-pool hooks on ``raw`` (a ``torch._C._CUDAPluggableAllocator``); returns
+    the setters this PyTorch lacks."""
+    missing = []
+    for setter, function in POOL_HOOKS:
+        if hasattr(raw, setter):
+            getattr(raw, setter)(_lib.function_address(function))
+        else:
+            missing.append(setter)
+    return missing
+
+
+def attach() -> Dict[str, Optional[str]]:
+    """Gives the installed allocator streampool's C++ methods: feature -> None (wired) or why
+    not. Raises StreampoolError if the installed allocator is not streampool's."""
+    raw = _lib.library().streampool_torch_attach()
+    if raw is None:
+        raise _lib.error(None, "streampool_torch_attach failed")
+    features: Dict[str, Optional[str]] = {}
+    for line in raw.decode("utf-8", "replace").splitlines():
+        parts = line.split("\t")
+        features[parts[1]] = None if parts[0] == "ok" else (parts[2] if len(parts) > 2 else "unknown")
+    return features
+
+
+def _pool_rows(device: int, pool: PoolId, segments: bool) -> List[_lib.StreampoolPoolBlock]:
+    """The live blocks (or segments) of ``pool`` on ``device``; StreampoolError if it does not exist."""
+    function = _lib.library().streampool_graph_pool_blocks
+    flag = 1 if segments else 0
+    count = ctypes.c_size_t(0)
+    while True:
+        capacity = count.value + 16
+        rows = (_lib.StreampoolPoolBlock * capacity)()
+        _lib.check(function(device, pool[0], pool[1], flag, rows, capacity, ctypes.byref(count)))
+        if count.value <= capacity:
+            return list(rows[: count.value])
+
+
+def _pool_id(pool: Any) -> PoolId:
+    a, b = pool
+    return int(a), int(b)
+
+
+class Block(NamedTuple):
+    """A live block of a memory pool."""
+
+    address: int
+    requested_bytes: int
+    block_bytes: int
+    stream: int
+
+
+def live_blocks(device: int, pool: Any) -> List[Block]:
+    """The live blocks of memory pool ``pool`` on ``device``."""
+    rows = _pool_rows(int(device), _pool_id(pool), segments=False)
+    return [Block(r.address, r.requested_bytes, r.block_bytes, r.stream) for r in rows]
+
+
+class GraphPoolCheckpoint:
+    """A memory pool's live blocks at one moment (``torch._C._cuda_getCheckpointState`` under
+    streampool): what ``_cuda_setCheckpointPoolState`` restores."""
+
+    def __init__(self, device: int, pool: PoolId, blocks: Sequence[Block]):
+        self.device = device
+        self.pool = pool
+        self.blocks = tuple(blocks)
+
+    def __repr__(self) -> str:
+        return f"GraphPoolCheckpoint(device={self.device}, pool={self.pool}, blocks={len(self.blocks)})"
+
+
+def check_pool_live_allocations(device: int, pool: Any, expected: Any) -> bool:
+    """``torch._C._cuda_checkPoolLiveAllocations``: True if the live blocks of ``pool`` are
+    exactly the addresses in ``expected``."""
+    addresses = {b.address for b in live_blocks(device, pool)}
+    return addresses == {int(p) for p in expected}
+
+
+def get_checkpoint_state(device: int, pool: Any) -> GraphPoolCheckpoint:
+    """``torch._C._cuda_getCheckpointState``: the pool's live blocks now."""
+    pool = _pool_id(pool)
+    return GraphPoolCheckpoint(int(device), pool, live_blocks(device, pool))
+
+
+_restore_lock = threading.Lock()
+
+
+def _set_checkpoint_pool_state(torch: Any, original: Any) -> Any:
+    def set_checkpoint_pool_state(
+        device: int, state: Any, stale_storages: Sequence[int], storages_to_add_deleters_to: Sequence[int]
+    ) -> None:
+        """``torch._C._cuda_setCheckpointPoolState`` under streampool: the pool's live blocks
+        become those of ``state`` (blocks live then and freed since come back at their
+        addresses, booked by PyTorch's allocator as if just allocated), then PyTorch's own
+        binding gives ``storages_to_add_deleters_to`` the allocator's deleter."""
+        if not isinstance(state, GraphPoolCheckpoint):
+            raise TypeError(
+                f"state must be what torch._C._cuda_getCheckpointState returned under streampool, "
+                f"not {type(state).__name__}"
+            )
+        device = int(device)
+        if device != state.device:
+            raise ValueError(f"the checkpoint is of device {state.device}, not {device}")
+        if list(stale_storages):
+            raise RuntimeError(
+                "streampool cannot release stale storages during a checkpoint restore: free them "
+                "before restoring (torch.compile's CUDA graph trees pass none)"
+            )
+        lib = _lib.library()
+        with _restore_lock:
+            now = {b.address: b for b in live_blocks(device, state.pool)}
+            wanted = {b.address: b for b in state.blocks}
+            extra = [hex(a) for a, b in now.items() if wanted.get(a) != b]
+            if extra:
+                raise RuntimeError(
+                    "Any stale tensors which are being manually freed must be passed to set "
+                    f"checkpoint: memory pool {state.pool} has live blocks the checkpoint does not: "
+                    f"{', '.join(extra[:8])}"
+                )
+            with torch.cuda.device(device):
+                for b in state.blocks:
+                    if b.address in now:
+                        continue
+                    _lib.check(
+                        lib.streampool_graph_pool_expect_restore(
+                            device,
+                            state.pool[0],
+                            state.pool[1],
+                            b.address,
+                            b.requested_bytes,
+                            b.block_bytes,
+                            b.stream,
+                        )
+                    )
+                    try:
+                        # PyTorch's own allocation call, so that PyTorch books the block.
+                        got = torch._C._cuda_cudaCachingAllocator_raw_alloc(b.requested_bytes, b.stream)
+                    finally:
+                        lib.streampool_graph_pool_expect_restore(device, 0, 0, None, 0, 0, None)
+                    if got != b.address:
+                        raise RuntimeError(
+                            f"restoring block {b.address:#x} of memory pool {state.pool} gave {got:#x}"
+                        )
+            addresses = (ctypes.c_uint64 * len(state.blocks))(*[b.address for b in state.blocks])
+            _lib.check(lib.streampool_checkpoint_prepare(device, addresses, len(state.blocks)))
+            original(device, None, [], list(storages_to_add_deleters_to))
+
+    return set_checkpoint_pool_state
+
+
+def record_memory_history(
+    enabled: Optional[str] = "all",
+    context: Optional[str] = "all",
+    stacks: str = "all",
+    max_entries: int = MAX_HISTORY_ENTRIES,
+    clear_history: bool = False,
+    compile_context: bool = False,
+    global_record_annotations: bool = False,
+    skip_actions: Optional[Sequence[str]] = None,
+) -> None:
+    """``torch._C._cuda_record_memory_history`` under streampool: starts (``enabled`` "state" or
+    "all") or stops (None) streampool's memory timeline, which ``_snapshot()`` then returns in
+    PyTorch's format. Stack frames are not recorded (their lists stay empty)."""
+    from ._timeline import record_history
+
+    if enabled is None:
+        record_history(False)
+        return
+    if enabled not in ("state", "all"):
+        raise ValueError(f"enabled must be None, 'state' or 'all', not {enabled!r}")
+    record_history(True, max(1, min(int(max_entries), MAX_HISTORY_ENTRIES)))
+
+
+def record_memory_history_legacy(
+    enabled: bool,
+    record_context: bool = True,
+    trace_alloc_max_entries: int = 1,
+    trace_alloc_record_context: bool = False,
+    *args: Any,
+) -> None:
+    """``torch._C._cuda_record_memory_history_legacy`` under streampool (the boolean form of
+    ``torch.cuda.memory._record_memory_history``)."""
+    from ._timeline import record_history
+
+    if not enabled:
+        record_history(False)
+        return
+    entries = trace_alloc_max_entries if trace_alloc_record_context else MAX_HISTORY_ENTRIES
+    record_history(True, max(1, min(int(entries), MAX_HISTORY_ENTRIES)))
+
+
+def _pool_segments(pool: PoolId) -> List[Dict[str, Any]]:
+    """PyTorch-format segments of memory pool ``pool`` on every device that has it."""
+    segments = []
+    for device in range(_lib.device_count()):
+        try:
+            spans = _pool_rows(device, pool, segments=True)
+        except _lib.StreampoolError:
+            continue
+        live = sorted(_pool_rows(device, pool, segments=False), key=lambda b: b.address)
+        for span in spans:
+            start, end = span.address, span.address + span.block_bytes
+            inside = [b for b in live if start <= b.address < end]
+            blocks, at = [], start
+            for b in inside:
+                if b.address > at:
+                    blocks.append({"address": at, "size": b.address - at, "requested_size": 0, "state": "inactive", "frames": []})
+                blocks.append(
+                    {"address": b.address, "size": b.block_bytes, "requested_size": b.requested_bytes, "state": "active_allocated", "frames": []}
+                )
+                at = b.address + b.block_bytes
+            if at < end:
+                blocks.append({"address": at, "size": end - at, "requested_size": 0, "state": "inactive", "frames": []})
+            allocated = sum(b.block_bytes for b in inside)
+            segments.append(
+                {
+                    "device": device,
+                    "address": start,
+                    "total_size": span.block_bytes,
+                    "allocated_size": allocated,
+                    "active_size": allocated,
+                    "requested_size": sum(b.requested_bytes for b in inside),
+                    "stream": inside[0].stream if inside else 0,
+                    "segment_type": "large",
+                    "segment_pool_id": pool,
+                    "is_expandable": False,
+                    "frames": [],
+                    "blocks": blocks,
+                }
+            )
+    return segments
+
+
+def memory_snapshot(arg: Any = None) -> Dict[str, Any]:
+    """``torch._C._cuda_memorySnapshot`` under streampool: None or pool (0, 0) gives the whole
+    timeline and every block held (``streampool.snapshot()``); another pool id, that PyTorch
+    memory pool's segments and blocks."""
+    from ._timeline import snapshot
+
+    if arg is None:
+        return snapshot()
+    pool = _pool_id(tuple(arg)[:2])
+    include_traces = bool(arg[2]) if len(arg) > 2 else True
+    if pool == (0, 0):
+        snap = snapshot()
+        if not include_traces:
+            snap["device_traces"] = [[] for _ in snap["device_traces"]]
+        return snap
+    return {
+        "segments": _pool_segments(pool),
+        "device_traces": [[] for _ in range(_lib.device_count())],
+        "allocator_settings": {"allocator": "streampool", "version": _lib.version()},
+    }
+
+
+# (owner, attribute, original) replaced by route(); restore() puts them back (tests).
+_saved: List[tuple] = []
+
+
+def route(torch: Any) -> List[str]:
+    """Routes the ``torch._C`` functions PyTorch calls from Python to streampool's answers;
+    returns the names this PyTorch lacks (left alone)."""
+    original_set = getattr(torch._C, "_cuda_setCheckpointPoolState", None)
+    replacements = {
+        "_cuda_checkPoolLiveAllocations": check_pool_live_allocations,
+        "_cuda_getCheckpointState": get_checkpoint_state,
+        "_cuda_setCheckpointPoolState": (
+            _set_checkpoint_pool_state(torch, original_set) if original_set is not None else None
+        ),
+        "_cuda_record_memory_history": record_memory_history,
+        "_cuda_record_memory_history_legacy": record_memory_history_legacy,
+        "_cuda_memorySnapshot": memory_snapshot,
+    }
+    missing = []
+    for name, function in replacements.items():
+        original = getattr(torch._C, name, None)
+        if original is None or function is None:
+            missing.append(name)
+            continue
+        _saved.append((torch._C, name, original))
+        setattr(torch._C, name, function)
+    return missing
+
+
+def restore() -> int:
+    """Undo route() (for tests); returns how many functions were put back."""
+    count = len(_saved)
+    while _saved:
+        owner, name, original = _saved.pop()
+        setattr(owner, name, original)
+    return count
+
+
+def wire(torch: Any, raw: Any) -> Dict[str, Optional[str]]:
+    """Everything above, after ``change_current_allocator``: feature -> None (wired) or why not.
+    Logs one warning per feature that stays unavailable."""
+    features: Dict[str, Optional[str]] = {}
+    for setter in wire_pool_hooks(raw):
+        features[f"memory pools ({setter})"] = "this PyTorch has no such setter"
+    try:
+        features.update(attach())
+    except _lib.StreampoolError as exc:
+        features["PyTorch's C++ allocator methods"] = str(exc)
+    for name in route(torch):
+        features[f"torch._C.{name}"] = "this PyTorch has no such function"
+    for feature, why in features.items():
+        if why is not None:
+            _log.warning("streampool: %s stays unavailable under install(): %s", feature, why)
+    return features

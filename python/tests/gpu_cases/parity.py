@@ -1,0 +1,265 @@
+"""GPU cases: PyTorch features that depend on the allocator, under install() (``case_<name>(ctx)``).
+
+Each case asserts what it can alone and prints ``RESULT <name> <json>``: figures test_gpu_parity.py
+compares with the same case under PyTorch's native allocator (losses, outputs).
+"""
+
+import json
+import os
+import pickle
+import tempfile
+
+import torch
+
+MiB = 1 << 20
+
+
+def _result(name: str, value) -> None:
+    print(f"RESULT {name} {json.dumps(value)}", flush=True)
+
+
+def _streampool_pool_blocks(ctx, pool_id) -> set:
+    """Addresses of the live blocks of PyTorch memory pool ``pool_id`` by streampool's books."""
+    from streampool import _parity
+
+    return {b.address for b in _parity.live_blocks(torch.cuda.current_device(), pool_id)}
+
+
+def _conv_net() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1),
+        torch.nn.BatchNorm2d(32),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64, 10),
+    ).cuda()
+
+
+def case_cudnn_benchmark(ctx) -> None:
+    """``cudnn.benchmark = True`` (cuDNN sizes its workspace by the allocator's cacheInfo, then
+    tries algorithms, halving the workspace on torch.OutOfMemoryError): training steps with two
+    image sizes run, and their losses are printed for comparison with native."""
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    model = _conv_net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for step in range(6):
+        size = 32 if step % 2 == 0 else 48
+        x = torch.randn(16, 3, size, size, device="cuda", generator=None)
+        y = torch.randint(0, 10, (16,), device="cuda")
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(l == l for l in losses), losses  # no NaN
+    _result("cudnn_benchmark", losses)
+
+
+def case_typed_out_of_memory(ctx) -> None:
+    """A request the device cannot hold raises torch.OutOfMemoryError (what `except
+    torch.cuda.OutOfMemoryError` in training scripts catches), after the observers PyTorch
+    attached heard of it; the process goes on allocating."""
+    heard = []
+    torch._C._cuda_attach_out_of_memory_observer(lambda *args: heard.append(args))
+    free, total = torch.cuda.mem_get_info()
+    try:
+        torch.empty(2 * total, dtype=torch.uint8, device="cuda")
+    except torch.cuda.OutOfMemoryError as exc:
+        assert str(exc).startswith("CUDA out of memory."), str(exc)
+    else:
+        raise AssertionError("a request of twice the device's memory succeeded")
+    assert heard, "the out-of-memory observer was not called"
+    device, requested = heard[0][0], heard[0][1]
+    assert device == torch.cuda.current_device() and requested == 2 * total, heard[0]
+    x = torch.ones(MiB, device="cuda")
+    assert x.sum().item() == MiB
+    _result("typed_out_of_memory", {"caught": True, "observer_calls": len(heard)})
+
+
+def case_memory_fraction_round_trip(ctx) -> None:
+    """``get_per_process_memory_fraction`` returns what ``set_per_process_memory_fraction`` set."""
+    assert torch.cuda.get_per_process_memory_fraction() == 1.0
+    torch.cuda.set_per_process_memory_fraction(0.5)
+    assert torch.cuda.get_per_process_memory_fraction() == 0.5
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    _result("memory_fraction_round_trip", True)
+
+
+def case_memory_history_snapshot(ctx) -> None:
+    """``_record_memory_history`` then ``_snapshot`` / ``_dump_snapshot``: a snapshot in PyTorch's
+    format with the allocations made while recording; history off again stops it."""
+    torch.cuda.memory._record_memory_history(max_entries=10_000)
+    assert torch._C._cuda_isHistoryEnabled()
+    kept = [torch.empty(n * MiB, dtype=torch.uint8, device="cuda") for n in (1, 3, 7)]
+    gone = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")
+    address = gone.data_ptr()
+    del gone
+    snapshot = torch.cuda.memory._snapshot()
+    actions = [e["action"] for e in snapshot["device_traces"][torch.cuda.current_device()]]
+    assert "alloc" in actions and "free_completed" in actions, actions[:20]
+    frees = [e for t in snapshot["device_traces"] for e in t if e["action"] == "free_completed"]
+    assert any(e["addr"] == address for e in frees), "the freed block is not in the trace"
+    live = {b["address"] for s in snapshot["segments"] for b in s["blocks"] if b["state"] == "active_allocated"}
+    assert all(t.data_ptr() in live for t in kept), "a live tensor is missing from the snapshot's segments"
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "snapshot.pickle")
+        torch.cuda.memory._dump_snapshot(path)
+        with open(path, "rb") as f:
+            loaded = pickle.load(f)
+        from torch.cuda import _memory_viz
+
+        html = _memory_viz.trace_plot(loaded)
+        assert "<html" in html.lower() or len(html) > 1000, "memory_viz produced no page"
+    torch.cuda.memory._record_memory_history(enabled=None)
+    assert not torch._C._cuda_isHistoryEnabled()
+    _result("memory_history_snapshot", True)
+
+
+def case_mempool(ctx) -> None:
+    """``torch.cuda.MemPool`` with ``use_mem_pool``: the region's tensors come from the pool (its
+    freed memory serves only the pool), the use count follows PyTorch's, the pool's snapshot
+    lists its segments, and its memory goes back once the pool is gone."""
+    pool = torch.cuda.MemPool()
+    assert pool.use_count() == 1, pool.use_count()
+    with torch.cuda.use_mem_pool(pool):
+        assert pool.use_count() == 2, pool.use_count()
+        a = torch.ones(2 * MiB, device="cuda")
+        b = torch.ones(256, device="cuda")
+    assert pool.use_count() == 1, pool.use_count()
+    inside = _streampool_pool_blocks(ctx, pool.id) if ctx.streampool_is_global else None
+    if inside is not None:
+        assert {a.data_ptr(), b.data_ptr()} <= inside, (hex(a.data_ptr()), inside)
+    outside = torch.ones(256, device="cuda")
+    if inside is not None:
+        assert outside.data_ptr() not in inside
+    address = b.data_ptr()
+    del b
+    again = torch.ones(256, device="cuda")
+    assert again.data_ptr() != address, "a block freed into the pool served an allocation outside it"
+    segments = pool.snapshot()
+    assert segments and all(s["total_size"] > 0 for s in segments), segments
+    value = a.sum().item()
+    del a, again, outside
+    for flags in ({"use_on_oom": True}, {"no_split": True}):
+        extra = torch.cuda.MemPool(**flags)
+        with torch.cuda.use_mem_pool(extra):
+            t = torch.full((1000,), 2.0, device="cuda")
+        assert t.sum().item() == 2000.0
+        del t, extra
+    del pool
+    torch.cuda.empty_cache()
+    _result("mempool", value)
+
+
+def _mlp(d: int = 256) -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d), torch.nn.LayerNorm(d)
+    ).cuda()
+
+
+def case_graph_shared_pool(ctx) -> None:
+    """Two graphs captured into one pool (``graph_pool_handle``), replayed in capture order, give
+    eager's results; the capture's memory belongs to that pool."""
+    torch.manual_seed(0)
+    model = _mlp()
+    x = torch.randn(32, 256, device="cuda")
+    pool = torch.cuda.graph_pool_handle()
+    first, second = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        model(x)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.no_grad():
+        with torch.cuda.graph(first, pool=pool):
+            y = model(x)
+        with torch.cuda.graph(second, pool=pool):
+            z = model(y)
+    if ctx.streampool_is_global:
+        inside = _streampool_pool_blocks(ctx, pool)
+        assert y.data_ptr() in inside and z.data_ptr() in inside, "the captured outputs are not pool blocks"
+    results = []
+    for step in range(4):
+        x.copy_(torch.randn(32, 256, device="cuda"))
+        first.replay()
+        second.replay()
+        with torch.no_grad():
+            expected = model(model(x))
+        torch.testing.assert_close(z, expected, rtol=1e-4, atol=1e-4)
+        results.append(z.float().square().mean().item())
+    del first, second, y, z
+    torch.cuda.empty_cache()
+    _result("graph_shared_pool", results)
+
+
+def case_make_graphed_callables(ctx) -> None:
+    """``make_graphed_callables`` on a module: training steps give eager's losses."""
+    torch.manual_seed(0)
+    model = _mlp(128)
+    reference = _mlp(128)
+    reference.load_state_dict(model.state_dict())
+    sample = torch.randn(16, 128, device="cuda", requires_grad=True)
+    graphed = torch.cuda.make_graphed_callables(model, (sample,))
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference))
+    losses = []
+    for step in range(5):
+        x = torch.randn(16, 128, device="cuda", requires_grad=True)
+        for net, o in ((graphed, opt), (reference, ref_opt)):
+            o.zero_grad(set_to_none=True)
+            loss = net(x).square().mean()
+            loss.backward()
+            o.step()
+            losses.append(loss.item())
+    graph_losses, eager_losses = losses[0::2], losses[1::2]
+    for g, e in zip(graph_losses, eager_losses):
+        assert abs(g - e) <= 1e-4 * max(1.0, abs(e)), (graph_losses, eager_losses)
+    _result("make_graphed_callables", graph_losses)
+
+
+def _compiled_outputs(mode: str, training: bool, shapes) -> list:
+    torch.manual_seed(0)
+    model = _mlp()
+    compiled = torch.compile(model, mode=mode)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01) if training else None
+    figures = []
+    for step, batch in enumerate(shapes):
+        x = torch.randn(batch, 256, device="cuda")
+        if training:
+            torch.compiler.cudagraph_mark_step_begin()
+            loss = compiled(x).square().mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            figures.append(loss.item())
+        else:
+            with torch.no_grad():
+                out = compiled(x)
+                expected = model(x)
+            torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)
+            figures.append(out.float().square().mean().item())
+    return figures
+
+
+def case_compile_reduce_overhead_inference(ctx) -> None:
+    """torch.compile(mode="reduce-overhead") inference (CUDA graph trees: several graphs, shape
+    changes back and forth, pool checks on): outputs equal eager's."""
+    figures = _compiled_outputs("reduce-overhead", False, [8, 8, 8, 16, 16, 8, 32, 8, 16, 32])
+    _result("compile_reduce_overhead_inference", figures)
+
+
+def case_compile_reduce_overhead_training(ctx) -> None:
+    """torch.compile(mode="reduce-overhead") training, forward and backward, with two input
+    shapes taking turns (graph trees record, replay and move between paths)."""
+    figures = _compiled_outputs("reduce-overhead", True, [8, 8, 8, 16, 16, 8, 16, 8, 8, 16, 16, 8])
+    _result("compile_reduce_overhead_training", figures)
+
+
+def case_compile_max_autotune(ctx) -> None:
+    """torch.compile(mode="max-autotune") (autotuned kernels and CUDA graphs) inference."""
+    figures = _compiled_outputs("max-autotune", False, [16, 16, 16, 32])
+    _result("compile_max_autotune", figures)

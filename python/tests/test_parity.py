@@ -1,0 +1,157 @@
+"""CPU tests of install()'s PyTorch routing (streampool._parity) on the simulated driver, with a
+fake ``torch`` that calls the library the way PyTorch does: allocations through ``my_malloc``,
+memory pools begun through the hook PyTorch calls. (GPU behaviour: test_gpu_parity.py.)"""
+
+import ctypes
+import types
+
+import pytest
+
+from streampool import _lib, _parity
+
+DEVICE = 0
+POOL = (11, 0)
+STREAM = 0x500
+
+
+def _c():
+    lib = _lib.library()
+    lib.my_malloc.restype = ctypes.c_void_p
+    lib.my_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.my_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    return lib
+
+
+class FakeTorch:
+    """What _parity touches of torch: the current device, PyTorch's raw allocation call (which
+    reaches my_malloc as PyTorch's does) and the real setCheckpointPoolState binding (recorded)."""
+
+    def __init__(self):
+        lib = _c()
+        self.binding_calls = []
+        self.booked = {}
+
+        def raw_alloc(size, stream):
+            ptr = lib.my_malloc(size, DEVICE, stream)
+            self.booked[ptr] = size  # as PyTorch books it (allocation_metadata_)
+            return ptr
+
+        self._C = types.SimpleNamespace(
+            _cuda_cudaCachingAllocator_raw_alloc=raw_alloc,
+            _cuda_setCheckpointPoolState=lambda *args: self.binding_calls.append(args),
+            _cuda_checkPoolLiveAllocations=object(),
+            _cuda_getCheckpointState=object(),
+            _cuda_record_memory_history=object(),
+            _cuda_record_memory_history_legacy=object(),
+            _cuda_memorySnapshot=object(),
+        )
+
+        class _Device:
+            def __init__(self, index):
+                assert index == DEVICE
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        self.cuda = types.SimpleNamespace(device=_Device)
+
+
+@pytest.fixture
+def pool_route():
+    """A route to POOL that claims every allocation of DEVICE (PyTorch's use_mem_pool claims its
+    thread; NULL here claims all), ended and released afterwards."""
+    lib = _c()
+    lib.streampool_begin_allocate_to_pool(DEVICE, POOL[0], POOL[1], None)
+    allocated = []
+
+    def malloc(size):
+        ptr = lib.my_malloc(size, DEVICE, STREAM)
+        allocated.append((ptr, size))
+        return ptr
+
+    yield malloc
+    lib.streampool_end_allocate_to_pool(DEVICE, POOL[0], POOL[1])
+    for b in _parity.live_blocks(DEVICE, POOL):
+        lib.my_free(b.address, b.requested_bytes, DEVICE, STREAM)
+    lib.streampool_release_pool(DEVICE, POOL[0], POOL[1])
+    lib.streampool_empty_cache()
+
+
+def test_live_allocations_check_is_exact(pool_route):
+    a, b = pool_route(4096), pool_route(1 << 20)
+    assert _parity.check_pool_live_allocations(DEVICE, POOL, {a, b})
+    assert not _parity.check_pool_live_allocations(DEVICE, POOL, {a})
+    assert not _parity.check_pool_live_allocations(DEVICE, POOL, {a, b, b + 4096})
+    with pytest.raises(_lib.StreampoolError, match="no memory pool"):
+        _parity.check_pool_live_allocations(DEVICE, (99, 99), set())
+
+
+def test_checkpoint_restores_freed_blocks_through_pytorchs_allocation_call(pool_route):
+    torch = FakeTorch()
+    restore = _parity._set_checkpoint_pool_state(torch, torch._C._cuda_setCheckpointPoolState)
+    a, b = pool_route(4096), pool_route(3 << 20)
+    state = _parity.get_checkpoint_state(DEVICE, POOL)
+    assert {blk.address for blk in state.blocks} == {a, b}
+    lib = _c()
+    lib.my_free(a, 4096, DEVICE, STREAM)
+    lib.my_free(b, 3 << 20, DEVICE, STREAM)
+    restore(DEVICE, state, [], [1234])
+    # Both came back at their addresses, through the raw allocation call (PyTorch booked them).
+    assert _parity.check_pool_live_allocations(DEVICE, POOL, {a, b})
+    assert torch.booked == {a: 4096, b: 3 << 20}
+    # PyTorch's binding then ran with no state of its own and the storages to give deleters.
+    assert torch.binding_calls == [(DEVICE, None, [], [1234])]
+
+
+def test_a_checkpoint_refuses_to_drop_blocks_it_does_not_hold(pool_route):
+    torch = FakeTorch()
+    restore = _parity._set_checkpoint_pool_state(torch, torch._C._cuda_setCheckpointPoolState)
+    a = pool_route(4096)
+    state = _parity.get_checkpoint_state(DEVICE, POOL)
+    extra = pool_route(8192)
+    with pytest.raises(RuntimeError, match="stale tensors"):
+        restore(DEVICE, state, [], [])
+    assert torch.binding_calls == []
+    assert _parity.check_pool_live_allocations(DEVICE, POOL, {a, extra})
+    with pytest.raises(TypeError):
+        restore(DEVICE, object(), [], [])
+    with pytest.raises(RuntimeError, match="stale storages"):
+        restore(DEVICE, state, [5], [])
+
+
+def test_a_pool_snapshot_lists_its_segments_with_their_blocks(pool_route):
+    a = pool_route(4096)
+    snapshot = _parity.memory_snapshot((POOL[0], POOL[1], True))
+    (segment,) = snapshot["segments"]
+    assert segment["segment_pool_id"] == POOL and segment["total_size"] == 2 << 20
+    states = [(blk["address"], blk["state"]) for blk in segment["blocks"]]
+    assert states[0] == (a, "active_allocated") and states[1][1] == "inactive"
+    assert sum(blk["size"] for blk in segment["blocks"]) == segment["total_size"]
+
+
+def test_history_routing_records_and_stops():
+    _parity.record_memory_history("all", max_entries=100)
+    ptr = _lib.malloc(4096, DEVICE)
+    _lib.free(ptr, 4096, DEVICE)
+    actions = [e["action"] for e in _parity.memory_snapshot(None)["device_traces"][DEVICE]]
+    assert "alloc" in actions and "free_completed" in actions
+    _parity.record_memory_history(None)
+    with pytest.raises(ValueError):
+        _parity.record_memory_history("everything")
+
+
+def test_route_replaces_and_restore_puts_back():
+    torch = FakeTorch()
+    original = dict(vars(torch._C))
+    assert _parity.route(torch) == []
+    assert torch._C._cuda_checkPoolLiveAllocations is _parity.check_pool_live_allocations
+    assert _parity.restore() == 6
+    assert vars(torch._C) == original
+
+
+def test_attach_without_pytorch_says_why():
+    with pytest.raises(_lib.StreampoolError, match="libc10_cuda"):
+        _parity.attach()

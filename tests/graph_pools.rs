@@ -1,0 +1,245 @@
+//! PyTorch's memory pools (`torch.cuda.graph`, `MemPool`, graph trees) through the whole
+//! allocator, on a strict simulator and the backend under test: routed allocations come from the
+//! pool, its freed blocks serve only the pool and only their stream, its memory goes back only
+//! once nobody uses it and after a synchronisation, and checkpointed blocks come back in place.
+
+mod common;
+
+use common::{base_config, overlaps, rig_with, s, Rig, MIB};
+use std::sync::Arc;
+use streampool::driver::{DevicePtr, Stream};
+use streampool::StreamFilter;
+
+const POOL: (u64, u64) = (0, 1);
+
+/// Claims allocations on one stream, as a capture's filter claims its capturing stream.
+struct OnStream(Stream);
+
+impl StreamFilter for OnStream {
+    fn claims(&self, stream: Stream) -> bool {
+        stream == self.0
+    }
+}
+
+fn rig() -> Rig {
+    rig_with(1, 512 * MIB, base_config())
+}
+
+/// What my_malloc does: the newest route that claims the stream decides.
+fn malloc_routed(r: &Rig, bytes: u64, stream: usize) -> DevicePtr {
+    let routes = r.alloc.graph_pool_routes(0).unwrap().unwrap_or_default();
+    let pool = routes
+        .iter()
+        .rev()
+        .find(|(_, f)| f.claims(s(stream)))
+        .map(|(id, _)| *id);
+    r.alloc.malloc_into(bytes, 0, s(stream), pool).unwrap()
+}
+
+fn pool_live(r: &Rig) -> Vec<u64> {
+    let mut live: Vec<u64> = r
+        .alloc
+        .graph_pool_live_blocks(0, POOL)
+        .unwrap()
+        .iter()
+        .map(|b| b.0 .0)
+        .collect();
+    live.sort();
+    live
+}
+
+#[test]
+fn routed_allocations_come_from_the_pool_and_its_freed_blocks_serve_only_the_pool() {
+    let r = rig();
+    r.alloc
+        .begin_allocate_to_pool(0, POOL, Arc::new(OnStream(s(1))))
+        .unwrap();
+    assert_eq!(r.alloc.graph_pool_use_count(0, POOL).unwrap(), 1);
+    let a = malloc_routed(&r, 64 * 1024, 1);
+    let b = malloc_routed(&r, 3 * MIB, 1);
+    let outside = malloc_routed(&r, 64 * 1024, 2); // not claimed
+    assert_eq!(pool_live(&r), {
+        let mut v = vec![a.0, b.0];
+        v.sort();
+        v
+    });
+    assert!(!pool_live(&r).contains(&outside.0));
+    r.free(a, 0);
+    // Nothing outside the pool gets a's memory, on any stream.
+    for stream in [1, 2] {
+        let other = r.malloc(64 * 1024, 0, stream);
+        assert!(
+            !overlaps(other, 64 * 1024, a, 64 * 1024),
+            "{other:#x} took pool memory"
+        );
+        r.free(other, 0);
+    }
+    // The pool serves its own allocations from what its blocks freed.
+    let again = malloc_routed(&r, 64 * 1024, 1);
+    assert!(pool_live(&r).contains(&again.0));
+    r.free(again, 0);
+    let a = malloc_routed(&r, 64 * 1024, 1);
+    r.alloc.end_allocate_to_pool(0, POOL).unwrap();
+    assert_eq!(r.alloc.graph_pool_use_count(0, POOL).unwrap(), 1);
+    let after_end = malloc_routed(&r, 64 * 1024, 1);
+    assert!(
+        !pool_live(&r).contains(&after_end.0),
+        "routed after the route ended"
+    );
+    for p in [a, b, outside, after_end] {
+        r.free(p, 0);
+    }
+    r.alloc.release_pool(0, POOL).unwrap();
+    r.alloc.empty_cache().unwrap();
+}
+
+#[test]
+fn a_block_freed_into_the_pool_is_reused_on_its_stream_only() {
+    let r = rig();
+    struct Every;
+    impl StreamFilter for Every {
+        fn claims(&self, _: Stream) -> bool {
+            true
+        }
+    }
+    r.alloc
+        .begin_allocate_to_pool(0, POOL, Arc::new(Every))
+        .unwrap();
+    // One block fills its segment, so only its own range can serve a second one of its size.
+    let a = malloc_routed(&r, 2 * MIB, 1);
+    r.free(a, 0);
+    let on_other = malloc_routed(&r, 2 * MIB, 2);
+    assert_ne!(on_other, a, "a block freed on stream 1 served stream 2");
+    let on_own = malloc_routed(&r, 2 * MIB, 1);
+    assert_eq!(on_own, a);
+    r.free(on_other, 0);
+    r.free(on_own, 0);
+    r.alloc.end_allocate_to_pool(0, POOL).unwrap();
+    r.alloc.release_pool(0, POOL).unwrap();
+    r.alloc.empty_cache().unwrap();
+}
+
+#[test]
+fn the_pool_keeps_its_memory_while_used_and_gives_it_back_once_released_and_synchronised() {
+    let r = rig();
+    let reserved = || r.stats(0).reserved_bytes;
+    r.alloc.empty_cache().unwrap();
+    let before = reserved();
+    r.alloc
+        .begin_allocate_to_pool(0, POOL, Arc::new(OnStream(s(1))))
+        .unwrap();
+    let a = malloc_routed(&r, 8 * MIB, 1);
+    r.alloc.end_allocate_to_pool(0, POOL).unwrap();
+    r.free(a, 0);
+    // A graph may still replay into the freed block: empty_cache leaves the pool alone.
+    r.alloc.empty_cache().unwrap();
+    assert!(
+        reserved() >= before + 8 * MIB,
+        "the pool's memory went back while it was used"
+    );
+    assert_eq!(r.alloc.graph_pool_segments(0, POOL).unwrap().len(), 1);
+    r.alloc.release_pool(0, POOL).unwrap();
+    assert!(r.alloc.release_pool(0, POOL).is_err(), "released twice");
+    r.alloc.empty_cache().unwrap();
+    assert_eq!(reserved(), before);
+    assert!(
+        r.alloc.graph_pool_segments(0, POOL).is_err(),
+        "the pool was not forgotten"
+    );
+}
+
+#[test]
+fn a_live_block_keeps_its_segment_after_the_pool_is_released() {
+    let r = rig();
+    r.alloc
+        .begin_allocate_to_pool(0, POOL, Arc::new(OnStream(s(1))))
+        .unwrap();
+    let kept = malloc_routed(&r, 1024, 1);
+    let big = malloc_routed(&r, 6 * MIB, 1);
+    r.alloc.end_allocate_to_pool(0, POOL).unwrap();
+    r.alloc.release_pool(0, POOL).unwrap();
+    r.free(big, 0);
+    r.alloc.empty_cache().unwrap();
+    // The free segment went back; the one under the live block stays.
+    assert_eq!(r.alloc.graph_pool_segments(0, POOL).unwrap().len(), 1);
+    r.sim.touch(0, 0, kept, 1024, s(1)).unwrap();
+    r.free(kept, 0);
+    r.alloc.empty_cache().unwrap();
+    assert!(r.alloc.graph_pool_segments(0, POOL).is_err());
+}
+
+#[test]
+fn allocations_during_a_capture_come_from_the_pool_not_from_graph_memory() {
+    let r = rig();
+    r.alloc
+        .begin_allocate_to_pool(0, POOL, Arc::new(OnStream(s(5))))
+        .unwrap();
+    r.sim.begin_capture(0, s(5));
+    let a = malloc_routed(&r, 2 * MIB, 5);
+    assert!(
+        !r.sim.is_driver_memory(0, a),
+        "the capture got graph memory"
+    );
+    assert!(pool_live(&r).contains(&a.0));
+    r.free(a, 0); // freed inside the capture: back into the pool
+    r.sim.end_capture(0, s(5));
+    r.alloc.end_allocate_to_pool(0, POOL).unwrap();
+    r.alloc.release_pool(0, POOL).unwrap();
+    r.alloc.empty_cache().unwrap();
+}
+
+#[test]
+fn a_checkpointed_block_is_restored_at_its_address_only_if_free() {
+    let r = rig();
+    r.alloc
+        .begin_allocate_to_pool(0, POOL, Arc::new(OnStream(s(1))))
+        .unwrap();
+    let a = malloc_routed(&r, 4096, 1);
+    r.alloc.end_allocate_to_pool(0, POOL).unwrap();
+    let live = r.alloc.graph_pool_live_blocks(0, POOL).unwrap();
+    let (ptr, requested, block, stream) = live[0];
+    assert_eq!((ptr, requested), (a, 4096));
+    assert!(
+        r.alloc
+            .restore_in_graph_pool(0, POOL, ptr, requested, block, stream)
+            .is_err(),
+        "restored over a live block"
+    );
+    r.free(a, 0);
+    let back = r
+        .alloc
+        .restore_in_graph_pool(0, POOL, ptr, requested, block, stream)
+        .unwrap();
+    assert_eq!(back, a);
+    assert_eq!(r.stats(0).allocated_bytes, 4096);
+    r.free(back, 0);
+    r.alloc.release_pool(0, POOL).unwrap();
+    r.alloc.empty_cache().unwrap();
+}
+
+#[test]
+fn a_use_on_oom_pool_serves_what_the_device_cannot() {
+    let r = rig_with(1, 64 * MIB, base_config());
+    r.alloc.graph_pool_create_or_incref(0, POOL).unwrap();
+    r.alloc.graph_pool_set_use_on_oom(0, POOL, true).unwrap();
+    r.alloc
+        .begin_allocate_to_pool(0, POOL, Arc::new(OnStream(s(1))))
+        .unwrap();
+    let in_pool = malloc_routed(&r, 24 * MIB, 1);
+    r.alloc.end_allocate_to_pool(0, POOL).unwrap();
+    r.alloc.release_pool(0, POOL).unwrap();
+    r.free(in_pool, 0);
+    // The device has about 40 MiB left; the pool's free 24 MiB serve a request for 20.
+    let hog = r.alloc.malloc(36 * MIB, 0, s(1)).unwrap();
+    let served = r.alloc.malloc_into(20 * MIB, 0, s(1), None).unwrap();
+    assert_eq!(served, in_pool, "the use_on_oom pool did not serve it");
+    r.free(served, 0);
+    r.alloc.graph_pool_set_use_on_oom(0, POOL, false).unwrap();
+    assert!(
+        r.alloc.malloc_into(20 * MIB, 0, s(1), None).is_err(),
+        "a pool no longer marked use_on_oom served"
+    );
+    r.free(hog, 0);
+    r.alloc.release_pool(0, POOL).unwrap();
+    r.alloc.empty_cache().unwrap();
+}
