@@ -29,7 +29,12 @@ else:
 BACKEND = os.environ.get("STREAMPOOL_TEST_BACKEND", "pool")
 if BACKEND not in ("pool", "vmm"):
     raise RuntimeError(f"STREAMPOOL_TEST_BACKEND={BACKEND!r}: expected pool or vmm")
-_KEPT = ("STREAMPOOL_LIBRARY", "STREAMPOOL_TEST_INSTALLED", "STREAMPOOL_TEST_BACKEND")
+_KEPT = (
+    "STREAMPOOL_LIBRARY",
+    "STREAMPOOL_TEST_INSTALLED",
+    "STREAMPOOL_TEST_BACKEND",
+    "STREAMPOOL_TEST_PARITY_RESULTS",
+)
 for _name in [n for n in os.environ if n.startswith("STREAMPOOL_") and n not in _KEPT]:
     del os.environ[_name]
 os.environ.update(

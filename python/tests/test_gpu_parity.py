@@ -2,7 +2,7 @@
 the backend under test, and give what they give under PyTorch's native allocator.
 
 Each case (gpu_cases/parity.py) runs in a fresh process under native, then under streampool; both
-must pass and their printed figures agree. Where STREAMPOOL_PARITY_RESULTS names a file, each
+must pass and their printed figures agree. Where STREAMPOOL_TEST_PARITY_RESULTS names a file, each
 outcome is added to it as a JSON line (scripts/gpu-check keeps them with the run's logs; the
 parity table of the docs is made from them).
 """
@@ -52,7 +52,7 @@ def _agree(a, b, rtol) -> bool:
 
 
 def _record(case: str, outcome: dict) -> None:
-    path = os.environ.get("STREAMPOOL_PARITY_RESULTS")
+    path = os.environ.get("STREAMPOOL_TEST_PARITY_RESULTS")
     if path:
         with open(path, "a") as f:
             f.write(json.dumps({"case": case, "backend": TEST_BACKEND or "pool", **outcome}) + "\n")
