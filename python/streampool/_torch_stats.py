@@ -147,6 +147,16 @@ def route(torch: Any) -> None:
         (torch._C, "_cuda_resetPeakMemoryStats", reset_peak),
         (torch._C, "_cuda_resetAccumulatedMemoryStats", reset_accumulated),
     ]
+    # torch.accelerator's memory functions (PyTorch 2.8 and later) ask the device's allocator
+    # through another path that does not reach streampool's.
+    accelerator = [
+        ("_accelerator_getDeviceStats", memory_stats_nested),
+        ("_accelerator_resetPeakStats", reset_peak),
+        ("_accelerator_resetAccumulatedStats", reset_accumulated),
+        ("_accelerator_emptyCache", lambda: _lib.call_reporting("streampool_empty_cache")),
+        ("_accelerator_isAllocatorInitialized", lambda: True),
+    ]
+    replacements += [(torch._C, name, f) for name, f in accelerator if hasattr(torch._C, name)]
     summary_function = _summary_function(torch)
     replacements += [
         (torch.cuda.memory, "memory_summary", summary_function),

@@ -23,6 +23,7 @@ CASES = {
     "cudnn_benchmark": 2e-2,  # cuDNN may pick other algorithms on another run
     "typed_out_of_memory": None,
     "memory_fraction_round_trip": None,
+    "accelerator_memory_stats": None,
     "memory_history_snapshot": None,
     "mempool": None,
     "graph_shared_pool": 1e-4,

@@ -90,6 +90,22 @@ def case_memory_fraction_round_trip(ctx) -> None:
     _result("memory_fraction_round_trip", True)
 
 
+def case_accelerator_memory_stats(ctx) -> None:
+    """``torch.accelerator``'s memory functions see the allocator in charge: allocated bytes
+    follow a tensor, the peak resets, empty_cache runs."""
+    import torch.accelerator as acc
+
+    before = acc.memory_allocated()
+    x = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+    assert acc.memory_allocated() >= before + 8 * MiB, (before, acc.memory_allocated())
+    assert acc.max_memory_allocated() >= acc.memory_allocated()
+    del x
+    acc.reset_peak_memory_stats()
+    assert acc.max_memory_allocated() == acc.memory_allocated()
+    acc.empty_cache()
+    _result("accelerator_memory_stats", True)
+
+
 def case_memory_history_snapshot(ctx) -> None:
     """``_record_memory_history`` then ``_snapshot`` / ``_dump_snapshot``: a snapshot in PyTorch's
     format with the allocations made while recording; history off again stops it."""
