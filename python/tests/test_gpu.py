@@ -324,6 +324,14 @@ def test_two_devices_each_with_its_pool_and_access_between_them(capsys):
         print(f"\nmultigpu: {tagged_line(out, 'MULTIGPU')}")
 
 
+@two_gpus
+@pytest.mark.parametrize("case", ["peer_reads_while_pages_move", "set_device_in_one_thread", "idle_release_per_device"])
+def test_two_devices_case(case, capsys):
+    out = run_case(case)
+    with capsys.disabled():
+        print(f"\nmultigpu: {tagged_line(out, 'MULTIGPU')}")
+
+
 PEER_COPY = r"""
 import sys, torch, streampool
 streampool.install()
