@@ -14,6 +14,8 @@ pub(crate) mod graphs;
 mod lookup;
 mod methods;
 pub(crate) mod std_function;
+#[cfg(test)]
+mod tests;
 mod vtable;
 
 use std::ffi::{c_void, CStr};
