@@ -2,7 +2,9 @@
 the backend under test, and give what they give under PyTorch's native allocator.
 
 Each case (gpu_cases/parity.py) runs in a fresh process under native, then under streampool; both
-must pass and their printed figures agree. Where STREAMPOOL_TEST_PARITY_RESULTS names a file, each
+must pass and their printed figures agree. On the pool backend each case also runs under
+streampool's library as a plain CUDAPluggableAllocator (what PyTorch gives any pluggable
+allocator), for the record only. Where STREAMPOOL_TEST_PARITY_RESULTS names a file, each
 outcome is added to it as a JSON line (scripts/gpu-check keeps them with the run's logs; the
 parity table of the docs is made from them).
 """
@@ -10,6 +12,7 @@ parity table of the docs is made from them).
 import json
 import math
 import os
+import subprocess
 import time
 
 import pytest
@@ -34,10 +37,13 @@ CASES = {
 }
 
 
-def _run(case: str, allocator: str):
+def _run(case: str, allocator: str, timeout: float = 900):
     """(passed, figures or the failure's output tail, seconds)."""
     start = time.perf_counter()
-    proc = run_python(args=[RUNNER, "--allocator", allocator, case], env=gpu_env(), timeout=900)
+    try:
+        proc = run_python(args=[RUNNER, "--allocator", allocator, case], env=gpu_env(), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout} s", time.perf_counter() - start
     seconds = time.perf_counter() - start
     tag = f"RESULT {case} "
     lines = [l[len(tag):] for l in proc.stdout.splitlines() if l.startswith(tag)]
@@ -55,8 +61,11 @@ def _agree(a, b, rtol) -> bool:
 def _record(case: str, outcome: dict) -> None:
     path = os.environ.get("STREAMPOOL_TEST_PARITY_RESULTS")
     if path:
+        import torch
+
+        where = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0)}
         with open(path, "a") as f:
-            f.write(json.dumps({"case": case, "backend": TEST_BACKEND or "pool", **outcome}) + "\n")
+            f.write(json.dumps({"case": case, "backend": TEST_BACKEND or "pool", **where, **outcome}) + "\n")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -64,8 +73,13 @@ def test_feature_under_install_works_and_matches_native(case, capsys):
     native_ok, native, native_s = _run(case, "native")
     streampool_ok, ours, ours_s = _run(case, "streampool")
     agree = native_ok and streampool_ok and _agree(native, ours, CASES[case])
-    _record(case, {"native": native_ok, "streampool": streampool_ok, "agree": agree,
-                   "native_s": round(native_s, 1), "streampool_s": round(ours_s, 1)})
+    outcome = {"native": native_ok, "streampool": streampool_ok, "agree": agree,
+               "native_s": round(native_s, 1), "streampool_s": round(ours_s, 1)}
+    if (TEST_BACKEND or "pool") == "pool":
+        plain_ok, plain, _ = _run(case, "pluggable", timeout=240)
+        outcome["pluggable"] = plain_ok and _agree(native, plain, CASES[case])
+        outcome["pluggable_error"] = None if plain_ok else str(plain).strip().splitlines()[-1][:200]
+    _record(case, outcome)
     with capsys.disabled():
         print(f"\nPARITY {case} backend={TEST_BACKEND or 'pool'} native={native_ok} "
               f"streampool={streampool_ok} agree={agree}")

@@ -8,6 +8,8 @@ traceback. Modes:
 - ``streampool-no-record-stream-hook``: the same without the record_stream hook (for comparison);
 - ``streampool-no-torch-stats``: ``install(torch_stats=False)``: PyTorch's memory functions left alone;
 - ``native``: PyTorch's own caching allocator;
+- ``pluggable``: streampool's library as PyTorch's ``CUDAPluggableAllocator`` alone, none of
+  install()'s wiring (what any pluggable allocator gets from PyTorch as shipped);
 - ``scoped``: no install; cases use ``streampool.mempool()`` regions.
 """
 
@@ -36,7 +38,14 @@ import torch_stats  # noqa: E402
 import training  # noqa: E402
 import vmm  # noqa: E402
 
-MODES = ("streampool", "streampool-no-record-stream-hook", "streampool-no-torch-stats", "native", "scoped")
+MODES = (
+    "streampool",
+    "streampool-no-record-stream-hook",
+    "streampool-no-torch-stats",
+    "native",
+    "pluggable",
+    "scoped",
+)
 
 MiB = 1 << 20
 # Device memory a case may take outside any allocator: CUDA loads kernels on first use
@@ -172,6 +181,9 @@ def main(argv=None) -> int:
         streampool.install(_wire_record_stream=False)
     elif options.allocator == "streampool-no-torch-stats":
         streampool.install(torch_stats=False)
+    elif options.allocator == "pluggable":
+        plain = torch.cuda.memory.CUDAPluggableAllocator(streampool.library_path(), "my_malloc", "my_free")
+        torch.cuda.memory.change_current_allocator(plain)
     context = Context(options.allocator, options.quick)
     for name in options.cases:
         start = time.perf_counter()
