@@ -1,0 +1,36 @@
+"""The parity table from GPU outcomes: every feature a row, failures say so, missing runs too."""
+
+import json
+
+from bench import parity_table
+
+
+def _line(case, backend, streampool=True, agree=True, pluggable=None, error=None):
+    line = {"case": case, "backend": backend, "native": True, "streampool": streampool, "agree": agree,
+            "torch": "2.11.0", "device": "NVIDIA H100"}
+    if pluggable is not None:
+        line.update(pluggable=pluggable, pluggable_error=error)
+    return line
+
+
+def test_rows_show_each_column_and_failures():
+    lines = [
+        _line("cudnn_benchmark", "pool", pluggable=False, error="RuntimeError: does not yet support cacheInfo"),
+        _line("cudnn_benchmark", "vmm"),
+        _line("mempool", "pool", agree=False, pluggable=False),
+    ]
+    text = parity_table.table(lines, "abc1234")
+    rows = {r.split(" | ")[0]: r for r in text.splitlines() if r.startswith("| ")}
+    cudnn = rows["| `torch.backends.cudnn.benchmark = True`, conv training"]
+    assert cudnn.endswith("| ✓ | fails: RuntimeError: does not yet support cacheInfo | ✓ | ✓ |")
+    mempool = rows["| `torch.cuda.MemPool` + `use_mem_pool` (and `use_on_oom`, `no_split`)"]
+    assert mempool.endswith("| ✓ | fails | fails | not run |"), mempool
+    assert "| not run | not run | not run | not run |" in rows["| `get_per_process_memory_fraction`"]
+    assert "commit abc1234" in text and "NVIDIA H100" in text
+
+
+def test_main_writes_parity_md(tmp_path):
+    (tmp_path / "parity-pool.jsonl").write_text(json.dumps(_line("mempool", "pool", pluggable=False)) + "\n")
+    assert parity_table.main([str(tmp_path)]) == 0
+    assert "MemPool" in (tmp_path / "parity.md").read_text()
+    assert parity_table.main([str(tmp_path / "empty")]) == 1
