@@ -123,6 +123,16 @@ def test_install_reports_a_malformed_option_value_naming_its_variable():
     assert proc.stdout.startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="12XB" is not valid'), describe(proc)
 
 
+def test_install_refuses_a_misspelt_variable_naming_the_one_meant():
+    # PyTorch refuses an unknown key of PYTORCH_CUDA_ALLOC_CONF; a misspelt STREAMPOOL_* variable
+    # would otherwise leave the default in force without a word.
+    proc = run_install("{}", env={"STREAMPOOL_RELEASE_TRESHOLD": "1GiB"})
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.strip() == (
+        "ConfigError STREAMPOOL_RELEASE_TRESHOLD is set, but streampool has no such variable: "
+        "did you mean STREAMPOOL_RELEASE_THRESHOLD? (or unset it)"), describe(proc)
+
+
 RETRY_INSTALL = """
 import os
 print("after the bad value:", os.environ.get("STREAMPOOL_RELEASE_THRESHOLD"))

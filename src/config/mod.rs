@@ -1,11 +1,14 @@
 //! `STREAMPOOL_*` environment variables, parsed once into a [`Config`].
 //!
 //! Invariant: a malformed value — one that is not UTF-8 text included — is an error naming the
-//! variable, the value and what is accepted; it is never ignored or replaced by a default.
+//! variable, the value and what is accepted; it is never ignored or replaced by a default. A
+//! `STREAMPOOL_*` variable that streampool does not read is refused the same way ([`names`]).
 
 use crate::error::{Error, Result};
 use crate::units::{format_bytes, parse_size, SizeSpec, SIZE_ACCEPTED};
 use std::ffi::OsString;
+
+pub mod names;
 
 /// Above the release threshold, the virtual-memory backend releases memory unused this long (a
 /// training step or a request takes less: what a loop uses every step stays mapped).
@@ -190,8 +193,10 @@ pub(crate) fn utf8_value(var: &'static str, value: OsString) -> Result<String> {
 
 impl Config {
     /// Reads the process environment; a `STREAMPOOL_*` value that is not UTF-8 text is an error
-    /// naming it, like any malformed value.
+    /// naming it, like any malformed value, and so is a `STREAMPOOL_*` variable streampool does
+    /// not read ([`names`]).
     pub fn from_env() -> Result<Config> {
+        names::check_names(std::env::vars_os().map(|(name, _)| name))?;
         Config::from_os_lookup(|name| std::env::var_os(name))
     }
 
