@@ -118,13 +118,13 @@ impl Default for Config {
             // time did not change measurably; 64 MiB still serves alloc/free loops at every size.
             cache_limit: SizeSpec::Bytes(64 << 20),
             cache_max_block: SizeSpec::Max,
-            // H100, same run (BENCHMARKS.md, "Small blocks in a pool of their own"): peak
+            // H100, same run (bench/results/small-pool/README.md): peak
             // memory / peak live bytes went from 1.19x to 1.11x on GPT-2 and from 1.06x to 1.01x
             // on ResNet-50; the pool alone is at 1.09x / 0.99x. 1 MiB is PyTorch's own split.
             small_pool_max: SizeSpec::Bytes(1 << 20),
             // On: H100, training with shapes changing every step (bench/diag_growth.py): over
             // 600 steps the pool grew 3% after warm-up without it and stayed flat with it; over
-            // 1,000 steps it still grew 3-4% either way (BENCHMARKS.md, "Pool growth").
+            // 1,000 steps it still grew 3-4% either way (bench/results/soak/README.md).
             trim_on_growth: true,
             peer_access: PeerAccess::Auto,
             ipc: false,
@@ -134,8 +134,7 @@ impl Default for Config {
             // handles; which is better here awaits a measurement on the GPU.
             vmm_page_size: SizeSpec::Bytes(2 << 20),
             // Pages idle this long back new blocks before the device grows. Replayed allocation
-            // traces of the benchmark's workloads (BENCHMARKS.md, "Allocation traces and
-            // replay"): 10 ms holds 4-11% less than 250 ms on llama decode and BERT, the same on
+            // traces of the benchmark's workloads (docs/replay.md): 10 ms holds 4-11% less than 250 ms on llama decode and BERT, the same on
             // the others, with a handful of mappings per timed step at most; 2 ms moves more
             // and holds more on churn.
             vmm_cold_after_ms: 10,
