@@ -1,6 +1,7 @@
 """The GPU benchmark of this repository: streampool against PyTorch's allocators.
 
-Run from the repository root on the GPU machine (BENCHMARKS.md has the method and the commands):
+Run from the repository root on a machine with a GPU (BENCHMARKS.md has the method and the
+commands):
 ``STREAMPOOL_LIBRARY=... PYTHONPATH=python python3 -m bench [--group G] --out-dir DIR``, then
 ``python3 -m bench merge DIR... --out-dir OUT``; ``python3 -m bench calibrate`` picks the block
 length.
