@@ -37,10 +37,12 @@ def test_an_old_rustc_says_which_it_is_and_how_to_update():
     problem = rust_problem("1.88", which=tools("cargo", "rustc"), run=rustc_says("rustc 1.63.0 (4b91a6ea7 2022-08-08)\n"))
     assert "this rustc (/opt/rust/bin/rustc) is 1.63.0" in problem and "rustup update" in problem
     assert rust_problem("1.88", which=tools("cargo", "rustc"), run=rustc_says("rustc 1.87.9")) is not None
+    # Versions compare as numbers, not text ("1.9" sorts after "1.88" as text).
+    assert rust_problem("1.88", which=tools("cargo", "rustc"), run=rustc_says("rustc 1.9.0")) is not None
 
 
 def test_the_needed_version_or_newer_builds():
-    for found in ("rustc 1.88.0 (6b00bc388 2025-06-23)", "rustc 1.95.0", "rustc 2.0.0"):
+    for found in ("rustc 1.88.0 (6b00bc388 2025-06-23)", "rustc 1.95.0", "rustc 1.100.0", "rustc 2.0.0"):
         assert rust_problem("1.88", which=tools("cargo", "rustc"), run=rustc_says(found)) is None, found
 
 
