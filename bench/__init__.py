@@ -1,16 +1,17 @@
 """The GPU benchmark of this repository: streampool against PyTorch's allocators.
 
-Run from the repository root on the GPU machine (BENCHMARKS.md has the method and the commands):
+Run from the repository root on a machine with a GPU (BENCHMARKS.md has the method and the
+commands):
 ``STREAMPOOL_LIBRARY=... PYTHONPATH=python python3 -m bench [--group G] --out-dir DIR``, then
 ``python3 -m bench merge DIR... --out-dir OUT``; ``python3 -m bench calibrate`` picks the block
 length.
 
 Invariant: the parent process (cli, runner, plan, workers, stats, report, targets, markdown,
-details, calibrate, cotenant, nvml) never imports torch; every measurement is made in a worker
-process of one configuration (worker + engine + workloads, cotenant_child), set up once and
-driven over a pipe, and the two sides speak only through protocol's lines.
+details, headline, calibrate, cotenant, nvml) never imports torch; every measurement is made in a
+worker process of one configuration (worker + engine + workloads, cotenant_child), set up once
+and driven over a pipe, and the two sides speak only through protocol's lines.
 Files, one job each:
-  cli.py            the run, the calibration and the merge; the files written to --out-dir
+  cli.py            the run, the calibration, the merge (and ``headline``); what goes to --out-dir
   configs.py        the configurations, what each is paired with, each worker's environment
   plan.py           groups of workloads per call, ABBA order, block sizes, stages that fit
   runner.py         the parent's run of workloads over long-lived workers (memory passes, pairs)
@@ -23,6 +24,7 @@ Files, one job each:
   stats.py          paired ratios, medians, the bootstrap interval, pairs a precision needs
   report.py         the calls' raw results -> report.json;  targets.py: targets.json's verdicts
   markdown.py       the one-screen headline;  details.py: the rest of report.md
+  headline.py       README.md's and BENCHMARKS.md's tables from the committed results (``headline``)
   calibrate.py      the A/A at several block lengths
   cotenant.py       the co-tenant's parent side;  cotenant_child.py: its two processes
   protocol.py       the lines between the parent and its processes

@@ -1,7 +1,7 @@
 //! What one allocation costs on the real CUDA driver, call by call: the profile behind the
-//! hot-path and training-step figures in BENCHMARKS.md. Needs a GPU; without one it says so and
-//! exits 0. Build here with `cargo bench --bench driver_costs --no-run`, run the binary there
-//! (`scripts/gpu-diag costs`).
+//! hot-path and training-step figures in bench/results/costs/README.md. Needs a GPU; without one
+//! it says so and exits 0. Build with `cargo bench --bench driver_costs --no-run` where Rust is,
+//! run the binary on the machine with the GPU (`scripts/gpu-diag costs`).
 
 use std::hint::black_box;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! The Rust hot path on the simulated driver: malloc + free pairs served by the cache.
-//! Target (../shared/targets.md): <= 50 ns per pair on one thread.
+//! Target: <= 50 ns per pair on one thread (measured figures: bench/results/costs/README.md).
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use std::hint::black_box;

@@ -51,7 +51,7 @@ def _notes_of(cell: Dict[str, Any]) -> str:
     return marks
 
 
-def _headline_cell(workload: str, config: str, cell: Optional[Dict], status: Dict) -> str:
+def headline_cell(workload: str, config: str, cell: Optional[Dict], status: Dict) -> str:
     if not cell:
         return "not run"
     if cell.get("failed"):
@@ -64,7 +64,7 @@ def _headline_cell(workload: str, config: str, cell: Optional[Dict], status: Dic
     return f"{memory} · {time}{_notes_of(cell)}"
 
 
-def _pairs_text(cells: Dict[str, Any]) -> str:
+def pairs_text(cells: Dict[str, Any]) -> str:
     counts = [c["time"]["n"] for c in cells.values() if c.get("time")]
     if not counts:
         return ""
@@ -120,11 +120,11 @@ def headline(report: Dict[str, Any]) -> List[str]:
         aa_text = "not run" if not aa else "**failed**" if aa.get("failed") else (
             interval_text(aa.get("time")) + MARKS.get(status.get(("aa", workload, NATIVE_AA)), "")
         )
-        texts = [_headline_cell(workload, c, cells.get(c), status) for c in configs]
-        row = f"| `{workload}`{_pairs_text(cells)} | {aa_text} | " + " | ".join(texts)
+        texts = [headline_cell(workload, c, cells.get(c), status) for c in configs]
+        row = f"| `{workload}`{pairs_text(cells)} | {aa_text} | " + " | ".join(texts)
         lines.append(row + " |")
     lines += _cotenant_row(report, status, configs)
-    lines += _headline_notes(report)
+    lines += headline_notes(report)
     commands = [f"- `{c}`" for c in facts["commands"] if c]
     if facts.get("merge_command"):
         commands.append(f"- merged: `{facts['merge_command']}`")
@@ -133,7 +133,7 @@ def headline(report: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def _headline_notes(report: Dict[str, Any]) -> List[str]:
+def headline_notes(report: Dict[str, Any]) -> List[str]:
     notes = []
     extra = report.get("cotenant", {}).get("native+empty_cache")
     if extra and "error" not in extra:

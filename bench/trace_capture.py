@@ -1,7 +1,7 @@
 """Allocation traces of the benchmark's workloads, for ``cargo bench --bench replay``
-(bench/replay.rs; format and use in BENCHMARKS.md, "Allocation traces and replay").
+(bench/replay.rs; format and use in docs/replay.md).
 
-On the GPU machine, each workload in a process of its own, under PyTorch's native allocator::
+On a machine with a GPU, each workload in a process of its own, under PyTorch's native allocator::
 
     python3 -m bench.trace_capture --workloads churn,multistream,gpt2,resnet50,bert,llama_decode \\
         --out bench/traces

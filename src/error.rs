@@ -86,6 +86,18 @@ pub enum Error {
         reason: String,
         accepted: &'static str,
     },
+    /// A `STREAMPOOL_*` variable is set that streampool does not read (`config::names`).
+    #[error(
+        "{name} is set, but streampool has no such variable: {}",
+        closest.as_ref().map_or_else(
+            || "unset it (python -m streampool info lists the variables)".to_string(),
+            |known| format!("did you mean {known}? (or unset it)")
+        )
+    )]
+    UnknownVariable {
+        name: String,
+        closest: Option<String>,
+    },
     #[error("CUDA driver call {call} failed with {name} ({code})")]
     Driver {
         call: &'static str,
@@ -141,7 +153,7 @@ impl From<&Error> for StreampoolStatus {
             Error::InvalidArgument(_) => StreampoolStatus::InvalidArgument,
             Error::UnknownPointer { .. } => StreampoolStatus::UnknownPointer,
             Error::OutOfMemory(_) => StreampoolStatus::OutOfMemory,
-            Error::Config { .. } => StreampoolStatus::ConfigError,
+            Error::Config { .. } | Error::UnknownVariable { .. } => StreampoolStatus::ConfigError,
             Error::Driver { .. } => StreampoolStatus::DriverError,
             Error::DriverUnavailable(_) => StreampoolStatus::DriverUnavailable,
             Error::Internal(_) | Error::Disabled { .. } => StreampoolStatus::InternalError,

@@ -1,6 +1,6 @@
 //! The tables written in more than one place agree: the `STREAMPOOL_*` variables and their
-//! defaults (src/config/mod.rs, python/streampool/_config.py, the README, docs/abi.md) and the C
-//! functions (include/streampool.h, docs/abi.md). Status codes, statistics fields and timeline
+//! defaults (the configuration's parser, python/streampool/_config.py, the README, docs/abi.md)
+//! and the C functions (include/streampool.h, docs/abi.md). Status codes, statistics fields and timeline
 //! kinds are checked between the header and Python by python/tests/test_header.py, and between
 //! Rust and the header by tests/header.rs.
 
@@ -47,11 +47,12 @@ fn python_defaults() -> Vec<(String, String)> {
         .collect()
 }
 
-/// The variables the library reads (config/mod.rs, and STREAMPOOL_LOG in api.rs).
+/// The variables the library reads: those its configuration's parser asks for (STREAMPOOL_LOG,
+/// which api.rs also reads for the logger, among them).
 fn library_variables() -> BTreeSet<String> {
-    let mut vars = variables_in(&read("src/config/mod.rs"));
-    vars.insert("STREAMPOOL_LOG".into());
-    vars
+    streampool::config::names::configuration_variables()
+        .into_iter()
+        .collect()
 }
 
 #[test]

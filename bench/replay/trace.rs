@@ -1,4 +1,4 @@
-//! The allocation trace format (BENCHMARKS.md, "Allocation traces and replay"): text, usually
+//! The allocation trace format (docs/replay.md): text, usually
 //! gzip-compressed, one event a line —
 //!
 //! ```text

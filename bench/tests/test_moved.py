@@ -1,4 +1,4 @@
-"""The benchmark lives in the repository, not in the installed package (issue 13)."""
+"""The benchmark lives in the repository, not in the installed package."""
 
 from pathlib import Path
 

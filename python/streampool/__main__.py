@@ -19,11 +19,11 @@ from ._probe import cuda_unavailable_reason
 from ._stats import format_bytes, format_limit
 
 
-def _device_line(index: int) -> str:
+def _device_line(index: int, simulated: bool = False) -> str:
     s = streampool.memory_stats(index)
     limit = format_limit(s["memory_limit_bytes"])
     return (
-        f"device {index}: total {format_bytes(s['device_total_bytes'])}, "
+        f"{'simulated ' if simulated else ''}device {index}: total {format_bytes(s['device_total_bytes'])}, "
         f"allocated {format_bytes(s['allocated_bytes.all.current'])}, "
         f"reserved {format_bytes(s['reserved_bytes.all.current'])}, "
         f"cached {format_bytes(s['cached_bytes'])}, limit {limit}; "
@@ -67,16 +67,22 @@ def info() -> int:
     status = 0
     no_gpu = _simulate_without_gpu()
     try:
+        if no_gpu:
+            print(f"No CUDA GPU here ({no_gpu}): the devices below are simulated in host memory, "
+                  "not GPUs; streampool.install() needs a CUDA GPU")
         print(f"library: {streampool.library_path()}")
         print(f"version: {streampool.__version__}")
+        simulated = bool(no_gpu) or streampool.driver_name() == "sim"
         if no_gpu:
-            print(f"driver: sim (no CUDA GPU here: {no_gpu}; the simulated driver is shown instead)")
+            print("driver: sim (the simulated driver, chosen because there is no CUDA GPU)")
+        elif simulated:
+            print("driver: sim (STREAMPOOL_DRIVER=sim: the devices below are simulated in host memory, not GPUs)")
         else:
             print(f"driver: {streampool.driver_name()}")
         count = streampool.device_count()
-        print(f"devices: {count}")
+        print(f"devices: {count}{' simulated' if simulated else ''}")
         for index in range(count):
-            print(_device_line(index))
+            print(_device_line(index, simulated))
     except (OSError, streampool.StreampoolError) as exc:
         print(f"error: {exc}")
         status = 1
@@ -192,6 +198,12 @@ def _compare(options: argparse.Namespace) -> int:
         if options.timeout_s is not None and options.timeout_s <= 0:
             raise UsageError(f"--timeout-s must be above 0, got {options.timeout_s:g}")
         allocators = parse_allocators(options.allocators)
+        if options.plot:  # before any run, not after all of them
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise UsageError(f"--plot needs matplotlib, which this Python ({sys.executable}) cannot import: "
+                                 "pip install 'streampool[plot]' (or pip install matplotlib), or leave out --plot") from None
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -311,7 +311,9 @@ def compare(command: Sequence[str], allocators: Sequence[Allocator], runs: int, 
     plan = schedule(allocators, runs)
     order = [a.name for a in allocators]
     say(f"streampool compare: {shlex.join(command)}")
-    say(f"{runs} round(s) of: {', '.join(a.name for a, _ in plan[: len(allocators) + 1])}; logs in {folder}")
+    say(f"plan: {len(plan)} runs of your command, one after the other: {runs} round(s) of: "
+        f"{', '.join(a.name for a, _ in plan[: len(allocators) + 1])}; so about {len(plan)} times "
+        f"as long as one run takes (the minutes follow the first run); logs in {folder}")
     for note in environment_notes(environ, allocators):
         say(f"note: {note}")
     results: List[RunResult] = []
@@ -325,6 +327,9 @@ def compare(command: Sequence[str], allocators: Sequence[Allocator], runs: int, 
             result = run_once(allocator, command, env, out_dir, sampler, interval_ms / 1000.0, timeout_s, round_index)
             results.append(result)
             say(_progress_end(result))
+            if number == 1 and len(plan) > 1:
+                say(f"estimate: about {len(plan) * result.wall_s / 60:.1f} min for the {len(plan)} runs "
+                    f"at {result.wall_s:.1f} s each (--runs sets the rounds)")
     except KeyboardInterrupt:
         interrupted = True
         say("\ninterrupted: the table covers the runs that finished")

@@ -5,6 +5,7 @@ torch is imported only here, and only when one of these functions runs.
 
 import logging
 import os
+import sys
 import warnings
 from typing import Any, Dict, Optional
 
@@ -35,13 +36,18 @@ class _Installation:
 
 _installation: Optional[_Installation] = None
 _scoped_allocator: Any = None
+# For tests only: False leaves Tensor.record_stream unwired (a GPU case shows what that breaks).
+_wire_record_stream = True
 
 
 def _import_torch(caller: str) -> Any:
     try:
         import torch
-    except ImportError as exc:
-        raise ImportError(f"streampool.{caller}() needs PyTorch (pip install torch)") from exc
+    except ImportError as exc:  # one line, not torch's import traceback chained above it
+        raise ImportError(
+            f"streampool.{caller}() needs PyTorch 2.5 or newer, and this Python ({sys.executable}) "
+            f"cannot import it ({exc}): pip install torch"
+        ) from None
     return torch
 
 
@@ -107,13 +113,14 @@ def _new_allocator(torch: Any, wire_record_stream: bool = True, malloc: str = "m
     return allocator
 
 
-def install(*, torch_stats: bool = True, _wire_record_stream: bool = True, **options: Any) -> Any:
+def install(*, torch_stats: bool = True, **options: Any) -> Any:
     """Make streampool PyTorch's CUDA allocator for this process; returns the
     ``torch.cuda.memory.CUDAPluggableAllocator``, or None where PyTorch finds no CUDA GPU (then
     nothing is installed and one warning line says so).
 
-    Options (each sets the STREAMPOOL_* variable of docs/abi.md; sizes in bytes or strings such
-    as "8GiB", "80%", "max"): backend ("pool", or "vmm": every block on streampool's own
+    Options (each sets the STREAMPOOL_* variable of its name in capitals, which the README's
+    Configuration table describes and ``python -m streampool info`` lists; sizes in bytes or
+    strings such as "8GiB", "80%", "max"): backend ("pool", or "vmm": every block on streampool's own
     virtual-memory pool), vmm_page_size, release_threshold, max_pool_size, cache_limit,
     cache_max_block, small_pool_max (0: one pool for all sizes), trim_on_growth, peer_access
     ("auto", True or False), ipc (every allocation shareable with other processes; such pools
@@ -127,7 +134,7 @@ def install(*, torch_stats: bool = True, _wire_record_stream: bool = True, **opt
     absent). False leaves them as PyTorch has them for pluggable allocators: they raise.
 
     Must run before CUDA is initialised in the process. A second call returns the same allocator
-    (with a warning if its options differ). ``_wire_record_stream=False`` is for tests only.
+    (with a warning if its options differ).
     """
     global _installation
     variables = option_environment(options)

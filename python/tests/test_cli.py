@@ -32,9 +32,19 @@ def test_version_names_the_version_and_the_library():
 def test_info_without_a_gpu_reports_the_simulated_driver_and_succeeds():
     proc = run_python(WITHOUT_GPU.replace("ARGV", "['info']"), env={"STREAMPOOL_DRIVER": None})
     assert proc.returncode == 0, describe(proc)
-    assert "driver: sim (no CUDA GPU here: libcuda.so.1 not found (no NVIDIA driver);" in proc.stdout
-    assert "devices: 2" in proc.stdout and "device 0: total 16.00 GiB" in proc.stdout
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("No CUDA GPU here (libcuda.so.1 not found (no NVIDIA driver)): the devices below are "
+                            "simulated in host memory, not GPUs"), describe(proc)
+    assert "driver: sim (the simulated driver, chosen because there is no CUDA GPU)" in proc.stdout
+    assert "devices: 2 simulated" in proc.stdout and "\nsimulated device 0: total 16.00 GiB" in proc.stdout
     assert "STREAMPOOL_DRIVER" in proc.stdout and "= sim  (no CUDA GPU here)" in proc.stdout, describe(proc)
+
+
+def test_info_with_the_simulated_driver_asked_for_says_the_devices_are_simulated():
+    proc = run_python(args=["-m", "streampool", "info"], env={"STREAMPOOL_DRIVER": "sim"})
+    assert proc.returncode == 0, describe(proc)
+    assert "driver: sim (STREAMPOOL_DRIVER=sim: the devices below are simulated" in proc.stdout, describe(proc)
+    assert "devices: 2 simulated" in proc.stdout and "\nsimulated device 1: total" in proc.stdout
 
 
 @pytest.mark.skipif(NO_GPU_HERE is None, reason="this machine has a GPU: the CUDA driver answers")
@@ -48,7 +58,7 @@ def test_info_with_the_cuda_driver_asked_for_and_none_there_fails_saying_why():
 def test_info_on_this_machine_without_a_gpu_succeeds():
     proc = run_python(args=["-m", "streampool", "info"], env={"STREAMPOOL_DRIVER": None})
     assert proc.returncode == 0, describe(proc)
-    assert "driver: sim (no CUDA GPU here:" in proc.stdout
+    assert proc.stdout.startswith("No CUDA GPU here (") and "devices: 2 simulated" in proc.stdout, describe(proc)
 
 
 BAD_LIBRARIES = [

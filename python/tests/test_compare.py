@@ -141,9 +141,18 @@ def test_a_comparison_measures_each_allocators_runs_and_prints_the_table(tmp_pat
     status, text, logs = run_compare(tmp_path, env=env)
     assert status == 0, text
     assert "note: PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6 is set here" in text
-    assert "3 round(s) of: native, expandable, streampool, native" in text
-    progress = [line for line in text.splitlines() if line.startswith("[")]
+    lines = text.splitlines()
+    plan = next(line for line in lines if line.startswith("plan: "))
+    assert plan.startswith("plan: 12 runs of your command, one after the other: 3 round(s) of: native, "
+                           "expandable, streampool, native; so about 12 times as long as one run takes"), text
+    assert lines.index(plan) < min(i for i, line in enumerate(lines) if line.startswith("[")), "plan first"
+    progress = [line for line in lines if line.startswith("[")]
     assert len(progress) == 12 and progress[0].startswith("[ 1/12] native") and "exit 0" in progress[0]
+    # Right after the first run, the minutes: 12 runs at the first one's time.
+    estimate = lines[lines.index(progress[0]) + 1]
+    first_s = float(progress[0].split("...")[1].split()[0])
+    assert estimate.startswith("estimate: about ") and estimate.endswith(f"at {first_s:.1f} s each (--runs sets the rounds)")
+    assert float(estimate.split()[2]) == pytest.approx(12 * first_s / 60, abs=0.06), estimate
     memory = _rows(text, "peak device memory (median of the successful runs)")
     assert memory["native"][1] == "6/6" and memory["streampool"][1] == "3/3"
     native_mib = float(memory["native"][2].split()[0])
@@ -203,6 +212,23 @@ def test_the_command_line_refuses_bad_arguments_in_one_line():
         proc = run_python(args=["-m", "streampool", "compare", *args])
         assert proc.returncode == 2, describe(proc)
         assert proc.stderr.startswith(message), describe(proc)
+
+
+# compare --plot in a Python without matplotlib (the import made to fail), on a machine with no GPU.
+WITHOUT_MATPLOTLIB = """
+import sys
+sys.modules["matplotlib"] = None  # import matplotlib raises ImportError
+from streampool import __main__ as cli
+sys.exit(cli.main(["compare", "--plot", "memory.png", "--", "true"]))
+"""
+
+
+def test_plot_without_matplotlib_is_refused_before_any_run():
+    proc = run_python(WITHOUT_MATPLOTLIB)
+    assert proc.returncode == 2, describe(proc)
+    assert proc.stderr.startswith("error: --plot needs matplotlib, which this Python ("), describe(proc)
+    assert "pip install 'streampool[plot]'" in proc.stderr and proc.stderr.count("\n") == 1, describe(proc)
+    assert proc.stdout == "", describe(proc)  # no plan, no run
 
 
 def test_same_means_inside_the_native_spread():

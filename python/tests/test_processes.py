@@ -94,7 +94,27 @@ def test_torch_facing_calls_without_torch_say_so(function):
     )
     proc = run_python(code)
     assert proc.returncode == 0, describe(proc)
-    assert proc.stdout.strip() == f"streampool.{function}() needs PyTorch (pip install torch)"
+    line = proc.stdout.strip()
+    assert line.startswith(f"streampool.{function}() needs PyTorch 2.5 or newer, and this Python ("), describe(proc)
+    assert line.endswith("): pip install torch") and "\n" not in line, describe(proc)
+
+
+def test_install_without_torch_uncaught_shows_one_error_not_torch_s_import_chained():
+    proc = run_python(HIDE_TORCH + "import streampool\nstreampool.install()\n")
+    assert proc.returncode == 1, describe(proc)
+    assert "The above exception" not in proc.stderr and "During handling" not in proc.stderr, describe(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.split(":")[0].endswith("Error")]
+    assert len(errors) == 1 and errors[0].startswith("ImportError: streampool.install() needs PyTorch"), describe(proc)
+
+
+def test_install_shows_only_public_parameters():
+    import inspect
+
+    import streampool
+
+    parameters = inspect.signature(streampool.install).parameters
+    assert [p for p in parameters if p.startswith("_")] == [], parameters
+    assert "docs/abi.md" not in streampool.install.__doc__  # not in the wheel
 
 
 # A stand-in torch module: enough for install() to reach its own checks without a GPU.
@@ -121,6 +141,16 @@ def test_install_reports_a_malformed_option_value_naming_its_variable():
     proc = run_install('{"release_threshold": "12XB"}', env={"STREAMPOOL_DRIVER": None})
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout.startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="12XB" is not valid'), describe(proc)
+
+
+def test_install_refuses_a_misspelt_variable_naming_the_one_meant():
+    # PyTorch refuses an unknown key of PYTORCH_CUDA_ALLOC_CONF; a misspelt STREAMPOOL_* variable
+    # would otherwise leave the default in force without a word.
+    proc = run_install("{}", env={"STREAMPOOL_RELEASE_TRESHOLD": "1GiB"})
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.strip() == (
+        "ConfigError STREAMPOOL_RELEASE_TRESHOLD is set, but streampool has no such variable: "
+        "did you mean STREAMPOOL_RELEASE_THRESHOLD? (or unset it)"), describe(proc)
 
 
 RETRY_INSTALL = """
@@ -216,7 +246,7 @@ def test_demo_with_a_malformed_driver_fails_naming_it():
 @pytest.mark.parametrize(
     "torch, error",
     [
-        (HIDE_TORCH, "ImportError streampool.mempool() needs PyTorch (pip install torch)"),
+        (HIDE_TORCH, "ImportError streampool.mempool() needs PyTorch 2.5 or newer, and this Python ("),
         (TORCH_WITHOUT_GPU, "RuntimeError streampool.mempool() needs a CUDA GPU, and PyTorch finds none"),
     ],
     ids=["no torch", "no GPU"],

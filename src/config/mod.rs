@@ -1,11 +1,14 @@
 //! `STREAMPOOL_*` environment variables, parsed once into a [`Config`].
 //!
 //! Invariant: a malformed value — one that is not UTF-8 text included — is an error naming the
-//! variable, the value and what is accepted; it is never ignored or replaced by a default.
+//! variable, the value and what is accepted; it is never ignored or replaced by a default. A
+//! `STREAMPOOL_*` variable that streampool does not read is refused the same way ([`names`]).
 
 use crate::error::{Error, Result};
 use crate::units::{format_bytes, parse_size, SizeSpec, SIZE_ACCEPTED};
 use std::ffi::OsString;
+
+pub mod names;
 
 /// Above the release threshold, the virtual-memory backend releases memory unused this long (a
 /// training step or a request takes less: what a loop uses every step stays mapped).
@@ -115,13 +118,13 @@ impl Default for Config {
             // time did not change measurably; 64 MiB still serves alloc/free loops at every size.
             cache_limit: SizeSpec::Bytes(64 << 20),
             cache_max_block: SizeSpec::Max,
-            // H100, same run (BENCHMARKS.md, "Small blocks in a pool of their own"): peak
+            // H100, same run (bench/results/small-pool/README.md): peak
             // memory / peak live bytes went from 1.19x to 1.11x on GPT-2 and from 1.06x to 1.01x
             // on ResNet-50; the pool alone is at 1.09x / 0.99x. 1 MiB is PyTorch's own split.
             small_pool_max: SizeSpec::Bytes(1 << 20),
             // On: H100, training with shapes changing every step (bench/diag_growth.py): over
             // 600 steps the pool grew 3% after warm-up without it and stayed flat with it; over
-            // 1,000 steps it still grew 3-4% either way (BENCHMARKS.md, "Pool growth").
+            // 1,000 steps it still grew 3-4% either way (bench/results/soak/README.md).
             trim_on_growth: true,
             peer_access: PeerAccess::Auto,
             ipc: false,
@@ -131,8 +134,7 @@ impl Default for Config {
             // handles; which is better here awaits a measurement on the GPU.
             vmm_page_size: SizeSpec::Bytes(2 << 20),
             // Pages idle this long back new blocks before the device grows. Replayed allocation
-            // traces of the benchmark's workloads (BENCHMARKS.md, "Allocation traces and
-            // replay"): 10 ms holds 4-11% less than 250 ms on llama decode and BERT, the same on
+            // traces of the benchmark's workloads (docs/replay.md): 10 ms holds 4-11% less than 250 ms on llama decode and BERT, the same on
             // the others, with a handful of mappings per timed step at most; 2 ms moves more
             // and holds more on churn.
             vmm_cold_after_ms: 10,
@@ -190,8 +192,10 @@ pub(crate) fn utf8_value(var: &'static str, value: OsString) -> Result<String> {
 
 impl Config {
     /// Reads the process environment; a `STREAMPOOL_*` value that is not UTF-8 text is an error
-    /// naming it, like any malformed value.
+    /// naming it, like any malformed value, and so is a `STREAMPOOL_*` variable streampool does
+    /// not read ([`names`]).
     pub fn from_env() -> Result<Config> {
+        names::check_names(std::env::vars_os().map(|(name, _)| name))?;
         Config::from_os_lookup(|name| std::env::var_os(name))
     }
 

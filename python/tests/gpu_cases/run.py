@@ -178,7 +178,10 @@ def main(argv=None) -> int:
     if options.allocator == "streampool":
         streampool.install()
     elif options.allocator == "streampool-no-record-stream-hook":
-        streampool.install(_wire_record_stream=False)
+        from streampool import _torch
+
+        _torch._wire_record_stream = False  # the test hook (no install() option: not public)
+        streampool.install()
     elif options.allocator == "streampool-no-torch-stats":
         streampool.install(torch_stats=False)
     elif options.allocator == "pluggable":
