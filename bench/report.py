@@ -1,13 +1,14 @@
 """From the raw results of one or more runs (results.json each) to the report (report.json).
 
 A run is one ``python3 -m bench`` command (a group of workloads); ``merge`` pools several.
-Invariant: a time ratio is the median of paired ratios, each pair two adjacent blocks of the
-*same run* on the same steps, pooled over runs; its interval is stats.summarise's two-level
-bootstrap with each workload record as one process (a record is one set of worker processes:
-a run makes one per process set, a merge pools them), none below stats.MIN_PAIRS pairs. A
-memory ratio is a configuration's peak device memory ÷ native's peak live bytes of the *same
-run*; over several runs (process sets) the report keeps the median and the lowest and highest. A configuration that failed on a workload in a run contributes no pairs
-from that run and its error is kept; a cell without any measurement is a failure, never absent.
+Invariant: a time ratio is the median of paired ratios, each pair two adjacent blocks of the *same
+run* on the same steps, pooled over runs; its interval is stats.summarise's two-level bootstrap
+with each workload record as one process (a record is one set of worker processes: a run makes one
+per process set, a merge pools them), none below stats.MIN_PAIRS pairs. A memory ratio is a
+configuration's peak device memory ÷ native's peak live bytes of the *same run*; over several runs
+(process sets) the report keeps the median and the lowest and highest. A configuration that failed
+on a workload in a run contributes no pairs from that run and its error is kept; a cell without any
+measurement is a failure, never absent.
 """
 
 from typing import Any, Dict, List, Optional, Sequence
