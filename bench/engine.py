@@ -89,6 +89,14 @@ def fixed_settings(torch: Any, threads: Optional[str]) -> Dict[str, Any]:
     }
 
 
+def pci_address(properties: Any) -> Optional[str]:
+    """``0000:19:00.0`` from torch's device properties (None where torch does not say)."""
+    parts = [getattr(properties, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
+    if any(p is None for p in parts):
+        return None
+    return f"{parts[0]:04x}:{parts[1]:02x}:{parts[2]:02x}.0"
+
+
 def warm_up_libraries(torch: Any) -> None:
     """Create the cuBLAS and cuDNN handles (device memory outside any allocator) before the first
     workload, so that no workload's memory includes them."""
@@ -136,7 +144,7 @@ class CudaEngine:
             "cuda": torch.version.cuda,
             "allocator_backend": torch.cuda.get_allocator_backend(),
             "settings": settings,
-            "pci_bus_id": getattr(properties, "pci_bus_id", None),
+            "pci_bus_id": pci_address(properties),
             "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
             "streampool_variables": {
                 k: v

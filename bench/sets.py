@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import isolation, nvml, protocol, runner
+from . import affinity, isolation, nvml, protocol, runner
 from .configs import NATIVE
 from .schedules import preload_modules
 
@@ -78,6 +78,8 @@ def process_sets(
             if library is not None and uuid and sampler.nvml is not None:
                 sampler.device = library.handle(uuid) or sampler.device
             seen = live.infos.get(NATIVE, {}).get("pci_bus_id")
+            if seen and bus_id and affinity.sysfs_bus_id(bus_id) != seen:
+                log(f"the workers' GPU is at {seen}, not at {bus_id} whose CPUs they run on")
             facts = {**arranged.facts, "gpu_bus_id": bus_id, "worker_gpu_bus_id": seen,
                      "start_s": round(time.monotonic() - began_s, 2),
                      "workers": {n: live.infos.get(n, {"error": live.dead.get(n)}) for n in names},
