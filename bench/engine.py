@@ -7,8 +7,8 @@ read two ways after every step of a memory pass: free device memory (``mem_get_i
 every process) and this process's own use from NVML where the driver lists it (absent in many
 containers); the worker says which one its figures come from. Every worker sets CUDA up the same
 way, in the same order (``set_up``): its intra-op threads capped where BENCH_THREADS says, the
-device chosen explicitly, the library flags that change kernels set to fixed values, the
-libraries' handles created; ``settings`` lists what it set, for the set-up fingerprint.
+device chosen explicitly, cuDNN's benchmark mode off, the libraries' handles created;
+``settings`` lists what is in force, for the set-up fingerprint.
 """
 
 import gc
@@ -71,21 +71,26 @@ def install_allocator(base: str) -> Callable[[], None]:
 
 def fixed_settings(torch: Any, threads: Optional[str]) -> Dict[str, Any]:
     """Before CUDA starts: cap the intra-op threads at ``threads`` (None: torch's default), choose
-    device 0, fix the flags that pick kernels (the defaults, set so that no inherited state can
-    differ); what is in force, for the set-up fingerprint."""
+    device 0, turn cuDNN's benchmark mode off (its default, set so that nothing inherited can
+    differ); what is in force, for the set-up fingerprint (the TF32 flags are read, not set:
+    newer torch refuses a mix of their old and new settings)."""
     if threads:
         torch.set_num_threads(int(threads))
     torch.cuda.set_device(0)
     torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = True
+
+    def read(get: Callable[[], Any]) -> Any:
+        try:
+            return get()
+        except Exception as exc:  # a setting this torch does not have, or will not say
+            return f"unreadable: {exc.__class__.__name__}"
+
     return {
         "intra_op_threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-        "cudnn": torch.backends.cudnn.version(),
+        "matmul_precision": read(torch.get_float32_matmul_precision),
+        "cudnn": read(torch.backends.cudnn.version),
     }
 
 
