@@ -1,17 +1,21 @@
 """``python3 -m bench``: the run, the calibration and the merge, and the files they write.
 
-- ``python3 -m bench [--group G ...] [--pairs N] [--block-s S] [--out-dir DIR]``: the workloads
-  of each group (plan.GROUPS; ``cotenant``: the co-tenant and the price of a release threshold),
-  every configuration in long-lived workers; DIR/results.json (the raw results, rewritten after
-  every workload), DIR/report.json and DIR/report.md. Without --group: every group, one after
-  the other (the whole benchmark in one process).
-- ``python3 -m bench calibrate [--blocks-s 0.05,0.1,...]``: the A/A at several block lengths;
-  DIR/calibration.json and DIR/calibration.md.
+- ``python3 -m bench [--group G ...] [--out-dir DIR]``: the workloads of each group
+  (plan.GROUPS; ``cotenant``: the co-tenant and the price of a release threshold), every
+  configuration in long-lived workers, in several process sets one after the other (sets.py);
+  each workload's block length, pairs and process sets from the calibration file
+  (plan.CALIBRATION_PATH, else plan's defaults; ``--block-s``, ``--pairs``, ``--processes``
+  override); ``--without pin,...`` turns settings of isolation.py off. DIR/results.json (the raw
+  results, rewritten after every workload), DIR/report.json and DIR/report.md. Without --group:
+  every group, one after the other.
+- ``python3 -m bench calibrate [--group G]``: the A/A in several process sets at several block
+  lengths; DIR/calibration.json (raw) and DIR/calibration.md, and the chosen settings into the
+  calibration file (calibrate.py).
 - ``python3 -m bench merge DIR... --out-dir OUT``: the runs' results pooled into one report.
 Invariant: the parent never imports torch or touches CUDA (workers do); it writes only into
---out-dir; it does every pair it announces (no time budget cuts a run short: --budget-s refuses
-up front a run estimated to need longer); without torch, numpy or a GPU it says which in one line
-and exits with status 2.
+--out-dir (calibrate: and its --write file); it does every pair it announces (no time budget cuts
+a run short: --budget-s refuses up front a run estimated to need longer); without torch, numpy or
+a GPU it says which in one line and exits with status 2.
 """
 
 import argparse
@@ -25,10 +29,11 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import calibrate, cotenant, details, markdown, nvml, plan, protocol, report, runner
-from .configs import (CONFIG_NAMES, COTENANT_NAMES, DEFAULT_CONFIGS, NATIVE, NATIVE_AA,
-                      PRICE_CONFIGS, VARIANT_PREFIX, pairs_of, parse_variant)
-from .schedules import TIMED_WORKLOADS, preload_modules
+from . import (calibrate, cotenant, details, isolation, markdown, nvml, plan, protocol, report,
+               runner, sets)
+from .configs import (CONFIG_NAMES, COTENANT_NAMES, DEFAULT_CONFIGS, NATIVE, PRICE_CONFIGS,
+                      VARIANT_PREFIX, pairs_of, parse_variant)
+from .schedules import TIMED_WORKLOADS
 
 COMMAND = "python3 -m bench"
 RESULTS = "results.json"
@@ -67,15 +72,31 @@ def _blocks(text: str) -> List[float]:
     return [_positive(float, "--blocks-s")(part) for part in text.split(",") if part.strip()]
 
 
-def _common(parser: argparse.ArgumentParser, out_dir: str) -> None:
+def _without(text: str) -> List[str]:
+    try:
+        return isolation.parse_without(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _common(parser: argparse.ArgumentParser, out_dir: str, pairs: str, processes: str) -> None:
     parser.add_argument("--out-dir", type=Path, default=Path(out_dir),
                         help=f"where the files go (created; default {out_dir})")
     parser.add_argument("--pairs", type=_positive(int, "--pairs"), default=None,
-                        help=f"pairs per configuration and workload (default {plan.DEFAULT_PAIRS};"
-                        " calibrate: 20)")
+                        help=f"pairs per configuration and workload in each process set ({pairs})")
+    parser.add_argument("--processes", type=_positive(int, "--processes"), default=None,
+                        help=f"process sets, one after the other ({processes})")
+    parser.add_argument("--without", type=_without, default=[], metavar="SETTING[,...]",
+                        help="turn these off: " + ", ".join(isolation.FEATURES)
+                        + " (bench/isolation.py)")
     parser.add_argument("--budget-s", type=_positive(float, "--budget-s"), default=None,
                         help="refuse to start if the run is estimated to need longer")
     parser.add_argument("--engine", default=None, help=argparse.SUPPRESS)  # CPU tests
+    parser.add_argument("--group", type=_names(plan.GROUP_NAMES, "group"), action="append",
+                        help=f"comma-separated, from {', '.join(plan.GROUP_NAMES)} "
+                        "(default: all, one after the other)")
+    parser.add_argument("--workloads", type=_names(TIMED_WORKLOADS, "workload"),
+                        help="these workloads as one group instead")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -85,33 +106,45 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog=f"{COMMAND} {mode}" if mode != "run" else COMMAND,
         description="Time and memory of streampool against PyTorch's allocators on the GPU "
         f"(BENCHMARKS.md). '{COMMAND} [--group G]' runs the benchmark, '{COMMAND} calibrate' "
-        f"measures the A/A control by block length, '{COMMAND} merge DIR... --out-dir OUT' "
-        "pools runs into one report.",
+        "measures the A/A control and chooses each workload's settings, "
+        f"'{COMMAND} merge DIR... --out-dir OUT' pools runs into one report.",
     )
     if mode == "merge":
         parser.add_argument("dirs", nargs="+", type=Path, help="directories with results.json")
         parser.add_argument("--out-dir", type=Path, required=True)
     elif mode == "calibrate":
-        _common(parser, "bench-calibration")
+        _common(parser, "bench-calibration", f"default {calibrate.DEFAULT_PAIRS}",
+                f"default {calibrate.DEFAULT_PROCESSES}")
         parser.add_argument("--blocks-s", type=_blocks, default=list(calibrate.DEFAULT_BLOCKS_S),
                             help="comma-separated block lengths in seconds (default "
                             f"{','.join(f'{b:g}' for b in calibrate.DEFAULT_BLOCKS_S)})")
-        parser.add_argument("--workloads", type=_names(TIMED_WORKLOADS, "workload"),
-                            default=list(calibrate.DEFAULT_WORKLOADS))
+        parser.add_argument("--ablate", type=_without, default=[], metavar="SETTING[,...]",
+                            help="turn these settings off in every other process set, to "
+                            "compare")
+        parser.add_argument("--plan-configs", type=_positive(int, "--plan-configs"),
+                            default=len(DEFAULT_CONFIGS),
+                            help="configurations the planned run compares (default "
+                            f"{len(DEFAULT_CONFIGS)})")
+        parser.add_argument("--call-s", type=_positive(float, "--call-s"),
+                            default=calibrate.CALL_S,
+                            help=f"seconds a planned group may take (default {calibrate.CALL_S:g})")
+        parser.add_argument("--write", type=Path, default=plan.CALIBRATION_PATH,
+                            help="the calibration file to update (default "
+                            "bench/calibration.json)")
     else:
-        _common(parser, "bench-results")
-        parser.add_argument("--group", type=_names(plan.GROUP_NAMES, "group"), action="append",
-                            help=f"comma-separated, from {', '.join(plan.GROUP_NAMES)} "
-                            "(default: all, one after the other)")
-        parser.add_argument("--workloads", type=_names(TIMED_WORKLOADS, "workload"),
-                            help="run these workloads as one group instead")
+        _common(parser, "bench-results", "default: the calibration file's, else "
+                f"{plan.DEFAULT_PAIRS}", f"default: the calibration file's, else "
+                f"{plan.DEFAULT_PROCESSES}")
         parser.add_argument("--configs", type=_names(CONFIG_NAMES, "configuration"),
                             default=list(DEFAULT_CONFIGS),
                             help="comma-separated (native always runs; default "
                             f"{','.join(DEFAULT_CONFIGS)})")
-        parser.add_argument("--block-s", type=_positive(float, "--block-s"),
-                            default=plan.DEFAULT_BLOCK_S,
-                            help=f"seconds of steps a block holds (default {plan.DEFAULT_BLOCK_S})")
+        parser.add_argument("--block-s", type=_positive(float, "--block-s"), default=None,
+                            help="seconds of steps a block holds (default: the calibration "
+                            f"file's, else {plan.DEFAULT_BLOCK_S})")
+        parser.add_argument("--calibration", default=str(plan.CALIBRATION_PATH),
+                            help="the calibration file whose settings are the defaults "
+                            "('none': plan's defaults)")
         parser.add_argument("--cotenant-repeats", type=_positive(int, "--cotenant-repeats"),
                             default=1, help="trials per configuration of the co-tenant's A "
                             "(default 1)")
@@ -120,9 +153,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                             help="also run streampool with these settings as streampool:LABEL")
     options = parser.parse_args(argv)
     options.mode = mode
-    if mode == "run":
+    if mode != "merge":
         options.groups = sorted({g for chosen in options.group or [] for g in chosen},
                                 key=plan.GROUP_NAMES.index) or list(plan.GROUP_NAMES)
+        if mode == "calibrate":
+            options.groups = [g for g in options.groups if g != plan.COTENANT_GROUP]
+    if mode == "run":
         options.variants = dict(options.variant)
         if len(options.variants) != len(options.variant):
             parser.error("--variant labels must differ")
@@ -132,8 +168,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             pairs_of(options.configs, options.variants)
         except ValueError as exc:
             parser.error(f"--configs: {exc}")
-    if mode != "merge" and options.pairs is None:
-        options.pairs = 20 if mode == "calibrate" else plan.DEFAULT_PAIRS
     return options
 
 
@@ -180,31 +214,51 @@ def _groups(options) -> List[tuple]:
     return [(g, plan.GROUPS.get(g, ())) for g in options.groups]
 
 
-def announce(options) -> float:
+def _calibration(options) -> Optional[Dict[str, Any]]:
+    if str(options.calibration).lower() == "none":
+        return None
+    return plan.load_calibration(Path(options.calibration))
+
+
+def _settings(options, workloads: Sequence[str], calibration) -> Dict[str, plan.Setting]:
+    return plan.settings_for(workloads, calibration, options.block_s, options.pairs,
+                             options.processes)
+
+
+def announce(options, calibration) -> float:
     """Print what the run will do and return its estimated seconds."""
     total_s = 0.0
     others = len(options.configs) - 1
     for group, workloads in _groups(options):
+        start_s = plan.start_s(group, calibration)
         if group == plan.COTENANT_GROUP:
+            settings = _settings(options, ["gpt2"], calibration)
             seconds = len(COTENANT_NAMES) * options.cotenant_repeats * 20 + plan.estimate_s(
-                ["gpt2"], len(PRICE_CONFIGS), options.pairs, options.block_s, 18.0)
+                ["gpt2"], len(PRICE_CONFIGS), settings, plan.start_s("models", calibration),
+                calibration)
             text = (f"co-tenant ({len(COTENANT_NAMES)} configurations of A × "
                     f"{options.cotenant_repeats}) and the price of a release threshold on gpt2")
         else:
-            seconds = plan.estimate_s(workloads, len(options.configs), options.pairs,
-                                      options.block_s, plan.START_S.get(group, 18.0))
-            text = (f"{len(workloads)} workload(s) ({', '.join(workloads)}) × "
-                    f"{len(options.configs)} configurations, {options.pairs} pairs each for "
-                    f"{others} of them")
+            settings = _settings(options, workloads, calibration)
+            seconds = plan.estimate_s(workloads, len(options.configs), settings, start_s,
+                                      calibration)
+            text = (f"{len(workloads)} workload(s) × {len(options.configs)} configurations "
+                    f"({others} paired with their reference)")
         protocol.progress(f"{group}: {text}: about {seconds / 60:.1f} min")
+        for workload, setting in settings.items():
+            protocol.progress(f"  {workload}: {setting.processes} process sets × "
+                              f"{setting.pairs} pairs of {setting.block_s:g} s blocks "
+                              f"({setting.source})")
         total_s += seconds
-    protocol.progress(f"blocks of {options.block_s:g} s; about {total_s / 60:.1f} min in all")
+    off = f"; without {', '.join(options.without)}" if options.without else ""
+    protocol.progress(f"about {total_s / 60:.1f} min in all{off}")
     return total_s
 
 
 def run(options, argv: Sequence[str], environ: Dict[str, str]) -> Dict[str, Any]:
     """The run (module docstring); returns its report."""
     release_s = plan.idle_release_s(environ)
+    calibration = _calibration(options)
     library = nvml.Nvml.open()
     device = library.handle() if library else None
     call: Dict[str, Any] = {"facts": {
@@ -214,72 +268,84 @@ def run(options, argv: Sequence[str], environ: Dict[str, str]) -> Dict[str, Any]
         "block_s": options.block_s, "pairs": options.pairs, "idle_release_s": release_s,
         "configs": options.configs, "variants": options.variants, "groups": options.groups,
         "nvml": "clocks and power" if device is not None else None,
-    }, "workers": {}, "workloads": [], "cotenant": []}
+        "without": options.without, "settings": {},
+        "calibration": (calibration or {}).get("facts"),
+    }, "workers": {}, "workloads": [], "cotenant": [], "process_sets": []}
     sampler = runner.Sampler(library, device)
 
     def save(_: Any = None) -> None:
         _write(options.out_dir / RESULTS,
                json.dumps({"format": report.FORMAT, "runs": [call]}, allow_nan=False) + "\n")
 
-    def run_workers(names: Sequence[str], workloads: Sequence[str]) -> None:
-        opts = runner.Options(options.pairs, options.block_s, release_s)
-        live = runner.Runner(names, options.variants, environ, opts, sampler, options.engine,
-                             preload=preload_modules(workloads) if options.engine is None else ())
-        try:
-            uuid = live.infos.get(NATIVE, {}).get("device_uuid")
-            if library is not None and uuid:  # the workers' device, whatever NVML numbers it
-                sampler.device = library.handle(uuid) or sampler.device
-            call["workers"].update({n: live.infos.get(n, {"error": live.dead.get(n)})
-                                    for n in names})
+    def run_sets(names: Sequence[str], workloads: Sequence[str]) -> None:
+        settings = _settings(options, workloads, calibration)
+        call["facts"]["settings"].update({w: s._asdict() for w, s in settings.items()})
+        count = max(s.processes for s in settings.values())
+
+        def todo(index: int) -> List[str]:
+            return [w for w in workloads if settings[w].processes > index]
+
+        base = runner.Options(plan.DEFAULT_PAIRS, plan.DEFAULT_BLOCK_S, release_s)
+        for index, live, facts in sets.process_sets(
+                count, names, options.variants, environ, base, todo, sampler, options.engine,
+                options.without, library=library):
+            call["process_sets"].append({**facts, "workloads": todo(index)})
+            if not call["workers"]:
+                call["workers"].update(facts["workers"])
             if any(i.get("baseline_process_bytes") is not None for i in live.infos.values()):
                 call["facts"]["nvml"] = "clocks, power and process memory"
+            per_workload = {w: runner.Options(settings[w].pairs, settings[w].block_s, release_s,
+                                              "settle" not in facts["off"]) for w in todo(index)}
 
-            def keep(record: Dict[str, Any]) -> None:
-                call["workloads"].append(record)
+            def keep(record: Dict[str, Any], index: int = index) -> None:
+                call["workloads"].append({**record, "process_set": index})
                 save()
 
-            runner.run_group(live, workloads, pairs_of(names, options.variants), keep)
-        finally:
-            live.close()
+            runner.run_group(live, todo(index), pairs_of(names, options.variants), keep,
+                             options=per_workload)
 
     for group, workloads in _groups(options):
         protocol.progress(f"=== {group}")
         if group != plan.COTENANT_GROUP:
-            run_workers(options.configs, workloads)
+            run_sets(options.configs, workloads)
             continue
         call["cotenant"] = cotenant.run_cotenant(COTENANT_NAMES, environ,
                                                  options.cotenant_repeats)
         save()
-        run_workers(list(PRICE_CONFIGS), ["gpt2"])
+        run_sets(list(PRICE_CONFIGS), ["gpt2"])
     save()
     return write_report([call], options.out_dir)
 
 
 def run_calibration(options, argv: Sequence[str], environ: Dict[str, str]) -> None:
-    opts = runner.Options(options.pairs, options.blocks_s[0], plan.idle_release_s(environ))
+    """The calibration (calibrate.py) of each group in turn; the settings it chooses go into
+    --write."""
     library = nvml.Nvml.open()
     sampler = runner.Sampler(library, library.handle() if library else None)
-    preload = preload_modules(options.workloads) if options.engine is None else ()
-    live = runner.Runner([NATIVE, NATIVE_AA], {}, environ, opts, sampler, options.engine,
-                         preload=preload)
     facts = {
         "command": command_line(argv, environ),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": live.infos.get(NATIVE, {}).get("device", "unknown"),
-        "blocks_s": options.blocks_s, "pairs": options.pairs,
+        "blocks_s": options.blocks_s, "pairs": options.pairs, "processes": options.processes,
+        "without": options.without, "ablate": options.ablate,
+        "plan_configs": options.plan_configs, "call_s": options.call_s,
     }
-    document: Dict[str, Any] = {"facts": facts, "workers": live.infos, "records": []}
-
-    def keep(record: Dict[str, Any]) -> None:
-        document["records"].append(record)
+    document: Dict[str, Any] = {"facts": facts, "groups": {}}
+    for group, workloads in _groups(options):
+        protocol.progress(f"=== calibration: {group}")
+        raw = calibrate.run(workloads, options, environ, sampler, library,
+                            plan.idle_release_s(environ))
+        document["groups"][group] = raw
+        facts.setdefault("device", raw.get("device"))
         _write(options.out_dir / "calibration.json", json.dumps(document, allow_nan=False))
-
-    try:
-        calibrate.run(live, options.workloads, options.blocks_s, on_workload=keep)
-    finally:
-        live.close()
-    _write(options.out_dir / "calibration.md", calibrate.markdown(document["records"], facts))
-    print(calibrate.markdown(document["records"], facts), flush=True)
+        chosen = calibrate.choose(raw, group, options.plan_configs, options.call_s)
+        raw["chosen"] = chosen
+        if not options.ablate:
+            calibrate.update_file(options.write, chosen, group, facts)
+            protocol.progress(f"wrote the settings of group {group} into {options.write}")
+    _write(options.out_dir / "calibration.json", json.dumps(document, allow_nan=False))
+    text = calibrate.markdown(document)
+    _write(options.out_dir / "calibration.md", text)
+    print(text, flush=True)
 
 
 def merge(dirs: Sequence[Path], out_dir: Path, command: Optional[str] = None) -> Dict[str, Any]:
@@ -316,13 +382,18 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]]
             print(missing, file=sys.stderr)
             return 2
     if options.mode == "calibrate":
-        estimate = calibrate.estimate_s(options.workloads, options.blocks_s, options.pairs)
+        options.pairs = options.pairs or calibrate.DEFAULT_PAIRS
+        options.processes = options.processes or calibrate.DEFAULT_PROCESSES
+        estimate = sum(calibrate.estimate_s(workloads, options.blocks_s, options.pairs,
+                                            options.processes, plan.start_s(group))
+                       for group, workloads in _groups(options))
         protocol.progress(f"calibration: about {estimate / 60:.1f} min")
     else:
-        estimate = announce(options)
+        estimate = announce(options, _calibration(options))
     if options.budget_s is not None and estimate > options.budget_s:
         print(f"{COMMAND}: this run needs about {estimate:.0f} s, more than --budget-s "
-              f"{options.budget_s:g}: choose fewer --pairs or fewer groups", file=sys.stderr)
+              f"{options.budget_s:g}: choose fewer --pairs, --processes or groups",
+              file=sys.stderr)
         return 2
     if options.mode == "calibrate":
         run_calibration(options, argv, environ)

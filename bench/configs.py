@@ -59,14 +59,15 @@ CONFIGS: Dict[str, Config] = {
     "rmm-async": Config("rmm-async", backend=PLUGGABLE),
 }
 CONFIG_NAMES = tuple(CONFIGS)
-# What a run compares unless --configs says otherwise (RMM only where its wheels are carried).
+# What a run compares unless --configs says otherwise (RMM only where its wheels are carried;
+# streampool-pool is streampool at its default backend, the pool, so it is not run twice: name
+# it with --configs to compare a build whose default is vmm).
 DEFAULT_CONFIGS = (
     NATIVE,
     NATIVE_AA,
     "expandable",
     "torch-async",
     "streampool",
-    "streampool-pool",
     "streampool-vmm",
 )
 # The price of the threshold (the co-tenant call): GPT-2 with and without it, paired.

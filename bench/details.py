@@ -33,7 +33,27 @@ def _time(cell: Dict[str, Any]) -> str:
     if not time:
         return "reference" if not cell.get("errors") else "—"
     ref = "" if time["ref"] == "native" else f" vs {time['ref']}"
-    return f"{markdown.interval_text(time, 3)}, n={time['n']}{ref}"
+    processes = time.get("processes") or 1
+    return f"{markdown.interval_text(time, 3)}, n={time['n']} in {processes} processes{ref}"
+
+
+def _aa(report: Dict[str, Any]) -> List[str]:
+    """The A/A of each workload beside the spread between its processes."""
+    lines = ["| workload | A/A (95% interval) | processes | between processes (sd) | "
+             "within a process (sd of a pair) | each process's A/A |", "|---|---|---|---|---|---|"]
+    for workload, time in report.get("aa", {}).items():
+        if not time or time.get("ratio") is None:
+            lines.append(f"| `{workload}` | — | | | | |")
+            continue
+        between = time.get("between_sd")
+        within = time.get("within_sd")
+        lines.append(
+            f"| `{workload}` | {markdown.interval_text(time, 3)} | {time.get('processes', 1)} | "
+            f"{'—' if between is None else f'{100 * between:.1f}%'} | "
+            f"{'—' if within is None else f'{100 * within:.1f}%'} | "
+            + ", ".join(f"{r:.3f}" for r in time.get("process_ratios", [])) + " |"
+        )
+    return lines
 
 
 def _per_unit(report: Dict[str, Any]):
@@ -140,6 +160,11 @@ def render(report: Dict[str, Any]) -> str:
         "## Time ×native per configuration (median of paired ratios, 95% interval, pairs)",
         "",
         *_table(report, _time),
+        "",
+        "## A/A and the spread between processes (native-aa ÷ native; one process of each "
+        "per process set)",
+        "",
+        *_aa(report),
         "",
         "## Time per unit, largest idle gap between a worker's blocks, throttled pairs",
         "",

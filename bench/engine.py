@@ -5,7 +5,10 @@ configuration's backend; a streampool worker refuses STREAMPOOL_* variables its 
 list, so a misspelt or unsupported setting fails instead of measuring the default). Memory is
 read two ways after every step of a memory pass: free device memory (``mem_get_info``, which sees
 every process) and this process's own use from NVML where the driver lists it (absent in many
-containers); the worker says which one its figures come from.
+containers); the worker says which one its figures come from. Every worker sets CUDA up the same
+way, in the same order (``set_up``): its intra-op threads capped where BENCH_THREADS says, the
+device chosen explicitly, cuDNN's benchmark mode off, the libraries' handles created;
+``settings`` lists what is in force, for the set-up fingerprint.
 """
 
 import gc
@@ -17,6 +20,7 @@ from . import schedules as s
 from .worker import Skipped
 
 RMM_BASES = ("rmm-pool", "rmm-async")
+THREADS_VARIABLE = "BENCH_THREADS"
 
 
 def unknown_streampool_variables(environ: Dict[str, str], known: Iterable[str]) -> List[str]:
@@ -65,6 +69,39 @@ def install_allocator(base: str) -> Callable[[], None]:
     return lambda: rmm.mr.set_current_device_resource(resource())
 
 
+def fixed_settings(torch: Any, threads: Optional[str]) -> Dict[str, Any]:
+    """Before CUDA starts: cap the intra-op threads at ``threads`` (None: torch's default), choose
+    device 0, turn cuDNN's benchmark mode off (its default, set so that nothing inherited can
+    differ); what is in force, for the set-up fingerprint (the TF32 flags are read, not set:
+    newer torch refuses a mix of their old and new settings)."""
+    if threads:
+        torch.set_num_threads(int(threads))
+    torch.cuda.set_device(0)
+    torch.backends.cudnn.benchmark = False
+
+    def read(get: Callable[[], Any]) -> Any:
+        try:
+            return get()
+        except Exception as exc:  # a setting this torch does not have, or will not say
+            return f"unreadable: {exc.__class__.__name__}"
+
+    return {
+        "intra_op_threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "matmul_precision": read(torch.get_float32_matmul_precision),
+        "cudnn": read(torch.backends.cudnn.version),
+    }
+
+
+def pci_address(properties: Any) -> Optional[str]:
+    """``0000:19:00.0`` from torch's device properties (None where torch does not say)."""
+    parts = [getattr(properties, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
+    if any(p is None for p in parts):
+        return None
+    return f"{parts[0]:04x}:{parts[1]:02x}:{parts[2]:02x}.0"
+
+
 def warm_up_libraries(torch: Any) -> None:
     """Create the cuBLAS and cuDNN handles (device memory outside any allocator) before the first
     workload, so that no workload's memory includes them."""
@@ -94,6 +131,7 @@ class CudaEngine:
         import torch
 
         self.torch = torch
+        settings = fixed_settings(torch, os.environ.get(THREADS_VARIABLE))
         free_bytes, total_bytes = torch.cuda.mem_get_info()  # starts CUDA
         finish()
         properties = torch.cuda.get_device_properties(0)
@@ -110,6 +148,8 @@ class CudaEngine:
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "allocator_backend": torch.cuda.get_allocator_backend(),
+            "settings": settings,
+            "pci_bus_id": pci_address(properties),
             "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
             "streampool_variables": {
                 k: v

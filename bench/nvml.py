@@ -1,5 +1,5 @@
 """NVML through ctypes (libnvidia-ml.so.1, no Python dependency): clocks, power, throttle reasons,
-and the device memory each process uses.
+the device memory each process uses, and the device's PCI bus id (where its CPUs are).
 
 Invariant: nothing here raises for a missing or failing NVML: ``Nvml.open()`` returns None, and
 every reading is None when its call fails, so a run without NVML measures as before and says so.
@@ -38,6 +38,18 @@ class _ProcessV2(ctypes.Structure):
 
 class _ProcessV3(ctypes.Structure):
     _fields_ = _ProcessV2._fields_ + [("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+
+
+class _PciInfo(ctypes.Structure):
+    _fields_ = [
+        ("busIdLegacy", ctypes.c_char * 16),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pciDeviceId", ctypes.c_uint),
+        ("pciSubSystemId", ctypes.c_uint),
+        ("busId", ctypes.c_char * 32),
+    ]
 
 
 def throttle_names(reasons: Optional[int]) -> List[str]:
@@ -96,6 +108,16 @@ class Nvml:
                 return device
         if self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(device)) == SUCCESS:
             return device
+        return None
+
+    def pci_bus_id(self, device) -> Optional[str]:
+        """``00000000:19:00.0``: the device's PCI address (None when NVML cannot say)."""
+        for name in ("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2"):
+            if not self._has(name):
+                continue
+            info = _PciInfo()
+            if getattr(self.lib, name)(device, ctypes.byref(info)) == SUCCESS:
+                return info.busId.decode(errors="replace") or None
         return None
 
     def _uint(self, name: str, device, *arguments) -> Optional[int]:

@@ -1,6 +1,9 @@
-"""What runs when: the ABBA order of blocks, block sizes, stages that fit the card, time estimates.
+"""What runs when: the groups, each workload's block length, pairs and process sets (the
+calibration file's, else the defaults), the ABBA order of blocks, stages that fit the card, time
+estimates.
 
-Invariant: pure functions of their arguments (no clock, no processes, no torch). In round r every
+Invariant: pure functions of their arguments (no clock, no processes, no torch; load_calibration
+only reads the file it is given). In round r every
 pair (reference, config) of a stage runs its two blocks back to back, the reference first when r
 is even and second when r is odd (so over two rounds each side is first once: ABBA), and the
 pairs' order is the stage's rotated right by r (so a config's idle gap between two of its blocks
@@ -8,27 +11,73 @@ is at most 2 * pairs + 2 blocks, GAP_BLOCKS). A stage always holds the reference
 pairs.
 """
 
+import json
 import math
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 Pair = Tuple[str, str]  # (reference, config)
 
 # The groups of a full run: workloads that share one set of worker processes (one invocation of
-# the benchmark each).
-# Each fits in about 5-8 minutes at the defaults (estimate_s; `python3 -m bench --group G`
-# prints its estimate before it starts).
+# the benchmark each). Each set of processes builds every workload of the group again, so the
+# groups are sized for a call of 9 minutes with the default configurations in 3 process sets
+# (estimate_s; `python3 -m bench --group G` prints its estimate before it starts): the models
+# whose build takes seconds (Llama ~15 s a worker, torch.compile ~25 s) have groups of their own.
 GROUPS: Dict[str, Tuple[str, ...]] = {
     "alloc": ("empty_1KiB", "empty_1MiB", "empty_64MiB", "churn"),
-    "models": ("multistream", "llama_decode", "bert", "gpt2"),
-    "vision": ("resnet50", "vision_sizes", "compiled"),
+    "models": ("multistream", "bert", "gpt2"),
+    "decode": ("llama_decode",),
+    "vision": ("resnet50", "vision_sizes"),
+    "compiled": ("compiled",),
 }
 COTENANT_GROUP = "cotenant"
 GROUP_NAMES = tuple(GROUPS) + (COTENANT_GROUP,)
 
-# The run's defaults (BENCHMARKS.md, "Method": chosen from a calibration run).
+# The run's defaults where the calibration file (CALIBRATION_PATH, written by `python3 -m bench
+# calibrate`) has no entry for a workload: 3 process sets of 8 pairs of 0.2 s blocks.
 DEFAULT_BLOCK_S = 0.2
-DEFAULT_PAIRS = 24
+DEFAULT_PAIRS = 8
+DEFAULT_PROCESSES = 3
+CALIBRATION_PATH = Path(__file__).resolve().parent / "calibration.json"
+
+
+class Setting(NamedTuple):
+    """How one workload is measured: blocks of ``block_s``, ``pairs`` pairs per configuration in
+    each of ``processes`` process sets; ``source``: where these came from."""
+
+    block_s: float
+    pairs: int
+    processes: int
+    source: str = "defaults"
+
+
+def load_calibration(path: Optional[Path] = CALIBRATION_PATH) -> Optional[Dict]:
+    """The calibration file, or None where there is none."""
+    if path is None or not Path(path).is_file():
+        return None
+    return json.loads(Path(path).read_text())
+
+
+def settings_for(workloads: Sequence[str], calibration: Optional[Dict] = None,
+                 block_s: Optional[float] = None, pairs: Optional[int] = None,
+                 processes: Optional[int] = None) -> Dict[str, Setting]:
+    """Each workload's Setting: the calibration's where it has one, else the defaults; any of
+    ``block_s``, ``pairs``, ``processes`` given (the command line) overrides both."""
+    chosen = (calibration or {}).get("workloads", {})
+    out = {}
+    for workload in workloads:
+        entry = chosen.get(workload)
+        base = Setting(DEFAULT_BLOCK_S, DEFAULT_PAIRS, DEFAULT_PROCESSES)
+        if entry:
+            date = (calibration or {}).get("facts", {}).get("date", "")
+            base = Setting(entry["block_s"], entry["pairs"], entry["processes"],
+                           f"calibration {date}".strip())
+        given = {k: v for k, v in (("block_s", block_s), ("pairs", pairs),
+                                   ("processes", processes)) if v is not None}
+        out[workload] = base._replace(**given, source="command line" if given else base.source)
+    return out
+
 
 # A card is shared by the workers of a stage: keep this fraction of its memory for them.
 CARD_FRACTION = 0.9
@@ -153,34 +202,70 @@ def idle_release_s(environ: Dict[str, str]) -> Optional[float]:
 
 
 # --- time estimates (H100, measured in earlier runs; a guide for planning calls) ---------------
-# Per workload: (seconds one worker needs to build it and run its schedule once with memory
-# readings, seconds of a step), and the seconds a worker takes to start (imports, CUDA).
+# Per workload: (seconds of one worker's memory pass as the parent waits for it: build, the
+# schedule once with memory readings, settle; then seconds of a step), and the seconds a process
+# set takes to start (imports, CUDA). From the 2026-11-25 run (wall time less its blocks, per
+# worker, less a warm-up); resnet50, vision_sizes and compiled are guesses (their group took
+# 3.1 min in all at 5 configurations and 24 pairs). The calibration measures all three for each
+# workload it calibrates, and its figures win (costs).
 PREPARE_S = {
-    "empty_1KiB": (1.0, 0.025),
-    "empty_1MiB": (1.0, 0.025),
-    "empty_64MiB": (1.0, 0.025),
-    "churn": (1.0, 0.002),
-    "multistream": (1.0, 0.0005),
-    "llama_decode": (4.0, 0.12),
-    "bert": (3.0, 0.01),
-    "gpt2": (4.0, 0.05),
+    "empty_1KiB": (1.0, 0.03),
+    "empty_1MiB": (1.0, 0.03),
+    "empty_64MiB": (1.0, 0.03),
+    "churn": (0.6, 0.003),
+    "multistream": (0.8, 0.0003),
+    "llama_decode": (14.0, 0.05),
+    "bert": (3.5, 0.008),
+    "gpt2": (3.5, 0.05),
     "resnet50": (3.0, 0.03),
     "vision_sizes": (5.0, 0.05),
-    "compiled": (25.0, 0.005),
+    "compiled": (10.0, 0.005),
 }
-START_S = {"alloc": 8.0, "models": 18.0, "vision": 10.0}
-BLOCK_OVERHEAD = 1.15  # synchronisation, pipe and NVML reads around each block
+START_S = {"alloc": 8.0, "models": 18.0, "decode": 18.0, "vision": 10.0, "compiled": 12.0}
+# Wall time of a block / its steps' time (synchronisation, pipe, NVML, the other side's slower
+# steps): 2026-11-25, 0.2 s blocks, 0.38-0.60 s of blocks and 0.43-0.67 s of wall per pair.
+BLOCK_OVERHEAD = 1.25
+# Warm-up blocks a cold worker runs in a stage (the cycle once, then 3 or more to settle).
+WARM_UP_BLOCKS = 4
 
 
-def estimate_s(
-    workloads: Sequence[str], configs: int, pairs: int, block_s: float, start_s: float
-) -> float:
-    """Seconds a run of ``workloads`` with ``configs`` workers (one of them native) should take:
-    start, the solo memory passes one worker at a time, warm-up, and the timed pairs."""
-    total = start_s
-    for workload in workloads:
-        prepare_s, step_s = PREPARE_S.get(workload, (5.0, 0.05))
-        block_wall_s = max(block_s, step_s) * BLOCK_OVERHEAD
-        total += configs * prepare_s + configs * 2 * block_wall_s
-        total += (configs - 1) * pairs * 2 * block_wall_s
-    return total
+def costs(workload: str, block_s: float, calibration: Optional[Dict] = None) -> Dict[str, float]:
+    """``prepare_s`` (a worker's memory pass), ``warm_up_s`` (a cold worker's warm-up in a stage)
+    and ``pair_s`` (a pair's wall time) of ``workload`` at blocks of ``block_s``: the
+    calibration's measurements where it has them (``measured`` of its entry), else PREPARE_S."""
+    prepare_s, step_s = PREPARE_S.get(workload, (5.0, 0.05))
+    block_wall_s = max(block_s, step_s) * BLOCK_OVERHEAD
+    figures = {"prepare_s": prepare_s, "warm_up_s": WARM_UP_BLOCKS * block_wall_s,
+               "pair_s": 2 * block_wall_s}
+    measured = ((calibration or {}).get("workloads", {}).get(workload) or {}).get("measured", {})
+    pair_s = measured.get("pair_s", {}).get(f"{block_s:g}")
+    for key, value in (("prepare_s", measured.get("prepare_s")), ("pair_s", pair_s),
+                       ("warm_up_s", measured.get("warm_up_s", {}).get(f"{block_s:g}"))):
+        if value is not None:
+            figures[key] = value
+    return figures
+
+
+def workload_s(workload: str, configs: int, setting: Setting,
+               calibration: Optional[Dict] = None) -> float:
+    """Seconds ``workload`` takes with ``configs`` workers (one of them native) at ``setting``:
+    each process set's memory passes, warm-ups and pairs (not the sets' start)."""
+    c = costs(workload, setting.block_s, calibration)
+    per_set = configs * (c["prepare_s"] + c["warm_up_s"])
+    per_set += (configs - 1) * setting.pairs * c["pair_s"]
+    return setting.processes * per_set
+
+
+def estimate_s(workloads: Sequence[str], configs: int, settings: Dict[str, Setting],
+               start_s: float, calibration: Optional[Dict] = None) -> float:
+    """Seconds a run of ``workloads`` with ``configs`` workers should take: every process set's
+    start, then each workload's (workload_s)."""
+    sets = max((settings[w].processes for w in workloads), default=0)
+    return sets * start_s + sum(workload_s(w, configs, settings[w], calibration)
+                                for w in workloads)
+
+
+def start_s(group: str, calibration: Optional[Dict] = None) -> float:
+    """Seconds a process set of ``group`` takes to start: the calibration's, else START_S."""
+    measured = (calibration or {}).get("groups", {}).get(group, {}).get("start_s")
+    return measured if measured is not None else START_S.get(group, 18.0)

@@ -1,12 +1,14 @@
 """From the raw results of one or more runs (results.json each) to the report (report.json).
 
 A run is one ``python3 -m bench`` command (a group of workloads); ``merge`` pools several.
-Invariant: a time ratio is the median of paired ratios, each pair two adjacent blocks of the
-*same run* on the same steps, pooled over runs; its interval is stats.median_interval of those
-pairs (none below stats.MIN_PAIRS). A memory ratio is a configuration's peak device memory ÷
-native's peak live bytes of the *same run*; over several runs the report keeps the median and
-the lowest and highest. A configuration that failed on a workload in a run contributes no pairs
-from that run and its error is kept; a cell without any measurement is a failure, never absent.
+Invariant: a time ratio is the median of paired ratios, each pair two adjacent blocks of the *same
+run* on the same steps, pooled over runs; its interval is stats.summarise's two-level bootstrap
+with each workload record as one process (a record is one set of worker processes: a run makes one
+per process set, a merge pools them), none below stats.MIN_PAIRS pairs. A memory ratio is a
+configuration's peak device memory ÷ native's peak live bytes of the *same run*; over several runs
+(process sets) the report keeps the median and the lowest and highest. A configuration that failed
+on a workload in a run contributes no pairs from that run and its error is kept; a cell without any
+measurement is a failure, never absent.
 """
 
 from typing import Any, Dict, List, Optional, Sequence
@@ -81,7 +83,8 @@ def _cell(workload: str, config: str, runs: List[Dict[str, Any]]) -> Dict[str, A
     """One configuration on one workload over ``runs`` (raw workload records of runs)."""
     cell: Dict[str, Any] = {"errors": [], "runs": 0}
     pairs, memory_records, gaps, own_blocks, units = [], [], [], [], None
-    for run, idle_release_s in runs:
+    processes: List[int] = []
+    for index, (run, idle_release_s) in enumerate(runs):
         prepared, failed = run.get("prepare", {}), run.get("failed", {})
         if config not in prepared and config not in failed:
             continue
@@ -94,6 +97,7 @@ def _cell(workload: str, config: str, runs: List[Dict[str, Any]]) -> Dict[str, A
         mine = [p for p in run.get("pairs", []) if p["config"] == config]
         as_ref = [p for p in run.get("pairs", []) if p["ref"] == config]
         pairs += mine
+        processes += [index] * len(mine)
         own_blocks += [p["config_s"] / p["units"] for p in mine]
         own_blocks += [p["ref_s"] / p["units"] for p in as_ref]
         gaps += [p["config_idle_s"] for p in mine if p.get("config_idle_s") is not None]
@@ -110,7 +114,7 @@ def _cell(workload: str, config: str, runs: List[Dict[str, Any]]) -> Dict[str, A
         return {}
     if pairs:
         ratios = stats.paired_ratios([p["config_s"] for p in pairs], [p["ref_s"] for p in pairs])
-        cell["time"] = {**stats.summarise(ratios), "ref": pairs[0]["ref"]}
+        cell["time"] = {**stats.summarise(ratios, processes), "ref": pairs[0]["ref"]}
         cell["throttled_pairs"] = sum(1 for p in pairs if p.get("throttled"))
     if own_blocks:
         cell["per_unit_s"] = stats.median(own_blocks)

@@ -1,12 +1,21 @@
-"""The parent's run of workloads over long-lived workers, one workload at a time.
+"""The parent's run of workloads over one set of long-lived workers (one process per
+configuration), one workload at a time; a run makes several such sets (cli.py), one after the
+other, so that the process is a random effect of the statistics (stats.py).
 
 For each workload: every worker builds it and runs its memory pass *alone* (the others idle,
 settled), native first; then the pairs (reference, config) are packed into stages that fit the
 card and keep idle gaps short (plan.py); each stage warms its workers up and runs ``pairs``
 rounds in ABBA order, both blocks of a pair on the same steps; then every worker drops the
-workload. Invariant: a configuration that fails (set-up, memory pass, a block, a worker that
-exits) is recorded with the end of its error and never silently dropped; a pair is recorded only
-when both of its blocks ran; nothing here computes statistics.
+workload.
+Warm-up (``settle``, the rule): a worker that becomes active in a stage runs the timed steps once
+untimed, then untimed blocks of the same steps until two blocks in a row are each not faster
+than the one before by more than SETTLE_TOLERANCE (its time has stopped falling: caches
+refilled, clocks up), at least 3 and at most SETTLE_MAX_BLOCKS; a worker active in the stage
+before goes on without. Without ``settle``: every active worker runs the timed steps once,
+every stage.
+Invariant: a configuration that fails (set-up, memory pass, a block, a worker that exits) is
+recorded with the end of its error and never silently dropped; a pair is recorded only when both
+of its blocks ran; nothing here computes statistics.
 """
 
 import math
@@ -20,12 +29,21 @@ from .workers import CommandFailed, Worker, WorkerGone, close_all
 READY_TIMEOUT_S = 300.0
 PREPARE_TIMEOUT_S = 300.0
 BLOCK_TIMEOUT_S = 120.0
+SETTLE_TOLERANCE = 0.02
+SETTLE_MAX_BLOCKS = 8
 
 
 class Options(NamedTuple):
-    pairs: int
+    pairs: int  # rounds of a stage: pairs per configuration in this process set
     block_s: float
     idle_release_s: Optional[float]
+    settle: bool = True
+
+
+def settled(times_s: Sequence[float]) -> bool:
+    """The warm-up rule (module docstring) on the times of the blocks of the same steps."""
+    return len(times_s) >= 3 and all(times_s[i] >= times_s[i - 1] * (1 - SETTLE_TOLERANCE)
+                                     for i in (-1, -2))
 
 
 class Sampler:
@@ -55,16 +73,20 @@ class Runner:
         engine: Optional[str] = None,
         log: Callable[[str], None] = protocol.progress,
         preload: Sequence[str] = (),
+        worker_env: Optional[Dict[str, Dict[str, str]]] = None,
+        launcher: Sequence[str] = (),
     ) -> None:
-        """Start a worker per name (``preload``: modules each imports while starting)."""
+        """Start a worker per name (``preload``: modules each imports while starting;
+        ``worker_env``: variables added for each; ``launcher``: what each command runs under)."""
         self.options, self.log = options, log
         self.sampler = sampler or Sampler()
         self.workers: Dict[str, Worker] = {}
         self.dead: Dict[str, str] = {}
         for name in names:  # all start at once: their imports overlap
             config = resolve(name, variants)
-            command = worker.command(config.base, config.backend, engine, preload)
-            env = {**worker_environment(config, environ), "BENCH_CONFIG": name}
+            command = [*launcher, *worker.command(config.base, config.backend, engine, preload)]
+            env = {**worker_environment(config, environ), "BENCH_CONFIG": name,
+                   **(worker_env or {}).get(name, {})}
             self.workers[name] = Worker(name, command, env)
         self.infos: Dict[str, Dict[str, Any]] = {}
         for name in names:
@@ -72,6 +94,9 @@ class Runner:
                 self.infos[name] = self.workers[name].wait_ready(READY_TIMEOUT_S)
             except (CommandFailed, WorkerGone) as exc:
                 self._bury(name, f"set-up failed: {exc}")
+        self.setup_differs = differing_setups(self.infos)
+        if self.setup_differs:
+            self.log(f"set up unlike native: {', '.join(self.setup_differs)}")
 
     def close(self) -> None:
         close_all(list(self.workers.values()))
@@ -105,11 +130,12 @@ class Runner:
         failed = {n: f"worker could not run: {self.dead[n]}" for n in names if n in self.dead}
         prepared: Dict[str, Dict[str, Any]] = {}
         for name in [n for n in names if n in self.workers]:
+            began_s = time.monotonic()
             record = self._request(name, failed, "prepare", PREPARE_TIMEOUT_S, workload=workload)
             if record is None:
                 self._request(name, {}, "drop", PREPARE_TIMEOUT_S)  # give back what it holds
                 continue
-            prepared[name] = record
+            prepared[name] = {**record, "wall_s": round(time.monotonic() - began_s, 3)}
             self.log(f"{workload}: {name} memory pass: {memory_text(record)}")
         return prepared, failed
 
@@ -117,8 +143,12 @@ class Runner:
         for name in list(self.workers):
             self._request(name, {}, "drop", PREPARE_TIMEOUT_S)
 
-    def run_workload(self, workload: str, pairs: Sequence[plan.Pair]) -> Dict[str, Any]:
-        """The raw record of ``workload`` (see the module's docstring)."""
+    def run_workload(self, workload: str, pairs: Sequence[plan.Pair],
+                     options: Optional[Options] = None) -> Dict[str, Any]:
+        """The raw record of ``workload`` (see the module's docstring), at ``options`` (else the
+        runner's)."""
+        if options is not None:
+            self.options = options
         prepared, failed = self.prepare(workload, [n for pair in pairs for n in pair])
         result: Dict[str, Any] = {"workload": workload, "prepare": prepared, "failed": failed}
         result["baseline_process_bytes"] = {  # NVML, right after each worker's CUDA started
@@ -131,7 +161,8 @@ class Runner:
     def time(self, workload, pairs, prepared, failed, block_s: float) -> Dict[str, Any]:
         """The timed pairs of ``workload`` at blocks of about ``block_s`` (stages, warm-up,
         rounds); records failures in ``failed``."""
-        result: Dict[str, Any] = {"pairs": [], "stages": [], "process_peak_bytes": {}}
+        result: Dict[str, Any] = {"pairs": [], "stages": [], "process_peak_bytes": {},
+                                  "warm_up_blocks": [], "warm_up_s": 0.0}
         runnable = [p for p in pairs if p[0] in prepared and p[1] in prepared]
         for ref, config in pairs:
             if (ref, config) not in runnable and config not in failed:
@@ -157,6 +188,7 @@ class Runner:
         failed.update(left_out)
         result.update(steps_per_block=per_block, block_s=block_s, stages=staged)
         counter = 0
+        previous: List[str] = []
         for index, stage in enumerate(staged):
             active = list(dict.fromkeys(n for pair in stage for n in pair))
             self.log(
@@ -165,7 +197,12 @@ class Runner:
             )
             for name in [n for n in self.workers if n not in active]:
                 self._request(name, {}, "settle", PREPARE_TIMEOUT_S)
-            self._warm_up(active, prepared[NATIVE]["timed_steps"], per_block, failed)
+            began_s = time.monotonic()
+            cold = [n for n in active if n not in previous] if self.options.settle else active
+            result["warm_up_blocks"].append(
+                self._warm_up(cold, prepared[NATIVE]["timed_steps"], per_block, failed))
+            result["warm_up_s"] += time.monotonic() - began_s
+            previous = active
             for r in range(self.options.pairs):
                 for ref, config, ref_first in plan.round_order(stage, r):
                     if ref in failed or config in failed:
@@ -180,12 +217,29 @@ class Runner:
                         result["pairs"].append({**pair, "round": r, "stage": index})
         return result
 
-    def _warm_up(self, active: List[str], cycle: int, per_block: int, failed) -> None:
-        """Every active worker runs the timed steps once, a block each in turn (untimed)."""
+    def _warm_up(self, cold: List[str], cycle: int, per_block: int, failed) -> Dict[str, int]:
+        """``cold`` workers run the timed steps once, a block each in turn (untimed); with
+        ``settle``, then blocks of the first steps until settled (module docstring). Returns
+        the settling blocks each ran."""
+
+        def alive() -> List[str]:
+            return [n for n in cold if n in self.workers and n not in failed]
+
         for k in range(math.ceil(cycle / per_block)):
-            for name in [n for n in active if n in self.workers and n not in failed]:
+            for name in alive():
                 self._request(name, failed, "block", BLOCK_TIMEOUT_S, first=k * per_block,
                               count=per_block, warm=True)
+        times: Dict[str, List[float]] = {n: [] for n in alive()}
+        pending = list(times) if self.options.settle else []
+        while pending:
+            for name in list(pending):
+                answer = self._request(name, failed, "block", BLOCK_TIMEOUT_S, first=0,
+                                       count=per_block, warm=True)
+                if answer is not None:
+                    times[name].append(answer["elapsed_s"])
+                if answer is None or settled(times[name]) or len(times[name]) >= SETTLE_MAX_BLOCKS:
+                    pending.remove(name)
+        return {n: len(t) for n, t in times.items()}
 
     def _pair(self, ref, config, ref_first, first, count, failed, peaks) -> Optional[Dict]:
         """Both blocks of one pair, in order; None if either failed (recorded in ``failed``)."""
@@ -217,6 +271,13 @@ class Runner:
         }
 
 
+def differing_setups(infos: Dict[str, Dict[str, Any]]) -> List[str]:
+    """The workers whose set-up fingerprint (worker.setup_facts) differs from native's."""
+    reference = (infos.get(NATIVE, {}).get("setup") or {}).get("fingerprint")
+    return [n for n, info in infos.items()
+            if reference and (info.get("setup") or {}).get("fingerprint") != reference]
+
+
 def memory_text(record: Dict[str, Any]) -> str:
     peak = record.get("peak_device_bytes")
     text = "?" if peak is None else f"{peak / 2**30:.2f} GiB"
@@ -229,13 +290,15 @@ def run_group(
     pairs: Sequence[plan.Pair],
     on_workload: Optional[Callable[[Dict[str, Any]], None]] = None,
     clock: Callable[[], float] = time.monotonic,
+    options: Optional[Dict[str, Options]] = None,
 ) -> List[Dict[str, Any]]:
-    """``run_workload`` for each workload in order; ``on_workload`` sees each record (to save)."""
+    """``run_workload`` for each workload in order (at ``options[workload]`` where given);
+    ``on_workload`` sees each record (to save)."""
     records = []
     for workload in workloads:
         started_s = clock()
         runner.log(f"== {workload}")
-        record = runner.run_workload(workload, pairs)
+        record = runner.run_workload(workload, pairs, (options or {}).get(workload))
         record["wall_s"] = round(clock() - started_s, 1)
         records.append(record)
         if on_workload is not None:

@@ -12,18 +12,56 @@ Commands (one JSON line each on stdin, one ``reply`` each on stdout; EOF ends th
   schedule's timed steps), synchronising after each; the block's host time and the idle gap since
   this worker's previous block (not for warm-up blocks);
 - ``settle``: return cached memory; ``drop``: forget the workload, then settle.
+Set-up (``main``): the worker pins itself to BENCH_CPUS (affinity.apply) before the engine
+imports anything, so every thread started later runs there too; its ``ready`` facts say where
+it runs and how it was set up (``setup_facts``), for the parent to check that every worker of a
+run was set up alike.
 Invariant: a command that raises answers with the end of its traceback and the worker goes on;
 only the timed section of ``block`` is between the two clock readings it reports.
 """
 
 import argparse
+import hashlib
 import importlib
 import json
+import os
 import sys
 import time
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from . import protocol
+from . import affinity, protocol
+
+# Variables that differ between workers on purpose (their configuration, their CPUs, their
+# process set) or that only name files: left out of the set-up fingerprint.
+OWN_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "BENCH_CONFIG", "BENCH_CPUS",
+                 "BENCH_PROCESS", "BENCH_STANDIN", "PYTHONPATH", "STREAMPOOL_LIBRARY")
+# Personality flag of a process started without address-space randomisation (setarch -R).
+ADDR_NO_RANDOMIZE = 0x0040000
+
+
+def aslr_off() -> Optional[bool]:
+    """Whether this process runs without address-space randomisation (None: unknown)."""
+    try:
+        return bool(int(open("/proc/self/personality").read(), 16) & ADDR_NO_RANDOMIZE)
+    except (OSError, ValueError):
+        return None
+
+
+def setup_facts(environ: Dict[str, str], extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Where this worker runs and how it was set up: its CPUs, the hash seed, address-space
+    randomisation, and ``fingerprint``, a digest of everything that should be the same in every
+    worker (the environment but OWN_VARIABLES and STREAMPOOL_*, and ``extra``: the engine's
+    settings)."""
+    shared = {k: v for k, v in environ.items()
+              if k not in OWN_VARIABLES and not k.startswith("STREAMPOOL_")}
+    text = json.dumps({"environment": shared, **(extra or {})}, sort_keys=True, default=str)
+    return {
+        "cpus": affinity.format_cpulist(os.sched_getaffinity(0)),
+        "hash_seed": environ.get("PYTHONHASHSEED"),
+        "aslr_off": aslr_off(),
+        "fingerprint": hashlib.sha256(text.encode()).hexdigest()[:16],
+        **(extra or {}),
+    }
 
 
 class Skipped(Exception):
@@ -148,6 +186,7 @@ def serve(engine: Any, lines, emit=protocol.emit, preload: Sequence[str] = ()) -
         info = engine.set_up()
         for module in preload:
             importlib.import_module(module)
+        info = {**info, "setup": setup_facts(dict(os.environ), info.get("settings"))}
     except Skipped as exc:
         emit("skipped", reason=str(exc))
         return 0
@@ -192,6 +231,7 @@ def main(argv=None) -> int:
     parser.add_argument("--engine", default="bench.engine:CudaEngine")
     parser.add_argument("--preload", default="", help="modules to import after set-up")
     options = parser.parse_args(argv)
+    affinity.apply(dict(os.environ))  # before the engine imports torch (module docstring)
     engine = load_engine(options.engine, options.base, options.backend)
     preload = [m for m in options.preload.split(",") if m]
     return serve(engine, sys.stdin, preload=preload)

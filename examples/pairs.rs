@@ -1,24 +1,112 @@
-//! Instruction counts of the allocation hot path (run under `valgrind --tool=callgrind`):
-//! `cargo run --release --features sim --example pairs -- BYTES PAIRS`.
+//! Instructions per malloc + free pair on the allocation hot path, one path at a time, for
+//! `scripts/hot-path-gate` (which runs it under `valgrind --tool=callgrind` and compares with
+//! `bench/hot_path_baseline.json`):
+//! `cargo run --release --features sim --example pairs -- PATH PAIRS` (PATH: see [`PATHS`]).
+//!
+//! Invariant: only the pairs inside [`measured`] are what callgrind counts
+//! (`--collect-atstart=no --toggle-collect=pairs::measured`): set-up and warm-up pairs run
+//! before it, on one thread, with no background thread, on the simulated driver with its clock
+//! stopped, so the count is the same on every run and whatever else the machine runs.
+use std::hint::black_box;
 use std::sync::Arc;
+use streampool::config::Backend;
 use streampool::driver::{sim::SimDriver, Driver, Stream};
 use streampool::{Allocator, Config};
 
+/// Pairs before the measured ones: every cache, map and list the path touches is at its steady
+/// size (the cross-stream path's cost per pair settles only after about 1,100 pairs).
+const WARM_UP_PAIRS: u64 = 4096;
+
+/// One measured path: the backend, the block's bytes, and whether the block is used on a
+/// second stream before its free.
+struct Path {
+    name: &'static str,
+    what: &'static str,
+    backend: Backend,
+    bytes: u64,
+    cross_stream: bool,
+}
+
+/// The paths the gate counts.
+const PATHS: &[Path] = &[
+    Path {
+        name: "cached_small",
+        what: "pool backend, 1 MiB (the small pool), a cache hit on the allocating stream",
+        backend: Backend::Pool,
+        bytes: 1 << 20,
+        cross_stream: false,
+    },
+    Path {
+        name: "cached_large",
+        what: "pool backend, 16 MiB (the large pool), a cache hit on the allocating stream",
+        backend: Backend::Pool,
+        bytes: 16 << 20,
+        cross_stream: false,
+    },
+    Path {
+        name: "vmm_large",
+        what: "vmm backend, 64 MiB, the block freed on the stream reused at once",
+        backend: Backend::Vmm,
+        bytes: 64 << 20,
+        cross_stream: false,
+    },
+    Path {
+        name: "cross_stream",
+        what: "pool backend, 1 MiB, used on a second stream (record_stream) before its free",
+        backend: Backend::Pool,
+        bytes: 1 << 20,
+        cross_stream: true,
+    },
+];
+
+fn pair(a: &Allocator, path: &Path) {
+    let p = a.malloc(black_box(path.bytes), 0, Stream(1)).unwrap();
+    if path.cross_stream {
+        a.record_stream(p, Stream(2)).unwrap();
+    }
+    a.free(black_box(p), 0).unwrap();
+}
+
+/// The pairs callgrind counts (the module's invariant); never inlined, so that it has a symbol.
+#[inline(never)]
+fn measured(a: &Allocator, path: &Path, pairs: u64) {
+    for _ in 0..pairs {
+        pair(a, path);
+    }
+}
+
 fn main() {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
-        .map(|a| a.parse().expect("BYTES PAIRS"))
-        .collect();
-    let (bytes, pairs) = (args[0], args[1]);
-    let sim: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 64 << 30));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = || {
+        let names: Vec<&str> = PATHS.iter().map(|p| p.name).collect();
+        eprintln!("usage: pairs PATH PAIRS (PATH: {})", names.join(", "));
+        for p in PATHS {
+            eprintln!("  {}: {}", p.name, p.what);
+        }
+        std::process::exit(2);
+    };
+    if args.len() != 2 {
+        usage();
+    }
+    let Some(path) = PATHS.iter().find(|p| p.name == args[0]) else {
+        return usage();
+    };
+    let Ok(pairs) = args[1].parse::<u64>() else {
+        return usage();
+    };
+    let sim = Arc::new(SimDriver::new(1, 64 << 30));
+    // The simulator's clock stands still: nothing the allocator does by time (fences every so
+    // often, cold pages, idle release) depends on how fast valgrind runs the program.
+    sim.stop_clock();
+    let sim: Arc<dyn Driver> = sim;
     let config = Config {
         background: false,
+        backend: path.backend,
         ..Config::default()
     };
     let a = Allocator::new(sim, config).unwrap();
-    let s = Stream(0);
-    for _ in 0..pairs {
-        let p = a.malloc(bytes, 0, s).unwrap();
-        a.free(p, 0).unwrap();
+    for _ in 0..WARM_UP_PAIRS {
+        pair(&a, path);
     }
+    measured(&a, path, pairs);
 }

@@ -4,10 +4,12 @@ steps. ``python3 -m bench.worker --engine bench.tests.standin:StandinEngine ...`
 A step sleeps ``params`` milliseconds times the configuration's slowdown; memory is a
 counter: a workload's step holds STEP_BYTES × the configuration's memory factor until settle.
 Behaviour per configuration (named by BENCH_CONFIG, which the parent sets) comes from
-BENCH_STANDIN: ``config:slow=1.5``, ``config:memory=2``, ``config:fail=WORKLOAD`` (raise at
-build), ``config:fail=setup``, ``config:crash=WORKLOAD`` (the process exits in the memory
-pass), ``config:exit=WORKLOAD`` (it exits in its first timed block), ``config:raise=WORKLOAD``
-(a block raises), separated by ``;``.
+BENCH_STANDIN: ``config:slow=1.5``, ``config:process_slow=1.3/1.0/0.8`` (the slowdown of process
+set 0, 1, 2, ..., in turn: BENCH_PROCESS), ``config:cold=12`` (the first 12 steps after a settle
+take 3 times as long: a cold start), ``config:memory=2``, ``config:fail=WORKLOAD`` (raise at
+build), ``config:fail=setup``, ``config:crash=WORKLOAD`` (the process exits in the memory pass),
+``config:exit=WORKLOAD`` (it exits in its first timed block), ``config:raise=WORKLOAD`` (a block
+raises), separated by ``;``.
 Invariant: the same inputs give the same memory figures on every run (only times vary); a
 workload's live bytes go when the worker drops its step function.
 """
@@ -41,7 +43,13 @@ class StandinEngine:
         self.config = os.environ.get("BENCH_CONFIG", base)
         self.settings = behaviour(self.config, dict(os.environ))
         self.slow = float(self.settings.get("slow", "1"))
+        by_process = self.settings.get("process_slow")
+        if by_process:
+            factors = [float(f) for f in by_process.split("/")]
+            self.slow *= factors[int(os.environ.get("BENCH_PROCESS", "0")) % len(factors)]
         self.factor = float(self.settings.get("memory", "1"))
+        self.cold = int(self.settings.get("cold", "0"))
+        self.cold_left = 0
         self.live = 0
         self.held = 0
         self.peak_live = 0
@@ -79,7 +87,9 @@ class StandinEngine:
                     raise RuntimeError(f"stand-in {self.config} step failed in {workload}")
             self.held = max(self.held, int(LIVE_BYTES + STEP_BYTES * self.factor))
             self.peak_live = max(self.peak_live, LIVE_BYTES + STEP_BYTES)
-            time.sleep(milliseconds * self.slow / 1000)  # a sleep: robust to a busy machine
+            cold = 3.0 if self.cold_left > 0 else 1.0
+            self.cold_left = max(0, self.cold_left - 1)
+            time.sleep(milliseconds * self.slow * cold / 1000)  # a sleep: robust to a busy machine
 
         weakref.finalize(step, self._forget)  # the worker dropped the workload: its model goes
         schedule = s.Schedule(STEPS_MS, 2, (1,) * len(STEPS_MS), "step")
@@ -103,3 +113,4 @@ class StandinEngine:
 
     def settle(self) -> None:
         self.held = self.live
+        self.cold_left = self.cold

@@ -2,22 +2,27 @@
 over stand-in workers, everything written under the test's tmp_path."""
 
 import json
+import os
 
 import pytest
 
-from bench import cli, plan
+from bench import affinity, cli, isolation, plan
 
 STANDIN = ["--engine", "bench.tests.standin:StandinEngine"]
 
 
 def test_defaults_are_every_group_every_configuration():
     options = cli.parse_args([])
-    assert options.groups == list(plan.GROUP_NAMES) and options.pairs == plan.DEFAULT_PAIRS
+    assert options.groups == list(plan.GROUP_NAMES)
+    assert options.pairs is options.block_s is options.processes is None  # the calibration's
     assert options.configs[:2] == ["native", "native-aa"] and "streampool-vmm" in options.configs
-    assert options.block_s == plan.DEFAULT_BLOCK_S
-    picked = cli.parse_args(["--group", "vision,alloc", "--configs", "streampool"])
+    assert options.without == [] and options.calibration == str(plan.CALIBRATION_PATH)
+    picked = cli.parse_args(["--group", "vision,alloc", "--configs", "streampool",
+                             "--without", "threads,pin"])
     assert picked.groups == ["alloc", "vision"] and picked.configs == ["native", "streampool"]
-    assert cli.parse_args(["calibrate"]).pairs == 20
+    assert picked.without == ["pin", "threads"]
+    calibration = cli.parse_args(["calibrate", "--ablate", "threads,pin"])
+    assert calibration.ablate == ["pin", "threads"] and "cotenant" not in calibration.groups
 
 
 @pytest.mark.parametrize(
@@ -28,6 +33,8 @@ def test_defaults_are_every_group_every_configuration():
         (["--configs", "streampool-threshold-1GiB"], "paired with streampool: select it too"),
         (["--variant", "x:PATH=/"], "expected LABEL:STREAMPOOL_VAR=VALUE"),
         (["calibrate", "--blocks-s", "0.1,-1"], "--blocks-s '-1'"),
+        (["--without", "pin,luck"], "unknown setting luck; choose from pin, threads"),
+        (["calibrate", "--ablate", "luck"], "unknown setting luck"),
         (["merge"], "the following arguments are required: dirs"),
     ],
 )
@@ -69,9 +76,11 @@ def test_a_run_longer_than_the_budget_is_refused_before_it_starts(capsys, tmp_pa
     assert not list(tmp_path.iterdir())
 
 
-def run_standin(out_dir, workloads="gpt2,churn", pairs="10", behaviour=""):
+def run_standin(out_dir, workloads="gpt2,churn", pairs="10", behaviour="", processes="1",
+                extra=()):
     argv = ["--workloads", workloads, "--configs", "native-aa,streampool", "--pairs", pairs,
-            "--block-s", "0.003", "--out-dir", str(out_dir), *STANDIN]
+            "--block-s", "0.003", "--processes", processes, "--calibration", "none",
+            "--out-dir", str(out_dir), *STANDIN, *extra]
     return cli.main(argv, {"BENCH_STANDIN": behaviour, "STREAMPOOL_IDLE_RELEASE": "off"})
 
 
@@ -108,14 +117,84 @@ def test_merge_pools_the_calls_into_one_report(tmp_path, capsys):
         cli.main(["merge", str(tmp_path / "nowhere"), "--out-dir", str(again)])
 
 
-def test_calibration_reports_the_aa_spread_per_block_length(tmp_path, capsys):
-    argv = ["calibrate", "--workloads", "gpt2", "--blocks-s", "0.002,0.006", "--pairs", "10",
-            "--out-dir", str(tmp_path), *STANDIN]
-    assert cli.main(argv, {}) == 0
+def test_calibration_measures_the_aa_by_set_and_block_and_writes_the_runs_settings(
+        tmp_path, capsys):
+    written = tmp_path / "calibration-file.json"
+    argv = ["calibrate", "--workloads", "gpt2,churn", "--blocks-s", "0.002,0.006", "--pairs",
+            "4", "--processes", "3", "--out-dir", str(tmp_path), "--write", str(written),
+            *STANDIN]
+    assert cli.main(argv, {"BENCH_STANDIN": "native-aa:process_slow=1.3/1.0/0.8"}) == 0
     document = json.loads((tmp_path / "calibration.json").read_text())
-    (record,) = document["records"]
-    assert set(record["blocks"]) == {"0.002", "0.006"}
-    summary = record["blocks"]["0.006"]["summary"]
-    assert summary["n"] == 10 and summary["pairs_for_3pct"] >= 10 and summary["pair_s"] > 0
+    raw = document["groups"]["workloads"]
+    assert [r["process_set"] for r in raw["records"]] == [0, 0, 1, 1, 2, 2]
+    assert {b for r in raw["records"] for b in r["blocks"]} == {"0.002", "0.006"}
+    assert len(raw["sets"]) == 3 and all(s["on"] == list(isolation.FEATURES) for s in raw["sets"])
+    chosen = json.loads(written.read_text())
+    assert set(chosen["workloads"]) == {"gpt2", "churn"}
+    gpt2 = chosen["workloads"]["gpt2"]
+    # native-aa is 30% slower in one set and 20% faster in another: the spread between
+    # processes is what the plan has to beat, with the most process sets it may use
+    assert gpt2["measured"]["between_sd"] > 0.15 and gpt2["processes"] >= 3
+    assert chosen["groups"]["workloads"]["meets_bands"] is False
     text = (tmp_path / "calibration.md").read_text()
-    assert text.count("| `gpt2` |") == 2 and "★" in text
+    assert text.count("| `gpt2` | all settings (3) |") == 2 and "pairs × sets" in text
+    # the run takes the file's settings as its defaults
+    run_argv = ["--workloads", "gpt2", "--configs", "native-aa", "--calibration", str(written),
+                "--out-dir", str(tmp_path / "run"), "--budget-s", "0.001", *STANDIN]
+    assert cli.main(run_argv, {}) == 2
+    err = capsys.readouterr().err
+    assert f"gpt2: {gpt2['processes']} process sets × {gpt2['pairs']} pairs of " \
+        f"{gpt2['block_s']:g} s blocks (calibration " in err
+
+
+def test_an_ablation_alternates_a_setting_and_writes_no_settings(tmp_path):
+    written = tmp_path / "calibration-file.json"
+    argv = ["calibrate", "--workloads", "churn", "--blocks-s", "0.003", "--pairs", "3",
+            "--processes", "4", "--ablate", "pin", "--out-dir", str(tmp_path), "--write",
+            str(written), *STANDIN]
+    assert cli.main(argv, {}) == 0
+    raw = json.loads((tmp_path / "calibration.json").read_text())["groups"]["workloads"]
+    assert [s["off"] for s in raw["sets"]] == [["pin"], [], ["pin"], []]
+    assert not written.exists()
+    text = (tmp_path / "calibration.md").read_text()
+    assert "| `churn` | all settings (2) |" in text and "| `churn` | without pin (2) |" in text
+
+
+def test_process_sets_make_a_per_process_bias_widen_the_interval(tmp_path):
+    # native-aa is 25% slower in the first set and 20% faster in the third: over one set (as
+    # before) its A/A interval would exclude 1; over three it spans the sets, median near 1.
+    assert run_standin(tmp_path, workloads="gpt2", pairs="8", processes="3",
+                       behaviour="native-aa:process_slow=1.25/1.0/0.8") == 0
+    (call,) = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert [r["process_set"] for r in call["workloads"]] == [0, 1, 2]
+    assert [s["index"] for s in call["process_sets"]] == [0, 1, 2]
+    aa = json.loads((tmp_path / "report.json").read_text())["aa"]["gpt2"]
+    assert aa["processes"] == 3 and aa["n"] == 24
+    assert aa["ci95"][0] < 0.85 and aa["ci95"][1] > 1.2 and 0.9 < aa["ratio"] < 1.1
+    assert aa["between_sd"] > 0.15
+
+
+def test_each_worker_runs_on_the_cpus_it_was_given_and_all_are_set_up_alike(tmp_path):
+    allowed = sorted(os.sched_getaffinity(0))
+    names = ["native", "native-aa", "streampool"]
+    given = affinity.gpu_placement(names, None, allowed).workers  # no NVML here: all CPUs
+    assert run_standin(tmp_path, workloads="churn", pairs="2", processes="2") == 0
+    (call,) = json.loads((tmp_path / "results.json").read_text())["runs"]
+    for process_set in call["process_sets"]:
+        assert process_set["on"] == list(isolation.FEATURES) and "placement" in process_set
+        workers = process_set["workers"]
+        assert {n: w["setup"]["cpus"] for n, w in workers.items()} == {
+            n: affinity.format_cpulist(c) for n, c in given.items()}
+        assert len({w["setup"]["fingerprint"] for w in workers.values()}) == 1
+        assert {w["setup"]["hash_seed"] for w in workers.values()} == {"0"}
+        no_aslr = bool(isolation.no_aslr_launcher())  # where this kernel lets setarch -R run
+        assert {w["setup"]["aslr_off"] for w in workers.values()} == {no_aslr}
+        assert process_set["setup_differs"] == []
+    assert run_standin(tmp_path / "off", workloads="churn", pairs="2", processes="1",
+                       extra=["--without", "pin,setup"]) == 0
+    (call,) = json.loads((tmp_path / "off" / "results.json").read_text())["runs"]
+    (process_set,) = call["process_sets"]
+    assert process_set["off"] == ["pin", "setup"]
+    assert {w["setup"]["cpus"] for w in process_set["workers"].values()} == {
+        affinity.format_cpulist(allowed)}
+    assert {w["setup"]["aslr_off"] for w in process_set["workers"].values()} == {False}

@@ -43,7 +43,7 @@ def test_every_configuration_is_paired_with_native_but_the_threshold():
 
 def test_default_configurations_are_the_issue_list_rmm_optional():
     assert configs.DEFAULT_CONFIGS == ("native", "native-aa", "expandable", "torch-async",
-                                       "streampool", "streampool-pool", "streampool-vmm")
+                                       "streampool", "streampool-vmm")
     assert {"rmm-pool", "rmm-async"} <= set(configs.CONFIG_NAMES)
 
 

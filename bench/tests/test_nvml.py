@@ -90,3 +90,13 @@ def test_no_nvml_is_none_not_an_error(monkeypatch):
 
     monkeypatch.setattr(nvml.ctypes, "CDLL", refuse)
     assert nvml.Nvml.open() is None
+
+
+def test_the_pci_bus_id_says_where_the_gpus_cpus_are():
+    class Pci(FakeLibrary):
+        def nvmlDeviceGetPciInfo_v3(self, device, info):
+            info._obj.busId = b"00000000:19:00.0"
+            return nvml.SUCCESS
+
+    assert nvml.Nvml(Pci([])).pci_bus_id(None) == "00000000:19:00.0"
+    assert nvml.Nvml(FakeLibrary([])).pci_bus_id(None) is None  # a driver without the call

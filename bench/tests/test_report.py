@@ -170,3 +170,20 @@ def test_clocks_throttling_and_nvml_memory_while_timed_are_reported():
     assert "12800 MiB while timed (NVML)" in text
     assert "† some pairs ran while the GPU reported" in text
     assert "- merged: `python3 -m bench merge a b --out-dir c`" in text
+
+
+def test_each_record_is_a_process_and_the_aa_shows_the_spread_between_processes():
+    # Three process sets of one run, native-aa 8% slow in the second: pooled as one process
+    # the A/A would exclude 1.00; by process its interval is wide and the spread is shown.
+    records = [fakes.workload("gpt2", {"native-aa": ratio}, {"native": 18, "native-aa": 18},
+                              n=8, seed=seed)
+               for seed, ratio in enumerate((1.0, 1.08, 0.99))]
+    built = report.build([fakes.call(records)])
+    aa = built["aa"]["gpt2"]
+    assert aa["processes"] == 3 and aa["n"] == 24
+    assert aa["ci95"][0] < 1.0 and aa["ci95"][1] > 1.08
+    assert 0.03 < aa["between_sd"] < 0.06
+    assert [round(r, 2) for r in aa["process_ratios"]] == [1.0, 1.08, 0.99]
+    text = details.render(built)
+    assert "| `gpt2` | 1.0" in text.split("## A/A and the spread between processes")[1]
+    assert "n=24 in 3 processes" in text

@@ -118,3 +118,53 @@ def test_a_worker_that_dies_in_its_memory_pass_fails_there_and_later():
     assert "exited with status 4" in records[0]["failed"]["streampool"]
     assert "worker could not run" in records[1]["failed"]["streampool"]
     assert {p["config"] for r in records for p in r["pairs"]} == {"native-aa"}
+
+
+def test_the_warm_up_rule():
+    assert not runner.settled([0.30, 0.30])
+    assert not runner.settled([0.30, 0.30, 0.20])  # a plateau, then it fell
+    assert not runner.settled([0.30, 0.20, 0.199])  # fell in the last two
+    assert runner.settled([0.30, 0.20, 0.199, 0.198])  # within 2% twice
+    assert runner.settled([0.20, 0.25, 0.25])  # slower: not falling any more
+
+
+def run_cold(settle, idle_release_s=None):
+    environ = {"BENCH_STANDIN": "native-aa:cold=10", "PYTHONPATH": ""}
+    options = runner.Options(6, 0.003, idle_release_s, settle)
+    live = runner.Runner(["native", "native-aa", "streampool"], {}, environ, options,
+                         engine=ENGINE, log=lambda _: None)
+    try:
+        (record,) = runner.run_group(live, ["gpt2"], pairs_of(["native", "native-aa"], {}))
+    finally:
+        live.close()
+    return record
+
+
+def test_a_cold_worker_warms_up_until_its_blocks_stop_getting_faster():
+    # native-aa's first 10 steps after a settle take 3x: the timed steps once (3 blocks of 2
+    # steps) leave 2 slow blocks; the rule runs them untimed, then fast ones until settled.
+    record = run_cold(settle=True)
+    (blocks,) = record["warm_up_blocks"]
+    assert blocks["native-aa"] >= 4 and blocks["native"] >= 3
+    first = [p for p in record["pairs"] if p["config"] == "native-aa"][0]
+    assert first["config_s"] / first["ref_s"] < 2
+    cold = run_cold(settle=False)  # the timed steps once: the first pairs are still cold
+    (none,) = cold["warm_up_blocks"]
+    assert none == {"native": 0, "native-aa": 0}
+    first = [p for p in cold["pairs"] if p["config"] == "native-aa"][0]
+    assert first["config_s"] / first["ref_s"] > 2
+
+
+def test_a_worker_active_in_the_stage_before_is_not_warmed_up_again():
+    record = run_cold(settle=True, idle_release_s=0.001)  # one pair a stage
+    assert [list(map(list, stage)) for stage in record["stages"]] == [[["native", "native-aa"]]]
+    environ = {"PYTHONPATH": ""}
+    live = runner.Runner(["native", "native-aa", "streampool"], {}, environ,
+                         runner.Options(2, 0.003, 0.001), engine=ENGINE, log=lambda _: None)
+    try:
+        (record,) = runner.run_group(live, ["gpt2"], pairs_of(["native", "native-aa",
+                                                                "streampool"], {}))
+    finally:
+        live.close()
+    first, second = record["warm_up_blocks"]
+    assert set(first) == {"native", "native-aa"} and set(second) == {"streampool"}

@@ -101,3 +101,62 @@ def test_pairs_needed_gives_about_the_half_width_asked():
         low, high = stats.median_interval(ratios, resamples=1000)
         widths.append((high - low) / 2)
     assert 0.024 < numpy.median(widths) < 0.036
+
+
+def biased_processes(rng, processes, pairs, between_sd, within_sd):
+    """Log ratios of an A/A (true ratio 1.00) from ``processes`` worker processes, each with a
+    shift of its own for its whole life (sd ``between_sd``) and noise per pair."""
+    shifts = rng.normal(0.0, between_sd, processes)
+    return [list(shift + rng.normal(0.0, within_sd, pairs)) for shift in shifts]
+
+
+def test_a_per_process_bias_widens_the_interval_instead_of_moving_it():
+    # Three processes, 6% apart at most, 1% noise inside each: pooled as one process, the
+    # 24 pairs look precise and exclude 1.00; by process they say the truth is not known better.
+    rng = numpy.random.default_rng(4)
+    groups = [list(shift + rng.normal(0.0, 0.01, 8)) for shift in (0.06, -0.01, -0.04)]
+    ratios = [math.exp(v) for g in groups for v in g]
+    labels = [k for k, g in enumerate(groups) for _ in g]
+    summary = stats.summarise(ratios, labels)
+    low, high = summary["ci95"]
+    assert low < 0.96 and high > 1.06 and summary["processes"] == 3
+    assert 0.04 < summary["between_sd"] < 0.07 and summary["within_sd"] < 0.015
+    assert [round(r, 2) for r in summary["process_ratios"]] == [1.06, 0.99, 0.96]
+    one = stats.summarise(ratios)  # the same pairs as one process
+    assert one["processes"] == 1 and one["between_sd"] is None
+    assert one["ci95"][1] - one["ci95"][0] < (high - low) / 3
+
+
+def coverage(groups_of_runs, clustered=True):
+    covered, widths = 0, []
+    for seed, groups in enumerate(groups_of_runs):
+        groups = groups if clustered else [[v for g in groups for v in g]]
+        low, high = stats.hierarchical_interval(groups, resamples=1000, seed=seed)
+        covered += low <= 1.0 <= high
+        widths.append(high - low)
+    return covered / len(groups_of_runs), float(numpy.median(widths))
+
+
+def test_the_interval_covers_a_true_ratio_of_one_despite_process_biases():
+    # 4 processes x 8 pairs, process sd 4%, pair sd 6%: by process 0.92-0.94 over 200 runs;
+    # pooled as one process (the one-process bootstrap) 0.71-0.80.
+    rng = numpy.random.default_rng(21)
+    runs = [biased_processes(rng, 4, 8, 0.04, 0.06) for _ in range(200)]
+    covered, _ = coverage(runs)
+    assert 0.90 <= covered <= 0.99
+
+
+def test_without_process_biases_the_interval_is_about_as_narrow_as_over_pairs():
+    rng = numpy.random.default_rng(22)
+    runs = [biased_processes(rng, 4, 8, 0.0, 0.06) for _ in range(200)]
+    covered, width = coverage(runs)
+    _, pooled_width = coverage(runs, clustered=False)
+    assert 0.93 <= covered <= 0.995 and width < 1.25 * pooled_width
+
+
+def test_one_process_is_the_bootstrap_over_pairs_and_labels_must_match():
+    ratios = list(numpy.random.default_rng(3).lognormal(0.0, 0.05, size=25))
+    assert stats.summarise(ratios, [7] * 25)["ci95"] == list(stats.median_interval(ratios))
+    with pytest.raises(ValueError):
+        stats.summarise(ratios, [0, 1])
+    assert stats.t_975(2) == 4.303 and stats.t_975(25) == 2.086 and stats.t_975(99) == stats.Z_95

@@ -1,0 +1,131 @@
+"""Where the worker processes run: each on cores of its own on the GPU's NUMA node.
+
+The GPU's CPUs are its PCI device's ``local_cpulist`` in sysfs (the bus id from NVML, in the
+parent, which never touches CUDA); the CPUs a process may use are ``os.sched_getaffinity``'s
+(a container's cpuset); hyperthreads of one core stay together (``thread_siblings_list``).
+``place`` gives each worker of a process set whole cores of its own there, the parent what is
+left over; a worker pins itself (``apply``) before it imports torch, so every thread it starts
+inherits its CPUs.
+Invariant: pure functions of what they are given (``read_*`` only read sysfs, and say where a
+list came from); a machine with fewer cores than workers shares cores out in turn and says so,
+never fails.
+"""
+
+import os
+from pathlib import Path
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+SYSFS = Path("/sys")
+CPUS_VARIABLE = "BENCH_CPUS"
+THREADS_VARIABLE = "BENCH_THREADS"
+
+
+def parse_cpulist(text: str) -> List[int]:
+    """``0-3,8,10-11`` -> [0, 1, 2, 3, 8, 10, 11]; raises ValueError on anything else."""
+    cpus: List[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        first, last = int(low), int(high or low)
+        if last < first:
+            raise ValueError(f"cpu list {text!r}: {part} runs backwards")
+        cpus += range(first, last + 1)
+    return sorted(set(cpus))
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """The inverse of parse_cpulist, in ranges."""
+    ordered, parts = sorted(set(cpus)), []
+    for cpu in ordered:
+        if parts and parts[-1][1] == cpu - 1:
+            parts[-1][1] = cpu
+        else:
+            parts.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
+
+
+def sysfs_bus_id(bus_id: str) -> str:
+    """NVML's ``00000000:19:00.0`` (8-digit domain, upper case) -> sysfs's ``0000:19:00.0``."""
+    domain, _, rest = bus_id.strip().lower().partition(":")
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+def read_gpu_cpus(bus_id: Optional[str], sysfs: Path = SYSFS) -> Tuple[Optional[List[int]], str]:
+    """The CPUs local to the GPU at ``bus_id`` and where that came from (None: unknown)."""
+    if not bus_id:
+        return None, "no PCI bus id (NVML absent)"
+    path = sysfs / "bus" / "pci" / "devices" / sysfs_bus_id(bus_id) / "local_cpulist"
+    try:
+        return parse_cpulist(path.read_text()), str(path)
+    except (OSError, ValueError) as exc:
+        return None, f"{path} unreadable ({exc.__class__.__name__})"
+
+
+def read_cores(cpus: Sequence[int], sysfs: Path = SYSFS) -> List[List[int]]:
+    """``cpus`` grouped by physical core (hyperthread siblings together), in order; a CPU whose
+    topology cannot be read is a core of its own."""
+    cores: List[List[int]] = []
+    seen = set()
+    for cpu in sorted(cpus):
+        if cpu in seen:
+            continue
+        path = sysfs / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology" / \
+            "thread_siblings_list"
+        try:
+            siblings = [c for c in parse_cpulist(path.read_text()) if c in cpus]
+        except (OSError, ValueError):
+            siblings = [cpu]
+        core = sorted(set(siblings) | {cpu})
+        seen.update(core)
+        cores.append(core)
+    return cores
+
+
+class Placement(NamedTuple):
+    """CPUs per worker, the parent's (empty: left as it is), and how it was decided."""
+
+    workers: Dict[str, List[int]]
+    parent: List[int]
+    note: str
+
+
+def place(names: Sequence[str], cores: Sequence[Sequence[int]], where: str) -> Placement:
+    """Whole cores of their own for each of ``names`` (as many each as there are for all, one
+    core kept for the parent when there is a spare), in order; fewer cores than workers: each
+    worker one core, in turn, shared. ``where``: what the cores are (for the note)."""
+    if not names or not cores:
+        return Placement({}, [], f"not pinned: no cores known ({where})")
+    spare = len(cores) > len(names)
+    each = max(1, (len(cores) - (1 if spare else 0)) // len(names))
+    if len(cores) < len(names):
+        workers = {n: list(cores[i % len(cores)]) for i, n in enumerate(names)}
+        return Placement(workers, [], f"{len(names)} workers share {len(cores)} cores ({where})")
+    workers = {n: sorted(c for core in cores[i * each:(i + 1) * each] for c in core)
+               for i, n in enumerate(names)}
+    parent = sorted(c for core in cores[len(names) * each:] for c in core)
+    return Placement(workers, parent,
+                     f"{each} core(s) a worker of {len(cores)} ({where})"
+                     + ("; the parent on the rest" if parent else ""))
+
+
+def gpu_placement(names: Sequence[str], bus_id: Optional[str],
+                  allowed: Optional[Iterable[int]] = None, sysfs: Path = SYSFS) -> Placement:
+    """``place`` over the cores of the GPU's node that this process may use (all it may use
+    when the node is unknown or none of its CPUs are allowed)."""
+    allowed = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+    local, source = read_gpu_cpus(bus_id, sysfs)
+    usable = [c for c in (local or []) if c in allowed]
+    where = f"the GPU's node, {source}"
+    if not usable:
+        usable = allowed
+        where = f"all CPUs allowed; GPU's node: {source if local is None else 'none allowed'}"
+    return place(names, read_cores(usable, sysfs), where)
+
+
+def apply(environ: Dict[str, str]) -> Optional[List[int]]:
+    """In a worker, before torch: pin this process to BENCH_CPUS if set; the CPUs it runs on."""
+    text = environ.get(CPUS_VARIABLE)
+    if text:
+        os.sched_setaffinity(0, parse_cpulist(text))
+    return sorted(os.sched_getaffinity(0))

@@ -1,0 +1,87 @@
+"""Where workers run: CPU lists, the GPU's node from a made-up sysfs, whole cores per worker (the
+parent on the rest), sharing when cores are short, the fall-back when the node is not allowed,
+and the settings of a process set with each setting turned off."""
+
+import os
+
+import pytest
+
+from bench import affinity, isolation
+
+
+def test_cpu_lists_parse_and_format_both_ways():
+    assert affinity.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert affinity.format_cpulist([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
+    with pytest.raises(ValueError):
+        affinity.parse_cpulist("3-1")
+    assert affinity.sysfs_bus_id("00000000:19:00.0") == "0000:19:00.0"
+    assert affinity.sysfs_bus_id("00000001:C1:00.0") == "0001:c1:00.0"
+
+
+def fake_sysfs(root, bus_id, local, siblings):
+    device = root / "bus" / "pci" / "devices" / affinity.sysfs_bus_id(bus_id)
+    device.mkdir(parents=True)
+    (device / "local_cpulist").write_text(local + "\n")
+    for cpu, mates in siblings.items():
+        topology = root / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "thread_siblings_list").write_text(mates)
+
+
+@pytest.fixture
+def sysfs(tmp_path):
+    # Two nodes of 4 cores with 2 threads each: cpu c and c + 16 are siblings; the GPU is on
+    # the second node (cpus 8-15 and 24-31).
+    siblings = {c: f"{c % 16},{c % 16 + 16}" for c in range(32)}
+    fake_sysfs(tmp_path, "00000000:19:00.0", "8-15,24-31", siblings)
+    return tmp_path
+
+
+def test_each_worker_gets_whole_cores_of_the_gpus_node_and_the_parent_the_rest(sysfs):
+    placement = affinity.gpu_placement(["native", "native-aa", "streampool"],
+                                       "00000000:19:00.0", range(32), sysfs)
+    assert placement.workers == {"native": [8, 9, 24, 25], "native-aa": [10, 11, 26, 27],
+                                 "streampool": [12, 13, 28, 29]}
+    assert placement.parent == [14, 15, 30, 31]
+    assert "2 core(s) a worker of 8 (the GPU's node" in placement.note
+    cpus = [c for w in placement.workers.values() for c in w] + placement.parent
+    assert len(cpus) == len(set(cpus))  # nobody shares a CPU
+
+
+def test_cores_short_are_shared_in_turn_and_a_node_not_allowed_falls_back(sysfs):
+    names = [f"w{i}" for i in range(10)]
+    placement = affinity.gpu_placement(names, "00000000:19:00.0", range(32), sysfs)
+    assert placement.workers["w0"] == placement.workers["w8"] == [8, 24]
+    assert placement.parent == [] and "10 workers share 8 cores" in placement.note
+    outside = affinity.gpu_placement(["a", "b"], "00000000:19:00.0", [0, 1, 16, 17], sysfs)
+    assert outside.workers == {"a": [0, 16], "b": [1, 17]}
+    assert "GPU's node: none allowed" in outside.note
+    unknown = affinity.gpu_placement(["a"], None, [0, 1], sysfs)
+    assert unknown.workers == {"a": [0]} and "no PCI bus id" in unknown.note
+
+
+def test_a_process_set_with_every_setting_and_with_some_off(sysfs):
+    names = ["native", "native-aa"]
+    on = isolation.arrange(names, [], 2, "00000000:19:00.0", range(32), ("setarch", "-R"),
+                           sysfs)
+    # 8 cores, 2 workers: one core kept for the parent, 3 each, the parent the last 2
+    assert on.env["native"][affinity.CPUS_VARIABLE] == "8-10,24-26"
+    assert on.env["native-aa"][affinity.CPUS_VARIABLE] == "11-13,27-29"
+    assert on.env["native-aa"]["BENCH_THREADS"] == on.env["native-aa"]["OMP_NUM_THREADS"] == "6"
+    assert on.env["native"]["PYTHONHASHSEED"] == "0" and on.env["native"]["BENCH_PROCESS"] == "2"
+    assert on.launcher == ("setarch", "-R") and on.parent_cpus == [14, 15, 30, 31]
+    off = isolation.arrange(names, ["pin", "setup"], 0, "00000000:19:00.0", range(32),
+                            ("setarch", "-R"), sysfs)
+    assert affinity.CPUS_VARIABLE not in off.env["native"] and off.parent_cpus == []
+    assert off.env["native"]["BENCH_THREADS"] == "16"  # 32 CPUs shared evenly
+    assert "PYTHONHASHSEED" not in off.env["native"] and off.launcher == ()
+    assert off.facts["off"] == ["pin", "setup"] and "settle" in off.facts["on"]
+
+
+def test_a_worker_pins_itself_to_its_cpus():
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        assert affinity.apply({affinity.CPUS_VARIABLE: str(allowed[-1])}) == [allowed[-1]]
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert affinity.apply({}) == allowed
