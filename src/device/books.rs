@@ -31,7 +31,7 @@ pub(crate) enum Home {
     DriverPool,
     /// A PyTorch memory pool (`torch.cuda.graph`, `MemPool`): back into that pool, never cached;
     /// the pool's segments are what it holds from the resource, not its blocks.
-    GraphPool(crate::resource::graph_pool::PoolId),
+    GraphPool(super::graph_pools::PoolSlot),
 }
 
 impl Home {

@@ -28,9 +28,15 @@ pub trait StreamFilter: Send + Sync {
 /// A pool and the filter that routes allocations to it.
 pub type Route = (PoolId, Arc<dyn StreamFilter>);
 
+/// The device's own number for a pool, what a block's record carries (small, so the records of
+/// every block stay small): given at the pool's creation, never reused.
+pub(crate) type PoolSlot = u32;
+
 #[derive(Default)]
 pub(super) struct GraphPools {
-    pools: HashMap<PoolId, Arc<GraphPoolResource>>,
+    pools: HashMap<PoolId, (PoolSlot, Arc<GraphPoolResource>)>,
+    slots: HashMap<PoolSlot, Arc<GraphPoolResource>>,
+    next_slot: PoolSlot,
     /// Routes begun and not ended, oldest first.
     routes: Vec<Route>,
     /// streampool's own stream of the device, made on first need.
@@ -40,9 +46,18 @@ pub(super) struct GraphPools {
 impl DeviceAllocator {
     /// The pool `id`, made now (with no user) if `create`.
     fn graph_pool(&self, id: PoolId, create: bool) -> Result<Arc<GraphPoolResource>> {
+        self.graph_pool_and_slot(id, create).map(|(_, pool)| pool)
+    }
+
+    /// The pool `id` and its slot, made now (with no user) if `create`.
+    fn graph_pool_and_slot(
+        &self,
+        id: PoolId,
+        create: bool,
+    ) -> Result<(PoolSlot, Arc<GraphPoolResource>)> {
         let mut pools = self.graph_pools.lock();
-        if let Some(pool) = pools.pools.get(&id) {
-            return Ok(Arc::clone(pool));
+        if let Some((slot, pool)) = pools.pools.get(&id) {
+            return Ok((*slot, Arc::clone(pool)));
         }
         if !create {
             return Err(Error::InvalidArgument(format!(
@@ -63,8 +78,13 @@ impl DeviceAllocator {
             parent,
             own_stream,
         ));
-        pools.pools.insert(id, Arc::clone(&pool));
-        Ok(pool)
+        let slot = pools.next_slot;
+        pools.next_slot = slot
+            .checked_add(1)
+            .ok_or_else(|| Error::Internal("more memory pools than a device can number".into()))?;
+        pools.pools.insert(id, (slot, Arc::clone(&pool)));
+        pools.slots.insert(slot, Arc::clone(&pool));
+        Ok((slot, pool))
     }
 
     /// `createOrIncrefPool`: one more user of pool `id` (a `torch.cuda.MemPool`).
@@ -140,7 +160,7 @@ impl DeviceAllocator {
     ) -> Result<DevicePtr> {
         self.check_enabled()?;
         let block_bytes = limit::block_bytes(requested_bytes)?;
-        let pool = self.graph_pool(id, true)?;
+        let (slot, pool) = self.graph_pool_and_slot(id, true)?;
         if self.driver.is_capturing(self.device, stream)? {
             // Blocks freed meanwhile with other streams' uses wait for the capture to end.
             self.state.lock().waits.note_capturing(stream);
@@ -159,11 +179,11 @@ impl DeviceAllocator {
             }
             other => other?,
         };
-        self.book_pool_block(id, &block, requested_bytes);
+        self.book_pool_block(slot, &block, requested_bytes);
         Ok(block.ptr)
     }
 
-    fn book_pool_block(&self, id: PoolId, block: &PoolBlock, requested_bytes: u64) {
+    fn book_pool_block(&self, slot: PoolSlot, block: &PoolBlock, requested_bytes: u64) {
         let mut st = self.state.lock();
         st.activity += 1;
         st.books.insert_live(
@@ -171,7 +191,7 @@ impl DeviceAllocator {
             requested_bytes,
             block.bytes,
             block.stream,
-            Home::GraphPool(id),
+            Home::GraphPool(slot),
         );
         self.note(&st, Event::Alloc, block.stream, block.ptr, requested_bytes);
     }
@@ -185,16 +205,16 @@ impl DeviceAllocator {
         stream: Stream,
     ) -> Option<DevicePtr> {
         let block_bytes = limit::block_bytes(requested_bytes).ok()?;
-        let pools: Vec<(PoolId, Arc<GraphPoolResource>)> = self
+        let pools: Vec<(PoolSlot, Arc<GraphPoolResource>)> = self
             .graph_pools
             .lock()
-            .pools
+            .slots
             .iter()
-            .map(|(id, p)| (*id, Arc::clone(p)))
+            .map(|(slot, p)| (*slot, Arc::clone(p)))
             .collect();
-        pools.into_iter().find_map(|(id, pool)| {
+        pools.into_iter().find_map(|(slot, pool)| {
             let block = pool.with(|p| p.use_on_oom().then(|| p.take(block_bytes, stream)))??;
-            self.book_pool_block(id, &block, requested_bytes);
+            self.book_pool_block(slot, &block, requested_bytes);
             Some(block.ptr)
         })
     }
@@ -209,14 +229,14 @@ impl DeviceAllocator {
         stream: Stream,
     ) -> Result<DevicePtr> {
         self.check_enabled()?;
-        let pool = self.graph_pool(id, false)?;
+        let (slot, pool) = self.graph_pool_and_slot(id, false)?;
         pool.with(|p| p.restore(ptr, block_bytes, stream))?;
         let block = PoolBlock {
             ptr,
             bytes: block_bytes,
             stream,
         };
-        self.book_pool_block(id, &block, requested_bytes);
+        self.book_pool_block(slot, &block, requested_bytes);
         Ok(ptr)
     }
 
@@ -240,16 +260,18 @@ impl DeviceAllocator {
         Ok(pool.with(|p| p.segments().map(|s| (s.ptr, s.bytes)).collect()))
     }
 
-    /// A freed block goes back into pool `id`.
-    pub(super) fn return_to_graph_pool(&self, id: PoolId, ptr: DevicePtr) -> Result<()> {
-        self.graph_pool(id, false)?.deallocate(ptr)
+    /// A freed block goes back into the pool of `slot`.
+    pub(super) fn return_to_graph_pool(&self, slot: PoolSlot, ptr: DevicePtr) -> Result<()> {
+        let pool = self.graph_pools.lock().slots.get(&slot).cloned();
+        pool.ok_or_else(|| Error::Internal(format!("{ptr:#x}: its memory pool is gone")))?
+            .deallocate(ptr)
     }
 
     /// After a device synchronisation: pools nobody uses give their free segments back, and
     /// those left with nothing are forgotten. Returns the bytes given back.
     pub(super) fn release_unused_graph_pools(&self) -> Result<u64> {
         let pools: Vec<Arc<GraphPoolResource>> =
-            self.graph_pools.lock().pools.values().cloned().collect();
+            self.graph_pools.lock().slots.values().cloned().collect();
         let mut released_bytes = 0;
         let mut first_error = Ok(());
         for pool in &pools {
@@ -258,10 +280,10 @@ impl DeviceAllocator {
                 Err(e) => first_error = first_error.and(Err(e)),
             }
         }
-        self.graph_pools
-            .lock()
-            .pools
-            .retain(|_, p| !p.with(|p| p.is_unused() && p.reserved_bytes() == 0));
+        let gone = |p: &GraphPoolResource| p.with(|p| p.is_unused() && p.reserved_bytes() == 0);
+        let mut pools = self.graph_pools.lock();
+        pools.pools.retain(|_, (_, p)| !gone(p));
+        pools.slots.retain(|_, p| !gone(p));
         first_error.map(|()| released_bytes)
     }
 }

@@ -112,7 +112,7 @@ impl DeviceAllocator {
             (Home::Graph | Home::DriverPool, _, _) => {
                 self.driver.free_async(self.device, b.ptr, b.stream)
             }
-            (Home::GraphPool(id), _, _) => self.return_to_graph_pool(id, b.ptr),
+            (Home::GraphPool(slot), _, _) => self.return_to_graph_pool(slot, b.ptr),
             (Home::Shareable, _, Some(pool)) => pool.deallocate(b.ptr, b.block_bytes, b.stream),
             (Home::Small, Some(p), _) => {
                 p.resources
