@@ -231,17 +231,24 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
 /// not completed yet with when the GPU completes them, in stream order.
 struct GpuQueues {
     gpu: Gpu,
-    streams: Vec<(Stream, u64, VecDeque<(u64, u64)>)>,
+    streams: Vec<StreamQueue>,
+}
+
+/// A stream's ticks noted so far, and those noted and not completed yet: (tick, done at, us).
+struct StreamQueue {
+    stream: Stream,
+    noted: u64,
+    pending: VecDeque<(u64, u64)>,
 }
 
 impl GpuQueues {
     /// What the simulator got on stream `i` since the last note completes at `done_us`.
     fn push(&mut self, sim: &SimDriver, i: usize, done_us: f64) {
-        let (stream, noted, queue) = &mut self.streams[i];
-        let tick = sim.stream_tick(0, *stream);
-        if tick > *noted {
-            *noted = tick;
-            queue.push_back((tick, done_us as u64));
+        let q = &mut self.streams[i];
+        let tick = sim.stream_tick(0, q.stream);
+        if tick > q.noted {
+            q.noted = tick;
+            q.pending.push_back((tick, done_us as u64));
         }
     }
 
@@ -249,7 +256,7 @@ impl GpuQueues {
     /// once the work queued before it is.
     fn note_records(&mut self, sim: &SimDriver, now_us: f64) {
         for i in 0..self.streams.len() {
-            let (stream, noted, _) = self.streams[i];
+            let (stream, noted) = (self.streams[i].stream, self.streams[i].noted);
             if sim.stream_tick(0, stream) > noted {
                 let done_us = self.gpu.run(stream.0 as u32, now_us, 0.0);
                 self.push(sim, i, done_us);
@@ -261,21 +268,21 @@ impl GpuQueues {
     /// note (`touch`) completes when they do. Note the allocator's records first.
     fn run(&mut self, sim: &SimDriver, stream: u32, now_us: f64, work_us: f64) {
         let done_us = self.gpu.run(stream, now_us, work_us);
-        if let Some(i) = (self.streams.iter()).position(|(s, _, _)| s.0 == stream as usize) {
+        if let Some(i) = (self.streams.iter()).position(|q| q.stream.0 == stream as usize) {
             self.push(sim, i, done_us);
         }
     }
 
     /// The work the GPU has completed by `now_us` completes in the simulator.
     fn complete(&mut self, sim: &SimDriver, now_us: u64) {
-        for (stream, _, queue) in &mut self.streams {
+        for q in &mut self.streams {
             let mut done = None;
-            while let Some(&(tick, _)) = queue.front().filter(|(_, at_us)| *at_us <= now_us) {
+            while let Some(&(tick, _)) = q.pending.front().filter(|(_, at_us)| *at_us <= now_us) {
                 done = Some(tick);
-                queue.pop_front();
+                q.pending.pop_front();
             }
             if let Some(tick) = done {
-                sim.complete_stream_to(0, *stream, tick);
+                sim.complete_stream_to(0, q.stream, tick);
             }
         }
     }
@@ -293,7 +300,11 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
     let mut gpu = GpuQueues {
         gpu: Gpu::new(plan.latency_us),
         streams: (trace.streams.iter())
-            .map(|&s| (Stream(s as usize), 0, VecDeque::new()))
+            .map(|&s| StreamQueue {
+                stream: Stream(s as usize),
+                noted: 0,
+                pending: VecDeque::new(),
+            })
             .collect(),
     };
     let (mut clock_us, mut tend_us) = (0u64, plan.first_tend_us);
