@@ -1,11 +1,16 @@
 //! Replays allocation traces (bench/traces, `python3 -m bench.trace_capture`) through
 //! streampool's real allocator on the simulated driver, to tune the backends' policies without
 //! a GPU: per trace and configuration, peak reserved ÷ peak live bytes, the driver calls that
-//! cost time, and a modeled driver time from measured H100 costs (run.rs).
+//! cost time, and a modeled driver time from measured H100 costs (run.rs), on a microsecond
+//! clock with a GPU that lags the host as the trace says or as modeled (timing.rs), repeated
+//! with seeded jitter (median and range). `--gate` compares the medians with a committed
+//! baseline (gate.rs; CI runs it). The method: docs/replay.md.
 //!
 //! ```text
 //! cargo bench --bench replay -- [--env VAR=VALUE]... [--config NAME:VAR=VALUE,...]...
-//!     [--complete-every EVENTS] [--cost CALL=US]... [--json FILE] TRACE...
+//!     [--repeats N] [--jitter J] [--seed S] [--host-us US] [--latency-us US]
+//!     [--cost CALL=US]... [--json FILE] TRACE...
+//! cargo bench --bench replay -- --gate BASELINE [--update]
 //! ```
 //!
 //! Without `--bench` (as `cargo test` runs it) it runs its self-check instead (checks.rs).
@@ -14,37 +19,49 @@
 
 #[path = "replay/checks.rs"]
 mod checks;
+#[path = "replay/gate.rs"]
+mod gate;
 #[path = "replay/inflate.rs"]
 mod inflate;
+#[path = "replay/report.rs"]
+mod report;
 #[path = "replay/run.rs"]
 mod run;
+#[path = "replay/timing.rs"]
+mod timing;
 #[path = "replay/trace.rs"]
 mod trace;
 
-use run::{Options, Outcome, Setting, CALLS};
-use std::fmt::Write as _;
-use std::path::PathBuf;
+use report::Summary;
+use run::{Options, Setting, CALLS};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use trace::Trace;
 
 const USAGE: &str = "usage: cargo bench --bench replay -- [--env VAR=VALUE]... \
-[--config NAME:VAR=VALUE,...]... [--complete-every EVENTS] [--cost CALL=US]... [--json FILE] \
-TRACE...
+[--config NAME:VAR=VALUE,...]... [--repeats N] [--jitter J] [--seed S] [--host-us US] \
+[--latency-us US] [--cost CALL=US]... [--json FILE] TRACE...
+       cargo bench --bench replay -- --gate BASELINE [--update]
   --env VAR=VALUE     a STREAMPOOL_* variable for every configuration
   --config NAME:VARS  a configuration to compare: NAME, then VAR=VALUE pairs separated by commas
                       (`base:` for none); default: one configuration, \"default\"
-  --event-us US       the simulator's clock moves on by US microseconds per event, and the
-                      allocator is tended every 50 ms of it (cold pages, idle release)
-  --complete-every N  all streams complete their work every N events (default 1: the GPU keeps
-                      up; 0: only at synchronisations `s` and step ends `x`, which they do always)
+  --repeats N         replays of each trace and configuration, each with its own jitter (1)
+  --jitter J          every host gap, GPU lag and latency scaled by a factor in [1-J, 1+J] (0.5)
+  --seed S            the first repeat's seed (1)
+  --host-us US        host time per event of a trace without timestamps, at most (8)
+  --latency-us US     an empty GPU queue's latency (5)
   --cost CALL=US      the modeled cost of a driver call in microseconds (e.g. cuMemRelease=10)
-  --json FILE         also write the results as JSON";
+  --json FILE         also write the results as JSON
+  --gate BASELINE     replay what BASELINE lists as it says; fail if a median moved past its
+                      allowance (--update: write the figures of this build into BASELINE)";
 
 struct Cli {
     traces: Vec<PathBuf>,
     settings: Vec<Setting>,
     options: Options,
     json: Option<PathBuf>,
+    gate: Option<PathBuf>,
+    update: bool,
 }
 
 fn main() -> ExitCode {
@@ -64,32 +81,128 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut outcomes = Vec::new();
+    if let Some(baseline) = &cli.gate {
+        return gate::main(baseline, cli.update);
+    }
+    let mut options = cli.options.clone();
+    let mut traces = Vec::new();
     for path in &cli.traces {
-        let trace = match Trace::load(path) {
-            Ok(t) => t,
+        match load(path, &mut options) {
+            Ok(t) => traces.push(t),
             Err(e) => {
                 eprintln!("replay: {e}");
                 return ExitCode::from(2);
             }
-        };
-        println!("{}", describe(&trace));
-        for setting in &cli.settings {
-            outcomes.push(run::replay(&trace, setting, &cli.options));
         }
     }
-    print!("{}", table(&outcomes, &cli.settings));
+    let summaries = replay_all(&traces, &cli.settings, &options, true);
+    print!("{}", report::table(&summaries, &cli.settings));
     if let Some(path) = &cli.json {
-        let text = json(&outcomes, &cli.settings, &cli.options);
+        let text = report::json(&summaries, &cli.settings, model_json(&options));
         if let Err(e) = std::fs::write(path, text) {
             eprintln!("replay: cannot write --json {}: {e}", path.display());
             return ExitCode::from(2);
         }
     }
-    match outcomes.iter().any(|o| o.error.is_some()) {
+    match summaries.iter().any(|s| s.error().is_some()) {
         true => ExitCode::FAILURE,
         false => ExitCode::SUCCESS,
     }
+}
+
+/// Reads the trace at `path`, and the measured step times beside it (`timing.txt`) into the
+/// timing model.
+fn load(path: &Path, options: &mut Options) -> Result<Trace, String> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    timing::load_step_times(&dir.join("timing.txt"), &mut options.timing.step_us)?;
+    Trace::load(path)
+}
+
+/// Every repeat of every trace under every configuration, summed up per pair.
+fn replay_all(
+    traces: &[Trace],
+    settings: &[Setting],
+    options: &Options,
+    verbose: bool,
+) -> Vec<Summary> {
+    let mut summaries = Vec::new();
+    for trace in traces {
+        if verbose {
+            println!("{}", describe(trace));
+        }
+        let base = timing::base(trace, &options.timing);
+        let plans: Vec<timing::Plan> = (0..options.repeats.max(1))
+            .map(|repeat| timing::plan(&base, &options.timing, repeat))
+            .collect();
+        for setting in settings {
+            summaries.push(Summary {
+                trace: trace.name.clone(),
+                setting: setting.name.clone(),
+                outcomes: replay_repeats(trace, setting, options, &plans),
+            });
+        }
+    }
+    summaries
+}
+
+/// The repeats of one trace under one setting, on as many threads as the machine has (each
+/// replay has its own allocator and simulator; the outcomes keep the plans' order).
+fn replay_repeats(
+    trace: &Trace,
+    setting: &Setting,
+    options: &Options,
+    plans: &[timing::Plan],
+) -> Vec<run::Outcome> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = plans.len().div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (plans.chunks(chunk))
+            .map(|part| {
+                scope.spawn(move || {
+                    (part.iter())
+                        .map(|plan| run::replay_planned(trace, setting, options, plan))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        (workers.into_iter().zip(plans.chunks(chunk)))
+            .flat_map(|(w, part)| {
+                w.join().unwrap_or_else(|_| {
+                    (part.iter())
+                        .map(|plan| run::Outcome {
+                            trace: trace.name.clone(),
+                            setting: setting.name.clone(),
+                            repeat: plan.repeat,
+                            error: Some("the replay's thread panicked".into()),
+                            ..run::Outcome::default()
+                        })
+                        .collect()
+                })
+            })
+            .collect()
+    })
+}
+
+/// The timing model and costs, for JSON.
+fn model_json(options: &Options) -> serde_json::Value {
+    let m = &options.timing;
+    serde_json::json!({
+        "repeats": options.repeats,
+        "jitter": m.jitter,
+        "seed": m.seed,
+        "host_us": m.host_us,
+        "latency_us": m.latency_us,
+        "step_us": m.step_us,
+        "costs_us": options.costs_us,
+    })
+}
+
+/// The number `text` of `flag`, if it is finite and `ok` accepts it.
+fn number(flag: &str, text: &str, what: &str, ok: impl Fn(f64) -> bool) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && ok(*x))
+        .ok_or_else(|| format!("{flag} {text:?} is not {what}"))
 }
 
 fn parse_cli(args: &[String]) -> Result<Cli, String> {
@@ -98,6 +211,8 @@ fn parse_cli(args: &[String]) -> Result<Cli, String> {
         settings: Vec::new(),
         options: Options::default(),
         json: None,
+        gate: None,
+        update: false,
     };
     let mut common = Vec::new();
     let mut it = args.iter();
@@ -107,21 +222,34 @@ fn parse_cli(args: &[String]) -> Result<Cli, String> {
                 .cloned()
                 .ok_or_else(|| format!("{flag} needs a value"))
         };
+        let timing = &mut cli.options.timing;
         match arg.as_str() {
             "--env" => common.push(pair("--env", &value("--env")?)?),
             "--config" => cli.settings.push(parse_setting(&value("--config")?)?),
-            "--event-us" => {
-                let v = value("--event-us")?;
-                cli.options.event_us =
-                    Some(v.parse().ok().filter(|x: &f64| *x >= 0.0).ok_or_else(|| {
-                        format!("--event-us {v:?} is not a duration in microseconds (>= 0)")
-                    })?);
+            "--repeats" => {
+                let v = value(arg)?;
+                let what = "a count of repeats (an integer 1..=1000)";
+                cli.options.repeats = number(arg, &v, what, |x| {
+                    x.fract() == 0.0 && (1.0..=1000.0).contains(&x)
+                })? as u64;
             }
-            "--complete-every" => {
-                let v = value("--complete-every")?;
-                cli.options.complete_every_events = v.parse().map_err(|_| {
-                    format!("--complete-every {v:?} is not a count of events (an integer >= 0)")
-                })?;
+            "--jitter" => {
+                let what = "a relative spread 0..=0.9";
+                timing.jitter = number(arg, &value(arg)?, what, |x| (0.0..=0.9).contains(&x))?;
+            }
+            "--seed" => {
+                let v = value(arg)?;
+                timing.seed = v
+                    .parse()
+                    .map_err(|_| format!("--seed {v:?} is not an integer >= 0"))?;
+            }
+            "--host-us" => {
+                let what = "a time in microseconds (> 0)";
+                timing.host_us = number(arg, &value(arg)?, what, |x| x > 0.0)?;
+            }
+            "--latency-us" => {
+                let what = "a time in microseconds (>= 0)";
+                timing.latency_us = number(arg, &value(arg)?, what, |x| x >= 0.0)?;
             }
             "--cost" => {
                 let (call, us) = pair("--cost", &value("--cost")?)?;
@@ -138,9 +266,20 @@ fn parse_cli(args: &[String]) -> Result<Cli, String> {
                 cli.options.costs_us.insert(call, cost);
             }
             "--json" => cli.json = Some(PathBuf::from(value("--json")?)),
+            "--gate" => cli.gate = Some(PathBuf::from(value("--gate")?)),
+            "--update" => cli.update = true,
             flag if flag.starts_with('-') => return Err(format!("unknown option {flag:?}")),
             path => cli.traces.push(PathBuf::from(path)),
         }
+    }
+    if cli.gate.is_some() {
+        return match args.len() == 2 + usize::from(cli.update) {
+            true => Ok(cli),
+            false => Err("--gate takes its settings from BASELINE: no other option".into()),
+        };
+    }
+    if cli.update {
+        return Err("--update goes with --gate BASELINE".into());
     }
     if cli.traces.is_empty() {
         return Err("no TRACE given (e.g. bench/traces/churn.trace.gz)".into());
@@ -210,166 +349,5 @@ fn describe(t: &Trace) -> String {
         mib(t.peak_live_bytes),
         t.header("workload")
             .map_or(String::new(), |w| format!(" (workload {w})")),
-    )
-}
-
-/// The results as a text table, then each configuration's variables and any failure.
-fn table(outcomes: &[Outcome], settings: &[Setting]) -> String {
-    let mut head = vec![
-        "trace".to_string(),
-        "config".into(),
-        "reserved MiB".into(),
-        "live MiB".into(),
-        "ratio".into(),
-    ];
-    head.extend(CALLS.iter().map(|(_, h)| h.to_string()));
-    head.extend([
-        "model ms".into(),
-        "us/step".into(),
-        "timed map".into(),
-        "timed unmap".into(),
-        "timed ms".into(),
-    ]);
-    let rows: Vec<Vec<String>> = outcomes
-        .iter()
-        .map(|o| {
-            let mut row = vec![
-                o.trace.clone(),
-                o.setting.clone(),
-                format!("{:.1}", mib(o.peak_reserved_bytes)),
-                format!("{:.1}", mib(o.peak_live_bytes)),
-                format!("{:.3}", o.ratio()),
-            ];
-            row.extend(CALLS.iter().map(|(c, _)| o.call(c).to_string()));
-            row.push(format!("{:.2}", o.modeled_driver_s * 1e3));
-            row.push(match o.steps {
-                0 => "-".into(),
-                n => format!("{:.1}", o.modeled_driver_s * 1e6 / n as f64),
-            });
-            let timed = |c: &str| o.timed_calls.get(c).copied().unwrap_or(0).to_string();
-            row.push(timed("cuMemMap"));
-            row.push(timed("cuMemUnmap"));
-            row.push(format!("{:.2}", o.timed_modeled_s * 1e3));
-            if o.error.is_some() {
-                row[2] = "FAILED".into();
-            }
-            row
-        })
-        .collect();
-    let widths: Vec<usize> = (0..head.len())
-        .map(|i| {
-            rows.iter()
-                .map(|r| r[i].len())
-                .chain([head[i].len()])
-                .max()
-                .unwrap()
-        })
-        .collect();
-    let mut out = String::new();
-    for row in std::iter::once(&head).chain(&rows) {
-        let cells: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(i, c)| match i < 2 {
-                true => format!("{c:<w$}", w = widths[i]),
-                false => format!("{c:>w$}", w = widths[i]),
-            })
-            .collect();
-        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
-    }
-    for s in settings {
-        let vars: Vec<String> = s.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let _ = writeln!(out, "config {}: {}", s.name, vars.join(" "));
-    }
-    for o in outcomes.iter().filter(|o| o.error.is_some()) {
-        let _ = writeln!(
-            out,
-            "FAILED {} under {}: {}",
-            o.trace,
-            o.setting,
-            o.error.as_ref().unwrap()
-        );
-    }
-    out
-}
-
-fn json_str(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out + "\""
-}
-
-fn json(outcomes: &[Outcome], settings: &[Setting], options: &Options) -> String {
-    let object = |pairs: Vec<(String, String)>| {
-        let inner: Vec<String> = pairs
-            .into_iter()
-            .map(|(k, v)| format!("{}: {v}", json_str(&k)))
-            .collect();
-        format!("{{{}}}", inner.join(", "))
-    };
-    let results: Vec<String> = outcomes
-        .iter()
-        .map(|o| {
-            let env = &settings.iter().find(|s| s.name == o.setting).unwrap().env;
-            object(vec![
-                ("trace".into(), json_str(&o.trace)),
-                ("config".into(), json_str(&o.setting)),
-                (
-                    "env".into(),
-                    object(env.iter().map(|(k, v)| (k.clone(), json_str(v))).collect()),
-                ),
-                ("events".into(), o.events.to_string()),
-                ("steps".into(), o.steps.to_string()),
-                ("peak_live_bytes".into(), o.peak_live_bytes.to_string()),
-                (
-                    "peak_reserved_bytes".into(),
-                    o.peak_reserved_bytes.to_string(),
-                ),
-                ("reserved_over_live".into(), format!("{:.6}", o.ratio())),
-                (
-                    "allocator_allocated_peak_bytes".into(),
-                    o.allocated_peak_bytes.to_string(),
-                ),
-                (
-                    "calls".into(),
-                    object(
-                        o.calls
-                            .iter()
-                            .map(|(k, v)| (k.clone(), v.to_string()))
-                            .collect(),
-                    ),
-                ),
-                ("pages_mapped".into(), o.stats_maps.to_string()),
-                ("pages_unmapped".into(), o.stats_unmaps.to_string()),
-                (
-                    "modeled_driver_s".into(),
-                    format!("{:.6}", o.modeled_driver_s),
-                ),
-                ("replay_wall_s".into(), format!("{:.3}", o.replay_wall_s)),
-                (
-                    "error".into(),
-                    o.error.as_deref().map_or("null".into(), json_str),
-                ),
-            ])
-        })
-        .collect();
-    let costs = object(
-        options
-            .costs_us
-            .iter()
-            .map(|(k, v)| (k.clone(), v.to_string()))
-            .collect(),
-    );
-    format!(
-        "{{\"complete_every_events\": {}, \"costs_us\": {costs}, \"results\": [\n  {}\n]}}\n",
-        options.complete_every_events,
-        results.join(",\n  ")
     )
 }

@@ -1,22 +1,29 @@
 """Allocation traces of the benchmark's workloads, for ``cargo bench --bench replay``
 (bench/replay.rs; format and use in docs/replay.md).
 
-On a machine with a GPU, each workload in a process of its own, under PyTorch's native allocator::
+On a machine with a GPU, each workload in a process of its own, under PyTorch's native
+allocator::
 
-    python3 -m bench.trace_capture --workloads churn,multistream,gpt2,resnet50,bert,llama_decode \\
+    python3 -m bench.trace_capture --workloads vision_sizes,compiled,checkerboard \\
         --out bench/traces
 
-records every allocation and free with ``torch.cuda.memory._record_memory_history`` while the
-workload runs its warm-up and timed steps (bench.schedules), and converts the snapshot's
-``device_traces`` into the trace format. What the allocator's history does not show —
-record_stream, wait_stream, synchronisations, step ends — is marked in it by a *sentinel*: a
-SENTINEL_BYTES allocation made right after the call, whose address the wrappers note beside
-the call's arguments; the converter turns each sentinel back into its event and drops it.
-Without a GPU, ``--generate`` writes churn's trace straight from its schedule.
+runs the workload as the benchmark's memory pass does (bench/worker.py: the libraries' handles
+created first, then every step followed by a synchronisation and a reading of device memory)
+with ``torch.cuda.memory._record_memory_history`` on, and converts the snapshot's
+``device_traces`` into the trace format, each event with the host's time (format 2: the
+history's ``time_us``, microseconds since the first event). What the allocator's history does
+not show — record_stream, wait_stream, synchronisations, step ends — is marked in it by a
+*sentinel*: a SENTINEL_BYTES allocation made right after the call, whose address the wrappers
+note beside the call's arguments; the converter turns each sentinel back into its event (a
+synchronisation's time is when it returned) and drops it. ``checkerboard`` is defined here: fill
+CHECKER_FILL of free memory with CHECKER_BYTES tensors, free every other one, then allocate one
+tensor of CHECKER_BIG of the card. Without a GPU, ``--generate`` writes churn's trace straight
+from its schedule (format 1: no times).
 
-Invariant: a written trace is consistent (every ``f``/``r`` names a live allocation) and holds
+Invariant: a written trace is consistent (every ``f``/``r`` names a live allocation), holds
 every sentinel the wrappers made, in order — a missing one (the history's ring buffer overflowed)
-is an error, never a silently shortened trace. torch is imported only in the child.
+is an error, never a silently shortened trace — and has a time on every event or on none (if
+the history has none). torch is imported only in the child.
 """
 
 import argparse
@@ -32,7 +39,25 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from . import schedules as s
 
 FORMAT = "streampool allocation trace, format 1 (cargo bench --bench replay)"
-CAPTURABLE = ("churn", "multistream", "gpt2", "resnet50", "bert", "llama_decode")
+FORMAT_TIMED = "streampool allocation trace, format 2 (cargo bench --bench replay)"
+# The replay reads this header as: cuBLAS's workspaces were made before recording (as the
+# benchmark makes them before it measures), not by the workload (bench/replay/trace.rs).
+WARMED_UP = "libraries warmed up before recording"
+CAPTURABLE = (
+    "churn",
+    "multistream",
+    "gpt2",
+    "resnet50",
+    "bert",
+    "llama_decode",
+    "vision_sizes",
+    "compiled",
+    "checkerboard",
+)
+# checkerboard: near-full memory with holes that no request of the last size fits.
+CHECKER_BYTES = 256 * 1024**2
+CHECKER_FILL = 0.88  # of the free memory at the start
+CHECKER_BIG = 0.40  # of the card
 # An odd size no workload allocates (uint8 tensors of exactly this many elements): a sentinel.
 SENTINEL_BYTES = 1021
 MAX_HISTORY_ENTRIES = 20_000_000
@@ -44,8 +69,9 @@ Event = Tuple[Any, ...]
 Marker = Tuple[str, int, Optional[int], Optional[int]]
 
 
-def format_event(event: Event) -> str:
-    return " ".join(str(field) for field in event)
+def format_event(event: Event, time_us: Optional[int] = None) -> str:
+    text = " ".join(str(field) for field in event)
+    return text if time_us is None else f"{text} @{time_us}"
 
 
 def summarize(events: Iterable[Event]) -> Dict[str, int]:
@@ -66,13 +92,21 @@ def summarize(events: Iterable[Event]) -> Dict[str, int]:
     return {"events": count, "allocations": allocations, "steps": steps, "peak_live_bytes": peak}
 
 
-def write_trace(path: Path, headers: Sequence[str], events: Sequence[Event]) -> Dict[str, int]:
-    """Writes ``events`` under ``headers`` (gzip, reproducible: no timestamp); returns the
-    summary, which is also written as a header."""
+def write_trace(
+    path: Path,
+    headers: Sequence[str],
+    events: Sequence[Event],
+    times_us: Optional[Sequence[int]] = None,
+) -> Dict[str, int]:
+    """Writes ``events`` under ``headers`` (gzip, reproducible: no file timestamp), each with its
+    time from ``times_us`` if given (format 2); returns the summary, also written as a header."""
+    if times_us is not None and len(times_us) != len(events):
+        raise ValueError(f"{len(times_us)} times for {len(events)} events")
     summary = summarize(events)
-    lines = [f"# {FORMAT}"] + [f"# {h}" for h in headers]
+    lines = [f"# {FORMAT if times_us is None else FORMAT_TIMED}"] + [f"# {h}" for h in headers]
     lines += [f"# {key} {value}" for key, value in summary.items()]
-    lines += [format_event(e) for e in events]
+    times: Sequence[Optional[int]] = [None] * len(events) if times_us is None else times_us
+    lines += [format_event(e, t) for e, t in zip(events, times)]
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as raw:
         with gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as out:
@@ -116,6 +150,8 @@ class Converter:
         self.markers = list(markers)
         self.next_marker = 0
         self.events: List[Event] = []
+        # The history's time of each event (microseconds), while every entry has one.
+        self.times_us: Optional[List[int]] = []
         self.live: Dict[int, int] = {}  # address -> allocation ID
         self.sentinels: set = set()
         self.streams: Dict[int, int] = {0: 0}
@@ -127,24 +163,34 @@ class Converter:
             self.streams[raw] = max(self.streams.values()) + 1
         return self.streams[raw]
 
+    def add(self, event: Event, e: Dict[str, Any]) -> None:
+        """Appends ``event``, at the time of history entry ``e``."""
+        self.events.append(event)
+        time_us = e.get("time_us")
+        if self.times_us is not None:
+            if time_us is None:
+                self.times_us = None  # a history without times: format 1
+            else:
+                self.times_us.append(int(time_us))
+
     def entry(self, e: Dict[str, Any]) -> None:
         action, addr = e["action"], e.get("addr")
         if action == "alloc":
             if self.is_next_marker(e):
                 self.sentinels.add(addr)
-                self.marker_event(self.markers[self.next_marker])
+                self.marker_event(self.markers[self.next_marker], e)
                 self.next_marker += 1
                 return
             if addr in self.live:
                 raise ValueError(f"address {addr:#x} allocated twice without a free")
             self.live[addr] = self.next_id
-            self.events.append(("a", self.next_id, int(e["size"]), self.stream(e["stream"])))
+            self.add(("a", self.next_id, int(e["size"]), self.stream(e["stream"])), e)
             self.next_id += 1
         elif action == "free_requested":
             if addr in self.sentinels:
                 self.sentinels.discard(addr)
             elif addr in self.live:
-                self.events.append(("f", self.live.pop(addr)))
+                self.add(("f", self.live.pop(addr)), e)
             else:
                 self.skipped["frees of allocations made before recording"] += 1
         # free_completed, segment_*, snapshot, oom: not the program's requests
@@ -154,19 +200,30 @@ class Converter:
             return False
         return self.markers[self.next_marker][1] == e["addr"]
 
-    def marker_event(self, marker: Marker) -> None:
+    def marker_event(self, marker: Marker, e: Dict[str, Any]) -> None:
         kind, _, first, second = marker
         if kind == "r":
             if first in self.live:
-                self.events.append(("r", self.live[first], self.stream(second)))
+                self.add(("r", self.live[first], self.stream(second)), e)
             else:
                 self.skipped["record_stream of memory not allocated while recording"] += 1
         elif kind == "w":
-            self.events.append(("w", self.stream(first), self.stream(second)))
+            self.add(("w", self.stream(first), self.stream(second)), e)
         elif kind in ("s", "x"):
-            self.events.append((kind,))
+            self.add((kind,), e)
         elif kind != "begin":
             raise ValueError(f"unknown marker kind {kind!r}")
+
+    def relative_times_us(self) -> Optional[List[int]]:
+        """The events' times in microseconds since the first, never going back (None if the
+        history had no times)."""
+        if not self.times_us:
+            return None
+        start, last, out = self.times_us[0], 0, []
+        for t in self.times_us:
+            last = max(last, t - start)
+            out.append(last)
+        return out
 
     def finish(self) -> List[Event]:
         if self.next_marker != len(self.markers):
@@ -222,28 +279,87 @@ class Recorder:
         torch.cuda.synchronize = recorded_synchronize
 
 
+def build_checkerboard(torch: Any) -> Tuple[Any, s.Schedule]:
+    """checkerboard (module notes): one step, sized from the card's memory at the start."""
+    free_bytes, total_bytes = torch.cuda.mem_get_info()
+    count = int(free_bytes * CHECKER_FILL) // CHECKER_BYTES
+    big_bytes = int(total_bytes * CHECKER_BIG) // 2**21 * 2**21
+
+    def step(_: Any) -> None:
+        tensors: List[Any] = [
+            torch.empty(CHECKER_BYTES, dtype=torch.uint8, device="cuda") for _ in range(count)
+        ]
+        for i in range(0, count, 2):
+            tensors[i] = None
+        big = torch.empty(big_bytes, dtype=torch.uint8, device="cuda")
+        del big
+        tensors.clear()
+
+    return step, s.Schedule(steps=(None,), warmup=0, units=(1,), unit="step")
+
+
+def warm_up_libraries(torch: Any) -> None:
+    """The benchmark's warm-up before it measures (bench/engine.py): cuBLAS's and cuDNN's
+    handles and workspaces exist before recording, as they do before a memory pass."""
+    from .engine import warm_up_libraries as benchmark_warm_up
+
+    benchmark_warm_up(torch)
+
+
+class MemoryReads:
+    """What the memory pass does after every step (bench/worker.py, CudaEngine.memory): free
+    device memory, and this process's use from NVML where the driver lists it — so that the
+    host's time between steps in a trace is the memory pass's."""
+
+    def __init__(self, torch: Any):
+        self.torch = torch
+        self.nvml: Any = None
+        self.device: Any = None
+        try:
+            from . import nvml
+
+            self.nvml = nvml.Nvml.open()
+            if self.nvml is not None:
+                uuid = str(getattr(torch.cuda.get_device_properties(0), "uuid", "") or "")
+                self.device = self.nvml.handle(uuid)
+        except (ImportError, OSError, AttributeError):
+            self.nvml = None
+
+    def read(self) -> None:
+        if self.nvml is not None and self.device is not None:
+            self.nvml.process_used_bytes(self.device)
+        self.torch.cuda.mem_get_info()
+
+
 def capture(workload: str, out_dir: Path) -> Dict[str, Any]:
-    """Runs ``workload``'s schedule under the native allocator with its history recorded and
-    writes ``out_dir/<workload>.trace.gz`` (in this process: call it in a child)."""
+    """Runs ``workload``'s schedule as the memory pass does, under the native allocator with
+    its history recorded, and writes ``out_dir/<workload>.trace.gz`` (in this process: call it
+    in a child)."""
     import torch
 
     from . import workloads
 
     started_s = time.perf_counter()
     torch.cuda.init()
+    warm_up_libraries(torch)
+    free_bytes, total_bytes = torch.cuda.mem_get_info()
+    reads = MemoryReads(torch)
     recorder = Recorder(torch)
     torch.cuda.memory._record_memory_history(
         enabled="all", context=None, stacks="python", max_entries=MAX_HISTORY_ENTRIES
     )
     recorder.install()
     recorder.mark("begin")
-    # No library warm-up: cuBLAS's workspace, allocated at the first product, is in the trace.
-    step = workloads.build(torch, workload)
-    schedule = s.build_schedule(workload)
+    if workload == "checkerboard":
+        step, schedule = build_checkerboard(torch)
+    else:
+        step = workloads.build(torch, workload)
+        schedule = s.build_schedule(workload)
     torch.cuda.synchronize()
     for params in schedule.steps:
         step(params)
         torch.cuda.synchronize()
+        reads.read()
         recorder.mark("x")
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
@@ -251,17 +367,22 @@ def capture(workload: str, out_dir: Path) -> Dict[str, Any]:
     headers = [
         f"workload {workload}",
         "source captured under PyTorch's native allocator (python3 -m bench.trace_capture)",
+        WARMED_UP,
         f"schedule_steps {len(schedule.steps)} (warm-up {schedule.warmup})",
         f"torch {torch.__version__}",
         f"device {torch.cuda.get_device_name()}",
+        f"device_total_bytes {total_bytes}",
+        f"device_free_bytes_at_start {free_bytes}",
         f"PYTORCH_CUDA_ALLOC_CONF {os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}",
     ] + [f"skipped {n} {what}" for what, n in sorted(converter.skipped.items())]
     path = out_dir / f"{workload}.trace.gz"
-    summary = write_trace(path, headers, converter.events)
+    times_us = converter.relative_times_us()
+    summary = write_trace(path, headers, converter.events, times_us)
     summary.update(
         workload=workload,
         path=str(path),
         streams=len(converter.streams),
+        timed=times_us is not None,
         native_peak_allocated_bytes=torch.cuda.max_memory_allocated(),
         capture_s=round(time.perf_counter() - started_s, 1),
     )

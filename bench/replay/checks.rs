@@ -8,12 +8,14 @@
 use super::inflate::{crc32, gunzip};
 use super::run::{self, Options, Setting};
 use super::trace::{Event, Trace};
+#[path = "timing_checks.rs"]
+mod timing_checks;
 use std::path::Path;
 use std::process::ExitCode;
 
 type Check = (&'static str, fn() -> Result<(), String>);
 
-const CHECKS: [Check; 7] = [
+const CHECKS: [Check; 11] = [
     ("replay_peak_live_follows_allocs_and_frees", peak_live),
     ("replay_rejects_inconsistent_traces", rejects_bad_traces),
     ("replay_gunzip_stored_and_compressed", gunzip_blocks),
@@ -23,7 +25,20 @@ const CHECKS: [Check; 7] = [
         allocator_agrees,
     ),
     ("replay_churn_trace_parses", churn_parses),
-    ("replay_completion_decides_cross_stream_reuse", completion),
+    ("replay_timestamps_parse_in_order", timestamps),
+    ("replay_measures_above_library_workspaces", workspaces),
+    (
+        "replay_plan_keeps_host_and_gpu_in_order",
+        timing_checks::plan_order,
+    ),
+    (
+        "replay_gpu_lag_keeps_freed_pages_busy",
+        timing_checks::lag_holds_pages,
+    ),
+    (
+        "replay_gate_judges_medians_by_allowance",
+        timing_checks::gate_verdicts,
+    ),
 ];
 
 pub fn main(args: &[String]) -> ExitCode {
@@ -152,17 +167,19 @@ fn tiny_trace() -> Result<(), String> {
         &t,
         &setting("pool", &[("STREAMPOOL_BACKEND", "pool")]),
         &options,
+        0,
     );
     let vmm = run::replay(
         &t,
         &setting("vmm", &[("STREAMPOOL_BACKEND", "vmm")]),
         &options,
+        0,
     );
     let big = [
         ("STREAMPOOL_BACKEND", "vmm"),
         ("STREAMPOOL_VMM_PAGE_SIZE", "20MiB"),
     ];
-    let vmm20 = run::replay(&t, &setting("vmm20", &big), &options);
+    let vmm20 = run::replay(&t, &setting("vmm20", &big), &options, 0);
     for o in [&pool, &vmm, &vmm20] {
         ensure(o.error.is_none(), || {
             format!("{}: {:?}", o.setting, o.error)
@@ -219,6 +236,7 @@ fn allocator_agrees() -> Result<(), String> {
             &t,
             &setting(backend, &[("STREAMPOOL_BACKEND", backend)]),
             &Options::default(),
+            0,
         );
         ensure(o.error.is_none(), || format!("{backend}: {:?}", o.error))?;
         ensure(o.allocated_peak_bytes == t.peak_live_bytes, || {
@@ -229,7 +247,7 @@ fn allocator_agrees() -> Result<(), String> {
         })?;
     }
     let typo = setting("typo", &[("STREAMPOOL_VMM_PAGESIZE", "20MiB")]);
-    let o = run::replay(&t, &typo, &Options::default());
+    let o = run::replay(&t, &typo, &Options::default(), 0);
     ensure(
         o.error
             .as_deref()
@@ -252,28 +270,69 @@ fn churn_parses() -> Result<(), String> {
     )
 }
 
-/// Catches a completion model that is not applied: under vmm, 8 MiB freed on stream 1 serves
-/// stream 0's next 8 MiB only once stream 1's work has completed, so the GPU keeping up (every
-/// event) holds 8 MiB and completing only at the step end holds 16. (The pool backend caches the
-/// block for stream 1 and holds 16 either way.)
-fn completion() -> Result<(), String> {
-    let t = Trace::parse("cross", "a 1 8388608 1\nf 1\na 2 8388608 0\nf 2\nx\n")?;
-    let held = |backend: &str, every: u64| {
-        let options = Options {
-            complete_every_events: every,
-            ..Options::default()
-        };
-        let o = run::replay(
-            &t,
-            &setting(backend, &[("STREAMPOOL_BACKEND", backend)]),
-            &options,
-        );
-        (o.peak_reserved_bytes >> 20, o.error)
-    };
-    // The vmm backend hands another stream's freed block on at once, after a GPU-side wait:
-    // however far behind the GPU is, the second block reuses the first's memory.
-    let (kept_up, lagging) = (held("vmm", 1), held("vmm", 0));
-    ensure(kept_up == (8, None) && lagging == (8, None), || {
-        format!("vmm: MiB held when the GPU keeps up {kept_up:?}, when it lags {lagging:?}")
-    })
+/// Catches a parser that drops timestamps, accepts them on some events only, or lets them go
+/// back (format 2).
+fn timestamps() -> Result<(), String> {
+    let t = Trace::parse("t", "# format 2\na 1 10 0 @5\nf 1 @9\ns @40\nx @41\n")?;
+    ensure(t.times_us == [5, 9, 40, 41], || {
+        format!("times {:?}", t.times_us)
+    })?;
+    ensure(t.events[1] == Event::Free { id: 1 }, || {
+        format!("{:?}", t.events)
+    })?;
+    let untimed = Trace::parse("t", "a 1 10 0\nf 1\n")?;
+    ensure(untimed.times_us.is_empty(), || {
+        "untimed trace got times".into()
+    })?;
+    for (text, expect) in [
+        ("a 1 10 0 @5\nf 1\n", "on every event or on none"),
+        ("a 1 10 0\nf 1 @5\n", "on every event or on none"),
+        ("a 1 10 0 @5\nf 1 @4\n", "earlier than the previous"),
+        ("a 1 10 0 @five\n", "is not microseconds"),
+        ("@5\n", "a timestamp without an event"),
+    ] {
+        match Trace::parse("t", text) {
+            Ok(_) => return Err(format!("{text:?} was accepted")),
+            Err(e) => ensure(e.contains(expect), || {
+                format!("{text:?}: {e:?} lacks {expect:?}")
+            })?,
+        }
+    }
+    Ok(())
+}
+
+/// Catches a replay that counts cuBLAS's workspaces (made before the benchmark measures) as
+/// held or live, or that takes a genuine 32 MiB block of a warmed-up capture for one.
+fn workspaces() -> Result<(), String> {
+    let text = "a 1 33554432 0\na 2 4194304 0\na 3 33554432 1\nf 2\nx\n";
+    let t = Trace::parse("ws", text)?;
+    ensure(
+        t.before_start == [1] && t.peak_live_bytes == 36 << 20,
+        || {
+            format!(
+                "before the start {:?}, peak live {}",
+                t.before_start, t.peak_live_bytes
+            )
+        },
+    )?;
+    let o = run::replay(
+        &t,
+        &setting("vmm", &[("STREAMPOOL_BACKEND", "vmm")]),
+        &Options::default(),
+        0,
+    );
+    ensure(
+        o.error.is_none() && o.peak_reserved_bytes == 36 << 20,
+        || {
+            format!(
+                "held above the start {} ({:?})",
+                o.peak_reserved_bytes, o.error
+            )
+        },
+    )?;
+    let warmed = Trace::parse("ws", &format!("# {}\n{text}", super::trace::WARMED_UP))?;
+    ensure(
+        warmed.before_start.is_empty() && warmed.peak_live_bytes == 68 << 20,
+        || format!("a warmed-up capture: {:?}", warmed.before_start),
+    )
 }

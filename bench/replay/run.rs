@@ -1,20 +1,28 @@
 //! One replay: a [`Trace`] through streampool's real [`Allocator`] over a strict simulated
 //! driver, under one configuration, and what it cost (memory held, driver calls, modeled time).
 //!
-//! Stream completion (the simulator runs no kernels, so the replay decides when work is done):
-//! every allocation is used by work on its stream at once (`SimDriver::touch`), and on a stream
-//! given by `r`; all streams complete their work after every `complete_every_events` events (by
-//! default 1: the GPU keeps up with the program), at `s` (a device synchronisation, which also
-//! applies a CUDA pool's release threshold) and at `x` (the end of a step). `w` is not replayed:
-//! PyTorch does not tell the allocator about stream waits. Trace stream N is simulated stream N.
+//! Time and completion (the simulator runs no kernels, so the replay decides when work is done):
+//! the simulator's clock is stopped and set to each event's host time (timing.rs); the GPU has
+//! one queue per stream, and what the simulator submits to a stream during an event completes
+//! when that queue gets there — the allocator's fence records once the work queued before them
+//! is done, the kernels that use an allocation (`SimDriver::touch` at every `a`, and on the
+//! stream an `r` names) after their modeled time. `w` makes a stream's later work wait for
+//! another's on the GPU (PyTorch does not tell the allocator about it); a GPU-side wait the
+//! allocator makes is the simulator's (completing the waiting stream completes what it waited
+//! for), not the model's. `s` waits for every queue and completes everything (a device
+//! synchronisation, which also applies a CUDA pool's release threshold). The allocator is
+//! tended, as by its background thread, every 50 ms of host time. Trace stream N is simulated
+//! stream N.
 //!
 //! Invariants: every driver call counted is one the allocator made (the replay's own
 //! synchronisations are subtracted); the replay runs with the simulator strict, so handing out
 //! memory that is not mapped, unmapping memory in use or leaking at the end is a failed replay,
-//! not a figure; the background releaser is off, so a replay is deterministic.
+//! not a figure; the background releaser is off and times come from the plan, so a replay
+//! depends only on the trace, the configuration, the model and the repeat's number.
 
+use super::timing::{self, Gpu, Plan, TEND_EVERY_US};
 use super::trace::{Event, Trace};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 use streampool::driver::sim::SimDriver;
@@ -64,22 +72,19 @@ pub struct Setting {
 
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// All streams complete their work after every this many events (1, the default: the GPU
-    /// keeps up, which reproduces the GPU's page counts on churn best); 0: only at `s` and `x`.
-    pub complete_every_events: u64,
+    /// When events happen on the host and on the GPU.
+    pub timing: timing::Model,
+    /// Repeats per trace and configuration (each with its own jitter).
+    pub repeats: u64,
     /// Call name -> microseconds.
     pub costs_us: BTreeMap<String, f64>,
-    /// If set, the simulator's clock is stopped and moves on by this many microseconds per
-    /// event, and the allocator is tended (as by its background thread) every 50 ms of it:
-    /// what depends on time (cold pages, idle release, fence intervals) follows the trace.
-    pub event_us: Option<f64>,
 }
 
 impl Default for Options {
     fn default() -> Options {
         Options {
-            complete_every_events: 1,
-            event_us: None,
+            timing: timing::Model::default(),
+            repeats: 1,
             costs_us: DEFAULT_COSTS_US
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
@@ -93,8 +98,12 @@ impl Default for Options {
 pub struct Outcome {
     pub trace: String,
     pub setting: String,
+    pub repeat: u64,
+    /// Where the times came from (the trace's timestamps or the model).
+    pub timing: String,
     pub peak_live_bytes: u64,
-    /// The largest `reserved_bytes` of the allocator's stats, read after every allocation.
+    /// The largest `reserved_bytes` of the allocator's stats, read after every allocation, above
+    /// what it was at the start (after the trace's `before_start` allocations, trace.rs).
     pub peak_reserved_bytes: u64,
     /// The allocator's own peak of live bytes (must equal the trace's).
     pub allocated_peak_bytes: u64,
@@ -128,7 +137,7 @@ impl Outcome {
 }
 
 /// The allocator's configuration for `setting`: the simulated driver, one device of 80 GiB
-/// unless the setting says otherwise. A variable streampool does not read is an error.
+/// unless the setting (or, in `replay_planned`, the trace's `device_total_bytes`) says otherwise. A variable streampool does not read is an error.
 pub fn config_for(setting: &Setting) -> Result<Config, String> {
     let mut env: HashMap<&str, &str> = HashMap::from([
         ("STREAMPOOL_DRIVER", "sim"),
@@ -159,13 +168,23 @@ pub fn config_for(setting: &Setting) -> Result<Config, String> {
     })
 }
 
-/// Replays `trace` under `setting`. A failure (out of memory, misuse the strict simulator
-/// caught) is the outcome's `error`, with the event that caused it.
-pub fn replay(trace: &Trace, setting: &Setting, options: &Options) -> Outcome {
+/// Replays repeat `repeat` of `trace` under `setting` (calibrating its timing: for one replay;
+/// [`replay_planned`] for many).
+pub fn replay(trace: &Trace, setting: &Setting, options: &Options, repeat: u64) -> Outcome {
+    let base = timing::base(trace, &options.timing);
+    let plan = timing::plan(&base, &options.timing, repeat);
+    replay_planned(trace, setting, options, &plan)
+}
+
+/// Replays `trace` under `setting` with the times of `plan`. A failure (out of memory, misuse
+/// the strict simulator caught) is the outcome's `error`, with the event that caused it.
+pub fn replay_planned(trace: &Trace, setting: &Setting, options: &Options, plan: &Plan) -> Outcome {
     let started = Instant::now();
     let mut out = Outcome {
         trace: trace.name.clone(),
         setting: setting.name.clone(),
+        repeat: plan.repeat,
+        timing: plan.source.clone(),
         peak_live_bytes: trace.peak_live_bytes,
         steps: trace.steps,
         events: trace.events.len() as u64,
@@ -173,8 +192,17 @@ pub fn replay(trace: &Trace, setting: &Setting, options: &Options) -> Outcome {
     };
     let result = match config_for(setting) {
         Err(e) => Err(e),
-        Ok(config) => {
-            let run = std::panic::AssertUnwindSafe(|| drive(trace, config, options, &mut out));
+        Ok(mut config) => {
+            // The card the trace was captured on, unless the configuration says otherwise.
+            let card_bytes = trace
+                .header("device_total_bytes")
+                .and_then(|b| b.parse().ok());
+            if let Some(bytes) = card_bytes
+                .filter(|_| !(setting.env.iter()).any(|(k, _)| k == "STREAMPOOL_SIM_MEMORY"))
+            {
+                config.sim_memory_bytes = bytes;
+            }
+            let run = std::panic::AssertUnwindSafe(|| drive(trace, plan, config, &mut out));
             match std::panic::catch_unwind(run) {
                 Ok(result) => result,
                 Err(panic) => Err(format!(
@@ -199,20 +227,87 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-fn drive(
-    trace: &Trace,
-    config: Config,
-    options: &Options,
-    out: &mut Outcome,
-) -> Result<(), String> {
+/// The GPU's queues (timing.rs) and, per stream, the simulator's ticks noted so far and those
+/// not completed yet with when the GPU completes them, in stream order.
+struct GpuQueues {
+    gpu: Gpu,
+    streams: Vec<StreamQueue>,
+}
+
+/// A stream's ticks noted so far, and those noted and not completed yet: (tick, done at, us).
+struct StreamQueue {
+    stream: Stream,
+    noted: u64,
+    pending: VecDeque<(u64, u64)>,
+}
+
+impl GpuQueues {
+    /// What the simulator got on stream `i` since the last note completes at `done_us`.
+    fn push(&mut self, sim: &SimDriver, i: usize, done_us: f64) {
+        let q = &mut self.streams[i];
+        let tick = sim.stream_tick(0, q.stream);
+        if tick > q.noted {
+            q.noted = tick;
+            q.pending.push_back((tick, done_us as u64));
+        }
+    }
+
+    /// What the allocator submitted to any stream since the last note (fence records): done
+    /// once the work queued before it is.
+    fn note_records(&mut self, sim: &SimDriver, now_us: f64) {
+        for i in 0..self.streams.len() {
+            let (stream, noted) = (self.streams[i].stream, self.streams[i].noted);
+            if sim.stream_tick(0, stream) > noted {
+                let done_us = self.gpu.run(stream.0 as u32, now_us, 0.0);
+                self.push(sim, i, done_us);
+            }
+        }
+    }
+
+    /// Kernels of `work_us` queued on `stream` now: what the simulator got on it since the last
+    /// note (`touch`) completes when they do. Note the allocator's records first.
+    fn run(&mut self, sim: &SimDriver, stream: u32, now_us: f64, work_us: f64) {
+        let done_us = self.gpu.run(stream, now_us, work_us);
+        if let Some(i) = (self.streams.iter()).position(|q| q.stream.0 == stream as usize) {
+            self.push(sim, i, done_us);
+        }
+    }
+
+    /// The work the GPU has completed by `now_us` completes in the simulator.
+    fn complete(&mut self, sim: &SimDriver, now_us: u64) {
+        for q in &mut self.streams {
+            let mut done = None;
+            while let Some(&(tick, _)) = q.pending.front().filter(|(_, at_us)| *at_us <= now_us) {
+                done = Some(tick);
+                q.pending.pop_front();
+            }
+            if let Some(tick) = done {
+                sim.complete_stream_to(0, q.stream, tick);
+            }
+        }
+    }
+}
+
+fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Result<(), String> {
     let sim = Arc::new(SimDriver::new(config.sim_devices, config.sim_memory_bytes).strict());
     let alloc = Allocator::new(Arc::clone(&sim) as Arc<dyn Driver>, config)
         .map_err(|e| format!("cannot create the allocator: {e}"))?;
     let before: Vec<u64> = CALLS.iter().map(|(c, _)| sim.calls(c)).collect();
-    if options.event_us.is_some() {
-        sim.stop_clock();
-    }
-    let (mut clock_us, mut tended_us) = (0.0f64, 0.0f64);
+    sim.stop_clock();
+    // The stopped clock reads the machine's: move it on to a whole second, so that what rounds
+    // it to milliseconds (page ages, the idle watch) sees the same phase in every replay.
+    sim.advance_clock_us(1_000_000 - sim.now_us() % 1_000_000);
+    let mut gpu = GpuQueues {
+        gpu: Gpu::new(plan.latency_us),
+        streams: (trace.streams.iter())
+            .map(|&s| StreamQueue {
+                stream: Stream(s as usize),
+                noted: 0,
+                pending: VecDeque::new(),
+            })
+            .collect(),
+    };
+    let (mut clock_us, mut tend_us) = (0u64, plan.first_tend_us);
     let warmup_steps: u64 = trace
         .header("schedule_steps")
         .and_then(|h| h.split("warm-up ").nth(1))
@@ -222,60 +317,82 @@ fn drive(
     let mut steps_seen = 0u64;
     let mut live: HashMap<u64, (DevicePtr, u64)> = HashMap::new();
     let mut own_syncs = 0u64;
+    // What the benchmark allocates before its start (trace.rs): made first, measured above.
+    let mut before_start_bytes = 0u64;
+    for event in &trace.events {
+        if let Event::Alloc { id, bytes, stream } = *event {
+            if trace.before_start.contains(&id) {
+                let ptr = (alloc.malloc(bytes, 0, Stream(stream as usize)))
+                    .map_err(|e| format!("allocating before the start: {e}"))?;
+                live.insert(id, (ptr, bytes));
+                before_start_bytes += bytes;
+            }
+        }
+    }
+    sim.complete_all();
+    let start = alloc.stats(0).map_err(|e| format!("stats: {e}"))?;
+    let host_us = timing::host_times(trace, plan);
     for (index, event) in trace.events.iter().enumerate() {
         let at = |e: String| format!("{}:{}: {event:?}: {e}", trace.name, trace.lines[index]);
+        let now_us = host_us[index];
+        // The clock moves on to the event, the background thread looking in on the way.
+        let event_us = now_us as u64;
+        while tend_us <= event_us {
+            sim.advance_clock_us(tend_us - clock_us);
+            clock_us = tend_us;
+            gpu.complete(&sim, clock_us);
+            alloc.tend();
+            tend_us += TEND_EVERY_US;
+        }
+        sim.advance_clock_us(event_us - clock_us);
+        clock_us = event_us;
+        gpu.complete(&sim, clock_us);
+        let work_us = plan.work_us[index];
         match *event {
+            Event::Alloc { id, .. } if trace.before_start.contains(&id) => {}
             Event::Alloc { id, bytes, stream } => {
                 let s = Stream(stream as usize);
                 let ptr = alloc.malloc(bytes, 0, s).map_err(|e| at(e.to_string()))?;
+                gpu.note_records(&sim, now_us);
                 if ptr != DevicePtr::NULL {
                     sim.touch(0, 0, ptr, bytes, s)
                         .map_err(|e| at(e.to_string()))?;
                 }
+                gpu.run(&sim, stream, now_us, work_us);
                 live.insert(id, (ptr, bytes));
                 let reserved = alloc
                     .stats(0)
                     .map_err(|e| at(e.to_string()))?
                     .reserved_bytes;
-                out.peak_reserved_bytes = out.peak_reserved_bytes.max(reserved);
+                let above_start = reserved.saturating_sub(start.reserved_bytes);
+                out.peak_reserved_bytes = out.peak_reserved_bytes.max(above_start);
             }
             Event::Free { id } => {
                 let (ptr, _) = live.remove(&id).expect("a parsed trace frees live IDs");
                 alloc.free(ptr, 0).map_err(|e| at(e.to_string()))?;
+                gpu.note_records(&sim, now_us);
             }
             Event::Record { id, stream } => {
                 let (ptr, bytes) = live[&id];
                 let s = Stream(stream as usize);
                 if ptr != DevicePtr::NULL {
                     alloc.record_stream(ptr, s).map_err(|e| at(e.to_string()))?;
+                    gpu.note_records(&sim, now_us);
                     sim.touch(0, 0, ptr, bytes, s)
                         .map_err(|e| at(e.to_string()))?;
+                    gpu.run(&sim, stream, now_us, work_us);
                 }
             }
-            Event::Wait { .. } => {}
+            Event::Wait { stream, other } => gpu.gpu.wait(stream, other),
             Event::Sync => {
                 sim.synchronize(0).map_err(|e| at(e.to_string()))?;
                 own_syncs += 1;
             }
             Event::Step => {
-                sim.complete_all();
                 steps_seen += 1;
                 if steps_seen == warmup_steps {
                     timed_before = CALLS.iter().map(|(c, _)| sim.calls(c)).collect();
                 }
-            }
-        }
-        let every = options.complete_every_events;
-        if every > 0 && (index as u64 + 1).is_multiple_of(every) {
-            sim.complete_all();
-        }
-        if let Some(event_us) = options.event_us {
-            let before_ms = (clock_us / 1000.0) as u64;
-            clock_us += event_us;
-            sim.advance_clock_ms((clock_us / 1000.0) as u64 - before_ms);
-            if clock_us - tended_us >= 50_000.0 {
-                tended_us = clock_us;
-                alloc.tend();
             }
         }
     }
@@ -289,7 +406,7 @@ fn drive(
         out.timed_calls.insert(name.to_string(), timed);
     }
     let stats = alloc.stats(0).map_err(|e| format!("stats: {e}"))?;
-    out.allocated_peak_bytes = stats.allocated_bytes_peak;
+    out.allocated_peak_bytes = stats.allocated_bytes_peak - before_start_bytes;
     out.stats_maps = stats.num_maps;
     out.stats_unmaps = stats.num_unmaps;
     // Tidy up so that the strict simulator's leak check judges the allocator, not the replay.

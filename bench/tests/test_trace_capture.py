@@ -17,8 +17,11 @@ SIDE = 0x7F00AB  # a side stream's raw cudaStream_t
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 
 
-def alloc(addr, size, stream=0):
-    return {"action": "alloc", "addr": addr, "size": size, "stream": stream, "frames": []}
+def alloc(addr, size, stream=0, time_us=None):
+    entry = {"action": "alloc", "addr": addr, "size": size, "stream": stream, "frames": []}
+    if time_us is not None:
+        entry["time_us"] = time_us
+    return entry
 
 
 def free(addr, size=0, stream=0):
@@ -80,6 +83,31 @@ def test_converter_turns_history_and_sentinels_into_events():
         "steps": 1,
         "peak_live_bytes": 4096 + 8192 + tc.SENTINEL_BYTES,
     }
+
+
+def test_converter_keeps_the_history_times_relative_to_the_first_event():
+    markers = [("s", 0x300, None, None)]
+    entries = [
+        alloc(0x1000, 64, time_us=1_000_000),
+        {"action": "free_requested", "addr": 0x1000, "size": 64, "stream": 0, "time_us": 1_000_040},
+        alloc(0x300, tc.SENTINEL_BYTES, time_us=1_000_900),  # the sync returned at +900
+        alloc(0x2000, 64, time_us=1_000_899),  # an approximate clock may step back a little
+    ]
+    conv = tc.convert(snapshot(entries), markers, device=0)
+    assert conv.events == [("a", 1, 64, 0), ("f", 1), ("s",), ("a", 2, 64, 0)]
+    assert conv.relative_times_us() == [0, 40, 900, 900]
+    untimed = tc.convert(snapshot([alloc(0x1000, 64), alloc(0x2000, 64, time_us=5)]), [], 0)
+    assert untimed.relative_times_us() is None, "one entry without a time: no times at all"
+
+
+def test_timed_trace_is_format_2_with_a_time_on_every_event(tmp_path):
+    path = tmp_path / "t.trace.gz"
+    tc.write_trace(path, ["workload t"], [("a", 1, 64, 0), ("f", 1), ("s",)], [0, 7, 30])
+    text = gzip.decompress(path.read_bytes()).decode()
+    assert text.splitlines()[0] == f"# {tc.FORMAT_TIMED}"
+    assert text.endswith("a 1 64 0 @0\nf 1 @7\ns @30\n")
+    with pytest.raises(ValueError, match="2 times for 3 events"):
+        tc.write_trace(path, [], [("a", 1, 64, 0), ("f", 1), ("s",)], [0, 7])
 
 
 def test_a_lost_marker_is_an_error_not_a_shorter_trace():
@@ -238,6 +266,8 @@ class FakeAllocatingTorch(FakeTorch):
         self.cuda.current_device = lambda: 0
         self.cuda.get_device_name = lambda: "fake"
         self.cuda.max_memory_allocated = lambda: 0
+        self.cuda.mem_get_info = lambda: (60 * 2**30, 80 * 2**30)
+        self.cuda.get_device_properties = lambda index: types.SimpleNamespace(uuid="")
 
     def empty(self, size, dtype, device):
         self.next_addr += 0x100000
@@ -247,8 +277,53 @@ class FakeAllocatingTorch(FakeTorch):
 def test_capture_of_churn_under_a_fake_torch_gives_the_generated_trace(tmp_path, monkeypatch):
     fake = FakeAllocatingTorch()
     monkeypatch.setitem(sys.modules, "torch", fake)
+    warmed = []
+    monkeypatch.setattr(tc, "warm_up_libraries", warmed.append)
     summary = tc.capture("churn", tmp_path)
+    assert warmed == [fake], "the libraries are warmed up before recording, as the benchmark does"
     assert summary["matches_generated"] is True
     assert summary["steps"] == len(s.build_schedule("churn").steps)
     text = gzip.decompress((tmp_path / "churn.trace.gz").read_bytes()).decode()
     assert "# workload churn" in text and "# torch fake" in text
+
+
+class LoggingTorch:
+    """empty() and dropping a tensor logged as ("a", size) and ("f", size)."""
+
+    uint8 = "uint8"
+
+    def __init__(self, free_bytes, total_bytes):
+        self.log = []
+        self.cuda = types.SimpleNamespace(mem_get_info=lambda: (free_bytes, total_bytes))
+        log = self.log
+
+        class Tensor:
+            def __init__(self, size):
+                self.size = size
+                log.append(("a", size))
+
+            def __del__(self):
+                log.append(("f", self.size))
+
+        self.Tensor = Tensor
+
+    def empty(self, size, dtype, device):
+        assert (dtype, device) == ("uint8", "cuda")
+        return self.Tensor(size)
+
+
+def test_checkerboard_fills_frees_every_other_and_asks_for_40_percent():
+    torch = LoggingTorch(10 * 2**30, 16 * 2**30)
+    step, schedule = tc.build_checkerboard(torch)
+    assert schedule.steps == (None,) and schedule.warmup == 0
+    step(None)
+    count = int(10 * 2**30 * tc.CHECKER_FILL) // tc.CHECKER_BYTES
+    big = int(16 * 2**30 * tc.CHECKER_BIG) // 2**21 * 2**21
+    holes = (count + 1) // 2
+    assert count == 35 and big == 6552 * 2**20
+    assert torch.log[:count] == [("a", tc.CHECKER_BYTES)] * count
+    assert torch.log[count : count + holes] == [("f", tc.CHECKER_BYTES)] * holes
+    assert torch.log[count + holes] == ("a", big), "the big tensor comes after the holes"
+    assert sorted(torch.log[count + holes + 1 :]) == sorted(
+        [("f", big)] + [("f", tc.CHECKER_BYTES)] * (count - holes)
+    )

@@ -372,6 +372,11 @@ impl SimDevice {
     /// Everything submitted to `stream` completes, and with it what it waited for.
     fn complete_stream(&mut self, stream: Stream) {
         let to = self.streams.get(&stream).map_or(0, |c| c.submitted);
+        self.complete_stream_to(stream, to);
+    }
+
+    /// `stream`'s work up to tick `to` completes, and with it what it waited for.
+    fn complete_stream_to(&mut self, stream: Stream, to: u64) {
         let mut work = vec![(stream, to)];
         while let Some((s, to)) = work.pop() {
             let clock = self.streams.entry(s).or_default();

@@ -20,6 +20,19 @@ impl SimDriver {
     pub fn is_driver_memory(&self, device: usize, ptr: DevicePtr) -> bool {
         self.devices[device].lock().captured_live.contains_key(&ptr)
     }
+
+    /// How much work has been submitted to `stream` so far (its clock's tick): what a GPU that is
+    /// behind the program completes later, with [`SimDriver::complete_stream_to`].
+    pub fn stream_tick(&self, device: usize, stream: Stream) -> u64 {
+        let d = self.devices[device].lock();
+        d.streams.get(&stream).map_or(0, |c| c.submitted)
+    }
+
+    /// The work submitted to `stream` up to its tick `tick` completes (and the work it waited
+    /// for); later work stays pending.
+    pub fn complete_stream_to(&self, device: usize, stream: Stream, tick: u64) {
+        self.devices[device].lock().complete_stream_to(stream, tick);
+    }
 }
 
 /// The error a GPU gives for a stream handle that was destroyed.

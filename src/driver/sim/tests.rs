@@ -219,3 +219,27 @@ fn counts_event_queries_and_the_handles_set_access_covers() {
     }
     sim.address_free(0, base, 4 * GRANULE_BYTES).unwrap();
 }
+
+#[test]
+fn a_stream_completes_up_to_a_tick_and_no_further() {
+    let sim = SimDriver::new(1, 64 << 20).strict();
+    let (early, late) = (sim.event_create(0).unwrap(), sim.event_create(0).unwrap());
+    sim.event_record(0, early, S1).unwrap();
+    let tick = sim.stream_tick(0, S1);
+    sim.event_record(0, late, S1).unwrap();
+    assert_eq!(sim.stream_tick(0, S1), tick + 1, "a record is one tick");
+    sim.complete_stream_to(0, S1, tick);
+    assert!(
+        sim.event_query(0, early).unwrap(),
+        "work up to the tick completed"
+    );
+    assert!(
+        !sim.event_query(0, late).unwrap(),
+        "later work is still pending"
+    );
+    assert!(!sim.stream_query(0, S1).unwrap());
+    sim.complete_stream_to(0, S1, u64::MAX);
+    assert!(sim.event_query(0, late).unwrap() && sim.stream_query(0, S1).unwrap());
+    sim.event_destroy(0, early);
+    sim.event_destroy(0, late);
+}
