@@ -12,6 +12,8 @@
 //!   cache, limit, growth, out-of-memory recovery, over its resources.
 //! - `resource`: where blocks come from — a CUDA pool, or the virtual-memory pool — behind one
 //!   trait (RMM's `device_memory_resource` shape).
+//! - `stream_order`: events, the capture watch and fences — when memory freed on one stream may
+//!   serve another — for the device's waits and the virtual-memory resource alike.
 //! - [`history`]: the memory timeline; `peer`: which devices may access which memory;
 //!   [`ipc`]: sharing blocks with other processes; [`stats`]: counters and the C stats struct.
 //! - [`driver`]: the CUDA edge behind one trait — `driver::cuda` for GPUs, `driver::sim` (feature
@@ -41,6 +43,7 @@ pub mod ipc;
 mod peer;
 pub(crate) mod resource;
 pub mod stats;
+mod stream_order;
 mod sync;
 pub mod units;
 

@@ -8,7 +8,7 @@
 //!   emptied carrier is an idle page again.
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
-//!   the fence has completed ([`fences`]).
+//!   the fence has completed ([`crate::stream_order`]).
 //! - A request that fits no mapped range gets a window of free addresses whose unmapped pages are
 //!   backed ([`mapping`]) by spare handles, then by handles moved out of cold idle pages (unused
 //!   for `cold_after_ms`), then by new handles, and only when the device or the cap is full by
@@ -29,7 +29,6 @@
 //! the driver cannot answer for (destroyed) is not capturing; the resource's lock is held across
 //! map and unmap calls, never while the device lock is.
 
-mod fences;
 mod mapping;
 mod ranges;
 mod release;
@@ -43,9 +42,9 @@ use crate::error::{
 };
 use crate::fasthash::WordMap;
 use crate::history::{Recorder, StreampoolEventKind as Event};
+use crate::stream_order::{CaptureWatch, Fences};
 use crate::sync::Mutex;
 use crate::units::{format_bytes, format_limit};
-use fences::Fences;
 use ranges::{FreeRanges, State};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,7 +54,7 @@ pub use mapping::DriverCounts;
 pub use settings::VmmSettings;
 use settings::ADDRESS_SPACE_PER_DEVICE_MEMORY;
 
-/// A free records its stream's fence only if the last one is this old (see [`fences`]): a loop
+/// A free records its stream's fence only if the last one is this old (see [`Fences`]): a loop
 /// that frees all the time pays one event record (and one poll) a millisecond, not one a free.
 const FENCE_INTERVAL_US: u64 = 1000;
 
@@ -116,7 +115,7 @@ struct VmmState {
     fences: Fences,
     /// Streams of the device known to capture a graph (from the device's allocations on them):
     /// while one still does, nothing is mapped, unmapped or queried.
-    capture_streams: Vec<Stream>,
+    captures: CaptureWatch,
     /// Devices other than its own with access.
     peers: Vec<usize>,
     /// Some pages are blocked (mapped without access): settling tries to fix them.
@@ -228,12 +227,7 @@ impl VmmResource {
     /// whether a stream captures is allowed during a capture). A stream the driver cannot answer
     /// for (destroyed, say) is not capturing: a capture ends before its stream can be destroyed.
     fn capturing(&self, st: &mut VmmState) -> bool {
-        if !st.capture_streams.is_empty() {
-            let (driver, device) = (self.driver.as_ref(), self.device);
-            st.capture_streams
-                .retain(|s| driver.is_capturing(device, *s).unwrap_or(false));
-        }
-        !st.capture_streams.is_empty()
+        st.captures.refresh(self.driver.as_ref(), self.device)
     }
 
     /// Freed ranges whose fences completed become ready for every stream; pending fences are
@@ -288,7 +282,7 @@ impl VmmResource {
     /// capture of another stream in relaxed mode, and the fronts are fences of streams that
     /// were not capturing when they were recorded).
     fn collect_completed(&self, st: &mut VmmState, now_ms: u64) {
-        if !st.capture_streams.is_empty() {
+        if st.captures.any_known() {
             return;
         }
         let done = st.fences.poll(self.driver.as_ref(), self.device);
@@ -409,10 +403,13 @@ impl VmmResource {
     /// (`crate::sync::Mutex`; views stay readable).
     #[inline]
     fn lock_enabled(&self) -> Result<crate::sync::MutexGuard<'_, VmmState>> {
-        self.state.lock_unpoisoned().ok_or(Error::Disabled {
-            device: self.device,
-            part: "virtual-memory resource",
-        })
+        match self.state.lock_unpoisoned() {
+            Some(st) => Ok(st),
+            None => Err(Error::Disabled {
+                device: self.device,
+                part: "virtual-memory resource",
+            }),
+        }
     }
 
     /// Counts a page mapped or unmapped, and notes it on the timeline.
@@ -531,9 +528,7 @@ impl Resource for VmmResource {
         let Ok(mut st) = self.lock_enabled() else {
             return;
         };
-        if !st.capture_streams.contains(&stream) {
-            st.capture_streams.push(stream);
-        }
+        st.captures.note(stream);
     }
 
     fn driver_counts(&self) -> DriverCounts {
