@@ -7,7 +7,7 @@
 use super::DeviceAllocator;
 use crate::error::Result;
 use crate::history::StreampoolBlock;
-use crate::resource::{Accessible, Resources};
+use crate::resource::{peer_target, Accessible, Resources};
 use crate::stats::{DeviceFigures, StreampoolStats};
 use std::sync::Arc;
 
@@ -15,7 +15,10 @@ impl DeviceAllocator {
     pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
         self.check_enabled()?;
         self.resources()?
-            .for_each(|r| r.set_release_threshold(bytes))
+            .for_each(|r| match r.capabilities().release_threshold {
+                Some(threshold) => threshold.set_release_threshold(bytes),
+                None => Ok(()),
+            })
     }
 
     /// The device's memory, read once.
@@ -32,7 +35,7 @@ impl DeviceAllocator {
             (st.books.counters().clone(), st.books.cached_bytes())
         };
         let (usage, driver_counts) = match self.provisioned.get() {
-            Some(p) => (p.resources.usage()?, p.resources.driver_counts()),
+            Some(p) => (p.resources.usage_with_peaks()?, p.resources.driver_counts()),
             None => Default::default(),
         };
         Ok(StreampoolStats::assemble(DeviceFigures {
@@ -49,18 +52,18 @@ impl DeviceAllocator {
     pub fn reset_peak_stats(&self) -> Result<()> {
         self.state.lock().books.counters_mut().reset_peaks();
         match self.provisioned.get() {
-            Some(p) => p.resources.for_each(|r| r.reset_peaks()),
+            Some(p) => p.resources.for_each(|r| match r.capabilities().statistics {
+                Some(statistics) => statistics.reset_peaks(),
+                None => Ok(()),
+            }),
             None => Ok(()),
         }
     }
 
     /// Grants every other device access to this device's resources (see [`Peers::grant_all`]).
     pub fn enable_peer_access(&self) -> Result<()> {
-        let own: Vec<Arc<dyn Accessible>> = self
-            .resources()?
-            .all()
-            .map(|r| Arc::clone(r) as _)
-            .collect();
+        let own: Vec<Arc<dyn Accessible>> =
+            self.resources()?.all().filter_map(peer_target).collect();
         self.peers
             .grant_all(self.driver.as_ref(), self.device, &own)
     }
@@ -75,7 +78,7 @@ impl DeviceAllocator {
     pub(super) fn reserved_for_timeline(&self, resources: &Resources) -> Option<u64> {
         self.recorder
             .enabled()
-            .then(|| resources.usage().ok().map(|u| u.reserved_bytes))
+            .then(|| resources.reserved_bytes().ok())
             .flatten()
     }
 

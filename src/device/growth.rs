@@ -1,6 +1,6 @@
 //! Growth: what the device does before and after a resource grows, for resources that can reuse
 //! freed memory only once it is given back to them (the CUDA pool; see
-//! [`Resource::returns_before_growth`]).
+//! [`crate::resource::Traits::returns_before_growth`]).
 //!
 //! Invariants: this layer touches the books only to take cached blocks of the growing resource's
 //! size class out of them and to count growth waits, and its own marks (each class's reserved
@@ -45,13 +45,13 @@ impl DeviceAllocator {
     ) -> Result<()> {
         let resource = resources.get(class);
         let trim = self.config.trim_on_growth;
-        if !resource.returns_before_growth()
+        if !resource.traits().returns_before_growth
             || (!trim && self.state.lock().books.cached_bytes() == 0)
         {
             return Ok(());
         }
-        let (reserved_bytes, used_bytes) = resource.reserved_used_bytes()?;
-        let room = reserved_bytes.saturating_sub(used_bytes);
+        let usage = resource.usage()?;
+        let (reserved_bytes, room) = (usage.reserved_bytes, usage.room_bytes());
         let (blocks, capturing) = {
             let mut st = self.state.lock();
             *st.growth.slot(class) = reserved_bytes;
@@ -72,7 +72,7 @@ impl DeviceAllocator {
         log::debug!(
             "device {}: the {} is full; returning {} cached blocks instead of growing it",
             self.device,
-            resource.label(),
+            resource.traits().label,
             blocks.len()
         );
         // A block the driver refuses stays held until the next flush; the allocation goes on.
@@ -98,12 +98,13 @@ impl DeviceAllocator {
         let resource = resources.get(class);
         self.state.lock().books.counters_mut().num_growth_syncs += 1;
         self.driver.stream_synchronize(self.device, stream)?;
-        let (reserved_bytes, used_bytes) = resource.reserved_used_bytes()?;
-        if block_bytes <= reserved_bytes.saturating_sub(used_bytes) {
+        let usage = resource.usage()?;
+        let reserved_bytes = usage.reserved_bytes;
+        if block_bytes <= usage.room_bytes() {
             return Ok(());
         }
         resource.trim(0)?;
-        let (after_bytes, _) = resource.reserved_used_bytes()?;
+        let after_bytes = resource.usage()?.reserved_bytes;
         // The timeline's reserved gauge is the device's (every resource), not this resource's;
         // the trim released what this resource held beyond `after_bytes` (reading the device's
         // total before it too would count another thread's growth meanwhile as trimmed).
@@ -122,7 +123,7 @@ impl DeviceAllocator {
             "device {}: the {} must grow for {block_bytes} B; released its unused memory first \
              ({reserved_bytes} -> {after_bytes} B reserved)",
             self.device,
-            resource.label()
+            resource.traits().label
         );
         Ok(())
     }
@@ -132,16 +133,16 @@ impl DeviceAllocator {
     /// next peak higher still. Only saves memory: a failure is logged, never returned.
     pub(super) fn release_cache_after_growth(&self, resources: &Resources, class: SizeClass) {
         let resource = resources.get(class);
-        if !resource.returns_before_growth() {
+        if !resource.traits().returns_before_growth {
             return;
         }
-        let reserved_bytes = match resource.reserved_used_bytes() {
-            Ok((reserved_bytes, _)) => reserved_bytes,
+        let reserved_bytes = match resource.usage() {
+            Ok(usage) => usage.reserved_bytes,
             Err(e) => {
                 log::warn!(
                     "device {}: reading the {}: {e}",
                     self.device,
-                    resource.label()
+                    resource.traits().label
                 );
                 return;
             }
@@ -160,7 +161,7 @@ impl DeviceAllocator {
         log::info!(
             "device {}: the {} grew to {reserved_bytes} B; returning {} cached blocks",
             self.device,
-            resource.label(),
+            resource.traits().label,
             blocks.len()
         );
         // A block the driver refuses stays held until the next flush; the allocation goes on.

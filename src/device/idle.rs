@@ -61,7 +61,9 @@ impl Tended for DeviceAllocator {
         };
         // While busy: the threshold of resources that apply it themselves.
         for r in provisioned.resources.all() {
-            r.tend();
+            if let Some(tending) = r.capabilities().tending {
+                tending.release_above_threshold();
+            }
         }
         if idle_now {
             let more = self.release_idle();
@@ -103,7 +105,7 @@ impl DeviceAllocator {
         let _ = self.send_home(blocks);
         let mut more = false;
         let released = resources.for_each(|r| {
-            more |= r.release_idle()?;
+            more |= crate::resource::release_idle(r)?;
             Ok(())
         });
         if let Err(e) = released {

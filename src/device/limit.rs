@@ -127,8 +127,8 @@ impl DeviceAllocator {
         let reserved_bytes = self
             .provisioned
             .get()
-            .and_then(|p| p.resources.usage().ok())
-            .map_or(0, |u| u.reserved_bytes);
+            .and_then(|p| p.resources.reserved_bytes().ok())
+            .unwrap_or(0);
         let mut st = self.state.lock();
         st.books.counters_mut().num_ooms += 1;
         self.note(

@@ -39,7 +39,7 @@ use crate::error::Result;
 use crate::history::{Recorder, StreampoolEventKind as Event};
 use crate::ipc::export::Exporter;
 use crate::peer::Peers;
-use crate::resource::{Accessible, Resources, SizeClass};
+use crate::resource::{peer_target, Accessible, Resources, SizeClass};
 use crate::sync::{Mutex, OnceCell};
 use books::{Books, FreedBlock, Home, WaitingBlock};
 use growth::GrowthMarks;
@@ -136,7 +136,7 @@ impl DeviceAllocator {
             self.limit.shared(),
             &self.recorder,
         )?;
-        let own: Vec<Arc<dyn Accessible>> = resources.all().map(|r| Arc::clone(r) as _).collect();
+        let own: Vec<Arc<dyn Accessible>> = resources.all().filter_map(peer_target).collect();
         self.peers
             .pools_created(self.driver.as_ref(), self.device, &own);
         let mut max_block_bytes = self.config.cache_max_block.resolve_bytes(total_bytes);
@@ -298,7 +298,8 @@ impl DeviceAllocator {
             // A resource that maps memory keeps it from mapping until the capture ends.
             self.resources()?
                 .all()
-                .for_each(|r| r.capture_started(stream));
+                .filter_map(|r| r.capabilities().capture_notice)
+                .for_each(|notice| notice.capture_started(stream));
         }
         self.allocate_from_driver(requested_bytes, block_bytes, stream, Home::Graph)
     }

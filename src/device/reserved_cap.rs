@@ -1,5 +1,5 @@
 //! The memory limit on what the device *reserves*, for resources that grow by themselves (CUDA
-//! pools, [`crate::resource::Resource::returns_before_growth`]): as in PyTorch, `set_per_process_memory_fraction`
+//! pools, [`crate::resource::Traits::returns_before_growth`]): as in PyTorch, `set_per_process_memory_fraction`
 //! caps the memory the process holds from the device, not only its live and cached blocks, and
 //! is checked where memory would be added (a pool that serves from its free memory is not
 //! refused because a lowered limit left it above). The shareable pool of `streampool.shareable()`
@@ -34,7 +34,7 @@ impl DeviceAllocator {
     ) -> Result<DevicePtr> {
         let resource = resources.get(class);
         let limit_bytes = self.limit.bytes();
-        if limit_bytes == u64::MAX || !resource.returns_before_growth() {
+        if limit_bytes == u64::MAX || !resource.traits().returns_before_growth {
             return self.allocate_or_retry(resource, requested_bytes, block_bytes, stream);
         }
         let _growing = self.growing.lock();
@@ -62,7 +62,7 @@ impl DeviceAllocator {
                 "device {}: the {} grew to {reserved_bytes} B reserved for {block_bytes} B, past \
                  the memory limit of {limit_bytes} B; giving the block back",
                 self.device,
-                resource.label()
+                resource.traits().label
             );
             if let Err(e) = resource.deallocate(ptr, block_bytes, stream) {
                 // It cannot go back: it stays the caller's, over the limit, rather than lost.
@@ -123,10 +123,7 @@ impl DeviceAllocator {
 
 /// The device's reserved bytes, every resource.
 fn reserved_total_bytes(resources: &Resources) -> Result<u64> {
-    resources.all().try_fold(0u64, |sum, r| {
-        let (reserved_bytes, _) = r.reserved_used_bytes()?;
-        Ok(sum.saturating_add(reserved_bytes))
-    })
+    resources.reserved_bytes()
 }
 
 /// True if serving `block_bytes` from `class`'s resource needs no growth by its numbers, or keeps
@@ -138,8 +135,7 @@ fn growth_fits(
     block_bytes: u64,
     limit_bytes: u64,
 ) -> Result<bool> {
-    let (reserved_bytes, used_bytes) = resources.get(class).reserved_used_bytes()?;
-    let room_bytes = reserved_bytes.saturating_sub(used_bytes);
+    let room_bytes = resources.get(class).usage()?.room_bytes();
     let growth_bytes = match block_bytes.checked_sub(room_bytes) {
         None | Some(0) => return Ok(true), // no growth: nothing to check, as in PyTorch
         Some(missing) => round_up(missing, POOL_GRANULE_BYTES).unwrap_or(u64::MAX),

@@ -60,8 +60,10 @@ impl DeviceAllocator {
                 "shareable pool",
             )?;
             let pool: Arc<dyn Resource> = Arc::new(pool);
-            self.peers
-                .extra_pool(self.driver.as_ref(), self.device, Arc::clone(&pool) as _);
+            if let Some(target) = crate::resource::peer_target(&pool) {
+                self.peers
+                    .extra_pool(self.driver.as_ref(), self.device, target);
+            }
             Ok(pool)
         })
     }

@@ -55,7 +55,7 @@ impl Exporter {
 
     pub fn usage(&self) -> Result<PoolUsage> {
         match self.existing_pool() {
-            Some(pool) => pool.usage(),
+            Some(pool) => crate::resource::usage_with_peaks(pool.as_ref()),
             None => Ok(PoolUsage::default()),
         }
     }
@@ -70,10 +70,10 @@ impl Exporter {
         block_bytes: u64,
         stream: Stream,
     ) -> Result<StreampoolIpcHandle> {
-        let handle = pool.pool_handle().ok_or_else(|| {
+        let export = pool.capabilities().export.ok_or_else(|| {
             Error::Internal(format!(
                 "the {} of device {} is not a CUDA pool",
-                pool.label(),
+                pool.traits().label,
                 self.device
             ))
         })?;
@@ -81,7 +81,10 @@ impl Exporter {
             let mut fd = self.pool_fd.lock();
             match *fd {
                 Some(fd) => fd,
-                None => *fd.insert(self.driver.pool_export_fd(self.device, handle)?),
+                None => *fd.insert(
+                    self.driver
+                        .pool_export_fd(self.device, export.pool_handle())?,
+                ),
             }
         };
         let pointer_data = self.driver.pointer_export(self.device, ptr)?;

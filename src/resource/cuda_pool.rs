@@ -7,7 +7,9 @@
 //! created only where the device supports it; the pool is destroyed when the resource is dropped
 //! (CUDA releases memory still allocated from it once that is freed).
 
-use super::{Accessible, Resource};
+use super::{
+    Accessible, Capabilities, Export, ReleaseThreshold, Resource, Statistics, Traits, Usage,
+};
 use crate::config::Config;
 use crate::driver::{DevicePtr, Driver, PoolAttr, PoolHandle, PoolUsage, Stream};
 use crate::error::{Error, Result};
@@ -106,32 +108,56 @@ impl Resource for CudaPoolResource {
         self.driver.free_async(self.device, ptr, stream)
     }
 
-    fn usage(&self) -> Result<PoolUsage> {
-        self.driver.pool_usage(self.device, self.handle)
-    }
-
-    fn reserved_used_bytes(&self) -> Result<(u64, u64)> {
-        self.driver.pool_reserved_used(self.device, self.handle)
+    fn usage(&self) -> Result<Usage> {
+        let (reserved_bytes, used_bytes) =
+            self.driver.pool_reserved_used(self.device, self.handle)?;
+        Ok(Usage {
+            reserved_bytes,
+            used_bytes,
+        })
     }
 
     fn trim(&self, keep_bytes: u64) -> Result<()> {
         self.driver.pool_trim(self.device, self.handle, keep_bytes)
     }
 
+    fn traits(&self) -> Traits {
+        Traits {
+            label: self.label,
+            returns_before_growth: true,
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities {
+            release_threshold: Some(self),
+            statistics: Some(self),
+            peer_access: Some(self),
+            export: Some(self),
+            ..Capabilities::default()
+        }
+    }
+}
+
+impl ReleaseThreshold for CudaPoolResource {
     fn set_release_threshold(&self, bytes: u64) -> Result<()> {
         let attr = PoolAttr::ReleaseThresholdBytes(bytes);
         self.driver.pool_set_attr(self.device, self.handle, attr)
+    }
+}
+
+impl Statistics for CudaPoolResource {
+    fn usage_with_peaks(&self) -> Result<PoolUsage> {
+        self.driver.pool_usage(self.device, self.handle)
     }
 
     fn reset_peaks(&self) -> Result<()> {
         self.driver.pool_reset_peaks(self.device, self.handle)
     }
+}
 
-    fn returns_before_growth(&self) -> bool {
-        true
-    }
-
-    fn pool_handle(&self) -> Option<PoolHandle> {
-        Some(self.handle)
+impl Export for CudaPoolResource {
+    fn pool_handle(&self) -> PoolHandle {
+        self.handle
     }
 }

@@ -1,7 +1,9 @@
 //! Where a device's blocks come from: the [`Resource`] interface above the driver (RMM's
-//! `device_memory_resource` shape), its implementations — [`cuda_pool`] (a CUDA stream-ordered
-//! pool) and [`vmm`] (streampool's own virtual-memory pool) — and [`Resources`], the pair of
-//! resources of one device chosen by block size.
+//! `device_memory_resource` shape: allocate, deallocate, usage, trim, and what it is), the
+//! optional [`Capabilities`] a resource may add (a run-time release threshold, peaks, background
+//! release, peer access, capture notice, export), its implementations — [`cuda_pool`] (a CUDA
+//! stream-ordered pool) and [`vmm`] (streampool's own virtual-memory pool) — and [`Resources`],
+//! the pair of resources of one device chosen by block size.
 //!
 //! Invariants: every resource serves one device and is safe to call from any thread; allocation
 //! and deallocation are stream-ordered — a block deallocated on stream S may be handed out again
@@ -32,53 +34,156 @@ pub trait Accessible: Send + Sync {
     fn grant_access(&self, peer: usize) -> Result<()>;
 }
 
-/// A source of device memory for blocks of one size class.
-pub trait Resource: Accessible {
+/// Reserved and used bytes of a resource now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// What it holds from the device.
+    pub reserved_bytes: u64,
+    /// What of that is handed out (or freed on a stream that has not caught up yet).
+    pub used_bytes: u64,
+}
+
+impl Usage {
+    /// Reserved bytes not handed out.
+    pub fn room_bytes(self) -> u64 {
+        self.reserved_bytes.saturating_sub(self.used_bytes)
+    }
+}
+
+/// What a resource is, for the device's policy; fixed for the resource's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Traits {
+    /// What it is, for messages ("pool", "small-block pool", "virtual memory resource", ...).
+    pub label: &'static str,
+    /// It can reuse freed memory only once it was given back (a CUDA pool coalesces only what is
+    /// returned to it): the device then returns cached blocks, and trims, before it grows. A
+    /// resource that manages its own holes says false.
+    pub returns_before_growth: bool,
+}
+
+/// A source of device memory.
+pub trait Resource: Send + Sync {
     /// A block of `bytes` (a multiple of 512), ordered on `stream`. Out of memory is
     /// `Error::Driver` with `CUDA_ERROR_OUT_OF_MEMORY`.
     fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr>;
     /// Gives back a block `allocate` returned, of the same `bytes`, ordered on `stream` (its
     /// allocation stream). An error means the block is still the caller's, to give back later.
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()>;
-    /// Reserved (physical) and used bytes, with their high-water marks.
-    fn usage(&self) -> Result<PoolUsage>;
-    /// (reserved, used) bytes now: what it holds from the device, and what of that is handed
-    /// out (or freed on a stream that has not caught up yet). Cheaper than [`Resource::usage`].
-    fn reserved_used_bytes(&self) -> Result<(u64, u64)>;
+    /// Reserved and used bytes now (cheap: read on the allocation path).
+    fn usage(&self) -> Result<Usage>;
     /// Gives the device back what it holds unused, keeping `keep_bytes` reserved. Called after
     /// the device synchronised, so every deallocation has completed.
     fn trim(&self, keep_bytes: u64) -> Result<()>;
-    /// Reserved memory above this is given back to the device once unused.
+    /// What it is.
+    fn traits(&self) -> Traits;
+    /// What more it can do; nothing unless it says so.
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default()
+    }
+}
+
+/// The optional capabilities of a resource, each a small trait of its own.
+#[derive(Clone, Copy, Default)]
+pub struct Capabilities<'a> {
+    /// Reserved memory above a threshold set at run time goes back to the device once unused.
+    pub release_threshold: Option<&'a dyn ReleaseThreshold>,
+    /// High-water marks, and the driver calls it made.
+    pub statistics: Option<&'a dyn Statistics>,
+    /// It applies its release threshold itself, and releases idle memory without a
+    /// synchronisation, when the device's background thread asks.
+    pub tending: Option<&'a dyn Tending>,
+    /// Other devices can be given access to its memory.
+    pub peer_access: Option<&'a dyn Accessible>,
+    /// It must know when a stream of the device begins to capture a CUDA graph.
+    pub capture_notice: Option<&'a dyn CaptureNotice>,
+    /// Its blocks can be exported to other processes.
+    pub export: Option<&'a dyn Export>,
+}
+
+/// See [`Capabilities::release_threshold`].
+pub trait ReleaseThreshold {
+    /// Reserved memory above `bytes` is given back to the device once unused.
     fn set_release_threshold(&self, bytes: u64) -> Result<()>;
+}
+
+/// See [`Capabilities::statistics`].
+pub trait Statistics {
+    /// Reserved and used bytes with their high-water marks.
+    fn usage_with_peaks(&self) -> Result<PoolUsage>;
     /// Resets the high-water marks to the current values.
     fn reset_peaks(&self) -> Result<()>;
-    /// True if it can reuse freed memory only after it was given back (a CUDA pool coalesces
-    /// only what is returned to it): the device then returns cached blocks, and trims, before it
-    /// grows. A resource that manages its own holes says false.
-    fn returns_before_growth(&self) -> bool;
-    /// `stream` of the device is capturing a CUDA graph: a resource that maps memory must not
-    /// map, unmap or query events until the capture ends (it asks the driver when that is).
-    fn capture_started(&self, _stream: Stream) {}
-    /// The driver calls it made that cost time on the allocating thread (a resource that maps
-    /// memory itself; zero for others).
+    /// The driver calls it made that cost time on the allocating thread.
     fn driver_counts(&self) -> DriverCounts {
         DriverCounts::default()
     }
-    /// Called regularly while the device is in use (by its background thread): a resource that
-    /// applies its release threshold itself does so here. True while it holds memory above it.
-    fn tend(&self) -> bool {
-        false
-    }
+}
+
+/// See [`Capabilities::tending`].
+pub trait Tending {
+    /// Called regularly while the device is in use: memory above the release threshold that has
+    /// stayed unused goes back. True while it holds memory above it.
+    fn release_above_threshold(&self) -> bool;
     /// The device has been idle: give back all memory not in use, without synchronising. True if
     /// some may become releasable later (its streams have not caught up): call again.
-    fn release_idle(&self) -> Result<bool> {
-        self.trim(0).map(|()| false)
+    fn release_idle(&self) -> Result<bool>;
+}
+
+/// See [`Capabilities::capture_notice`].
+pub trait CaptureNotice {
+    /// `stream` of the device is capturing a CUDA graph: a resource that maps memory must not
+    /// map, unmap or query events until the capture ends (it asks the driver when that is).
+    fn capture_started(&self, stream: Stream);
+}
+
+/// See [`Capabilities::export`].
+pub trait Export {
+    /// The CUDA pool behind it, which other processes import.
+    fn pool_handle(&self) -> PoolHandle;
+}
+
+/// Lets `resource`'s memory be granted to other devices, if it can be.
+pub fn peer_target(resource: &Arc<dyn Resource>) -> Option<Arc<dyn Accessible>> {
+    resource.capabilities().peer_access?;
+    Some(Arc::new(PeerTarget(Arc::clone(resource))))
+}
+
+/// A resource with the peer-access capability, as peers see it.
+struct PeerTarget(Arc<dyn Resource>);
+
+impl Accessible for PeerTarget {
+    fn label(&self) -> &'static str {
+        self.0.traits().label
     }
 
-    /// The CUDA pool behind it, if it is one (for sharing with other processes).
-    fn pool_handle(&self) -> Option<PoolHandle> {
-        None
+    fn grant_access(&self, peer: usize) -> Result<()> {
+        match self.0.capabilities().peer_access {
+            Some(access) => access.grant_access(peer),
+            None => Ok(()),
+        }
     }
+}
+
+/// Gives back idle memory of `resource` without synchronising: its own idle release, or a trim.
+/// True if more may become releasable later.
+pub fn release_idle(resource: &dyn Resource) -> Result<bool> {
+    match resource.capabilities().tending {
+        Some(tending) => tending.release_idle(),
+        None => resource.trim(0).map(|()| false),
+    }
+}
+
+/// `resource`'s usage with high-water marks (the current values where it keeps none).
+pub fn usage_with_peaks(resource: &dyn Resource) -> Result<PoolUsage> {
+    if let Some(statistics) = resource.capabilities().statistics {
+        return statistics.usage_with_peaks();
+    }
+    let now = resource.usage()?;
+    Ok(PoolUsage {
+        reserved_bytes: now.reserved_bytes,
+        reserved_bytes_high: now.reserved_bytes,
+        used_bytes: now.used_bytes,
+        used_bytes_high: now.used_bytes,
+    })
 }
 
 /// Which of a device's resources serves a block.
@@ -217,17 +322,25 @@ impl Resources {
         std::iter::once(&self.large).chain(&self.small)
     }
 
-    /// The resources' usage, summed.
-    pub fn usage(&self) -> Result<PoolUsage> {
-        self.all()
-            .try_fold(PoolUsage::default(), |sum, r| Ok(sum.plus(r.usage()?)))
+    /// The resources' usage with high-water marks, summed.
+    pub fn usage_with_peaks(&self) -> Result<PoolUsage> {
+        self.all().try_fold(PoolUsage::default(), |sum, r| {
+            Ok(sum.plus(usage_with_peaks(r.as_ref())?))
+        })
     }
 
     /// The driver calls the resources made, summed.
     pub fn driver_counts(&self) -> DriverCounts {
         self.all()
-            .map(|r| r.driver_counts())
+            .filter_map(|r| r.capabilities().statistics.map(|s| s.driver_counts()))
             .fold(DriverCounts::default(), DriverCounts::plus)
+    }
+
+    /// The resources' reserved bytes, summed.
+    pub fn reserved_bytes(&self) -> Result<u64> {
+        self.all().try_fold(0u64, |sum, r| {
+            Ok(sum.saturating_add(r.usage()?.reserved_bytes))
+        })
     }
 
     /// Runs `f` on every resource; every one is tried, the first error is returned.

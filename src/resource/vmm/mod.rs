@@ -15,7 +15,8 @@
 //!   handles moved out of any idle page.
 //! - Nothing is released on the allocating thread: memory above the release threshold is
 //!   released once unused for a second, and all idle memory once the device is idle, by the
-//!   device's background thread ([`VmmResource::tend`], [`VmmResource::release_idle`]), which
+//!   device's background thread ([`VmmResource::release_above_threshold`],
+//!   [`VmmResource::release_idle`]), which
 //!   records nothing on the program's streams; `trim` after a synchronisation (empty_cache).
 //!
 //! Invariants: a page is unmapped only once no work uses it — it lies in a `Ready` range, whose
@@ -35,7 +36,10 @@ mod release;
 mod settings;
 mod small;
 
-use super::{Accessible, Resource};
+use super::{
+    Accessible, Capabilities, CaptureNotice, ReleaseThreshold, Resource, Statistics, Tending,
+    Traits, Usage,
+};
 use crate::driver::{DevicePtr, Driver, MemHandle, PoolUsage, Stream};
 use crate::error::{
     Error, Result, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
@@ -489,7 +493,46 @@ impl Resource for VmmResource {
         Ok(())
     }
 
-    fn usage(&self) -> Result<PoolUsage> {
+    fn usage(&self) -> Result<Usage> {
+        let st = self.state.lock();
+        Ok(Usage {
+            reserved_bytes: st.physical_bytes(self.page_bytes),
+            used_bytes: st.used_bytes,
+        })
+    }
+
+    fn trim(&self, keep_bytes: u64) -> Result<()> {
+        self.trim_after_sync(keep_bytes)
+    }
+
+    fn traits(&self) -> Traits {
+        Traits {
+            label: "virtual memory resource",
+            returns_before_growth: false,
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities {
+            release_threshold: Some(self),
+            statistics: Some(self),
+            tending: Some(self),
+            peer_access: Some(self),
+            capture_notice: Some(self),
+            export: None,
+        }
+    }
+}
+
+impl ReleaseThreshold for VmmResource {
+    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        self.release_threshold_bytes.store(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Statistics for VmmResource {
+    fn usage_with_peaks(&self) -> Result<PoolUsage> {
         let st = self.state.lock();
         Ok(PoolUsage {
             reserved_bytes: st.physical_bytes(self.page_bytes),
@@ -499,20 +542,6 @@ impl Resource for VmmResource {
         })
     }
 
-    fn reserved_used_bytes(&self) -> Result<(u64, u64)> {
-        let st = self.state.lock();
-        Ok((st.physical_bytes(self.page_bytes), st.used_bytes))
-    }
-
-    fn trim(&self, keep_bytes: u64) -> Result<()> {
-        self.trim_after_sync(keep_bytes)
-    }
-
-    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
-        self.release_threshold_bytes.store(bytes, Ordering::Relaxed);
-        Ok(())
-    }
-
     fn reset_peaks(&self) -> Result<()> {
         let mut st = self.state.lock();
         st.used_high_bytes = st.used_bytes;
@@ -520,27 +549,27 @@ impl Resource for VmmResource {
         Ok(())
     }
 
-    fn returns_before_growth(&self) -> bool {
-        false
+    fn driver_counts(&self) -> DriverCounts {
+        self.state.lock().counts
+    }
+}
+
+impl Tending for VmmResource {
+    fn release_above_threshold(&self) -> bool {
+        VmmResource::release_above_threshold(self)
     }
 
+    fn release_idle(&self) -> Result<bool> {
+        Ok(VmmResource::release_idle(self))
+    }
+}
+
+impl CaptureNotice for VmmResource {
     fn capture_started(&self, stream: Stream) {
         let Ok(mut st) = self.lock_enabled() else {
             return;
         };
         st.captures.note(stream);
-    }
-
-    fn driver_counts(&self) -> DriverCounts {
-        self.state.lock().counts
-    }
-
-    fn tend(&self) -> bool {
-        VmmResource::tend(self)
-    }
-
-    fn release_idle(&self) -> Result<bool> {
-        Ok(VmmResource::release_idle(self))
     }
 }
 

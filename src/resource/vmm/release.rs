@@ -1,5 +1,5 @@
 //! Giving memory back to the device: above the release threshold once unused for a second
-//! (`tend`), everything not in use once the device is idle (`release_idle`), both from the
+//! (`release_above_threshold`), everything not in use once the device is idle (`release_idle`), both from the
 //! device's background thread, and on `trim` after a synchronisation.
 //!
 //! Invariant: nothing here records on a program's stream or waits for the GPU but `trim`, which
@@ -14,7 +14,7 @@ impl VmmResource {
     /// Called regularly by the device's background thread: memory above the release threshold
     /// that has been unused for a second (and is cold) goes back to the device. True while memory above
     /// the threshold is still held.
-    pub fn tend(&self) -> bool {
+    pub fn release_above_threshold(&self) -> bool {
         let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
         let Ok(mut st) = self.lock_enabled() else {
             return false;

@@ -69,13 +69,13 @@ fn a_freed_block_is_reused_at_once_by_its_stream_and_by_others_after_a_gpu_side_
     r.free(a, 3 * PAGE, S1);
     assert_eq!(r.alloc(3 * PAGE, S1), a, "same stream: at once");
     r.free(a, 3 * PAGE, S1);
-    assert_eq!(r.vmm.driver_counts().stream_waits, 0);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).stream_waits, 0);
     let b = r.alloc(3 * PAGE, S2);
     assert_eq!(
         b, a,
         "another stream: at once, after waiting for S1's fence on the GPU"
     );
-    assert_eq!(r.vmm.driver_counts().stream_waits, 1);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).stream_waits, 1);
     assert_eq!(r.physical(), 3 * PAGE, "nothing new mapped");
     // The wait is real: S2's work cannot complete before S1's free.
     let fence = r.sim.event_recorded_last(0).expect("S1's fence");
@@ -94,7 +94,7 @@ fn a_freed_block_is_reused_at_once_by_its_stream_and_by_others_after_a_gpu_side_
         "after the fences the block and its neighbour serve any stream"
     );
     assert_eq!(
-        r.vmm.driver_counts().stream_waits,
+        Statistics::driver_counts(&*r.vmm).stream_waits,
         1,
         "no wait once the fence is done"
     );
@@ -132,7 +132,7 @@ fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
     let before = r.physical();
     let d = r.alloc(2 * PAGE, S1);
     assert_eq!(r.physical(), before + 2 * PAGE, "grown, holes kept");
-    assert_eq!(r.vmm.driver_counts().unmaps, 0);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 0);
     r.free(d, 2 * PAGE, S1);
     r.sim.complete_all();
     // Unused for longer than STREAMPOOL_VMM_COLD_AFTER, idle pages are cold: they back a new
@@ -151,8 +151,11 @@ fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
         before,
         "no growth while cold memory sits idle"
     );
-    assert!(r.vmm.driver_counts().unmaps > 0, "cold pages moved");
-    assert_eq!(r.vmm.driver_counts().unmaps, 2);
+    assert!(
+        Statistics::driver_counts(&*r.vmm).unmaps > 0,
+        "cold pages moved"
+    );
+    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 2);
     for (ptr, bytes) in [(b, PAGE), (e, PAGE), (h, 6 * PAGE)] {
         r.free(ptr, bytes, S1);
     }
@@ -187,14 +190,14 @@ fn above_the_threshold_cold_pages_go_back_when_tended_never_at_frees() {
         5 * PAGE,
         "nothing released on the allocating thread"
     );
-    assert!(r.vmm.tend(), "above the threshold");
+    assert!(r.vmm.release_above_threshold(), "above the threshold");
     assert_eq!(
         r.physical(),
         5 * PAGE,
         "not cold yet: a loop may want it next step"
     );
     r.sim.advance_clock_ms(crate::config::VMM_RELEASE_AFTER_MS);
-    assert!(!r.vmm.tend(), "at the threshold now");
+    assert!(!r.vmm.release_above_threshold(), "at the threshold now");
     assert_eq!(
         r.physical(),
         PAGE,
@@ -247,7 +250,7 @@ fn a_block_freed_during_a_capture_is_fenced_at_the_next_allocation_after_it() {
     r.sim.end_capture(0, S1);
     let b = r.alloc(2 * PAGE, S2); // fences a now, and waits for that fence on the GPU
     assert_eq!(b, a);
-    assert_eq!(r.vmm.driver_counts().stream_waits, 1);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).stream_waits, 1);
     r.free(b, 2 * PAGE, S2);
     r.sim.complete_all();
     assert_eq!(
@@ -292,14 +295,17 @@ fn a_new_threshold_applies_at_the_next_look_not_on_the_calling_thread() {
     r.free(a, 4 * PAGE, S1);
     r.sim.complete_stream(0, S1);
     r.sim.advance_clock_ms(crate::config::VMM_RELEASE_AFTER_MS);
-    assert!(!r.vmm.tend(), "the default threshold keeps everything");
-    r.vmm.set_release_threshold(0).unwrap();
+    assert!(
+        !r.vmm.release_above_threshold(),
+        "the default threshold keeps everything"
+    );
+    ReleaseThreshold::set_release_threshold(&*r.vmm, 0).unwrap();
     assert_eq!(
         r.physical(),
         4 * PAGE,
         "setting it releases nothing by itself"
     );
-    assert!(!r.vmm.tend());
+    assert!(!r.vmm.release_above_threshold());
     assert_eq!(r.physical(), 0, "the next look does");
 }
 
@@ -325,7 +331,7 @@ fn no_mapping_during_a_capture_and_frees_on_a_capturing_stream_wait_for_its_end(
     let a = r.alloc(2 * PAGE, S1);
     r.free(a, 2 * PAGE, S1);
     r.sim.begin_capture(0, capturing);
-    r.vmm.capture_started(capturing);
+    CaptureNotice::capture_started(&*r.vmm, capturing);
     assert_eq!(r.alloc(2 * PAGE, S1), a, "a mapped fit is still served");
     let refused = r.vmm.allocate(8 * PAGE, S1).unwrap_err();
     assert!(refused.is_capture_refusal(), "{refused}");
