@@ -194,7 +194,7 @@ impl Cache {
             return Err(block);
         }
         if self.cached_bytes.saturating_add(block.block_bytes) > self.limit_bytes {
-            self.make_room(block.block_bytes, evicted);
+            self.evict_for_budget(block.block_bytes, evicted);
         }
         self.cached_bytes += block.block_bytes;
         self.puts += 1;
@@ -216,7 +216,7 @@ impl Cache {
 
     /// Evicts, oldest put first, until `bytes` more fit the budget.
     #[cold]
-    fn make_room(&mut self, bytes: u64, evicted: &mut Vec<CachedBlock>) {
+    fn evict_for_budget(&mut self, bytes: u64, evicted: &mut Vec<CachedBlock>) {
         while self.cached_bytes + bytes > self.limit_bytes {
             let Some(&(stream, put)) = self.queue.front() else {
                 break;

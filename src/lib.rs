@@ -23,7 +23,7 @@
 //! block that other streams used (record_stream) waits for events on them.
 //!
 //! Thread-safety rule: PyTorch calls in from the main thread and from autograd's backward thread
-//! at once; each device's books sit behind its own mutex, and driver calls that can wait for the
+//! at once; each device's ledger sits behind its own mutex, and driver calls that can wait for the
 //! GPU are made outside it.
 
 pub mod allocator;

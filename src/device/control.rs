@@ -1,7 +1,7 @@
 //! The device's knobs and views: release threshold, peak reset, peer access, statistics, the
 //! blocks it holds, the timeline's starting point, trims.
 //!
-//! Invariant: a view reads the books under the device lock and the resources' own accounting
+//! Invariant: a view reads the ledger under the device lock and the resources' own accounting
 //! outside it; nothing here changes what is allocated.
 
 use super::DeviceAllocator;
@@ -32,7 +32,7 @@ impl DeviceAllocator {
     pub fn stats(&self) -> Result<StreampoolStats> {
         let (counters, cached_bytes) = {
             let st = self.state.lock();
-            (st.books.counters().clone(), st.books.cached_bytes())
+            (st.ledger.counters().clone(), st.ledger.cached_bytes())
         };
         let (usage, driver_counts) = match self.provisioned.get() {
             Some(p) => (p.resources.usage_with_peaks()?, p.resources.driver_counts()),
@@ -50,7 +50,7 @@ impl DeviceAllocator {
     }
 
     pub fn reset_peak_stats(&self) -> Result<()> {
-        self.state.lock().books.counters_mut().reset_peaks();
+        self.state.lock().ledger.counters_mut().reset_peaks();
         match self.provisioned.get() {
             Some(p) => p.resources.for_each(|r| match r.capabilities().statistics {
                 Some(statistics) => statistics.reset_peaks(),
@@ -71,7 +71,7 @@ impl DeviceAllocator {
     /// The blocks this device holds from its resources (for `dump_snapshot`).
     pub fn blocks(&self) -> Vec<StreampoolBlock> {
         let st = self.state.lock();
-        st.books.blocks(self.device, st.waits.blocks())
+        st.ledger.blocks(self.device, st.waits.blocks())
     }
 
     /// The resources' reserved bytes, read only while the timeline is recording.
@@ -90,7 +90,7 @@ impl DeviceAllocator {
                 self.recorder.set_reserved(reserved_bytes);
             }
         }
-        self.recorder.set_last(self.state.lock().books.gauges());
+        self.recorder.set_last(self.state.lock().ledger.gauges());
     }
 
     /// Returns the cache, synchronises and trims each resource to `keep_bytes`.

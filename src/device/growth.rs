@@ -2,7 +2,7 @@
 //! freed memory only once it is given back to them (the CUDA pool; see
 //! [`crate::resource::Traits::returns_before_growth`]).
 //!
-//! Invariants: this layer touches the books only to take cached blocks of the growing resource's
+//! Invariants: this layer touches the ledger only to take cached blocks of the growing resource's
 //! size class out of them and to count growth waits, and its own marks (each class's reserved
 //! bytes when last seen); it waits for the allocating stream only when giving back the cache
 //! cannot make room, never during a capture; trimming only saves memory, so its failure never
@@ -46,7 +46,7 @@ impl DeviceAllocator {
         let resource = resources.get(class);
         let trim = self.config.trim_on_growth;
         if !resource.traits().returns_before_growth
-            || (!trim && self.state.lock().books.cached_bytes() == 0)
+            || (!trim && self.state.lock().ledger.cached_bytes() == 0)
         {
             return Ok(());
         }
@@ -60,7 +60,7 @@ impl DeviceAllocator {
             }
             let sizes = resources.sizes_served(class);
             (
-                st.books.drain_cache_sizes(sizes, Home::of(class)),
+                st.ledger.drain_cache_sizes(sizes, Home::of(class)),
                 st.waits.capturing(),
             )
         };
@@ -96,7 +96,7 @@ impl DeviceAllocator {
         stream: Stream,
     ) -> Result<()> {
         let resource = resources.get(class);
-        self.state.lock().books.counters_mut().num_growth_syncs += 1;
+        self.state.lock().ledger.counters_mut().num_growth_syncs += 1;
         self.driver.stream_synchronize(self.device, stream)?;
         let usage = resource.usage()?;
         let reserved_bytes = usage.reserved_bytes;
@@ -116,7 +116,7 @@ impl DeviceAllocator {
                 let before = after.saturating_add(reserved_bytes.saturating_sub(after_bytes));
                 let st = &*st;
                 self.recorder
-                    .note_trim(before, after, stream, || st.books.gauges());
+                    .note_trim(before, after, stream, || st.ledger.gauges());
             }
         }
         log::info!(
@@ -155,7 +155,7 @@ impl DeviceAllocator {
             if !grew {
                 return;
             }
-            st.books
+            st.ledger
                 .drain_cache_sizes(resources.sizes_served(class), Home::of(class))
         };
         log::info!(

@@ -69,7 +69,7 @@ impl Tended for DeviceAllocator {
             let more = self.release_idle();
             let mut w = self.idle.lock();
             if w.tries == 0 {
-                self.state.lock().books.counters_mut().num_idle_releases += 1;
+                self.state.lock().ledger.counters_mut().num_idle_releases += 1;
             }
             w.tries += 1;
             w.done = !more;
@@ -96,10 +96,10 @@ impl DeviceAllocator {
                 return true;
             }
             blocks.extend(
-                st.books
+                st.ledger
                     .drain_cache(|bytes| Home::of(resources.class_of(bytes))),
             );
-            blocks.extend(st.books.take_unreturned());
+            blocks.extend(st.ledger.take_unreturned());
         }
         let count = blocks.len();
         let _ = self.send_home(blocks);

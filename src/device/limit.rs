@@ -5,7 +5,7 @@
 //! checks them against the cap, and leave it again if the allocation then fails, so concurrent
 //! allocations never hold more than the cap together; out of memory is retried once after a
 //! flush, and reported as an [`Error::OutOfMemory`] that counts in `num_ooms`. This layer touches
-//! the books only through `reserve`, `unreserve`, `evict` and the counters.
+//! the ledger only through `reserve`, `unreserve`, `evict` and the counters.
 
 use super::{DeviceAllocator, Home};
 use crate::driver::{DevicePtr, Stream};
@@ -63,19 +63,19 @@ impl DeviceAllocator {
         let resources = self.resources()?;
         let evicted = {
             let mut st = self.state.lock();
-            let over_bytes = match st.books.reserve(block_bytes, limit_bytes) {
+            let over_bytes = match st.ledger.reserve(block_bytes, limit_bytes) {
                 Ok(()) => return Ok(()),
                 Err(over_bytes) => over_bytes,
             };
             let home_of = |bytes| Home::of(resources.class_of(bytes));
-            st.books.evict(over_bytes, stream, home_of)
+            st.ledger.evict(over_bytes, stream, home_of)
         };
         // A block the driver refuses stays held (and counted) until the next flush.
         let _ = self.send_home(evicted);
         if self
             .state
             .lock()
-            .books
+            .ledger
             .reserve(block_bytes, limit_bytes)
             .is_ok()
         {
@@ -101,7 +101,7 @@ impl DeviceAllocator {
                     self.device,
                     format_bytes(block_bytes)
                 );
-                self.state.lock().books.counters_mut().num_alloc_retries += 1;
+                self.state.lock().ledger.counters_mut().num_alloc_retries += 1;
                 if let Err(e) = self.flush(0) {
                     log::warn!("device {}: before the retry: {e}", self.device);
                 }
@@ -130,7 +130,7 @@ impl DeviceAllocator {
             .and_then(|p| p.resources.reserved_bytes().ok())
             .unwrap_or(0);
         let mut st = self.state.lock();
-        st.books.counters_mut().num_ooms += 1;
+        st.ledger.counters_mut().num_ooms += 1;
         self.note(
             &st,
             Event::Oom,
@@ -143,9 +143,9 @@ impl DeviceAllocator {
             device: self.device,
             device_free_bytes: mem.free_bytes,
             device_total_bytes: mem.total_bytes,
-            allocated_bytes: st.books.counters().allocated_bytes.current,
+            allocated_bytes: st.ledger.counters().allocated_bytes.current,
             reserved_bytes,
-            cached_bytes: st.books.cached_bytes(),
+            cached_bytes: st.ledger.cached_bytes(),
             limit_bytes,
             max_bytes: None,
         };

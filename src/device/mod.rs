@@ -16,16 +16,16 @@
 //! A free goes the other way: a block other streams used waits for them ([`waits`]); then it is
 //! cached for its stream, or sent home to its resource.
 //!
-//! Invariants: the books ([`books`]) and waits sit behind one mutex per device, held for map and
+//! Invariants: the ledger ([`ledger`]) and waits sit behind one mutex per device, held for map and
 //! counter updates and non-blocking driver queries only, never across a call that can wait for
 //! the GPU or allocate device memory; a block passed to record_stream is reused only after events
 //! recorded on those streams have completed.
 
-mod books;
 mod control;
 mod growth;
 mod health;
 mod idle;
+mod ledger;
 mod limit;
 mod reserved_cap;
 mod returns;
@@ -41,8 +41,8 @@ use crate::ipc::export::Exporter;
 use crate::peer::Peers;
 use crate::resource::{peer_target, Accessible, Resources, SizeClass};
 use crate::sync::{Mutex, OnceCell};
-use books::{Books, FreedBlock, Home, WaitingBlock};
 use growth::GrowthMarks;
+use ledger::{FreedBlock, Home, Ledger, WaitingBlock};
 use limit::Limit;
 use std::sync::{Arc, Weak};
 use waits::Waits;
@@ -55,7 +55,7 @@ struct Provisioned {
 
 /// What the device lock guards.
 struct DeviceState {
-    books: Books,
+    ledger: Ledger,
     waits: Waits,
     growth: GrowthMarks,
     /// Allocations and frees so far (the background thread tells idleness by it).
@@ -105,7 +105,7 @@ impl DeviceAllocator {
             provisioning: Mutex::new(()),
             growing: Mutex::new(()),
             state: Mutex::new(DeviceState {
-                books: Books::default(),
+                ledger: Ledger::default(),
                 waits: Waits::default(),
                 growth: GrowthMarks::default(),
                 activity: 0,
@@ -151,7 +151,7 @@ impl DeviceAllocator {
         // above the maximum is refused without provisioning).
         self.state
             .lock()
-            .books
+            .ledger
             .set_cache(Cache::new(limit_bytes, max_block_bytes));
         let provisioned = self.provisioned.get_or_init(|| Provisioned {
             resources,
@@ -191,11 +191,11 @@ impl DeviceAllocator {
             if !st.waits.is_idle() {
                 self.collect_waits(&mut st, &mut homeless);
             }
-            match st.books.take_cached(stream, block_bytes) {
+            match st.ledger.take_cached(stream, block_bytes) {
                 Some(block) => {
                     let home = Home::of(resources.class_of(block.block_bytes));
                     let bytes = block.block_bytes;
-                    st.books
+                    st.ledger
                         .insert_live(block.ptr, requested_bytes, bytes, stream, home);
                     self.note(&st, Event::Alloc, stream, block.ptr, requested_bytes);
                     (Some(block.ptr), false)
@@ -203,7 +203,7 @@ impl DeviceAllocator {
                 // Step 3 in the same lock section, when the cap leaves room at once.
                 None => (
                     None,
-                    st.books.reserve(block_bytes, self.limit.bytes()).is_ok(),
+                    st.ledger.reserve(block_bytes, self.limit.bytes()).is_ok(),
                 ),
             }
         };
@@ -253,28 +253,28 @@ impl DeviceAllocator {
                     Home::DriverPool,
                 );
                 if served.is_err() {
-                    self.state.lock().books.unreserve(block_bytes);
+                    self.state.lock().ledger.unreserve(block_bytes);
                 }
                 return served;
             }
             Err(e) => {
-                self.state.lock().books.unreserve(block_bytes);
+                self.state.lock().ledger.unreserve(block_bytes);
                 return Err(e);
             }
         };
         let reserved_bytes = self.reserved_for_timeline(resources);
         let cache_in_use = {
             let mut st = self.state.lock();
-            st.books.counters_mut().num_device_allocs += 1;
+            st.ledger.counters_mut().num_device_allocs += 1;
             if let Some(reserved_bytes) = reserved_bytes {
                 self.recorder
-                    .note_reserved(reserved_bytes, stream, || st.books.gauges());
+                    .note_reserved(reserved_bytes, stream, || st.ledger.gauges());
             }
-            st.books
+            st.ledger
                 .insert_live(ptr, requested_bytes, block_bytes, stream, home);
             self.note(&st, Event::PoolAlloc, stream, ptr, block_bytes);
             self.note(&st, Event::Alloc, stream, ptr, requested_bytes);
-            st.books.cached_bytes() > 0
+            st.ledger.cached_bytes() > 0
         };
         if cache_in_use {
             self.release_cache_after_growth(resources, class);
@@ -323,8 +323,8 @@ impl DeviceAllocator {
                 Err(e) => return Err(e),
             };
         let mut st = self.state.lock();
-        st.books.counters_mut().num_device_allocs += 1;
-        st.books
+        st.ledger.counters_mut().num_device_allocs += 1;
+        st.ledger
             .insert_live(ptr, requested_bytes, block_bytes, stream, home);
         self.note(&st, Event::PoolAlloc, stream, ptr, block_bytes);
         self.note(&st, Event::Alloc, stream, ptr, requested_bytes);
@@ -333,7 +333,7 @@ impl DeviceAllocator {
 
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
         let mut st = self.lock_enabled()?;
-        let live = st.books.remove_live(ptr, self.device)?;
+        let live = st.ledger.remove_live(ptr, self.device)?;
         st.activity += 1;
         self.note(&st, Event::Free, live.stream, ptr, live.requested_bytes);
         log::trace!(
@@ -377,13 +377,13 @@ impl DeviceAllocator {
                 return Err(e);
             }
         }
-        st.books.deactivate(live.requested_bytes);
+        st.ledger.deactivate(live.requested_bytes);
         self.keep_or_send_home(st, block)
     }
 
     pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
         self.lock_enabled()?
-            .books
+            .ledger
             .record_stream(ptr, stream, self.device)
     }
 
@@ -391,7 +391,7 @@ impl DeviceAllocator {
     #[inline]
     fn note(&self, st: &DeviceState, kind: Event, stream: Stream, ptr: DevicePtr, bytes: u64) {
         self.recorder
-            .note(kind, stream, ptr, bytes, || st.books.gauges());
+            .note(kind, stream, ptr, bytes, || st.ledger.gauges());
     }
 }
 

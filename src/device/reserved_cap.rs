@@ -92,7 +92,7 @@ impl DeviceAllocator {
             return Ok(true);
         }
         if !self.state.lock().waits.capturing() {
-            self.state.lock().books.counters_mut().num_growth_syncs += 1;
+            self.state.lock().ledger.counters_mut().num_growth_syncs += 1;
             match self.driver.synchronize(self.device) {
                 Ok(()) if growth_fits(resources, class, block_bytes, limit_bytes)? => {
                     return Ok(true)

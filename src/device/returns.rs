@@ -2,11 +2,11 @@
 //! or sent home to their resource (or the driver), and `flush` (`empty_cache`, trim) returns
 //! everything and trims the resources.
 //!
-//! Invariants: a block leaves the books before it is sent home and comes back onto them (as
+//! Invariants: a block leaves the ledger before it is sent home and comes back onto them (as
 //! unreturned, held) if the driver refuses it, so no failure loses memory; sending home happens
 //! outside the device lock; a flush during a capture neither waits nor trims.
 
-use super::books::{FreedBlock, Home};
+use super::ledger::{FreedBlock, Home};
 use super::{DeviceAllocator, DeviceState};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
@@ -20,15 +20,15 @@ impl DeviceAllocator {
         mut st: MutexGuard<'_, DeviceState>,
         block: FreedBlock,
     ) -> Result<()> {
-        if !st.books.cacheable(&block) {
+        if !st.ledger.cacheable(&block) {
             // Straight home (a large block of the vmm backend, which reuses it itself): no
             // list to build.
-            st.books.release(&block);
+            st.ledger.release(&block);
             drop(st);
             return self.send_one_home(block);
         }
         let mut homeless = Vec::new();
-        st.books
+        st.ledger
             .keep(block, &mut homeless, |bytes| self.home_of(bytes));
         if homeless.is_empty() {
             return Ok(());
@@ -42,8 +42,8 @@ impl DeviceAllocator {
     /// home once the lock is released.
     pub(super) fn collect_waits(&self, st: &mut DeviceState, homeless: &mut Vec<FreedBlock>) {
         for w in st.waits.collect(self.driver.as_ref(), self.device) {
-            st.books.deactivate(w.requested_bytes);
-            st.books
+            st.ledger.deactivate(w.requested_bytes);
+            st.ledger
                 .keep(w.block, homeless, |bytes| self.home_of(bytes));
         }
     }
@@ -58,7 +58,7 @@ impl DeviceAllocator {
     }
 
     /// Sends blocks home — to their resource, the shareable pool or the driver — on their own
-    /// streams; they already left `held_bytes`. A block the driver refuses stays on the books
+    /// streams; they already left `held_bytes`. A block the driver refuses stays on the ledger
     /// for the next flush to retry; the first error is returned.
     pub(super) fn send_home(&self, blocks: Vec<FreedBlock>) -> Result<()> {
         if blocks.is_empty() {
@@ -130,7 +130,7 @@ impl DeviceAllocator {
         }
     }
 
-    /// Books the outcome of a return: the block is home (noted on the timeline), or, refused,
+    /// Ledger the outcome of a return: the block is home (noted on the timeline), or, refused,
     /// held again for the next flush.
     fn settle_return(
         &self,
@@ -138,7 +138,7 @@ impl DeviceAllocator {
         block: &FreedBlock,
         result: Result<()>,
     ) -> Result<()> {
-        st.books.settle_return(*block, result)?;
+        st.ledger.settle_return(*block, result)?;
         self.note(
             st,
             Event::PoolFree,
@@ -181,16 +181,16 @@ impl DeviceAllocator {
                 // All work queued before the synchronisation is done: every block that waited
                 // before it began is free (one freed since may still be in use).
                 for w in st.waits.take_all_after_sync(mark) {
-                    st.books.deactivate(w.requested_bytes);
-                    st.books.release(&w.block);
+                    st.ledger.deactivate(w.requested_bytes);
+                    st.ledger.release(&w.block);
                     blocks.push(w.block);
                 }
             }
             blocks.extend(
-                st.books
+                st.ledger
                     .drain_cache(|bytes| Home::of(resources.class_of(bytes))),
             );
-            blocks.extend(st.books.take_unreturned());
+            blocks.extend(st.ledger.take_unreturned());
         }
         let count = blocks.len();
         let returned = self.send_home(blocks);
@@ -204,7 +204,7 @@ impl DeviceAllocator {
             {
                 let st = self.state.lock();
                 self.recorder
-                    .note_trim(before, after, Stream(0), || st.books.gauges());
+                    .note_trim(before, after, Stream(0), || st.ledger.gauges());
             }
         }
         log::info!(

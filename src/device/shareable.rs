@@ -5,7 +5,7 @@
 //! straight back to it; only a live block of a shareable pool is exported; the shareable pool's
 //! bytes count against the memory limit like any other.
 
-use super::books::Home;
+use super::ledger::Home;
 use super::DeviceAllocator;
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
@@ -29,13 +29,13 @@ impl DeviceAllocator {
         {
             Ok(ptr) => ptr,
             Err(e) => {
-                self.state.lock().books.unreserve(block_bytes);
+                self.state.lock().ledger.unreserve(block_bytes);
                 return Err(e);
             }
         };
         let mut st = self.state.lock();
-        st.books.counters_mut().num_device_allocs += 1;
-        st.books
+        st.ledger.counters_mut().num_device_allocs += 1;
+        st.ledger
             .insert_live(ptr, requested_bytes, block_bytes, stream, Home::Shareable);
         self.note(&st, Event::PoolAlloc, stream, ptr, block_bytes);
         self.note(&st, Event::Alloc, stream, ptr, requested_bytes);
@@ -72,7 +72,7 @@ impl DeviceAllocator {
     pub fn export(&self, ptr: DevicePtr, stream: Stream) -> Result<StreampoolIpcHandle> {
         let (block_bytes, home) = {
             let st = self.state.lock();
-            let b = st.books.live(ptr).ok_or(Error::UnknownPointer {
+            let b = st.ledger.live(ptr).ok_or(Error::UnknownPointer {
                 ptr: ptr.0,
                 device: self.device,
             })?;

@@ -122,7 +122,7 @@ struct VmmState {
     captures: CaptureWatch,
     /// Devices other than its own with access.
     peers: Vec<usize>,
-    /// Some pages are blocked (mapped without access): settling tries to fix them.
+    /// Some pages are blocked (mapped without access): updating the ranges tries to fix them.
     blocked: bool,
     counts: DriverCounts,
 }
@@ -148,6 +148,17 @@ impl VmmState {
             .chain(carriers.map(|p| (Region::Carriers, p)))
             .collect()
     }
+}
+
+/// Who looks at the ranges ([`VmmResource::update_ranges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// A thread of the program (an allocation, a trim): it may record fences on its streams.
+    Program,
+    /// The device's background thread: it records no fence on the program's streams (one may
+    /// begin a capture at any moment); streams that have finished all their work complete their
+    /// pending fences instead.
+    Background,
 }
 
 fn paused() -> Error {
@@ -234,22 +245,12 @@ impl VmmResource {
         st.captures.refresh(self.driver.as_ref(), self.device)
     }
 
-    /// Freed ranges whose fences completed become ready for every stream; pending fences are
-    /// recorded (for the next settle); blocks freed during a capture that has ended get their
-    /// fence numbers; blocked pages are fixed. Nothing during a known capture, which forbids
-    /// event queries and records.
-    fn settle(&self, st: &mut VmmState) {
-        self.settle_as(st, false);
-    }
-
-    /// [`VmmResource::settle`] for the background thread: it records no fence on the program's
-    /// streams (one may begin a capture at any moment); streams that have finished all their
-    /// work complete their pending fences instead.
-    fn settle_from_background(&self, st: &mut VmmState) {
-        self.settle_as(st, true);
-    }
-
-    fn settle_as(&self, st: &mut VmmState, background: bool) {
+    /// Brings the free ranges up to date with the GPU: freed ranges whose fences completed
+    /// become ready for every stream; pending fences are recorded (for the next look) or, from
+    /// the background thread, completed where their streams have finished all their work;
+    /// blocks freed during a capture that has ended get their fence numbers; blocked pages are
+    /// fixed. Nothing during a known capture, which forbids event queries and records.
+    fn update_ranges(&self, st: &mut VmmState, caller: Caller) {
         if self.capturing(st) {
             return;
         }
@@ -260,11 +261,11 @@ impl VmmResource {
         let now_ms = self.driver.now_ms();
         let (driver, device) = (self.driver.as_ref(), self.device);
         let mut done = st.fences.poll(driver, device);
-        if background {
+        if caller == Caller::Background {
             done.extend(st.fences.complete_pending_of_idle_streams(driver, device));
         }
         self.promote(st, done, now_ms);
-        if !background {
+        if caller == Caller::Program {
             st.fences.record_all_pending(driver, device, |s| {
                 driver.is_capturing(device, s).unwrap_or(true)
             });
@@ -300,7 +301,7 @@ impl VmmResource {
             st.large.take(start, bytes);
             return Ok(start);
         }
-        self.settle(st);
+        self.update_ranges(st, Caller::Program);
         if let Some(start) = st.large.best_fit(bytes, stream) {
             st.large.take(start, bytes);
             return Ok(start);
@@ -373,7 +374,7 @@ impl VmmResource {
         Some(start)
     }
 
-    /// Books `[start, start + bytes)` as a live block. (Its pages are marked used when it is
+    /// Ledger `[start, start + bytes)` as a live block. (Its pages are marked used when it is
     /// freed: until then they are not idle, whatever their mark.)
     fn hand_out(&self, st: &mut VmmState, start: u64, bytes: u64) -> DevicePtr {
         st.live.insert(start, bytes);

@@ -6,7 +6,7 @@
 //! the device calls after synchronising; a page goes back only from a `Ready` range (see
 //! [`super::mapping`]).
 
-use super::{VmmResource, RELEASE_AFTER_MS};
+use super::{Caller, VmmResource, RELEASE_AFTER_MS};
 use crate::error::Result;
 use std::sync::atomic::Ordering;
 
@@ -21,7 +21,7 @@ impl VmmResource {
         };
         // Fences of the last frees are collected here, so that memory is ready for every stream
         // (and idle, for moves and releases) without waiting for a miss.
-        self.settle_from_background(&mut st);
+        self.update_ranges(&mut st, Caller::Background);
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
         }
@@ -39,7 +39,7 @@ impl VmmResource {
         let Ok(mut st) = self.lock_enabled() else {
             return false;
         };
-        self.settle_from_background(&mut st);
+        self.update_ranges(&mut st, Caller::Background);
         self.release_down_to(&mut st, 0, None);
         st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
             || self.capturing(&mut st)
@@ -67,7 +67,7 @@ impl VmmResource {
             self.driver.synchronize(self.device)?;
             st = self.state.lock();
         }
-        self.settle(&mut st);
+        self.update_ranges(&mut st, Caller::Program);
         let done = st.fences.complete_pending(&gone);
         let now_ms = driver.now_ms();
         self.promote(&mut st, done, now_ms);

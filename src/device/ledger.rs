@@ -1,10 +1,10 @@
-//! The books of one device: which blocks are live and where each goes back, the cache of freed
+//! The ledger of one device: which blocks are live and where each goes back, the cache of freed
 //! blocks, the bytes held from the device's resources, and the counters behind the statistics.
 //!
 //! Invariants (all under the device lock, so a snapshot is consistent): `allocated_bytes` is the
 //! sum of requested bytes over live blocks; `held_bytes` is the block bytes of every block held
 //! from a resource — live (graph memory aside), cached, waiting for other streams, refused by the
-//! driver on return — plus allocations in flight that reserved their bytes ([`Books::reserve`]);
+//! driver on return — plus allocations in flight that reserved their bytes ([`Ledger::reserve`]);
 //! a block is in exactly one place at a time (live, cache, a wait, unreturned, or back home).
 
 use crate::cache::{Cache, CachedBlock};
@@ -79,7 +79,7 @@ pub(crate) struct WaitingBlock {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct Books {
+pub(super) struct Ledger {
     live: WordMap<DevicePtr, LiveBlock>,
     cache: Cache,
     held_bytes: u64,
@@ -89,8 +89,8 @@ pub(super) struct Books {
     unreturned: Vec<FreedBlock>,
 }
 
-impl Books {
-    /// The cache of a device whose resources were just created (the books are empty then).
+impl Ledger {
+    /// The cache of a device whose resources were just created (the ledger is empty then).
     pub fn set_cache(&mut self, cache: Cache) {
         debug_assert_eq!(self.cache.cached_bytes(), 0);
         self.cache = cache;
@@ -204,7 +204,7 @@ impl Books {
         Some(block)
     }
 
-    /// Keeps a freed, inactive block in the cache. What must go home instead leaves the books
+    /// Keeps a freed, inactive block in the cache. What must go home instead leaves the ledger
     /// for `homeless`: the block itself if it does not belong in the cache (not cacheable, too
     /// large), and cached blocks of other streams evicted to make room for it (homes by size,
     /// from `home_of`).
@@ -244,7 +244,7 @@ impl Books {
         matches!(block.home, Home::Small | Home::Large) && self.cache.takes(block.block_bytes)
     }
 
-    /// A block leaves the books on its way home.
+    /// A block leaves the ledger on its way home.
     #[inline]
     pub fn release(&mut self, block: &FreedBlock) {
         if block.home.is_held() {
@@ -252,7 +252,7 @@ impl Books {
         }
     }
 
-    /// Books the outcome of sending a block home: on failure it is held again, in `unreturned`,
+    /// Ledger the outcome of sending a block home: on failure it is held again, in `unreturned`,
     /// for the next flush to retry. Returns the error.
     pub fn settle_return(&mut self, block: FreedBlock, result: Result<()>) -> Result<()> {
         match result {
@@ -270,14 +270,14 @@ impl Books {
         }
     }
 
-    /// The blocks the driver refused earlier, for another try (they leave the books).
+    /// The blocks the driver refused earlier, for another try (they leave the ledger).
     pub fn take_unreturned(&mut self) -> Vec<FreedBlock> {
         let blocks = std::mem::take(&mut self.unreturned);
         blocks.iter().for_each(|b| self.release(b));
         blocks
     }
 
-    /// Every cached block of the sizes `home` serves, out of the cache and the books.
+    /// Every cached block of the sizes `home` serves, out of the cache and the ledger.
     pub fn drain_cache_sizes(
         &mut self,
         sizes: std::ops::RangeInclusive<u64>,
@@ -287,13 +287,13 @@ impl Books {
         self.take_cached_blocks(blocks, |_| home)
     }
 
-    /// Every cached block, out of the cache and the books; `home_of` names each one's home by size.
+    /// Every cached block, out of the cache and the ledger; `home_of` names each one's home by size.
     pub fn drain_cache(&mut self, home_of: impl Fn(u64) -> Home) -> Vec<FreedBlock> {
         let blocks = self.cache.drain();
         self.take_cached_blocks(blocks, home_of)
     }
 
-    /// Cached blocks worth `wanted_bytes`, those of `prefer_stream` first, out of the books.
+    /// Cached blocks worth `wanted_bytes`, those of `prefer_stream` first, out of the ledger.
     pub fn evict(
         &mut self,
         wanted_bytes: u64,
