@@ -1,6 +1,6 @@
 //! Stream waits of one device: freed blocks that other streams used (`record_stream`) wait for
 //! events recorded on those streams; during a CUDA graph capture no event can be recorded, so
-//! such blocks are deferred until the capture ends; and graph memory itself.
+//! such blocks are deferred until the capture ends.
 //!
 //! Built on [`crate::stream_order`] (events, the capture watch, in-order completion).
 //!
@@ -12,8 +12,7 @@
 //! The driver is an argument: this layer owns its fields and nothing else of the device.
 
 use super::ledger::WaitingBlock;
-use crate::driver::{DevicePtr, Driver, Stream};
-use crate::error::Result;
+use crate::driver::{Driver, Stream};
 use crate::stream_order::{CaptureWatch, EventPool, InOrder};
 
 /// A waiting block, with when it began to wait (see [`Waits::mark`]).
@@ -185,14 +184,4 @@ impl Waits {
     pub fn destroy_spares(&mut self, driver: &dyn Driver, device: usize) {
         self.events.destroy(driver, device);
     }
-}
-
-/// Graph memory for a capturing stream: the allocation becomes a node of the graph.
-pub(super) fn alloc_for_graph(
-    driver: &dyn Driver,
-    device: usize,
-    block_bytes: u64,
-    stream: Stream,
-) -> Result<DevicePtr> {
-    driver.alloc_captured(device, block_bytes, stream)
 }

@@ -20,19 +20,54 @@ pub struct CudaPoolResource {
     driver: Arc<dyn Driver>,
     device: usize,
     handle: PoolHandle,
-    label: &'static str,
+    role: PoolRole,
+}
+
+/// What a pool is for on its device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PoolRole {
+    pub label: &'static str,
+    /// Exportable to other processes.
+    pub shareable: bool,
+    /// Its freed blocks may wait in the device's cache.
+    pub cacheable: bool,
+}
+
+impl PoolRole {
+    /// The device's pool for large blocks (every block without a small-block pool).
+    pub(crate) const OWN: PoolRole = PoolRole {
+        label: "pool",
+        shareable: false,
+        cacheable: true,
+    };
+    /// The device's pool for small blocks.
+    pub(crate) const OWN_SMALL: PoolRole = PoolRole {
+        label: "small-block pool",
+        ..PoolRole::OWN
+    };
+    /// The device's one pool with `STREAMPOOL_IPC`: every block shareable.
+    pub(crate) const SHARED_OWN: PoolRole = PoolRole {
+        shareable: true,
+        ..PoolRole::OWN
+    };
+    /// The pool of `streampool.shareable()`: its blocks go straight back.
+    pub(crate) const SHAREABLE: PoolRole = PoolRole {
+        label: "shareable pool",
+        shareable: true,
+        cacheable: false,
+    };
 }
 
 impl CudaPoolResource {
-    /// A new pool on `device` (of `total_bytes` memory), configured from `config`.
+    /// A new pool on `device` (of `total_bytes` memory) for `role`, configured from `config`.
     pub fn create(
         driver: &Arc<dyn Driver>,
         device: usize,
         config: &Config,
         total_bytes: u64,
-        shareable: bool,
-        label: &'static str,
+        role: PoolRole,
     ) -> Result<CudaPoolResource> {
+        let (shareable, label) = (role.shareable, role.label);
         if shareable && !driver.ipc_supported(device)? {
             return Err(Error::DriverUnavailable(format!(
                 "device {device} cannot share pool memory with other processes: its driver reports \
@@ -48,7 +83,7 @@ impl CudaPoolResource {
             driver: Arc::clone(driver),
             device,
             handle,
-            label,
+            role,
         };
         let threshold_bytes = config.release_threshold.resolve_bytes(total_bytes);
         let reuse = config.reuse;
@@ -80,14 +115,18 @@ impl CudaPoolResource {
 impl Drop for CudaPoolResource {
     fn drop(&mut self) {
         if let Err(e) = self.driver.pool_destroy(self.device, self.handle) {
-            log::debug!("device {}: destroying the {}: {e}", self.device, self.label);
+            log::debug!(
+                "device {}: destroying the {}: {e}",
+                self.device,
+                self.role.label
+            );
         }
     }
 }
 
 impl Accessible for CudaPoolResource {
     fn label(&self) -> &'static str {
-        self.label
+        self.role.label
     }
 
     fn grant_access(&self, peer: usize) -> Result<()> {
@@ -123,7 +162,10 @@ impl Resource for CudaPoolResource {
 
     fn traits(&self) -> Traits {
         Traits {
-            label: self.label,
+            label: self.role.label,
+            cacheable: self.role.cacheable,
+            held: true,
+            shareable: self.role.shareable,
             returns_before_growth: true,
         }
     }

@@ -2,24 +2,29 @@
 //! `device_memory_resource` shape: allocate, deallocate, usage, trim, and what it is), the
 //! optional [`Capabilities`] a resource may add (a run-time release threshold, peaks, background
 //! release, peer access, capture notice, export), its implementations — [`cuda_pool`] (a CUDA
-//! stream-ordered pool) and [`vmm`] (streampool's own virtual-memory pool) — and [`Resources`],
-//! the pair of resources of one device chosen by block size.
+//! stream-ordered pool), [`vmm`] (streampool's own virtual-memory pool) and the driver's own
+//! pool (graph memory, the capture fallback) — and [`Sources`], the table of one device's sources
+//! by id ([`provision`] makes the first ones).
 //!
 //! Invariants: every resource serves one device and is safe to call from any thread; allocation
 //! and deallocation are stream-ordered — a block deallocated on stream S may be handed out again
 //! on S at once, on another stream only after the work S had queued at the deallocation is done;
-//! which resource serves a block is a function of its size alone ([`Resources::class_of`]), so a
-//! free needs no record of it.
+//! a block goes back to the resource that served it, named by the id its record carries (which
+//! of a device's own resources serves a new block is a function of its size alone,
+//! [`Sources::for_size`]).
 
 pub mod cuda_pool;
+mod driver_pool;
+mod sources;
 pub mod vmm;
 
 use crate::config::{Backend, Config};
 use crate::driver::{DevicePtr, Driver, PoolHandle, PoolUsage, Stream};
 use crate::error::Result;
 use crate::history::Recorder;
-use cuda_pool::CudaPoolResource;
-use std::ops::RangeInclusive;
+use cuda_pool::{CudaPoolResource, PoolRole};
+use driver_pool::DriverPoolResource;
+pub use sources::{Source, SourceId, Sources};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 pub use vmm::DriverCounts;
@@ -55,6 +60,15 @@ impl Usage {
 pub struct Traits {
     /// What it is, for messages ("pool", "small-block pool", "virtual memory resource", ...).
     pub label: &'static str,
+    /// Freed blocks may wait in the device's cache for reuse on their stream; if not, they go
+    /// straight back.
+    pub cacheable: bool,
+    /// Its blocks are streampool's to hold: they count against the memory limit (held bytes),
+    /// and a block other streams used (record_stream) waits for them before it goes back. False
+    /// for graph memory, which belongs to its graph.
+    pub held: bool,
+    /// Its blocks can be exported to other processes ([`Capabilities::export`]).
+    pub shareable: bool,
     /// It can reuse freed memory only once it was given back (a CUDA pool coalesces only what is
     /// returned to it): the device then returns cached blocks, and trims, before it grows. A
     /// resource that manages its own holes says false.
@@ -186,165 +200,91 @@ pub fn usage_with_peaks(resource: &dyn Resource) -> Result<PoolUsage> {
     })
 }
 
-/// Which of a device's resources serves a block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SizeClass {
-    /// Up to `STREAMPOOL_SMALL_POOL_MAX`, when there is a small-block resource.
-    Small,
-    Large,
-}
-
-/// The resources of one device: one for large blocks and, unless disabled, one for small ones.
-pub struct Resources {
+/// The sources a device starts with ([`provision`]).
+pub struct Provision {
+    pub sources: Sources,
     /// The backend serving the device (the pool where `vmm` was asked for and is unsupported).
-    backend: Backend,
-    large: Arc<dyn Resource>,
-    small: Option<Arc<dyn Resource>>,
-    small_max_bytes: u64,
+    pub backend: Backend,
 }
 
-impl Resources {
-    /// The resources `config` asks for on `device` (of `total_bytes` memory). With
-    /// `STREAMPOOL_IPC`, one shareable pool serves every size. A small-block pool that cannot be
-    /// created is logged and left out (the large resource serves every size).
-    pub fn create(
-        driver: &Arc<dyn Driver>,
-        device: usize,
-        config: &Config,
-        total_bytes: u64,
-        limit_bytes: &Arc<AtomicU64>,
-        recorder: &Arc<Recorder>,
-    ) -> Result<Resources> {
-        let small_max_bytes = config.small_pool_max.resolve_bytes(total_bytes);
-        if config.ipc {
-            let pool = CudaPoolResource::create(driver, device, config, total_bytes, true, "pool")?;
-            return Ok(Resources::single(Arc::new(pool)));
-        }
-        let vmm = config.backend == Backend::Vmm;
-        if vmm && !driver.vmm_supported(device)? {
-            log::warn!(
-                "device {device} does not support CUDA virtual memory management \
-                 (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED): it uses the pool \
-                 backend instead of STREAMPOOL_BACKEND=vmm"
-            );
-        } else if vmm {
-            // One resource for every size: small blocks are carved out of its own pages.
-            let settings = VmmSettings::resolve(config, driver.as_ref(), device, total_bytes)?;
-            let vmm = VmmResource::create(
-                driver,
-                device,
-                &settings,
-                total_bytes,
-                Arc::clone(limit_bytes),
-                Arc::clone(recorder),
-            )?;
-            return Ok(Resources {
-                backend: Backend::Vmm,
-                ..Resources::single(vmm)
-            });
-        }
-        let large = Arc::new(CudaPoolResource::create(
+/// The sources `config` asks for on `device` (of `total_bytes` memory): its own resources — a
+/// pool for large blocks and, unless disabled, one for small ones, or the virtual-memory resource
+/// for every size — graph memory and the capture fallback. With `STREAMPOOL_IPC`, one shareable
+/// pool serves every size and is the shareable pool. A small-block pool that cannot be created is
+/// logged and left out (the large resource serves every size).
+pub fn provision(
+    driver: &Arc<dyn Driver>,
+    device: usize,
+    config: &Config,
+    total_bytes: u64,
+    limit_bytes: &Arc<AtomicU64>,
+    recorder: &Arc<Recorder>,
+) -> Result<Provision> {
+    let with = |large: Arc<dyn Resource>, small| {
+        let graph = Arc::new(DriverPoolResource::graph_memory(driver, device));
+        let fallback = Arc::new(DriverPoolResource::capture_fallback(driver, device));
+        Sources::new(large, small, graph, fallback)
+    };
+    let pool = |role| CudaPoolResource::create(driver, device, config, total_bytes, role);
+    if config.ipc {
+        let mut sources = with(Arc::new(pool(PoolRole::SHARED_OWN)?), None);
+        sources.set_shareable(sources.for_size(0));
+        let backend = Backend::Pool;
+        return Ok(Provision { sources, backend });
+    }
+    let vmm = config.backend == Backend::Vmm;
+    if vmm && !driver.vmm_supported(device)? {
+        log::warn!(
+            "device {device} does not support CUDA virtual memory management \
+             (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED): it uses the pool \
+             backend instead of STREAMPOOL_BACKEND=vmm"
+        );
+    } else if vmm {
+        // One resource for every size: small blocks are carved out of its own pages.
+        let settings = VmmSettings::resolve(config, driver.as_ref(), device, total_bytes)?;
+        let vmm = VmmResource::create(
             driver,
             device,
-            config,
+            &settings,
             total_bytes,
-            false,
-            "pool",
-        )?);
-        // A pool size cap applies to one pool: no split then.
-        let split = small_max_bytes > 0 && config.max_pool_size.is_max();
-        let small = match split {
-            false => None,
-            true => {
-                let label = "small-block pool";
-                match CudaPoolResource::create(driver, device, config, total_bytes, false, label) {
-                    Ok(pool) => Some(Arc::new(pool) as Arc<dyn Resource>),
-                    Err(e) => {
-                        log::warn!(
-                            "device {device}: no small-block pool, one resource serves all: {e}"
-                        );
-                        None
-                    }
-                }
+            Arc::clone(limit_bytes),
+            Arc::clone(recorder),
+        )?;
+        let backend = Backend::Vmm;
+        return Ok(Provision {
+            sources: with(vmm, None),
+            backend,
+        });
+    }
+    let large = Arc::new(pool(PoolRole::OWN)?);
+    let small_max_bytes = config.small_pool_max.resolve_bytes(total_bytes);
+    // A pool size cap applies to one pool: no split then.
+    let split = small_max_bytes > 0 && config.max_pool_size.is_max();
+    let small = match split {
+        false => None,
+        true => match pool(PoolRole::OWN_SMALL) {
+            Ok(pool) => Some((Arc::new(pool) as Arc<dyn Resource>, small_max_bytes)),
+            Err(e) => {
+                log::warn!("device {device}: no small-block pool, one resource serves all: {e}");
+                None
             }
-        };
-        Ok(Resources {
-            backend: Backend::Pool,
-            large,
-            small,
-            small_max_bytes,
-        })
-    }
+        },
+    };
+    let backend = Backend::Pool;
+    Ok(Provision {
+        sources: with(large, small),
+        backend,
+    })
+}
 
-    /// One resource for every size.
-    pub fn single(resource: Arc<dyn Resource>) -> Resources {
-        Resources {
-            backend: Backend::Pool,
-            large: resource,
-            small: None,
-            small_max_bytes: 0,
-        }
-    }
-
-    /// The backend serving the device.
-    pub fn backend(&self) -> Backend {
-        self.backend
-    }
-
-    /// The class of a block of `block_bytes`.
-    #[inline]
-    pub fn class_of(&self, block_bytes: u64) -> SizeClass {
-        match self.small.is_some() && block_bytes <= self.small_max_bytes {
-            true => SizeClass::Small,
-            false => SizeClass::Large,
-        }
-    }
-
-    #[inline]
-    pub fn get(&self, class: SizeClass) -> &dyn Resource {
-        match (class, &self.small) {
-            (SizeClass::Small, Some(small)) => small.as_ref(),
-            _ => self.large.as_ref(),
-        }
-    }
-
-    /// The block sizes `class` serves.
-    pub fn sizes_served(&self, class: SizeClass) -> RangeInclusive<u64> {
-        match (class, &self.small) {
-            (SizeClass::Small, _) => 0..=self.small_max_bytes,
-            (SizeClass::Large, Some(_)) => self.small_max_bytes.saturating_add(1)..=u64::MAX,
-            (SizeClass::Large, None) => 0..=u64::MAX,
-        }
-    }
-
-    /// Every resource, the large one first.
-    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn Resource>> {
-        std::iter::once(&self.large).chain(&self.small)
-    }
-
-    /// The resources' usage with high-water marks, summed.
-    pub fn usage_with_peaks(&self) -> Result<PoolUsage> {
-        self.all().try_fold(PoolUsage::default(), |sum, r| {
-            Ok(sum.plus(usage_with_peaks(r.as_ref())?))
-        })
-    }
-
-    /// The driver calls the resources made, summed.
-    pub fn driver_counts(&self) -> DriverCounts {
-        self.all()
-            .filter_map(|r| r.capabilities().statistics.map(|s| s.driver_counts()))
-            .fold(DriverCounts::default(), DriverCounts::plus)
-    }
-
-    /// The resources' reserved bytes, summed.
-    pub fn reserved_bytes(&self) -> Result<u64> {
-        self.all().try_fold(0u64, |sum, r| {
-            Ok(sum.saturating_add(r.usage()?.reserved_bytes))
-        })
-    }
-
-    /// Runs `f` on every resource; every one is tried, the first error is returned.
-    pub fn for_each(&self, mut f: impl FnMut(&dyn Resource) -> Result<()>) -> Result<()> {
-        self.all().map(|r| f(r.as_ref())).fold(Ok(()), Result::and)
-    }
+/// The pool of `streampool.shareable()` on `device` (of `total_bytes` memory): shareable, never
+/// cached.
+pub fn shareable_pool(
+    driver: &Arc<dyn Driver>,
+    device: usize,
+    config: &Config,
+    total_bytes: u64,
+) -> Result<Arc<dyn Resource>> {
+    let pool = CudaPoolResource::create(driver, device, config, total_bytes, PoolRole::SHAREABLE)?;
+    Ok(Arc::new(pool))
 }

@@ -509,6 +509,9 @@ impl Resource for VmmResource {
     fn traits(&self) -> Traits {
         Traits {
             label: "virtual memory resource",
+            cacheable: true,
+            held: true,
+            shareable: false,
             returns_before_growth: false,
         }
     }
