@@ -7,7 +7,8 @@
 //!   `catch_unwind`, status codes; no policy.
 //! - `api`: the process-wide [`Allocator`] built from [`config`] on first use; `fork`: whether
 //!   this process is a fork child of a user of streampool (a leaf any layer may ask).
-//! - [`allocator`]: argument checks and one device allocator per device.
+//! - [`allocator`]: argument checks, the settings each layer below gets from the configuration
+//!   ([`config::Settings`]), and one device allocator per device.
 //! - `device`: the pipeline of one device, one layer per file: graph capture and stream waits,
 //!   cache, limit, growth, out-of-memory recovery, over its resources.
 //! - `resource`: where blocks come from — a CUDA pool, or the virtual-memory pool — behind one

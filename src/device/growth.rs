@@ -51,7 +51,7 @@ impl DeviceAllocator {
         source: &Source,
         request: Request,
     ) -> Result<()> {
-        let trim = self.config.trim_on_growth;
+        let trim = self.setup()?.settings.trim_on_growth;
         if !source.traits().returns_before_growth
             || (!trim && self.state.lock().ledger.cached_bytes() == 0)
         {

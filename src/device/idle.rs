@@ -53,8 +53,8 @@ impl Tended for DeviceAllocator {
                     done: false,
                 };
             }
-            let due = self
-                .config
+            let due = setup
+                .settings
                 .idle_release_ms
                 .is_some_and(|delay_ms| now_ms.saturating_sub(w.since_ms) >= delay_ms);
             due && !w.done && w.tries < IDLE_TRIES

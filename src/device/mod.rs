@@ -38,7 +38,7 @@ mod shareable;
 mod waits;
 
 use crate::cache::Cache;
-use crate::config::{Backend, Config};
+use crate::config::{Backend, DeviceSettings, Settings};
 use crate::driver::{DevicePtr, Driver, Stream};
 use crate::error::Result;
 use crate::history::{Recorder, StreampoolEventKind as Event};
@@ -56,6 +56,7 @@ use waits::Waits;
 /// What the device learnt and made on its first use.
 struct DeviceSetup {
     total_bytes: u64,
+    settings: DeviceSettings,
     /// The device's own resources, the large-block one first: also in the ledger's table, and
     /// fixed for the device's life, so they are read here without the device lock.
     own: Vec<Arc<dyn Resource>>,
@@ -100,7 +101,7 @@ enum Lookup {
 pub struct DeviceAllocator {
     device: usize,
     driver: Arc<dyn Driver>,
-    config: Arc<Config>,
+    settings: Arc<Settings>,
     setup: OnceCell<DeviceSetup>,
     /// Held while the device's sources are created (its own, the shareable pool).
     creating: Mutex<()>,
@@ -119,7 +120,7 @@ impl DeviceAllocator {
     pub fn new(
         device: usize,
         driver: Arc<dyn Driver>,
-        config: Arc<Config>,
+        settings: Arc<Settings>,
         recorder: Arc<Recorder>,
         peers: Arc<Peers>,
     ) -> Arc<DeviceAllocator> {
@@ -127,7 +128,7 @@ impl DeviceAllocator {
             device,
             exporter: Exporter::new(device, Arc::clone(&driver)),
             driver,
-            config,
+            settings,
             setup: OnceCell::new(),
             creating: Mutex::new(()),
             growing: Mutex::new(()),
@@ -155,10 +156,11 @@ impl DeviceAllocator {
             return Ok(setup);
         }
         let total_bytes = self.driver.mem_info(self.device)?.total_bytes;
+        let settings = self.settings.for_device(total_bytes);
         let provision = crate::resource::provision(
             &self.driver,
             self.device,
-            &self.config,
+            &settings.sources,
             total_bytes,
             self.limit.shared(),
             &self.recorder,
@@ -167,22 +169,26 @@ impl DeviceAllocator {
         let targets: Vec<Arc<dyn Accessible>> = own.iter().filter_map(peer_target).collect();
         self.peers
             .pools_created(self.driver.as_ref(), self.device, &targets);
-        let mut max_block_bytes = self.config.cache_max_block.resolve_bytes(total_bytes);
+        let mut max_block_bytes = settings.cache_max_block_bytes;
         if provision.backend == Backend::Vmm {
             // The virtual-memory resource reuses and coalesces freed blocks itself: caching
             // large ones above it would only keep them from coalescing.
-            max_block_bytes =
-                max_block_bytes.min(self.config.small_pool_max.resolve_bytes(total_bytes));
+            max_block_bytes = max_block_bytes.min(settings.sources.small_max_bytes);
         }
-        let limit_bytes = self.config.cache_limit.resolve_bytes(total_bytes);
+        let limit_bytes = settings.cache_limit_bytes;
         // Only the sources and the cache: the counters may already hold an out-of-memory error
         // (a request above the maximum is refused without creating the sources).
         self.state
             .lock()
             .ledger
             .provision(provision.sources, Cache::new(limit_bytes, max_block_bytes));
-        let setup = self.setup.get_or_init(|| DeviceSetup { total_bytes, own });
-        if self.config.background {
+        let background = settings.background;
+        let setup = self.setup.get_or_init(|| DeviceSetup {
+            total_bytes,
+            settings,
+            own,
+        });
+        if background {
             crate::background::register(self.me.clone() as Weak<dyn crate::background::Tended>);
         }
         Ok(setup)
@@ -198,12 +204,12 @@ impl DeviceAllocator {
     ) -> Result<DevicePtr> {
         self.check_enabled()?;
         let request = Request::new(requested_bytes, stream)?;
-        self.setup()?;
+        let setup = self.setup()?;
         // 1.
         if self.driver.is_capturing(self.device, stream)? {
             return self.allocate_for_graph(request);
         }
-        if shareable && !self.config.ipc {
+        if shareable && !setup.settings.every_block_shareable {
             return self.allocate_shareable(request);
         }
         // 2.

@@ -43,14 +43,13 @@ impl DeviceAllocator {
         if let Some(begun) = begin() {
             return begun;
         }
-        let total_bytes = self.setup()?.total_bytes;
+        let settings = self.setup()?.settings.sources.pool;
         let _creating = self.creating.lock();
         // Another thread may have made it meanwhile.
         if let Some(begun) = begin() {
             return begun;
         }
-        let pool =
-            crate::resource::shareable_pool(&self.driver, self.device, &self.config, total_bytes)?;
+        let pool = crate::resource::shareable_pool(&self.driver, self.device, &settings)?;
         if let Some(target) = peer_target(&pool) {
             self.peers
                 .extra_pool(self.driver.as_ref(), self.device, target);

@@ -54,13 +54,13 @@ fn recording(cacheable: bool) -> Arc<Recording> {
 
 fn device() -> Arc<DeviceAllocator> {
     let driver: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 1 << 30));
-    let config = Config {
+    let settings = Settings {
         background: false,
-        ..Config::default()
+        ..Settings::default()
     };
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
     let peers = Arc::new(Peers::new(PeerAccess::Off, 1));
-    DeviceAllocator::new(0, driver, Arc::new(config), recorder, peers)
+    DeviceAllocator::new(0, driver, Arc::new(settings), recorder, peers)
 }
 
 /// A block of `bytes` from source `id` (whose blocks are held), as a stage that serves from it

@@ -10,7 +10,7 @@
 use super::{
     Accessible, Capabilities, Export, ReleaseThreshold, Resource, Statistics, Traits, Usage,
 };
-use crate::config::Config;
+use crate::config::PoolSettings;
 use crate::driver::{DevicePtr, Driver, PoolAttr, PoolHandle, PoolUsage, Stream};
 use crate::error::{Error, Result};
 use crate::units::format_limit;
@@ -59,12 +59,11 @@ impl PoolRole {
 }
 
 impl CudaPoolResource {
-    /// A new pool on `device` (of `total_bytes` memory) for `role`, configured from `config`.
+    /// A new pool on `device` for `role`, with `settings`.
     pub fn create(
         driver: &Arc<dyn Driver>,
         device: usize,
-        config: &Config,
-        total_bytes: u64,
+        settings: &PoolSettings,
         role: PoolRole,
     ) -> Result<CudaPoolResource> {
         let (shareable, label) = (role.shareable, role.label);
@@ -76,7 +75,7 @@ impl CudaPoolResource {
                  allocate outside streampool.shareable()"
             )));
         }
-        let max_size_bytes = config.max_pool_size.resolve_bytes(total_bytes);
+        let max_size_bytes = settings.max_size_bytes;
         let handle = driver.pool_create(device, max_size_bytes, shareable)?;
         // From here the pool is ours: dropping `pool` destroys it, also on the error paths below.
         let pool = CudaPoolResource {
@@ -85,8 +84,8 @@ impl CudaPoolResource {
             handle,
             role,
         };
-        let threshold_bytes = config.release_threshold.resolve_bytes(total_bytes);
-        let reuse = config.reuse;
+        let threshold_bytes = settings.release_threshold_bytes;
+        let reuse = settings.reuse;
         let attrs = [
             Some(PoolAttr::ReleaseThresholdBytes(threshold_bytes)),
             reuse

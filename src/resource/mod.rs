@@ -18,7 +18,7 @@ mod driver_pool;
 mod sources;
 pub mod vmm;
 
-use crate::config::{Backend, Config};
+use crate::config::{Backend, PoolSettings, SourceSettings};
 use crate::driver::{DevicePtr, Driver, PoolHandle, PoolUsage, Stream};
 use crate::error::Result;
 use crate::history::Recorder;
@@ -207,7 +207,7 @@ pub struct Provision {
     pub backend: Backend,
 }
 
-/// The sources `config` asks for on `device` (of `total_bytes` memory): its own resources — a
+/// The sources `settings` ask for on `device` (of `total_bytes` memory): its own resources — a
 /// pool for large blocks and, unless disabled, one for small ones, or the virtual-memory resource
 /// for every size — graph memory and the capture fallback. With `STREAMPOOL_IPC`, one shareable
 /// pool serves every size and is the shareable pool. A small-block pool that cannot be created is
@@ -215,7 +215,7 @@ pub struct Provision {
 pub fn provision(
     driver: &Arc<dyn Driver>,
     device: usize,
-    config: &Config,
+    settings: &SourceSettings,
     total_bytes: u64,
     limit_bytes: &Arc<AtomicU64>,
     recorder: &Arc<Recorder>,
@@ -225,14 +225,14 @@ pub fn provision(
         let fallback = Arc::new(DriverPoolResource::capture_fallback(driver, device));
         Sources::new(large, small, graph, fallback)
     };
-    let pool = |role| CudaPoolResource::create(driver, device, config, total_bytes, role);
-    if config.ipc {
+    let pool = |role| CudaPoolResource::create(driver, device, &settings.pool, role);
+    if settings.one_shareable_pool {
         let mut sources = with(Arc::new(pool(PoolRole::SHARED_OWN)?), None);
         sources.set_shareable(sources.for_size(0));
         let backend = Backend::Pool;
         return Ok(Provision { sources, backend });
     }
-    let vmm = config.backend == Backend::Vmm;
+    let vmm = settings.backend == Backend::Vmm;
     if vmm && !driver.vmm_supported(device)? {
         log::warn!(
             "device {device} does not support CUDA virtual memory management \
@@ -241,7 +241,7 @@ pub fn provision(
         );
     } else if vmm {
         // One resource for every size: small blocks are carved out of its own pages.
-        let settings = VmmSettings::resolve(config, driver.as_ref(), device, total_bytes)?;
+        let settings = VmmSettings::resolve(&settings.vmm, driver.as_ref(), device, total_bytes)?;
         let vmm = VmmResource::create(
             driver,
             device,
@@ -257,10 +257,8 @@ pub fn provision(
         });
     }
     let large = Arc::new(pool(PoolRole::OWN)?);
-    let small_max_bytes = config.small_pool_max.resolve_bytes(total_bytes);
-    // A pool size cap applies to one pool: no split then.
-    let split = small_max_bytes > 0 && config.max_pool_size.is_max();
-    let small = match split {
+    let small_max_bytes = settings.small_max_bytes;
+    let small = match settings.small_pool {
         false => None,
         true => match pool(PoolRole::OWN_SMALL) {
             Ok(pool) => Some((Arc::new(pool) as Arc<dyn Resource>, small_max_bytes)),
@@ -277,14 +275,12 @@ pub fn provision(
     })
 }
 
-/// The pool of `streampool.shareable()` on `device` (of `total_bytes` memory): shareable, never
-/// cached.
+/// The pool of `streampool.shareable()` on `device`: shareable, never cached.
 pub fn shareable_pool(
     driver: &Arc<dyn Driver>,
     device: usize,
-    config: &Config,
-    total_bytes: u64,
+    settings: &PoolSettings,
 ) -> Result<Arc<dyn Resource>> {
-    let pool = CudaPoolResource::create(driver, device, config, total_bytes, PoolRole::SHAREABLE)?;
+    let pool = CudaPoolResource::create(driver, device, settings, PoolRole::SHAREABLE)?;
     Ok(Arc::new(pool))
 }

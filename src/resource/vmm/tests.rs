@@ -3,7 +3,7 @@
 //! panic, and dropping leaks nothing.
 
 use super::*;
-use crate::config::Config;
+use crate::config::{Settings, VmmSpec};
 use crate::driver::sim::{SimDriver, SimFault};
 use crate::driver::StreamDriver;
 use crate::history::History;
@@ -19,19 +19,24 @@ struct Rig {
     vmm: Arc<VmmResource>,
 }
 
-fn rig_with(devices: usize, memory_bytes: u64, threshold: SizeSpec) -> Rig {
-    let config = Config {
-        release_threshold: threshold,
-        ..Config::default()
-    };
-    rig_config(devices, memory_bytes, config)
+/// The vmm settings of a device of `memory_bytes` with `settings`.
+fn spec(settings: Settings, memory_bytes: u64) -> VmmSpec {
+    settings.for_device(memory_bytes).sources.vmm
 }
 
-fn rig_config(devices: usize, memory_bytes: u64, config: Config) -> Rig {
+fn rig_with(devices: usize, memory_bytes: u64, threshold: SizeSpec) -> Rig {
+    let settings = Settings {
+        release_threshold: threshold,
+        ..Settings::default()
+    };
+    rig_spec(devices, memory_bytes, spec(settings, memory_bytes))
+}
+
+fn rig_spec(devices: usize, memory_bytes: u64, spec: VmmSpec) -> Rig {
     let sim = Arc::new(SimDriver::new(devices, memory_bytes).strict());
     let driver: Arc<dyn Driver> = sim.clone();
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
-    let settings = VmmSettings::resolve(&config, driver.as_ref(), 0, memory_bytes).unwrap();
+    let settings = VmmSettings::resolve(&spec, driver.as_ref(), 0, memory_bytes).unwrap();
     let limit = Arc::new(AtomicU64::new(u64::MAX));
     let vmm = VmmResource::create(&driver, 0, &settings, memory_bytes, limit, recorder).unwrap();
     Rig { sim, vmm }
@@ -139,7 +144,7 @@ fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
     // block before the device grows.
     let f = r.alloc(4 * PAGE, S1); // d's two pages and two more
     r.sim
-        .advance_clock_ms(Config::default().vmm_cold_after_ms + 1);
+        .advance_clock_ms(Settings::default().vmm_cold_after_ms + 1);
     r.free(f, 4 * PAGE, S1);
     let g = r.alloc(2 * PAGE, S1); // fits f's old range: no mapping at all
     r.free(g, 2 * PAGE, S1);
@@ -514,7 +519,8 @@ fn an_address_space_that_no_window_fits_gets_another_reservation() {
     let sim = Arc::new(SimDriver::new(1, 64 * PAGE).strict());
     let driver: Arc<dyn Driver> = sim.clone();
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
-    let settings = VmmSettings::resolve(&Config::default(), driver.as_ref(), 0, 2 * PAGE).unwrap();
+    let spec = spec(Settings::default(), 2 * PAGE);
+    let settings = VmmSettings::resolve(&spec, driver.as_ref(), 0, 2 * PAGE).unwrap();
     let limit = Arc::new(AtomicU64::new(u64::MAX));
     let vmm = VmmResource::create(&driver, 0, &settings, 2 * PAGE, limit, recorder).unwrap();
     let r = Rig { sim, vmm };
