@@ -5,51 +5,10 @@ use super::*;
 use crate::config::PeerAccess;
 use crate::driver::sim::SimDriver;
 use crate::history::History;
-use crate::resource::{Traits, Usage};
+use crate::resource::test_source::TestSource;
 
-/// A source that hands out addresses of its own and records what comes back.
-struct Recording {
-    cacheable: bool,
-    next: std::sync::atomic::AtomicU64,
-    returned: parking_lot::Mutex<Vec<DevicePtr>>,
-}
-
-impl Resource for Recording {
-    fn allocate(&self, bytes: u64, _stream: Stream) -> Result<DevicePtr> {
-        use std::sync::atomic::Ordering::Relaxed;
-        Ok(DevicePtr(0xa000_0000 + self.next.fetch_add(bytes, Relaxed)))
-    }
-
-    fn deallocate(&self, ptr: DevicePtr, _bytes: u64, _stream: Stream) -> Result<()> {
-        self.returned.lock().push(ptr);
-        Ok(())
-    }
-
-    fn usage(&self) -> Result<Usage> {
-        Ok(Usage::default())
-    }
-
-    fn trim(&self, _keep_bytes: u64) -> Result<()> {
-        Ok(())
-    }
-
-    fn traits(&self) -> Traits {
-        Traits {
-            label: "recording source",
-            cacheable: self.cacheable,
-            held: true,
-            shareable: false,
-            returns_before_growth: false,
-        }
-    }
-}
-
-fn recording(cacheable: bool) -> Arc<Recording> {
-    Arc::new(Recording {
-        cacheable,
-        next: Default::default(),
-        returned: Default::default(),
-    })
+fn recording(cacheable: bool) -> Arc<TestSource> {
+    TestSource::new("recording source", cacheable)
 }
 
 fn device() -> Arc<DeviceAllocator> {

@@ -16,6 +16,8 @@
 pub mod cuda_pool;
 mod driver_pool;
 mod sources;
+#[cfg(test)]
+pub(crate) mod test_source;
 pub mod vmm;
 
 use crate::config::{Backend, PoolSettings, SourceSettings};

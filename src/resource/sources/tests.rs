@@ -1,41 +1,10 @@
 //! The table of sources: ids, routing by size, and removal while blocks are held.
 
 use super::*;
-use crate::driver::{DevicePtr, Stream};
-use crate::resource::Usage;
-
-struct Named(&'static str);
-
-impl Resource for Named {
-    fn allocate(&self, _bytes: u64, _stream: Stream) -> Result<DevicePtr> {
-        Ok(DevicePtr(1))
-    }
-
-    fn deallocate(&self, _ptr: DevicePtr, _bytes: u64, _stream: Stream) -> Result<()> {
-        Ok(())
-    }
-
-    fn usage(&self) -> Result<Usage> {
-        Ok(Usage::default())
-    }
-
-    fn trim(&self, _keep_bytes: u64) -> Result<()> {
-        Ok(())
-    }
-
-    fn traits(&self) -> Traits {
-        Traits {
-            label: self.0,
-            cacheable: true,
-            held: true,
-            shareable: false,
-            returns_before_growth: false,
-        }
-    }
-}
+use crate::resource::test_source::TestSource;
 
 fn named(label: &'static str) -> Arc<dyn Resource> {
-    Arc::new(Named(label))
+    TestSource::new(label, true)
 }
 
 fn label(sources: &Sources, id: SourceId) -> &'static str {
