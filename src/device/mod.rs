@@ -45,7 +45,7 @@ use crate::history::{Recorder, StreampoolEventKind as Event};
 use crate::ipc::export::Exporter;
 use crate::peer::Peers;
 use crate::resource::{peer_target, Accessible, Resource, Source, SourceId};
-use crate::sync::{Mutex, OnceCell};
+use crate::sync::{Mutex, MutexGuard, OnceCell};
 use growth::GrowthMarks;
 use ledger::{FreedBlock, Ledger, WaitingBlock};
 use limit::Limit;
@@ -396,6 +396,8 @@ impl DeviceAllocator {
         st.ledger.sources_mut().allocation_failed(source.id);
     }
 
+    /// Frees `ptr`: off the live list; a block other streams used waits for them; then it is
+    /// cached for its stream, or goes back to its source.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
         let mut st = self.lock_enabled()?;
         let live = st.ledger.remove_live(ptr, self.device)?;
@@ -418,32 +420,43 @@ impl DeviceAllocator {
                 block,
                 requested_bytes: live.requested_bytes,
             };
-            let failed = match st.waits.wait_for(
-                self.driver.as_ref(),
-                self.device,
-                waiting,
-                live.recorded_streams,
-            ) {
-                Ok(()) => return Ok(()),
-                Err(failed) => failed,
-            };
-            // Without an event we cannot know when the streams are done: wait for everything.
-            drop(st);
-            log::warn!(
-                "device {}: {}; synchronising before reusing {ptr:#x}",
-                self.device,
-                failed.error
-            );
-            let synced = self.driver.synchronize(self.device);
-            st = self.state.lock();
-            if let Err(e) = synced {
-                // Neither an event nor a wait: keep the block until one of them works.
-                st.waits.defer(failed.waiting, failed.streams);
-                return Err(e);
+            match self.wait_for_streams(st, waiting, live.recorded_streams)? {
+                Some(synchronised) => st = synchronised,
+                None => return Ok(()),
             }
         }
         st.ledger.deactivate(live.requested_bytes);
         self.keep_or_return(st, block)
+    }
+
+    /// A freed block waits for the other `streams` that used it: `None` once events stand for
+    /// them. Without an event it cannot be known when the streams are done: the device is
+    /// synchronised, and the block goes on at once (the lock, taken again, is handed back); if
+    /// even that fails, the block is kept until one of them works, and the error returned.
+    fn wait_for_streams<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, DeviceState>,
+        waiting: WaitingBlock,
+        streams: Vec<Stream>,
+    ) -> Result<Option<MutexGuard<'a, DeviceState>>> {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let failed = match st.waits.wait_for(driver, device, waiting, streams) {
+            Ok(()) => return Ok(None),
+            Err(failed) => failed,
+        };
+        drop(st);
+        log::warn!(
+            "device {device}: {}; synchronising before reusing {:#x}",
+            failed.error,
+            failed.waiting.block.ptr
+        );
+        let synced = self.driver.synchronize(device);
+        st = self.state.lock();
+        if let Err(e) = synced {
+            st.waits.defer(failed.waiting, failed.streams);
+            return Err(e);
+        }
+        Ok(Some(st))
     }
 
     pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
