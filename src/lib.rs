@@ -11,8 +11,9 @@
 //!   ([`config::Settings`]), and one device allocator per device.
 //! - `device`: the pipeline of one device, one layer per file: graph capture and stream waits,
 //!   cache, limit, growth, out-of-memory recovery, over its resources.
-//! - `resource`: where blocks come from — a CUDA pool, or the virtual-memory pool — behind one
-//!   trait (RMM's `device_memory_resource` shape).
+//! - `resource`: where blocks come from — a CUDA pool, the virtual-memory pool, the driver's
+//!   pool for graph memory — behind one narrow trait (RMM's `device_memory_resource` shape), in
+//!   one table of sources per device whose ids every block record carries.
 //! - `stream_order`: events, the capture watch and fences — when memory freed on one stream may
 //!   serve another — for the device's waits and the virtual-memory resource alike.
 //! - [`history`]: the memory timeline; `peer`: which devices may access which memory;
