@@ -205,26 +205,26 @@ impl DeviceAllocator {
         self.check_enabled()?;
         let request = Request::new(requested_bytes, stream)?;
         let setup = self.setup()?;
-        // 1.
+        // 1. A capturing stream gets graph memory; the shareable scope, the shareable pool.
         if self.driver.is_capturing(self.device, stream)? {
             return self.allocate_for_graph(request);
         }
         if shareable && !setup.settings.every_block_shareable {
             return self.allocate_shareable(request);
         }
-        // 2.
+        // 2. The cache; on a miss, the device's own source for the size.
         let (source, reserved) = match self.take_cached(request)? {
             Lookup::Hit(ptr) => return Ok(ptr),
             Lookup::Miss { source, reserved } => (source, reserved),
         };
-        // 3.
+        // 3. The memory limit.
         if !reserved {
             if let Err(e) = self.reserve_within_limit(request) {
                 self.abandon(&source, request, false);
                 return Err(e);
             }
         }
-        // 4. to 6.
+        // 4. to 6. Growth, the source, out-of-memory recovery.
         self.allocate_from_source(source, request)
     }
 
