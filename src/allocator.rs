@@ -7,7 +7,7 @@
 //! cannot serve), counted in `num_ooms` and changing nothing else; a device one of whose parts
 //! reports itself disabled (after a panic) is disabled as a whole.
 
-use crate::config::{Config, DriverKind};
+use crate::config::{Config, DriverKind, Settings};
 use crate::device::DeviceAllocator;
 use crate::driver::{cuda::CudaDriver, DevicePtr, Driver, Stream};
 use crate::error::{Error, Result};
@@ -33,6 +33,11 @@ pub struct Allocator {
 }
 
 impl Allocator {
+    /// Builds the allocator the environment's `STREAMPOOL_*` variables ask for.
+    pub fn from_env() -> Result<Allocator> {
+        Config::from_env().and_then(Allocator::from_config)
+    }
+
     /// Builds the allocator the configuration asks for.
     pub fn from_config(config: Config) -> Result<Allocator> {
         let driver: Arc<dyn Driver> = match config.driver {
@@ -43,15 +48,16 @@ impl Allocator {
     }
 
     pub fn new(driver: Arc<dyn Driver>, config: Config) -> Result<Allocator> {
-        let config = Arc::new(config);
+        // The one place where the layers below get what they need from the configuration.
+        let settings = Arc::new(Settings::from(&config));
         let history = Arc::new(History::default());
         let count = driver.device_count()?;
         let peers = Arc::new(Peers::new(config.peer_access, count));
         let devices = (0..count)
             .map(|d| {
-                let (driver, config) = (Arc::clone(&driver), Arc::clone(&config));
+                let (driver, settings) = (Arc::clone(&driver), Arc::clone(&settings));
                 let recorder = Arc::new(Recorder::new(d, Arc::clone(&history)));
-                DeviceAllocator::new(d, driver, config, recorder, Arc::clone(&peers))
+                DeviceAllocator::new(d, driver, settings, recorder, Arc::clone(&peers))
             })
             .collect();
         log::info!("streampool: {} driver, {count} device(s)", driver.name());
@@ -307,6 +313,16 @@ impl Allocator {
     pub fn stats(&self, device: i64) -> Result<StreampoolStats> {
         self.device(device)?.stats()
     }
+}
+
+/// Parses the `STREAMPOOL_*` variables of the environment (an early, clear error).
+pub fn check_env() -> Result<()> {
+    Config::from_env().map(|_| ())
+}
+
+/// The driver `STREAMPOOL_DRIVER` selects; "invalid" if the configuration is malformed.
+pub fn configured_driver_name() -> &'static str {
+    Config::from_env().map_or("invalid", |c| c.driver.name())
 }
 
 /// `result` of a call on `d`; if a resource of `d` reported itself disabled (a panic left its

@@ -6,7 +6,7 @@
 //! driver: CUDA cannot be used there, and the memory belongs to the parent.
 
 use crate::allocator::Allocator;
-use crate::config::Config;
+use crate::config::LOG_DEFAULT;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::fork::{self, FirstUse};
@@ -40,7 +40,7 @@ pub fn global() -> Result<&'static Allocator> {
         .get_or_init(|| {
             fork::first_use_point(FirstUse::BuildingAllocator);
             init_logging();
-            Config::from_env().and_then(Allocator::from_config)
+            Allocator::from_env()
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -57,7 +57,7 @@ pub fn free(ptr: DevicePtr, device: i64) -> Result<()> {
 
 /// Parses the `STREAMPOOL_*` variables now, for an early, clear error.
 pub fn check_config() -> Result<()> {
-    Config::from_env().map(|_| ())
+    crate::allocator::check_env()
 }
 
 /// The driver in use, or the one `STREAMPOOL_DRIVER` selects if the allocator could not start;
@@ -65,7 +65,7 @@ pub fn check_config() -> Result<()> {
 pub fn driver_name() -> &'static str {
     match global() {
         Ok(a) => a.driver_name(),
-        Err(_) => Config::from_env().map_or("invalid", |c| c.driver.name()),
+        Err(_) => crate::allocator::configured_driver_name(),
     }
 }
 
@@ -85,10 +85,10 @@ pub fn init_logging() {
 fn log_filter(streampool_log: Option<OsString>, rust_log: Option<OsString>) -> String {
     match streampool_log.map(OsString::into_string) {
         Some(Ok(spec)) if crate::config::validate_log_filter(&spec).is_ok() => spec,
-        Some(_) => "warn".into(),
+        Some(_) => LOG_DEFAULT.into(),
         None => rust_log
             .and_then(|v| v.into_string().ok())
-            .unwrap_or_else(|| "warn".into()),
+            .unwrap_or_else(|| LOG_DEFAULT.into()),
     }
 }
 

@@ -3,7 +3,8 @@
 //! Invariants: a cached block is handed out again only on the stream it was freed on (stream
 //! order makes that safe without events); a block serves a request only when it is at most 1/8
 //! larger than the request; `cached_bytes` equals the sum of cached block sizes and never exceeds
-//! `limit_bytes`; no block larger than `max_block_bytes` is kept.
+//! `limit_bytes`; no block larger than `max_block_bytes` is kept; a block keeps the id of its
+//! source from put to take (a block of one source never comes back as another's).
 //!
 //! Streams come and go (a server may make one per request), so nothing here grows with the
 //! number of streams ever seen: a stream is found by hashing, not by a scan; when the budget is
@@ -15,8 +16,8 @@
 
 use crate::driver::{DevicePtr, Stream};
 use crate::fasthash::WordMap;
+use crate::resource::SourceId;
 use std::collections::VecDeque;
-use std::ops::RangeInclusive;
 
 /// A stream's entry without blocks is dropped after this many puts without one of its own.
 pub(crate) const IDLE_PUTS: u64 = 4096;
@@ -28,13 +29,34 @@ pub struct CachedBlock {
     pub ptr: DevicePtr,
     pub block_bytes: u64,
     pub stream: Stream,
+    /// Where it goes back to.
+    pub source: SourceId,
 }
 
-/// Blocks of one stream, as (block size, pointers) sorted by size. Emptied entries stay while the
-/// stream is in use, so a size that recurs costs a binary search and a push, no allocation.
+/// Blocks of one size from one source.
+#[derive(Debug)]
+struct Bin {
+    bytes: u64,
+    source: SourceId,
+    ptrs: Vec<DevicePtr>,
+}
+
+impl Bin {
+    fn block(&self, ptr: DevicePtr, stream: Stream) -> CachedBlock {
+        CachedBlock {
+            ptr,
+            block_bytes: self.bytes,
+            stream,
+            source: self.source,
+        }
+    }
+}
+
+/// Blocks of one stream, in bins sorted by size, then source. Emptied bins stay while the stream
+/// is in use, so a size that recurs costs a binary search and a push, no allocation.
 #[derive(Debug, Default)]
 struct Bins {
-    by_size: Vec<(u64, Vec<DevicePtr>)>,
+    by_size: Vec<Bin>,
     /// Blocks in `by_size`.
     blocks: usize,
     /// The cache's put count at this stream's last put (its live entry in the eviction queue).
@@ -44,15 +66,24 @@ struct Bins {
 impl Bins {
     #[inline]
     fn first_at_least(&self, bytes: u64) -> usize {
-        self.by_size.partition_point(|(size, _)| *size < bytes)
+        self.by_size.partition_point(|bin| bin.bytes < bytes)
     }
 
     #[inline]
-    fn push(&mut self, bytes: u64, ptr: DevicePtr) {
-        let i = self.first_at_least(bytes);
+    fn push(&mut self, bytes: u64, source: SourceId, ptr: DevicePtr) {
+        let i = self
+            .by_size
+            .partition_point(|bin| (bin.bytes, bin.source) < (bytes, source));
         match self.by_size.get_mut(i) {
-            Some((size, list)) if *size == bytes => list.push(ptr),
-            _ => self.by_size.insert(i, (bytes, vec![ptr])),
+            Some(bin) if bin.bytes == bytes && bin.source == source => bin.ptrs.push(ptr),
+            _ => self.by_size.insert(
+                i,
+                Bin {
+                    bytes,
+                    source,
+                    ptrs: vec![ptr],
+                },
+            ),
         }
         self.blocks += 1;
     }
@@ -65,16 +96,12 @@ impl Bins {
         out: &mut Vec<CachedBlock>,
     ) -> u64 {
         let mut taken_bytes = 0;
-        for (size, list) in self.by_size.iter_mut().rev() {
+        for bin in self.by_size.iter_mut().rev() {
             while taken_bytes < wanted_bytes {
-                let Some(ptr) = list.pop() else { break };
-                taken_bytes += *size;
+                let Some(ptr) = bin.ptrs.pop() else { break };
+                taken_bytes += bin.bytes;
                 self.blocks -= 1;
-                out.push(CachedBlock {
-                    ptr,
-                    block_bytes: *size,
-                    stream,
-                });
+                out.push(bin.block(ptr, stream));
             }
         }
         taken_bytes
@@ -158,21 +185,18 @@ impl Cache {
         let bins = &mut self.slots[i].1;
         let largest_fit = block_bytes.saturating_add(block_bytes / 8);
         let start = bins.first_at_least(block_bytes);
-        let (size, list) = bins.by_size[start..]
+        let bin = bins.by_size[start..]
             .iter_mut()
-            .take_while(|(size, _)| *size <= largest_fit)
-            .find(|(_, list)| !list.is_empty())?;
-        let (size, ptr) = (*size, list.pop()?);
+            .take_while(|bin| bin.bytes <= largest_fit)
+            .find(|bin| !bin.ptrs.is_empty())?;
+        let ptr = bin.ptrs.pop()?;
+        let block = bin.block(ptr, stream);
         bins.blocks -= 1;
         if bins.blocks == 0 {
             self.occupied -= 1;
         }
-        self.cached_bytes -= size;
-        Some(CachedBlock {
-            ptr,
-            block_bytes: size,
-            stream,
-        })
+        self.cached_bytes -= block.block_bytes;
+        Some(block)
     }
 
     /// True if a block of `block_bytes` can be kept at all (not larger than the largest block
@@ -194,7 +218,7 @@ impl Cache {
             return Err(block);
         }
         if self.cached_bytes.saturating_add(block.block_bytes) > self.limit_bytes {
-            self.make_room(block.block_bytes, evicted);
+            self.evict_for_budget(block.block_bytes, evicted);
         }
         self.cached_bytes += block.block_bytes;
         self.puts += 1;
@@ -203,7 +227,7 @@ impl Cache {
         if bins.blocks == 0 {
             self.occupied += 1;
         }
-        bins.push(block.block_bytes, block.ptr);
+        bins.push(block.block_bytes, block.source, block.ptr);
         // The stream that put last keeps one queue entry, moved on in place.
         match self.queue.back_mut() {
             Some(back) if *back == (block.stream, bins.last_put) => back.1 = self.puts,
@@ -216,7 +240,7 @@ impl Cache {
 
     /// Evicts, oldest put first, until `bytes` more fit the budget.
     #[cold]
-    fn make_room(&mut self, bytes: u64, evicted: &mut Vec<CachedBlock>) {
+    fn evict_for_budget(&mut self, bytes: u64, evicted: &mut Vec<CachedBlock>) {
         while self.cached_bytes + bytes > self.limit_bytes {
             let Some(&(stream, put)) = self.queue.front() else {
                 break;
@@ -317,30 +341,25 @@ impl Cache {
     /// Every cached block, for snapshots.
     pub fn blocks(&self) -> impl Iterator<Item = CachedBlock> + '_ {
         self.slots.iter().flat_map(|(stream, bins)| {
-            bins.by_size.iter().flat_map(move |(size, list)| {
-                list.iter().map(move |&ptr| CachedBlock {
-                    ptr,
-                    block_bytes: *size,
-                    stream: *stream,
-                })
-            })
+            bins.by_size
+                .iter()
+                .flat_map(move |bin| bin.ptrs.iter().map(move |&ptr| bin.block(ptr, *stream)))
         })
     }
 
-    /// Removes every block whose size is in `sizes` (the blocks of one pool).
-    pub fn drain_sizes(&mut self, sizes: RangeInclusive<u64>) -> Vec<CachedBlock> {
+    /// Removes every block of `source`.
+    pub fn drain_source(&mut self, source: SourceId) -> Vec<CachedBlock> {
+        self.drain_where(|s| s == source)
+    }
+
+    /// Removes every block of the sources `of` names.
+    fn drain_where(&mut self, of: impl Fn(SourceId) -> bool) -> Vec<CachedBlock> {
         let mut out = Vec::new();
         for (stream, bins) in &mut self.slots {
-            let start = bins.first_at_least(*sizes.start());
-            let end = bins.first_at_least(sizes.end().saturating_add(1));
             let had_blocks = bins.blocks > 0;
-            for (size, list) in bins.by_size.drain(start..end) {
-                bins.blocks -= list.len();
-                out.extend(list.into_iter().map(|ptr| CachedBlock {
-                    ptr,
-                    block_bytes: size,
-                    stream: *stream,
-                }));
+            for bin in bins.by_size.extract_if(.., |bin| of(bin.source)) {
+                bins.blocks -= bin.ptrs.len();
+                out.extend(bin.ptrs.iter().map(|&ptr| bin.block(ptr, *stream)));
             }
             if had_blocks && bins.blocks == 0 {
                 self.occupied -= 1;
@@ -352,7 +371,7 @@ impl Cache {
 
     /// Removes every block.
     pub fn drain(&mut self) -> Vec<CachedBlock> {
-        let out = self.drain_sizes(0..=u64::MAX);
+        let out = self.drain_where(|_| true);
         *self = Cache::new(self.limit_bytes, self.max_block_bytes);
         out
     }

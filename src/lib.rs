@@ -7,11 +7,15 @@
 //!   `catch_unwind`, status codes; no policy.
 //! - `api`: the process-wide [`Allocator`] built from [`config`] on first use; `fork`: whether
 //!   this process is a fork child of a user of streampool (a leaf any layer may ask).
-//! - [`allocator`]: argument checks and one device allocator per device.
+//! - [`allocator`]: argument checks, the settings each layer below gets from the configuration
+//!   ([`config::Settings`]), and one device allocator per device.
 //! - `device`: the pipeline of one device, one layer per file: graph capture and stream waits,
 //!   cache, limit, growth, out-of-memory recovery, over its resources.
-//! - `resource`: where blocks come from — a CUDA pool, or the virtual-memory pool — behind one
-//!   trait (RMM's `device_memory_resource` shape).
+//! - `resource`: where blocks come from — a CUDA pool, the virtual-memory pool, the driver's
+//!   pool for graph memory — behind one narrow trait (RMM's `device_memory_resource` shape), in
+//!   one table of sources per device whose ids every block record carries.
+//! - `stream_order`: events, the capture watch and fences — when memory freed on one stream may
+//!   serve another — for the device's waits and the virtual-memory resource alike.
 //! - [`history`]: the memory timeline; `peer`: which devices may access which memory;
 //!   [`ipc`]: sharing blocks with other processes; [`stats`]: counters and the C stats struct.
 //! - [`driver`]: the CUDA edge behind one trait — `driver::cuda` for GPUs, `driver::sim` (feature
@@ -21,7 +25,7 @@
 //! block that other streams used (record_stream) waits for events on them.
 //!
 //! Thread-safety rule: PyTorch calls in from the main thread and from autograd's backward thread
-//! at once; each device's books sit behind its own mutex, and driver calls that can wait for the
+//! at once; each device's ledger sits behind its own mutex, and driver calls that can wait for the
 //! GPU are made outside it.
 
 pub mod allocator;
@@ -42,6 +46,7 @@ pub mod ipc;
 mod peer;
 pub(crate) mod resource;
 pub mod stats;
+mod stream_order;
 mod sync;
 mod torch_edge;
 pub mod units;

@@ -5,6 +5,7 @@ fn block(ptr: u64, bytes: u64, stream: usize) -> CachedBlock {
         ptr: DevicePtr(ptr),
         block_bytes: bytes,
         stream: Stream(stream),
+        source: SourceId::default(),
     }
 }
 
@@ -26,7 +27,7 @@ fn check(c: &Cache) {
     assert_eq!(c.index.len(), c.slots.len());
     for (i, (stream, bins)) in c.slots.iter().enumerate() {
         assert_eq!(c.index[stream], i);
-        let n: usize = bins.by_size.iter().map(|(_, l)| l.len()).sum();
+        let n: usize = bins.by_size.iter().map(|bin| bin.ptrs.len()).sum();
         assert_eq!(bins.blocks, n);
     }
     assert!(c.cached_bytes <= c.limit_bytes);
@@ -144,19 +145,34 @@ fn a_size_that_recurs_keeps_one_bin() {
     check(&c);
 }
 
+fn of_source(b: CachedBlock, source: u32) -> CachedBlock {
+    CachedBlock {
+        source: SourceId::for_test(source),
+        ..b
+    }
+}
+
 #[test]
-fn drains_one_pools_sizes_of_every_stream() {
+fn drains_one_sources_blocks_of_every_stream() {
     let mut c = Cache::new(u64::MAX, u64::MAX);
-    put(&mut c, block(0x1000, 512, 1));
-    put(&mut c, block(0x2000, 8192, 1));
-    put(&mut c, block(0x9000, 4096, 2));
-    put(&mut c, block(0xa000, 65536, 2));
-    let mut small = c.drain_sizes(0..=4096);
-    small.sort_by_key(|b| b.ptr);
-    assert_eq!(small, vec![block(0x1000, 512, 1), block(0x9000, 4096, 2)]);
+    put(&mut c, of_source(block(0x1000, 512, 1), 1));
+    put(&mut c, of_source(block(0x2000, 8192, 1), 2));
+    put(&mut c, of_source(block(0x3000, 8192, 1), 1));
+    put(&mut c, of_source(block(0x9000, 4096, 2), 1));
+    put(&mut c, of_source(block(0xa000, 65536, 2), 2));
+    let mut one = c.drain_source(SourceId::for_test(1));
+    one.sort_by_key(|b| b.ptr);
+    let expected = [(0x1000, 512, 1), (0x3000, 8192, 1), (0x9000, 4096, 2)];
+    let expected: Vec<CachedBlock> = expected
+        .iter()
+        .map(|&(ptr, bytes, stream)| of_source(block(ptr, bytes, stream), 1))
+        .collect();
+    assert_eq!(one, expected);
     assert_eq!(c.cached_bytes(), 8192 + 65536);
     check(&c);
-    assert_eq!(c.drain_sizes(4097..=u64::MAX).len(), 2);
+    let two = c.drain_source(SourceId::for_test(2));
+    assert!(two.iter().all(|b| b.source == SourceId::for_test(2)));
+    assert_eq!(two.len(), 2);
     assert_eq!(c.cached_bytes(), 0);
     check(&c);
     put(&mut c, block(0x1000, 512, 1));
@@ -165,6 +181,34 @@ fn drains_one_pools_sizes_of_every_stream() {
         Some(block(0x1000, 512, 1)),
         "bins still work"
     );
+}
+
+#[test]
+fn a_block_keeps_its_source_and_equal_sizes_of_two_sources_stay_apart() {
+    let mut c = Cache::new(u64::MAX, u64::MAX);
+    put(&mut c, of_source(block(0x1000, 4096, 1), 3));
+    put(&mut c, of_source(block(0x2000, 4096, 1), 5));
+    let mut taken = vec![
+        c.take(Stream(1), 4096).unwrap(),
+        c.take(Stream(1), 4096).unwrap(),
+    ];
+    taken.sort_by_key(|b| b.ptr);
+    assert_eq!(
+        taken,
+        [
+            of_source(block(0x1000, 4096, 1), 3),
+            of_source(block(0x2000, 4096, 1), 5)
+        ]
+    );
+    put(&mut c, of_source(block(0x1000, 4096, 1), 3));
+    put(&mut c, of_source(block(0x2000, 4096, 1), 5));
+    let evicted = c.evict(u64::MAX, Stream(1));
+    assert_eq!(evicted.len(), 2);
+    for b in evicted {
+        let source = if b.ptr.0 == 0x1000 { 3 } else { 5 };
+        assert_eq!(b.source, SourceId::for_test(source));
+    }
+    check(&c);
 }
 
 /// A stream per request, 100,000 of them: the entries kept stay bounded (twice the streams

@@ -1,11 +1,20 @@
-//! `STREAMPOOL_*` environment variables, parsed once into a [`Config`].
+//! `STREAMPOOL_*` environment variables, parsed once into a [`Config`], their defaults
+//! ([`DEFAULTS`]), and the settings each layer below the allocator gets from it ([`Settings`]).
 //!
 //! Invariant: a malformed value — one that is not UTF-8 text included — is an error naming the
 //! variable, the value and what is accepted; it is never ignored or replaced by a default. A
 //! `STREAMPOOL_*` variable that streampool does not read is refused the same way ([`names`]).
 
+mod defaults;
+mod settings;
+mod vmm_layout;
+
+pub use defaults::{VariableDefault, DEFAULTS, LOG_DEFAULT};
+pub use settings::{DeviceSettings, PoolSettings, Settings, SourceSettings, VmmSpec};
+pub use vmm_layout::VmmLayout;
+
 use crate::error::{Error, Result};
-use crate::units::{format_bytes, parse_size, SizeSpec, SIZE_ACCEPTED};
+use crate::units::{parse_size, SizeSpec, SIZE_ACCEPTED};
 use std::ffi::OsString;
 
 pub mod names;
@@ -152,7 +161,8 @@ impl Default for Config {
 const BOOL_ACCEPTED: &str = "1, 0, true, false, yes, no, on, off";
 const PEER_ACCESS_ACCEPTED: &str = "auto, 1, 0, true, false, yes, no, on, off";
 const SIM_DEVICES_ACCEPTED: &str = "an integer 1..=64";
-const VMM_PAGE_SIZE_ACCEPTED: &str = "a byte count with an optional unit, e.g. 2MiB or 20MiB \
+pub(crate) const VMM_PAGE_SIZE_ACCEPTED: &str =
+    "a byte count with an optional unit, e.g. 2MiB or 20MiB \
      (rounded up to the device's granularity, at most the device's memory)";
 
 /// What a variable accepts, for the error about a value that is not UTF-8 text.
@@ -394,79 +404,6 @@ fn parse_duration_ms(name: &'static str, value: &str) -> Result<Option<u64>> {
     }
 }
 
-/// The address layout of the virtual-memory backend on one device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct VmmLayout {
-    /// `STREAMPOOL_VMM_PAGE_SIZE` rounded up to the device's granularity.
-    pub page_bytes: u64,
-    /// The first address reservation: `addresses_per_memory` times the device's memory, in
-    /// whole pages.
-    pub extent_bytes: u64,
-}
-
-impl Config {
-    /// The vmm backend's layout on `device` (`driver` is its name), of `total_bytes` memory and
-    /// `granularity_bytes` mapping granularity, reserving `addresses_per_memory` times its memory
-    /// in addresses. Checked arithmetic: a page larger than the device, or a reservation that
-    /// does not fit 64 bits, is an error naming the variable to change.
-    pub(crate) fn vmm_layout(
-        &self,
-        device: usize,
-        driver: &str,
-        granularity_bytes: u64,
-        total_bytes: u64,
-        addresses_per_memory: u64,
-    ) -> Result<VmmLayout> {
-        let granularity_bytes = granularity_bytes.max(1);
-        let wanted_bytes = self.vmm_page_size.resolve_bytes(total_bytes);
-        let page_bytes = wanted_bytes
-            .div_ceil(granularity_bytes)
-            .max(1)
-            .checked_mul(granularity_bytes)
-            .filter(|&page| page <= total_bytes)
-            .ok_or_else(|| {
-                config_error(
-                    "STREAMPOOL_VMM_PAGE_SIZE",
-                    &wanted_bytes.to_string(),
-                    &format!(
-                        "pages of {} (rounded up to the granularity of {}) are larger than \
-                         device {device}'s memory of {}",
-                        format_bytes(wanted_bytes),
-                        format_bytes(granularity_bytes),
-                        format_bytes(total_bytes)
-                    ),
-                    VMM_PAGE_SIZE_ACCEPTED,
-                )
-            })?;
-        let extent_bytes = total_bytes
-            .checked_mul(addresses_per_memory)
-            .and_then(|bytes| bytes.checked_next_multiple_of(page_bytes))
-            .ok_or_else(|| {
-                let reason = format!(
-                    "the virtual-memory backend reserves {addresses_per_memory} times device \
-                     {device}'s memory of {} in addresses, more than 64 bits can address",
-                    format_bytes(total_bytes)
-                );
-                match driver {
-                    "sim" => config_error(
-                        "STREAMPOOL_SIM_MEMORY",
-                        &total_bytes.to_string(),
-                        &reason,
-                        "with STREAMPOOL_BACKEND=vmm, a byte count below 8192PiB (twice it, in whole pages, \
-                         must fit in 64 bits)",
-                    ),
-                    _ => Error::DriverUnavailable(format!(
-                        "{reason}: set STREAMPOOL_BACKEND=pool"
-                    )),
-                }
-            })?;
-        Ok(VmmLayout {
-            page_bytes,
-            extent_bytes,
-        })
-    }
-}
-
 fn parse_bool(name: &'static str, value: &str) -> Result<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
@@ -515,7 +452,12 @@ pub(crate) fn validate_log_filter(value: &str) -> Result<()> {
     }
 }
 
-fn config_error(var: &'static str, value: &str, reason: &str, accepted: &'static str) -> Error {
+pub(crate) fn config_error(
+    var: &'static str,
+    value: &str,
+    reason: &str,
+    accepted: &'static str,
+) -> Error {
     Error::Config {
         var,
         value: value.to_string(),

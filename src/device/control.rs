@@ -1,45 +1,65 @@
 //! The device's knobs and views: release threshold, peak reset, peer access, statistics, the
 //! blocks it holds, the timeline's starting point, trims.
 //!
-//! Invariant: a view reads the books under the device lock and the resources' own accounting
+//! Invariant: a view reads the ledger under the device lock and the resources' own accounting
 //! outside it; nothing here changes what is allocated.
 
 use super::DeviceAllocator;
+use crate::driver::PoolUsage;
 use crate::error::Result;
 use crate::history::StreampoolBlock;
-use crate::resource::{Accessible, Resources};
+use crate::resource::{peer_target, usage_with_peaks, Accessible, DriverCounts};
 use crate::stats::{DeviceFigures, StreampoolStats};
 use std::sync::Arc;
 
 impl DeviceAllocator {
     pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
         self.check_enabled()?;
-        self.resources()?
-            .for_each(|r| r.set_release_threshold(bytes))
+        self.setup()?
+            .for_each_own(|r| match r.capabilities().release_threshold {
+                Some(threshold) => threshold.set_release_threshold(bytes),
+                None => Ok(()),
+            })
     }
 
     /// The device's memory, read once.
     pub fn device_total_bytes(&self) -> Result<u64> {
-        match self.provisioned.get() {
-            Some(p) => Ok(p.total_bytes),
+        match self.setup.get() {
+            Some(setup) => Ok(setup.total_bytes),
             None => Ok(self.driver.mem_info(self.device)?.total_bytes),
         }
     }
 
     pub fn stats(&self) -> Result<StreampoolStats> {
-        let (counters, cached_bytes) = {
+        let (counters, cached_bytes, shareable) = {
             let st = self.state.lock();
-            (st.books.counters().clone(), st.books.cached_bytes())
+            let sources = st.ledger.sources();
+            let shareable = sources.shareable().and_then(|id| sources.get(id).ok());
+            (
+                st.ledger.counters().clone(),
+                st.ledger.cached_bytes(),
+                shareable,
+            )
         };
-        let (usage, driver_counts) = match self.provisioned.get() {
-            Some(p) => (p.resources.usage()?, p.resources.driver_counts()),
-            None => Default::default(),
+        let mut usage = PoolUsage::default();
+        let mut driver_counts = DriverCounts::default();
+        if let Some(setup) = self.setup.get() {
+            for r in &setup.own {
+                usage = usage.plus(usage_with_peaks(r.as_ref())?);
+                if let Some(statistics) = r.capabilities().statistics {
+                    driver_counts = driver_counts.plus(statistics.driver_counts());
+                }
+            }
+        }
+        let shareable = match shareable {
+            Some(pool) => usage_with_peaks(&*pool)?,
+            None => PoolUsage::default(),
         };
         Ok(StreampoolStats::assemble(DeviceFigures {
             counters: &counters,
             cached_bytes,
             usage,
-            shareable: self.exporter.usage()?,
+            shareable,
             limit_bytes: self.limit.bytes(),
             driver_counts,
             device_total_bytes: self.device_total_bytes()?,
@@ -47,20 +67,20 @@ impl DeviceAllocator {
     }
 
     pub fn reset_peak_stats(&self) -> Result<()> {
-        self.state.lock().books.counters_mut().reset_peaks();
-        match self.provisioned.get() {
-            Some(p) => p.resources.for_each(|r| r.reset_peaks()),
+        self.state.lock().ledger.counters_mut().reset_peaks();
+        match self.setup.get() {
+            Some(setup) => setup.for_each_own(|r| match r.capabilities().statistics {
+                Some(statistics) => statistics.reset_peaks(),
+                None => Ok(()),
+            }),
             None => Ok(()),
         }
     }
 
     /// Grants every other device access to this device's resources (see [`Peers::grant_all`]).
     pub fn enable_peer_access(&self) -> Result<()> {
-        let own: Vec<Arc<dyn Accessible>> = self
-            .resources()?
-            .all()
-            .map(|r| Arc::clone(r) as _)
-            .collect();
+        let own: Vec<Arc<dyn Accessible>> =
+            self.setup()?.own.iter().filter_map(peer_target).collect();
         self.peers
             .grant_all(self.driver.as_ref(), self.device, &own)
     }
@@ -68,31 +88,29 @@ impl DeviceAllocator {
     /// The blocks this device holds from its resources (for `dump_snapshot`).
     pub fn blocks(&self) -> Vec<StreampoolBlock> {
         let st = self.state.lock();
-        st.books.blocks(self.device, st.waits.blocks())
+        st.ledger.blocks(self.device, st.waits.blocks())
     }
 
-    /// The resources' reserved bytes, read only while the timeline is recording.
-    pub(super) fn reserved_for_timeline(&self, resources: &Resources) -> Option<u64> {
-        self.recorder
-            .enabled()
-            .then(|| resources.usage().ok().map(|u| u.reserved_bytes))
-            .flatten()
+    /// The device's reserved bytes, read only while the timeline is recording.
+    pub(super) fn reserved_for_timeline(&self) -> Option<u64> {
+        match self.recorder.enabled() {
+            true => self.setup.get()?.reserved_bytes().ok(),
+            false => None,
+        }
     }
 
     /// Called when the timeline starts: its gauges begin at the device's current values (events
     /// of a resource, such as mappings, carry them until the device's next event).
     pub fn start_timeline(&self) {
-        if let Some(p) = self.provisioned.get() {
-            if let Some(reserved_bytes) = self.reserved_for_timeline(&p.resources) {
-                self.recorder.set_reserved(reserved_bytes);
-            }
+        if let Some(reserved_bytes) = self.reserved_for_timeline() {
+            self.recorder.set_reserved(reserved_bytes);
         }
-        self.recorder.set_last(self.state.lock().books.gauges());
+        self.recorder.set_last(self.state.lock().ledger.gauges());
     }
 
     /// Returns the cache, synchronises and trims each resource to `keep_bytes`.
     pub fn trim(&self, keep_bytes: u64) -> Result<()> {
-        self.resources()?;
+        self.setup()?;
         self.flush(keep_bytes)
     }
 }

@@ -4,7 +4,7 @@
 //! [`crate::sync::Mutex`]), or a resource of the device reported itself disabled
 //! ([`DeviceAllocator::disable`]), every entry that hands out or takes back memory — allocate,
 //! free, record_stream, flush and trim, the release threshold — fails with
-//! [`Error::Disabled`] before it reads the books, so no block is handed out twice. Views
+//! [`Error::Disabled`] before it reads the ledger, so no block is handed out twice. Views
 //! (statistics, blocks) stay readable. The check is one relaxed load.
 
 use super::{DeviceAllocator, DeviceState};

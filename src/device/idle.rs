@@ -11,7 +11,7 @@
 //! during a capture; an idle release is tried again only while a resource says more may come,
 //! at most `IDLE_TRIES` times per idle period.
 
-use super::{DeviceAllocator, Home};
+use super::DeviceAllocator;
 use crate::background::Tended;
 use crate::sync::Mutex;
 
@@ -35,7 +35,7 @@ pub(super) type Watch = Mutex<IdleWatch>;
 
 impl Tended for DeviceAllocator {
     fn tend(&self) {
-        let Some(provisioned) = self.provisioned.get() else {
+        let Some(setup) = self.setup.get() else {
             return;
         };
         let now_ms = self.driver.now_ms();
@@ -53,21 +53,23 @@ impl Tended for DeviceAllocator {
                     done: false,
                 };
             }
-            let due = self
-                .config
+            let due = setup
+                .settings
                 .idle_release_ms
                 .is_some_and(|delay_ms| now_ms.saturating_sub(w.since_ms) >= delay_ms);
             due && !w.done && w.tries < IDLE_TRIES
         };
         // While busy: the threshold of resources that apply it themselves.
-        for r in provisioned.resources.all() {
-            r.tend();
+        for r in &setup.own {
+            if let Some(tending) = r.capabilities().tending {
+                tending.release_above_threshold();
+            }
         }
         if idle_now {
             let more = self.release_idle();
             let mut w = self.idle.lock();
             if w.tries == 0 {
-                self.state.lock().books.counters_mut().num_idle_releases += 1;
+                self.state.lock().ledger.counters_mut().num_idle_releases += 1;
             }
             w.tries += 1;
             w.done = !more;
@@ -79,10 +81,9 @@ impl DeviceAllocator {
     /// Returns the cache and finished waits, and lets every resource give back what it does not
     /// use, without synchronising. True if more may become releasable later.
     pub(super) fn release_idle(&self) -> bool {
-        let Some(provisioned) = self.provisioned.get() else {
+        let Some(setup) = self.setup.get() else {
             return false;
         };
-        let resources = &provisioned.resources;
         let mut blocks = Vec::new();
         {
             let mut st = self.state.lock();
@@ -90,20 +91,17 @@ impl DeviceAllocator {
             self.collect_waits(&mut st, &mut blocks);
             if st.waits.capturing() {
                 drop(st);
-                let _ = self.send_home(blocks);
+                let _ = self.return_blocks(blocks);
                 return true;
             }
-            blocks.extend(
-                st.books
-                    .drain_cache(|bytes| Home::of(resources.class_of(bytes))),
-            );
-            blocks.extend(st.books.take_unreturned());
+            blocks.extend(st.ledger.drain_cache());
+            blocks.extend(st.ledger.take_unreturned());
         }
         let count = blocks.len();
-        let _ = self.send_home(blocks);
+        let _ = self.return_blocks(blocks);
         let mut more = false;
-        let released = resources.for_each(|r| {
-            more |= r.release_idle()?;
+        let released = setup.for_each_own(|r| {
+            more |= crate::resource::release_idle(r)?;
             Ok(())
         });
         if let Err(e) = released {

@@ -5,27 +5,16 @@
 //! checks them against the cap, and leave it again if the allocation then fails, so concurrent
 //! allocations never hold more than the cap together; out of memory is retried once after a
 //! flush, and reported as an [`Error::OutOfMemory`] that counts in `num_ooms`. This layer touches
-//! the books only through `reserve`, `unreserve`, `evict` and the counters.
+//! the ledger only through `reserve`, `unreserve`, `evict` and the counters.
 
-use super::{DeviceAllocator, Home};
+use super::{DeviceAllocator, Request};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, OomReport, Result};
 use crate::history::StreampoolEventKind as Event;
 use crate::resource::Resource;
-use crate::units::{format_bytes, round_up};
+use crate::units::format_bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// Requests are rounded up to this, as PyTorch's own allocator does.
-pub const BLOCK_ALIGN_BYTES: u64 = 512;
-
-/// The block a request of `requested_bytes` gets.
-#[inline]
-pub(super) fn block_bytes(requested_bytes: u64) -> Result<u64> {
-    round_up(requested_bytes, BLOCK_ALIGN_BYTES).ok_or_else(|| {
-        Error::InvalidArgument(format!("allocation size {requested_bytes} is too large"))
-    })
-}
 
 /// The cap on the bytes a device holds from its resources; `u64::MAX` when there is none. Shared
 /// with the resources, which keep what they reserve from the device under it too.
@@ -53,35 +42,28 @@ impl DeviceAllocator {
     /// Step 3: `block_bytes` join the bytes held from the resources if that stays within the cap;
     /// if not, cached blocks are given back to make room, and if that is not enough either, the
     /// request is out of memory. The caller must `unreserve` if its allocation then fails.
-    pub(super) fn reserve_within_limit(
-        &self,
-        requested_bytes: u64,
-        block_bytes: u64,
-        stream: Stream,
-    ) -> Result<()> {
+    pub(super) fn reserve_within_limit(&self, request: Request) -> Result<()> {
         let limit_bytes = self.limit.bytes();
-        let resources = self.resources()?;
         let evicted = {
             let mut st = self.state.lock();
-            let over_bytes = match st.books.reserve(block_bytes, limit_bytes) {
+            let over_bytes = match st.ledger.reserve(request.block_bytes, limit_bytes) {
                 Ok(()) => return Ok(()),
                 Err(over_bytes) => over_bytes,
             };
-            let home_of = |bytes| Home::of(resources.class_of(bytes));
-            st.books.evict(over_bytes, stream, home_of)
+            st.ledger.evict(over_bytes, request.stream)
         };
         // A block the driver refuses stays held (and counted) until the next flush.
-        let _ = self.send_home(evicted);
+        let _ = self.return_blocks(evicted);
         if self
             .state
             .lock()
-            .books
-            .reserve(block_bytes, limit_bytes)
+            .ledger
+            .reserve(request.block_bytes, limit_bytes)
             .is_ok()
         {
             return Ok(());
         }
-        Err(self.out_of_memory(requested_bytes, stream, Some(limit_bytes)))
+        Err(self.out_of_memory(request.requested_bytes, request.stream, Some(limit_bytes)))
     }
 
     /// Steps 5 and 6: `resource` serves the block; out of memory, the cache goes back, the
@@ -90,10 +72,9 @@ impl DeviceAllocator {
     pub(super) fn allocate_or_retry(
         &self,
         resource: &dyn Resource,
-        requested_bytes: u64,
-        block_bytes: u64,
-        stream: Stream,
+        request: Request,
     ) -> Result<DevicePtr> {
+        let (block_bytes, stream) = (request.block_bytes, request.stream);
         let result = match resource.allocate(block_bytes, stream) {
             Err(e) if e.is_device_oom() => {
                 log::warn!(
@@ -101,7 +82,7 @@ impl DeviceAllocator {
                     self.device,
                     format_bytes(block_bytes)
                 );
-                self.state.lock().books.counters_mut().num_alloc_retries += 1;
+                self.state.lock().ledger.counters_mut().num_alloc_retries += 1;
                 if let Err(e) = self.flush(0) {
                     log::warn!("device {}: before the retry: {e}", self.device);
                 }
@@ -110,7 +91,9 @@ impl DeviceAllocator {
             other => other,
         };
         match result {
-            Err(e) if e.is_device_oom() => Err(self.out_of_memory(requested_bytes, stream, None)),
+            Err(e) if e.is_device_oom() => {
+                Err(self.out_of_memory(request.requested_bytes, stream, None))
+            }
             other => other,
         }
     }
@@ -125,12 +108,12 @@ impl DeviceAllocator {
     ) -> Error {
         let mem = self.driver.mem_info(self.device).unwrap_or_default();
         let reserved_bytes = self
-            .provisioned
+            .setup
             .get()
-            .and_then(|p| p.resources.usage().ok())
-            .map_or(0, |u| u.reserved_bytes);
+            .and_then(|setup| setup.reserved_bytes().ok())
+            .unwrap_or(0);
         let mut st = self.state.lock();
-        st.books.counters_mut().num_ooms += 1;
+        st.ledger.counters_mut().num_ooms += 1;
         self.note(
             &st,
             Event::Oom,
@@ -143,9 +126,9 @@ impl DeviceAllocator {
             device: self.device,
             device_free_bytes: mem.free_bytes,
             device_total_bytes: mem.total_bytes,
-            allocated_bytes: st.books.counters().allocated_bytes.current,
+            allocated_bytes: st.ledger.counters().allocated_bytes.current,
             reserved_bytes,
-            cached_bytes: st.books.cached_bytes(),
+            cached_bytes: st.ledger.cached_bytes(),
             limit_bytes,
             max_bytes: None,
         };

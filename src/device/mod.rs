@@ -1,76 +1,113 @@
 //! The allocation pipeline of one device, in the order it is applied:
 //!
-//! 1. a stream that is being captured into a CUDA graph gets graph memory, never cached memory
-//!    ([`waits`]); inside `streampool.shareable()`, the shareable pool serves ([`crate::ipc`]);
+//! 1. a stream that is being captured into a CUDA graph gets graph memory, never cached memory;
+//!    inside `streampool.shareable()`, the shareable pool serves ([`shareable`]);
 //! 2. a block freed earlier on the same stream is reused from the cache (no driver call);
+//!    otherwise the device's own source for the block's size is chosen ([`ledger`]);
 //! 3. the memory limit (`set_memory_fraction`) is enforced: the block's bytes are reserved
 //!    against it in the same lock section as the check ([`limit`]);
-//! 4. before a resource that cannot reuse cached blocks would grow, they go back to it, and
+//! 4. before a source that cannot reuse cached blocks would grow, they go back to it, and
 //!    (trim_on_growth) it releases what it does not use once the stream has caught up
 //!    ([`growth`]);
-//! 5. the block's resource serves it ([`crate::resource`]); under the memory limit, a resource
-//!    that grows by itself (a CUDA pool) only while the device's reserved memory stays within
-//!    the limit ([`reserved_cap`]);
+//! 5. the source serves the block ([`crate::resource`]); under the memory limit, a source that
+//!    grows by itself (a CUDA pool) only while the device's reserved memory stays within the
+//!    limit ([`reserved_cap`]); one that may not map memory during a capture elsewhere hands the
+//!    block to the capture fallback;
 //! 6. out of memory: flush the cache, synchronise, trim, retry once, then report ([`limit`]).
 //!
 //! A free goes the other way: a block other streams used waits for them ([`waits`]); then it is
-//! cached for its stream, or sent home to its resource.
+//! cached for its stream, or goes back to its source ([`returns`]).
 //!
-//! Invariants: the books ([`books`]) and waits sit behind one mutex per device, held for map and
+//! Invariants: the ledger ([`ledger`]) and waits sit behind one mutex per device, held for map and
 //! counter updates and non-blocking driver queries only, never across a call that can wait for
 //! the GPU or allocate device memory; a block passed to record_stream is reused only after events
-//! recorded on those streams have completed.
+//! recorded on those streams have completed; every block goes back to the source whose id its
+//! record carries.
 
-mod books;
+mod added;
 mod control;
 mod graph_pools;
 mod growth;
 mod health;
 mod idle;
+mod ledger;
 mod limit;
+mod request;
 mod reserved_cap;
 mod returns;
 mod shareable;
 mod waits;
 
 use crate::cache::Cache;
-use crate::config::{Backend, Config};
+use crate::config::{Backend, DeviceSettings, Settings};
 use crate::driver::{DevicePtr, Driver, Stream};
 use crate::error::Result;
 use crate::history::{Recorder, StreampoolEventKind as Event};
 use crate::ipc::export::Exporter;
 use crate::peer::Peers;
-use crate::resource::{Accessible, Resources, SizeClass};
-use crate::sync::{Mutex, OnceCell};
-use books::{Books, FreedBlock, Home, WaitingBlock};
+use crate::resource::{peer_target, Accessible, Resource, Source, SourceId};
+use crate::sync::{Mutex, MutexGuard, OnceCell};
 use growth::GrowthMarks;
+use ledger::{FreedBlock, Ledger, WaitingBlock};
 use limit::Limit;
+use request::Request;
 use std::sync::{Arc, Weak};
 use waits::Waits;
 
 pub use graph_pools::{Route, StreamFilter};
 
-/// The device's resources and what was learnt when they were made.
-struct Provisioned {
-    resources: Resources,
+/// What the device learnt and made on its first use.
+struct DeviceSetup {
     total_bytes: u64,
+    settings: DeviceSettings,
+    /// The device's own resources, the large-block one first: also in the ledger's table, and
+    /// fixed for the device's life, so they are read here without the device lock.
+    own: Vec<Arc<dyn Resource>>,
+}
+
+impl DeviceSetup {
+    /// Runs `f` on each of the device's own resources; every one is tried, the first error is
+    /// returned.
+    fn for_each_own(&self, mut f: impl FnMut(&dyn Resource) -> Result<()>) -> Result<()> {
+        self.own
+            .iter()
+            .map(|r| f(r.as_ref()))
+            .fold(Ok(()), Result::and)
+    }
+
+    /// The device's reserved bytes: its own resources'.
+    fn reserved_bytes(&self) -> Result<u64> {
+        self.own.iter().try_fold(0u64, |sum, r| {
+            Ok(sum.saturating_add(r.usage()?.reserved_bytes))
+        })
+    }
 }
 
 /// What the device lock guards.
 struct DeviceState {
-    books: Books,
+    ledger: Ledger,
     waits: Waits,
     growth: GrowthMarks,
     /// Allocations and frees so far (the background thread tells idleness by it).
     activity: u64,
 }
 
+/// The cache's answer to a request.
+enum Lookup {
+    /// A cached block serves it.
+    Hit(DevicePtr),
+    /// `source` will, its allocation begun; `reserved` if the block's bytes are already
+    /// reserved against the memory limit.
+    Miss { source: Source, reserved: bool },
+}
+
 pub struct DeviceAllocator {
     device: usize,
     driver: Arc<dyn Driver>,
-    config: Arc<Config>,
-    provisioned: OnceCell<Provisioned>,
-    provisioning: Mutex<()>,
+    settings: Arc<Settings>,
+    setup: OnceCell<DeviceSetup>,
+    /// Held while the device's sources are created (its own, the shareable pool).
+    creating: Mutex<()>,
     /// Held while a resource grows under the memory limit ([`reserved_cap`]).
     growing: Mutex<()>,
     state: Mutex<DeviceState>,
@@ -86,20 +123,11 @@ pub struct DeviceAllocator {
     me: Weak<DeviceAllocator>,
 }
 
-impl Home {
-    fn of(class: SizeClass) -> Home {
-        match class {
-            SizeClass::Small => Home::Small,
-            SizeClass::Large => Home::Large,
-        }
-    }
-}
-
 impl DeviceAllocator {
     pub fn new(
         device: usize,
         driver: Arc<dyn Driver>,
-        config: Arc<Config>,
+        settings: Arc<Settings>,
         recorder: Arc<Recorder>,
         peers: Arc<Peers>,
     ) -> Arc<DeviceAllocator> {
@@ -107,12 +135,12 @@ impl DeviceAllocator {
             device,
             exporter: Exporter::new(device, Arc::clone(&driver)),
             driver,
-            config,
-            provisioned: OnceCell::new(),
-            provisioning: Mutex::new(()),
+            settings,
+            setup: OnceCell::new(),
+            creating: Mutex::new(()),
             growing: Mutex::new(()),
             state: Mutex::new(DeviceState {
-                books: Books::default(),
+                ledger: Ledger::default(),
                 waits: Waits::default(),
                 growth: GrowthMarks::default(),
                 activity: 0,
@@ -127,57 +155,56 @@ impl DeviceAllocator {
         })
     }
 
-    /// The device's resources, created on first use.
-    fn provisioned(&self) -> Result<&Provisioned> {
-        if let Some(p) = self.provisioned.get() {
-            return Ok(p);
+    /// The device's sources and cache, created on first use.
+    fn setup(&self) -> Result<&DeviceSetup> {
+        if let Some(setup) = self.setup.get() {
+            return Ok(setup);
         }
-        let _creating = self.provisioning.lock();
-        if let Some(p) = self.provisioned.get() {
-            return Ok(p);
+        let _creating = self.creating.lock();
+        if let Some(setup) = self.setup.get() {
+            return Ok(setup);
         }
         let total_bytes = self.driver.mem_info(self.device)?.total_bytes;
-        let resources = Resources::create(
+        let settings = self.settings.for_device(total_bytes);
+        let provision = crate::resource::provision(
             &self.driver,
             self.device,
-            &self.config,
+            &settings.sources,
             total_bytes,
             self.limit.shared(),
             &self.recorder,
         )?;
-        let own: Vec<Arc<dyn Accessible>> = resources.all().map(|r| Arc::clone(r) as _).collect();
+        let own = provision.sources.own();
+        let targets: Vec<Arc<dyn Accessible>> = own.iter().filter_map(peer_target).collect();
         self.peers
-            .pools_created(self.driver.as_ref(), self.device, &own);
-        let mut max_block_bytes = self.config.cache_max_block.resolve_bytes(total_bytes);
-        if resources.backend() == Backend::Vmm {
+            .pools_created(self.driver.as_ref(), self.device, &targets);
+        let mut max_block_bytes = settings.cache_max_block_bytes;
+        if provision.backend == Backend::Vmm {
             // The virtual-memory resource reuses and coalesces freed blocks itself: caching
             // large ones above it would only keep them from coalescing.
-            max_block_bytes =
-                max_block_bytes.min(self.config.small_pool_max.resolve_bytes(total_bytes));
+            max_block_bytes = max_block_bytes.min(settings.sources.small_max_bytes);
         }
-        let limit_bytes = self.config.cache_limit.resolve_bytes(total_bytes);
-        // Only the cache: the counters may already hold an out-of-memory error (a request
-        // above the maximum is refused without provisioning).
+        let limit_bytes = settings.cache_limit_bytes;
+        // Only the sources and the cache: the counters may already hold an out-of-memory error
+        // (a request above the maximum is refused without creating the sources).
         self.state
             .lock()
-            .books
-            .set_cache(Cache::new(limit_bytes, max_block_bytes));
-        let provisioned = self.provisioned.get_or_init(|| Provisioned {
-            resources,
+            .ledger
+            .provision(provision.sources, Cache::new(limit_bytes, max_block_bytes));
+        let background = settings.background;
+        let setup = self.setup.get_or_init(|| DeviceSetup {
             total_bytes,
+            settings,
+            own,
         });
-        if self.config.background {
+        if background {
             crate::background::register(self.me.clone() as Weak<dyn crate::background::Tended>);
         }
-        Ok(provisioned)
-    }
-
-    fn resources(&self) -> Result<&Resources> {
-        Ok(&self.provisioned()?.resources)
+        Ok(setup)
     }
 
     /// Allocates `requested_bytes` (> 0, at most [`crate::allocator::MAX_ALLOCATION_BYTES`]) on
-    /// `stream`, from the shareable pool if `shareable`.
+    /// `stream`, from the shareable pool if `shareable`: the stages of the module's list.
     pub fn allocate(
         &self,
         requested_bytes: u64,
@@ -185,163 +212,204 @@ impl DeviceAllocator {
         shareable: bool,
     ) -> Result<DevicePtr> {
         self.check_enabled()?;
-        let block_bytes = limit::block_bytes(requested_bytes)?;
-        let resources = self.resources()?;
+        let request = Request::new(requested_bytes, stream)?;
+        let setup = self.setup()?;
+        // 1. A capturing stream gets graph memory; the shareable scope, the shareable pool.
         if self.driver.is_capturing(self.device, stream)? {
-            return self.allocate_for_graph(requested_bytes, block_bytes, stream);
+            return self.allocate_for_graph(request);
         }
-        if shareable && !self.config.ipc {
-            return self.allocate_shareable(requested_bytes, block_bytes, stream);
+        if shareable && !setup.settings.every_block_shareable {
+            return self.allocate_shareable(request);
         }
-        let mut homeless = Vec::new();
-        let (hit, reserved) = {
+        // 2. The cache; on a miss, the device's own source for the size.
+        let (source, reserved) = match self.take_cached(request)? {
+            Lookup::Hit(ptr) => return Ok(ptr),
+            Lookup::Miss { source, reserved } => (source, reserved),
+        };
+        // 3. The memory limit.
+        if !reserved {
+            if let Err(e) = self.reserve_within_limit(request) {
+                self.abandon(&source, request, false);
+                return Err(e);
+            }
+        }
+        // 4. to 6. Growth, the source, out-of-memory recovery.
+        self.allocate_from_source(source, request)
+    }
+
+    /// Step 2: a cached block of the request's stream, or the source that will serve it (its
+    /// bytes reserved against the limit in the same lock section when that leaves room).
+    #[inline]
+    fn take_cached(&self, request: Request) -> Result<Lookup> {
+        let mut to_return = Vec::new();
+        let lookup = {
             let mut st = self.lock_enabled()?;
             st.activity += 1;
             if !st.waits.is_idle() {
-                self.collect_waits(&mut st, &mut homeless);
+                self.collect_waits(&mut st, &mut to_return);
             }
-            match st.books.take_cached(stream, block_bytes) {
+            match st.ledger.take_cached(request.stream, request.block_bytes) {
                 Some(block) => {
-                    let home = Home::of(resources.class_of(block.block_bytes));
-                    let bytes = block.block_bytes;
-                    st.books
-                        .insert_live(block.ptr, requested_bytes, bytes, stream, home);
-                    self.note(&st, Event::Alloc, stream, block.ptr, requested_bytes);
-                    (Some(block.ptr), false)
+                    let request = request.served_by(block.block_bytes);
+                    st.ledger.insert_live(block.ptr, request, block.source);
+                    let (stream, bytes) = (request.stream, request.requested_bytes);
+                    self.note(&st, Event::Alloc, stream, block.ptr, bytes);
+                    Ok(Lookup::Hit(block.ptr))
                 }
-                // Step 3 in the same lock section, when the cap leaves room at once.
-                None => (
-                    None,
-                    st.books.reserve(block_bytes, self.limit.bytes()).is_ok(),
-                ),
+                None => {
+                    let id = st.ledger.sources().for_size(request.block_bytes);
+                    st.ledger.sources_mut().begin_allocation(id).map(|source| {
+                        let limit_bytes = self.limit.bytes();
+                        let reserved = st.ledger.reserve(request.block_bytes, limit_bytes);
+                        Lookup::Miss {
+                            source,
+                            reserved: reserved.is_ok(),
+                        }
+                    })
+                }
             }
         };
-        if !homeless.is_empty() {
-            let _ = self.send_home(homeless);
+        if !to_return.is_empty() {
+            let _ = self.return_blocks(to_return);
         }
-        match hit {
-            Some(ptr) => Ok(ptr),
-            None => {
-                if !reserved {
-                    self.reserve_within_limit(requested_bytes, block_bytes, stream)?;
-                }
-                self.allocate_from_resource(resources, requested_bytes, block_bytes, stream)
-            }
-        }
+        lookup
     }
 
     /// Steps 4 to 6, for a block whose bytes are reserved against the limit.
-    fn allocate_from_resource(
-        &self,
-        resources: &Resources,
-        requested_bytes: u64,
-        block_bytes: u64,
-        stream: Stream,
-    ) -> Result<DevicePtr> {
-        let class = resources.class_of(block_bytes);
+    fn allocate_from_source(&self, source: Source, request: Request) -> Result<DevicePtr> {
         let served = self
-            .make_room(resources, class, block_bytes, stream)
-            .and_then(|()| {
-                self.allocate_within_reserved_cap(
-                    resources,
-                    class,
-                    requested_bytes,
-                    block_bytes,
-                    stream,
-                )
-            });
-        let (ptr, home) = match served {
-            Ok(ptr) => (ptr, Home::of(class)),
+            .return_cache_before_growth(&source, request)
+            .and_then(|()| self.allocate_within_reserved_cap(&source, request));
+        let ptr = match served {
+            Ok(ptr) => ptr,
             Err(e) if e.is_capture_refusal() => {
                 // A capture elsewhere on the device keeps the resource from mapping: the driver's
                 // own pool serves (`cuMemAllocAsync`), and the block goes back to it when freed.
-                let served = self.allocate_from_driver(
-                    requested_bytes,
-                    block_bytes,
-                    stream,
-                    Home::DriverPool,
-                );
-                if served.is_err() {
-                    self.state.lock().books.unreserve(block_bytes);
-                }
-                return served;
+                let fallback = {
+                    let mut st = self.state.lock();
+                    let sources = st.ledger.sources_mut();
+                    sources.allocation_failed(source.id);
+                    let id = sources.capture_fallback();
+                    sources.begin_allocation(id)
+                };
+                return match fallback {
+                    Ok(fallback) => self.serve_directly(fallback, request, true),
+                    Err(e) => {
+                        self.state.lock().ledger.unreserve(request.block_bytes);
+                        Err(e)
+                    }
+                };
             }
             Err(e) => {
-                self.state.lock().books.unreserve(block_bytes);
+                self.abandon(&source, request, true);
                 return Err(e);
             }
         };
-        let reserved_bytes = self.reserved_for_timeline(resources);
+        let reserved_bytes = self.reserved_for_timeline();
         let cache_in_use = {
             let mut st = self.state.lock();
-            st.books.counters_mut().num_device_allocs += 1;
             if let Some(reserved_bytes) = reserved_bytes {
                 self.recorder
-                    .note_reserved(reserved_bytes, stream, || st.books.gauges());
+                    .note_reserved(reserved_bytes, request.stream, || st.ledger.gauges());
             }
-            st.books
-                .insert_live(ptr, requested_bytes, block_bytes, stream, home);
-            self.note(&st, Event::PoolAlloc, stream, ptr, block_bytes);
-            self.note(&st, Event::Alloc, stream, ptr, requested_bytes);
-            st.books.cached_bytes() > 0
+            self.book_served(&mut st, ptr, request, source.id);
+            st.ledger.cached_bytes() > 0
         };
         if cache_in_use {
-            self.release_cache_after_growth(resources, class);
+            self.release_cache_after_growth(&source);
         }
         Ok(ptr)
     }
 
-    /// Graph capture: the allocation becomes part of the graph, never cached, never held; while
-    /// a capture is known, resources that map memory must not.
-    fn allocate_for_graph(
-        &self,
-        requested_bytes: u64,
-        block_bytes: u64,
-        stream: Stream,
-    ) -> Result<DevicePtr> {
-        if self.state.lock().waits.note_capturing(stream) {
+    /// Graph capture: graph memory serves, never cached, never held; while a capture is known,
+    /// resources that map memory must not.
+    fn allocate_for_graph(&self, request: Request) -> Result<DevicePtr> {
+        let (graph, new_capture) = {
+            let mut st = self.state.lock();
+            let new_capture = st.waits.note_capturing(request.stream);
+            let id = st.ledger.sources().graph();
+            (st.ledger.sources_mut().begin_allocation(id), new_capture)
+        };
+        if new_capture {
             log::info!(
-                "device {}: stream {stream:#x} is capturing a CUDA graph; its allocations bypass the cache",
-                self.device
+                "device {}: stream {:#x} is capturing a CUDA graph; its allocations bypass the cache",
+                self.device,
+                request.stream
             );
             // A resource that maps memory keeps it from mapping until the capture ends.
-            self.resources()?
-                .all()
-                .for_each(|r| r.capture_started(stream));
+            for r in &self.setup()?.own {
+                if let Some(notice) = r.capabilities().capture_notice {
+                    notice.capture_started(request.stream);
+                }
+            }
         }
-        self.allocate_from_driver(requested_bytes, block_bytes, stream, Home::Graph)
+        self.serve_directly(graph?, request, false)
     }
 
-    /// Memory from the driver's own pool (`cuMemAllocAsync`): graph memory on a capturing
-    /// stream (`home` Graph, not held), or a block a resource could not map during a capture
-    /// elsewhere (`DriverPool`: its bytes reserved against the limit by the caller).
-    fn allocate_from_driver(
+    /// `source` serves at once, with no retry — graph memory (not held), or the capture fallback
+    /// (its bytes `reserved` against the limit by the caller): out of memory is reported at once.
+    fn serve_directly(
         &self,
-        requested_bytes: u64,
-        block_bytes: u64,
-        stream: Stream,
-        home: Home,
+        source: Source,
+        request: Request,
+        reserved: bool,
     ) -> Result<DevicePtr> {
-        let ptr =
-            match waits::alloc_for_graph(self.driver.as_ref(), self.device, block_bytes, stream) {
-                Ok(ptr) => ptr,
-                Err(e) if e.is_device_oom() => {
-                    return Err(self.out_of_memory(requested_bytes, stream, None))
-                }
-                Err(e) => return Err(e),
-            };
-        let mut st = self.state.lock();
-        st.books.counters_mut().num_device_allocs += 1;
-        st.books
-            .insert_live(ptr, requested_bytes, block_bytes, stream, home);
-        self.note(&st, Event::PoolAlloc, stream, ptr, block_bytes);
-        self.note(&st, Event::Alloc, stream, ptr, requested_bytes);
+        let ptr = match source.allocate(request.block_bytes, request.stream) {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                let e = match e.is_device_oom() {
+                    true => self.out_of_memory(request.requested_bytes, request.stream, None),
+                    false => e,
+                };
+                self.abandon(&source, request, reserved);
+                return Err(e);
+            }
+        };
+        self.book_served(&mut self.state.lock(), ptr, request, source.id);
         Ok(ptr)
     }
 
+    /// Books a block `source` served for `request`: live, counted, on the timeline.
+    fn book_served(
+        &self,
+        st: &mut DeviceState,
+        ptr: DevicePtr,
+        request: Request,
+        source: SourceId,
+    ) {
+        st.ledger.counters_mut().num_device_allocs += 1;
+        st.ledger.insert_live(ptr, request, source);
+        self.note(
+            st,
+            Event::PoolAlloc,
+            request.stream,
+            ptr,
+            request.block_bytes,
+        );
+        self.note(
+            st,
+            Event::Alloc,
+            request.stream,
+            ptr,
+            request.requested_bytes,
+        );
+    }
+
+    /// An allocation begun from `source` failed: the source's count, and the block's bytes if
+    /// `reserved` against the limit, are given back.
+    fn abandon(&self, source: &Source, request: Request, reserved: bool) {
+        let mut st = self.state.lock();
+        if reserved {
+            st.ledger.unreserve(request.block_bytes);
+        }
+        st.ledger.sources_mut().allocation_failed(source.id);
+    }
+
+    /// Frees `ptr`: off the live list; a block other streams used waits for them; then it is
+    /// cached for its stream, or goes back to its source.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
         let mut st = self.lock_enabled()?;
-        let live = st.books.remove_live(ptr, self.device)?;
+        let live = st.ledger.remove_live(ptr, self.device)?;
         st.activity += 1;
         self.note(&st, Event::Free, live.stream, ptr, live.requested_bytes);
         log::trace!(
@@ -354,44 +422,55 @@ impl DeviceAllocator {
             ptr,
             block_bytes: live.block_bytes,
             stream: live.stream,
-            home: live.home,
+            source: live.source,
         };
-        if !live.recorded_streams.is_empty() && live.home != Home::Graph {
+        if !live.recorded_streams.is_empty() && st.ledger.held(&block) {
             let waiting = WaitingBlock {
                 block,
                 requested_bytes: live.requested_bytes,
             };
-            let failed = match st.waits.wait_for(
-                self.driver.as_ref(),
-                self.device,
-                waiting,
-                live.recorded_streams,
-            ) {
-                Ok(()) => return Ok(()),
-                Err(failed) => failed,
-            };
-            // Without an event we cannot know when the streams are done: wait for everything.
-            drop(st);
-            log::warn!(
-                "device {}: {}; synchronising before reusing {ptr:#x}",
-                self.device,
-                failed.error
-            );
-            let synced = self.driver.synchronize(self.device);
-            st = self.state.lock();
-            if let Err(e) = synced {
-                // Neither an event nor a wait: keep the block until one of them works.
-                st.waits.defer(failed.waiting, failed.streams);
-                return Err(e);
+            match self.wait_for_streams(st, waiting, live.recorded_streams)? {
+                Some(synchronised) => st = synchronised,
+                None => return Ok(()),
             }
         }
-        st.books.deactivate(live.requested_bytes);
-        self.keep_or_send_home(st, block)
+        st.ledger.deactivate(live.requested_bytes);
+        self.keep_or_return(st, block)
+    }
+
+    /// A freed block waits for the other `streams` that used it: `None` once events stand for
+    /// them. Without an event it cannot be known when the streams are done: the device is
+    /// synchronised, and the block goes on at once (the lock, taken again, is handed back); if
+    /// even that fails, the block is kept until one of them works, and the error returned.
+    fn wait_for_streams<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, DeviceState>,
+        waiting: WaitingBlock,
+        streams: Vec<Stream>,
+    ) -> Result<Option<MutexGuard<'a, DeviceState>>> {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let failed = match st.waits.wait_for(driver, device, waiting, streams) {
+            Ok(()) => return Ok(None),
+            Err(failed) => failed,
+        };
+        drop(st);
+        log::warn!(
+            "device {device}: {}; synchronising before reusing {:#x}",
+            failed.error,
+            failed.waiting.block.ptr
+        );
+        let synced = self.driver.synchronize(device);
+        st = self.state.lock();
+        if let Err(e) = synced {
+            st.waits.defer(failed.waiting, failed.streams);
+            return Err(e);
+        }
+        Ok(Some(st))
     }
 
     pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
         self.lock_enabled()?
-            .books
+            .ledger
             .record_stream(ptr, stream, self.device)
     }
 
@@ -399,9 +478,12 @@ impl DeviceAllocator {
     #[inline]
     fn note(&self, st: &DeviceState, kind: Event, stream: Stream, ptr: DevicePtr, bytes: u64) {
         self.recorder
-            .note(kind, stream, ptr, bytes, || st.books.gauges());
+            .note(kind, stream, ptr, bytes, || st.ledger.gauges());
     }
 }
+
+#[cfg(all(test, feature = "sim"))]
+mod tests;
 
 impl Drop for DeviceAllocator {
     fn drop(&mut self) {

@@ -1,5 +1,5 @@
 //! The memory limit on what the device *reserves*, for resources that grow by themselves (CUDA
-//! pools, [`crate::resource::Resource::returns_before_growth`]): as in PyTorch, `set_per_process_memory_fraction`
+//! pools, [`crate::resource::Traits::returns_before_growth`]): as in PyTorch, `set_per_process_memory_fraction`
 //! caps the memory the process holds from the device, not only its live and cached blocks, and
 //! is checked where memory would be added (a pool that serves from its free memory is not
 //! refused because a lowered limit left it above). The shareable pool of `streampool.shareable()`
@@ -12,40 +12,38 @@
 //! back, the device is synchronised and its resources trimmed — and the request is tried once
 //! more, then out of memory; without a limit nothing here runs.
 
-use super::DeviceAllocator;
-use crate::driver::{DevicePtr, Stream};
+use super::{DeviceAllocator, DeviceSetup, Request};
+use crate::driver::DevicePtr;
 use crate::error::Result;
-use crate::resource::{Resources, SizeClass};
+use crate::resource::Source;
 use crate::units::round_up;
 
 /// The smallest step a CUDA pool grows by.
 const POOL_GRANULE_BYTES: u64 = 2 << 20;
 
 impl DeviceAllocator {
-    /// Step 5: the block's resource serves it; under a memory limit, a resource that grows by
-    /// itself only while the device's reserved memory stays within the limit.
+    /// Step 5: the block's source serves it; under a memory limit, a source that grows by itself
+    /// only while the device's reserved memory stays within the limit.
     pub(super) fn allocate_within_reserved_cap(
         &self,
-        resources: &Resources,
-        class: SizeClass,
-        requested_bytes: u64,
-        block_bytes: u64,
-        stream: Stream,
+        source: &Source,
+        request: Request,
     ) -> Result<DevicePtr> {
-        let resource = resources.get(class);
         let limit_bytes = self.limit.bytes();
-        if limit_bytes == u64::MAX || !resource.returns_before_growth() {
-            return self.allocate_or_retry(resource, requested_bytes, block_bytes, stream);
+        if limit_bytes == u64::MAX || !source.traits().returns_before_growth {
+            return self.allocate_or_retry(&**source, request);
         }
+        let setup = self.setup()?;
+        let block_bytes = request.block_bytes;
         let _growing = self.growing.lock();
         // A second attempt after a growth past the limit was undone: the flush may have made room.
         for _ in 0..2 {
-            if !self.room_within_limit(resources, class, block_bytes, limit_bytes)? {
+            if !self.room_within_limit(setup, source, block_bytes, limit_bytes)? {
                 break;
             }
-            let before_bytes = reserved_total_bytes(resources)?;
-            let ptr = self.allocate_or_retry(resource, requested_bytes, block_bytes, stream)?;
-            let reserved_bytes = match reserved_total_bytes(resources) {
+            let before_bytes = setup.reserved_bytes()?;
+            let ptr = self.allocate_or_retry(&**source, request)?;
+            let reserved_bytes = match setup.reserved_bytes() {
                 Ok(bytes) => bytes,
                 Err(e) => {
                     // The block is served; not knowing the growth only costs the check.
@@ -62,9 +60,9 @@ impl DeviceAllocator {
                 "device {}: the {} grew to {reserved_bytes} B reserved for {block_bytes} B, past \
                  the memory limit of {limit_bytes} B; giving the block back",
                 self.device,
-                resource.label()
+                source.traits().label
             );
-            if let Err(e) = resource.deallocate(ptr, block_bytes, stream) {
+            if let Err(e) = source.deallocate(ptr, block_bytes, request.stream) {
                 // It cannot go back: it stays the caller's, over the limit, rather than lost.
                 log::warn!(
                     "device {}: returning a block past the limit: {e}",
@@ -74,34 +72,31 @@ impl DeviceAllocator {
             }
             self.flush_for_cap();
         }
-        Err(self.out_of_memory(requested_bytes, stream, Some(limit_bytes)))
+        Err(self.out_of_memory(request.requested_bytes, request.stream, Some(limit_bytes)))
     }
 
-    /// True once `block_bytes` can be served from `class` within `limit_bytes` of reserved memory:
-    /// at once; or after the device synchronised (frees still pending on streams are then free
-    /// room of their pool); or after the resources released their unused memory; or after the
-    /// cache went back too.
+    /// True once `block_bytes` can be served from `source` within `limit_bytes` of reserved
+    /// memory: at once; or after the device synchronised (frees still pending on streams are then
+    /// free room of their pool); or after the resources released their unused memory; or after
+    /// the cache went back too.
     fn room_within_limit(
         &self,
-        resources: &Resources,
-        class: SizeClass,
+        setup: &DeviceSetup,
+        source: &Source,
         block_bytes: u64,
         limit_bytes: u64,
     ) -> Result<bool> {
-        if growth_fits(resources, class, block_bytes, limit_bytes)? {
+        let fits = || growth_fits(setup, source, block_bytes, limit_bytes);
+        if fits()? {
             return Ok(true);
         }
         if !self.state.lock().waits.capturing() {
-            self.state.lock().books.counters_mut().num_growth_syncs += 1;
+            self.state.lock().ledger.counters_mut().num_growth_syncs += 1;
             match self.driver.synchronize(self.device) {
-                Ok(()) if growth_fits(resources, class, block_bytes, limit_bytes)? => {
-                    return Ok(true)
-                }
+                Ok(()) if fits()? => return Ok(true),
                 // Unused reserved memory goes before the cache does.
-                Ok(()) => match resources.for_each(|r| r.trim(0)) {
-                    Ok(()) if growth_fits(resources, class, block_bytes, limit_bytes)? => {
-                        return Ok(true)
-                    }
+                Ok(()) => match setup.for_each_own(|r| r.trim(0)) {
+                    Ok(()) if fits()? => return Ok(true),
                     Ok(()) => {}
                     Err(e) => log::warn!("device {}: trimming for the limit: {e}", self.device),
                 },
@@ -109,7 +104,7 @@ impl DeviceAllocator {
             }
         }
         self.flush_for_cap();
-        growth_fits(resources, class, block_bytes, limit_bytes)
+        fits()
     }
 
     /// Cached blocks back, the device synchronised, the resources trimmed: only saves memory, so
@@ -121,29 +116,20 @@ impl DeviceAllocator {
     }
 }
 
-/// The device's reserved bytes, every resource.
-fn reserved_total_bytes(resources: &Resources) -> Result<u64> {
-    resources.all().try_fold(0u64, |sum, r| {
-        let (reserved_bytes, _) = r.reserved_used_bytes()?;
-        Ok(sum.saturating_add(reserved_bytes))
-    })
-}
-
-/// True if serving `block_bytes` from `class`'s resource needs no growth by its numbers, or keeps
-/// the device's reserved bytes within `limit_bytes` were it to grow by what it lacks (rounded to
-/// its granule).
+/// True if serving `block_bytes` from `source` needs no growth by its numbers, or keeps the
+/// device's reserved bytes within `limit_bytes` were it to grow by what it lacks (rounded to its
+/// granule).
 fn growth_fits(
-    resources: &Resources,
-    class: SizeClass,
+    setup: &DeviceSetup,
+    source: &Source,
     block_bytes: u64,
     limit_bytes: u64,
 ) -> Result<bool> {
-    let (reserved_bytes, used_bytes) = resources.get(class).reserved_used_bytes()?;
-    let room_bytes = reserved_bytes.saturating_sub(used_bytes);
+    let room_bytes = source.usage()?.room_bytes();
     let growth_bytes = match block_bytes.checked_sub(room_bytes) {
         None | Some(0) => return Ok(true), // no growth: nothing to check, as in PyTorch
         Some(missing) => round_up(missing, POOL_GRANULE_BYTES).unwrap_or(u64::MAX),
     };
-    let after_bytes = reserved_total_bytes(resources)?.saturating_add(growth_bytes);
+    let after_bytes = setup.reserved_bytes()?.saturating_add(growth_bytes);
     Ok(after_bytes <= limit_bytes)
 }

@@ -1,83 +1,66 @@
 //! The way back: blocks whose streams are done are collected from the waits, kept in the cache
-//! or sent home to their resource (or the driver), and `flush` (`empty_cache`, trim) returns
-//! everything and trims the resources.
+//! or returned to their sources, and `flush` (`empty_cache`, trim) returns everything and trims
+//! the device's own resources.
 //!
-//! Invariants: a block leaves the books before it is sent home and comes back onto them (as
-//! unreturned, held) if the driver refuses it, so no failure loses memory; sending home happens
-//! outside the device lock; a flush during a capture neither waits nor trims.
+//! Invariants: a block leaves the ledger before it is returned and comes back onto it (as
+//! unreturned, held) if its source refuses it, so no failure loses memory; a block goes back to
+//! the source its record names, on its allocation stream; returns happen outside the device
+//! lock; a flush during a capture neither waits nor trims.
 
-use super::books::{FreedBlock, Home};
+use super::ledger::{FreedBlock, Returning};
 use super::{DeviceAllocator, DeviceState};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
 use crate::history::StreampoolEventKind as Event;
-use crate::resource::SizeClass;
 use crate::sync::MutexGuard;
 
 impl DeviceAllocator {
-    pub(super) fn keep_or_send_home(
+    /// A freed, inactive block goes into the cache, or back to its source if the cache does not
+    /// take it (with the blocks the cache evicts for it).
+    pub(super) fn keep_or_return(
         &self,
         mut st: MutexGuard<'_, DeviceState>,
         block: FreedBlock,
     ) -> Result<()> {
-        if !st.books.cacheable(&block) {
-            // Straight home (a large block of the vmm backend, which reuses it itself): no
+        if !st.ledger.cacheable(&block) {
+            // Straight back (a large block of the vmm backend, which reuses it itself): no
             // list to build.
-            st.books.release(&block);
+            let returning = st.ledger.release(block);
             drop(st);
-            return self.send_one_home(block);
+            return self.return_one(returning);
         }
-        let mut homeless = Vec::new();
-        st.books
-            .keep(block, &mut homeless, |bytes| self.home_of(bytes));
-        if homeless.is_empty() {
+        let mut to_return = Vec::new();
+        st.ledger.put_in_cache(block, &mut to_return);
+        if to_return.is_empty() {
             return Ok(());
         }
         drop(st);
-        self.send_home(homeless)
+        self.return_blocks(to_return)
     }
 
     /// Hands back the blocks whose streams are done (forgetting captures that ended); those the
-    /// cache does not keep, and those it evicts for them, are added to `homeless`, to be sent
-    /// home once the lock is released.
-    pub(super) fn collect_waits(&self, st: &mut DeviceState, homeless: &mut Vec<FreedBlock>) {
+    /// cache does not keep, and those it evicts for them, are added to `to_return`, to be
+    /// returned once the lock is released.
+    pub(super) fn collect_waits(&self, st: &mut DeviceState, to_return: &mut Vec<Returning>) {
         for w in st.waits.collect(self.driver.as_ref(), self.device) {
-            st.books.deactivate(w.requested_bytes);
-            st.books
-                .keep(w.block, homeless, |bytes| self.home_of(bytes));
+            st.ledger.deactivate(w.requested_bytes);
+            st.ledger.keep(w.block, to_return);
         }
     }
 
-    /// Where a cached block of `block_bytes` goes back to (cached blocks exist only once the
-    /// resources do).
-    fn home_of(&self, block_bytes: u64) -> Home {
-        match self.provisioned.get() {
-            Some(p) => Home::of(p.resources.class_of(block_bytes)),
-            None => Home::Large,
-        }
-    }
-
-    /// Sends blocks home — to their resource, the shareable pool or the driver — on their own
-    /// streams; they already left `held_bytes`. A block the driver refuses stays on the books
-    /// for the next flush to retry; the first error is returned.
-    pub(super) fn send_home(&self, blocks: Vec<FreedBlock>) -> Result<()> {
+    /// Returns blocks to their sources, on their own streams; they already left `held_bytes`. A
+    /// block its source refuses stays on the ledger for the next flush to retry; the first error
+    /// is returned.
+    pub(super) fn return_blocks(&self, blocks: Vec<Returning>) -> Result<()> {
         if blocks.is_empty() {
             return Ok(());
         }
-        let shareable = blocks
-            .iter()
-            .any(|b| b.home == Home::Shareable)
-            .then(|| self.exporter.existing_pool())
-            .flatten();
-        let results: Vec<Result<()>> = blocks
-            .iter()
-            .map(|b| self.return_block(b, shareable.as_deref()))
-            .collect();
+        let results: Vec<Result<()>> = blocks.iter().map(deallocate).collect();
         let mut first_error = Ok(());
         {
             let mut st = self.state.lock();
-            for (block, result) in blocks.iter().zip(results) {
-                if let Err(e) = self.settle_return(&mut st, block, result) {
+            for (r, result) in blocks.iter().zip(results) {
+                if let Err(e) = self.finish_return(&mut st, &r.block, result) {
                     first_error = first_error.and(Err(e));
                 }
             }
@@ -88,58 +71,25 @@ impl DeviceAllocator {
         first_error
     }
 
-    /// [`DeviceAllocator::send_home`] for one block, without building a list.
-    fn send_one_home(&self, block: FreedBlock) -> Result<()> {
-        let shareable = match block.home {
-            Home::Shareable => self.exporter.existing_pool(),
-            _ => None,
-        };
-        let result = self.return_block(&block, shareable.as_deref());
-        let settled = self.settle_return(&mut self.state.lock(), &block, result);
-        if let Err(e) = &settled {
+    /// [`DeviceAllocator::return_blocks`] for one block, without building a list.
+    fn return_one(&self, returning: Returning) -> Result<()> {
+        let result = deallocate(&returning);
+        let finished = self.finish_return(&mut self.state.lock(), &returning.block, result);
+        if let Err(e) = &finished {
             self.log_return_failure(e);
         }
-        settled
+        finished
     }
 
-    /// Gives `block` back to its resource, the shareable pool or the driver.
-    fn return_block(
-        &self,
-        b: &FreedBlock,
-        shareable: Option<&dyn crate::resource::Resource>,
-    ) -> Result<()> {
-        match (b.home, self.provisioned.get(), shareable) {
-            (Home::Graph | Home::DriverPool, _, _) => {
-                self.driver.free_async(self.device, b.ptr, b.stream)
-            }
-            (Home::GraphPool(slot), _, _) => self.return_to_graph_pool(slot, b.ptr),
-            (Home::Shareable, _, Some(pool)) => pool.deallocate(b.ptr, b.block_bytes, b.stream),
-            (Home::Small, Some(p), _) => {
-                p.resources
-                    .get(SizeClass::Small)
-                    .deallocate(b.ptr, b.block_bytes, b.stream)
-            }
-            (Home::Large, Some(p), _) => {
-                p.resources
-                    .get(SizeClass::Large)
-                    .deallocate(b.ptr, b.block_bytes, b.stream)
-            }
-            _ => Err(Error::Internal(format!(
-                "{:#x}: its {:?} resource does not exist",
-                b.ptr, b.home
-            ))),
-        }
-    }
-
-    /// Books the outcome of a return: the block is home (noted on the timeline), or, refused,
+    /// Books the outcome of a return: the block is back (noted on the timeline), or, refused,
     /// held again for the next flush.
-    fn settle_return(
+    fn finish_return(
         &self,
         st: &mut DeviceState,
         block: &FreedBlock,
         result: Result<()>,
     ) -> Result<()> {
-        st.books.settle_return(*block, result)?;
+        st.ledger.record_return(*block, result)?;
         self.note(
             st,
             Event::PoolFree,
@@ -158,14 +108,14 @@ impl DeviceAllocator {
         );
     }
 
-    /// Returns cached and completed blocks to their resources, synchronises and trims each
-    /// resource to `keep_bytes`. While a graph is being captured it only returns the cache (no
-    /// waiting). A block the driver refuses does not stop the trim; the first error is reported.
+    /// Returns cached and completed blocks to their sources, synchronises and trims each of the
+    /// device's own resources to `keep_bytes`. While a graph is being captured it only returns
+    /// the cache (no waiting). A block its source refuses does not stop the trim; the first
+    /// error is reported.
     pub fn flush(&self, keep_bytes: u64) -> Result<()> {
-        let Some(provisioned) = self.provisioned.get() else {
+        let Some(setup) = self.setup.get() else {
             return Ok(());
         };
-        let resources = &provisioned.resources;
         let mut blocks = Vec::new();
         let (capturing, mark) = {
             let mut st = self.lock_enabled()?;
@@ -182,19 +132,15 @@ impl DeviceAllocator {
                 // All work queued before the synchronisation is done: every block that waited
                 // before it began is free (one freed since may still be in use).
                 for w in st.waits.take_all_after_sync(mark) {
-                    st.books.deactivate(w.requested_bytes);
-                    st.books.release(&w.block);
-                    blocks.push(w.block);
+                    st.ledger.deactivate(w.requested_bytes);
+                    blocks.push(st.ledger.release(w.block));
                 }
             }
-            blocks.extend(
-                st.books
-                    .drain_cache(|bytes| Home::of(resources.class_of(bytes))),
-            );
-            blocks.extend(st.books.take_unreturned());
+            blocks.extend(st.ledger.drain_cache());
+            blocks.extend(st.ledger.take_unreturned());
         }
         let count = blocks.len();
-        let returned = self.send_home(blocks);
+        let returned = self.return_blocks(blocks);
         synced?;
         if !capturing {
             self.driver.synchronize(self.device)?;
@@ -205,14 +151,12 @@ impl DeviceAllocator {
                 Ok(_) => self.driver.synchronize(self.device)?,
                 Err(e) => log::warn!("device {}: releasing unused memory pools: {e}", self.device),
             }
-            let before_bytes = self.reserved_for_timeline(resources);
-            resources.for_each(|r| r.trim(keep_bytes))?;
-            if let (Some(before), Some(after)) =
-                (before_bytes, self.reserved_for_timeline(resources))
-            {
+            let before_bytes = self.reserved_for_timeline();
+            setup.for_each_own(|r| r.trim(keep_bytes))?;
+            if let (Some(before), Some(after)) = (before_bytes, self.reserved_for_timeline()) {
                 let st = self.state.lock();
                 self.recorder
-                    .note_trim(before, after, Stream(0), || st.books.gauges());
+                    .note_trim(before, after, Stream(0), || st.ledger.gauges());
             }
         }
         log::info!(
@@ -220,5 +164,17 @@ impl DeviceAllocator {
             self.device
         );
         returned
+    }
+}
+
+/// Gives the block back to its source.
+fn deallocate(r: &Returning) -> Result<()> {
+    let b = &r.block;
+    match &r.resource {
+        Some(resource) => resource.deallocate(b.ptr, b.block_bytes, b.stream),
+        None => Err(Error::Internal(format!(
+            "{:#x}: its source {:?} is not in the device's table",
+            b.ptr, b.source
+        ))),
     }
 }

@@ -1,83 +1,80 @@
 //! Shareable memory of one device: allocations inside `streampool.shareable()` (or every one,
 //! with `STREAMPOOL_IPC`) and their export to other processes.
 //!
-//! Invariants: a shareable block comes from the shareable pool, never from the cache, and goes
-//! straight back to it; only a live block of a shareable pool is exported; the shareable pool's
-//! bytes count against the memory limit like any other.
+//! Invariants: a shareable block comes from the shareable pool — a source of the device's table,
+//! created on first use — never from the cache, and goes straight back to it; only a live block
+//! of a shareable source is exported; the shareable pool's bytes count against the memory limit
+//! like any other.
 
-use super::books::Home;
-use super::DeviceAllocator;
+use super::{DeviceAllocator, Request};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
-use crate::history::StreampoolEventKind as Event;
 use crate::ipc::StreampoolIpcHandle;
-use crate::resource::cuda_pool::CudaPoolResource;
-use crate::resource::Resource;
-use std::sync::Arc;
+use crate::resource::{peer_target, Source};
 
 impl DeviceAllocator {
     /// Inside `streampool.shareable()`: straight from the shareable pool, never from the cache.
-    pub(super) fn allocate_shareable(
-        &self,
-        requested_bytes: u64,
-        block_bytes: u64,
-        stream: Stream,
-    ) -> Result<DevicePtr> {
-        let pool = self.shareable_pool()?;
-        self.reserve_within_limit(requested_bytes, block_bytes, stream)?;
-        let ptr = match self.allocate_or_retry(pool.as_ref(), requested_bytes, block_bytes, stream)
-        {
+    pub(super) fn allocate_shareable(&self, request: Request) -> Result<DevicePtr> {
+        let pool = self.begin_shareable_allocation()?;
+        if let Err(e) = self.reserve_within_limit(request) {
+            self.abandon(&pool, request, false);
+            return Err(e);
+        }
+        let ptr = match self.allocate_or_retry(&*pool, request) {
             Ok(ptr) => ptr,
             Err(e) => {
-                self.state.lock().books.unreserve(block_bytes);
+                self.abandon(&pool, request, true);
                 return Err(e);
             }
         };
-        let mut st = self.state.lock();
-        st.books.counters_mut().num_device_allocs += 1;
-        st.books
-            .insert_live(ptr, requested_bytes, block_bytes, stream, Home::Shareable);
-        self.note(&st, Event::PoolAlloc, stream, ptr, block_bytes);
-        self.note(&st, Event::Alloc, stream, ptr, requested_bytes);
+        self.book_served(&mut self.state.lock(), ptr, request, pool.id);
         Ok(ptr)
     }
 
-    /// The pool of `streampool.shareable()`, created on first use (the device's own pool with
-    /// `STREAMPOOL_IPC`); other devices get access to it as `STREAMPOOL_PEER_ACCESS` says.
-    pub(super) fn shareable_pool(&self) -> Result<Arc<dyn Resource>> {
-        let resources = self.resources()?;
-        self.exporter.pool(|| {
-            if self.config.ipc {
-                return Ok(Arc::clone(resources.all().next().expect("a resource")));
-            }
-            let total_bytes = self.provisioned()?.total_bytes;
-            let pool = CudaPoolResource::create(
-                &self.driver,
-                self.device,
-                &self.config,
-                total_bytes,
-                true,
-                "shareable pool",
-            )?;
-            let pool: Arc<dyn Resource> = Arc::new(pool);
+    /// An allocation from the shareable pool begins; the pool is created on first use (the
+    /// device's own pool with `STREAMPOOL_IPC`), and other devices get access to it as
+    /// `STREAMPOOL_PEER_ACCESS` says.
+    fn begin_shareable_allocation(&self) -> Result<Source> {
+        let begin = || -> Option<Result<Source>> {
+            let mut st = self.state.lock();
+            let id = st.ledger.sources().shareable()?;
+            Some(st.ledger.sources_mut().begin_allocation(id))
+        };
+        if let Some(begun) = begin() {
+            return begun;
+        }
+        let settings = self.setup()?.settings.sources.pool;
+        let _creating = self.creating.lock();
+        // Another thread may have made it meanwhile.
+        if let Some(begun) = begin() {
+            return begun;
+        }
+        let pool = crate::resource::shareable_pool(&self.driver, self.device, &settings)?;
+        if let Some(target) = peer_target(&pool) {
             self.peers
-                .extra_pool(self.driver.as_ref(), self.device, Arc::clone(&pool) as _);
-            Ok(pool)
-        })
+                .extra_pool(self.driver.as_ref(), self.device, target);
+        }
+        let mut st = self.state.lock();
+        let sources = st.ledger.sources_mut();
+        let id = sources.add(pool);
+        sources.set_shareable(id);
+        sources.begin_allocation(id)
     }
 
-    /// What another process needs to map the live shareable block at `ptr`; see [`Exporter`].
+    /// What another process needs to map the live shareable block at `ptr`; see
+    /// [`crate::ipc::export::Exporter`].
     pub fn export(&self, ptr: DevicePtr, stream: Stream) -> Result<StreampoolIpcHandle> {
-        let (block_bytes, home) = {
+        let (block_bytes, source) = {
             let st = self.state.lock();
-            let b = st.books.live(ptr).ok_or(Error::UnknownPointer {
-                ptr: ptr.0,
-                device: self.device,
-            })?;
-            (b.block_bytes, b.home)
+            let Some(b) = st.ledger.live(ptr) else {
+                return Err(Error::UnknownPointer {
+                    ptr: ptr.0,
+                    device: self.device,
+                });
+            };
+            (b.block_bytes, st.ledger.sources().get(b.source)?)
         };
-        let shareable = home == Home::Shareable || (self.config.ipc && home == Home::Large);
-        if !shareable {
+        if !source.traits().shareable {
             return Err(Error::InvalidArgument(format!(
                 "{ptr:#x} on device {} is not in a shareable pool: allocate it inside \
                  `with streampool.shareable():`, or install with streampool.install(ipc=True) \
@@ -85,9 +82,7 @@ impl DeviceAllocator {
                 self.device
             )));
         }
-        let pool = self.shareable_pool()?;
-        self.exporter
-            .export(pool.as_ref(), ptr, block_bytes, stream)
+        self.exporter.export(&*source, ptr, block_bytes, stream)
     }
 
     pub fn release_export(&self, event: u64) -> Result<()> {

@@ -1,6 +1,8 @@
 //! Stream waits of one device: freed blocks that other streams used (`record_stream`) wait for
 //! events recorded on those streams; during a CUDA graph capture no event can be recorded, so
-//! such blocks are deferred until the capture ends; and graph memory itself.
+//! such blocks are deferred until the capture ends.
+//!
+//! Built on [`crate::stream_order`] (events, the capture watch, in-order completion).
 //!
 //! Invariants: a waiting block is handed back (by [`Waits::collect`]) only once every event
 //! recorded for it has completed, or after a device synchronisation outside any capture; while a
@@ -9,16 +11,14 @@
 //! and query, capture status) return at once and take no lock of ours — none waits for the GPU.
 //! The driver is an argument: this layer owns its fields and nothing else of the device.
 
-use super::books::WaitingBlock;
-use crate::driver::{DevicePtr, Driver, EventHandle, Stream};
-use crate::error::Result;
-use std::collections::VecDeque;
+use super::ledger::WaitingBlock;
+use crate::driver::{Driver, Stream};
+use crate::stream_order::{CaptureWatch, EventPool, InOrder};
 
+/// A waiting block, with when it began to wait (see [`Waits::mark`]).
 #[derive(Debug)]
 struct Pending {
     waiting: WaitingBlock,
-    events: Vec<EventHandle>,
-    /// When it began to wait (see [`Waits::mark`]).
     seq: u64,
 }
 
@@ -33,11 +33,11 @@ struct Deferred {
 #[derive(Debug, Default)]
 pub(super) struct Waits {
     /// In the order they were freed.
-    pending: VecDeque<Pending>,
+    pending: InOrder<Pending>,
     deferred: Vec<Deferred>,
-    spare_events: Vec<EventHandle>,
-    /// Streams seen capturing; while non-empty, no event queries and no synchronisation.
-    capturing: Vec<Stream>,
+    events: EventPool,
+    /// Streams seen capturing; while one is known, no event queries and no synchronisation.
+    captures: CaptureWatch,
     /// The sequence number of the next block to wait.
     next_seq: u64,
 }
@@ -54,20 +54,16 @@ impl Waits {
     /// Nothing waits and no capture is known: an allocation has nothing to look at here.
     #[inline]
     pub fn is_idle(&self) -> bool {
-        self.pending.is_empty() && self.deferred.is_empty() && self.capturing.is_empty()
+        self.pending.is_empty() && self.deferred.is_empty() && !self.captures.any_known()
     }
 
     pub fn capturing(&self) -> bool {
-        !self.capturing.is_empty()
+        self.captures.any_known()
     }
 
     /// Notes that `stream` is capturing a graph; true if it was not known to be.
     pub fn note_capturing(&mut self, stream: Stream) -> bool {
-        let new = !self.capturing.contains(&stream);
-        if new {
-            self.capturing.push(stream);
-        }
-        new
+        self.captures.note(stream)
     }
 
     /// Marks now: [`Waits::take_all_after_sync`] takes only blocks that began to wait before.
@@ -80,22 +76,14 @@ impl Waits {
     /// (as PyTorch does), so an allocation costs O(1) queries when nothing finished.
     pub fn collect(&mut self, driver: &dyn Driver, device: usize) -> Vec<WaitingBlock> {
         let mut ready = Vec::new();
-        if !self.capturing.is_empty() || !self.deferred.is_empty() {
+        if self.captures.any_known() || !self.deferred.is_empty() {
             self.refresh(driver, device);
         }
-        if self.pending.is_empty() || !self.capturing.is_empty() {
+        if self.pending.is_empty() || self.captures.any_known() {
             return ready;
         }
-        let done = |e: &EventHandle| driver.event_query(device, *e).unwrap_or(false);
-        let done_count = self
-            .pending
-            .iter()
-            .take_while(|p| p.events.iter().all(done))
-            .count();
-        for p in self.pending.drain(..done_count) {
-            self.spare_events.extend(p.events);
-            ready.push(p.waiting);
-        }
+        self.pending
+            .pop_completed(driver, device, &mut self.events, |p| ready.push(p.waiting));
         ready
     }
 
@@ -103,18 +91,18 @@ impl Waits {
     /// their streams (a block for which that fails stays deferred until a later try or the next
     /// flush's synchronisation).
     fn refresh(&mut self, driver: &dyn Driver, device: usize) {
-        self.capturing
-            .retain(|s| driver.is_capturing(device, *s).unwrap_or(false));
-        if !self.capturing.is_empty() {
+        if self.captures.refresh(driver, device) {
             return;
         }
         for d in std::mem::take(&mut self.deferred) {
-            match self.record_events(driver, device, &d.streams) {
-                Ok(events) => self.pending.push_back(Pending {
-                    waiting: d.waiting,
+            match self.events.record_each(driver, device, &d.streams) {
+                Ok(events) => self.pending.push(
+                    Pending {
+                        waiting: d.waiting,
+                        seq: d.seq,
+                    },
                     events,
-                    seq: d.seq,
-                }),
+                ),
                 Err(e) => {
                     log::warn!(
                         "device {device}: {e}; {:#x} waits for the next empty_cache",
@@ -136,18 +124,14 @@ impl Waits {
         waiting: WaitingBlock,
         streams: Vec<Stream>,
     ) -> std::result::Result<(), Box<WaitFailed>> {
-        if !self.capturing.is_empty() {
+        if self.captures.any_known() {
             self.defer(waiting, streams);
             return Ok(());
         }
-        match self.record_events(driver, device, &streams) {
+        match self.events.record_each(driver, device, &streams) {
             Ok(events) => {
                 let seq = self.next();
-                self.pending.push_back(Pending {
-                    waiting,
-                    events,
-                    seq,
-                });
+                self.pending.push(Pending { waiting, seq }, events);
                 Ok(())
             }
             Err(error) => Err(Box::new(WaitFailed {
@@ -177,17 +161,12 @@ impl Waits {
     /// `mark`: every block that began to wait before it is free (blocks freed since may still be
     /// in use by their streams and stay).
     pub fn take_all_after_sync(&mut self, mark: u64) -> Vec<WaitingBlock> {
-        let mut free = Vec::new();
-        let mut still = VecDeque::new();
-        for p in self.pending.drain(..) {
-            if p.seq < mark {
-                self.spare_events.extend(p.events);
-                free.push(p.waiting);
-            } else {
-                still.push_back(p);
-            }
-        }
-        self.pending = still;
+        let mut free: Vec<WaitingBlock> = self
+            .pending
+            .take_where(|p| p.seq < mark, &mut self.events)
+            .into_iter()
+            .map(|p| p.waiting)
+            .collect();
         let (before, after): (Vec<Deferred>, Vec<Deferred>) =
             self.deferred.drain(..).partition(|d| d.seq < mark);
         self.deferred = after;
@@ -197,55 +176,12 @@ impl Waits {
 
     /// Every waiting block, for snapshots.
     pub fn blocks(&self) -> impl Iterator<Item = &WaitingBlock> {
-        let pending = self.pending.iter().map(|p| &p.waiting);
+        let pending = self.pending.iter().map(|(p, _)| &p.waiting);
         pending.chain(self.deferred.iter().map(|d| &d.waiting))
-    }
-
-    /// Records one event on each of `streams` (reusing spare events); on failure every event
-    /// taken goes back to the spares.
-    fn record_events(
-        &mut self,
-        driver: &dyn Driver,
-        device: usize,
-        streams: &[Stream],
-    ) -> Result<Vec<EventHandle>> {
-        let mut events = Vec::with_capacity(streams.len());
-        for &s in streams {
-            let event = match self.spare_events.pop() {
-                Some(e) => e,
-                None => match driver.event_create(device) {
-                    Ok(e) => e,
-                    Err(err) => {
-                        self.spare_events.append(&mut events);
-                        return Err(err);
-                    }
-                },
-            };
-            // An event whose record failed is still an event: keep it as a spare.
-            if let Err(err) = driver.event_record(device, event, s) {
-                self.spare_events.push(event);
-                self.spare_events.append(&mut events);
-                return Err(err);
-            }
-            events.push(event);
-        }
-        Ok(events)
     }
 
     /// Destroys the spare events (the device is going away).
     pub fn destroy_spares(&mut self, driver: &dyn Driver, device: usize) {
-        for e in self.spare_events.drain(..) {
-            driver.event_destroy(device, e);
-        }
+        self.events.destroy(driver, device);
     }
-}
-
-/// Graph memory for a capturing stream: the allocation becomes a node of the graph.
-pub(super) fn alloc_for_graph(
-    driver: &dyn Driver,
-    device: usize,
-    block_bytes: u64,
-    stream: Stream,
-) -> Result<DevicePtr> {
-    driver.alloc_captured(device, block_bytes, stream)
 }

@@ -1,13 +1,13 @@
-//! The exporting side of sharing, per device: the shareable pool (created on first use, or the
-//! device's own pool with `STREAMPOOL_IPC`), its file descriptor, and the events of exports not
-//! yet released.
+//! The exporting side of sharing, per device: the file descriptor of the device's shareable pool
+//! (a source of the device's table: created on first use, or the device's own pool with
+//! `STREAMPOOL_IPC`), and the events of exports not yet released.
 //!
-//! Invariants: the pool is created at most once; the file descriptor is exported once and closed
+//! Invariants: the file descriptor is exported once (a device has one shareable pool) and closed
 //! when the exporter is dropped; only events this exporter recorded, and not yet released, are
 //! destroyed on release. The caller (the device) decides whether a block may be exported.
 
 use super::StreampoolIpcHandle;
-use crate::driver::{DevicePtr, Driver, EventHandle, PoolUsage, Stream};
+use crate::driver::{DevicePtr, Driver, EventHandle, Stream};
 use crate::error::{Error, Result};
 use crate::fasthash::WordMap;
 use crate::resource::Resource;
@@ -17,7 +17,6 @@ use std::sync::Arc;
 pub struct Exporter {
     device: usize,
     driver: Arc<dyn Driver>,
-    pool: Mutex<Option<Arc<dyn Resource>>>,
     pool_fd: Mutex<Option<i32>>,
     /// Events of exports not yet released (only these may be destroyed).
     events: Mutex<WordMap<u64, ()>>,
@@ -28,35 +27,8 @@ impl Exporter {
         Exporter {
             device,
             driver,
-            pool: Mutex::new(None),
             pool_fd: Mutex::new(None),
             events: Mutex::new(WordMap::default()),
-        }
-    }
-
-    /// The shareable pool, made by `create` on first use.
-    pub fn pool(
-        &self,
-        create: impl FnOnce() -> Result<Arc<dyn Resource>>,
-    ) -> Result<Arc<dyn Resource>> {
-        let mut pool = self.pool.lock();
-        if let Some(pool) = pool.as_ref() {
-            return Ok(Arc::clone(pool));
-        }
-        let created = create()?;
-        *pool = Some(Arc::clone(&created));
-        Ok(created)
-    }
-
-    /// The shareable pool if it exists.
-    pub fn existing_pool(&self) -> Option<Arc<dyn Resource>> {
-        self.pool.lock().clone()
-    }
-
-    pub fn usage(&self) -> Result<PoolUsage> {
-        match self.existing_pool() {
-            Some(pool) => pool.usage(),
-            None => Ok(PoolUsage::default()),
         }
     }
 
@@ -70,10 +42,10 @@ impl Exporter {
         block_bytes: u64,
         stream: Stream,
     ) -> Result<StreampoolIpcHandle> {
-        let handle = pool.pool_handle().ok_or_else(|| {
+        let export = pool.capabilities().export.ok_or_else(|| {
             Error::Internal(format!(
                 "the {} of device {} is not a CUDA pool",
-                pool.label(),
+                pool.traits().label,
                 self.device
             ))
         })?;
@@ -81,7 +53,10 @@ impl Exporter {
             let mut fd = self.pool_fd.lock();
             match *fd {
                 Some(fd) => fd,
-                None => *fd.insert(self.driver.pool_export_fd(self.device, handle)?),
+                None => *fd.insert(
+                    self.driver
+                        .pool_export_fd(self.device, export.pool_handle())?,
+                ),
             }
         };
         let pointer_data = self.driver.pointer_export(self.device, ptr)?;

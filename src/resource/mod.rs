@@ -1,24 +1,33 @@
 //! Where a device's blocks come from: the [`Resource`] interface above the driver (RMM's
-//! `device_memory_resource` shape), its implementations — [`cuda_pool`] (a CUDA stream-ordered
-//! pool) and [`vmm`] (streampool's own virtual-memory pool) — and [`Resources`], the pair of
-//! resources of one device chosen by block size.
+//! `device_memory_resource` shape: allocate, deallocate, usage, trim, and what it is), the
+//! optional [`Capabilities`] a resource may add (a run-time release threshold, peaks, background
+//! release, peer access, capture notice, export), its implementations — [`cuda_pool`] (a CUDA
+//! stream-ordered pool), [`vmm`] (streampool's own virtual-memory pool) and the driver's own
+//! pool (graph memory, the capture fallback) — and [`Sources`], the table of one device's sources
+//! by id ([`provision`] makes the first ones).
 //!
 //! Invariants: every resource serves one device and is safe to call from any thread; allocation
 //! and deallocation are stream-ordered — a block deallocated on stream S may be handed out again
 //! on S at once, on another stream only after the work S had queued at the deallocation is done;
-//! which resource serves a block is a function of its size alone ([`Resources::class_of`]), so a
-//! free needs no record of it.
+//! a block goes back to the resource that served it, named by the id its record carries (which
+//! of a device's own resources serves a new block is a function of its size alone,
+//! [`Sources::for_size`]).
 
 pub mod cuda_pool;
+mod driver_pool;
 pub mod graph_pool;
+mod sources;
+#[cfg(test)]
+pub(crate) mod test_source;
 pub mod vmm;
 
-use crate::config::{Backend, Config};
+use crate::config::{Backend, PoolSettings, SourceSettings};
 use crate::driver::{DevicePtr, Driver, PoolHandle, PoolUsage, Stream};
 use crate::error::Result;
 use crate::history::Recorder;
-use cuda_pool::CudaPoolResource;
-use std::ops::RangeInclusive;
+use cuda_pool::{CudaPoolResource, PoolRole};
+use driver_pool::DriverPoolResource;
+pub use sources::{Source, SourceId, Sources};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 pub use vmm::DriverCounts;
@@ -33,211 +42,248 @@ pub trait Accessible: Send + Sync {
     fn grant_access(&self, peer: usize) -> Result<()>;
 }
 
-/// A source of device memory for blocks of one size class.
-pub trait Resource: Accessible {
+/// Reserved and used bytes of a resource now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// What it holds from the device.
+    pub reserved_bytes: u64,
+    /// What of that is handed out (or freed on a stream that has not caught up yet).
+    pub used_bytes: u64,
+}
+
+impl Usage {
+    /// Reserved bytes not handed out.
+    pub fn room_bytes(self) -> u64 {
+        self.reserved_bytes.saturating_sub(self.used_bytes)
+    }
+}
+
+/// What a resource is, for the device's policy; fixed for the resource's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Traits {
+    /// What it is, for messages ("pool", "small-block pool", "virtual memory resource", ...).
+    pub label: &'static str,
+    /// Freed blocks may wait in the device's cache for reuse on their stream; if not, they go
+    /// straight back.
+    pub cacheable: bool,
+    /// Its blocks are streampool's to hold: they count against the memory limit (held bytes),
+    /// and a block other streams used (record_stream) waits for them before it goes back. False
+    /// for graph memory, which belongs to its graph.
+    pub held: bool,
+    /// Its blocks can be exported to other processes ([`Capabilities::export`]).
+    pub shareable: bool,
+    /// It can reuse freed memory only once it was given back (a CUDA pool coalesces only what is
+    /// returned to it): the device then returns cached blocks, and trims, before it grows. A
+    /// resource that manages its own holes says false.
+    pub returns_before_growth: bool,
+}
+
+/// A source of device memory.
+pub trait Resource: Send + Sync {
     /// A block of `bytes` (a multiple of 512), ordered on `stream`. Out of memory is
     /// `Error::Driver` with `CUDA_ERROR_OUT_OF_MEMORY`.
     fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr>;
     /// Gives back a block `allocate` returned, of the same `bytes`, ordered on `stream` (its
     /// allocation stream). An error means the block is still the caller's, to give back later.
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()>;
-    /// Reserved (physical) and used bytes, with their high-water marks.
-    fn usage(&self) -> Result<PoolUsage>;
-    /// (reserved, used) bytes now: what it holds from the device, and what of that is handed
-    /// out (or freed on a stream that has not caught up yet). Cheaper than [`Resource::usage`].
-    fn reserved_used_bytes(&self) -> Result<(u64, u64)>;
+    /// Reserved and used bytes now (cheap: read on the allocation path).
+    fn usage(&self) -> Result<Usage>;
     /// Gives the device back what it holds unused, keeping `keep_bytes` reserved. Called after
     /// the device synchronised, so every deallocation has completed.
     fn trim(&self, keep_bytes: u64) -> Result<()>;
-    /// Reserved memory above this is given back to the device once unused.
+    /// What it is.
+    fn traits(&self) -> Traits;
+    /// What more it can do; nothing unless it says so.
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default()
+    }
+}
+
+/// The optional capabilities of a resource, each a small trait of its own.
+#[derive(Clone, Copy, Default)]
+pub struct Capabilities<'a> {
+    /// Reserved memory above a threshold set at run time goes back to the device once unused.
+    pub release_threshold: Option<&'a dyn ReleaseThreshold>,
+    /// High-water marks, and the driver calls it made.
+    pub statistics: Option<&'a dyn Statistics>,
+    /// It applies its release threshold itself, and releases idle memory without a
+    /// synchronisation, when the device's background thread asks.
+    pub tending: Option<&'a dyn Tending>,
+    /// Other devices can be given access to its memory.
+    pub peer_access: Option<&'a dyn Accessible>,
+    /// It must know when a stream of the device begins to capture a CUDA graph.
+    pub capture_notice: Option<&'a dyn CaptureNotice>,
+    /// Its blocks can be exported to other processes.
+    pub export: Option<&'a dyn Export>,
+}
+
+/// See [`Capabilities::release_threshold`].
+pub trait ReleaseThreshold {
+    /// Reserved memory above `bytes` is given back to the device once unused.
     fn set_release_threshold(&self, bytes: u64) -> Result<()>;
+}
+
+/// See [`Capabilities::statistics`].
+pub trait Statistics {
+    /// Reserved and used bytes with their high-water marks.
+    fn usage_with_peaks(&self) -> Result<PoolUsage>;
     /// Resets the high-water marks to the current values.
     fn reset_peaks(&self) -> Result<()>;
-    /// True if it can reuse freed memory only after it was given back (a CUDA pool coalesces
-    /// only what is returned to it): the device then returns cached blocks, and trims, before it
-    /// grows. A resource that manages its own holes says false.
-    fn returns_before_growth(&self) -> bool;
-    /// `stream` of the device is capturing a CUDA graph: a resource that maps memory must not
-    /// map, unmap or query events until the capture ends (it asks the driver when that is).
-    fn capture_started(&self, _stream: Stream) {}
-    /// The driver calls it made that cost time on the allocating thread (a resource that maps
-    /// memory itself; zero for others).
+    /// The driver calls it made that cost time on the allocating thread.
     fn driver_counts(&self) -> DriverCounts {
         DriverCounts::default()
     }
-    /// Called regularly while the device is in use (by its background thread): a resource that
-    /// applies its release threshold itself does so here. True while it holds memory above it.
-    fn tend(&self) -> bool {
-        false
-    }
+}
+
+/// See [`Capabilities::tending`].
+pub trait Tending {
+    /// Called regularly while the device is in use: memory above the release threshold that has
+    /// stayed unused goes back. True while it holds memory above it.
+    fn release_above_threshold(&self) -> bool;
     /// The device has been idle: give back all memory not in use, without synchronising. True if
     /// some may become releasable later (its streams have not caught up): call again.
-    fn release_idle(&self) -> Result<bool> {
-        self.trim(0).map(|()| false)
+    fn release_idle(&self) -> Result<bool>;
+}
+
+/// See [`Capabilities::capture_notice`].
+pub trait CaptureNotice {
+    /// `stream` of the device is capturing a CUDA graph: a resource that maps memory must not
+    /// map, unmap or query events until the capture ends (it asks the driver when that is).
+    fn capture_started(&self, stream: Stream);
+}
+
+/// See [`Capabilities::export`].
+pub trait Export {
+    /// The CUDA pool behind it, which other processes import.
+    fn pool_handle(&self) -> PoolHandle;
+}
+
+/// Lets `resource`'s memory be granted to other devices, if it can be.
+pub fn peer_target(resource: &Arc<dyn Resource>) -> Option<Arc<dyn Accessible>> {
+    resource.capabilities().peer_access?;
+    Some(Arc::new(PeerTarget(Arc::clone(resource))))
+}
+
+/// A resource with the peer-access capability, as peers see it.
+struct PeerTarget(Arc<dyn Resource>);
+
+impl Accessible for PeerTarget {
+    fn label(&self) -> &'static str {
+        self.0.traits().label
     }
 
-    /// The CUDA pool behind it, if it is one (for sharing with other processes).
-    fn pool_handle(&self) -> Option<PoolHandle> {
-        None
+    fn grant_access(&self, peer: usize) -> Result<()> {
+        match self.0.capabilities().peer_access {
+            Some(access) => access.grant_access(peer),
+            None => Ok(()),
+        }
     }
 }
 
-/// Which of a device's resources serves a block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SizeClass {
-    /// Up to `STREAMPOOL_SMALL_POOL_MAX`, when there is a small-block resource.
-    Small,
-    Large,
+/// Gives back idle memory of `resource` without synchronising: its own idle release, or a trim.
+/// True if more may become releasable later.
+pub fn release_idle(resource: &dyn Resource) -> Result<bool> {
+    match resource.capabilities().tending {
+        Some(tending) => tending.release_idle(),
+        None => resource.trim(0).map(|()| false),
+    }
 }
 
-/// The resources of one device: one for large blocks and, unless disabled, one for small ones.
-pub struct Resources {
+/// `resource`'s usage with high-water marks (the current values where it keeps none).
+pub fn usage_with_peaks(resource: &dyn Resource) -> Result<PoolUsage> {
+    if let Some(statistics) = resource.capabilities().statistics {
+        return statistics.usage_with_peaks();
+    }
+    let now = resource.usage()?;
+    Ok(PoolUsage {
+        reserved_bytes: now.reserved_bytes,
+        reserved_bytes_high: now.reserved_bytes,
+        used_bytes: now.used_bytes,
+        used_bytes_high: now.used_bytes,
+    })
+}
+
+/// The sources a device starts with ([`provision`]).
+pub struct Provision {
+    pub sources: Sources,
     /// The backend serving the device (the pool where `vmm` was asked for and is unsupported).
-    backend: Backend,
-    large: Arc<dyn Resource>,
-    small: Option<Arc<dyn Resource>>,
-    small_max_bytes: u64,
+    pub backend: Backend,
 }
 
-impl Resources {
-    /// The resources `config` asks for on `device` (of `total_bytes` memory). With
-    /// `STREAMPOOL_IPC`, one shareable pool serves every size. A small-block pool that cannot be
-    /// created is logged and left out (the large resource serves every size).
-    pub fn create(
-        driver: &Arc<dyn Driver>,
-        device: usize,
-        config: &Config,
-        total_bytes: u64,
-        limit_bytes: &Arc<AtomicU64>,
-        recorder: &Arc<Recorder>,
-    ) -> Result<Resources> {
-        let small_max_bytes = config.small_pool_max.resolve_bytes(total_bytes);
-        if config.ipc {
-            let pool = CudaPoolResource::create(driver, device, config, total_bytes, true, "pool")?;
-            return Ok(Resources::single(Arc::new(pool)));
-        }
-        let vmm = config.backend == Backend::Vmm;
-        if vmm && !driver.vmm_supported(device)? {
-            log::warn!(
-                "device {device} does not support CUDA virtual memory management \
-                 (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED): it uses the pool \
-                 backend instead of STREAMPOOL_BACKEND=vmm"
-            );
-        } else if vmm {
-            // One resource for every size: small blocks are carved out of its own pages.
-            let settings = VmmSettings::resolve(config, driver.as_ref(), device, total_bytes)?;
-            let vmm = VmmResource::create(
-                driver,
-                device,
-                &settings,
-                total_bytes,
-                Arc::clone(limit_bytes),
-                Arc::clone(recorder),
-            )?;
-            return Ok(Resources {
-                backend: Backend::Vmm,
-                ..Resources::single(vmm)
-            });
-        }
-        let large = Arc::new(CudaPoolResource::create(
+/// The sources `settings` ask for on `device` (of `total_bytes` memory): its own resources — a
+/// pool for large blocks and, unless disabled, one for small ones, or the virtual-memory resource
+/// for every size — graph memory and the capture fallback. With `STREAMPOOL_IPC`, one shareable
+/// pool serves every size and is the shareable pool. A small-block pool that cannot be created is
+/// logged and left out (the large resource serves every size).
+pub fn provision(
+    driver: &Arc<dyn Driver>,
+    device: usize,
+    settings: &SourceSettings,
+    total_bytes: u64,
+    limit_bytes: &Arc<AtomicU64>,
+    recorder: &Arc<Recorder>,
+) -> Result<Provision> {
+    let with = |large: Arc<dyn Resource>, small| {
+        let graph = Arc::new(DriverPoolResource::graph_memory(driver, device));
+        let fallback = Arc::new(DriverPoolResource::capture_fallback(driver, device));
+        Sources::new(large, small, graph, fallback)
+    };
+    let pool = |role| CudaPoolResource::create(driver, device, &settings.pool, role);
+    if settings.one_shareable_pool {
+        let mut sources = with(Arc::new(pool(PoolRole::SHARED_OWN)?), None);
+        sources.set_shareable(sources.for_size(0));
+        let backend = Backend::Pool;
+        return Ok(Provision { sources, backend });
+    }
+    let vmm = settings.backend == Backend::Vmm;
+    if vmm && !driver.vmm_supported(device)? {
+        log::warn!(
+            "device {device} does not support CUDA virtual memory management \
+             (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED): it uses the pool \
+             backend instead of STREAMPOOL_BACKEND=vmm"
+        );
+    } else if vmm {
+        // One resource for every size: small blocks are carved out of its own pages.
+        let settings = VmmSettings::resolve(&settings.vmm, driver.as_ref(), device, total_bytes)?;
+        let vmm = VmmResource::create(
             driver,
             device,
-            config,
+            &settings,
             total_bytes,
-            false,
-            "pool",
-        )?);
-        // A pool size cap applies to one pool: no split then.
-        let split = small_max_bytes > 0 && config.max_pool_size.is_max();
-        let small = match split {
-            false => None,
-            true => {
-                let label = "small-block pool";
-                match CudaPoolResource::create(driver, device, config, total_bytes, false, label) {
-                    Ok(pool) => Some(Arc::new(pool) as Arc<dyn Resource>),
-                    Err(e) => {
-                        log::warn!(
-                            "device {device}: no small-block pool, one resource serves all: {e}"
-                        );
-                        None
-                    }
-                }
+            Arc::clone(limit_bytes),
+            Arc::clone(recorder),
+        )?;
+        let backend = Backend::Vmm;
+        return Ok(Provision {
+            sources: with(vmm, None),
+            backend,
+        });
+    }
+    let large = Arc::new(pool(PoolRole::OWN)?);
+    let small_max_bytes = settings.small_max_bytes;
+    let small = match settings.small_pool {
+        false => None,
+        true => match pool(PoolRole::OWN_SMALL) {
+            Ok(pool) => Some((Arc::new(pool) as Arc<dyn Resource>, small_max_bytes)),
+            Err(e) => {
+                log::warn!("device {device}: no small-block pool, one resource serves all: {e}");
+                None
             }
-        };
-        Ok(Resources {
-            backend: Backend::Pool,
-            large,
-            small,
-            small_max_bytes,
-        })
-    }
+        },
+    };
+    let backend = Backend::Pool;
+    Ok(Provision {
+        sources: with(large, small),
+        backend,
+    })
+}
 
-    /// One resource for every size.
-    pub fn single(resource: Arc<dyn Resource>) -> Resources {
-        Resources {
-            backend: Backend::Pool,
-            large: resource,
-            small: None,
-            small_max_bytes: 0,
-        }
-    }
-
-    /// The backend serving the device.
-    pub fn backend(&self) -> Backend {
-        self.backend
-    }
-
-    /// The class of a block of `block_bytes`.
-    #[inline]
-    pub fn class_of(&self, block_bytes: u64) -> SizeClass {
-        match self.small.is_some() && block_bytes <= self.small_max_bytes {
-            true => SizeClass::Small,
-            false => SizeClass::Large,
-        }
-    }
-
-    #[inline]
-    pub fn get(&self, class: SizeClass) -> &dyn Resource {
-        match (class, &self.small) {
-            (SizeClass::Small, Some(small)) => small.as_ref(),
-            _ => self.large.as_ref(),
-        }
-    }
-
-    /// The block sizes `class` serves.
-    pub fn sizes_served(&self, class: SizeClass) -> RangeInclusive<u64> {
-        match (class, &self.small) {
-            (SizeClass::Small, _) => 0..=self.small_max_bytes,
-            (SizeClass::Large, Some(_)) => self.small_max_bytes.saturating_add(1)..=u64::MAX,
-            (SizeClass::Large, None) => 0..=u64::MAX,
-        }
-    }
-
-    /// The resource for large blocks, shared (graph pools take their segments from it).
-    pub fn large_resource(&self) -> Arc<dyn Resource> {
-        Arc::clone(&self.large)
-    }
-
-    /// Every resource, the large one first.
-    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn Resource>> {
-        std::iter::once(&self.large).chain(&self.small)
-    }
-
-    /// The resources' usage, summed.
-    pub fn usage(&self) -> Result<PoolUsage> {
-        self.all()
-            .try_fold(PoolUsage::default(), |sum, r| Ok(sum.plus(r.usage()?)))
-    }
-
-    /// The driver calls the resources made, summed.
-    pub fn driver_counts(&self) -> DriverCounts {
-        self.all()
-            .map(|r| r.driver_counts())
-            .fold(DriverCounts::default(), DriverCounts::plus)
-    }
-
-    /// Runs `f` on every resource; every one is tried, the first error is returned.
-    pub fn for_each(&self, mut f: impl FnMut(&dyn Resource) -> Result<()>) -> Result<()> {
-        self.all().map(|r| f(r.as_ref())).fold(Ok(()), Result::and)
-    }
+/// The pool of `streampool.shareable()` on `device`: shareable, never cached.
+pub fn shareable_pool(
+    driver: &Arc<dyn Driver>,
+    device: usize,
+    settings: &PoolSettings,
+) -> Result<Arc<dyn Resource>> {
+    let pool = CudaPoolResource::create(driver, device, settings, PoolRole::SHAREABLE)?;
+    Ok(Arc::new(pool))
 }

@@ -9,6 +9,7 @@
 //! access) panics, and dropping it with memory, handles, reservations or pools left panics too
 //! (leak check).
 
+mod controls;
 mod ipc;
 mod pools;
 mod streams;
@@ -144,156 +145,8 @@ impl SimDriver {
         }
     }
 
-    /// Stops the clock (`now_ms`): from now on it moves only by [`SimDriver::advance_clock_ms`].
-    pub fn stop_clock(&self) {
-        let now_us = super::monotonic_us();
-        let _ = self.clock_frozen_at_us.compare_exchange(
-            u64::MAX,
-            now_us,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
-    }
-
-    /// Moves the clock on by `ms`.
-    pub fn advance_clock_ms(&self, ms: u64) {
-        self.advance_clock_us(ms.saturating_mul(1000));
-    }
-
-    /// Moves the clock on by `us`.
-    pub fn advance_clock_us(&self, us: u64) {
-        self.clock_offset_us.fetch_add(us, Ordering::Relaxed);
-    }
-
-    /// Makes misuse and leaks panic (for tests; see the module's invariants).
-    pub fn strict(mut self) -> SimDriver {
-        self.strict = true;
-        self
-    }
-
-    /// The next `count` calls of `fault` fail.
-    pub fn inject_fault(&self, fault: SimFault, count: u32) {
-        *self.faults.lock().entry(fault).or_default() += count;
-    }
-
-    /// Takes one pending injection of `fault` without calling anything: true if there was one.
-    pub fn take_injected(&self, fault: SimFault) -> bool {
-        self.take_fault(fault, "probe").is_err()
-    }
-
-    /// How many times `call` (a driver function's name, e.g. `"cuMemSetAccess"`) was attempted,
-    /// over all devices. Counted: the calls with a [`SimFault`], `cuEventQuery`, and
-    /// `"cuMemSetAccess handles"` (the mappings those calls covered, summed); others read 0.
-    pub fn calls(&self, call: &str) -> u64 {
-        self.calls.lock().get(call).copied().unwrap_or(0)
-    }
-
     fn count(&self, call: &'static str, n: u64) {
         *self.calls.lock().entry(call).or_default() += n;
-    }
-
-    /// All work submitted so far on `stream` completes (and the work it waited for).
-    pub fn complete_stream(&self, device: usize, stream: Stream) {
-        self.devices[device].lock().complete_stream(stream);
-    }
-
-    /// All work on every stream of every device completes.
-    pub fn complete_all(&self) {
-        for d in &self.devices {
-            d.lock().complete_all_streams();
-        }
-    }
-
-    /// The program destroys `stream` (`cuStreamDestroy`): work already submitted to it still
-    /// completes, a capture on it ends, and every later call that names it fails with
-    /// `CUDA_ERROR_INVALID_HANDLE`.
-    pub fn destroy_stream(&self, device: usize, stream: Stream) {
-        self.end_capture(device, stream);
-        let mut d = self.devices[device].lock();
-        if !d.destroyed.contains(&stream) {
-            d.destroyed.push(stream);
-            self.destroyed_streams.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    pub fn begin_capture(&self, device: usize, stream: Stream) {
-        self.devices[device].lock().capturing.push(stream);
-        self.capturing_streams.fetch_add(1, Ordering::SeqCst);
-    }
-
-    pub fn end_capture(&self, device: usize, stream: Stream) {
-        let mut d = self.devices[device].lock();
-        if let Some(i) = d.capturing.iter().position(|s| *s == stream) {
-            d.capturing.swap_remove(i);
-            self.capturing_streams.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-
-    /// Bytes still allocated (live or pending) across all pools and graph allocations.
-    pub fn outstanding_bytes(&self) -> u64 {
-        self.devices
-            .iter()
-            .map(|d| {
-                let d = d.lock();
-                d.pools.iter().map(|p| p.used_bytes).sum::<u64>()
-                    + d.captured_live.values().sum::<u64>()
-            })
-            .sum()
-    }
-
-    /// Makes `peer` unable to access memory on `device` (as `cuDeviceCanAccessPeer` reporting 0).
-    pub fn set_peer_incapable(&self, device: usize, peer: usize) {
-        self.peer_incapable.lock().push((device, peer));
-    }
-
-    /// From now on every call on `device` fails with `CUDA_ERROR_ILLEGAL_ADDRESS`, as after a
-    /// kernel fault: the context is unusable for the rest of the process, other devices are not.
-    /// The most memory `device` had in use at once (pools' reserved bytes, graph allocations and
-    /// physical handles) since it was made or [`SimDriver::reset_in_use_high`].
-    pub fn in_use_high_bytes(&self, device: usize) -> u64 {
-        self.devices[device].lock().in_use_high_bytes
-    }
-
-    /// Models fragmented pool memory on `device`: from now on, an allocation that does not reuse
-    /// a free of its own stream grows its pool by its whole size, whatever the pool has free.
-    pub fn fragment_pools(&self, device: usize) {
-        self.devices[device].lock().pools_fragmented = true;
-    }
-
-    /// Restarts [`SimDriver::in_use_high_bytes`] from what `device` has in use now.
-    pub fn reset_in_use_high(&self, device: usize) {
-        let mut d = self.devices[device].lock();
-        d.in_use_high_bytes = d.memory_in_use_bytes();
-    }
-
-    pub fn set_sticky_error(&self, device: usize) {
-        self.devices[device].lock().sticky_error = Some(CUDA_ERROR_ILLEGAL_ADDRESS);
-    }
-
-    /// Work on `stream` of device `from` reads and writes `[ptr, ptr + bytes)` of `device`'s
-    /// memory, as a kernel would. An error says why it may not: that memory is not allocated, or
-    /// not mapped, or `from` has no access to it (a test asserts it is `Ok`).
-    pub fn touch(
-        &self,
-        device: usize,
-        from: usize,
-        ptr: DevicePtr,
-        bytes: u64,
-        stream: Stream,
-    ) -> Result<()> {
-        let mut d = self.devices[device].lock();
-        let seq = d.tick(stream);
-        let outcome = match d.vmm.contains(ptr) {
-            true => d.vmm.touch(ptr, bytes, from, device, (stream, seq)),
-            false => d.touch_pool_memory(ptr, bytes, from, device),
-        };
-        outcome.map_err(|why| {
-            driver_error(
-                "touch",
-                CUDA_ERROR_ILLEGAL_ADDRESS,
-                &format!("CUDA_ERROR_ILLEGAL_ADDRESS ({why})"),
-            )
-        })
     }
 
     fn take_fault(&self, fault: SimFault, call: &'static str) -> Result<()> {

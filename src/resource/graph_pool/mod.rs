@@ -124,6 +124,11 @@ impl GraphPool {
         self.reserved_bytes
     }
 
+    /// Bytes of its live blocks.
+    pub fn live_bytes(&self) -> u64 {
+        self.live.values().map(|b| b.bytes).sum()
+    }
+
     /// Nothing live and nobody holding it: the pool can go, with all its segments.
     pub fn is_unused(&self) -> bool {
         self.use_count == 0 && self.live.is_empty()

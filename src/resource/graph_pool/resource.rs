@@ -10,7 +10,7 @@
 use super::{GraphPool, PoolBlock, Segment, SegmentSource};
 use crate::driver::{DevicePtr, Driver, Stream};
 use crate::error::{Error, Result};
-use crate::resource::Resource;
+use crate::resource::{Resource, Traits, Usage};
 use crate::sync::Mutex;
 use std::sync::Arc;
 
@@ -50,7 +50,7 @@ impl GraphPoolResource {
 
     /// A block of `bytes` (a multiple of 512) for `stream`: from the pool's free ranges, else
     /// from a new segment.
-    pub fn allocate(&self, bytes: u64, stream: Stream) -> Result<PoolBlock> {
+    pub fn allocate_block(&self, bytes: u64, stream: Stream) -> Result<PoolBlock> {
         if let Some(block) = self.pool.lock().take(bytes, stream) {
             return Ok(block);
         }
@@ -103,11 +103,6 @@ impl GraphPoolResource {
         }
     }
 
-    /// Frees a live block of the pool into it.
-    pub fn deallocate(&self, ptr: DevicePtr) -> Result<()> {
-        self.pool.lock().give(ptr).map(|_| ())
-    }
-
     /// Gives the resource back every wholly free segment, if nobody uses the pool (no capture,
     /// no `MemPool`, no graph that may replay); returns the bytes given back. Call only after a
     /// device synchronisation: replays may have been using the segments until then.
@@ -132,5 +127,42 @@ impl GraphPoolResource {
             }
         }
         first_error.map(|()| released_bytes)
+    }
+}
+
+impl Resource for GraphPoolResource {
+    fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        self.allocate_block(bytes, stream).map(|b| b.ptr)
+    }
+
+    /// The block goes back into the pool, for the pool's later allocations only.
+    fn deallocate(&self, ptr: DevicePtr, _bytes: u64, _stream: Stream) -> Result<()> {
+        self.pool.lock().give(ptr).map(|_| ())
+    }
+
+    fn usage(&self) -> Result<Usage> {
+        let pool = self.pool.lock();
+        Ok(Usage {
+            reserved_bytes: pool.reserved_bytes(),
+            used_bytes: pool.live_bytes(),
+        })
+    }
+
+    /// Nothing: a pool gives memory back only once nobody uses it
+    /// ([`GraphPoolResource::release_free_segments`]).
+    fn trim(&self, _keep_bytes: u64) -> Result<()> {
+        Ok(())
+    }
+
+    fn traits(&self) -> Traits {
+        Traits {
+            label: "PyTorch memory pool",
+            // Only the pool may reuse its blocks.
+            cacheable: false,
+            // Its blocks wait for the other streams that used them, and count against the limit.
+            held: true,
+            shareable: false,
+            returns_before_growth: false,
+        }
     }
 }

@@ -8,14 +8,15 @@
 //!   emptied carrier is an idle page again.
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
-//!   the fence has completed ([`fences`]).
+//!   the fence has completed ([`crate::stream_order`]).
 //! - A request that fits no mapped range gets a window of free addresses whose unmapped pages are
 //!   backed ([`mapping`]) by spare handles, then by handles moved out of cold idle pages (unused
 //!   for `cold_after_ms`), then by new handles, and only when the device or the cap is full by
 //!   handles moved out of any idle page.
 //! - Nothing is released on the allocating thread: memory above the release threshold is
 //!   released once unused for a second, and all idle memory once the device is idle, by the
-//!   device's background thread ([`VmmResource::tend`], [`VmmResource::release_idle`]), which
+//!   device's background thread ([`VmmResource::release_above_threshold`],
+//!   [`VmmResource::release_idle`]), which
 //!   records nothing on the program's streams; `trim` after a synchronisation (empty_cache).
 //!
 //! Invariants: a page is unmapped only once no work uses it — it lies in a `Ready` range, whose
@@ -29,23 +30,22 @@
 //! the driver cannot answer for (destroyed) is not capturing; the resource's lock is held across
 //! map and unmap calls, never while the device lock is.
 
-mod fences;
+mod interface;
 mod mapping;
 mod ranges;
 mod release;
 mod settings;
 mod small;
 
-use super::{Accessible, Resource};
-use crate::driver::{DevicePtr, Driver, MemHandle, PoolUsage, Stream};
+use crate::driver::{DevicePtr, Driver, MemHandle, Stream};
 use crate::error::{
     Error, Result, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
 };
 use crate::fasthash::WordMap;
 use crate::history::{Recorder, StreampoolEventKind as Event};
+use crate::stream_order::{CaptureWatch, Fences};
 use crate::sync::Mutex;
 use crate::units::{format_bytes, format_limit};
-use fences::Fences;
 use ranges::{FreeRanges, State};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,7 +55,7 @@ pub use mapping::DriverCounts;
 pub use settings::VmmSettings;
 use settings::ADDRESS_SPACE_PER_DEVICE_MEMORY;
 
-/// A free records its stream's fence only if the last one is this old (see [`fences`]): a loop
+/// A free records its stream's fence only if the last one is this old (see [`Fences`]): a loop
 /// that frees all the time pays one event record (and one poll) a millisecond, not one a free.
 const FENCE_INTERVAL_US: u64 = 1000;
 
@@ -116,10 +116,10 @@ struct VmmState {
     fences: Fences,
     /// Streams of the device known to capture a graph (from the device's allocations on them):
     /// while one still does, nothing is mapped, unmapped or queried.
-    capture_streams: Vec<Stream>,
+    captures: CaptureWatch,
     /// Devices other than its own with access.
     peers: Vec<usize>,
-    /// Some pages are blocked (mapped without access): settling tries to fix them.
+    /// Some pages are blocked (mapped without access): updating the ranges tries to fix them.
     blocked: bool,
     counts: DriverCounts,
 }
@@ -145,6 +145,17 @@ impl VmmState {
             .chain(carriers.map(|p| (Region::Carriers, p)))
             .collect()
     }
+}
+
+/// Who looks at the ranges ([`VmmResource::update_ranges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// A thread of the program (an allocation, a trim): it may record fences on its streams.
+    Program,
+    /// The device's background thread: it records no fence on the program's streams (one may
+    /// begin a capture at any moment); streams that have finished all their work complete their
+    /// pending fences instead.
+    Background,
 }
 
 fn paused() -> Error {
@@ -228,30 +239,15 @@ impl VmmResource {
     /// whether a stream captures is allowed during a capture). A stream the driver cannot answer
     /// for (destroyed, say) is not capturing: a capture ends before its stream can be destroyed.
     fn capturing(&self, st: &mut VmmState) -> bool {
-        if !st.capture_streams.is_empty() {
-            let (driver, device) = (self.driver.as_ref(), self.device);
-            st.capture_streams
-                .retain(|s| driver.is_capturing(device, *s).unwrap_or(false));
-        }
-        !st.capture_streams.is_empty()
+        st.captures.refresh(self.driver.as_ref(), self.device)
     }
 
-    /// Freed ranges whose fences completed become ready for every stream; pending fences are
-    /// recorded (for the next settle); blocks freed during a capture that has ended get their
-    /// fence numbers; blocked pages are fixed. Nothing during a known capture, which forbids
-    /// event queries and records.
-    fn settle(&self, st: &mut VmmState) {
-        self.settle_as(st, false);
-    }
-
-    /// [`VmmResource::settle`] for the background thread: it records no fence on the program's
-    /// streams (one may begin a capture at any moment); streams that have finished all their
-    /// work complete their pending fences instead.
-    fn settle_from_background(&self, st: &mut VmmState) {
-        self.settle_as(st, true);
-    }
-
-    fn settle_as(&self, st: &mut VmmState, background: bool) {
+    /// Brings the free ranges up to date with the GPU: freed ranges whose fences completed
+    /// become ready for every stream; pending fences are recorded (for the next look) or, from
+    /// the background thread, completed where their streams have finished all their work;
+    /// blocks freed during a capture that has ended get their fence numbers; blocked pages are
+    /// fixed. Nothing during a known capture, which forbids event queries and records.
+    fn update_ranges(&self, st: &mut VmmState, caller: Caller) {
         if self.capturing(st) {
             return;
         }
@@ -262,11 +258,11 @@ impl VmmResource {
         let now_ms = self.driver.now_ms();
         let (driver, device) = (self.driver.as_ref(), self.device);
         let mut done = st.fences.poll(driver, device);
-        if background {
+        if caller == Caller::Background {
             done.extend(st.fences.complete_pending_of_idle_streams(driver, device));
         }
         self.promote(st, done, now_ms);
-        if !background {
+        if caller == Caller::Program {
             st.fences.record_all_pending(driver, device, |s| {
                 driver.is_capturing(device, s).unwrap_or(true)
             });
@@ -288,7 +284,7 @@ impl VmmResource {
     /// capture of another stream in relaxed mode, and the fronts are fences of streams that
     /// were not capturing when they were recorded).
     fn collect_completed(&self, st: &mut VmmState, now_ms: u64) {
-        if !st.capture_streams.is_empty() {
+        if st.captures.any_known() {
             return;
         }
         let done = st.fences.poll(self.driver.as_ref(), self.device);
@@ -298,16 +294,7 @@ impl VmmResource {
     /// A large block for `stream`: a mapped range it may use at once, one freed on another
     /// stream after a GPU-side wait for its fence, or a window whose pages are mapped now.
     fn place_large(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<u64> {
-        if let Some(start) = st.large.best_fit(bytes, stream) {
-            st.large.take(start, bytes);
-            return Ok(start);
-        }
-        self.settle(st);
-        if let Some(start) = st.large.best_fit(bytes, stream) {
-            st.large.take(start, bytes);
-            return Ok(start);
-        }
-        if let Some(start) = self.take_after_wait(st, false, bytes, stream) {
+        if let Some(start) = self.take_free(st, false, bytes, stream) {
             return Ok(start);
         }
         if self.capturing(st) {
@@ -334,6 +321,26 @@ impl VmmResource {
         self.map_window(st, Region::Large, &window, bytes, self.driver.now_ms())?;
         st.large.take(window.start, bytes);
         Ok(window.start)
+    }
+
+    /// A free range of `bytes` among the small or the large ranges that `stream` may use: at
+    /// once, once the ranges were updated with the GPU, or after a GPU-side wait for another
+    /// stream's fence.
+    fn take_free(&self, st: &mut VmmState, small: bool, bytes: u64, stream: Stream) -> Option<u64> {
+        for update in [false, true] {
+            if update {
+                self.update_ranges(st, Caller::Program);
+            }
+            let ranges = match small {
+                true => &mut st.small,
+                false => &mut st.large,
+            };
+            if let Some(start) = ranges.best_fit(bytes, stream) {
+                ranges.take(start, bytes);
+                return Some(start);
+            }
+        }
+        self.take_after_wait(st, small, bytes, stream)
     }
 
     /// The best fit among ranges freed on other streams, handed out after `stream` was made to
@@ -375,7 +382,7 @@ impl VmmResource {
         Some(start)
     }
 
-    /// Books `[start, start + bytes)` as a live block. (Its pages are marked used when it is
+    /// Ledger `[start, start + bytes)` as a live block. (Its pages are marked used when it is
     /// freed: until then they are not idle, whatever their mark.)
     fn hand_out(&self, st: &mut VmmState, start: u64, bytes: u64) -> DevicePtr {
         st.live.insert(start, bytes);
@@ -409,10 +416,13 @@ impl VmmResource {
     /// (`crate::sync::Mutex`; views stay readable).
     #[inline]
     fn lock_enabled(&self) -> Result<crate::sync::MutexGuard<'_, VmmState>> {
-        self.state.lock_unpoisoned().ok_or(Error::Disabled {
-            device: self.device,
-            part: "virtual-memory resource",
-        })
+        match self.state.lock_unpoisoned() {
+            Some(st) => Ok(st),
+            None => Err(Error::Disabled {
+                device: self.device,
+                part: "virtual-memory resource",
+            }),
+        }
     }
 
     /// Counts a page mapped or unmapped, and notes it on the timeline.
@@ -424,148 +434,6 @@ impl VmmResource {
         let reserved_bytes = st.physical_bytes(self.page_bytes);
         self.recorder
             .note_resource(kind, DevicePtr(page), self.page_bytes, reserved_bytes);
-    }
-}
-
-impl Accessible for VmmResource {
-    fn label(&self) -> &'static str {
-        "virtual memory resource"
-    }
-
-    fn grant_access(&self, peer: usize) -> Result<()> {
-        let mut st = self.lock_enabled()?;
-        let pages: Vec<u64> = st.pages.keys().copied().collect();
-        self.set_access(&mut st, &pages, &[peer])?;
-        if !st.peers.contains(&peer) {
-            st.peers.push(peer);
-        }
-        Ok(())
-    }
-}
-
-impl Resource for VmmResource {
-    fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
-        let mut st = self.lock_enabled()?;
-        let start = match bytes <= self.small_max_bytes {
-            true => self.place_small(&mut st, bytes, stream)?,
-            false => self.place_large(&mut st, bytes, stream)?,
-        };
-        Ok(self.hand_out(&mut st, start, bytes))
-    }
-
-    fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
-        let now_us = self.driver.now_us();
-        let now_ms = now_us / 1000;
-        let mut st = self.lock_enabled()?;
-        match st.live.remove(&ptr.0) {
-            Some(b) if b == bytes => {}
-            Some(b) => {
-                st.live.insert(ptr.0, b);
-                return Err(Error::InvalidArgument(format!(
-                    "{ptr:#x} is a block of {b} B, not {bytes} B"
-                )));
-            }
-            None => {
-                return Err(Error::UnknownPointer {
-                    ptr: ptr.0,
-                    device: self.device,
-                })
-            }
-        }
-        st.used_bytes -= bytes;
-        // Reusable by its stream at once; by others after the stream's next fence (recorded
-        // here at most once a millisecond, never on a capturing stream, or when someone needs
-        // it), by any stream once that has completed.
-        let seq = st.fences.seq_for_free(stream);
-        self.give_back(&mut st, ptr.0, bytes, State::Freed { stream, seq }, now_ms);
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        if st.fences.record_due(stream, now_us, FENCE_INTERVAL_US)
-            && !driver.is_capturing(device, stream).unwrap_or(true)
-        {
-            match st.fences.record_pending(driver, device, stream) {
-                // With each fence recorded, those that completed are collected: freed memory
-                // becomes ready for every stream, and idle, while the program runs.
-                Ok(()) => self.collect_completed(&mut st, now_ms),
-                Err(e) => log::debug!("device {device}: a fence on {stream:#x}: {e}; later"),
-            }
-        }
-        Ok(())
-    }
-
-    fn usage(&self) -> Result<PoolUsage> {
-        let st = self.state.lock();
-        Ok(PoolUsage {
-            reserved_bytes: st.physical_bytes(self.page_bytes),
-            reserved_bytes_high: st.physical_high_bytes,
-            used_bytes: st.used_bytes,
-            used_bytes_high: st.used_high_bytes,
-        })
-    }
-
-    fn reserved_used_bytes(&self) -> Result<(u64, u64)> {
-        let st = self.state.lock();
-        Ok((st.physical_bytes(self.page_bytes), st.used_bytes))
-    }
-
-    fn trim(&self, keep_bytes: u64) -> Result<()> {
-        self.trim_after_sync(keep_bytes)
-    }
-
-    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
-        self.release_threshold_bytes.store(bytes, Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn reset_peaks(&self) -> Result<()> {
-        let mut st = self.state.lock();
-        st.used_high_bytes = st.used_bytes;
-        st.physical_high_bytes = st.physical_bytes(self.page_bytes);
-        Ok(())
-    }
-
-    fn returns_before_growth(&self) -> bool {
-        false
-    }
-
-    fn capture_started(&self, stream: Stream) {
-        let Ok(mut st) = self.lock_enabled() else {
-            return;
-        };
-        if !st.capture_streams.contains(&stream) {
-            st.capture_streams.push(stream);
-        }
-    }
-
-    fn driver_counts(&self) -> DriverCounts {
-        self.state.lock().counts
-    }
-
-    fn tend(&self) -> bool {
-        VmmResource::tend(self)
-    }
-
-    fn release_idle(&self) -> Result<bool> {
-        Ok(VmmResource::release_idle(self))
-    }
-}
-
-impl Drop for VmmResource {
-    /// Waits for the device, then unmaps and releases everything and frees the addresses.
-    fn drop(&mut self) {
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        let _ = driver.synchronize(device);
-        let st = &mut *self.state.lock();
-        st.fences.destroy(driver, device);
-        for (page, p) in std::mem::take(&mut st.pages) {
-            let _ = driver.mem_unmap(device, DevicePtr(page), self.page_bytes);
-            st.spare_handles.push(p.handle);
-        }
-        for handle in st.spare_handles.drain(..) {
-            let _ = driver.mem_release(device, handle);
-        }
-        for (base, bytes) in st.large.extents().chain(st.carriers.extents()) {
-            let _ = driver.address_free(device, DevicePtr(base), bytes);
-        }
     }
 }
 

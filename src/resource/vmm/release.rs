@@ -1,12 +1,12 @@
 //! Giving memory back to the device: above the release threshold once unused for a second
-//! (`tend`), everything not in use once the device is idle (`release_idle`), both from the
+//! (`release_above_threshold`), everything not in use once the device is idle (`release_idle`), both from the
 //! device's background thread, and on `trim` after a synchronisation.
 //!
 //! Invariant: nothing here records on a program's stream or waits for the GPU but `trim`, which
 //! the device calls after synchronising; a page goes back only from a `Ready` range (see
 //! [`super::mapping`]).
 
-use super::{VmmResource, RELEASE_AFTER_MS};
+use super::{Caller, VmmResource, RELEASE_AFTER_MS};
 use crate::error::Result;
 use std::sync::atomic::Ordering;
 
@@ -14,14 +14,14 @@ impl VmmResource {
     /// Called regularly by the device's background thread: memory above the release threshold
     /// that has been unused for a second (and is cold) goes back to the device. True while memory above
     /// the threshold is still held.
-    pub fn tend(&self) -> bool {
+    pub fn release_above_threshold(&self) -> bool {
         let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
         let Ok(mut st) = self.lock_enabled() else {
             return false;
         };
         // Fences of the last frees are collected here, so that memory is ready for every stream
         // (and idle, for moves and releases) without waiting for a miss.
-        self.settle_from_background(&mut st);
+        self.update_ranges(&mut st, Caller::Background);
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
         }
@@ -39,7 +39,7 @@ impl VmmResource {
         let Ok(mut st) = self.lock_enabled() else {
             return false;
         };
-        self.settle_from_background(&mut st);
+        self.update_ranges(&mut st, Caller::Background);
         self.release_down_to(&mut st, 0, None);
         st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
             || self.capturing(&mut st)
@@ -67,7 +67,7 @@ impl VmmResource {
             self.driver.synchronize(self.device)?;
             st = self.state.lock();
         }
-        self.settle(&mut st);
+        self.update_ranges(&mut st, Caller::Program);
         let done = st.fences.complete_pending(&gone);
         let now_ms = driver.now_ms();
         self.promote(&mut st, done, now_ms);

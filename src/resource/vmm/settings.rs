@@ -1,10 +1,10 @@
-//! The resolved settings of a virtual-memory resource: what `STREAMPOOL_*` and the device give,
-//! checked once at the resource's creation.
+//! The resolved settings of a virtual-memory resource: the device's settings
+//! ([`VmmSpec`]) with the layout its granularity gives, checked once at the resource's creation.
 //!
 //! Invariant: a `VmmSettings` holds a page size that is a multiple of the device's granularity
-//! and an address reservation that fits the address space ([`Config::vmm_layout`]).
+//! and an address reservation that fits the address space ([`VmmSpec::layout`]).
 
-use crate::config::Config;
+use crate::config::VmmSpec;
 use crate::driver::Driver;
 use crate::error::Result;
 
@@ -35,15 +35,15 @@ pub struct VmmSettings {
 }
 
 impl VmmSettings {
-    /// The settings `config` gives on `device` (of `total_bytes` memory); the page size and the
-    /// address reservation are checked ([`Config::vmm_layout`]).
+    /// The settings `spec` gives on `device` (of `total_bytes` memory); the page size and the
+    /// address reservation are checked ([`VmmSpec::layout`]).
     pub fn resolve(
-        config: &Config,
+        spec: &VmmSpec,
         driver: &dyn Driver,
         device: usize,
         total_bytes: u64,
     ) -> Result<VmmSettings> {
-        let layout = config.vmm_layout(
+        let layout = spec.layout(
             device,
             driver.name(),
             driver.vmm_granularity_bytes(device)?,
@@ -53,11 +53,11 @@ impl VmmSettings {
         Ok(VmmSettings {
             page_bytes: layout.page_bytes,
             extent_bytes: layout.extent_bytes,
-            small_max_bytes: config.small_pool_max.resolve_bytes(total_bytes),
-            max_physical_bytes: config.max_pool_size.resolve_bytes(total_bytes),
-            release_threshold_bytes: config.release_threshold.resolve_bytes(total_bytes),
-            cold_after_ms: config.vmm_cold_after_ms,
-            growth_slack_percent: config.vmm_growth_slack_percent,
+            small_max_bytes: spec.small_max_bytes,
+            max_physical_bytes: spec.max_physical_bytes,
+            release_threshold_bytes: spec.release_threshold_bytes,
+            cold_after_ms: spec.cold_after_ms,
+            growth_slack_percent: spec.growth_slack_percent,
         })
     }
 }

@@ -15,19 +15,10 @@ use crate::driver::Stream;
 use crate::error::Result;
 
 impl VmmResource {
-    /// A small block for `stream`: a fit in a carrier it may use, after settling fences, after a
+    /// A small block for `stream`: a fit in a carrier it may use, after updating the ranges, after a
     /// GPU-side wait, or in a new carrier.
     pub(super) fn place_small(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<u64> {
-        if let Some(start) = st.small.best_fit(bytes, stream) {
-            st.small.take(start, bytes);
-            return Ok(start);
-        }
-        self.settle(st);
-        if let Some(start) = st.small.best_fit(bytes, stream) {
-            st.small.take(start, bytes);
-            return Ok(start);
-        }
-        if let Some(start) = self.take_after_wait(st, true, bytes, stream) {
+        if let Some(start) = self.take_free(st, true, bytes, stream) {
             return Ok(start);
         }
         let (page, state) = self.new_carrier(st, stream)?;

@@ -1,26 +1,26 @@
-//! Fences of the virtual-memory resource: events recorded on a stream after blocks were freed on
-//! it, so that other streams may reuse those blocks — at once after a GPU-side wait on the
-//! event, or without one once it has completed.
+//! Fences of freed memory: events recorded on a stream after memory was freed on it, so that
+//! other streams may reuse that memory — at once after a GPU-side wait on the event, or without
+//! one once it has completed.
 //!
 //! Fences are recorded lazily: a free only takes the sequence number of its stream's next fence
-//! (no driver call on the freeing thread); the fence is recorded when someone needs it — a settle
-//! (an allocation that found nothing, the background thread), another stream that wants the
-//! block, a trim. Recorded later than the free, it covers the free and more: never less.
+//! (no driver call on the freeing thread); the fence is recorded when someone needs it — the
+//! owner's next look (an allocation that found nothing, the background thread), another stream
+//! that wants the memory, a trim. Recorded later than the free, it covers the free and more:
+//! never less.
 //!
 //! Invariants: a stream's fences complete in the order they were recorded (stream order), so
-//! each stream keeps a queue and only its front is queried; sequence numbers grow across all
-//! streams, a stream's pending number is greater than any it recorded, and its completed fence
-//! number only grows; events are reused once completed. The calls made here (event create,
-//! record, query) return at once.
+//! each stream keeps an [`InOrder`] queue and only its front is queried; sequence numbers grow
+//! across all streams, a stream's pending number is greater than any it recorded, and its
+//! completed fence number only grows; events are reused once completed ([`EventPool`]).
 
+use super::{EventPool, InOrder};
 use crate::driver::{Driver, EventHandle, Stream};
 use crate::error::Result;
-use std::collections::VecDeque;
 
 struct StreamFences {
     stream: Stream,
-    /// Recorded fences not known to have completed, oldest first.
-    recorded: VecDeque<(u64, EventHandle)>,
+    /// Recorded fences (their numbers) not known to have completed, oldest first.
+    recorded: InOrder<u64>,
     /// The number of the fence that will cover the frees made since the last record.
     pending: Option<u64>,
     /// When its last fence was recorded (the driver's clock); `None`: never.
@@ -28,10 +28,10 @@ struct StreamFences {
 }
 
 #[derive(Default)]
-pub(super) struct Fences {
+pub(crate) struct Fences {
     streams: Vec<StreamFences>,
     last_seq: u64,
-    spare: Vec<EventHandle>,
+    events: EventPool,
 }
 
 impl Fences {
@@ -41,7 +41,7 @@ impl Fences {
             None => {
                 self.streams.push(StreamFences {
                     stream,
-                    recorded: VecDeque::new(),
+                    recorded: InOrder::default(),
                     pending: None,
                     recorded_at_us: None,
                 });
@@ -90,17 +90,10 @@ impl Fences {
         let Some(seq) = self.streams[i].pending else {
             return Ok(());
         };
-        let event = match self.spare.pop() {
-            Some(event) => event,
-            None => driver.event_create(device)?,
-        };
-        if let Err(e) = driver.event_record(device, event, stream) {
-            self.spare.push(event);
-            return Err(e);
-        }
+        let event = self.events.record(driver, device, stream)?;
         let slot = &mut self.streams[i];
         slot.pending = None;
-        slot.recorded.push_back((seq, event));
+        slot.recorded.push(seq, vec![event]);
         slot.recorded_at_us = Some(driver.now_us());
         Ok(())
     }
@@ -132,9 +125,9 @@ impl Fences {
         recorded
     }
 
-    /// For the background thread, which records nothing on the program's streams (a stream may
-    /// begin a capture at any moment, and a record would join the graph): the pending fences of
-    /// streams that have finished all their work are complete without being recorded. The
+    /// For a caller that records nothing on the program's streams (a background thread: a stream
+    /// may begin a capture at any moment, and a record would join the graph): the pending fences
+    /// of streams that have finished all their work are complete without being recorded. The
     /// streams and fence numbers so completed.
     pub fn complete_pending_of_idle_streams(
         &mut self,
@@ -185,48 +178,46 @@ impl Fences {
                 out.push((slot.stream, seq));
             }
         }
+        self.forget_streams_without_fences();
+        out
+    }
+
+    fn forget_streams_without_fences(&mut self) {
         self.streams
             .retain(|s| !s.recorded.is_empty() || s.pending.is_some());
-        out
     }
 
     /// The event of `stream`'s recorded fence `seq`, if it has not been seen to complete (then it
     /// is still queued, and waiting on it orders work after the frees it covers).
     pub fn event_of(&self, stream: Stream, seq: u64) -> Option<EventHandle> {
         let slot = self.streams.iter().find(|s| s.stream == stream)?;
-        let i = slot.recorded.binary_search_by_key(&seq, |&(s, _)| s).ok()?;
-        Some(slot.recorded[i].1)
+        let events = slot.recorded.events_of_sorted(seq, |&s| s)?;
+        events.first().copied()
     }
 
     /// The streams whose recorded fences completed since the last poll, with their newest
     /// completed fence. A query that fails counts as not completed (tried again at the next poll).
     pub fn poll(&mut self, driver: &dyn Driver, device: usize) -> Vec<(Stream, u64)> {
         let mut out = Vec::new();
+        let events = &mut self.events;
         for slot in &mut self.streams {
             let mut completed = None;
-            while let Some(&(seq, event)) = slot.recorded.front() {
-                if !driver.event_query(device, event).unwrap_or(false) {
-                    break;
-                }
-                slot.recorded.pop_front();
-                self.spare.push(event);
-                completed = Some(seq);
-            }
+            slot.recorded
+                .pop_completed(driver, device, events, |seq| completed = Some(seq));
             out.extend(completed.map(|seq| (slot.stream, seq)));
         }
-        self.streams
-            .retain(|s| !s.recorded.is_empty() || s.pending.is_some());
+        self.forget_streams_without_fences();
         out
     }
 
-    /// Destroys every event (the resource is going away).
+    /// Destroys every event (the owner is going away).
     pub fn destroy(&mut self, driver: &dyn Driver, device: usize) {
-        let pending = self
+        let recorded: Vec<EventHandle> = self
             .streams
             .drain(..)
-            .flat_map(|s| s.recorded.into_iter().map(|(_, e)| e));
-        for event in pending.chain(self.spare.drain(..)).collect::<Vec<_>>() {
-            driver.event_destroy(device, event);
-        }
+            .flat_map(|mut s| s.recorded.drain_events())
+            .collect();
+        self.events.give_back(recorded);
+        self.events.destroy(driver, device);
     }
 }

@@ -1,79 +1,57 @@
-//! The books of one device: which blocks are live and where each goes back, the cache of freed
-//! blocks, the bytes held from the device's resources, and the counters behind the statistics.
+//! The ledger of one device: which blocks are live, the table of the sources they come from
+//! (every record carries its source's id), the cache of freed blocks, the bytes held from the
+//! sources, and the counters behind the statistics.
 //!
 //! Invariants (all under the device lock, so a snapshot is consistent): `allocated_bytes` is the
 //! sum of requested bytes over live blocks; `held_bytes` is the block bytes of every block held
-//! from a resource — live (graph memory aside), cached, waiting for other streams, refused by the
-//! driver on return — plus allocations in flight that reserved their bytes ([`Books::reserve`]);
-//! a block is in exactly one place at a time (live, cache, a wait, unreturned, or back home).
+//! from a source whose blocks are held ([`crate::resource::Traits::held`]: graph memory is not)
+//! — live, cached, waiting for other streams, refused by the driver on return — plus allocations
+//! in flight that reserved their bytes ([`Ledger::reserve`]); a block is in exactly one place at
+//! a time (live, cache, a wait, unreturned, or back at its source), and counts in its source's
+//! blocks ([`Sources`]) until it is back.
 
+use super::request::Request;
 use crate::cache::{Cache, CachedBlock};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::fasthash::WordMap;
 use crate::history::{Gauges, StreampoolBlock, StreampoolBlockState};
+use crate::resource::{Resource, SourceId, Sources};
 use crate::stats::DeviceCounters;
-
-/// Where a block goes back to when streampool is done with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Home {
-    /// The device's resource for its size class (cacheable).
-    Small,
-    Large,
-    /// The shareable pool of `streampool.shareable()`: straight back, never cached.
-    Shareable,
-    /// Graph memory (allocated on a capturing stream): straight back to the driver when freed
-    /// (a free node of the graph), never cached, never counted in `held_bytes`.
-    Graph,
-    /// A block the driver's own pool served because its resource could not map memory during a
-    /// capture elsewhere: held (it counts against the memory limit) and waits for the streams
-    /// that used it like any block, then goes back to the driver, never to the cache.
-    DriverPool,
-    /// A PyTorch memory pool (`torch.cuda.graph`, `MemPool`): back into that pool, never cached;
-    /// the pool's segments are what it holds from the resource, not its blocks.
-    GraphPool(super::graph_pools::PoolSlot),
-}
-
-impl Home {
-    /// Counted in `held_bytes` (graph memory belongs to its graph, not to streampool).
-    #[inline]
-    pub(crate) fn is_held(self) -> bool {
-        !matches!(self, Home::Graph | Home::GraphPool(_))
-    }
-}
+use std::sync::Arc;
 
 #[derive(Debug)]
 pub(super) struct LiveBlock {
     pub requested_bytes: u64,
     pub block_bytes: u64,
     pub stream: Stream,
-    pub home: Home,
+    pub source: SourceId,
     /// Other streams that used the block (record_stream).
     pub recorded_streams: Vec<Stream>,
 }
 
-/// A block its caller freed that has not reached its home yet.
+/// A block its caller freed that has not gone back to its source yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FreedBlock {
     pub ptr: DevicePtr,
     pub block_bytes: u64,
     /// Its allocation stream: the one it is returned on.
     pub stream: Stream,
-    pub home: Home,
+    pub source: SourceId,
 }
 
 impl FreedBlock {
-    fn from_cached(b: CachedBlock, home: Home) -> FreedBlock {
+    fn from_cached(b: CachedBlock) -> FreedBlock {
         FreedBlock {
             ptr: b.ptr,
             block_bytes: b.block_bytes,
             stream: b.stream,
-            home,
+            source: b.source,
         }
     }
 }
 
-/// A freed block on its way home after the streams that used it.
+/// A freed block on its way back after the streams that used it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WaitingBlock {
     pub block: FreedBlock,
@@ -81,9 +59,17 @@ pub(crate) struct WaitingBlock {
     pub requested_bytes: u64,
 }
 
-#[derive(Debug, Default)]
-pub(super) struct Books {
+/// A block that left the ledger to go back to its source, with the source's resource (`None`
+/// only if the table has no such source, which the return then reports).
+pub(crate) struct Returning {
+    pub block: FreedBlock,
+    pub resource: Option<Arc<dyn Resource>>,
+}
+
+#[derive(Default)]
+pub(super) struct Ledger {
     live: WordMap<DevicePtr, LiveBlock>,
+    sources: Sources,
     cache: Cache,
     held_bytes: u64,
     counters: DeviceCounters,
@@ -92,11 +78,20 @@ pub(super) struct Books {
     unreturned: Vec<FreedBlock>,
 }
 
-impl Books {
-    /// The cache of a device whose resources were just created (the books are empty then).
-    pub fn set_cache(&mut self, cache: Cache) {
+impl Ledger {
+    /// The sources and the cache of a device on its first use (the ledger holds no block then).
+    pub fn provision(&mut self, sources: Sources, cache: Cache) {
         debug_assert_eq!(self.cache.cached_bytes(), 0);
+        self.sources = sources;
         self.cache = cache;
+    }
+
+    pub fn sources(&self) -> &Sources {
+        &self.sources
+    }
+
+    pub fn sources_mut(&mut self) -> &mut Sources {
+        &mut self.sources
     }
 
     pub fn counters(&self) -> &DeviceCounters {
@@ -139,16 +134,11 @@ impl Books {
         self.held_bytes -= block_bytes;
     }
 
+    /// `ptr`, of `source`, serves `request` (its block bytes those of the block).
     #[inline]
-    pub fn insert_live(
-        &mut self,
-        ptr: DevicePtr,
-        requested_bytes: u64,
-        block_bytes: u64,
-        stream: Stream,
-        home: Home,
-    ) {
+    pub fn insert_live(&mut self, ptr: DevicePtr, request: Request, source: SourceId) {
         let c = &mut self.counters;
+        let requested_bytes = request.requested_bytes;
         c.allocated_bytes.add(requested_bytes);
         c.active_bytes.add(requested_bytes);
         c.allocations.add(1);
@@ -156,9 +146,9 @@ impl Books {
         c.num_allocs += 1;
         let block = LiveBlock {
             requested_bytes,
-            block_bytes,
-            stream,
-            home,
+            block_bytes: request.block_bytes,
+            stream: request.stream,
+            source,
             recorded_streams: Vec::new(),
         };
         self.live.insert(ptr, block);
@@ -167,10 +157,10 @@ impl Books {
     /// Takes `ptr` off the live list (it stays active until it no longer waits for streams).
     #[inline]
     pub fn remove_live(&mut self, ptr: DevicePtr, device: usize) -> Result<LiveBlock> {
-        let block = self
-            .live
-            .remove(&ptr)
-            .ok_or(Error::UnknownPointer { ptr: ptr.0, device })?;
+        // Not `ok_or`: building the error on every free costs the hot path its drop.
+        let Some(block) = self.live.remove(&ptr) else {
+            return Err(Error::UnknownPointer { ptr: ptr.0, device });
+        };
         let c = &mut self.counters;
         c.allocated_bytes.sub(block.requested_bytes);
         c.allocations.sub(1);
@@ -185,10 +175,9 @@ impl Books {
 
     /// Notes that `stream` uses the live block `ptr`.
     pub fn record_stream(&mut self, ptr: DevicePtr, stream: Stream, device: usize) -> Result<()> {
-        let block = self
-            .live
-            .get_mut(&ptr)
-            .ok_or(Error::UnknownPointer { ptr: ptr.0, device })?;
+        let Some(block) = self.live.get_mut(&ptr) else {
+            return Err(Error::UnknownPointer { ptr: ptr.0, device });
+        };
         if stream != block.stream && !block.recorded_streams.contains(&stream) {
             block.recorded_streams.push(stream);
         }
@@ -208,64 +197,73 @@ impl Books {
         Some(block)
     }
 
-    /// Keeps a freed, inactive block in the cache. What must go home instead leaves the books
-    /// for `homeless`: the block itself if it does not belong in the cache (not cacheable, too
-    /// large), and cached blocks of other streams evicted to make room for it (homes by size,
-    /// from `home_of`).
-    #[inline]
-    pub fn keep(
-        &mut self,
-        block: FreedBlock,
-        homeless: &mut Vec<FreedBlock>,
-        home_of: impl Fn(u64) -> Home,
-    ) {
-        let mut evicted = Vec::new();
-        let cached = matches!(block.home, Home::Small | Home::Large)
-            && self
-                .cache
-                .put(
-                    CachedBlock {
-                        ptr: block.ptr,
-                        block_bytes: block.block_bytes,
-                        stream: block.stream,
-                    },
-                    &mut evicted,
-                )
-                .is_ok();
-        if !cached {
-            self.release(&block);
-            homeless.push(block);
-        }
-        if !evicted.is_empty() {
-            homeless.extend(self.take_cached_blocks(evicted, home_of));
-        }
-    }
-
-    /// True if `block` may be cached (its home takes cached blocks, and the cache blocks of its
-    /// size): one that may not goes straight home.
+    /// True if `block` may be cached (its source's blocks may, and the cache takes its size):
+    /// one that may not goes straight back.
     #[inline]
     pub fn cacheable(&self, block: &FreedBlock) -> bool {
-        matches!(block.home, Home::Small | Home::Large) && self.cache.takes(block.block_bytes)
+        self.sources
+            .traits(block.source)
+            .is_ok_and(|traits| traits.cacheable)
+            && self.cache.takes(block.block_bytes)
     }
 
-    /// A block leaves the books on its way home.
-    #[inline]
-    pub fn release(&mut self, block: &FreedBlock) {
-        if block.home.is_held() {
-            self.held_bytes -= block.block_bytes;
+    /// True if `block`'s memory is streampool's to hold: it waits for the other streams that
+    /// used it before it goes back (graph memory does not).
+    pub fn held(&self, block: &FreedBlock) -> bool {
+        self.sources
+            .traits(block.source)
+            .map_or(true, |traits| traits.held)
+    }
+
+    /// Keeps a freed, inactive block in the cache. What must go back instead leaves the ledger
+    /// for `to_return`: the block itself if it does not belong in the cache, and cached blocks
+    /// of other streams evicted to make room for it.
+    pub fn keep(&mut self, block: FreedBlock, to_return: &mut Vec<Returning>) {
+        match self.cacheable(&block) {
+            true => self.put_in_cache(block, to_return),
+            false => to_return.push(self.release(block)),
         }
     }
 
-    /// Books the outcome of sending a block home: on failure it is held again, in `unreturned`,
-    /// for the next flush to retry. Returns the error.
-    pub fn settle_return(&mut self, block: FreedBlock, result: Result<()>) -> Result<()> {
+    /// [`Ledger::keep`] for a block known to be [`Ledger::cacheable`].
+    #[inline]
+    pub fn put_in_cache(&mut self, block: FreedBlock, to_return: &mut Vec<Returning>) {
+        let mut evicted = Vec::new();
+        let cached = CachedBlock {
+            ptr: block.ptr,
+            block_bytes: block.block_bytes,
+            stream: block.stream,
+            source: block.source,
+        };
+        if self.cache.put(cached, &mut evicted).is_err() {
+            to_return.push(self.release(block));
+        }
+        if !evicted.is_empty() {
+            to_return.extend(self.take_cached_blocks(evicted));
+        }
+    }
+
+    /// A block leaves the ledger on its way back to its source.
+    #[inline]
+    pub fn release(&mut self, block: FreedBlock) -> Returning {
+        if self.held(&block) {
+            self.held_bytes -= block.block_bytes;
+        }
+        let resource = self.sources.get(block.source).ok().map(|s| s.resource);
+        Returning { block, resource }
+    }
+
+    /// Books the outcome of a return: the block is back at its source, or, refused, held again
+    /// in `unreturned` for the next flush to retry. Returns the error.
+    pub fn record_return(&mut self, block: FreedBlock, result: Result<()>) -> Result<()> {
         match result {
             Ok(()) => {
                 self.counters.num_device_frees += 1;
+                self.sources.returned(block.source);
                 Ok(())
             }
             Err(e) => {
-                if block.home.is_held() {
+                if self.held(&block) {
                     self.held_bytes += block.block_bytes;
                 }
                 self.unreturned.push(block);
@@ -274,51 +272,35 @@ impl Books {
         }
     }
 
-    /// The blocks the driver refused earlier, for another try (they leave the books).
-    pub fn take_unreturned(&mut self) -> Vec<FreedBlock> {
+    /// The blocks the driver refused earlier, for another try (they leave the ledger).
+    pub fn take_unreturned(&mut self) -> Vec<Returning> {
         let blocks = std::mem::take(&mut self.unreturned);
-        blocks.iter().for_each(|b| self.release(b));
-        blocks
+        blocks.into_iter().map(|b| self.release(b)).collect()
     }
 
-    /// Every cached block of the sizes `home` serves, out of the cache and the books.
-    pub fn drain_cache_sizes(
-        &mut self,
-        sizes: std::ops::RangeInclusive<u64>,
-        home: Home,
-    ) -> Vec<FreedBlock> {
-        let blocks = self.cache.drain_sizes(sizes);
-        self.take_cached_blocks(blocks, |_| home)
+    /// Every cached block of `source`, out of the cache and the ledger.
+    pub fn drain_cache_of(&mut self, source: SourceId) -> Vec<Returning> {
+        let blocks = self.cache.drain_source(source);
+        self.take_cached_blocks(blocks)
     }
 
-    /// Every cached block, out of the cache and the books; `home_of` names each one's home by size.
-    pub fn drain_cache(&mut self, home_of: impl Fn(u64) -> Home) -> Vec<FreedBlock> {
+    /// Every cached block, out of the cache and the ledger.
+    pub fn drain_cache(&mut self) -> Vec<Returning> {
         let blocks = self.cache.drain();
-        self.take_cached_blocks(blocks, home_of)
+        self.take_cached_blocks(blocks)
     }
 
-    /// Cached blocks worth `wanted_bytes`, those of `prefer_stream` first, out of the books.
-    pub fn evict(
-        &mut self,
-        wanted_bytes: u64,
-        prefer_stream: Stream,
-        home_of: impl Fn(u64) -> Home,
-    ) -> Vec<FreedBlock> {
+    /// Cached blocks worth `wanted_bytes`, those of `prefer_stream` first, out of the ledger.
+    pub fn evict(&mut self, wanted_bytes: u64, prefer_stream: Stream) -> Vec<Returning> {
         let blocks = self.cache.evict(wanted_bytes, prefer_stream);
-        self.take_cached_blocks(blocks, home_of)
+        self.take_cached_blocks(blocks)
     }
 
-    fn take_cached_blocks(
-        &mut self,
-        blocks: Vec<CachedBlock>,
-        home_of: impl Fn(u64) -> Home,
-    ) -> Vec<FreedBlock> {
-        let blocks: Vec<FreedBlock> = blocks
-            .into_iter()
-            .map(|b| FreedBlock::from_cached(b, home_of(b.block_bytes)))
-            .collect();
-        blocks.iter().for_each(|b| self.release(b));
+    fn take_cached_blocks(&mut self, blocks: Vec<CachedBlock>) -> Vec<Returning> {
         blocks
+            .into_iter()
+            .map(|b| self.release(FreedBlock::from_cached(b)))
+            .collect()
     }
 
     /// Every block held, with what it is used for (waiting blocks come from the waits).

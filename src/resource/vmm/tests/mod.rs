@@ -3,10 +3,11 @@
 //! panic, and dropping leaks nothing.
 
 use super::*;
-use crate::config::Config;
+use crate::config::{Settings, VmmSpec};
 use crate::driver::sim::{SimDriver, SimFault};
 use crate::driver::StreamDriver;
 use crate::history::History;
+use crate::resource::{Accessible, CaptureNotice, ReleaseThreshold, Resource, Statistics};
 use crate::units::SizeSpec;
 use std::sync::atomic::AtomicU64;
 
@@ -19,19 +20,24 @@ struct Rig {
     vmm: Arc<VmmResource>,
 }
 
-fn rig_with(devices: usize, memory_bytes: u64, threshold: SizeSpec) -> Rig {
-    let config = Config {
-        release_threshold: threshold,
-        ..Config::default()
-    };
-    rig_config(devices, memory_bytes, config)
+/// The vmm settings of a device of `memory_bytes` with `settings`.
+fn spec(settings: Settings, memory_bytes: u64) -> VmmSpec {
+    settings.for_device(memory_bytes).sources.vmm
 }
 
-fn rig_config(devices: usize, memory_bytes: u64, config: Config) -> Rig {
+fn rig_with(devices: usize, memory_bytes: u64, threshold: SizeSpec) -> Rig {
+    let settings = Settings {
+        release_threshold: threshold,
+        ..Settings::default()
+    };
+    rig_spec(devices, memory_bytes, spec(settings, memory_bytes))
+}
+
+fn rig_spec(devices: usize, memory_bytes: u64, spec: VmmSpec) -> Rig {
     let sim = Arc::new(SimDriver::new(devices, memory_bytes).strict());
     let driver: Arc<dyn Driver> = sim.clone();
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
-    let settings = VmmSettings::resolve(&config, driver.as_ref(), 0, memory_bytes).unwrap();
+    let settings = VmmSettings::resolve(&spec, driver.as_ref(), 0, memory_bytes).unwrap();
     let limit = Arc::new(AtomicU64::new(u64::MAX));
     let vmm = VmmResource::create(&driver, 0, &settings, memory_bytes, limit, recorder).unwrap();
     Rig { sim, vmm }
@@ -42,6 +48,14 @@ fn rig() -> Rig {
 }
 
 impl Rig {
+    /// Stops the clock a second after the process's first reading of it: run alone, a test
+    /// starts near 0, where every page would count as unused for a second already.
+    fn stop_clock(&self) {
+        self.sim.stop_clock();
+        self.sim
+            .advance_clock_ms(crate::config::VMM_RELEASE_AFTER_MS);
+    }
+
     /// Allocates and uses the block on `stream`, as a kernel would.
     fn alloc(&self, bytes: u64, stream: Stream) -> DevicePtr {
         let ptr = self.vmm.allocate(bytes, stream).unwrap();
@@ -69,13 +83,13 @@ fn a_freed_block_is_reused_at_once_by_its_stream_and_by_others_after_a_gpu_side_
     r.free(a, 3 * PAGE, S1);
     assert_eq!(r.alloc(3 * PAGE, S1), a, "same stream: at once");
     r.free(a, 3 * PAGE, S1);
-    assert_eq!(r.vmm.driver_counts().stream_waits, 0);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).stream_waits, 0);
     let b = r.alloc(3 * PAGE, S2);
     assert_eq!(
         b, a,
         "another stream: at once, after waiting for S1's fence on the GPU"
     );
-    assert_eq!(r.vmm.driver_counts().stream_waits, 1);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).stream_waits, 1);
     assert_eq!(r.physical(), 3 * PAGE, "nothing new mapped");
     // The wait is real: S2's work cannot complete before S1's free.
     let fence = r.sim.event_recorded_last(0).expect("S1's fence");
@@ -94,7 +108,7 @@ fn a_freed_block_is_reused_at_once_by_its_stream_and_by_others_after_a_gpu_side_
         "after the fences the block and its neighbour serve any stream"
     );
     assert_eq!(
-        r.vmm.driver_counts().stream_waits,
+        Statistics::driver_counts(&*r.vmm).stream_waits,
         1,
         "no wait once the fence is done"
     );
@@ -118,7 +132,7 @@ fn neighbours_coalesce_so_a_larger_block_needs_no_new_memory() {
 #[test]
 fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
     let r = rig();
-    r.sim.stop_clock();
+    r.stop_clock();
     let a = r.alloc(PAGE, S1);
     let b = r.alloc(PAGE, S1);
     let c = r.alloc(PAGE, S1);
@@ -132,14 +146,14 @@ fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
     let before = r.physical();
     let d = r.alloc(2 * PAGE, S1);
     assert_eq!(r.physical(), before + 2 * PAGE, "grown, holes kept");
-    assert_eq!(r.vmm.driver_counts().unmaps, 0);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 0);
     r.free(d, 2 * PAGE, S1);
     r.sim.complete_all();
     // Unused for longer than STREAMPOOL_VMM_COLD_AFTER, idle pages are cold: they back a new
     // block before the device grows.
     let f = r.alloc(4 * PAGE, S1); // d's two pages and two more
     r.sim
-        .advance_clock_ms(Config::default().vmm_cold_after_ms + 1);
+        .advance_clock_ms(Settings::default().vmm_cold_after_ms + 1);
     r.free(f, 4 * PAGE, S1);
     let g = r.alloc(2 * PAGE, S1); // fits f's old range: no mapping at all
     r.free(g, 2 * PAGE, S1);
@@ -151,8 +165,11 @@ fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
         before,
         "no growth while cold memory sits idle"
     );
-    assert!(r.vmm.driver_counts().unmaps > 0, "cold pages moved");
-    assert_eq!(r.vmm.driver_counts().unmaps, 2);
+    assert!(
+        Statistics::driver_counts(&*r.vmm).unmaps > 0,
+        "cold pages moved"
+    );
+    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 2);
     for (ptr, bytes) in [(b, PAGE), (e, PAGE), (h, 6 * PAGE)] {
         r.free(ptr, bytes, S1);
     }
@@ -176,7 +193,7 @@ fn a_hole_still_in_use_is_not_unmapped() {
 #[test]
 fn above_the_threshold_cold_pages_go_back_when_tended_never_at_frees() {
     let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(PAGE));
-    r.sim.stop_clock();
+    r.stop_clock();
     let a = r.alloc(4 * PAGE, S1);
     let b = r.alloc(PAGE, S2);
     r.free(a, 4 * PAGE, S1);
@@ -187,14 +204,14 @@ fn above_the_threshold_cold_pages_go_back_when_tended_never_at_frees() {
         5 * PAGE,
         "nothing released on the allocating thread"
     );
-    assert!(r.vmm.tend(), "above the threshold");
+    assert!(r.vmm.release_above_threshold(), "above the threshold");
     assert_eq!(
         r.physical(),
         5 * PAGE,
         "not cold yet: a loop may want it next step"
     );
     r.sim.advance_clock_ms(crate::config::VMM_RELEASE_AFTER_MS);
-    assert!(!r.vmm.tend(), "at the threshold now");
+    assert!(!r.vmm.release_above_threshold(), "at the threshold now");
     assert_eq!(
         r.physical(),
         PAGE,
@@ -247,7 +264,7 @@ fn a_block_freed_during_a_capture_is_fenced_at_the_next_allocation_after_it() {
     r.sim.end_capture(0, S1);
     let b = r.alloc(2 * PAGE, S2); // fences a now, and waits for that fence on the GPU
     assert_eq!(b, a);
-    assert_eq!(r.vmm.driver_counts().stream_waits, 1);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).stream_waits, 1);
     r.free(b, 2 * PAGE, S2);
     r.sim.complete_all();
     assert_eq!(
@@ -256,24 +273,6 @@ fn a_block_freed_during_a_capture_is_fenced_at_the_next_allocation_after_it() {
         "a is free for every stream once its fences completed"
     );
     r.free(a, 2 * PAGE, Stream(3));
-}
-
-#[test]
-fn a_blocked_page_is_retried_until_it_can_be_fixed() {
-    let r = rig();
-    let a = r.alloc(PAGE, S1);
-    r.sim.inject_fault(SimFault::SetAccess, 2);
-    r.sim.inject_fault(SimFault::MemUnmap, 2);
-    assert!(
-        r.vmm.allocate(PAGE, S1).is_err(),
-        "mapped without access: blocked"
-    );
-    r.vmm.trim(0).unwrap(); // the first try to fix it fails too
-    r.vmm.trim(0).unwrap(); // the second works
-    r.free(a, PAGE, S1);
-    r.sim.complete_all();
-    r.vmm.trim(0).unwrap();
-    assert_eq!(r.physical(), 0, "nothing blocked is left behind");
 }
 
 #[test]
@@ -292,14 +291,17 @@ fn a_new_threshold_applies_at_the_next_look_not_on_the_calling_thread() {
     r.free(a, 4 * PAGE, S1);
     r.sim.complete_stream(0, S1);
     r.sim.advance_clock_ms(crate::config::VMM_RELEASE_AFTER_MS);
-    assert!(!r.vmm.tend(), "the default threshold keeps everything");
-    r.vmm.set_release_threshold(0).unwrap();
+    assert!(
+        !r.vmm.release_above_threshold(),
+        "the default threshold keeps everything"
+    );
+    ReleaseThreshold::set_release_threshold(&*r.vmm, 0).unwrap();
     assert_eq!(
         r.physical(),
         4 * PAGE,
         "setting it releases nothing by itself"
     );
-    assert!(!r.vmm.tend());
+    assert!(!r.vmm.release_above_threshold());
     assert_eq!(r.physical(), 0, "the next look does");
 }
 
@@ -325,7 +327,7 @@ fn no_mapping_during_a_capture_and_frees_on_a_capturing_stream_wait_for_its_end(
     let a = r.alloc(2 * PAGE, S1);
     r.free(a, 2 * PAGE, S1);
     r.sim.begin_capture(0, capturing);
-    r.vmm.capture_started(capturing);
+    CaptureNotice::capture_started(&*r.vmm, capturing);
     assert_eq!(r.alloc(2 * PAGE, S1), a, "a mapped fit is still served");
     let refused = r.vmm.allocate(8 * PAGE, S1).unwrap_err();
     assert!(refused.is_capture_refusal(), "{refused}");
@@ -390,125 +392,13 @@ fn peers_get_access_to_every_mapping_present_and_future() {
 }
 
 #[test]
-fn a_failed_map_or_access_leaves_nothing_half_done() {
-    for fault in [SimFault::MemCreate, SimFault::MemMap, SimFault::SetAccess] {
-        let r = rig();
-        let a = r.alloc(PAGE, S1);
-        r.sim.inject_fault(fault, 1);
-        let e = r.vmm.allocate(3 * PAGE, S1).unwrap_err();
-        assert!(e.to_string().contains("injected"), "{fault:?}: {e}");
-        assert_eq!(
-            r.sim.mappings(0).len(),
-            1,
-            "{fault:?}: only a's page is mapped"
-        );
-        let b = r.alloc(3 * PAGE, S1);
-        r.free(a, PAGE, S1);
-        r.free(b, 3 * PAGE, S1);
-    }
-}
-
-#[test]
-fn a_page_whose_access_and_unmap_both_failed_is_never_handed_out_until_fixed() {
-    let r = rig();
-    let a = r.alloc(PAGE, S1);
-    r.sim.inject_fault(SimFault::SetAccess, 1);
-    r.sim.inject_fault(SimFault::MemUnmap, 1);
-    assert!(
-        r.vmm.allocate(PAGE, S1).is_err(),
-        "no access, and the page stays mapped"
-    );
-    assert_eq!(r.sim.mappings(0).len(), 2, "the blocked page is mapped");
-    // The next allocations must not get the blocked page without access (touch checks it).
-    let blocks: Vec<DevicePtr> = (0..3).map(|_| r.alloc(PAGE, S1)).collect();
-    assert!(r
-        .sim
-        .mappings(0)
-        .iter()
-        .all(|(_, _, access)| access == &[0]));
-    r.free(a, PAGE, S1);
-    for b in blocks {
-        r.free(b, PAGE, S1);
-    }
-}
-
-#[test]
-fn a_spare_handle_the_driver_refuses_to_release_stays_counted_for_the_next_trim() {
-    let r = rig();
-    r.sim.inject_fault(SimFault::SetAccess, 1);
-    assert!(
-        r.vmm.allocate(2 * PAGE, S1).is_err(),
-        "its two handles become spares"
-    );
-    assert_eq!((r.physical(), r.reserved()), (2 * PAGE, 2 * PAGE));
-    r.sim.inject_fault(SimFault::MemRelease, 1);
-    r.vmm.trim(0).unwrap();
-    assert_eq!(
-        (r.physical(), r.reserved()),
-        (PAGE, PAGE),
-        "one refused, still held and counted"
-    );
-    r.vmm.trim(0).unwrap();
-    assert_eq!(r.physical(), 0);
-}
-
-#[test]
-fn a_failed_unmap_keeps_the_page_and_a_failed_release_keeps_the_handle() {
-    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(0));
-    let a = r.alloc(2 * PAGE, S1);
-    r.free(a, 2 * PAGE, S1);
-    r.sim.inject_fault(SimFault::MemUnmap, 1);
-    r.sim.inject_fault(SimFault::MemRelease, 1);
-    r.sim.complete_all();
-    r.vmm.trim(0).unwrap();
-    assert_eq!(
-        r.physical(),
-        2 * PAGE,
-        "one page not unmapped, one handle not released"
-    );
-    r.vmm.trim(0).unwrap();
-    assert_eq!(r.physical(), 0, "the next trim finishes the job");
-}
-
-#[test]
-fn a_request_beyond_the_device_fails_at_once_without_reserving_or_listing_pages() {
-    let r = rig();
-    let started = std::time::Instant::now();
-    let e = r.vmm.allocate(1 << 47, S1).unwrap_err();
-    assert!(e.is_device_oom(), "{e}");
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
-    assert_eq!(
-        r.vmm.state.lock().large.extents().count(),
-        1,
-        "no new reservation"
-    );
-}
-
-#[test]
-fn bad_frees_are_refused_without_changing_anything() {
-    let r = rig();
-    let a = r.alloc(PAGE, S1);
-    assert!(
-        r.vmm.deallocate(a.offset(512), PAGE, S1).is_err(),
-        "inside a block"
-    );
-    assert!(r.vmm.deallocate(a, 2 * PAGE, S1).is_err(), "wrong size");
-    assert_eq!(r.vmm.usage().unwrap().used_bytes, PAGE);
-    r.free(a, PAGE, S1);
-    assert!(r.vmm.deallocate(a, PAGE, S1).is_err(), "double free");
-}
-
-#[test]
 fn an_address_space_that_no_window_fits_gets_another_reservation() {
     // The resource believes the device has 2 pages: it reserves 4 pages of addresses.
     let sim = Arc::new(SimDriver::new(1, 64 * PAGE).strict());
     let driver: Arc<dyn Driver> = sim.clone();
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
-    let settings = VmmSettings::resolve(&Config::default(), driver.as_ref(), 0, 2 * PAGE).unwrap();
+    let spec = spec(Settings::default(), 2 * PAGE);
+    let settings = VmmSettings::resolve(&spec, driver.as_ref(), 0, 2 * PAGE).unwrap();
     let limit = Arc::new(AtomicU64::new(u64::MAX));
     let vmm = VmmResource::create(&driver, 0, &settings, 2 * PAGE, limit, recorder).unwrap();
     let r = Rig { sim, vmm };
@@ -555,3 +445,5 @@ fn an_idle_release_looks_again_while_freed_small_blocks_wait_for_their_fences() 
     assert!(!r.vmm.release_idle(), "nothing left for later");
     assert_eq!(r.physical(), 0);
 }
+
+mod faults;

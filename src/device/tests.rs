@@ -1,0 +1,80 @@
+//! Sources added at run time, on the simulated driver: a block goes back to the source its
+//! record names, and a removed source keeps its id until its last block is back.
+
+use super::*;
+use crate::config::PeerAccess;
+use crate::driver::sim::SimDriver;
+use crate::history::History;
+use crate::resource::test_source::TestSource;
+
+fn recording(cacheable: bool) -> Arc<TestSource> {
+    TestSource::new("recording source", cacheable)
+}
+
+fn device() -> Arc<DeviceAllocator> {
+    let driver: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 1 << 30));
+    let settings = Settings {
+        background: false,
+        ..Settings::default()
+    };
+    let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
+    let peers = Arc::new(Peers::new(PeerAccess::Off, 1));
+    DeviceAllocator::new(0, driver, Arc::new(settings), recorder, peers)
+}
+
+/// A block of `bytes` from source `id` (whose blocks are held), as a stage that serves from it
+/// does: the allocation begun and the bytes reserved in one lock section.
+fn allocate_from(d: &DeviceAllocator, id: SourceId, bytes: u64) -> DevicePtr {
+    let request = Request::new(bytes, Stream(1)).unwrap();
+    let source = {
+        let mut st = d.state.lock();
+        st.ledger.reserve(request.block_bytes, u64::MAX).unwrap();
+        st.ledger.sources_mut().begin_allocation(id).unwrap()
+    };
+    d.serve_directly(source, request, true).unwrap()
+}
+
+#[test]
+fn a_block_goes_back_to_the_source_its_record_names_not_to_the_one_its_size_picks() {
+    let d = device();
+    let added = recording(false);
+    let id = d.add_source(added.clone()).unwrap();
+    let ptr = allocate_from(&d, id, 4096);
+    d.free(ptr).unwrap();
+    assert_eq!(*added.returned.lock(), [ptr]);
+    // A cacheable one's block waits in the cache, and goes back to it when the cache is emptied.
+    let cached = recording(true);
+    let id = d.add_source(cached.clone()).unwrap();
+    let ptr = allocate_from(&d, id, 4096);
+    d.free(ptr).unwrap();
+    assert!(cached.returned.lock().is_empty(), "cached");
+    d.flush(0).unwrap();
+    assert_eq!(*cached.returned.lock(), [ptr]);
+}
+
+#[test]
+fn a_removed_source_keeps_its_id_until_its_last_block_is_back() {
+    let d = device();
+    let first = recording(true);
+    let id = d.add_source(first.clone()).unwrap();
+    let live = allocate_from(&d, id, 4096);
+    let cached = allocate_from(&d, id, 8192);
+    d.free(cached).unwrap();
+    d.remove_source(id).unwrap();
+    let other = d.add_source(recording(false)).unwrap();
+    assert_ne!(other, id, "a live and a cached block of the removed source");
+    d.free(live).unwrap();
+    d.flush(0).unwrap();
+    let mut returned = first.returned.lock().clone();
+    returned.sort();
+    assert_eq!(
+        returned,
+        [live, cached],
+        "both went back to the removed source"
+    );
+    assert_eq!(
+        d.add_source(recording(false)).unwrap(),
+        id,
+        "its id is free now"
+    );
+}

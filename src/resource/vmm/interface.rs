@@ -1,0 +1,185 @@
+//! The virtual-memory resource as the device sees it: the [`Resource`] interface — allocate,
+//! deallocate (with its stream's fence), usage, trim — and its capabilities (release threshold,
+//! statistics, background release, peer access, capture notice); and its teardown.
+//!
+//! Invariants: those of the resource ([`super`]); a deallocation records at most one fence per
+//! stream and millisecond, never on a capturing stream; the teardown waits for the device before
+//! it unmaps anything.
+
+use super::ranges::State;
+use super::{VmmResource, FENCE_INTERVAL_US};
+use crate::driver::{DevicePtr, PoolUsage, Stream};
+use crate::error::{Error, Result};
+use crate::resource::{
+    Accessible, Capabilities, CaptureNotice, DriverCounts, ReleaseThreshold, Resource, Statistics,
+    Tending, Traits, Usage,
+};
+use std::sync::atomic::Ordering;
+
+impl Accessible for VmmResource {
+    fn label(&self) -> &'static str {
+        "virtual memory resource"
+    }
+
+    fn grant_access(&self, peer: usize) -> Result<()> {
+        let mut st = self.lock_enabled()?;
+        let pages: Vec<u64> = st.pages.keys().copied().collect();
+        self.set_access(&mut st, &pages, &[peer])?;
+        if !st.peers.contains(&peer) {
+            st.peers.push(peer);
+        }
+        Ok(())
+    }
+}
+
+impl Resource for VmmResource {
+    fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        let mut st = self.lock_enabled()?;
+        let start = match bytes <= self.small_max_bytes {
+            true => self.place_small(&mut st, bytes, stream)?,
+            false => self.place_large(&mut st, bytes, stream)?,
+        };
+        Ok(self.hand_out(&mut st, start, bytes))
+    }
+
+    fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
+        let now_us = self.driver.now_us();
+        let now_ms = now_us / 1000;
+        let mut st = self.lock_enabled()?;
+        match st.live.remove(&ptr.0) {
+            Some(b) if b == bytes => {}
+            Some(b) => {
+                st.live.insert(ptr.0, b);
+                return Err(Error::InvalidArgument(format!(
+                    "{ptr:#x} is a block of {b} B, not {bytes} B"
+                )));
+            }
+            None => {
+                return Err(Error::UnknownPointer {
+                    ptr: ptr.0,
+                    device: self.device,
+                })
+            }
+        }
+        st.used_bytes -= bytes;
+        // Reusable by its stream at once; by others after the stream's next fence (recorded
+        // here at most once a millisecond, never on a capturing stream, or when someone needs
+        // it), by any stream once that has completed.
+        let seq = st.fences.seq_for_free(stream);
+        self.give_back(&mut st, ptr.0, bytes, State::Freed { stream, seq }, now_ms);
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        if st.fences.record_due(stream, now_us, FENCE_INTERVAL_US)
+            && !driver.is_capturing(device, stream).unwrap_or(true)
+        {
+            match st.fences.record_pending(driver, device, stream) {
+                // With each fence recorded, those that completed are collected: freed memory
+                // becomes ready for every stream, and idle, while the program runs.
+                Ok(()) => self.collect_completed(&mut st, now_ms),
+                Err(e) => log::debug!("device {device}: a fence on {stream:#x}: {e}; later"),
+            }
+        }
+        Ok(())
+    }
+
+    fn usage(&self) -> Result<Usage> {
+        let st = self.state.lock();
+        Ok(Usage {
+            reserved_bytes: st.physical_bytes(self.page_bytes),
+            used_bytes: st.used_bytes,
+        })
+    }
+
+    fn trim(&self, keep_bytes: u64) -> Result<()> {
+        self.trim_after_sync(keep_bytes)
+    }
+
+    fn traits(&self) -> Traits {
+        Traits {
+            label: "virtual memory resource",
+            cacheable: true,
+            held: true,
+            shareable: false,
+            returns_before_growth: false,
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities {
+            release_threshold: Some(self),
+            statistics: Some(self),
+            tending: Some(self),
+            peer_access: Some(self),
+            capture_notice: Some(self),
+            export: None,
+        }
+    }
+}
+
+impl ReleaseThreshold for VmmResource {
+    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        self.release_threshold_bytes.store(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Statistics for VmmResource {
+    fn usage_with_peaks(&self) -> Result<PoolUsage> {
+        let st = self.state.lock();
+        Ok(PoolUsage {
+            reserved_bytes: st.physical_bytes(self.page_bytes),
+            reserved_bytes_high: st.physical_high_bytes,
+            used_bytes: st.used_bytes,
+            used_bytes_high: st.used_high_bytes,
+        })
+    }
+
+    fn reset_peaks(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        st.used_high_bytes = st.used_bytes;
+        st.physical_high_bytes = st.physical_bytes(self.page_bytes);
+        Ok(())
+    }
+
+    fn driver_counts(&self) -> DriverCounts {
+        self.state.lock().counts
+    }
+}
+
+impl Tending for VmmResource {
+    fn release_above_threshold(&self) -> bool {
+        VmmResource::release_above_threshold(self)
+    }
+
+    fn release_idle(&self) -> Result<bool> {
+        Ok(VmmResource::release_idle(self))
+    }
+}
+
+impl CaptureNotice for VmmResource {
+    fn capture_started(&self, stream: Stream) {
+        let Ok(mut st) = self.lock_enabled() else {
+            return;
+        };
+        st.captures.note(stream);
+    }
+}
+
+impl Drop for VmmResource {
+    /// Waits for the device, then unmaps and releases everything and frees the addresses.
+    fn drop(&mut self) {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let _ = driver.synchronize(device);
+        let st = &mut *self.state.lock();
+        st.fences.destroy(driver, device);
+        for (page, p) in std::mem::take(&mut st.pages) {
+            let _ = driver.mem_unmap(device, DevicePtr(page), self.page_bytes);
+            st.spare_handles.push(p.handle);
+        }
+        for handle in st.spare_handles.drain(..) {
+            let _ = driver.mem_release(device, handle);
+        }
+        for (base, bytes) in st.large.extents().chain(st.carriers.extents()) {
+            let _ = driver.address_free(device, DevicePtr(base), bytes);
+        }
+    }
+}

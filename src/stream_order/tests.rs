@@ -1,0 +1,103 @@
+//! The shared pieces of stream ordering on the simulator, whose events complete only when a test
+//! completes their stream.
+
+use super::*;
+use crate::driver::sim::{SimDriver, SimFault};
+use crate::driver::{Driver, Stream};
+
+const S1: Stream = Stream(1);
+const S2: Stream = Stream(2);
+
+#[test]
+fn items_leave_oldest_first_and_only_once_all_their_events_completed() {
+    let sim = SimDriver::new(1, 1 << 30);
+    let (mut pool, mut queue) = (EventPool::default(), InOrder::default());
+    let both = pool.record_each(&sim, 0, &[S1, S2]).unwrap();
+    queue.push("both", both);
+    let one = pool.record_each(&sim, 0, &[S1]).unwrap();
+    queue.push("s1 only", one);
+    let popped = |queue: &mut InOrder<&'static str>, pool: &mut EventPool| {
+        let mut out = Vec::new();
+        queue.pop_completed(&sim, 0, pool, |item| out.push(item));
+        out
+    };
+    sim.complete_stream(0, S1);
+    // "s1 only" is complete, but the older item still waits for S2: nothing leaves.
+    assert!(popped(&mut queue, &mut pool).is_empty());
+    sim.complete_stream(0, S2);
+    assert_eq!(popped(&mut queue, &mut pool), ["both", "s1 only"]);
+    assert!(queue.is_empty());
+    // Their three events are spares now: recording three more creates none.
+    let created = sim.calls("cuEventCreate");
+    pool.record_each(&sim, 0, &[S1, S2, S1]).unwrap();
+    assert_eq!(sim.calls("cuEventCreate"), created);
+}
+
+#[test]
+fn items_taken_after_a_synchronisation_give_their_events_back_and_keep_the_rest_in_order() {
+    let sim = SimDriver::new(1, 1 << 30);
+    let (mut pool, mut queue) = (EventPool::default(), InOrder::default());
+    for n in 0..4u64 {
+        let events = pool.record_each(&sim, 0, &[S1]).unwrap();
+        queue.push(n, events);
+    }
+    assert_eq!(queue.take_where(|&n| n % 2 == 0, &mut pool), [0, 2]);
+    let left: Vec<u64> = queue.iter().map(|(&n, _)| n).collect();
+    assert_eq!(left, [1, 3]);
+    let created = sim.calls("cuEventCreate");
+    pool.record_each(&sim, 0, &[S1, S2]).unwrap();
+    assert_eq!(
+        sim.calls("cuEventCreate"),
+        created,
+        "both taken items' events are reused"
+    );
+}
+
+#[test]
+fn a_failed_record_gives_every_event_taken_back() {
+    let sim = SimDriver::new(1, 1 << 30);
+    let mut pool = EventPool::default();
+    sim.inject_fault(SimFault::EventRecord, 1);
+    assert!(pool.record(&sim, 0, S1).is_err());
+    let created = sim.calls("cuEventCreate");
+    let event = pool.record(&sim, 0, S1).unwrap();
+    assert_eq!(
+        sim.calls("cuEventCreate"),
+        created,
+        "the event whose record failed is reused"
+    );
+    pool.give_back([event]);
+    // The second record fails (its stream is gone): the first event, recorded, goes back too.
+    sim.destroy_stream(0, S2);
+    assert!(pool.record_each(&sim, 0, &[S1, S2]).is_err());
+    let created = sim.calls("cuEventCreate");
+    let events = pool.record_each(&sim, 0, &[S1, S1]).unwrap();
+    assert_eq!(
+        sim.calls("cuEventCreate"),
+        created,
+        "both events taken are reused"
+    );
+    pool.give_back(events);
+    pool.destroy(&sim, 0);
+}
+
+#[test]
+fn the_capture_watch_forgets_ended_and_destroyed_streams_and_asks_only_while_one_is_known() {
+    let sim = SimDriver::new(1, 1 << 30);
+    let driver: &dyn Driver = &sim;
+    let mut watch = CaptureWatch::default();
+    assert!(!watch.refresh(driver, 0));
+    sim.begin_capture(0, S1);
+    sim.begin_capture(0, S2);
+    assert!(watch.note(S1));
+    assert!(!watch.note(S1), "already known");
+    assert!(watch.note(S2));
+    sim.end_capture(0, S1);
+    assert!(watch.refresh(driver, 0), "S2 still captures");
+    sim.destroy_stream(0, S2);
+    assert!(
+        !watch.refresh(driver, 0),
+        "a destroyed stream does not capture"
+    );
+    assert!(!watch.any_known());
+}
