@@ -243,3 +243,41 @@ fn a_use_on_oom_pool_serves_what_the_device_cannot() {
     r.alloc.release_pool(0, POOL).unwrap();
     r.alloc.empty_cache().unwrap();
 }
+
+#[test]
+fn threads_routing_to_one_pool_at_once_leave_nothing_behind() {
+    let r = Arc::new(rig());
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let r = Arc::clone(&r);
+            std::thread::spawn(move || {
+                for i in 0..40 {
+                    let pool = (7, (i % 3) as u64);
+                    r.alloc
+                        .begin_allocate_to_pool(0, pool, Arc::new(OnStream(s(100 + t))))
+                        .unwrap();
+                    let bytes = 4096 * (1 + (t + i) as u64 % 5);
+                    let a = r
+                        .alloc
+                        .malloc_into(bytes, 0, s(100 + t), Some(pool))
+                        .unwrap();
+                    r.sim.touch(0, 0, a, bytes, s(100 + t)).unwrap();
+                    r.free(a, 0);
+                    r.alloc.end_allocate_to_pool(0, pool).unwrap();
+                    r.alloc.release_pool(0, pool).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    r.alloc.empty_cache().unwrap();
+    for k in 0..3 {
+        assert!(
+            r.alloc.graph_pool_segments(0, (7, k)).is_err(),
+            "pool {k} stayed after its last user"
+        );
+    }
+    assert_eq!(r.stats(0).allocated_bytes, 0);
+}

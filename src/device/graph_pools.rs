@@ -45,27 +45,30 @@ pub(super) struct GraphPools {
 impl DeviceAllocator {
     /// The pool `id` and its source id, made now (with no user) if `create`.
     fn graph_pool(&self, id: PoolId, create: bool) -> Result<Entry> {
-        let mut pools = self.graph_pools.lock();
-        if let Some((source, pool)) = pools.pools.get(&id) {
-            return Ok((*source, Arc::clone(pool)));
-        }
+        let own_stream = {
+            let pools = self.graph_pools.lock();
+            if let Some((source, pool)) = pools.pools.get(&id) {
+                return Ok((*source, Arc::clone(pool)));
+            }
+            pools.own_stream
+        };
         if !create {
             return Err(Error::InvalidArgument(format!(
                 "device {}: no memory pool {id:?}",
                 self.device
             )));
         }
+        // Made outside the pools' lock (a driver call, the device lock); a thread that made the
+        // same pool meanwhile wins, and this one's source leaves the table again.
         let parent = Arc::clone(
             self.setup()?
                 .own
                 .first()
                 .ok_or_else(|| Error::Internal("the device has no resource".into()))?,
         );
-        let own_stream = match pools.own_stream {
+        let own_stream = match own_stream {
             Some(s) => s,
-            None => *pools
-                .own_stream
-                .insert(self.driver.stream_create(self.device)?),
+            None => self.driver.stream_create(self.device)?,
         };
         let pool = Arc::new(GraphPoolResource::new(
             self.device,
@@ -74,8 +77,23 @@ impl DeviceAllocator {
             own_stream,
         ));
         let source = self.add_source(Arc::clone(&pool) as Arc<dyn Resource>)?;
-        pools.pools.insert(id, (source, Arc::clone(&pool)));
-        Ok((source, pool))
+        let (entry, lost) = {
+            let mut pools = self.graph_pools.lock();
+            // The first stream made is the device's for good (a later one, unused, is leaked
+            // with the process, as streams made by the driver are).
+            pools.own_stream.get_or_insert(own_stream);
+            match pools.pools.get(&id) {
+                Some((s, p)) => ((*s, Arc::clone(p)), Some(source)),
+                None => {
+                    pools.pools.insert(id, (source, Arc::clone(&pool)));
+                    ((source, pool), None)
+                }
+            }
+        };
+        if let Some(unused) = lost {
+            self.remove_source(unused)?;
+        }
+        Ok(entry)
     }
 
     /// `createOrIncrefPool`: one more user of pool `id` (a `torch.cuda.MemPool`).
