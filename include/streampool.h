@@ -517,7 +517,8 @@ void streampool_begin_allocate_to_pool(int device,
 void streampool_end_allocate_to_pool(int device, uint64_t id_a, uint64_t id_b);
 
 /**
- * PyTorch's `releasePool` hook (`set_release_pool`).
+ * PyTorch's `releasePool` hook (`set_release_pool`), which PyTorch calls from the destructors
+ * of `CUDAGraph` and `MemPool`: never throws; an error is logged and kept as the last error.
  */
 void streampool_release_pool(int device, uint64_t id_a, uint64_t id_b);
 
@@ -574,6 +575,16 @@ int streampool_graph_pool_expect_restore(int device,
  * `ptrs` must be readable for `count` addresses (or NULL with `count` 0).
  */
 int streampool_checkpoint_prepare(int device, const uint64_t *ptrs, size_t count);
+
+/**
+ * Copies the ids of `device`'s PyTorch memory pools into `out` as (id_a, id_b) pairs of
+ * `uint64_t` (room for `capacity` pairs) and sets `*count` to how many there are (with `out`
+ * NULL, only counts).
+ *
+ * # Safety
+ * `out` must be NULL or writable for `2 * capacity` values; `count` must be writable.
+ */
+int streampool_graph_pool_ids(int device, uint64_t *out, size_t capacity, size_t *count);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -4,7 +4,6 @@
 //! Invariant: as in [`crate::allocator`], every entry checks its device before anything changes.
 
 use crate::allocator::{disabling_on_error, Allocator, MAX_ALLOCATION_BYTES};
-use crate::device::Route;
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::resource::graph_pool::PoolId;
@@ -37,10 +36,16 @@ impl Allocator {
         disabling_on_error(d, d.allocate_in_graph_pool(id, bytes, stream))
     }
 
-    /// The routes to memory pools open on `device`, oldest first; None if there are none.
+    /// The PyTorch memory pool that claims an allocation on `stream` of `device`, if any: the
+    /// filters PyTorch passed run here (outside any lock of the device but the routes' own).
     #[inline]
-    pub fn graph_pool_routes(&self, device: i64) -> Result<Option<Vec<Route>>> {
-        Ok(self.device(device)?.graph_pool_routes())
+    pub fn graph_pool_claiming(&self, device: i64, stream: Stream) -> Option<PoolId> {
+        self.device(device).ok()?.graph_pool_claiming(stream)
+    }
+
+    /// The ids of `device`'s memory pools.
+    pub fn graph_pool_ids(&self, device: i64) -> Result<Vec<PoolId>> {
+        Ok(self.device(device)?.graph_pool_ids())
     }
 
     pub fn begin_allocate_to_pool(

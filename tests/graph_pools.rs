@@ -25,14 +25,9 @@ fn rig() -> Rig {
     rig_with(1, 512 * MIB, base_config())
 }
 
-/// What my_malloc does: the newest route that claims the stream decides.
+/// What my_malloc does: the pool whose route claims the stream, if any, serves.
 fn malloc_routed(r: &Rig, bytes: u64, stream: usize) -> DevicePtr {
-    let routes = r.alloc.graph_pool_routes(0).unwrap().unwrap_or_default();
-    let pool = routes
-        .iter()
-        .rev()
-        .find(|(_, f)| f.claims(s(stream)))
-        .map(|(id, _)| *id);
+    let pool = r.alloc.graph_pool_claiming(0, s(stream));
     r.alloc.malloc_into(bytes, 0, s(stream), pool).unwrap()
 }
 
@@ -247,11 +242,21 @@ fn a_use_on_oom_pool_serves_what_the_device_cannot() {
 #[test]
 fn threads_routing_to_one_pool_at_once_leave_nothing_behind() {
     let r = Arc::new(rig());
+    // Flushes all along: a pool being found or made for a new user must never be dropped.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let (r, stop) = (Arc::clone(&r), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                r.alloc.empty_cache().unwrap();
+            }
+        })
+    };
     let threads: Vec<_> = (0..8)
         .map(|t| {
             let r = Arc::clone(&r);
             std::thread::spawn(move || {
-                for i in 0..40 {
+                for i in 0..400 {
                     let pool = (7, (i % 3) as u64);
                     r.alloc
                         .begin_allocate_to_pool(0, pool, Arc::new(OnStream(s(100 + t))))
@@ -272,6 +277,8 @@ fn threads_routing_to_one_pool_at_once_leave_nothing_behind() {
     for t in threads {
         t.join().unwrap();
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flusher.join().unwrap();
     r.alloc.empty_cache().unwrap();
     for k in 0..3 {
         assert!(

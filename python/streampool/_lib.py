@@ -275,6 +275,10 @@ _SIGNATURES = {
         [_c_int, _c_uint64, _c_uint64, _c_void_p, _c_uint64, _c_uint64, _c_void_p],
     ),
     "streampool_checkpoint_prepare": (_c_int, [_c_int, ctypes.POINTER(_c_uint64), ctypes.c_size_t]),
+    "streampool_graph_pool_ids": (
+        _c_int,
+        [_c_int, ctypes.POINTER(_c_uint64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    ),
 }
 
 # Exports newer than libstreampool 0.1.0 as last measured on the GPU: a library without them still
@@ -291,6 +295,7 @@ _NEWER_EXPORTS = frozenset(
         "streampool_graph_pool_blocks",
         "streampool_graph_pool_expect_restore",
         "streampool_checkpoint_prepare",
+        "streampool_graph_pool_ids",
     }
 )
 

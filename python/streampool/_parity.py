@@ -144,44 +144,51 @@ def _set_checkpoint_pool_state(torch: Any, original: Any) -> Any:
             )
         lib = _lib.library()
         with _restore_lock:
-            now = {b.address: b for b in live_blocks(device, state.pool)}
-            wanted = {b.address: b for b in state.blocks}
-            extra = [hex(a) for a, b in now.items() if wanted.get(a) != b]
+            now = {b.address for b in live_blocks(device, state.pool)}
+            wanted = {b.address for b in state.blocks}
+            extra = sorted(now - wanted)
             if extra:
                 raise RuntimeError(
                     "Any stale tensors which are being manually freed must be passed to set "
                     f"checkpoint: memory pool {state.pool} has live blocks the checkpoint does not: "
-                    f"{', '.join(extra[:8])}"
+                    f"{', '.join(hex(a) for a in extra[:8])}"
                 )
-            with torch.cuda.device(device):
-                for b in state.blocks:
-                    if b.address in now:
-                        continue
-                    _lib.check(
-                        lib.streampool_graph_pool_expect_restore(
-                            device,
-                            state.pool[0],
-                            state.pool[1],
-                            b.address,
-                            b.requested_bytes,
-                            b.block_bytes,
-                            b.stream,
-                        )
-                    )
-                    try:
-                        # PyTorch's own allocation call, so that PyTorch books the block.
-                        got = torch._C._cuda_cudaCachingAllocator_raw_alloc(b.requested_bytes, b.stream)
-                    finally:
-                        lib.streampool_graph_pool_expect_restore(device, 0, 0, None, 0, 0, None)
-                    if got != b.address:
-                        raise RuntimeError(
-                            f"restoring block {b.address:#x} of memory pool {state.pool} gave {got:#x}"
-                        )
-            addresses = (ctypes.c_uint64 * len(state.blocks))(*[b.address for b in state.blocks])
-            _lib.check(lib.streampool_checkpoint_prepare(device, addresses, len(state.blocks)))
-            original(device, None, [], list(storages_to_add_deleters_to))
+            restored: List[Block] = []
+            try:
+                with torch.cuda.device(device):
+                    for b in state.blocks:
+                        if b.address in now:
+                            continue
+                        _restore_one(lib, torch, device, state.pool, b)
+                        restored.append(b)
+                addresses = (ctypes.c_uint64 * len(state.blocks))(*[b.address for b in state.blocks])
+                _lib.check(lib.streampool_checkpoint_prepare(device, addresses, len(state.blocks)))
+                original(device, None, [], list(storages_to_add_deleters_to))
+            except BaseException:
+                # Nothing half done: what this call restored goes back, and nothing stays prepared.
+                lib.streampool_checkpoint_prepare(device, None, 0)
+                for b in restored:
+                    torch._C._cuda_cudaCachingAllocator_raw_delete(b.address)
+                raise
 
     return set_checkpoint_pool_state
+
+
+def _restore_one(lib: Any, torch: Any, device: int, pool: PoolId, b: Block) -> None:
+    """Brings block ``b`` of ``pool`` back at its address through PyTorch's own allocation call,
+    so that PyTorch books it."""
+    _lib.check(
+        lib.streampool_graph_pool_expect_restore(
+            device, pool[0], pool[1], b.address, b.requested_bytes, b.block_bytes, b.stream
+        )
+    )
+    try:
+        got = torch._C._cuda_cudaCachingAllocator_raw_alloc(b.requested_bytes, b.stream)
+    finally:
+        lib.streampool_graph_pool_expect_restore(device, 0, 0, None, 0, 0, None)
+    if got != b.address:
+        torch._C._cuda_cudaCachingAllocator_raw_delete(got)
+        raise RuntimeError(f"restoring block {b.address:#x} of memory pool {pool} gave {got:#x}")
 
 
 def record_memory_history(
@@ -225,10 +232,22 @@ def record_memory_history_legacy(
     record_history(True, max(1, min(int(entries), MAX_HISTORY_ENTRIES)))
 
 
-def _pool_segments(pool: PoolId) -> List[Dict[str, Any]]:
+def pool_ids(device: int) -> List[PoolId]:
+    """The ids of ``device``'s PyTorch memory pools."""
+    function = _lib.library().streampool_graph_pool_ids
+    count = ctypes.c_size_t(0)
+    while True:
+        capacity = count.value + 8
+        out = (ctypes.c_uint64 * (2 * capacity))()
+        _lib.check(function(device, out, capacity, ctypes.byref(count)))
+        if count.value <= capacity:
+            return [(out[2 * i], out[2 * i + 1]) for i in range(count.value)]
+
+
+def _pool_segments(pool: PoolId, devices: Optional[List[int]] = None) -> List[Dict[str, Any]]:
     """PyTorch-format segments of memory pool ``pool`` on every device that has it."""
     segments = []
-    for device in range(_lib.device_count()):
+    for device in range(_lib.device_count()) if devices is None else devices:
         try:
             spans = _pool_rows(device, pool, segments=True)
         except _lib.StreampoolError:
@@ -267,18 +286,32 @@ def _pool_segments(pool: PoolId) -> List[Dict[str, Any]]:
     return segments
 
 
-def memory_snapshot(arg: Any = None) -> Dict[str, Any]:
-    """``torch._C._cuda_memorySnapshot`` under streampool: None or pool (0, 0) gives the whole
-    timeline and every block held (``streampool.snapshot()``); another pool id, that PyTorch
-    memory pool's segments and blocks."""
+def _whole_snapshot() -> Dict[str, Any]:
+    """``streampool.snapshot()`` with PyTorch's memory pools as PyTorch lists them: their
+    segments under their pool ids (what graph trees look for), the rest as held blocks."""
     from ._timeline import snapshot
 
+    snap = snapshot()
+    pooled: List[Dict[str, Any]] = []
+    for device in range(_lib.device_count()):
+        for pool in pool_ids(device):
+            pooled.extend(_pool_segments(pool, [device]))
+    inside = {(s["device"], b["address"]) for s in pooled for b in s["blocks"]}
+    rest = [s for s in snap["segments"] if (s["device"], s["address"]) not in inside]
+    snap["segments"] = rest + pooled
+    return snap
+
+
+def memory_snapshot(arg: Any = None) -> Dict[str, Any]:
+    """``torch._C._cuda_memorySnapshot`` under streampool: None or pool (0, 0) gives the whole
+    timeline and every block held, PyTorch's memory pools under their ids; another pool id,
+    that pool's segments and blocks."""
     if arg is None:
-        return snapshot()
+        return _whole_snapshot()
     pool = _pool_id(tuple(arg)[:2])
     include_traces = bool(arg[2]) if len(arg) > 2 else True
     if pool == (0, 0):
-        snap = snapshot()
+        snap = _whole_snapshot()
         if not include_traces:
             snap["device_traces"] = [[] for _ in snap["device_traces"]]
         return snap
@@ -293,20 +326,30 @@ def memory_snapshot(arg: Any = None) -> Dict[str, Any]:
 _saved: List[tuple] = []
 
 
-def route(torch: Any) -> List[str]:
-    """Routes the ``torch._C`` functions PyTorch calls from Python to streampool's answers;
-    returns the names this PyTorch lacks (left alone)."""
+# The C++ method the checkpoint routes need (the feature name the library reports).
+CHECKPOINTS = "torch.compile CUDA graph trees (setCheckpointPoolState)"
+
+
+def route(torch: Any, checkpoints: bool = True) -> List[str]:
+    """Routes the ``torch._C`` functions PyTorch calls from Python to streampool's answers (the
+    checkpoint ones only if ``checkpoints``: the C++ method they end in is wired); returns the
+    names left alone."""
     original_set = getattr(torch._C, "_cuda_setCheckpointPoolState", None)
     replacements = {
-        "_cuda_checkPoolLiveAllocations": check_pool_live_allocations,
-        "_cuda_getCheckpointState": get_checkpoint_state,
-        "_cuda_setCheckpointPoolState": (
-            _set_checkpoint_pool_state(torch, original_set) if original_set is not None else None
-        ),
         "_cuda_record_memory_history": record_memory_history,
         "_cuda_record_memory_history_legacy": record_memory_history_legacy,
         "_cuda_memorySnapshot": memory_snapshot,
     }
+    if checkpoints:
+        replacements.update(
+            {
+                "_cuda_checkPoolLiveAllocations": check_pool_live_allocations,
+                "_cuda_getCheckpointState": get_checkpoint_state,
+                "_cuda_setCheckpointPoolState": (
+                    _set_checkpoint_pool_state(torch, original_set) if original_set is not None else None
+                ),
+            }
+        )
     missing = []
     for name, function in replacements.items():
         original = getattr(torch._C, name, None)
@@ -337,7 +380,8 @@ def wire(torch: Any, raw: Any) -> Dict[str, Optional[str]]:
         features.update(attach())
     except _lib.StreampoolError as exc:
         features["PyTorch's C++ allocator methods"] = str(exc)
-    for name in route(torch):
+    checkpoints = features.get(CHECKPOINTS, "not attached") is None
+    for name in route(torch, checkpoints):
         features[f"torch._C.{name}"] = "this PyTorch has no such function"
     for feature, why in features.items():
         if why is not None:

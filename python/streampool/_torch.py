@@ -203,7 +203,9 @@ def mempool(device: Any = None) -> Any:
     (ValueError if streampool has no such device); pass the same device to ``use_mem_pool``.
 
     Out of memory inside the region raises ``torch.cuda.OutOfMemoryError``: PyTorch's allocator
-    above streampool raises its typed error when streampool returns no memory."""
+    above streampool raises its typed error when streampool returns no memory. After
+    ``install()``, streampool serves every block already: this returns a plain
+    ``torch.cuda.MemPool()``, a memory pool of streampool's."""
     global _scoped_allocator
     index = device_index(device)
     try:
@@ -219,6 +221,10 @@ def mempool(device: Any = None) -> Any:
         )
     _require_cuda_driver()
     _check_index(device, index, _lib.device_count())
+    if _installation is not None:
+        # streampool already serves every block of the process: a plain MemPool is a pool of
+        # streampool's (a MemPool with an allocator of its own is refused under install()).
+        return torch.cuda.MemPool()
     if _scoped_allocator is None:
         _scoped_allocator = _new_allocator(torch, malloc="streampool_malloc")
     return torch.cuda.MemPool(_scoped_allocator.allocator())

@@ -122,6 +122,34 @@ def test_a_checkpoint_refuses_to_drop_blocks_it_does_not_hold(pool_route):
         restore(DEVICE, state, [5], [])
 
 
+def test_a_failed_restore_leaves_nothing_restored(pool_route):
+    torch = FakeTorch()
+
+    def refuse(*args):
+        raise RuntimeError("PyTorch refused")
+
+    deleted = []
+    torch._C._cuda_cudaCachingAllocator_raw_delete = lambda ptr: (deleted.append(ptr), _c().my_free(ptr, 0, DEVICE, STREAM))
+    restore = _parity._set_checkpoint_pool_state(torch, refuse)
+    a = pool_route(4096)
+    state = _parity.get_checkpoint_state(DEVICE, POOL)
+    _c().my_free(a, 4096, DEVICE, STREAM)
+    with pytest.raises(RuntimeError, match="PyTorch refused"):
+        restore(DEVICE, state, [], [])
+    assert deleted == [a], "the block restored before the failure stayed live"
+    assert _parity.check_pool_live_allocations(DEVICE, POOL, set())
+
+
+def test_the_whole_snapshot_lists_pool_segments_under_their_ids(pool_route):
+    a = pool_route(4096)
+    snapshot = _parity.memory_snapshot(None)
+    pooled = [s for s in snapshot["segments"] if s["segment_pool_id"] == POOL]
+    assert len(pooled) == 1 and pooled[0]["blocks"][0]["address"] == a
+    others = [s for s in snapshot["segments"] if s["segment_pool_id"] != POOL]
+    assert all(s["address"] != a for s in others), "a pool block listed twice"
+    assert _parity.pool_ids(DEVICE) == [POOL]
+
+
 def test_a_pool_snapshot_lists_its_segments_with_their_blocks(pool_route):
     a = pool_route(4096)
     snapshot = _parity.memory_snapshot((POOL[0], POOL[1], True))
@@ -150,6 +178,10 @@ def test_route_replaces_and_restore_puts_back():
     assert torch._C._cuda_checkPoolLiveAllocations is _parity.check_pool_live_allocations
     assert _parity.restore() == 6
     assert vars(torch._C) == original
+    # Without the C++ side of checkpoints, their routes stay PyTorch's.
+    assert _parity.route(torch, checkpoints=False) == []
+    assert torch._C._cuda_checkPoolLiveAllocations is original["_cuda_checkPoolLiveAllocations"]
+    assert _parity.restore() == 3
 
 
 def test_attach_without_pytorch_says_why():

@@ -1,63 +1,76 @@
 //! PyTorch's memory pools on one device (`torch.cuda.graph` captures, `torch.compile`'s CUDA
-//! graph trees, `torch.cuda.MemPool`): which pool an allocation goes to, and the pools, each a
-//! source of the device's table ([`GraphPoolResource`]).
+//! graph trees, `torch.cuda.MemPool`), each a source of the device's table
+//! ([`GraphPoolResource`]); which pool an allocation goes to is [`super::pool_routes`]'s.
 //!
-//! Invariants: an allocation goes to a pool only while PyTorch routes to it
-//! (`beginAllocateToPool` … `endAllocateToPool`) and the route's filter claims the allocating
-//! stream (the routes begun last are asked first, as PyTorch does); a pool's blocks carry its
+//! Invariants: a pool's users are counted under the pools' lock in the same section that finds
+//! or makes it, so a flush never drops a pool someone is about to use; a pool's blocks carry its
 //! source id, are never cached and go back into it only (a block other streams used waits for
-//! them first, as any held block); a pool gives memory back only after a device synchronisation
-//! while nobody uses it, and leaves the table once it holds nothing; the pools' lock is never
-//! held while a filter runs, a driver call is made or the device lock is taken.
+//! them first, as any held block); a pool gives back only segments taken while nobody used it,
+//! and only after a device synchronisation that began after they were taken; it leaves the
+//! table once it holds nothing; the pools' lock is never held while a driver call is made or the
+//! device lock is taken.
 
 use super::request::Request;
-use super::DeviceAllocator;
+use super::{DeviceAllocator, StreamFilter};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::history::StreampoolEventKind as Event;
-use crate::resource::graph_pool::{GraphPoolResource, PoolBlock, PoolId};
+use crate::resource::graph_pool::{GraphPoolResource, PoolBlock, PoolId, Segment};
 use crate::resource::{Resource, SourceId};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-/// Decides whether an allocation on a stream goes to a pool (PyTorch's capture filter: "is this
-/// stream capturing into my graph", or "is this my thread").
-pub trait StreamFilter: Send + Sync {
-    fn claims(&self, stream: Stream) -> bool;
-}
-
-/// A pool and the filter that routes allocations to it.
-pub type Route = (PoolId, Arc<dyn StreamFilter>);
 
 /// A pool and its place in the device's table of sources.
 type Entry = (SourceId, Arc<GraphPoolResource>);
 
+/// Segments taken from pools nobody used, to give back after a synchronisation.
+pub(super) type Taken = Vec<(Arc<GraphPoolResource>, Vec<Segment>)>;
+
 #[derive(Default)]
 pub(super) struct GraphPools {
     pools: HashMap<PoolId, Entry>,
-    /// Routes begun and not ended, oldest first.
-    routes: Vec<Route>,
     /// streampool's own stream of the device, made on first need.
     own_stream: Option<Stream>,
 }
 
+/// What to do with a pool's count of users when it is found or made.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Users {
+    /// Leave it (a look-up).
+    Keep,
+    /// One more, in the same locked section that finds or makes the pool.
+    AddOne,
+}
+
 impl DeviceAllocator {
-    /// The pool `id` and its source id, made now (with no user) if `create`.
-    fn graph_pool(&self, id: PoolId, create: bool) -> Result<Entry> {
+    /// Pool `id`, if it exists.
+    fn existing_pool(&self, id: PoolId) -> Result<Entry> {
+        let pools = self.graph_pools.lock();
+        pools
+            .pools
+            .get(&id)
+            .map(|(source, pool)| (*source, Arc::clone(pool)))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "device {}: no memory pool {id:?} (it was never used, or was released and \
+                     emptied)",
+                    self.device
+                ))
+            })
+    }
+
+    /// Pool `id`, made now if it does not exist, its users changed as `users` says.
+    fn pool_for_use(&self, id: PoolId, users: Users) -> Result<Entry> {
         let own_stream = {
             let pools = self.graph_pools.lock();
             if let Some((source, pool)) = pools.pools.get(&id) {
+                if users == Users::AddOne {
+                    pool.with(|p| p.incref());
+                }
                 return Ok((*source, Arc::clone(pool)));
             }
             pools.own_stream
         };
-        if !create {
-            return Err(Error::InvalidArgument(format!(
-                "device {}: no memory pool {id:?}",
-                self.device
-            )));
-        }
         // Made outside the pools' lock (a driver call, the device lock); a thread that made the
         // same pool meanwhile wins, and this one's source leaves the table again.
         let parent = Arc::clone(
@@ -79,16 +92,20 @@ impl DeviceAllocator {
         let source = self.add_source(Arc::clone(&pool) as Arc<dyn Resource>)?;
         let (entry, lost) = {
             let mut pools = self.graph_pools.lock();
-            // The first stream made is the device's for good (a later one, unused, is leaked
-            // with the process, as streams made by the driver are).
+            // The first stream made is the device's for good (another, unused, lives on with the
+            // process, as streams the driver makes do).
             pools.own_stream.get_or_insert(own_stream);
-            match pools.pools.get(&id) {
+            let (entry, lost) = match pools.pools.get(&id) {
                 Some((s, p)) => ((*s, Arc::clone(p)), Some(source)),
                 None => {
                     pools.pools.insert(id, (source, Arc::clone(&pool)));
                     ((source, pool), None)
                 }
+            };
+            if users == Users::AddOne {
+                entry.1.with(|p| p.incref());
             }
+            (entry, lost)
         };
         if let Some(unused) = lost {
             self.remove_source(unused)?;
@@ -98,66 +115,64 @@ impl DeviceAllocator {
 
     /// `createOrIncrefPool`: one more user of pool `id` (a `torch.cuda.MemPool`).
     pub fn graph_pool_create_or_incref(&self, id: PoolId) -> Result<()> {
-        self.graph_pool(id, true)?.1.with(|p| p.incref());
-        Ok(())
+        self.pool_for_use(id, Users::AddOne).map(|_| ())
     }
 
     /// How many users pool `id` has (0 for a pool that does not exist).
     pub fn graph_pool_use_count(&self, id: PoolId) -> u32 {
-        self.graph_pool(id, false)
+        self.existing_pool(id)
             .map_or(0, |(_, p)| p.with(|p| p.use_count()))
     }
 
     /// `setNoSplit`: blocks of pool `id` take whole free ranges.
     pub fn graph_pool_set_no_split(&self, id: PoolId) -> Result<()> {
-        self.graph_pool(id, true)?.1.with(|p| p.set_no_split());
+        self.pool_for_use(id, Users::Keep)?
+            .1
+            .with(|p| p.set_no_split());
         Ok(())
     }
 
     /// `setUseOnOOM`: whether the pool's free memory may serve allocations outside any pool
-    /// that ran out of memory ([`DeviceAllocator::allocate_from_oom_pools`]).
+    /// that ran out of memory ([`DeviceAllocator::allocate_from_oom_pools`]). Turning it off
+    /// for a pool that does not exist (any more) does nothing.
     pub fn graph_pool_set_use_on_oom(&self, id: PoolId, on: bool) -> Result<()> {
-        self.graph_pool(id, true)?.1.with(|p| p.set_use_on_oom(on));
+        let pool = match on {
+            true => self.pool_for_use(id, Users::Keep)?,
+            false => match self.existing_pool(id) {
+                Ok(pool) => pool,
+                Err(_) => return Ok(()),
+            },
+        };
+        pool.1.with(|p| p.set_use_on_oom(on));
         Ok(())
     }
 
     /// `beginAllocateToPool`: allocations `filter` claims go to pool `id` (one more user) until
     /// [`DeviceAllocator::end_allocate_to_pool`].
     pub fn begin_allocate_to_pool(&self, id: PoolId, filter: Arc<dyn StreamFilter>) -> Result<()> {
-        self.graph_pool(id, true)?.1.with(|p| p.incref());
-        self.graph_pools.lock().routes.push((id, filter));
-        self.routes_active.fetch_add(1, Ordering::Release);
+        self.pool_for_use(id, Users::AddOne)?;
+        self.routes.begin(id, filter);
         Ok(())
     }
 
     /// `endAllocateToPool`: the latest route to pool `id` ends.
     pub fn end_allocate_to_pool(&self, id: PoolId) -> Result<()> {
-        let mut pools = self.graph_pools.lock();
-        let Some(at) = pools.routes.iter().rposition(|(route, _)| *route == id) else {
-            return Err(Error::InvalidArgument(format!(
-                "device {}: allocations are not being routed to memory pool {id:?}",
-                self.device
-            )));
-        };
-        pools.routes.remove(at);
-        self.routes_active.fetch_sub(1, Ordering::Release);
+        let filter = self.routes.end(id, self.device)?;
+        drop(filter); // PyTorch's std::function copy, destroyed outside every lock
         Ok(())
     }
 
-    /// `releasePool`: one user less. The pool's memory goes back at the next synchronising
-    /// flush once nobody uses it (its blocks still live stay until freed).
+    /// `releasePool`: one user less. The pool's memory goes back at a synchronising flush once
+    /// nobody uses it (its blocks still live stay until freed).
     pub fn release_pool(&self, id: PoolId) -> Result<()> {
-        self.graph_pool(id, false)?.1.with(|p| p.decref())?;
+        self.existing_pool(id)?.1.with(|p| p.decref())?;
         Ok(())
     }
 
-    /// The routes begun on the device, oldest first; None (one atomic load) when there are none.
+    /// The pool that claims an allocation on `stream`, if any (PyTorch's filters run here).
     #[inline]
-    pub fn graph_pool_routes(&self) -> Option<Vec<Route>> {
-        if self.routes_active.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        Some(self.graph_pools.lock().routes.clone())
+    pub fn graph_pool_claiming(&self, stream: Stream) -> Option<PoolId> {
+        self.routes.claim(stream)
     }
 
     /// Allocates `requested_bytes` on `stream` from pool `id`.
@@ -169,10 +184,9 @@ impl DeviceAllocator {
     ) -> Result<DevicePtr> {
         self.check_enabled()?;
         let request = Request::new(requested_bytes, stream)?;
-        let (source, pool) = self.graph_pool(id, true)?;
+        let (source, pool) = self.pool_for_use(id, Users::Keep)?;
         if self.driver.is_capturing(self.device, stream)? {
-            // Blocks freed meanwhile with other streams' uses wait for the capture to end.
-            self.state.lock().waits.note_capturing(stream);
+            self.notice_capture(stream)?;
         }
         self.begin_pool_allocation(source, request)?;
         let served = match pool.allocate_block(request.block_bytes, stream) {
@@ -201,13 +215,22 @@ impl DeviceAllocator {
         }
     }
 
-    /// An allocation from pool `source` begins: counted by the table, its bytes held against
-    /// the memory limit (a pool's blocks are held, so that they wait for other streams).
+    /// An allocation from pool `source` begins: finished waits are collected, the table counts
+    /// it, and its bytes are held against the memory limit (a pool's blocks are held, so that
+    /// they wait for other streams).
     fn begin_pool_allocation(&self, source: SourceId, request: Request) -> Result<()> {
-        self.lock_enabled()?
-            .ledger
-            .sources_mut()
-            .begin_allocation(source)?;
+        let mut to_return = Vec::new();
+        let begun = {
+            let mut st = self.lock_enabled()?;
+            if !st.waits.is_idle() {
+                self.collect_waits(&mut st, &mut to_return);
+            }
+            st.ledger.sources_mut().begin_allocation(source).map(|_| ())
+        };
+        if !to_return.is_empty() {
+            let _ = self.return_blocks(to_return);
+        }
+        begun?;
         if let Err(e) = self.reserve_within_limit(request) {
             self.state
                 .lock()
@@ -283,7 +306,7 @@ impl DeviceAllocator {
         stream: Stream,
     ) -> Result<DevicePtr> {
         self.check_enabled()?;
-        let (source, pool) = self.graph_pool(id, false)?;
+        let (source, pool) = self.existing_pool(id)?;
         let request = Request::new(requested_bytes, stream)?.served_by(block_bytes);
         self.begin_pool_allocation(source, request)?;
         if let Err(e) = pool.with(|p| p.restore(ptr, block_bytes, stream)) {
@@ -301,7 +324,7 @@ impl DeviceAllocator {
 
     /// The live blocks of pool `id`: (address, requested bytes, block bytes, stream).
     pub fn graph_pool_live_blocks(&self, id: PoolId) -> Result<Vec<(DevicePtr, u64, u64, Stream)>> {
-        let (_, pool) = self.graph_pool(id, false)?;
+        let (_, pool) = self.existing_pool(id)?;
         let blocks: Vec<PoolBlock> = pool.with(|p| p.live_blocks().copied().collect());
         let st = self.state.lock();
         Ok(blocks
@@ -315,23 +338,41 @@ impl DeviceAllocator {
 
     /// The segments of pool `id`: (address, bytes).
     pub fn graph_pool_segments(&self, id: PoolId) -> Result<Vec<(DevicePtr, u64)>> {
-        let (_, pool) = self.graph_pool(id, false)?;
+        let (_, pool) = self.existing_pool(id)?;
         Ok(pool.with(|p| p.segments().map(|s| (s.ptr, s.bytes)).collect()))
     }
 
-    /// After a device synchronisation: pools nobody uses give their free segments back, and
-    /// those left with nothing leave the table. Returns the bytes given back.
-    pub(super) fn release_unused_graph_pools(&self) -> Result<u64> {
+    /// The ids of the device's pools.
+    pub fn graph_pool_ids(&self) -> Vec<PoolId> {
+        self.graph_pools.lock().pools.keys().copied().collect()
+    }
+
+    /// Before a flush's synchronisation: the free segments of every pool nobody uses, taken out
+    /// of the pools (no replay can use them any more: no graph holds the pool).
+    pub(super) fn take_unused_pool_segments(&self) -> Taken {
         let pools: Vec<Entry> = self.graph_pools.lock().pools.values().cloned().collect();
+        pools
+            .into_iter()
+            .map(|(_, pool)| {
+                let segments = pool.take_free_segments_if_unused();
+                (pool, segments)
+            })
+            .filter(|(_, segments)| !segments.is_empty())
+            .collect()
+    }
+
+    /// After the synchronisation: the taken segments go back to the device's resource, and pools
+    /// left with nothing leave the table. The bytes given back.
+    pub(super) fn give_back_pool_segments(&self, taken: Taken) -> Result<u64> {
         let mut released_bytes = 0;
         let mut first_error = Ok(());
-        for (_, pool) in &pools {
-            match pool.release_free_segments() {
+        for (pool, segments) in taken {
+            match pool.give_back_segments(segments) {
                 Ok(bytes) => released_bytes += bytes,
                 Err(e) => first_error = first_error.and(Err(e)),
             }
         }
-        let gone: Vec<(PoolId, SourceId)> = {
+        let gone: Vec<SourceId> = {
             let mut registry = self.graph_pools.lock();
             let gone: Vec<(PoolId, SourceId)> = registry
                 .pools
@@ -339,12 +380,14 @@ impl DeviceAllocator {
                 .filter(|(_, (_, p))| p.with(|p| p.is_unused() && p.reserved_bytes() == 0))
                 .map(|(id, (source, _))| (*id, *source))
                 .collect();
-            gone.iter().for_each(|(id, _)| {
-                registry.pools.remove(id);
-            });
-            gone
+            gone.iter()
+                .map(|(id, source)| {
+                    registry.pools.remove(id);
+                    *source
+                })
+                .collect()
         };
-        for (_, source) in gone {
+        for source in gone {
             first_error = first_error.and(self.remove_source(source));
         }
         first_error.map(|()| released_bytes)

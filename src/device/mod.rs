@@ -32,6 +32,7 @@ mod health;
 mod idle;
 mod ledger;
 mod limit;
+mod pool_routes;
 mod request;
 mod reserved_cap;
 mod returns;
@@ -54,7 +55,7 @@ use request::Request;
 use std::sync::{Arc, Weak};
 use waits::Waits;
 
-pub use graph_pools::{Route, StreamFilter};
+pub use pool_routes::StreamFilter;
 
 /// What the device learnt and made on its first use.
 struct DeviceSetup {
@@ -116,10 +117,10 @@ pub struct DeviceAllocator {
     exporter: Exporter,
     peers: Arc<Peers>,
     idle: idle::Watch,
-    /// PyTorch's memory pools of the device and the routes to them ([`graph_pools`]).
+    /// PyTorch's memory pools of the device ([`graph_pools`]).
     graph_pools: Mutex<graph_pools::GraphPools>,
-    /// How many routes to pools are open: the allocation path looks at the pools only if any.
-    routes_active: std::sync::atomic::AtomicUsize,
+    /// The routes PyTorch opened to them ([`pool_routes`]).
+    routes: pool_routes::Routes,
     me: Weak<DeviceAllocator>,
 }
 
@@ -150,7 +151,7 @@ impl DeviceAllocator {
             peers,
             idle: Mutex::new(idle::IdleWatch::default()),
             graph_pools: Mutex::new(graph_pools::GraphPools::default()),
-            routes_active: std::sync::atomic::AtomicUsize::new(0),
+            routes: pool_routes::Routes::default(),
             me: me.clone(),
         })
     }
@@ -324,26 +325,31 @@ impl DeviceAllocator {
     /// Graph capture: graph memory serves, never cached, never held; while a capture is known,
     /// resources that map memory must not.
     fn allocate_for_graph(&self, request: Request) -> Result<DevicePtr> {
-        let (graph, new_capture) = {
+        let graph = {
             let mut st = self.state.lock();
-            let new_capture = st.waits.note_capturing(request.stream);
             let id = st.ledger.sources().graph();
-            (st.ledger.sources_mut().begin_allocation(id), new_capture)
+            st.ledger.sources_mut().begin_allocation(id)
         };
-        if new_capture {
-            log::info!(
-                "device {}: stream {:#x} is capturing a CUDA graph; its allocations bypass the cache",
-                self.device,
-                request.stream
-            );
-            // A resource that maps memory keeps it from mapping until the capture ends.
-            for r in &self.setup()?.own {
-                if let Some(notice) = r.capabilities().capture_notice {
-                    notice.capture_started(request.stream);
-                }
+        self.notice_capture(request.stream)?;
+        self.serve_directly(graph?, request, false)
+    }
+
+    /// `stream` allocates while it captures a CUDA graph: the first time, the waits stop
+    /// recording events and the resources that map memory stop mapping until the capture ends.
+    fn notice_capture(&self, stream: Stream) -> Result<()> {
+        if !self.state.lock().waits.note_capturing(stream) {
+            return Ok(());
+        }
+        log::info!(
+            "device {}: stream {stream:#x} is capturing a CUDA graph; its allocations bypass the cache",
+            self.device
+        );
+        for r in &self.setup()?.own {
+            if let Some(notice) = r.capabilities().capture_notice {
+                notice.capture_started(stream);
             }
         }
-        self.serve_directly(graph?, request, false)
+        Ok(())
     }
 
     /// `source` serves at once, with no retry — graph memory (not held), or the capture fallback

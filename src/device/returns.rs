@@ -143,10 +143,12 @@ impl DeviceAllocator {
         let returned = self.return_blocks(blocks);
         synced?;
         if !capturing {
+            // Memory pools nobody uses give their free segments back once the synchronisation
+            // has finished every replay launched before they were taken; once those returns
+            // complete, the trim can release them too.
+            let taken = self.take_unused_pool_segments();
             self.driver.synchronize(self.device)?;
-            // Memory pools nobody uses give back their free segments (their graphs' replays are
-            // done now); once those returns complete, the trim can release them too.
-            match self.release_unused_graph_pools() {
+            match self.give_back_pool_segments(taken) {
                 Ok(0) => {}
                 Ok(_) => self.driver.synchronize(self.device)?,
                 Err(e) => log::warn!("device {}: releasing unused memory pools: {e}", self.device),

@@ -104,25 +104,22 @@ pub unsafe extern "C-unwind" fn my_malloc(
     match result {
         Ok(ptr) => ptr.0 as *mut c_void,
         Err(e) => {
+            use crate::torch_edge::c10_error::{self, Kind};
             let oom = matches!(e, Error::OutOfMemory(_));
             set_last_error(&e);
+            // A copy: an observer below may call streampool, which clears the last error.
+            // SAFETY: the last error is a valid C string.
+            let message = unsafe { CStr::from_ptr(last_error_ptr()) }.to_owned();
             drop(e);
             if oom {
                 // PyTorch's observers (memory history's OOM dump, ...) hear of it first.
                 crate::torch_edge::notify_out_of_memory(device, u64::try_from(size).unwrap_or(0));
             }
-            let kind = match oom {
-                true => crate::torch_edge::c10_error::Kind::OutOfMemory,
-                false => crate::torch_edge::c10_error::Kind::Error,
-            };
-            // SAFETY: the message is a valid C string, copied before the throw; nothing in this
-            // frame needs dropping, and PyTorch's caller catches the exception: PyTorch's own
-            // type where its library is loaded (torch.OutOfMemoryError in Python), else
-            // std::runtime_error (RuntimeError).
-            unsafe {
-                crate::torch_edge::c10_error::throw(kind, last_error_ptr());
-                crate::cxx_throw::throw_runtime_error(last_error_ptr())
-            }
+            let kind = if oom { Kind::OutOfMemory } else { Kind::Error };
+            // SAFETY: an extern "C-unwind" frame, `message` dropped on the way out; PyTorch's
+            // caller catches the exception: PyTorch's own type where its library is loaded
+            // (torch.OutOfMemoryError in Python), else std::runtime_error (RuntimeError).
+            unsafe { c10_error::throw_message(kind, &message) }
         }
     }
 }

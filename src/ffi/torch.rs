@@ -8,7 +8,7 @@
 //! return value there), the others return a status.
 
 use super::{guarded, ptr_of, status, stream_of};
-use crate::api::{global, last_error_ptr, set_last_error};
+use crate::api::{global, set_last_error};
 use crate::error::{Error, Result};
 use crate::torch_edge::c10_error::{self, Kind};
 use crate::torch_edge::graphs::{expect_restore, Restore, TorchFilter};
@@ -33,12 +33,18 @@ impl StreamFilter for EveryStream {
 /// Only from an `extern "C-unwind"` frame with nothing to drop.
 unsafe fn or_throw(f: impl FnOnce() -> Result<()>) {
     if let Err(e) = guarded(f) {
+        // SAFETY: as the caller promises.
+        unsafe { c10_error::throw_to_pytorch(Kind::Error, &e) }
+    }
+}
+
+/// Runs `f` for a hook PyTorch calls from a destructor (which must not throw: that ends the
+/// process): its error is logged and kept as the thread's last error.
+fn or_log(hook: &str, f: impl FnOnce() -> Result<()>) {
+    if let Err(e) = guarded(f) {
         set_last_error(&e);
-        drop(e);
-        // SAFETY: as the caller promises; the message is copied by the throw.
-        unsafe {
-            c10_error::throw(Kind::Error, last_error_ptr());
-            crate::cxx_throw::throw_runtime_error(last_error_ptr())
+        if !crate::api::in_fork_child() {
+            log::error!("{hook}: {e}");
         }
     }
 }
@@ -81,11 +87,13 @@ pub extern "C-unwind" fn streampool_end_allocate_to_pool(device: c_int, id_a: u6
     unsafe { or_throw(|| global()?.end_allocate_to_pool(device.into(), (id_a, id_b))) }
 }
 
-/// PyTorch's `releasePool` hook (`set_release_pool`).
+/// PyTorch's `releasePool` hook (`set_release_pool`), which PyTorch calls from the destructors
+/// of `CUDAGraph` and `MemPool`: never throws; an error is logged and kept as the last error.
 #[no_mangle]
 pub extern "C-unwind" fn streampool_release_pool(device: c_int, id_a: u64, id_b: u64) {
-    // SAFETY: an extern "C-unwind" frame with nothing to drop.
-    unsafe { or_throw(|| global()?.release_pool(device.into(), (id_a, id_b))) }
+    or_log("streampool_release_pool", || {
+        global()?.release_pool(device.into(), (id_a, id_b))
+    })
 }
 
 /// Gives PyTorch's current allocator streampool's C++ methods; returns one line per feature,
@@ -253,6 +261,41 @@ pub unsafe extern "C" fn streampool_checkpoint_prepare(
             (false, n) => unsafe { std::slice::from_raw_parts(ptrs, n) }.to_vec(),
         };
         crate::torch_edge::prepare_checkpoint_delta(device.into(), ptrs);
+        Ok(())
+    }))
+}
+
+/// Copies the ids of `device`'s PyTorch memory pools into `out` as (id_a, id_b) pairs of
+/// `uint64_t` (room for `capacity` pairs) and sets `*count` to how many there are (with `out`
+/// NULL, only counts).
+///
+/// # Safety
+/// `out` must be NULL or writable for `2 * capacity` values; `count` must be writable.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_graph_pool_ids(
+    device: c_int,
+    out: *mut u64,
+    capacity: usize,
+    count: *mut usize,
+) -> c_int {
+    status(guarded(|| {
+        if count.is_null() {
+            return Err(Error::InvalidArgument(
+                "streampool_graph_pool_ids: count is NULL".into(),
+            ));
+        }
+        let ids = global()?.graph_pool_ids(device.into())?;
+        // SAFETY: checked non-NULL; the caller guarantees it is writable.
+        unsafe { count.write(ids.len()) };
+        if !out.is_null() {
+            for (i, (a, b)) in ids.iter().take(capacity).enumerate() {
+                // SAFETY: i < capacity, for which the caller guarantees 2 values of room.
+                unsafe {
+                    out.add(2 * i).write(*a);
+                    out.add(2 * i + 1).write(*b);
+                }
+            }
+        }
         Ok(())
     }))
 }

@@ -162,12 +162,13 @@ pub(crate) unsafe fn throw(kind: Kind, message: *const c_char) {
     };
     let mut text = StdString([0; 32]);
     let mut no_backtrace = EmptySharedPtr([0; 2]);
-    let allocator_tag = 0u8; // std::allocator<char> is empty: any address serves as the object
-                             // SAFETY: `text` is storage for a std::string, built from a valid C string and destroyed
-                             // after the constructor moved from it; the exception object is fresh storage of at least
-                             // sizeof(c10::Error), built by Error's constructor, then given the vtable of `kind` (the
-                             // same layout: checked in `find`); __cxa_throw takes ownership with that class's type and a
-                             // destructor that dispatches through the vtable.
+    // std::allocator<char> is empty: any address serves as the object.
+    let allocator_tag = 0u8;
+    // SAFETY: `text` is storage for a std::string, built from a valid C string and destroyed
+    // after the constructor moved from it; the exception object is fresh storage of at least
+    // sizeof(c10::Error), built by Error's constructor, then given the vtable of `kind` (the
+    // same layout: checked in `find`); __cxa_throw takes ownership with that class's type and a
+    // destructor that dispatches through the vtable.
     unsafe {
         (c10.string_new)(&mut text, message, (&allocator_tag as *const u8).cast());
         let object = rt.allocate_exception_bytes(EXCEPTION_OBJECT_BYTES);
@@ -175,5 +176,30 @@ pub(crate) unsafe fn throw(kind: Kind, message: *const c_char) {
         (c10.string_drop)(&mut text);
         *(object as *mut *const c_void) = vtable;
         rt.throw_object(object, type_info, destroy)
+    }
+}
+
+/// Throws `error` to PyTorch: as `kind` where PyTorch's types are available, else as
+/// `std::runtime_error`. The message is copied first (it is also this thread's last error).
+///
+/// # Safety
+/// The caller's frames must be able to unwind (`extern "C-unwind"`, Rust frames between); their
+/// locals are dropped on the way out.
+pub(crate) unsafe fn throw_to_pytorch(kind: Kind, error: &crate::Error) -> ! {
+    crate::api::set_last_error(error);
+    // SAFETY: the last error is a valid C string; copied before anything can change it.
+    let message = unsafe { CStr::from_ptr(crate::api::last_error_ptr()) }.to_owned();
+    throw_message(kind, &message)
+}
+
+/// Throws `message` to PyTorch as [`throw_to_pytorch`] does.
+///
+/// # Safety
+/// As [`throw_to_pytorch`].
+pub(crate) unsafe fn throw_message(kind: Kind, message: &CStr) -> ! {
+    // SAFETY: a valid C string, copied by the throw; as the caller promises.
+    unsafe {
+        throw(kind, message.as_ptr());
+        crate::cxx_throw::throw_runtime_error(message.as_ptr())
     }
 }

@@ -30,14 +30,8 @@ impl StreamFilter for TorchFilter {
 /// are asked first, as PyTorch does. Call outside `catch_unwind` (a filter may throw).
 #[inline]
 pub(crate) fn route(device: i64, stream: Stream) -> Option<PoolId> {
-    let routes = guarded(|| global()?.graph_pool_routes(device))
-        .ok()
-        .flatten()?;
-    routes
-        .iter()
-        .rev()
-        .find(|(_, filter)| filter.claims(stream))
-        .map(|(id, _)| *id)
+    let allocator = guarded(global).ok()?;
+    allocator.graph_pool_claiming(device, stream)
 }
 
 /// An allocation that must restore a checkpointed block of a pool.

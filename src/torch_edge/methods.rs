@@ -2,14 +2,16 @@
 //! unimplemented, with the C ABI of the C++ methods they replace (`this` first; a returned
 //! class comes back through a hidden pointer passed before `this`), and where each goes.
 //!
-//! Invariants: every body runs inside `catch_unwind`; a failure is thrown as PyTorch's
-//! `c10::Error` (or `std::runtime_error`), never returned as a made-up value; a method answers
-//! from streampool's own state only.
+//! Invariants: whatever can panic runs inside `catch_unwind` (the rest only copies PyTorch's
+//! arguments); a failure is thrown as PyTorch's `c10::Error` (or `std::runtime_error`), never
+//! returned as a made-up value — except in the methods PyTorch calls from destructors, which log
+//! instead (a destructor's throw ends the process); a method answers from streampool's own state
+//! only.
 
 use super::c10_error::{self, Kind};
 use super::std_function::{ObserverSignature, OwnedFunction, StdFunction};
 use super::vtable::{Replacement, SlotAt};
-use crate::api::{global, last_error_ptr, set_last_error};
+use crate::api::global;
 use crate::error::{Error, Result};
 use crate::ffi::guarded;
 use parking_lot::Mutex;
@@ -25,13 +27,8 @@ pub(crate) const TYPED_OOM: &str = "torch.OutOfMemoryError";
 /// # Safety
 /// The caller's frames must be able to unwind (`extern "C-unwind"`, nothing needing a drop).
 unsafe fn throw_error(error: Error) -> ! {
-    set_last_error(&error);
-    drop(error);
-    // SAFETY: the last error is a valid C string copied by the throw; as the caller promises.
-    unsafe {
-        c10_error::throw(Kind::Error, last_error_ptr());
-        crate::cxx_throw::throw_runtime_error(last_error_ptr())
-    }
+    // SAFETY: as the caller promises.
+    unsafe { c10_error::throw_to_pytorch(Kind::Error, &error) }
 }
 
 /// Runs `f` for a replaced method: its value, or its error thrown to PyTorch.
@@ -131,10 +128,14 @@ unsafe extern "C-unwind" fn create_or_incref_pool(
     }
 }
 
-/// `void setUseOnOOM(DeviceIndex, MempoolId_t, bool)`.
+/// `void setUseOnOOM(DeviceIndex, MempoolId_t, bool)`, which `~MemPool` calls (with false):
+/// never throws (a destructor's throw ends the process); an error is logged.
 unsafe extern "C-unwind" fn set_use_on_oom(_: *mut c_void, device: i8, a: u64, b: u64, on: bool) {
-    // SAFETY: an extern "C-unwind" frame with nothing to drop.
-    unsafe { answer(|| global()?.graph_pool_set_use_on_oom(device.into(), (a, b), on)) }
+    let done = guarded(|| global()?.graph_pool_set_use_on_oom(device.into(), (a, b), on));
+    if let Err(e) = done {
+        crate::api::set_last_error(&e);
+        log::error!("setUseOnOOM: {e}");
+    }
 }
 
 /// `void setNoSplit(DeviceIndex, MempoolId_t)`.
@@ -172,29 +173,39 @@ unsafe extern "C-unwind" fn attach_oom_observer(
 }
 
 /// Calls the out-of-memory observers, as PyTorch's allocator does before it raises: device,
-/// the bytes asked for, the device's total and free memory. Called with no lock held; an
-/// observer's exception propagates to the caller.
+/// the bytes asked for, the memory limit (the device's total without one) and the device's free
+/// memory. Called with no lock held; an observer's exception propagates to the caller.
 pub(crate) fn notify_out_of_memory(device: i64, requested_bytes: u64) {
     let observers: Vec<_> = OOM_OBSERVERS.lock().clone();
     if observers.is_empty() {
         return;
     }
-    let (total, free) = guarded(|| global()?.device_memory(device)).unwrap_or((0, 0));
+    let (total, free) = guarded(|| {
+        let allocator = global()?;
+        let (total, free) = allocator.device_memory(device)?;
+        let limit = allocator.stats(device)?.memory_limit_bytes;
+        Ok((total.min(limit), free))
+    })
+    .unwrap_or((0, 0));
     for observer in observers {
         observer.call(device, requested_bytes, total, free);
     }
 }
 
-/// The blocks the next `setCheckpointPoolState` on a device hands to PyTorch, set by
-/// [`prepare_checkpoint_delta`] (streampool's Python side, right before it calls PyTorch's
-/// binding).
-static PREPARED: Mutex<Option<(i64, Vec<u64>)>> = Mutex::new(None);
+thread_local! {
+    /// The blocks this thread's next `setCheckpointPoolState` on a device hands to PyTorch, set
+    /// by [`prepare_checkpoint_delta`] (streampool's Python side, right before it calls
+    /// PyTorch's binding on the same thread).
+    static PREPARED: std::cell::RefCell<Option<(i64, Vec<u64>)>> = const { std::cell::RefCell::new(None) };
+}
 
-/// The next `setCheckpointPoolState` on `device` reports `ptrs` (blocks of a pool just restored
-/// to a checkpoint, each live and booked by PyTorch's allocator) as allocated by the restore:
-/// PyTorch's binding then gives the storages that hold them the allocator's deleter.
+/// This thread's next `setCheckpointPoolState` on `device` reports `ptrs` (blocks of a pool
+/// just restored to a checkpoint, each live and booked by PyTorch's allocator) as allocated by
+/// the restore: PyTorch's binding then gives the storages that hold them the allocator's
+/// deleter. An empty `ptrs` clears it.
 pub(crate) fn prepare_checkpoint_delta(device: i64, ptrs: Vec<u64>) {
-    *PREPARED.lock() = Some((device, ptrs));
+    let prepared = (!ptrs.is_empty()).then_some((device, ptrs));
+    PREPARED.with(|p| *p.borrow_mut() = prepared);
 }
 
 /// `c10::DataPtr` as PyTorch's pluggable allocator builds one: data, context deleter, context
@@ -226,7 +237,7 @@ unsafe extern "C-unwind" fn set_checkpoint_pool_state(
 ) -> *mut [usize; 6] {
     // SAFETY: a shared_ptr temporary of PyTorch's: {object, control block}.
     let foreign = !state.is_null() && !unsafe { (*state)[0] }.is_null();
-    let prepared = PREPARED.lock().take();
+    let prepared = PREPARED.with(|p| p.borrow_mut().take());
     let ptrs = match prepared {
         Some((d, ptrs)) if d == i64::from(device) => ptrs,
         _ => Vec::new(),
@@ -250,8 +261,9 @@ unsafe extern "C-unwind" fn set_checkpoint_pool_state(
     delta
 }
 
-/// A `std::vector<c10::DataPtr>`'s storage (from libstdc++'s `operator new`, which its
-/// destructor frees) holding one DataPtr per address: [begin, end).
+/// A `std::vector<c10::DataPtr>`'s storage (from the process's global `operator new`, whose
+/// `operator delete` the vector's destructor in PyTorch calls) holding one DataPtr per address:
+/// [begin, end).
 ///
 /// # Safety
 /// `this` must be PyTorch's pluggable allocator object.
@@ -261,8 +273,8 @@ unsafe fn data_ptr_vector(this: *mut c_void, device: i8, ptrs: &[u64]) -> Result
     }
     type RawDeleter = unsafe extern "C-unwind" fn(*mut c_void) -> *const c_void;
     type OperatorNew = unsafe extern "C-unwind" fn(usize) -> *mut c_void;
-    let new = super::lookup::symbol(&[c"libstdc++.so.6"], c"_Znwm")
-        .ok_or_else(|| Error::Internal("libstdc++'s operator new is not loaded".into()))?;
+    let new = super::lookup::symbol(&[], c"_Znwm")
+        .ok_or_else(|| Error::Internal("the C++ operator new is not loaded".into()))?;
     let bytes = std::mem::size_of::<DataPtr>()
         .checked_mul(ptrs.len())
         .ok_or_else(|| Error::Internal("too many blocks".into()))?;

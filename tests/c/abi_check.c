@@ -127,6 +127,9 @@ static int memory_pools(void *stream) {
   streampool_begin_allocate_to_pool(1, 3, 4, NULL);
   streampool_begin_allocate_to_pool(1, 5, 6, NULL);
   void *newest = my_malloc(4096, 1, stream);
+  uint64_t ids[4];
+  CHECK(streampool_graph_pool_ids(1, ids, 2, &n) == OK && n == 2); /* pools (3, 4) and (5, 6) */
+  CHECK(ids[0] + ids[2] == 8 && ids[1] + ids[3] == 10);
   CHECK(streampool_graph_pool_blocks(1, 5, 6, 0, blocks, 4, &n) == OK && n == 1);
   CHECK(blocks[0].address == (uint64_t)(uintptr_t)newest);
   streampool_end_allocate_to_pool(1, 5, 6);
@@ -139,6 +142,8 @@ static int memory_pools(void *stream) {
   CHECK(streampool_graph_pool_use_count(1, 3, 4) == 0);
   streampool_empty_cache(); /* nobody uses the pool: its memory goes back, the pool goes */
   CHECK(streampool_graph_pool_blocks(1, 3, 4, 1, blocks, 4, &n) == INVALID);
+  CHECK(streampool_graph_pool_ids(1, NULL, 0, &n) == OK && n == 0); /* both gone */
+  CHECK(streampool_graph_pool_ids(1, NULL, 0, NULL) == INVALID);
   CHECK(streampool_checkpoint_prepare(1, NULL, 0) == OK);
   CHECK(streampool_checkpoint_prepare(1, NULL, 2) == INVALID);
   CHECK(streampool_checkpoint_prepare(7, NULL, 0) == INVALID);

@@ -103,25 +103,27 @@ impl GraphPoolResource {
         }
     }
 
-    /// Gives the resource back every wholly free segment, if nobody uses the pool (no capture,
-    /// no `MemPool`, no graph that may replay); returns the bytes given back. Call only after a
-    /// device synchronisation: replays may have been using the segments until then.
-    pub fn release_free_segments(&self) -> Result<u64> {
-        let segments = {
-            let mut pool = self.pool.lock();
-            match pool.use_count() {
-                0 => pool.take_free_segments(),
-                _ => return Ok(0),
-            }
-        };
+    /// The pool's wholly free segments, taken out of it, if nobody uses the pool (no capture,
+    /// no `MemPool`, no graph that may replay); none otherwise.
+    pub fn take_free_segments_if_unused(&self) -> Vec<Segment> {
+        let mut pool = self.pool.lock();
+        match pool.use_count() {
+            0 => pool.take_free_segments(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Gives `segments` (taken out of the pool) back to where they came from; the bytes given
+    /// back. Call only after a device synchronisation that began once they were taken. A
+    /// segment that cannot be given back stays the pool's, for a later try.
+    pub fn give_back_segments(&self, segments: Vec<Segment>) -> Result<u64> {
         let mut first_error = Ok(());
         let mut released_bytes = 0;
-        for s in &segments {
-            match self.give_back(s) {
+        for s in segments {
+            match self.give_back(&s) {
                 Ok(()) => released_bytes += s.bytes,
                 Err(e) => {
-                    // Still the pool's: kept for a later release.
-                    self.pool.lock().add_segment(*s);
+                    self.pool.lock().add_segment(s);
                     first_error = first_error.and(Err(e));
                 }
             }
