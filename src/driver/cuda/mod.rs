@@ -5,11 +5,12 @@
 //! (autograd's backward thread has none) and restores the thread's previous context afterwards.
 
 mod ipc;
+mod streams;
 mod vmm;
 
 use super::{
     DeviceDriver, DevicePtr, EventHandle, MemInfo, PeerDriver, PoolAttr, PoolDriver, PoolHandle,
-    PoolUsage, Stream, StreamDriver,
+    PoolUsage, Stream,
 };
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -373,122 +374,6 @@ impl PoolDriver for CudaDriver {
             }
             other => other,
         }
-    }
-}
-
-impl StreamDriver for CudaDriver {
-    fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
-        let _scope = self.enter(device)?;
-        relaxed(|| {
-            // SAFETY: `stream` is a stream of `device` handed to us by the caller of malloc.
-            check("cuStreamSynchronize", unsafe {
-                sys::cuStreamSynchronize(stream_ptr(stream))
-            })
-        })
-    }
-
-    fn event_create(&self, device: usize) -> Result<EventHandle> {
-        let _scope = self.enter(device)?;
-        let mut event: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; timing is disabled so record/query stay cheap.
-        check("cuEventCreate", unsafe {
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            )
-        })?;
-        Ok(EventHandle::from_raw(event as usize))
-    }
-
-    fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()> {
-        let _scope = self.enter(device)?;
-        relaxed(|| {
-            // SAFETY: an event created by event_create on this device.
-            check("cuEventRecord", unsafe {
-                sys::cuEventRecord(event_ptr(event), stream_ptr(stream))
-            })
-        })
-    }
-
-    fn event_query(&self, _device: usize, event: EventHandle) -> Result<bool> {
-        relaxed(|| {
-            // SAFETY: an event created by event_create; querying needs no current context.
-            match unsafe { sys::cuEventQuery(event_ptr(event)) } {
-                sys::CUresult::CUDA_SUCCESS => Ok(true),
-                sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-                other => check("cuEventQuery", other).map(|_| false),
-            }
-        })
-    }
-
-    fn event_destroy(&self, _device: usize, event: EventHandle) {
-        // SAFETY: destroys an event this driver created; it is not used afterwards.
-        unsafe { sys::cuEventDestroy_v2(event_ptr(event)) };
-    }
-
-    fn stream_query(&self, device: usize, stream: Stream) -> Result<bool> {
-        let _scope = self.enter(device)?;
-        relaxed(|| {
-            // SAFETY: `stream` is a stream of `device` handed to us by the caller of malloc.
-            match unsafe { sys::cuStreamQuery(stream_ptr(stream)) } {
-                sys::CUresult::CUDA_SUCCESS => Ok(true),
-                sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-                other => check("cuStreamQuery", other).map(|_| false),
-            }
-        })
-    }
-
-    fn stream_wait_event(&self, device: usize, stream: Stream, event: EventHandle) -> Result<()> {
-        let _scope = self.enter(device)?;
-        // SAFETY: `stream` is the caller's stream of `device`, `event` one this driver created;
-        // the call only enqueues a dependency.
-        check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(stream_ptr(stream), event_ptr(event), 0)
-        })
-    }
-
-    fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool> {
-        let _scope = self.enter(device)?;
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: valid out-pointer; `stream` is the caller's stream handle.
-        check("cuStreamIsCapturing", unsafe {
-            sys::cuStreamIsCapturing(stream_ptr(stream), &mut status)
-        })?;
-        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-    }
-
-    fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr> {
-        let _scope = self.enter(device)?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        let bytes = usize::try_from(bytes).map_err(|_| too_large(bytes))?;
-        // SAFETY: valid out-pointer; during capture this records a graph allocation node.
-        check("cuMemAllocAsync", unsafe {
-            sys::cuMemAllocAsync(&mut ptr, bytes, stream_ptr(stream))
-        })?;
-        Ok(DevicePtr(ptr))
-    }
-
-    fn stream_create(&self, device: usize) -> Result<Stream> {
-        self.create_stream(device)
-    }
-
-    fn relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        relaxed(f)
-    }
-}
-
-impl CudaDriver {
-    fn create_stream(&self, device: usize) -> Result<Stream> {
-        let _scope = self.enter(device)?;
-        let mut stream: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the stream is never destroyed (it lives with the process).
-        check("cuStreamCreate", unsafe {
-            sys::cuStreamCreate(
-                &mut stream,
-                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-            )
-        })?;
-        Ok(Stream(stream as usize))
     }
 }
 
