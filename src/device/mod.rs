@@ -156,10 +156,18 @@ impl DeviceAllocator {
     }
 
     /// The device's sources and cache, created on first use.
+    #[inline]
     fn setup(&self) -> Result<&DeviceSetup> {
-        if let Some(setup) = self.setup.get() {
-            return Ok(setup);
+        match self.setup.get() {
+            Some(setup) => Ok(setup),
+            None => self.first_setup(),
         }
+    }
+
+    /// [`DeviceAllocator::setup`] on the device's first use (or a race to it).
+    #[cold]
+    #[inline(never)]
+    fn first_setup(&self) -> Result<&DeviceSetup> {
         let _creating = self.creating.lock();
         if let Some(setup) = self.setup.get() {
             return Ok(setup);
