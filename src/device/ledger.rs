@@ -14,13 +14,13 @@ use super::request::Request;
 use crate::cache::{Cache, CachedBlock};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
-use crate::fasthash::WordMap;
+use crate::fasthash::WordTable;
 use crate::history::{Gauges, StreampoolBlock, StreampoolBlockState};
 use crate::resource::{Resource, SourceId, Sources};
 use crate::stats::DeviceCounters;
 use std::sync::Arc;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct LiveBlock {
     pub requested_bytes: u64,
     pub block_bytes: u64,
@@ -68,7 +68,8 @@ pub(crate) struct Returning {
 
 #[derive(Default)]
 pub(super) struct Ledger {
-    live: WordMap<DevicePtr, LiveBlock>,
+    /// By address (never NULL: a source serves no block there).
+    live: WordTable<LiveBlock>,
     sources: Sources,
     cache: Cache,
     held_bytes: u64,
@@ -151,14 +152,14 @@ impl Ledger {
             source,
             recorded_streams: Vec::new(),
         };
-        self.live.insert(ptr, block);
+        self.live.insert(ptr.0, block);
     }
 
     /// Takes `ptr` off the live list (it stays active until it no longer waits for streams).
     #[inline]
     pub fn remove_live(&mut self, ptr: DevicePtr, device: usize) -> Result<LiveBlock> {
         // Not `ok_or`: building the error on every free costs the hot path its drop.
-        let Some(block) = self.live.remove(&ptr) else {
+        let Some(block) = self.live.remove(ptr.0) else {
             return Err(Error::UnknownPointer { ptr: ptr.0, device });
         };
         let c = &mut self.counters;
@@ -170,12 +171,12 @@ impl Ledger {
     }
 
     pub fn live(&self, ptr: DevicePtr) -> Option<&LiveBlock> {
-        self.live.get(&ptr)
+        self.live.get(ptr.0)
     }
 
     /// Notes that `stream` uses the live block `ptr`.
     pub fn record_stream(&mut self, ptr: DevicePtr, stream: Stream, device: usize) -> Result<()> {
-        let Some(block) = self.live.get_mut(&ptr) else {
+        let Some(block) = self.live.get_mut(ptr.0) else {
             return Err(Error::UnknownPointer { ptr: ptr.0, device });
         };
         if stream != block.stream && !block.recorded_streams.contains(&stream) {
@@ -318,7 +319,8 @@ impl Ledger {
                 state: state as u32,
                 device: device as i32,
             };
-        let live = self.live.iter().map(|(&ptr, b)| {
+        let live = self.live.iter().map(|(ptr, b)| {
+            let ptr = DevicePtr(ptr);
             let state = StreampoolBlockState::Live;
             block(ptr, b.block_bytes, b.requested_bytes, b.stream, state)
         });
