@@ -217,9 +217,24 @@ impl Cache {
         if !self.takes(block.block_bytes) {
             return Err(block);
         }
-        if self.cached_bytes.saturating_add(block.block_bytes) > self.limit_bytes {
+        if !self.has_room(block.block_bytes) {
             self.evict_for_budget(block.block_bytes, evicted);
         }
+        self.put_in_room(block);
+        Ok(())
+    }
+
+    /// True if `block_bytes` more fit the budget without evicting.
+    #[inline]
+    pub fn has_room(&self, block_bytes: u64) -> bool {
+        self.cached_bytes.saturating_add(block_bytes) <= self.limit_bytes
+    }
+
+    /// Keeps `block`, which the cache [`takes`](Cache::takes) and [`has_room`](Cache::has_room)
+    /// for.
+    #[inline]
+    pub fn put_in_room(&mut self, block: CachedBlock) {
+        debug_assert!(self.takes(block.block_bytes) && self.has_room(block.block_bytes));
         self.cached_bytes += block.block_bytes;
         self.puts += 1;
         let i = self.slot_or_new(block.stream);
@@ -235,7 +250,6 @@ impl Cache {
         }
         bins.last_put = self.puts;
         self.tidy();
-        Ok(())
     }
 
     /// Evicts, oldest put first, until `bytes` more fit the budget.

@@ -26,8 +26,9 @@ pub(super) struct LiveBlock {
     pub block_bytes: u64,
     pub stream: Stream,
     pub source: SourceId,
-    /// Other streams that used the block (record_stream).
-    pub recorded_streams: Vec<Stream>,
+    /// Other streams that used the block (record_stream); `None` until one does (never an empty
+    /// list): a free without them reads, and an empty record writes, one word.
+    pub recorded_streams: Option<Vec<Stream>>,
 }
 
 /// A block its caller freed that has not gone back to its source yet.
@@ -57,6 +58,18 @@ pub(crate) struct WaitingBlock {
     pub block: FreedBlock,
     /// Counted as active until it is handed back.
     pub requested_bytes: u64,
+}
+
+/// What [`Ledger::try_keep`] did with a freed block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kept {
+    /// It is in the cache.
+    Cached,
+    /// It goes straight back: its source's blocks are not cached, or the cache takes no block of
+    /// its size.
+    NotCacheable,
+    /// The cache would have to evict blocks to make room ([`Ledger::put_in_cache`]).
+    OverBudget,
 }
 
 /// A block that left the ledger to go back to its source, with the source's resource (`None`
@@ -150,24 +163,22 @@ impl Ledger {
             block_bytes: request.block_bytes,
             stream: request.stream,
             source,
-            recorded_streams: Vec::new(),
+            recorded_streams: None,
         };
         self.live.insert(ptr.0, block);
     }
 
-    /// Takes `ptr` off the live list (it stays active until it no longer waits for streams).
+    /// Takes `ptr` off the live list (it stays active until it no longer waits for streams);
+    /// `None` if it is not live (the caller builds the error, off the hot path).
     #[inline]
-    pub fn remove_live(&mut self, ptr: DevicePtr, device: usize) -> Result<LiveBlock> {
-        // Not `ok_or`: building the error on every free costs the hot path its drop.
-        let Some(block) = self.live.remove(ptr.0) else {
-            return Err(Error::UnknownPointer { ptr: ptr.0, device });
-        };
+    pub fn remove_live(&mut self, ptr: DevicePtr) -> Option<LiveBlock> {
+        let block = self.live.remove(ptr.0)?;
         let c = &mut self.counters;
         c.allocated_bytes.sub(block.requested_bytes);
         c.allocations.sub(1);
         c.freed_bytes_total += block.requested_bytes;
         c.num_frees += 1;
-        Ok(block)
+        Some(block)
     }
 
     pub fn live(&self, ptr: DevicePtr) -> Option<&LiveBlock> {
@@ -179,8 +190,11 @@ impl Ledger {
         let Some(block) = self.live.get_mut(ptr.0) else {
             return Err(Error::UnknownPointer { ptr: ptr.0, device });
         };
-        if stream != block.stream && !block.recorded_streams.contains(&stream) {
-            block.recorded_streams.push(stream);
+        if stream != block.stream {
+            let streams = block.recorded_streams.get_or_insert_with(Vec::new);
+            if !streams.contains(&stream) {
+                streams.push(stream);
+            }
         }
         Ok(())
     }
@@ -214,6 +228,25 @@ impl Ledger {
         self.sources
             .traits(block.source)
             .map_or(true, |traits| traits.held)
+    }
+
+    /// Keeps a freed, inactive block in the cache if it may be cached and fits the cache's
+    /// budget as it is: the common free, which builds no list. Else the block stays the caller's.
+    #[inline]
+    pub fn try_keep(&mut self, block: &FreedBlock) -> Kept {
+        if !self.cacheable(block) {
+            return Kept::NotCacheable;
+        }
+        if !self.cache.has_room(block.block_bytes) {
+            return Kept::OverBudget;
+        }
+        self.cache.put_in_room(CachedBlock {
+            ptr: block.ptr,
+            block_bytes: block.block_bytes,
+            stream: block.stream,
+            source: block.source,
+        });
+        Kept::Cached
     }
 
     /// Keeps a freed, inactive block in the cache. What must go back instead leaves the ledger

@@ -417,7 +417,9 @@ impl DeviceAllocator {
     /// cached for its stream, or goes back to its source.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
         let mut st = self.lock_enabled()?;
-        let live = st.ledger.remove_live(ptr, self.device)?;
+        let Some(live) = st.ledger.remove_live(ptr) else {
+            return Err(self.unknown_pointer(ptr));
+        };
         st.activity += 1;
         self.note(&st, Event::Free, live.stream, ptr, live.requested_bytes);
         log::trace!(
@@ -432,14 +434,16 @@ impl DeviceAllocator {
             stream: live.stream,
             source: live.source,
         };
-        if !live.recorded_streams.is_empty() && st.ledger.held(&block) {
-            let waiting = WaitingBlock {
-                block,
-                requested_bytes: live.requested_bytes,
-            };
-            match self.wait_for_streams(st, waiting, live.recorded_streams)? {
-                Some(synchronised) => st = synchronised,
-                None => return Ok(()),
+        if let Some(streams) = live.recorded_streams {
+            if st.ledger.held(&block) {
+                let waiting = WaitingBlock {
+                    block,
+                    requested_bytes: live.requested_bytes,
+                };
+                match self.wait_for_streams(st, waiting, streams)? {
+                    Some(synchronised) => st = synchronised,
+                    None => return Ok(()),
+                }
             }
         }
         st.ledger.deactivate(live.requested_bytes);
@@ -474,6 +478,14 @@ impl DeviceAllocator {
             return Err(e);
         }
         Ok(Some(st))
+    }
+
+    #[cold]
+    fn unknown_pointer(&self, ptr: DevicePtr) -> crate::Error {
+        crate::Error::UnknownPointer {
+            ptr: ptr.0,
+            device: self.device,
+        }
     }
 
     pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {

@@ -7,7 +7,7 @@
 //! the source its record names, on its allocation stream; returns happen outside the device
 //! lock; a flush during a capture neither waits nor trims.
 
-use super::ledger::{FreedBlock, Returning};
+use super::ledger::{FreedBlock, Kept, Returning};
 use super::{DeviceAllocator, DeviceState};
 use crate::driver::Stream;
 use crate::error::{Error, Result};
@@ -17,23 +17,31 @@ use crate::sync::MutexGuard;
 impl DeviceAllocator {
     /// A freed, inactive block goes into the cache, or back to its source if the cache does not
     /// take it (with the blocks the cache evicts for it).
+    #[inline]
     pub(super) fn keep_or_return(
         &self,
         mut st: MutexGuard<'_, DeviceState>,
         block: FreedBlock,
     ) -> Result<()> {
-        if !st.ledger.cacheable(&block) {
-            // Straight back (a large block of the vmm backend, which reuses it itself): no
-            // list to build.
-            let returning = st.ledger.release(block);
-            drop(st);
-            return self.return_one(returning);
+        match st.ledger.try_keep(&block) {
+            Kept::Cached => Ok(()),
+            Kept::NotCacheable => {
+                // Straight back (a large block of the vmm backend, which reuses it itself): no
+                // list to build.
+                let returning = st.ledger.release(block);
+                drop(st);
+                self.return_one(returning)
+            }
+            Kept::OverBudget => self.keep_evicting(st, block),
         }
+    }
+
+    /// [`DeviceAllocator::keep_or_return`] for a block the cache makes room for: the blocks it
+    /// evicts go back.
+    #[cold]
+    fn keep_evicting(&self, mut st: MutexGuard<'_, DeviceState>, block: FreedBlock) -> Result<()> {
         let mut to_return = Vec::new();
         st.ledger.put_in_cache(block, &mut to_return);
-        if to_return.is_empty() {
-            return Ok(());
-        }
         drop(st);
         self.return_blocks(to_return)
     }
