@@ -81,16 +81,16 @@ impl Default for Bins {
 }
 
 impl Bins {
-    #[inline]
+    #[inline(always)]
     fn first_at_least(&self, bytes: u64) -> usize {
-        self.by_size.partition_point(|bin| bin.bytes < bytes)
+        partition(&self.by_size, |bin| bin.bytes < bytes)
     }
 
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, bytes: u64, source: SourceId, ptr: DevicePtr) {
-        let i = self
-            .by_size
-            .partition_point(|bin| (bin.bytes, bin.source) < (bytes, source));
+        let i = partition(&self.by_size, |bin| {
+            (bin.bytes, bin.source) < (bytes, source)
+        });
         match self.by_size.get_mut(i) {
             Some(bin) if bin.bytes == bytes && bin.source == source => bin.ptrs.push(ptr),
             _ => self.by_size.insert(
@@ -123,6 +123,21 @@ impl Bins {
         }
         taken_bytes
     }
+}
+
+/// The number of `bins` (sorted) for which `before` holds: `partition_point`, which the compiler
+/// leaves out of line, as a binary search inlined into the hot path.
+#[inline(always)]
+fn partition(bins: &[Bin], before: impl Fn(&Bin) -> bool) -> usize {
+    let (mut low, mut high) = (0, bins.len());
+    while low < high {
+        let middle = low + (high - low) / 2;
+        match before(&bins[middle]) {
+            true => low = middle + 1,
+            false => high = middle,
+        }
+    }
+    low
 }
 
 #[derive(Debug)]
@@ -178,7 +193,7 @@ impl Cache {
     }
 
     /// The slot of `stream`, if it has one.
-    #[inline]
+    #[inline(always)]
     fn slot(&mut self, stream: Stream) -> Option<usize> {
         if let Some((s, i)) = self.last {
             if s == stream {
@@ -191,18 +206,21 @@ impl Cache {
     }
 
     /// The slot of `stream`, made if it has none.
-    #[inline]
+    #[inline(always)]
     fn slot_or_new(&mut self, stream: Stream) -> usize {
         match self.slot(stream) {
             Some(i) => i,
-            None => {
-                let i = self.slots.len();
-                self.slots.push((stream, Bins::default()));
-                self.index.insert(stream, i);
-                self.last = Some((stream, i));
-                i
-            }
+            None => self.new_slot(stream),
         }
+    }
+
+    #[inline(never)]
+    fn new_slot(&mut self, stream: Stream) -> usize {
+        let i = self.slots.len();
+        self.slots.push((stream, Bins::default()));
+        self.index.insert(stream, i);
+        self.last = Some((stream, i));
+        i
     }
 
     /// The bins of `stream` if `put` is its last put and it holds blocks (a live queue entry).
@@ -213,7 +231,7 @@ impl Cache {
     }
 
     /// The smallest cached block of `stream` that fits `block_bytes` with little waste.
-    #[inline]
+    #[inline(always)]
     pub fn take(&mut self, stream: Stream, block_bytes: u64) -> Option<CachedBlock> {
         let i = self.slot(stream)?;
         let bins = &mut self.slots[i].1;
@@ -266,7 +284,7 @@ impl Cache {
 
     /// Keeps `block`, which the cache [`takes`](Cache::takes) and [`has_room`](Cache::has_room)
     /// for.
-    #[inline]
+    #[inline(always)]
     pub fn put_in_room(&mut self, block: CachedBlock) {
         debug_assert!(self.takes(block.block_bytes) && self.has_room(block.block_bytes));
         self.cached_bytes += block.block_bytes;

@@ -82,13 +82,13 @@ impl<V: Default> Default for WordTable<V> {
 
 impl<V: Default> WordTable<V> {
     /// The slot a key's run starts at.
-    #[inline]
+    #[inline(always)]
     fn home(&self, key: u64) -> usize {
         (key.wrapping_mul(MULTIPLIER) >> self.shift) as usize & self.mask
     }
 
     /// The slot holding `key`, if any.
-    #[inline]
+    #[inline(always)]
     fn find(&self, key: u64) -> Option<usize> {
         let mut i = self.home(key);
         loop {
@@ -120,7 +120,7 @@ impl<V: Default> WordTable<V> {
 
     /// Puts `value` under `key`; the value it replaces, if any. [`EMPTY`] (NULL) is never a key:
     /// its value is handed back, the table unchanged.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, key: u64, value: V) -> Option<V> {
         debug_assert_ne!(key, EMPTY, "NULL is not a key of a WordTable");
         if key == EMPTY {
@@ -146,7 +146,7 @@ impl<V: Default> WordTable<V> {
 
     /// Takes `key`'s entry out; later entries of its run move back into the gap, each only
     /// towards its home slot, so every entry stays between its home and the next empty slot.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, key: u64) -> Option<V> {
         let mut gap = self.find(key)?;
         let value = std::mem::take(&mut self.slots[gap].value);

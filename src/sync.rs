@@ -109,7 +109,7 @@ impl<T> Mutex<T> {
 
 impl<T> Drop for MutexGuard<'_, T> {
     /// Runs before the lock is released: a thread that takes it next sees the poison.
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         if std::thread::panicking() && !self.panicking_at_lock {
             self.poisoned.store(PANICKED_WHILE_HELD, Ordering::Relaxed);

@@ -92,6 +92,13 @@ pub(super) struct Ledger {
     unreturned: Vec<FreedBlock>,
 }
 
+/// A source handed out an address that is live already: a bug below, kept from the hot path.
+#[cold]
+fn live_twice(ptr: DevicePtr, replaced: LiveBlock) {
+    debug_assert!(false, "{ptr:#x} handed out while live ({replaced:?})");
+    log::error!("device block {ptr:#x} was handed out while still live; its old record is dropped");
+}
+
 impl Ledger {
     /// The sources and the cache of a device on its first use (the ledger holds no block then).
     pub fn provision(&mut self, sources: Sources, cache: Cache) {
@@ -149,7 +156,7 @@ impl Ledger {
     }
 
     /// `ptr`, of `source`, serves `request` (its block bytes those of the block).
-    #[inline]
+    #[inline(always)]
     pub fn insert_live(&mut self, ptr: DevicePtr, request: Request, source: SourceId) {
         let c = &mut self.counters;
         let requested_bytes = request.requested_bytes;
@@ -165,12 +172,14 @@ impl Ledger {
             source,
             recorded_streams: None,
         };
-        self.live.insert(ptr.0, block);
+        if let Some(replaced) = self.live.insert(ptr.0, block) {
+            live_twice(ptr, replaced);
+        }
     }
 
     /// Takes `ptr` off the live list (it stays active until it no longer waits for streams);
     /// `None` if it is not live (the caller builds the error, off the hot path).
-    #[inline]
+    #[inline(always)]
     pub fn remove_live(&mut self, ptr: DevicePtr) -> Option<LiveBlock> {
         let block = self.live.remove(ptr.0)?;
         let c = &mut self.counters;
@@ -205,7 +214,7 @@ impl Ledger {
     }
 
     /// A cached block of `stream` that fits `block_bytes`, counted as a hit.
-    #[inline]
+    #[inline(always)]
     pub fn take_cached(&mut self, stream: Stream, block_bytes: u64) -> Option<CachedBlock> {
         let block = self.cache.take(stream, block_bytes)?;
         self.counters.num_cache_hits += 1;
@@ -214,7 +223,7 @@ impl Ledger {
 
     /// True if `block` may be cached (its source's blocks may, and the cache takes its size):
     /// one that may not goes straight back.
-    #[inline]
+    #[inline(always)]
     pub fn cacheable(&self, block: &FreedBlock) -> bool {
         self.sources
             .traits(block.source)
@@ -232,7 +241,7 @@ impl Ledger {
 
     /// Keeps a freed, inactive block in the cache if it may be cached and fits the cache's
     /// budget as it is: the common free, which builds no list. Else the block stays the caller's.
-    #[inline]
+    #[inline(always)]
     pub fn try_keep(&mut self, block: &FreedBlock) -> Kept {
         if !self.cacheable(block) {
             return Kept::NotCacheable;
