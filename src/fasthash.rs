@@ -48,13 +48,13 @@ const MIN_SLOTS: usize = 16;
 
 #[derive(Default)]
 struct Slot<V> {
-    /// [`EMPTY`] for a free slot (whose value is `V::default()`).
+    /// [`EMPTY`] for a free slot (whose value means nothing: what a removal left, or the default).
     key: u64,
     value: V,
 }
 
-/// A map from non-zero words (device pointers) to values, cheaper than a [`WordMap`] where one
-/// entry is added and one removed per allocation: open addressing, linear probing in a
+/// A map from non-zero words (device pointers) to plain values (`Copy`: copied in and out, never
+/// dropped), cheaper than a [`WordMap`] where one entry is added and one removed per allocation: open addressing, linear probing in a
 /// power-of-two table kept at most half full (a lookup probes about 1.5 slots), Fibonacci
 /// hashing, and removal by moving later entries of the run back (no tombstones, so the table
 /// needs no rebuild however many entries come and go). It never shrinks, like std's maps.
@@ -69,7 +69,7 @@ pub struct WordTable<V> {
     shift: u32,
 }
 
-impl<V: Default> Default for WordTable<V> {
+impl<V: Copy + Default> Default for WordTable<V> {
     fn default() -> Self {
         WordTable {
             slots: Vec::new(),
@@ -80,7 +80,7 @@ impl<V: Default> Default for WordTable<V> {
     }
 }
 
-impl<V: Default> WordTable<V> {
+impl<V: Copy + Default> WordTable<V> {
     /// The slot a key's run starts at.
     #[inline(always)]
     fn home(&self, key: u64) -> usize {
@@ -149,7 +149,7 @@ impl<V: Default> WordTable<V> {
     #[inline(always)]
     pub fn remove(&mut self, key: u64) -> Option<V> {
         let mut gap = self.find(key)?;
-        let value = std::mem::take(&mut self.slots[gap].value);
+        let value = self.slots[gap].value;
         let mut j = gap;
         loop {
             j = (j + 1) & self.mask;

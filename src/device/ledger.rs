@@ -14,21 +14,45 @@ use super::request::Request;
 use crate::cache::{Cache, CachedBlock};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
-use crate::fasthash::WordTable;
+use crate::fasthash::{WordMap, WordTable};
 use crate::history::{Gauges, StreampoolBlock, StreampoolBlockState};
 use crate::resource::{Resource, SourceId, Sources};
 use crate::stats::DeviceCounters;
 use std::sync::Arc;
 
-#[derive(Debug, Default)]
+/// A live block's record: plain data, five words, so that the live table copies it in and out.
+#[derive(Debug, Default, Clone, Copy)]
 pub(super) struct LiveBlock {
     pub requested_bytes: u64,
     pub block_bytes: u64,
     pub stream: Stream,
     pub source: SourceId,
-    /// Other streams that used the block (record_stream); `None` until one does (never an empty
-    /// list): a free without them reads, and an empty record writes, one word.
-    pub recorded_streams: Option<Vec<Stream>>,
+    /// How many other streams used the block (record_stream).
+    pub other_streams: u32,
+    /// The first of them; if there are more, the ledger's `more_streams` lists them all.
+    pub first_other_stream: Stream,
+}
+
+/// A block taken off the live list ([`Ledger::remove_live`]).
+pub(super) struct Removed {
+    pub live: LiveBlock,
+    /// Every other stream that used it, if there were more than one (else the record names the
+    /// one, if any).
+    pub all_other_streams: Option<Vec<Stream>>,
+}
+
+impl Removed {
+    /// The other streams that used the block, oldest first: `one` holds the record's only one.
+    pub fn other_streams<'a>(&'a self, one: &'a mut [Stream; 1]) -> &'a [Stream] {
+        match (&self.all_other_streams, self.live.other_streams) {
+            (Some(all), _) => all,
+            (None, 0) => &[],
+            (None, _) => {
+                one[0] = self.live.first_other_stream;
+                one
+            }
+        }
+    }
 }
 
 /// A block its caller freed that has not gone back to its source yet.
@@ -83,6 +107,9 @@ pub(crate) struct Returning {
 pub(super) struct Ledger {
     /// By address (never NULL: a source serves no block there).
     live: WordTable<LiveBlock>,
+    /// The other streams of each live block that more than one other stream used, oldest first
+    /// (a block used by one names it in its record).
+    more_streams: WordMap<u64, Vec<Stream>>,
     sources: Sources,
     cache: Cache,
     held_bytes: u64,
@@ -90,13 +117,6 @@ pub(super) struct Ledger {
     /// Blocks whose return failed; the next flush tries again, so a transient driver error loses
     /// no memory.
     unreturned: Vec<FreedBlock>,
-}
-
-/// A source handed out an address that is live already: a bug below, kept from the hot path.
-#[cold]
-fn live_twice(ptr: DevicePtr, replaced: LiveBlock) {
-    debug_assert!(false, "{ptr:#x} handed out while live ({replaced:?})");
-    log::error!("device block {ptr:#x} was handed out while still live; its old record is dropped");
 }
 
 impl Ledger {
@@ -170,24 +190,42 @@ impl Ledger {
             block_bytes: request.block_bytes,
             stream: request.stream,
             source,
-            recorded_streams: None,
+            other_streams: 0,
+            first_other_stream: Stream(0),
         };
         if let Some(replaced) = self.live.insert(ptr.0, block) {
-            live_twice(ptr, replaced);
+            self.live_twice(ptr, replaced);
         }
+    }
+
+    /// A source handed out an address that is live already: a bug below, kept from the hot path.
+    #[cold]
+    fn live_twice(&mut self, ptr: DevicePtr, replaced: LiveBlock) {
+        debug_assert!(false, "{ptr:#x} handed out while live ({replaced:?})");
+        log::error!(
+            "device block {ptr:#x} was handed out while still live; its old record is dropped"
+        );
+        self.more_streams.remove(&ptr.0);
     }
 
     /// Takes `ptr` off the live list (it stays active until it no longer waits for streams);
     /// `None` if it is not live (the caller builds the error, off the hot path).
     #[inline(always)]
-    pub fn remove_live(&mut self, ptr: DevicePtr) -> Option<LiveBlock> {
+    pub fn remove_live(&mut self, ptr: DevicePtr) -> Option<Removed> {
         let block = self.live.remove(ptr.0)?;
         let c = &mut self.counters;
         c.allocated_bytes.sub(block.requested_bytes);
         c.allocations.sub(1);
         c.freed_bytes_total += block.requested_bytes;
         c.num_frees += 1;
-        Some(block)
+        let all_other_streams = match block.other_streams > 1 {
+            true => self.more_streams.remove(&ptr.0),
+            false => None,
+        };
+        Some(Removed {
+            live: block,
+            all_other_streams,
+        })
     }
 
     pub fn live(&self, ptr: DevicePtr) -> Option<&LiveBlock> {
@@ -199,12 +237,25 @@ impl Ledger {
         let Some(block) = self.live.get_mut(ptr.0) else {
             return Err(Error::UnknownPointer { ptr: ptr.0, device });
         };
-        if stream != block.stream {
-            let streams = block.recorded_streams.get_or_insert_with(Vec::new);
-            if !streams.contains(&stream) {
-                streams.push(stream);
+        if stream == block.stream {
+            return Ok(());
+        }
+        match block.other_streams {
+            0 => block.first_other_stream = stream,
+            1 if block.first_other_stream == stream => return Ok(()),
+            1 => {
+                let all = vec![block.first_other_stream, stream];
+                self.more_streams.insert(ptr.0, all);
+            }
+            _ => {
+                let all = self.more_streams.entry(ptr.0).or_default();
+                if all.contains(&stream) {
+                    return Ok(());
+                }
+                all.push(stream);
             }
         }
+        block.other_streams = block.other_streams.saturating_add(1);
         Ok(())
     }
 

@@ -20,9 +20,10 @@ impl DeviceAllocator {
     /// cached for its stream, or goes back to its source.
     pub fn free(&self, ptr: DevicePtr) -> Result<()> {
         let mut st = self.lock_enabled()?;
-        let Some(live) = st.ledger.remove_live(ptr) else {
+        let Some(removed) = st.ledger.remove_live(ptr) else {
             return Err(self.unknown_pointer(ptr));
         };
+        let live = removed.live;
         st.activity += 1;
         self.note(&st, Event::Free, live.stream, ptr, live.requested_bytes);
         log::trace!(
@@ -37,16 +38,15 @@ impl DeviceAllocator {
             stream: live.stream,
             source: live.source,
         };
-        if let Some(streams) = live.recorded_streams {
-            if st.ledger.held(&block) {
-                let waiting = WaitingBlock {
-                    block,
-                    requested_bytes: live.requested_bytes,
-                };
-                match self.wait_for_streams(st, waiting, streams)? {
-                    Some(synchronised) => st = synchronised,
-                    None => return Ok(()),
-                }
+        if live.other_streams > 0 && st.ledger.held(&block) {
+            let waiting = WaitingBlock {
+                block,
+                requested_bytes: live.requested_bytes,
+            };
+            let mut one = [Stream(0)];
+            match self.wait_for_streams(st, waiting, removed.other_streams(&mut one))? {
+                Some(synchronised) => st = synchronised,
+                None => return Ok(()),
             }
         }
         st.ledger.deactivate(live.requested_bytes);
@@ -61,7 +61,7 @@ impl DeviceAllocator {
         &'a self,
         mut st: MutexGuard<'a, DeviceState>,
         waiting: WaitingBlock,
-        streams: Vec<Stream>,
+        streams: &[Stream],
     ) -> Result<Option<MutexGuard<'a, DeviceState>>> {
         let (driver, device) = (self.driver.as_ref(), self.device);
         let failed = match st.waits.wait_for(driver, device, waiting, streams) {

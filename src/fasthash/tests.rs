@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 /// Every entry is reachable: no empty slot lies between its home and its slot, and `len` counts
 /// the entries.
-fn check_layout<V: Default>(t: &WordTable<V>) {
+fn check_layout<V: Copy + Default>(t: &WordTable<V>) {
     let mut entries = 0;
     for (i, slot) in t.slots.iter().enumerate() {
         if slot.key == EMPTY {
