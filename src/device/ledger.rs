@@ -276,10 +276,7 @@ impl Ledger {
     /// one that may not goes straight back.
     #[inline(always)]
     pub fn cacheable(&self, block: &FreedBlock) -> bool {
-        self.sources
-            .traits(block.source)
-            .is_ok_and(|traits| traits.cacheable)
-            && self.cache.takes(block.block_bytes)
+        self.sources.cacheable(block.source) && self.cache.takes(block.block_bytes)
     }
 
     /// True if `block`'s memory is streampool's to hold: it waits for the other streams that
