@@ -111,16 +111,24 @@ impl Allocator {
         if bytes > MAX_ALLOCATION_BYTES {
             return Err(d.out_of_memory_above(bytes, stream, MAX_ALLOCATION_BYTES));
         }
-        disabling_on_error(d, d.allocate(bytes, stream, ipc::in_shareable_scope()))
+        // Not `disabling_on_error`: on success this writes the pointer, with no copy of the
+        // whole Result.
+        match d.allocate(bytes, stream, ipc::in_shareable_scope()) {
+            Ok(ptr) => Ok(ptr),
+            Err(e) => Err(disabling(d, e)),
+        }
     }
 
     /// Frees `ptr` (NULL does nothing); the block is ordered after all work on its allocation
     /// stream.
     pub fn free(&self, ptr: DevicePtr, device: i64) -> Result<()> {
         let d = self.device(device)?;
-        match ptr {
-            DevicePtr::NULL => Ok(()),
-            ptr => disabling_on_error(d, d.free(ptr)),
+        if ptr == DevicePtr::NULL {
+            return Ok(());
+        }
+        match d.free(ptr) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(disabling(d, e)),
         }
     }
 
@@ -329,10 +337,16 @@ pub fn configured_driver_name() -> &'static str {
 /// state half-updated), the whole device refuses further calls from now on.
 #[inline]
 pub(crate) fn disabling_on_error<T>(d: &DeviceAllocator, result: Result<T>) -> Result<T> {
-    if let Err(Error::Disabled { .. }) = &result {
+    result.map_err(|e| disabling(d, e))
+}
+
+/// [`disabling_on_error`] for an error.
+#[cold]
+fn disabling(d: &DeviceAllocator, e: Error) -> Error {
+    if let Error::Disabled { .. } = e {
         d.disable();
     }
-    result
+    e
 }
 
 #[cfg(feature = "sim")]

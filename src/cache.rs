@@ -12,7 +12,8 @@
 //! used stop holding the budget); a stream's entry without blocks is dropped once it has been
 //! idle for [`IDLE_PUTS`] puts, and stale entries of the eviction queue are dropped, both
 //! amortised O(1) per put — so there are at most 2 x (streams holding blocks + `IDLE_PUTS`)
-//! entries, and at most 2 x those streams + a constant in the queue.
+//! entries, and at most 2 x those streams + a constant in the queue (checked when an entry joins
+//! it: only that lengthens it).
 
 use crate::driver::{DevicePtr, Stream};
 use crate::fasthash::WordMap;
@@ -23,6 +24,9 @@ use std::collections::VecDeque;
 pub(crate) const IDLE_PUTS: u64 = 4096;
 /// Stale entries the eviction queue may hold beyond twice its live ones before it is compacted.
 const QUEUE_SLACK: usize = 64;
+/// [`Bins::queued_at`] of a stream that has no entry in the eviction queue yet (put counts start
+/// at 1, so no entry has it).
+const NOT_QUEUED: u64 = u64::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CachedBlock {
@@ -54,26 +58,39 @@ impl Bin {
 
 /// Blocks of one stream, in bins sorted by size, then source. Emptied bins stay while the stream
 /// is in use, so a size that recurs costs a binary search and a push, no allocation.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Bins {
     by_size: Vec<Bin>,
     /// Blocks in `by_size`.
     blocks: usize,
-    /// The cache's put count at this stream's last put (its live entry in the eviction queue).
+    /// The cache's put count at this stream's last put (a stream idle for long is swept).
     last_put: u64,
+    /// The put count of this stream's live entry in the eviction queue, [`NOT_QUEUED`] if none.
+    queued_at: u64,
+}
+
+impl Default for Bins {
+    fn default() -> Bins {
+        Bins {
+            by_size: Vec::new(),
+            blocks: 0,
+            last_put: 0,
+            queued_at: NOT_QUEUED,
+        }
+    }
 }
 
 impl Bins {
-    #[inline]
+    #[inline(always)]
     fn first_at_least(&self, bytes: u64) -> usize {
-        self.by_size.partition_point(|bin| bin.bytes < bytes)
+        partition(&self.by_size, |bin| bin.bytes < bytes)
     }
 
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, bytes: u64, source: SourceId, ptr: DevicePtr) {
-        let i = self
-            .by_size
-            .partition_point(|bin| (bin.bytes, bin.source) < (bytes, source));
+        let i = partition(&self.by_size, |bin| {
+            (bin.bytes, bin.source) < (bytes, source)
+        });
         match self.by_size.get_mut(i) {
             Some(bin) if bin.bytes == bytes && bin.source == source => bin.ptrs.push(ptr),
             _ => self.by_size.insert(
@@ -108,21 +125,39 @@ impl Bins {
     }
 }
 
-#[derive(Debug, Default)]
+/// The number of `bins` (sorted) for which `before` holds: `partition_point`, which the compiler
+/// leaves out of line, as a binary search inlined into the hot path.
+#[inline(always)]
+fn partition(bins: &[Bin], before: impl Fn(&Bin) -> bool) -> usize {
+    let (mut low, mut high) = (0, bins.len());
+    while low < high {
+        let middle = low + (high - low) / 2;
+        match before(&bins[middle]) {
+            true => low = middle + 1,
+            false => high = middle,
+        }
+    }
+    low
+}
+
+#[derive(Debug)]
 pub struct Cache {
     /// Each stream's bins, found through `index`.
     slots: Vec<(Stream, Bins)>,
     index: WordMap<Stream, usize>,
     /// The stream used last and its slot: one compare instead of a hash on the hot path.
     last: Option<(Stream, usize)>,
-    /// Streams in the order of their last put, oldest first, with the put count then; an entry
-    /// whose stream has put since, or holds no block, is stale (skipped, and dropped in time).
+    /// Streams in the order of their last put, oldest first, each with the put count at which it
+    /// joined the queue (its `queued_at`); an entry whose stream has joined again since, or holds
+    /// no block, is stale (skipped, and dropped in time). A stream that puts again while its
+    /// entry is the newest keeps it.
     queue: VecDeque<(Stream, u64)>,
+    /// The put count of the queue's newest entry (0 if the queue is empty).
+    newest_at: u64,
     /// Puts so far (the clock of `last_put` and of the queue).
     puts: u64,
-    /// The put count at the last sweep of idle entries, and the entries it left.
-    swept_at: u64,
-    slots_after_sweep: usize,
+    /// The put count at which idle entries are next swept.
+    sweep_due: u64,
     /// Streams holding at least one block.
     occupied: usize,
     cached_bytes: u64,
@@ -130,12 +165,26 @@ pub struct Cache {
     max_block_bytes: u64,
 }
 
+impl Default for Cache {
+    fn default() -> Cache {
+        Cache::new(0, 0)
+    }
+}
+
 impl Cache {
     pub fn new(limit_bytes: u64, max_block_bytes: u64) -> Cache {
         Cache {
+            slots: Vec::new(),
+            index: WordMap::default(),
+            last: None,
+            queue: VecDeque::new(),
+            newest_at: 0,
+            puts: 0,
+            sweep_due: IDLE_PUTS,
+            occupied: 0,
+            cached_bytes: 0,
             limit_bytes,
             max_block_bytes,
-            ..Cache::default()
         }
     }
 
@@ -144,7 +193,7 @@ impl Cache {
     }
 
     /// The slot of `stream`, if it has one.
-    #[inline]
+    #[inline(always)]
     fn slot(&mut self, stream: Stream) -> Option<usize> {
         if let Some((s, i)) = self.last {
             if s == stream {
@@ -157,29 +206,32 @@ impl Cache {
     }
 
     /// The slot of `stream`, made if it has none.
-    #[inline]
+    #[inline(always)]
     fn slot_or_new(&mut self, stream: Stream) -> usize {
         match self.slot(stream) {
             Some(i) => i,
-            None => {
-                let i = self.slots.len();
-                self.slots.push((stream, Bins::default()));
-                self.index.insert(stream, i);
-                self.last = Some((stream, i));
-                i
-            }
+            None => self.new_slot(stream),
         }
+    }
+
+    #[inline(never)]
+    fn new_slot(&mut self, stream: Stream) -> usize {
+        let i = self.slots.len();
+        self.slots.push((stream, Bins::default()));
+        self.index.insert(stream, i);
+        self.last = Some((stream, i));
+        i
     }
 
     /// The bins of `stream` if `put` is its last put and it holds blocks (a live queue entry).
     fn live_entry(&mut self, stream: Stream, put: u64) -> Option<&mut Bins> {
         let i = self.slot(stream)?;
         let bins = &mut self.slots[i].1;
-        (bins.last_put == put && bins.blocks > 0).then_some(bins)
+        (bins.queued_at == put && bins.blocks > 0).then_some(bins)
     }
 
     /// The smallest cached block of `stream` that fits `block_bytes` with little waste.
-    #[inline]
+    #[inline(always)]
     pub fn take(&mut self, stream: Stream, block_bytes: u64) -> Option<CachedBlock> {
         let i = self.slot(stream)?;
         let bins = &mut self.slots[i].1;
@@ -217,9 +269,24 @@ impl Cache {
         if !self.takes(block.block_bytes) {
             return Err(block);
         }
-        if self.cached_bytes.saturating_add(block.block_bytes) > self.limit_bytes {
+        if !self.has_room(block.block_bytes) {
             self.evict_for_budget(block.block_bytes, evicted);
         }
+        self.put_in_room(block);
+        Ok(())
+    }
+
+    /// True if `block_bytes` more fit the budget without evicting.
+    #[inline]
+    pub fn has_room(&self, block_bytes: u64) -> bool {
+        self.cached_bytes.saturating_add(block_bytes) <= self.limit_bytes
+    }
+
+    /// Keeps `block`, which the cache [`takes`](Cache::takes) and [`has_room`](Cache::has_room)
+    /// for.
+    #[inline(always)]
+    pub fn put_in_room(&mut self, block: CachedBlock) {
+        debug_assert!(self.takes(block.block_bytes) && self.has_room(block.block_bytes));
         self.cached_bytes += block.block_bytes;
         self.puts += 1;
         let i = self.slot_or_new(block.stream);
@@ -228,14 +295,25 @@ impl Cache {
             self.occupied += 1;
         }
         bins.push(block.block_bytes, block.source, block.ptr);
-        // The stream that put last keeps one queue entry, moved on in place.
-        match self.queue.back_mut() {
-            Some(back) if *back == (block.stream, bins.last_put) => back.1 = self.puts,
-            _ => self.queue.push_back((block.stream, self.puts)),
-        }
         bins.last_put = self.puts;
-        self.tidy();
-        Ok(())
+        // A stream whose entry is the newest keeps it; another joins the queue's back.
+        if bins.queued_at != self.newest_at {
+            bins.queued_at = self.puts;
+            self.newest_at = self.puts;
+            self.queue.push_back((block.stream, self.puts));
+            // Only a push lengthens the queue: stale entries are dropped once it is too long.
+            if self.queue.len() > 2 * self.occupied + QUEUE_SLACK {
+                self.compact_queue();
+            }
+        }
+        if self.puts >= self.sweep_due {
+            self.sweep();
+        }
+    }
+
+    /// Notes the queue's newest entry after entries left it.
+    fn newest_changed(&mut self) {
+        self.newest_at = self.queue.back().map_or(0, |&(_, put)| put);
     }
 
     /// Evicts, oldest put first, until `bytes` more fit the budget.
@@ -261,22 +339,10 @@ impl Cache {
                 self.queue.pop_front();
             }
         }
+        self.newest_changed();
     }
 
-    /// Drops stale queue entries and idle empty streams, each once enough puts have paid for it.
-    #[inline]
-    fn tidy(&mut self) {
-        if self.queue.len() > 2 * self.occupied + QUEUE_SLACK {
-            self.compact_queue();
-        }
-        // Every IDLE_PUTS puts, or as many puts as the last sweep left streams, whichever is
-        // more: O(1) per put, and at most twice the streams the last sweep left plus IDLE_PUTS.
-        let period = IDLE_PUTS.max(self.slots_after_sweep as u64);
-        if self.puts - self.swept_at >= period {
-            self.sweep();
-        }
-    }
-
+    /// Drops the queue's stale entries.
     #[cold]
     fn compact_queue(&mut self) {
         let (slots, index) = (&self.slots, &self.index);
@@ -284,14 +350,17 @@ impl Cache {
             index
                 .get(&stream)
                 .map(|&i| &slots[i].1)
-                .is_some_and(|b| b.last_put == put && b.blocks > 0)
+                .is_some_and(|b| b.queued_at == put && b.blocks > 0)
         });
         if self.queue.capacity() > 4 * (self.queue.len() + QUEUE_SLACK) {
             self.queue.shrink_to(2 * (self.queue.len() + QUEUE_SLACK));
         }
+        self.newest_changed();
     }
 
-    /// Drops the streams without blocks that put none in the last `IDLE_PUTS` puts.
+    /// Drops the streams without blocks that put none in the last `IDLE_PUTS` puts. The next
+    /// sweep is due after IDLE_PUTS puts, or as many puts as this one left streams, whichever is
+    /// more: O(1) per put, and at most twice the streams this one left plus IDLE_PUTS.
     #[cold]
     fn sweep(&mut self) {
         let idle_before = self.puts - IDLE_PUTS;
@@ -307,8 +376,7 @@ impl Cache {
             .map(|(i, (stream, _))| (*stream, i))
             .collect();
         self.last = None;
-        self.swept_at = self.puts;
-        self.slots_after_sweep = self.slots.len();
+        self.sweep_due = self.puts + IDLE_PUTS.max(self.slots.len() as u64);
     }
 
     /// Removes blocks totalling at least `wanted_bytes` (or everything), largest first, those of
@@ -317,7 +385,7 @@ impl Cache {
     pub fn evict(&mut self, wanted_bytes: u64, prefer_stream: Stream) -> Vec<CachedBlock> {
         let prefer = self
             .slot(prefer_stream)
-            .map(|i| (prefer_stream, self.slots[i].1.last_put));
+            .map(|i| (prefer_stream, self.slots[i].1.queued_at));
         let others = self.queue.iter().filter(|&&(s, _)| s != prefer_stream);
         let order: Vec<(Stream, u64)> = prefer.into_iter().chain(others.copied()).collect();
         let mut out = Vec::new();

@@ -239,7 +239,7 @@ impl Recorder {
     }
 
     /// Records an event with the device's `gauges` (evaluated only while recording).
-    #[inline]
+    #[inline(always)]
     pub fn note(
         &self,
         kind: StreampoolEventKind,

@@ -47,7 +47,7 @@ impl<T> Mutex<T> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         #[cfg(not(loom))]
         let guard = self.inner.lock();
@@ -76,7 +76,7 @@ impl<T> Mutex<T> {
 
     /// The lock, or None if a panic left what it guards half-updated (checked once the lock is
     /// held, so a thread that waited for it while another panicked holding it sees that).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lock_unpoisoned(&self) -> Option<MutexGuard<'_, T>> {
         let guard = self.lock();
         match self.is_poisoned() {
@@ -109,7 +109,7 @@ impl<T> Mutex<T> {
 
 impl<T> Drop for MutexGuard<'_, T> {
     /// Runs before the lock is released: a thread that takes it next sees the poison.
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         if std::thread::panicking() && !self.panicking_at_lock {
             self.poisoned.store(PANICKED_WHILE_HELD, Ordering::Relaxed);

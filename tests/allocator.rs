@@ -110,6 +110,35 @@ fn record_stream_delays_reuse_until_the_other_stream_is_done() {
     r.finish();
 }
 
+/// A block that three other streams used (two of them twice) waits for each: whichever finishes
+/// last, the block is not reused before it does (a record names the first stream, the ledger
+/// lists them all once a second one comes).
+#[test]
+fn record_stream_on_several_streams_delays_reuse_until_each_is_done() {
+    let r = rig(1 << 30);
+    for last in [2, 3, 4] {
+        let a = r.malloc(8192, 0, 1);
+        for stream in [2, 2, 3, 4, 3] {
+            r.alloc.record_stream(a, s(stream)).unwrap();
+        }
+        r.free(a, 0);
+        for stream in [2, 3, 4].into_iter().filter(|&t| t != last) {
+            r.sim.complete_stream(0, s(stream));
+        }
+        let b = r.malloc(8192, 0, 1);
+        assert_ne!(a, b, "reused while stream {last} may still use it");
+        assert_eq!(r.stats(0).active_bytes, 2 * 8192, "it still waits");
+        r.sim.complete_stream(0, s(last));
+        let c = r.malloc(8192, 0, 1);
+        assert_eq!(a, c, "reusable once stream {last} is done too");
+        r.free(b, 0);
+        r.free(c, 0);
+        r.sim.complete_all();
+        r.alloc.empty_cache().unwrap();
+    }
+    r.finish();
+}
+
 #[test]
 fn record_stream_of_unknown_pointer_is_an_error() {
     let r = rig(1 << 30);

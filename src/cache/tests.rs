@@ -34,7 +34,7 @@ fn check(c: &Cache) {
     // Every stream holding blocks can be evicted: it has its live entry in the queue.
     for (stream, bins) in c.slots.iter().filter(|(_, b)| b.blocks > 0) {
         assert!(
-            c.queue.contains(&(*stream, bins.last_put)),
+            c.queue.contains(&(*stream, bins.queued_at)),
             "{stream:?} holds blocks but has no live queue entry"
         );
     }
@@ -99,6 +99,26 @@ fn a_full_cache_evicts_the_stream_that_put_longest_ago() {
     check(&c);
 }
 
+/// A stream that puts while its entry is the newest keeps it; once the budget evicted all its
+/// blocks and that entry left the queue, its next put must give it an entry again, or its blocks
+/// could never be evicted and the next put would overrun the budget.
+#[test]
+fn a_stream_whose_entry_left_the_queue_joins_it_again() {
+    let mut c = Cache::new(4096, u64::MAX);
+    put(&mut c, block(0x1000, 4096, 1));
+    assert_eq!(
+        put(&mut c, block(0x2000, 4096, 1)),
+        vec![block(0x1000, 4096, 1)]
+    );
+    check(&c);
+    assert_eq!(
+        put(&mut c, block(0x3000, 4096, 1)),
+        vec![block(0x2000, 4096, 1)]
+    );
+    assert_eq!(c.cached_bytes(), 4096);
+    check(&c);
+}
+
 #[test]
 fn evicts_preferred_stream_largest_first_then_the_oldest_and_drains() {
     let mut c = Cache::new(u64::MAX, u64::MAX);
@@ -140,7 +160,7 @@ fn a_size_that_recurs_keeps_one_bin() {
     assert_eq!(
         c.queue.len(),
         1,
-        "one stream: one queue entry, moved on in place"
+        "one stream: one queue entry, kept while it is the newest"
     );
     check(&c);
 }

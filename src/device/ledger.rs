@@ -14,20 +14,45 @@ use super::request::Request;
 use crate::cache::{Cache, CachedBlock};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
-use crate::fasthash::WordMap;
+use crate::fasthash::{WordMap, WordTable};
 use crate::history::{Gauges, StreampoolBlock, StreampoolBlockState};
 use crate::resource::{Resource, SourceId, Sources};
 use crate::stats::DeviceCounters;
 use std::sync::Arc;
 
-#[derive(Debug)]
+/// A live block's record: plain data, five words, so that the live table copies it in and out.
+#[derive(Debug, Default, Clone, Copy)]
 pub(super) struct LiveBlock {
     pub requested_bytes: u64,
     pub block_bytes: u64,
     pub stream: Stream,
     pub source: SourceId,
-    /// Other streams that used the block (record_stream).
-    pub recorded_streams: Vec<Stream>,
+    /// How many other streams used the block (record_stream).
+    pub other_streams: u32,
+    /// The first of them; if there are more, the ledger's `more_streams` lists them all.
+    pub first_other_stream: Stream,
+}
+
+/// A block taken off the live list ([`Ledger::remove_live`]).
+pub(super) struct Removed {
+    pub live: LiveBlock,
+    /// Every other stream that used it, if there were more than one (else the record names the
+    /// one, if any).
+    pub all_other_streams: Option<Vec<Stream>>,
+}
+
+impl Removed {
+    /// The other streams that used the block, oldest first: `one` holds the record's only one.
+    pub fn other_streams<'a>(&'a self, one: &'a mut [Stream; 1]) -> &'a [Stream] {
+        match (&self.all_other_streams, self.live.other_streams) {
+            (Some(all), _) => all,
+            (None, 0) => &[],
+            (None, _) => {
+                one[0] = self.live.first_other_stream;
+                one
+            }
+        }
+    }
 }
 
 /// A block its caller freed that has not gone back to its source yet.
@@ -59,6 +84,18 @@ pub(crate) struct WaitingBlock {
     pub requested_bytes: u64,
 }
 
+/// What [`Ledger::try_keep`] did with a freed block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kept {
+    /// It is in the cache.
+    Cached,
+    /// It goes straight back: its source's blocks are not cached, or the cache takes no block of
+    /// its size.
+    NotCacheable,
+    /// The cache would have to evict blocks to make room ([`Ledger::put_in_cache`]).
+    OverBudget,
+}
+
 /// A block that left the ledger to go back to its source, with the source's resource (`None`
 /// only if the table has no such source, which the return then reports).
 pub(crate) struct Returning {
@@ -68,7 +105,11 @@ pub(crate) struct Returning {
 
 #[derive(Default)]
 pub(super) struct Ledger {
-    live: WordMap<DevicePtr, LiveBlock>,
+    /// By address (never NULL: a source serves no block there).
+    live: WordTable<LiveBlock>,
+    /// The other streams of each live block that more than one other stream used, oldest first
+    /// (a block used by one names it in its record).
+    more_streams: WordMap<u64, Vec<Stream>>,
     sources: Sources,
     cache: Cache,
     held_bytes: u64,
@@ -135,7 +176,7 @@ impl Ledger {
     }
 
     /// `ptr`, of `source`, serves `request` (its block bytes those of the block).
-    #[inline]
+    #[inline(always)]
     pub fn insert_live(&mut self, ptr: DevicePtr, request: Request, source: SourceId) {
         let c = &mut self.counters;
         let requested_bytes = request.requested_bytes;
@@ -149,38 +190,72 @@ impl Ledger {
             block_bytes: request.block_bytes,
             stream: request.stream,
             source,
-            recorded_streams: Vec::new(),
+            other_streams: 0,
+            first_other_stream: Stream(0),
         };
-        self.live.insert(ptr, block);
+        if let Some(replaced) = self.live.insert(ptr.0, block) {
+            self.live_twice(ptr, replaced);
+        }
     }
 
-    /// Takes `ptr` off the live list (it stays active until it no longer waits for streams).
-    #[inline]
-    pub fn remove_live(&mut self, ptr: DevicePtr, device: usize) -> Result<LiveBlock> {
-        // Not `ok_or`: building the error on every free costs the hot path its drop.
-        let Some(block) = self.live.remove(&ptr) else {
-            return Err(Error::UnknownPointer { ptr: ptr.0, device });
-        };
+    /// A source handed out an address that is live already: a bug below, kept from the hot path.
+    #[cold]
+    fn live_twice(&mut self, ptr: DevicePtr, replaced: LiveBlock) {
+        debug_assert!(false, "{ptr:#x} handed out while live ({replaced:?})");
+        log::error!(
+            "device block {ptr:#x} was handed out while still live; its old record is dropped"
+        );
+        self.more_streams.remove(&ptr.0);
+    }
+
+    /// Takes `ptr` off the live list (it stays active until it no longer waits for streams);
+    /// `None` if it is not live (the caller builds the error, off the hot path).
+    #[inline(always)]
+    pub fn remove_live(&mut self, ptr: DevicePtr) -> Option<Removed> {
+        let block = self.live.remove(ptr.0)?;
         let c = &mut self.counters;
         c.allocated_bytes.sub(block.requested_bytes);
         c.allocations.sub(1);
         c.freed_bytes_total += block.requested_bytes;
         c.num_frees += 1;
-        Ok(block)
+        let all_other_streams = match block.other_streams > 1 {
+            true => self.more_streams.remove(&ptr.0),
+            false => None,
+        };
+        Some(Removed {
+            live: block,
+            all_other_streams,
+        })
     }
 
     pub fn live(&self, ptr: DevicePtr) -> Option<&LiveBlock> {
-        self.live.get(&ptr)
+        self.live.get(ptr.0)
     }
 
     /// Notes that `stream` uses the live block `ptr`.
     pub fn record_stream(&mut self, ptr: DevicePtr, stream: Stream, device: usize) -> Result<()> {
-        let Some(block) = self.live.get_mut(&ptr) else {
+        let Some(block) = self.live.get_mut(ptr.0) else {
             return Err(Error::UnknownPointer { ptr: ptr.0, device });
         };
-        if stream != block.stream && !block.recorded_streams.contains(&stream) {
-            block.recorded_streams.push(stream);
+        if stream == block.stream {
+            return Ok(());
         }
+        match block.other_streams {
+            0 => block.first_other_stream = stream,
+            1 if block.first_other_stream == stream => return Ok(()),
+            1 => {
+                let all = vec![block.first_other_stream, stream];
+                self.more_streams.insert(ptr.0, all);
+            }
+            _ => {
+                let all = self.more_streams.entry(ptr.0).or_default();
+                if all.contains(&stream) {
+                    return Ok(());
+                }
+                all.push(stream);
+            }
+        }
+        block.other_streams = block.other_streams.saturating_add(1);
         Ok(())
     }
 
@@ -190,7 +265,7 @@ impl Ledger {
     }
 
     /// A cached block of `stream` that fits `block_bytes`, counted as a hit.
-    #[inline]
+    #[inline(always)]
     pub fn take_cached(&mut self, stream: Stream, block_bytes: u64) -> Option<CachedBlock> {
         let block = self.cache.take(stream, block_bytes)?;
         self.counters.num_cache_hits += 1;
@@ -199,12 +274,9 @@ impl Ledger {
 
     /// True if `block` may be cached (its source's blocks may, and the cache takes its size):
     /// one that may not goes straight back.
-    #[inline]
+    #[inline(always)]
     pub fn cacheable(&self, block: &FreedBlock) -> bool {
-        self.sources
-            .traits(block.source)
-            .is_ok_and(|traits| traits.cacheable)
-            && self.cache.takes(block.block_bytes)
+        self.sources.cacheable(block.source) && self.cache.takes(block.block_bytes)
     }
 
     /// True if `block`'s memory is streampool's to hold: it waits for the other streams that
@@ -213,6 +285,25 @@ impl Ledger {
         self.sources
             .traits(block.source)
             .map_or(true, |traits| traits.held)
+    }
+
+    /// Keeps a freed, inactive block in the cache if it may be cached and fits the cache's
+    /// budget as it is: the common free, which builds no list. Else the block stays the caller's.
+    #[inline(always)]
+    pub fn try_keep(&mut self, block: &FreedBlock) -> Kept {
+        if !self.cacheable(block) {
+            return Kept::NotCacheable;
+        }
+        if !self.cache.has_room(block.block_bytes) {
+            return Kept::OverBudget;
+        }
+        self.cache.put_in_room(CachedBlock {
+            ptr: block.ptr,
+            block_bytes: block.block_bytes,
+            stream: block.stream,
+            source: block.source,
+        });
+        Kept::Cached
     }
 
     /// Keeps a freed, inactive block in the cache. What must go back instead leaves the ledger
@@ -318,7 +409,8 @@ impl Ledger {
                 state: state as u32,
                 device: device as i32,
             };
-        let live = self.live.iter().map(|(&ptr, b)| {
+        let live = self.live.iter().map(|(ptr, b)| {
+            let ptr = DevicePtr(ptr);
             let state = StreampoolBlockState::Live;
             block(ptr, b.block_bytes, b.requested_bytes, b.stream, state)
         });

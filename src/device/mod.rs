@@ -49,7 +49,7 @@ use crate::peer::Peers;
 use crate::resource::{peer_target, Accessible, Resource, Source, SourceId};
 use crate::sync::{Mutex, MutexGuard, OnceCell};
 use growth::GrowthMarks;
-use ledger::{FreedBlock, Ledger, WaitingBlock};
+use ledger::{Ledger, Returning};
 use limit::Limit;
 use request::Request;
 use std::sync::{Arc, Weak};
@@ -91,15 +91,6 @@ struct DeviceState {
     growth: GrowthMarks,
     /// Allocations and frees so far (the background thread tells idleness by it).
     activity: u64,
-}
-
-/// The cache's answer to a request.
-enum Lookup {
-    /// A cached block serves it.
-    Hit(DevicePtr),
-    /// `source` will, its allocation begun; `reserved` if the block's bytes are already
-    /// reserved against the memory limit.
-    Miss { source: Source, reserved: bool },
 }
 
 pub struct DeviceAllocator {
@@ -157,10 +148,18 @@ impl DeviceAllocator {
     }
 
     /// The device's sources and cache, created on first use.
+    #[inline]
     fn setup(&self) -> Result<&DeviceSetup> {
-        if let Some(setup) = self.setup.get() {
-            return Ok(setup);
+        match self.setup.get() {
+            Some(setup) => Ok(setup),
+            None => self.first_setup(),
         }
+    }
+
+    /// [`DeviceAllocator::setup`] on the device's first use (or a race to it).
+    #[cold]
+    #[inline(never)]
+    fn first_setup(&self) -> Result<&DeviceSetup> {
         let _creating = self.creating.lock();
         if let Some(setup) = self.setup.get() {
             return Ok(setup);
@@ -222,11 +221,67 @@ impl DeviceAllocator {
         if shareable && !setup.settings.every_block_shareable {
             return self.allocate_shareable(request);
         }
-        // 2. The cache; on a miss, the device's own source for the size.
-        let (source, reserved) = match self.take_cached(request)? {
-            Lookup::Hit(ptr) => return Ok(ptr),
-            Lookup::Miss { source, reserved } => (source, reserved),
-        };
+        // 2. The cache (once the blocks whose streams are done are back in it, if any wait).
+        let mut st = self.lock_enabled()?;
+        st.activity += 1;
+        if !st.waits.is_idle() {
+            return self.allocate_collecting(st, request);
+        }
+        if let Some(ptr) = self.take_cached(&mut st, request) {
+            return Ok(ptr);
+        }
+        self.allocate_missed(st, request, Vec::new())
+    }
+
+    /// Step 2 while blocks wait for other streams: those whose streams are done go into the
+    /// cache before the lookup (or back to their sources once the lock is released).
+    #[inline(never)]
+    fn allocate_collecting(
+        &self,
+        mut st: MutexGuard<'_, DeviceState>,
+        request: Request,
+    ) -> Result<DevicePtr> {
+        let mut to_return = Vec::new();
+        self.collect_waits(&mut st, &mut to_return);
+        match self.take_cached(&mut st, request) {
+            Some(ptr) => {
+                drop(st);
+                let _ = self.return_blocks(to_return);
+                Ok(ptr)
+            }
+            None => self.allocate_missed(st, request, to_return),
+        }
+    }
+
+    /// Step 2: a cached block of the request's stream, booked live.
+    #[inline(always)]
+    fn take_cached(&self, st: &mut DeviceState, request: Request) -> Option<DevicePtr> {
+        let block = st.ledger.take_cached(request.stream, request.block_bytes)?;
+        let request = request.served_by(block.block_bytes);
+        st.ledger.insert_live(block.ptr, request, block.source);
+        let (stream, bytes) = (request.stream, request.requested_bytes);
+        self.note(st, Event::Alloc, stream, block.ptr, bytes);
+        Some(block.ptr)
+    }
+
+    /// Steps 2 (on a miss) to 6: the device's own source for the size begins the allocation,
+    /// its bytes reserved against the limit in the same lock section when that leaves room; with
+    /// the lock released and `to_return` gone back: the limit, growth, the source.
+    #[inline(never)]
+    fn allocate_missed(
+        &self,
+        mut st: MutexGuard<'_, DeviceState>,
+        request: Request,
+        to_return: Vec<Returning>,
+    ) -> Result<DevicePtr> {
+        let id = st.ledger.sources().for_size(request.block_bytes);
+        let begun = st.ledger.sources_mut().begin_allocation(id).map(|source| {
+            let reserved = st.ledger.reserve(request.block_bytes, self.limit.bytes());
+            (source, reserved.is_ok())
+        });
+        drop(st);
+        let _ = self.return_blocks(to_return);
+        let (source, reserved) = begun?;
         // 3. The memory limit.
         if !reserved {
             if let Err(e) = self.reserve_within_limit(request) {
@@ -236,44 +291,6 @@ impl DeviceAllocator {
         }
         // 4. to 6. Growth, the source, out-of-memory recovery.
         self.allocate_from_source(source, request)
-    }
-
-    /// Step 2: a cached block of the request's stream, or the source that will serve it (its
-    /// bytes reserved against the limit in the same lock section when that leaves room).
-    #[inline]
-    fn take_cached(&self, request: Request) -> Result<Lookup> {
-        let mut to_return = Vec::new();
-        let lookup = {
-            let mut st = self.lock_enabled()?;
-            st.activity += 1;
-            if !st.waits.is_idle() {
-                self.collect_waits(&mut st, &mut to_return);
-            }
-            match st.ledger.take_cached(request.stream, request.block_bytes) {
-                Some(block) => {
-                    let request = request.served_by(block.block_bytes);
-                    st.ledger.insert_live(block.ptr, request, block.source);
-                    let (stream, bytes) = (request.stream, request.requested_bytes);
-                    self.note(&st, Event::Alloc, stream, block.ptr, bytes);
-                    Ok(Lookup::Hit(block.ptr))
-                }
-                None => {
-                    let id = st.ledger.sources().for_size(request.block_bytes);
-                    st.ledger.sources_mut().begin_allocation(id).map(|source| {
-                        let limit_bytes = self.limit.bytes();
-                        let reserved = st.ledger.reserve(request.block_bytes, limit_bytes);
-                        Lookup::Miss {
-                            source,
-                            reserved: reserved.is_ok(),
-                        }
-                    })
-                }
-            }
-        };
-        if !to_return.is_empty() {
-            let _ = self.return_blocks(to_return);
-        }
-        lookup
     }
 
     /// Steps 4 to 6, for a block whose bytes are reserved against the limit.
@@ -409,75 +426,6 @@ impl DeviceAllocator {
             st.ledger.unreserve(request.block_bytes);
         }
         st.ledger.sources_mut().allocation_failed(source.id);
-    }
-
-    /// Frees `ptr`: off the live list; a block other streams used waits for them; then it is
-    /// cached for its stream, or goes back to its source.
-    pub fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let mut st = self.lock_enabled()?;
-        let live = st.ledger.remove_live(ptr, self.device)?;
-        st.activity += 1;
-        self.note(&st, Event::Free, live.stream, ptr, live.requested_bytes);
-        log::trace!(
-            "device {}: free {ptr:#x} ({} B) on stream {:#x}",
-            self.device,
-            live.requested_bytes,
-            live.stream
-        );
-        let block = FreedBlock {
-            ptr,
-            block_bytes: live.block_bytes,
-            stream: live.stream,
-            source: live.source,
-        };
-        if !live.recorded_streams.is_empty() && st.ledger.held(&block) {
-            let waiting = WaitingBlock {
-                block,
-                requested_bytes: live.requested_bytes,
-            };
-            match self.wait_for_streams(st, waiting, live.recorded_streams)? {
-                Some(synchronised) => st = synchronised,
-                None => return Ok(()),
-            }
-        }
-        st.ledger.deactivate(live.requested_bytes);
-        self.keep_or_return(st, block)
-    }
-
-    /// A freed block waits for the other `streams` that used it: `None` once events stand for
-    /// them. Without an event it cannot be known when the streams are done: the device is
-    /// synchronised, and the block goes on at once (the lock, taken again, is handed back); if
-    /// even that fails, the block is kept until one of them works, and the error returned.
-    fn wait_for_streams<'a>(
-        &'a self,
-        mut st: MutexGuard<'a, DeviceState>,
-        waiting: WaitingBlock,
-        streams: Vec<Stream>,
-    ) -> Result<Option<MutexGuard<'a, DeviceState>>> {
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        let failed = match st.waits.wait_for(driver, device, waiting, streams) {
-            Ok(()) => return Ok(None),
-            Err(failed) => failed,
-        };
-        drop(st);
-        log::warn!(
-            "device {device}: {}; synchronising before reusing {:#x}",
-            failed.error,
-            failed.waiting.block.ptr
-        );
-        let synced = self.driver.synchronize(device);
-        st = self.state.lock();
-        if let Err(e) = synced {
-            st.waits.defer(failed.waiting, failed.streams);
-            return Err(e);
-        }
-        Ok(Some(st))
-    }
-
-    pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
-        self.lock_enabled()?
-            .ledger
-            .record_stream(ptr, stream, self.device)
     }
 
     /// Records a timeline event with the device's gauges (one atomic load when not recording).

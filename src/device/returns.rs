@@ -1,39 +1,129 @@
-//! The way back: blocks whose streams are done are collected from the waits, kept in the cache
-//! or returned to their sources, and `flush` (`empty_cache`, trim) returns everything and trims
-//! the device's own resources.
+//! The way back: a freed block leaves the live list, waits for the other streams that used it,
+//! and is kept in the cache or returned to its source; blocks whose streams are done are
+//! collected from the waits; `flush` (`empty_cache`, trim) returns everything and trims the
+//! device's own resources.
 //!
 //! Invariants: a block leaves the ledger before it is returned and comes back onto it (as
 //! unreturned, held) if its source refuses it, so no failure loses memory; a block goes back to
 //! the source its record names, on its allocation stream; returns happen outside the device
 //! lock; a flush during a capture neither waits nor trims.
 
-use super::ledger::{FreedBlock, Returning};
+use super::ledger::{FreedBlock, Kept, Returning, WaitingBlock};
 use super::{DeviceAllocator, DeviceState};
-use crate::driver::Stream;
+use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::history::StreampoolEventKind as Event;
 use crate::sync::MutexGuard;
 
 impl DeviceAllocator {
+    /// Frees `ptr`: off the live list; a block other streams used waits for them; then it is
+    /// cached for its stream, or goes back to its source.
+    pub fn free(&self, ptr: DevicePtr) -> Result<()> {
+        let mut st = self.lock_enabled()?;
+        let Some(removed) = st.ledger.remove_live(ptr) else {
+            return Err(self.unknown_pointer(ptr));
+        };
+        let live = removed.live;
+        st.activity += 1;
+        self.note(&st, Event::Free, live.stream, ptr, live.requested_bytes);
+        log::trace!(
+            "device {}: free {ptr:#x} ({} B) on stream {:#x}",
+            self.device,
+            live.requested_bytes,
+            live.stream
+        );
+        let block = FreedBlock {
+            ptr,
+            block_bytes: live.block_bytes,
+            stream: live.stream,
+            source: live.source,
+        };
+        if live.other_streams > 0 && st.ledger.held(&block) {
+            let waiting = WaitingBlock {
+                block,
+                requested_bytes: live.requested_bytes,
+            };
+            let mut one = [Stream(0)];
+            match self.wait_for_streams(st, waiting, removed.other_streams(&mut one))? {
+                Some(synchronised) => st = synchronised,
+                None => return Ok(()),
+            }
+        }
+        st.ledger.deactivate(live.requested_bytes);
+        self.keep_or_return(st, block)
+    }
+
+    /// A freed block waits for the other `streams` that used it: `None` once events stand for
+    /// them. Without an event it cannot be known when the streams are done: the device is
+    /// synchronised, and the block goes on at once (the lock, taken again, is handed back); if
+    /// even that fails, the block is kept until one of them works, and the error returned.
+    fn wait_for_streams<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, DeviceState>,
+        waiting: WaitingBlock,
+        streams: &[Stream],
+    ) -> Result<Option<MutexGuard<'a, DeviceState>>> {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let failed = match st.waits.wait_for(driver, device, waiting, streams) {
+            Ok(()) => return Ok(None),
+            Err(failed) => failed,
+        };
+        drop(st);
+        log::warn!(
+            "device {device}: {}; synchronising before reusing {:#x}",
+            failed.error,
+            failed.waiting.block.ptr
+        );
+        let synced = self.driver.synchronize(device);
+        st = self.state.lock();
+        if let Err(e) = synced {
+            st.waits.defer(failed.waiting, failed.streams);
+            return Err(e);
+        }
+        Ok(Some(st))
+    }
+
+    #[cold]
+    fn unknown_pointer(&self, ptr: DevicePtr) -> crate::Error {
+        crate::Error::UnknownPointer {
+            ptr: ptr.0,
+            device: self.device,
+        }
+    }
+
+    pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        self.lock_enabled()?
+            .ledger
+            .record_stream(ptr, stream, self.device)
+    }
+
     /// A freed, inactive block goes into the cache, or back to its source if the cache does not
     /// take it (with the blocks the cache evicts for it).
+    #[inline]
     pub(super) fn keep_or_return(
         &self,
         mut st: MutexGuard<'_, DeviceState>,
         block: FreedBlock,
     ) -> Result<()> {
-        if !st.ledger.cacheable(&block) {
-            // Straight back (a large block of the vmm backend, which reuses it itself): no
-            // list to build.
-            let returning = st.ledger.release(block);
-            drop(st);
-            return self.return_one(returning);
+        match st.ledger.try_keep(&block) {
+            Kept::Cached => Ok(()),
+            Kept::NotCacheable => {
+                // Straight back (a large block of the vmm backend, which reuses it itself): no
+                // list to build.
+                let returning = st.ledger.release(block);
+                drop(st);
+                self.return_one(returning)
+            }
+            Kept::OverBudget => self.keep_evicting(st, block),
         }
+    }
+
+    /// [`DeviceAllocator::keep_or_return`] for a block the cache makes room for: the blocks it
+    /// evicts go back.
+    #[cold]
+    fn keep_evicting(&self, mut st: MutexGuard<'_, DeviceState>, block: FreedBlock) -> Result<()> {
         let mut to_return = Vec::new();
         st.ledger.put_in_cache(block, &mut to_return);
-        if to_return.is_empty() {
-            return Ok(());
-        }
         drop(st);
         self.return_blocks(to_return)
     }

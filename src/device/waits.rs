@@ -122,13 +122,13 @@ impl Waits {
         driver: &dyn Driver,
         device: usize,
         waiting: WaitingBlock,
-        streams: Vec<Stream>,
+        streams: &[Stream],
     ) -> std::result::Result<(), Box<WaitFailed>> {
         if self.captures.any_known() {
-            self.defer(waiting, streams);
+            self.defer(waiting, streams.to_vec());
             return Ok(());
         }
-        match self.events.record_each(driver, device, &streams) {
+        match self.events.record_each(driver, device, streams) {
             Ok(events) => {
                 let seq = self.next();
                 self.pending.push(Pending { waiting, seq }, events);
@@ -136,7 +136,7 @@ impl Waits {
             }
             Err(error) => Err(Box::new(WaitFailed {
                 waiting,
-                streams,
+                streams: streams.to_vec(),
                 error,
             })),
         }

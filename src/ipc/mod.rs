@@ -83,8 +83,15 @@ pub(crate) fn set_depth_for_test(depth: u32) {
 /// True if this thread's allocations must come from a shareable pool.
 #[inline]
 pub fn in_shareable_scope() -> bool {
-    THREADS_IN_SCOPE.load(Ordering::Relaxed) != 0
-        && SHAREABLE_DEPTH.try_with(|d| d.get() > 0).unwrap_or(false)
+    THREADS_IN_SCOPE.load(Ordering::Relaxed) != 0 && this_thread_in_scope()
+}
+
+/// [`in_shareable_scope`] once some thread is in a scope: out of line, so that an allocation
+/// while none is reads one atomic and no thread-local.
+#[cold]
+#[inline(never)]
+fn this_thread_in_scope() -> bool {
+    SHAREABLE_DEPTH.try_with(|d| d.get() > 0).unwrap_or(false)
 }
 
 /// Everything another process needs to map a shareable block (`streampool_ipc_export`). The
