@@ -141,6 +141,42 @@ impl Fences {
         })
     }
 
+    /// For a caller that may record (a thread of the program, at a miss): the pending fence of
+    /// each stream that has finished all its work completes without a record (one
+    /// `cuStreamQuery`, which the record would have cost); the others are recorded, for the next
+    /// look or another stream's wait. Streams `skip` says no to (capturing ones: neither a query
+    /// nor a record is allowed on them) are left as they are. The streams and fence numbers so
+    /// completed.
+    pub fn settle_pending(
+        &mut self,
+        driver: &dyn Driver,
+        device: usize,
+        skip: impl Fn(Stream) -> bool,
+    ) -> Vec<(Stream, u64)> {
+        let pending: Vec<(Stream, bool)> = self
+            .streams
+            .iter()
+            .filter(|s| s.pending.is_some())
+            .map(|s| (s.stream, s.recorded.is_empty()))
+            .collect();
+        let mut idle = Vec::new();
+        for (stream, nothing_recorded) in pending {
+            if skip(stream) {
+                continue;
+            }
+            // With fences of its own still recorded, the stream was polled just before: busy.
+            if nothing_recorded && driver.stream_query(device, stream).unwrap_or(false) {
+                idle.push(stream);
+            } else if let Err(e) = self.record_pending(driver, device, stream) {
+                log::debug!("device {device}: fence on {stream:#x}: {e}; later");
+            }
+        }
+        match idle.is_empty() {
+            true => Vec::new(),
+            false => self.complete_pending_where(|slot, _| idle.contains(&slot.stream)),
+        }
+    }
+
     /// The pending fences of streams the driver no longer knows (destroyed: no fence can be
     /// recorded on them any more). They complete once the device has synchronised after this
     /// call: [`Fences::complete_pending`].

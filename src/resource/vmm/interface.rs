@@ -39,7 +39,11 @@ impl Resource for VmmResource {
             true => self.place_small(&mut st, bytes, stream)?,
             false => self.place_large(&mut st, bytes, stream)?,
         };
-        Ok(self.hand_out(&mut st, start, bytes))
+        let ptr = self.hand_out(&mut st, start, bytes);
+        if st.device_full {
+            self.release_surplus(&mut st);
+        }
+        Ok(ptr)
     }
 
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {

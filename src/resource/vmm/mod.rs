@@ -11,13 +11,14 @@
 //!   the fence has completed ([`crate::stream_order`]).
 //! - A request that fits no mapped range gets a window of free addresses whose unmapped pages are
 //!   backed ([`mapping`]) by spare handles, then by handles moved out of cold idle pages (unused
-//!   for `cold_after_ms`), then by new handles, and only when the device or the cap is full by
-//!   handles moved out of any idle page.
-//! - Nothing is released on the allocating thread: memory above the release threshold is
-//!   released once unused for a second, and all idle memory once the device is idle, by the
-//!   device's background thread ([`VmmResource::release_above_threshold`],
-//!   [`VmmResource::release_idle`]), which
-//!   records nothing on the program's streams; `trim` after a synchronisation (empty_cache).
+//!   for `cold_after_ms`), then by new handles, and only when the device (less the headroom kept
+//!   for the CUDA runtime) or the cap is full by handles moved out of any idle page; a growth
+//!   that found the device full gives idle pages back until it has room again ([`growth`]).
+//! - Nothing is released on the allocating thread but after a growth that found the device full:
+//!   memory above the release threshold is released once unused for a second, and all idle
+//!   memory once the device is idle, by the device's background thread
+//!   ([`VmmResource::release_above_threshold`], [`VmmResource::release_idle`]), which records
+//!   nothing on the program's streams; `trim` after a synchronisation (empty_cache).
 //!
 //! Invariants: a page is unmapped only once no work uses it — it lies in a `Ready` range, whose
 //! fences have completed; every mapping gives the device and every granted peer access before any
@@ -30,6 +31,7 @@
 //! the driver cannot answer for (destroyed) is not capturing; the resource's lock is held across
 //! map and unmap calls, never while the device lock is.
 
+mod growth;
 mod interface;
 mod mapping;
 mod ranges;
@@ -71,6 +73,7 @@ pub struct VmmResource {
     device_total_bytes: u64,
     cold_after_ms: u64,
     growth_slack_percent: Option<u64>,
+    headroom_bytes: u64,
     /// The device's memory limit (`set_per_process_memory_fraction`), shared with the device.
     limit_bytes: Arc<AtomicU64>,
     recorder: Arc<Recorder>,
@@ -122,6 +125,11 @@ struct VmmState {
     /// Some pages are blocked (mapped without access): updating the ranges tries to fix them.
     blocked: bool,
     counts: DriverCounts,
+    /// The device's free memory as last read ([`growth`]).
+    free_seen: Option<growth::FreeSeen>,
+    /// A growth found the device full (its free memory less the headroom bounded it, and idle
+    /// pages were moved): the allocation releases the surplus before it returns.
+    device_full: bool,
 }
 
 impl VmmState {
@@ -197,6 +205,7 @@ impl VmmResource {
             device_total_bytes: total_bytes,
             cold_after_ms: settings.cold_after_ms,
             growth_slack_percent: settings.growth_slack_percent,
+            headroom_bytes: settings.headroom_bytes,
             limit_bytes,
             recorder,
             state: Mutex::new(VmmState {
@@ -243,8 +252,10 @@ impl VmmResource {
     }
 
     /// Brings the free ranges up to date with the GPU: freed ranges whose fences completed
-    /// become ready for every stream; pending fences are recorded (for the next look) or, from
-    /// the background thread, completed where their streams have finished all their work;
+    /// become ready for every stream; pending fences are completed where their streams have
+    /// finished all their work (so that memory just freed can merge, be moved or serve any
+    /// stream at this miss) and, from a thread of the program, recorded on the others (for the
+    /// next look);
     /// blocks freed during a capture that has ended get their fence numbers; blocked pages are
     /// fixed. Nothing during a known capture, which forbids event queries and records.
     fn update_ranges(&self, st: &mut VmmState, caller: Caller) {
@@ -258,15 +269,13 @@ impl VmmResource {
         let now_ms = self.driver.now_ms();
         let (driver, device) = (self.driver.as_ref(), self.device);
         let mut done = st.fences.poll(driver, device);
-        if caller == Caller::Background {
-            done.extend(st.fences.complete_pending_of_idle_streams(driver, device));
-        }
-        self.promote(st, done, now_ms);
-        if caller == Caller::Program {
-            st.fences.record_all_pending(driver, device, |s| {
+        done.extend(match caller {
+            Caller::Background => st.fences.complete_pending_of_idle_streams(driver, device),
+            Caller::Program => st.fences.settle_pending(driver, device, |s| {
                 driver.is_capturing(device, s).unwrap_or(true)
-            });
-        }
+            }),
+        });
+        self.promote(st, done, now_ms);
     }
 
     /// Freed ranges covered by fences that completed become ready for every stream.

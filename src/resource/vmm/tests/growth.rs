@@ -1,0 +1,76 @@
+//! Growth near a full device: the budget of new pages, what happens when the device refuses a
+//! create anyway (another user took the memory since it was read), and the headroom.
+
+use super::*;
+use crate::driver::{DeviceDriver, VmmDriver};
+
+/// A rig whose resource keeps `headroom_bytes` free.
+fn rig_headroom(memory_bytes: u64, headroom_bytes: u64) -> Rig {
+    let spec = VmmSpec {
+        headroom_bytes,
+        ..spec(Settings::default(), memory_bytes)
+    };
+    rig_spec(1, memory_bytes, spec)
+}
+
+#[test]
+fn after_the_device_refuses_a_create_the_growth_moves_idle_pages_and_asks_no_more() {
+    let r = rig_headroom(64 * PAGE, 0);
+    r.stop_clock();
+    let a = r.alloc(8 * PAGE, S1);
+    let b = r.alloc(8 * PAGE, S1);
+    r.free(a, 8 * PAGE, S1);
+    r.sim.complete_all();
+    // Another user of the device takes most of what is left after the resource read it.
+    let foreign = r.sim.mem_create(0, 40 * PAGE).unwrap();
+    let creates = r.sim.calls("cuMemCreate");
+    // 12 pages: 8 can still be created, the 9th is refused, the rest come from a's idle pages.
+    let c = r.alloc(12 * PAGE, S1);
+    assert_eq!(
+        r.sim.calls("cuMemCreate") - creates,
+        9,
+        "eight creates and one refused, none tried again"
+    );
+    assert_eq!(
+        Statistics::driver_counts(&*r.vmm).unmaps,
+        4,
+        "four idle pages moved"
+    );
+    r.free(b, 8 * PAGE, S1);
+    r.free(c, 12 * PAGE, S1);
+    r.sim.mem_release(0, foreign).unwrap();
+}
+
+#[test]
+fn no_page_is_created_into_the_headroom_idle_ones_are_moved_instead() {
+    let r = rig_headroom(64 * PAGE, 8 * PAGE);
+    r.stop_clock();
+    // Eight blocks of six pages, every other one freed: four idle holes, none big enough.
+    let blocks: Vec<DevicePtr> = (0..8).map(|_| r.alloc(6 * PAGE, S1)).collect();
+    for &hole in blocks.iter().step_by(2) {
+        r.free(hole, 6 * PAGE, S1);
+    }
+    r.sim.complete_all();
+    // 16 pages are free, 8 of them headroom: a 16-page block gets 8 new pages and 8 idle ones.
+    let creates = r.sim.calls("cuMemCreate");
+    let c = r.alloc(16 * PAGE, S1);
+    assert_eq!(r.sim.calls("cuMemCreate") - creates, 8);
+    // The device was full: idle pages went back until twice the headroom is free.
+    let counts = Statistics::driver_counts(&*r.vmm);
+    assert_eq!(
+        (counts.unmaps, counts.releases),
+        (8 + 8, 8),
+        "8 moved, 8 released"
+    );
+    let free_bytes = r.sim.mem_info(0).unwrap().free_bytes;
+    assert_eq!(free_bytes, 16 * PAGE);
+    // A block that fits only in the headroom is refused before anything is mapped or moved.
+    let unmaps = Statistics::driver_counts(&*r.vmm).unmaps;
+    let e = r.vmm.allocate(30 * PAGE, S1).unwrap_err();
+    assert!(e.is_device_oom(), "{e}");
+    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, unmaps);
+    for &live in blocks.iter().skip(1).step_by(2) {
+        r.free(live, 6 * PAGE, S1);
+    }
+    r.free(c, 16 * PAGE, S1);
+}
