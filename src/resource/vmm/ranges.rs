@@ -1,7 +1,9 @@
 //! The free address ranges of the virtual-memory resource: pure bookkeeping, no driver calls.
 //!
 //! Invariants: free ranges never overlap and lie inside extents; two neighbours are merged when
-//! they are ready for the same streams, never across an extent's end; a range is one of
+//! they are ready for the same streams, and memory freed on a stream absorbs its ready
+//! neighbours (the whole range then serves that stream at once, as one block, and the others
+//! after its fence), never across an extent's end; a range is one of
 //! - `Unmapped`: no physical memory behind it, whole pages, usable by any stream once mapped;
 //! - `Ready`: mapped, and no work on any stream still uses it;
 //! - `Freed { stream, seq }`: mapped, freed on `stream` — usable at once by that stream, by others
@@ -38,6 +40,18 @@ impl State {
             (State::Ready, s) | (s, State::Ready) => Some(s),
             (a @ State::Freed { .. }, b @ State::Freed { .. }) => a.merges_with(b),
             _ => None,
+        }
+    }
+
+    /// A range given back in this state next to a neighbour in `other`: the state of the two as
+    /// one range, if they may be one. Memory freed on a stream takes ready neighbours in (its
+    /// stream sees one block where it freed several, as in stream order, which best fit needs
+    /// to choose well; other streams wait for its fence a little longer); ready memory given
+    /// back (a fence completed) stays apart from a neighbour that still waits for one.
+    fn absorbs(self, other: State) -> Option<State> {
+        match (self, other) {
+            (freed @ State::Freed { .. }, State::Ready) => Some(freed),
+            _ => self.merges_with(other),
         }
     }
 
@@ -233,11 +247,11 @@ impl FreeRanges {
     }
 
     /// Gives `[start, start + bytes)` back in `state`, merged with its neighbours where they may
-    /// be; the free range it is now part of, as (start, bytes).
+    /// be ([`State::absorbs`]); the free range it is now part of, as (start, bytes).
     pub fn give(&mut self, start: u64, bytes: u64, state: State) -> (u64, u64) {
         if let Some((&s, &r)) = self.ranges.range(..start).next_back() {
             if s + r.bytes == start && !self.extents.contains_key(&start) {
-                if let Some(merged) = r.state.merges_with(state) {
+                if let Some(merged) = state.absorbs(r.state) {
                     self.remove(s, r);
                     return self.give(s, r.bytes + bytes, merged);
                 }
@@ -246,7 +260,7 @@ impl FreeRanges {
         let end = start + bytes;
         if let Some(&r) = self.ranges.get(&end) {
             if !self.extents.contains_key(&end) {
-                if let Some(merged) = state.merges_with(r.state) {
+                if let Some(merged) = state.absorbs(r.state) {
                     self.remove(end, r);
                     return self.give(start, bytes + r.bytes, merged);
                 }

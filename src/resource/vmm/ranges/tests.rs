@@ -212,3 +212,32 @@ fn unmapped_and_blocked_neighbours_merge_into_one_range_each() {
         ]
     );
 }
+
+#[test]
+fn memory_freed_on_a_stream_absorbs_ready_neighbours_and_serves_it_as_one_block() {
+    let mut r = ranges(6, 6);
+    r.take(BASE, 6 * PAGE);
+    r.give(BASE, PAGE, State::Ready);
+    r.give(BASE + 2 * PAGE, 4 * PAGE, State::Ready);
+    // Freed on S1 between ready memory: one range, which S1 may use at once as one block (best
+    // fit sees its whole size), and S2 after the fence.
+    let freed = State::Freed { stream: S1, seq: 4 };
+    r.give(BASE + PAGE, PAGE, freed);
+    assert_eq!(r.snapshot(), [(BASE, 6 * PAGE, freed)]);
+    assert_eq!(r.best_fit(6 * PAGE, S1), Some(BASE));
+    assert_eq!(r.best_fit(PAGE, S2), None, "not before S1's fence");
+    r.promote(S1, 4);
+    assert_eq!(r.snapshot(), [(BASE, 6 * PAGE, State::Ready)]);
+    // Ready memory given back beside memory that still waits for a fence stays apart: it is
+    // ready for every stream, the other only for its own.
+    r.take(BASE, 2 * PAGE);
+    r.give(BASE, PAGE, State::Freed { stream: S2, seq: 5 });
+    r.give(BASE + PAGE, PAGE, State::Ready);
+    assert_eq!(
+        r.snapshot(),
+        [
+            (BASE, PAGE, State::Freed { stream: S2, seq: 5 }),
+            (BASE + PAGE, 5 * PAGE, State::Ready)
+        ]
+    );
+}
