@@ -9,8 +9,9 @@
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
 //!   the fence has completed ([`crate::stream_order`]).
-//! - A request that fits no mapped range gets a window of free addresses whose unmapped pages are
-//!   backed ([`mapping`]) by spare handles, then by handles moved out of cold idle pages (unused
+//! - A request that fits no mapped range gets a window of free addresses (which may cover memory
+//!   other streams freed, once the stream has waited on the GPU for their fences) whose unmapped
+//!   pages are backed ([`mapping`]) by spare handles, then by handles moved out of cold idle pages (unused
 //!   for `cold_after_ms`), then by new handles, and only when the device (less the headroom kept
 //!   for the CUDA runtime) or the cap is full by handles moved out of any idle page; a growth
 //!   that found the device full gives idle pages back until it has room again ([`growth`]).
@@ -48,7 +49,7 @@ use crate::history::{Recorder, StreampoolEventKind as Event};
 use crate::stream_order::{CaptureWatch, Fences};
 use crate::sync::Mutex;
 use crate::units::{format_bytes, format_limit};
-use ranges::{FreeRanges, State};
+use ranges::{FreeRanges, State, Window};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -318,18 +319,33 @@ impl VmmResource {
                     .into(),
             });
         }
-        let window = match st.large.window(bytes, stream) {
-            Some(window) => window,
-            None => {
-                self.reserve(st, Region::Large, bytes.max(self.extent_bytes))?;
-                st.large.window(bytes, stream).ok_or_else(|| {
-                    Error::Internal(format!("no window for {bytes} B in a new reservation"))
-                })?
-            }
-        };
+        let window = self.large_window(st, bytes, stream)?;
         self.map_window(st, Region::Large, &window, bytes, self.driver.now_ms())?;
         st.large.take(window.start, bytes);
         Ok(window.start)
+    }
+
+    /// A window for `bytes` on `stream` among the large blocks' ranges (in another reservation
+    /// if none fits), which may cover memory other streams freed once `stream` has waited for
+    /// their fences on the GPU; if a wait cannot be made, a window of memory `stream` may use.
+    fn large_window(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<Window> {
+        for others in [true, false] {
+            let window = match st.large.window(bytes, stream, others) {
+                Some(window) => window,
+                None => {
+                    self.reserve(st, Region::Large, bytes.max(self.extent_bytes))?;
+                    st.large.window(bytes, stream, others).ok_or_else(|| {
+                        Error::Internal(format!("no window for {bytes} B in a new reservation"))
+                    })?
+                }
+            };
+            let waited = (window.waits.iter())
+                .all(|&(other, seq)| self.wait_for_fence(st, stream, other, seq));
+            if waited {
+                return Ok(window);
+            }
+        }
+        Err(Error::Internal(format!("no window for {bytes} B")))
     }
 
     /// A free range of `bytes` among the small or the large ranges that `stream` may use: at
@@ -369,26 +385,40 @@ impl VmmResource {
             false => &mut st.large,
         };
         let (start, other, seq) = ranges.best_fit_other(bytes, stream)?;
-        if st.fences.event_of(other, seq).is_none() {
-            // Its fence is still pending: record it now, unless the freeing stream has begun a
-            // capture since (a record would join the graph).
-            let (driver, device) = (self.driver.as_ref(), self.device);
-            if driver.is_capturing(device, other).unwrap_or(true) {
-                return None;
-            }
-            if let Err(e) = st.fences.record_pending(driver, device, other) {
-                log::debug!("device {}: {e}; not reusing {start:#x} yet", self.device);
-                return None;
-            }
-        }
-        let event = st.fences.event_of(other, seq)?;
-        if let Err(e) = self.driver.stream_wait_event(self.device, stream, event) {
-            log::debug!("device {}: {e}; not reusing {start:#x} yet", self.device);
+        if !self.wait_for_fence(st, stream, other, seq) {
             return None;
         }
-        st.counts.stream_waits += 1;
+        let ranges = match small {
+            true => &mut st.small,
+            false => &mut st.large,
+        };
         ranges.take(start, bytes);
         Some(start)
+    }
+
+    /// Makes `stream` wait on the GPU for fence `seq` of `other` (recording it first if it is
+    /// still pending, unless `other` has begun a capture since: the record would join the
+    /// graph). False if the wait could not be made.
+    fn wait_for_fence(&self, st: &mut VmmState, stream: Stream, other: Stream, seq: u64) -> bool {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        if st.fences.event_of(other, seq).is_none() {
+            if driver.is_capturing(device, other).unwrap_or(true) {
+                return false;
+            }
+            if let Err(e) = st.fences.record_pending(driver, device, other) {
+                log::debug!("device {device}: {e}; not reusing memory {other:#x} freed yet");
+                return false;
+            }
+        }
+        let Some(event) = st.fences.event_of(other, seq) else {
+            return false;
+        };
+        if let Err(e) = driver.stream_wait_event(device, stream, event) {
+            log::debug!("device {device}: {e}; not reusing memory {other:#x} freed yet");
+            return false;
+        }
+        st.counts.stream_waits += 1;
+        true
     }
 
     /// Ledger `[start, start + bytes)` as a live block. (Its pages are marked used when it is

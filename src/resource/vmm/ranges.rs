@@ -78,14 +78,6 @@ struct Range {
     state: State,
 }
 
-/// Where a request that fits no mapped range can go, once `pages` are mapped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Window {
-    pub start: u64,
-    /// Unmapped pages inside the window (their starts), to map before it can be used.
-    pub pages: Vec<u64>,
-}
-
 #[derive(Debug, Default)]
 pub(crate) struct FreeRanges {
     page_bytes: u64,
@@ -354,80 +346,6 @@ impl FreeRanges {
         self.give(page, self.page_bytes, to);
     }
 
-    /// The best place for `bytes` on `stream` among contiguous free ranges it may use once their
-    /// unmapped pages are mapped: the fewest pages to map, then the lowest address. Candidates
-    /// are compared by counting pages; only the chosen window's are listed.
-    pub fn window(&self, bytes: u64, stream: Stream) -> Option<Window> {
-        self.window_aligned(bytes, stream, 512)
-    }
-
-    /// As [`FreeRanges::window`], for a block starting at a multiple of `align_bytes` (a power of
-    /// two: 512, or the page for the carriers of small blocks) from its extent's base.
-    pub fn window_aligned(&self, bytes: u64, stream: Stream, align_bytes: u64) -> Option<Window> {
-        let mut best: Option<(u64, u64)> = None; // (pages to map, start)
-        let usable = |r: &Range| r.state == State::Unmapped || r.state.usable_by(stream);
-        let mut run: Option<(u64, u64)> = None;
-        let mut runs = Vec::new();
-        for (&s, r) in &self.ranges {
-            let joins = run.is_some_and(|(_, end)| end == s && !self.extents.contains_key(&s));
-            match (usable(r), joins) {
-                (true, true) => run = run.map(|(start, _)| (start, s + r.bytes)),
-                (true, false) => {
-                    runs.extend(run.take());
-                    run = Some((s, s + r.bytes));
-                }
-                (false, _) => runs.extend(run.take()),
-            }
-        }
-        runs.extend(run);
-        for (start, end) in runs.into_iter().filter(|(s, e)| e - s >= bytes) {
-            let base = self.extent_base(start);
-            let first = base + (start - base).div_ceil(align_bytes) * align_bytes;
-            let last = base + (end - bytes - base) / align_bytes * align_bytes;
-            if first > last {
-                continue;
-            }
-            for at in [first, last] {
-                let candidate = (self.unmapped_pages_in(at, at + bytes, None), at);
-                if best.is_none_or(|b| candidate < b) {
-                    best = Some(candidate);
-                }
-            }
-        }
-        let (_, start) = best?;
-        let mut pages = Vec::new();
-        self.unmapped_pages_in(start, start + bytes, Some(&mut pages));
-        Some(Window { start, pages })
-    }
-
-    /// How many unmapped pages `[start, end)` touches; their starts are added to `list` if given.
-    fn unmapped_pages_in(&self, start: u64, end: u64, mut list: Option<&mut Vec<u64>>) -> u64 {
-        let first = self
-            .ranges
-            .range(..=start)
-            .next_back()
-            .map_or(start, |(&s, _)| s);
-        let mut count = 0;
-        for (&s, r) in self.ranges.range(first..end) {
-            if r.state != State::Unmapped || s + r.bytes <= start {
-                continue;
-            }
-            let mut page = self.page_floor(start.max(s));
-            let stop = end.min(s + r.bytes);
-            if page >= stop {
-                continue;
-            }
-            count += (stop - page).div_ceil(self.page_bytes);
-            if let Some(list) = list.as_deref_mut() {
-                while page < stop {
-                    list.push(page);
-                    page += self.page_bytes;
-                }
-            }
-        }
-        count
-    }
-
     fn extent_base(&self, addr: u64) -> u64 {
         *self
             .extents
@@ -488,6 +406,9 @@ impl FreeRanges {
 
 #[cfg(test)]
 mod tests;
+mod window;
+
+pub(crate) use window::Window;
 
 impl FreeRanges {
     /// Starts of the pages in `Blocked` ranges.

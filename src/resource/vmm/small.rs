@@ -37,12 +37,15 @@ impl VmmResource {
             return Err(super::paused());
         }
         let page_bytes = self.page_bytes;
-        let window = match st.carriers.window_aligned(page_bytes, stream, page_bytes) {
+        let window = match st
+            .carriers
+            .window_aligned(page_bytes, stream, page_bytes, false)
+        {
             Some(window) => window,
             None => {
                 self.reserve(st, Region::Carriers, self.extent_bytes)?;
                 st.carriers
-                    .window_aligned(page_bytes, stream, page_bytes)
+                    .window_aligned(page_bytes, stream, page_bytes, false)
                     .ok_or_else(|| {
                         crate::Error::Internal(
                             "no page for small blocks in a new reservation".into(),

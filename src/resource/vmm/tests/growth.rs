@@ -74,3 +74,27 @@ fn no_page_is_created_into_the_headroom_idle_ones_are_moved_instead() {
     }
     r.free(c, 16 * PAGE, S1);
 }
+
+#[test]
+fn a_window_may_cover_another_streams_freed_memory_behind_a_gpu_side_wait() {
+    let r = rig();
+    r.stop_clock();
+    let x = r.alloc(2 * PAGE, S1);
+    let a = r.alloc(2 * PAGE, S1);
+    r.free(a, 2 * PAGE, S1);
+    // S2 wants 4 pages: S1's 2 freed pages (still in use on the GPU) and 2 new ones after them,
+    // once S2 waits for S1's fence; without the wait it would take 4 new pages.
+    let before = r.physical();
+    let b = r.alloc(4 * PAGE, S2);
+    assert_eq!((b, r.physical()), (a, before + 2 * PAGE));
+    assert_eq!(Statistics::driver_counts(&*r.vmm).stream_waits, 1);
+    let fence = r.sim.event_recorded_last(0).expect("S1's fence");
+    assert!(!r.sim.event_query(0, fence).unwrap(), "S1 has not finished");
+    r.sim.complete_stream(0, S2);
+    assert!(
+        r.sim.event_query(0, fence).unwrap(),
+        "S2's work waited for S1's"
+    );
+    r.free(x, 2 * PAGE, S1);
+    r.free(b, 4 * PAGE, S2);
+}
