@@ -50,31 +50,25 @@ impl Fences {
         }
     }
 
-    /// The number of the fence that will cover a free on `stream` now (no driver call).
-    pub fn seq_for_free(&mut self, stream: Stream) -> u64 {
+    /// A free on `stream` at `now_us` (no driver call): the number of the fence that will cover
+    /// it, and whether that fence is due to be recorded — the stream's last record is
+    /// `interval_us` old or more (or it has none): a stream that frees all the time records one
+    /// fence per interval, and no free waits longer than that for a fence that can complete.
+    pub fn free_on(&mut self, stream: Stream, now_us: u64, interval_us: u64) -> (u64, bool) {
         let next = self.last_seq + 1;
         let slot = self.slot(stream);
-        match slot.pending {
+        let due = slot
+            .recorded_at_us
+            .is_none_or(|at_us| now_us.saturating_sub(at_us) >= interval_us);
+        let seq = match slot.pending {
             Some(seq) => seq,
             None => {
                 slot.pending = Some(next);
                 self.last_seq = next;
                 next
             }
-        }
-    }
-
-    /// True if `stream` has a pending fence and its last record is `interval_us` old or more (or
-    /// it has none): a stream that frees all the time records one fence per interval, and no
-    /// free waits longer than that for a fence that can complete.
-    pub fn record_due(&self, stream: Stream, now_us: u64, interval_us: u64) -> bool {
-        let Some(slot) = self.streams.iter().find(|s| s.stream == stream) else {
-            return false;
         };
-        slot.pending.is_some()
-            && slot
-                .recorded_at_us
-                .is_none_or(|at_us| now_us.saturating_sub(at_us) >= interval_us)
+        (seq, due)
     }
 
     /// Records `stream`'s pending fence, if it has one.
@@ -221,6 +215,18 @@ impl Fences {
     fn forget_streams_without_fences(&mut self) {
         self.streams
             .retain(|s| !s.recorded.is_empty() || s.pending.is_some());
+    }
+
+    /// True while fence `seq` of `stream` (a number a free took) may not have completed: it is
+    /// still pending, or recorded and not seen complete. Fences complete in order and leave once
+    /// seen complete, so any other number a free took has completed.
+    pub fn outstanding(&self, stream: Stream, seq: u64) -> bool {
+        self.streams
+            .iter()
+            .find(|s| s.stream == stream)
+            .is_some_and(|slot| {
+                slot.pending == Some(seq) || slot.recorded.events_of_sorted(seq, |&s| s).is_some()
+            })
     }
 
     /// The event of `stream`'s recorded fence `seq`, if it has not been seen to complete (then it

@@ -34,17 +34,18 @@
 
 mod growth;
 mod interface;
+mod live;
 mod mapping;
 mod ranges;
 mod release;
 mod settings;
+mod slot;
 mod small;
 
 use crate::driver::{DevicePtr, Driver, MemHandle, Stream};
 use crate::error::{
     Error, Result, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
 };
-use crate::fasthash::WordMap;
 use crate::history::{Recorder, StreampoolEventKind as Event};
 use crate::stream_order::{CaptureWatch, Fences};
 use crate::sync::Mutex;
@@ -110,8 +111,8 @@ struct VmmState {
     pages: BTreeMap<u64, Page>,
     /// Handles taken out of pages and not mapped again yet (counted as reserved).
     spare_handles: Vec<MemHandle>,
-    /// Live blocks: start -> bytes.
-    live: WordMap<u64, u64>,
+    /// Live blocks, to check frees against.
+    live: live::Live,
     used_bytes: u64,
     used_high_bytes: u64,
     /// The most ever in use (not reset with the peaks).
@@ -131,6 +132,8 @@ struct VmmState {
     /// A growth found the device full (its free memory less the headroom bounded it, and idle
     /// pages were moved): the allocation releases the surplus before it returns.
     device_full: bool,
+    /// The block freed last, kept aside for its stream's next request of its size ([`slot`]).
+    slot: Option<slot::Slot>,
 }
 
 impl VmmState {

@@ -15,16 +15,32 @@ use crate::driver::Stream;
 use crate::error::Result;
 
 impl VmmResource {
-    /// A small block for `stream`: a fit in a carrier it may use, after updating the ranges, after a
-    /// GPU-side wait, or in a new carrier.
+    /// A small block for `stream`: a fit in a carrier it may use, a mapped page it may use as a
+    /// new carrier (both without a driver call: a loop whose carrier empties and fills again
+    /// asks the GPU nothing), after updating the ranges, after a GPU-side wait, or in a carrier
+    /// mapped now.
     pub(super) fn place_small(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<u64> {
+        if let Some(start) = st.small.best_fit(bytes, stream) {
+            st.small.take(start, bytes);
+            return Ok(start);
+        }
+        if let Some(page) = st.carriers.best_fit_page(stream) {
+            let state = st.carriers.take(page, self.page_bytes);
+            return Ok(self.carve(st, page, state, bytes));
+        }
         if let Some(start) = self.take_free(st, true, bytes, stream) {
             return Ok(start);
         }
         let (page, state) = self.new_carrier(st, stream)?;
+        Ok(self.carve(st, page, state, bytes))
+    }
+
+    /// `page`, taken out of the carriers' region in `state`, becomes a carrier; its first
+    /// `bytes` are handed out.
+    fn carve(&self, st: &mut VmmState, page: u64, state: State, bytes: u64) -> u64 {
         st.small.add_extent_in(page, self.page_bytes, state);
         st.small.take(page, bytes);
-        Ok(page)
+        page
     }
 
     /// A page for a new carrier, taken out of the carriers' region: a mapped one `stream` may
