@@ -221,7 +221,8 @@ impl VmmResource {
         // grows.
         if let Some(percent) = self.growth_slack_percent {
             let most_bytes = st.used_max_bytes.max(st.used_bytes);
-            let allowed_bytes = most_bytes.saturating_add(most_bytes / 100 * percent.min(1000));
+            let slack_bytes = most_bytes.saturating_mul(percent.min(1000)) / 100;
+            let allowed_bytes = most_bytes.saturating_add(slack_bytes);
             if st.physical_bytes(self.page_bytes) + self.page_bytes > allowed_bytes {
                 if let Some(handle) = self.move_idle_page(st, growth, now_ms, false) {
                     return Ok(handle);

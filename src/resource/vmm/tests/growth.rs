@@ -4,13 +4,44 @@
 use super::*;
 use crate::driver::{DeviceDriver, VmmDriver};
 
-/// A rig whose resource keeps `headroom_bytes` free.
+/// A rig whose resource keeps `headroom_bytes` free, and moves hot idle pages only when the
+/// device is full (no growth slack).
 fn rig_headroom(memory_bytes: u64, headroom_bytes: u64) -> Rig {
     let spec = VmmSpec {
         headroom_bytes,
+        growth_slack_percent: None,
         ..spec(Settings::default(), memory_bytes)
     };
     rig_spec(1, memory_bytes, spec)
+}
+
+#[test]
+fn beyond_the_growth_slack_hot_idle_pages_back_new_blocks_before_the_device_grows() {
+    let r = rig(); // the default slack: 25% over the most ever in use
+    r.stop_clock();
+    let blocks: Vec<DevicePtr> = (0..8).map(|_| r.alloc(PAGE, S1)).collect();
+    for &hole in blocks.iter().step_by(2) {
+        r.free(hole, PAGE, S1);
+    }
+    r.sim.complete_all();
+    // 8 pages mapped, 8 the most in use, 4 live, 4 idle (hot) holes of one page. A 2-page
+    // block may take the device to 10 pages (125% of 8): it grows. Another 2 pages would take
+    // it past that: two hot holes move instead.
+    let c = r.alloc(2 * PAGE, S1);
+    assert_eq!(
+        (r.physical(), Statistics::driver_counts(&*r.vmm).unmaps),
+        (10 * PAGE, 0)
+    );
+    let d = r.alloc(2 * PAGE, S1);
+    assert_eq!(
+        (r.physical(), Statistics::driver_counts(&*r.vmm).unmaps),
+        (10 * PAGE, 2)
+    );
+    for &live in blocks.iter().skip(1).step_by(2) {
+        r.free(live, PAGE, S1);
+    }
+    r.free(c, 2 * PAGE, S1);
+    r.free(d, 2 * PAGE, S1);
 }
 
 #[test]

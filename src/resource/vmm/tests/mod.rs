@@ -131,7 +131,11 @@ fn neighbours_coalesce_so_a_larger_block_needs_no_new_memory() {
 
 #[test]
 fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
-    let r = rig();
+    let spec = VmmSpec {
+        growth_slack_percent: None, // hot pages move only beyond the slack: none here
+        ..spec(Settings::default(), 64 * PAGE)
+    };
+    let r = rig_spec(2, 64 * PAGE, spec);
     r.stop_clock();
     let a = r.alloc(PAGE, S1);
     let b = r.alloc(PAGE, S1);
