@@ -193,6 +193,25 @@ impl FreeRanges {
         }
     }
 
+    /// A whole page inside a range freed on a stream other than `stream`, with that stream and
+    /// the range's fence: `stream` may use it once it has waited for the fence. The first found
+    /// (pages are alike). For the carriers of small blocks.
+    pub fn page_freed_by_other(&self, stream: Stream) -> Option<(u64, Stream, u64)> {
+        let page = self.page_bytes;
+        let (at, start) = self
+            .freed_by_size
+            .iter()
+            .filter(|&&(s, len, _)| s != stream && len >= page)
+            .find_map(|&(_, len, start)| {
+                let at = self.page_ceil(start);
+                (at + page <= start + len).then_some((at, start))
+            })?;
+        match self.ranges[&start].state {
+            State::Freed { stream, seq } => Some((at, stream, seq)),
+            _ => None,
+        }
+    }
+
     /// Hands out `[start, start + bytes)`, which must be free and usable (mapped) for the caller;
     /// the state the block was in (ready, or freed on one stream with the latest fence of its
     /// pieces).

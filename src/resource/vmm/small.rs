@@ -44,13 +44,22 @@ impl VmmResource {
     }
 
     /// A page for a new carrier, taken out of the carriers' region: a mapped one `stream` may
-    /// use, else one mapped now; with the state it was in.
+    /// use, else one another stream freed (after a GPU-side wait for its fence), else one mapped
+    /// now; with the state it was in.
     fn new_carrier(&self, st: &mut VmmState, stream: Stream) -> Result<(u64, State)> {
         if let Some(page) = st.carriers.best_fit_page(stream) {
             return Ok((page, st.carriers.take(page, self.page_bytes)));
         }
         if self.capturing(st) {
             return Err(super::paused());
+        }
+        // A page another stream freed, once `stream` has waited for its fence on the GPU, before
+        // a new one: with a stream per request, each would otherwise map a page of its own until
+        // the GPU caught up.
+        if let Some((page, other, seq)) = st.carriers.page_freed_by_other(stream) {
+            if self.wait_for_fence(st, stream, other, seq) {
+                return Ok((page, st.carriers.take(page, self.page_bytes)));
+            }
         }
         let page_bytes = self.page_bytes;
         let window = match st
