@@ -8,13 +8,16 @@
 //!   emptied carrier is an idle page again.
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
-//!   the fence has completed ([`crate::stream_order`]).
+//!   the fence has completed ([`crate::stream_order`]); freed on S, it takes in the ready memory
+//!   around it, so that S sees one free block. The block freed last waits in a slot for its
+//!   stream's next request of its size ([`slot`]); nothing is cached in front of the resource.
 //! - A request that fits no mapped range gets a window of free addresses (which may cover memory
 //!   other streams freed, once the stream has waited on the GPU for their fences) whose unmapped
-//!   pages are backed ([`mapping`]) by spare handles, then by handles moved out of cold idle pages (unused
-//!   for `cold_after_ms`), then by new handles, and only when the device (less the headroom kept
-//!   for the CUDA runtime) or the cap is full by handles moved out of any idle page; a growth
-//!   that found the device full gives idle pages back until it has room again ([`growth`]).
+//!   pages are backed ([`mapping`]) by spare handles, then by handles moved out of cold idle
+//!   pages (unused for `cold_after_ms`), then by new handles, and only when the growth slack,
+//!   the device (less the headroom kept for the CUDA runtime) or the cap is reached by handles
+//!   moved out of any idle page; a growth that found the device full gives idle pages back
+//!   until it has room again ([`growth`]).
 //! - Nothing is released on the allocating thread but after a growth that found the device full:
 //!   memory above the release threshold is released once unused for a second, and all idle
 //!   memory once the device is idle, by the device's background thread
