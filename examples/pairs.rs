@@ -51,6 +51,14 @@ const PATHS: &[Path] = &[
         cross_stream: false,
     },
     Path {
+        name: "vmm_small",
+        what:
+            "vmm backend, 64 KiB (a carrier page's), the block freed on the stream reused at once",
+        backend: Backend::Vmm,
+        bytes: 64 << 10,
+        cross_stream: false,
+    },
+    Path {
         name: "cross_stream",
         what: "pool backend, 1 MiB, used on a second stream (record_stream) before its free",
         backend: Backend::Pool,

@@ -52,9 +52,10 @@ fn live_pointers_are_distinct_and_do_not_overlap() {
     r.finish();
 }
 
+/// On the pool backend (the vmm backend caches nothing: it reuses a stream's frees itself).
 #[test]
 fn same_stream_reuses_from_cache_without_a_driver_call() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     let a = r.malloc(1000, 0, 7);
     r.free(a, 0);
     let before = r.stats(0);
@@ -67,9 +68,11 @@ fn same_stream_reuses_from_cache_without_a_driver_call() {
     r.finish();
 }
 
+/// On the pool backend (the vmm backend hands a block freed on one stream to another after a
+/// GPU-side wait for the free: src/resource/vmm/tests).
 #[test]
 fn another_stream_does_not_get_a_cached_block() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     let a = r.malloc(4096, 0, 1);
     r.free(a, 0);
     let b = r.malloc(4096, 0, 2);
@@ -304,9 +307,10 @@ fn reset_peak_stats_resets_the_pools_high_water_marks_too() {
     r.finish();
 }
 
+/// On the pool backend (the vmm backend caches nothing).
 #[test]
 fn record_stream_on_the_block_s_own_stream_adds_no_wait() {
-    let r = rig(1 << 30);
+    let r = pool_rig(1 << 30);
     let a = r.malloc(4096, 0, 1);
     r.alloc.record_stream(a, s(1)).unwrap();
     r.free(a, 0);

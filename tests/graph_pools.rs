@@ -171,12 +171,18 @@ fn allocations_during_a_capture_come_from_the_pool_not_from_graph_memory() {
         .unwrap();
     r.sim.begin_capture(0, s(5));
     let a = malloc_routed(&r, 2 * MIB, 5);
-    assert!(pool_live(&r).contains(&a.0), "the capture's block is not the pool's");
+    assert!(
+        pool_live(&r).contains(&a.0),
+        "the capture's block is not the pool's"
+    );
     // The pool backend's segment comes from its CUDA pool; the vmm resource does not map while
     // a capture is known, so its segment comes from the driver's pool, on streampool's own
     // stream (allocated there and waited for: not a node of the graph).
     if base_config().backend == streampool::config::Backend::Pool {
-        assert!(!r.sim.is_driver_memory(0, a), "the capture got the driver's memory");
+        assert!(
+            !r.sim.is_driver_memory(0, a),
+            "the capture got the driver's memory"
+        );
     }
     r.free(a, 0); // freed inside the capture: back into the pool
     r.sim.end_capture(0, s(5));

@@ -92,9 +92,10 @@ fn out_of_memory_is_recorded_and_a_full_ring_keeps_the_newest() {
     rig.finish();
 }
 
+/// On the pool backend, which caches blocks (the vmm backend caches none).
 #[test]
 fn blocks_list_live_cached_and_waiting_blocks() {
-    let rig = rig(64 * MIB);
+    let rig = pool_rig(64 * MIB);
     let live = rig.malloc(1000, 0, 1);
     let cached = rig.malloc(4096, 0, 1);
     let waiting = rig.malloc(8192, 0, 1);

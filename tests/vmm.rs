@@ -64,8 +64,11 @@ impl Rig {
     }
 }
 
+/// Nothing is cached in front of the resource: it reuses a block freed on a stream on that
+/// stream at once itself, and a cached small block would pin its carrier page (replayed
+/// llama_decode held 1.07x its live bytes with the cache, 1.02x without).
 #[test]
-fn small_blocks_share_the_pages_of_large_ones_and_only_small_ones_are_cached() {
+fn small_blocks_share_the_pages_of_large_ones_and_nothing_is_cached() {
     let r = rig();
     let small = r.malloc(64 * 1024, 0, S1);
     let large = r.malloc(5 * MIB, 0, S1);
@@ -78,17 +81,16 @@ fn small_blocks_share_the_pages_of_large_ones_and_only_small_ones_are_cached() {
     assert_eq!(r.sim.outstanding_bytes(), 0, "nothing from a CUDA pool");
     r.alloc.free(small, 0).unwrap();
     r.alloc.free(large, 0).unwrap();
+    assert_eq!(r.stats().cached_bytes, 0, "both blocks went home");
+    let creates = r.stats().num_mem_creates;
     assert_eq!(
-        r.stats().cached_bytes,
-        64 * 1024,
-        "the large block went home, not to the cache"
+        (r.malloc(5 * MIB, 0, S1), r.malloc(64 * 1024, 0, S1)),
+        (large, small),
+        "its own stream reuses them at once"
     );
-    assert_eq!(
-        r.malloc(5 * MIB, 0, S1),
-        large,
-        "its own stream reuses it at once"
-    );
+    assert_eq!(r.stats().num_mem_creates, creates, "nothing new");
     r.alloc.free(large, 0).unwrap();
+    r.alloc.free(small, 0).unwrap();
     r.finish();
 }
 

@@ -16,6 +16,8 @@ fn vmm(memory_bytes: u64, page: SizeSpec) -> (Arc<SimDriver>, Allocator) {
     let config = Config {
         backend: Backend::Vmm,
         vmm_page_size: page,
+        // No headroom: a page of the whole device can then be created.
+        vmm_headroom: SizeSpec::Bytes(0),
         ..Config::default()
     };
     let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config).unwrap();

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 type Check = (&'static str, fn() -> Result<(), String>);
 
-const CHECKS: [Check; 11] = [
+const CHECKS: [Check; 12] = [
     ("replay_peak_live_follows_allocs_and_frees", peak_live),
     ("replay_rejects_inconsistent_traces", rejects_bad_traces),
     ("replay_gunzip_stored_and_compressed", gunzip_blocks),
@@ -27,6 +27,10 @@ const CHECKS: [Check; 11] = [
     ("replay_churn_trace_parses", churn_parses),
     ("replay_timestamps_parse_in_order", timestamps),
     ("replay_measures_above_library_workspaces", workspaces),
+    (
+        "replay_near_full_checkerboard_is_served_above_the_headroom",
+        checkerboard,
+    ),
     (
         "replay_plan_keeps_host_and_gpu_in_order",
         timing_checks::plan_order,
@@ -335,4 +339,51 @@ fn workspaces() -> Result<(), String> {
         warmed.before_start.is_empty() && warmed.peak_live_bytes == 68 << 20,
         || format!("a warmed-up capture: {:?}", warmed.before_start),
     )
+}
+
+/// The near-full workload of bench/trace_capture.py (`build_checkerboard`) on a card of
+/// `card_bytes` with all of it free: 88% of it in 256 MiB blocks, every other one freed, then one
+/// block of 40% of the card, which only the freed memory can hold.
+pub fn checkerboard_trace(card_bytes: u64) -> String {
+    const BLOCK_BYTES: u64 = 256 << 20;
+    let count = card_bytes / 100 * 88 / BLOCK_BYTES;
+    let big_bytes = card_bytes / 100 * 40 / (2 << 20) * (2 << 20);
+    let mut text = format!(
+        "# workload checkerboard\n# {}\n# device_total_bytes {card_bytes}\n",
+        super::trace::WARMED_UP
+    );
+    for id in 1..=count {
+        text += &format!("a {id} {BLOCK_BYTES} 0\n");
+    }
+    for id in (1..=count).step_by(2) {
+        text += &format!("f {id}\n");
+    }
+    text += &format!("a {} {big_bytes} 0\nf {}\n", count + 1, count + 1);
+    for id in (2..=count).step_by(2) {
+        text += &format!("f {id}\n");
+    }
+    text + "x\n"
+}
+
+/// Catches a backend that fails the near-full checkerboard, takes the device's free memory below
+/// the default headroom (1% of the card) or asks the device again after it refused a page.
+fn checkerboard() -> Result<(), String> {
+    let card_bytes = 4u64 << 30;
+    let t = Trace::parse("checkerboard", &checkerboard_trace(card_bytes))?;
+    for backend in ["pool", "vmm"] {
+        let o = run::replay(
+            &t,
+            &setting(backend, &[("STREAMPOOL_BACKEND", backend)]),
+            &Options::default(),
+            0,
+        );
+        ensure(o.error.is_none(), || format!("{backend}: {:?}", o.error))?;
+        ensure(o.failed_creates == 0, || {
+            format!("{backend}: {} creates refused", o.failed_creates)
+        })?;
+        ensure(o.least_free_bytes >= card_bytes / 100, || {
+            format!("{backend}: {} B free at the least", o.least_free_bytes)
+        })?;
+    }
+    Ok(())
 }

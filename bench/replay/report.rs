@@ -190,6 +190,8 @@ fn outcome_json(o: &Outcome) -> serde_json::Value {
         ("timed_calls", calls(&o.timed_calls)),
         ("pages_mapped", json!(o.stats_maps)),
         ("pages_unmapped", json!(o.stats_unmaps)),
+        ("failed_creates", json!(o.failed_creates)),
+        ("least_free_bytes", json!(o.least_free_bytes)),
         ("modeled_driver_s", json!(o.modeled_driver_s)),
         ("replay_wall_s", json!(o.replay_wall_s)),
         ("error", json!(o.error)),

@@ -30,7 +30,7 @@ use streampool::driver::{DeviceDriver, DevicePtr, Driver, Stream};
 use streampool::{Allocator, Config};
 
 /// The driver calls reported, in table order: (name in the simulator, column header).
-pub const CALLS: [(&str, &str); 13] = [
+pub const CALLS: [(&str, &str); 15] = [
     ("cuMemCreate", "create"),
     ("cuMemMap", "map"),
     ("cuMemUnmap", "unmap"),
@@ -39,17 +39,20 @@ pub const CALLS: [(&str, &str); 13] = [
     ("cuMemRelease", "release"),
     ("cuEventRecord", "ev-record"),
     ("cuEventQuery", "ev-query"),
+    ("cuStreamQuery", "stream-query"),
     ("cuStreamWaitEvent", "wait"),
     ("cuMemAllocFromPoolAsync", "pool-alloc"),
     ("cuMemFreeAsync", "pool-free"),
     ("cuStreamSynchronize", "stream-sync"),
     ("cuCtxSynchronize", "device-sync"),
+    ("cuMemGetInfo", "mem-info"),
 ];
 
 /// Modeled cost of each call on an H100 (driver 580), microseconds; `cuMemSetAccess handles`
 /// prices each handle a call covers beyond its first. Calls not listed cost 0 (not measured:
-/// `cuMemRelease`, `cuStreamWaitEvent`; synchronisations depend on the GPU's work).
-pub const DEFAULT_COSTS_US: [(&str, f64); 9] = [
+/// `cuMemRelease`, `cuStreamWaitEvent`, `cuMemGetInfo`; synchronisations depend on the GPU's
+/// work).
+pub const DEFAULT_COSTS_US: [(&str, f64); 10] = [
     ("cuMemSetAccess", 25.0),
     ("cuMemSetAccess handles", 21.0),
     ("cuMemUnmap", 16.0),
@@ -58,6 +61,9 @@ pub const DEFAULT_COSTS_US: [(&str, f64); 9] = [
     // cuEventRecord + cuEventQuery measured together: 1.1 us, split evenly.
     ("cuEventRecord", 0.55),
     ("cuEventQuery", 0.55),
+    // Not measured: priced as the query of an event, which it replaces where a stream has
+    // finished its work.
+    ("cuStreamQuery", 0.55),
     // cuMemAllocFromPoolAsync + cuMemFreeAsync measured together: 0.8-1.25 us.
     ("cuMemAllocFromPoolAsync", 0.5),
     ("cuMemFreeAsync", 0.5),
@@ -118,6 +124,10 @@ pub struct Outcome {
     /// Pages mapped and unmapped, as the stats report them.
     pub stats_maps: u64,
     pub stats_unmaps: u64,
+    /// `cuMemCreate` calls the device refused (calls less the handles the stats count).
+    pub failed_creates: u64,
+    /// The device's least free memory during the replay (its memory less the most in use).
+    pub least_free_bytes: u64,
     pub modeled_driver_s: f64,
     pub replay_wall_s: f64,
     pub error: Option<String>,
@@ -409,6 +419,12 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
     out.allocated_peak_bytes = stats.allocated_bytes_peak - before_start_bytes;
     out.stats_maps = stats.num_maps;
     out.stats_unmaps = stats.num_unmaps;
+    out.failed_creates = out
+        .call("cuMemCreate")
+        .saturating_sub(stats.num_mem_creates);
+    out.least_free_bytes = stats
+        .device_total_bytes
+        .saturating_sub(sim.in_use_high_bytes(0));
     // Tidy up so that the strict simulator's leak check judges the allocator, not the replay.
     for (_, (ptr, _)) in live.drain() {
         alloc

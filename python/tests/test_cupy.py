@@ -5,6 +5,7 @@ import sys
 import types
 
 import pytest
+from conftest import BACKEND
 from helpers import HIDE_TORCH, describe, run_python
 
 import streampool
@@ -64,10 +65,12 @@ def test_cupy_allocates_from_streampool_on_its_current_stream(fake_cupy):
     del memory
     after = _lib.get_stats(0).as_dict()
     assert after["allocated_bytes"] == before["allocated_bytes"]
-    # Freed on CuPy's stream: the next allocation of that size on it is a cache hit.
+    # Freed on CuPy's stream: the next allocation of that size on it reuses the block (a cache
+    # hit on the pool backend; the vmm backend caches nothing and reuses it itself).
     again = fake_cupy.cuda.allocator(3 * 4096)
     assert again.ptr == ptr
-    assert _lib.get_stats(0).num_cache_hits == after["num_cache_hits"] + 1
+    hits = 1 if BACKEND == "pool" else 0
+    assert _lib.get_stats(0).num_cache_hits == after["num_cache_hits"] + hits
     del again
 
 

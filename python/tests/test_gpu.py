@@ -91,6 +91,14 @@ def test_vmm_backend_keeps_every_element_while_pages_move():
     print(f"\nvmm remap: {tagged_line(out, 'vmm remap:')}")
 
 
+@pytest.mark.parametrize("backend", ["pool", "vmm"])
+@pytest.mark.parametrize("small", [False, True], ids=["large", "with-small"])
+def test_a_device_near_full_serves_40_percent_of_the_card_from_a_checkerboard(backend, small):
+    extra = {"STREAMPOOL_TEST_CHECKER_SMALL": "1" if small else "0"}
+    out = run_case("near_full_checkerboard", backend=backend, extra_env=extra)
+    print(f"\n{backend}, small {small}: {tagged_line(out, 'near full:')}")
+
+
 def test_scoped_mempool_without_install():
     run_case("scoped_mempool", allocator="scoped")
 

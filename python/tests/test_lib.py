@@ -85,6 +85,7 @@ def test_peak_follows_the_maximum_and_reset_lowers_it_to_current():
     _lib.free(a, 1 * MiB, 0)
 
 
+@pool_backend_only
 def test_same_stream_reuse_is_a_cache_hit_without_a_device_allocation():
     first = _lib.malloc(1 * MiB, 0, STREAM_A)
     _lib.free(first, 1 * MiB, 0, STREAM_A)
@@ -100,6 +101,7 @@ def test_same_stream_reuse_is_a_cache_hit_without_a_device_allocation():
     _lib.free(second, 1 * MiB, 0, STREAM_A)
 
 
+@pool_backend_only
 def test_a_block_freed_on_one_stream_is_not_served_from_the_cache_to_another():
     block = _lib.malloc(1 * MiB, 0, STREAM_A)
     _lib.free(block, 1 * MiB, 0, STREAM_A)

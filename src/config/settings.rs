@@ -27,6 +27,7 @@ pub struct Settings {
     pub(crate) vmm_page_size: SizeSpec,
     pub(crate) vmm_cold_after_ms: u64,
     pub(crate) vmm_growth_slack_percent: Option<u64>,
+    pub(crate) vmm_headroom: SizeSpec,
     pub(crate) idle_release_ms: Option<u64>,
     pub(crate) background: bool,
 }
@@ -53,6 +54,7 @@ impl From<&Config> for Settings {
             vmm_page_size: c.vmm_page_size,
             vmm_cold_after_ms: c.vmm_cold_after_ms,
             vmm_growth_slack_percent: c.vmm_growth_slack_percent,
+            vmm_headroom: c.vmm_headroom,
             idle_release_ms: c.idle_release_ms,
             background: c.background,
         }
@@ -117,6 +119,8 @@ pub struct VmmSpec {
     /// Beyond this many percent of the bytes in use, idle pages, cold or not, are moved to back
     /// a new block before the device grows (`None`: only cold ones).
     pub growth_slack_percent: Option<u64>,
+    /// Device memory left free when the resource grows (`STREAMPOOL_VMM_HEADROOM`).
+    pub headroom_bytes: u64,
 }
 
 impl Settings {
@@ -150,6 +154,7 @@ impl Settings {
                     release_threshold_bytes,
                     cold_after_ms: self.vmm_cold_after_ms,
                     growth_slack_percent: self.vmm_growth_slack_percent,
+                    headroom_bytes: resolve(self.vmm_headroom),
                 },
             },
         }

@@ -51,10 +51,13 @@ impl DeviceAllocator {
         source: &Source,
         request: Request,
     ) -> Result<()> {
+        // A source that reuses its own frees (the vmm resource) returns at once, without the
+        // settings: this runs on every allocation it serves.
+        if !source.traits().returns_before_growth {
+            return Ok(());
+        }
         let trim = self.setup()?.settings.trim_on_growth;
-        if !source.traits().returns_before_growth
-            || (!trim && self.state.lock().ledger.cached_bytes() == 0)
-        {
+        if !trim && self.state.lock().ledger.cached_bytes() == 0 {
             return Ok(());
         }
         let usage = source.usage()?;

@@ -178,12 +178,17 @@ impl DeviceAllocator {
         let targets: Vec<Arc<dyn Accessible>> = own.iter().filter_map(peer_target).collect();
         self.peers
             .pools_created(self.driver.as_ref(), self.device, &targets);
-        let mut max_block_bytes = settings.cache_max_block_bytes;
-        if provision.backend == Backend::Vmm {
-            // The virtual-memory resource reuses and coalesces freed blocks itself: caching
-            // large ones above it would only keep them from coalescing.
-            max_block_bytes = max_block_bytes.min(settings.sources.small_max_bytes);
-        }
+        log::info!(
+            "device {}: the {} backend serves it",
+            self.device,
+            match provision.backend {
+                Backend::Vmm => "vmm",
+                Backend::Pool => "pool",
+            }
+        );
+        // (The virtual-memory resource's blocks are never cached: it reuses and coalesces freed
+        // blocks itself, a trait of the resource.)
+        let max_block_bytes = settings.cache_max_block_bytes;
         let limit_bytes = settings.cache_limit_bytes;
         // Only the sources and the cache: the counters may already hold an out-of-memory error
         // (a request above the maximum is refused without creating the sources).

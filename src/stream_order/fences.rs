@@ -50,31 +50,25 @@ impl Fences {
         }
     }
 
-    /// The number of the fence that will cover a free on `stream` now (no driver call).
-    pub fn seq_for_free(&mut self, stream: Stream) -> u64 {
+    /// A free on `stream` at `now_us` (no driver call): the number of the fence that will cover
+    /// it, and whether that fence is due to be recorded — the stream's last record is
+    /// `interval_us` old or more (or it has none): a stream that frees all the time records one
+    /// fence per interval, and no free waits longer than that for a fence that can complete.
+    pub fn free_on(&mut self, stream: Stream, now_us: u64, interval_us: u64) -> (u64, bool) {
         let next = self.last_seq + 1;
         let slot = self.slot(stream);
-        match slot.pending {
+        let due = slot
+            .recorded_at_us
+            .is_none_or(|at_us| now_us.saturating_sub(at_us) >= interval_us);
+        let seq = match slot.pending {
             Some(seq) => seq,
             None => {
                 slot.pending = Some(next);
                 self.last_seq = next;
                 next
             }
-        }
-    }
-
-    /// True if `stream` has a pending fence and its last record is `interval_us` old or more (or
-    /// it has none): a stream that frees all the time records one fence per interval, and no
-    /// free waits longer than that for a fence that can complete.
-    pub fn record_due(&self, stream: Stream, now_us: u64, interval_us: u64) -> bool {
-        let Some(slot) = self.streams.iter().find(|s| s.stream == stream) else {
-            return false;
         };
-        slot.pending.is_some()
-            && slot
-                .recorded_at_us
-                .is_none_or(|at_us| now_us.saturating_sub(at_us) >= interval_us)
+        (seq, due)
     }
 
     /// Records `stream`'s pending fence, if it has one.
@@ -141,6 +135,42 @@ impl Fences {
         })
     }
 
+    /// For a caller that may record (a thread of the program, at a miss): the pending fence of
+    /// each stream that has finished all its work completes without a record (one
+    /// `cuStreamQuery`, which the record would have cost); the others are recorded, for the next
+    /// look or another stream's wait. Streams `skip` says no to (capturing ones: neither a query
+    /// nor a record is allowed on them) are left as they are. The streams and fence numbers so
+    /// completed.
+    pub fn settle_pending(
+        &mut self,
+        driver: &dyn Driver,
+        device: usize,
+        skip: impl Fn(Stream) -> bool,
+    ) -> Vec<(Stream, u64)> {
+        let pending: Vec<(Stream, bool)> = self
+            .streams
+            .iter()
+            .filter(|s| s.pending.is_some())
+            .map(|s| (s.stream, s.recorded.is_empty()))
+            .collect();
+        let mut idle = Vec::new();
+        for (stream, nothing_recorded) in pending {
+            if skip(stream) {
+                continue;
+            }
+            // With fences of its own still recorded, the stream was polled just before: busy.
+            if nothing_recorded && driver.stream_query(device, stream).unwrap_or(false) {
+                idle.push(stream);
+            } else if let Err(e) = self.record_pending(driver, device, stream) {
+                log::debug!("device {device}: fence on {stream:#x}: {e}; later");
+            }
+        }
+        match idle.is_empty() {
+            true => Vec::new(),
+            false => self.complete_pending_where(|slot, _| idle.contains(&slot.stream)),
+        }
+    }
+
     /// The pending fences of streams the driver no longer knows (destroyed: no fence can be
     /// recorded on them any more). They complete once the device has synchronised after this
     /// call: [`Fences::complete_pending`].
@@ -185,6 +215,18 @@ impl Fences {
     fn forget_streams_without_fences(&mut self) {
         self.streams
             .retain(|s| !s.recorded.is_empty() || s.pending.is_some());
+    }
+
+    /// True while fence `seq` of `stream` (a number a free took) may not have completed: it is
+    /// still pending, or recorded and not seen complete. Fences complete in order and leave once
+    /// seen complete, so any other number a free took has completed.
+    pub fn outstanding(&self, stream: Stream, seq: u64) -> bool {
+        self.streams
+            .iter()
+            .find(|s| s.stream == stream)
+            .is_some_and(|slot| {
+                slot.pending == Some(seq) || slot.recorded.events_of_sorted(seq, |&s| s).is_some()
+            })
     }
 
     /// The event of `stream`'s recorded fence `seq`, if it has not been seen to complete (then it

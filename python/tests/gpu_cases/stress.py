@@ -1,5 +1,5 @@
-"""GPU cases for reliability (``case_<name>(ctx)``): many threads and streams at once, and a long
-soak of training steps with shapes that change every step."""
+"""GPU cases for reliability (``case_<name>(ctx)``): many threads and streams at once, a long
+soak of training steps with shapes that change every step, and a device near full."""
 
 import os
 import queue
@@ -107,3 +107,36 @@ def case_soak(ctx) -> None:
     del model, optimizer, loss, tokens
     device_shared = os.environ.get("GPU_CASE_DEVICE_SHARED") == "1"
     ctx.assert_back_to(baseline, "after the soak", device_shared=device_shared)
+
+
+def case_near_full_checkerboard(ctx) -> None:
+    """88% of the free memory in 256 MiB tensors (a 1 MiB tensor after each with
+    STREAMPOOL_TEST_CHECKER_SMALL=1), every other large one freed, then one tensor of 40% of the
+    card, which only the freed memory can hold (bench/trace_capture.py's checkerboard). It is
+    served; kernels still launch and run afterwards (a full device fails them outside the
+    allocator); the device keeps free memory (under vmm, at least STREAMPOOL_VMM_HEADROOM)."""
+    small = os.environ.get("STREAMPOOL_TEST_CHECKER_SMALL") == "1"
+    free_bytes, total_bytes = torch.cuda.mem_get_info()
+    count = int(free_bytes * 0.88) // (256 * MiB)
+    big_bytes = int(total_bytes * 0.40) // (2 * MiB) * (2 * MiB)
+    tensors = []
+    for _ in range(count):
+        tensors.append(torch.empty(256 * MiB, dtype=torch.uint8, device="cuda"))
+        if small:
+            tensors.append(torch.empty(MiB, dtype=torch.uint8, device="cuda"))
+    step = 4 if small else 2
+    for i in range(0, len(tensors), step):
+        tensors[i] = None
+    big = torch.empty(big_bytes, dtype=torch.uint8, device="cuda")
+    # Kernels the program has not run yet still load and run.
+    big[:MiB].fill_(7)
+    probe = torch.randn(512, 512, device="cuda")
+    total = float((probe @ probe).sum()) + float(big[:MiB].sum())
+    torch.cuda.synchronize()
+    assert total == total, "a kernel failed"
+    left_bytes = torch.cuda.mem_get_info()[0]
+    print(f"near full: {count} tensors of 256 MiB, {big_bytes / 2**30:.1f} GiB served, "
+          f"{left_bytes / 2**30:.2f} GiB free after")
+    assert left_bytes > 0, "the device was left full"
+    del big, probe
+    tensors.clear()

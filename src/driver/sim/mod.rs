@@ -349,6 +349,7 @@ impl DeviceDriver for SimDriver {
     }
 
     fn mem_info(&self, device: usize) -> Result<MemInfo> {
+        self.count("cuMemGetInfo", 1);
         let d = self.device(device, "cuMemGetInfo")?;
         Ok(MemInfo {
             free_bytes: self.memory_bytes.saturating_sub(d.memory_in_use_bytes()),

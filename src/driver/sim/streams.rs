@@ -102,6 +102,7 @@ impl StreamDriver for SimDriver {
     }
 
     fn stream_query(&self, device: usize, stream: Stream) -> Result<bool> {
+        self.count("cuStreamQuery", 1);
         let d = self.device(device, "cuStreamQuery")?;
         if d.destroyed.contains(&stream) {
             return Err(destroyed("cuStreamQuery"));

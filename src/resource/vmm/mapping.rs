@@ -3,17 +3,22 @@
 //!
 //! A window's unmapped pages are backed, in this order, by: spare handles (unmapped already);
 //! handles moved out of cold idle pages (unused for `cold_after_ms`: memory the program has
-//! stopped using, so moving it costs no future mapping); new handles, while the pool cap and the
-//! device's memory limit allow and the device has memory; and only then handles moved out of any
-//! idle page. So in a steady loop the set of mapped pages settles and nothing is mapped on the
-//! allocating thread, while memory that stays unused is reused before the device grows.
+//! stopped using, so moving it costs no future mapping); new handles, within the growth's budget
+//! ([`super::growth`]: the pool cap, the memory limit, the device's free memory less the
+//! headroom); and only then handles moved out of any idle page. So in a steady loop the set of
+//! mapped pages settles and nothing is mapped on the allocating thread, while memory that stays
+//! unused is reused before the device grows, and a device near full is served from idle pages.
 //!
 //! Invariants: a page is mapped and given access (device and peers) before any of it is handed
 //! out, and on failure nothing half done stays usable — every page of a window is unmapped again
 //! and its handle kept as a spare, or, if even that fails, blocked until access can be set or it
-//! can be unmapped; only idle pages (in `Ready` ranges) are unmapped; nothing is unmapped during
-//! a capture; physical memory never exceeds the pool cap or the memory limit through this module.
+//! can be unmapped; a window that spares, idle pages and the budget cannot back together is
+//! refused before anything is mapped or moved; no create is tried again in a growth after the
+//! device refused one; only idle pages (in `Ready` ranges) are unmapped; nothing is unmapped
+//! during a capture; physical memory never exceeds the pool cap or the memory limit through this
+//! module.
 
+use super::growth::Budget;
 use super::ranges::{State, Window};
 use super::{Page, Region, VmmResource, VmmState};
 use crate::driver::{DevicePtr, MemHandle};
@@ -45,10 +50,12 @@ impl DriverCounts {
     }
 }
 
-/// Idle pages outside a window that may give their handles, cold ones first; listed on first use.
-struct Donors {
+/// What one window's growth may use: idle pages outside the window that may give their handles
+/// (cold and hot, listed on first use) and new handles within its budget (asked on first use).
+struct Growth {
     keep: (u64, u64),
     listed: Option<(Vec<u64>, Vec<u64>)>,
+    budget: Option<Budget>,
 }
 
 impl VmmResource {
@@ -63,14 +70,17 @@ impl VmmResource {
         bytes: u64,
         now_ms: u64,
     ) -> Result<()> {
-        let mut donors = Donors {
+        let mut growth = Growth {
             keep: (window.start, window.start + bytes),
             listed: None,
+            budget: None,
         };
+        self.check_room(st, &mut growth, window.pages.len() as u64, now_ms)?;
         let mut mapped: Vec<u64> = Vec::with_capacity(window.pages.len());
         let outcome = (|| {
-            for &page in &window.pages {
-                let handle = self.take_handle(st, &mut donors, now_ms)?;
+            for (i, &page) in window.pages.iter().enumerate() {
+                let left = (window.pages.len() - i) as u64;
+                let handle = self.take_handle(st, &mut growth, left, now_ms)?;
                 if let Err(e) =
                     self.driver
                         .mem_map(self.device, DevicePtr(page), self.page_bytes, handle)
@@ -153,78 +163,142 @@ impl VmmResource {
         }
     }
 
-    /// A handle for a page (see the module's order).
+    /// Refuses a window of `pages` unmapped pages that spare handles, idle pages outside it and
+    /// new handles within the budget cannot back together, before anything is done for it.
+    fn check_room(
+        &self,
+        st: &mut VmmState,
+        growth: &mut Growth,
+        pages: u64,
+        now_ms: u64,
+    ) -> Result<()> {
+        let spares = st.spare_handles.len() as u64;
+        if pages <= spares {
+            return Ok(());
+        }
+        let budget = self.budget(st, growth, pages - spares);
+        if pages <= spares.saturating_add(budget.pages) {
+            return Ok(());
+        }
+        let (cold, hot) = self.donors(st, growth, now_ms);
+        let idle = (cold.len() + hot.len()) as u64;
+        match pages <= spares.saturating_add(budget.pages).saturating_add(idle) {
+            true => Ok(()),
+            false => Err(Error::Driver {
+                call: "cuMemCreate",
+                code: CUDA_ERROR_OUT_OF_MEMORY,
+                name: "CUDA_ERROR_OUT_OF_MEMORY (too few idle pages, and the device's free \
+                       memory less STREAMPOOL_VMM_HEADROOM, the memory limit or \
+                       STREAMPOOL_MAX_POOL_SIZE allows no more)"
+                    .into(),
+            }),
+        }
+    }
+
+    /// The growth's budget of new handles, asked for `wanted` of them on first use.
+    fn budget(&self, st: &mut VmmState, growth: &mut Growth, wanted: u64) -> Budget {
+        *growth
+            .budget
+            .get_or_insert_with(|| self.creatable(st, wanted))
+    }
+
+    /// A handle for a page, `left` pages of the window (this one included) still to back (see
+    /// the module's order).
     fn take_handle(
         &self,
         st: &mut VmmState,
-        donors: &mut Donors,
+        growth: &mut Growth,
+        left: u64,
         now_ms: u64,
     ) -> Result<MemHandle> {
         if let Some(handle) = st.spare_handles.pop() {
             return Ok(handle);
         }
-        if let Some(handle) = self.move_idle_page(st, donors, now_ms, true) {
+        if let Some(handle) = self.move_idle_page(st, growth, now_ms, true) {
             return Ok(handle);
         }
         // Beyond the slack over the most ever in use, idle memory is moved before the device
         // grows.
         if let Some(percent) = self.growth_slack_percent {
             let most_bytes = st.used_max_bytes.max(st.used_bytes);
-            let allowed_bytes = most_bytes.saturating_add(most_bytes / 100 * percent.min(1000));
+            let slack_bytes = most_bytes.saturating_mul(percent.min(1000)) / 100;
+            let allowed_bytes = most_bytes.saturating_add(slack_bytes);
             if st.physical_bytes(self.page_bytes) + self.page_bytes > allowed_bytes {
-                if let Some(handle) = self.move_idle_page(st, donors, now_ms, false) {
+                if let Some(handle) = self.move_idle_page(st, growth, now_ms, false) {
                     return Ok(handle);
                 }
             }
         }
-        let within_cap = st
-            .physical_bytes(self.page_bytes)
-            .checked_add(self.page_bytes)
-            .is_some_and(|after| after <= self.physical_cap_bytes());
-        let created = match within_cap {
-            true => self.driver.mem_create(self.device, self.page_bytes),
-            false => Err(self.cap_reached()),
-        };
-        match created {
-            Ok(handle) => {
-                st.counts.creates += 1;
-                st.physical_high_bytes = st
-                    .physical_high_bytes
-                    .max(st.physical_bytes(self.page_bytes) + self.page_bytes);
+        let budget = self.budget(st, growth, left);
+        if budget.pages > 0 {
+            match self.driver.mem_create(self.device, self.page_bytes) {
+                Ok(handle) => {
+                    st.counts.creates += 1;
+                    st.physical_high_bytes = st
+                        .physical_high_bytes
+                        .max(st.physical_bytes(self.page_bytes) + self.page_bytes);
+                    growth.budget = Some(Budget {
+                        pages: budget.pages - 1,
+                        ..budget
+                    });
+                    return Ok(handle);
+                }
+                // Others took the memory since it was read: no more creates in this growth.
+                Err(e) if e.is_device_oom() => {
+                    st.free_seen = None;
+                    growth.budget = Some(Budget {
+                        pages: 0,
+                        device_bound: true,
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        match self.move_idle_page(st, growth, now_ms, false) {
+            Some(handle) => {
+                if growth.budget.is_some_and(|b| b.device_bound) {
+                    st.device_full = true;
+                }
                 Ok(handle)
             }
-            Err(e) if e.is_device_oom() => self.move_idle_page(st, donors, now_ms, false).ok_or(e),
-            Err(e) => Err(e),
+            None => Err(Error::Driver {
+                call: "cuMemCreate",
+                code: CUDA_ERROR_OUT_OF_MEMORY,
+                name: "CUDA_ERROR_OUT_OF_MEMORY (no idle page left to move)".into(),
+            }),
         }
     }
 
-    fn cap_reached(&self) -> Error {
-        Error::Driver {
-            call: "cuMemCreate",
-            code: CUDA_ERROR_OUT_OF_MEMORY,
-            name: "CUDA_ERROR_OUT_OF_MEMORY (the memory limit or STREAMPOOL_MAX_POOL_SIZE reached)"
-                .into(),
-        }
-    }
-
-    /// Unmaps an idle page outside the window (a cold one if `cold_only`) and returns its handle.
-    fn move_idle_page(
+    /// The idle pages outside the window, cold and hot, each list popped from its back; listed
+    /// on first use.
+    fn donors<'g>(
         &self,
-        st: &mut VmmState,
-        donors: &mut Donors,
+        st: &VmmState,
+        growth: &'g mut Growth,
         now_ms: u64,
-        cold_only: bool,
-    ) -> Option<MemHandle> {
-        let (cold, hot) = donors.listed.get_or_insert_with(|| {
+    ) -> &'g mut (Vec<u64>, Vec<u64>) {
+        let keep = growth.keep;
+        growth.listed.get_or_insert_with(|| {
             let cold_before_ms = now_ms.saturating_sub(self.cold_after_ms);
-            let (mut cold, mut hot): (Vec<u64>, Vec<u64>) = idle_pages(st, donors.keep)
+            let (mut cold, mut hot): (Vec<u64>, Vec<u64>) = idle_pages(st, keep)
                 .into_iter()
                 .partition(|p| st.pages[p].last_used_ms <= cold_before_ms);
             // Popped from the back: the smallest holes first, as listed.
             cold.reverse();
             hot.reverse();
             (cold, hot)
-        });
+        })
+    }
+
+    /// Unmaps an idle page outside the window (a cold one if `cold_only`) and returns its handle.
+    fn move_idle_page(
+        &self,
+        st: &mut VmmState,
+        growth: &mut Growth,
+        now_ms: u64,
+        cold_only: bool,
+    ) -> Option<MemHandle> {
+        let (cold, hot) = self.donors(st, growth, now_ms);
         let list = match cold_only {
             true => cold,
             false => hot,

@@ -8,16 +8,21 @@
 //!   emptied carrier is an idle page again.
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
-//!   the fence has completed ([`crate::stream_order`]).
-//! - A request that fits no mapped range gets a window of free addresses whose unmapped pages are
-//!   backed ([`mapping`]) by spare handles, then by handles moved out of cold idle pages (unused
-//!   for `cold_after_ms`), then by new handles, and only when the device or the cap is full by
-//!   handles moved out of any idle page.
-//! - Nothing is released on the allocating thread: memory above the release threshold is
-//!   released once unused for a second, and all idle memory once the device is idle, by the
-//!   device's background thread ([`VmmResource::release_above_threshold`],
-//!   [`VmmResource::release_idle`]), which
-//!   records nothing on the program's streams; `trim` after a synchronisation (empty_cache).
+//!   the fence has completed ([`crate::stream_order`]); freed on S, it takes in the ready memory
+//!   around it, so that S sees one free block. The block freed last waits in a slot for its
+//!   stream's next request of its size ([`slot`]); nothing is cached in front of the resource.
+//! - A request that fits no mapped range gets a window of free addresses (which may cover memory
+//!   other streams freed, once the stream has waited on the GPU for their fences) whose unmapped
+//!   pages are backed ([`mapping`]) by spare handles, then by handles moved out of cold idle
+//!   pages (unused for `cold_after_ms`), then by new handles, and only when the growth slack,
+//!   the device (less the headroom kept for the CUDA runtime) or the cap is reached by handles
+//!   moved out of any idle page; a growth that found the device full gives idle pages back
+//!   until it has room again ([`growth`]).
+//! - Nothing is released on the allocating thread but after a growth that found the device full:
+//!   memory above the release threshold is released once unused for a second, and all idle
+//!   memory once the device is idle, by the device's background thread
+//!   ([`VmmResource::release_above_threshold`], [`VmmResource::release_idle`]), which records
+//!   nothing on the program's streams; `trim` after a synchronisation (empty_cache).
 //!
 //! Invariants: a page is unmapped only once no work uses it — it lies in a `Ready` range, whose
 //! fences have completed; every mapping gives the device and every granted peer access before any
@@ -30,23 +35,25 @@
 //! the driver cannot answer for (destroyed) is not capturing; the resource's lock is held across
 //! map and unmap calls, never while the device lock is.
 
+mod growth;
 mod interface;
+mod live;
 mod mapping;
 mod ranges;
 mod release;
 mod settings;
+mod slot;
 mod small;
 
 use crate::driver::{DevicePtr, Driver, MemHandle, Stream};
 use crate::error::{
     Error, Result, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
 };
-use crate::fasthash::WordMap;
 use crate::history::{Recorder, StreampoolEventKind as Event};
 use crate::stream_order::{CaptureWatch, Fences};
 use crate::sync::Mutex;
 use crate::units::{format_bytes, format_limit};
-use ranges::{FreeRanges, State};
+use ranges::{FreeRanges, State, Window};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -71,6 +78,7 @@ pub struct VmmResource {
     device_total_bytes: u64,
     cold_after_ms: u64,
     growth_slack_percent: Option<u64>,
+    headroom_bytes: u64,
     /// The device's memory limit (`set_per_process_memory_fraction`), shared with the device.
     limit_bytes: Arc<AtomicU64>,
     recorder: Arc<Recorder>,
@@ -106,8 +114,8 @@ struct VmmState {
     pages: BTreeMap<u64, Page>,
     /// Handles taken out of pages and not mapped again yet (counted as reserved).
     spare_handles: Vec<MemHandle>,
-    /// Live blocks: start -> bytes.
-    live: WordMap<u64, u64>,
+    /// Live blocks, to check frees against.
+    live: live::Live,
     used_bytes: u64,
     used_high_bytes: u64,
     /// The most ever in use (not reset with the peaks).
@@ -122,6 +130,13 @@ struct VmmState {
     /// Some pages are blocked (mapped without access): updating the ranges tries to fix them.
     blocked: bool,
     counts: DriverCounts,
+    /// The device's free memory as last read ([`growth`]).
+    free_seen: Option<growth::FreeSeen>,
+    /// A growth found the device full (its free memory less the headroom bounded it, and idle
+    /// pages were moved): the allocation releases the surplus before it returns.
+    device_full: bool,
+    /// The block freed last, kept aside for its stream's next request of its size ([`slot`]).
+    slot: Option<slot::Slot>,
 }
 
 impl VmmState {
@@ -197,6 +212,7 @@ impl VmmResource {
             device_total_bytes: total_bytes,
             cold_after_ms: settings.cold_after_ms,
             growth_slack_percent: settings.growth_slack_percent,
+            headroom_bytes: settings.headroom_bytes,
             limit_bytes,
             recorder,
             state: Mutex::new(VmmState {
@@ -243,8 +259,10 @@ impl VmmResource {
     }
 
     /// Brings the free ranges up to date with the GPU: freed ranges whose fences completed
-    /// become ready for every stream; pending fences are recorded (for the next look) or, from
-    /// the background thread, completed where their streams have finished all their work;
+    /// become ready for every stream; pending fences are completed where their streams have
+    /// finished all their work (so that memory just freed can merge, be moved or serve any
+    /// stream at this miss) and, from a thread of the program, recorded on the others (for the
+    /// next look);
     /// blocks freed during a capture that has ended get their fence numbers; blocked pages are
     /// fixed. Nothing during a known capture, which forbids event queries and records.
     fn update_ranges(&self, st: &mut VmmState, caller: Caller) {
@@ -258,15 +276,13 @@ impl VmmResource {
         let now_ms = self.driver.now_ms();
         let (driver, device) = (self.driver.as_ref(), self.device);
         let mut done = st.fences.poll(driver, device);
-        if caller == Caller::Background {
-            done.extend(st.fences.complete_pending_of_idle_streams(driver, device));
-        }
-        self.promote(st, done, now_ms);
-        if caller == Caller::Program {
-            st.fences.record_all_pending(driver, device, |s| {
+        done.extend(match caller {
+            Caller::Background => st.fences.complete_pending_of_idle_streams(driver, device),
+            Caller::Program => st.fences.settle_pending(driver, device, |s| {
                 driver.is_capturing(device, s).unwrap_or(true)
-            });
-        }
+            }),
+        });
+        self.promote(st, done, now_ms);
     }
 
     /// Freed ranges covered by fences that completed become ready for every stream.
@@ -309,18 +325,33 @@ impl VmmResource {
                     .into(),
             });
         }
-        let window = match st.large.window(bytes, stream) {
-            Some(window) => window,
-            None => {
-                self.reserve(st, Region::Large, bytes.max(self.extent_bytes))?;
-                st.large.window(bytes, stream).ok_or_else(|| {
-                    Error::Internal(format!("no window for {bytes} B in a new reservation"))
-                })?
-            }
-        };
+        let window = self.large_window(st, bytes, stream)?;
         self.map_window(st, Region::Large, &window, bytes, self.driver.now_ms())?;
         st.large.take(window.start, bytes);
         Ok(window.start)
+    }
+
+    /// A window for `bytes` on `stream` among the large blocks' ranges (in another reservation
+    /// if none fits), which may cover memory other streams freed once `stream` has waited for
+    /// their fences on the GPU; if a wait cannot be made, a window of memory `stream` may use.
+    fn large_window(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<Window> {
+        for others in [true, false] {
+            let window = match st.large.window(bytes, stream, others) {
+                Some(window) => window,
+                None => {
+                    self.reserve(st, Region::Large, bytes.max(self.extent_bytes))?;
+                    st.large.window(bytes, stream, others).ok_or_else(|| {
+                        Error::Internal(format!("no window for {bytes} B in a new reservation"))
+                    })?
+                }
+            };
+            let waited = (window.waits.iter())
+                .all(|&(other, seq)| self.wait_for_fence(st, stream, other, seq));
+            if waited {
+                return Ok(window);
+            }
+        }
+        Err(Error::Internal(format!("no window for {bytes} B")))
     }
 
     /// A free range of `bytes` among the small or the large ranges that `stream` may use: at
@@ -360,26 +391,40 @@ impl VmmResource {
             false => &mut st.large,
         };
         let (start, other, seq) = ranges.best_fit_other(bytes, stream)?;
-        if st.fences.event_of(other, seq).is_none() {
-            // Its fence is still pending: record it now, unless the freeing stream has begun a
-            // capture since (a record would join the graph).
-            let (driver, device) = (self.driver.as_ref(), self.device);
-            if driver.is_capturing(device, other).unwrap_or(true) {
-                return None;
-            }
-            if let Err(e) = st.fences.record_pending(driver, device, other) {
-                log::debug!("device {}: {e}; not reusing {start:#x} yet", self.device);
-                return None;
-            }
-        }
-        let event = st.fences.event_of(other, seq)?;
-        if let Err(e) = self.driver.stream_wait_event(self.device, stream, event) {
-            log::debug!("device {}: {e}; not reusing {start:#x} yet", self.device);
+        if !self.wait_for_fence(st, stream, other, seq) {
             return None;
         }
-        st.counts.stream_waits += 1;
+        let ranges = match small {
+            true => &mut st.small,
+            false => &mut st.large,
+        };
         ranges.take(start, bytes);
         Some(start)
+    }
+
+    /// Makes `stream` wait on the GPU for fence `seq` of `other` (recording it first if it is
+    /// still pending, unless `other` has begun a capture since: the record would join the
+    /// graph). False if the wait could not be made.
+    fn wait_for_fence(&self, st: &mut VmmState, stream: Stream, other: Stream, seq: u64) -> bool {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        if st.fences.event_of(other, seq).is_none() {
+            if driver.is_capturing(device, other).unwrap_or(true) {
+                return false;
+            }
+            if let Err(e) = st.fences.record_pending(driver, device, other) {
+                log::debug!("device {device}: {e}; not reusing memory {other:#x} freed yet");
+                return false;
+            }
+        }
+        let Some(event) = st.fences.event_of(other, seq) else {
+            return false;
+        };
+        if let Err(e) = driver.stream_wait_event(device, stream, event) {
+            log::debug!("device {device}: {e}; not reusing memory {other:#x} freed yet");
+            return false;
+        }
+        st.counts.stream_waits += 1;
+        true
     }
 
     /// Ledger `[start, start + bytes)` as a live block. (Its pages are marked used when it is

@@ -1,7 +1,9 @@
 //! The free address ranges of the virtual-memory resource: pure bookkeeping, no driver calls.
 //!
 //! Invariants: free ranges never overlap and lie inside extents; two neighbours are merged when
-//! they are ready for the same streams, never across an extent's end; a range is one of
+//! they are ready for the same streams, and memory freed on a stream absorbs its ready
+//! neighbours (the whole range then serves that stream at once, as one block, and the others
+//! after its fence), never across an extent's end; a range is one of
 //! - `Unmapped`: no physical memory behind it, whole pages, usable by any stream once mapped;
 //! - `Ready`: mapped, and no work on any stream still uses it;
 //! - `Freed { stream, seq }`: mapped, freed on `stream` — usable at once by that stream, by others
@@ -41,6 +43,18 @@ impl State {
         }
     }
 
+    /// A range given back in this state next to a neighbour in `other`: the state of the two as
+    /// one range, if they may be one. Memory freed on a stream takes ready neighbours in (its
+    /// stream sees one block where it freed several, as in stream order, which best fit needs
+    /// to choose well; other streams wait for its fence a little longer); ready memory given
+    /// back (a fence completed) stays apart from a neighbour that still waits for one.
+    fn absorbs(self, other: State) -> Option<State> {
+        match (self, other) {
+            (freed @ State::Freed { .. }, State::Ready) => Some(freed),
+            _ => self.merges_with(other),
+        }
+    }
+
     /// Two neighbours in these states may be one range.
     fn merges_with(self, other: State) -> Option<State> {
         match (self, other) {
@@ -62,14 +76,6 @@ impl State {
 struct Range {
     bytes: u64,
     state: State,
-}
-
-/// Where a request that fits no mapped range can go, once `pages` are mapped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Window {
-    pub start: u64,
-    /// Unmapped pages inside the window (their starts), to map before it can be used.
-    pub pages: Vec<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -187,6 +193,25 @@ impl FreeRanges {
         }
     }
 
+    /// A whole page inside a range freed on a stream other than `stream`, with that stream and
+    /// the range's fence: `stream` may use it once it has waited for the fence. The first found
+    /// (pages are alike). For the carriers of small blocks.
+    pub fn page_freed_by_other(&self, stream: Stream) -> Option<(u64, Stream, u64)> {
+        let page = self.page_bytes;
+        let (at, start) = self
+            .freed_by_size
+            .iter()
+            .filter(|&&(s, len, _)| s != stream && len >= page)
+            .find_map(|&(_, len, start)| {
+                let at = self.page_ceil(start);
+                (at + page <= start + len).then_some((at, start))
+            })?;
+        match self.ranges[&start].state {
+            State::Freed { stream, seq } => Some((at, stream, seq)),
+            _ => None,
+        }
+    }
+
     /// Hands out `[start, start + bytes)`, which must be free and usable (mapped) for the caller;
     /// the state the block was in (ready, or freed on one stream with the latest fence of its
     /// pieces).
@@ -233,11 +258,11 @@ impl FreeRanges {
     }
 
     /// Gives `[start, start + bytes)` back in `state`, merged with its neighbours where they may
-    /// be; the free range it is now part of, as (start, bytes).
+    /// be ([`State::absorbs`]); the free range it is now part of, as (start, bytes).
     pub fn give(&mut self, start: u64, bytes: u64, state: State) -> (u64, u64) {
         if let Some((&s, &r)) = self.ranges.range(..start).next_back() {
             if s + r.bytes == start && !self.extents.contains_key(&start) {
-                if let Some(merged) = r.state.merges_with(state) {
+                if let Some(merged) = state.absorbs(r.state) {
                     self.remove(s, r);
                     return self.give(s, r.bytes + bytes, merged);
                 }
@@ -246,7 +271,7 @@ impl FreeRanges {
         let end = start + bytes;
         if let Some(&r) = self.ranges.get(&end) {
             if !self.extents.contains_key(&end) {
-                if let Some(merged) = state.merges_with(r.state) {
+                if let Some(merged) = state.absorbs(r.state) {
                     self.remove(end, r);
                     return self.give(start, bytes + r.bytes, merged);
                 }
@@ -340,80 +365,6 @@ impl FreeRanges {
         self.give(page, self.page_bytes, to);
     }
 
-    /// The best place for `bytes` on `stream` among contiguous free ranges it may use once their
-    /// unmapped pages are mapped: the fewest pages to map, then the lowest address. Candidates
-    /// are compared by counting pages; only the chosen window's are listed.
-    pub fn window(&self, bytes: u64, stream: Stream) -> Option<Window> {
-        self.window_aligned(bytes, stream, 512)
-    }
-
-    /// As [`FreeRanges::window`], for a block starting at a multiple of `align_bytes` (a power of
-    /// two: 512, or the page for the carriers of small blocks) from its extent's base.
-    pub fn window_aligned(&self, bytes: u64, stream: Stream, align_bytes: u64) -> Option<Window> {
-        let mut best: Option<(u64, u64)> = None; // (pages to map, start)
-        let usable = |r: &Range| r.state == State::Unmapped || r.state.usable_by(stream);
-        let mut run: Option<(u64, u64)> = None;
-        let mut runs = Vec::new();
-        for (&s, r) in &self.ranges {
-            let joins = run.is_some_and(|(_, end)| end == s && !self.extents.contains_key(&s));
-            match (usable(r), joins) {
-                (true, true) => run = run.map(|(start, _)| (start, s + r.bytes)),
-                (true, false) => {
-                    runs.extend(run.take());
-                    run = Some((s, s + r.bytes));
-                }
-                (false, _) => runs.extend(run.take()),
-            }
-        }
-        runs.extend(run);
-        for (start, end) in runs.into_iter().filter(|(s, e)| e - s >= bytes) {
-            let base = self.extent_base(start);
-            let first = base + (start - base).div_ceil(align_bytes) * align_bytes;
-            let last = base + (end - bytes - base) / align_bytes * align_bytes;
-            if first > last {
-                continue;
-            }
-            for at in [first, last] {
-                let candidate = (self.unmapped_pages_in(at, at + bytes, None), at);
-                if best.is_none_or(|b| candidate < b) {
-                    best = Some(candidate);
-                }
-            }
-        }
-        let (_, start) = best?;
-        let mut pages = Vec::new();
-        self.unmapped_pages_in(start, start + bytes, Some(&mut pages));
-        Some(Window { start, pages })
-    }
-
-    /// How many unmapped pages `[start, end)` touches; their starts are added to `list` if given.
-    fn unmapped_pages_in(&self, start: u64, end: u64, mut list: Option<&mut Vec<u64>>) -> u64 {
-        let first = self
-            .ranges
-            .range(..=start)
-            .next_back()
-            .map_or(start, |(&s, _)| s);
-        let mut count = 0;
-        for (&s, r) in self.ranges.range(first..end) {
-            if r.state != State::Unmapped || s + r.bytes <= start {
-                continue;
-            }
-            let mut page = self.page_floor(start.max(s));
-            let stop = end.min(s + r.bytes);
-            if page >= stop {
-                continue;
-            }
-            count += (stop - page).div_ceil(self.page_bytes);
-            if let Some(list) = list.as_deref_mut() {
-                while page < stop {
-                    list.push(page);
-                    page += self.page_bytes;
-                }
-            }
-        }
-        count
-    }
-
     fn extent_base(&self, addr: u64) -> u64 {
         *self
             .extents
@@ -474,6 +425,9 @@ impl FreeRanges {
 
 #[cfg(test)]
 mod tests;
+mod window;
+
+pub(crate) use window::Window;
 
 impl FreeRanges {
     /// Starts of the pages in `Blocked` ranges.

@@ -21,6 +21,7 @@ impl VmmResource {
         };
         // Fences of the last frees are collected here, so that memory is ready for every stream
         // (and idle, for moves and releases) without waiting for a miss.
+        self.return_slot(&mut st);
         self.update_ranges(&mut st, Caller::Background);
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
@@ -39,6 +40,7 @@ impl VmmResource {
         let Ok(mut st) = self.lock_enabled() else {
             return false;
         };
+        self.return_slot(&mut st);
         self.update_ranges(&mut st, Caller::Background);
         self.release_down_to(&mut st, 0, None);
         st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
@@ -49,6 +51,7 @@ impl VmmResource {
     /// `keep_bytes` goes back to the device.
     pub(super) fn trim_after_sync(&self, keep_bytes: u64) -> Result<()> {
         let mut st = self.lock_enabled()?;
+        self.return_slot(&mut st);
         if self.capturing(&mut st) {
             return Ok(());
         }

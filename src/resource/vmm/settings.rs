@@ -32,6 +32,9 @@ pub struct VmmSettings {
     /// Beyond this many percent of the bytes in use, idle pages, cold or not, are moved to back
     /// a new block before the device grows (`None`: only cold ones).
     pub growth_slack_percent: Option<u64>,
+    /// Device memory the resource leaves free when it grows: new handles are created only while
+    /// this much stays free (`STREAMPOOL_VMM_HEADROOM`).
+    pub headroom_bytes: u64,
 }
 
 impl VmmSettings {
@@ -58,6 +61,7 @@ impl VmmSettings {
             release_threshold_bytes: spec.release_threshold_bytes,
             cold_after_ms: spec.cold_after_ms,
             growth_slack_percent: spec.growth_slack_percent,
+            headroom_bytes: spec.headroom_bytes,
         })
     }
 }

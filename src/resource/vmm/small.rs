@@ -15,20 +15,37 @@ use crate::driver::Stream;
 use crate::error::Result;
 
 impl VmmResource {
-    /// A small block for `stream`: a fit in a carrier it may use, after updating the ranges, after a
-    /// GPU-side wait, or in a new carrier.
+    /// A small block for `stream`: a fit in a carrier it may use, a mapped page it may use as a
+    /// new carrier (both without a driver call: a loop whose carrier empties and fills again
+    /// asks the GPU nothing), after updating the ranges, after a GPU-side wait, or in a carrier
+    /// mapped now.
     pub(super) fn place_small(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<u64> {
+        if let Some(start) = st.small.best_fit(bytes, stream) {
+            st.small.take(start, bytes);
+            return Ok(start);
+        }
+        if let Some(page) = st.carriers.best_fit_page(stream) {
+            let state = st.carriers.take(page, self.page_bytes);
+            return Ok(self.carve(st, page, state, bytes));
+        }
         if let Some(start) = self.take_free(st, true, bytes, stream) {
             return Ok(start);
         }
         let (page, state) = self.new_carrier(st, stream)?;
+        Ok(self.carve(st, page, state, bytes))
+    }
+
+    /// `page`, taken out of the carriers' region in `state`, becomes a carrier; its first
+    /// `bytes` are handed out.
+    fn carve(&self, st: &mut VmmState, page: u64, state: State, bytes: u64) -> u64 {
         st.small.add_extent_in(page, self.page_bytes, state);
         st.small.take(page, bytes);
-        Ok(page)
+        page
     }
 
     /// A page for a new carrier, taken out of the carriers' region: a mapped one `stream` may
-    /// use, else one mapped now; with the state it was in.
+    /// use, else one another stream freed (after a GPU-side wait for its fence), else one mapped
+    /// now; with the state it was in.
     fn new_carrier(&self, st: &mut VmmState, stream: Stream) -> Result<(u64, State)> {
         if let Some(page) = st.carriers.best_fit_page(stream) {
             return Ok((page, st.carriers.take(page, self.page_bytes)));
@@ -36,13 +53,24 @@ impl VmmResource {
         if self.capturing(st) {
             return Err(super::paused());
         }
+        // A page another stream freed, once `stream` has waited for its fence on the GPU, before
+        // a new one: with a stream per request, each would otherwise map a page of its own until
+        // the GPU caught up.
+        if let Some((page, other, seq)) = st.carriers.page_freed_by_other(stream) {
+            if self.wait_for_fence(st, stream, other, seq) {
+                return Ok((page, st.carriers.take(page, self.page_bytes)));
+            }
+        }
         let page_bytes = self.page_bytes;
-        let window = match st.carriers.window_aligned(page_bytes, stream, page_bytes) {
+        let window = match st
+            .carriers
+            .window_aligned(page_bytes, stream, page_bytes, false)
+        {
             Some(window) => window,
             None => {
                 self.reserve(st, Region::Carriers, self.extent_bytes)?;
                 st.carriers
-                    .window_aligned(page_bytes, stream, page_bytes)
+                    .window_aligned(page_bytes, stream, page_bytes, false)
                     .ok_or_else(|| {
                         crate::Error::Internal(
                             "no page for small blocks in a new reservation".into(),

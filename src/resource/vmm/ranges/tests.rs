@@ -89,7 +89,9 @@ fn ranges_never_merge_across_extents() {
     r.mark_mapped(BASE + 2 * PAGE);
     assert_eq!(r.snapshot().len(), 3);
     assert_eq!(r.best_fit(2 * PAGE + 512, S1), None);
-    let w = r.window(3 * PAGE, S1).expect("the second extent has room");
+    let w = r
+        .window(3 * PAGE, S1, false)
+        .expect("the second extent has room");
     assert_eq!(
         w.start,
         BASE + 2 * PAGE,
@@ -122,31 +124,46 @@ fn a_window_maps_the_fewest_pages_and_may_use_the_streams_own_freed_memory() {
     r.take(BASE, 4 * PAGE);
     r.give(BASE + PAGE, 2 * PAGE, State::Freed { stream: S1, seq: 1 });
     r.give(BASE + 3 * PAGE, PAGE, State::Ready);
-    let w = r.window(4 * PAGE, S1).unwrap();
+    let w = r.window(4 * PAGE, S1, false).unwrap();
     assert_eq!(
         w,
         Window {
             start: BASE + PAGE,
-            pages: vec![BASE + 4 * PAGE]
+            pages: vec![BASE + 4 * PAGE],
+            waits: vec![]
         }
     );
-    let w = r.window(4 * PAGE, S2).unwrap();
+    let w = r.window(4 * PAGE, S2, false).unwrap();
     assert_eq!(
         w,
         Window {
             start: BASE + 3 * PAGE,
-            pages: vec![BASE + 4 * PAGE, BASE + 5 * PAGE, BASE + 6 * PAGE]
+            pages: vec![BASE + 4 * PAGE, BASE + 5 * PAGE, BASE + 6 * PAGE],
+            waits: vec![]
         },
-        "S2 may not use S1's freed memory yet"
+        "S2 may not use S1's freed memory without waiting"
     );
-    assert_eq!(r.window(8 * PAGE, S1), None, "live memory is in the way");
+    assert_eq!(
+        r.window(4 * PAGE, S2, true).unwrap(),
+        Window {
+            start: BASE + PAGE,
+            pages: vec![BASE + 4 * PAGE],
+            waits: vec![(S1, 1)]
+        },
+        "or after waiting for S1's fence: one page to map instead of three"
+    );
+    assert_eq!(
+        r.window(8 * PAGE, S1, false),
+        None,
+        "live memory is in the way"
+    );
 }
 
 #[test]
 fn an_unaligned_window_maps_every_page_it_touches() {
     let mut r = ranges(4, 1);
     r.take(BASE, PAGE - 512);
-    let w = r.window(PAGE, S1).unwrap();
+    let w = r.window(PAGE, S1, false).unwrap();
     assert_eq!(w.start, BASE + PAGE - 512);
     assert_eq!(w.pages, [BASE + PAGE]);
     r.mark_mapped(BASE + PAGE);
@@ -170,17 +187,15 @@ fn of_two_windows_the_one_with_fewer_pages_to_map_wins_even_at_a_higher_address(
     for page in [0, 1, 2, 6] {
         r.mark_unmapped(BASE + page * PAGE);
     }
-    assert_eq!(r.unmapped_pages_in(BASE, BASE + 3 * PAGE, None), 3);
-    assert_eq!(
-        r.unmapped_pages_in(BASE + 4 * PAGE, BASE + 7 * PAGE, None),
-        1
-    );
-    let w = r.window(3 * PAGE, S1).unwrap();
+    assert_eq!(r.cover(BASE, BASE + 3 * PAGE, S1, None).pages, 3);
+    assert_eq!(r.cover(BASE + 4 * PAGE, BASE + 7 * PAGE, S1, None).pages, 1);
+    let w = r.window(3 * PAGE, S1, false).unwrap();
     assert_eq!(
         w,
         Window {
             start: BASE + 4 * PAGE,
-            pages: vec![BASE + 6 * PAGE]
+            pages: vec![BASE + 6 * PAGE],
+            waits: vec![]
         },
         "one page to map, not three"
     );
@@ -209,6 +224,35 @@ fn unmapped_and_blocked_neighbours_merge_into_one_range_each() {
         [
             (BASE, 3 * PAGE, State::Unmapped),
             (BASE + 3 * PAGE, PAGE, State::Ready)
+        ]
+    );
+}
+
+#[test]
+fn memory_freed_on_a_stream_absorbs_ready_neighbours_and_serves_it_as_one_block() {
+    let mut r = ranges(6, 6);
+    r.take(BASE, 6 * PAGE);
+    r.give(BASE, PAGE, State::Ready);
+    r.give(BASE + 2 * PAGE, 4 * PAGE, State::Ready);
+    // Freed on S1 between ready memory: one range, which S1 may use at once as one block (best
+    // fit sees its whole size), and S2 after the fence.
+    let freed = State::Freed { stream: S1, seq: 4 };
+    r.give(BASE + PAGE, PAGE, freed);
+    assert_eq!(r.snapshot(), [(BASE, 6 * PAGE, freed)]);
+    assert_eq!(r.best_fit(6 * PAGE, S1), Some(BASE));
+    assert_eq!(r.best_fit(PAGE, S2), None, "not before S1's fence");
+    r.promote(S1, 4);
+    assert_eq!(r.snapshot(), [(BASE, 6 * PAGE, State::Ready)]);
+    // Ready memory given back beside memory that still waits for a fence stays apart: it is
+    // ready for every stream, the other only for its own.
+    r.take(BASE, 2 * PAGE);
+    r.give(BASE, PAGE, State::Freed { stream: S2, seq: 5 });
+    r.give(BASE + PAGE, PAGE, State::Ready);
+    assert_eq!(
+        r.snapshot(),
+        [
+            (BASE, PAGE, State::Freed { stream: S2, seq: 5 }),
+            (BASE + PAGE, 5 * PAGE, State::Ready)
         ]
     );
 }

@@ -131,7 +131,11 @@ fn neighbours_coalesce_so_a_larger_block_needs_no_new_memory() {
 
 #[test]
 fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
-    let r = rig();
+    let spec = VmmSpec {
+        growth_slack_percent: None, // hot pages move only beyond the slack: none here
+        ..spec(Settings::default(), 64 * PAGE)
+    };
+    let r = rig_spec(2, 64 * PAGE, spec);
     r.stop_clock();
     let a = r.alloc(PAGE, S1);
     let b = r.alloc(PAGE, S1);
@@ -192,32 +196,35 @@ fn a_hole_still_in_use_is_not_unmapped() {
 
 #[test]
 fn above_the_threshold_cold_pages_go_back_when_tended_never_at_frees() {
-    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(PAGE));
+    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(2 * PAGE));
     r.stop_clock();
     let a = r.alloc(4 * PAGE, S1);
+    // Live between a and b: b's range, freed on S2, would take a's ready pages in.
+    let c = r.alloc(PAGE, S1);
     let b = r.alloc(PAGE, S2);
     r.free(a, 4 * PAGE, S1);
     r.sim.complete_stream(0, S1);
     r.free(b, PAGE, S2);
     assert_eq!(
         r.physical(),
-        5 * PAGE,
+        6 * PAGE,
         "nothing released on the allocating thread"
     );
     assert!(r.vmm.release_above_threshold(), "above the threshold");
     assert_eq!(
         r.physical(),
-        5 * PAGE,
+        6 * PAGE,
         "not cold yet: a loop may want it next step"
     );
     r.sim.advance_clock_ms(crate::config::VMM_RELEASE_AFTER_MS);
     assert!(!r.vmm.release_above_threshold(), "at the threshold now");
     assert_eq!(
         r.physical(),
-        PAGE,
-        "a's cold pages released; b's fence is pending and it stays"
+        2 * PAGE,
+        "a's cold pages released; c is live, b's fence is pending and it stays"
     );
-    assert_eq!(r.reserved(), PAGE);
+    assert_eq!(r.reserved(), 2 * PAGE);
+    r.free(c, PAGE, S1);
 }
 
 #[test]
@@ -447,3 +454,5 @@ fn an_idle_release_looks_again_while_freed_small_blocks_wait_for_their_fences() 
 }
 
 mod faults;
+mod growth;
+mod slot;

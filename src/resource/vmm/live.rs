@@ -1,0 +1,78 @@
+//! The resource's live blocks, to check each free against: a map, and beside it the block handed
+//! out last, so that a loop that allocates and frees one block at a time touches no map.
+//!
+//! Invariant: every live block is in exactly one of the two places, with its size; a free that
+//! names no live block, or a live block with another size, changes nothing.
+
+use crate::fasthash::WordMap;
+
+#[derive(Default)]
+pub(super) struct Live {
+    blocks: WordMap<u64, u64>,
+    /// The block handed out last: (start, bytes).
+    last: Option<(u64, u64)>,
+}
+
+/// Why a free was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// No live block starts there.
+    Unknown,
+    /// The live block there has this size.
+    Size(u64),
+}
+
+impl Live {
+    /// `[start, start + bytes)` is live.
+    #[inline]
+    pub fn insert(&mut self, start: u64, bytes: u64) {
+        if let Some((s, b)) = self.last.replace((start, bytes)) {
+            self.blocks.insert(s, b);
+        }
+    }
+
+    /// The live block at `start`, of `bytes`, is freed.
+    #[inline]
+    pub fn remove(&mut self, start: u64, bytes: u64) -> Result<(), Refused> {
+        match self.last {
+            Some((s, b)) if s == start => match b == bytes {
+                true => {
+                    self.last = None;
+                    Ok(())
+                }
+                false => Err(Refused::Size(b)),
+            },
+            _ => match self.blocks.get(&start) {
+                Some(&b) if b == bytes => {
+                    self.blocks.remove(&start);
+                    Ok(())
+                }
+                Some(&b) => Err(Refused::Size(b)),
+                None => Err(Refused::Unknown),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_block_and_the_map_check_frees_alike() {
+        let mut live = Live::default();
+        live.insert(0, 10);
+        live.insert(100, 20); // 0 moves to the map, 100 is the last
+        for (start, bytes, refused) in [
+            (100, 21, Refused::Size(20)),
+            (0, 11, Refused::Size(10)),
+            (50, 10, Refused::Unknown),
+        ] {
+            assert_eq!(live.remove(start, bytes), Err(refused));
+        }
+        assert_eq!(live.remove(100, 20), Ok(()));
+        assert_eq!(live.remove(100, 20), Err(Refused::Unknown), "freed twice");
+        assert_eq!(live.remove(0, 10), Ok(()));
+        assert_eq!(live.remove(0, 10), Err(Refused::Unknown));
+    }
+}

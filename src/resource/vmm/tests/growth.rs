@@ -1,0 +1,131 @@
+//! Growth near a full device: the budget of new pages, what happens when the device refuses a
+//! create anyway (another user took the memory since it was read), and the headroom.
+
+use super::*;
+use crate::driver::{DeviceDriver, VmmDriver};
+
+/// A rig whose resource keeps `headroom_bytes` free, and moves hot idle pages only when the
+/// device is full (no growth slack).
+fn rig_headroom(memory_bytes: u64, headroom_bytes: u64) -> Rig {
+    let spec = VmmSpec {
+        headroom_bytes,
+        growth_slack_percent: None,
+        ..spec(Settings::default(), memory_bytes)
+    };
+    rig_spec(1, memory_bytes, spec)
+}
+
+#[test]
+fn beyond_the_growth_slack_hot_idle_pages_back_new_blocks_before_the_device_grows() {
+    let r = rig(); // the default slack: 25% over the most ever in use
+    r.stop_clock();
+    let blocks: Vec<DevicePtr> = (0..8).map(|_| r.alloc(PAGE, S1)).collect();
+    for &hole in blocks.iter().step_by(2) {
+        r.free(hole, PAGE, S1);
+    }
+    r.sim.complete_all();
+    // 8 pages mapped, 8 the most in use, 4 live, 4 idle (hot) holes of one page. A 2-page
+    // block may take the device to 10 pages (125% of 8): it grows. Another 2 pages would take
+    // it past that: two hot holes move instead.
+    let c = r.alloc(2 * PAGE, S1);
+    assert_eq!(
+        (r.physical(), Statistics::driver_counts(&*r.vmm).unmaps),
+        (10 * PAGE, 0)
+    );
+    let d = r.alloc(2 * PAGE, S1);
+    assert_eq!(
+        (r.physical(), Statistics::driver_counts(&*r.vmm).unmaps),
+        (10 * PAGE, 2)
+    );
+    for &live in blocks.iter().skip(1).step_by(2) {
+        r.free(live, PAGE, S1);
+    }
+    r.free(c, 2 * PAGE, S1);
+    r.free(d, 2 * PAGE, S1);
+}
+
+#[test]
+fn after_the_device_refuses_a_create_the_growth_moves_idle_pages_and_asks_no_more() {
+    let r = rig_headroom(64 * PAGE, 0);
+    r.stop_clock();
+    let a = r.alloc(8 * PAGE, S1);
+    let b = r.alloc(8 * PAGE, S1);
+    r.free(a, 8 * PAGE, S1);
+    r.sim.complete_all();
+    // Another user of the device takes most of what is left after the resource read it.
+    let foreign = r.sim.mem_create(0, 40 * PAGE).unwrap();
+    let creates = r.sim.calls("cuMemCreate");
+    // 12 pages: 8 can still be created, the 9th is refused, the rest come from a's idle pages.
+    let c = r.alloc(12 * PAGE, S1);
+    assert_eq!(
+        r.sim.calls("cuMemCreate") - creates,
+        9,
+        "eight creates and one refused, none tried again"
+    );
+    assert_eq!(
+        Statistics::driver_counts(&*r.vmm).unmaps,
+        4,
+        "four idle pages moved"
+    );
+    r.free(b, 8 * PAGE, S1);
+    r.free(c, 12 * PAGE, S1);
+    r.sim.mem_release(0, foreign).unwrap();
+}
+
+#[test]
+fn no_page_is_created_into_the_headroom_idle_ones_are_moved_instead() {
+    let r = rig_headroom(64 * PAGE, 8 * PAGE);
+    r.stop_clock();
+    // Eight blocks of six pages, every other one freed: four idle holes, none big enough.
+    let blocks: Vec<DevicePtr> = (0..8).map(|_| r.alloc(6 * PAGE, S1)).collect();
+    for &hole in blocks.iter().step_by(2) {
+        r.free(hole, 6 * PAGE, S1);
+    }
+    r.sim.complete_all();
+    // 16 pages are free, 8 of them headroom: a 16-page block gets 8 new pages and 8 idle ones.
+    let creates = r.sim.calls("cuMemCreate");
+    let c = r.alloc(16 * PAGE, S1);
+    assert_eq!(r.sim.calls("cuMemCreate") - creates, 8);
+    // The device was full: idle pages went back until twice the headroom is free.
+    let counts = Statistics::driver_counts(&*r.vmm);
+    assert_eq!(
+        (counts.unmaps, counts.releases),
+        (8 + 8, 8),
+        "8 moved, 8 released"
+    );
+    let free_bytes = r.sim.mem_info(0).unwrap().free_bytes;
+    assert_eq!(free_bytes, 16 * PAGE);
+    // A block that fits only in the headroom is refused before anything is mapped or moved.
+    let unmaps = Statistics::driver_counts(&*r.vmm).unmaps;
+    let e = r.vmm.allocate(30 * PAGE, S1).unwrap_err();
+    assert!(e.is_device_oom(), "{e}");
+    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, unmaps);
+    for &live in blocks.iter().skip(1).step_by(2) {
+        r.free(live, 6 * PAGE, S1);
+    }
+    r.free(c, 16 * PAGE, S1);
+}
+
+#[test]
+fn a_window_may_cover_another_streams_freed_memory_behind_a_gpu_side_wait() {
+    let r = rig();
+    r.stop_clock();
+    let x = r.alloc(2 * PAGE, S1);
+    let a = r.alloc(2 * PAGE, S1);
+    r.free(a, 2 * PAGE, S1);
+    // S2 wants 4 pages: S1's 2 freed pages (still in use on the GPU) and 2 new ones after them,
+    // once S2 waits for S1's fence; without the wait it would take 4 new pages.
+    let before = r.physical();
+    let b = r.alloc(4 * PAGE, S2);
+    assert_eq!((b, r.physical()), (a, before + 2 * PAGE));
+    assert_eq!(Statistics::driver_counts(&*r.vmm).stream_waits, 1);
+    let fence = r.sim.event_recorded_last(0).expect("S1's fence");
+    assert!(!r.sim.event_query(0, fence).unwrap(), "S1 has not finished");
+    r.sim.complete_stream(0, S2);
+    assert!(
+        r.sim.event_query(0, fence).unwrap(),
+        "S2's work waited for S1's"
+    );
+    r.free(x, 2 * PAGE, S1);
+    r.free(b, 4 * PAGE, S2);
+}

@@ -1,0 +1,88 @@
+//! The slot: the block freed last serves its stream's next request of its size without touching
+//! the ranges or the driver, goes back to them before anything else looks at them, and goes back
+//! ready if its fence completed meanwhile.
+
+use super::*;
+
+#[test]
+fn a_block_freed_and_asked_for_again_asks_the_driver_nothing() {
+    let r = rig();
+    r.stop_clock();
+    let a = r.alloc(3 * PAGE, S1);
+    r.free(a, 3 * PAGE, S1);
+    let calls = |r: &Rig| {
+        [
+            "cuEventRecord",
+            "cuEventQuery",
+            "cuStreamQuery",
+            "cuStreamIsCapturing",
+        ]
+        .map(|c| r.sim.calls(c))
+    };
+    let before = calls(&r);
+    for _ in 0..10 {
+        let again = r.alloc(3 * PAGE, S1);
+        assert_eq!(again, a);
+        r.free(again, 3 * PAGE, S1);
+    }
+    assert_eq!(calls(&r), before, "no event, stream or capture call");
+    // Another size, another stream: the slot's block goes back to the ranges first, and serves
+    // them as freed memory does.
+    let b = r.alloc(2 * PAGE, S1);
+    assert_eq!(b, a, "the slot's block, back in its range, is the best fit");
+    r.free(b, 2 * PAGE, S1);
+    r.sim.complete_all();
+    let c = r.alloc(3 * PAGE, S2);
+    assert_eq!(
+        (c, r.physical()),
+        (a, 3 * PAGE),
+        "nothing new mapped for S2"
+    );
+    r.free(c, 3 * PAGE, S2);
+}
+
+#[test]
+fn the_slot_goes_back_before_a_trim_and_ready_if_its_fence_completed_meanwhile() {
+    let r = rig();
+    r.stop_clock();
+    let a = r.alloc(2 * PAGE, S1);
+    let live = r.alloc(PAGE, S1); // keeps b's range (freed on S2) from taking a's in
+    let b = r.alloc(PAGE, S2);
+    r.free(a, 2 * PAGE, S1); // in the slot; S1's fence recorded
+    r.sim.complete_all();
+    // b's free collects S1's completed fence while a is still in the slot; a goes back ready.
+    r.free(b, PAGE, S2);
+    assert!(r.vmm.release_idle(), "b waits for S2's fence");
+    assert_eq!(
+        r.physical(),
+        2 * PAGE,
+        "a's pages went back: nothing waits for S1"
+    );
+    r.free(live, PAGE, S1);
+    r.sim.complete_all(); // the device synchronises before it trims
+    r.vmm.trim(0).unwrap();
+    assert_eq!(
+        r.physical(),
+        0,
+        "the block in the slot at the trim went back too"
+    );
+}
+
+#[test]
+fn a_stream_per_request_takes_the_carrier_page_the_last_one_freed_behind_a_wait() {
+    let r = rig();
+    r.stop_clock();
+    // Each request on a stream of its own: the small block of the one before is back in its
+    // carrier, the carrier (empty) back among the pages, freed on that stream, still in use.
+    let mut streams = (10..20).map(Stream);
+    let first = streams.next().unwrap();
+    let a = r.alloc(4096, first);
+    r.free(a, 4096, first);
+    for s in streams {
+        let b = r.alloc(4096, s);
+        assert_eq!(b, a, "the same page, after a GPU-side wait");
+        r.free(b, 4096, s);
+    }
+    assert_eq!(r.physical(), PAGE, "one page for all of them");
+    assert_eq!(Statistics::driver_counts(&*r.vmm).stream_waits, 9);
+}
