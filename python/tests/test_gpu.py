@@ -408,7 +408,8 @@ def worker(rank, mode, port):
         assert served > 0, "streampool did not serve this rank"
     else:
         served = 0
-    print(f"RANK{rank}", json.dumps({"losses": losses, "served": served}), flush=True)
+    line = json.dumps({"losses": losses, "served": served})
+    os.write(1, f"RANK{rank} {line}\n".encode())  # one write: both ranks share the pipe
     dist.destroy_process_group()
 
 

@@ -50,7 +50,8 @@ def worker(rank, mode, port):
         live = streampool.max_memory_allocated(rank)
     else:
         live = torch.cuda.max_memory_allocated(rank)
-    print(f"RANK{rank}", json.dumps({"losses": losses, "peak_used": peak_used, "peak_live": live}), flush=True)
+    line = json.dumps({"losses": losses, "peak_used": peak_used, "peak_live": live})
+    os.write(1, f"RANK{rank} {line}\n".encode())  # one write: both ranks share the pipe
     dist.destroy_process_group()
 
 
