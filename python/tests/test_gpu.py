@@ -71,6 +71,7 @@ def tagged_line(stdout: str, tag: str) -> str:
     [
         "tensor_sizes",
         "empty_cache",
+        "idle_release",
         "memory_fraction",
         "out_of_memory",
         "threads",

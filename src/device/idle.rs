@@ -3,13 +3,17 @@
 //!
 //! A device that has seen no allocation and no free for `STREAMPOOL_IDLE_RELEASE` returns its
 //! cache and the blocks whose streams are done to their resources, which give back every idle
-//! page (or pool memory) — whatever the release threshold. Nothing is synchronised: memory the
-//! GPU still uses is released at a later look, once its streams have caught up.
+//! page (or pool memory) — whatever the release threshold. Memory the GPU still uses is released
+//! at a later look, once its streams have caught up. A CUDA pool learns that a free completed
+//! only at a synchronisation call, so where the device has one, its first idle release of an
+//! idle period synchronises the device (no lock held) before the trim; the vmm backend tracks
+//! its frees with events and never synchronises here.
 //!
 //! Invariants: the activity count changes under the device lock with every allocation and free,
-//! and is read with a `try_lock` (a device whose lock is taken is busy); nothing is released
-//! during a capture; an idle release is tried again only while a resource says more may come,
-//! at most `IDLE_TRIES` times per idle period.
+//! and is read with a `try_lock` (a device whose lock is taken is busy); nothing is released and
+//! nothing synchronised during a known capture or while PyTorch routes allocations to a graph
+//! pool (it opens the route before it begins a capture); an idle release is tried again only
+//! while a resource says more may come, at most `IDLE_TRIES` times per idle period.
 
 use super::DeviceAllocator;
 use crate::background::Tended;
@@ -43,7 +47,7 @@ impl Tended for DeviceAllocator {
             Some(st) => st.activity,
             None => u64::MAX, // busy right now: counts as activity
         };
-        let idle_now = {
+        let (idle_now, first) = {
             let mut w = self.idle.lock();
             if activity != w.seen_activity || activity == u64::MAX {
                 *w = IdleWatch {
@@ -57,7 +61,7 @@ impl Tended for DeviceAllocator {
                 .settings
                 .idle_release_ms
                 .is_some_and(|delay_ms| now_ms.saturating_sub(w.since_ms) >= delay_ms);
-            due && !w.done && w.tries < IDLE_TRIES
+            (due && !w.done && w.tries < IDLE_TRIES, w.tries == 0)
         };
         // While busy: the threshold of resources that apply it themselves.
         for r in &setup.own {
@@ -66,7 +70,7 @@ impl Tended for DeviceAllocator {
             }
         }
         if idle_now {
-            let more = self.release_idle();
+            let more = self.release_idle(first);
             let mut w = self.idle.lock();
             if w.tries == 0 {
                 self.state.lock().ledger.counters_mut().num_idle_releases += 1;
@@ -79,8 +83,9 @@ impl Tended for DeviceAllocator {
 
 impl DeviceAllocator {
     /// Returns the cache and finished waits, and lets every resource give back what it does not
-    /// use, without synchronising. True if more may become releasable later.
-    pub(super) fn release_idle(&self) -> bool {
+    /// use; synchronises first where a CUDA pool needs it and `first` (see the module). True if
+    /// more may become releasable later.
+    pub(super) fn release_idle(&self, first: bool) -> bool {
         let Some(setup) = self.setup.get() else {
             return false;
         };
@@ -99,6 +104,9 @@ impl DeviceAllocator {
         }
         let count = blocks.len();
         let _ = self.return_blocks(blocks);
+        if first {
+            self.apply_pool_frees(&setup.own);
+        }
         let mut more = false;
         let released = setup.for_each_own(|r| {
             more |= crate::resource::release_idle(r)?;
@@ -113,5 +121,19 @@ impl DeviceAllocator {
             self.device
         );
         more || waiting
+    }
+
+    /// Synchronises the device if one of `own` is a CUDA pool (it applies stream-ordered frees
+    /// only at a synchronisation) and no capture is known or about to begin.
+    fn apply_pool_frees(&self, own: &[std::sync::Arc<dyn crate::resource::Resource>]) {
+        if !own.iter().any(|r| r.capabilities().tending.is_none()) || self.routes.any_open() {
+            return;
+        }
+        if self.state.lock().waits.capturing() {
+            return;
+        }
+        if let Err(e) = self.driver.synchronize(self.device) {
+            log::debug!("device {}: idle release: {e}", self.device);
+        }
     }
 }

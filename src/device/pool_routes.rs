@@ -53,6 +53,11 @@ impl Routes {
         Ok(filter)
     }
 
+    /// True while a route is open: PyTorch opens one before it begins a graph capture.
+    pub fn any_open(&self) -> bool {
+        self.open.load(Ordering::Acquire) > 0
+    }
+
     /// The pool that claims an allocation on `stream`, if any; the filters run here.
     #[inline]
     pub fn claim(&self, stream: Stream) -> Option<PoolId> {

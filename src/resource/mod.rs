@@ -180,7 +180,9 @@ impl Accessible for PeerTarget {
     }
 }
 
-/// Gives back idle memory of `resource` without synchronising: its own idle release, or a trim.
+/// Gives back idle memory of `resource` without synchronising: its own idle release, or a trim
+/// (which releases a CUDA pool's frees only once a synchronisation applied them: the device's
+/// idle release makes one first).
 /// True if more may become releasable later.
 pub fn release_idle(resource: &dyn Resource) -> Result<bool> {
     match resource.capabilities().tending {

@@ -87,6 +87,24 @@ def case_empty_cache(ctx) -> None:
     assert after["cached_bytes"] == 0
 
 
+def case_idle_release(ctx) -> None:
+    """Memory freed after the program's last synchronisation goes back to the device once it has
+    been idle for STREAMPOOL_IDLE_RELEASE (2 s), with no call from the program."""
+    import time
+
+    torch.cuda.synchronize()
+    x = torch.ones(256 * MiB, dtype=torch.uint8, device="cuda")
+    del x  # freed after the last synchronisation, and nothing synchronises afterwards
+    held = streampool.memory_reserved() - streampool.memory_allocated()
+    assert held >= 256 * MiB, held
+    deadline = time.time() + 8.0
+    while time.time() < deadline and held >= 256 * MiB:
+        time.sleep(0.1)
+        held = streampool.memory_reserved() - streampool.memory_allocated()
+    print(f"IDLE held beyond live after {8.0 - max(0.0, deadline - time.time()):.1f} s: {held} B")
+    assert held < 256 * MiB, f"{held} B beyond live after 8 s idle"
+
+
 def case_memory_fraction(ctx) -> None:
     """set_per_process_memory_fraction(0.1) reaches streampool: 20% of the device is refused."""
     total = torch.cuda.get_device_properties(0).total_memory

@@ -124,6 +124,14 @@ impl SimDriver {
         self.devices[device].lock().pools_fragmented = true;
     }
 
+    /// Models what the real driver does (seen on H100s): from now on `device`'s pools learn that
+    /// a stream-ordered free completed only at a synchronisation (`cuCtxSynchronize`,
+    /// `cuStreamSynchronize`), not when the work completes; until then a trim cannot release the
+    /// freed memory and other streams cannot reuse it.
+    pub fn pools_apply_frees_at_sync(&self, device: usize) {
+        self.devices[device].lock().frees_applied_at_sync = true;
+    }
+
     /// Restarts [`SimDriver::in_use_high_bytes`] from what `device` has in use now.
     pub fn reset_in_use_high(&self, device: usize) {
         let mut d = self.devices[device].lock();

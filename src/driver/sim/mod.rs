@@ -90,6 +90,8 @@ struct SimDevice {
     in_use_high_bytes: u64,
     /// The pools' free memory is fragmented (`fragment_pools`).
     pools_fragmented: bool,
+    /// Pools learn of completed frees only at a synchronisation (`pools_apply_frees_at_sync`).
+    frees_applied_at_sync: bool,
 }
 
 pub struct SimDriver {
@@ -219,7 +221,9 @@ impl SimDevice {
             clock.completed = clock.submitted;
         }
         self.waits.clear();
-        self.retire_completed();
+        if !self.frees_applied_at_sync {
+            self.retire_completed();
+        }
     }
 
     /// Everything submitted to `stream` completes, and with it what it waited for.
@@ -244,7 +248,9 @@ impl SimDevice {
                     false => true,
                 });
         }
-        self.retire_completed();
+        if !self.frees_applied_at_sync {
+            self.retire_completed();
+        }
     }
 
     /// Bytes of device memory in use: pools' reservations, graph memory, physical handles.
@@ -361,6 +367,7 @@ impl DeviceDriver for SimDriver {
         self.take_fault(SimFault::Synchronize, "cuCtxSynchronize")?;
         let mut d = self.device(device, "cuCtxSynchronize")?;
         d.complete_all_streams();
+        d.retire_completed();
         d.apply_release_threshold();
         Ok(())
     }

@@ -239,7 +239,9 @@ impl PoolDriver for SimDriver {
 
     fn pool_trim(&self, device: usize, pool: PoolHandle, keep_bytes: u64) -> Result<()> {
         let mut d = self.device(device, "cuMemPoolTrimTo")?;
-        d.retire_completed();
+        if !d.frees_applied_at_sync {
+            d.retire_completed();
+        }
         let p = get_mut(&mut d, pool, "cuMemPoolTrimTo")?;
         let floor = round_up(p.used_bytes, GRANULE_BYTES).unwrap_or(u64::MAX);
         p.reserved_bytes = p.reserved_bytes.min(keep_bytes.max(floor));

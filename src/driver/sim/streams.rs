@@ -46,8 +46,9 @@ fn destroyed(call: &'static str) -> crate::Error {
 impl StreamDriver for SimDriver {
     fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
         self.take_fault(SimFault::Synchronize, "cuStreamSynchronize")?;
-        self.device(device, "cuStreamSynchronize")?
-            .complete_stream(stream);
+        let mut d = self.device(device, "cuStreamSynchronize")?;
+        d.complete_stream(stream);
+        d.retire_completed();
         Ok(())
     }
 

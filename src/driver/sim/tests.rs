@@ -243,3 +243,25 @@ fn a_stream_completes_up_to_a_tick_and_no_further() {
     sim.event_destroy(0, early);
     sim.event_destroy(0, late);
 }
+
+#[test]
+fn pools_that_apply_frees_at_sync_release_them_only_after_one() {
+    let sim = SimDriver::new(1, 64 << 20).strict();
+    sim.pools_apply_frees_at_sync(0);
+    let pool = sim.pool_create(0, u64::MAX, false).unwrap();
+    let a = sim.alloc_async(0, pool, 4 << 20, S1).unwrap();
+    sim.free_async(0, a, S1).unwrap();
+    sim.complete_stream(0, S1); // the GPU is done; the pool does not know yet
+    sim.pool_trim(0, pool, 0).unwrap();
+    assert_eq!(sim.pool_usage(0, pool).unwrap().reserved_bytes, 4 << 20);
+    sim.stream_synchronize(0, S1).unwrap();
+    sim.pool_trim(0, pool, 0).unwrap();
+    assert_eq!(sim.pool_usage(0, pool).unwrap().reserved_bytes, 0);
+    let b = sim.alloc_async(0, pool, 4 << 20, S2).unwrap();
+    sim.free_async(0, b, S2).unwrap();
+    sim.complete_all();
+    sim.synchronize(0).unwrap();
+    sim.pool_trim(0, pool, 0).unwrap();
+    assert_eq!(sim.pool_usage(0, pool).unwrap().reserved_bytes, 0);
+    sim.pool_destroy(0, pool).unwrap();
+}

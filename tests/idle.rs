@@ -1,0 +1,93 @@
+//! The idle release on the CUDA pool backend, over a simulated driver whose pools learn of a
+//! completed free only at a synchronisation, as the real driver's do: each device gives its memory
+//! back on its own once it has been idle for `STREAMPOOL_IDLE_RELEASE`, with no call from the
+//! program and no synchronisation of its own.
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+use streampool::Config;
+
+/// Device 1 goes idle while device 0 stays busy: device 1 gives back the memory of a block freed
+/// after the program's last synchronisation, device 0 keeps its own.
+#[test]
+fn an_idle_device_gives_back_pool_memory_freed_after_the_last_synchronisation() {
+    let config = Config {
+        background: true,
+        idle_release_ms: Some(100),
+        ..pool_config()
+    };
+    let r = rig_with(2, 512 * MIB, config);
+    for device in 0..2 {
+        r.sim.pools_apply_frees_at_sync(device);
+    }
+    for device in 0..2 {
+        let block = r.malloc(64 * MIB, device, 0);
+        r.free(block, device);
+    }
+    r.sim.complete_all(); // the GPU finished the work; nobody synchronised
+    let start = Instant::now();
+    while r.stats(1).reserved_bytes >= 64 * MIB && start.elapsed() < Duration::from_secs(30) {
+        let busy = r.malloc(64 * MIB, 0, 0); // device 0 stays busy
+        r.free(busy, 0);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (idle, busy) = (r.stats(1), r.stats(0));
+    assert_eq!(
+        idle.reserved_bytes, 0,
+        "device 1 kept its pool memory while idle"
+    );
+    assert_eq!(idle.num_idle_releases, 1);
+    assert!(
+        busy.reserved_bytes >= 64 * MIB,
+        "busy device 0 gave its memory back ({} B)",
+        busy.reserved_bytes
+    );
+    r.finish();
+}
+
+/// While PyTorch routes allocations to a graph pool (it does so before it begins a capture that
+/// streampool cannot see yet), the idle release does not synchronise: a synchronisation would
+/// break the capture.
+#[test]
+fn the_idle_release_does_not_synchronise_while_a_graph_pool_route_is_open() {
+    let config = Config {
+        background: true,
+        idle_release_ms: Some(50),
+        ..pool_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
+    r.sim.pools_apply_frees_at_sync(0);
+    let pool = (1, 7);
+    r.alloc.graph_pool_create_or_incref(0, pool).unwrap();
+    r.alloc
+        .begin_allocate_to_pool(0, pool, std::sync::Arc::new(NoStream))
+        .unwrap();
+    let block = r.malloc(64 * MIB, 0, 0);
+    r.free(block, 0);
+    r.sim.complete_all();
+    let before = r.sim.calls("cuCtxSynchronize");
+    let start = Instant::now();
+    while r.stats(0).num_idle_releases == 0 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(r.stats(0).num_idle_releases, 1);
+    assert_eq!(
+        r.sim.calls("cuCtxSynchronize"),
+        before,
+        "synchronised during a route"
+    );
+    assert!(r.stats(0).reserved_bytes >= 64 * MIB);
+    r.alloc.end_allocate_to_pool(0, pool).unwrap();
+    r.alloc.release_pool(0, pool).unwrap();
+    r.finish();
+}
+
+struct NoStream;
+
+impl streampool::StreamFilter for NoStream {
+    fn claims(&self, _stream: streampool::driver::Stream) -> bool {
+        false
+    }
+}
