@@ -34,6 +34,22 @@ pub(crate) fn symbol(libraries: &[&CStr], name: &CStr) -> Option<*mut c_void> {
     })
 }
 
+/// The C++ runtime, which PyTorch's libraries load.
+const LIBSTDCXX: &CStr = c"libstdc++.so.6";
+
+/// The process's `operator new(size_t)` as PyTorch's code binds it (so that PyTorch may free its
+/// storage with `operator delete`): the global scope first (an allocator preloaded over it), else
+/// the C++ runtime PyTorch's libraries loaded. Python loads them with `RTLD_LOCAL`, so without a
+/// preload the C++ runtime is not in the global scope.
+pub(crate) fn operator_new() -> Option<*mut c_void> {
+    // SAFETY: RTLD_DEFAULT and a NUL-terminated name.
+    let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_Znwm".as_ptr()) };
+    match global.is_null() {
+        false => Some(global),
+        true => symbol(&[LIBTORCH_PYTHON, LIBC10, LIBSTDCXX], c"_Znwm"),
+    }
+}
+
 /// `dladdr1`'s flag asking for the ELF symbol (glibc's `RTLD_DL_SYMENT`).
 const RTLD_DL_SYMENT: libc::c_int = 1;
 

@@ -273,7 +273,7 @@ unsafe fn data_ptr_vector(this: *mut c_void, device: i8, ptrs: &[u64]) -> Result
     }
     type RawDeleter = unsafe extern "C-unwind" fn(*mut c_void) -> *const c_void;
     type OperatorNew = unsafe extern "C-unwind" fn(usize) -> *mut c_void;
-    let new = super::lookup::symbol(&[], c"_Znwm")
+    let new = super::lookup::operator_new()
         .ok_or_else(|| Error::Internal("the C++ operator new is not loaded".into()))?;
     let bytes = std::mem::size_of::<DataPtr>()
         .checked_mul(ptrs.len())

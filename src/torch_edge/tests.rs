@@ -174,3 +174,31 @@ fn another_class_or_an_unknown_library_is_refused() {
     assert!(!slot_holds(&IMPL, 3, A));
     assert!(lookup::symbol_size(lookup::symbol(&[SONAME], IMPL.vtable).unwrap()).is_some());
 }
+
+/// The C++ `operator new` is found where the C++ runtime is loaded only privately, as under
+/// Python (which loads PyTorch with RTLD_LOCAL): here by the mock, loaded with RTLD_LOCAL.
+#[test]
+fn operator_new_is_found_in_a_privately_loaded_cxx_runtime() {
+    let _ = mock();
+    let path = std::ffi::CString::new(
+        std::env::temp_dir()
+            .join(format!(
+                "streampool-vtable-mock-{}/{}",
+                std::process::id(),
+                SONAME.to_str().unwrap()
+            ))
+            .to_str()
+            .unwrap(),
+    )
+    .unwrap();
+    // SAFETY: the mock is loaded already (RTLD_NOLOAD); a valid name; checked non-null.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    assert!(!handle.is_null());
+    // SAFETY: a valid handle and name.
+    let private = unsafe { libc::dlsym(handle, c"_Znwm".as_ptr()) };
+    assert!(
+        !private.is_null(),
+        "the mock's C++ runtime defines operator new"
+    );
+    assert_eq!(lookup::operator_new(), Some(private));
+}
