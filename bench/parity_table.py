@@ -2,7 +2,8 @@
 
 ``python3 bench/parity_table.py RESULTS_DIR`` reads the ``parity-*.jsonl`` files that
 python/tests/test_gpu_parity.py wrote there (one line per case and backend: native, PyTorch's
-plain pluggable allocator, streampool) and writes ``RESULTS_DIR/parity.md``, which the docs'
+plain pluggable allocator, streampool; a later line for a case and backend replaces an earlier
+one) and writes ``RESULTS_DIR/parity.md`` naming the commit of RESULTS_DIR/run.json, which the docs'
 generator (bench/headline.py) puts into README.md as it is.
 """
 
@@ -63,6 +64,17 @@ def table(lines: List[Dict], commit: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _commit(folder: Path) -> str:
+    """The commit whose library ran: the folder's run.json says it; else the checkout's HEAD."""
+    run = folder / "run.json"
+    if run.is_file():
+        commit = json.loads(run.read_text()).get("commit")
+        if isinstance(commit, str) and commit:
+            return commit
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return head.stdout.strip() or "unknown"
+
+
 def main(argv: List[str]) -> int:
     if len(argv) != 1:
         print(__doc__.strip(), file=sys.stderr)
@@ -72,8 +84,7 @@ def main(argv: List[str]) -> int:
     if not lines:
         print(f"no parity-*.jsonl in {folder}", file=sys.stderr)
         return 1
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    (folder / "parity.md").write_text(table(lines, commit or "unknown"))
+    (folder / "parity.md").write_text(table(lines, _commit(folder)))
     print(f"wrote {folder / 'parity.md'}")
     return 0
 

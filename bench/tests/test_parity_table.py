@@ -34,3 +34,14 @@ def test_main_writes_parity_md(tmp_path):
     assert parity_table.main([str(tmp_path)]) == 0
     assert "MemPool" in (tmp_path / "parity.md").read_text()
     assert parity_table.main([str(tmp_path / "empty")]) == 1
+
+
+def test_the_table_names_the_measured_commit_and_later_lines_replace_earlier(tmp_path):
+    lines = [_line("mempool", "pool", streampool=False, agree=False), _line("mempool", "pool")]
+    (tmp_path / "parity-pool.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    (tmp_path / "run.json").write_text(json.dumps({"commit": "feed123", "default_backend": "pool"}))
+    assert parity_table.main([str(tmp_path)]) == 0
+    text = (tmp_path / "parity.md").read_text()
+    assert "commit feed123" in text
+    row = next(r for r in text.splitlines() if "MemPool" in r)
+    assert row.endswith("| ✓ | not run | ✓ | not run |"), row
