@@ -1,7 +1,7 @@
 //! The idle release on the CUDA pool backend, over a simulated driver whose pools learn of a
 //! completed free only at a synchronisation, as the real driver's do: each device gives its memory
-//! back on its own once it has been idle for `STREAMPOOL_IDLE_RELEASE`, with no call from the
-//! program and no synchronisation of its own.
+//! back on its own once it has been idle for `STREAMPOOL_IDLE_RELEASE`, without the program
+//! calling or synchronising anything.
 
 mod common;
 use common::*;
@@ -48,7 +48,7 @@ fn an_idle_device_gives_back_pool_memory_freed_after_the_last_synchronisation() 
 
 /// While PyTorch routes allocations to a graph pool (it does so before it begins a capture that
 /// streampool cannot see yet), the idle release does not synchronise: a synchronisation would
-/// break the capture.
+/// break the capture. It does once the route has ended, in the same idle period.
 #[test]
 fn the_idle_release_does_not_synchronise_while_a_graph_pool_route_is_open() {
     let config = Config {
@@ -81,7 +81,69 @@ fn the_idle_release_does_not_synchronise_while_a_graph_pool_route_is_open() {
     assert!(r.stats(0).reserved_bytes >= 64 * MIB);
     r.alloc.end_allocate_to_pool(0, pool).unwrap();
     r.alloc.release_pool(0, pool).unwrap();
+    assert!(
+        released_within_30_s(&r, 0),
+        "the synchronisation put off during the route never came"
+    );
+    assert_eq!(r.stats(0).num_idle_releases, 1, "one idle period");
     r.finish();
+}
+
+/// A block that waited for another stream's work at the idle period's first try (which
+/// synchronised for another block) goes back at a later try: that try synchronises again, since
+/// the pool learns of its free only then.
+#[test]
+fn a_block_handed_back_after_the_first_try_is_released_too() {
+    let config = Config {
+        background: true,
+        idle_release_ms: Some(50),
+        ..pool_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
+    r.sim.pools_apply_frees_at_sync(0);
+    let plain = r.malloc(64 * MIB, 0, 1);
+    let shared = r.malloc(64 * MIB, 0, 1);
+    r.alloc.record_stream(shared, s(2)).unwrap();
+    r.free(plain, 0);
+    r.free(shared, 0); // waits for stream 2's work
+    assert!(
+        released_within_30_s(&r, 0),
+        "a block handed back late stayed reserved"
+    );
+    assert_eq!(r.stats(0).num_idle_releases, 1, "one idle period");
+    r.finish();
+}
+
+/// A device that holds nothing beyond its live blocks has nothing to give back: its idle release
+/// does not block on a synchronisation.
+#[test]
+fn an_idle_device_with_only_live_blocks_does_not_synchronise() {
+    let config = Config {
+        background: true,
+        idle_release_ms: Some(50),
+        ..pool_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
+    r.sim.pools_apply_frees_at_sync(0);
+    let live = r.malloc(64 * MIB, 0, 1);
+    let before = r.sim.calls("cuCtxSynchronize");
+    let start = Instant::now();
+    while r.stats(0).num_idle_releases == 0 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(r.stats(0).num_idle_releases, 1);
+    assert_eq!(r.sim.calls("cuCtxSynchronize"), before);
+    r.free(live, 0);
+    r.finish();
+}
+
+fn released_within_30_s(r: &Rig, device: i64) -> bool {
+    let start = Instant::now();
+    while r.stats(device).reserved_bytes > 0 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    r.stats(device).reserved_bytes == 0
 }
 
 struct NoStream;

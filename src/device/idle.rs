@@ -5,15 +5,18 @@
 //! cache and the blocks whose streams are done to their resources, which give back every idle
 //! page (or pool memory) — whatever the release threshold. Memory the GPU still uses is released
 //! at a later look, once its streams have caught up. A CUDA pool learns that a free completed
-//! only at a synchronisation call, so where the device has one, its first idle release of an
-//! idle period synchronises the device (no lock held) before the trim; the vmm backend tracks
-//! its frees with events and never synchronises here.
+//! only at a synchronisation call, so where the device has one and holds more than its blocks,
+//! an idle release synchronises the device (no lock held, relaxed capture mode) before the trim:
+//! on the idle period's first try that may, and on every try that handed blocks back. This
+//! blocks the background thread while the device's queued work finishes. The vmm backend
+//! tracks its frees with events and never synchronises here.
 //!
 //! Invariants: the activity count changes under the device lock with every allocation and free,
 //! and is read with a `try_lock` (a device whose lock is taken is busy); nothing is released and
-//! nothing synchronised during a known capture or while PyTorch routes allocations to a graph
-//! pool (it opens the route before it begins a capture); an idle release is tried again only
-//! while a resource says more may come, at most `IDLE_TRIES` times per idle period.
+//! nothing synchronised during a capture known on this device or while PyTorch routes this
+//! device's allocations to a graph pool (it opens the route before it begins a capture, and for
+//! `use_mem_pool`); a synchronisation put off so is made at a later try; an idle release is
+//! tried again only while more may come, at most `IDLE_TRIES` times per idle period.
 
 use super::DeviceAllocator;
 use crate::background::Tended;
@@ -33,6 +36,8 @@ pub(super) struct IdleWatch {
     tries: u32,
     /// The last idle release left nothing for later.
     done: bool,
+    /// An idle release of this period synchronised the device.
+    synced: bool,
 }
 
 pub(super) type Watch = Mutex<IdleWatch>;
@@ -47,7 +52,7 @@ impl Tended for DeviceAllocator {
             Some(st) => st.activity,
             None => u64::MAX, // busy right now: counts as activity
         };
-        let (idle_now, first) = {
+        let (idle_now, synced) = {
             let mut w = self.idle.lock();
             if activity != w.seen_activity || activity == u64::MAX {
                 *w = IdleWatch {
@@ -55,13 +60,14 @@ impl Tended for DeviceAllocator {
                     since_ms: now_ms,
                     tries: 0,
                     done: false,
+                    synced: false,
                 };
             }
             let due = setup
                 .settings
                 .idle_release_ms
                 .is_some_and(|delay_ms| now_ms.saturating_sub(w.since_ms) >= delay_ms);
-            (due && !w.done && w.tries < IDLE_TRIES, w.tries == 0)
+            (due && !w.done && w.tries < IDLE_TRIES, w.synced)
         };
         // While busy: the threshold of resources that apply it themselves.
         for r in &setup.own {
@@ -70,24 +76,26 @@ impl Tended for DeviceAllocator {
             }
         }
         if idle_now {
-            let more = self.release_idle(first);
+            let (more, synced_now) = self.release_idle(synced);
             let mut w = self.idle.lock();
             if w.tries == 0 {
                 self.state.lock().ledger.counters_mut().num_idle_releases += 1;
             }
             w.tries += 1;
             w.done = !more;
+            w.synced |= synced_now;
         }
     }
 }
 
 impl DeviceAllocator {
     /// Returns the cache and finished waits, and lets every resource give back what it does not
-    /// use; synchronises first where a CUDA pool needs it and `first` (see the module). True if
-    /// more may become releasable later.
-    pub(super) fn release_idle(&self, first: bool) -> bool {
+    /// use, synchronising first where a CUDA pool needs it (see the module); `synced`: an earlier
+    /// try of this idle period synchronised. Returns (more may become releasable later, this try
+    /// synchronised).
+    pub(super) fn release_idle(&self, synced: bool) -> (bool, bool) {
         let Some(setup) = self.setup.get() else {
-            return false;
+            return (false, false);
         };
         let mut blocks = Vec::new();
         {
@@ -97,17 +105,18 @@ impl DeviceAllocator {
             if st.waits.capturing() {
                 drop(st);
                 let _ = self.return_blocks(blocks);
-                return true;
+                return (true, false);
             }
             blocks.extend(st.ledger.drain_cache());
             blocks.extend(st.ledger.take_unreturned());
         }
         let count = blocks.len();
         let _ = self.return_blocks(blocks);
-        if first {
-            self.apply_pool_frees(&setup.own);
-        }
-        let mut more = false;
+        let sync = match !synced || count > 0 {
+            true => self.apply_pool_frees(setup),
+            false => PoolFrees::NotNeeded,
+        };
+        let mut more = sync == PoolFrees::PutOff;
         let released = setup.for_each_own(|r| {
             more |= crate::resource::release_idle(r)?;
             Ok(())
@@ -120,20 +129,42 @@ impl DeviceAllocator {
             "device {}: idle: returned {count} blocks, released unused memory",
             self.device
         );
-        more || waiting
+        (more || waiting, sync == PoolFrees::Synced)
     }
 
-    /// Synchronises the device if one of `own` is a CUDA pool (it applies stream-ordered frees
-    /// only at a synchronisation) and no capture is known or about to begin.
-    fn apply_pool_frees(&self, own: &[std::sync::Arc<dyn crate::resource::Resource>]) {
-        if !own.iter().any(|r| r.capabilities().tending.is_none()) || self.routes.any_open() {
-            return;
+    /// Synchronises the device so that its CUDA pools apply the frees made so far, where one of
+    /// its resources is a CUDA pool (it does not tend its own memory) and the device holds more
+    /// than its blocks; put off while a capture is known or a route to a graph pool is open.
+    fn apply_pool_frees(&self, setup: &super::DeviceSetup) -> PoolFrees {
+        if !setup.own.iter().any(|r| r.capabilities().tending.is_none()) {
+            return PoolFrees::NotNeeded;
         }
-        if self.state.lock().waits.capturing() {
-            return;
+        let Ok(reserved_bytes) = setup.reserved_bytes() else {
+            return PoolFrees::NotNeeded;
+        };
+        {
+            let st = self.state.lock();
+            if reserved_bytes <= st.ledger.gauges().held_bytes {
+                return PoolFrees::NotNeeded;
+            }
+            if st.waits.capturing() || self.routes.any_open() {
+                return PoolFrees::PutOff;
+            }
         }
-        if let Err(e) = self.driver.synchronize(self.device) {
-            log::debug!("device {}: idle release: {e}", self.device);
+        match self.driver.synchronize(self.device) {
+            Ok(()) => PoolFrees::Synced,
+            Err(e) => {
+                log::warn!("device {}: idle release: {e}", self.device);
+                PoolFrees::NotNeeded
+            }
         }
     }
+}
+
+/// What an idle release did about a CUDA pool's frees ([`DeviceAllocator::apply_pool_frees`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PoolFrees {
+    NotNeeded,
+    PutOff,
+    Synced,
 }

@@ -70,9 +70,9 @@ fn event_ptr(event: EventHandle) -> sys::CUevent {
 
 /// Runs `f` with this thread's stream-capture mode relaxed. A graph that another thread (or this
 /// one, in global mode) is capturing would otherwise make the "potentially unsafe" calls
-/// streampool makes for its own bookkeeping — waiting for a stream, querying or recording an event
-/// on a stream that is not capturing, mapping and unmapping memory — fail and invalidate that
-/// capture. (Calls that conflict with a capture, such as querying an event recorded inside it,
+/// streampool makes for its own bookkeeping — waiting for a stream or a device, querying or
+/// recording an event on a stream that is not capturing, mapping and unmapping memory — fail and
+/// invalidate that capture. (Calls that conflict with a capture, such as querying an event recorded inside it,
 /// still fail; streampool does not make them.)
 pub(super) fn relaxed<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -202,8 +202,11 @@ impl DeviceDriver for CudaDriver {
 
     fn synchronize(&self, device: usize) -> Result<()> {
         let _scope = self.enter(device)?;
-        // SAFETY: the device's context is current.
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+        // Relaxed: a capture in global mode on another device (or thread) is left alone.
+        relaxed(|| {
+            // SAFETY: the device's context is current.
+            check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+        })
     }
 }
 
