@@ -182,7 +182,10 @@ fn operator_new_is_found_in_a_privately_loaded_cxx_runtime() {
     let _ = mock();
     // SAFETY: RTLD_DEFAULT and a NUL-terminated name.
     let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_Znwm".as_ptr()) };
-    assert!(global.is_null(), "this test binary has the C++ runtime in its global scope");
+    assert!(
+        global.is_null(),
+        "this test binary has the C++ runtime in its global scope"
+    );
     let path = std::ffi::CString::new(
         std::env::temp_dir()
             .join(format!(
