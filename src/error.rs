@@ -160,3 +160,16 @@ impl From<&Error> for StreampoolStatus {
         }
     }
 }
+
+/// Runs `f`, turning a panic into `Error::Internal` (every C entry point and C++ method runs in
+/// one: no panic crosses into C or C++).
+pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(Error::Internal(what))
+    })
+}

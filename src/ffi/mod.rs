@@ -11,22 +11,10 @@ mod torch;
 
 use crate::api::{self, clear_last_error, global, last_error_ptr, set_last_error};
 use crate::driver::{DevicePtr, Stream};
+pub(crate) use crate::error::guarded;
 use crate::error::{Error, Result, StreampoolStatus};
 use crate::stats::StreampoolStats;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
-/// Runs `f`, turning a panic into `Error::Internal`.
-pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".into());
-        Err(Error::Internal(what))
-    })
-}
 
 fn status(result: Result<()>) -> c_int {
     match result {

@@ -106,7 +106,8 @@ pub extern "C" fn streampool_torch_attach() -> *const c_char {
         guarded(|| {
             // SAFETY: called from install(), before CUDA (and so PyTorch's allocator) is in use.
             let attached =
-                unsafe { crate::torch_edge::attach() }.map_err(Error::InvalidArgument)?;
+                unsafe { crate::torch_edge::attach(super::my_malloc as *const () as usize) }
+                    .map_err(Error::InvalidArgument)?;
             let mut lines: Vec<String> =
                 attached.wired.iter().map(|f| format!("ok\t{f}")).collect();
             lines.extend(

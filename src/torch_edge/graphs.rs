@@ -11,7 +11,7 @@ use super::std_function::{FilterSignature, OwnedFunction};
 use crate::api::global;
 use crate::device::StreamFilter;
 use crate::driver::{DevicePtr, Stream};
-use crate::ffi::guarded;
+use crate::error::guarded;
 use crate::resource::graph_pool::PoolId;
 use std::cell::Cell;
 use std::ffi::c_void;

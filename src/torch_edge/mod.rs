@@ -42,8 +42,9 @@ pub struct Attached {
     pub unavailable: Vec<(&'static str, String)>,
 }
 
-/// The allocator PyTorch uses now, if it is a `CUDAPluggableAllocator` around `my_malloc`.
-fn installed_pluggable() -> Result<*mut c_void, String> {
+/// The allocator PyTorch uses now, if it is a `CUDAPluggableAllocator` around `my_malloc` (at
+/// address `my_malloc`).
+fn installed_pluggable(my_malloc: usize) -> Result<*mut c_void, String> {
     let current = lookup::symbol(&[lookup::LIBC10_CUDA], CURRENT_ALLOCATOR)
         .ok_or("PyTorch's libc10_cuda is not loaded")?;
     // SAFETY: the symbol is a std::atomic of a pointer: one aligned word, read atomically.
@@ -66,7 +67,7 @@ fn installed_pluggable() -> Result<*mut c_void, String> {
     // SAFETY: a CUDAPluggableAllocator (checked above): the word after the vtable pointer is
     // the function pointer `alloc_fn_` stores in place.
     let alloc_fn = unsafe { *((object as *const u8).add(ALLOC_FN_OFFSET_BYTES) as *const usize) };
-    if alloc_fn != crate::ffi::my_malloc as *const () as usize {
+    if alloc_fn != my_malloc {
         return Err(
             "PyTorch's current allocator does not allocate with streampool's my_malloc".into(),
         );
@@ -75,12 +76,14 @@ fn installed_pluggable() -> Result<*mut c_void, String> {
 }
 
 /// Gives PyTorch's installed allocator (a `CUDAPluggableAllocator` around `my_malloc`, made
-/// current with `change_current_allocator`) streampool's methods. Call once, before CUDA is used.
+/// current with `change_current_allocator`) streampool's methods; `my_malloc` is that function's
+/// address (the C edge passes it: this module does not depend on it). Call once, before CUDA is
+/// used.
 ///
 /// # Safety
 /// No other thread may be calling PyTorch's allocator while this runs.
-pub unsafe fn attach() -> Result<Attached, String> {
-    let object = installed_pluggable()?;
+pub unsafe fn attach(my_malloc: usize) -> Result<Attached, String> {
+    let object = installed_pluggable(my_malloc)?;
     // SAFETY: the object is the installed pluggable allocator, checked above; the caller
     // promises nobody calls it meanwhile; each replacement has its method's C ABI signature.
     let mut replacements = methods::replacements();
