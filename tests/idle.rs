@@ -12,26 +12,17 @@ use streampool::Config;
 /// after the program's last synchronisation, device 0 keeps its own.
 #[test]
 fn an_idle_device_gives_back_pool_memory_freed_after_the_last_synchronisation() {
-    let config = Config {
-        background: true,
-        idle_release_ms: Some(100),
-        ..pool_config()
-    };
-    let r = rig_with(2, 512 * MIB, config);
-    for device in 0..2 {
-        r.sim.pools_apply_frees_at_sync(device);
-    }
+    let r = idle_rig(2, 512 * MIB);
     for device in 0..2 {
         let block = r.malloc(64 * MIB, device, 0);
         r.free(block, device);
     }
     r.sim.complete_all(); // the GPU finished the work; nobody synchronised
-    let start = Instant::now();
-    while r.stats(1).reserved_bytes >= 64 * MIB && start.elapsed() < Duration::from_secs(30) {
+    within_30_s(|| {
         let busy = r.malloc(64 * MIB, 0, 0); // device 0 stays busy
         r.free(busy, 0);
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        r.stats(1).reserved_bytes < 64 * MIB
+    });
     let (idle, busy) = (r.stats(1), r.stats(0));
     assert_eq!(
         idle.reserved_bytes, 0,
@@ -51,13 +42,7 @@ fn an_idle_device_gives_back_pool_memory_freed_after_the_last_synchronisation() 
 /// break the capture. It does once the route has ended, in the same idle period.
 #[test]
 fn the_idle_release_does_not_synchronise_while_a_graph_pool_route_is_open() {
-    let config = Config {
-        background: true,
-        idle_release_ms: Some(50),
-        ..pool_config()
-    };
-    let r = rig_with(1, 256 * MIB, config);
-    r.sim.pools_apply_frees_at_sync(0);
+    let r = idle_rig(1, 256 * MIB);
     let pool = (1, 7);
     r.alloc.graph_pool_create_or_incref(0, pool).unwrap();
     r.alloc
@@ -67,11 +52,7 @@ fn the_idle_release_does_not_synchronise_while_a_graph_pool_route_is_open() {
     r.free(block, 0);
     r.sim.complete_all();
     let before = r.sim.calls("cuCtxSynchronize");
-    let start = Instant::now();
-    while r.stats(0).num_idle_releases == 0 && start.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    wait_for_the_idle_release(&r);
     assert_eq!(r.stats(0).num_idle_releases, 1);
     assert_eq!(
         r.sim.calls("cuCtxSynchronize"),
@@ -94,13 +75,7 @@ fn the_idle_release_does_not_synchronise_while_a_graph_pool_route_is_open() {
 /// the pool learns of its free only then.
 #[test]
 fn a_block_handed_back_after_the_first_try_is_released_too() {
-    let config = Config {
-        background: true,
-        idle_release_ms: Some(50),
-        ..pool_config()
-    };
-    let r = rig_with(1, 256 * MIB, config);
-    r.sim.pools_apply_frees_at_sync(0);
+    let r = idle_rig(1, 256 * MIB);
     let plain = r.malloc(64 * MIB, 0, 1);
     let shared = r.malloc(64 * MIB, 0, 1);
     r.alloc.record_stream(shared, s(2)).unwrap();
@@ -118,32 +93,51 @@ fn a_block_handed_back_after_the_first_try_is_released_too() {
 /// does not block on a synchronisation.
 #[test]
 fn an_idle_device_with_only_live_blocks_does_not_synchronise() {
-    let config = Config {
-        background: true,
-        idle_release_ms: Some(50),
-        ..pool_config()
-    };
-    let r = rig_with(1, 256 * MIB, config);
-    r.sim.pools_apply_frees_at_sync(0);
+    let r = idle_rig(1, 256 * MIB);
     let live = r.malloc(64 * MIB, 0, 1);
     let before = r.sim.calls("cuCtxSynchronize");
-    let start = Instant::now();
-    while r.stats(0).num_idle_releases == 0 && start.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    wait_for_the_idle_release(&r);
     assert_eq!(r.stats(0).num_idle_releases, 1);
     assert_eq!(r.sim.calls("cuCtxSynchronize"), before);
     r.free(live, 0);
     r.finish();
 }
 
-fn released_within_30_s(r: &Rig, device: i64) -> bool {
+/// `devices` simulated devices of `memory_bytes` whose pools apply frees at a synchronisation,
+/// on the pool backend with the background thread and an idle release after 50 ms.
+fn idle_rig(devices: usize, memory_bytes: u64) -> Rig {
+    let config = Config {
+        background: true,
+        idle_release_ms: Some(50),
+        ..pool_config()
+    };
+    let r = rig_with(devices, memory_bytes, config);
+    for device in 0..devices {
+        r.sim.pools_apply_frees_at_sync(device);
+    }
+    r
+}
+
+/// Runs `done` every 10 ms until it says true, for 30 s at most; its last answer.
+fn within_30_s(mut done: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
-    while r.stats(device).reserved_bytes > 0 && start.elapsed() < Duration::from_secs(30) {
+    while start.elapsed() < Duration::from_secs(30) {
+        if done() {
+            return true;
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
-    r.stats(device).reserved_bytes == 0
+    done()
+}
+
+fn released_within_30_s(r: &Rig, device: i64) -> bool {
+    within_30_s(|| r.stats(device).reserved_bytes == 0)
+}
+
+/// Waits for device 0's first idle release, then 200 ms more (for a synchronisation it might make).
+fn wait_for_the_idle_release(r: &Rig) {
+    within_30_s(|| r.stats(0).num_idle_releases > 0);
+    std::thread::sleep(Duration::from_millis(200));
 }
 
 struct NoStream;
