@@ -79,6 +79,19 @@ fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     }
 }
 
+/// Each trace text is refused with an error that contains its expected words.
+fn refused(cases: &[(&str, &str)]) -> Result<(), String> {
+    for (text, expect) in cases {
+        match Trace::parse("t", text) {
+            Ok(_) => return Err(format!("{text:?} was accepted")),
+            Err(e) => ensure(e.contains(expect), || {
+                format!("{text:?}: {e:?} lacks {expect:?}")
+            })?,
+        }
+    }
+    Ok(())
+}
+
 fn traces_dir() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/traces"))
 }
@@ -115,7 +128,7 @@ fn peak_live() -> Result<(), String> {
 
 /// Catches a parser that accepts a free of a dead ID or a malformed line silently.
 fn rejects_bad_traces() -> Result<(), String> {
-    for (text, expect) in [
+    refused(&[
         (
             "a 1 10 0\nf 1\nf 1\n",
             "t:3: free of ID 1, which is not live",
@@ -125,15 +138,7 @@ fn rejects_bad_traces() -> Result<(), String> {
         ("r 5 1\n", "record_stream of ID 5"),
         ("q\n", "unknown event \"q\""),
         ("f\n", "takes 2 fields, not 1"),
-    ] {
-        match Trace::parse("t", text) {
-            Ok(_) => return Err(format!("{text:?} was accepted")),
-            Err(e) => ensure(e.contains(expect), || {
-                format!("{text:?}: {e:?} lacks {expect:?}")
-            })?,
-        }
-    }
-    Ok(())
+    ])
 }
 
 /// Catches errors in the stored-block path, the CRC check and the Huffman decoder (the
@@ -288,21 +293,13 @@ fn timestamps() -> Result<(), String> {
     ensure(untimed.times_us.is_empty(), || {
         "untimed trace got times".into()
     })?;
-    for (text, expect) in [
+    refused(&[
         ("a 1 10 0 @5\nf 1\n", "on every event or on none"),
         ("a 1 10 0\nf 1 @5\n", "on every event or on none"),
         ("a 1 10 0 @5\nf 1 @4\n", "earlier than the previous"),
         ("a 1 10 0 @five\n", "is not microseconds"),
         ("@5\n", "a timestamp without an event"),
-    ] {
-        match Trace::parse("t", text) {
-            Ok(_) => return Err(format!("{text:?} was accepted")),
-            Err(e) => ensure(e.contains(expect), || {
-                format!("{text:?}: {e:?} lacks {expect:?}")
-            })?,
-        }
-    }
-    Ok(())
+    ])
 }
 
 /// Catches a replay that counts cuBLAS's workspaces (made before the benchmark measures) as
