@@ -17,6 +17,10 @@ use super::{EventPool, InOrder};
 use crate::driver::{Driver, EventHandle, Stream};
 use crate::error::Result;
 
+/// How many streams' slots are kept after their fences have all completed (see
+/// [`Fences::forget_streams_without_fences`]).
+const KEPT_IDLE_STREAMS: usize = 64;
+
 struct StreamFences {
     stream: Stream,
     /// Recorded fences (their numbers) not known to have completed, oldest first.
@@ -212,9 +216,14 @@ impl Fences {
         out
     }
 
+    /// Streams left without fences are forgotten only once there are many: a stream's slot keeps
+    /// the time of its last record, and a stream whose fences complete at once (a GPU that keeps
+    /// up) would otherwise find its fence due, and record one, at every free.
     fn forget_streams_without_fences(&mut self) {
-        self.streams
-            .retain(|s| !s.recorded.is_empty() || s.pending.is_some());
+        if self.streams.len() > KEPT_IDLE_STREAMS {
+            self.streams
+                .retain(|s| !s.recorded.is_empty() || s.pending.is_some());
+        }
     }
 
     /// True while fence `seq` of `stream` (a number a free took) may not have completed: it is

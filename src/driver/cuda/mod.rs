@@ -35,6 +35,8 @@ fn too_large(bytes: u64) -> Error {
 }
 
 fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
+    #[cfg(feature = "call-counts")]
+    call_counts::count(call);
     if result == sys::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
@@ -54,6 +56,35 @@ fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
         code: result as i32,
         name,
     })
+}
+
+/// A diagnostic build's count of every driver call by name (`--features call-counts`), printed
+/// to standard error at exit: which calls an allocation path makes on a real GPU.
+#[cfg(feature = "call-counts")]
+mod call_counts {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    static COUNTS: Mutex<Option<HashMap<&'static str, u64>>> = Mutex::new(None);
+
+    extern "C" fn print() {
+        let Ok(counts) = COUNTS.lock() else { return };
+        let mut rows: Vec<_> = counts.iter().flatten().collect();
+        rows.sort_by_key(|(_, n)| std::cmp::Reverse(**n));
+        for (call, n) in rows {
+            eprintln!("CALLS {call} {n}");
+        }
+    }
+
+    pub(super) fn count(call: &'static str) {
+        let Ok(mut counts) = COUNTS.lock() else { return };
+        let counts = counts.get_or_insert_with(|| {
+            // SAFETY: `print` is an extern "C" fn with no arguments, as atexit wants.
+            unsafe { libc::atexit(print) };
+            HashMap::new()
+        });
+        *counts.entry(call).or_default() += 1;
+    }
 }
 
 fn stream_ptr(stream: Stream) -> sys::CUstream {

@@ -132,6 +132,13 @@ impl SimDriver {
         self.devices[device].lock().frees_applied_at_sync = true;
     }
 
+    /// From now on, work submitted to `device`'s streams completes at once, as on a GPU that
+    /// keeps up with the program (a loop that queues no kernels): an event recorded on an idle
+    /// stream has completed by the next query.
+    pub fn gpu_keeps_up(&self, device: usize) {
+        self.devices[device].lock().keeps_up = true;
+    }
+
     /// Restarts [`SimDriver::in_use_high_bytes`] from what `device` has in use now.
     pub fn reset_in_use_high(&self, device: usize) {
         let mut d = self.devices[device].lock();

@@ -92,6 +92,8 @@ struct SimDevice {
     pools_fragmented: bool,
     /// Pools learn of completed frees only at a synchronisation (`pools_apply_frees_at_sync`).
     frees_applied_at_sync: bool,
+    /// Work completes as it is submitted (`gpu_keeps_up`).
+    keeps_up: bool,
 }
 
 pub struct SimDriver {
@@ -207,7 +209,11 @@ impl SimDevice {
     fn tick(&mut self, stream: Stream) -> u64 {
         let clock = self.streams.entry(stream).or_default();
         clock.submitted += 1;
-        clock.submitted
+        let seq = clock.submitted;
+        if self.keeps_up {
+            self.complete_stream_to(stream, seq);
+        }
+        seq
     }
 
     fn completed(&self, (stream, seq): (Stream, u64)) -> bool {

@@ -86,3 +86,25 @@ fn a_stream_per_request_takes_the_carrier_page_the_last_one_freed_behind_a_wait(
     assert_eq!(r.physical(), PAGE, "one page for all of them");
     assert_eq!(Statistics::driver_counts(&*r.vmm).stream_waits, 9);
 }
+
+/// A GPU that keeps up with the program (a `torch.empty` + `del` loop queues no kernel): each
+/// fence completes before the next free. A free records a fence at most once per interval all the
+/// same — the stream's last record time outlives its completed fences (on an H200 a record at
+/// every free cost 2 µs a pair).
+#[test]
+fn a_stream_whose_fences_complete_at_once_records_one_fence_per_interval() {
+    for bytes in [64 << 10, 3 * PAGE] {
+        let r = rig();
+        r.stop_clock();
+        r.sim.gpu_keeps_up(0);
+        let before = r.sim.calls("cuEventRecord");
+        for _ in 0..400 {
+            let a = r.alloc(bytes, S1);
+            r.free(a, bytes, S1);
+            r.sim.advance_clock_us(5);
+        }
+        // 400 frees over 2 ms: the first records, then one per 1 ms interval.
+        let records = r.sim.calls("cuEventRecord") - before;
+        assert!(records <= 3, "{records} fences recorded for 400 frees of {bytes} B");
+    }
+}
