@@ -44,7 +44,7 @@ pub const DEFAULTS: &[VariableDefault] = &[
     value("STREAMPOOL_BACKEND", "pool"),
     value("STREAMPOOL_VMM_PAGE_SIZE", "2MiB"),
     value("STREAMPOOL_VMM_COLD_AFTER", "10ms"),
-    value("STREAMPOOL_VMM_GROWTH_SLACK", "25%"),
+    value("STREAMPOOL_VMM_GROWTH_SLACK", "2%"),
     value("STREAMPOOL_VMM_HEADROOM", "1%"),
     value("STREAMPOOL_IDLE_RELEASE", "2s"),
     value("STREAMPOOL_RELEASE_THRESHOLD", "max"),

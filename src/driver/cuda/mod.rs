@@ -77,7 +77,9 @@ mod call_counts {
     }
 
     pub(super) fn count(call: &'static str) {
-        let Ok(mut counts) = COUNTS.lock() else { return };
+        let Ok(mut counts) = COUNTS.lock() else {
+            return;
+        };
         let counts = counts.get_or_insert_with(|| {
             // SAFETY: `print` is an extern "C" fn with no arguments, as atexit wants.
             unsafe { libc::atexit(print) };

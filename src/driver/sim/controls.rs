@@ -163,7 +163,17 @@ impl SimDriver {
         let mut d = self.devices[device].lock();
         let seq = d.tick(stream);
         let outcome = match d.vmm.contains(ptr) {
-            true => d.vmm.touch(ptr, bytes, from, device, (stream, seq)),
+            true => {
+                let d = &mut *d;
+                let streams = &d.streams;
+                // Done, or ordered before this work (the stream waited for it on the GPU).
+                let completed = |(s, seq): (Stream, u64)| {
+                    streams.get(&s).is_some_and(|c| c.completed >= seq)
+                        || streams.get(&stream).is_some_and(|c| c.is_after((s, seq)))
+                };
+                d.vmm
+                    .touch(ptr, bytes, from, device, (stream, seq), completed)
+            }
             false => d.touch_pool_memory(ptr, bytes, from, device),
         };
         outcome.map_err(|why| {

@@ -2,8 +2,9 @@
 //! handles, mappings and access, with the checks a real GPU makes or should make.
 //!
 //! Invariants (each a misuse — an error, a panic when strict — if broken by a caller):
-//! reservations and handles are multiples of the granule; a handle is mapped whole, at one place,
-//! inside one reservation, where nothing is mapped; an unmap removes exactly one mapping, and only
+//! reservations and handles are multiples of the granule; a handle is mapped whole, inside one
+//! reservation, where nothing is mapped — at one place or several (as CUDA allows), but work of one
+//! stream never touches it while another stream's unfinished work uses it at another address; an unmap removes exactly one mapping, and only
 //! once all work recorded against it ([`SimDriver::touch`]) has completed; a handle is released
 //! only unmapped; memory is touched only where mapped and only by devices given access, the owner
 //! included; a reservation is freed only empty. Physical handles count as device memory.
@@ -34,8 +35,8 @@ struct Mapping {
 #[derive(Default)]
 pub(super) struct SimVmm {
     reservations: BTreeMap<u64, Reservation>,
-    /// Physical handles: id -> (bytes, mapped at).
-    handles: HashMap<usize, (u64, Option<u64>)>,
+    /// Physical handles: id -> (bytes, the addresses it is mapped at).
+    handles: HashMap<usize, (u64, Vec<u64>)>,
     next_handle: usize,
     mappings: BTreeMap<u64, Mapping>,
 }
@@ -89,8 +90,10 @@ impl SimVmm {
         from: usize,
         device: usize,
         used: (Stream, u64),
+        completed: impl Fn((Stream, u64)) -> bool,
     ) -> Check {
         let end = ptr.0.checked_add(bytes).ok_or("range overflows")?;
+        self.check_aliases(ptr.0, end, used.0, &completed)?;
         for m in self.covering(ptr.0, end)? {
             if !m.access.contains(&from) {
                 return Err(format!(
@@ -101,6 +104,41 @@ impl SimVmm {
             match m.uses.iter_mut().find(|(s, _)| *s == used.0) {
                 Some(u) => u.1 = used.1,
                 None => m.uses.push(used),
+            }
+        }
+        Ok(())
+    }
+
+    /// Work of `stream` on `[start, end)` may not run beside unfinished work of another stream on
+    /// the same physical memory mapped elsewhere (a handle mapped at two addresses).
+    fn check_aliases(
+        &self,
+        start: u64,
+        end: u64,
+        stream: Stream,
+        completed: &impl Fn((Stream, u64)) -> bool,
+    ) -> Check {
+        let first = self
+            .mappings
+            .range(..=start)
+            .next_back()
+            .map_or(start, |(&at, _)| at);
+        for (&at, m) in self.mappings.range(first..end) {
+            if at + m.bytes <= start {
+                continue;
+            }
+            let aliases = self.handles.get(&m.handle).map_or(&[][..], |(_, at)| at);
+            for &other in aliases.iter().filter(|&&a| a != at) {
+                let busy = self.mappings[&other]
+                    .uses
+                    .iter()
+                    .find(|&&(s, seq)| s != stream && !completed((s, seq)));
+                if let Some(&(s, tick)) = busy {
+                    return Err(format!(
+                        "{at:#x} shares its physical memory with {other:#x}, which unfinished work on \
+                         stream {s:#x} (tick {tick}) still uses; touched by {stream:#x}"
+                    ));
+                }
             }
         }
         Ok(())
@@ -242,7 +280,7 @@ impl VmmDriver for SimDriver {
         }
         let id = d.vmm.next_handle;
         d.vmm.next_handle += 1;
-        d.vmm.handles.insert(id, (bytes, None));
+        d.vmm.handles.insert(id, (bytes, Vec::new()));
         d.note_in_use();
         Ok(MemHandle::from_raw(id))
     }
@@ -254,8 +292,10 @@ impl VmmDriver for SimDriver {
             "cuMemRelease",
             |d| match d.vmm.handles.get(&handle.raw()) {
                 None => Err(format!("{handle:?} is not a live handle")),
-                Some((_, Some(at))) => Err(format!("{handle:?} is still mapped at {at:#x}")),
-                Some((_, None)) => {
+                Some((_, at)) if !at.is_empty() => {
+                    Err(format!("{handle:?} is still mapped at {:#x}", at[0]))
+                }
+                Some(_) => {
                     d.vmm.handles.remove(&handle.raw());
                     Ok(())
                 }
@@ -269,8 +309,7 @@ impl VmmDriver for SimDriver {
             let end = at.0.checked_add(bytes).ok_or("range overflows")?;
             match vmm.handles.get(&handle.raw()) {
                 None => return Err(format!("{handle:?} is not a live handle")),
-                Some((_, Some(_))) => return Err(format!("{handle:?} is already mapped")),
-                Some((b, None)) if *b != bytes => {
+                Some((b, _)) if *b != bytes => {
                     return Err(format!("{handle:?} is {b} bytes, not {bytes}"))
                 }
                 Some(_) => {}
@@ -283,7 +322,9 @@ impl VmmDriver for SimDriver {
             if before.is_some_and(|(&start, m)| start + m.bytes > at.0) {
                 return Err(format!("{at:#x}+{bytes} overlaps a mapping"));
             }
-            vmm.handles.insert(handle.raw(), (bytes, Some(at.0)));
+            if let Some((_, mapped_at)) = vmm.handles.get_mut(&handle.raw()) {
+                mapped_at.push(at.0);
+            }
             let mapping = Mapping {
                 bytes,
                 handle: handle.raw(),
@@ -307,7 +348,9 @@ impl VmmDriver for SimDriver {
                 ));
             }
             let m = d.vmm.mappings.remove(&at.0).expect("checked above");
-            d.vmm.handles.insert(m.handle, (bytes, None));
+            if let Some((_, mapped_at)) = d.vmm.handles.get_mut(&m.handle) {
+                mapped_at.retain(|&a| a != at.0);
+            }
             Ok(())
         })
     }

@@ -166,6 +166,9 @@ impl Drop for VmmResource {
         let _ = driver.synchronize(device);
         let st = &mut *self.state.lock();
         st.fences.destroy(driver, device);
+        for r in std::mem::take(&mut st.retiring) {
+            let _ = driver.mem_unmap(device, DevicePtr(r.page), self.page_bytes);
+        }
         for (page, p) in std::mem::take(&mut st.pages) {
             let _ = driver.mem_unmap(device, DevicePtr(page), self.page_bytes);
             st.spare_handles.push(p.handle);

@@ -21,7 +21,7 @@
 use super::growth::Budget;
 use super::ranges::{State, Window};
 use super::{Page, Region, VmmResource, VmmState};
-use crate::driver::{DevicePtr, MemHandle};
+use crate::driver::{DevicePtr, MemHandle, Stream};
 use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::history::StreampoolEventKind as Event;
 
@@ -35,6 +35,11 @@ pub struct DriverCounts {
     pub set_access_calls: u64,
     /// Blocks handed to a stream after a GPU-side wait for another stream's fence.
     pub stream_waits: u64,
+    /// Pages whose handles a growth took to back other addresses, idle or freed by its stream
+    /// ([`super::lending`]; their old addresses are unmapped later, counted in `unmaps`).
+    pub moves: u64,
+    /// Of those, pages its stream had freed and whose work may not have completed.
+    pub lent: u64,
 }
 
 impl DriverCounts {
@@ -46,15 +51,22 @@ impl DriverCounts {
             releases: self.releases + o.releases,
             set_access_calls: self.set_access_calls + o.set_access_calls,
             stream_waits: self.stream_waits + o.stream_waits,
+            moves: self.moves + o.moves,
+            lent: self.lent + o.lent,
         }
     }
 }
 
 /// What one window's growth may use: idle pages outside the window that may give their handles
-/// (cold and hot, listed on first use) and new handles within its budget (asked on first use).
+/// (cold and hot, listed on first use), pages its stream freed that may lend theirs (listed on
+/// first use) and new handles within its budget (asked on first use).
 struct Growth {
     keep: (u64, u64),
+    stream: Stream,
     listed: Option<(Vec<u64>, Vec<u64>)>,
+    lendable: Option<Vec<u64>>,
+    /// Handles lent by pages whose old work (behind the fence) may not have completed.
+    lent: Vec<(MemHandle, Stream, u64)>,
     budget: Option<Budget>,
 }
 
@@ -68,11 +80,15 @@ impl VmmResource {
         region: Region,
         window: &Window,
         bytes: u64,
-        now_ms: u64,
+        stream: Stream,
     ) -> Result<()> {
+        let now_ms = self.driver.now_ms();
         let mut growth = Growth {
             keep: (window.start, window.start + bytes),
+            stream,
             listed: None,
+            lendable: None,
+            lent: Vec::new(),
             budget: None,
         };
         self.check_room(st, &mut growth, window.pages.len() as u64, now_ms)?;
@@ -104,7 +120,14 @@ impl VmmResource {
         match outcome {
             Ok(()) => {
                 for &page in &mapped {
-                    st.region(region).mark_mapped(page);
+                    let handle = st.pages[&page].handle;
+                    match growth.lent.iter().find(|l| l.0 == handle) {
+                        Some(&(_, stream, seq)) => {
+                            let freed = State::Freed { stream, seq };
+                            st.region(region).retag(page, State::Unmapped, freed);
+                        }
+                        None => st.region(region).mark_mapped(page),
+                    }
                     self.count(Event::Map, page, st);
                 }
                 Ok(())
@@ -182,6 +205,7 @@ impl VmmResource {
         }
         let (cold, hot) = self.donors(st, growth, now_ms);
         let idle = (cold.len() + hot.len()) as u64;
+        let idle = idle + self.lendable(st, growth).len() as u64;
         match pages <= spares.saturating_add(budget.pages).saturating_add(idle) {
             true => Ok(()),
             false => Err(Error::Driver {
@@ -227,6 +251,9 @@ impl VmmResource {
                 if let Some(handle) = self.move_idle_page(st, growth, now_ms, false) {
                     return Ok(handle);
                 }
+                if let Some(handle) = self.lend(st, growth) {
+                    return Ok(handle);
+                }
             }
         }
         let budget = self.budget(st, growth, left);
@@ -254,7 +281,11 @@ impl VmmResource {
                 Err(e) => return Err(e),
             }
         }
-        match self.move_idle_page(st, growth, now_ms, false) {
+        let moved = match self.move_idle_page(st, growth, now_ms, false) {
+            Some(handle) => Some(handle),
+            None => self.lend(st, growth),
+        };
+        match moved {
             Some(handle) => {
                 if growth.budget.is_some_and(|b| b.device_bound) {
                     st.device_full = true;
@@ -290,7 +321,34 @@ impl VmmResource {
         })
     }
 
-    /// Unmaps an idle page outside the window (a cold one if `cold_only`) and returns its handle.
+    /// The pages the growth's stream freed outside the window, popped from the back; listed on
+    /// first use.
+    fn lendable<'g>(&self, st: &VmmState, growth: &'g mut Growth) -> &'g mut Vec<u64> {
+        let (keep, stream) = (growth.keep, growth.stream);
+        growth.lendable.get_or_insert_with(|| {
+            let mut pages = self.lendable_pages(st, stream, keep);
+            pages.reverse();
+            pages
+        })
+    }
+
+    /// The handle of a page the growth's stream freed, lent ([`super::lending`]).
+    fn lend(&self, st: &mut VmmState, growth: &mut Growth) -> Option<MemHandle> {
+        let page = self.lendable(st, growth).pop()?;
+        Some(self.take_retired(st, growth, page))
+    }
+
+    /// [`VmmResource::retire_page`], noting a lent handle's fence in the growth.
+    fn take_retired(&self, st: &mut VmmState, growth: &mut Growth, page: u64) -> MemHandle {
+        let (handle, fence) = self.retire_page(st, page);
+        if let Some((stream, seq)) = fence {
+            growth.lent.push((handle, stream, seq));
+        }
+        handle
+    }
+
+    /// Takes the handle of an idle page outside the window (a cold one if `cold_only`); the page
+    /// is unmapped later ([`super::lending`]).
     fn move_idle_page(
         &self,
         st: &mut VmmState,
@@ -303,19 +361,8 @@ impl VmmResource {
             true => cold,
             false => hot,
         };
-        while let Some(page) = list.pop() {
-            if self
-                .driver
-                .mem_unmap(self.device, DevicePtr(page), self.page_bytes)
-                .is_ok()
-            {
-                let p = st.pages.remove(&page).expect("an idle page is mapped");
-                st.region(p.region).mark_unmapped(page);
-                self.count(Event::Unmap, page, st);
-                return Some(p.handle);
-            }
-        }
-        None
+        let page = list.pop()?;
+        Some(self.take_retired(st, growth, page))
     }
 
     /// The device and every granted peer.
@@ -365,6 +412,11 @@ impl VmmResource {
             let Some(handle) = st.spare_handles.pop() else {
                 break;
             };
+            // Still mapped where a page retires (a failed window's): released once unmapped.
+            if Self::retiring_handle(st, handle) {
+                refused.push(handle);
+                continue;
+            }
             match self.driver.mem_release(self.device, handle) {
                 Ok(()) => st.counts.releases += 1,
                 Err(e) => {

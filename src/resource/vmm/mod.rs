@@ -37,6 +37,7 @@
 
 mod growth;
 mod interface;
+mod lending;
 mod live;
 mod mapping;
 mod ranges;
@@ -114,6 +115,9 @@ struct VmmState {
     pages: BTreeMap<u64, Page>,
     /// Handles taken out of pages and not mapped again yet (counted as reserved).
     spare_handles: Vec<MemHandle>,
+    /// Pages whose handles were lent to other addresses, to unmap once their fences complete
+    /// ([`lending`]).
+    retiring: Vec<lending::Retiring>,
     /// Live blocks, to check frees against.
     live: live::Live,
     used_bytes: u64,
@@ -283,6 +287,9 @@ impl VmmResource {
             }),
         });
         self.promote(st, done, now_ms);
+        if caller == Caller::Background {
+            self.unmap_retired(st);
+        }
     }
 
     /// Freed ranges covered by fences that completed become ready for every stream.
@@ -326,7 +333,7 @@ impl VmmResource {
             });
         }
         let window = self.large_window(st, bytes, stream)?;
-        self.map_window(st, Region::Large, &window, bytes, self.driver.now_ms())?;
+        self.map_window(st, Region::Large, &window, bytes, stream)?;
         st.large.take(window.start, bytes);
         Ok(window.start)
     }

@@ -9,7 +9,9 @@
 //! - `Freed { stream, seq }`: mapped, freed on `stream` — usable at once by that stream, by others
 //!   once the stream's fence `seq` (recorded at the free) has completed;
 //! - `Blocked`: whole pages mapped but without access (setting it failed, and so did unmapping
-//!   them again): usable by no one until access is set or they are unmapped.
+//!   them again): usable by no one until access is set or they are unmapped;
+//! - `Retiring`: a whole page whose physical memory now backs another address (see
+//!   `super::lending`): usable by no one, unmapped later. Never merged with a neighbour.
 //!
 //! Pages are `page_bytes` long and counted from each extent's base.
 
@@ -22,6 +24,7 @@ pub(crate) enum State {
     Blocked,
     Ready,
     Freed { stream: Stream, seq: u64 },
+    Retiring,
 }
 
 impl State {
@@ -29,8 +32,13 @@ impl State {
         match self {
             State::Ready => true,
             State::Freed { stream: s, .. } => s == stream,
-            State::Unmapped | State::Blocked => false,
+            State::Unmapped | State::Blocked | State::Retiring => false,
         }
+    }
+
+    /// Mapped memory that some stream may be handed (ready, or freed on one).
+    fn is_mapped_free(self) -> bool {
+        matches!(self, State::Ready | State::Freed { .. })
     }
 
     /// What a block made of pieces in these two states is: ready only if both are, else freed
@@ -219,7 +227,7 @@ impl FreeRanges {
         let end = start + bytes;
         // The common case (a best fit): the block starts a free range that holds it all.
         if let Some(&r) = self.ranges.get(&start) {
-            if r.bytes >= bytes && !matches!(r.state, State::Unmapped | State::Blocked) {
+            if r.bytes >= bytes && r.state.is_mapped_free() {
                 self.remove(start, r);
                 if r.bytes > bytes {
                     self.put(end, r.bytes - bytes, r.state);
@@ -243,7 +251,7 @@ impl FreeRanges {
         for &(s, r) in &covered {
             state = state.joined(r.state).unwrap_or(state);
             debug_assert!(
-                !matches!(r.state, State::Unmapped | State::Blocked),
+                r.state.is_mapped_free(),
                 "taking unmapped or inaccessible memory"
             );
             self.remove(s, r);
@@ -335,6 +343,38 @@ impl FreeRanges {
         out
     }
 
+    /// Whole pages inside ranges freed on `stream` (memory `stream` may use at once, but other
+    /// streams' work may not have finished with), none inside `[keep_start, keep_end)`, smallest
+    /// ranges first.
+    pub fn freed_pages(&self, stream: Stream, keep_start: u64, keep_end: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mine = (stream, 0, 0)..=(stream, u64::MAX, u64::MAX);
+        for &(_, bytes, start) in self.freed_by_size.range(mine) {
+            let end = start + bytes;
+            let mut page = self.page_ceil(start);
+            while page + self.page_bytes <= end {
+                if page + self.page_bytes <= keep_start || keep_end <= page {
+                    out.push(page);
+                }
+                page += self.page_bytes;
+            }
+        }
+        out
+    }
+
+    /// The whole page at `page`, inside a mapped free range, now retires (its physical memory
+    /// backs another address); the state it was in (ready, or freed on a stream with its fence).
+    pub fn retire(&mut self, page: u64) -> State {
+        let (_, &r) = self
+            .ranges
+            .range(..=page)
+            .next_back()
+            .expect("a page inside a free range");
+        assert!(r.state.is_mapped_free(), "retiring {:?} memory", r.state);
+        self.retag(page, r.state, State::Retiring);
+        r.state
+    }
+
     /// The whole page at `page` (inside a `Ready` range) is now unmapped.
     pub fn mark_unmapped(&mut self, page: u64) {
         self.retag(page, State::Ready, State::Unmapped);
@@ -395,7 +435,7 @@ impl FreeRanges {
             State::Freed { stream, .. } => {
                 self.freed_by_size.insert((stream, bytes, start));
             }
-            State::Unmapped | State::Blocked => {}
+            State::Unmapped | State::Blocked | State::Retiring => {}
         }
         self.ranges.insert(start, Range { bytes, state });
     }
@@ -408,7 +448,7 @@ impl FreeRanges {
             State::Freed { stream, .. } => {
                 self.freed_by_size.remove(&(stream, r.bytes, start));
             }
-            State::Unmapped | State::Blocked => {}
+            State::Unmapped | State::Blocked | State::Retiring => {}
         }
         self.ranges.remove(&start);
     }

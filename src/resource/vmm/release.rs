@@ -44,6 +44,7 @@ impl VmmResource {
         self.update_ranges(&mut st, Caller::Background);
         self.release_down_to(&mut st, 0, None);
         st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
+            || !st.retiring.is_empty()
             || self.capturing(&mut st)
     }
 
@@ -74,6 +75,7 @@ impl VmmResource {
         let done = st.fences.complete_pending(&gone);
         let now_ms = driver.now_ms();
         self.promote(&mut st, done, now_ms);
+        self.unmap_retired(&mut st);
         self.release_down_to(&mut st, keep_bytes, None);
         Ok(())
     }

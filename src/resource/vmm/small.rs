@@ -78,13 +78,7 @@ impl VmmResource {
                     })?
             }
         };
-        self.map_window(
-            st,
-            Region::Carriers,
-            &window,
-            page_bytes,
-            self.driver.now_ms(),
-        )?;
+        self.map_window(st, Region::Carriers, &window, page_bytes, stream)?;
         Ok((window.start, st.carriers.take(window.start, page_bytes)))
     }
 

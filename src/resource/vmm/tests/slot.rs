@@ -105,6 +105,9 @@ fn a_stream_whose_fences_complete_at_once_records_one_fence_per_interval() {
         }
         // 400 frees over 2 ms: the first records, then one per 1 ms interval.
         let records = r.sim.calls("cuEventRecord") - before;
-        assert!(records <= 3, "{records} fences recorded for 400 frees of {bytes} B");
+        assert!(
+            records <= 3,
+            "{records} fences recorded for 400 frees of {bytes} B"
+        );
     }
 }

@@ -1,0 +1,115 @@
+//! Moving a page's physical memory to another address in two halves: its handle is mapped at the
+//! new address at once, and the old address is unmapped later, off the allocating thread (by the
+//! background thread or a trim), once no work can still use it there. Two kinds of page give
+//! their handles this way:
+//! - idle pages (in `Ready` ranges: no work uses them): the unmap costs the allocation nothing;
+//! - pages a growth's own stream S freed, before S's work on them has completed (GMLake's
+//!   stitching, in stream order): S's new work at the new address is queued after its old work
+//!   at the old one, so it never sees memory in use; only S's own freed memory is lent (memory
+//!   other streams used came back to the resource only once their work was done); the old
+//!   address is unmapped once S's fence covering the free has completed (an unmap is not
+//!   stream-ordered).
+//!
+//! Invariants: a retiring page is in no free range any stream may use (`State::Retiring`); a lent
+//! handle's new page is freed memory of its stream behind the same fence, never ready memory
+//! (so no other stream is handed any part of it before that fence); its
+//! handle is counted once, under its new address in `pages` (or as a spare); a retiring page is
+//! unmapped only by the background thread, a trim or the teardown, never during a known capture,
+//! and only once the fence it waits for (if any) has completed; an unmap that fails is tried
+//! again at the next look.
+
+use super::ranges::State;
+use super::{Page, Region, VmmResource, VmmState};
+use crate::driver::{DevicePtr, MemHandle, Stream};
+use crate::history::StreampoolEventKind as Event;
+
+/// A page whose handle now backs another address, still mapped at its own until `fence` (a
+/// stream and its fence number) completes, or at once if it waits for none.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Retiring {
+    pub page: u64,
+    pub region: Region,
+    pub fence: Option<(Stream, u64)>,
+    pub handle: MemHandle,
+}
+
+impl VmmResource {
+    /// Whole pages `stream` freed (in either region) outside `[keep.0, keep.1)`, whose handles
+    /// a growth for `stream` may take at once.
+    pub(super) fn lendable_pages(
+        &self,
+        st: &VmmState,
+        stream: Stream,
+        keep: (u64, u64),
+    ) -> Vec<u64> {
+        let mut pages = st.large.freed_pages(stream, keep.0, keep.1);
+        pages.extend(st.carriers.freed_pages(stream, keep.0, keep.1));
+        pages
+    }
+
+    /// Takes the handle of `page` (whole, inside a ready range or one freed on the growth's
+    /// stream): the page retires where it is, and its handle is the caller's to map elsewhere;
+    /// with the fence its old work is behind, if any: wherever it is mapped next, it is freed
+    /// memory of that stream (usable by the stream at once, by others after the fence), never
+    /// ready memory, until the fence completes.
+    pub(super) fn retire_page(
+        &self,
+        st: &mut VmmState,
+        page: u64,
+    ) -> (MemHandle, Option<(Stream, u64)>) {
+        let Page { handle, region, .. } = st.pages.remove(&page).expect("a free page is mapped");
+        st.counts.moves += 1;
+        let fence = match st.region(region).retire(page) {
+            State::Freed { stream, seq } => {
+                st.counts.lent += 1;
+                Some((stream, seq))
+            }
+            _ => None,
+        };
+        st.retiring.push(Retiring {
+            page,
+            region,
+            fence,
+            handle,
+        });
+        (handle, fence)
+    }
+
+    /// True if `handle` is still mapped at a retiring page (a spare that must not be released
+    /// before that unmap).
+    pub(super) fn retiring_handle(st: &VmmState, handle: MemHandle) -> bool {
+        st.retiring.iter().any(|r| r.handle == handle)
+    }
+
+    /// Unmaps the retiring pages whose fences have completed. Not during a known capture.
+    pub(super) fn unmap_retired(&self, st: &mut VmmState) {
+        if st.retiring.is_empty() || st.captures.any_known() {
+            return;
+        }
+        let mut kept = Vec::new();
+        for r in std::mem::take(&mut st.retiring) {
+            let waiting = r
+                .fence
+                .is_some_and(|(stream, seq)| st.fences.outstanding(stream, seq));
+            if waiting {
+                kept.push(r);
+                continue;
+            }
+            match self
+                .driver
+                .mem_unmap(self.device, DevicePtr(r.page), self.page_bytes)
+            {
+                Ok(()) => {
+                    st.region(r.region)
+                        .retag(r.page, State::Retiring, State::Unmapped);
+                    self.count(Event::Unmap, r.page, st);
+                }
+                Err(e) => {
+                    log::warn!("device {}: unmapping a moved page: {e}", self.device);
+                    kept.push(r);
+                }
+            }
+        }
+        st.retiring = kept;
+    }
+}

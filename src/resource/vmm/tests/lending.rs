@@ -1,0 +1,103 @@
+//! Moves in two halves: a growth takes the handles of idle pages and of pages its own stream
+//! freed, maps them at once, and the old addresses are unmapped later, off the allocating
+//! thread, once no work can use them there.
+
+use super::*;
+
+#[test]
+fn a_growth_takes_the_pages_its_stream_freed_before_their_work_completed() {
+    let r = rig_slack(0);
+    r.stop_clock();
+    let a = r.alloc(4 * PAGE, S1);
+    let b = r.alloc(PAGE, S1);
+    let c = r.alloc(4 * PAGE, S1);
+    // Freed on S1, whose work on them has not completed: S1 may use them at once, but no page
+    // can be unmapped yet.
+    r.free(a, 4 * PAGE, S1);
+    r.free(c, 4 * PAGE, S1);
+    let creates = r.sim.calls("cuMemCreate");
+    // Fits neither hole: a window over c's hole and 4 pages past it, backed by a's pages.
+    let d = r.alloc(8 * PAGE, S1);
+    assert_eq!(d, c);
+    let counts = Statistics::driver_counts(&*r.vmm);
+    assert_eq!(r.sim.calls("cuMemCreate"), creates, "nothing created");
+    assert_eq!((counts.moves, counts.lent), (4, 4), "a's pages lent");
+    assert_eq!(r.physical(), 9 * PAGE);
+    // The old addresses stay mapped while S1's work may still use them there.
+    assert!(r.vmm.release_idle(), "pages still retiring");
+    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 0);
+    // Nor does another stream get them meanwhile.
+    let e = r.alloc(PAGE, S2);
+    assert!(e.0 >= d.0 + 8 * PAGE || e.0 + PAGE <= d.0);
+    r.free(e, PAGE, S2);
+    r.sim.complete_all();
+    r.vmm.release_above_threshold(); // the background's look: releases nothing idle
+    assert_eq!(
+        Statistics::driver_counts(&*r.vmm).unmaps,
+        4,
+        "unmapped once S1's fence completed"
+    );
+    r.free(b, PAGE, S1);
+    r.free(d, 8 * PAGE, S1);
+}
+
+#[test]
+fn an_idle_page_moves_without_an_unmap_on_the_allocating_thread() {
+    let r = rig_slack(0);
+    r.stop_clock();
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| r.alloc(PAGE, S1)).collect();
+    r.free(blocks[0], PAGE, S1);
+    r.free(blocks[2], PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.release_above_threshold(); // collects the fences: the holes are idle
+    let unmaps = Statistics::driver_counts(&*r.vmm).unmaps;
+    let d = r.alloc(2 * PAGE, S2);
+    let counts = Statistics::driver_counts(&*r.vmm);
+    assert_eq!((counts.moves, counts.lent), (2, 0), "two idle pages moved");
+    assert_eq!(
+        counts.unmaps, unmaps,
+        "their unmaps wait for the background"
+    );
+    assert_eq!(r.physical(), 4 * PAGE);
+    r.vmm.release_above_threshold();
+    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, unmaps + 2);
+    for p in [blocks[1], blocks[3]] {
+        r.free(p, PAGE, S1);
+    }
+    r.free(d, 2 * PAGE, S2);
+}
+
+#[test]
+fn pages_another_stream_freed_are_never_lent() {
+    let r = rig_slack(0);
+    r.stop_clock();
+    let a = r.alloc(4 * PAGE, S2);
+    let b = r.alloc(PAGE, S1);
+    r.free(a, 4 * PAGE, S2); // S2's work on it not completed
+    let d = r.alloc(6 * PAGE, S1);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).lent, 0);
+    r.free(b, PAGE, S1);
+    r.free(d, 6 * PAGE, S1);
+}
+
+/// The part of a lent page a block does not cover is the lending stream's freed memory: another
+/// stream gets it only behind that stream's fence (the strict simulator refuses a touch of
+/// memory whose other address unfinished work of another stream still uses).
+#[test]
+fn the_rest_of_a_lent_page_waits_for_the_lenders_fence() {
+    let r = rig_slack(0);
+    r.stop_clock();
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| r.alloc(PAGE, S1)).collect();
+    // Two one-page holes, S1's work on them unfinished.
+    r.free(blocks[0], PAGE, S1);
+    r.free(blocks[2], PAGE, S1);
+    // 1.25 pages fit neither hole: a window of two pages past the last block, both backed by the
+    // holes' handles; the second page's last 1.5 MiB stay free.
+    let b = r.alloc(PAGE + PAGE / 4, S1);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).lent, 2);
+    let c = r.alloc(3 * PAGE / 4, S2); // touched by S2: never beside S1's unfinished work
+    r.free(c, 3 * PAGE / 4, S2);
+    for (p, bytes) in [(blocks[1], PAGE), (blocks[3], PAGE), (b, PAGE + PAGE / 4)] {
+        r.free(p, bytes, S1);
+    }
+}
