@@ -321,16 +321,18 @@ fn released_in_the_background(sim: &SimDriver) -> bool {
 }
 
 /// Was: a block that the driver's pool served because a capture elsewhere kept the VMM
-/// resource from mapping (`Home::Driver`) ignores record_stream: `free` sends it straight back
-/// with cuMemFreeAsync on its allocation stream, without waiting for the recorded streams.
+/// resource from mapping (`Home::Driver`) ignored record_stream: `free` sent it straight back
+/// with cuMemFreeAsync on its allocation stream, without waiting for the recorded streams. The
+/// resource now maps during a capture (in relaxed mode); its block waits all the same.
 #[test]
-fn a_fallback_block_waits_for_its_recorded_streams() {
+fn a_block_mapped_during_a_capture_waits_for_its_recorded_streams() {
     let sim = Arc::new(SimDriver::new(1, 256 * MIB));
     let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, vmm(SizeSpec::Max)).unwrap();
     sim.begin_capture(0, CAPTURING);
     let graph = alloc.malloc(4 * MIB, 0, CAPTURING).unwrap(); // the capture is known now
     let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
-    assert!(sim.is_driver_memory(0, a), "served by the driver's pool");
+    assert!(!sim.is_driver_memory(0, a), "served by the vmm resource");
+    assert_eq!(sim.calls("unsafe during capture"), 0);
     alloc.record_stream(a, S2).unwrap();
     sim.touch(0, 0, a, 8 * MIB, S2).unwrap(); // S2 uses it, not completed
     alloc.free(a, 0).unwrap();

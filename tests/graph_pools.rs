@@ -175,15 +175,13 @@ fn allocations_during_a_capture_come_from_the_pool_not_from_graph_memory() {
         pool_live(&r).contains(&a.0),
         "the capture's block is not the pool's"
     );
-    // The pool backend's segment comes from its CUDA pool; the vmm resource does not map while
-    // a capture is known, so its segment comes from the driver's pool, on streampool's own
-    // stream (allocated there and waited for: not a node of the graph).
-    if base_config().backend == streampool::config::Backend::Pool {
-        assert!(
-            !r.sim.is_driver_memory(0, a),
-            "the capture got the driver's memory"
-        );
-    }
+    // The segment comes from the device's own resource on both backends (the vmm resource maps
+    // during a capture, in relaxed mode), on streampool's own stream: not a node of the graph.
+    assert!(
+        !r.sim.is_driver_memory(0, a),
+        "the capture got the driver's memory"
+    );
+    assert_eq!(r.sim.calls("unsafe during capture"), 0);
     r.free(a, 0); // freed inside the capture: back into the pool
     r.sim.end_capture(0, s(5));
     r.alloc.end_allocate_to_pool(0, POOL).unwrap();

@@ -211,28 +211,28 @@ fn the_memory_fraction_caps_mapped_blocks_too() {
     r.finish();
 }
 
+/// A capture elsewhere on the device does not stop the vmm resource: it maps what an allocation
+/// on another stream needs (in relaxed capture mode), and never the driver's own pool.
 #[test]
-fn a_capture_elsewhere_does_not_map_and_the_driver_serves_instead() {
+fn a_capture_elsewhere_maps_in_relaxed_mode_and_the_driver_serves_nothing() {
     let r = rig();
     let capturing = Stream(9);
     r.sim.begin_capture(0, capturing);
     let graph = r.malloc(4 * MIB, 0, capturing);
     let mapped_before = r.sim.mappings(0).len();
     let other = r.malloc(8 * MIB, 0, S1);
-    assert_eq!(
-        r.sim.mappings(0).len(),
-        mapped_before,
-        "nothing mapped during the capture"
+    assert!(
+        !r.sim.is_driver_memory(0, other),
+        "the vmm resource served it"
     );
+    assert!(
+        r.sim.mappings(0).len() > mapped_before,
+        "mapped during the capture"
+    );
+    assert_eq!(r.sim.calls("unsafe during capture"), 0, "in relaxed mode");
     r.alloc.free(other, 0).unwrap();
     r.alloc.free(graph, 0).unwrap();
     r.sim.end_capture(0, capturing);
-    let after = r.malloc(8 * MIB, 0, S1);
-    assert!(
-        r.sim.mappings(0).len() > mapped_before,
-        "mapping resumes after the capture"
-    );
-    r.alloc.free(after, 0).unwrap();
     r.finish();
 }
 

@@ -164,16 +164,25 @@ impl DeviceAllocator {
         if let Some(setup) = self.setup.get() {
             return Ok(setup);
         }
-        let total_bytes = self.driver.mem_info(self.device)?.total_bytes;
-        let settings = self.settings.for_device(total_bytes);
-        let provision = crate::resource::provision(
-            &self.driver,
-            self.device,
-            &settings.sources,
-            total_bytes,
-            self.limit.shared(),
-            &self.recorder,
-        )?;
+        // In relaxed capture mode: a first allocation may come during a capture (in global mode,
+        // maybe on another thread), which the set-up's queries and reservations must not disturb.
+        let mut made = None;
+        self.driver.relaxed_capture(&mut || {
+            let total_bytes = self.driver.mem_info(self.device)?.total_bytes;
+            let settings = self.settings.for_device(total_bytes);
+            let provision = crate::resource::provision(
+                &self.driver,
+                self.device,
+                &settings.sources,
+                total_bytes,
+                self.limit.shared(),
+                &self.recorder,
+            )?;
+            made = Some((total_bytes, settings, provision));
+            Ok(())
+        })?;
+        let (total_bytes, settings, provision) =
+            made.ok_or_else(|| crate::Error::Internal("the device's set-up did not run".into()))?;
         let own = provision.sources.own();
         let targets: Vec<Arc<dyn Accessible>> = own.iter().filter_map(peer_target).collect();
         self.peers

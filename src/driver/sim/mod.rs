@@ -138,7 +138,35 @@ pub struct SimDriver {
     clock_offset_us: AtomicU64,
 }
 
+thread_local! {
+    /// How deep this thread is in `relaxed_capture`.
+    static RELAXED_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` with this thread's capture mode relaxed (the simulator's `relaxed_capture`).
+pub(super) fn in_relaxed_mode<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            RELAXED_DEPTH.with(|d| d.set(d.get() - 1));
+        }
+    }
+    RELAXED_DEPTH.with(|d| d.set(d.get() + 1));
+    let _restore = Restore;
+    f()
+}
+
 impl SimDriver {
+    /// A call that a capture in global mode forbids (a query, a synchronisation, a mapping):
+    /// made while a stream of the device captures and this thread's mode is not relaxed, it is
+    /// counted as `"unsafe during capture"` (on a GPU it would invalidate the capture).
+    fn check_capture_mode(&self, d: &SimDevice, call: &'static str) {
+        if !d.capturing.is_empty() && RELAXED_DEPTH.with(|r| r.get()) == 0 {
+            log::debug!("simulated driver: {call} during a capture, outside relaxed mode");
+            self.count("unsafe during capture", 1);
+        }
+    }
+
     /// `device_count` simulated devices of `memory_bytes` each.
     pub fn new(device_count: usize, memory_bytes: u64) -> SimDriver {
         let devices = (0..device_count)
@@ -381,6 +409,7 @@ impl DeviceDriver for SimDriver {
     fn mem_info(&self, device: usize) -> Result<MemInfo> {
         self.count("cuMemGetInfo", 1);
         let d = self.device(device, "cuMemGetInfo")?;
+        self.check_capture_mode(&d, "cuMemGetInfo");
         Ok(MemInfo {
             free_bytes: self.memory_bytes.saturating_sub(d.memory_in_use_bytes()),
             total_bytes: self.memory_bytes,
@@ -390,6 +419,7 @@ impl DeviceDriver for SimDriver {
     fn synchronize(&self, device: usize) -> Result<()> {
         self.take_fault(SimFault::Synchronize, "cuCtxSynchronize")?;
         let mut d = self.device(device, "cuCtxSynchronize")?;
+        self.check_capture_mode(&d, "cuCtxSynchronize");
         d.complete_all_streams();
         d.retire_completed();
         d.apply_release_threshold();

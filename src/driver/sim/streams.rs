@@ -47,6 +47,7 @@ impl StreamDriver for SimDriver {
     fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
         self.take_fault(SimFault::Synchronize, "cuStreamSynchronize")?;
         let mut d = self.device(device, "cuStreamSynchronize")?;
+        self.check_capture_mode(&d, "cuStreamSynchronize");
         d.complete_stream(stream);
         d.retire_completed();
         Ok(())
@@ -85,6 +86,7 @@ impl StreamDriver for SimDriver {
     fn event_query(&self, device: usize, event: EventHandle) -> Result<bool> {
         self.count("cuEventQuery", 1);
         let d = self.device(device, "cuEventQuery")?;
+        self.check_capture_mode(&d, "cuEventQuery");
         match d.events.get(&event.raw()) {
             Some(None) => Ok(true),
             Some(Some(at)) => Ok(d.completed(*at)),
@@ -105,6 +107,7 @@ impl StreamDriver for SimDriver {
     fn stream_query(&self, device: usize, stream: Stream) -> Result<bool> {
         self.count("cuStreamQuery", 1);
         let d = self.device(device, "cuStreamQuery")?;
+        self.check_capture_mode(&d, "cuStreamQuery");
         if d.destroyed.contains(&stream) {
             return Err(destroyed("cuStreamQuery"));
         }
@@ -194,6 +197,6 @@ impl StreamDriver for SimDriver {
     }
 
     fn relaxed_capture(&self, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        f()
+        super::in_relaxed_mode(f)
     }
 }

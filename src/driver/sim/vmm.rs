@@ -199,6 +199,7 @@ impl SimDriver {
             self.take_fault(fault, call)?;
         }
         let mut d = self.device(device, call)?;
+        self.check_capture_mode(&d, call);
         f(&mut d).map_err(|why| {
             drop(d);
             self.misuse(call, why)
@@ -221,6 +222,7 @@ impl VmmDriver for SimDriver {
         let call = "cuMemAddressReserve";
         self.take_fault(SimFault::AddressReserve, call)?;
         let mut d = self.device(device, call)?;
+        self.check_capture_mode(&d, call);
         multiple_of_granule(bytes).map_err(|why| self.misuse(call, why))?;
         let claimed_bytes = bytes
             .checked_add(GRANULE_BYTES)
@@ -270,6 +272,7 @@ impl VmmDriver for SimDriver {
         let call = "cuMemCreate";
         self.take_fault(SimFault::MemCreate, call)?;
         let mut d = self.device(device, call)?;
+        self.check_capture_mode(&d, call);
         multiple_of_granule(bytes).map_err(|why| self.misuse(call, why))?;
         let fits = d
             .memory_in_use_bytes()

@@ -82,6 +82,28 @@ impl VmmResource {
         bytes: u64,
         stream: Stream,
     ) -> Result<()> {
+        if !st.captures.any_known() {
+            return self.map_window_now(st, region, window, bytes, stream);
+        }
+        // While a graph is captured (in global mode, maybe on another thread), mapping calls
+        // are allowed only in relaxed mode, as PyTorch makes its cudaMalloc for graph pools.
+        let mut outcome = Ok(());
+        let relaxed = self.driver.relaxed_capture(&mut || {
+            outcome = self.map_window_now(st, region, window, bytes, stream);
+            Ok(())
+        });
+        relaxed.and(outcome)
+    }
+
+    /// [`VmmResource::map_window`] in the thread's capture mode.
+    fn map_window_now(
+        &self,
+        st: &mut VmmState,
+        region: Region,
+        window: &Window,
+        bytes: u64,
+        stream: Stream,
+    ) -> Result<()> {
         let now_ms = self.driver.now_ms();
         let mut growth = Growth {
             keep: (window.start, window.start + bytes),

@@ -47,9 +47,7 @@ mod slot;
 mod small;
 
 use crate::driver::{DevicePtr, Driver, MemHandle, Stream};
-use crate::error::{
-    Error, Result, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-};
+use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::history::{Recorder, StreampoolEventKind as Event};
 use crate::stream_order::{CaptureWatch, Fences};
 use crate::sync::Mutex;
@@ -177,16 +175,6 @@ enum Caller {
     Background,
 }
 
-fn paused() -> Error {
-    Error::Driver {
-        call: "cuMemMap",
-        code: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-        name: "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (streampool maps no memory while a stream of \
-               the device captures a graph)"
-            .into(),
-    }
-}
-
 impl VmmResource {
     /// The resource of `device` (of `total_bytes` memory), with its first address reservation.
     pub fn create(
@@ -271,6 +259,9 @@ impl VmmResource {
     /// fixed. Nothing during a known capture, which forbids event queries and records.
     fn update_ranges(&self, st: &mut VmmState, caller: Caller) {
         if self.capturing(st) {
+            if caller == Caller::Program {
+                self.update_ranges_during_capture(st);
+            }
             return;
         }
         if st.blocked {
@@ -290,6 +281,22 @@ impl VmmResource {
         if caller == Caller::Background {
             self.unmap_retired(st);
         }
+    }
+
+    /// [`VmmResource::update_ranges`] for a thread of the program while a capture is known: in
+    /// relaxed capture mode (so that no capture in global mode is disturbed), the recorded fences
+    /// are polled and the pending ones settled, on streams that are not capturing only.
+    fn update_ranges_during_capture(&self, st: &mut VmmState) {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let mut done = Vec::new();
+        let _ = driver.relaxed_capture(&mut || {
+            done = st.fences.poll(driver, device);
+            done.extend(st.fences.settle_pending(driver, device, |s| {
+                driver.is_capturing(device, s).unwrap_or(true)
+            }));
+            Ok(())
+        });
+        self.promote(st, done, driver.now_ms());
     }
 
     /// Freed ranges covered by fences that completed become ready for every stream.
@@ -320,9 +327,6 @@ impl VmmResource {
         if let Some(start) = self.take_free(st, false, bytes, stream) {
             return Ok(start);
         }
-        if self.capturing(st) {
-            return Err(paused());
-        }
         if bytes > self.physical_cap_bytes().min(self.device_total_bytes) {
             return Err(Error::Driver {
                 call: "cuMemCreate",
@@ -342,7 +346,12 @@ impl VmmResource {
     /// if none fits), which may cover memory other streams freed once `stream` has waited for
     /// their fences on the GPU; if a wait cannot be made, a window of memory `stream` may use.
     fn large_window(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<Window> {
-        for others in [true, false] {
+        // During a capture no fence is recorded for a wait: only memory `stream` may use.
+        let with_others: &[bool] = match self.capturing(st) {
+            true => &[false],
+            false => &[true, false],
+        };
+        for &others in with_others {
             let window = match st.large.window(bytes, stream, others) {
                 Some(window) => window,
                 None => {

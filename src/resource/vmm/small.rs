@@ -50,13 +50,14 @@ impl VmmResource {
         if let Some(page) = st.carriers.best_fit_page(stream) {
             return Ok((page, st.carriers.take(page, self.page_bytes)));
         }
-        if self.capturing(st) {
-            return Err(super::paused());
-        }
         // A page another stream freed, once `stream` has waited for its fence on the GPU, before
         // a new one: with a stream per request, each would otherwise map a page of its own until
-        // the GPU caught up.
-        if let Some((page, other, seq)) = st.carriers.page_freed_by_other(stream) {
+        // the GPU caught up. (Not during a capture: no fence is recorded then.)
+        let freed_by_other = match self.capturing(st) {
+            true => None,
+            false => st.carriers.page_freed_by_other(stream),
+        };
+        if let Some((page, other, seq)) = freed_by_other {
             if self.wait_for_fence(st, stream, other, seq) {
                 return Ok((page, st.carriers.take(page, self.page_bytes)));
             }

@@ -336,8 +336,11 @@ fn trim_keeps_what_it_is_asked_to_and_drop_leaks_nothing() {
     // Dropping the rig drops the resource, then the strict simulator checks for leaks.
 }
 
+/// While a stream captures a graph (in global mode, maybe on another thread), the resource maps
+/// memory and looks at the fences of streams that are not capturing, in relaxed capture mode only
+/// (PyTorch makes its graph pools' cudaMalloc the same way); it unmaps nothing.
 #[test]
-fn no_mapping_during_a_capture_and_frees_on_a_capturing_stream_wait_for_its_end() {
+fn during_a_capture_memory_is_mapped_and_fences_read_in_relaxed_mode_only() {
     let r = rig();
     let capturing = Stream(9);
     let a = r.alloc(2 * PAGE, S1);
@@ -345,23 +348,23 @@ fn no_mapping_during_a_capture_and_frees_on_a_capturing_stream_wait_for_its_end(
     r.sim.begin_capture(0, capturing);
     CaptureNotice::capture_started(&*r.vmm, capturing);
     assert_eq!(r.alloc(2 * PAGE, S1), a, "a mapped fit is still served");
-    let refused = r.vmm.allocate(8 * PAGE, S1).unwrap_err();
-    assert!(refused.is_capture_refusal(), "{refused}");
+    let b = r.alloc(8 * PAGE, S1);
+    assert_eq!(r.physical(), 10 * PAGE, "mapped during the capture");
     r.free(a, 2 * PAGE, S1);
     r.sim.complete_all();
-    let refused = r.vmm.allocate(2 * PAGE, S2).unwrap_err();
-    assert!(
-        refused.is_capture_refusal(),
-        "a waits for the capture's end: {refused}"
+    // S1 is not capturing: its fence is settled (in relaxed mode) and S2 gets a at once.
+    assert_eq!(r.alloc(2 * PAGE, S2), a);
+    r.free(a, 2 * PAGE, S2);
+    r.free(b, 8 * PAGE, S1);
+    r.sim.complete_all();
+    assert!(r.vmm.release_idle(), "nothing released during the capture");
+    assert_eq!(r.physical(), 10 * PAGE);
+    assert_eq!(
+        r.sim.calls("unsafe during capture"),
+        0,
+        "every query and mapping in relaxed mode"
     );
     r.sim.end_capture(0, capturing);
-    let b = r.alloc(2 * PAGE, S2);
-    assert_eq!(
-        a, b,
-        "a gets its fence only now, and S2 waits for it on the GPU"
-    );
-    r.free(b, 2 * PAGE, S2);
-    r.sim.complete_all();
     r.vmm.trim(0).unwrap();
     assert_eq!(
         r.physical(),
