@@ -334,11 +334,17 @@ def route(torch: Any, checkpoints: bool = True) -> List[str]:
     """Routes the ``torch._C`` functions PyTorch calls from Python to streampool's answers (the
     checkpoint ones only if ``checkpoints``: the C++ method they end in is wired); returns the
     names left alone."""
+    from ._alloc_conf import set_allocator_settings
+
     original_set = getattr(torch._C, "_cuda_setCheckpointPoolState", None)
+    original_settings = getattr(torch._C, "_cuda_cudaCachingAllocator_set_allocator_settings", None)
     replacements = {
         "_cuda_record_memory_history": record_memory_history,
         "_cuda_record_memory_history_legacy": record_memory_history_legacy,
         "_cuda_memorySnapshot": memory_snapshot,
+        "_cuda_cudaCachingAllocator_set_allocator_settings": (
+            set_allocator_settings(original_settings) if original_settings is not None else None
+        ),
     }
     if checkpoints:
         replacements.update(

@@ -44,6 +44,7 @@ class FakeTorch:
             _cuda_record_memory_history=object(),
             _cuda_record_memory_history_legacy=object(),
             _cuda_memorySnapshot=object(),
+            _cuda_cudaCachingAllocator_set_allocator_settings=lambda settings: None,
         )
 
         class _Device:
@@ -176,12 +177,12 @@ def test_route_replaces_and_restore_puts_back():
     original = dict(vars(torch._C))
     assert _parity.route(torch) == []
     assert torch._C._cuda_checkPoolLiveAllocations is _parity.check_pool_live_allocations
-    assert _parity.restore() == 6
+    assert _parity.restore() == 7
     assert vars(torch._C) == original
     # Without the C++ side of checkpoints, their routes stay PyTorch's.
     assert _parity.route(torch, checkpoints=False) == []
     assert torch._C._cuda_checkPoolLiveAllocations is original["_cuda_checkPoolLiveAllocations"]
-    assert _parity.restore() == 3
+    assert _parity.restore() == 4
 
 
 def test_attach_without_pytorch_says_why():

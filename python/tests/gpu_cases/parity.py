@@ -279,3 +279,91 @@ def case_compile_max_autotune(ctx) -> None:
     """torch.compile(mode="max-autotune") (autotuned kernels and CUDA graphs) inference."""
     figures = _compiled_outputs("max-autotune", False, [16, 16, 16, 32])
     _result("compile_max_autotune", figures)
+
+
+# --- second round (issue 40) -------------------------------------------------------------------
+
+
+def _queue_child(inbox, outbox) -> None:
+    """Adds 1 to the tensor it receives and reports its sum (None: nothing was sent)."""
+    t = inbox.get(timeout=120)
+    if t is None:
+        outbox.put(None)
+        return
+    t.add_(1)
+    outbox.put(float(t.sum().item()))
+
+
+def case_multiprocessing_queue(ctx) -> None:
+    """A CUDA tensor put on a spawn-context ``torch.multiprocessing`` queue under a plain
+    install(): the child adds 1 and reports the sum. Where the allocator cannot share the tensor,
+    ``put`` itself must raise, at once, in this thread (never a receiver waiting for ever)."""
+    import queue as queues
+    import time
+
+    import torch.multiprocessing as tmp
+
+    spawn = tmp.get_context("spawn")
+    inbox, outbox = spawn.Queue(), spawn.Queue()
+    child = spawn.Process(target=_queue_child, args=(inbox, outbox))
+    child.start()
+    x = torch.zeros(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    try:
+        inbox.put(x)
+    except Exception as exc:  # noqa: BLE001  (the refusal, whatever its type, is the result)
+        seconds = time.perf_counter() - start
+        assert seconds < 10, f"the refusal took {seconds:.1f} s"
+        inbox.put(None)
+        assert outbox.get(timeout=120) is None
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        result = {"delivered": False, "refused_at_put": f"{type(exc).__name__}: {first_line}"[:160]}
+    else:
+        try:
+            total = outbox.get(timeout=60)
+        except queues.Empty:
+            raise AssertionError("the child never received the tensor (put returned, nothing arrived)") from None
+        result = {"delivered": True, "sum": total}
+    child.join(timeout=60)
+    assert child.exitcode == 0, f"the child exited with {child.exitcode}"
+    if result["delivered"]:
+        assert result["sum"] == float(1 << 20), result
+    _result("multiprocessing_queue", result)
+
+
+def case_alloc_conf_environment(ctx) -> None:
+    """``PYTORCH_CUDA_ALLOC_CONF`` and ``PYTORCH_ALLOC_CONF`` set when the process starts
+    (test_gpu_parity.py sets them): allocation works; under install() each key of PyTorch's
+    caching allocator that streampool cannot honour was warned about once."""
+    assert os.environ.get("PYTORCH_CUDA_ALLOC_CONF") and os.environ.get("PYTORCH_ALLOC_CONF"), "set by the test"
+    x = torch.ones(3 * MiB, device="cuda")
+    y = torch.empty(40 * MiB, dtype=torch.uint8, device="cuda")
+    total = x.sum().item()
+    del x, y
+    torch.cuda.empty_cache()
+    if ctx.streampool_is_global:
+        from streampool import _torch
+
+        warned = _torch._installation.ignored_settings
+        assert sorted(warned) == ["expandable_segments", "garbage_collection_threshold", "max_split_size_mb"], warned
+    _result("alloc_conf_environment", total)
+
+
+def case_allocator_backend(ctx) -> None:
+    """``torch.cuda.get_allocator_backend()``: what PyTorch names the allocator in charge."""
+    _result("allocator_backend", {"backend": torch.cuda.get_allocator_backend()})
+
+
+def case_set_allocator_settings(ctx) -> None:
+    """``torch.cuda.memory._set_allocator_settings`` at run time: accepted, malformed settings
+    refused as PyTorch refuses them, and allocation goes on."""
+    torch.cuda.memory._set_allocator_settings("expandable_segments:False,max_split_size_mb:256")
+    try:
+        torch.cuda.memory._set_allocator_settings("no_such_key:1")
+    except RuntimeError:
+        refused = True
+    else:
+        refused = False
+    x = torch.full((MiB,), 2.0, device="cuda")
+    _result("set_allocator_settings", {"malformed_refused": refused, "sum": x.sum().item()})
