@@ -498,6 +498,17 @@ int streampool_history(struct StreampoolEvent *out,
 int streampool_blocks(int device, struct StreampoolBlock *out, size_t capacity, size_t *count);
 
 /**
+ * Writes the bytes `device` holds from CUDA in all (`*current`) and their peak (`*peak`, may be
+ * NULL): its pools, the shareable pool, graph memory and PyTorch memory pools' segments from
+ * elsewhere — what the blocks `streampool_blocks` lists, the segments of PyTorch's memory pools
+ * and the pools' memory streampool does not hold add up to.
+ *
+ * # Safety
+ * `current` must be writable; `peak` NULL or writable.
+ */
+int streampool_reserved_total(int device, uint64_t *current, uint64_t *peak);
+
+/**
  * PyTorch's `beginAllocateToPool` hook (`set_begin_allocate_to_pool`): allocations on `device`
  * that `filter` (a `std::function<bool(cudaStream_t)>*`) claims go to pool `(id_a, id_b)`; a
  * NULL or empty `filter` claims every allocation of the device.

@@ -321,6 +321,12 @@ impl Allocator {
     pub fn stats(&self, device: i64) -> Result<StreampoolStats> {
         self.device(device)?.stats()
     }
+
+    /// (current, peak) bytes `device` holds from CUDA in all: what the segments of a snapshot
+    /// add up to, PyTorch's `memory_reserved()` under install().
+    pub fn reserved_total(&self, device: i64) -> Result<(u64, u64)> {
+        self.device(device)?.reserved_total()
+    }
 }
 
 /// Parses the `STREAMPOOL_*` variables of the environment (an early, clear error).

@@ -196,6 +196,7 @@ _SIGNATURES = {
         _c_int,
         [_c_int, ctypes.POINTER(_c_uint64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
     ),
+    "streampool_reserved_total": (_c_int, [_c_int, ctypes.POINTER(_c_uint64), ctypes.POINTER(_c_uint64)]),
 }
 
 # Exports newer than libstreampool 0.1.0 as last measured on the GPU: a library without them still
@@ -213,5 +214,6 @@ _NEWER_EXPORTS = frozenset(
         "streampool_graph_pool_expect_restore",
         "streampool_checkpoint_prepare",
         "streampool_graph_pool_ids",
+        "streampool_reserved_total",
     }
 )

@@ -349,3 +349,11 @@ def blocks(device: int) -> List[StreampoolBlock]:
     out = (StreampoolBlock * count.value)()
     check(library().streampool_blocks(device, out, count.value, ctypes.byref(count)))
     return list(out[: count.value])
+
+
+def reserved_total(device: int) -> Tuple[int, int]:
+    """(current, peak) bytes ``device`` holds from CUDA in all: what a snapshot's segments add up
+    to (``torch.cuda.memory_reserved()`` under install())."""
+    current, peak = ctypes.c_uint64(), ctypes.c_uint64()
+    check(library().streampool_reserved_total(device, ctypes.byref(current), ctypes.byref(peak)))
+    return current.value, peak.value

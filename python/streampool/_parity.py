@@ -299,7 +299,35 @@ def _whole_snapshot() -> Dict[str, Any]:
     inside = {(s["device"], b["address"]) for s in pooled for b in s["blocks"]}
     rest = [s for s in snap["segments"] if (s["device"], s["address"]) not in inside]
     snap["segments"] = rest + pooled
+    for device in range(_lib.device_count()):
+        listed = sum(s["total_size"] for s in snap["segments"] if s["device"] == device)
+        unheld = _lib.reserved_total(device)[0] - listed
+        if unheld > 0:
+            snap["segments"].append(_unheld_segment(device, unheld))
     return snap
+
+
+def _unheld_segment(device: int, size: int) -> Dict[str, Any]:
+    """The memory ``device``'s pools reserve and streampool does not hold (free inside a CUDA
+    pool, or in the vmm backend's mapped pages), as one inactive segment: so that the segments add
+    up to ``memory_reserved()``, as PyTorch's do. The pools' own layout is not visible, so it has
+    no address (0)."""
+    block = {"address": 0, "size": size, "requested_size": 0, "state": "inactive", "frames": []}
+    return {
+        "device": device,
+        "address": 0,
+        "total_size": size,
+        "allocated_size": 0,
+        "active_size": 0,
+        "requested_size": 0,
+        "stream": 0,
+        "segment_type": "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": [block],
+        "streampool_unheld": True,
+    }
 
 
 def memory_snapshot(arg: Any = None) -> Dict[str, Any]:

@@ -42,6 +42,7 @@ CASES = {
     "alloc_conf_environment": None,
     "allocator_backend": None,
     "set_allocator_settings": None,
+    "snapshot_adds_up": None,
 }
 
 # Environment a case needs from the start of its process (under every allocator alike).

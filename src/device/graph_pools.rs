@@ -33,6 +33,18 @@ pub(super) struct GraphPools {
     own_stream: Option<Stream>,
 }
 
+impl GraphPools {
+    /// The table ids of the pools.
+    pub(super) fn source_ids(&self) -> impl Iterator<Item = SourceId> + '_ {
+        self.pools.values().map(|(source, _)| *source)
+    }
+
+    /// The pools.
+    pub(super) fn pool_resources(&self) -> impl Iterator<Item = Arc<GraphPoolResource>> + '_ {
+        self.pools.values().map(|(_, pool)| Arc::clone(pool))
+    }
+}
+
 /// What to do with a pool's count of users when it is found or made.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Users {

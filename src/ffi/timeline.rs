@@ -63,6 +63,34 @@ pub unsafe extern "C" fn streampool_blocks(
     }))
 }
 
+/// Writes the bytes `device` holds from CUDA in all (`*current`) and their peak (`*peak`, may be
+/// NULL): its pools, the shareable pool, graph memory and PyTorch memory pools' segments from
+/// elsewhere — what the blocks `streampool_blocks` lists, the segments of PyTorch's memory pools
+/// and the pools' memory streampool does not hold add up to.
+///
+/// # Safety
+/// `current` must be writable; `peak` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_reserved_total(
+    device: c_int,
+    current: *mut u64,
+    peak: *mut u64,
+) -> c_int {
+    status(guarded(|| {
+        if current.is_null() {
+            return Err(Error::InvalidArgument("current must not be NULL".into()));
+        }
+        let (now, high) = global()?.reserved_total(device.into())?;
+        // SAFETY: checked non-NULL; the caller guarantees it is writable.
+        unsafe { current.write(now) };
+        if !peak.is_null() {
+            // SAFETY: checked non-NULL; the caller guarantees it is writable.
+            unsafe { peak.write(high) };
+        }
+        Ok(())
+    }))
+}
+
 /// Writes `items.len()` to `*count` if `out` is NULL, else copies the first `capacity` items to
 /// `out` and writes how many to `*count`.
 ///

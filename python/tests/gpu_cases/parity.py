@@ -367,3 +367,45 @@ def case_set_allocator_settings(ctx) -> None:
         refused = False
     x = torch.full((MiB,), 2.0, device="cuda")
     _result("set_allocator_settings", {"malformed_refused": refused, "sum": x.sum().item()})
+
+
+def case_snapshot_adds_up(ctx) -> None:
+    """The segments of ``torch.cuda.memory_snapshot()`` add up to ``memory_reserved()`` at every
+    moment: tensors of 1, 5, 33 and 130 MiB live, some freed, a ``MemPool``'s blocks and a CUDA
+    graph's pool live, after ``empty_cache()``."""
+
+    def check(when: str) -> int:
+        torch.cuda.synchronize()
+        total = sum(s["total_size"] for s in torch.cuda.memory_snapshot() if s["device"] == torch.cuda.current_device())
+        reserved = torch.cuda.memory_reserved()
+        assert total == reserved, f"{when}: the segments add up to {total} B, memory_reserved() is {reserved} B"
+        return reserved
+
+    live = [torch.empty(n * MiB, dtype=torch.uint8, device="cuda") for n in (1, 5, 33, 130)]
+    check("four tensors live")
+    del live[1:3]
+    check("two freed")
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        pooled = [torch.empty(n * MiB, dtype=torch.uint8, device="cuda") for n in (3, 17)]
+    check("a MemPool's blocks live")
+    graph = torch.cuda.CUDAGraph()
+    x = torch.ones(MiB, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        (x * 2).sum()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        y = x * 2
+    graph.replay()
+    check("a CUDA graph's pool live")
+    del pooled, y, graph
+    check("the pools' blocks freed")
+    del pool
+    torch.cuda.empty_cache()
+    check("after empty_cache")
+    del live
+    torch.cuda.empty_cache()
+    check("nothing live")
+    _result("snapshot_adds_up", True)
