@@ -43,6 +43,7 @@ CASES = {
     "allocator_backend": None,
     "set_allocator_settings": None,
     "snapshot_adds_up": None,
+    "memory_history_frames": None,
 }
 
 # Environment a case needs from the start of its process (under every allocator alike).

@@ -409,3 +409,75 @@ def case_snapshot_adds_up(ctx) -> None:
     torch.cuda.empty_cache()
     check("nothing live")
     _result("snapshot_adds_up", True)
+
+
+def _allocate_for_history(n: int):
+    """Allocations whose frames the history must show (this function's name)."""
+    return torch.empty(n * MiB, dtype=torch.uint8, device="cuda")
+
+
+def case_memory_history_frames(ctx) -> None:
+    """``_record_memory_history`` with its defaults (stacks "all", context "all"), then
+    ``stacks="python"``, ``context="alloc"``, ``context="state"`` and ``max_entries``: trace
+    entries and live blocks carry the frames PyTorch says they do."""
+    device = torch.cuda.current_device()
+
+    def snap():
+        s = torch.cuda.memory._snapshot()
+        live = {b["address"]: b for seg in s["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"}
+        return s["device_traces"][device], live
+
+    def names(frames):
+        return [f["name"] for f in frames]
+
+    figures = {}
+    torch.cuda.memory._record_memory_history()  # enabled="all", context="all", stacks="all"
+    kept = _allocate_for_history(3)
+    gone = _allocate_for_history(5)
+    gone_at = gone.data_ptr()
+    del gone
+    trace, live = snap()
+    alloc = next(e for e in trace if e["action"] == "alloc" and e["addr"] == kept.data_ptr())
+    figures["alloc_frames_name_the_python_function"] = "_allocate_for_history" in names(alloc["frames"])
+    figures["alloc_frames_have_native_frames"] = any(
+        not f["filename"].endswith(".py") and not f["filename"].startswith("<") for f in alloc["frames"]
+    )
+    frees = [e for e in trace if e["action"].startswith("free") and e["addr"] == gone_at]
+    figures["free_frames_name_the_python_function"] = bool(frees) and all(
+        "case_memory_history_frames" in names(e["frames"]) for e in frees
+    )
+    figures["live_block_frames"] = "_allocate_for_history" in names(live[kept.data_ptr()]["frames"])
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+    torch.cuda.memory._record_memory_history(context="alloc", stacks="python", clear_history=True)
+    x = _allocate_for_history(1)
+    del x
+    trace, _ = snap()
+    alloc = [e for e in trace if e["action"] == "alloc"][-1]
+    figures["python_stacks_only_python"] = bool(alloc["frames"]) and all(
+        f["filename"].endswith(".py") or f["filename"].startswith("<") for f in alloc["frames"]
+    )
+    # PyTorch: with context "alloc", a free carries its allocation's frames, not its own.
+    figures["alloc_context_frees_carry_the_allocations_frames"] = all(
+        "_allocate_for_history" in names(e["frames"]) and "case_memory_history_frames" not in names(e["frames"][:1])
+        for e in trace if e["action"].startswith("free")
+    )
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+    torch.cuda.memory._record_memory_history(context="state", stacks="python", clear_history=True)
+    y = _allocate_for_history(2)
+    trace, live = snap()
+    figures["state_context_trace_without_frames"] = all(e["frames"] == [] for e in trace)
+    figures["state_context_live_block_frames"] = "_allocate_for_history" in names(live[y.data_ptr()]["frames"])
+    del y
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+    torch.cuda.memory._record_memory_history(max_entries=5, stacks="python", clear_history=True)
+    z = [_allocate_for_history(1) for _ in range(10)]
+    trace, _ = snap()
+    figures["max_entries_5_trace_length"] = len(trace)
+    del z
+    torch.cuda.memory._record_memory_history(enabled=None)
+    del kept
+    assert all(v for k, v in figures.items() if k != "max_entries_5_trace_length"), figures
+    _result("memory_history_frames", figures)
