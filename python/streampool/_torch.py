@@ -231,7 +231,7 @@ def mempool(device: Any = None) -> Any:
     _check_index(device, index, _lib.device_count())
     if _installation is not None:
         # streampool already serves every block of the process: a plain MemPool is a pool of
-        # streampool's (a MemPool with an allocator of its own is refused under install()).
+        # streampool's (a MemPool with an allocator of its own takes its segments from that allocator).
         return torch.cuda.MemPool()
     if _scoped_allocator is None:
         _scoped_allocator = _new_allocator(torch, malloc="streampool_malloc")

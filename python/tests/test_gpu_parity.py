@@ -44,6 +44,7 @@ CASES = {
     "set_allocator_settings": None,
     "snapshot_adds_up": None,
     "memory_history_frames": None,
+    "mempool_own_allocator": None,
 }
 
 # Environment a case needs from the start of its process (under every allocator alike).

@@ -4,8 +4,8 @@
 //! Invariant: every byte a snapshot lists is counted once — a block held from one of the
 //! device's own resources or the shareable pool is inside that resource's reserved bytes; a
 //! block of a PyTorch memory pool is inside one of the pool's segments, which are inside the
-//! device's own resource or, where they came from elsewhere (the driver's pool during a capture),
-//! counted as segments; a block of any other source (graph memory, the capture fallback: sources
+//! device's own resource or, where they came from elsewhere (the driver's pool during a capture,
+//! a `MemPool`'s own allocator), counted as segments; a block of any other source (graph memory, the capture fallback: sources
 //! that report no reserved bytes) is counted as held. Read under the device lock and the pools'
 //! lock in turn, so the figure is exact whenever no allocation runs meanwhile.
 
@@ -70,21 +70,24 @@ impl DeviceAllocator {
                 peak = peak.saturating_add(bytes);
             }
         }
-        let outside = self.pool_segment_bytes_outside_own();
+        let outside = self.pool_segment_bytes_outside_own(&counted);
         current = current.saturating_add(outside);
         peak = peak.saturating_add(outside);
         Ok((current, peak.max(current)))
     }
 
-    /// Bytes of PyTorch memory pools' segments that did not come from the device's own resource.
-    fn pool_segment_bytes_outside_own(&self) -> u64 {
+    /// Bytes of PyTorch memory pools' segments that did not come from a resource counted already
+    /// (`counted`): those the driver gave during a capture, and all of a pool whose segments come
+    /// from an allocator of its own (`torch.cuda.MemPool(allocator)`).
+    fn pool_segment_bytes_outside_own(&self, counted: &HashSet<*const ()>) -> u64 {
         let pools: Vec<_> = self.graph_pools.lock().pool_resources().collect();
         pools
             .iter()
             .map(|pool| {
+                let foreign = !counted.contains(&address(pool.parent()));
                 pool.with(|p| {
                     p.segments()
-                        .filter(|s| s.source != SegmentSource::Resource)
+                        .filter(|s| foreign || s.source != SegmentSource::Resource)
                         .fold(0u64, |sum, s| sum.saturating_add(s.bytes))
                 })
             })

@@ -481,3 +481,137 @@ def case_memory_history_frames(ctx) -> None:
     del kept
     assert all(v for k, v in figures.items() if k != "max_entries_5_trace_length"), figures
     _result("memory_history_frames", figures)
+
+
+# A counting allocator for MemPool(allocator), built by the case with the system's C compiler:
+# cuMemAlloc/cuMemFree of the driver (libcuda.so.1, loaded at run time: no CUDA headers needed),
+# with counters, a table of the blocks out, and a switch that makes malloc return NULL.
+_COUNTING_ALLOCATOR_C = r"""
+#include <dlfcn.h>
+#include <stddef.h>
+#include <pthread.h>
+typedef int (*mem_alloc_t)(unsigned long long *, size_t);
+typedef int (*mem_free_t)(unsigned long long);
+static mem_alloc_t mem_alloc;
+static mem_free_t mem_free;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+#define SLOTS 4096
+static unsigned long long out_ptr[SLOTS];
+static size_t out_size[SLOTS];
+static long long mallocs, frees, bad_frees, bytes_out;
+static int fail;
+static int load(void) {
+  if (mem_alloc) return 1;
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!h) h = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!h) return 0;
+  mem_alloc = (mem_alloc_t)dlsym(h, "cuMemAlloc_v2");
+  mem_free = (mem_free_t)dlsym(h, "cuMemFree_v2");
+  return mem_alloc && mem_free;
+}
+void *counting_malloc(size_t size, int device, void *stream) {
+  (void)device; (void)stream;
+  unsigned long long p = 0;
+  if (fail || !load() || mem_alloc(&p, size) != 0) return NULL;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < SLOTS; i++) if (!out_ptr[i]) { out_ptr[i] = p; out_size[i] = size; break; }
+  mallocs++; bytes_out += (long long)size;
+  pthread_mutex_unlock(&lock);
+  return (void *)p;
+}
+void counting_free(void *ptr, size_t size, int device, void *stream) {
+  (void)device; (void)stream;
+  if (!ptr) return;
+  int found = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < SLOTS; i++)
+    if (out_ptr[i] == (unsigned long long)ptr) { found = out_size[i] == size; out_ptr[i] = 0; break; }
+  frees++; bytes_out -= (long long)size;
+  if (!found) bad_frees++;
+  pthread_mutex_unlock(&lock);
+  mem_free((unsigned long long)ptr);
+}
+int counting_owns(unsigned long long p) {
+  int owns = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < SLOTS; i++)
+    if (out_ptr[i] && p >= out_ptr[i] && p < out_ptr[i] + out_size[i]) owns = 1;
+  pthread_mutex_unlock(&lock);
+  return owns;
+}
+long long counting_mallocs(void) { return mallocs; }
+long long counting_frees(void) { return frees; }
+long long counting_bad_frees(void) { return bad_frees; }
+long long counting_bytes_out(void) { return bytes_out; }
+void counting_fail(int on) { fail = on; }
+"""
+
+
+def _counting_allocator(folder: str):
+    """(library path, ctypes handle) of the counting allocator, compiled into ``folder``."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    assert compiler, "the case needs a C compiler (cc) to build its counting allocator"
+    source, library = os.path.join(folder, "counting.c"), os.path.join(folder, "libcounting.so")
+    with open(source, "w") as f:
+        f.write(_COUNTING_ALLOCATOR_C)
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", library, source, "-ldl", "-lpthread"], check=True)
+    lib = ctypes.CDLL(library)
+    for name in ("counting_mallocs", "counting_frees", "counting_bad_frees", "counting_bytes_out"):
+        getattr(lib, name).restype = ctypes.c_longlong
+    lib.counting_owns.argtypes = [ctypes.c_ulonglong]
+    return library, lib
+
+
+def case_mempool_own_allocator(ctx) -> None:
+    """``torch.cuda.MemPool(allocator)`` (vLLM's sleep mode): the region's tensors come from the
+    pool's own allocator's malloc, the statistics count them, the memory goes back through its
+    free once the pool is gone; a malloc that returns NULL gives torch.OutOfMemoryError, nothing
+    leaks and the process goes on."""
+    figures = {}
+    with tempfile.TemporaryDirectory() as folder:
+        library, lib = _counting_allocator(folder)
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(library, "counting_malloc", "counting_free")
+        pool = torch.cuda.MemPool(allocator.allocator())
+        allocated_before = torch.cuda.memory_allocated()
+        with torch.cuda.use_mem_pool(pool):
+            a = torch.ones(3 * MiB // 4, device="cuda")  # 3 MiB
+            b = torch.ones(256, device="cuda")
+        outside = torch.ones(256, device="cuda")
+        figures["blocks_from_its_malloc"] = lib.counting_mallocs() >= 1 and all(
+            lib.counting_owns(t.data_ptr()) for t in (a, b)
+        )
+        figures["outside_not_from_it"] = not lib.counting_owns(outside.data_ptr())
+        figures["allocated_counts_them"] = torch.cuda.memory_allocated() - allocated_before >= 3 * MiB + 1024
+        figures["reserved_counts_them"] = torch.cuda.memory_reserved() >= lib.counting_bytes_out() > 0
+        figures["sum"] = a.sum().item() + b.sum().item()
+        del a, b, outside
+        torch.cuda.empty_cache()
+        figures["kept_while_the_pool_lives"] = lib.counting_frees() == 0
+        del pool
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        figures["all_back_through_its_free"] = (
+            lib.counting_frees() == lib.counting_mallocs() and lib.counting_bytes_out() == 0 and lib.counting_bad_frees() == 0
+        )
+
+        lib.counting_fail(1)
+        failing = torch.cuda.MemPool(allocator.allocator())
+        try:
+            with torch.cuda.use_mem_pool(failing):
+                torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+        except torch.OutOfMemoryError:
+            figures["null_malloc_is_out_of_memory"] = True
+        else:
+            figures["null_malloc_is_out_of_memory"] = False
+        lib.counting_fail(0)
+        del failing
+        torch.cuda.empty_cache()
+        x = torch.ones(MiB, device="cuda")
+        figures["goes_on"] = x.sum().item() == MiB
+        figures["nothing_leaked"] = lib.counting_frees() == lib.counting_mallocs() and lib.counting_bytes_out() == 0
+    assert all(v for k, v in figures.items() if k != "sum"), figures
+    _result("mempool_own_allocator", figures)
