@@ -74,7 +74,7 @@ impl Allocator {
     /// the allocator's `malloc` and go back through its `free`.
     ///
     /// # Safety
-    /// As [`ForeignResource::new`]: a matching pair, callable from any thread while the pool
+    /// As `ForeignResource::new`: a matching pair, callable from any thread while the pool
     /// may hold memory of it, that does not unwind.
     pub unsafe fn graph_pool_create_or_incref_with_allocator(
         &self,
