@@ -22,6 +22,16 @@
 #define STREAMPOOL_MAX_ALLOCATION_BYTES 281474976710656
 
 /**
+ * Gather at allocations (`kind` 1).
+ */
+#define GATHER_ALLOC 1
+
+/**
+ * Gather at frees (`kind` 2).
+ */
+#define GATHER_FREE 2
+
+/**
  * Blocks up to this size share segments of [`SMALL_SEGMENT_BYTES`].
  */
 #define SMALL_BLOCK_MAX_BYTES (1 << 20)
@@ -489,6 +499,42 @@ int streampool_history(struct StreampoolEvent *out,
                        uint64_t *dropped);
 
 /**
+ * Sets the stack-context gatherer of the memory timeline, a `uint64_t (*)(int kind)` passed as
+ * `void *` (NULL: none): `my_malloc` (when bit 1 of `when` is set) and `my_free` (bit 2) call
+ * it, with 1 or 2, before they take any lock, and the events they record carry the id it
+ * returns (0: none).
+ *
+ * # Safety
+ * `gatherer` must be NULL or a C function of that signature, callable from any thread until it
+ * is unset.
+ */
+int streampool_history_set_gatherer(const void *gatherer, int when);
+
+/**
+ * As `streampool_history`, and each copied event's stack context into `contexts` (room for
+ * `capacity`; 0: none), from the same moment of the ring.
+ *
+ * # Safety
+ * `out` and `contexts` must both be NULL or writable for `capacity` items; `count` writable;
+ * `dropped` NULL or writable.
+ */
+int streampool_history_contexts(struct StreampoolEvent *out,
+                                uint64_t *contexts,
+                                size_t capacity,
+                                size_t *count,
+                                uint64_t *dropped);
+
+/**
+ * Copies (address, stack context) pairs of `device`'s live blocks allocated with a context while
+ * recording into `out` (room for `capacity` pairs, 2 words each); `*count` as for
+ * `streampool_blocks`.
+ *
+ * # Safety
+ * `out` must be NULL or writable for `2 * capacity` words; `count` writable.
+ */
+int streampool_history_live_contexts(int device, uint64_t *out, size_t capacity, size_t *count);
+
+/**
  * Copies the blocks `device` holds from its pool into `out` (room for `capacity`) and sets
  * `*count` to how many were copied; with `out` NULL, `*count` is how many there are.
  *
@@ -496,6 +542,17 @@ int streampool_history(struct StreampoolEvent *out,
  * `out` must be NULL or writable for `capacity` blocks; `count` writable.
  */
 int streampool_blocks(int device, struct StreampoolBlock *out, size_t capacity, size_t *count);
+
+/**
+ * Writes the bytes `device` holds from CUDA in all (`*current`) and their peak (`*peak`, may be
+ * NULL): its pools, the shareable pool, graph memory and PyTorch memory pools' segments from
+ * elsewhere — what the blocks `streampool_blocks` lists, the segments of PyTorch's memory pools
+ * and the pools' memory streampool does not hold add up to.
+ *
+ * # Safety
+ * `current` must be writable; `peak` NULL or writable.
+ */
+int streampool_reserved_total(int device, uint64_t *current, uint64_t *peak);
 
 /**
  * PyTorch's `beginAllocateToPool` hook (`set_begin_allocate_to_pool`): allocations on `device`

@@ -215,6 +215,21 @@ impl Allocator {
         Ok(())
     }
 
+    /// The newest `max_events` timeline events with their stack contexts, and how many events
+    /// were dropped.
+    pub fn history_with_contexts(
+        &self,
+        max_events: usize,
+    ) -> (Vec<StreampoolEvent>, Vec<u64>, u64) {
+        self.history.newest_with_contexts(max_events)
+    }
+
+    /// (address, stack context) of `device`'s live blocks allocated with one while recording.
+    pub fn live_contexts(&self, device: i64) -> Result<Vec<(u64, u64)>> {
+        self.device(device)?;
+        Ok(self.history.live_contexts(device as i32))
+    }
+
     /// True while the timeline records.
     pub fn history_recording(&self) -> bool {
         self.history.enabled()
@@ -320,6 +335,12 @@ impl Allocator {
 
     pub fn stats(&self, device: i64) -> Result<StreampoolStats> {
         self.device(device)?.stats()
+    }
+
+    /// (current, peak) bytes `device` holds from CUDA in all: what the segments of a snapshot
+    /// add up to, PyTorch's `memory_reserved()` under install().
+    pub fn reserved_total(&self, device: i64) -> Result<(u64, u64)> {
+        self.device(device)?.reserved_total()
     }
 }
 

@@ -6,6 +6,7 @@
 use crate::allocator::{disabling_on_error, Allocator, MAX_ALLOCATION_BYTES};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
+use crate::resource::foreign::{ForeignFree, ForeignMalloc, ForeignResource};
 use crate::resource::graph_pool::PoolId;
 
 impl Allocator {
@@ -67,6 +68,27 @@ impl Allocator {
 
     pub fn graph_pool_create_or_incref(&self, device: i64, id: PoolId) -> Result<()> {
         self.device(device)?.graph_pool_create_or_incref(id)
+    }
+
+    /// `createOrIncrefPool` for a `torch.cuda.MemPool(allocator)`: pool `id`'s segments come from
+    /// the allocator's `malloc` and go back through its `free`.
+    ///
+    /// # Safety
+    /// As `ForeignResource::new`: a matching pair, callable from any thread while the pool
+    /// may hold memory of it, that does not unwind.
+    pub unsafe fn graph_pool_create_or_incref_with_allocator(
+        &self,
+        device: i64,
+        id: PoolId,
+        malloc: ForeignMalloc,
+        free: ForeignFree,
+    ) -> Result<()> {
+        let d = self.device(device)?;
+        let index = usize::try_from(device)
+            .map_err(|_| Error::InvalidArgument(format!("device {device} does not exist")))?;
+        // SAFETY: as the caller promises.
+        let parent = unsafe { ForeignResource::new(index, malloc, free) };
+        d.graph_pool_create_or_incref_from(id, std::sync::Arc::new(parent))
     }
 
     pub fn graph_pool_use_count(&self, device: i64, id: PoolId) -> Result<u32> {

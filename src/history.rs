@@ -6,12 +6,16 @@
 //! Invariants: off by default, and when off a recording point costs one relaxed atomic load. When
 //! on, events are appended under the ring's own lock, which is a leaf: nothing else is locked or
 //! called while it is held; an event's time is read under that lock, so the ring is in time order
-//! whatever the threads. A full ring drops its oldest event and counts it.
+//! whatever the threads. A full ring drops its oldest event and counts it. Each event carries the
+//! stack context of the C entry that made it ([`contexts`]; 0 for none), and the context of each
+//! live block's allocation is kept while recording, whatever the ring dropped.
+
+pub mod contexts;
 
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -100,6 +104,10 @@ pub struct Gauges {
 #[derive(Debug, Default)]
 struct Ring {
     events: VecDeque<StreampoolEvent>,
+    /// The stack context of each event, in step with `events`.
+    contexts: VecDeque<u64>,
+    /// (device, address) -> the context of the live block's allocation.
+    live_contexts: HashMap<(i32, u64), u64>,
     max_entries: usize,
     dropped: u64,
 }
@@ -126,9 +134,8 @@ impl History {
         }
         let mut ring = self.ring.lock();
         *ring = Ring {
-            events: VecDeque::new(),
             max_entries,
-            dropped: 0,
+            ..Ring::default()
         };
         self.enabled.store(true, Ordering::Relaxed);
         Ok(())
@@ -177,6 +184,7 @@ impl History {
             cached_bytes: g.cached_bytes,
             reserved_bytes: g.reserved_bytes,
         };
+        let context = contexts::current();
         let mut ring = self.ring.lock();
         if !self.enabled() {
             return; // stopped while this event was being made
@@ -184,11 +192,53 @@ impl History {
         event.time_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
+        let key = (event.device, event.address);
+        // A free without a context of its own carries its block's allocation's (as PyTorch's
+        // trace entries do).
+        let context = match kind {
+            StreampoolEventKind::Alloc if context != 0 => {
+                ring.live_contexts.insert(key, context);
+                context
+            }
+            StreampoolEventKind::Alloc => {
+                ring.live_contexts.remove(&key);
+                context
+            }
+            StreampoolEventKind::Free => match ring.live_contexts.remove(&key) {
+                Some(allocated) if context == 0 => allocated,
+                _ => context,
+            },
+            _ => context,
+        };
         if ring.events.len() == ring.max_entries {
             ring.events.pop_front();
+            ring.contexts.pop_front();
             ring.dropped += 1;
         }
         ring.events.push_back(event);
+        ring.contexts.push_back(context);
+    }
+
+    /// As [`History::newest`], with each event's stack context (0: none).
+    pub fn newest_with_contexts(&self, max_events: usize) -> (Vec<StreampoolEvent>, Vec<u64>, u64) {
+        let ring = self.ring.lock();
+        let skip = ring.events.len().saturating_sub(max_events);
+        (
+            ring.events.iter().skip(skip).copied().collect(),
+            ring.contexts.iter().skip(skip).copied().collect(),
+            ring.dropped,
+        )
+    }
+
+    /// (address, context) of `device`'s live blocks allocated with a stack context while
+    /// recording.
+    pub fn live_contexts(&self, device: i32) -> Vec<(u64, u64)> {
+        let ring = self.ring.lock();
+        ring.live_contexts
+            .iter()
+            .filter(|((d, _), _)| *d == device)
+            .map(|((_, address), context)| (*address, *context))
+            .collect()
     }
 
     /// The newest `max_events` events, oldest first, and how many were dropped since the start.
@@ -358,109 +408,4 @@ impl Recorder {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(h: &History, bytes: u64) {
-        h.record(
-            StreampoolEventKind::Alloc,
-            0,
-            Stream(0),
-            DevicePtr(0x1000),
-            bytes,
-            Gauges::default,
-        );
-    }
-
-    #[test]
-    fn off_records_nothing_and_never_evaluates_the_gauges() {
-        let h = History::default();
-        h.record(
-            StreampoolEventKind::Alloc,
-            0,
-            Stream(0),
-            DevicePtr(1),
-            1,
-            || panic!("gauges read while off"),
-        );
-        assert!(h.is_empty());
-    }
-
-    #[test]
-    fn events_are_in_time_order_across_threads() {
-        let h = Arc::new(History::default());
-        h.start(100_000).unwrap();
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let h = Arc::clone(&h);
-                std::thread::spawn(move || (0..5_000).for_each(|i| record(&h, i)))
-            })
-            .collect();
-        threads.into_iter().for_each(|t| t.join().unwrap());
-        let (events, _) = h.newest(usize::MAX);
-        assert_eq!(events.len(), 20_000);
-        assert!(events.windows(2).all(|w| w[0].time_ns <= w[1].time_ns));
-    }
-
-    #[test]
-    fn a_recorder_notes_growth_and_trims_with_the_device_gauges() {
-        let h = Arc::new(History::default());
-        let r = Recorder::new(1, Arc::clone(&h));
-        r.note_reserved(100, Stream(0), Gauges::default);
-        assert!(h.is_empty(), "off: nothing");
-        h.start(10).unwrap();
-        let g = || Gauges {
-            allocated_bytes: 7,
-            ..Gauges::default()
-        };
-        r.note_reserved(300, Stream(2), g);
-        r.note_reserved(300, Stream(2), g);
-        r.note_trim(300, 50, Stream(0), g);
-        r.note_resource(StreampoolEventKind::Map, DevicePtr(0x2000), 64, 114);
-        let (events, _) = h.newest(usize::MAX);
-        let seen: Vec<_> = events
-            .iter()
-            .map(|e| (e.kind, e.bytes, e.reserved_bytes, e.allocated_bytes))
-            .collect();
-        let (grow, trim, map) = (
-            StreampoolEventKind::PoolGrow as u32,
-            StreampoolEventKind::PoolTrim as u32,
-            StreampoolEventKind::Map as u32,
-        );
-        assert_eq!(
-            seen,
-            [(grow, 200, 300, 7), (trim, 250, 50, 7), (map, 64, 114, 7)]
-        );
-        assert!(events.iter().all(|e| e.device == 1));
-    }
-
-    #[test]
-    fn a_full_ring_drops_its_oldest_and_counts_them() {
-        let h = History::default();
-        h.start(3).unwrap();
-        for bytes in 1..=5 {
-            record(&h, bytes);
-        }
-        let (events, dropped) = h.newest(usize::MAX);
-        assert_eq!(
-            events.iter().map(|e| e.bytes).collect::<Vec<_>>(),
-            [3, 4, 5]
-        );
-        assert_eq!(dropped, 2);
-        let (newest, _) = h.newest(2);
-        assert_eq!(newest.iter().map(|e| e.bytes).collect::<Vec<_>>(), [4, 5]);
-    }
-
-    #[test]
-    fn stop_keeps_the_events_and_start_clears_them() {
-        let h = History::default();
-        h.start(10).unwrap();
-        record(&h, 1);
-        h.stop();
-        record(&h, 2);
-        assert_eq!(h.len(), 1);
-        h.start(10).unwrap();
-        assert!(h.is_empty());
-        assert!(h.start(0).is_err());
-    }
-}
+mod tests;

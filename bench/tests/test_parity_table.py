@@ -45,3 +45,18 @@ def test_the_table_names_the_measured_commit_and_later_lines_replace_earlier(tmp
     assert "commit feed123" in text
     row = next(r for r in text.splitlines() if "MemPool" in r)
     assert row.endswith("| ✓ | not run | ✓ | not run |"), row
+
+
+def test_a_documented_difference_shows_as_such_and_new_rows_are_not_run_until_measured():
+    refused = dict(_line("multiprocessing_queue", "pool", agree=False),
+                   difference="raises at `put`: InvalidArgumentError: not in a shareable pool")
+    lines = [refused, _line("multiprocessing_queue", "vmm")]
+    text = parity_table.table(lines, "abc1234")
+    row = next(r for r in text.splitlines() if "torch.multiprocessing" in r)
+    assert row.endswith("| ✓ | not run | differs: raises at `put`: InvalidArgumentError: not in a shareable pool | ✓ |"), row
+    unmeasured = next(r for r in text.splitlines() if "add up to" in r)
+    assert unmeasured.endswith("| not run | not run | not run | not run |"), unmeasured
+    # A failure is a failure even where a difference is documented for the case.
+    failed = dict(refused, streampool=False)
+    row = next(r for r in parity_table.table([failed], "x").splitlines() if "torch.multiprocessing" in r)
+    assert "| fails |" in row, row

@@ -196,6 +196,22 @@ _SIGNATURES = {
         _c_int,
         [_c_int, ctypes.POINTER(_c_uint64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
     ),
+    "streampool_reserved_total": (_c_int, [_c_int, ctypes.POINTER(_c_uint64), ctypes.POINTER(_c_uint64)]),
+    "streampool_history_set_gatherer": (_c_int, [_c_void_p, _c_int]),
+    "streampool_history_contexts": (
+        _c_int,
+        [
+            ctypes.POINTER(StreampoolEvent),
+            ctypes.POINTER(_c_uint64),
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.POINTER(_c_uint64),
+        ],
+    ),
+    "streampool_history_live_contexts": (
+        _c_int,
+        [_c_int, ctypes.POINTER(_c_uint64), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],
+    ),
 }
 
 # Exports newer than libstreampool 0.1.0 as last measured on the GPU: a library without them still
@@ -213,5 +229,9 @@ _NEWER_EXPORTS = frozenset(
         "streampool_graph_pool_expect_restore",
         "streampool_checkpoint_prepare",
         "streampool_graph_pool_ids",
+        "streampool_reserved_total",
+        "streampool_history_set_gatherer",
+        "streampool_history_contexts",
+        "streampool_history_live_contexts",
     }
 )

@@ -349,3 +349,36 @@ def blocks(device: int) -> List[StreampoolBlock]:
     out = (StreampoolBlock * count.value)()
     check(library().streampool_blocks(device, out, count.value, ctypes.byref(count)))
     return list(out[: count.value])
+
+
+def reserved_total(device: int) -> Tuple[int, int]:
+    """(current, peak) bytes ``device`` holds from CUDA in all: what a snapshot's segments add up
+    to (``torch.cuda.memory_reserved()`` under install())."""
+    current, peak = ctypes.c_uint64(), ctypes.c_uint64()
+    check(library().streampool_reserved_total(device, ctypes.byref(current), ctypes.byref(peak)))
+    return current.value, peak.value
+
+
+def history_with_contexts() -> Tuple[List[StreampoolEvent], List[int], int]:
+    """The recorded events, oldest first, each event's stack context (0: none), and how many
+    events the full ring dropped."""
+    count, dropped = ctypes.c_size_t(), ctypes.c_uint64()
+    function = library().streampool_history_contexts
+    check(function(None, None, 0, ctypes.byref(count), None))
+    capacity = count.value + 64  # events recorded meanwhile: the newest that fit are copied
+    events, contexts = (StreampoolEvent * capacity)(), (ctypes.c_uint64 * capacity)()
+    check(function(events, contexts, capacity, ctypes.byref(count), ctypes.byref(dropped)))
+    n = count.value
+    return list(events[:n]), list(contexts[:n]), dropped.value
+
+
+def live_contexts(device: int) -> Dict[int, int]:
+    """address -> stack context of ``device``'s live blocks allocated with one while recording."""
+    function = library().streampool_history_live_contexts
+    count = ctypes.c_size_t(0)
+    while True:
+        capacity = count.value + 16
+        out = (ctypes.c_uint64 * (2 * capacity))()
+        check(function(device, out, capacity, ctypes.byref(count)))
+        if count.value <= capacity:
+            return {out[2 * i]: out[2 * i + 1] for i in range(count.value)}

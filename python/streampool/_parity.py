@@ -17,7 +17,7 @@ import logging
 import threading
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from . import _lib
+from . import _frames, _lib, _timeline
 
 _log = logging.getLogger("streampool")
 
@@ -203,15 +203,29 @@ def record_memory_history(
 ) -> None:
     """``torch._C._cuda_record_memory_history`` under streampool: starts (``enabled`` "state" or
     "all") or stops (None) streampool's memory timeline, which ``_snapshot()`` then returns in
-    PyTorch's format. Stack frames are not recorded (their lists stay empty)."""
+    PyTorch's format, with stack frames as ``context`` ("state": live blocks'; "alloc": and the
+    allocations' trace entries; "all": and the frees'; None: none) and ``stacks`` ("python", or
+    "all": native frames too) say, and at most ``max_entries`` trace entries per device
+    ("state" keeps none)."""
+    from . import _frames
     from ._timeline import record_history
 
+    if enabled is not None and enabled not in ("state", "all"):
+        raise ValueError(f"expected state to be 'state', 'all', or None, not {enabled!r}")
+    if context is not None and context not in ("state", "alloc", "all"):
+        raise ValueError(f"expected context to be 'state', 'alloc', 'all', or None, not {context!r}")
+    if stacks not in _frames.STACKS:
+        raise ValueError(f"expected stack to be 'python', or 'all', not {stacks!r}")
     if enabled is None:
+        _frames.stop()
         record_history(False)
         return
-    if enabled not in ("state", "all"):
-        raise ValueError(f"enabled must be None, 'state' or 'all', not {enabled!r}")
-    record_history(True, max(1, min(int(max_entries), MAX_HISTORY_ENTRIES)))
+    entries = max(1, min(int(max_entries), MAX_HISTORY_ENTRIES))
+    # A ring of streampool's events: a free makes two trace entries, pool growth none; the
+    # snapshot keeps each device's newest max_entries trace entries.
+    ring = min(MAX_HISTORY_ENTRIES, entries * 4 * max(1, _lib.device_count()))
+    _frames.start(context, stacks, trace=enabled == "all", max_entries=entries)
+    record_history(True, ring)
 
 
 def record_memory_history_legacy(
@@ -223,13 +237,20 @@ def record_memory_history_legacy(
 ) -> None:
     """``torch._C._cuda_record_memory_history_legacy`` under streampool (the boolean form of
     ``torch.cuda.memory._record_memory_history``)."""
+    from . import _frames
     from ._timeline import record_history
 
     if not enabled:
+        _frames.stop()
         record_history(False)
         return
     entries = trace_alloc_max_entries if trace_alloc_record_context else MAX_HISTORY_ENTRIES
-    record_history(True, max(1, min(int(entries), MAX_HISTORY_ENTRIES)))
+    entries = max(1, min(int(entries), MAX_HISTORY_ENTRIES))
+    # PyTorch's legacy form: frames of live blocks if record_context, of allocations too with
+    # trace_alloc_record_context; Python frames.
+    context = ("alloc" if trace_alloc_record_context else "state") if record_context else None
+    _frames.start(context, "python", trace=True, max_entries=entries)
+    record_history(True, min(MAX_HISTORY_ENTRIES, entries * 4 * max(1, _lib.device_count())))
 
 
 def pool_ids(device: int) -> List[PoolId]:
@@ -253,6 +274,7 @@ def _pool_segments(pool: PoolId, devices: Optional[List[int]] = None) -> List[Di
         except _lib.StreampoolError:
             continue
         live = sorted(_pool_rows(device, pool, segments=False), key=lambda b: b.address)
+        live_frames = _timeline._live_frames(_frames.recording(), device)
         for span in spans:
             start, end = span.address, span.address + span.block_bytes
             inside = [b for b in live if start <= b.address < end]
@@ -261,7 +283,8 @@ def _pool_segments(pool: PoolId, devices: Optional[List[int]] = None) -> List[Di
                 if b.address > at:
                     blocks.append({"address": at, "size": b.address - at, "requested_size": 0, "state": "inactive", "frames": []})
                 blocks.append(
-                    {"address": b.address, "size": b.block_bytes, "requested_size": b.requested_bytes, "state": "active_allocated", "frames": []}
+                    {"address": b.address, "size": b.block_bytes, "requested_size": b.requested_bytes,
+                     "state": "active_allocated", "frames": live_frames.get(b.address, [])}
                 )
                 at = b.address + b.block_bytes
             if at < end:
@@ -299,7 +322,35 @@ def _whole_snapshot() -> Dict[str, Any]:
     inside = {(s["device"], b["address"]) for s in pooled for b in s["blocks"]}
     rest = [s for s in snap["segments"] if (s["device"], s["address"]) not in inside]
     snap["segments"] = rest + pooled
+    for device in range(_lib.device_count()):
+        listed = sum(s["total_size"] for s in snap["segments"] if s["device"] == device)
+        unheld = _lib.reserved_total(device)[0] - listed
+        if unheld > 0:
+            snap["segments"].append(_unheld_segment(device, unheld))
     return snap
+
+
+def _unheld_segment(device: int, size: int) -> Dict[str, Any]:
+    """The memory ``device``'s pools reserve and streampool does not hold (free inside a CUDA
+    pool, or in the vmm backend's mapped pages), as one inactive segment: so that the segments add
+    up to ``memory_reserved()``, as PyTorch's do. The pools' own layout is not visible, so it has
+    no address (0)."""
+    block = {"address": 0, "size": size, "requested_size": 0, "state": "inactive", "frames": []}
+    return {
+        "device": device,
+        "address": 0,
+        "total_size": size,
+        "allocated_size": 0,
+        "active_size": 0,
+        "requested_size": 0,
+        "stream": 0,
+        "segment_type": "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": [block],
+        "streampool_unheld": True,
+    }
 
 
 def memory_snapshot(arg: Any = None) -> Dict[str, Any]:
@@ -334,11 +385,17 @@ def route(torch: Any, checkpoints: bool = True) -> List[str]:
     """Routes the ``torch._C`` functions PyTorch calls from Python to streampool's answers (the
     checkpoint ones only if ``checkpoints``: the C++ method they end in is wired); returns the
     names left alone."""
+    from ._alloc_conf import set_allocator_settings
+
     original_set = getattr(torch._C, "_cuda_setCheckpointPoolState", None)
+    original_settings = getattr(torch._C, "_cuda_cudaCachingAllocator_set_allocator_settings", None)
     replacements = {
         "_cuda_record_memory_history": record_memory_history,
         "_cuda_record_memory_history_legacy": record_memory_history_legacy,
         "_cuda_memorySnapshot": memory_snapshot,
+        "_cuda_cudaCachingAllocator_set_allocator_settings": (
+            set_allocator_settings(original_settings) if original_settings is not None else None
+        ),
     }
     if checkpoints:
         replacements.update(

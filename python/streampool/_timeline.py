@@ -58,7 +58,7 @@ def _event_dict(e: _lib.StreampoolEvent) -> Dict[str, Any]:
     }
 
 
-def _segment(b: _lib.StreampoolBlock) -> Dict[str, Any]:
+def _segment(b: _lib.StreampoolBlock, frames: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
     state = _TORCH_STATES[_lib.BLOCK_STATES[b.state]]
     size = b.block_bytes
     return {
@@ -79,16 +79,17 @@ def _segment(b: _lib.StreampoolBlock) -> Dict[str, Any]:
                 "size": size,
                 "requested_size": b.requested_bytes,
                 "state": state,
-                "frames": [],
+                "frames": frames if frames is not None and state == "active_allocated" else [],
             }
         ],
     }
 
 
-def _trace_entries(e: Dict[str, Any]) -> List[Dict[str, Any]]:
+def _trace_entries(e: Dict[str, Any], frames: Optional[List[Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
     """PyTorch trace entries for one streampool event (none for pool growth and trims, which
-    PyTorch's format has no action for; they stay in the "streampool" record)."""
-    base = {"addr": e["address"], "size": e["bytes"], "stream": e["stream"], "time_us": e["time_us"], "frames": []}
+    PyTorch's format has no action for; they stay in the "streampool" record), with ``frames``."""
+    base = {"addr": e["address"], "size": e["bytes"], "stream": e["stream"], "time_us": e["time_us"],
+            "frames": frames or []}
     action = e["action"]
     if action == "alloc":
         return [dict(base, action="alloc")]
@@ -105,15 +106,47 @@ def _trace_entries(e: Dict[str, Any]) -> List[Dict[str, Any]]:
     return []
 
 
+def _event_frames(recording: Any, context: int) -> List[Dict[str, Any]]:
+    """The frames a trace entry carries under PyTorch's ``context`` setting: none below "alloc";
+    from "alloc" on, those of the call that made it (an allocation, and the segments, mappings
+    or out-of-memory it caused) — a free's own only with "all", else its block's allocation's
+    (the library gives a free without a context of its own its allocation's)."""
+    if recording is None or recording.gatherer is None or not context or not recording.level("alloc"):
+        return []
+    return recording.gatherer.frames(context)
+
+
+def _live_frames(recording: Any, device: int) -> Dict[int, List[Dict[str, Any]]]:
+    """address -> frames of ``device``'s live blocks (PyTorch's context "state" and above)."""
+    if recording is None or recording.gatherer is None or not recording.level("state"):
+        return {}
+    return {a: recording.gatherer.frames(c) for a, c in _lib.live_contexts(device).items()}
+
+
 def snapshot() -> Dict[str, Any]:
-    """The timeline and the blocks held now, as ``torch.cuda.memory._snapshot()`` shapes them."""
-    events, dropped = _lib.history()
+    """The timeline and the blocks held now, as ``torch.cuda.memory._snapshot()`` shapes them;
+    with PyTorch's memory history recording under install(), with its stack frames."""
+    from . import _frames
+
+    recording = _frames.recording()
+    if recording is None:
+        events, dropped = _lib.history()
+        contexts = [0] * len(events)
+    else:
+        events, contexts, dropped = _lib.history_with_contexts()
     records = [_event_dict(e) for e in events]
     count = _lib.device_count()
-    segments = [_segment(b) for device in range(count) for b in _lib.blocks(device)]
+    segments = []
+    for device in range(count):
+        live = _live_frames(recording, device)
+        segments += [_segment(b, live.get(b.address)) for b in _lib.blocks(device)]
     traces: List[List[Dict[str, Any]]] = [[] for _ in range(count)]
-    for record in records:
-        traces[record["device"]].extend(_trace_entries(record))
+    for record, context in zip(records, contexts):
+        traces[record["device"]].extend(_trace_entries(record, _event_frames(recording, context)))
+    if recording is not None:
+        # PyTorch keeps the newest max_entries trace entries of each device, none with "state".
+        keep = recording.max_entries if recording.trace else 0
+        traces = [t[len(t) - keep:] if keep else [] for t in traces]
     return {
         "segments": segments,
         "device_traces": traces,

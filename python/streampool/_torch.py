@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from . import _lib
 from ._config import option_environment
@@ -28,10 +28,13 @@ class _Installation:
     """The allocator handed to PyTorch (kept alive here for the life of the process), and the
     PyTorch features wired beyond malloc and free (feature -> None, or why it is unavailable)."""
 
-    def __init__(self, allocator: Any, options: Dict[str, Any], features: Dict[str, Optional[str]]):
+    def __init__(self, allocator: Any, options: Dict[str, Any], features: Dict[str, Optional[str]],
+                 ignored_settings: List[str]):
         self.allocator = allocator
         self.options = options
         self.features = features
+        # Keys of PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF warned about at install().
+        self.ignored_settings = ignored_settings
 
 
 _installation: Optional[_Installation] = None
@@ -168,6 +171,11 @@ def install(*, torch_stats: bool = True, **options: Any) -> Any:
 
     # cuDNN benchmark mode, MemPool, CUDA graph pools and trees, memory history, typed OOM.
     features = wire(torch, allocator.allocator())
+    from ._alloc_conf import warn_environment
+
+    # PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF keys of PyTorch's caching allocator: one
+    # warning each, naming what to do instead.
+    ignored_settings = warn_environment(os.environ)
     from ._ipc import register_reductions
 
     register_reductions()  # CUDA tensors sent to other processes go through shareable pools
@@ -175,7 +183,7 @@ def install(*, torch_stats: bool = True, **options: Any) -> Any:
         from ._torch_stats import route
 
         route(torch)
-    _installation = _Installation(allocator, dict(options), features)
+    _installation = _Installation(allocator, dict(options), features, ignored_settings)
     return allocator
 
 
@@ -223,7 +231,7 @@ def mempool(device: Any = None) -> Any:
     _check_index(device, index, _lib.device_count())
     if _installation is not None:
         # streampool already serves every block of the process: a plain MemPool is a pool of
-        # streampool's (a MemPool with an allocator of its own is refused under install()).
+        # streampool's (a MemPool with an allocator of its own takes its segments from that allocator).
         return torch.cuda.MemPool()
     if _scoped_allocator is None:
         _scoped_allocator = _new_allocator(torch, malloc="streampool_malloc")

@@ -54,6 +54,9 @@ _accumulated_at_reset: Dict[int, Dict[tuple, int]] = {}
 def _raw_nested(device: int) -> Dict[str, Any]:
     """streampool's statistics of ``device`` in PyTorch's nested layout, before any reset offsets."""
     s = _lib.get_stats(device)
+    # PyTorch's reserved bytes are everything the allocator holds from CUDA, which the segments
+    # of memory_snapshot() add up to: streampool's pools, its shareable pool and graph memory.
+    reserved, reserved_peak = _lib.reserved_total(device)
     # streampool counts the bytes callers asked for: PyTorch's requested_bytes. PyTorch's
     # allocated_bytes rounds each block up to 512 B; streampool's blocks are rounded inside the
     # pool it cannot see, so the requested figure stands for it too (equal for 512-byte multiples).
@@ -67,7 +70,7 @@ def _raw_nested(device: int) -> Dict[str, Any]:
         "allocated_bytes": {"all": dict(requested)},
         "requested_bytes": {"all": dict(requested)},
         "active_bytes": {"all": {"current": s.active_bytes, "peak": s.active_bytes_peak}},
-        "reserved_bytes": {"all": {"current": s.reserved_bytes, "peak": s.reserved_bytes_peak}},
+        "reserved_bytes": {"all": {"current": reserved, "peak": reserved_peak}},
         "allocation": {
             "all": {
                 "current": s.allocations_current,

@@ -202,3 +202,74 @@ def test_the_exporters_own_descriptor_is_never_closed_and_unpickled_handles_are_
     os.fstat(handle.fd)
     assert _ipc.ipc_collect() == 1
     _lib.free(ptr, 3 * MiB, 0)
+
+
+class _SharesOnPickling:
+    """Stands for a CUDA tensor: pickling it shares its block, as streampool's reducer does."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __reduce__(self):
+        return (_ipc.ImportedBlock, (_ipc.share_block(self.ptr, 0, None, None, MiB), None))
+
+
+@pytest.fixture
+def queue_puts_pickle(monkeypatch):
+    """Queues as install() leaves them in a process with CUDA initialised."""
+    monkeypatch.setattr(_ipc, "_caller_pickles", lambda: True)
+    _ipc.pickle_at_put()
+    yield
+    _ipc.restore_queue_puts()
+
+
+@pytest.mark.parametrize("kind", ["Queue", "JoinableQueue"])
+def test_a_block_that_cannot_be_shared_is_refused_by_put_itself(queue_puts_pickle, kind):
+    """The refusal is raised in the thread that puts, not lost in the queue's feeder thread
+    (where the receiver would wait for ever)."""
+    import multiprocessing
+
+    queue = getattr(multiprocessing, kind)()
+    plain = _lib.malloc(MiB, 0)
+    try:
+        with pytest.raises(streampool.InvalidArgumentError, match=r"not in a shareable pool.*streampool\.shareable\(\)"):
+            queue.put(_SharesOnPickling(plain))
+        queue.put({"step": 3, "payload": list(range(5))})  # what can be sent still goes through
+        assert queue.get(timeout=30) == {"step": 3, "payload": list(range(5))}
+        if kind == "JoinableQueue":
+            queue.task_done()
+            queue.join()  # only the object that was sent counts as a task
+    finally:
+        queue.close()
+        queue.join_thread()
+        _lib.free(plain, MiB, 0)
+
+
+def test_a_shareable_block_put_on_a_queue_arrives(queue_puts_pickle):
+    import multiprocessing
+
+    ptr = _shareable_block(MiB)
+    queue = multiprocessing.Queue()
+    try:
+        queue.put(_SharesOnPickling(ptr))
+        block = queue.get(timeout=30)
+        assert block.ptr == ptr
+        block.close()
+        assert _ipc.ipc_collect() == 1
+    finally:
+        queue.close()
+        queue.join_thread()
+        _lib.free(ptr, MiB, 0)
+
+
+def test_queues_pickle_in_the_feeder_without_cuda():
+    """A process without CUDA (DataLoader workers) keeps the feeder thread's pickling."""
+    from multiprocessing import queues
+
+    _ipc.pickle_at_put()
+    try:
+        assert _ipc._caller_pickles() is False, "the test process has no CUDA"
+        assert queues.Queue.put.__wrapped__ is _ipc._original_puts[queues.Queue]
+    finally:
+        _ipc.restore_queue_puts()
+    assert not hasattr(queues.Queue.put, "__wrapped__")

@@ -44,6 +44,7 @@ class FakeTorch:
             _cuda_record_memory_history=object(),
             _cuda_record_memory_history_legacy=object(),
             _cuda_memorySnapshot=object(),
+            _cuda_cudaCachingAllocator_set_allocator_settings=lambda settings: None,
         )
 
         class _Device:
@@ -176,14 +177,74 @@ def test_route_replaces_and_restore_puts_back():
     original = dict(vars(torch._C))
     assert _parity.route(torch) == []
     assert torch._C._cuda_checkPoolLiveAllocations is _parity.check_pool_live_allocations
-    assert _parity.restore() == 6
+    assert _parity.restore() == 7
     assert vars(torch._C) == original
     # Without the C++ side of checkpoints, their routes stay PyTorch's.
     assert _parity.route(torch, checkpoints=False) == []
     assert torch._C._cuda_checkPoolLiveAllocations is original["_cuda_checkPoolLiveAllocations"]
-    assert _parity.restore() == 3
+    assert _parity.restore() == 4
 
 
 def test_attach_without_pytorch_says_why():
     with pytest.raises(_lib.StreampoolError, match="libc10_cuda"):
         _parity.attach()
+
+
+def _segments_total(snapshot, device=DEVICE):
+    return sum(s["total_size"] for s in snapshot["segments"] if s["device"] == device)
+
+
+def _torch_reserved(device=DEVICE):
+    """torch.cuda.memory_reserved() under install() (streampool._torch_stats)."""
+    from streampool import _torch_stats
+
+    return _torch_stats._raw_nested(device)["reserved_bytes"]["all"]["current"]
+
+
+def test_snapshot_segments_add_up_to_memory_reserved():
+    """With tensors of 1, 5, 33 and 130 MiB live, then some freed, then with a shareable block and
+    a memory pool's blocks too: the snapshot's segments always add up to memory_reserved(), and
+    that is at least what the device's pools reserve."""
+    MiB = 1 << 20
+    from streampool import shareable
+
+    lib = _c()
+    checks = []
+
+    def check(when):
+        snapshot = _parity.memory_snapshot(None)
+        total, reserved = _segments_total(snapshot), _torch_reserved()
+        assert total == reserved, f"{when}: the segments add up to {total} B, memory_reserved() is {reserved} B"
+        assert reserved >= _lib.get_stats(DEVICE).reserved_bytes, when
+        checks.append(reserved)
+
+    live = [(lib.my_malloc(n * MiB, DEVICE, STREAM), n * MiB) for n in (1, 5, 33, 130)]
+    routed = False
+    try:
+        check("four tensors live")
+        for ptr, size in live[1:3]:
+            lib.my_free(ptr, size, DEVICE, STREAM)
+        del live[1:3]
+        with shareable():
+            live.append((lib.my_malloc(3 * MiB, DEVICE, STREAM), 3 * MiB))
+        check("a shareable block")
+        lib.streampool_begin_allocate_to_pool(DEVICE, POOL[0], POOL[1], None)
+        routed = True
+        in_pool = [lib.my_malloc(size, DEVICE, STREAM) for size in (7 * MiB, 4096)]
+        lib.streampool_end_allocate_to_pool(DEVICE, POOL[0], POOL[1])
+        routed = False
+        check("a memory pool's blocks")
+        lib.my_free(in_pool[0], 7 * MiB, DEVICE, STREAM)
+        check("a memory pool's block freed")
+    finally:
+        if routed:
+            lib.streampool_end_allocate_to_pool(DEVICE, POOL[0], POOL[1])
+        for ptr, size in live:
+            lib.my_free(ptr, size, DEVICE, STREAM)
+        if POOL in _parity.pool_ids(DEVICE):
+            for b in _parity.live_blocks(DEVICE, POOL):
+                lib.my_free(b.address, b.requested_bytes, DEVICE, STREAM)
+            lib.streampool_release_pool(DEVICE, POOL[0], POOL[1])
+        lib.streampool_empty_cache()
+    check("after empty_cache")
+    assert all(reserved > 0 for reserved in checks[:-1])

@@ -33,6 +33,18 @@ pub(super) struct GraphPools {
     own_stream: Option<Stream>,
 }
 
+impl GraphPools {
+    /// The table ids of the pools.
+    pub(super) fn source_ids(&self) -> impl Iterator<Item = SourceId> + '_ {
+        self.pools.values().map(|(source, _)| *source)
+    }
+
+    /// The pools.
+    pub(super) fn pool_resources(&self) -> impl Iterator<Item = Arc<GraphPoolResource>> + '_ {
+        self.pools.values().map(|(_, pool)| Arc::clone(pool))
+    }
+}
+
 /// What to do with a pool's count of users when it is found or made.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Users {
@@ -61,6 +73,17 @@ impl DeviceAllocator {
 
     /// Pool `id`, made now if it does not exist, its users changed as `users` says.
     fn pool_for_use(&self, id: PoolId, users: Users) -> Result<Entry> {
+        self.pool_for_use_from(id, users, None)
+    }
+
+    /// As [`DeviceAllocator::pool_for_use`]; a pool made now takes its segments from `parent`
+    /// (a `MemPool`'s own allocator), else from the device's own resource.
+    fn pool_for_use_from(
+        &self,
+        id: PoolId,
+        users: Users,
+        parent: Option<Arc<dyn Resource>>,
+    ) -> Result<Entry> {
         let own_stream = {
             let pools = self.graph_pools.lock();
             if let Some((source, pool)) = pools.pools.get(&id) {
@@ -73,12 +96,13 @@ impl DeviceAllocator {
         };
         // Made outside the pools' lock (a driver call, the device lock); a thread that made the
         // same pool meanwhile wins, and this one's source leaves the table again.
-        let parent = Arc::clone(
+        let own = Arc::clone(
             self.setup()?
                 .own
                 .first()
                 .ok_or_else(|| Error::Internal("the device has no resource".into()))?,
         );
+        let parent = parent.unwrap_or(own);
         let own_stream = match own_stream {
             Some(s) => s,
             None => self.driver.stream_create(self.device)?,
@@ -116,6 +140,18 @@ impl DeviceAllocator {
     /// `createOrIncrefPool`: one more user of pool `id` (a `torch.cuda.MemPool`).
     pub fn graph_pool_create_or_incref(&self, id: PoolId) -> Result<()> {
         self.pool_for_use(id, Users::AddOne).map(|_| ())
+    }
+
+    /// `createOrIncrefPool` with an allocator of the pool's own (`torch.cuda.MemPool(allocator)`):
+    /// a pool made now takes its segments from `parent` and gives them back to it; an existing
+    /// pool gets one more user and keeps its source.
+    pub fn graph_pool_create_or_incref_from(
+        &self,
+        id: PoolId,
+        parent: Arc<dyn Resource>,
+    ) -> Result<()> {
+        self.pool_for_use_from(id, Users::AddOne, Some(parent))
+            .map(|_| ())
     }
 
     /// How many users pool `id` has (0 for a pool that does not exist).

@@ -18,6 +18,7 @@ use crate::fasthash::{WordMap, WordTable};
 use crate::history::{Gauges, StreampoolBlock, StreampoolBlockState};
 use crate::resource::{Resource, SourceId, Sources};
 use crate::stats::DeviceCounters;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A live block's record: plain data, five words, so that the live table copies it in and out.
@@ -392,6 +393,23 @@ impl Ledger {
             .into_iter()
             .map(|b| self.release(FreedBlock::from_cached(b)))
             .collect()
+    }
+
+    /// The bytes of every block held (live, cached, unreturned, waiting), by source.
+    pub fn held_bytes_by_source<'a>(
+        &'a self,
+        waiting: impl Iterator<Item = &'a WaitingBlock> + 'a,
+    ) -> HashMap<SourceId, u64> {
+        let mut by_source: HashMap<SourceId, u64> = HashMap::new();
+        let live = self.live.iter().map(|(_, b)| (b.source, b.block_bytes));
+        let cached = self.cache.blocks().map(|b| (b.source, b.block_bytes));
+        let unreturned = self.unreturned.iter().map(|b| (b.source, b.block_bytes));
+        let waiting = waiting.map(|w| (w.block.source, w.block.block_bytes));
+        for (source, bytes) in live.chain(cached).chain(unreturned).chain(waiting) {
+            let sum = by_source.entry(source).or_default();
+            *sum = sum.saturating_add(bytes);
+        }
+        by_source
     }
 
     /// Every block held, with what it is used for (waiting blocks come from the waits).

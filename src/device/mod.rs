@@ -35,6 +35,7 @@ mod limit;
 mod pool_routes;
 mod request;
 mod reserved_cap;
+mod reserved_total;
 mod returns;
 mod shareable;
 mod waits;

@@ -71,6 +71,8 @@ pub unsafe extern "C-unwind" fn my_malloc(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
+    // Where the call came from, for memory history's frames (one atomic load while none is asked).
+    let _context = crate::history::contexts::enter(crate::history::contexts::GATHER_ALLOC);
     let (device, stream) = (i64::from(device), stream_of(stream));
     // A PyTorch memory pool that claims the allocation (its filter runs outside catch_unwind:
     // PyTorch's exceptions reach PyTorch).
@@ -128,6 +130,7 @@ pub unsafe extern "C" fn my_free(
     if ptr.is_null() {
         return;
     }
+    let _context = crate::history::contexts::enter(crate::history::contexts::GATHER_FREE);
     report("my_free", guarded(|| api::free(ptr_of(ptr), device.into())));
 }
 

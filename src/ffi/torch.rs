@@ -105,9 +105,13 @@ pub extern "C" fn streampool_torch_attach() -> *const c_char {
     let report = REPORT.get_or_init(|| {
         guarded(|| {
             // SAFETY: called from install(), before CUDA (and so PyTorch's allocator) is in use.
-            let attached =
-                unsafe { crate::torch_edge::attach(super::my_malloc as *const () as usize) }
-                    .map_err(Error::InvalidArgument)?;
+            let attached = unsafe {
+                crate::torch_edge::attach(
+                    super::my_malloc as *const () as usize,
+                    super::my_free as *const () as usize,
+                )
+            }
+            .map_err(Error::InvalidArgument)?;
             let mut lines: Vec<String> =
                 attached.wired.iter().map(|f| format!("ok\t{f}")).collect();
             lines.extend(

@@ -15,6 +15,7 @@
 
 pub mod cuda_pool;
 mod driver_pool;
+pub mod foreign;
 pub mod graph_pool;
 mod sources;
 #[cfg(test)]

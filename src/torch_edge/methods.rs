@@ -97,8 +97,8 @@ unsafe extern "C-unwind" fn get_pool_use_count(
 }
 
 /// `void createOrIncrefPool(DeviceIndex, MempoolId_t, std::shared_ptr<CUDAAllocator>)`:
-/// `torch.cuda.MemPool()`. A pool with an allocator of its own other than this one is refused:
-/// streampool serves every block of the process.
+/// `torch.cuda.MemPool()`. A pool with an allocator of its own (`MemPool(allocator)`) takes its
+/// segments from that allocator's malloc and gives them back through its free, as natively.
 unsafe extern "C-unwind" fn create_or_incref_pool(
     this: *mut c_void,
     device: i8,
@@ -108,24 +108,34 @@ unsafe extern "C-unwind" fn create_or_incref_pool(
 ) {
     // SAFETY: a std::shared_ptr is {object pointer, control block}; PyTorch passes a pointer to
     // its temporary.
-    let own = allocator.is_null() || {
-        let object = unsafe { (*allocator)[0] };
-        object.is_null() || object == this
+    let object = match allocator.is_null() {
+        true => std::ptr::null_mut(),
+        false => unsafe { (*allocator)[0] },
     };
+    let own = object.is_null() || object == this;
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
     unsafe {
-        answer(|| {
-            if !own {
-                return Err(Error::InvalidArgument(
-                    "a torch.cuda.MemPool with an allocator of its own cannot be used while \
-                     streampool is PyTorch's allocator (streampool serves every CUDA block of \
-                     the process): create the MemPool without an allocator"
-                        .into(),
-                ));
-            }
-            global()?.graph_pool_create_or_incref(device.into(), (a, b))
+        answer(|| match own {
+            true => global()?.graph_pool_create_or_incref(device.into(), (a, b)),
+            false => pool_with_allocator(this, object, device, (a, b)),
         })
     }
+}
+
+/// Pool `id` of `device` with the allocator `object` (PyTorch's `MemPool` holds it alive) as the
+/// source of its segments; `this` is the installed allocator.
+fn pool_with_allocator(
+    this: *mut c_void,
+    object: *mut c_void,
+    device: i8,
+    id: (u64, u64),
+) -> Result<()> {
+    // SAFETY: `this` is the installed allocator (its vtable is ours), `object` the live allocator
+    // PyTorch passed; the pair read is checked to be PyTorch's plain function pointers.
+    let (malloc, free) = unsafe { super::pool_allocators::pair_of(this, object) }?;
+    // SAFETY: a pluggable allocator's C functions, callable from any thread, which do not unwind
+    // (C functions; PyTorch calls them the same way).
+    unsafe { global()?.graph_pool_create_or_incref_with_allocator(device.into(), id, malloc, free) }
 }
 
 /// `void setUseOnOOM(DeviceIndex, MempoolId_t, bool)`, which `~MemPool` calls (with false):

@@ -13,6 +13,7 @@ pub(crate) mod c10_error;
 pub(crate) mod graphs;
 mod lookup;
 mod methods;
+mod pool_allocators;
 pub(crate) mod std_function;
 #[cfg(test)]
 mod tests;
@@ -75,14 +76,17 @@ fn installed_pluggable(my_malloc: usize) -> Result<*mut c_void, String> {
     Ok(object)
 }
 
+/// The feature reading a `MemPool`'s own allocator ([`pool_allocators`]).
+const MEMPOOL_ALLOCATOR: &str = "torch.cuda.MemPool(allocator) (the pool's own malloc and free)";
+
 /// Gives PyTorch's installed allocator (a `CUDAPluggableAllocator` around `my_malloc`, made
-/// current with `change_current_allocator`) streampool's methods; `my_malloc` is that function's
-/// address (the C edge passes it: this module does not depend on it). Call once, before CUDA is
-/// used.
+/// current with `change_current_allocator`) streampool's methods; `my_malloc` and `my_free` are
+/// those functions' addresses (the C edge passes them: this module does not depend on it). Call
+/// once, before CUDA is used.
 ///
 /// # Safety
 /// No other thread may be calling PyTorch's allocator while this runs.
-pub unsafe fn attach(my_malloc: usize) -> Result<Attached, String> {
+pub unsafe fn attach(my_malloc: usize, my_free: usize) -> Result<Attached, String> {
     let object = installed_pluggable(my_malloc)?;
     // SAFETY: the object is the installed pluggable allocator, checked above; the caller
     // promises nobody calls it meanwhile; each replacement has its method's C ABI signature.
@@ -102,6 +106,11 @@ pub unsafe fn attach(my_malloc: usize) -> Result<Attached, String> {
         wired: outcome.replaced,
         unavailable,
     };
+    // SAFETY: the installed allocator, checked above.
+    match unsafe { pool_allocators::check_layout(object, my_free) } {
+        Ok(()) => attached.wired.push(MEMPOOL_ALLOCATOR),
+        Err(why) => attached.unavailable.push((MEMPOOL_ALLOCATOR, why)),
+    }
     match c10_error::available() {
         true => attached.wired.push(methods::TYPED_OOM),
         false => attached.unavailable.push((

@@ -64,6 +64,19 @@ static int history_and_blocks(void *a, void *b) {
     CHECK(blocks[i].address == (uint64_t)a || blocks[i].address == (uint64_t)b);
   }
   CHECK(streampool_blocks(5, blocks, 8, &count) == INVALID);
+  /* What the device holds in all: at least the two blocks. */
+  uint64_t current = 0, peak = 0;
+  CHECK(streampool_reserved_total(0, &current, &peak) == OK);
+  CHECK(current >= blocks[0].block_bytes + blocks[1].block_bytes && peak >= current);
+  CHECK(streampool_reserved_total(0, NULL, NULL) == INVALID);
+  /* Stack contexts: none gathered here. */
+  uint64_t contexts[64], pairs[16];
+  CHECK(streampool_history_contexts(events, contexts, 64, &count, NULL) == OK && count >= 4);
+  CHECK(contexts[count - 1] == 0);
+  CHECK(streampool_history_contexts(events, NULL, 64, &count, NULL) == INVALID);
+  CHECK(streampool_history_live_contexts(0, pairs, 8, &count) == OK && count == 0);
+  CHECK(streampool_history_set_gatherer(NULL, 4) == INVALID);
+  CHECK(streampool_history_set_gatherer(NULL, 0) == OK);
   return 0;
 }
 

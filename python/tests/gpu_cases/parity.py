@@ -279,3 +279,339 @@ def case_compile_max_autotune(ctx) -> None:
     """torch.compile(mode="max-autotune") (autotuned kernels and CUDA graphs) inference."""
     figures = _compiled_outputs("max-autotune", False, [16, 16, 16, 32])
     _result("compile_max_autotune", figures)
+
+
+# --- second round (issue 40) -------------------------------------------------------------------
+
+
+def _queue_child(inbox, outbox) -> None:
+    """Adds 1 to the tensor it receives and reports its sum (None: nothing was sent)."""
+    t = inbox.get(timeout=120)
+    if t is None:
+        outbox.put(None)
+        return
+    t.add_(1)
+    outbox.put(float(t.sum().item()))
+
+
+def case_multiprocessing_queue(ctx) -> None:
+    """A CUDA tensor put on a spawn-context ``torch.multiprocessing`` queue under a plain
+    install(): the child adds 1 and reports the sum. Where the allocator cannot share the tensor,
+    ``put`` itself must raise, at once, in this thread (never a receiver waiting for ever)."""
+    import queue as queues
+    import time
+
+    import torch.multiprocessing as tmp
+
+    spawn = tmp.get_context("spawn")
+    inbox, outbox = spawn.Queue(), spawn.Queue()
+    child = spawn.Process(target=_queue_child, args=(inbox, outbox))
+    child.start()
+    x = torch.zeros(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    try:
+        inbox.put(x)
+    except Exception as exc:  # noqa: BLE001  (the refusal, whatever its type, is the result)
+        seconds = time.perf_counter() - start
+        assert seconds < 10, f"the refusal took {seconds:.1f} s"
+        inbox.put(None)
+        assert outbox.get(timeout=120) is None
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        result = {"delivered": False, "refused_at_put": f"{type(exc).__name__}: {first_line}"[:160]}
+    else:
+        try:
+            total = outbox.get(timeout=60)
+        except queues.Empty:
+            raise AssertionError("the child never received the tensor (put returned, nothing arrived)") from None
+        result = {"delivered": True, "sum": total}
+    child.join(timeout=60)
+    assert child.exitcode == 0, f"the child exited with {child.exitcode}"
+    if result["delivered"]:
+        assert result["sum"] == float(1 << 20), result
+    _result("multiprocessing_queue", result)
+
+
+def case_alloc_conf_environment(ctx) -> None:
+    """``PYTORCH_CUDA_ALLOC_CONF`` and ``PYTORCH_ALLOC_CONF`` set when the process starts
+    (test_gpu_parity.py sets them): allocation works; under install() each key of PyTorch's
+    caching allocator that streampool cannot honour was warned about once."""
+    assert os.environ.get("PYTORCH_CUDA_ALLOC_CONF") and os.environ.get("PYTORCH_ALLOC_CONF"), "set by the test"
+    x = torch.ones(3 * MiB, device="cuda")
+    y = torch.empty(40 * MiB, dtype=torch.uint8, device="cuda")
+    total = x.sum().item()
+    del x, y
+    torch.cuda.empty_cache()
+    if ctx.streampool_is_global:
+        from streampool import _torch
+
+        warned = _torch._installation.ignored_settings
+        assert sorted(warned) == ["expandable_segments", "garbage_collection_threshold", "max_split_size_mb"], warned
+    _result("alloc_conf_environment", total)
+
+
+def case_allocator_backend(ctx) -> None:
+    """``torch.cuda.get_allocator_backend()``: what PyTorch names the allocator in charge."""
+    _result("allocator_backend", {"backend": torch.cuda.get_allocator_backend()})
+
+
+def case_set_allocator_settings(ctx) -> None:
+    """``torch.cuda.memory._set_allocator_settings`` at run time: accepted, malformed settings
+    refused as PyTorch refuses them, and allocation goes on."""
+    torch.cuda.memory._set_allocator_settings("expandable_segments:False,max_split_size_mb:256")
+    try:
+        torch.cuda.memory._set_allocator_settings("no_such_key:1")
+    except RuntimeError:
+        refused = True
+    else:
+        refused = False
+    x = torch.full((MiB,), 2.0, device="cuda")
+    _result("set_allocator_settings", {"malformed_refused": refused, "sum": x.sum().item()})
+
+
+def case_snapshot_adds_up(ctx) -> None:
+    """The segments of ``torch.cuda.memory_snapshot()`` add up to ``memory_reserved()`` at every
+    moment: tensors of 1, 5, 33 and 130 MiB live, some freed, a ``MemPool``'s blocks and a CUDA
+    graph's pool live, after ``empty_cache()``."""
+
+    def check(when: str) -> int:
+        torch.cuda.synchronize()
+        total = sum(s["total_size"] for s in torch.cuda.memory_snapshot() if s["device"] == torch.cuda.current_device())
+        reserved = torch.cuda.memory_reserved()
+        assert total == reserved, f"{when}: the segments add up to {total} B, memory_reserved() is {reserved} B"
+        return reserved
+
+    live = [torch.empty(n * MiB, dtype=torch.uint8, device="cuda") for n in (1, 5, 33, 130)]
+    check("four tensors live")
+    del live[1:3]
+    check("two freed")
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        pooled = [torch.empty(n * MiB, dtype=torch.uint8, device="cuda") for n in (3, 17)]
+    check("a MemPool's blocks live")
+    graph = torch.cuda.CUDAGraph()
+    x = torch.ones(MiB, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        (x * 2).sum()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        y = x * 2
+    graph.replay()
+    check("a CUDA graph's pool live")
+    del pooled, y, graph
+    check("the pools' blocks freed")
+    del pool
+    torch.cuda.empty_cache()
+    check("after empty_cache")
+    del live
+    torch.cuda.empty_cache()
+    check("nothing live")
+    _result("snapshot_adds_up", True)
+
+
+def _allocate_for_history(n: int):
+    """Allocations whose frames the history must show (this function's name)."""
+    return torch.empty(n * MiB, dtype=torch.uint8, device="cuda")
+
+
+def case_memory_history_frames(ctx) -> None:
+    """``_record_memory_history`` with its defaults (stacks "all", context "all"), then
+    ``stacks="python"``, ``context="alloc"``, ``context="state"`` and ``max_entries``: trace
+    entries and live blocks carry the frames PyTorch says they do."""
+    device = torch.cuda.current_device()
+
+    def snap():
+        s = torch.cuda.memory._snapshot()
+        live = {b["address"]: b for seg in s["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"}
+        return s["device_traces"][device], live
+
+    def names(frames):
+        return [f["name"] for f in frames]
+
+    figures = {}
+    torch.cuda.memory._record_memory_history()  # enabled="all", context="all", stacks="all"
+    kept = _allocate_for_history(3)
+    gone = _allocate_for_history(5)
+    gone_at = gone.data_ptr()
+    del gone
+    trace, live = snap()
+    alloc = next(e for e in trace if e["action"] == "alloc" and e["addr"] == kept.data_ptr())
+    figures["alloc_frames_name_the_python_function"] = "_allocate_for_history" in names(alloc["frames"])
+    figures["alloc_frames_have_native_frames"] = any(
+        not f["filename"].endswith(".py") and not f["filename"].startswith("<") for f in alloc["frames"]
+    )
+    frees = [e for e in trace if e["action"].startswith("free") and e["addr"] == gone_at]
+    figures["free_frames_name_the_python_function"] = bool(frees) and all(
+        "case_memory_history_frames" in names(e["frames"]) for e in frees
+    )
+    figures["live_block_frames"] = "_allocate_for_history" in names(live[kept.data_ptr()]["frames"])
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+    torch.cuda.memory._record_memory_history(context="alloc", stacks="python", clear_history=True)
+    x = _allocate_for_history(1)
+    del x
+    trace, _ = snap()
+    alloc = [e for e in trace if e["action"] == "alloc"][-1]
+    figures["python_stacks_only_python"] = bool(alloc["frames"]) and all(
+        f["filename"].endswith(".py") or f["filename"].startswith("<") for f in alloc["frames"]
+    )
+    # PyTorch: with context "alloc", a free carries its allocation's frames, not its own.
+    figures["alloc_context_frees_carry_the_allocations_frames"] = all(
+        "_allocate_for_history" in names(e["frames"]) and "case_memory_history_frames" not in names(e["frames"][:1])
+        for e in trace if e["action"].startswith("free")
+    )
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+    torch.cuda.memory._record_memory_history(context="state", stacks="python", clear_history=True)
+    y = _allocate_for_history(2)
+    trace, live = snap()
+    figures["state_context_trace_without_frames"] = all(e["frames"] == [] for e in trace)
+    figures["state_context_live_block_frames"] = "_allocate_for_history" in names(live[y.data_ptr()]["frames"])
+    del y
+    torch.cuda.memory._record_memory_history(enabled=None)
+
+    torch.cuda.memory._record_memory_history(max_entries=5, stacks="python", clear_history=True)
+    z = [_allocate_for_history(1) for _ in range(10)]
+    trace, _ = snap()
+    figures["max_entries_5_trace_length"] = len(trace)
+    del z
+    torch.cuda.memory._record_memory_history(enabled=None)
+    del kept
+    assert all(v for k, v in figures.items() if k != "max_entries_5_trace_length"), figures
+    _result("memory_history_frames", figures)
+
+
+# A counting allocator for MemPool(allocator), built by the case with the system's C compiler:
+# cuMemAlloc/cuMemFree of the driver (libcuda.so.1, loaded at run time: no CUDA headers needed),
+# with counters, a table of the blocks out, and a switch that makes malloc return NULL.
+_COUNTING_ALLOCATOR_C = r"""
+#include <dlfcn.h>
+#include <stddef.h>
+#include <pthread.h>
+typedef int (*mem_alloc_t)(unsigned long long *, size_t);
+typedef int (*mem_free_t)(unsigned long long);
+static mem_alloc_t mem_alloc;
+static mem_free_t mem_free;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+#define SLOTS 4096
+static unsigned long long out_ptr[SLOTS];
+static size_t out_size[SLOTS];
+static long long mallocs, frees, bad_frees, bytes_out;
+static int fail;
+static int load(void) {
+  if (mem_alloc) return 1;
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!h) h = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!h) return 0;
+  mem_alloc = (mem_alloc_t)dlsym(h, "cuMemAlloc_v2");
+  mem_free = (mem_free_t)dlsym(h, "cuMemFree_v2");
+  return mem_alloc && mem_free;
+}
+void *counting_malloc(size_t size, int device, void *stream) {
+  (void)device; (void)stream;
+  unsigned long long p = 0;
+  if (fail || !load() || mem_alloc(&p, size) != 0) return NULL;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < SLOTS; i++) if (!out_ptr[i]) { out_ptr[i] = p; out_size[i] = size; break; }
+  mallocs++; bytes_out += (long long)size;
+  pthread_mutex_unlock(&lock);
+  return (void *)p;
+}
+void counting_free(void *ptr, size_t size, int device, void *stream) {
+  (void)device; (void)stream;
+  if (!ptr) return;
+  int found = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < SLOTS; i++)
+    if (out_ptr[i] == (unsigned long long)ptr) { found = out_size[i] == size; out_ptr[i] = 0; break; }
+  frees++; bytes_out -= (long long)size;
+  if (!found) bad_frees++;
+  pthread_mutex_unlock(&lock);
+  mem_free((unsigned long long)ptr);
+}
+int counting_owns(unsigned long long p) {
+  int owns = 0;
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < SLOTS; i++)
+    if (out_ptr[i] && p >= out_ptr[i] && p < out_ptr[i] + out_size[i]) owns = 1;
+  pthread_mutex_unlock(&lock);
+  return owns;
+}
+long long counting_mallocs(void) { return mallocs; }
+long long counting_frees(void) { return frees; }
+long long counting_bad_frees(void) { return bad_frees; }
+long long counting_bytes_out(void) { return bytes_out; }
+void counting_fail(int on) { fail = on; }
+"""
+
+
+def _counting_allocator(folder: str):
+    """(library path, ctypes handle) of the counting allocator, compiled into ``folder``."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    assert compiler, "the case needs a C compiler (cc) to build its counting allocator"
+    source, library = os.path.join(folder, "counting.c"), os.path.join(folder, "libcounting.so")
+    with open(source, "w") as f:
+        f.write(_COUNTING_ALLOCATOR_C)
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", library, source, "-ldl", "-lpthread"], check=True)
+    lib = ctypes.CDLL(library)
+    for name in ("counting_mallocs", "counting_frees", "counting_bad_frees", "counting_bytes_out"):
+        getattr(lib, name).restype = ctypes.c_longlong
+    lib.counting_owns.argtypes = [ctypes.c_ulonglong]
+    return library, lib
+
+
+def case_mempool_own_allocator(ctx) -> None:
+    """``torch.cuda.MemPool(allocator)`` (vLLM's sleep mode): the region's tensors come from the
+    pool's own allocator's malloc, the statistics count them, the memory goes back through its
+    free once the pool is gone; a malloc that returns NULL gives torch.OutOfMemoryError, nothing
+    leaks and the process goes on."""
+    figures = {}
+    with tempfile.TemporaryDirectory() as folder:
+        library, lib = _counting_allocator(folder)
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(library, "counting_malloc", "counting_free")
+        pool = torch.cuda.MemPool(allocator.allocator())
+        allocated_before = torch.cuda.memory_allocated()
+        with torch.cuda.use_mem_pool(pool):
+            a = torch.ones(3 * MiB // 4, device="cuda")  # 3 MiB
+            b = torch.ones(256, device="cuda")
+        outside = torch.ones(256, device="cuda")
+        figures["blocks_from_its_malloc"] = lib.counting_mallocs() >= 1 and all(
+            lib.counting_owns(t.data_ptr()) for t in (a, b)
+        )
+        figures["outside_not_from_it"] = not lib.counting_owns(outside.data_ptr())
+        figures["allocated_counts_them"] = torch.cuda.memory_allocated() - allocated_before >= 3 * MiB + 1024
+        figures["reserved_counts_them"] = torch.cuda.memory_reserved() >= lib.counting_bytes_out() > 0
+        figures["sum"] = a.sum().item() + b.sum().item()
+        del a, b, outside
+        torch.cuda.empty_cache()
+        figures["kept_while_the_pool_lives"] = lib.counting_frees() == 0
+        del pool
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        figures["all_back_through_its_free"] = (
+            lib.counting_frees() == lib.counting_mallocs() and lib.counting_bytes_out() == 0 and lib.counting_bad_frees() == 0
+        )
+
+        lib.counting_fail(1)
+        failing = torch.cuda.MemPool(allocator.allocator())
+        try:
+            with torch.cuda.use_mem_pool(failing):
+                torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+        except torch.OutOfMemoryError:
+            figures["null_malloc_is_out_of_memory"] = True
+        else:
+            figures["null_malloc_is_out_of_memory"] = False
+        lib.counting_fail(0)
+        del failing
+        torch.cuda.empty_cache()
+        x = torch.ones(MiB, device="cuda")
+        figures["goes_on"] = x.sum().item() == MiB
+        figures["nothing_leaked"] = lib.counting_frees() == lib.counting_mallocs() and lib.counting_bytes_out() == 0
+    assert all(v for k, v in figures.items() if k != "sum"), figures
+    _result("mempool_own_allocator", figures)

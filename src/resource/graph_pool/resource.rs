@@ -43,6 +43,11 @@ impl GraphPoolResource {
         }
     }
 
+    /// The resource its segments come from (but those taken from the driver during a capture).
+    pub fn parent(&self) -> &Arc<dyn Resource> {
+        &self.parent
+    }
+
     /// Runs `f` on the pool's books.
     pub fn with<T>(&self, f: impl FnOnce(&mut GraphPool) -> T) -> T {
         f(&mut self.pool.lock())

@@ -1,0 +1,96 @@
+//! What the device holds from CUDA in all, as PyTorch's `memory_reserved()` means it: the figure
+//! that the segments of a snapshot add up to (`torch.cuda.memory_snapshot()` under install()).
+//!
+//! Invariant: every byte a snapshot lists is counted once — a block held from one of the
+//! device's own resources or the shareable pool is inside that resource's reserved bytes; a
+//! block of a PyTorch memory pool is inside one of the pool's segments, which are inside the
+//! device's own resource or, where they came from elsewhere (the driver's pool during a capture,
+//! a `MemPool`'s own allocator), counted as segments; a block of any other source (graph memory, the capture fallback: sources
+//! that report no reserved bytes) is counted as held. Read under the device lock and the pools'
+//! lock in turn, so the figure is exact whenever no allocation runs meanwhile.
+
+use super::DeviceAllocator;
+use crate::error::Result;
+use crate::resource::graph_pool::SegmentSource;
+use crate::resource::{usage_with_peaks, Resource, SourceId};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// The address of a resource, to tell whether two table entries are the same resource.
+fn address(resource: &Arc<dyn Resource>) -> *const () {
+    Arc::as_ptr(resource) as *const ()
+}
+
+impl DeviceAllocator {
+    /// (current, peak) bytes the device holds from CUDA in all: its own resources' reserved
+    /// bytes, the shareable pool's (where it is a pool of its own), segments of PyTorch's memory
+    /// pools that are not inside an own resource, and blocks held from sources that report no
+    /// reserved bytes. The peak is the sum of the resources' peaks and the rest's current bytes.
+    pub fn reserved_total(&self) -> Result<(u64, u64)> {
+        let Some(setup) = self.setup.get() else {
+            return Ok((0, 0));
+        };
+        let mut current = 0u64;
+        let mut peak = 0u64;
+        let mut counted: HashSet<*const ()> = HashSet::new();
+        for own in &setup.own {
+            let usage = usage_with_peaks(own.as_ref())?;
+            current = current.saturating_add(usage.reserved_bytes);
+            peak = peak.saturating_add(usage.reserved_bytes_high);
+            counted.insert(address(own));
+        }
+        let pool_sources: HashSet<SourceId> = {
+            let pools = self.graph_pools.lock();
+            pools.source_ids().collect()
+        };
+        let (shareable, held_elsewhere) = {
+            let st = self.state.lock();
+            let sources = st.ledger.sources();
+            let shareable = sources
+                .shareable()
+                .and_then(|id| sources.get(id).ok())
+                .map(|s| s.resource);
+            let held = st.ledger.held_bytes_by_source(st.waits.blocks());
+            let elsewhere: Vec<(Arc<dyn Resource>, u64)> = held
+                .into_iter()
+                .filter(|(id, _)| !pool_sources.contains(id))
+                .filter_map(|(id, bytes)| sources.get(id).ok().map(|s| (s.resource, bytes)))
+                .collect();
+            (shareable, elsewhere)
+        };
+        if let Some(pool) = shareable.filter(|p| !counted.contains(&address(p))) {
+            let usage = usage_with_peaks(pool.as_ref())?;
+            current = current.saturating_add(usage.reserved_bytes);
+            peak = peak.saturating_add(usage.reserved_bytes_high);
+            counted.insert(address(&pool));
+        }
+        for (resource, bytes) in held_elsewhere {
+            if !counted.contains(&address(&resource)) {
+                current = current.saturating_add(bytes);
+                peak = peak.saturating_add(bytes);
+            }
+        }
+        let outside = self.pool_segment_bytes_outside_own(&counted);
+        current = current.saturating_add(outside);
+        peak = peak.saturating_add(outside);
+        Ok((current, peak.max(current)))
+    }
+
+    /// Bytes of PyTorch memory pools' segments that did not come from a resource counted already
+    /// (`counted`): those the driver gave during a capture, and all of a pool whose segments come
+    /// from an allocator of its own (`torch.cuda.MemPool(allocator)`).
+    fn pool_segment_bytes_outside_own(&self, counted: &HashSet<*const ()>) -> u64 {
+        let pools: Vec<_> = self.graph_pools.lock().pool_resources().collect();
+        pools
+            .iter()
+            .map(|pool| {
+                let foreign = !counted.contains(&address(pool.parent()));
+                pool.with(|p| {
+                    p.segments()
+                        .filter(|s| foreign || s.source != SegmentSource::Resource)
+                        .fold(0u64, |sum, s| sum.saturating_add(s.bytes))
+                })
+            })
+            .fold(0u64, u64::saturating_add)
+    }
+}

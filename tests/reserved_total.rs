@@ -1,0 +1,45 @@
+//! What a device holds from CUDA in all (`Allocator::reserved_total`, PyTorch's
+//! `memory_reserved()` under install()): its own resources' reserved bytes, plus the shareable
+//! pool's, never less than the blocks it holds, and back to the pools' figure once those are gone.
+
+mod common;
+
+use common::rig;
+use streampool::ipc::{begin_shareable, end_shareable};
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn the_total_counts_the_own_resources_and_the_shareable_pool() {
+    let rig = rig(1 << 30);
+    let own = |rig: &common::Rig| rig.stats(0).reserved_bytes;
+    let held: Vec<_> = [1, 5, 33, 130]
+        .iter()
+        .map(|&n| rig.malloc(n * MIB, 0, 0))
+        .collect();
+    let (total, peak) = rig.alloc.reserved_total(0).unwrap();
+    assert_eq!(total, own(&rig), "only the own resources hold memory");
+    assert!(total >= 169 * MIB && peak >= total);
+
+    begin_shareable().unwrap();
+    let shared = rig.malloc(3 * MIB, 0, 0);
+    end_shareable().unwrap();
+    let (with_shared, _) = rig.alloc.reserved_total(0).unwrap();
+    let stats = rig.stats(0);
+    assert!(stats.ipc_reserved_bytes >= 3 * MIB);
+    assert_eq!(
+        with_shared,
+        stats.reserved_bytes + stats.ipc_reserved_bytes,
+        "the shareable pool is a pool of its own"
+    );
+    rig.free(shared, 0);
+    for p in held {
+        rig.free(p, 0);
+    }
+    rig.alloc.trim(0, 0).unwrap();
+    let (after, _) = rig.alloc.reserved_total(0).unwrap();
+    let stats = rig.stats(0);
+    assert_eq!(after, stats.reserved_bytes + stats.ipc_reserved_bytes);
+    assert!(rig.alloc.reserved_total(7).is_err(), "no such device");
+    rig.finish();
+}
