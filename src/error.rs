@@ -11,10 +11,6 @@ pub type DriverCode = i32;
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 pub const CUDA_ERROR_OUT_OF_MEMORY: DriverCode = 2;
 
-/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: also how a resource that may not map memory while a
-/// stream of the device captures a graph refuses an allocation.
-pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: DriverCode = 900;
-
 /// What the allocator knew when an allocation failed for lack of memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OomReport {
@@ -123,11 +119,6 @@ impl Error {
     /// True for a driver call that failed because the device had no memory left.
     pub fn is_device_oom(&self) -> bool {
         matches!(self, Error::Driver { code, .. } if *code == CUDA_ERROR_OUT_OF_MEMORY)
-    }
-
-    /// True for an operation refused because a stream is capturing a graph.
-    pub fn is_capture_refusal(&self) -> bool {
-        matches!(self, Error::Driver { code, .. } if *code == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
     }
 }
 

@@ -392,11 +392,12 @@ fn the_releaser_queries_no_event_during_a_known_capture() {
     );
 }
 
-/// Was: while a capture is known, blocks the VMM resource cannot map come from the driver's
-/// pool as `Home::Driver`, which `held_bytes` does not count: ordinary (non-graph) allocations on
-/// other streams then bypass the set_per_process_memory_fraction cap.
+/// Was: while a capture is known, blocks the VMM resource could not map came from the driver's
+/// pool as `Home::Driver`, which `held_bytes` did not count: ordinary (non-graph) allocations on
+/// other streams then bypassed the set_per_process_memory_fraction cap. (The resource now maps
+/// them itself, within the cap.)
 #[test]
-fn the_memory_fraction_caps_fallback_blocks_during_a_capture() {
+fn the_memory_fraction_caps_eager_blocks_during_a_capture() {
     let sim = Arc::new(SimDriver::new(1, 256 * MIB));
     let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, vmm(SizeSpec::Max)).unwrap();
     alloc.set_memory_fraction(0, 1.0 / 16.0).unwrap(); // 16 MiB

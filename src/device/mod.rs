@@ -11,8 +11,7 @@
 //!    ([`growth`]);
 //! 5. the source serves the block ([`crate::resource`]); under the memory limit, a source that
 //!    grows by itself (a CUDA pool) only while the device's reserved memory stays within the
-//!    limit ([`reserved_cap`]); one that may not map memory during a capture elsewhere hands the
-//!    block to the capture fallback;
+//!    limit ([`reserved_cap`]);
 //! 6. out of memory: flush the cache, synchronise, trim, retry once, then report ([`limit`]).
 //!
 //! A free goes the other way: a block other streams used waits for them ([`waits`]); then it is
@@ -315,24 +314,6 @@ impl DeviceAllocator {
             .and_then(|()| self.allocate_within_reserved_cap(&source, request));
         let ptr = match served {
             Ok(ptr) => ptr,
-            Err(e) if e.is_capture_refusal() => {
-                // A capture elsewhere on the device keeps the resource from mapping: the driver's
-                // own pool serves (`cuMemAllocAsync`), and the block goes back to it when freed.
-                let fallback = {
-                    let mut st = self.state.lock();
-                    let sources = st.ledger.sources_mut();
-                    sources.allocation_failed(source.id);
-                    let id = sources.capture_fallback();
-                    sources.begin_allocation(id)
-                };
-                return match fallback {
-                    Ok(fallback) => self.serve_directly(fallback, request, true),
-                    Err(e) => {
-                        self.state.lock().ledger.unreserve(request.block_bytes);
-                        Err(e)
-                    }
-                };
-            }
             Err(e) => {
                 self.abandon(&source, request, true);
                 return Err(e);
@@ -384,8 +365,8 @@ impl DeviceAllocator {
         Ok(())
     }
 
-    /// `source` serves at once, with no retry — graph memory (not held), or the capture fallback
-    /// (its bytes `reserved` against the limit by the caller): out of memory is reported at once.
+    /// `source` serves at once, with no retry — graph memory (not held; a source whose bytes are
+    /// `reserved` against the limit by the caller, in tests): out of memory is reported at once.
     fn serve_directly(
         &self,
         source: Source,

@@ -4,14 +4,13 @@
 //! Invariant: every byte a snapshot lists is counted once — a block held from one of the
 //! device's own resources or the shareable pool is inside that resource's reserved bytes; a
 //! block of a PyTorch memory pool is inside one of the pool's segments, which are inside the
-//! device's own resource or, where they came from elsewhere (the driver's pool during a capture,
-//! a `MemPool`'s own allocator), counted as segments; a block of any other source (graph memory, the capture fallback: sources
-//! that report no reserved bytes) is counted as held. Read under the device lock and the pools'
+//! device's own resource or, where they came from elsewhere (a `MemPool`'s own allocator),
+//! counted as segments; a block of any other source (graph memory: a source that reports no
+//! reserved bytes) is counted as held. Read under the device lock and the pools'
 //! lock in turn, so the figure is exact whenever no allocation runs meanwhile.
 
 use super::DeviceAllocator;
 use crate::error::Result;
-use crate::resource::graph_pool::SegmentSource;
 use crate::resource::{usage_with_peaks, Resource, SourceId};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -77,17 +76,18 @@ impl DeviceAllocator {
     }
 
     /// Bytes of PyTorch memory pools' segments that did not come from a resource counted already
-    /// (`counted`): those the driver gave during a capture, and all of a pool whose segments come
-    /// from an allocator of its own (`torch.cuda.MemPool(allocator)`).
+    /// (`counted`): all of a pool whose segments come from an allocator of its own
+    /// (`torch.cuda.MemPool(allocator)`).
     fn pool_segment_bytes_outside_own(&self, counted: &HashSet<*const ()>) -> u64 {
         let pools: Vec<_> = self.graph_pools.lock().pool_resources().collect();
         pools
             .iter()
             .map(|pool| {
-                let foreign = !counted.contains(&address(pool.parent()));
+                if counted.contains(&address(pool.parent())) {
+                    return 0;
+                }
                 pool.with(|p| {
                     p.segments()
-                        .filter(|s| foreign || s.source != SegmentSource::Resource)
                         .fold(0u64, |sum, s| sum.saturating_add(s.bytes))
                 })
             })

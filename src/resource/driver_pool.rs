@@ -1,13 +1,11 @@
-//! The driver's own pool (`cuMemAllocAsync` on the device's default pool) as a [`Resource`], in
-//! two roles: graph memory — an allocation on a stream that captures a CUDA graph becomes a node
-//! of the graph — and the capture fallback, for a block a resource could not map while a capture
-//! was under way elsewhere on the device.
+//! The driver's own pool (`cuMemAllocAsync` on the device's default pool) as a [`Resource`]:
+//! graph memory — an allocation on a stream that captures a CUDA graph (outside any PyTorch
+//! memory pool) becomes a node of the graph.
 //!
-//! Invariants: its blocks are never cached (graph memory goes back as a free node of its graph;
-//! the fallback's blocks go back to the driver so that the pool its memory came from can reuse
-//! it); graph memory belongs to its graph — it is not streampool's to hold, count against the
-//! memory limit or keep waiting for other streams — while the fallback's blocks are held like any
-//! other; neither reports reserved memory of its own nor trims anything.
+//! Invariants: its blocks are never cached (they go back as free nodes of their graph); graph
+//! memory belongs to its graph — it is not streampool's to hold, count against the memory limit
+//! or keep waiting for other streams; it reports no reserved memory of its own and trims
+//! nothing.
 
 use super::{Resource, Traits, Usage};
 use crate::driver::{DevicePtr, Driver, Stream};
@@ -23,28 +21,14 @@ pub struct DriverPoolResource {
 impl DriverPoolResource {
     /// Graph memory for allocations on capturing streams.
     pub fn graph_memory(driver: &Arc<dyn Driver>, device: usize) -> DriverPoolResource {
-        DriverPoolResource::new(driver, device, "graph memory", false)
-    }
-
-    /// The capture fallback: blocks held like any other, from the driver's pool.
-    pub fn capture_fallback(driver: &Arc<dyn Driver>, device: usize) -> DriverPoolResource {
-        DriverPoolResource::new(driver, device, "driver pool (during a capture)", true)
-    }
-
-    fn new(
-        driver: &Arc<dyn Driver>,
-        device: usize,
-        label: &'static str,
-        held: bool,
-    ) -> DriverPoolResource {
         DriverPoolResource {
             driver: Arc::clone(driver),
             device,
             traits: Traits {
-                label,
+                label: "graph memory",
                 returns_before_growth: false,
                 cacheable: false,
-                held,
+                held: false,
                 shareable: false,
             },
         }

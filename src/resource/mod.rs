@@ -3,7 +3,7 @@
 //! optional [`Capabilities`] a resource may add (a run-time release threshold, peaks, background
 //! release, peer access, capture notice, export), its implementations — [`cuda_pool`] (a CUDA
 //! stream-ordered pool), [`vmm`] (streampool's own virtual-memory pool) and the driver's own
-//! pool (graph memory, the capture fallback) — and [`Sources`], the table of one device's sources
+//! pool (graph memory) — and [`Sources`], the table of one device's sources
 //! by id ([`provision`] makes the first ones).
 //!
 //! Invariants: every resource serves one device and is safe to call from any thread; allocation
@@ -215,7 +215,7 @@ pub struct Provision {
 
 /// The sources `settings` ask for on `device` (of `total_bytes` memory): its own resources — a
 /// pool for large blocks and, unless disabled, one for small ones, or the virtual-memory resource
-/// for every size — graph memory and the capture fallback. With `STREAMPOOL_IPC`, one shareable
+/// for every size — and graph memory. With `STREAMPOOL_IPC`, one shareable
 /// pool serves every size and is the shareable pool. A small-block pool that cannot be created is
 /// logged and left out (the large resource serves every size).
 pub fn provision(
@@ -228,8 +228,7 @@ pub fn provision(
 ) -> Result<Provision> {
     let with = |large: Arc<dyn Resource>, small| {
         let graph = Arc::new(DriverPoolResource::graph_memory(driver, device));
-        let fallback = Arc::new(DriverPoolResource::capture_fallback(driver, device));
-        Sources::new(large, small, graph, fallback)
+        Sources::new(large, small, graph)
     };
     let pool = |role| CudaPoolResource::create(driver, device, &settings.pool, role);
     if settings.one_shareable_pool {

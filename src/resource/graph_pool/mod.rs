@@ -25,22 +25,11 @@ pub const SMALL_BLOCK_MAX_BYTES: u64 = 1 << 20;
 /// The segment small blocks are carved from, and the granule large segments are rounded to.
 pub const SMALL_SEGMENT_BYTES: u64 = 2 << 20;
 
-/// Where a segment came from, and so where it goes back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SegmentSource {
-    /// The device's resource.
-    Resource,
-    /// The driver's own pool (`cuMemAllocAsync` on streampool's stream), where the resource
-    /// could not map memory during a capture.
-    Driver,
-}
-
 /// A segment of the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
     pub ptr: DevicePtr,
     pub bytes: u64,
-    pub source: SegmentSource,
 }
 
 /// A free range of a segment.

@@ -7,7 +7,7 @@
 //! synchronisation and only while nobody uses the pool; the pool's lock is never held across a
 //! driver call.
 
-use super::{GraphPool, PoolBlock, Segment, SegmentSource};
+use super::{GraphPool, PoolBlock, Segment};
 use crate::driver::{DevicePtr, Driver, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{Resource, Traits, Usage};
@@ -70,21 +70,14 @@ impl GraphPoolResource {
         })
     }
 
-    /// A segment of `bytes` from the device's resource — or, if it cannot map memory during a
-    /// capture, the driver's own pool — allocated on streampool's stream and waited for.
+    /// A segment of `bytes` from the device's resource (in relaxed capture mode: a capture may
+    /// be under way), allocated on streampool's stream and waited for.
     fn new_segment(&self, bytes: u64) -> Result<Segment> {
         let (device, stream) = (self.device, self.own_stream);
         let mut segment = None;
         self.driver.relaxed_capture(&mut || {
-            let (ptr, source) = match self.parent.allocate(bytes, stream) {
-                Ok(ptr) => (ptr, SegmentSource::Resource),
-                Err(e) if e.is_capture_refusal() => (
-                    self.driver.alloc_captured(device, bytes, stream)?,
-                    SegmentSource::Driver,
-                ),
-                Err(e) => return Err(e),
-            };
-            let made = Segment { ptr, bytes, source };
+            let ptr = self.parent.allocate(bytes, stream)?;
+            let made = Segment { ptr, bytes };
             if let Err(e) = self.driver.stream_synchronize(device, stream) {
                 let _ = self.give_back(&made);
                 return Err(e);
@@ -96,16 +89,8 @@ impl GraphPoolResource {
     }
 
     fn give_back(&self, segment: &Segment) -> Result<()> {
-        match segment.source {
-            SegmentSource::Resource => {
-                self.parent
-                    .deallocate(segment.ptr, segment.bytes, self.own_stream)
-            }
-            SegmentSource::Driver => {
-                self.driver
-                    .free_async(self.device, segment.ptr, self.own_stream)
-            }
-        }
+        self.parent
+            .deallocate(segment.ptr, segment.bytes, self.own_stream)
     }
 
     /// The pool's wholly free segments, taken out of it, if nobody uses the pool (no capture,

@@ -10,7 +10,6 @@ fn segment(start: u64, bytes: u64) -> Segment {
     Segment {
         ptr: DevicePtr(start),
         bytes,
-        source: SegmentSource::Resource,
     }
 }
 

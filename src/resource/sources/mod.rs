@@ -1,6 +1,6 @@
 //! The sources of one device, in one table: every [`Resource`] its blocks come from — its own
 //! resources for large and small blocks (or the virtual-memory resource), graph memory, the
-//! capture fallback, the shareable pool, and sources added at run time — each under a
+//! shareable pool, and sources added at run time — each under a
 //! [`SourceId`]. Every block record of the device (live, cached, waiting, refused on return)
 //! carries the id of its source, and a block goes back with `sources[id].deallocate(..)`: nothing
 //! recomputes where a block came from.
@@ -9,7 +9,7 @@
 //! the table counts, per source, the blocks held from it (from the start of an allocation until
 //! the block has gone back); a removed source serves no new allocation and leaves the table only
 //! once its count is zero, so an id is never reused while a block of its source is held or being
-//! allocated; the device's own sources, graph memory and the capture fallback are never removed.
+//! allocated; the device's own sources and graph memory are never removed.
 //! The table is plain data under the device lock: it calls no resource.
 
 use super::{Resource, Traits};
@@ -66,24 +66,21 @@ pub struct Sources {
     slots: Vec<Option<Entry>>,
     own: Own,
     graph: SourceId,
-    capture_fallback: SourceId,
     shareable: Option<SourceId>,
 }
 
 impl Sources {
     /// The table of a device whose own resources are `large` and, for blocks up to
-    /// `small_max_bytes`, `small`; graph memory and the capture fallback join them.
+    /// `small_max_bytes`, `small`; graph memory joins them.
     pub fn new(
         large: Arc<dyn Resource>,
         small: Option<(Arc<dyn Resource>, u64)>,
         graph: Arc<dyn Resource>,
-        capture_fallback: Arc<dyn Resource>,
     ) -> Sources {
         let mut sources = Sources::default();
         sources.own.large = sources.add(large);
         sources.own.small = small.map(|(small, max_bytes)| (sources.add(small), max_bytes));
         sources.graph = sources.add(graph);
-        sources.capture_fallback = sources.add(capture_fallback);
         sources
     }
 
@@ -120,12 +117,11 @@ impl Sources {
         Ok(self.vacate_if_done(id))
     }
 
-    /// The device's own sources, graph memory, the capture fallback and the shareable pool.
+    /// The device's own sources, graph memory and the shareable pool.
     fn is_standing(&self, id: SourceId) -> bool {
         id == self.own.large
             || self.own.small.is_some_and(|(small, _)| small == id)
             || id == self.graph
-            || id == self.capture_fallback
             || self.shareable == Some(id)
     }
 
@@ -141,11 +137,6 @@ impl Sources {
     /// Graph memory, for allocations on a capturing stream.
     pub fn graph(&self) -> SourceId {
         self.graph
-    }
-
-    /// The driver's pool, for a block its source could not map during a capture elsewhere.
-    pub fn capture_fallback(&self) -> SourceId {
-        self.capture_fallback
     }
 
     /// The shareable pool, once there is one.

@@ -13,7 +13,7 @@ fn label(sources: &Sources, id: SourceId) -> &'static str {
 
 fn table() -> Sources {
     let small = Some((named("small"), 1 << 20));
-    Sources::new(named("large"), small, named("graph"), named("fallback"))
+    Sources::new(named("large"), small, named("graph"))
 }
 
 #[test]
@@ -23,10 +23,9 @@ fn own_sources_serve_by_size_and_the_standing_roles_have_their_own_ids() {
     assert_eq!(label(&sources, sources.for_size(1 << 20)), "small");
     assert_eq!(label(&sources, sources.for_size((1 << 20) + 512)), "large");
     assert_eq!(label(&sources, sources.graph()), "graph");
-    assert_eq!(label(&sources, sources.capture_fallback()), "fallback");
     let own: Vec<&str> = sources.own().iter().map(|r| r.traits().label).collect();
     assert_eq!(own, ["large", "small"]);
-    let one = Sources::new(named("all"), None, named("graph"), named("fallback"));
+    let one = Sources::new(named("all"), None, named("graph"));
     assert_eq!(label(&one, one.for_size(512)), "all");
 }
 
@@ -64,7 +63,6 @@ fn a_source_without_blocks_leaves_at_once_and_standing_sources_cannot_be_removed
         sources.for_size(0),
         sources.for_size(u64::MAX),
         sources.graph(),
-        sources.capture_fallback(),
     ] {
         assert!(sources.remove(id).is_err());
         assert!(sources.get(id).is_ok());

@@ -25,14 +25,15 @@
 //!   nothing on the program's streams; `trim` after a synchronisation (empty_cache).
 //!
 //! Invariants: a page is unmapped only once no work uses it — it lies in a `Ready` range, whose
-//! fences have completed; every mapping gives the device and every granted peer access before any
+//! fences have completed, or it retires after its handle moved ([`lending`]); every mapping gives the device and every granted peer access before any
 //! block in it is handed out; physical memory never exceeds the pool cap nor the device's memory
 //! limit (`set_per_process_memory_fraction`); no fence is recorded on a stream that is capturing
 //! (a free on it only takes the number of the stream's next fence, recorded after the capture);
-//! while a capture is known on the device nothing is mapped, unmapped or queried (an allocation
-//! that would need a mapping fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the device
-//! serves it elsewhere), and the resource asks the driver when the capture has ended — a stream
-//! the driver cannot answer for (destroyed) is not capturing; the resource's lock is held across
+//! while a capture is known on the device nothing is unmapped, and what is mapped, or queried
+//! (fences of streams that are not capturing, from a thread of the program), is done in relaxed
+//! capture mode, as PyTorch makes its graph pools' `cudaMalloc`; the resource asks the driver
+//! when the capture has ended — a stream the driver cannot answer for (destroyed) is not
+//! capturing; the resource's lock is held across
 //! map and unmap calls, never while the device lock is.
 
 mod growth;
