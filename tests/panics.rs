@@ -80,11 +80,10 @@ fn a_panic_under_the_device_lock_disables_the_device() {
     std::mem::forget(alloc);
 }
 
-/// The vmm resource records a fence under its own lock when a large block comes back; the
-/// device lock is not held then. The resource refuses, and so does the device as a whole once
-/// the resource has said so.
+/// A free on the vmm backend gives its block back on the resource's fast path, inside the device's
+/// lock section: a panic there (the fence it records) disables the device.
 #[test]
-fn a_panic_under_the_vmm_resource_lock_disables_the_device() {
+fn a_panic_in_a_vmm_free_disables_the_device() {
     let (w, alloc) = rig(Config {
         backend: Backend::Vmm,
         background: false,
@@ -93,6 +92,27 @@ fn a_panic_under_the_vmm_resource_lock_disables_the_device() {
     let live = alloc.malloc(4096, 0, S1).unwrap();
     let large = alloc.malloc(8 * MIB, 0, S1).unwrap();
     panics(&w, || alloc.free(large, 0));
+    device_0_refuses_everything(&alloc, live, "device allocator");
+    std::mem::forget(alloc);
+}
+
+/// `empty_cache` records the fences of the last frees under the vmm resource's own lock (the
+/// device lock is not held then). The resource refuses, and so does the device as a whole once
+/// the resource has said so.
+#[test]
+fn a_panic_under_the_vmm_resource_lock_disables_the_device() {
+    let (w, alloc) = rig(Config {
+        backend: Backend::Vmm,
+        background: false,
+        ..Config::default()
+    });
+    w.sim.stop_clock();
+    let live = alloc.malloc(4096, 0, S1).unwrap();
+    let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
+    let b = alloc.malloc(8 * MIB, 0, S1).unwrap();
+    alloc.free(a, 0).unwrap(); // records S1's first fence
+    alloc.free(b, 0).unwrap(); // the clock stands still: its fence is left pending
+    panics(&w, || alloc.empty_cache());
     disabled(alloc.malloc(8 * MIB, 0, S1), "virtual-memory resource");
     device_0_refuses_everything(&alloc, live, "virtual-memory resource");
     std::mem::forget(alloc);

@@ -268,6 +268,9 @@ impl Ledger {
     /// A cached block of `stream` that fits `block_bytes`, counted as a hit.
     #[inline(always)]
     pub fn take_cached(&mut self, stream: Stream, block_bytes: u64) -> Option<CachedBlock> {
+        if self.cache.cached_bytes() == 0 {
+            return None; // (always so over the vmm resource, whose blocks are never cached)
+        }
         let block = self.cache.take(stream, block_bytes)?;
         self.counters.num_cache_hits += 1;
         Some(block)
@@ -282,10 +285,9 @@ impl Ledger {
 
     /// True if `block`'s memory is streampool's to hold: it waits for the other streams that
     /// used it before it goes back (graph memory does not).
+    #[inline(always)]
     pub fn held(&self, block: &FreedBlock) -> bool {
-        self.sources
-            .traits(block.source)
-            .map_or(true, |traits| traits.held)
+        self.sources.held(block.source)
     }
 
     /// Keeps a freed, inactive block in the cache if it may be cached and fits the cache's
@@ -333,6 +335,41 @@ impl Ledger {
         if !evicted.is_empty() {
             to_return.extend(self.take_cached_blocks(evicted));
         }
+    }
+
+    /// Gives `block` back to its source on the source's fast path, here, under the device lock:
+    /// `None` if the source has none or it cannot serve now (then [`Ledger::release`] and a
+    /// return outside the lock); else the return's outcome, booked ([`Ledger::record_return`]).
+    #[inline]
+    pub fn return_fast(&mut self, block: &FreedBlock) -> Option<Result<()>> {
+        let resource = self.sources.fast_path(block.source)?;
+        let result = resource.try_deallocate(block.ptr, block.block_bytes, block.stream)?;
+        if self.held(block) {
+            self.held_bytes -= block.block_bytes;
+        }
+        Some(self.record_return(*block, result))
+    }
+
+    /// A block of `request`'s size from the device's own source for it, on that source's fast
+    /// path, reserved against `limit_bytes`; booked live. `None` if there is none at hand.
+    #[inline]
+    pub fn take_fast(
+        &mut self,
+        request: Request,
+        limit_bytes: u64,
+    ) -> Option<(DevicePtr, SourceId)> {
+        let id = self.sources.for_size(request.block_bytes);
+        let held_bytes = self.held_bytes.checked_add(request.block_bytes)?;
+        if held_bytes > limit_bytes {
+            return None;
+        }
+        let resource = self.sources.fast_path(id)?;
+        let ptr = resource.try_allocate(request.block_bytes, request.stream)?;
+        self.held_bytes = held_bytes;
+        self.sources.served(id);
+        self.counters.num_device_allocs += 1;
+        self.insert_live(ptr, request, id);
+        Some((ptr, id))
     }
 
     /// A block leaves the ledger on its way back to its source.

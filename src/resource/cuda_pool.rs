@@ -166,6 +166,7 @@ impl Resource for CudaPoolResource {
             held: true,
             shareable: self.role.shareable,
             returns_before_growth: true,
+            fast_path: false,
         }
     }
 

@@ -27,6 +27,7 @@ impl DriverPoolResource {
             traits: Traits {
                 label: "graph memory",
                 returns_before_growth: false,
+                fast_path: false,
                 cacheable: false,
                 held: false,
                 shareable: false,

@@ -123,6 +123,7 @@ impl Resource for ForeignResource {
             held: true,
             shareable: false,
             returns_before_growth: false,
+            fast_path: false,
         }
     }
 }

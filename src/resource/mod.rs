@@ -77,6 +77,9 @@ pub struct Traits {
     /// returned to it): the device then returns cached blocks, and trims, before it grows. A
     /// resource that manages its own holes says false.
     pub returns_before_growth: bool,
+    /// Its [`Resource::try_allocate`] and [`Resource::try_deallocate`] may serve: the device
+    /// calls them inside its own lock section before anything else.
+    pub fast_path: bool,
 }
 
 /// A source of device memory.
@@ -87,6 +90,19 @@ pub trait Resource: Send + Sync {
     /// Gives back a block `allocate` returned, of the same `bytes`, ordered on `stream` (its
     /// allocation stream). An error means the block is still the caller's, to give back later.
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()>;
+    /// [`Resource::allocate`] if a block is at hand: nothing mapped, created or waited for, no
+    /// lock waited for, no driver call that can block (the device calls it under its own lock,
+    /// when [`Traits::fast_path`] says so). `None`: ask `allocate`.
+    #[inline]
+    fn try_allocate(&self, _bytes: u64, _stream: Stream) -> Option<DevicePtr> {
+        None
+    }
+    /// [`Resource::deallocate`] if it can be done now under the same rules as
+    /// [`Resource::try_allocate`]; `None`: call `deallocate`.
+    #[inline]
+    fn try_deallocate(&self, _ptr: DevicePtr, _bytes: u64, _stream: Stream) -> Option<Result<()>> {
+        None
+    }
     /// Reserved and used bytes now (cheap: read on the allocation path).
     fn usage(&self) -> Result<Usage>;
     /// Gives the device back what it holds unused, keeping `keep_bytes` reserved. Called after

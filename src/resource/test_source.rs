@@ -55,6 +55,7 @@ impl Resource for TestSource {
             held: true,
             shareable: false,
             returns_before_growth: false,
+            fast_path: false,
         }
     }
 }

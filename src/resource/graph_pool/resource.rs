@@ -155,6 +155,7 @@ impl Resource for GraphPoolResource {
             held: true,
             shareable: false,
             returns_before_growth: false,
+            fast_path: false,
         }
     }
 }

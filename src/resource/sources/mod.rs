@@ -159,7 +159,7 @@ impl Sources {
     }
 
     /// What `id` is.
-    #[inline]
+    #[cfg(test)]
     pub fn traits(&self, id: SourceId) -> Result<Traits> {
         Ok(self.entry(id)?.traits)
     }
@@ -169,6 +169,25 @@ impl Sources {
     #[inline(always)]
     pub fn cacheable(&self, id: SourceId) -> bool {
         matches!(self.slots.get(id.0 as usize), Some(Some(entry)) if entry.traits.cacheable)
+    }
+
+    /// `id`'s resource, if it has a fast path ([`Traits::fast_path`]) and serves new blocks: to
+    /// call under the device lock, without taking it out of the table.
+    #[inline(always)]
+    pub fn fast_path(&self, id: SourceId) -> Option<&dyn Resource> {
+        match self.slots.get(id.0 as usize) {
+            Some(Some(e)) if e.traits.fast_path && !e.removed => Some(e.resource.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// A block of `id` was served on its fast path: it counts as held from it until
+    /// [`Sources::returned`].
+    #[inline(always)]
+    pub fn served(&mut self, id: SourceId) {
+        if let Some(Some(entry)) = self.slots.get_mut(id.0 as usize) {
+            entry.blocks += 1;
+        }
     }
 
     /// `id`'s resource, for a call outside the device lock.
@@ -198,8 +217,31 @@ impl Sources {
     }
 
     /// A block of `id` went back to it.
+    #[inline(always)]
     pub fn returned(&mut self, id: SourceId) {
-        self.block_left(id);
+        if let Some(Some(entry)) = self.slots.get_mut(id.0 as usize) {
+            entry.blocks = entry.blocks.saturating_sub(1);
+            if entry.removed {
+                self.block_left_removed(id);
+            }
+        }
+    }
+
+    /// True if `id`'s blocks are streampool's to hold ([`Traits::held`]; true for an id not in
+    /// the table, whose blocks are held until they can go back).
+    #[inline(always)]
+    pub fn held(&self, id: SourceId) -> bool {
+        match self.slots.get(id.0 as usize) {
+            Some(Some(entry)) => entry.traits.held,
+            _ => true,
+        }
+    }
+
+    /// A removed source's block went back: it leaves the table with its last one.
+    #[cold]
+    fn block_left_removed(&mut self, id: SourceId) {
+        // The caller holds the resource (it just called it): this drop is not the last.
+        drop(self.vacate_if_done(id));
     }
 
     fn block_left(&mut self, id: SourceId) {

@@ -7,7 +7,7 @@
 //! capturing stream; the teardown waits for the device before it unmaps anything.
 
 use super::live::Refused;
-use super::VmmResource;
+use super::{VmmResource, VmmState};
 use crate::driver::{DevicePtr, PoolUsage, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
@@ -32,6 +32,38 @@ impl Accessible for VmmResource {
     }
 }
 
+impl VmmResource {
+    /// [`Resource::deallocate`] under the resource's lock.
+    #[inline]
+    fn deallocate_locked(
+        &self,
+        st: &mut VmmState,
+        ptr: DevicePtr,
+        bytes: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        match st.live.remove(ptr.0, bytes) {
+            Ok(()) => {}
+            Err(Refused::Size(b)) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{ptr:#x} is a block of {b} B, not {bytes} B"
+                )));
+            }
+            Err(Refused::Unknown) => {
+                return Err(Error::UnknownPointer {
+                    ptr: ptr.0,
+                    device: self.device,
+                })
+            }
+        }
+        st.used_bytes -= bytes;
+        // Kept aside for the stream's next request of its size; the block freed before it goes
+        // back to its ranges.
+        self.put_slot(st, ptr.0, bytes, stream);
+        Ok(())
+    }
+}
+
 impl Resource for VmmResource {
     fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
         let mut st = self.lock_enabled()?;
@@ -51,25 +83,23 @@ impl Resource for VmmResource {
 
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
         let mut st = self.lock_enabled()?;
-        match st.live.remove(ptr.0, bytes) {
-            Ok(()) => {}
-            Err(Refused::Size(b)) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{ptr:#x} is a block of {b} B, not {bytes} B"
-                )));
-            }
-            Err(Refused::Unknown) => {
-                return Err(Error::UnknownPointer {
-                    ptr: ptr.0,
-                    device: self.device,
-                })
-            }
+        self.deallocate_locked(&mut st, ptr, bytes, stream)
+    }
+
+    #[inline]
+    fn try_allocate(&self, bytes: u64, stream: Stream) -> Option<DevicePtr> {
+        let mut st = self.try_lock_enabled()?;
+        if let Some(start) = self.take_slot(&mut st, bytes, stream) {
+            return Some(self.hand_out(&mut st, start, bytes));
         }
-        st.used_bytes -= bytes;
-        // Kept aside for the stream's next request of its size; the block freed before it goes
-        // back to its ranges.
-        self.put_slot(&mut st, ptr.0, bytes, stream);
-        Ok(())
+        let start = self.take_at_hand(&mut st, bytes, stream)?;
+        Some(self.hand_out(&mut st, start, bytes))
+    }
+
+    #[inline]
+    fn try_deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Option<Result<()>> {
+        let mut st = self.try_lock_enabled()?;
+        Some(self.deallocate_locked(&mut st, ptr, bytes, stream))
     }
 
     fn usage(&self) -> Result<Usage> {
@@ -95,6 +125,8 @@ impl Resource for VmmResource {
             held: true,
             shareable: false,
             returns_before_growth: false,
+            // A slot, a fit in a carrier or a mapped range: under the resource's lock if free.
+            fast_path: true,
         }
     }
 

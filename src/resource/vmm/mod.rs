@@ -487,6 +487,26 @@ impl VmmResource {
         }
     }
 
+    /// The resource's lock if it is free now and no panic poisoned it (the fast path: the caller
+    /// falls back to the calls that wait for it, and report a poisoned state).
+    #[inline(always)]
+    fn try_lock_enabled(&self) -> Option<crate::sync::MutexGuard<'_, VmmState>> {
+        let st = self.state.try_lock()?;
+        (!self.state.is_poisoned()).then_some(st)
+    }
+
+    /// A block of `bytes` that `stream` may use at once without a driver call: a fit in a
+    /// carrier or a whole free page for a new carrier (small), a mapped range (large).
+    #[inline]
+    fn take_at_hand(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Option<u64> {
+        if bytes <= self.small_max_bytes {
+            return self.carve_at_hand(st, bytes, stream);
+        }
+        let start = st.large.best_fit(bytes, stream)?;
+        st.large.take(start, bytes);
+        Some(start)
+    }
+
     /// Counts a page mapped or unmapped, and notes it on the timeline.
     fn count(&self, kind: Event, page: u64, st: &mut VmmState) {
         match kind {

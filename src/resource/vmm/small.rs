@@ -20,19 +20,32 @@ impl VmmResource {
     /// asks the GPU nothing), after updating the ranges, after a GPU-side wait, or in a carrier
     /// mapped now.
     pub(super) fn place_small(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<u64> {
-        if let Some(start) = st.small.best_fit(bytes, stream) {
-            st.small.take(start, bytes);
+        if let Some(start) = self.carve_at_hand(st, bytes, stream) {
             return Ok(start);
-        }
-        if let Some(page) = st.carriers.best_fit_page(stream) {
-            let state = st.carriers.take(page, self.page_bytes);
-            return Ok(self.carve(st, page, state, bytes));
         }
         if let Some(start) = self.take_free(st, true, bytes, stream) {
             return Ok(start);
         }
         let (page, state) = self.new_carrier(st, stream)?;
         Ok(self.carve(st, page, state, bytes))
+    }
+
+    /// A small block `stream` may use at once, without a driver call: a fit in a carrier, or a
+    /// mapped page made a carrier.
+    #[inline]
+    pub(super) fn carve_at_hand(
+        &self,
+        st: &mut VmmState,
+        bytes: u64,
+        stream: Stream,
+    ) -> Option<u64> {
+        if let Some(start) = st.small.best_fit(bytes, stream) {
+            st.small.take(start, bytes);
+            return Some(start);
+        }
+        let page = st.carriers.best_fit_page(stream)?;
+        let state = st.carriers.take(page, self.page_bytes);
+        Some(self.carve(st, page, state, bytes))
     }
 
     /// `page`, taken out of the carriers' region in `state`, becomes a carrier; its first
