@@ -280,4 +280,17 @@ pub trait VmmDriver {
         bytes: u64,
         devices: &[usize],
     ) -> Result<()>;
+    /// True if physical memory of `device` can be created exportable to a POSIX file descriptor
+    /// (`CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`).
+    fn mem_export_supported(&self, device: usize) -> Result<bool>;
+    /// [`VmmDriver::mem_create`] for memory that other processes can map: exportable to a POSIX
+    /// file descriptor ([`VmmDriver::mem_export_fd`]).
+    fn mem_create_exportable(&self, device: usize, bytes: u64) -> Result<MemHandle>;
+    /// A new file descriptor for an exportable `handle` (`cuMemExportToShareableHandle`); the
+    /// caller owns it.
+    fn mem_export_fd(&self, device: usize, handle: MemHandle) -> Result<i32>;
+    /// A handle to the physical memory another process exported as `fd`
+    /// (`cuMemImportFromShareableHandle`; the fd stays the caller's); released with
+    /// [`VmmDriver::mem_release`] once unmapped.
+    fn mem_import_fd(&self, device: usize, fd: i32) -> Result<MemHandle>;
 }

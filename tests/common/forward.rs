@@ -76,6 +76,18 @@ macro_rules! forward_to_sim {
             fn mem_release(&self, device: usize, handle: MemHandle) -> Result<()> {
                 self.sim.mem_release(device, handle)
             }
+            fn mem_export_supported(&self, device: usize) -> Result<bool> {
+                self.sim.mem_export_supported(device)
+            }
+            fn mem_create_exportable(&self, device: usize, bytes: u64) -> Result<MemHandle> {
+                self.sim.mem_create_exportable(device, bytes)
+            }
+            fn mem_export_fd(&self, device: usize, handle: MemHandle) -> Result<i32> {
+                self.sim.mem_export_fd(device, handle)
+            }
+            fn mem_import_fd(&self, device: usize, fd: i32) -> Result<MemHandle> {
+                self.sim.mem_import_fd(device, fd)
+            }
             fn mem_map(
                 &self,
                 device: usize,

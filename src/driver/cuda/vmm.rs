@@ -23,12 +23,23 @@ fn device_location(device: usize) -> sys::CUmemLocation {
     }
 }
 
-/// What `cuMemCreate` and the granularity query are asked for: device memory on `device`.
-fn allocation_prop(device: usize, rdma_capable: bool) -> sys::CUmemAllocationProp {
+const POSIX_FD: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
+/// What `cuMemCreate` and the granularity query are asked for: device memory on `device`,
+/// exportable to a POSIX file descriptor if asked.
+fn allocation_prop(
+    device: usize,
+    rdma_capable: bool,
+    exportable: bool,
+) -> sys::CUmemAllocationProp {
     // SAFETY: CUmemAllocationProp is plain data (a NULL pointer among it); zero is its default.
     let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    prop.requestedHandleTypes = match exportable {
+        true => POSIX_FD,
+        false => sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+    };
     prop.location = device_location(device);
     // Only where supported: other devices (integrated GPUs) refuse the flag.
     prop.allocFlags.gpuDirectRDMACapable = rdma_capable.into();
@@ -55,7 +66,7 @@ impl VmmDriver for CudaDriver {
     }
 
     fn vmm_granularity_bytes(&self, device: usize) -> Result<u64> {
-        let prop = allocation_prop(device, false);
+        let prop = allocation_prop(device, false, false);
         let mut granularity: usize = 0;
         // SAFETY: valid out-pointer and a fully initialised property struct.
         check("cuMemGetAllocationGranularity", unsafe {
@@ -95,23 +106,13 @@ impl VmmDriver for CudaDriver {
     }
 
     fn mem_create(&self, device: usize, bytes: u64) -> Result<MemHandle> {
-        let prop = allocation_prop(device, self.rdma_with_vmm(device)?);
-        let _scope = self.enter(device)?;
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        let bytes = size_t(bytes)?;
-        relaxed(|| {
-            // SAFETY: valid out-pointer; `bytes` is a multiple of the granularity (the caller's).
-            check("cuMemCreate", unsafe {
-                sys::cuMemCreate(&mut handle, bytes, &prop, 0)
-            })
-        })?;
-        Ok(MemHandle::from_raw(handle as usize))
+        self.create(device, bytes, false)
     }
 
     fn mem_release(&self, device: usize, handle: MemHandle) -> Result<()> {
         let _scope = self.enter(device)?;
         relaxed(|| {
-            // SAFETY: a handle from mem_create that is no longer mapped anywhere.
+            // SAFETY: a handle from mem_create (or an import) that is no longer mapped anywhere.
             check("cuMemRelease", unsafe {
                 sys::cuMemRelease(handle.raw() as sys::CUmemGenericAllocationHandle)
             })
@@ -167,5 +168,59 @@ impl VmmDriver for CudaDriver {
                 sys::cuMemSetAccess(at.0, bytes, descs.as_ptr(), descs.len())
             })
         })
+    }
+
+    fn mem_export_supported(&self, device: usize) -> Result<bool> {
+        let supported = self.device_attr(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+        )?;
+        Ok(supported != 0)
+    }
+
+    fn mem_create_exportable(&self, device: usize, bytes: u64) -> Result<MemHandle> {
+        self.create(device, bytes, true)
+    }
+
+    fn mem_export_fd(&self, device: usize, handle: MemHandle) -> Result<i32> {
+        let _scope = self.enter(device)?;
+        let mut fd: i32 = -1;
+        // SAFETY: for POSIX_FD the out-pointer is an int; the handle was created exportable.
+        check("cuMemExportToShareableHandle", unsafe {
+            sys::cuMemExportToShareableHandle(
+                &mut fd as *mut i32 as *mut _,
+                handle.raw() as sys::CUmemGenericAllocationHandle,
+                POSIX_FD,
+                0,
+            )
+        })?;
+        Ok(fd)
+    }
+
+    fn mem_import_fd(&self, device: usize, fd: i32) -> Result<MemHandle> {
+        let _scope = self.enter(device)?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: for POSIX_FD the handle argument is the descriptor itself, cast to a pointer.
+        check("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(&mut handle, fd as isize as *mut _, POSIX_FD)
+        })?;
+        Ok(MemHandle::from_raw(handle as usize))
+    }
+}
+
+impl CudaDriver {
+    /// `cuMemCreate` of `bytes` on `device`, exportable to a POSIX file descriptor if asked.
+    fn create(&self, device: usize, bytes: u64, exportable: bool) -> Result<MemHandle> {
+        let prop = allocation_prop(device, self.rdma_with_vmm(device)?, exportable);
+        let _scope = self.enter(device)?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        let bytes = size_t(bytes)?;
+        relaxed(|| {
+            // SAFETY: valid out-pointer; `bytes` is a multiple of the granularity (the caller's).
+            check("cuMemCreate", unsafe {
+                sys::cuMemCreate(&mut handle, bytes, &prop, 0)
+            })
+        })?;
+        Ok(MemHandle::from_raw(handle as usize))
     }
 }

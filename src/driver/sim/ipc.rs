@@ -11,7 +11,7 @@ use crate::driver::{
 };
 use crate::error::Result;
 
-fn inode(fd: i32) -> Option<u64> {
+pub(super) fn inode(fd: i32) -> Option<u64> {
     // SAFETY: fstat writes into a zeroed stat struct; a bad fd only returns -1.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_ino)

@@ -132,6 +132,8 @@ pub struct SimDriver {
     vmm_unsupported: Mutex<Vec<usize>>,
     /// inode of an exported pool's file descriptor -> (device, pool).
     exported_pools: Mutex<HashMap<u64, (usize, usize)>>,
+    /// inode of an exported handle's file descriptor -> (device, handle).
+    exported_handles: Mutex<HashMap<u64, (usize, usize)>>,
     /// The clock (`now_ms`): the monotonic clock, unless a test stopped it (`u64::MAX`: running),
     /// plus what tests moved it on by.
     clock_frozen_at_us: AtomicU64,
@@ -190,6 +192,7 @@ impl SimDriver {
             ipc_unsupported: Mutex::new(Vec::new()),
             vmm_unsupported: Mutex::new(Vec::new()),
             exported_pools: Mutex::new(HashMap::new()),
+            exported_handles: Mutex::new(HashMap::new()),
             clock_frozen_at_us: AtomicU64::new(u64::MAX),
             clock_offset_us: AtomicU64::new(0),
         }

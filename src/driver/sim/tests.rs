@@ -289,3 +289,58 @@ fn pools_that_apply_frees_at_sync_release_them_only_after_one() {
     assert_eq!(sim.pool_usage(0, pool).unwrap().reserved_bytes, 0);
     sim.pool_destroy(0, pool).unwrap();
 }
+
+/// An exportable handle's memory is mapped by an importer through a file descriptor (within one
+/// process here): the import is the same memory (stream-ordered like any alias), counts no new
+/// memory, and the memory lives until creator and importer both released it.
+#[test]
+fn an_exported_handle_is_imported_through_its_fd_and_lives_until_both_released() {
+    let sim = SimDriver::new(1, 64 << 20).strict();
+    assert!(sim.mem_export_supported(0).unwrap());
+    let plain = sim.mem_create(0, GRANULE_BYTES).unwrap();
+    assert!(
+        sim.mem_export_fd(0, plain).is_err(),
+        "not created exportable"
+    );
+    let h = sim.mem_create_exportable(0, GRANULE_BYTES).unwrap();
+    let fd = sim.mem_export_fd(0, h).unwrap();
+    let imported = sim.mem_import_fd(0, fd).unwrap();
+    // SAFETY: the fd was returned by mem_export_fd and is closed once.
+    unsafe { libc::close(fd) };
+    assert_eq!(
+        sim.physical_bytes(0),
+        2 * GRANULE_BYTES,
+        "the import adds nothing"
+    );
+    let base = sim.address_reserve(0, 2 * GRANULE_BYTES).unwrap();
+    let alias = base.offset(GRANULE_BYTES);
+    sim.mem_map(0, base, GRANULE_BYTES, h).unwrap();
+    sim.mem_map(0, alias, GRANULE_BYTES, imported).unwrap();
+    for at in [base, alias] {
+        sim.mem_set_access(0, at, GRANULE_BYTES, &[0]).unwrap();
+    }
+    sim.touch(0, 0, base, 512, Stream(1)).unwrap();
+    assert!(
+        sim.touch(0, 0, alias, 512, Stream(2)).is_err(),
+        "the same memory"
+    );
+    sim.complete_all();
+    sim.mem_unmap(0, base, GRANULE_BYTES).unwrap();
+    sim.mem_release(0, h).unwrap();
+    assert_eq!(
+        sim.physical_bytes(0),
+        2 * GRANULE_BYTES,
+        "alive while imported"
+    );
+    sim.touch(0, 0, alias, 512, Stream(2)).unwrap();
+    sim.complete_all();
+    sim.mem_unmap(0, alias, GRANULE_BYTES).unwrap();
+    sim.mem_release(0, imported).unwrap();
+    assert_eq!(
+        sim.physical_bytes(0),
+        GRANULE_BYTES,
+        "gone with its last reference"
+    );
+    sim.mem_release(0, plain).unwrap();
+    sim.address_free(0, base, 2 * GRANULE_BYTES).unwrap();
+}

@@ -32,11 +32,27 @@ struct Mapping {
     uses: Vec<(Stream, u64)>,
 }
 
+/// A physical handle: created here, or imported (another reference to a created one's memory).
+struct SimHandle {
+    bytes: u64,
+    /// Where this handle is mapped.
+    mapped_at: Vec<u64>,
+    exportable: bool,
+    /// The created handle whose memory this is (itself, if created here).
+    root: usize,
+    /// Of a created handle: released by its creator (its memory stays while imports do).
+    released: bool,
+    /// Of a created handle: imports not yet released.
+    imports: u32,
+    /// Of a created handle: where it and its imports are mapped.
+    group_mapped_at: Vec<u64>,
+}
+
 #[derive(Default)]
 pub(super) struct SimVmm {
     reservations: BTreeMap<u64, Reservation>,
-    /// Physical handles: id -> (bytes, the addresses it is mapped at).
-    handles: HashMap<usize, (u64, Vec<u64>)>,
+    /// Physical handles by id.
+    handles: HashMap<usize, SimHandle>,
     next_handle: usize,
     mappings: BTreeMap<u64, Mapping>,
 }
@@ -45,7 +61,64 @@ type Check = std::result::Result<(), String>;
 
 impl SimVmm {
     pub(super) fn physical_bytes(&self) -> u64 {
-        self.handles.values().map(|(bytes, _)| bytes).sum()
+        let created = self.handles.iter().filter(|(&id, h)| h.root == id);
+        created.map(|(_, h)| h.bytes).sum()
+    }
+
+    /// A new handle id of `bytes`: created here (`root` None) or importing `root`'s memory.
+    fn new_handle(&mut self, bytes: u64, exportable: bool, root: Option<usize>) -> usize {
+        let id = self.next_handle;
+        self.next_handle += 1;
+        if let Some(root) = root {
+            if let Some(r) = self.handles.get_mut(&root) {
+                r.imports += 1;
+            }
+        }
+        let handle = SimHandle {
+            bytes,
+            mapped_at: Vec::new(),
+            exportable,
+            root: root.unwrap_or(id),
+            released: false,
+            imports: 0,
+            group_mapped_at: Vec::new(),
+        };
+        self.handles.insert(id, handle);
+        id
+    }
+
+    /// Releases handle `id` (unmapped): an import goes at once; a created handle's memory once
+    /// its creator and every import released it.
+    fn release_handle(&mut self, id: usize) -> Check {
+        let root = match self.handles.get(&id) {
+            None => return Err(format!("handle {id} is not a live handle")),
+            Some(h) if !h.mapped_at.is_empty() => {
+                return Err(format!(
+                    "handle {id} is still mapped at {:#x}",
+                    h.mapped_at[0]
+                ))
+            }
+            Some(h) if h.root == id && h.released => {
+                return Err(format!("handle {id} was released already"))
+            }
+            Some(h) => h.root,
+        };
+        if root != id {
+            self.handles.remove(&id);
+            if let Some(r) = self.handles.get_mut(&root) {
+                r.imports = r.imports.saturating_sub(1);
+            }
+        } else if let Some(r) = self.handles.get_mut(&id) {
+            r.released = true;
+        }
+        if self
+            .handles
+            .get(&root)
+            .is_some_and(|r| r.released && r.imports == 0)
+        {
+            self.handles.remove(&root);
+        }
+        Ok(())
     }
 
     /// True if `ptr` lies in a reservation.
@@ -127,7 +200,11 @@ impl SimVmm {
             if at + m.bytes <= start {
                 continue;
             }
-            let aliases = self.handles.get(&m.handle).map_or(&[][..], |(_, at)| at);
+            let root = self.handles.get(&m.handle).map_or(m.handle, |h| h.root);
+            let aliases = self
+                .handles
+                .get(&root)
+                .map_or(&[][..], |h| &h.group_mapped_at);
             for &other in aliases.iter().filter(|&&a| a != at) {
                 let busy = self.mappings[&other]
                     .uses
@@ -269,41 +346,56 @@ impl VmmDriver for SimDriver {
     }
 
     fn mem_create(&self, device: usize, bytes: u64) -> Result<MemHandle> {
-        let call = "cuMemCreate";
-        self.take_fault(SimFault::MemCreate, call)?;
-        let mut d = self.device(device, call)?;
-        self.check_capture_mode(&d, call);
-        multiple_of_granule(bytes).map_err(|why| self.misuse(call, why))?;
-        let fits = d
-            .memory_in_use_bytes()
-            .checked_add(bytes)
-            .is_some_and(|total| total <= self.memory_bytes);
-        if !fits {
-            return Err(Self::out_of_memory(call));
+        self.create(device, bytes, false)
+    }
+
+    fn mem_export_supported(&self, device: usize) -> Result<bool> {
+        drop(self.device(device, "cuDeviceGetAttribute")?);
+        Ok(!self.ipc_unsupported.lock().contains(&device))
+    }
+
+    fn mem_create_exportable(&self, device: usize, bytes: u64) -> Result<MemHandle> {
+        if !self.mem_export_supported(device)? {
+            return Err(driver_error("cuMemCreate", 801, "CUDA_ERROR_NOT_SUPPORTED"));
         }
-        let id = d.vmm.next_handle;
-        d.vmm.next_handle += 1;
-        d.vmm.handles.insert(id, (bytes, Vec::new()));
-        d.note_in_use();
+        self.create(device, bytes, true)
+    }
+
+    fn mem_export_fd(&self, device: usize, handle: MemHandle) -> Result<i32> {
+        let call = "cuMemExportToShareableHandle";
+        let root = {
+            let d = self.device(device, call)?;
+            match d.vmm.handles.get(&handle.raw()) {
+                Some(h) if h.exportable => h.root,
+                _ => return Err(driver_error(call, 1, "CUDA_ERROR_INVALID_VALUE")),
+            }
+        };
+        // SAFETY: creates an anonymous file; its inode names the handle.
+        let fd = unsafe { libc::memfd_create(c"streampool-sim-page".as_ptr(), 0) };
+        let ino = super::ipc::inode(fd)
+            .ok_or_else(|| driver_error(call, 1, "CUDA_ERROR_INVALID_VALUE"))?;
+        self.exported_handles.lock().insert(ino, (device, root));
+        Ok(fd)
+    }
+
+    fn mem_import_fd(&self, device: usize, fd: i32) -> Result<MemHandle> {
+        let call = "cuMemImportFromShareableHandle";
+        let exported =
+            super::ipc::inode(fd).and_then(|ino| self.exported_handles.lock().get(&ino).copied());
+        let mut d = self.device(device, call)?;
+        let root = match exported {
+            Some((dev, root)) if dev == device && d.vmm.handles.contains_key(&root) => root,
+            _ => return Err(driver_error(call, 1, "CUDA_ERROR_INVALID_VALUE")),
+        };
+        let bytes = d.vmm.handles[&root].bytes;
+        let id = d.vmm.new_handle(bytes, true, Some(root));
         Ok(MemHandle::from_raw(id))
     }
 
     fn mem_release(&self, device: usize, handle: MemHandle) -> Result<()> {
-        self.vmm_call(
-            device,
-            Some(SimFault::MemRelease),
-            "cuMemRelease",
-            |d| match d.vmm.handles.get(&handle.raw()) {
-                None => Err(format!("{handle:?} is not a live handle")),
-                Some((_, at)) if !at.is_empty() => {
-                    Err(format!("{handle:?} is still mapped at {:#x}", at[0]))
-                }
-                Some(_) => {
-                    d.vmm.handles.remove(&handle.raw());
-                    Ok(())
-                }
-            },
-        )
+        self.vmm_call(device, Some(SimFault::MemRelease), "cuMemRelease", |d| {
+            d.vmm.release_handle(handle.raw())
+        })
     }
 
     fn mem_map(&self, device: usize, at: DevicePtr, bytes: u64, handle: MemHandle) -> Result<()> {
@@ -312,8 +404,11 @@ impl VmmDriver for SimDriver {
             let end = at.0.checked_add(bytes).ok_or("range overflows")?;
             match vmm.handles.get(&handle.raw()) {
                 None => return Err(format!("{handle:?} is not a live handle")),
-                Some((b, _)) if *b != bytes => {
-                    return Err(format!("{handle:?} is {b} bytes, not {bytes}"))
+                Some(h) if h.root == handle.raw() && h.released => {
+                    return Err(format!("{handle:?} was released"))
+                }
+                Some(h) if h.bytes != bytes => {
+                    return Err(format!("{handle:?} is {} bytes, not {bytes}", h.bytes))
                 }
                 Some(_) => {}
             }
@@ -325,8 +420,12 @@ impl VmmDriver for SimDriver {
             if before.is_some_and(|(&start, m)| start + m.bytes > at.0) {
                 return Err(format!("{at:#x}+{bytes} overlaps a mapping"));
             }
-            if let Some((_, mapped_at)) = vmm.handles.get_mut(&handle.raw()) {
-                mapped_at.push(at.0);
+            let root = vmm.handles[&handle.raw()].root;
+            if let Some(h) = vmm.handles.get_mut(&handle.raw()) {
+                h.mapped_at.push(at.0);
+            }
+            if let Some(r) = vmm.handles.get_mut(&root) {
+                r.group_mapped_at.push(at.0);
             }
             let mapping = Mapping {
                 bytes,
@@ -351,8 +450,12 @@ impl VmmDriver for SimDriver {
                 ));
             }
             let m = d.vmm.mappings.remove(&at.0).expect("checked above");
-            if let Some((_, mapped_at)) = d.vmm.handles.get_mut(&m.handle) {
-                mapped_at.retain(|&a| a != at.0);
+            let root = d.vmm.handles.get(&m.handle).map_or(m.handle, |h| h.root);
+            if let Some(h) = d.vmm.handles.get_mut(&m.handle) {
+                h.mapped_at.retain(|&a| a != at.0);
+            }
+            if let Some(r) = d.vmm.handles.get_mut(&root) {
+                r.group_mapped_at.retain(|&a| a != at.0);
             }
             Ok(())
         })
@@ -391,5 +494,26 @@ impl VmmDriver for SimDriver {
         // What a call costs grows with the handles it covers (H100: ~21 us each).
         self.count("cuMemSetAccess handles", covered);
         Ok(())
+    }
+}
+
+impl SimDriver {
+    /// `cuMemCreate` of `bytes` on `device`, exportable if asked.
+    fn create(&self, device: usize, bytes: u64, exportable: bool) -> Result<MemHandle> {
+        let call = "cuMemCreate";
+        self.take_fault(SimFault::MemCreate, call)?;
+        let mut d = self.device(device, call)?;
+        self.check_capture_mode(&d, call);
+        multiple_of_granule(bytes).map_err(|why| self.misuse(call, why))?;
+        let fits = d
+            .memory_in_use_bytes()
+            .checked_add(bytes)
+            .is_some_and(|total| total <= self.memory_bytes);
+        if !fits {
+            return Err(Self::out_of_memory(call));
+        }
+        let id = d.vmm.new_handle(bytes, exportable, None);
+        d.note_in_use();
+        Ok(MemHandle::from_raw(id))
     }
 }
