@@ -232,6 +232,34 @@ typedef struct StreampoolIpcHandle {
 } StreampoolIpcHandle;
 
 /**
+ * Everything but the file descriptors another process needs to map a block whose physical
+ * pages are exportable (the vmm backend: `streampool_ipc_export_pages`); the descriptors, one
+ * per page in address order, travel by the receiving side's means (SCM_RIGHTS).
+ */
+typedef struct StreampoolIpcPages {
+  /**
+   * `CUipcEventHandle` of an event recorded on the exporter's stream at export: the data is
+   * ready once it has completed.
+   */
+  uint8_t event_handle[64];
+  /**
+   * The exporter's own event, released with `streampool_ipc_release_export`.
+   */
+  uint64_t event;
+  uint64_t block_bytes;
+  /**
+   * Where the block starts in its first page.
+   */
+  uint64_t offset_bytes;
+  uint64_t page_bytes;
+  /**
+   * How many pages (and file descriptors) there are.
+   */
+  uint64_t page_count;
+  int32_t device;
+} StreampoolIpcPages;
+
+/**
  * One timeline entry, as copied out by `streampool_history`. The gauges are the device's values
  * right after the event: `allocated_bytes` as in the statistics, `held_bytes` taken from the pool
  * by streampool (live, cached and waiting blocks), `cached_bytes` in its cache, `reserved_bytes`
@@ -477,6 +505,48 @@ int streampool_ipc_import(uint64_t pool,
  * may free the block once this returns.
  */
 int streampool_ipc_close(void *ptr, void *stream);
+
+/**
+ * How the live block at `ptr` on `device` can be shared with another process: 0 not at all, 1
+ * through its pool (`streampool_ipc_export`), 2 page by page (`streampool_ipc_export_pages`);
+ * a negative status on an error (an unknown pointer, say).
+ */
+int streampool_ipc_kind(void *ptr, int device);
+
+/**
+ * Exports the live block at `ptr` on `device` page by page into `*out`, and one file
+ * descriptor per page, in address order, into `fds` (at most `max_fds`; they are the caller's
+ * to close once sent), with an event recorded on `stream` that importers wait for. Until every
+ * importer has closed it, keep the block allocated; then call
+ * `streampool_ipc_release_export(device, out->event)`. Too small a `max_fds` is an error whose
+ * message says how many are needed.
+ *
+ * # Safety
+ * `out` must be NULL or writable for one `StreampoolIpcPages`; `fds` NULL or writable for
+ * `max_fds` ints; `stream` a stream of `device` (or NULL).
+ */
+int streampool_ipc_export_pages(void *ptr,
+                                int device,
+                                void *stream,
+                                struct StreampoolIpcPages *out,
+                                int *fds,
+                                size_t max_fds);
+
+/**
+ * Maps the block `handle` describes from its page descriptors `fds` (`fd_count` of them, in
+ * address order; they stay the caller's to close) at addresses of this process, makes `stream`
+ * wait for the exporter's event, and writes the block's address to `*out`. Release it with
+ * `streampool_ipc_close`.
+ *
+ * # Safety
+ * `handle` must be NULL or point to a `StreampoolIpcPages`; `fds` NULL or readable for
+ * `fd_count` ints; `out` NULL or writable; `stream` a stream of the handle's device (or NULL).
+ */
+int streampool_ipc_import_pages(const struct StreampoolIpcPages *handle,
+                                const int *fds,
+                                size_t fd_count,
+                                void *stream,
+                                void **out);
 
 /**
  * Starts the memory timeline afresh (`enabled` != 0), keeping the newest `max_entries` (> 0)

@@ -287,6 +287,41 @@ impl Allocator {
         self.device(device)?.export(ptr, stream)
     }
 
+    /// How the live block at `ptr` on `device` can be shared with another process.
+    pub fn ipc_kind(&self, ptr: DevicePtr, device: i64) -> Result<ipc::IpcKind> {
+        self.device(device)?.ipc_kind(ptr)
+    }
+
+    /// Exports the live block at `ptr` on `device` page by page (the vmm backend), ready after
+    /// the work queued on `stream` so far: the handle, and one file descriptor per page (the
+    /// caller's to close).
+    pub fn ipc_export_pages(
+        &self,
+        ptr: DevicePtr,
+        device: i64,
+        stream: Stream,
+    ) -> Result<(ipc::StreampoolIpcPages, Vec<i32>)> {
+        self.device(device)?.export_pages(ptr, stream)
+    }
+
+    /// Maps a block another process exported page by page, from its page descriptors (which
+    /// stay the caller's).
+    pub fn ipc_import_pages(
+        &self,
+        handle: &ipc::StreampoolIpcPages,
+        fds: &[i32],
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        self.device(handle.device.into())?;
+        if let Some(&fd) = fds.iter().find(|&&fd| fd < 0) {
+            return Err(Error::InvalidArgument(format!(
+                "not a file descriptor: {fd}"
+            )));
+        }
+        self.imports
+            .import_pages(self.driver.as_ref(), handle, fds, stream)
+    }
+
     pub fn ipc_release_export(&self, device: i64, event: u64) -> Result<()> {
         self.device(device)?.release_export(event)
     }

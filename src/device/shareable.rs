@@ -3,13 +3,14 @@
 //!
 //! Invariants: a shareable block comes from the shareable pool — a source of the device's table,
 //! created on first use — never from the cache, and goes straight back to it; only a live block
-//! of a shareable source is exported; the shareable pool's bytes count against the memory limit
-//! like any other.
+//! of a shareable source is exported through its pool, and a live block of a source whose pages
+//! export (the vmm backend) through its pages; the shareable pool's bytes count against the
+//! memory limit like any other.
 
 use super::{DeviceAllocator, Request};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
-use crate::ipc::StreampoolIpcHandle;
+use crate::ipc::{IpcKind, StreampoolIpcHandle, StreampoolIpcPages};
 use crate::resource::{peer_target, Source};
 
 impl DeviceAllocator {
@@ -64,16 +65,7 @@ impl DeviceAllocator {
     /// What another process needs to map the live shareable block at `ptr`; see
     /// [`crate::ipc::export::Exporter`].
     pub fn export(&self, ptr: DevicePtr, stream: Stream) -> Result<StreampoolIpcHandle> {
-        let (block_bytes, source) = {
-            let st = self.state.lock();
-            let Some(b) = st.ledger.live(ptr) else {
-                return Err(Error::UnknownPointer {
-                    ptr: ptr.0,
-                    device: self.device,
-                });
-            };
-            (b.block_bytes, st.ledger.sources().get(b.source)?)
-        };
+        let (block_bytes, source) = self.live_block_source(ptr)?;
         if !source.traits().shareable {
             return Err(Error::InvalidArgument(format!(
                 "{ptr:#x} on device {} is not in a shareable pool: allocate it inside \
@@ -83,6 +75,45 @@ impl DeviceAllocator {
             )));
         }
         self.exporter.export(&*source, ptr, block_bytes, stream)
+    }
+
+    /// How the live block at `ptr` can be shared: through its pool, its pages, or not at all.
+    pub fn ipc_kind(&self, ptr: DevicePtr) -> Result<IpcKind> {
+        let (_, source) = self.live_block_source(ptr)?;
+        Ok(match source.traits().shareable {
+            true => IpcKind::Pool,
+            false if source.capabilities().page_export.is_some() => IpcKind::Pages,
+            false => IpcKind::None,
+        })
+    }
+
+    /// [`DeviceAllocator::export`] for a block whose pages export (the vmm backend).
+    pub fn export_pages(
+        &self,
+        ptr: DevicePtr,
+        stream: Stream,
+    ) -> Result<(StreampoolIpcPages, Vec<i32>)> {
+        let (block_bytes, source) = self.live_block_source(ptr)?;
+        if source.capabilities().page_export.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "{ptr:#x} on device {} is not in memory whose pages can be shared                  (the vmm backend's, on a device with POSIX file descriptor handles)",
+                self.device
+            )));
+        }
+        self.exporter
+            .export_pages(&*source, ptr, block_bytes, stream)
+    }
+
+    /// The block bytes and source of the live block at `ptr`.
+    fn live_block_source(&self, ptr: DevicePtr) -> Result<(u64, Source)> {
+        let st = self.state.lock();
+        let Some(b) = st.ledger.live(ptr) else {
+            return Err(Error::UnknownPointer {
+                ptr: ptr.0,
+                device: self.device,
+            });
+        };
+        Ok((b.block_bytes, st.ledger.sources().get(b.source)?))
     }
 
     pub fn release_export(&self, event: u64) -> Result<()> {

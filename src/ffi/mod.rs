@@ -6,6 +6,7 @@
 //! NULL plus `streampool_last_error()`.
 
 mod ipc;
+mod ipc_pages;
 mod timeline;
 mod torch;
 

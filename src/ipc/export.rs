@@ -6,7 +6,7 @@
 //! when the exporter is dropped; only events this exporter recorded, and not yet released, are
 //! destroyed on release. The caller (the device) decides whether a block may be exported.
 
-use super::StreampoolIpcHandle;
+use super::{StreampoolIpcHandle, StreampoolIpcPages};
 use crate::driver::{DevicePtr, Driver, EventHandle, Stream};
 use crate::error::{Error, Result};
 use crate::fasthash::WordMap;
@@ -70,6 +70,49 @@ impl Exporter {
             pool_fd,
             device: self.device as i32,
         })
+    }
+
+    /// The handle and the page file descriptors (the caller's) of the live block at `ptr` (of
+    /// `block_bytes`) of a resource whose pages export, with an event recorded on `stream`.
+    pub fn export_pages(
+        &self,
+        resource: &dyn Resource,
+        ptr: DevicePtr,
+        block_bytes: u64,
+        stream: Stream,
+    ) -> Result<(StreampoolIpcPages, Vec<i32>)> {
+        let export = resource.capabilities().page_export.ok_or_else(|| {
+            Error::Internal(format!(
+                "the {} of device {} does not export pages",
+                resource.traits().label,
+                self.device
+            ))
+        })?;
+        let pages = export.export_pages(ptr, block_bytes)?;
+        let close_all = |fds: &[i32]| {
+            for &fd in fds {
+                // SAFETY: descriptors just made for this export, seen by nobody else.
+                unsafe { libc::close(fd) };
+            }
+        };
+        let (event, event_handle) = match self.driver.ipc_event_record(self.device, stream) {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                close_all(&pages.fds);
+                return Err(e);
+            }
+        };
+        self.events.lock().insert(event.raw() as u64, ());
+        let handle = StreampoolIpcPages {
+            event_handle,
+            event: event.raw() as u64,
+            block_bytes,
+            offset_bytes: pages.offset_bytes,
+            page_bytes: pages.page_bytes,
+            page_count: pages.fds.len() as u64,
+            device: self.device as i32,
+        };
+        Ok((handle, pages.fds))
     }
 
     /// Releases the event of an export once every importer has closed it; an event this device

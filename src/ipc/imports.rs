@@ -1,11 +1,13 @@
-//! The importing side of sharing: pools and blocks this process imported from others.
+//! The importing side of sharing: pools and blocks this process imported from others, through
+//! their pools or page by page ([`super::page_imports`]).
 //!
 //! Invariants: an imported pointer is known until closed, and a block imported twice is mapped
 //! once and counted; closing the last import frees it and waits for the device before returning,
 //! so the exporter may free the block once every importer has closed; only pools imported by
 //! [`Imports::import_pool`] are used to import blocks.
 
-use super::StreampoolIpcHandle;
+use super::page_imports::PageImports;
+use super::{StreampoolIpcHandle, StreampoolIpcPages};
 use crate::driver::{DevicePtr, Driver, IpcBytes, PoolHandle, Stream};
 use crate::error::{Error, Result};
 use crate::resource::Accessible;
@@ -38,6 +40,8 @@ pub struct Imports {
     /// Imported pointer -> (device, its export data, imports not yet closed). A block imported
     /// again is mapped once and counted: closing one import must not unmap the others.
     pointers: Mutex<HashMap<DevicePtr, (usize, IpcBytes, u32)>>,
+    /// Blocks imported page by page.
+    pages: PageImports,
 }
 
 impl Imports {
@@ -104,9 +108,24 @@ impl Imports {
         Ok(ptr)
     }
 
+    /// Maps a block another process exported page by page (its page descriptors `fds` stay the
+    /// caller's), and makes `stream` wait until the exporter's work on it is done.
+    pub fn import_pages(
+        &self,
+        driver: &dyn Driver,
+        handle: &StreampoolIpcPages,
+        fds: &[i32],
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        self.pages.import(driver, handle, fds, stream)
+    }
+
     /// Releases an import: frees it on `stream` and waits for the device (work on other streams
     /// may still read the block), so the exporter may free the block as soon as this returns.
     pub fn close(&self, driver: &dyn Driver, ptr: DevicePtr, stream: Stream) -> Result<()> {
+        if let Some(closed) = self.pages.close(driver, ptr, stream) {
+            return closed;
+        }
         let (device, data, last) = {
             let mut pointers = self.pointers.lock();
             let (device, data, count) = pointers.get_mut(&ptr).ok_or(Error::UnknownPointer {
@@ -132,10 +151,12 @@ impl Imports {
     }
 
     pub fn open_count(&self) -> usize {
-        self.pointers
+        let pooled: usize = self
+            .pointers
             .lock()
             .values()
             .map(|(_, _, n)| *n as usize)
-            .sum()
+            .sum();
+        pooled + self.pages.open_count()
     }
 }

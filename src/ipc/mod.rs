@@ -9,6 +9,7 @@
 
 pub mod export;
 pub mod imports;
+mod page_imports;
 
 use crate::error::{Error, Result};
 use std::cell::Cell;
@@ -111,4 +112,35 @@ pub struct StreampoolIpcHandle {
     /// The exporting pool's file descriptor, valid in the exporting process.
     pub pool_fd: i32,
     pub device: i32,
+}
+
+/// Everything but the file descriptors another process needs to map a block whose physical
+/// pages are exportable (the vmm backend: `streampool_ipc_export_pages`); the descriptors, one
+/// per page in address order, travel by the receiving side's means (SCM_RIGHTS).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreampoolIpcPages {
+    /// `CUipcEventHandle` of an event recorded on the exporter's stream at export: the data is
+    /// ready once it has completed.
+    pub event_handle: [u8; 64],
+    /// The exporter's own event, released with `streampool_ipc_release_export`.
+    pub event: u64,
+    pub block_bytes: u64,
+    /// Where the block starts in its first page.
+    pub offset_bytes: u64,
+    pub page_bytes: u64,
+    /// How many pages (and file descriptors) there are.
+    pub page_count: u64,
+    pub device: i32,
+}
+
+/// How a live block can be shared with another process (`streampool_ipc_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpcKind {
+    /// It cannot (an ordinary pool's block).
+    None = 0,
+    /// Through its shareable pool (`streampool_ipc_export`).
+    Pool = 1,
+    /// Through its physical pages (`streampool_ipc_export_pages`).
+    Pages = 2,
 }

@@ -132,6 +132,8 @@ pub struct Capabilities<'a> {
     pub capture_notice: Option<&'a dyn CaptureNotice>,
     /// Its blocks can be exported to other processes.
     pub export: Option<&'a dyn Export>,
+    /// Its blocks' physical pages can be exported to other processes, page by page.
+    pub page_export: Option<&'a dyn PageExport>,
 }
 
 /// See [`Capabilities::release_threshold`].
@@ -173,6 +175,24 @@ pub trait CaptureNotice {
 pub trait Export {
     /// The CUDA pool behind it, which other processes import.
     fn pool_handle(&self) -> PoolHandle;
+}
+
+/// See [`Capabilities::page_export`].
+pub trait PageExport {
+    /// File descriptors of the physical pages under the live block `[ptr, ptr + bytes)`, one per
+    /// page in address order (the caller's to close), with where the block starts in the first.
+    /// An error, and no descriptor left open, if the block is not live or a page cannot export.
+    fn export_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<ExportedPages>;
+}
+
+/// What [`PageExport::export_pages`] gives.
+#[derive(Debug)]
+pub struct ExportedPages {
+    /// One per page, in address order; the caller's to close.
+    pub fds: Vec<i32>,
+    pub page_bytes: u64,
+    /// Where the block starts in its first page.
+    pub offset_bytes: u64,
 }
 
 /// Lets `resource`'s memory be granted to other devices, if it can be.

@@ -2,7 +2,9 @@
  * every function the header declares is called here). Exit 0 = all good. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "../../include/streampool.h"
 
 #define CHECK(cond) do { if (!(cond)) { fprintf(stderr, "FAIL %s:%d %s (last error: %s)\n", __FILE__, __LINE__, #cond, streampool_last_error()); return 1; } } while (0)
@@ -110,6 +112,40 @@ static int sharing(void *stream) {
   return 0;
 }
 
+/* Page by page: a block of the vmm backend (the program runs again with STREAMPOOL_BACKEND=vmm)
+   is exported as one file descriptor per page and imported at new addresses; on the pool
+   backend its blocks say they cannot be. */
+static int page_sharing(void *stream) {
+  void *block = streampool_malloc(3 << 20, 1, stream);
+  CHECK(block != NULL);
+  int kind = streampool_ipc_kind(block, 1);
+  const char *backend = getenv("STREAMPOOL_BACKEND");
+  CHECK(kind == (backend != NULL && strcmp(backend, "vmm") == 0 ? 2 : 0));
+  StreampoolIpcPages pages;
+  int fds[8];
+  void *imported = NULL;
+  if (kind == 0) {
+    CHECK(streampool_ipc_export_pages(block, 1, stream, &pages, fds, 8) == INVALID);
+  } else {
+    CHECK(kind == 2);
+    CHECK(streampool_ipc_export_pages(block, 1, stream, &pages, fds, 1) == INVALID);
+    CHECK(strstr(streampool_last_error(), "fds needs room for") != NULL);
+    CHECK(streampool_ipc_export_pages(block, 1, stream, &pages, NULL, 8) == INVALID);
+    CHECK(streampool_ipc_export_pages(block, 1, stream, &pages, fds, 8) == OK);
+    CHECK(pages.page_count >= 2 && pages.block_bytes == (3 << 20) && pages.device == 1);
+    CHECK(streampool_ipc_import_pages(&pages, fds, 1, stream, &imported) == INVALID);
+    CHECK(streampool_ipc_import_pages(&pages, fds, pages.page_count, stream, &imported) == OK);
+    CHECK(imported != NULL && imported != block);
+    for (uint64_t i = 0; i < pages.page_count; i++) close(fds[i]);
+    CHECK(streampool_ipc_close(imported, stream) == OK);
+    CHECK(streampool_ipc_release_export(1, pages.event) == OK);
+  }
+  CHECK(streampool_ipc_kind((void *)0x1234, 1) == STREAMPOOL_STATUS_UNKNOWN_POINTER);
+  CHECK(streampool_ipc_import_pages(NULL, fds, 1, stream, &imported) == INVALID);
+  CHECK(streampool_free(block, 3 << 20, 1, stream) == OK);
+  return 0;
+}
+
 /* PyTorch's memory pools (torch.cuda.graph, MemPool) through the hooks PyTorch calls, on
    device 1: a route without a filter claims every allocation of the device. */
 static int memory_pools(void *stream) {
@@ -207,6 +243,7 @@ int main(void) {
   CHECK(streampool_enable_peer_access(0) == OK);
   CHECK(streampool_enable_peer_access(7) == INVALID);
   if (sharing(stream)) return 1;
+  if (page_sharing(stream)) return 1;
   uint64_t bytes = 0;
   CHECK(streampool_parse_bytes("50%", 0, &bytes) == OK && bytes == (8ull << 30));
   CHECK(streampool_parse_bytes("12XB", 0, &bytes) == INVALID);

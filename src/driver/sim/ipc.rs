@@ -114,12 +114,14 @@ impl IpcDriver for SimDriver {
         Ok((event, handle))
     }
 
-    fn ipc_event_wait(&self, device: usize, _stream: Stream, handle: &IpcBytes) -> Result<()> {
+    fn ipc_event_wait(&self, device: usize, stream: Stream, handle: &IpcBytes) -> Result<()> {
         let call = "cuIpcOpenEventHandle";
-        let d = self.device(device, call)?;
-        match d.events.contains_key(&(word(handle, 0) as usize)) {
-            true => Ok(()),
-            false => Err(driver_error(call, 400, "CUDA_ERROR_INVALID_HANDLE")),
+        let event = word(handle, 0) as usize;
+        if !self.device(device, call)?.events.contains_key(&event) {
+            return Err(driver_error(call, 400, "CUDA_ERROR_INVALID_HANDLE"));
         }
+        // The importer's stream waits for the exporter's work (one process here: the event is
+        // the exporter's own).
+        self.stream_wait_event(device, stream, EventHandle::from_raw(event))
     }
 }

@@ -11,8 +11,8 @@ use super::{VmmResource, VmmState};
 use crate::driver::{DevicePtr, PoolUsage, Stream};
 use crate::error::{Error, Result};
 use crate::resource::{
-    Accessible, Capabilities, CaptureNotice, DriverCounts, ReleaseThreshold, Resource, Statistics,
-    Tending, Traits, Usage,
+    Accessible, Capabilities, CaptureNotice, DriverCounts, PageExport, ReleaseThreshold, Resource,
+    Statistics, Tending, Traits, Usage,
 };
 use std::sync::atomic::Ordering;
 
@@ -138,6 +138,7 @@ impl Resource for VmmResource {
             peer_access: Some(self),
             capture_notice: Some(self),
             export: None,
+            page_export: self.exportable.then_some(self as &dyn PageExport),
         }
     }
 }

@@ -31,6 +31,14 @@ impl Live {
         }
     }
 
+    /// True if `[start, start + bytes)` is a live block.
+    pub fn contains(&self, start: u64, bytes: u64) -> bool {
+        match self.last {
+            Some((s, b)) if s == start => b == bytes,
+            _ => self.blocks.get(&start) == Some(&bytes),
+        }
+    }
+
     /// The live block at `start`, of `bytes`, is freed.
     #[inline]
     pub fn remove(&mut self, start: u64, bytes: u64) -> Result<(), Refused> {

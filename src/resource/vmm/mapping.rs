@@ -280,7 +280,13 @@ impl VmmResource {
         }
         let budget = self.budget(st, growth, left);
         if budget.pages > 0 {
-            match self.driver.mem_create(self.device, self.page_bytes) {
+            let created = match self.exportable {
+                true => self
+                    .driver
+                    .mem_create_exportable(self.device, self.page_bytes),
+                false => self.driver.mem_create(self.device, self.page_bytes),
+            };
+            match created {
                 Ok(handle) => {
                     st.counts.creates += 1;
                     st.physical_high_bytes = st

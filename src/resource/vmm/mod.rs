@@ -36,6 +36,7 @@
 //! capturing; the resource's lock is held across
 //! map and unmap calls, never while the device lock is.
 
+mod export;
 mod growth;
 mod interface;
 mod lending;
@@ -79,6 +80,9 @@ pub struct VmmResource {
     cold_after_ms: u64,
     growth_slack_percent: Option<u64>,
     headroom_bytes: u64,
+    /// Its pages are created exportable to POSIX file descriptors (where the device can), so
+    /// that any block can be shared with another process ([`export`]).
+    exportable: bool,
     /// The device's memory limit (`set_per_process_memory_fraction`), shared with the device.
     limit_bytes: Arc<AtomicU64>,
     recorder: Arc<Recorder>,
@@ -206,6 +210,7 @@ impl VmmResource {
             cold_after_ms: settings.cold_after_ms,
             growth_slack_percent: settings.growth_slack_percent,
             headroom_bytes: settings.headroom_bytes,
+            exportable: driver.mem_export_supported(device).unwrap_or(false),
             limit_bytes,
             recorder,
             state: Mutex::new(VmmState {

@@ -1,0 +1,81 @@
+//! Sharing a live block with another process, page by page: the file descriptors of the
+//! physical pages under it (every page is created exportable where the device can).
+//!
+//! Invariants: only a live block's pages are exported, and the block's pages stay its own while
+//! it is live (a page under a live block is never idle, so never moved or released); the
+//! descriptors are made outside the resource's lock, so an export never holds up a free; on a
+//! failure no descriptor is left open.
+
+use super::VmmResource;
+use crate::driver::{DevicePtr, MemHandle};
+use crate::error::{Error, Result};
+use crate::resource::{ExportedPages, PageExport};
+
+impl PageExport for VmmResource {
+    fn export_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<ExportedPages> {
+        let (handles, offset_bytes) = self.pages_under(ptr, bytes)?;
+        let mut fds = Vec::with_capacity(handles.len());
+        for handle in handles {
+            match self.driver.mem_export_fd(self.device, handle) {
+                Ok(fd) => fds.push(fd),
+                Err(e) => {
+                    for fd in fds {
+                        // SAFETY: descriptors this call made and nobody else has seen.
+                        unsafe { libc::close(fd) };
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(ExportedPages {
+            fds,
+            page_bytes: self.page_bytes,
+            offset_bytes,
+        })
+    }
+}
+
+impl VmmResource {
+    /// The handles of the pages under the live block `[ptr, ptr + bytes)`, in address order,
+    /// with where the block starts in the first.
+    fn pages_under(&self, ptr: DevicePtr, bytes: u64) -> Result<(Vec<MemHandle>, u64)> {
+        if !self.exportable {
+            return Err(Error::InvalidArgument(format!(
+                "device {}'s memory cannot be shared with other processes: it has no POSIX file \
+                 descriptor handles (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)",
+                self.device
+            )));
+        }
+        let st = self.lock_enabled()?;
+        if !st.live.contains(ptr.0, bytes) {
+            return Err(Error::UnknownPointer {
+                ptr: ptr.0,
+                device: self.device,
+            });
+        }
+        let first = st.pages.range(..=ptr.0).next_back().map(|(&p, _)| p);
+        let first = first
+            .filter(|&p| p + self.page_bytes > ptr.0)
+            .ok_or_else(|| {
+                Error::Internal(format!("the live block {ptr:#x} has no page under it"))
+            })?;
+        let end = ptr.0 + bytes;
+        let mut handles = Vec::new();
+        let mut next = first;
+        for (&page, p) in st.pages.range(first..end) {
+            if page != next {
+                return Err(Error::Internal(format!(
+                    "the live block {ptr:#x} has no page at {next:#x}"
+                )));
+            }
+            handles.push(p.handle);
+            next = page + self.page_bytes;
+        }
+        if next < end {
+            return Err(Error::Internal(format!(
+                "the live block {ptr:#x} has no page at {next:#x}"
+            )));
+        }
+        Ok((handles, ptr.0 - first))
+    }
+}

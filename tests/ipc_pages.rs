@@ -1,0 +1,146 @@
+//! Sharing a block of the vmm backend page by page, on the simulated driver: in one process the
+//! exporter and the importer are the same allocator; the importer maps the block's physical pages
+//! at addresses of its own, and the strict simulator checks that both sides touch the same memory
+//! only in stream order (the importer's stream waits for the exporter's event).
+
+mod common;
+use common::*;
+use streampool::config::Backend;
+use streampool::ipc::IpcKind;
+use streampool::Config;
+
+fn vmm_rig() -> Rig {
+    let config = Config {
+        backend: Backend::Vmm,
+        ..base_config()
+    };
+    rig_with(1, 256 * MIB, config)
+}
+
+fn close_fds(fds: &[i32]) {
+    for &fd in fds {
+        // SAFETY: descriptors the export handed to the test, closed once.
+        unsafe { libc::close(fd) };
+    }
+}
+
+#[test]
+fn a_block_of_the_vmm_backend_round_trips_through_its_pages() {
+    let r = vmm_rig();
+    let ptr = r.malloc(5 * MIB, 0, 1);
+    r.sim.touch(0, 0, ptr, 5 * MIB, s(1)).unwrap(); // the exporter writes it
+    assert_eq!(r.alloc.ipc_kind(ptr, 0).unwrap(), IpcKind::Pages);
+    let (handle, fds) = r.alloc.ipc_export_pages(ptr, 0, s(1)).unwrap();
+    assert_eq!((handle.block_bytes, handle.page_count), (5 * MIB, 3));
+    assert_eq!(fds.len(), 3);
+    let imported = r.alloc.ipc_import_pages(&handle, &fds, s(9)).unwrap();
+    close_fds(&fds);
+    assert_ne!(imported, ptr, "mapped at addresses of the importer's own");
+    // The importer's stream waited for the exporter's work: it may touch the memory now.
+    r.sim.touch(0, 0, imported, 5 * MIB, s(9)).unwrap();
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        6 * MIB,
+        "the same pages, nothing new"
+    );
+    assert_eq!(r.alloc.ipc_open_imports(), 1);
+    r.alloc.ipc_close(imported, s(9)).unwrap();
+    assert_eq!(r.alloc.ipc_open_imports(), 0);
+    assert!(r.alloc.ipc_close(imported, s(9)).is_err(), "closed twice");
+    r.alloc.ipc_release_export(0, handle.event).unwrap();
+    r.free(ptr, 0);
+    r.finish();
+}
+
+#[test]
+fn without_the_import_waiting_the_simulator_refuses_the_touch() {
+    // The check the round trip relies on: touching the pages from another stream before the
+    // exporter's work is done is refused.
+    let r = vmm_rig();
+    let ptr = r.malloc(2 * MIB, 0, 1);
+    r.sim.touch(0, 0, ptr, 2 * MIB, s(1)).unwrap();
+    let (handle, fds) = r.alloc.ipc_export_pages(ptr, 0, s(1)).unwrap();
+    let imported = r.alloc.ipc_import_pages(&handle, &fds, s(9)).unwrap();
+    close_fds(&fds);
+    assert!(
+        r.sim.touch(0, 0, imported, 2 * MIB, s(8)).is_err(),
+        "stream 8 did not wait"
+    );
+    r.sim.complete_all();
+    r.alloc.ipc_close(imported, s(9)).unwrap();
+    r.alloc.ipc_release_export(0, handle.event).unwrap();
+    r.free(ptr, 0);
+    r.finish();
+}
+
+#[test]
+fn blocks_that_cannot_be_shared_page_by_page_say_so() {
+    let r = pool_rig(64 * MIB);
+    let ptr = r.malloc(MIB, 0, 1);
+    assert_eq!(r.alloc.ipc_kind(ptr, 0).unwrap(), IpcKind::None);
+    let e = r
+        .alloc
+        .ipc_export_pages(ptr, 0, s(1))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pages can be shared"), "{e}");
+    r.free(ptr, 0);
+    assert!(r.alloc.ipc_kind(ptr, 0).is_err(), "no longer live");
+    r.finish();
+
+    let sim = std::sync::Arc::new(streampool::driver::sim::SimDriver::new(1, 64 * MIB).strict());
+    sim.set_ipc_unsupported(0);
+    let driver = sim.clone() as std::sync::Arc<dyn streampool::driver::Driver>;
+    let config = Config {
+        backend: Backend::Vmm,
+        ..base_config()
+    };
+    let alloc = streampool::Allocator::new(driver, config).unwrap();
+    let ptr = alloc.malloc(MIB, 0, s(1)).unwrap();
+    assert_eq!(
+        alloc.ipc_kind(ptr, 0).unwrap(),
+        IpcKind::None,
+        "no POSIX fd handles"
+    );
+    alloc.free(ptr, 0).unwrap();
+}
+
+#[test]
+fn bad_page_imports_are_refused_and_leave_nothing_behind() {
+    let r = vmm_rig();
+    let ptr = r.malloc(3 * MIB, 0, 1);
+    let (handle, fds) = r.alloc.ipc_export_pages(ptr, 0, s(1)).unwrap();
+    let physical = r.sim.physical_bytes(0);
+    let mappings = r.sim.mappings(0).len();
+    let bad = |h: streampool::ipc::StreampoolIpcPages, fds: &[i32], what: &str| {
+        let e = r.alloc.ipc_import_pages(&h, fds, s(9)).unwrap_err();
+        assert!(!e.to_string().is_empty(), "{what}");
+    };
+    bad(handle, &fds[..1], "too few descriptors");
+    bad(handle, &[-1, -1], "not descriptors");
+    bad(
+        handle,
+        &[fds[0], fds[0], fds[0]],
+        "more descriptors than pages",
+    );
+    let mut h = handle;
+    h.offset_bytes = h.page_bytes;
+    bad(h, &fds, "an offset past the first page");
+    let mut h = handle;
+    h.block_bytes = u64::MAX;
+    bad(h, &fds, "a block larger than its pages");
+    let mut h = handle;
+    h.device = 7;
+    bad(h, &fds, "no such device");
+    assert_eq!(r.alloc.ipc_open_imports(), 0);
+    assert_eq!(r.sim.physical_bytes(0), physical);
+    assert_eq!(
+        r.sim.mappings(0).len(),
+        mappings,
+        "no mapping left by a refused import"
+    );
+    close_fds(&fds);
+    r.alloc.ipc_release_export(0, handle.event).unwrap();
+    r.free(ptr, 0);
+    r.finish();
+}
