@@ -104,6 +104,21 @@ class StreampoolIpcHandle(ctypes.Structure):
     ]
 
 
+class StreampoolIpcPages(ctypes.Structure):
+    """``struct StreampoolIpcPages``: what another process needs, besides one file descriptor per
+    page, to map a block of the vmm backend."""
+
+    _fields_ = [
+        ("event_handle", ctypes.c_uint8 * 64),
+        ("event", ctypes.c_uint64),
+        ("block_bytes", ctypes.c_uint64),
+        ("offset_bytes", ctypes.c_uint64),
+        ("page_bytes", ctypes.c_uint64),
+        ("page_count", ctypes.c_uint64),
+        ("device", ctypes.c_int32),
+    ]
+
+
 # enum StreampoolEventKind / StreampoolBlockState values -> names used in Python.
 EVENT_KINDS = {
     1: "alloc",
@@ -166,6 +181,28 @@ _SIGNATURES = {
         [_c_uint64, ctypes.POINTER(StreampoolIpcHandle), _c_void_p, ctypes.POINTER(_c_void_p)],
     ),
     "streampool_ipc_close": (_c_int, [_c_void_p, _c_void_p]),
+    "streampool_ipc_kind": (_c_int, [_c_void_p, _c_int]),
+    "streampool_ipc_export_pages": (
+        _c_int,
+        [
+            _c_void_p,
+            _c_int,
+            _c_void_p,
+            ctypes.POINTER(StreampoolIpcPages),
+            ctypes.POINTER(_c_int),
+            ctypes.c_size_t,
+        ],
+    ),
+    "streampool_ipc_import_pages": (
+        _c_int,
+        [
+            ctypes.POINTER(StreampoolIpcPages),
+            ctypes.POINTER(_c_int),
+            ctypes.c_size_t,
+            _c_void_p,
+            ctypes.POINTER(_c_void_p),
+        ],
+    ),
     "streampool_blocks": (
         _c_int,
         [_c_int, ctypes.POINTER(StreampoolBlock), ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)],

@@ -1,4 +1,5 @@
-"""Sharing CUDA tensors between processes through streampool's shareable pools.
+"""Sharing CUDA tensors between processes: through streampool's shareable pools, or, on the vmm
+backend, page by page (any tensor: every page is exportable where the device allows).
 
 The exporting process keeps each shared block alive until every process that received it has
 released it. Each handle it sends gets one byte in a file under /dev/shm that only the receiver
@@ -6,8 +7,9 @@ writes (1 = released), so no lock is needed; ``ipc_collect()`` (also run by ever
 lets go of blocks whose bytes are all 1. A receiver releases its import (freeing it, waiting
 for its device) when its tensor is freed, or at exit at the latest.
 
-The pool's file descriptor travels the way ``multiprocessing`` passes descriptors
-(``multiprocessing.reduction.DupFd``); the rest of a handle is bytes.
+The pool's file descriptor, or the pages' descriptors, travel the way ``multiprocessing`` passes
+descriptors (``multiprocessing.reduction.DupFd``); the rest of a handle is bytes. An exporter
+keeps a block's page descriptors until every receiver has released it.
 """
 
 import atexit
@@ -123,9 +125,12 @@ class BlockHandle:
     receiver has released it."""
 
     def __init__(self, raw: bytes, key: Tuple[str, int], fd: int, slot: Optional[Tuple[str, int]], nbytes: int,
-                 owned_fd: bool = False, sent_key: Optional[Tuple[int, int]] = None):
+                 owned_fd: bool = False, sent_key: Optional[Tuple[int, int]] = None,
+                 page_fds: Optional[List[int]] = None):
         self.raw, self.key, self.fd, self.slot, self.nbytes = raw, key, fd, slot, nbytes
         self.owned_fd, self.sent_key = owned_fd, sent_key
+        # A block shared page by page: one descriptor per page (``raw`` is a StreampoolIpcPages).
+        self.page_fds = page_fds
 
     @property
     def device(self) -> int:
@@ -135,6 +140,9 @@ class BlockHandle:
         if self.sent_key is None:
             raise RuntimeError("a received streampool handle cannot be sent on: send from the process that shared it")
         slot = _add_receiver(self.sent_key)
+        if self.page_fds is not None:
+            dups = [_dup_fd(fd) for fd in self.page_fds]
+            return (_rebuild_page_handle, (self.raw, self.key, dups, slot, self.nbytes))
         return (_rebuild_block_handle, (self.raw, self.key, _dup_fd(self.fd), slot, self.nbytes))
 
 
@@ -151,11 +159,20 @@ def _dup_fd(fd: int) -> Any:
     return passed[fd]
 
 
-def _rebuild_block_handle(raw: bytes, key: Tuple[str, int], dup: Any, slot: Tuple[str, int], nbytes: int) -> BlockHandle:
+def _received_fd(dup: Any) -> int:
+    """The descriptor ``dup`` brought, this handle's own."""
     fd = dup.detach()
     if not isinstance(dup, resource_sharer.DupFd):
         fd = os.dup(fd)  # inherited at spawn and shared by every handle that came with it
-    return BlockHandle(raw, key, fd, slot, nbytes, owned_fd=True)
+    return fd
+
+
+def _rebuild_block_handle(raw: bytes, key: Tuple[str, int], dup: Any, slot: Tuple[str, int], nbytes: int) -> BlockHandle:
+    return BlockHandle(raw, key, _received_fd(dup), slot, nbytes, owned_fd=True)
+
+
+def _rebuild_page_handle(raw: bytes, key: Tuple[str, int], dups: List[Any], slot: Tuple[str, int], nbytes: int) -> BlockHandle:
+    return BlockHandle(raw, key, -1, slot, nbytes, owned_fd=True, page_fds=[_received_fd(d) for d in dups])
 
 
 class _Sent:
@@ -163,6 +180,8 @@ class _Sent:
         self.keep, self.device = keep, device
         self.events: List[int] = []
         self.slots: List[Tuple[str, int]] = []
+        # Page descriptors of its exports, closed once every receiver has released it.
+        self.fds: List[int] = []
 
 
 _release_bytes = _ReleaseBytes()
@@ -173,15 +192,25 @@ _sent_lock = threading.Lock()
 _pool_names: Dict[Tuple[int, int], str] = {}
 
 
+# How a block can be shared (streampool_ipc_kind).
+_KIND_PAGES = 2
+
+
 def share_block(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes: int) -> BlockHandle:
-    """Export the shareable block at ``ptr``: ready after the work queued on ``stream``, kept alive
-    (by holding ``keep``) until every receiver of the returned handle has released it."""
+    """Export the block at ``ptr`` (shareable: from a shareable pool, or any block of the vmm
+    backend): ready after the work queued on ``stream``, kept alive (by holding ``keep``) until
+    every receiver of the returned handle has released it."""
     ipc_collect()
     if ptr in _imported_ptrs and (device, ptr) not in _sent:
         raise RuntimeError(
             "this tensor was received from another process and cannot be sent on: send it from the "
             "process that shared it"
         )
+    kind = _lib.library().streampool_ipc_kind(ptr, device)
+    if kind < 0:
+        _lib.check(kind)
+    if kind == _KIND_PAGES:
+        return _share_pages(ptr, device, stream, keep, nbytes)
     raw = _lib.StreampoolIpcHandle()
     _lib.check(_lib.library().streampool_ipc_export(ptr, device, stream, ctypes.byref(raw)))
     with _sent_lock:
@@ -189,6 +218,23 @@ def share_block(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes:
         sent.events.append(raw.event)
         name = _pool_names.setdefault((device, raw.pool_fd), uuid.uuid4().hex)
     return BlockHandle(bytes(raw), (name, device), raw.pool_fd, None, nbytes, sent_key=(device, ptr))
+
+
+def _share_pages(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes: int) -> BlockHandle:
+    """:func:`share_block` for a block of the vmm backend: one descriptor per page."""
+    pages = _lib.StreampoolIpcPages()
+    room = nbytes // (1 << 20) + 3  # pages are at least 1 MiB (the device's granule is 2 MiB)
+    fds = (ctypes.c_int * room)()
+    _lib.check(
+        _lib.library().streampool_ipc_export_pages(ptr, device, stream, ctypes.byref(pages), fds, room)
+    )
+    page_fds = list(fds[: pages.page_count])
+    with _sent_lock:
+        sent = _sent.setdefault((device, ptr), _Sent(keep, device))
+        sent.events.append(pages.event)
+        sent.fds.extend(page_fds)
+    key = (uuid.uuid4().hex, device)
+    return BlockHandle(bytes(pages), key, -1, None, nbytes, sent_key=(device, ptr), page_fds=page_fds)
 
 
 def _add_receiver(sent_key: Tuple[int, int]) -> Tuple[str, int]:
@@ -211,6 +257,9 @@ def ipc_collect() -> int:
         ]
         finished = [_sent.pop(key) for key in done]
     for sent in finished:
+        for fd in sent.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         for event in sent.events:
             _lib.check(_lib.library().streampool_ipc_release_export(sent.device, event))
     return len(finished)
@@ -250,6 +299,25 @@ def _pool_token(handle: BlockHandle) -> int:
                 handle.fd = -1
 
 
+def _import_pages(handle: BlockHandle, stream: Optional[int], out: ctypes.c_void_p) -> None:
+    """Maps a block shared page by page; the received descriptors are closed either way."""
+    fds = handle.page_fds or []
+    if not fds:
+        raise ValueError("this handle's page descriptors were already used")
+    try:
+        raw = _lib.StreampoolIpcPages.from_buffer_copy(handle.raw)
+        array = (ctypes.c_int * len(fds))(*fds)
+        _lib.check(
+            _lib.library().streampool_ipc_import_pages(ctypes.byref(raw), array, len(fds), stream, ctypes.byref(out))
+        )
+    finally:
+        if handle.owned_fd:  # received: this handle's own descriptors
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            handle.page_fds = []
+
+
 class ImportedBlock:
     """A block of another process mapped here; released by :meth:`close`, when garbage collected,
     or at exit. Exposes ``__cuda_array_interface__`` (bytes) for ``torch.as_tensor``."""
@@ -260,10 +328,13 @@ class ImportedBlock:
         if handle.slot is None:
             raise ValueError("open a handle in the process it was sent to (pickle it there), not in the exporter")
         try:
-            token = _pool_token(handle)
-            raw = _lib.StreampoolIpcHandle.from_buffer_copy(handle.raw)
             out = ctypes.c_void_p()
-            _lib.check(_lib.library().streampool_ipc_import(token, ctypes.byref(raw), stream, ctypes.byref(out)))
+            if handle.page_fds is not None:
+                _import_pages(handle, stream, out)
+            else:
+                token = _pool_token(handle)
+                raw = _lib.StreampoolIpcHandle.from_buffer_copy(handle.raw)
+                _lib.check(_lib.library().streampool_ipc_import(token, ctypes.byref(raw), stream, ctypes.byref(out)))
         except BaseException:
             _mark_released(handle.slot)  # never mapped here: the exporter need not wait for us
             raise
@@ -323,9 +394,10 @@ class SharedTensor:
 
 
 def share(tensor: Any) -> SharedTensor:
-    """A handle to ``tensor``'s memory for another process. The tensor must come from a shareable
-    pool (``with streampool.shareable():`` or ``install(ipc=True)``); its memory stays allocated
-    here until the receiver releases it. The receiver sees the data as of now (an event on the
+    """A handle to ``tensor``'s memory for another process. On the vmm backend any tensor can be
+    shared (page by page); on the pool backend it must come from a shareable pool (``with
+    streampool.shareable():`` or ``install(ipc=True)``). Its memory stays allocated here until the
+    receiver releases it. The receiver sees the data as of now (an event on the
     current stream)."""
     import torch
 

@@ -96,6 +96,7 @@ from ._abi import (  # noqa: F401  (re-exported: the package and its tests use t
     StreampoolBlock,
     StreampoolEvent,
     StreampoolIpcHandle,
+    StreampoolIpcPages,
     StreampoolPoolBlock,
     StreampoolStats,
     _NEWER_EXPORTS,

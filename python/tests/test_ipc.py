@@ -7,6 +7,7 @@ tests (test_gpu_ipc.py) use real ones."""
 import pickle
 
 import pytest
+from conftest import BACKEND, pool_backend_only
 from helpers import MiB, describe, run_python
 
 import streampool
@@ -63,8 +64,9 @@ def test_shareable_scope_routes_to_the_shareable_pool_and_nests():
     plain = _lib.malloc(MiB, 0)
     after = streampool.memory_stats(0)
     assert after["ipc_used_bytes"] - before["ipc_used_bytes"] == 2 * MiB
-    with pytest.raises(streampool.InvalidArgumentError, match=r"not in a shareable pool.*streampool\.shareable\(\)"):
-        _ipc.share_block(plain, 0, None, None, MiB)
+    if BACKEND == "pool":  # (on the vmm backend every block shares, page by page)
+        with pytest.raises(streampool.InvalidArgumentError, match=r"not in a shareable pool.*streampool\.shareable\(\)"):
+            _ipc.share_block(plain, 0, None, None, MiB)
     assert _lib.library().streampool_shareable_end() == _lib.INVALID_ARGUMENT, "unmatched end"
     for ptr in (inner, outer):
         _ipc.ImportedBlock(pickle.loads(pickle.dumps(_ipc.share_block(ptr, 0, None, None, MiB))), None).close()
@@ -223,6 +225,7 @@ def queue_puts_pickle(monkeypatch):
     _ipc.restore_queue_puts()
 
 
+@pool_backend_only  # on the vmm backend every block can be shared (test_an_ordinary_vmm_block_...)
 @pytest.mark.parametrize("kind", ["Queue", "JoinableQueue"])
 def test_a_block_that_cannot_be_shared_is_refused_by_put_itself(queue_puts_pickle, kind):
     """The refusal is raised in the thread that puts, not lost in the queue's feeder thread
@@ -273,3 +276,52 @@ def test_queues_pickle_in_the_feeder_without_cuda():
     finally:
         _ipc.restore_queue_puts()
     assert not hasattr(queues.Queue.put, "__wrapped__")
+
+
+vmm_backend_only = pytest.mark.skipif(
+    BACKEND != "vmm", reason="vmm backend behaviour (scripts/test runs the suite under vmm too)"
+)
+
+
+@vmm_backend_only
+def test_an_ordinary_vmm_block_is_shared_page_by_page():
+    """On the vmm backend a block from no shareable pool is shared through its pages: one
+    descriptor per page travels with the handle, the receiver maps them at addresses of its own,
+    and the exporter closes its descriptors once every receiver has released the block."""
+    import os
+
+    ptr = _lib.malloc(5 * MiB, 0, 0)
+    handle = _ipc.share_block(ptr, 0, None, keep=None, nbytes=5 * MiB)
+    assert handle.page_fds is not None and len(handle.page_fds) >= 3
+    kept = list(handle.page_fds)
+    received = pickle.loads(pickle.dumps(handle))
+    assert set(received.page_fds).isdisjoint(kept), "new descriptors, passed by multiprocessing"
+    block = _ipc.ImportedBlock(received, None)
+    assert block.ptr not in (None, ptr), "mapped at addresses of the receiver's own"
+    assert received.page_fds == [], "the receiver's descriptors are closed once mapped"
+    assert block.__cuda_array_interface__["shape"] == (5 * MiB,)
+    assert _ipc.ipc_collect() == 0, "not released yet"
+    block.close()
+    assert _ipc.ipc_collect() == 1
+    for fd in kept:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed with the export
+    _lib.free(ptr, 5 * MiB, 0)
+
+
+@vmm_backend_only
+def test_an_ordinary_vmm_block_put_on_a_queue_arrives(queue_puts_pickle):
+    import multiprocessing
+
+    ptr = _lib.malloc(MiB, 0, 0)
+    queue = multiprocessing.Queue()
+    try:
+        queue.put(_SharesOnPickling(ptr))
+        block = queue.get(timeout=30)
+        assert block.ptr not in (None, ptr)
+        block.close()
+        assert _ipc.ipc_collect() == 1
+    finally:
+        queue.close()
+        queue.join_thread()
+        _lib.free(ptr, MiB, 0)
