@@ -395,6 +395,13 @@ void streampool_reset_peak_stats(int device);
 int streampool_set_release_threshold(int device, uint64_t bytes);
 
 /**
+ * Tells streampool that the program synchronised `device` (`torch.cuda.synchronize()` calls it
+ * under install()): on the vmm backend, with a release threshold set, memory above it goes back
+ * now, as a CUDA pool's does at a synchronisation. Costs nothing without a threshold.
+ */
+int streampool_synchronized(int device);
+
+/**
  * Returns cached memory, synchronises and trims `device`'s pool to `keep_bytes`.
  */
 int streampool_trim(int device, uint64_t keep_bytes);

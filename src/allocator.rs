@@ -171,6 +171,12 @@ impl Allocator {
         disabling_on_error(d, d.trim(keep_bytes))
     }
 
+    /// `device` was synchronised by the program: see [`DeviceAllocator::synchronized`].
+    pub fn synchronized(&self, device: i64) -> Result<()> {
+        let d = self.device(device)?;
+        disabling_on_error(d, d.synchronized())
+    }
+
     pub fn set_release_threshold(&self, device: i64, bytes: u64) -> Result<()> {
         let d = self.device(device)?;
         disabling_on_error(d, d.set_release_threshold(bytes))

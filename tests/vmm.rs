@@ -561,3 +561,45 @@ fn a_device_without_virtual_memory_management_uses_the_pool_backend() {
     r.alloc.free(on_vmm, 0).unwrap();
     r.finish();
 }
+
+/// A release threshold on the vmm backend means what it means for a CUDA pool (and PyTorch):
+/// memory above it goes back at the program's synchronisation (`streampool_synchronized`, which
+/// torch.cuda.synchronize() calls under install()), the coldest pages first; without one the
+/// call does nothing at all, not even a synchronisation.
+#[test]
+fn memory_above_the_release_threshold_goes_back_at_a_synchronisation_the_coldest_first() {
+    let r = rig();
+    r.sim.stop_clock();
+    let cold = r.malloc(4 * MIB, 0, S1);
+    let hot = r.malloc(4 * MIB, 0, S1);
+    let live = r.malloc(2 * MIB, 0, S1);
+    r.alloc.free(cold, 0).unwrap();
+    r.sim.advance_clock_ms(50);
+    r.alloc.free(hot, 0).unwrap();
+    let physical = r.sim.physical_bytes(0);
+    let syncs = r.sim.calls("cuCtxSynchronize");
+    r.alloc.synchronized(0).unwrap();
+    assert_eq!(r.sim.physical_bytes(0), physical, "no threshold: nothing");
+    assert_eq!(
+        r.sim.calls("cuCtxSynchronize"),
+        syncs,
+        "and no synchronisation"
+    );
+    // 4 MiB above the live block's: the hot block's pages stay.
+    r.alloc.set_release_threshold(0, 6 * MIB).unwrap();
+    r.alloc.synchronized(0).unwrap();
+    assert_eq!(r.sim.physical_bytes(0), 6 * MIB);
+    let again = r.malloc(4 * MIB, 0, S1);
+    assert_eq!(again, hot, "the hot pages stayed mapped");
+    assert_eq!(r.sim.physical_bytes(0), 6 * MIB);
+    r.alloc.free(again, 0).unwrap();
+    r.alloc.set_release_threshold(0, 0).unwrap();
+    r.alloc.synchronized(0).unwrap();
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        2 * MIB,
+        "threshold 0: all but the live block"
+    );
+    r.alloc.free(live, 0).unwrap();
+    r.finish();
+}

@@ -182,6 +182,7 @@ _SIGNATURES = {
     ),
     "streampool_ipc_close": (_c_int, [_c_void_p, _c_void_p]),
     "streampool_ipc_kind": (_c_int, [_c_void_p, _c_int]),
+    "streampool_synchronized": (_c_int, [_c_int]),
     "streampool_ipc_export_pages": (
         _c_int,
         [
@@ -270,5 +271,9 @@ _NEWER_EXPORTS = frozenset(
         "streampool_history_set_gatherer",
         "streampool_history_contexts",
         "streampool_history_live_contexts",
+        "streampool_ipc_kind",
+        "streampool_ipc_export_pages",
+        "streampool_ipc_import_pages",
+        "streampool_synchronized",
     }
 )

@@ -179,6 +179,9 @@ def install(*, torch_stats: bool = True, **options: Any) -> Any:
     from ._ipc import register_reductions
 
     register_reductions()  # CUDA tensors sent to other processes go through shareable pools
+    from . import _sync
+
+    _sync.route(torch)  # a release threshold applies at torch.cuda.synchronize(), as PyTorch's does
     if torch_stats:
         from ._torch_stats import route
 

@@ -108,6 +108,36 @@ impl DeviceAllocator {
         self.recorder.set_last(self.state.lock().ledger.gauges());
     }
 
+    /// The program synchronised the device (`torch.cuda.synchronize()`, through install()): a
+    /// resource that applies a release threshold itself (the vmm resource, with one set) gives
+    /// back the memory above it now, after synchronising the device again (nothing is queued: a
+    /// few microseconds), as a CUDA pool does at a synchronisation. Nothing without a threshold,
+    /// and nothing during a capture.
+    pub fn synchronized(&self) -> Result<()> {
+        let Some(setup) = self.setup.get() else {
+            return Ok(());
+        };
+        let due: Vec<_> = setup
+            .own
+            .iter()
+            .filter(|r| {
+                r.capabilities()
+                    .tending
+                    .is_some_and(|t| t.releases_at_sync())
+            })
+            .collect();
+        if due.is_empty() || self.lock_enabled()?.waits.capturing() {
+            return Ok(());
+        }
+        self.driver.synchronize(self.device)?;
+        for r in due {
+            if let Some(tending) = r.capabilities().tending {
+                tending.synchronized()?;
+            }
+        }
+        Ok(())
+    }
+
     /// Returns the cache, synchronises and trims each resource to `keep_bytes`.
     pub fn trim(&self, keep_bytes: u64) -> Result<()> {
         self.setup()?;

@@ -269,6 +269,14 @@ pub extern "C" fn streampool_set_release_threshold(device: c_int, bytes: u64) ->
     }))
 }
 
+/// Tells streampool that the program synchronised `device` (`torch.cuda.synchronize()` calls it
+/// under install()): on the vmm backend, with a release threshold set, memory above it goes back
+/// now, as a CUDA pool's does at a synchronisation. Costs nothing without a threshold.
+#[no_mangle]
+pub extern "C" fn streampool_synchronized(device: c_int) -> c_int {
+    status(guarded(|| global()?.synchronized(device.into())))
+}
+
 /// Returns cached memory, synchronises and trims `device`'s pool to `keep_bytes`.
 #[no_mangle]
 pub extern "C" fn streampool_trim(device: c_int, keep_bytes: u64) -> c_int {

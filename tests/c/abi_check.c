@@ -141,6 +141,7 @@ static int page_sharing(void *stream) {
     CHECK(streampool_ipc_release_export(1, pages.event) == OK);
   }
   CHECK(streampool_ipc_kind((void *)0x1234, 1) == STREAMPOOL_STATUS_UNKNOWN_POINTER);
+  CHECK(streampool_synchronized(1) == OK && streampool_synchronized(9) == INVALID);
   CHECK(streampool_ipc_import_pages(NULL, fds, 1, stream, &imported) == INVALID);
   CHECK(streampool_free(block, 3 << 20, 1, stream) == OK);
   return 0;

@@ -181,6 +181,17 @@ impl Tending for VmmResource {
     fn release_idle(&self) -> Result<bool> {
         Ok(VmmResource::release_idle(self))
     }
+
+    fn releases_at_sync(&self) -> bool {
+        self.release_threshold_bytes.load(Ordering::Relaxed) != u64::MAX
+    }
+
+    fn synchronized(&self) -> Result<()> {
+        match self.release_threshold_bytes.load(Ordering::Relaxed) {
+            u64::MAX => Ok(()),
+            threshold => self.trim_after_sync(threshold),
+        }
+    }
 }
 
 impl CaptureNotice for VmmResource {

@@ -422,8 +422,9 @@ impl VmmResource {
         Ok(())
     }
 
-    /// Unmaps and releases spare handles and idle pages until at most `keep_bytes` of physical
-    /// memory is held; with `cold_before_ms`, only pages unused since then. Never during a
+    /// Unmaps and releases spare handles and idle pages, the coldest first, until at most
+    /// `keep_bytes` of physical memory is held; with `cold_before_ms`, only pages unused since
+    /// then. Never during a
     /// capture; a page the driver refuses stays.
     pub(super) fn release_down_to(
         &self,
@@ -461,7 +462,9 @@ impl VmmResource {
         if let Some(before_ms) = cold_before_ms {
             idle.retain(|p| st.pages[p].last_used_ms <= before_ms);
         }
-        idle.sort_unstable_by(|a, b| b.cmp(a)); // from the top of the address space down
+        // The coldest first (unused the longest: the least likely to be asked for again), then
+        // from the top of the address space down.
+        idle.sort_unstable_by_key(|p| (st.pages[p].last_used_ms, std::cmp::Reverse(*p)));
         for page in idle {
             if st.physical_bytes(self.page_bytes) <= keep_bytes {
                 break;

@@ -24,3 +24,12 @@ def _cuda_resetPeakMemoryStats(device):
 def _cuda_resetAccumulatedMemoryStats(device):
     if pluggable_allocator_current:
         raise RuntimeError("CUDAPluggableAllocator does not yet support resetAccumulatedStats. If you need it, please file an issue describing your use case.")
+
+
+synchronize_calls = 0
+
+
+def _cuda_synchronize():
+    """PyTorch's device synchronisation (counted, for the tests)."""
+    global synchronize_calls
+    synchronize_calls += 1

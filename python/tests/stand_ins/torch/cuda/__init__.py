@@ -54,3 +54,10 @@ def _get_device_index(device, optional=False):
     if isinstance(device, str):
         return int(device.partition(":")[2] or 0)
     return int(device)
+
+
+def synchronize(device=None):
+    """As PyTorch's: the current device's synchronisation, through torch._C."""
+    import torch
+
+    return torch._C._cuda_synchronize()

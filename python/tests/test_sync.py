@@ -1,0 +1,32 @@
+"""torch.cuda.synchronize() under install() tells streampool (simulated driver, the stand-in torch
+of stand_ins/ in a subprocess): on the vmm backend a release threshold applies at the
+synchronisation, as a CUDA pool's does; without one nothing changes."""
+
+import json
+
+from helpers import describe, run_python, stand_in_torch_env
+
+SCRIPT = """
+import json, torch, streampool
+from streampool import _lib, _sync
+_sync.route(torch)  # as install() does
+a = _lib.malloc(8 << 20, 0)
+_lib.free(a, 8 << 20, 0)
+held = streampool.memory_reserved(0)
+torch.cuda.synchronize()
+no_threshold = streampool.memory_reserved(0)
+streampool.set_release_threshold(0, 0)
+torch.cuda.synchronize()
+print(json.dumps([held, no_threshold, streampool.memory_reserved(0), torch._C.synchronize_calls]))
+"""
+
+
+def test_a_release_threshold_applies_at_torch_cuda_synchronize_on_vmm():
+    env = stand_in_torch_env(FAKE_TORCH_CUDA_INITIALISED="1", STREAMPOOL_BACKEND="vmm")
+    proc = run_python(SCRIPT, env=env)
+    assert proc.returncode == 0, describe(proc)
+    held, no_threshold, with_threshold, calls = json.loads(proc.stdout.splitlines()[-1])
+    assert held >= 8 << 20, "the freed block's pages are kept"
+    assert no_threshold == held, "no threshold: torch.cuda.synchronize() changes nothing"
+    assert with_threshold == 0, "threshold 0: everything unused goes back at the synchronisation"
+    assert calls == 2, "PyTorch's own synchronisation ran each time"
