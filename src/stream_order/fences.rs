@@ -96,14 +96,9 @@ impl Fences {
         Ok(())
     }
 
-    /// Records every stream's pending fence except on streams `skip` says no to (capturing
-    /// ones); a record that fails stays pending for the next try. True if any was recorded.
-    pub fn record_all_pending(
-        &mut self,
-        driver: &dyn Driver,
-        device: usize,
-        skip: impl Fn(Stream) -> bool,
-    ) -> bool {
+    /// Records every stream's pending fence except on streams that capture ([`super::may_record`]);
+    /// a record that fails stays pending for the next try. True if any was recorded.
+    pub fn record_all_pending(&mut self, driver: &dyn Driver, device: usize) -> bool {
         let pending: Vec<Stream> = self
             .streams
             .iter()
@@ -112,7 +107,7 @@ impl Fences {
             .collect();
         let mut recorded = false;
         for stream in pending {
-            if skip(stream) {
+            if !super::may_record(driver, device, stream) {
                 continue;
             }
             match self.record_pending(driver, device, stream) {
@@ -142,15 +137,10 @@ impl Fences {
     /// For a caller that may record (a thread of the program, at a miss): the pending fence of
     /// each stream that has finished all its work completes without a record (one
     /// `cuStreamQuery`, which the record would have cost); the others are recorded, for the next
-    /// look or another stream's wait. Streams `skip` says no to (capturing ones: neither a query
-    /// nor a record is allowed on them) are left as they are. The streams and fence numbers so
+    /// look or another stream's wait. Capturing streams (neither a query nor a record is allowed
+    /// on them: [`super::may_record`]) are left as they are. The streams and fence numbers so
     /// completed.
-    pub fn settle_pending(
-        &mut self,
-        driver: &dyn Driver,
-        device: usize,
-        skip: impl Fn(Stream) -> bool,
-    ) -> Vec<(Stream, u64)> {
+    pub fn settle_pending(&mut self, driver: &dyn Driver, device: usize) -> Vec<(Stream, u64)> {
         let pending: Vec<(Stream, bool)> = self
             .streams
             .iter()
@@ -159,7 +149,7 @@ impl Fences {
             .collect();
         let mut idle = Vec::new();
         for (stream, nothing_recorded) in pending {
-            if skip(stream) {
+            if !super::may_record(driver, device, stream) {
                 continue;
             }
             // With fences of its own still recorded, the stream was polled just before: busy.

@@ -25,5 +25,16 @@ pub(crate) use completion::InOrder;
 pub(crate) use events::EventPool;
 pub(crate) use fences::Fences;
 
+/// True if a fence may be recorded on `stream` now: the driver says it is not capturing a graph
+/// (a record would join the graph). A stream the driver cannot answer for counts as capturing:
+/// the record waits for a later look. The one place this rule is written.
+pub(crate) fn may_record(
+    driver: &dyn crate::driver::Driver,
+    device: usize,
+    stream: crate::driver::Stream,
+) -> bool {
+    !driver.is_capturing(device, stream).unwrap_or(true)
+}
+
 #[cfg(all(test, feature = "sim"))]
 mod tests;

@@ -279,9 +279,7 @@ impl VmmResource {
         let mut done = st.fences.poll(driver, device);
         done.extend(match caller {
             Caller::Background => st.fences.complete_pending_of_idle_streams(driver, device),
-            Caller::Program => st.fences.settle_pending(driver, device, |s| {
-                driver.is_capturing(device, s).unwrap_or(true)
-            }),
+            Caller::Program => st.fences.settle_pending(driver, device),
         });
         self.promote(st, done, now_ms);
         if caller == Caller::Background {
@@ -297,9 +295,7 @@ impl VmmResource {
         let mut done = Vec::new();
         let _ = driver.relaxed_capture(&mut || {
             done = st.fences.poll(driver, device);
-            done.extend(st.fences.settle_pending(driver, device, |s| {
-                driver.is_capturing(device, s).unwrap_or(true)
-            }));
+            done.extend(st.fences.settle_pending(driver, device));
             Ok(())
         });
         self.promote(st, done, driver.now_ms());
@@ -430,7 +426,7 @@ impl VmmResource {
     fn wait_for_fence(&self, st: &mut VmmState, stream: Stream, other: Stream, seq: u64) -> bool {
         let (driver, device) = (self.driver.as_ref(), self.device);
         if st.fences.event_of(other, seq).is_none() {
-            if driver.is_capturing(device, other).unwrap_or(true) {
+            if !crate::stream_order::may_record(driver, device, other) {
                 return false;
             }
             if let Err(e) = st.fences.record_pending(driver, device, other) {

@@ -63,9 +63,7 @@ impl VmmResource {
         let gone = st.fences.pending_of_gone_streams(driver, device);
         // Fences of frees made before the device's synchronisation may not be recorded yet:
         // record them and wait for them too, so that empty_cache releases every free page.
-        let recorded = st.fences.record_all_pending(driver, device, |s| {
-            driver.is_capturing(device, s).unwrap_or(true)
-        });
+        let recorded = st.fences.record_all_pending(driver, device);
         if recorded || !gone.is_empty() {
             drop(st);
             self.driver.synchronize(self.device)?;

@@ -49,7 +49,7 @@ impl VmmResource {
             freed_ms: now_ms,
         };
         let (driver, device) = (self.driver.as_ref(), self.device);
-        if due && !driver.is_capturing(device, stream).unwrap_or(true) {
+        if due && crate::stream_order::may_record(driver, device, stream) {
             match st.fences.record_pending(driver, device, stream) {
                 // With each fence recorded, those that completed are collected: freed memory
                 // becomes ready for every stream, and idle, while the program runs.
