@@ -556,6 +556,37 @@ int streampool_ipc_import_pages(const struct StreampoolIpcPages *handle,
                                 void **out);
 
 /**
+ * Puts `device` to sleep: after synchronising it, every physical page goes back to the device
+ * while the addresses stay reserved; at `level` 1 the contents of live blocks wait in
+ * page-locked host memory, at level 2 they are discarded. Allocations on the device fail until
+ * `streampool_wake`. Writes the bytes given back to `*given_back` (if not NULL). The vmm
+ * backend only; an error (the pool backend, a capture, asleep already, host memory that cannot
+ * be pinned) changes nothing.
+ *
+ * # Safety
+ * `given_back` must be NULL or writable.
+ */
+int streampool_sleep(int device, int level, uint64_t *given_back);
+
+/**
+ * Wakes `device`: fresh memory mapped at the addresses it slept at, the contents of a level-1
+ * sleep copied back. Writes the bytes restored to `*restored` (if not NULL). Out of memory part
+ * way: what was restored stays, the rest sleeps on, and another call goes on.
+ *
+ * # Safety
+ * `restored` must be NULL or writable.
+ */
+int streampool_wake(int device, uint64_t *restored);
+
+/**
+ * Writes the bytes of `device` asleep now to `*out` (0 when awake).
+ *
+ * # Safety
+ * `out` must be NULL or writable.
+ */
+int streampool_sleeping_bytes(int device, uint64_t *out);
+
+/**
  * Starts the memory timeline afresh (`enabled` != 0), keeping the newest `max_entries` (> 0)
  * events, or stops it (`enabled` == 0); stopping keeps what was recorded readable.
  */

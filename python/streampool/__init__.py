@@ -17,6 +17,7 @@ All sizes are in bytes. Every failure of the library raises :class:`StreampoolEr
 subclass) with the library's message.
 """
 
+import ctypes
 import sys
 from typing import Any, Dict, Union
 
@@ -71,8 +72,11 @@ __all__ = [
     "share",
     "shareable",
     "shared_block_count",
+    "sleep",
+    "sleeping_bytes",
     "snapshot",
     "trim",
+    "wake",
 ]
 
 Device = Any  # None, int, "cuda", "cuda:N" or torch.device
@@ -196,6 +200,38 @@ def set_release_threshold(value: Size, device: Device = None) -> int:
     threshold = _bytes(value, index, "release threshold")
     _lib.check(_lib.library().streampool_set_release_threshold(index, threshold))
     return threshold
+
+
+def sleep(level: int = 1, device: Device = None) -> int:
+    """Give all of ``device``'s memory back to the GPU while every tensor keeps its address
+    (the vmm backend, ``STREAMPOOL_BACKEND=vmm``): the device is synchronised first; at level 1
+    what live tensors hold waits in page-locked host memory, at level 2 it is discarded.
+    Allocating on the device raises until :func:`wake`. Returns the bytes given back.
+    Raises InvalidArgumentError (and changes nothing) on the pool backend, during a CUDA graph
+    capture, when asleep already, or when the host memory cannot be pinned."""
+    index = device_index(device)
+    given_back = ctypes.c_uint64()
+    _lib.check(_lib.library().streampool_sleep(index, int(level), ctypes.byref(given_back)))
+    return given_back.value
+
+
+def wake(device: Device = None) -> int:
+    """Map memory again where ``device`` slept, at the same addresses, and restore what a level-1
+    sleep saved; tensors, CUDA graphs and compiled code keep working. Returns the bytes
+    restored. Out of memory part way raises OutOfMemoryError; what was restored stays, and
+    calling wake() again goes on."""
+    index = device_index(device)
+    restored = ctypes.c_uint64()
+    _lib.check(_lib.library().streampool_wake(index, ctypes.byref(restored)))
+    return restored.value
+
+
+def sleeping_bytes(device: Device = None) -> int:
+    """Bytes of ``device`` asleep now (0 when awake)."""
+    index = device_index(device)
+    out = ctypes.c_uint64()
+    _lib.check(_lib.library().streampool_sleeping_bytes(index, ctypes.byref(out)))
+    return out.value
 
 
 def trim(keep_bytes: Size = 0, device: Device = None) -> None:

@@ -183,6 +183,9 @@ _SIGNATURES = {
     "streampool_ipc_close": (_c_int, [_c_void_p, _c_void_p]),
     "streampool_ipc_kind": (_c_int, [_c_void_p, _c_int]),
     "streampool_synchronized": (_c_int, [_c_int]),
+    "streampool_sleep": (_c_int, [_c_int, _c_int, ctypes.POINTER(_c_uint64)]),
+    "streampool_wake": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
+    "streampool_sleeping_bytes": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
     "streampool_ipc_export_pages": (
         _c_int,
         [
@@ -275,5 +278,8 @@ _NEWER_EXPORTS = frozenset(
         "streampool_ipc_export_pages",
         "streampool_ipc_import_pages",
         "streampool_synchronized",
+        "streampool_sleep",
+        "streampool_wake",
+        "streampool_sleeping_bytes",
     }
 )

@@ -92,6 +92,11 @@ def test_vmm_backend_keeps_every_element_while_pages_move():
     print(f"\nvmm remap: {tagged_line(out, 'vmm remap:')}")
 
 
+def test_vmm_sleep_and_wake_keeps_tensors_graphs_and_training_right():
+    out = run_case("vmm_sleep_and_wake", backend="vmm")
+    print(f"\nvmm sleep: {tagged_line(out, 'vmm sleep:')}")
+
+
 @pytest.mark.parametrize("backend", ["pool", "vmm"])
 @pytest.mark.parametrize("small", [False, True], ids=["large", "with-small"])
 def test_a_device_near_full_serves_40_percent_of_the_card_from_a_checkerboard(backend, small):

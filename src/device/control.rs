@@ -6,7 +6,7 @@
 
 use super::DeviceAllocator;
 use crate::driver::PoolUsage;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::history::StreampoolBlock;
 use crate::resource::{peer_target, usage_with_peaks, Accessible, DriverCounts};
 use crate::stats::{DeviceFigures, StreampoolStats};
@@ -136,6 +136,69 @@ impl DeviceAllocator {
             }
         }
         Ok(())
+    }
+
+    /// Every physical page of the device goes back to it, the addresses kept (streampool.sleep()):
+    /// after the device synchronised, so nothing half-written is saved; at `level` 1 what live
+    /// blocks hold waits in page-locked host memory. The bytes given back. Only on a resource
+    /// that can keep its addresses (the vmm backend); never during a capture.
+    pub fn sleep(&self, level: u32) -> Result<u64> {
+        if !matches!(level, 1 | 2) {
+            return Err(Error::InvalidArgument(format!(
+                "sleep level {level}: 1 keeps the contents in host memory, 2 discards them"
+            )));
+        }
+        let setup = self.setup()?;
+        if !setup.own.iter().all(|r| r.capabilities().sleep.is_some()) {
+            return Err(Error::InvalidArgument(format!(
+                "device {}: streampool.sleep() needs the vmm backend (STREAMPOOL_BACKEND=vmm);                  the pool backend's CUDA pools cannot give memory back and keep its addresses",
+                self.device
+            )));
+        }
+        if self.lock_enabled()?.waits.capturing() {
+            return Err(Error::InvalidArgument(format!(
+                "device {} cannot sleep while a stream of it captures a CUDA graph",
+                self.device
+            )));
+        }
+        self.flush(u64::MAX)?; // blocks that waited for streams go back; the device synchronises
+        let mut given_back = 0u64;
+        for r in &setup.own {
+            if let Some(sleep) = r.capabilities().sleep {
+                given_back = given_back.saturating_add(sleep.sleep(level)?);
+            }
+        }
+        Ok(given_back)
+    }
+
+    /// Maps memory again where the device slept (streampool.wake()); the bytes restored.
+    pub fn wake(&self) -> Result<u64> {
+        let setup = self.setup()?;
+        let mut restored = 0u64;
+        for r in &setup.own {
+            match r.capabilities().sleep {
+                Some(sleep) => restored = restored.saturating_add(sleep.wake()?),
+                None => {
+                    return Err(Error::InvalidArgument(format!(
+                        "device {} is not asleep: the pool backend cannot sleep",
+                        self.device
+                    )))
+                }
+            }
+        }
+        Ok(restored)
+    }
+
+    /// Bytes of the device asleep now.
+    pub fn sleeping_bytes(&self) -> u64 {
+        let Some(setup) = self.setup.get() else {
+            return 0;
+        };
+        let asleep = setup
+            .own
+            .iter()
+            .filter_map(|r| r.capabilities().sleep.map(|s| s.sleeping_bytes()));
+        asleep.fold(0, u64::saturating_add)
     }
 
     /// Returns the cache, synchronises and trims each resource to `keep_bytes`.

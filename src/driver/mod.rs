@@ -80,6 +80,10 @@ handle!(
     /// A physical memory allocation (`CUmemGenericAllocationHandle`), mapped with `mem_map`.
     MemHandle
 );
+handle!(
+    /// Page-locked host memory (`cuMemAllocHost`), where a sleeping device's memory waits.
+    HostBuffer
+);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemInfo {
@@ -293,4 +297,29 @@ pub trait VmmDriver {
     /// (`cuMemImportFromShareableHandle`; the fd stays the caller's); released with
     /// [`VmmDriver::mem_release`] once unmapped.
     fn mem_import_fd(&self, device: usize, fd: i32) -> Result<MemHandle>;
+    /// `bytes` of page-locked host memory (`cuMemAllocHost`), with `device`'s context current.
+    /// Out of memory is `Error::Driver` with `CUDA_ERROR_OUT_OF_MEMORY`.
+    fn host_alloc(&self, device: usize, bytes: u64) -> Result<HostBuffer>;
+    /// Frees page-locked host memory from [`VmmDriver::host_alloc`].
+    fn host_free(&self, device: usize, buffer: HostBuffer);
+    /// Copies `bytes` of mapped device memory at `src` into `dst` at `dst_offset`, and waits for
+    /// the copy (`cuMemcpyDtoH`).
+    fn copy_to_host(
+        &self,
+        device: usize,
+        dst: HostBuffer,
+        dst_offset: u64,
+        src: DevicePtr,
+        bytes: u64,
+    ) -> Result<()>;
+    /// Copies `bytes` of `src` from `src_offset` into mapped device memory at `dst`, and waits
+    /// for the copy (`cuMemcpyHtoD`).
+    fn copy_to_device(
+        &self,
+        device: usize,
+        dst: DevicePtr,
+        src: HostBuffer,
+        src_offset: u64,
+        bytes: u64,
+    ) -> Result<()>;
 }

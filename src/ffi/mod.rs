@@ -7,6 +7,7 @@
 
 mod ipc;
 mod ipc_pages;
+mod sleep;
 mod timeline;
 mod torch;
 

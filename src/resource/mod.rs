@@ -134,6 +134,8 @@ pub struct Capabilities<'a> {
     pub export: Option<&'a dyn Export>,
     /// Its blocks' physical pages can be exported to other processes, page by page.
     pub page_export: Option<&'a dyn PageExport>,
+    /// It can give all its physical memory back and take it again at the same addresses.
+    pub sleep: Option<&'a dyn Sleep>,
 }
 
 /// See [`Capabilities::release_threshold`].
@@ -194,6 +196,22 @@ pub trait PageExport {
     /// page in address order (the caller's to close), with where the block starts in the first.
     /// An error, and no descriptor left open, if the block is not live or a page cannot export.
     fn export_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<ExportedPages>;
+}
+
+/// See [`Capabilities::sleep`]: the memory of a resource that keeps its addresses.
+pub trait Sleep {
+    /// Gives every physical page back to the device, keeping the addresses; at `level` 1 the
+    /// contents of pages under live blocks wait in page-locked host memory first (level 2:
+    /// discarded). Called after the device synchronised (no work in flight). The bytes given
+    /// back. An error (already asleep, a capture, host memory that cannot be pinned) changes
+    /// nothing.
+    fn sleep(&self, level: u32) -> Result<u64>;
+    /// Maps fresh pages at the same addresses (and restores what level 1 saved); the bytes
+    /// restored. Out of memory part way: what was restored stays (correct), the rest sleeps on,
+    /// and a later wake goes on. An error if it is not asleep.
+    fn wake(&self) -> Result<u64>;
+    /// Bytes asleep now (0 when awake).
+    fn sleeping_bytes(&self) -> u64;
 }
 
 /// What [`PageExport::export_pages`] gives.

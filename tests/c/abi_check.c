@@ -142,6 +142,21 @@ static int page_sharing(void *stream) {
   }
   CHECK(streampool_ipc_kind((void *)0x1234, 1) == STREAMPOOL_STATUS_UNKNOWN_POINTER);
   CHECK(streampool_synchronized(1) == OK && streampool_synchronized(9) == INVALID);
+  /* Sleep and wake (the vmm backend; the pool backend refuses, changing nothing). */
+  uint64_t slept = 0, woken = 0, sleeping = 1;
+  if (kind == 2) {
+    CHECK(streampool_sleep(1, 1, &slept) == OK && slept > 0);
+    CHECK(streampool_sleeping_bytes(1, &sleeping) == OK && sleeping == slept);
+    CHECK(streampool_malloc(4096, 1, stream) == NULL && strstr(streampool_last_error(), "asleep"));
+    CHECK(streampool_wake(1, &woken) == OK && woken == slept);
+  } else {
+    CHECK(streampool_sleep(1, 1, &slept) == INVALID && slept == 0);
+    CHECK(strstr(streampool_last_error(), "STREAMPOOL_BACKEND=vmm") != NULL);
+  }
+  CHECK(streampool_wake(1, NULL) == INVALID);
+  CHECK(streampool_sleep(1, 7, NULL) == INVALID);
+  CHECK(streampool_sleeping_bytes(1, &sleeping) == OK && sleeping == 0);
+  CHECK(streampool_sleeping_bytes(1, NULL) == INVALID);
   CHECK(streampool_ipc_import_pages(NULL, fds, 1, stream, &imported) == INVALID);
   CHECK(streampool_free(block, 3 << 20, 1, stream) == OK);
   return 0;

@@ -88,6 +88,32 @@ macro_rules! forward_to_sim {
             fn mem_import_fd(&self, device: usize, fd: i32) -> Result<MemHandle> {
                 self.sim.mem_import_fd(device, fd)
             }
+            fn host_alloc(&self, device: usize, bytes: u64) -> Result<HostBuffer> {
+                self.sim.host_alloc(device, bytes)
+            }
+            fn host_free(&self, device: usize, buffer: HostBuffer) {
+                self.sim.host_free(device, buffer)
+            }
+            fn copy_to_host(
+                &self,
+                d: usize,
+                dst: HostBuffer,
+                off: u64,
+                src: DevicePtr,
+                b: u64,
+            ) -> Result<()> {
+                self.sim.copy_to_host(d, dst, off, src, b)
+            }
+            fn copy_to_device(
+                &self,
+                d: usize,
+                dst: DevicePtr,
+                src: HostBuffer,
+                off: u64,
+                b: u64,
+            ) -> Result<()> {
+                self.sim.copy_to_device(d, dst, src, off, b)
+            }
             fn mem_map(
                 &self,
                 device: usize,

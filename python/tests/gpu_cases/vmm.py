@@ -84,3 +84,91 @@ def case_vmm_remap_four_streams(ctx) -> None:
         f"reserved {stats['reserved_bytes.all.current'] / MiB:.0f} MiB -> "
         f"{after['reserved_bytes.all.current'] / MiB:.0f} MiB after empty_cache"
     )
+
+
+def case_vmm_sleep_and_wake(ctx) -> None:
+    """streampool.sleep() / wake() with a model, its AdamW state, a captured CUDA graph and an
+    inference buffer: after sleep(1) the device holds (nearly) none of the allocator's memory;
+    after wake() every tensor keeps its address and its bytes, the graph replays to the same
+    output, and a training step equals one of a twin that never slept. Level 2 then gives the
+    memory back again (its contents discarded) and wake() maps it again. Prints the memory given
+    back and the copy rates."""
+    _require_vmm(ctx)
+    import time
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2048, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 2048)
+    ).cuda()
+    twin = torch.nn.Sequential(
+        torch.nn.Linear(2048, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 2048)
+    ).cuda()
+    twin.load_state_dict(model.state_dict())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-3)
+    x = torch.randn(256, 2048, device="cuda")
+
+    def step(m, o):
+        loss = m(x).square().mean()
+        loss.backward()
+        o.step()
+        o.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    for _ in range(2):
+        step(model, opt), step(twin, twin_opt)
+    buffer = torch.randn(64 * MiB // 4, device="cuda")  # an inference buffer
+    static_in = torch.randn(256, 2048, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            model(static_in)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_out = model(static_in)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected_out = static_out.clone()
+    tensors = [p for p in model.parameters()] + [buffer] + [
+        s for state in opt.state.values() for s in state.values() if torch.is_tensor(s) and s.is_cuda
+    ]
+    before = [(t.data_ptr(), t.detach().clone().cpu()) for t in tensors]
+    reserved = streampool.memory_reserved()
+    free_before = torch.cuda.mem_get_info()[0]
+    began = time.perf_counter()
+    given_back = streampool.sleep(level=1)
+    slept_s = time.perf_counter() - began
+    free_asleep = torch.cuda.mem_get_info()[0]
+    returned = free_asleep - free_before
+    assert given_back == reserved, (given_back, reserved)
+    assert streampool.memory_reserved() == 0
+    assert returned >= 0.99 * reserved, f"the device got {returned} B of {reserved} back"
+    began = time.perf_counter()
+    restored = streampool.wake()
+    woke_s = time.perf_counter() - began
+    assert restored == reserved
+    for (ptr, saved), t in zip(before, tensors):
+        assert t.data_ptr() == ptr, "a tensor moved"
+        assert torch.equal(t.detach().cpu(), saved), "contents changed across sleep and wake"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, expected_out), "the graph replays differently after wake"
+    a, b = step(model, opt), step(twin, twin_opt)
+    assert torch.equal(a, b), "a training step after wake differs from one that never slept"
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p, q)
+    # Level 2: the contents go; the memory comes back all the same.
+    streampool.sleep(level=2)
+    assert streampool.memory_reserved() == 0
+    streampool.wake()
+    buffer.fill_(1.0)
+    assert float(buffer.sum()) == buffer.numel()
+    print(
+        f"vmm sleep: {reserved / MiB:.0f} MiB reserved, {returned / MiB:.0f} MiB back to the device "
+        f"({100 * returned / max(reserved, 1):.2f}%), sleep {slept_s * 1e3:.1f} ms "
+        f"({reserved / max(slept_s, 1e-9) / 1e9:.1f} GB/s of pages), wake {woke_s * 1e3:.1f} ms "
+        f"({reserved / max(woke_s, 1e-9) / 1e9:.1f} GB/s)"
+    )
+    del graph

@@ -8,7 +8,7 @@
 //! ask), so that NCCL or a network stack can register tensors from it.
 
 use super::{check, relaxed, too_large, CudaDriver};
-use crate::driver::{DevicePtr, MemHandle, VmmDriver};
+use crate::driver::{DevicePtr, HostBuffer, MemHandle, VmmDriver};
 use crate::error::Result;
 use cudarc::driver::sys;
 
@@ -205,6 +205,63 @@ impl VmmDriver for CudaDriver {
             sys::cuMemImportFromShareableHandle(&mut handle, fd as isize as *mut _, POSIX_FD)
         })?;
         Ok(MemHandle::from_raw(handle as usize))
+    }
+
+    fn host_alloc(&self, device: usize, bytes: u64) -> Result<HostBuffer> {
+        let _scope = self.enter(device)?;
+        let mut ptr: *mut std::ffi::c_void = std::ptr::null_mut();
+        let bytes = size_t(bytes)?;
+        // SAFETY: valid out-pointer; the context is current.
+        check("cuMemAllocHost", unsafe {
+            sys::cuMemAllocHost_v2(&mut ptr, bytes)
+        })?;
+        Ok(HostBuffer::from_raw(ptr as usize))
+    }
+
+    fn host_free(&self, device: usize, buffer: HostBuffer) {
+        if let Ok(_scope) = self.enter(device) {
+            // SAFETY: a pointer from cuMemAllocHost, freed once (the caller's).
+            let _ = unsafe { sys::cuMemFreeHost(buffer.raw() as *mut std::ffi::c_void) };
+        }
+    }
+
+    fn copy_to_host(
+        &self,
+        device: usize,
+        dst: HostBuffer,
+        dst_offset: u64,
+        src: DevicePtr,
+        bytes: u64,
+    ) -> Result<()> {
+        let _scope = self.enter(device)?;
+        let at = (dst.raw() as u64)
+            .checked_add(dst_offset)
+            .ok_or_else(|| too_large(dst_offset))?;
+        let bytes = size_t(bytes)?;
+        // SAFETY: `[at, at + bytes)` lies in the caller's host buffer and `[src, src + bytes)` is
+        // mapped device memory with access (the caller's).
+        check("cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2(at as *mut std::ffi::c_void, src.0, bytes)
+        })
+    }
+
+    fn copy_to_device(
+        &self,
+        device: usize,
+        dst: DevicePtr,
+        src: HostBuffer,
+        src_offset: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        let _scope = self.enter(device)?;
+        let at = (src.raw() as u64)
+            .checked_add(src_offset)
+            .ok_or_else(|| too_large(src_offset))?;
+        let bytes = size_t(bytes)?;
+        // SAFETY: as copy_to_host, the other way.
+        check("cuMemcpyHtoD", unsafe {
+            sys::cuMemcpyHtoD_v2(dst.0, at as *const std::ffi::c_void, bytes)
+        })
     }
 }
 

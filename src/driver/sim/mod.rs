@@ -48,6 +48,8 @@ pub enum SimFault {
     MemUnmap,
     MemRelease,
     SetAccess,
+    HostAlloc,
+    Copy,
 }
 
 #[derive(Default)]

@@ -10,7 +10,7 @@
 //! included; a reservation is freed only empty. Physical handles count as device memory.
 
 use super::{driver_error, SimDevice, SimDriver, SimFault};
-use crate::driver::{DevicePtr, MemHandle, PeerDriver, Stream, VmmDriver};
+use crate::driver::{DevicePtr, HostBuffer, MemHandle, PeerDriver, Stream, VmmDriver};
 use crate::error::Result;
 use std::collections::{BTreeMap, HashMap};
 
@@ -55,6 +55,10 @@ pub(super) struct SimVmm {
     handles: HashMap<usize, SimHandle>,
     next_handle: usize,
     mappings: BTreeMap<u64, Mapping>,
+    /// Page-locked host buffers: id -> bytes (no memory behind them: copies are checked, not
+    /// carried out).
+    host: HashMap<usize, u64>,
+    next_host: usize,
 }
 
 type Check = std::result::Result<(), String>;
@@ -227,6 +231,7 @@ impl SimVmm {
             ("address reservations not freed", self.reservations.len()),
             ("physical handles not released", self.handles.len()),
             ("mappings not unmapped", self.mappings.len()),
+            ("host buffers not freed", self.host.len()),
         ] {
             if n > 0 {
                 out.push(format!("{n} {what}"));
@@ -495,9 +500,85 @@ impl VmmDriver for SimDriver {
         self.count("cuMemSetAccess handles", covered);
         Ok(())
     }
+    fn host_alloc(&self, device: usize, bytes: u64) -> Result<HostBuffer> {
+        let call = "cuMemAllocHost";
+        self.take_fault(SimFault::HostAlloc, call)?;
+        let mut d = self.device(device, call)?;
+        if bytes == 0 {
+            drop(d);
+            return Err(self.misuse(call, "0 bytes".into()));
+        }
+        d.vmm.next_host += 1;
+        let id = d.vmm.next_host;
+        d.vmm.host.insert(id, bytes);
+        Ok(HostBuffer::from_raw(id))
+    }
+
+    fn host_free(&self, device: usize, buffer: HostBuffer) {
+        if let Ok(mut d) = self.device(device, "cuMemFreeHost") {
+            d.vmm.host.remove(&buffer.raw());
+        }
+    }
+
+    fn copy_to_host(
+        &self,
+        device: usize,
+        dst: HostBuffer,
+        dst_offset: u64,
+        src: DevicePtr,
+        bytes: u64,
+    ) -> Result<()> {
+        self.copy("cuMemcpyDtoH", device, dst, dst_offset, src, bytes)
+    }
+
+    fn copy_to_device(
+        &self,
+        device: usize,
+        dst: DevicePtr,
+        src: HostBuffer,
+        src_offset: u64,
+        bytes: u64,
+    ) -> Result<()> {
+        self.copy("cuMemcpyHtoD", device, src, src_offset, dst, bytes)
+    }
 }
 
 impl SimDriver {
+    /// A synchronous copy between host buffer `host` (from `offset`) and device memory at `at`:
+    /// the host range lies in the buffer, the device range is mapped with access for `device`,
+    /// and the device's work is done (a copy on the legacy stream waits for it; the caller
+    /// synchronised).
+    fn copy(
+        &self,
+        call: &'static str,
+        device: usize,
+        host: HostBuffer,
+        offset: u64,
+        at: DevicePtr,
+        bytes: u64,
+    ) -> Result<()> {
+        self.take_fault(SimFault::Copy, call)?;
+        self.vmm_call(device, None, call, |d| {
+            let size = *d
+                .vmm
+                .host
+                .get(&host.raw())
+                .ok_or("not a live host buffer")?;
+            if offset.checked_add(bytes).is_none_or(|end| end > size) {
+                return Err(format!(
+                    "{bytes} bytes at {offset} of a host buffer of {size}"
+                ));
+            }
+            let end = at.0.checked_add(bytes).ok_or("range overflows")?;
+            for m in d.vmm.covering(at.0, end)? {
+                if !m.access.contains(&device) {
+                    return Err(format!("{at:#x} has no access for device {device}"));
+                }
+            }
+            Ok(())
+        })
+    }
+
     /// `cuMemCreate` of `bytes` on `device`, exportable if asked.
     fn create(&self, device: usize, bytes: u64, exportable: bool) -> Result<MemHandle> {
         let call = "cuMemCreate";

@@ -47,6 +47,9 @@ impl VmmResource {
             )));
         }
         let st = self.lock_enabled()?;
+        if st.asleep.is_some() {
+            return Err(super::sleep::asleep_error(self.device));
+        }
         if !st.live.contains(ptr.0, bytes) {
             return Err(Error::UnknownPointer {
                 ptr: ptr.0,

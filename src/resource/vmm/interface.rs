@@ -67,6 +67,9 @@ impl VmmResource {
 impl Resource for VmmResource {
     fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
         let mut st = self.lock_enabled()?;
+        if st.asleep.is_some() {
+            return Err(super::sleep::asleep_error(self.device));
+        }
         if let Some(start) = self.take_slot(&mut st, bytes, stream) {
             return Ok(self.hand_out(&mut st, start, bytes));
         }
@@ -89,6 +92,9 @@ impl Resource for VmmResource {
     #[inline]
     fn try_allocate(&self, bytes: u64, stream: Stream) -> Option<DevicePtr> {
         let mut st = self.try_lock_enabled()?;
+        if st.asleep.is_some() {
+            return None; // (the slow path says why)
+        }
         if let Some(start) = self.take_slot(&mut st, bytes, stream) {
             return Some(self.hand_out(&mut st, start, bytes));
         }
@@ -139,6 +145,7 @@ impl Resource for VmmResource {
             capture_notice: Some(self),
             export: None,
             page_export: self.exportable.then_some(self as &dyn PageExport),
+            sleep: Some(self),
         }
     }
 }
@@ -210,6 +217,9 @@ impl Drop for VmmResource {
         let _ = driver.synchronize(device);
         let st = &mut *self.state.lock();
         st.fences.destroy(driver, device);
+        if let Some(buffer) = st.asleep.take().and_then(|a| a.buffer()) {
+            driver.host_free(device, buffer);
+        }
         for r in std::mem::take(&mut st.retiring) {
             let _ = driver.mem_unmap(device, DevicePtr(r.page), self.page_bytes);
         }

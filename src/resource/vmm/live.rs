@@ -31,6 +31,13 @@ impl Live {
         }
     }
 
+    /// Every live block, as (start, bytes), in no particular order.
+    pub fn blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.last
+            .into_iter()
+            .chain(self.blocks.iter().map(|(&s, &b)| (s, b)))
+    }
+
     /// True if `[start, start + bytes)` is a live block.
     pub fn contains(&self, start: u64, bytes: u64) -> bool {
         match self.last {

@@ -394,7 +394,7 @@ impl VmmResource {
     }
 
     /// The device and every granted peer.
-    fn access_list(&self, st: &VmmState) -> Vec<usize> {
+    pub(super) fn access_list(&self, st: &VmmState) -> Vec<usize> {
         std::iter::once(self.device)
             .chain(st.peers.iter().copied())
             .collect()
@@ -432,7 +432,7 @@ impl VmmResource {
         keep_bytes: u64,
         cold_before_ms: Option<u64>,
     ) {
-        if self.capturing(st) {
+        if self.capturing(st) || st.asleep.is_some() {
             return;
         }
         // Each spare is tried once; one the driver refuses stays a spare (and counted).
