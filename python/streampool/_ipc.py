@@ -125,7 +125,7 @@ class BlockHandle:
     receiver has released it."""
 
     def __init__(self, raw: bytes, key: Tuple[str, int], fd: int, slot: Optional[Tuple[str, int]], nbytes: int,
-                 owned_fd: bool = False, sent_key: Optional[Tuple[int, int]] = None,
+                 owned_fd: bool = False, sent_key: Optional[Tuple[int, int, str]] = None,
                  page_fds: Optional[List[int]] = None):
         self.raw, self.key, self.fd, self.slot, self.nbytes = raw, key, fd, slot, nbytes
         self.owned_fd, self.sent_key = owned_fd, sent_key
@@ -175,16 +175,29 @@ def _rebuild_page_handle(raw: bytes, key: Tuple[str, int], dups: List[Any], slot
     return BlockHandle(raw, key, -1, slot, nbytes, owned_fd=True, page_fds=[_received_fd(d) for d in dups])
 
 
+class _Export:
+    """One export of a block: its event, its page descriptors (page sharing), the release bytes
+    of its receivers. Let go of once it has receivers and all of them released it."""
+
+    def __init__(self, event: int, fds: List[int]):
+        self.event, self.fds = event, fds
+        self.slots: List[Tuple[str, int]] = []
+
+    def released(self) -> bool:
+        return bool(self.slots) and all(map(_release_bytes.released, self.slots))
+
+
 class _Sent:
+    """A block this process shared: kept (``keep``) while any of its exports is not let go of."""
+
     def __init__(self, keep: Any, device: int):
         self.keep, self.device = keep, device
-        self.events: List[int] = []
-        self.slots: List[Tuple[str, int]] = []
-        # Page descriptors of its exports, closed once every receiver has released it.
-        self.fds: List[int] = []
+        self.exports: Dict[str, _Export] = {}
 
 
 _release_bytes = _ReleaseBytes()
+# (device, address) -> the block's exports; a handle names its export by (device, address, id),
+# so a handle whose export was let go of is refused even if the address is shared again.
 _sent: Dict[Tuple[int, int], _Sent] = {}
 _sent_lock = threading.Lock()
 # (device, pool fd) -> a random name for that pool, so receivers never mix up two exporters'
@@ -201,7 +214,7 @@ def share_block(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes:
     backend): ready after the work queued on ``stream``, kept alive (by holding ``keep``) until
     every receiver of the returned handle has released it."""
     ipc_collect()
-    if ptr in _imported_ptrs and (device, ptr) not in _sent:
+    if ptr in _imported_ptrs and (device, ptr) not in _sent:  # (blocks shared from here)
         raise RuntimeError(
             "this tensor was received from another process and cannot be sent on: send it from the "
             "process that shared it"
@@ -214,10 +227,9 @@ def share_block(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes:
     raw = _lib.StreampoolIpcHandle()
     _lib.check(_lib.library().streampool_ipc_export(ptr, device, stream, ctypes.byref(raw)))
     with _sent_lock:
-        sent = _sent.setdefault((device, ptr), _Sent(keep, device))
-        sent.events.append(raw.event)
+        sent_key = _add_export(device, ptr, keep, _Export(raw.event, []))
         name = _pool_names.setdefault((device, raw.pool_fd), uuid.uuid4().hex)
-    return BlockHandle(bytes(raw), (name, device), raw.pool_fd, None, nbytes, sent_key=(device, ptr))
+    return BlockHandle(bytes(raw), (name, device), raw.pool_fd, None, nbytes, sent_key=sent_key)
 
 
 def _share_pages(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes: int) -> BlockHandle:
@@ -230,39 +242,56 @@ def _share_pages(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes
     )
     page_fds = list(fds[: pages.page_count])
     with _sent_lock:
-        sent = _sent.setdefault((device, ptr), _Sent(keep, device))
-        sent.events.append(pages.event)
-        sent.fds.extend(page_fds)
+        sent_key = _add_export(device, ptr, keep, _Export(pages.event, page_fds))
     key = (uuid.uuid4().hex, device)
-    return BlockHandle(bytes(pages), key, -1, None, nbytes, sent_key=(device, ptr), page_fds=page_fds)
+    return BlockHandle(bytes(pages), key, -1, None, nbytes, sent_key=sent_key, page_fds=page_fds)
 
 
-def _add_receiver(sent_key: Tuple[int, int]) -> Tuple[str, int]:
-    """A release byte for one more receiver of the block ``sent_key``."""
+def _add_export(device: int, ptr: int, keep: Any, export: _Export) -> Tuple[int, int, str]:
+    """Records ``export`` of the block ``(device, ptr)`` (under ``_sent_lock``); its key."""
+    sent = _sent.setdefault((device, ptr), _Sent(keep, device))
+    export_id = uuid.uuid4().hex
+    sent.exports[export_id] = export
+    return (device, ptr, export_id)
+
+
+def _add_receiver(sent_key: Tuple[int, int, str]) -> Tuple[str, int]:
+    """A release byte for one more receiver of the export ``sent_key``."""
     slot = _release_bytes.allocate()
     with _sent_lock:
-        sent = _sent.get(sent_key)
-        if sent is None:
+        sent = _sent.get(sent_key[:2])
+        export = sent.exports.get(sent_key[2]) if sent is not None else None
+        if export is None:
             raise RuntimeError("this handle's block was already released by its receivers: call share() again")
-        sent.slots.append(slot)
+        export.slots.append(slot)
     return slot
 
 
 def ipc_collect() -> int:
     """Let go of shared blocks every receiver has released (their memory can then be reused);
-    returns how many. ``share`` runs it too. A block no receiver has taken yet is kept."""
+    returns how many. ``share`` runs it too. A block no receiver has taken yet is kept. Every
+    export let go of is released even if one release fails (the first failure is raised)."""
+    finished: List[Tuple[int, _Export]] = []
     with _sent_lock:
-        done = [
-            key for key, sent in _sent.items() if sent.slots and all(map(_release_bytes.released, sent.slots))
-        ]
-        finished = [_sent.pop(key) for key in done]
-    for sent in finished:
-        for fd in sent.fds:
+        for key, sent in list(_sent.items()):
+            for export_id, export in list(sent.exports.items()):
+                if export.released():
+                    finished.append((sent.device, sent.exports.pop(export_id)))
+        blocks = [key for key, sent in _sent.items() if not sent.exports]
+        for key in blocks:
+            del _sent[key]
+    first_error: Optional[BaseException] = None
+    for device, export in finished:
+        for fd in export.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        for event in sent.events:
-            _lib.check(_lib.library().streampool_ipc_release_export(sent.device, event))
-    return len(finished)
+        try:
+            _lib.check(_lib.library().streampool_ipc_release_export(device, export.event))
+        except Exception as exc:  # noqa: BLE001  (the others are released first)
+            first_error = first_error or exc
+    if first_error is not None:
+        raise first_error
+    return len(blocks)
 
 
 def shared_block_count() -> int:
@@ -462,6 +491,23 @@ def register_reductions() -> None:
             _torch_reducers[cls] = ForkingPickler._extra_reducers[cls]
         ForkingPickler.register(cls, _reduce_tensor)
     pickle_at_put()
+    raise_open_file_limit()
+
+
+def raise_open_file_limit() -> None:
+    """A tensor shared page by page (the vmm backend) travels as one file descriptor per page
+    (2 MiB): raise this process's soft limit on open files to its hard limit, as far as the
+    system lets it, so that a large tensor does not run out of descriptors (a 1 GiB tensor holds
+    512 in the exporter while it is sent)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ImportError, ValueError, OSError) as exc:
+        _log.info("streampool: the open-file limit stays as it is (%s)", exc)
 
 
 # --- queues: pickling in the thread that puts --------------------------------------------------

@@ -325,3 +325,35 @@ def test_an_ordinary_vmm_block_put_on_a_queue_arrives(queue_puts_pickle):
         queue.close()
         queue.join_thread()
         _lib.free(ptr, MiB, 0)
+
+
+@vmm_backend_only
+def test_a_stale_handle_is_refused_once_its_export_was_let_go_of():
+    """A handle whose receivers all released it is refused even when the same address is shared
+    again (found by review: it duplicated descriptor numbers of the new export)."""
+    ptr = _lib.malloc(5 * MiB, 0, 0)
+    old = _ipc.share_block(ptr, 0, None, keep=None, nbytes=5 * MiB)
+    _ipc.ImportedBlock(pickle.loads(pickle.dumps(old)), None).close()
+    assert _ipc.ipc_collect() == 1
+    _lib.free(ptr, 5 * MiB, 0)
+    again = _lib.malloc(5 * MiB, 0, 0)
+    assert again == ptr
+    new = _ipc.share_block(again, 0, None, keep=None, nbytes=5 * MiB)
+    with pytest.raises(RuntimeError, match="already released"):
+        pickle.dumps(old)
+    _ipc.ImportedBlock(pickle.loads(pickle.dumps(new)), None).close()
+    assert _ipc.ipc_collect() == 1
+    _lib.free(again, 5 * MiB, 0)
+
+
+def test_a_fresh_export_is_kept_until_its_receivers_release_it():
+    """An export added to a block whose earlier receivers all released is not let go of before
+    it is sent (it has no receiver yet)."""
+    ptr = _shareable_block() if BACKEND == "pool" else _lib.malloc(3 * MiB, 0, 0)
+    first = _ipc.share_block(ptr, 0, None, None, MiB)
+    _ipc.ImportedBlock(pickle.loads(pickle.dumps(first)), None).close()
+    second = _ipc.share_block(ptr, 0, None, None, MiB)  # collects the first export
+    assert _ipc.ipc_collect() == 0 and _ipc.shared_block_count() == 1, "the second is kept"
+    _ipc.ImportedBlock(pickle.loads(pickle.dumps(second)), None).close()
+    assert _ipc.ipc_collect() == 1
+    _lib.free(ptr, 3 * MiB, 0)

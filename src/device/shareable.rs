@@ -96,7 +96,8 @@ impl DeviceAllocator {
         let (block_bytes, source) = self.live_block_source(ptr)?;
         if source.capabilities().page_export.is_none() {
             return Err(Error::InvalidArgument(format!(
-                "{ptr:#x} on device {} is not in memory whose pages can be shared                  (the vmm backend's, on a device with POSIX file descriptor handles)",
+                "{ptr:#x} on device {} is not in memory whose pages can be shared (the vmm \
+                 backend's, on a device with POSIX file descriptor handles)",
                 self.device
             )));
         }

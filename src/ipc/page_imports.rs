@@ -4,7 +4,8 @@
 //!
 //! Invariants: an import is known (by the address it returned) until closed; a failed import
 //! leaves nothing mapped, imported or reserved; a close waits for the device before it unmaps,
-//! so no work of this process still reads the pages when the exporter may free the block.
+//! so no work of this process still reads the pages when the exporter may free the block, and
+//! once it has waited the import is closed even if an unmap fails (logged).
 
 use super::StreampoolIpcPages;
 use crate::driver::{DevicePtr, Driver, MemHandle, Stream};
@@ -128,7 +129,16 @@ impl PageImports {
             self.by_ptr.lock().insert(ptr, import);
             return Some(Err(e));
         }
-        Some(import.undo(driver, import.handles.len()))
+        // Synchronised: no work of this process uses the pages. A mapping that cannot be undone
+        // stays in this process (CUDA keeps the memory until it goes) but the import is closed,
+        // so the exporter is released all the same.
+        if let Err(e) = import.undo(driver, import.handles.len()) {
+            log::warn!(
+                "device {}: undoing a closed page import: {e}",
+                import.device
+            );
+        }
+        Some(Ok(()))
     }
 
     pub fn open_count(&self) -> usize {

@@ -91,8 +91,9 @@ pub trait Resource: Send + Sync {
     /// allocation stream). An error means the block is still the caller's, to give back later.
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()>;
     /// [`Resource::allocate`] if a block is at hand: nothing mapped, created or waited for, no
-    /// lock waited for, no driver call that can block (the device calls it under its own lock,
-    /// when [`Traits::fast_path`] says so). `None`: ask `allocate`.
+    /// lock waited for, only driver calls that return at once — a capture query, an event
+    /// record or query (the device calls it under its own lock, when [`Traits::fast_path`] says
+    /// so). `None`: ask `allocate`.
     #[inline]
     fn try_allocate(&self, _bytes: u64, _stream: Stream) -> Option<DevicePtr> {
         None

@@ -173,12 +173,13 @@ impl Fences {
         driver: &dyn Driver,
         device: usize,
     ) -> Vec<(Stream, u64)> {
-        let gone = |s: &&StreamFences| driver.is_capturing(device, s.stream).is_err();
+        // Only streams with a pending fence are asked (slots outlive their fences).
         let pending = |s: &StreamFences| s.pending.map(|seq| (s.stream, seq));
+        let gone = |(stream, _): &(Stream, u64)| driver.is_capturing(device, *stream).is_err();
         self.streams
             .iter()
-            .filter(gone)
             .filter_map(pending)
+            .filter(gone)
             .collect()
     }
 

@@ -43,7 +43,7 @@ impl GraphPoolResource {
         }
     }
 
-    /// The resource its segments come from (but those taken from the driver during a capture).
+    /// The resource its segments come from (the device's own, or a `MemPool`'s allocator).
     pub fn parent(&self) -> &Arc<dyn Resource> {
         &self.parent
     }

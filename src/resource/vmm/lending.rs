@@ -12,7 +12,10 @@
 //!
 //! Invariants: a retiring page is in no free range any stream may use (`State::Retiring`); a lent
 //! handle's new page is freed memory of its stream behind the same fence, never ready memory
-//! (so no other stream is handed any part of it before that fence); its
+//! (so no other stream is handed any part of it before that fence), also when it was blocked
+//! and given access later; a move whose new page could not be mapped is undone, never left as a
+//! plain spare (which a later growth would map as ready memory); a handle still mapped at a
+//! retiring page is never released; its
 //! handle is counted once, under its new address in `pages` (or as a spare); a retiring page is
 //! unmapped only by the background thread, a trim or the teardown, never during a known capture,
 //! and only once the fence it waits for (if any) has completed; an unmap that fails is tried
@@ -52,11 +55,7 @@ impl VmmResource {
     /// with the fence its old work is behind, if any: wherever it is mapped next, it is freed
     /// memory of that stream (usable by the stream at once, by others after the fence), never
     /// ready memory, until the fence completes.
-    pub(super) fn retire_page(
-        &self,
-        st: &mut VmmState,
-        page: u64,
-    ) -> (MemHandle, Option<(Stream, u64)>) {
+    pub(super) fn retire_page(&self, st: &mut VmmState, page: u64) -> MemHandle {
         let Page { handle, region, .. } = st.pages.remove(&page).expect("a free page is mapped");
         st.counts.moves += 1;
         let fence = match st.region(region).retire(page) {
@@ -72,7 +71,45 @@ impl VmmResource {
             fence,
             handle,
         });
-        (handle, fence)
+        handle
+    }
+
+    /// The state memory backed by `handle` is in: freed on the stream whose old work a moved
+    /// handle may still serve (behind that stream's fence, while it is outstanding), else ready.
+    pub(super) fn state_of_handle(&self, st: &VmmState, handle: MemHandle) -> State {
+        let fences = st.retiring.iter().rev().filter(|r| r.handle == handle);
+        let outstanding = fences
+            .filter_map(|r| r.fence)
+            .find(|&(stream, seq)| st.fences.outstanding(stream, seq));
+        match outstanding {
+            Some((stream, seq)) => State::Freed { stream, seq },
+            None => State::Ready,
+        }
+    }
+
+    /// A handle that did not end up mapped at its new address (a growth failed): if it was moved
+    /// out of a page that still retires, the move is undone — that page has it again, in the
+    /// state the page was in (freed behind its fence while that is outstanding, else ready) —
+    /// and true; false for any other handle (the caller keeps it as a spare).
+    pub(super) fn return_moved(&self, st: &mut VmmState, handle: MemHandle) -> bool {
+        let Some(i) = st.retiring.iter().rposition(|r| r.handle == handle) else {
+            return false;
+        };
+        let r = st.retiring.remove(i);
+        let state = match r.fence {
+            Some((stream, seq)) if st.fences.outstanding(stream, seq) => {
+                State::Freed { stream, seq }
+            }
+            _ => State::Ready,
+        };
+        let page = Page {
+            handle,
+            region: r.region,
+            last_used_ms: self.driver.now_ms(),
+        };
+        st.pages.insert(r.page, page);
+        st.region(r.region).retag(r.page, State::Retiring, state);
+        true
     }
 
     /// True if `handle` is still mapped at a retiring page (a spare that must not be released

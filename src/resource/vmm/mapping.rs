@@ -14,8 +14,9 @@
 //! and its handle kept as a spare, or, if even that fails, blocked until access can be set or it
 //! can be unmapped; a window that spares, idle pages and the budget cannot back together is
 //! refused before anything is mapped or moved; no create is tried again in a growth after the
-//! device refused one; only idle pages (in `Ready` ranges) are unmapped; nothing is unmapped
-//! during a capture; physical memory never exceeds the pool cap or the memory limit through this
+//! device refused one; the handle of a page is taken only from an idle page (in a `Ready` range)
+//! or a page the growth's own stream freed, and such a page is unmapped later, once no work can
+//! use it there ([`super::lending`]); nothing is unmapped during a capture; physical memory never exceeds the pool cap or the memory limit through this
 //! module.
 
 use super::growth::Budget;
@@ -65,8 +66,6 @@ struct Growth {
     stream: Stream,
     listed: Option<(Vec<u64>, Vec<u64>)>,
     lendable: Option<Vec<u64>>,
-    /// Handles lent by pages whose old work (behind the fence) may not have completed.
-    lent: Vec<(MemHandle, Stream, u64)>,
     budget: Option<Budget>,
 }
 
@@ -110,7 +109,6 @@ impl VmmResource {
             stream,
             listed: None,
             lendable: None,
-            lent: Vec::new(),
             budget: None,
         };
         self.check_room(st, &mut growth, window.pages.len() as u64, now_ms)?;
@@ -123,7 +121,9 @@ impl VmmResource {
                     self.driver
                         .mem_map(self.device, DevicePtr(page), self.page_bytes, handle)
                 {
-                    st.spare_handles.push(handle);
+                    if !self.return_moved(st, handle) {
+                        st.spare_handles.push(handle);
+                    }
                     return Err(e);
                 }
                 st.pages.insert(
@@ -142,14 +142,8 @@ impl VmmResource {
         match outcome {
             Ok(()) => {
                 for &page in &mapped {
-                    let handle = st.pages[&page].handle;
-                    match growth.lent.iter().find(|l| l.0 == handle) {
-                        Some(&(_, stream, seq)) => {
-                            let freed = State::Freed { stream, seq };
-                            st.region(region).retag(page, State::Unmapped, freed);
-                        }
-                        None => st.region(region).mark_mapped(page),
-                    }
+                    let state = self.state_of_handle(st, st.pages[&page].handle);
+                    st.region(region).retag(page, State::Unmapped, state);
                     self.count(Event::Map, page, st);
                 }
                 Ok(())
@@ -161,7 +155,11 @@ impl VmmResource {
                         .driver
                         .mem_unmap(self.device, DevicePtr(page), self.page_bytes)
                     {
-                        Ok(()) => st.spare_handles.push(handle),
+                        Ok(()) => {
+                            if !self.return_moved(st, handle) {
+                                st.spare_handles.push(handle);
+                            }
+                        }
                         // Mapped, maybe without access: no one may use it until that is fixed.
                         Err(_) => {
                             st.pages.insert(
@@ -189,7 +187,8 @@ impl VmmResource {
         for (region, page) in st.blocked_pages() {
             let devices = self.access_list(st);
             if self.set_access(st, &[page], &devices).is_ok() {
-                st.region(region).retag(page, State::Blocked, State::Ready);
+                let state = self.state_of_handle(st, st.pages[&page].handle);
+                st.region(region).retag(page, State::Blocked, state);
                 self.count(Event::Map, page, st);
             } else if self
                 .driver
@@ -201,9 +200,11 @@ impl VmmResource {
                     .remove(&page)
                     .expect("a blocked page is mapped")
                     .handle;
-                st.spare_handles.push(handle);
                 st.region(region)
                     .retag(page, State::Blocked, State::Unmapped);
+                if !self.return_moved(st, handle) {
+                    st.spare_handles.push(handle);
+                }
             }
         }
     }
@@ -363,16 +364,7 @@ impl VmmResource {
     /// The handle of a page the growth's stream freed, lent ([`super::lending`]).
     fn lend(&self, st: &mut VmmState, growth: &mut Growth) -> Option<MemHandle> {
         let page = self.lendable(st, growth).pop()?;
-        Some(self.take_retired(st, growth, page))
-    }
-
-    /// [`VmmResource::retire_page`], noting a lent handle's fence in the growth.
-    fn take_retired(&self, st: &mut VmmState, growth: &mut Growth, page: u64) -> MemHandle {
-        let (handle, fence) = self.retire_page(st, page);
-        if let Some((stream, seq)) = fence {
-            growth.lent.push((handle, stream, seq));
-        }
-        handle
+        Some(self.retire_page(st, page))
     }
 
     /// Takes the handle of an idle page outside the window (a cold one if `cold_only`); the page
@@ -390,7 +382,7 @@ impl VmmResource {
             false => hot,
         };
         let page = list.pop()?;
-        Some(self.take_retired(st, growth, page))
+        Some(self.retire_page(st, page))
     }
 
     /// The device and every granted peer.
@@ -459,6 +451,9 @@ impl VmmResource {
             return;
         }
         let mut idle = idle_pages(st, (0, 0));
+        // A page whose handle is still mapped at a retiring page is not released before that
+        // unmap (its memory would stay in use, uncounted).
+        idle.retain(|p| !Self::retiring_handle(st, st.pages[p].handle));
         if let Some(before_ms) = cold_before_ms {
             idle.retain(|p| st.pages[p].last_used_ms <= before_ms);
         }

@@ -16,8 +16,9 @@
 //!   pages are backed ([`mapping`]) by spare handles, then by handles moved out of cold idle
 //!   pages (unused for `cold_after_ms`), then by new handles, and only when the growth slack,
 //!   the device (less the headroom kept for the CUDA runtime) or the cap is reached by handles
-//!   moved out of any idle page; a growth that found the device full gives idle pages back
-//!   until it has room again ([`growth`]).
+//!   moved out of any idle page or out of pages the stream itself freed (mapped at once, the old
+//!   address unmapped once no work can use it there: [`lending`]); a growth that found the
+//!   device full gives idle pages back until it has room again ([`growth`]).
 //! - Nothing is released on the allocating thread but after a growth that found the device full:
 //!   memory above the release threshold is released once unused for a second, and all idle
 //!   memory once the device is idle, by the device's background thread
@@ -33,8 +34,10 @@
 //! (fences of streams that are not capturing, from a thread of the program), is done in relaxed
 //! capture mode, as PyTorch makes its graph pools' `cudaMalloc`; the resource asks the driver
 //! when the capture has ended — a stream the driver cannot answer for (destroyed) is not
-//! capturing; the resource's lock is held across
-//! map and unmap calls, never while the device lock is.
+//! capturing; the resource's lock is held across map and unmap calls; the device takes it inside
+//! its own lock only with `try_lock`, for the fast path (a slot, a fit, a free, and at most a
+//! fence recorded and queried: calls that return at once), never waiting for it there, and the
+//! resource never takes the device's lock (a panic on that path disables the whole device).
 
 mod export;
 mod growth;
@@ -132,7 +135,8 @@ struct VmmState {
     physical_high_bytes: u64,
     fences: Fences,
     /// Streams of the device known to capture a graph (from the device's allocations on them):
-    /// while one still does, nothing is mapped, unmapped or queried.
+    /// while one still does, nothing is unmapped, and what is mapped or queried is done in relaxed
+    /// capture mode.
     captures: CaptureWatch,
     /// Devices other than its own with access.
     peers: Vec<usize>,

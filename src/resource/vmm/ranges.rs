@@ -380,11 +380,6 @@ impl FreeRanges {
         self.retag(page, State::Ready, State::Unmapped);
     }
 
-    /// The whole page at `page` (inside an `Unmapped` range) is now mapped and ready.
-    pub fn mark_mapped(&mut self, page: u64) {
-        self.retag(page, State::Unmapped, State::Ready);
-    }
-
     /// The whole page at `page`, inside a range in state `from`, is now in state `to` (for the
     /// `Blocked` transitions; the others have names above).
     pub fn retag(&mut self, page: u64, from: State, to: State) {

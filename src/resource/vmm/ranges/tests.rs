@@ -12,7 +12,7 @@ fn ranges(pages: u64, mapped: u64) -> FreeRanges {
     let mut r = FreeRanges::new(PAGE);
     r.add_extent(BASE, pages * PAGE);
     for i in 0..mapped {
-        r.mark_mapped(BASE + i * PAGE);
+        r.retag(BASE + i * PAGE, State::Unmapped, State::Ready);
     }
     r
 }
@@ -86,7 +86,7 @@ fn neighbours_merge_only_when_ready_for_the_same_streams() {
 fn ranges_never_merge_across_extents() {
     let mut r = ranges(2, 2);
     r.add_extent(BASE + 2 * PAGE, 4 * PAGE);
-    r.mark_mapped(BASE + 2 * PAGE);
+    r.retag(BASE + 2 * PAGE, State::Unmapped, State::Ready);
     assert_eq!(r.snapshot().len(), 3);
     assert_eq!(r.best_fit(2 * PAGE + 512, S1), None);
     let w = r
@@ -166,7 +166,7 @@ fn an_unaligned_window_maps_every_page_it_touches() {
     let w = r.window(PAGE, S1, false).unwrap();
     assert_eq!(w.start, BASE + PAGE - 512);
     assert_eq!(w.pages, [BASE + PAGE]);
-    r.mark_mapped(BASE + PAGE);
+    r.retag(BASE + PAGE, State::Unmapped, State::Ready);
     assert_eq!(r.best_fit(PAGE, S1), Some(BASE + PAGE - 512));
     r.take(w.start, PAGE);
     assert_eq!(

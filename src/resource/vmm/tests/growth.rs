@@ -129,3 +129,25 @@ fn a_window_may_cover_another_streams_freed_memory_behind_a_gpu_side_wait() {
     r.free(x, 2 * PAGE, S1);
     r.free(b, 4 * PAGE, S2);
 }
+
+/// A growth that finds the device full releases idle pages on the allocating thread; a page
+/// whose handle is still mapped at a retiring page (moved there earlier) is not released before
+/// that unmap (found by review: the strict simulator refused the release).
+#[test]
+fn the_surplus_release_keeps_pages_whose_handles_are_still_mapped_elsewhere() {
+    let r = rig_headroom(64 * PAGE, 2 * PAGE);
+    r.stop_clock();
+    let a = r.alloc(6 * PAGE, S1);
+    let b = r.alloc(8 * PAGE, S1);
+    r.free(a, 6 * PAGE, S1);
+    r.sim.complete_all();
+    let foreign = r.sim.mem_create(0, 46 * PAGE).unwrap();
+    let c = r.alloc(8 * PAGE, S1); // some created, some of a's pages moved (retiring)
+    assert!(Statistics::driver_counts(&*r.vmm).moves > 0);
+    r.free(c, 8 * PAGE, S1);
+    r.sim.complete_all();
+    let d = r.alloc(PAGE / 2, S2);
+    r.free(d, PAGE / 2, S2);
+    r.free(b, 8 * PAGE, S1);
+    r.sim.mem_release(0, foreign).unwrap();
+}
