@@ -33,7 +33,7 @@ def test_defaults_are_every_group_every_configuration():
         (["--configs", "streampool-threshold-1GiB"], "paired with streampool: select it too"),
         (["--variant", "x:PATH=/"], "expected LABEL:STREAMPOOL_VAR=VALUE"),
         (["calibrate", "--blocks-s", "0.1,-1"], "--blocks-s '-1'"),
-        (["--without", "pin,luck"], "unknown setting luck; choose from pin, threads"),
+        (["--without", "pin,luck"], "unknown setting luck; choose from pin, rotate, threads"),
         (["calibrate", "--ablate", "luck"], "unknown setting luck"),
         (["merge"], "the following arguments are required: dirs"),
     ],
@@ -177,14 +177,16 @@ def test_process_sets_make_a_per_process_bias_widen_the_interval(tmp_path):
 def test_each_worker_runs_on_the_cpus_it_was_given_and_all_are_set_up_alike(tmp_path):
     allowed = sorted(os.sched_getaffinity(0))
     names = ["native", "native-aa", "streampool"]
-    given = affinity.gpu_placement(names, None, allowed).workers  # no NVML here: all CPUs
     assert run_standin(tmp_path, workloads="churn", pairs="2", processes="2") == 0
     (call,) = json.loads((tmp_path / "results.json").read_text())["runs"]
-    for process_set in call["process_sets"]:
+    for index, process_set in enumerate(call["process_sets"]):
         assert process_set["on"] == list(isolation.FEATURES) and "placement" in process_set
+        # set k hands the first CPU set to the k-th worker (rotate): no NVML here, all CPUs
+        order = names[index:] + names[:index]
+        given = affinity.gpu_placement(order, None, allowed).workers
         workers = process_set["workers"]
         assert {n: w["setup"]["cpus"] for n, w in workers.items()} == {
-            n: affinity.format_cpulist(c) for n, c in given.items()}
+            n: affinity.format_cpulist(c) for n, c in given.items()} == process_set["cpus"]
         assert len({w["setup"]["fingerprint"] for w in workers.values()}) == 1
         assert {w["setup"]["hash_seed"] for w in workers.values()} == {"0"}
         no_aslr = bool(isolation.no_aslr_launcher())  # where this kernel lets setarch -R run
