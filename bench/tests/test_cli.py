@@ -3,6 +3,7 @@ over stand-in workers, everything written under the test's tmp_path."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,20 @@ def test_each_worker_runs_on_the_cpus_it_was_given_and_all_are_set_up_alike(tmp_
     assert {w["setup"]["cpus"] for w in process_set["workers"].values()} == {
         affinity.format_cpulist(allowed)}
     assert {w["setup"]["aslr_off"] for w in process_set["workers"].values()} == {False}
+
+
+def test_help_lists_every_command():
+    text = cli.commands_text()
+    for command in ("python3 -m bench [--group G]", "python3 -m bench calibrate",
+                    "python3 -m bench merge DIR... --out-dir OUT", "python3 -m bench noise DIR...",
+                    "python3 -m bench headline [--check]"):
+        assert command in text
+
+
+def test_help_of_the_module_names_headline(capsys):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "bench", "--help"], capture_output=True,
+                          text=True, cwd=Path(cli.__file__).resolve().parents[1])
+    assert done.returncode == 0 and "python3 -m bench headline" in done.stdout, done.stderr
