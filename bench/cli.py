@@ -15,6 +15,7 @@
 - ``python3 -m bench noise DIR...``: where the A/A difference comes from (noise.py), from a run's
   results.json or a calibration's calibration.json; ``python3 -m bench headline``: the tables of
   README.md and BENCHMARKS.md from the committed results (headline.py).
+A command recorded in results.json and the reports names its paths relative (portable.py).
 Invariant: the parent never imports torch or touches CUDA (workers do); it writes only into
 --out-dir (calibrate: and its --write file); it does every pair it announces (no time budget cuts
 a run short: --budget-s refuses up front a run estimated to need longer); without torch, numpy or
@@ -32,8 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import (calibrate, cotenant, details, isolation, markdown, noise, nvml, plan, protocol,
-               report, runner, sets)
+from . import (calibrate, cotenant, details, isolation, markdown, noise, nvml, plan, portable,
+               protocol, report, runner, sets)
 from .configs import (CONFIG_NAMES, COTENANT_NAMES, DEFAULT_CONFIGS, NATIVE, PRICE_CONFIGS,
                       VARIANT_PREFIX, pairs_of, parse_variant)
 from .schedules import TIMED_WORKLOADS
@@ -288,7 +289,7 @@ def run(options, argv: Sequence[str], environ: Dict[str, str]) -> Dict[str, Any]
     library = nvml.Nvml.open()
     device = library.handle() if library else None
     call: Dict[str, Any] = {"facts": {
-        "command": command_line(argv, environ),
+        "command": portable.relative_paths(command_line(argv, environ), Path.cwd()),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "driver": library.driver_version() if library else None,
         "block_s": options.block_s, "pairs": options.pairs, "idle_release_s": release_s,
@@ -349,7 +350,7 @@ def run_calibration(options, argv: Sequence[str], environ: Dict[str, str]) -> No
     library = nvml.Nvml.open()
     sampler = runner.Sampler(library, library.handle() if library else None)
     facts = {
-        "command": command_line(argv, environ),
+        "command": portable.relative_paths(command_line(argv, environ), Path.cwd()),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "blocks_s": options.blocks_s, "pairs": options.pairs, "processes": options.processes,
         "without": options.without, "ablate": options.ablate,
@@ -380,7 +381,13 @@ def merge(dirs: Sequence[Path], out_dir: Path, command: Optional[str] = None) ->
         path = directory if directory.suffix == ".json" else directory / RESULTS
         if not path.is_file():
             raise SystemExit(f"{COMMAND} merge: {path} not found (a run's --out-dir holds it)")
-        calls += json.loads(path.read_text())["runs"]
+        found = json.loads(path.read_text())["runs"]
+        for call in found:  # each command names where its results are (located)
+            facts = call.setdefault("facts", {})
+            if facts.get("command"):
+                facts["command"] = portable.located(facts["command"], path.parent, Path.cwd(),
+                                                    RESULTS)
+        calls += found
     _write(out_dir / RESULTS, json.dumps({"format": report.FORMAT, "runs": calls}) + "\n")
     return write_report(calls, out_dir, command)
 
@@ -426,7 +433,8 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]]
         print(noise_report(options.dirs), flush=True)
         return 0
     if options.mode == "merge":
-        built = merge(options.dirs, options.out_dir, command_line(argv, {}))
+        built = merge(options.dirs, options.out_dir,
+                      portable.relative_paths(command_line(argv, {}), Path.cwd()))
         print("\n".join(markdown.headline(built)), flush=True)
         return 0
     try:

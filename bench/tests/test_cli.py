@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import affinity, cli, isolation, plan
+from bench import affinity, cli, isolation, plan, portable
 
 STANDIN = ["--engine", "bench.tests.standin:StandinEngine"]
 
@@ -201,6 +201,35 @@ def test_each_worker_runs_on_the_cpus_it_was_given_and_all_are_set_up_alike(tmp_
     assert {w["setup"]["cpus"] for w in process_set["workers"].values()} == {
         affinity.format_cpulist(allowed)}
     assert {w["setup"]["aslr_off"] for w in process_set["workers"].values()} == {False}
+
+
+def test_reports_name_paths_relative_never_the_layout_of_the_machine_that_ran(tmp_path,
+                                                                              monkeypatch):
+    # Committed reports said `--out-dir /root/out/bench-alloc`: a folder on the GPU machine.
+    monkeypatch.chdir(tmp_path)
+    assert portable.relative_paths(
+        "STREAMPOOL_X=1 python3 -m bench --out-dir /root/out/a --calibration=/etc/c.json",
+        Path("/root")) == "STREAMPOOL_X=1 python3 -m bench --out-dir out/a --calibration=../etc/c.json"
+    assert run_standin(tmp_path / "runs" / "a", workloads="churn", pairs="2") == 0
+    (call,) = json.loads((tmp_path / "runs" / "a" / "results.json").read_text())["runs"]
+    assert "--out-dir runs/a " in call["facts"]["command"] and str(tmp_path) not in \
+        call["facts"]["command"]
+    # a run whose results.json names a folder of another machine: merge names where it read it
+    moved = tmp_path / "bench" / "results" / "DATE" / "alloc"
+    moved.mkdir(parents=True)
+    raw = json.loads((tmp_path / "runs" / "a" / "results.json").read_text())
+    raw["runs"][0]["facts"]["command"] = "python3 -m bench --group alloc --out-dir /root/out/x"
+    (moved / "results.json").write_text(json.dumps(raw))
+    assert cli.main(["merge", str(moved), str(tmp_path / "runs" / "a"), "--out-dir",
+                     str(tmp_path / "bench" / "results" / "DATE")]) == 0
+    built = json.loads((tmp_path / "bench" / "results" / "DATE" / "report.json").read_text())
+    assert built["facts"]["commands"][0] == \
+        "python3 -m bench --group alloc --out-dir bench/results/DATE/alloc"
+    assert "--out-dir runs/a " in built["facts"]["commands"][1]  # typed relative, and there
+    assert built["facts"]["merge_command"] == ("python3 -m bench merge bench/results/DATE/alloc "
+                                               "runs/a --out-dir bench/results/DATE")
+    text = (tmp_path / "bench" / "results" / "DATE" / "report.md").read_text()
+    assert "/root/" not in text and str(tmp_path) not in text
 
 
 def test_help_lists_every_command():
