@@ -45,7 +45,7 @@ def test_malformed_variable_fails_every_call_naming_variable_and_value(variable,
     assert len(lines) == 5, describe(proc)
     for line in lines:
         assert f"{variable}={value!r}".replace("'", '"') in line, describe(proc)
-        assert "accepted" in line, describe(proc)
+        assert " is not valid: use " in line, describe(proc)
     assert lines[0].startswith("check_config ConfigError")
     assert lines[2].startswith("memory_stats ConfigError")
     assert lines[3].startswith("empty_cache ConfigError")
@@ -54,7 +54,8 @@ def test_malformed_variable_fails_every_call_naming_variable_and_value(variable,
 
 def test_a_negative_size_variable_is_refused_as_negative():
     proc = run_python(REPORT_ERRORS, env={"STREAMPOOL_CACHE_LIMIT": "-1"})
-    assert 'STREAMPOOL_CACHE_LIMIT="-1" is not valid (negative sizes are not accepted)' in proc.stdout, describe(proc)
+    assert 'STREAMPOOL_CACHE_LIMIT="-1" is not valid: use ' in proc.stdout, describe(proc)
+    assert "(negative sizes are not accepted)" in proc.stdout, describe(proc)
 
 
 def test_an_uncaught_error_shows_its_public_name():
@@ -137,10 +138,23 @@ def run_install(options: str, env=None, cuda_initialised=False, before: str = ""
     return run_python(before + code + after, env=env)
 
 
-def test_install_reports_a_malformed_option_value_naming_its_variable():
-    proc = run_install('{"release_threshold": "12XB"}', env={"STREAMPOOL_DRIVER": None})
+def test_install_reports_a_malformed_option_value_naming_the_argument_passed():
+    # It named STREAMPOOL_RELEASE_THRESHOLD, which the user never set.
+    proc = run_install('{"release_threshold": "-5"}', env={"STREAMPOOL_DRIVER": None})
     assert proc.returncode == 0, describe(proc)
-    assert proc.stdout.startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="12XB" is not valid'), describe(proc)
+    assert proc.stdout.startswith(
+        "ConfigError install(release_threshold='-5') is not valid: use a size such as "), describe(proc)
+    assert proc.stdout.rstrip().endswith("(negative sizes are not accepted)"), describe(proc)
+    assert "STREAMPOOL_RELEASE_THRESHOLD" not in proc.stdout, describe(proc)
+    number = run_install('{"cache_limit": -1}', env={"STREAMPOOL_DRIVER": None})
+    assert number.stdout.startswith("ConfigError install(cache_limit=-1) is not valid"), describe(number)
+
+
+def test_install_names_the_variable_where_the_environment_set_the_bad_value():
+    proc = run_install('{"cache_limit": "1GiB"}',
+                       env={"STREAMPOOL_DRIVER": None, "STREAMPOOL_RELEASE_THRESHOLD": "-5"})
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="-5" is not valid'), describe(proc)
 
 
 def test_install_refuses_a_misspelt_variable_naming_the_one_meant():
@@ -168,7 +182,7 @@ def test_a_malformed_option_leaves_the_environment_as_it_was_and_a_retry_works()
     proc = run_install('{"release_threshold": "12XB"}', after=RETRY_INSTALL)
     assert proc.returncode == 0, describe(proc)
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="12XB"'), describe(proc)
+    assert lines[0].startswith("ConfigError install(release_threshold='12XB') is not valid"), describe(proc)
     assert lines[1] == "after the bad value: None", describe(proc)
     # The retry passes the option checks and stops only at the simulated driver of these tests.
     assert lines[2].startswith("RuntimeError STREAMPOOL_DRIVER=sim: the simulated driver"), describe(proc)
