@@ -205,7 +205,7 @@ def test_each_worker_runs_on_the_cpus_it_was_given_and_all_are_set_up_alike(tmp_
 
 def test_reports_name_paths_relative_never_the_layout_of_the_machine_that_ran(tmp_path,
                                                                               monkeypatch):
-    # Committed reports said `--out-dir /root/out/bench-alloc`: a folder on the GPU machine.
+    # Committed reports said `--out-dir /root/out/bench-alloc`: a folder of the machine that ran it.
     monkeypatch.chdir(tmp_path)
     assert portable.relative_paths(
         "STREAMPOOL_X=1 python3 -m bench --out-dir /root/out/a --calibration=/etc/c.json",
