@@ -12,8 +12,9 @@ Commands (one JSON line each on stdin, one ``reply`` each on stdout; EOF ends th
   schedule's timed steps), synchronising after each; the block's host time and the idle gap since
   this worker's previous block (not for warm-up blocks), and what may explain a difference
   between two processes (``DIAGNOSTICS``): the GPU time of its steps (CUDA events recorded
-  around each step, where the engine has ``block_timer``), the CPU time of this (the launching)
-  thread, its context switches, and the CPU it was on at the block's end;
+  around each step, where the engine has ``block_timer``; not in warm-up blocks), the CPU time
+  of this (the launching) thread, its context switches, and the CPU it was on at the block's
+  end;
 - ``settle``: return cached memory; ``drop``: forget the workload, then settle.
 Set-up (``main``): the worker pins itself to BENCH_CPUS (affinity.apply) before the engine
 imports anything, so every thread started later runs there too; its ``ready`` facts say where
@@ -91,6 +92,17 @@ def current_cpu(paths: Sequence[str] = ("/proc/thread-self/stat", "/proc/self/st
         except (IndexError, ValueError):
             return None
     return None
+
+
+def gpu_seconds(timer: Any) -> Optional[float]:
+    """The block's GPU time from its timer (None without one, or where the events cannot say:
+    a diagnostic never fails the measurement)."""
+    if timer is None:
+        return None
+    try:
+        return timer.seconds()
+    except Exception:  # e.g. an event the driver could not time
+        return None
 
 
 def context_switches() -> Tuple[Optional[int], Optional[int]]:
@@ -179,7 +191,7 @@ class Worker:
             raise ValueError(f"block of {count} steps")
         n = len(self.timed)
         indices = [(first + i) % n for i in range(count)]
-        make_timer = getattr(self.engine, "block_timer", None)
+        make_timer = None if warm else getattr(self.engine, "block_timer", None)
         timer = make_timer(count) if make_timer is not None else None
         self.engine.synchronize()
         switches = context_switches()
@@ -202,7 +214,7 @@ class Worker:
             "idle_before_s": idle_s,
             "units": sum(self.units[i] for i in indices),
             "steps": [indices[0], count],
-            "gpu_s": timer.seconds() if timer is not None else None,
+            "gpu_s": gpu_seconds(timer),
             "cpu_s": cpu_s,
             "cpu": current_cpu(),
             "nvcsw": _delta(switches[0], now[0], 1),

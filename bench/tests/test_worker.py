@@ -159,6 +159,11 @@ def test_a_block_records_gpu_time_cpu_time_switches_and_the_cpu_it_ended_on():
     assert timed["elapsed_s"] == pytest.approx(1.0)
     assert isinstance(timed["cpu"], int) and timed["cpu"] in os.sched_getaffinity(0)
     assert timed["nvcsw"] >= 0 and timed["nivcsw"] >= 0
+    calls.clear()  # a warm-up block records no events (a step there may still compile)
+    assert running.block(first=0, count=1, warm=True)["gpu_s"] is None
+    assert not [c for c in calls if c[0] in ("timer", "start", "stop")]
+    Timer.seconds = lambda self: 1 / 0  # events the driver cannot time: no GPU time, no failure
+    assert running.block(first=0, count=1)["gpu_s"] is None
     # an engine without a timer (the stand-in, an old engine): no GPU time, the rest as before
     engine = standin.StandinEngine("native", "native")
     plain = worker.Worker(engine)
