@@ -7,12 +7,13 @@ commands):
 the A/A and writes each workload's settings into calibration.json, the run's defaults.
 
 Invariant: the parent process (cli, sets, isolation, affinity, runner, plan, workers, stats,
-report, targets, markdown, details, headline, calibrate, cotenant, nvml) never imports torch;
-every measurement is made in a worker process of one configuration (worker + engine + workloads,
+report, targets, markdown, details, headline, calibrate, cotenant, nvml, noise, portable) never
+imports torch; every measurement is made in a worker process of one configuration (worker + engine + workloads,
 cotenant_child), set up once and driven over a pipe, and the two sides speak only through
 protocol's lines.
 Files, one job each:
-  cli.py            the run, the calibration, the merge (and ``headline``); what goes to --out-dir
+  cli.py            the run, the calibration, the merge (``noise``, ``headline``); what goes
+                    to --out-dir
   configs.py        the configurations, what each is paired with, each worker's environment
   plan.py           groups of workloads per call, each workload's settings (calibration.json),
                     ABBA order, block sizes, stages that fit, time estimates
@@ -29,6 +30,9 @@ Files, one job each:
   nvml.py           clocks, power, throttle reasons, per-process memory (ctypes)
   stats.py          paired ratios, medians, the two-level bootstrap interval (process sets,
                     pairs), variance components, pairs a precision needs
+  noise.py          where the A/A difference comes from: the blocks' GPU time, CPU time, CPUs
+                    and clocks against the A/A of each process set (``noise``, report.md)
+  portable.py       relative paths in the commands a report records
   report.py         the calls' raw results -> report.json;  targets.py: targets.json's verdicts
   markdown.py       the one-screen headline;  details.py: the rest of report.md
   headline.py       README.md's and BENCHMARKS.md's tables from the committed results (``headline``)

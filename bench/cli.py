@@ -12,6 +12,10 @@
   lengths; DIR/calibration.json (raw) and DIR/calibration.md, and the chosen settings into the
   calibration file (calibrate.py).
 - ``python3 -m bench merge DIR... --out-dir OUT``: the runs' results pooled into one report.
+- ``python3 -m bench noise DIR...``: where the A/A difference comes from (noise.py), from a run's
+  results.json or a calibration's calibration.json; ``python3 -m bench headline``: the tables of
+  README.md and BENCHMARKS.md from the committed results (headline.py).
+A command recorded in results.json and the reports names its paths relative (portable.py).
 Invariant: the parent never imports torch or touches CUDA (workers do); it writes only into
 --out-dir (calibrate: and its --write file); it does every pair it announces (no time budget cuts
 a run short: --budget-s refuses up front a run estimated to need longer); without torch, numpy or
@@ -29,8 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import (calibrate, cotenant, details, isolation, markdown, nvml, plan, protocol, report,
-               runner, sets)
+from . import (calibrate, cotenant, details, isolation, markdown, noise, nvml, plan, portable,
+               protocol, report, runner, sets)
 from .configs import (CONFIG_NAMES, COTENANT_NAMES, DEFAULT_CONFIGS, NATIVE, PRICE_CONFIGS,
                       VARIANT_PREFIX, pairs_of, parse_variant)
 from .schedules import TIMED_WORKLOADS
@@ -99,19 +103,42 @@ def _common(parser: argparse.ArgumentParser, out_dir: str, pairs: str, processes
                         help="these workloads as one group instead")
 
 
+# Every command of ``python3 -m bench`` (its --help lists them).
+COMMANDS = (
+    ("", "[--group G]", "run the benchmark on the GPU (needs torch and a CUDA GPU)"),
+    ("calibrate", "[--group G]", "measure the A/A control and choose each workload's settings"),
+    ("merge", "DIR... --out-dir OUT", "pool runs into one report (no GPU)"),
+    ("noise", "DIR...", "where the A/A difference comes from, from the blocks' records (no GPU)"),
+    ("headline", "[--check]", "write the tables of README.md and BENCHMARKS.md from the "
+     "committed results in bench/results (no GPU)"),
+)
+SUBCOMMANDS = ("calibrate", "merge", "noise")
+
+
+def commands_text() -> str:
+    rows = [(f"{COMMAND} {name} {arguments}".replace("  ", " "), what)
+            for name, arguments, what in COMMANDS]
+    width = max(len(command) for command, _ in rows)
+    return "commands:\n" + "\n".join(f"  {command:<{width}}  {what}" for command, what in rows)
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     argv = list(argv)
-    mode = argv.pop(0) if argv and argv[0] in ("calibrate", "merge") else "run"
+    mode = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else "run"
     parser = argparse.ArgumentParser(
         prog=f"{COMMAND} {mode}" if mode != "run" else COMMAND,
         description="Time and memory of streampool against PyTorch's allocators on the GPU "
-        f"(BENCHMARKS.md). '{COMMAND} [--group G]' runs the benchmark, '{COMMAND} calibrate' "
-        "measures the A/A control and chooses each workload's settings, "
-        f"'{COMMAND} merge DIR... --out-dir OUT' pools runs into one report.",
+        "(BENCHMARKS.md).",
+        epilog=commands_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     if mode == "merge":
         parser.add_argument("dirs", nargs="+", type=Path, help="directories with results.json")
         parser.add_argument("--out-dir", type=Path, required=True)
+    elif mode == "noise":
+        parser.add_argument("dirs", nargs="+", type=Path,
+                            help="directories (or files) with a run's results.json or a "
+                            "calibration's calibration.json")
     elif mode == "calibrate":
         _common(parser, "bench-calibration", f"default {calibrate.DEFAULT_PAIRS}",
                 f"default {calibrate.DEFAULT_PROCESSES}")
@@ -153,7 +180,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                             help="also run streampool with these settings as streampool:LABEL")
     options = parser.parse_args(argv)
     options.mode = mode
-    if mode != "merge":
+    if mode not in ("merge", "noise"):
         options.groups = sorted({g for chosen in options.group or [] for g in chosen},
                                 key=plan.GROUP_NAMES.index) or list(plan.GROUP_NAMES)
         if mode == "calibrate":
@@ -262,7 +289,7 @@ def run(options, argv: Sequence[str], environ: Dict[str, str]) -> Dict[str, Any]
     library = nvml.Nvml.open()
     device = library.handle() if library else None
     call: Dict[str, Any] = {"facts": {
-        "command": command_line(argv, environ),
+        "command": portable.relative_paths(command_line(argv, environ), Path.cwd()),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "driver": library.driver_version() if library else None,
         "block_s": options.block_s, "pairs": options.pairs, "idle_release_s": release_s,
@@ -323,7 +350,7 @@ def run_calibration(options, argv: Sequence[str], environ: Dict[str, str]) -> No
     library = nvml.Nvml.open()
     sampler = runner.Sampler(library, library.handle() if library else None)
     facts = {
-        "command": command_line(argv, environ),
+        "command": portable.relative_paths(command_line(argv, environ), Path.cwd()),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "blocks_s": options.blocks_s, "pairs": options.pairs, "processes": options.processes,
         "without": options.without, "ablate": options.ablate,
@@ -354,9 +381,44 @@ def merge(dirs: Sequence[Path], out_dir: Path, command: Optional[str] = None) ->
         path = directory if directory.suffix == ".json" else directory / RESULTS
         if not path.is_file():
             raise SystemExit(f"{COMMAND} merge: {path} not found (a run's --out-dir holds it)")
-        calls += json.loads(path.read_text())["runs"]
+        found = json.loads(path.read_text())["runs"]
+        for call in found:  # each command names where its results are (located)
+            facts = call.setdefault("facts", {})
+            if facts.get("command"):
+                facts["command"] = portable.located(facts["command"], path.parent, Path.cwd(),
+                                                    RESULTS)
+        calls += found
     _write(out_dir / RESULTS, json.dumps({"format": report.FORMAT, "runs": calls}) + "\n")
     return write_report(calls, out_dir, command)
+
+
+def noise_report(paths: Sequence[Path]) -> str:
+    """``python3 -m bench noise``: the A/A diagnosis (noise.py) of runs and calibrations."""
+    lines: List[str] = []
+    for given in paths:
+        path = given
+        if path.is_dir():
+            found = [path / n for n in (RESULTS, "calibration.json") if (path / n).is_file()]
+            if not found:
+                raise SystemExit(f"{COMMAND} noise: {path} holds neither {RESULTS} nor "
+                                 "calibration.json")
+            path = found[0]
+        if not path.is_file():
+            raise SystemExit(f"{COMMAND} noise: {path} not found")
+        document = json.loads(path.read_text())
+        if "runs" in document:
+            parts = [("", noise.diagnose_calls(document["runs"]))]
+        else:
+            parts = [(f" (calibration, group {group})",
+                      noise.diagnose(noise.sets_of_calibration(raw)))
+                     for group, raw in document.get("groups", {}).items()]
+        for what, diagnoses in parts:
+            lines += [f"## {path}{what}", ""]
+            lines += noise.markdown(diagnoses) or [
+                "No A/A pair here carries the per-block records (GPU time, CPU time, CPUs): "
+                "results from before they were recorded."]
+            lines.append("")
+    return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]] = None) -> int:
@@ -367,8 +429,12 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]]
         return headline.main(argv[1:])
     environ = dict(os.environ if environ is None else environ)
     options = parse_args(argv)
+    if options.mode == "noise":
+        print(noise_report(options.dirs), flush=True)
+        return 0
     if options.mode == "merge":
-        built = merge(options.dirs, options.out_dir, command_line(argv, {}))
+        built = merge(options.dirs, options.out_dir,
+                      portable.relative_paths(command_line(argv, {}), Path.cwd()))
         print("\n".join(markdown.headline(built)), flush=True)
         return 0
     try:

@@ -6,7 +6,7 @@ every workload and a column for every configuration that ran in any run.
 
 from typing import Any, Dict, List
 
-from . import markdown
+from . import markdown, noise
 from .configs import CONFIG_NAMES
 
 
@@ -178,6 +178,9 @@ def render(report: Dict[str, Any]) -> str:
         "",
         *_targets(report),
     ]
+    diagnosis = noise.markdown(report.get("aa_noise") or {})
+    if diagnosis:
+        lines += ["", "## Where the A/A difference comes from (bench/noise.py)", "", *diagnosis]
     cotenant = _cotenant(report)
     if cotenant:
         lines += ["", "## Co-tenant: what B can use while A idles", "", *cotenant]

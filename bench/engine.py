@@ -8,7 +8,8 @@ every process) and this process's own use from NVML where the driver lists it (a
 containers); the worker says which one its figures come from. Every worker sets CUDA up the same
 way, in the same order (``set_up``): its intra-op threads capped where BENCH_THREADS says, the
 device chosen explicitly, cuDNN's benchmark mode off, the libraries' handles created;
-``settings`` lists what is in force, for the set-up fingerprint.
+``settings`` lists what is in force, for the set-up fingerprint. A block's GPU time comes from
+CUDA events recorded around each step (``block_timer``; made once per worker, reused).
 """
 
 import gc
@@ -116,6 +117,26 @@ def warm_up_libraries(torch: Any) -> None:
     torch.cuda.synchronize()
 
 
+class EventTimer:
+    """The GPU time of a block's steps: a pair of CUDA events (timing on) around each step's
+    launch, on the current stream, read once the block has synchronised. The events are made
+    once per worker and reused (``events``), so a block creates none."""
+
+    def __init__(self, events: List[Tuple[Any, Any]], count: int) -> None:
+        self.pairs = events[:count]
+
+    def start(self, k: int) -> None:
+        self.pairs[k][0].record()
+
+    def stop(self, k: int) -> None:
+        self.pairs[k][1].record()
+
+    def seconds(self) -> float:
+        """Sum over steps of start -> stop on the GPU (the stream's work of the step, and any
+        wait in it for the host's launches)."""
+        return sum(start.elapsed_time(stop) for start, stop in self.pairs) / 1000.0
+
+
 class CudaEngine:
     """What a worker needs from torch (worker.py calls these)."""
 
@@ -125,6 +146,7 @@ class CudaEngine:
         self.nvml: Optional[nvml.Nvml] = None
         self.device: Any = None
         self.compiled = False
+        self.events: List[Tuple[Any, Any]] = []
 
     def set_up(self) -> Dict[str, Any]:
         finish = install_allocator(self.base)
@@ -172,6 +194,13 @@ class CudaEngine:
 
     def synchronize(self) -> None:
         self.torch.cuda.synchronize()
+
+    def block_timer(self, count: int) -> EventTimer:
+        """A timer of the GPU time of ``count`` steps (worker.Worker.block)."""
+        event = self.torch.cuda.Event
+        while len(self.events) < count:
+            self.events.append((event(enable_timing=True), event(enable_timing=True)))
+        return EventTimer(self.events, count)
 
     def memory(self) -> Dict[str, Optional[int]]:
         """Free device memory, and this process's device memory where NVML lists it."""

@@ -4,6 +4,10 @@ is worth.
 
 - ``pin``: each worker of a process set on whole cores of its own on the GPU's NUMA node, the
   parent on what is left (affinity.py);
+- ``rotate``: with ``pin``, the workers' CPU sets rotate among the configurations from one
+  process set to the next (set k gives configuration i the CPU set of position (i - k) mod n),
+  so that a configuration's CPUs (the first set usually takes the interrupts) are not
+  confounded with the configuration; the set's record lists each worker's CPUs;
 - ``threads``: torch's intra-op threads (and OpenMP's, MKL's) capped at the worker's cores (without
   pinning: the CPUs this process may use, shared out evenly);
 - ``setup``: the same start for every worker: one hash seed (PYTHONHASHSEED=0) and no
@@ -26,7 +30,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from . import affinity
 
-FEATURES = ("pin", "threads", "setup", "settle", "clocks")
+FEATURES = ("pin", "rotate", "threads", "setup", "settle", "clocks")
 HASH_SEED = "0"
 
 
@@ -74,11 +78,15 @@ def arrange(names: Sequence[str], without: Sequence[str], index: int,
     facts: Dict[str, object] = {"index": index, "on": on, "off": list(without)}
     parent: List[int] = []
     if "pin" in on:
-        placement = affinity.gpu_placement(names, bus_id, allowed, sysfs)
+        shift = index % len(names) if "rotate" in on and names else 0
+        order = list(names[shift:]) + list(names[:shift])  # who takes the first CPU set
+        placement = affinity.gpu_placement(order, bus_id, allowed, sysfs)
         for name, cpus in placement.workers.items():
             env[name][affinity.CPUS_VARIABLE] = affinity.format_cpulist(cpus)
         parent = placement.parent
-        facts["placement"] = placement.note
+        facts["placement"] = placement.note + (f"; CPU sets rotated by {shift}" if shift else "")
+        facts["cpus"] = {n: affinity.format_cpulist(placement.workers[n]) for n in names
+                         if n in placement.workers}
         counts = {n: len(c) for n, c in placement.workers.items()}
     else:
         even = max(1, len(allowed) // max(1, len(names)))

@@ -8,12 +8,13 @@ per process set, a merge pools them), none below stats.MIN_PAIRS pairs. A memory
 configuration's peak device memory ÷ native's peak live bytes of the *same run*; over several runs
 (process sets) the report keeps the median and the lowest and highest. A configuration that failed
 on a workload in a run contributes no pairs from that run and its error is kept; a cell without any
-measurement is a failure, never absent.
+measurement is a failure, never absent. ``aa_noise`` (noise.py) relates the A/A of each process set
+to what its blocks recorded; empty for results recorded before blocks carried those fields.
 """
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import stats, targets
+from . import noise, stats, targets
 from .configs import NATIVE, NATIVE_AA, THRESHOLD
 from .schedules import UNIT_SCALE, has_memory_ratio
 
@@ -203,6 +204,7 @@ def build(
         "aa": {w: cells[NATIVE_AA].get("time") for w, cells in workloads.items()
                if NATIVE_AA in cells},
         "unit_scale": UNIT_SCALE,
+        "aa_noise": noise.diagnose_calls(calls),
     }
     report["targets"] = targets.judge(report, target_document)
     return report

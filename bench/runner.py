@@ -254,7 +254,7 @@ class Runner:
             samples.append(gpu)
             if process_bytes is not None:
                 peaks[name] = max(peaks.get(name, 0), process_bytes)
-            blocks[name] = answer
+            blocks[name] = {**answer, "sm_mhz": (gpu or {}).get("sm_mhz")}
         return {
             "config": config,
             "ref": ref,
@@ -268,7 +268,15 @@ class Runner:
             "ref_steps": blocks[ref]["steps"],
             "gpu": samples,
             "throttled": any(s is not None and s.get("throttled") for s in samples),
+            "config_block": block_diagnostics(blocks[config]),
+            "ref_block": block_diagnostics(blocks[ref]),
         }
+
+
+def block_diagnostics(answer: Dict[str, Any]) -> Dict[str, Any]:
+    """What a block's answer says about where its time went (worker.DIAGNOSTICS), with the SM
+    clock NVML read right after it (None without NVML)."""
+    return {**{k: answer.get(k) for k in worker.DIAGNOSTICS}, "sm_mhz": answer.get("sm_mhz")}
 
 
 def differing_setups(infos: Dict[str, Dict[str, Any]]) -> List[str]:

@@ -10,14 +10,19 @@ Commands (one JSON line each on stdin, one ``reply`` each on stdout; EOF ends th
   idle), then settle (return cached memory) keeping the workload's model;
 - ``block {first, count, warm}``: run timed steps first .. first+count-1 (cycling through the
   schedule's timed steps), synchronising after each; the block's host time and the idle gap since
-  this worker's previous block (not for warm-up blocks);
+  this worker's previous block (not for warm-up blocks), and what may explain a difference
+  between two processes (``DIAGNOSTICS``): the GPU time of its steps (CUDA events recorded
+  around each step, where the engine has ``block_timer``; not in warm-up blocks), the CPU time
+  of this (the launching) thread, its context switches, and the CPU it was on at the block's
+  end;
 - ``settle``: return cached memory; ``drop``: forget the workload, then settle.
 Set-up (``main``): the worker pins itself to BENCH_CPUS (affinity.apply) before the engine
 imports anything, so every thread started later runs there too; its ``ready`` facts say where
 it runs and how it was set up (``setup_facts``), for the parent to check that every worker of a
 run was set up alike.
 Invariant: a command that raises answers with the end of its traceback and the worker goes on;
-only the timed section of ``block`` is between the two clock readings it reports.
+only the timed section of ``block`` is between the two clock readings it reports (the CUDA events
+recorded around each step inside it, a microsecond or two each, are the same in every worker).
 """
 
 import argparse
@@ -25,9 +30,10 @@ import hashlib
 import importlib
 import json
 import os
+import resource
 import sys
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from . import affinity, protocol
 
@@ -64,6 +70,50 @@ def setup_facts(environ: Dict[str, str], extra: Optional[Dict[str, Any]] = None)
     }
 
 
+# The fields of a block's answer that diagnose a difference between processes (None: unknown).
+DIAGNOSTICS = ("gpu_s", "cpu_s", "cpu", "nvcsw", "nivcsw")
+# Field 39 of /proc/<pid>/task/<tid>/stat: the CPU the thread last ran on.
+STAT_PROCESSOR_FIELD = 39
+
+
+def current_cpu(paths: Sequence[str] = ("/proc/thread-self/stat", "/proc/self/stat")
+                ) -> Optional[int]:
+    """The CPU this thread last ran on (field 39 of its stat line; None where unreadable)."""
+    for path in paths:
+        try:
+            with open(path) as stat:
+                text = stat.read()
+        except OSError:
+            continue
+        # Field 2, the command name, may hold spaces and parentheses: count from the last ')'.
+        fields = text.rpartition(")")[2].split()
+        try:
+            return int(fields[STAT_PROCESSOR_FIELD - 3])
+        except (IndexError, ValueError):
+            return None
+    return None
+
+
+def gpu_seconds(timer: Any) -> Optional[float]:
+    """The block's GPU time from its timer (None without one, or where the events cannot say:
+    a diagnostic never fails the measurement)."""
+    if timer is None:
+        return None
+    try:
+        return timer.seconds()
+    except Exception:  # e.g. an event the driver could not time
+        return None
+
+
+def context_switches() -> Tuple[Optional[int], Optional[int]]:
+    """(voluntary, involuntary) context switches of this thread so far (None: unknown)."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    if who is None:
+        return None, None
+    usage = resource.getrusage(who)
+    return usage.ru_nvcsw, usage.ru_nivcsw
+
+
 class Skipped(Exception):
     """The configuration cannot run on this machine (its package is not installed)."""
 
@@ -75,9 +125,11 @@ def _delta(start: Optional[int], now: Optional[int], sign: int) -> Optional[int]
 class Worker:
     """The state between commands: the prepared workload and when the last block ended."""
 
-    def __init__(self, engine: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, engine: Any, clock: Callable[[], float] = time.perf_counter,
+                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
         self.engine = engine
         self.clock = clock
+        self.cpu_clock = cpu_clock
         self.workload: Optional[str] = None
         self.step: Any = None
         self.timed: tuple = ()
@@ -139,12 +191,22 @@ class Worker:
             raise ValueError(f"block of {count} steps")
         n = len(self.timed)
         indices = [(first + i) % n for i in range(count)]
+        make_timer = None if warm else getattr(self.engine, "block_timer", None)
+        timer = make_timer(count) if make_timer is not None else None
         self.engine.synchronize()
+        switches = context_switches()
+        cpu_began_s = self.cpu_clock()
         began_s = self.clock()
-        for i in indices:
+        for k, i in enumerate(indices):
+            if timer is not None:
+                timer.start(k)
             self.step(self.timed[i])
+            if timer is not None:
+                timer.stop(k)
             self.engine.synchronize()
         ended_s = self.clock()
+        cpu_s = self.cpu_clock() - cpu_began_s
+        now = context_switches()
         idle_s = None if warm or self.last_end_s is None else began_s - self.last_end_s
         self.last_end_s = ended_s
         return {
@@ -152,6 +214,11 @@ class Worker:
             "idle_before_s": idle_s,
             "units": sum(self.units[i] for i in indices),
             "steps": [indices[0], count],
+            "gpu_s": gpu_seconds(timer),
+            "cpu_s": cpu_s,
+            "cpu": current_cpu(),
+            "nvcsw": _delta(switches[0], now[0], 1),
+            "nivcsw": _delta(switches[1], now[1], 1),
         }
 
     def settle(self) -> Dict[str, Any]:

@@ -218,7 +218,7 @@ impl Allocator {
     pub fn parse_bytes(&self, spec: &str, device: i64) -> Result<u64> {
         let size = parse_size(spec).map_err(|reason| {
             Error::InvalidArgument(format!(
-                "{spec:?} is not a size ({reason}); accepted: {SIZE_ACCEPTED}"
+                "{spec:?} is not a size: use {SIZE_ACCEPTED} ({reason})"
             ))
         })?;
         Ok(size.resolve_bytes(self.device(device)?.device_total_bytes()?))

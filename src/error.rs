@@ -75,7 +75,7 @@ pub enum Error {
     UnknownPointer { ptr: u64, device: usize },
     #[error("{0}")]
     OutOfMemory(Box<OomReport>),
-    #[error("{var}={value:?} is not valid ({reason}); accepted: {accepted}")]
+    #[error("{var}={value:?} is not valid: use {accepted} ({reason})")]
     Config {
         var: &'static str,
         value: String,

@@ -1,6 +1,8 @@
-//! Byte quantities: parsing `"8GiB"`, `"512MB"`, `"80%"`, `"max"` and printing human-readable sizes.
+//! Byte quantities: parsing `"8GiB"`, `"1.5GiB"`, `"512MB"`, `"80%"`, `"max"` and printing
+//! human-readable sizes.
 //!
-//! Invariant: parsing is exact (integer arithmetic, overflow is an error, never a wrap).
+//! Invariant: parsing is exact (integer arithmetic, overflow is an error, never a wrap; a decimal
+//! size that is not a whole number of bytes is an error, never rounded).
 
 /// A size as written by a user, resolved against a device's memory when a pool is created.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -26,8 +28,13 @@ impl SizeSpec {
     }
 }
 
-pub const SIZE_ACCEPTED: &str = "a byte count with an optional unit (4096, 512KB, 512KiB, 8MB, 8GiB, 1TB; \
-     KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024), a percentage of device memory (80%), or max";
+/// What a size variable accepts, for its error message (kept short: the README's table has the
+/// units, KB/MB/GB/TB powers of 1000, KiB/MiB/GiB/TiB powers of 1024).
+pub const SIZE_ACCEPTED: &str =
+    "a size such as 512MiB, 1.5GiB or 8GB, 80% of device memory, or max";
+
+/// Decimals a size may have (`1.5GiB`): more cannot make a whole number of bytes with any unit.
+const MAX_DECIMALS: usize = 12;
 
 /// Parses a size; the error is the reason, for the caller to wrap with the variable's name.
 pub fn parse_size(text: &str) -> Result<SizeSpec, String> {
@@ -47,16 +54,21 @@ pub fn parse_size(text: &str) -> Result<SizeSpec, String> {
             .parse()
             .map_err(|_| format!("{number:?} is not a number"))?;
         if !(0.0..=100.0).contains(&p) || p.is_nan() {
-            return Err(format!("percentage {p} is outside 0..100"));
+            return Err(format!("{p}% is more than 100%"));
         }
         return Ok(SizeSpec::Percent(p));
     }
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, unit) = t.split_at(split);
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let (digits, decimals) = number.split_once('.').unwrap_or((number, ""));
     if digits.is_empty() {
         return Err("no leading digits".into());
     }
-    let count: u64 = digits.parse().map_err(|_| "number too large".to_string())?;
+    if number.ends_with('.') || decimals.contains('.') || decimals.len() > MAX_DECIMALS {
+        return Err(format!("{number:?} is not a number"));
+    }
     let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" => 1_000,
@@ -69,10 +81,23 @@ pub fn parse_size(text: &str) -> Result<SizeSpec, String> {
         "tib" => 1 << 40,
         other => return Err(format!("unknown unit {other:?}")),
     };
-    count
-        .checked_mul(multiplier)
+    // number × multiplier exactly: (digits and decimals as one integer) × multiplier ÷ 10^decimals.
+    let scale = 10u128.pow(decimals.len() as u32);
+    let mantissa: u128 = format!("{digits}{decimals}")
+        .parse()
+        .map_err(|_| "number too large".to_string())?;
+    let scaled = mantissa
+        .checked_mul(u128::from(multiplier))
+        .ok_or_else(|| "value overflows 64 bits".to_string())?;
+    if scaled % scale != 0 {
+        return Err(format!(
+            "{number}{unit} is not a whole number of bytes",
+            unit = unit.trim()
+        ));
+    }
+    u64::try_from(scaled / scale)
         .map(SizeSpec::Bytes)
-        .ok_or_else(|| "value overflows 64 bits".to_string())
+        .map_err(|_| "value overflows 64 bits".to_string())
 }
 
 /// `1536` -> `"1.50 KiB"`, like PyTorch's memory summaries.
@@ -133,9 +158,40 @@ mod tests {
             "abc%",
             "99999999999999999999",
             "20000000TiB",
+            ".5GiB",
+            "1.GiB",
+            "1.2.3MiB",
+            "16777216.5TiB",
         ] {
             assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
         }
+    }
+
+    /// `1.5GiB` was refused as having the unknown unit ".5gib": a decimal size is accepted when
+    /// it is a whole number of bytes, and refused saying so when it is not.
+    #[test]
+    fn decimal_sizes_are_exact_whole_bytes() {
+        assert_eq!(parse_size("1.5GiB"), Ok(SizeSpec::Bytes(3 << 29)));
+        assert_eq!(parse_size("0.5KB"), Ok(SizeSpec::Bytes(500)));
+        assert_eq!(parse_size("1.25 KiB"), Ok(SizeSpec::Bytes(1280)));
+        assert_eq!(parse_size("2.000MiB"), Ok(SizeSpec::Bytes(2 << 20)));
+        assert_eq!(
+            parse_size("0.000000000001TB"),
+            Ok(SizeSpec::Bytes(1)),
+            "exact, no floating point"
+        );
+        assert_eq!(
+            parse_size("1.5"),
+            Err("1.5 is not a whole number of bytes".to_string())
+        );
+        assert_eq!(
+            parse_size("1.3KiB"),
+            Err("1.3KiB is not a whole number of bytes".to_string())
+        );
+        assert_eq!(
+            parse_size("1.GiB"),
+            Err("\"1.\" is not a number".to_string())
+        );
     }
 
     #[test]

@@ -372,7 +372,7 @@ fn parse_bytes_reads_sizes_and_shares_of_the_device() {
     assert_eq!(r.alloc.parse_bytes("50%", 1).unwrap(), 32 * MIB);
     let e = r.alloc.parse_bytes("lots", 0).unwrap_err().to_string();
     assert!(
-        e.contains("\"lots\" is not a size") && e.contains("accepted"),
+        e.contains("\"lots\" is not a size: use a size such as"),
         "{e}"
     );
     assert!(r.alloc.parse_bytes("8MiB", 2).is_err(), "no device 2");

@@ -36,7 +36,7 @@ fn a_page_larger_than_the_device_is_an_error_naming_the_variable_at_first_use() 
                 assert!(
                     m.contains("pages of 512.00 MiB")
                         && m.contains("larger than device 0's memory of 256.00 MiB")
-                        && m.contains("accepted:"),
+                        && m.contains("is not valid: use a size such as 2MiB or 20MiB"),
                     "{m}"
                 );
             }

@@ -85,3 +85,21 @@ def test_a_worker_pins_itself_to_its_cpus():
     finally:
         os.sched_setaffinity(0, allowed)
     assert affinity.apply({}) == allowed
+
+
+def test_cpu_sets_rotate_among_the_workers_from_one_process_set_to_the_next(sysfs):
+    # A configuration kept the same CPUs in every set (native 0-2, native-aa 3-5, ...): its
+    # CPUs, the first of which take the interrupts, were confounded with the configuration.
+    names = ["native", "native-aa", "streampool"]
+    cpus = [isolation.arrange(names, [], index, "00000000:19:00.0", range(32), (), sysfs).facts
+            ["cpus"] for index in range(4)]
+    first, second, third = "8-9,24-25", "10-11,26-27", "12-13,28-29"
+    assert cpus[0] == {"native": first, "native-aa": second, "streampool": third}
+    assert cpus[1] == {"native": third, "native-aa": first, "streampool": second}
+    assert cpus[2] == {"native": second, "native-aa": third, "streampool": first}
+    assert cpus[3] == cpus[0]
+    on = isolation.arrange(names, [], 1, "00000000:19:00.0", range(32), (), sysfs)
+    assert on.env["native-aa"][affinity.CPUS_VARIABLE] == first
+    assert "CPU sets rotated by 1" in on.facts["placement"]
+    kept = isolation.arrange(names, ["rotate"], 1, "00000000:19:00.0", range(32), (), sysfs)
+    assert kept.facts["cpus"] == cpus[0] and "rotated" not in kept.facts["placement"]

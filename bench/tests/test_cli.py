@@ -3,10 +3,11 @@ over stand-in workers, everything written under the test's tmp_path."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
-from bench import affinity, cli, isolation, plan
+from bench import affinity, cli, isolation, plan, portable
 
 STANDIN = ["--engine", "bench.tests.standin:StandinEngine"]
 
@@ -33,7 +34,7 @@ def test_defaults_are_every_group_every_configuration():
         (["--configs", "streampool-threshold-1GiB"], "paired with streampool: select it too"),
         (["--variant", "x:PATH=/"], "expected LABEL:STREAMPOOL_VAR=VALUE"),
         (["calibrate", "--blocks-s", "0.1,-1"], "--blocks-s '-1'"),
-        (["--without", "pin,luck"], "unknown setting luck; choose from pin, threads"),
+        (["--without", "pin,luck"], "unknown setting luck; choose from pin, rotate, threads"),
         (["calibrate", "--ablate", "luck"], "unknown setting luck"),
         (["merge"], "the following arguments are required: dirs"),
     ],
@@ -177,14 +178,16 @@ def test_process_sets_make_a_per_process_bias_widen_the_interval(tmp_path):
 def test_each_worker_runs_on_the_cpus_it_was_given_and_all_are_set_up_alike(tmp_path):
     allowed = sorted(os.sched_getaffinity(0))
     names = ["native", "native-aa", "streampool"]
-    given = affinity.gpu_placement(names, None, allowed).workers  # no NVML here: all CPUs
     assert run_standin(tmp_path, workloads="churn", pairs="2", processes="2") == 0
     (call,) = json.loads((tmp_path / "results.json").read_text())["runs"]
-    for process_set in call["process_sets"]:
+    for index, process_set in enumerate(call["process_sets"]):
         assert process_set["on"] == list(isolation.FEATURES) and "placement" in process_set
+        # set k hands the first CPU set to the k-th worker (rotate): no NVML here, all CPUs
+        order = names[index:] + names[:index]
+        given = affinity.gpu_placement(order, None, allowed).workers
         workers = process_set["workers"]
         assert {n: w["setup"]["cpus"] for n, w in workers.items()} == {
-            n: affinity.format_cpulist(c) for n, c in given.items()}
+            n: affinity.format_cpulist(c) for n, c in given.items()} == process_set["cpus"]
         assert len({w["setup"]["fingerprint"] for w in workers.values()}) == 1
         assert {w["setup"]["hash_seed"] for w in workers.values()} == {"0"}
         no_aslr = bool(isolation.no_aslr_launcher())  # where this kernel lets setarch -R run
@@ -198,3 +201,49 @@ def test_each_worker_runs_on_the_cpus_it_was_given_and_all_are_set_up_alike(tmp_
     assert {w["setup"]["cpus"] for w in process_set["workers"].values()} == {
         affinity.format_cpulist(allowed)}
     assert {w["setup"]["aslr_off"] for w in process_set["workers"].values()} == {False}
+
+
+def test_reports_name_paths_relative_never_the_layout_of_the_machine_that_ran(tmp_path,
+                                                                              monkeypatch):
+    # Committed reports said `--out-dir /root/out/bench-alloc`: a folder of the machine that ran it.
+    monkeypatch.chdir(tmp_path)
+    assert portable.relative_paths(
+        "STREAMPOOL_X=1 python3 -m bench --out-dir /root/out/a --calibration=/etc/c.json",
+        Path("/root")) == "STREAMPOOL_X=1 python3 -m bench --out-dir out/a --calibration=../etc/c.json"
+    assert run_standin(tmp_path / "runs" / "a", workloads="churn", pairs="2") == 0
+    (call,) = json.loads((tmp_path / "runs" / "a" / "results.json").read_text())["runs"]
+    assert "--out-dir runs/a " in call["facts"]["command"] and str(tmp_path) not in \
+        call["facts"]["command"]
+    # a run whose results.json names a folder of another machine: merge names where it read it
+    moved = tmp_path / "bench" / "results" / "DATE" / "alloc"
+    moved.mkdir(parents=True)
+    raw = json.loads((tmp_path / "runs" / "a" / "results.json").read_text())
+    raw["runs"][0]["facts"]["command"] = "python3 -m bench --group alloc --out-dir /root/out/x"
+    (moved / "results.json").write_text(json.dumps(raw))
+    assert cli.main(["merge", str(moved), str(tmp_path / "runs" / "a"), "--out-dir",
+                     str(tmp_path / "bench" / "results" / "DATE")]) == 0
+    built = json.loads((tmp_path / "bench" / "results" / "DATE" / "report.json").read_text())
+    assert built["facts"]["commands"][0] == \
+        "python3 -m bench --group alloc --out-dir bench/results/DATE/alloc"
+    assert "--out-dir runs/a " in built["facts"]["commands"][1]  # typed relative, and there
+    assert built["facts"]["merge_command"] == ("python3 -m bench merge bench/results/DATE/alloc "
+                                               "runs/a --out-dir bench/results/DATE")
+    text = (tmp_path / "bench" / "results" / "DATE" / "report.md").read_text()
+    assert "/root/" not in text and str(tmp_path) not in text
+
+
+def test_help_lists_every_command():
+    text = cli.commands_text()
+    for command in ("python3 -m bench [--group G]", "python3 -m bench calibrate",
+                    "python3 -m bench merge DIR... --out-dir OUT", "python3 -m bench noise DIR...",
+                    "python3 -m bench headline [--check]"):
+        assert command in text
+
+
+def test_help_of_the_module_names_headline(capsys):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "bench", "--help"], capture_output=True,
+                          text=True, cwd=Path(cli.__file__).resolve().parents[1])
+    assert done.returncode == 0 and "python3 -m bench headline" in done.stdout, done.stderr

@@ -202,3 +202,15 @@ def test_commands_point_to_where_the_results_are_committed(root):
     (folder / "models").mkdir()
     assert headline.command_text(run, "python3 -m bench --out-dir /scratch/models") == \
         "python3 -m bench --out-dir bench/results/2027-01-02/models"
+
+
+def test_committed_reports_name_no_folder_of_the_machine_that_ran_them():
+    # Reports said `--out-dir /root/out/bench-alloc`; the writer now makes paths relative
+    # (bench/portable.py) and the committed ones were rewritten to where their results are.
+    reports = [p for p in (ROOT / headline.RESULTS).rglob("*")
+               if p.name in ("report.md", "report.json", "latest.md")]
+    assert reports
+    absolute = re.compile(r"(?<![\w.])/(root|home|work|tmp)/")
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in reports
+             for m in [absolute.search(p.read_text())] if m]
+    assert found == []

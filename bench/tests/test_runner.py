@@ -168,3 +168,31 @@ def test_a_worker_active_in_the_stage_before_is_not_warmed_up_again():
         live.close()
     first, second = record["warm_up_blocks"]
     assert set(first) == {"native", "native-aa"} and set(second) == {"streampool"}
+
+
+def test_each_block_of_a_pair_keeps_its_own_diagnostics_and_clock():
+    # The NVML sample after a block belongs to that block's configuration, whichever ran first
+    # (``gpu`` lists the samples in the order the blocks ran).
+    class Sampler(runner.Sampler):
+        def __init__(self):
+            super().__init__()
+            self.pids = {}
+
+        def after_block(self, pid):
+            return {"sm_mhz": self.pids[pid], "throttled": False}, None
+
+    sampler = Sampler()
+    live = runner.Runner(["native", "native-aa"], {}, {"PYTHONPATH": ""},
+                         runner.Options(4, 0.003, None), sampler, engine=ENGINE,
+                         log=lambda _: None)
+    try:
+        sampler.pids = {live.workers["native"].pid: 1980, live.workers["native-aa"].pid: 1755}
+        (record,) = runner.run_group(live, ["gpt2"], pairs_of(["native", "native-aa"], {}))
+    finally:
+        live.close()
+    assert [p["ref_first"] for p in record["pairs"]] == [True, False, True, False]
+    for pair in record["pairs"]:
+        assert pair["config_block"]["sm_mhz"] == 1755 and pair["ref_block"]["sm_mhz"] == 1980
+        for side in ("config_block", "ref_block"):
+            assert pair[side]["gpu_s"] is None  # the stand-in has no CUDA events
+            assert pair[side]["cpu_s"] >= 0 and isinstance(pair[side]["cpu"], int)

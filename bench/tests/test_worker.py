@@ -2,6 +2,7 @@
 command loop, and the protocol with real processes over pipes (WorkerGone, CommandFailed)."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -105,6 +106,80 @@ def test_blocks_cycle_through_the_timed_steps_and_report_idle_gaps():
     running.drop()
     with pytest.raises(RuntimeError, match="before prepare"):
         running.block(0, 1)
+
+
+def test_a_block_records_gpu_time_cpu_time_switches_and_the_cpu_it_ended_on():
+    # What the A/A diagnosis (noise.py) relates to the difference between two processes.
+    clock, cpu_clock = Clock(), Clock()
+    calls = []
+
+    class Timer:
+        def start(self, k):
+            calls.append(("start", k))
+
+        def stop(self, k):
+            calls.append(("stop", k))
+
+        def seconds(self):
+            return 0.75
+
+    class Engine:
+        def build(self, workload):
+            def step(params):
+                calls.append(("step", params))
+                clock.now_s += 0.5
+                cpu_clock.now_s += 0.25  # half the block on the CPU
+
+            return step, worker_schedule()
+
+        def block_timer(self, count):
+            calls.append(("timer", count))
+            return Timer()
+
+        def memory(self):
+            return {"free_bytes": None, "process_bytes": None}
+
+        def track_live(self):
+            return lambda: None
+
+        def synchronize(self):
+            calls.append(("sync",))
+
+        def settle(self):
+            pass
+
+    running = worker.Worker(Engine(), clock=clock, cpu_clock=cpu_clock)
+    running.prepare("w")
+    calls.clear()
+    timed = running.block(first=0, count=2)
+    # events around each step's launch, before its synchronisation
+    assert calls == [("timer", 2), ("sync",), ("start", 0), ("step", 2), ("stop", 0), ("sync",),
+                     ("start", 1), ("step", 3), ("stop", 1), ("sync",)]
+    assert timed["gpu_s"] == 0.75 and timed["cpu_s"] == pytest.approx(0.5)
+    assert timed["elapsed_s"] == pytest.approx(1.0)
+    assert isinstance(timed["cpu"], int) and timed["cpu"] in os.sched_getaffinity(0)
+    assert timed["nvcsw"] >= 0 and timed["nivcsw"] >= 0
+    calls.clear()  # a warm-up block records no events (a step there may still compile)
+    assert running.block(first=0, count=1, warm=True)["gpu_s"] is None
+    assert not [c for c in calls if c[0] in ("timer", "start", "stop")]
+    Timer.seconds = lambda self: 1 / 0  # events the driver cannot time: no GPU time, no failure
+    assert running.block(first=0, count=1)["gpu_s"] is None
+    # an engine without a timer (the stand-in, an old engine): no GPU time, the rest as before
+    engine = standin.StandinEngine("native", "native")
+    plain = worker.Worker(engine)
+    plain.prepare("gpt2")
+    block = plain.block(first=0, count=1)
+    assert block["gpu_s"] is None and block["cpu_s"] >= 0 and set(worker.DIAGNOSTICS) <= set(block)
+
+
+def test_the_cpu_a_thread_ran_on_is_field_39_of_its_stat_line(tmp_path):
+    # the command name (field 2) may hold spaces and parentheses
+    fields = ["S"] + [str(n) for n in range(4, 39)] + ["7", "0", "0"]
+    stat = tmp_path / "stat"
+    stat.write_text("1234 (a (b) c) " + " ".join(fields) + "\n")
+    assert worker.current_cpu([str(tmp_path / "absent"), str(stat)]) == 7
+    stat.write_text("1234 (short) S 1 2\n")
+    assert worker.current_cpu([str(stat)]) is None
 
 
 def test_serve_answers_every_command_and_survives_a_failing_one(monkeypatch):

@@ -51,6 +51,12 @@ OPTION_VARIABLES: Dict[str, str] = {
 }
 
 
+# variable -> (install() option, the value passed, its text in the environment), for the
+# options of the latest install() call: the library's error about a malformed value names the
+# variable, which the caller never set (name_the_option).
+_options_given: Dict[str, Tuple[str, object, str]] = {}
+
+
 def option_environment(options: Mapping[str, object]) -> Dict[str, str]:
     """The variables that install(**options) sets. Raises TypeError for an unknown option or a
     value that is not a bool, int (bytes) or str; the library validates the text itself."""
@@ -60,7 +66,23 @@ def option_environment(options: Mapping[str, object]) -> Dict[str, str]:
             f"install() got unknown option(s) {', '.join(unknown)}; "
             f"known: {', '.join(OPTION_VARIABLES)}"
         )
-    return {OPTION_VARIABLES[name]: _env_text(name, value) for name, value in options.items()}
+    variables = {OPTION_VARIABLES[name]: _env_text(name, value) for name, value in options.items()}
+    _options_given.clear()
+    _options_given.update(
+        {OPTION_VARIABLES[name]: (name, value, variables[OPTION_VARIABLES[name]])
+         for name, value in options.items()})
+    return variables
+
+
+def name_the_option(message: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The library's message about a malformed variable, naming instead the install() option
+    that set it (``install(release_threshold='-5') is not valid: ...``) where the variable
+    holds what that option put there; else the message unchanged."""
+    for variable, (option, value, text) in _options_given.items():
+        end = message.find('" is not valid')  # the value is quoted, escaped as Rust does
+        if message.startswith(f'{variable}="') and end > 0 and environ.get(variable) == text:
+            return f"install({option}={value!r})" + message[end + 1:]
+    return message
 
 
 def _env_text(name: str, value: object) -> str:

@@ -1,21 +1,27 @@
 """``python -m streampool demo``: one sequence of allocations, on a GPU through PyTorch when there
-is one, otherwise through the simulated driver via ctypes.
+is one, otherwise through the simulated driver via ctypes (host memory stands in for the GPU's).
 
 On the GPU: tensors from 1 B to 4 GiB on the default stream and on a side stream, each filled with
 a known pattern and every byte checked (sizes that do not fit are skipped with a note); a tensor
 used on a side stream, kept alive there by record_stream, freed early and its memory reused; a few
 training steps of a small MLP; a 10 TB request that must raise "CUDA out of memory.", then one
 more checked tensor. The simulated driver runs the same allocation pattern without the data
-checks and the out-of-memory step. Statistics are printed after each phase, a memory summary at
-the end.
+checks and the out-of-memory step. Statistics are printed while each phase holds its memory.
+Then the idle release: every tensor freed, the memory streampool keeps for reuse is shown, and
+the demo makes no call but reading statistics until it goes back to the device, about
+STREAMPOOL_IDLE_RELEASE (2 s) after the last free; a memory summary ends it.
+Invariant: the exit status is 0 only if the memory held after the last free was given back
+within IDLE_GRACE_S of the idle-release delay (or idle release is off, which the demo says).
 """
 
 import os
-from typing import Any, List, Optional, Tuple
+import time
+from typing import Any, Callable, List, Optional, Tuple
 
 import streampool
 
 from . import _lib
+from ._config import VARIABLE_DEFAULTS
 from ._stats import format_bytes
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -31,16 +37,86 @@ MLP_BATCH, MLP_IN, MLP_HIDDEN, MLP_OUT = 256, 1024, 4096, 1024
 TRAINING_STEPS = 5
 FLOAT_BYTES = 4
 SIM_SIDE_STREAM = 0x5151  # an arbitrary non-zero stream handle for the simulated driver
+IDLE_RELEASE_DEFAULT_S = 2.0  # STREAMPOOL_IDLE_RELEASE's default
+IDLE_GRACE_S = 3.0  # beyond the delay: the background thread's tick, a synchronisation
+IDLE_POLL_S = 0.25
 
 
 def _print_phase(name: str) -> None:
+    """One line of statistics, read while the phase holds its memory."""
     s = streampool.memory_stats()
     print(
-        f"{name:<28} allocated {format_bytes(s['allocated_bytes.all.current']):>10}"
+        f"{name:<30} allocated {format_bytes(s['allocated_bytes.all.current']):>10}"
         f"  reserved {format_bytes(s['reserved_bytes.all.current']):>10}"
         f"  cached {format_bytes(s['cached_bytes']):>10}"
         f"  cache hits {s['cache_hits']}"
     )
+
+
+def idle_release_s(environ=os.environ) -> Optional[float]:
+    """STREAMPOOL_IDLE_RELEASE in seconds (None: off). The library has checked the value
+    (check_config) before this reads it."""
+    text = environ.get("STREAMPOOL_IDLE_RELEASE", "").strip().lower()
+    if not text:
+        return IDLE_RELEASE_DEFAULT_S
+    if text in ("off", "never", "0"):
+        return None
+    if text.endswith("ms"):
+        return float(text[:-2]) / 1000
+    return float(text.rstrip("s"))
+
+
+def simulated_vmm() -> bool:
+    """The vmm backend on the simulated driver, whose work completes only at a synchronisation:
+    the vmm backend's idle release never makes one (a GPU's work completes by itself), so there
+    it gives nothing back."""
+    backend = os.environ.get("STREAMPOOL_BACKEND", VARIABLE_DEFAULTS["STREAMPOOL_BACKEND"])
+    return _lib.driver_name() == "sim" and backend.strip().lower() == "vmm"
+
+
+def show_idle_release(settle: Callable[[], None] = lambda: None,
+                      clock: Callable[[], float] = time.monotonic,
+                      sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Every tensor is freed: print what streampool still holds, then wait without an allocation
+    or a free (reading statistics is neither) until it goes back to the device; True if it did
+    within the delay and IDLE_GRACE_S (or idle release is off, or cannot show here:
+    simulated_vmm). ``settle``: what must run first (the GPU's synchronisation)."""
+    settle()
+    _lib.check_config()
+    delay_s = idle_release_s()
+    held = streampool.memory_reserved()
+    _print_phase("every tensor freed")
+    if delay_s is None:
+        print("idle release is off (STREAMPOOL_IDLE_RELEASE): streampool keeps "
+              f"{format_bytes(held)} until empty_cache() or the end of the process")
+        return True
+    if simulated_vmm():
+        print("the idle release is not shown on the simulated driver with the vmm backend:\n"
+              "  a simulated GPU finishes its work only when the program synchronises, and vmm's\n"
+              "  idle release never does (a GPU finishes by itself); the pool backend shows it")
+        return True
+    if held == 0:
+        print("nothing held after the last free: nothing to give back")
+        return True
+    print(f"waiting with no allocation and no free: streampool gives what it holds back to the "
+          f"device after {delay_s:g} s idle (STREAMPOOL_IDLE_RELEASE)")
+    start = clock()
+    next_line_s = 0.5
+    while True:
+        sleep(IDLE_POLL_S)
+        idle_s = clock() - start
+        reserved = streampool.memory_reserved()
+        if reserved < held:
+            print(f"  idle {idle_s:4.1f} s: reserved {format_bytes(reserved)}: "
+                  f"{format_bytes(held - reserved)} given back to the device, with no call")
+            return True
+        if idle_s >= delay_s + IDLE_GRACE_S:
+            print(f"  idle {idle_s:4.1f} s: still {format_bytes(reserved)} reserved: "
+                  "not given back in time")
+            return False
+        if idle_s >= next_line_s:
+            print(f"  idle {idle_s:4.1f} s: reserved {format_bytes(reserved)}")
+            next_line_s += 0.5
 
 
 class DemoError(Exception):
@@ -76,33 +152,33 @@ def gpu_unavailable_reason() -> Optional[str]:
 
 
 def run() -> int:
-    """Run the demo; returns the exit status (failures raise)."""
+    """Run the demo; returns the exit status (failures raise; 1: the memory held after the last
+    free was not given back in time)."""
     reason = gpu_unavailable_reason()
     if reason is None:
-        _run_gpu()
+        released = _run_gpu()
     else:
-        _run_sim(reason)
-    return 0
+        released = _run_sim(reason)
+    return 0 if released else 1
 
 
 # --- GPU, through PyTorch ---------------------------------------------------------------------
 
 
-def _run_gpu() -> None:
+def _run_gpu() -> bool:
     import torch
 
     streampool.install()
     print(f"streampool demo on GPU: {torch.cuda.get_device_name()}")
     pattern = _gpu_pattern(torch)
     _gpu_tensor_sizes(torch, pattern)
-    _print_phase("tensors of several sizes")
     _gpu_side_stream(torch)
-    _print_phase("side stream + record_stream")
     _gpu_training(torch)
-    _print_phase("MLP training steps")
     _gpu_out_of_memory(torch, pattern)
-    _print_phase("after out of memory")
+    del pattern
+    released = show_idle_release(settle=torch.cuda.synchronize)
     print(streampool.memory_summary())
+    return released
 
 
 def _gpu_pattern(torch: Any) -> Any:
@@ -144,6 +220,7 @@ def _gpu_tensor_sizes(torch: Any, pattern: Any) -> None:
         torch.cuda.current_stream().wait_stream(side)
         print(f"  {format_bytes(size):>10}: every byte checked, on the default stream and a side stream")
     side.synchronize()
+    _print_phase("tensors of several sizes, freed")
 
 
 def _gpu_out_of_memory(torch: Any, pattern: Any) -> None:
@@ -159,6 +236,7 @@ def _gpu_out_of_memory(torch: Any, pattern: Any) -> None:
     print(f"10 TB request: RuntimeError: {message.splitlines()[0]}")
     _gpu_checked_tensor(torch, AFTER_OOM_BYTES, pattern)
     print(f"after the error: a {format_bytes(AFTER_OOM_BYTES)} tensor allocated and every byte checked")
+    _print_phase("after out of memory")
 
 
 def _gpu_side_stream(torch: Any) -> None:
@@ -173,6 +251,7 @@ def _gpu_side_stream(torch: Any) -> None:
     reused = torch.zeros(count, device="cuda")  # may take the freed memory, safely
     side.synchronize()
     assert bool((consumed == 6.0).all()) and bool((reused == 0.0).all())
+    _print_phase("side stream + record_stream")
 
 
 def _gpu_training(torch: Any) -> None:
@@ -189,28 +268,32 @@ def _gpu_training(torch: Any) -> None:
         loss.backward()
         optimizer.step()
         print(f"  step {step}: loss {loss.item():.4f}")
+    _print_phase("MLP training steps")  # the model, its optimizer state and its batch live
 
 
 # --- simulated driver, through ctypes --------------------------------------------------------
 
 
-def _run_sim(reason: str) -> None:
+def _run_sim(reason: str) -> bool:
     os.environ["STREAMPOOL_DRIVER"] = "sim"  # before the library's first use
-    print(f"streampool demo on the simulated driver ({reason})")
+    print(f"streampool demo on the simulated driver ({reason}): host memory stands in for a "
+          "GPU's, the allocations are the same")
     _sim_tensor_sizes()
-    _print_phase("tensors of several sizes")
     _sim_side_stream()
-    _print_phase("side stream + record_stream")
     _sim_training()
-    _print_phase("MLP training steps")
+    released = show_idle_release()
     print(streampool.memory_summary())
+    return released
 
 
 def _sim_tensor_sizes() -> None:
-    for _ in range(2):
-        for size in TENSOR_SIZES:
-            ptr = _lib.malloc(size, 0)
-            _lib.free(ptr, size, 0)
+    """Tensors of every size held together, freed, then allocated again (from the cache)."""
+    for round_ in range(2):
+        blocks = _sim_allocate(list(TENSOR_SIZES))
+        if round_ == 0:
+            _print_phase("tensors of several sizes")
+        _sim_free(blocks)
+    _print_phase("the same sizes again, freed")
 
 
 def _sim_side_stream() -> None:
@@ -219,6 +302,7 @@ def _sim_side_stream() -> None:
     _lib.library().streampool_record_stream(produced, SIM_SIDE_STREAM)
     _lib.free(produced, size, 0)
     reused = _lib.malloc(size, 0)
+    _print_phase("side stream + record_stream")
     _lib.free(reused, size, 0)
 
 
@@ -238,9 +322,11 @@ def _sim_training() -> None:
     """The allocation pattern of the GPU demo's training loop: parameters live throughout; each
     step allocates activations, then gradients, and frees both."""
     parameters = _sim_allocate(_mlp_parameter_sizes())
-    for _ in range(TRAINING_STEPS):
+    for step in range(TRAINING_STEPS):
         activations = _sim_allocate(_mlp_activation_sizes())
         gradients = _sim_allocate(_mlp_parameter_sizes())
+        if step == TRAINING_STEPS - 1:
+            _print_phase("MLP training steps")  # parameters, activations and gradients live
         _sim_free(gradients)
         _sim_free(activations)
     _sim_free(parameters)

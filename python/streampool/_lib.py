@@ -102,6 +102,7 @@ from ._abi import (  # noqa: F401  (re-exported: the package and its tests use t
     _NEWER_EXPORTS,
     _SIGNATURES,
 )
+from ._config import name_the_option
 
 _load_lock = threading.Lock()
 _library: Optional[ctypes.CDLL] = None
@@ -257,8 +258,15 @@ def driver_name() -> str:
 
 
 def check_config() -> None:
-    """Parse the ``STREAMPOOL_*`` variables now; raise ConfigError naming a malformed one."""
-    check(library().streampool_check_config())
+    """Parse the ``STREAMPOOL_*`` variables now; raise ConfigError naming a malformed one (the
+    install() option that set it, where one did: _config.name_the_option)."""
+    try:
+        check(library().streampool_check_config())
+    except ConfigError as exc:
+        named = name_the_option(str(exc))
+        if named == str(exc):
+            raise
+        raise ConfigError(named, exc.status) from None
 
 
 def device_count() -> int:

@@ -1,5 +1,10 @@
 """Cases that need a fresh process: other STREAMPOOL_* values, torch hidden, the command line."""
 
+import os
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
 from helpers import HIDE_TORCH, describe, run_python
 
@@ -45,7 +50,7 @@ def test_malformed_variable_fails_every_call_naming_variable_and_value(variable,
     assert len(lines) == 5, describe(proc)
     for line in lines:
         assert f"{variable}={value!r}".replace("'", '"') in line, describe(proc)
-        assert "accepted" in line, describe(proc)
+        assert " is not valid: use " in line, describe(proc)
     assert lines[0].startswith("check_config ConfigError")
     assert lines[2].startswith("memory_stats ConfigError")
     assert lines[3].startswith("empty_cache ConfigError")
@@ -54,7 +59,8 @@ def test_malformed_variable_fails_every_call_naming_variable_and_value(variable,
 
 def test_a_negative_size_variable_is_refused_as_negative():
     proc = run_python(REPORT_ERRORS, env={"STREAMPOOL_CACHE_LIMIT": "-1"})
-    assert 'STREAMPOOL_CACHE_LIMIT="-1" is not valid (negative sizes are not accepted)' in proc.stdout, describe(proc)
+    assert 'STREAMPOOL_CACHE_LIMIT="-1" is not valid: use ' in proc.stdout, describe(proc)
+    assert "(negative sizes are not accepted)" in proc.stdout, describe(proc)
 
 
 def test_an_uncaught_error_shows_its_public_name():
@@ -137,10 +143,23 @@ def run_install(options: str, env=None, cuda_initialised=False, before: str = ""
     return run_python(before + code + after, env=env)
 
 
-def test_install_reports_a_malformed_option_value_naming_its_variable():
-    proc = run_install('{"release_threshold": "12XB"}', env={"STREAMPOOL_DRIVER": None})
+def test_install_reports_a_malformed_option_value_naming_the_argument_passed():
+    # It named STREAMPOOL_RELEASE_THRESHOLD, which the user never set.
+    proc = run_install('{"release_threshold": "-5"}', env={"STREAMPOOL_DRIVER": None})
     assert proc.returncode == 0, describe(proc)
-    assert proc.stdout.startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="12XB" is not valid'), describe(proc)
+    assert proc.stdout.startswith(
+        "ConfigError install(release_threshold='-5') is not valid: use a size such as "), describe(proc)
+    assert proc.stdout.rstrip().endswith("(negative sizes are not accepted)"), describe(proc)
+    assert "STREAMPOOL_RELEASE_THRESHOLD" not in proc.stdout, describe(proc)
+    number = run_install('{"cache_limit": -1}', env={"STREAMPOOL_DRIVER": None})
+    assert number.stdout.startswith("ConfigError install(cache_limit=-1) is not valid"), describe(number)
+
+
+def test_install_names_the_variable_where_the_environment_set_the_bad_value():
+    proc = run_install('{"cache_limit": "1GiB"}',
+                       env={"STREAMPOOL_DRIVER": None, "STREAMPOOL_RELEASE_THRESHOLD": "-5"})
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="-5" is not valid'), describe(proc)
 
 
 def test_install_refuses_a_misspelt_variable_naming_the_one_meant():
@@ -168,7 +187,7 @@ def test_a_malformed_option_leaves_the_environment_as_it_was_and_a_retry_works()
     proc = run_install('{"release_threshold": "12XB"}', after=RETRY_INSTALL)
     assert proc.returncode == 0, describe(proc)
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="12XB"'), describe(proc)
+    assert lines[0].startswith("ConfigError install(release_threshold='12XB') is not valid"), describe(proc)
     assert lines[1] == "after the bad value: None", describe(proc)
     # The retry passes the option checks and stops only at the simulated driver of these tests.
     assert lines[2].startswith("RuntimeError STREAMPOOL_DRIVER=sim: the simulated driver"), describe(proc)
@@ -196,14 +215,68 @@ def test_install_options_after_the_library_was_loaded_are_an_error():
     ), describe(proc)
 
 
-def test_demo_on_the_simulated_driver():
-    proc = run_python(args=["-m", "streampool", "demo"])
+def demo_figures(line: str):
+    """(allocated, reserved) in bytes from one of the demo's statistics lines."""
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    words = line.split()
+
+    def after(word):
+        i = words.index(word)
+        return float(words[i + 1]) * units[words[i + 2]]
+
+    return after("allocated"), after("reserved")
+
+
+def test_demo_on_the_simulated_driver_holds_memory_then_gives_it_back_when_idle():
+    # It printed "allocated 0 B" on every line and never showed memory going back.
+    began = time.monotonic()
+    proc = run_python(args=["-m", "streampool", "demo"], timeout=60)
+    took_s = time.monotonic() - began
     assert proc.returncode == 0, describe(proc)
+    assert took_s < 30, f"the demo took {took_s:.1f} s"
     lines = proc.stdout.splitlines()
-    assert lines[0] == "streampool demo on the simulated driver (STREAMPOOL_DRIVER=sim)"
-    assert lines[1].startswith("tensors of several sizes")
-    assert any(line.startswith("MLP training steps") for line in lines)
+    assert lines[0].startswith("streampool demo on the simulated driver (STREAMPOOL_DRIVER=sim): "
+                               "host memory stands in for a GPU's"), describe(proc)
+    phases = {line[:30].strip(): demo_figures(line) for line in lines[1:]
+              if " allocated " in line and " reserved " in line}
+    for held in ("tensors of several sizes", "side stream + record_stream", "MLP training steps"):
+        assert phases[held][0] > 0, f"{held}: nothing allocated while it runs\n{describe(proc)}"
+    allocated, reserved = phases["every tensor freed"]
+    assert allocated == 0 and reserved > 0, describe(proc)  # kept for reuse
+    if os.environ.get("STREAMPOOL_BACKEND") == "vmm":  # the simulated GPU never finishes alone
+        assert "the idle release is not shown on the simulated driver with the vmm backend" \
+            in proc.stdout, describe(proc)
+        return
+    (given,) = [line for line in lines if "given back to the device, with no call" in line]
+    idle_s = float(given.split()[1])
+    assert 1.5 <= idle_s <= 5, describe(proc)  # STREAMPOOL_IDLE_RELEASE: 2 s by default
+    assert given.split(": ")[1] == "reserved 0 B", describe(proc)
     assert "streampool memory summary, device 0 (driver sim)" in proc.stdout
+
+
+def test_the_demo_waits_for_the_idle_release_the_environment_sets():
+    proc = run_python(args=["-m", "streampool", "demo"], env={"STREAMPOOL_IDLE_RELEASE": "500ms",
+                                                              "STREAMPOOL_BACKEND": "pool"})
+    assert proc.returncode == 0, describe(proc)
+    (given,) = [line for line in proc.stdout.splitlines() if "given back to the device" in line]
+    assert float(given.split()[1]) < 1.5, describe(proc)
+    off = run_python(args=["-m", "streampool", "demo"], env={"STREAMPOOL_IDLE_RELEASE": "off"})
+    assert off.returncode == 0, describe(off)
+    assert "idle release is off (STREAMPOOL_IDLE_RELEASE): streampool keeps " in off.stdout
+
+
+def test_scripts_demo_says_it_is_building_before_the_build_starts(tmp_path):
+    # It printed nothing for over a minute while cargo built the library.
+    fake = tmp_path / "cargo"
+    fake.write_text("#!/bin/sh\necho \"cargo $*\" >&2\nexit 7\n")
+    fake.chmod(0o755)
+    script = Path(__file__).resolve().parents[2] / "scripts" / "demo"
+    proc = subprocess.run([str(script)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert proc.returncode == 7, proc.stderr
+    first, second = proc.stderr.splitlines()[:2]
+    assert first.startswith("scripts/demo: building libstreampool.so (cargo build --release"), first
+    assert second == "cargo build --release --features sim", second  # not --quiet: cargo's lines show
 
 
 # A stand-in torch without a GPU: torch.cuda.is_available() is False.
@@ -266,7 +339,7 @@ def test_demo_without_torch_falls_back_to_the_simulated_driver():
     proc = run_python(code, env={"STREAMPOOL_DRIVER": None})
     assert proc.returncode == 0, describe(proc)
     first = proc.stdout.splitlines()[0]
-    assert first == "streampool demo on the simulated driver (no CUDA GPU found: PyTorch is not installed)"
+    assert first.startswith("streampool demo on the simulated driver (no CUDA GPU found: PyTorch is not installed)")
     assert "Allocations" in proc.stdout
 
 

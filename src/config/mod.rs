@@ -2,18 +2,26 @@
 //! ([`DEFAULTS`]), and the settings each layer below the allocator gets from it ([`Settings`]).
 //!
 //! Invariant: a malformed value — one that is not UTF-8 text included — is an error naming the
-//! variable, the value and what is accepted; it is never ignored or replaced by a default. A
-//! `STREAMPOOL_*` variable that streampool does not read is refused the same way ([`names`]).
+//! variable, the value and what is accepted, in that order, then why (`values`); it is never
+//! ignored or replaced by a default. A `STREAMPOOL_*` variable that streampool does not read is
+//! refused the same way ([`names`]).
 
 mod defaults;
 mod settings;
+mod values;
 mod vmm_layout;
 
 pub use defaults::{VariableDefault, DEFAULTS, LOG_DEFAULT};
 pub use settings::{DeviceSettings, PoolSettings, Settings, SourceSettings, VmmSpec};
 pub use vmm_layout::VmmLayout;
 
-use crate::error::{Error, Result};
+pub(crate) use values::{config_error, utf8_value, validate_log_filter, VMM_PAGE_SIZE_ACCEPTED};
+use values::{
+    parse_bool, parse_duration_ms, parse_percent, HEADROOM_ACCEPTED, PEER_ACCESS_ACCEPTED,
+    SIM_DEVICES, SIM_DEVICES_ACCEPTED, SIM_MEMORY_ACCEPTED,
+};
+
+use crate::error::Result;
 use crate::units::{parse_size, SizeSpec, SIZE_ACCEPTED};
 use std::ffi::OsString;
 
@@ -174,48 +182,6 @@ impl Default for Config {
     }
 }
 
-const BOOL_ACCEPTED: &str = "1, 0, true, false, yes, no, on, off";
-const PEER_ACCESS_ACCEPTED: &str = "auto, 1, 0, true, false, yes, no, on, off";
-const SIM_DEVICES_ACCEPTED: &str = "an integer 1..=64";
-pub(crate) const VMM_PAGE_SIZE_ACCEPTED: &str =
-    "a byte count with an optional unit, e.g. 2MiB or 20MiB \
-     (rounded up to the device's granularity, at most the device's memory)";
-
-/// What a variable accepts, for the error about a value that is not UTF-8 text.
-fn accepted(var: &str) -> &'static str {
-    match var {
-        "STREAMPOOL_DRIVER" => "cuda, sim",
-        "STREAMPOOL_BACKEND" => "pool, vmm",
-        "STREAMPOOL_VMM_PAGE_SIZE" => VMM_PAGE_SIZE_ACCEPTED,
-        "STREAMPOOL_PEER_ACCESS" => PEER_ACCESS_ACCEPTED,
-        "STREAMPOOL_SIM_DEVICES" => SIM_DEVICES_ACCEPTED,
-        "STREAMPOOL_LOG" => LOG_ACCEPTED,
-        "STREAMPOOL_TRIM_ON_GROWTH"
-        | "STREAMPOOL_IPC"
-        | "STREAMPOOL_REUSE_FOLLOW_EVENT_DEPENDENCIES"
-        | "STREAMPOOL_REUSE_ALLOW_OPPORTUNISTIC"
-        | "STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES" => BOOL_ACCEPTED,
-        _ => SIZE_ACCEPTED,
-    }
-}
-
-/// `value` of `var` as text, or the error naming it if it is not UTF-8.
-pub(crate) fn utf8_value(var: &'static str, value: OsString) -> Result<String> {
-    value.into_string().map_err(|raw| {
-        let lossy = raw.to_string_lossy().into_owned();
-        let bytes = raw.as_encoded_bytes();
-        let at = std::str::from_utf8(bytes)
-            .err()
-            .map_or(0, |e| e.valid_up_to());
-        config_error(
-            var,
-            &lossy,
-            &format!("not UTF-8 text: byte {:#04x} at offset {at}", bytes[at]),
-            accepted(var),
-        )
-    })
-}
-
 impl Config {
     /// Reads the process environment; a `STREAMPOOL_*` value that is not UTF-8 text is an error
     /// naming it, like any malformed value, and so is a `STREAMPOOL_*` variable streampool does
@@ -245,7 +211,7 @@ impl Config {
                         "STREAMPOOL_DRIVER",
                         &v,
                         "unknown driver",
-                        "cuda, sim",
+                        "cuda or sim",
                     ))
                 }
             };
@@ -259,7 +225,7 @@ impl Config {
                         "STREAMPOOL_BACKEND",
                         &v,
                         "unknown backend",
-                        "pool, vmm",
+                        "pool or vmm",
                     ))
                 }
             };
@@ -280,29 +246,33 @@ impl Config {
         c.cache_limit = size("STREAMPOOL_CACHE_LIMIT", c.cache_limit)?;
         c.cache_max_block = size("STREAMPOOL_CACHE_MAX_BLOCK", c.cache_max_block)?;
         c.small_pool_max = size("STREAMPOOL_SMALL_POOL_MAX", c.small_pool_max)?;
-        c.vmm_page_size = match size("STREAMPOOL_VMM_PAGE_SIZE", c.vmm_page_size)? {
-            SizeSpec::Bytes(b) if (1..=1 << 40).contains(&b) => SizeSpec::Bytes(b),
-            _ => {
-                let value = get("STREAMPOOL_VMM_PAGE_SIZE")?.unwrap_or_default();
-                return Err(config_error(
+        if let Some(v) = get("STREAMPOOL_VMM_PAGE_SIZE")? {
+            let refuse = |reason: &str| {
+                config_error(
                     "STREAMPOOL_VMM_PAGE_SIZE",
-                    &value,
-                    "must be a byte count from 1 B to 1 TiB",
+                    &v,
+                    reason,
                     VMM_PAGE_SIZE_ACCEPTED,
-                ));
-            }
-        };
-        c.vmm_headroom = match size("STREAMPOOL_VMM_HEADROOM", c.vmm_headroom)? {
-            SizeSpec::Max => {
-                return Err(config_error(
-                    "STREAMPOOL_VMM_HEADROOM",
-                    "max",
-                    "the whole device cannot stay free",
-                    SIZE_ACCEPTED,
-                ))
-            }
-            other => other,
-        };
+                )
+            };
+            c.vmm_page_size = match parse_size(&v).map_err(|reason| refuse(&reason))? {
+                SizeSpec::Bytes(b) if (1..=1 << 40).contains(&b) => SizeSpec::Bytes(b),
+                SizeSpec::Bytes(0) => return Err(refuse("a page needs a byte at least")),
+                SizeSpec::Bytes(_) => return Err(refuse("larger than 1 TiB")),
+                SizeSpec::Percent(_) | SizeSpec::Max => {
+                    return Err(refuse("a page size is a size, not a share of the device"))
+                }
+            };
+        }
+        if let Some(v) = get("STREAMPOOL_VMM_HEADROOM")? {
+            let refuse = |reason: &str| {
+                config_error("STREAMPOOL_VMM_HEADROOM", &v, reason, HEADROOM_ACCEPTED)
+            };
+            c.vmm_headroom = match parse_size(&v).map_err(|reason| refuse(&reason))? {
+                SizeSpec::Max => return Err(refuse("the whole device cannot stay free")),
+                other => other,
+            };
+        }
         if let Some(v) = get("STREAMPOOL_IDLE_RELEASE")? {
             c.idle_release_ms = parse_duration_ms("STREAMPOOL_IDLE_RELEASE", &v)?;
         }
@@ -345,151 +315,35 @@ impl Config {
             allow_internal_dependencies: flag("STREAMPOOL_REUSE_ALLOW_INTERNAL_DEPENDENCIES")?,
         };
         if let Some(v) = get("STREAMPOOL_SIM_DEVICES")? {
+            let refuse = |reason: &str| {
+                config_error("STREAMPOOL_SIM_DEVICES", &v, reason, SIM_DEVICES_ACCEPTED)
+            };
             c.sim_devices = match v.trim().parse::<usize>() {
-                Ok(n) if (1..=64).contains(&n) => n,
-                _ => {
-                    return Err(config_error(
-                        "STREAMPOOL_SIM_DEVICES",
-                        &v,
-                        "not a count",
-                        SIM_DEVICES_ACCEPTED,
-                    ))
-                }
+                Ok(n) if SIM_DEVICES.contains(&n) => n,
+                Ok(0) => return Err(refuse("no devices")),
+                Ok(_) => return Err(refuse("more than 64 devices")),
+                Err(_) => return Err(refuse("not a whole number")),
             };
         }
         if let Some(v) = get("STREAMPOOL_SIM_MEMORY")? {
-            c.sim_memory_bytes = match parse_size(&v) {
-                Ok(SizeSpec::Bytes(b)) if b > 0 => b,
-                Ok(_) => {
-                    return Err(config_error(
-                        "STREAMPOOL_SIM_MEMORY",
-                        &v,
-                        "must be a positive byte count",
-                        SIZE_ACCEPTED,
+            let refuse = |reason: &str| {
+                config_error("STREAMPOOL_SIM_MEMORY", &v, reason, SIM_MEMORY_ACCEPTED)
+            };
+            c.sim_memory_bytes = match parse_size(&v).map_err(|reason| refuse(&reason))? {
+                SizeSpec::Bytes(b) if b > 0 => b,
+                SizeSpec::Bytes(_) => return Err(refuse("a device needs some memory")),
+                SizeSpec::Percent(_) => {
+                    return Err(refuse(
+                        "this sets the device's memory: a share of it means nothing",
                     ))
                 }
-                Err(reason) => {
-                    return Err(config_error(
-                        "STREAMPOOL_SIM_MEMORY",
-                        &v,
-                        &reason,
-                        SIZE_ACCEPTED,
-                    ))
-                }
+                SizeSpec::Max => return Err(refuse("the simulated device needs a size")),
             };
         }
         if let Some(v) = get("STREAMPOOL_LOG")? {
             validate_log_filter(&v)?;
         }
         Ok(c)
-    }
-}
-
-const PERCENT_ACCEPTED: &str = "a whole percentage from 0% to 1000% (e.g. 5%), or off";
-
-/// A whole percentage; `None` for off.
-fn parse_percent(name: &'static str, value: &str) -> Result<Option<u64>> {
-    let v = value.trim().to_ascii_lowercase();
-    if v == "off" {
-        return Ok(None);
-    }
-    match v.strip_suffix('%').map(|n| n.trim().parse::<u64>()) {
-        Some(Ok(n)) if n <= 1000 => Ok(Some(n)),
-        _ => Err(config_error(
-            name,
-            value,
-            "not a percentage",
-            PERCENT_ACCEPTED,
-        )),
-    }
-}
-
-const DURATION_ACCEPTED: &str =
-    "a duration such as 250ms, 2s or 1.5s (at most a day); off, never or 0 to disable";
-
-/// A duration in milliseconds; `None` for off.
-fn parse_duration_ms(name: &'static str, value: &str) -> Result<Option<u64>> {
-    let v = value.trim().to_ascii_lowercase();
-    if matches!(v.as_str(), "off" | "never" | "0") {
-        return Ok(None);
-    }
-    let (number, scale_ms) = match (v.strip_suffix("ms"), v.strip_suffix('s')) {
-        (Some(n), _) => (n, 1.0),
-        (None, Some(n)) => (n, 1000.0),
-        (None, None) => return Err(config_error(name, value, "no unit", DURATION_ACCEPTED)),
-    };
-    match number.trim().parse::<f64>() {
-        Ok(n) if n.is_finite() && n > 0.0 && n * scale_ms <= 86_400_000.0 => {
-            Ok(Some(((n * scale_ms).round() as u64).max(1)))
-        }
-        _ => Err(config_error(
-            name,
-            value,
-            "not a positive duration of at most a day",
-            DURATION_ACCEPTED,
-        )),
-    }
-}
-
-fn parse_bool(name: &'static str, value: &str) -> Result<bool> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(config_error(name, value, "not a boolean", BOOL_ACCEPTED)),
-    }
-}
-
-const LOG_LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
-const LOG_ACCEPTED: &str = "off, error, warn, info, debug, trace, or streampool=LEVEL / \
-     streampool::MODULE=LEVEL directives separated by commas";
-
-/// Accepts what `STREAMPOOL_LOG` can mean for streampool's own log lines: a level, a module of
-/// streampool (`streampool`, `streampool::device`) with or without `=level`, comma-separated.
-/// A bare word that is neither (`verbose`) would be read by env_logger as a module name that
-/// logs nothing, silencing every warning, so it is refused; so are other crates' modules.
-pub(crate) fn validate_log_filter(value: &str) -> Result<()> {
-    let is_level = |word: &str| LOG_LEVELS.contains(&word.trim().to_ascii_lowercase().as_str());
-    let is_ours = |module: &str| {
-        let module = module.trim();
-        module == "streampool"
-            || module.strip_prefix("streampool::").is_some_and(|rest| {
-                !rest.is_empty()
-                    && rest.split("::").all(|part| {
-                        !part.is_empty()
-                            && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                    })
-            })
-    };
-    let bad = value
-        .split(',')
-        .map(str::trim)
-        .filter(|directive| !directive.is_empty())
-        .find(|directive| match directive.split_once('=') {
-            Some((module, level)) => !(is_ours(module) && is_level(level)),
-            None => !(is_level(directive) || is_ours(directive)),
-        });
-    match bad {
-        None => Ok(()),
-        Some(directive) => Err(config_error(
-            "STREAMPOOL_LOG",
-            value,
-            &format!("{directive:?} is neither a log level nor a streampool module"),
-            LOG_ACCEPTED,
-        )),
-    }
-}
-
-pub(crate) fn config_error(
-    var: &'static str,
-    value: &str,
-    reason: &str,
-    accepted: &'static str,
-) -> Error {
-    Error::Config {
-        var,
-        value: value.to_string(),
-        reason: reason.to_string(),
-        accepted,
     }
 }
 

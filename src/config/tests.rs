@@ -1,6 +1,7 @@
 //! Parsing of every `STREAMPOOL_*` variable: accepted values, and the message for each malformed one.
 
 use super::*;
+use crate::error::Error;
 use std::collections::HashMap;
 
 fn parse(pairs: &[(&str, &str)]) -> Result<Config> {
@@ -90,9 +91,79 @@ fn malformed_values_name_variable_value_and_accepted_forms() {
         ("STREAMPOOL_VMM_GROWTH_SLACK", "2000%"),
     ] {
         let msg = parse(&[(var, value)]).unwrap_err().to_string();
+        // the variable and the value, then the fix, then why; one short line (they were ~250
+        // characters, the accepted forms last)
         assert!(
-            msg.contains(var) && msg.contains(value) && msg.contains("accepted"),
+            msg.starts_with(&format!("{var}={value:?} is not valid: use ")),
             "{msg}"
+        );
+        assert!(msg.len() <= 160, "{} characters: {msg}", msg.len());
+    }
+}
+
+/// The messages of issue 42, each as a user met it.
+#[test]
+fn a_percentage_of_simulated_memory_is_refused_listing_only_what_is_accepted() {
+    // It said "must be a positive byte count", then listed percentages as accepted.
+    let msg = parse(&[("STREAMPOOL_SIM_MEMORY", "80%")])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        msg,
+        "STREAMPOOL_SIM_MEMORY=\"80%\" is not valid: use a size such as 16GiB or 512MiB \
+         (this sets the device's memory: a share of it means nothing)"
+    );
+    let max = parse(&[("STREAMPOOL_SIM_MEMORY", "max")]).unwrap_err();
+    assert!(!max.to_string().contains('%'), "{max}");
+}
+
+#[test]
+fn too_many_simulated_devices_is_out_of_range_not_a_count_that_is_not_one() {
+    // It said "not a count".
+    let msg = |value: &str| {
+        parse(&[("STREAMPOOL_SIM_DEVICES", value)])
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        msg("100"),
+        "STREAMPOOL_SIM_DEVICES=\"100\" is not valid: use a whole number from 1 to 64 \
+         (more than 64 devices)"
+    );
+    assert!(msg("0").ends_with("(no devices)"), "{}", msg("0"));
+    assert!(
+        msg("two").ends_with("(not a whole number)"),
+        "{}",
+        msg("two")
+    );
+}
+
+#[test]
+fn a_decimal_page_size_is_a_whole_number_of_bytes_or_is_refused_saying_so() {
+    // `1.5GiB` was refused with the unknown unit ".5gib".
+    let c = parse(&[("STREAMPOOL_VMM_PAGE_SIZE", "1.5GiB")]).unwrap();
+    assert_eq!(c.vmm_page_size, SizeSpec::Bytes(3 << 29));
+    let msg = |value: &str| {
+        parse(&[("STREAMPOOL_VMM_PAGE_SIZE", value)])
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        msg("1.3KiB"),
+        "STREAMPOOL_VMM_PAGE_SIZE=\"1.3KiB\" is not valid: use a size such as 2MiB or 20MiB, \
+         at most 1 TiB (1.3KiB is not a whole number of bytes)"
+    );
+    assert!(
+        msg("2TiB").ends_with("(larger than 1 TiB)"),
+        "{}",
+        msg("2TiB")
+    );
+    // every refusal of the variable lists the same accepted forms (no percentages)
+    for value in ["50%", "max", "0", "lots"] {
+        assert!(
+            msg(value).contains("use a size such as 2MiB or 20MiB, at most 1 TiB ("),
+            "{}",
+            msg(value)
         );
     }
 }
@@ -126,7 +197,7 @@ fn log_filters_are_levels_and_streampool_modules() {
     ] {
         let msg = validate_log_filter(bad).unwrap_err().to_string();
         assert!(
-            msg.contains("neither a log level nor a streampool module"),
+            msg.contains("not a level or a streampool module"),
             "{bad:?}: {msg}"
         );
     }
@@ -156,6 +227,10 @@ fn values_that_are_not_utf8_are_refused_by_name() {
         "STREAMPOOL_SIM_DEVICES",
         "STREAMPOOL_SIM_MEMORY",
         "STREAMPOOL_LOG",
+        "STREAMPOOL_VMM_HEADROOM",
+        "STREAMPOOL_IDLE_RELEASE",
+        "STREAMPOOL_VMM_COLD_AFTER",
+        "STREAMPOOL_VMM_GROWTH_SLACK",
     ] {
         let raw = OsString::from_vec(b"8\xffGiB".to_vec());
         let e = Config::from_os_lookup(|k| (k == var).then(|| raw.clone())).unwrap_err();

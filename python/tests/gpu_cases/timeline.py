@@ -44,7 +44,7 @@ def case_timeline(ctx) -> None:
         path = streampool.dump_snapshot(os.path.join(tmp, "snapshot.pickle"))
         with open(path, "rb") as f:
             snap = pickle.load(f)
-        plain = lambda text: text  # noqa: E731  (no flamegraph.pl download on the GPU machine)
+        plain = lambda text: text  # noqa: E731  (the default downloads flamegraph.pl: no network needed)
         viz.segments(snap, plain)
         viz.memory(snap, plain)
         summary = viz.segsum(snap)
