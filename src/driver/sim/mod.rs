@@ -12,6 +12,7 @@
 mod controls;
 mod ipc;
 mod pools;
+mod races;
 mod streams;
 mod vmm;
 
@@ -112,6 +113,8 @@ struct SimDevice {
     frees_applied_at_sync: bool,
     /// Work completes as it is submitted (`gpu_keeps_up`).
     keeps_up: bool,
+    /// Unfinished uses of memory, for the race check (`check_races`).
+    touches: races::Touches,
 }
 
 pub struct SimDriver {
