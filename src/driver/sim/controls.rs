@@ -126,6 +126,7 @@ impl SimDriver {
                 let d = d.lock();
                 d.pools.iter().map(|p| p.used_bytes).sum::<u64>()
                     + d.captured_live.values().sum::<u64>()
+                    + d.captured_pending.iter().map(|f| f.bytes).sum::<u64>()
             })
             .sum()
     }

@@ -97,6 +97,8 @@ struct SimDevice {
     destroyed: Vec<Stream>,
     capturing: Vec<Stream>,
     captured_live: HashMap<DevicePtr, u64>,
+    /// Graph memory freed and not yet known to be done with (`free_async`): device memory still.
+    captured_pending: Vec<pools::PendingFree>,
     /// Pointers imported from a shareable pool (`pointer_import`), with how often.
     imported: HashMap<DevicePtr, u32>,
     vmm: SimVmm,
@@ -317,6 +319,7 @@ impl SimDevice {
     fn memory_in_use_bytes(&self) -> u64 {
         self.pools.iter().map(|p| p.reserved_bytes).sum::<u64>()
             + self.captured_live.values().sum::<u64>()
+            + self.captured_pending.iter().map(|f| f.bytes).sum::<u64>()
             + self.vmm.physical_bytes()
     }
 

@@ -117,6 +117,34 @@ mod tests {
     }
 
     #[test]
+    fn graph_memory_freed_on_a_stream_serves_it_at_once_and_others_once_its_work_completed() {
+        let sim = SimDriver::new(1, 64 << 20).check_races();
+        let p = sim.alloc_captured(0, 4096, S).unwrap();
+        sim.touch(0, 0, p, 4096, S).unwrap();
+        sim.free_async(0, p, S).unwrap();
+        assert_eq!(
+            sim.outstanding_bytes(),
+            4096,
+            "pending until S's work completes"
+        );
+        let q = sim.alloc_captured(0, 4096, T).unwrap();
+        assert_ne!(q, p, "S's work still uses p");
+        sim.touch(0, 0, q, 4096, T).unwrap();
+        assert_eq!(
+            sim.alloc_captured(0, 512, S).unwrap(),
+            p,
+            "S reuses its own free at once"
+        );
+        sim.free_async(0, p, S).unwrap();
+        sim.free_async(0, q, T).unwrap();
+        sim.complete_all();
+        assert_eq!(sim.outstanding_bytes(), 0);
+        let r = sim.alloc_captured(0, 4096, T).unwrap();
+        sim.touch(0, 0, r, 4096, T).unwrap();
+        sim.free_async(0, r, T).unwrap();
+    }
+
+    #[test]
     fn without_the_check_a_race_goes_unnoticed_and_other_streams_complete_alone() {
         let sim = SimDriver::new(1, 64 << 20);
         let pool = sim.pool_create(0, u64::MAX, false).unwrap();
