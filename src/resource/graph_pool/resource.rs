@@ -128,8 +128,8 @@ impl Resource for GraphPoolResource {
     }
 
     /// The block goes back into the pool, for the pool's later allocations only.
-    fn deallocate(&self, ptr: DevicePtr, _bytes: u64, _stream: Stream) -> Result<()> {
-        self.pool.lock().give(ptr).map(|_| ())
+    fn deallocate(&self, ptr: DevicePtr, bytes: u64, _stream: Stream) -> Result<()> {
+        self.pool.lock().give(ptr, bytes).map(|_| ())
     }
 
     fn usage(&self) -> Result<Usage> {
