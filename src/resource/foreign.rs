@@ -128,6 +128,12 @@ impl Resource for ForeignResource {
             shareable: false,
             returns_before_growth: false,
             fast_path: false,
+            // Its free gives a block back at once: what happens next is the allocator's, which
+            // PyTorch asks for stream-ordered memory.
+            reuses_across_streams: true,
+            // It holds nothing beyond its live blocks.
+            trims: true,
+            checks_free_size: true,
         }
     }
 }

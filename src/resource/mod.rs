@@ -80,6 +80,18 @@ pub struct Traits {
     /// Its [`Resource::try_allocate`] and [`Resource::try_deallocate`] may serve: the device
     /// calls them inside its own lock section before anything else.
     pub fast_path: bool,
+    /// Memory freed on one stream serves other streams once the work queued before the free has
+    /// completed (a synchronisation at the latest). False: a freed range serves only the stream
+    /// that freed it, as in PyTorch's private (graph) pools.
+    pub reuses_across_streams: bool,
+    /// [`Resource::trim`] gives back what it reserves beyond its live blocks (to the granule it
+    /// grows by). False: it keeps its memory until it is released otherwise (a graph pool's
+    /// segments go back once nobody uses the pool).
+    pub trims: bool,
+    /// A deallocation whose size is not the block's is refused and changes nothing. False: the
+    /// size is not known to it and the block goes back whole, whatever size is given (CUDA's
+    /// `cuMemFreeAsync` takes none; the device passes the size it recorded).
+    pub checks_free_size: bool,
 }
 
 /// A source of device memory.

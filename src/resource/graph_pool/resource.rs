@@ -156,6 +156,11 @@ impl Resource for GraphPoolResource {
             shareable: false,
             returns_before_growth: false,
             fast_path: false,
+            // As PyTorch's private pools: a freed range serves the stream that freed it.
+            reuses_across_streams: false,
+            // Its segments go back once nobody uses the pool (graphs may replay them).
+            trims: false,
+            checks_free_size: true,
         }
     }
 }
