@@ -13,6 +13,8 @@
 //! of a device's own resources serves a new block is a function of its size alone,
 //! [`Sources::for_size`]).
 
+#[cfg(all(test, feature = "sim"))]
+mod contract;
 pub mod cuda_pool;
 mod driver_pool;
 pub mod foreign;
