@@ -39,7 +39,8 @@ impl DriverKind {
     }
 }
 
-/// What serves blocks above `STREAMPOOL_SMALL_POOL_MAX` (`STREAMPOOL_BACKEND`).
+/// What serves a device's blocks (`STREAMPOOL_BACKEND`); `resource::provision` has a row for
+/// each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     /// A CUDA stream-ordered memory pool.
@@ -48,6 +49,22 @@ pub enum Backend {
     /// device shared by all streams.
     Vmm,
 }
+
+impl Backend {
+    /// Every backend, in the order the docs list them.
+    pub const ALL: [Backend; 2] = [Backend::Pool, Backend::Vmm];
+
+    /// Its value of `STREAMPOOL_BACKEND`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Pool => "pool",
+            Backend::Vmm => "vmm",
+        }
+    }
+}
+
+/// The values `STREAMPOOL_BACKEND` accepts: [`Backend::ALL`]'s names (a test checks).
+pub(crate) const BACKEND_ACCEPTED: &str = "pool, vmm";
 
 /// Which other devices get access to a device's pool (`STREAMPOOL_PEER_ACCESS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,7 +202,7 @@ pub(crate) const VMM_PAGE_SIZE_ACCEPTED: &str =
 fn accepted(var: &str) -> &'static str {
     match var {
         "STREAMPOOL_DRIVER" => "cuda, sim",
-        "STREAMPOOL_BACKEND" => "pool, vmm",
+        "STREAMPOOL_BACKEND" => BACKEND_ACCEPTED,
         "STREAMPOOL_VMM_PAGE_SIZE" => VMM_PAGE_SIZE_ACCEPTED,
         "STREAMPOOL_PEER_ACCESS" => PEER_ACCESS_ACCEPTED,
         "STREAMPOOL_SIM_DEVICES" => SIM_DEVICES_ACCEPTED,
@@ -251,18 +268,17 @@ impl Config {
             };
         }
         if let Some(v) = get("STREAMPOOL_BACKEND")? {
-            c.backend = match v.trim().to_ascii_lowercase().as_str() {
-                "pool" => Backend::Pool,
-                "vmm" => Backend::Vmm,
-                _ => {
-                    return Err(config_error(
+            let name = v.trim().to_ascii_lowercase();
+            c.backend = (Backend::ALL.into_iter())
+                .find(|b| b.name() == name)
+                .ok_or_else(|| {
+                    config_error(
                         "STREAMPOOL_BACKEND",
                         &v,
                         "unknown backend",
-                        "pool, vmm",
-                    ))
-                }
-            };
+                        BACKEND_ACCEPTED,
+                    )
+                })?;
         }
         let size = |name: &'static str, default: SizeSpec| -> Result<SizeSpec> {
             match get(name)? {
