@@ -5,6 +5,7 @@
 //! (autograd's backward thread has none) and restores the thread's previous context afterwards.
 
 mod ipc;
+mod managed;
 mod streams;
 mod vmm;
 

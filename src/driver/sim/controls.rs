@@ -75,7 +75,12 @@ impl SimDriver {
     /// work it waited for, which may be some of `except`'s).
     pub fn complete_other_streams(&self, device: usize, except: Stream) {
         let mut d = self.devices[device].lock();
-        let others: Vec<Stream> = d.streams.keys().filter(|s| **s != except).copied().collect();
+        let others: Vec<Stream> = d
+            .streams
+            .keys()
+            .filter(|s| **s != except)
+            .copied()
+            .collect();
         for stream in others {
             d.complete_stream(stream);
         }
@@ -118,7 +123,8 @@ impl SimDriver {
         }
     }
 
-    /// Bytes still allocated (live or pending) across all pools and graph allocations.
+    /// Bytes still allocated (live or pending) across all pools, graph allocations and managed
+    /// memory.
     pub fn outstanding_bytes(&self) -> u64 {
         self.devices
             .iter()
@@ -127,6 +133,7 @@ impl SimDriver {
                 d.pools.iter().map(|p| p.used_bytes).sum::<u64>()
                     + d.captured_live.values().sum::<u64>()
                     + d.captured_pending.iter().map(|f| f.bytes).sum::<u64>()
+                    + d.managed.bytes()
             })
             .sum()
     }

@@ -11,6 +11,7 @@
 
 mod controls;
 mod ipc;
+mod managed;
 mod pools;
 mod races;
 mod streams;
@@ -117,6 +118,8 @@ struct SimDevice {
     keeps_up: bool,
     /// Unfinished uses of memory, for the race check (`check_races`).
     touches: races::Touches,
+    /// Managed memory (`mem_alloc_managed`).
+    managed: managed::SimManaged,
 }
 
 pub struct SimDriver {
@@ -310,7 +313,8 @@ impl SimDevice {
         }
     }
 
-    /// Bytes of device memory in use: pools' reservations, graph memory, physical handles.
+    /// Bytes of device memory in use: pools' reservations, graph memory, physical handles,
+    /// managed memory.
     /// Keeps the high-water mark of memory in use; called where it can grow.
     fn note_in_use(&mut self) {
         self.in_use_high_bytes = self.in_use_high_bytes.max(self.memory_in_use_bytes());
@@ -321,6 +325,7 @@ impl SimDevice {
             + self.captured_live.values().sum::<u64>()
             + self.captured_pending.iter().map(|f| f.bytes).sum::<u64>()
             + self.vmm.physical_bytes()
+            + self.managed.bytes()
     }
 
     /// `bytes` (rounded to 512) of fresh address space.
@@ -371,7 +376,10 @@ impl SimDevice {
         from: usize,
         device: usize,
     ) -> std::result::Result<(), String> {
-        if self.captured_live.contains_key(&ptr) || self.imported.contains_key(&ptr) {
+        if self.captured_live.contains_key(&ptr)
+            || self.imported.contains_key(&ptr)
+            || self.is_managed(ptr, bytes)
+        {
             return Ok(());
         }
         let pool = self.pools.iter().find(|p| p.holds(ptr, bytes));
