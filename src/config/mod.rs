@@ -48,23 +48,26 @@ pub enum Backend {
     /// streampool's own virtual-memory pool (`cuMemCreate` + `cuMemMap`), one address range per
     /// device shared by all streams.
     Vmm,
+    /// Managed (unified) memory (`cuMemAllocManaged`), one allocation per block.
+    Managed,
 }
 
 impl Backend {
     /// Every backend, in the order the docs list them.
-    pub const ALL: [Backend; 2] = [Backend::Pool, Backend::Vmm];
+    pub const ALL: [Backend; 3] = [Backend::Pool, Backend::Vmm, Backend::Managed];
 
     /// Its value of `STREAMPOOL_BACKEND`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Pool => "pool",
             Backend::Vmm => "vmm",
+            Backend::Managed => "managed",
         }
     }
 }
 
 /// The values `STREAMPOOL_BACKEND` accepts: [`Backend::ALL`]'s names (a test checks).
-pub(crate) const BACKEND_ACCEPTED: &str = "pool, vmm";
+pub(crate) const BACKEND_ACCEPTED: &str = "pool, vmm, managed";
 
 /// Which other devices get access to a device's pool (`STREAMPOOL_PEER_ACCESS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,9 +2,9 @@
 //! `device_memory_resource` shape: allocate, deallocate, usage, trim, and what it is), the
 //! optional [`Capabilities`] a resource may add (a run-time release threshold, peaks, background
 //! release, peer access, capture notice, export), its implementations — [`cuda_pool`] (a CUDA
-//! stream-ordered pool), [`vmm`] (streampool's own virtual-memory pool) and the driver's own
-//! pool (graph memory) — and [`Sources`], the table of one device's sources by id
-//! ([`provision`] makes the first ones, one row of its table per backend).
+//! stream-ordered pool), [`vmm`] (streampool's own virtual-memory pool), [`managed`] (managed
+//! memory) and the driver's own pool (graph memory) — and [`Sources`], the table of one device's
+//! sources by id ([`provision`] makes the first ones, one row of its table per backend).
 //!
 //! Invariants: every resource serves one device and is safe to call from any thread; allocation
 //! and deallocation are stream-ordered — a block deallocated on stream S may be handed out again
@@ -19,6 +19,7 @@ pub mod cuda_pool;
 mod driver_pool;
 pub mod foreign;
 pub mod graph_pool;
+pub mod managed;
 mod sources;
 #[cfg(test)]
 pub(crate) mod test_source;
@@ -267,8 +268,12 @@ pub struct Own {
 pub type MakeOwn = fn(&Provisioning<'_>) -> Result<Option<Own>>;
 
 /// One row per backend (`STREAMPOOL_BACKEND`): adding a backend is a row here, its resource in a
-/// file or folder of its own, and the docs.
-const BACKENDS: [(Backend, MakeOwn); 2] = [(Backend::Pool, pool_own), (Backend::Vmm, vmm_own)];
+/// file or folder of its own, and the docs (docs/layout.md, "Adding a backend").
+const BACKENDS: [(Backend, MakeOwn); 3] = [
+    (Backend::Pool, pool_own),
+    (Backend::Vmm, vmm_own),
+    (Backend::Managed, managed::own),
+];
 
 /// The `pool` backend: a CUDA pool for large blocks and, unless disabled, one for small ones (a
 /// small-block pool that cannot be created is logged and left out: the large one serves all).

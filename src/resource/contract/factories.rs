@@ -1,6 +1,7 @@
 //! The resources the contract runs against, one factory each, on device 0 of the simulator: the
-//! CUDA pool in its roles, the shareable pool, the virtual-memory resource, PyTorch graph pools
-//! over the device's own resource (either backend), graph memory, and a foreign allocator's
+//! CUDA pool in its roles, the shareable pool, the virtual-memory resource, managed memory,
+//! PyTorch graph pools over the device's own resource (pool or vmm), graph memory, and a foreign
+//! allocator's
 //! malloc/free pair (`torch.cuda.MemPool(allocator)`), here a stream-ordered pool of the
 //! simulator behind two C functions.
 //!
@@ -17,6 +18,7 @@ use crate::resource::cuda_pool::{CudaPoolResource, PoolRole};
 use crate::resource::driver_pool::DriverPoolResource;
 use crate::resource::foreign::ForeignResource;
 use crate::resource::graph_pool::GraphPoolResource;
+use crate::resource::managed::ManagedResource;
 use crate::resource::vmm::{VmmResource, VmmSettings};
 use crate::resource::{shareable_pool as make_shareable_pool, Resource};
 use std::collections::HashMap;
@@ -104,6 +106,11 @@ pub(super) fn graph_pool_over_pool(sim: &Arc<SimDriver>) -> Result<Made> {
 
 pub(super) fn graph_pool_over_vmm(sim: &Arc<SimDriver>) -> Result<Made> {
     graph_pool_over(sim, vmm_resource(sim)?)
+}
+
+/// The `managed` backend's resource.
+pub(super) fn managed(sim: &Arc<SimDriver>) -> Result<Made> {
+    Ok(plain(Arc::new(ManagedResource::new(&driver(sim), 0))))
 }
 
 /// Graph memory: allocations on a capturing stream, from the driver's own pool.

@@ -123,4 +123,5 @@ contract! {
     graph_pool_over_vmm: factories::graph_pool_over_vmm,
     graph_memory: factories::graph_memory,
     foreign: factories::foreign,
+    managed: factories::managed,
 }
