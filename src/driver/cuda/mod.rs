@@ -23,6 +23,7 @@ use std::sync::OnceLock;
 struct PrimaryContext(sys::CUcontext);
 // SAFETY: a CUcontext is a process-wide handle; the driver API is thread-safe.
 unsafe impl Send for PrimaryContext {}
+// SAFETY: as for Send: the handle is only passed to the driver, which is thread-safe.
 unsafe impl Sync for PrimaryContext {}
 
 pub struct CudaDriver {
