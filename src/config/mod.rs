@@ -54,6 +54,8 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, in the order the docs list them.
+    ///
+    /// cbindgen:ignore
     pub const ALL: [Backend; 3] = [Backend::Pool, Backend::Vmm, Backend::Managed];
 
     /// Its value of `STREAMPOOL_BACKEND`.
