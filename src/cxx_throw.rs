@@ -54,6 +54,7 @@ pub(crate) struct Runtime {
 // SAFETY: the fields are addresses of functions and of a constant type_info object in a loaded
 // library that is never unloaded (this module never calls dlclose).
 unsafe impl Send for Runtime {}
+// SAFETY: as for Send: addresses of code and constants, only read.
 unsafe impl Sync for Runtime {}
 
 /// The five symbols from `handle`, or None if any is missing there.

@@ -159,6 +159,7 @@ impl StreamDriver for Hooked {
 }
 
 forward_to_sim!(Hooked: PeerDriver, IpcDriver, VmmDriver);
+forward_managed_to_sim!(Hooked);
 
 fn waiting(alloc: &Allocator, ptr: DevicePtr) -> bool {
     alloc

@@ -93,8 +93,6 @@ fn a_fork_child_never_waits_for_the_stderr_lock_a_parent_thread_held_at_the_fork
         "child status {status:#x}"
     );
     // SAFETY: a block of this process.
-    assert_eq!(
-        unsafe { streampool_free(block, 4096, 0, std::ptr::null_mut()) },
-        0
-    );
+    let freed = unsafe { streampool_free(block, 4096, 0, std::ptr::null_mut()) };
+    assert_eq!(freed, 0);
 }

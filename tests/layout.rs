@@ -1,5 +1,7 @@
-//! docs/layout.md against the code: every file under `src/` is in one part of its table, and no
-//! file uses (names a `crate::` path into) a part that the page's rules say it never uses.
+//! docs/layout.md against the code: every file under `src/` is in one part of its table, no file
+//! uses (names a `crate::` path into) a part that the page's rules say it never uses, `Config`
+//! is read only in the files the page names, and blocks go back to their sources only where its
+//! source-id rule says.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -200,5 +202,200 @@ fn the_parts_are_listed_top_to_bottom() {
         upward.is_empty(),
         "docs/layout.md lists a part below one it uses:\n{}",
         upward.join("\n")
+    );
+}
+
+/// The `src/...` paths in backticks in the sentence of docs/layout.md that starts with `opening`
+/// (up to its full stop).
+fn paths_in_sentence(opening: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("docs/layout.md")).unwrap();
+    let start = text
+        .find(opening)
+        .unwrap_or_else(|| panic!("{opening:?} in docs/layout.md"));
+    let sentence = &text[start..];
+    let sentence = &sentence[..sentence.find(". ").unwrap_or(sentence.len())];
+    let paths: Vec<String> = sentence
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|p| p.starts_with("src/"))
+        .map(String::from)
+        .collect();
+    assert!(!paths.is_empty(), "no paths in {sentence:?}");
+    paths
+}
+
+/// Every file under `src/` (relative, `/`-separated) with its code, comments stripped.
+fn sources() -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .map(|file| {
+            let rel = file.strip_prefix(root()).unwrap().to_string_lossy();
+            let text = std::fs::read_to_string(&file).unwrap();
+            let code: Vec<&str> = text
+                .lines()
+                .map(|line| line.split("//").next().unwrap_or(""))
+                .collect();
+            (rel.replace('\\', "/"), code.join("\n"))
+        })
+        .collect()
+}
+
+/// True if `path` is one of `allowed` or inside one of them (a folder ends in `/`).
+fn inside(path: &str, allowed: &[String]) -> bool {
+    allowed
+        .iter()
+        .any(|a| path == a || (a.ends_with('/') && path.starts_with(a.as_str())))
+}
+
+/// The use tree or path at the start of `s`: up to the first character that cannot be in one,
+/// or a `,`, `}` or space outside its braces.
+fn tree(s: &str) -> &str {
+    let mut depth = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => return &s[..i],
+            '}' => depth -= 1,
+            ',' | ' ' if depth == 0 => return &s[..i],
+            ' ' => {}
+            c if c.is_alphanumeric() || "_:,*".contains(c) => {}
+            _ => return &s[..i],
+        }
+    }
+    s
+}
+
+/// The paths a use tree names: `a::{b, c::{d, e}}` is `a::b`, `a::c::d`, `a::c::e`.
+fn expand(tree: &str) -> Vec<String> {
+    let Some(open) = tree.find('{') else {
+        return vec![tree.trim_end_matches("::").to_string()];
+    };
+    let (prefix, rest) = (&tree[..open], &tree[open + 1..]);
+    let rest = rest.strip_suffix('}').unwrap_or(rest);
+    let mut items = Vec::new();
+    let (mut depth, mut from) = (0, 0);
+    for (i, c) in rest.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&rest[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&rest[from..]);
+    (items
+        .into_iter()
+        .map(str::trim)
+        .filter(|item| !item.is_empty()))
+    .flat_map(expand)
+    .map(|path| format!("{prefix}{path}"))
+    .collect()
+}
+
+/// True if `code` names the `Config` type of `crate::config`: through a `crate::` path or use
+/// group (`crate::config::Config`, `crate::Config`, `use crate::{config::{Config, ..}}`), a glob
+/// of the module, or a path from the module imported on its own (`config::Config`).
+fn names_config(code: &str) -> bool {
+    // Whitespace down to one space, and renames (`Config as C`) down to the name renamed.
+    let mut words = Vec::new();
+    let mut renamed = false;
+    for word in code.split_whitespace() {
+        match (word, renamed) {
+            ("as", _) => renamed = true,
+            (word, true) => {
+                words.push(word.trim_start_matches(|c: char| c.is_alphanumeric() || c == '_'));
+                renamed = false;
+            }
+            (word, false) => words.push(word),
+        }
+    }
+    let code = words.join(" ");
+    let is_config = |path: &str, prefix: &str| {
+        let path = path.strip_prefix(prefix).unwrap_or("");
+        path == "Config" || path.starts_with("Config::") || path == "*"
+    };
+    let after = |needle: &'static str| {
+        let code = &code;
+        code.match_indices(needle).filter_map(move |(i, _)| {
+            let before = code[..i].chars().next_back();
+            let word_start = !before.is_some_and(|c| c.is_alphanumeric() || c == '_');
+            word_start.then(|| expand(tree(&code[i + needle.len()..])))
+        })
+    };
+    let through_crate = after("crate::")
+        .flatten()
+        .any(|p| is_config(&p, "config::") || p == "Config" || p.starts_with("Config::"));
+    let through_module = after("config::").flatten().any(|p| is_config(&p, ""));
+    through_crate || through_module
+}
+
+#[test]
+fn config_is_read_only_where_docs_layout_says() {
+    let allowed = paths_in_sentence("`Config` itself is read only in");
+    for (code, names) in [
+        ("use crate::config::{Backend, Config};", true),
+        ("let c = crate::config::Config::default();", true),
+        ("use crate::{config::{self, Config as C}, error};", true),
+        ("use crate::config::*;", true),
+        ("use crate::config;\nfn f(c: &config::Config) {}", true),
+        ("use crate::Config;", true),
+        ("use crate::config::{Backend, Settings};", false),
+        (
+            "Error::Config { .. } | crate::error::Error::Config { .. }",
+            false,
+        ),
+        ("use crate::config::ConfigError;", false),
+    ] {
+        assert_eq!(names_config(code), names, "names_config misreads {code:?}");
+    }
+    let broken: Vec<String> = sources()
+        .into_iter()
+        .filter(|(file, code)| !inside(file, &allowed) && names_config(code))
+        .map(|(file, _)| file)
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "Config is read outside {allowed:?} (docs/layout.md): {broken:?}"
+    );
+}
+
+#[test]
+fn blocks_go_back_to_their_source_only_where_docs_layout_says() {
+    let allowed = paths_in_sentence("The source-id rule");
+    let gives_back =
+        |code: &str| code.contains(".deallocate(") || code.contains(".try_deallocate(");
+    let mut broken: Vec<String> = sources()
+        .into_iter()
+        .filter(|(file, code)| {
+            !file.starts_with("src/resource/") && !inside(file, &allowed) && gives_back(code)
+        })
+        .map(|(file, _)| format!("{file} gives a block back to a resource"))
+        .collect();
+    for (file, code) in sources() {
+        if file.starts_with("src/resource/sources/") {
+            continue;
+        }
+        for (i, _) in code.match_indices("enum ") {
+            let name: String = (code[i + 5..].chars())
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if name.ends_with("Source") {
+                broken.push(format!(
+                    "{file}: enum {name} names a source outside the table"
+                ));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "the source-id rule of docs/layout.md is broken:\n{}",
+        broken.join("\n")
     );
 }

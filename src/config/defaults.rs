@@ -1,4 +1,4 @@
-//! The default of every `STREAMPOOL_*` variable, in one table: [`Config::default`], the Python
+//! The default of every `STREAMPOOL_*` variable, in one table: [`Config::default`](super::Config), the Python
 //! package's `VARIABLE_DEFAULTS` (python/streampool/_config.py) and the environment table of
 //! docs/abi.md are checked against it (the tests below read the other two files).
 //!

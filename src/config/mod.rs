@@ -47,7 +47,8 @@ impl DriverKind {
     }
 }
 
-/// What serves blocks above `STREAMPOOL_SMALL_POOL_MAX` (`STREAMPOOL_BACKEND`).
+/// What serves a device's blocks (`STREAMPOOL_BACKEND`); `resource::provision` has a row for
+/// each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     /// A CUDA stream-ordered memory pool.
@@ -55,7 +56,28 @@ pub enum Backend {
     /// streampool's own virtual-memory pool (`cuMemCreate` + `cuMemMap`), one address range per
     /// device shared by all streams.
     Vmm,
+    /// Managed (unified) memory (`cuMemAllocManaged`), one allocation per block.
+    Managed,
 }
+
+impl Backend {
+    /// Every backend, in the order the docs list them.
+    ///
+    /// cbindgen:ignore
+    pub const ALL: [Backend; 3] = [Backend::Pool, Backend::Vmm, Backend::Managed];
+
+    /// Its value of `STREAMPOOL_BACKEND`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Pool => "pool",
+            Backend::Vmm => "vmm",
+            Backend::Managed => "managed",
+        }
+    }
+}
+
+/// The values `STREAMPOOL_BACKEND` accepts: [`Backend::ALL`]'s names (a test checks).
+pub(crate) const BACKEND_ACCEPTED: &str = "pool, vmm, managed";
 
 /// Which other devices get access to a device's pool (`STREAMPOOL_PEER_ACCESS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,18 +239,17 @@ impl Config {
             };
         }
         if let Some(v) = get("STREAMPOOL_BACKEND")? {
-            c.backend = match v.trim().to_ascii_lowercase().as_str() {
-                "pool" => Backend::Pool,
-                "vmm" => Backend::Vmm,
-                _ => {
-                    return Err(config_error(
+            let name = v.trim().to_ascii_lowercase();
+            c.backend = (Backend::ALL.into_iter())
+                .find(|b| b.name() == name)
+                .ok_or_else(|| {
+                    config_error(
                         "STREAMPOOL_BACKEND",
                         &v,
                         "unknown backend",
-                        "pool or vmm",
-                    ))
-                }
-            };
+                        BACKEND_ACCEPTED,
+                    )
+                })?;
         }
         let size = |name: &'static str, default: SizeSpec| -> Result<SizeSpec> {
             match get(name)? {

@@ -13,6 +13,19 @@ fn parse(pairs: &[(&str, &str)]) -> Result<Config> {
 }
 
 #[test]
+fn every_backend_parses_from_its_name_and_the_error_lists_them_all() {
+    for backend in Backend::ALL {
+        let upper = backend.name().to_ascii_uppercase();
+        let c = parse(&[("STREAMPOOL_BACKEND", &upper)]).unwrap();
+        assert_eq!(c.backend, backend);
+    }
+    let names: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
+    assert_eq!(BACKEND_ACCEPTED, names.join(", "));
+    let e = parse(&[("STREAMPOOL_BACKEND", "host")]).unwrap_err();
+    assert!(e.to_string().contains(BACKEND_ACCEPTED), "{e}");
+}
+
+#[test]
 fn defaults_keep_everything() {
     let c = parse(&[]).unwrap();
     assert_eq!(c.driver, DriverKind::Cuda);

@@ -25,7 +25,7 @@ pub(crate) const VMM_PAGE_SIZE_ACCEPTED: &str = "a size such as 2MiB or 20MiB, a
 fn accepted(var: &str) -> &'static str {
     match var {
         "STREAMPOOL_DRIVER" => "cuda or sim",
-        "STREAMPOOL_BACKEND" => "pool or vmm",
+        "STREAMPOOL_BACKEND" => super::BACKEND_ACCEPTED,
         "STREAMPOOL_VMM_PAGE_SIZE" => VMM_PAGE_SIZE_ACCEPTED,
         "STREAMPOOL_PEER_ACCESS" => PEER_ACCESS_ACCEPTED,
         "STREAMPOOL_SIM_DEVICES" => SIM_DEVICES_ACCEPTED,

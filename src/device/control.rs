@@ -77,7 +77,7 @@ impl DeviceAllocator {
         }
     }
 
-    /// Grants every other device access to this device's resources (see [`Peers::grant_all`]).
+    /// Grants every other device access to this device's resources (see [`crate::peer::Peers::grant_all`]).
     pub fn enable_peer_access(&self) -> Result<()> {
         let own: Vec<Arc<dyn Accessible>> =
             self.setup()?.own.iter().filter_map(peer_target).collect();

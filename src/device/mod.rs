@@ -40,7 +40,7 @@ mod shareable;
 mod waits;
 
 use crate::cache::Cache;
-use crate::config::{Backend, DeviceSettings, Settings};
+use crate::config::{DeviceSettings, Settings};
 use crate::driver::{DevicePtr, Driver, Stream};
 use crate::error::Result;
 use crate::history::{Recorder, StreampoolEventKind as Event};
@@ -190,10 +190,7 @@ impl DeviceAllocator {
         log::info!(
             "device {}: the {} backend serves it",
             self.device,
-            match provision.backend {
-                Backend::Vmm => "vmm",
-                Backend::Pool => "pool",
-            }
+            provision.backend.name()
         );
         // (The virtual-memory resource's blocks are never cached: it reuses and coalesces freed
         // blocks itself, a trait of the resource.)

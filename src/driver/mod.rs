@@ -1,6 +1,6 @@
 //! The CUDA edge: everything streampool asks of the GPU goes through the [`Driver`] trait, made
 //! of one sub-trait per role — the device itself, stream-ordered pools, streams and events, peer
-//! access, sharing with other processes, virtual memory.
+//! access, sharing with other processes, virtual memory, managed memory.
 //!
 //! Invariant: implementations hold no allocation policy. `cuda` forwards to the CUDA driver API;
 //! `sim` (cargo feature `sim`) reproduces its semantics on the host so every layer above runs in
@@ -124,12 +124,28 @@ pub enum PoolAttr {
 /// Everything streampool needs from CUDA. Every method that touches a device takes its index so
 /// the implementation can make the right context current on the calling thread.
 pub trait Driver:
-    DeviceDriver + PoolDriver + StreamDriver + PeerDriver + IpcDriver + VmmDriver + Send + Sync
+    DeviceDriver
+    + PoolDriver
+    + StreamDriver
+    + PeerDriver
+    + IpcDriver
+    + VmmDriver
+    + ManagedDriver
+    + Send
+    + Sync
 {
 }
 
 impl<T> Driver for T where
-    T: DeviceDriver + PoolDriver + StreamDriver + PeerDriver + IpcDriver + VmmDriver + Send + Sync
+    T: DeviceDriver
+        + PoolDriver
+        + StreamDriver
+        + PeerDriver
+        + IpcDriver
+        + VmmDriver
+        + ManagedDriver
+        + Send
+        + Sync
 {
 }
 
@@ -252,6 +268,20 @@ pub trait IpcDriver {
     fn ipc_event_record(&self, device: usize, stream: Stream) -> Result<(EventHandle, IpcBytes)>;
     /// Makes `stream` wait for another process's event.
     fn ipc_event_wait(&self, device: usize, stream: Stream, handle: &IpcBytes) -> Result<()>;
+}
+
+/// Managed (unified) memory (`cuMemAllocManaged`, `cuMemFree`); implemented next to each driver
+/// in `managed.rs`. Neither call is stream-ordered, and `cuMemFree` first waits for all work on
+/// the device (an implicit synchronisation): a caller frees only memory no queued work uses, and
+/// never while a stream of the device captures a graph.
+pub trait ManagedDriver {
+    /// True if `device` supports managed memory (`CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY`).
+    fn managed_supported(&self, device: usize) -> Result<bool>;
+    /// `bytes` of managed memory, usable from the host and from every device and stream
+    /// (`CU_MEM_ATTACH_GLOBAL`). Out of memory is `Error::Driver` with `CUDA_ERROR_OUT_OF_MEMORY`.
+    fn mem_alloc_managed(&self, device: usize, bytes: u64) -> Result<DevicePtr>;
+    /// Frees memory `mem_alloc_managed` returned (`cuMemFree`).
+    fn mem_free(&self, device: usize, ptr: DevicePtr) -> Result<()>;
 }
 
 /// Virtual memory management (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, ...); implemented

@@ -63,9 +63,9 @@ pub unsafe extern "C-unwind" fn streampool_begin_allocate_to_pool(
     id_b: u64,
     filter: *const c_void,
 ) {
-    // SAFETY: as the caller promises: a std::function of this signature, or NULL.
     let copy = match filter.is_null() {
         true => None,
+        // SAFETY: as the caller promises: a std::function of this signature, or NULL.
         false => unsafe {
             OwnedFunction::clone_from(filter as *const StdFunction<FilterSignature>)
         },

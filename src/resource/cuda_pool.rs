@@ -167,6 +167,10 @@ impl Resource for CudaPoolResource {
             shareable: self.role.shareable,
             returns_before_growth: true,
             fast_path: false,
+            reuses_across_streams: true,
+            trims: true,
+            // cuMemFreeAsync takes no size: a table of sizes would cost every allocation.
+            checks_free_size: false,
         }
     }
 

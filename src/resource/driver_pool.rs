@@ -31,6 +31,10 @@ impl DriverPoolResource {
                 cacheable: false,
                 held: false,
                 shareable: false,
+                reuses_across_streams: true,
+                // It holds nothing for itself: a free goes back to the driver's pool.
+                trims: true,
+                checks_free_size: false,
             },
         }
     }

@@ -86,15 +86,19 @@ impl Resource for ForeignResource {
         Ok(DevicePtr(ptr))
     }
 
-    fn deallocate(&self, ptr: DevicePtr, _bytes: u64, _stream: Stream) -> Result<()> {
-        let (bytes, stream) = self
-            .out
-            .lock()
-            .remove(&ptr.0)
-            .ok_or(Error::UnknownPointer {
-                ptr: ptr.0,
-                device: self.device,
-            })?;
+    fn deallocate(&self, ptr: DevicePtr, bytes: u64, _stream: Stream) -> Result<()> {
+        let mut out = self.out.lock();
+        let (out_bytes, stream) = *out.get(&ptr.0).ok_or(Error::UnknownPointer {
+            ptr: ptr.0,
+            device: self.device,
+        })?;
+        if out_bytes != bytes {
+            return Err(Error::InvalidArgument(format!(
+                "{ptr:#x} is a block of {out_bytes} B from the MemPool allocator, not {bytes} B"
+            )));
+        }
+        out.remove(&ptr.0);
+        drop(out);
         self.call_free(ptr.0, bytes, stream);
         Ok(())
     }
@@ -124,6 +128,48 @@ impl Resource for ForeignResource {
             shareable: false,
             returns_before_growth: false,
             fast_path: false,
+            // Its free gives a block back at once: what happens next is the allocator's, which
+            // PyTorch asks for stream-ordered memory.
+            reuses_across_streams: true,
+            // It holds nothing beyond its live blocks.
+            trims: true,
+            checks_free_size: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    static NEXT: AtomicU64 = AtomicU64::new(0x1000_0000);
+    static FREED: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
+    /// Hands out fresh 512-aligned addresses.
+    unsafe extern "C" fn malloc(size: usize, _: c_int, _: *mut c_void) -> *mut c_void {
+        NEXT.fetch_add((size as u64).next_multiple_of(512), Ordering::Relaxed) as *mut c_void
+    }
+
+    unsafe extern "C" fn free(ptr: *mut c_void, _: usize, _: c_int, _: *mut c_void) {
+        FREED.lock().unwrap().push(ptr as u64);
+    }
+
+    #[test]
+    fn a_free_of_the_wrong_size_or_an_unknown_pointer_is_refused_and_changes_nothing() {
+        // SAFETY: a matching pair of the signatures, callable from any thread, never unwinding.
+        let r = unsafe { ForeignResource::new(0, malloc, free) };
+        let p = r.allocate(4096, Stream(1)).unwrap();
+        assert!(r.deallocate(p, 8192, Stream(1)).is_err());
+        assert!(r.deallocate(p.offset(512), 512, Stream(1)).is_err());
+        assert!(
+            !FREED.lock().unwrap().contains(&p.0),
+            "nothing went to its free"
+        );
+        assert_eq!(r.usage().unwrap().used_bytes, 4096);
+        r.deallocate(p, 4096, Stream(1)).unwrap();
+        assert!(FREED.lock().unwrap().contains(&p.0));
+        assert!(r.deallocate(p, 4096, Stream(1)).is_err(), "twice");
+        assert_eq!(r.usage().unwrap().used_bytes, 0);
     }
 }

@@ -2,9 +2,9 @@
 //! `device_memory_resource` shape: allocate, deallocate, usage, trim, and what it is), the
 //! optional [`Capabilities`] a resource may add (a run-time release threshold, peaks, background
 //! release, peer access, capture notice, export), its implementations — [`cuda_pool`] (a CUDA
-//! stream-ordered pool), [`vmm`] (streampool's own virtual-memory pool) and the driver's own
-//! pool (graph memory) — and [`Sources`], the table of one device's sources
-//! by id ([`provision`] makes the first ones).
+//! stream-ordered pool), [`vmm`] (streampool's own virtual-memory pool), [`managed`] (managed
+//! memory) and the driver's own pool (graph memory) — and [`Sources`], the table of one device's
+//! sources by id ([`provision`] makes the first ones, one row of its table per backend).
 //!
 //! Invariants: every resource serves one device and is safe to call from any thread; allocation
 //! and deallocation are stream-ordered — a block deallocated on stream S may be handed out again
@@ -13,10 +13,13 @@
 //! of a device's own resources serves a new block is a function of its size alone,
 //! [`Sources::for_size`]).
 
+#[cfg(all(test, feature = "sim"))]
+mod contract;
 pub mod cuda_pool;
 mod driver_pool;
 pub mod foreign;
 pub mod graph_pool;
+pub mod managed;
 mod sources;
 #[cfg(test)]
 pub(crate) mod test_source;
@@ -24,7 +27,7 @@ pub mod vmm;
 
 use crate::config::{Backend, PoolSettings, SourceSettings};
 use crate::driver::{DevicePtr, Driver, PoolHandle, PoolUsage, Stream};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::history::Recorder;
 use cuda_pool::{CudaPoolResource, PoolRole};
 use driver_pool::DriverPoolResource;
@@ -80,6 +83,18 @@ pub struct Traits {
     /// Its [`Resource::try_allocate`] and [`Resource::try_deallocate`] may serve: the device
     /// calls them inside its own lock section before anything else.
     pub fast_path: bool,
+    /// Memory freed on one stream serves other streams once the work queued before the free has
+    /// completed (a synchronisation at the latest). False: a freed range serves only the stream
+    /// that freed it, as in PyTorch's private (graph) pools.
+    pub reuses_across_streams: bool,
+    /// [`Resource::trim`] gives back what it reserves beyond its live blocks (to the granule it
+    /// grows by). False: it keeps its memory until it is released otherwise (a graph pool's
+    /// segments go back once nobody uses the pool).
+    pub trims: bool,
+    /// A deallocation whose size is not the block's is refused and changes nothing. False: the
+    /// size is not known to it and the block goes back whole, whatever size is given (CUDA's
+    /// `cuMemFreeAsync` takes none; the device passes the size it recorded).
+    pub checks_free_size: bool,
 }
 
 /// A source of device memory.
@@ -275,15 +290,94 @@ pub fn usage_with_peaks(resource: &dyn Resource) -> Result<PoolUsage> {
 /// The sources a device starts with ([`provision`]).
 pub struct Provision {
     pub sources: Sources,
-    /// The backend serving the device (the pool where `vmm` was asked for and is unsupported).
+    /// The backend serving the device (the pool where the one asked for is unsupported).
     pub backend: Backend,
 }
 
-/// The sources `settings` ask for on `device` (of `total_bytes` memory): its own resources — a
-/// pool for large blocks and, unless disabled, one for small ones, or the virtual-memory resource
-/// for every size — and graph memory. With `STREAMPOOL_IPC`, one shareable
-/// pool serves every size and is the shareable pool. A small-block pool that cannot be created is
-/// logged and left out (the large resource serves every size).
+/// What a backend makes a device's own resources from.
+pub struct Provisioning<'a> {
+    pub driver: &'a Arc<dyn Driver>,
+    pub device: usize,
+    pub settings: &'a SourceSettings,
+    /// The device's memory.
+    pub total_bytes: u64,
+    /// The device's memory limit (`set_per_process_memory_fraction`), shared with the device.
+    pub limit_bytes: &'a Arc<AtomicU64>,
+    pub recorder: &'a Arc<Recorder>,
+}
+
+/// A device's own resources: one for large blocks (every block without the other) and maybe one
+/// for blocks up to a size.
+pub struct Own {
+    pub large: Arc<dyn Resource>,
+    pub small: Option<(Arc<dyn Resource>, u64)>,
+}
+
+/// How a backend makes a device's own resources; `None` where the device cannot run it (it is
+/// logged, and the pool backend serves the device instead).
+pub type MakeOwn = fn(&Provisioning<'_>) -> Result<Option<Own>>;
+
+/// One row per backend (`STREAMPOOL_BACKEND`): adding a backend is a row here, its resource in a
+/// file or folder of its own, and the docs (docs/layout.md, "Adding a backend").
+const BACKENDS: [(Backend, MakeOwn); 3] = [
+    (Backend::Pool, pool_own),
+    (Backend::Vmm, vmm_own),
+    (Backend::Managed, managed::own),
+];
+
+/// The `pool` backend: a CUDA pool for large blocks and, unless disabled, one for small ones (a
+/// small-block pool that cannot be created is logged and left out: the large one serves all).
+fn pool_own(at: &Provisioning<'_>) -> Result<Option<Own>> {
+    let (driver, device, settings) = (at.driver, at.device, at.settings);
+    let pool = |role| CudaPoolResource::create(driver, device, &settings.pool, role);
+    let large = Arc::new(pool(PoolRole::OWN)?);
+    let small = match settings.small_pool {
+        false => None,
+        true => match pool(PoolRole::OWN_SMALL) {
+            Ok(pool) => Some((
+                Arc::new(pool) as Arc<dyn Resource>,
+                settings.small_max_bytes,
+            )),
+            Err(e) => {
+                log::warn!("device {device}: no small-block pool, one resource serves all: {e}");
+                None
+            }
+        },
+    };
+    Ok(Some(Own { large, small }))
+}
+
+/// The `vmm` backend: one virtual-memory resource for every size (small blocks are carved out of
+/// its own pages).
+fn vmm_own(at: &Provisioning<'_>) -> Result<Option<Own>> {
+    let (driver, device) = (at.driver, at.device);
+    if !driver.vmm_supported(device)? {
+        log::warn!(
+            "device {device} does not support CUDA virtual memory management \
+             (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED): it uses the pool \
+             backend instead of STREAMPOOL_BACKEND=vmm"
+        );
+        return Ok(None);
+    }
+    let settings = VmmSettings::resolve(&at.settings.vmm, driver.as_ref(), device, at.total_bytes)?;
+    let vmm = VmmResource::create(
+        driver,
+        device,
+        &settings,
+        at.total_bytes,
+        Arc::clone(at.limit_bytes),
+        Arc::clone(at.recorder),
+    )?;
+    Ok(Some(Own {
+        large: vmm,
+        small: None,
+    }))
+}
+
+/// The sources `settings` ask for on `device` (of `total_bytes` memory): its own resources, made
+/// by the row of [`BACKENDS`] for the backend asked for (the pool backend's where the device
+/// cannot run it), and graph memory. With `STREAMPOOL_IPC`, one shareable pool serves every size
+/// and is the shareable pool.
 pub fn provision(
     driver: &Arc<dyn Driver>,
     device: usize,
@@ -292,56 +386,41 @@ pub fn provision(
     limit_bytes: &Arc<AtomicU64>,
     recorder: &Arc<Recorder>,
 ) -> Result<Provision> {
-    let with = |large: Arc<dyn Resource>, small| {
+    let with = |own: Own| {
         let graph = Arc::new(DriverPoolResource::graph_memory(driver, device));
-        Sources::new(large, small, graph)
+        Sources::new(own.large, own.small, graph)
     };
-    let pool = |role| CudaPoolResource::create(driver, device, &settings.pool, role);
     if settings.one_shareable_pool {
-        let mut sources = with(Arc::new(pool(PoolRole::SHARED_OWN)?), None);
+        let pool = CudaPoolResource::create(driver, device, &settings.pool, PoolRole::SHARED_OWN)?;
+        let mut sources = with(Own {
+            large: Arc::new(pool),
+            small: None,
+        });
         sources.set_shareable(sources.for_size(0));
         let backend = Backend::Pool;
         return Ok(Provision { sources, backend });
     }
-    let vmm = settings.backend == Backend::Vmm;
-    if vmm && !driver.vmm_supported(device)? {
-        log::warn!(
-            "device {device} does not support CUDA virtual memory management \
-             (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED): it uses the pool \
-             backend instead of STREAMPOOL_BACKEND=vmm"
-        );
-    } else if vmm {
-        // One resource for every size: small blocks are carved out of its own pages.
-        let settings = VmmSettings::resolve(&settings.vmm, driver.as_ref(), device, total_bytes)?;
-        let vmm = VmmResource::create(
-            driver,
-            device,
-            &settings,
-            total_bytes,
-            Arc::clone(limit_bytes),
-            Arc::clone(recorder),
-        )?;
-        let backend = Backend::Vmm;
-        return Ok(Provision {
-            sources: with(vmm, None),
-            backend,
-        });
-    }
-    let large = Arc::new(pool(PoolRole::OWN)?);
-    let small_max_bytes = settings.small_max_bytes;
-    let small = match settings.small_pool {
-        false => None,
-        true => match pool(PoolRole::OWN_SMALL) {
-            Ok(pool) => Some((Arc::new(pool) as Arc<dyn Resource>, small_max_bytes)),
-            Err(e) => {
-                log::warn!("device {device}: no small-block pool, one resource serves all: {e}");
-                None
-            }
-        },
+    let at = Provisioning {
+        driver,
+        device,
+        settings,
+        total_bytes,
+        limit_bytes,
+        recorder,
     };
-    let backend = Backend::Pool;
+    let (backend, make) = (BACKENDS.iter().copied())
+        .find(|(backend, _)| *backend == settings.backend)
+        .ok_or_else(|| Error::Internal(format!("no row for {:?}", settings.backend)))?;
+    let (backend, own) = match make(&at)? {
+        Some(own) => (backend, own),
+        None => {
+            let own = pool_own(&at)?;
+            let own = own.ok_or_else(|| Error::Internal("no pool backend".into()))?;
+            (Backend::Pool, own)
+        }
+    };
     Ok(Provision {
-        sources: with(large, small),
+        sources: with(own),
         backend,
     })
 }
@@ -354,4 +433,19 @@ pub fn shareable_pool(
 ) -> Result<Arc<dyn Resource>> {
     let pool = CudaPoolResource::create(driver, device, settings, PoolRole::SHAREABLE)?;
     Ok(Arc::new(pool))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BACKENDS;
+    use crate::config::Backend;
+
+    #[test]
+    fn every_backend_has_one_row() {
+        for backend in Backend::ALL {
+            let rows = BACKENDS.iter().filter(|(b, _)| *b == backend).count();
+            assert_eq!(rows, 1, "{backend:?}");
+        }
+        assert_eq!(BACKENDS.len(), Backend::ALL.len());
+    }
 }

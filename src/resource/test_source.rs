@@ -56,6 +56,9 @@ impl Resource for TestSource {
             shareable: false,
             returns_before_growth: false,
             fast_path: false,
+            reuses_across_streams: true,
+            trims: true,
+            checks_free_size: false,
         }
     }
 }

@@ -46,6 +46,7 @@ struct C10 {
 // SAFETY: addresses of functions and constant objects of loaded libraries that are never
 // unloaded (nothing here calls dlclose).
 unsafe impl Send for C10 {}
+// SAFETY: as for Send: addresses of code and constants, only read.
 unsafe impl Sync for C10 {}
 
 const TORCH: [&CStr; 4] = [LIBC10, LIBC10_CUDA, LIBTORCH_CUDA, LIBTORCH_PYTHON];

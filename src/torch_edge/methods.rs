@@ -106,10 +106,10 @@ unsafe extern "C-unwind" fn create_or_incref_pool(
     b: u64,
     allocator: *const [*mut c_void; 2],
 ) {
-    // SAFETY: a std::shared_ptr is {object pointer, control block}; PyTorch passes a pointer to
-    // its temporary.
     let object = match allocator.is_null() {
         true => std::ptr::null_mut(),
+        // SAFETY: a std::shared_ptr is {object pointer, control block}; PyTorch passes a pointer
+        // to its temporary.
         false => unsafe { (*allocator)[0] },
     };
     let own = object.is_null() || object == this;

@@ -88,8 +88,6 @@ const MEMPOOL_ALLOCATOR: &str = "torch.cuda.MemPool(allocator) (the pool's own m
 /// No other thread may be calling PyTorch's allocator while this runs.
 pub unsafe fn attach(my_malloc: usize, my_free: usize) -> Result<Attached, String> {
     let object = installed_pluggable(my_malloc)?;
-    // SAFETY: the object is the installed pluggable allocator, checked above; the caller
-    // promises nobody calls it meanwhile; each replacement has its method's C ABI signature.
     let mut replacements = methods::replacements();
     let mut unavailable = Vec::new();
     if !vtable::slot_holds(&PLUGGABLE, methods::RAW_DELETER_SLOT, methods::RAW_DELETER) {
@@ -100,6 +98,8 @@ pub unsafe fn attach(my_malloc: usize, my_free: usize) -> Result<Attached, Strin
             "raw_deleter is not where expected".into(),
         ));
     }
+    // SAFETY: the object is the installed pluggable allocator, checked above; the caller
+    // promises nobody calls it meanwhile; each replacement has its method's C ABI signature.
     let outcome = unsafe { vtable::patch(object, &PLUGGABLE, &replacements) }?;
     unavailable.extend(outcome.missing);
     let mut attached = Attached {

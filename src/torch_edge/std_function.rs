@@ -38,6 +38,8 @@ pub(crate) struct OwnedFunction<F>(Box<StdFunction<F>>);
 // SAFETY: PyTorch calls these functions from whichever thread allocates (its own allocator does
 // the same); the copy is only called and dropped, never mutated in place.
 unsafe impl<F> Send for OwnedFunction<F> {}
+// SAFETY: as for Send: shared, the copy is only called (PyTorch's functions may be called from
+// any thread) and never mutated in place.
 unsafe impl<F> Sync for OwnedFunction<F> {}
 
 impl<F> OwnedFunction<F> {

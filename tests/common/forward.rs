@@ -1,5 +1,24 @@
 //! `forward_to_sim!`: the driver traits a test wrapper leaves alone, forwarded to its `sim` field
 //! (a `SimDriver`). Included with `#[path]` (and `#[macro_use]`) by the wrappers that need it.
+//! `forward_managed_to_sim!(Type)` does the same for `ManagedDriver`.
+
+/// `forward_managed_to_sim!(Type)` implements `ManagedDriver` for `Type` by calling `self.sim`'s
+/// methods of the same name.
+macro_rules! forward_managed_to_sim {
+    ($t:ty) => {
+        impl ManagedDriver for $t {
+            fn managed_supported(&self, device: usize) -> Result<bool> {
+                self.sim.managed_supported(device)
+            }
+            fn mem_alloc_managed(&self, device: usize, bytes: u64) -> Result<DevicePtr> {
+                self.sim.mem_alloc_managed(device, bytes)
+            }
+            fn mem_free(&self, device: usize, ptr: DevicePtr) -> Result<()> {
+                self.sim.mem_free(device, ptr)
+            }
+        }
+    };
+}
 
 /// `forward_to_sim!(Type: PeerDriver, IpcDriver, VmmDriver)` implements those traits for `Type` by
 /// calling `self.sim`'s methods of the same name.

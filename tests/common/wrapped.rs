@@ -164,3 +164,4 @@ impl StreamDriver for Wrapped {
 }
 
 forward_to_sim!(Wrapped: PeerDriver, IpcDriver, VmmDriver);
+forward_managed_to_sim!(Wrapped);

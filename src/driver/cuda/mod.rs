@@ -5,6 +5,7 @@
 //! (autograd's backward thread has none) and restores the thread's previous context afterwards.
 
 mod ipc;
+mod managed;
 mod streams;
 mod vmm;
 
@@ -22,6 +23,7 @@ use std::sync::OnceLock;
 struct PrimaryContext(sys::CUcontext);
 // SAFETY: a CUcontext is a process-wide handle; the driver API is thread-safe.
 unsafe impl Send for PrimaryContext {}
+// SAFETY: as for Send: the handle is only passed to the driver, which is thread-safe.
 unsafe impl Sync for PrimaryContext {}
 
 pub struct CudaDriver {

@@ -39,6 +39,15 @@ impl SimDriver {
         self
     }
 
+    /// Makes [`SimDriver::touch`] refuse memory that unfinished work of another stream still
+    /// uses, unless the touching stream waited for that work on the GPU (a race: see `races.rs`).
+    pub fn check_races(self) -> SimDriver {
+        for d in &self.devices {
+            d.lock().touches.enabled = true;
+        }
+        self
+    }
+
     /// The next `count` calls of `fault` fail.
     pub fn inject_fault(&self, fault: SimFault, count: u32) {
         *self.faults.lock().entry(fault).or_default() += count;
@@ -60,6 +69,26 @@ impl SimDriver {
     /// All work submitted so far on `stream` completes (and the work it waited for).
     pub fn complete_stream(&self, device: usize, stream: Stream) {
         self.devices[device].lock().complete_stream(stream);
+    }
+
+    /// All work submitted so far on every stream of `device` but `except` completes (and the
+    /// work it waited for, which may be some of `except`'s).
+    pub fn complete_other_streams(&self, device: usize, except: Stream) {
+        let mut d = self.devices[device].lock();
+        let others: Vec<Stream> = d
+            .streams
+            .keys()
+            .filter(|s| **s != except)
+            .copied()
+            .collect();
+        for stream in others {
+            d.complete_stream(stream);
+        }
+    }
+
+    /// Events of `device` created and not destroyed yet.
+    pub fn events_alive(&self, device: usize) -> usize {
+        self.devices[device].lock().events.len()
     }
 
     /// All work on every stream of every device completes.
@@ -94,7 +123,8 @@ impl SimDriver {
         }
     }
 
-    /// Bytes still allocated (live or pending) across all pools and graph allocations.
+    /// Bytes still allocated (live or pending) across all pools, graph allocations and managed
+    /// memory.
     pub fn outstanding_bytes(&self) -> u64 {
         self.devices
             .iter()
@@ -102,6 +132,8 @@ impl SimDriver {
                 let d = d.lock();
                 d.pools.iter().map(|p| p.used_bytes).sum::<u64>()
                     + d.captured_live.values().sum::<u64>()
+                    + d.captured_pending.iter().map(|f| f.bytes).sum::<u64>()
+                    + d.managed.bytes()
             })
             .sum()
     }
@@ -152,7 +184,8 @@ impl SimDriver {
 
     /// Work on `stream` of device `from` reads and writes `[ptr, ptr + bytes)` of `device`'s
     /// memory, as a kernel would. An error says why it may not: that memory is not allocated, or
-    /// not mapped, or `from` has no access to it (a test asserts it is `Ok`).
+    /// not mapped, or `from` has no access to it, or (with [`SimDriver::check_races`]) unfinished
+    /// work of another stream still uses it (a test asserts it is `Ok`).
     pub fn touch(
         &self,
         device: usize,
@@ -177,6 +210,7 @@ impl SimDriver {
             }
             false => d.touch_pool_memory(ptr, bytes, from, device),
         };
+        let outcome = outcome.and_then(|()| d.check_race(ptr, bytes, stream, seq));
         outcome.map_err(|why| {
             driver_error(
                 "touch",

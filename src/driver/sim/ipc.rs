@@ -12,8 +12,9 @@ use crate::driver::{
 use crate::error::Result;
 
 pub(super) fn inode(fd: i32) -> Option<u64> {
-    // SAFETY: fstat writes into a zeroed stat struct; a bad fd only returns -1.
+    // SAFETY: libc::stat is plain data, for which all zeroes is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into a stat struct we own; a bad fd only returns -1.
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_ino)
 }
 

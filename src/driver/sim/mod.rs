@@ -11,7 +11,9 @@
 
 mod controls;
 mod ipc;
+mod managed;
 mod pools;
+mod races;
 mod streams;
 mod vmm;
 
@@ -98,6 +100,8 @@ struct SimDevice {
     destroyed: Vec<Stream>,
     capturing: Vec<Stream>,
     captured_live: HashMap<DevicePtr, u64>,
+    /// Graph memory freed and not yet known to be done with (`free_async`): device memory still.
+    captured_pending: Vec<pools::PendingFree>,
     /// Pointers imported from a shareable pool (`pointer_import`), with how often.
     imported: HashMap<DevicePtr, u32>,
     vmm: SimVmm,
@@ -114,6 +118,10 @@ struct SimDevice {
     frees_applied_at_sync: bool,
     /// Work completes as it is submitted (`gpu_keeps_up`).
     keeps_up: bool,
+    /// Unfinished uses of memory, for the race check (`check_races`).
+    touches: races::Touches,
+    /// Managed memory (`mem_alloc_managed`).
+    managed: managed::SimManaged,
 }
 
 pub struct SimDriver {
@@ -310,7 +318,8 @@ impl SimDevice {
         }
     }
 
-    /// Bytes of device memory in use: pools' reservations, graph memory, physical handles.
+    /// Bytes of device memory in use: pools' reservations, graph memory, physical handles,
+    /// managed memory.
     /// Keeps the high-water mark of memory in use; called where it can grow.
     fn note_in_use(&mut self) {
         self.in_use_high_bytes = self.in_use_high_bytes.max(self.memory_in_use_bytes());
@@ -319,7 +328,9 @@ impl SimDevice {
     fn memory_in_use_bytes(&self) -> u64 {
         self.pools.iter().map(|p| p.reserved_bytes).sum::<u64>()
             + self.captured_live.values().sum::<u64>()
+            + self.captured_pending.iter().map(|f| f.bytes).sum::<u64>()
             + self.vmm.physical_bytes()
+            + self.managed.bytes()
     }
 
     /// `bytes` (rounded to 512) of fresh address space.
@@ -370,7 +381,10 @@ impl SimDevice {
         from: usize,
         device: usize,
     ) -> std::result::Result<(), String> {
-        if self.captured_live.contains_key(&ptr) || self.imported.contains_key(&ptr) {
+        if self.captured_live.contains_key(&ptr)
+            || self.imported.contains_key(&ptr)
+            || self.is_managed(ptr, bytes)
+        {
             return Ok(());
         }
         let pool = self.pools.iter().find(|p| p.holds(ptr, bytes));

@@ -14,9 +14,9 @@ use std::collections::HashMap;
 /// The pool's physical granule, as on real GPUs.
 const GRANULE_BYTES: u64 = 2 << 20;
 
-struct PendingFree {
+pub(super) struct PendingFree {
     ptr: DevicePtr,
-    bytes: u64,
+    pub(super) bytes: u64,
     stream: Stream,
     seq: u64,
 }
@@ -97,9 +97,35 @@ impl SimDevice {
                 !done
             });
         }
+        self.captured_pending.retain(|f| {
+            let done = streams.get(&f.stream).is_some_and(|c| c.completed >= f.seq);
+            if done {
+                released.push((f.ptr, f.bytes));
+            }
+            !done
+        });
         for (ptr, bytes) in released {
             self.release_range(ptr, bytes);
         }
+    }
+
+    /// Graph memory freed on `stream` and still pending serves that stream at once (stream
+    /// order), as [`SimDevice::reuse_own_stream`] does for pools.
+    pub(super) fn reuse_captured(&mut self, stream: Stream, bytes: u64) -> Option<DevicePtr> {
+        let wanted = round_up(bytes, ALIGN_BYTES)?;
+        let i = (self.captured_pending.iter().enumerate())
+            .filter(|(_, f)| f.stream == stream && f.bytes >= wanted)
+            .min_by_key(|(_, f)| f.bytes)
+            .map(|(i, _)| i)?;
+        let f = self.captured_pending.swap_remove(i);
+        if f.bytes > wanted {
+            self.captured_pending.push(PendingFree {
+                ptr: f.ptr.offset(wanted),
+                bytes: f.bytes - wanted,
+                ..f
+            });
+        }
+        Some(f.ptr)
     }
 
     /// A free pending on `stream` itself is reusable by that stream at once (stream order), but by
@@ -302,11 +328,18 @@ impl PoolDriver for SimDriver {
             }
             return Ok(());
         }
+        let seq = d.tick(stream);
         if let Some(bytes) = d.captured_live.remove(&ptr) {
-            d.release_range(ptr, bytes);
+            // As the default pool's: pending until the stream's work up to here completes.
+            let bytes = round_up(bytes, ALIGN_BYTES).expect("a range that was claimed");
+            d.captured_pending.push(PendingFree {
+                ptr,
+                bytes,
+                stream,
+                seq,
+            });
             return Ok(());
         }
-        let seq = d.tick(stream);
         for p in &mut d.pools {
             if let Some(bytes) = p.live.remove(&ptr) {
                 p.pending.push(PendingFree {

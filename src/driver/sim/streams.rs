@@ -1,7 +1,9 @@
 //! The simulator's streams, events and graph capture.
 //!
 //! Invariant: every call that enqueues work ticks its stream's clock; an event is complete once
-//! its stream has completed the tick of its last record; graph memory counts as device memory.
+//! its stream has completed the tick of its last record; graph memory counts as device memory,
+//! and once freed it is reusable by its stream at once, by others once that stream's work up to
+//! the free has completed (the default pool's stream order).
 
 use super::{driver_error, SimDriver, SimFault, StreamWait};
 use crate::driver::{DevicePtr, EventHandle, Stream, StreamDriver};
@@ -174,6 +176,11 @@ impl StreamDriver for SimDriver {
         let call = "cuMemAllocAsync";
         self.take_fault(SimFault::Alloc, call)?;
         let mut d = self.device(device, call)?;
+        if let Some(ptr) = d.reuse_captured(stream, bytes) {
+            d.captured_live.insert(ptr, bytes);
+            d.tick(stream);
+            return Ok(ptr);
+        }
         let fits = d
             .memory_in_use_bytes()
             .checked_add(bytes)

@@ -17,7 +17,7 @@ mod tests;
 pub use resource::{GraphPoolResource, PoolId};
 
 use crate::driver::{DevicePtr, Stream};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
 use std::collections::{BTreeMap, HashMap};
 
 /// Blocks up to this size share segments of [`SMALL_SEGMENT_BYTES`].
@@ -65,10 +65,16 @@ pub struct GraphPool {
     reserved_bytes: u64,
 }
 
+/// `bytes` rounded up to `granule`; a size no device can hold (the rounding overflows) is out of
+/// memory, as a resource reports it.
 fn round_up(bytes: u64, granule: u64) -> Result<u64> {
     bytes
         .checked_next_multiple_of(granule)
-        .ok_or_else(|| Error::InvalidArgument(format!("{bytes} bytes cannot be rounded up")))
+        .ok_or_else(|| Error::Driver {
+            call: "a graph pool's new segment",
+            code: CUDA_ERROR_OUT_OF_MEMORY,
+            name: format!("{bytes} B is more than any device holds"),
+        })
 }
 
 /// Whether a range freed on `range` can serve `stream`, and the stream the two share.
@@ -189,12 +195,19 @@ impl GraphPool {
         self.segments.values()
     }
 
-    /// Frees a live block into the pool; returns it. An error (and no change) if `ptr` is not a
-    /// live block of the pool.
-    pub fn give(&mut self, ptr: DevicePtr) -> Result<PoolBlock> {
-        let block = self.live.remove(&ptr.0).ok_or_else(|| {
+    /// Frees the live block at `ptr`, of `bytes`, into the pool; returns it. An error (and no
+    /// change) if `ptr` is not a live block of the pool or the block is not of `bytes`.
+    pub fn give(&mut self, ptr: DevicePtr, bytes: u64) -> Result<PoolBlock> {
+        let block = self.live.get(&ptr.0).copied().ok_or_else(|| {
             Error::InvalidArgument(format!("{ptr:#x} is not a live block of this graph pool"))
         })?;
+        if block.bytes != bytes {
+            return Err(Error::InvalidArgument(format!(
+                "{ptr:#x} is a block of {} B of the graph pool, not {bytes} B",
+                block.bytes
+            )));
+        }
+        self.live.remove(&ptr.0);
         self.insert_free(block.ptr.0, block.bytes, Some(block.stream));
         Ok(block)
     }

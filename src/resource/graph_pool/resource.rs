@@ -3,8 +3,9 @@
 //!
 //! Invariants: a segment is added to the pool only once its allocation has completed (the
 //! stream it was allocated on was synchronised), so it serves any stream at once; segments go
-//! back only from [`GraphPoolResource::release_free_segments`], called after a device
-//! synchronisation and only while nobody uses the pool; the pool's lock is never held across a
+//! out only through [`GraphPoolResource::take_free_segments_if_unused`], while nobody uses the
+//! pool, and back to their resource through [`GraphPoolResource::give_back_segments`], after a
+//! device synchronisation; the pool's lock is never held across a
 //! driver call.
 
 use super::{GraphPool, PoolBlock, Segment};
@@ -128,8 +129,8 @@ impl Resource for GraphPoolResource {
     }
 
     /// The block goes back into the pool, for the pool's later allocations only.
-    fn deallocate(&self, ptr: DevicePtr, _bytes: u64, _stream: Stream) -> Result<()> {
-        self.pool.lock().give(ptr).map(|_| ())
+    fn deallocate(&self, ptr: DevicePtr, bytes: u64, _stream: Stream) -> Result<()> {
+        self.pool.lock().give(ptr, bytes).map(|_| ())
     }
 
     fn usage(&self) -> Result<Usage> {
@@ -141,7 +142,7 @@ impl Resource for GraphPoolResource {
     }
 
     /// Nothing: a pool gives memory back only once nobody uses it
-    /// ([`GraphPoolResource::release_free_segments`]).
+    /// ([`GraphPoolResource::take_free_segments_if_unused`]).
     fn trim(&self, _keep_bytes: u64) -> Result<()> {
         Ok(())
     }
@@ -156,6 +157,11 @@ impl Resource for GraphPoolResource {
             shareable: false,
             returns_before_growth: false,
             fast_path: false,
+            // As PyTorch's private pools: a freed range serves the stream that freed it.
+            reuses_across_streams: false,
+            // Its segments go back once nobody uses the pool (graphs may replay them).
+            trims: false,
+            checks_free_size: true,
         }
     }
 }

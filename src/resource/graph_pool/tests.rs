@@ -39,12 +39,12 @@ fn a_freed_range_serves_its_own_stream_only_until_it_merges_back() {
     let mut pool = pool_with_segment(0x1000_0000, 2 * MIB);
     let a = pool.take(MIB, S1).unwrap();
     let b = pool.take(MIB, S1).unwrap();
-    pool.give(a.ptr).unwrap();
+    pool.give(a.ptr, a.bytes).unwrap();
     assert!(pool.take(MIB, S2).is_none(), "freed on S1: not for S2");
     let again = pool.take(MIB, S1).unwrap();
     assert_eq!(again.ptr, a.ptr);
-    pool.give(again.ptr).unwrap();
-    pool.give(b.ptr).unwrap();
+    pool.give(again.ptr, again.bytes).unwrap();
+    pool.give(b.ptr, b.bytes).unwrap();
     // Both halves freed on S1 merged into the whole segment.
     assert_eq!(pool.largest_free_bytes(), 2 * MIB);
 }
@@ -54,8 +54,8 @@ fn ranges_freed_on_different_streams_do_not_merge_yet_the_segment_is_released() 
     let mut pool = pool_with_segment(0x1000_0000, 2 * MIB);
     let a = pool.take(MIB, S1).unwrap();
     let b = pool.take(MIB, S2).unwrap();
-    pool.give(a.ptr).unwrap();
-    pool.give(b.ptr).unwrap();
+    pool.give(a.ptr, a.bytes).unwrap();
+    pool.give(b.ptr, b.bytes).unwrap();
     assert_eq!(pool.largest_free_bytes(), MIB);
     assert_eq!(
         pool.take_free_segments(),
@@ -83,7 +83,7 @@ fn ranges_do_not_merge_across_segments() {
     pool.add_segment(segment(0x1000_0000 + 2 * MIB, 2 * MIB));
     assert_eq!(pool.largest_free_bytes(), 2 * MIB);
     let a = pool.take(2 * MIB, S1).unwrap();
-    pool.give(a.ptr).unwrap();
+    pool.give(a.ptr, a.bytes).unwrap();
     assert_eq!(pool.largest_free_bytes(), 2 * MIB);
     assert!(pool.take(3 * MIB, S1).is_none());
 }
@@ -93,9 +93,9 @@ fn restore_makes_a_freed_block_live_at_its_old_address_only_if_free() {
     let mut pool = pool_with_segment(0x1000_0000, 2 * MIB);
     let a = pool.take(4096, S1).unwrap();
     let b = pool.take(4096, S1).unwrap();
-    pool.give(a.ptr).unwrap();
+    pool.give(a.ptr, a.bytes).unwrap();
     assert!(pool.restore(b.ptr, 4096, S1).is_err(), "b is live");
-    pool.give(b.ptr).unwrap();
+    pool.give(b.ptr, b.bytes).unwrap();
     pool.restore(b.ptr, 4096, S1).unwrap();
     assert!(pool
         .live_blocks()
@@ -128,9 +128,9 @@ fn use_counts_never_go_below_zero_and_a_pool_is_unused_only_without_live_blocks(
     let a = pool.take(4096, S1).unwrap();
     assert_eq!(pool.decref().unwrap(), 0);
     assert!(!pool.is_unused(), "a block is still live");
-    pool.give(a.ptr).unwrap();
+    pool.give(a.ptr, a.bytes).unwrap();
     assert!(pool.is_unused());
-    assert!(pool.give(a.ptr).is_err(), "double free");
+    assert!(pool.give(a.ptr, a.bytes).is_err(), "double free");
 }
 
 #[test]
@@ -139,5 +139,19 @@ fn segment_sizes() {
     assert_eq!(GraphPool::segment_bytes_for(MIB).unwrap(), 2 * MIB);
     assert_eq!(GraphPool::segment_bytes_for(MIB + 512).unwrap(), 2 * MIB);
     assert_eq!(GraphPool::segment_bytes_for(5 * MIB).unwrap(), 6 * MIB);
-    assert!(GraphPool::segment_bytes_for(u64::MAX - 10).is_err());
+    let huge = GraphPool::segment_bytes_for(u64::MAX - 10).unwrap_err();
+    assert!(
+        huge.is_device_oom(),
+        "a size no device holds is out of memory: {huge}"
+    );
+}
+
+#[test]
+fn a_free_of_the_wrong_size_is_refused_and_changes_nothing() {
+    let mut pool = pool_with_segment(0x1000_0000, 2 * MIB);
+    let a = pool.take(4096, S1).unwrap();
+    assert!(pool.give(a.ptr, 8192).is_err());
+    assert_eq!(pool.live_blocks().count(), 1, "the block is still live");
+    assert!(pool.take(2 * MIB - 4096, S1).is_some(), "nothing was freed");
+    pool.give(a.ptr, 4096).unwrap();
 }

@@ -165,7 +165,7 @@ impl Sources {
     }
 
     /// True if `id`'s freed blocks may wait in the device's cache (false for an id not in the
-    /// table): [`Sources::traits`] without building a Result, for every free.
+    /// table): its [`Traits::cacheable`], read without building a Result, for every free.
     #[inline(always)]
     pub fn cacheable(&self, id: SourceId) -> bool {
         matches!(self.slots.get(id.0 as usize), Some(Some(entry)) if entry.traits.cacheable)

@@ -133,6 +133,9 @@ impl Resource for VmmResource {
             returns_before_growth: false,
             // A slot, a fit in a carrier or a mapped range: under the resource's lock if free.
             fast_path: true,
+            reuses_across_streams: true,
+            trims: true,
+            checks_free_size: true,
         }
     }
 

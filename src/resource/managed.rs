@@ -1,0 +1,268 @@
+//! Managed (unified) memory as a [`Resource`] (`STREAMPOOL_BACKEND=managed`): each block is one
+//! `cuMemAllocManaged` allocation, usable from the host and from every device and stream. A
+//! small backend, and the example of docs/layout.md's "Adding a backend".
+//!
+//! `cuMemFree` is not stream-ordered and waits for the whole device, so a freed block is kept:
+//! it serves its own stream's next request of its size at once (stream order), any stream's once
+//! the fence recorded on its stream after the free has completed ([`crate::stream_order`]), and
+//! goes back to the driver only when memory runs out or on `trim`, once that fence completed.
+//!
+//! Invariants: a block is handed to a stream other than the one that freed it only once the
+//! work queued on that stream before the free has completed; `cuMemFree` is called only for such
+//! blocks and never while a capture is known on the device; the calls a capture in global mode
+//! forbids (allocating, freeing, recording and querying events) are made in relaxed capture mode,
+//! and no fence is recorded on a capturing stream; a refused free changes nothing; `used` is the
+//! live bytes, `reserved` the live and the kept freed bytes; the resource's lock is never held
+//! across a synchronisation.
+
+use super::{Capabilities, CaptureNotice, Own, Provisioning, Resource, Traits, Usage};
+use crate::driver::{DevicePtr, Driver, Stream};
+use crate::error::{Error, Result};
+use crate::stream_order::{CaptureWatch, Fences};
+use crate::sync::{Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A freed block kept for reuse, and the fence of its stream that covers the free.
+#[derive(Debug, Clone, Copy)]
+struct Freed {
+    ptr: DevicePtr,
+    bytes: u64,
+    stream: Stream,
+    fence: u64,
+}
+
+#[derive(Default)]
+struct State {
+    /// Live blocks: address -> bytes.
+    live: HashMap<u64, u64>,
+    /// Freed blocks not given back yet, oldest first.
+    freed: Vec<Freed>,
+    live_bytes: u64,
+    freed_bytes: u64,
+    fences: Fences,
+    captures: CaptureWatch,
+}
+
+pub struct ManagedResource {
+    driver: Arc<dyn Driver>,
+    device: usize,
+    state: Mutex<State>,
+}
+
+/// The `managed` backend's row of [`super::provision`]: one managed-memory resource serves every
+/// size; `None` (logged) where the device has no managed memory.
+pub fn own(at: &Provisioning<'_>) -> Result<Option<Own>> {
+    let device = at.device;
+    if !at.driver.managed_supported(device)? {
+        log::warn!(
+            "device {device} does not support managed memory (CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY): \
+             it uses the pool backend instead of STREAMPOOL_BACKEND=managed"
+        );
+        return Ok(None);
+    }
+    let large = Arc::new(ManagedResource::new(at.driver, device));
+    Ok(Some(Own { large, small: None }))
+}
+
+impl ManagedResource {
+    pub fn new(driver: &Arc<dyn Driver>, device: usize) -> ManagedResource {
+        ManagedResource {
+            driver: Arc::clone(driver),
+            device,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock()
+    }
+
+    /// Brings the fences up to date with the GPU: pending ones of streams that finished their
+    /// work complete, the others are recorded (not on capturing streams), recorded ones polled.
+    fn settle(&self, st: &mut State) {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let _ = driver.relaxed_capture(&mut || {
+            st.fences.poll(driver, device);
+            st.fences.settle_pending(driver, device);
+            Ok(())
+        });
+    }
+
+    /// The kept block `i` (its fence may not have completed: the caller checks) becomes live.
+    fn take_freed(&self, st: &mut State, i: usize) -> DevicePtr {
+        let f = st.freed.remove(i);
+        st.freed_bytes -= f.bytes;
+        st.live_bytes += f.bytes;
+        st.live.insert(f.ptr.0, f.bytes);
+        f.ptr
+    }
+
+    /// Gives kept blocks whose fences completed back to the driver, oldest first, until no more
+    /// than `keep_bytes` is reserved; nothing while a capture is known. The first failure stops
+    /// it (the block stays kept, for a later try).
+    fn give_back(&self, st: &mut State, keep_bytes: u64) -> Result<()> {
+        if st.captures.refresh(self.driver.as_ref(), self.device) {
+            return Ok(());
+        }
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let mut i = 0;
+        while i < st.freed.len() && st.live_bytes + st.freed_bytes > keep_bytes {
+            let f = st.freed[i];
+            if st.fences.outstanding(f.stream, f.fence) {
+                i += 1;
+                continue;
+            }
+            driver.relaxed_capture(&mut || driver.mem_free(device, f.ptr))?;
+            st.freed.remove(i);
+            st.freed_bytes -= f.bytes;
+        }
+        Ok(())
+    }
+
+    /// A new managed allocation of `bytes`, live.
+    fn allocate_new(&self, st: &mut State, bytes: u64) -> Result<DevicePtr> {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let mut ptr = DevicePtr::NULL;
+        driver.relaxed_capture(&mut || {
+            ptr = driver.mem_alloc_managed(device, bytes)?;
+            Ok(())
+        })?;
+        let live_bytes = st.live_bytes.checked_add(bytes);
+        let Some(live_bytes) = live_bytes.filter(|_| st.live.insert(ptr.0, bytes).is_none()) else {
+            return Err(Error::Internal(format!(
+                "cuMemAllocManaged returned {ptr:#x}, which is live or beyond counting"
+            )));
+        };
+        st.live_bytes = live_bytes;
+        Ok(ptr)
+    }
+}
+
+impl Resource for ManagedResource {
+    fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
+        let mut st = self.lock();
+        // Freed on this stream: its next work comes after the free (stream order).
+        let own = |f: &Freed| f.stream == stream && f.bytes == bytes;
+        if let Some(i) = st.freed.iter().rposition(own) {
+            return Ok(self.take_freed(&mut st, i));
+        }
+        // Freed on another stream whose work up to the free has completed.
+        self.settle(&mut st);
+        let fences = &st.fences;
+        let done = |f: &Freed| f.bytes == bytes && !fences.outstanding(f.stream, f.fence);
+        if let Some(i) = st.freed.iter().position(done) {
+            return Ok(self.take_freed(&mut st, i));
+        }
+        match self.allocate_new(&mut st, bytes) {
+            Err(e) if e.is_device_oom() && !st.freed.is_empty() => {
+                // What is kept and done with goes back before the request fails.
+                if let Err(e) = self.give_back(&mut st, 0) {
+                    log::debug!("device {}: giving managed memory back: {e}", self.device);
+                }
+                self.allocate_new(&mut st, bytes)
+            }
+            other => other,
+        }
+    }
+
+    fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
+        let mut st = self.lock();
+        let Some(&live_bytes) = st.live.get(&ptr.0) else {
+            return Err(Error::UnknownPointer {
+                ptr: ptr.0,
+                device: self.device,
+            });
+        };
+        if live_bytes != bytes {
+            return Err(Error::InvalidArgument(format!(
+                "{ptr:#x} is a block of {live_bytes} B of managed memory, not {bytes} B"
+            )));
+        }
+        st.live.remove(&ptr.0);
+        st.live_bytes -= bytes;
+        st.freed_bytes += bytes;
+        let (fence, _) = st.fences.free_on(stream, self.driver.now_us(), 0);
+        st.freed.push(Freed {
+            ptr,
+            bytes,
+            stream,
+            fence,
+        });
+        Ok(())
+    }
+
+    fn usage(&self) -> Result<Usage> {
+        let st = self.lock();
+        Ok(Usage {
+            reserved_bytes: st.live_bytes + st.freed_bytes,
+            used_bytes: st.live_bytes,
+        })
+    }
+
+    /// After the device's synchronisation: fences of frees made before it are recorded (a
+    /// stream destroyed since can record none: its frees are done once the device has
+    /// synchronised again), and the kept blocks above `keep_bytes` go back.
+    fn trim(&self, keep_bytes: u64) -> Result<()> {
+        let mut st = self.lock();
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        if st.captures.refresh(driver, device) {
+            return Ok(());
+        }
+        let gone = st.fences.pending_of_gone_streams(driver, device);
+        let recorded = st.fences.record_all_pending(driver, device);
+        if recorded || !gone.is_empty() {
+            drop(st);
+            driver.synchronize(device)?;
+            st = self.lock();
+        }
+        st.fences.complete_pending(&gone);
+        self.settle(&mut st);
+        self.give_back(&mut st, keep_bytes)
+    }
+
+    fn traits(&self) -> Traits {
+        Traits {
+            label: "managed memory",
+            // Exact sizes only: the device's cache in front serves a stream's loop at once.
+            cacheable: true,
+            held: true,
+            shareable: false,
+            returns_before_growth: false,
+            fast_path: false,
+            reuses_across_streams: true,
+            trims: true,
+            checks_free_size: true,
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities {
+            capture_notice: Some(self),
+            ..Capabilities::default()
+        }
+    }
+}
+
+impl CaptureNotice for ManagedResource {
+    fn capture_started(&self, stream: Stream) {
+        self.lock().captures.note(stream);
+    }
+}
+
+impl Drop for ManagedResource {
+    /// Waits for the device, then frees everything it still has (a block still live belongs to
+    /// a caller who outlived the device's allocator: nothing may use it any more).
+    fn drop(&mut self) {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let _ = driver.synchronize(device);
+        let st = &mut *self.state.lock();
+        st.fences.destroy(driver, device);
+        let live = st.live.drain().map(|(ptr, _)| DevicePtr(ptr));
+        for ptr in live.chain(st.freed.drain(..).map(|f| f.ptr)) {
+            if let Err(e) = driver.mem_free(device, ptr) {
+                log::debug!("device {device}: freeing managed memory {ptr:#x}: {e}");
+            }
+        }
+    }
+}
