@@ -171,12 +171,12 @@ impl Allocator {
         disabling_on_error(d, d.trim(keep_bytes))
     }
 
-    /// `device`'s physical memory back to it, the addresses kept: see [`DeviceAllocator::sleep`].
+    /// `device`'s physical memory back to it, the addresses kept: see `DeviceAllocator::sleep` (device/control.rs).
     pub fn sleep(&self, device: i64, level: u32) -> Result<u64> {
         self.device(device)?.sleep(level)
     }
 
-    /// `device`'s memory mapped again where it slept: see [`DeviceAllocator::wake`].
+    /// `device`'s memory mapped again where it slept: see `DeviceAllocator::wake` (device/control.rs).
     pub fn wake(&self, device: i64) -> Result<u64> {
         self.device(device)?.wake()
     }
@@ -186,7 +186,7 @@ impl Allocator {
         Ok(self.device(device)?.sleeping_bytes())
     }
 
-    /// `device` was synchronised by the program: see [`DeviceAllocator::synchronized`].
+    /// `device` was synchronised by the program: see `DeviceAllocator::synchronized` (device/control.rs).
     pub fn synchronized(&self, device: i64) -> Result<()> {
         let d = self.device(device)?;
         disabling_on_error(d, d.synchronized())
