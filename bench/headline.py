@@ -36,7 +36,8 @@ RUN_FILE, REPORT_FILE, PARITY_FILE = "run.json", "report.json", "parity.md"
 BACKENDS = ("pool", "vmm")
 FAILS, NOT_RUN = "fails", "not run"
 # The blocks of each document, in the order they appear there.
-DOCUMENTS = {"README.md": ("readme-table", "parity"), "BENCHMARKS.md": ("run-table", "noise")}
+DOCUMENTS = {"README.md": ("readme-summary", "readme-table", "parity"),
+             "BENCHMARKS.md": ("run-table", "noise")}
 BLOCK = re.compile(r"(<!-- generated:(?P<name>[\w-]+)[^>]*-->\n)(?P<body>.*?)(<!-- /generated:(?P=name) -->)",
                    re.S)
 IDLE_S = markdown.HEADLINE_IDLE_S
@@ -226,6 +227,51 @@ def readme_table(run: Run) -> List[str]:
     return lines
 
 
+def memory_against_expandable(run: Run, backend: str) -> Dict[str, List[str]]:
+    """``workload E → S`` (expandable segments' memory ratio, then ``backend``'s, two decimals)
+    for the workloads where ``backend`` holds less, and where it holds more."""
+    out: Dict[str, List[str]] = {"less": [], "more": []}
+    for workload, cells in run.report.get("workloads", {}).items():
+        mine, theirs = cells.get(run.config_for(cells, backend) or ""), cells.get("expandable")
+        if not mine or not theirs or mine.get("failed") or theirs.get("failed"):
+            continue
+        if mine.get("memory") and theirs.get("memory"):
+            a, b = round(mine["memory"]["ratio"], 2), round(theirs["memory"]["ratio"], 2)
+            if a != b:
+                out["less" if a < b else "more"].append(f"`{workload}` {b:.2f} → {a:.2f}")
+    return out
+
+
+def readme_summary(run: Run) -> List[str]:
+    """README's first screen: the idle memory of the co-tenant group where the run has one, then
+    each backend's memory against expandable segments, with the figures, and its time where the
+    95% intervals are apart (one line a backend, the default first)."""
+    facts, cotenant = run.report.get("facts", {}), run.report.get("cotenant") or {}
+    order = sorted(BACKENDS, key=lambda b: b != run.current_default)
+    labels = {b: f"`{b}`" + (" (default)" if b == run.current_default else "") for b in BACKENDS}
+    lines = ["Against expandable segments (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`) in "
+             f"the newest run (`{run.folder}/`, {', '.join(facts.get('device', ['an unknown card']))}, "
+             f"commit `{run.commit}`); memory is peak GPU memory ÷ the live tensors' bytes, lower is "
+             "better, expandable segments → streampool where they differ:"]
+    if cotenant:
+        held = [f"native {held_gib(run.report, NATIVE)}",
+                f"expandable segments {held_gib(run.report, 'expandable')}"]
+        held += [f"{labels[b]} {held_gib(run.report, run.config_for(cotenant, b))}" for b in order]
+        lines.append(f"- GiB held beyond live tensors {IDLE_S:g} s after GPT-2 training stops (memory "
+                     f"the card's other processes cannot have): {', '.join(held)}.")
+    for backend in order:
+        memory, versus = memory_against_expandable(run, backend), versus_expandable(run, backend)
+        parts = [f"{key} memory on {', '.join(memory[key])}" for key in ("less", "more") if memory[key]]
+        text = f"- {labels[backend]}: " + ("; ".join(parts) or "the same memory")
+        apart = [f"{key} on {', '.join(versus[key])}" for key in ("faster", "slower") if versus[key]]
+        text += ("; time: " + ", ".join(apart) + " (95% intervals apart), the rest within the noise"
+                 if apart else "; time: within the noise on every workload")
+        if versus["fails"]:
+            text += f"; fails on {_listing(versus['fails'])}"
+        lines.append(text + ".")
+    return lines
+
+
 def parity_block(run: Run) -> List[str]:
     if run.parity is None:
         return []
@@ -326,8 +372,8 @@ def noise_table(run: Run) -> List[str]:
 
 # --- documents --------------------------------------------------------------------------------
 
-RENDERERS = {"readme-table": readme_table, "parity": parity_block, "run-table": run_table,
-             "noise": noise_table}
+RENDERERS = {"readme-summary": readme_summary, "readme-table": readme_table, "parity": parity_block,
+             "run-table": run_table, "noise": noise_table}
 
 
 def blocks(run: Run) -> Dict[str, str]:

@@ -214,3 +214,58 @@ def test_committed_reports_name_no_folder_of_the_machine_that_ran_them():
     found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in reports
              for m in [absolute.search(p.read_text())] if m]
     assert found == []
+
+
+def test_the_readme_summary_gives_each_backend_s_memory_against_expandable_segments(root):
+    write_run(root, "2027-01-02", report({"gpt2": GPT2}))
+    lines = headline.readme_summary(headline.load(root))
+    assert lines[0].startswith("Against expandable segments")
+    assert "(`bench/results/2027-01-02/`, NVIDIA H200, commit `abc1234`)" in lines[0]
+    assert lines[1:] == [
+        "- `pool` (default): less memory on `gpt2` 1.07 → 1.05; time: slower on `gpt2` (95% "
+        "intervals apart), the rest within the noise.",
+        "- `vmm`: more memory on `gpt2` 1.07 → 1.09; time: faster on `gpt2` (95% intervals apart), "
+        "the rest within the noise.",
+    ]
+
+
+def test_the_readme_summary_puts_the_library_s_default_backend_first(root):
+    write_run(root, "2027-01-02", report({"gpt2": GPT2}))
+    (root / "python/streampool/_config.py").write_text('VARIABLE_DEFAULTS = {"STREAMPOOL_BACKEND": "vmm"}\n')
+    lines = headline.readme_summary(headline.load(root))
+    assert [line.split(":")[0] for line in lines[1:]] == ["- `vmm` (default)", "- `pool`"]
+
+
+def test_the_readme_summary_says_same_and_fails_instead_of_leaving_a_backend_blank(root):
+    same = dict(GPT2, streampool={"memory": memory(1.07), "time": time(1.00, 0.97, 1.03)},
+                **{"streampool-vmm": {"failed": True, "errors": ["RuntimeError: CUDA error"]}})
+    write_run(root, "2027-01-02", report({"gpt2": same}))
+    assert headline.readme_summary(headline.load(root))[1:] == [
+        "- `pool` (default): the same memory; time: within the noise on every workload.",
+        "- `vmm`: the same memory; time: within the noise on every workload; fails on `gpt2`."]
+
+
+def test_the_readme_summary_leads_with_the_idle_memory_where_the_run_has_a_co_tenant(root):
+    cotenant = {"native": {"probes": [{"idle_s": 3.0, "held_gib_median": 12.87}]},
+                "expandable": {"probes": [{"idle_s": 3.0, "held_gib_median": 12.2}]},
+                "streampool": {"probes": [{"idle_s": 3.0, "held_gib_median": 0.56}]},
+                "streampool-vmm": {"error": "exited with status 1"}}
+    write_run(root, "2027-01-02", report({"gpt2": GPT2}, cotenant=cotenant))
+    lines = headline.readme_summary(headline.load(root))
+    assert lines[1] == ("- GiB held beyond live tensors 3 s after GPT-2 training stops (memory the "
+                        "card's other processes cannot have): native 12.87, expandable segments 12.20, "
+                        "`pool` (default) 0.56, `vmm` fails.")
+    write_run(root, "2027-01-03", report({"gpt2": GPT2}))  # no co-tenant group: no idle line
+    assert not any("GiB held" in line for line in headline.readme_summary(headline.load(root)))
+
+
+def test_the_readme_s_first_screen_makes_the_case_in_40_lines_with_the_two_commands():
+    text = (ROOT / "README.md").read_text()
+    first = text[:text.index("\n## ")].splitlines()
+    assert len(first) <= 40, f"{len(first)} lines before the first section"
+    screen = "\n".join(first)
+    for needed in ("streampool.install()", "empty_cache()", "streampool.cupy.install()",
+                   "streampool compare", "<!-- generated:readme-summary", "Which backend",
+                   "scripts/demo", "scripts/test"):
+        assert needed in screen, needed
+    assert "until the process exits" not in text  # untrue: PyTorch has empty_cache()

@@ -1,5 +1,5 @@
 //! The importing side of sharing: pools and blocks this process imported from others, through
-//! their pools or page by page (`page_imports`).
+//! their pools or page by page (`page_imports`, a sibling module).
 //!
 //! Invariants: an imported pointer is known until closed, and a block imported twice is mapped
 //! once and counted; closing the last import frees it and waits for the device before returning,
