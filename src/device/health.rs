@@ -24,7 +24,7 @@ impl DeviceAllocator {
     /// The device lock for an entry's first lock section, unless the device is disabled (checked
     /// with the lock held: a call that waited for it while another thread panicked holding it
     /// does not go on).
-    #[inline]
+    #[inline(always)]
     pub(super) fn lock_enabled(&self) -> Result<MutexGuard<'_, DeviceState>> {
         self.state.lock_unpoisoned().ok_or_else(|| self.disabled())
     }
