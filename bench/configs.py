@@ -19,6 +19,7 @@ VARIANT_PREFIX = "streampool:"
 PLUGGABLE = "pluggable"
 RELEASE_THRESHOLD = "1GiB"
 THRESHOLD = f"streampool-threshold-{RELEASE_THRESHOLD}"
+VMM_THRESHOLD = f"streampool-vmm-threshold-{RELEASE_THRESHOLD}"
 
 
 class Config(NamedTuple):
@@ -55,6 +56,13 @@ CONFIGS: Dict[str, Config] = {
         backend=PLUGGABLE,
         reference="streampool",
     ),
+    # The same price on the vmm backend: paired with streampool-vmm at its default.
+    VMM_THRESHOLD: Config(
+        "streampool",
+        env=(("STREAMPOOL_BACKEND", "vmm"), ("STREAMPOOL_RELEASE_THRESHOLD", RELEASE_THRESHOLD)),
+        backend=PLUGGABLE,
+        reference="streampool-vmm",
+    ),
     "rmm-pool": Config("rmm-pool", backend=PLUGGABLE),
     "rmm-async": Config("rmm-async", backend=PLUGGABLE),
 }
@@ -70,8 +78,9 @@ DEFAULT_CONFIGS = (
     "streampool",
     "streampool-vmm",
 )
-# The price of the threshold (the co-tenant call): GPT-2 with and without it, paired.
-PRICE_CONFIGS = (NATIVE, NATIVE_AA, "streampool", THRESHOLD)
+# The price of the threshold (the co-tenant call): GPT-2 with and without it, paired, on both
+# backends.
+PRICE_CONFIGS = (NATIVE, NATIVE_AA, "streampool", THRESHOLD, "streampool-vmm", VMM_THRESHOLD)
 
 
 def parse_variant(text: str) -> Tuple[str, Dict[str, str]]:
@@ -145,5 +154,6 @@ COTENANT_CONFIGS: Dict[str, CotenantConfig] = {
     "streampool": CotenantConfig(CONFIGS["streampool"]),
     THRESHOLD: CotenantConfig(CONFIGS[THRESHOLD]),
     "streampool-vmm": CotenantConfig(CONFIGS["streampool-vmm"]),
+    VMM_THRESHOLD: CotenantConfig(CONFIGS[VMM_THRESHOLD]),
 }
 COTENANT_NAMES = tuple(COTENANT_CONFIGS)

@@ -9,7 +9,7 @@ below the method's pairs); every configuration that was asked for is in the tabl
 
 from typing import Any, Dict, List, Optional
 
-from .configs import NATIVE, NATIVE_AA, THRESHOLD
+from .configs import NATIVE, NATIVE_AA, THRESHOLD, VMM_THRESHOLD
 from .stats import MIN_PAIRS
 
 HEADLINE_CONFIGS = (NATIVE, "expandable", "torch-async", "streampool", "streampool-pool",
@@ -141,15 +141,16 @@ def headline_notes(report: Dict[str, Any]) -> List[str]:
         if probe:
             notes.append(f"native calling `empty_cache()` holds {probe[0]['held_gib_median']:.2f} "
                          f"GiB beyond live after {HEADLINE_IDLE_S:g} s idle.")
-    threshold = report.get("cotenant", {}).get(THRESHOLD)
-    if threshold and "error" not in threshold:
-        probe = [p for p in threshold["probes"] if abs(p["idle_s"] - HEADLINE_IDLE_S) < 1.0]
-        if probe:
-            notes.append(f"streampool with `STREAMPOOL_RELEASE_THRESHOLD=1GiB` holds "
-                         f"{probe[0]['held_gib_median']:.2f} GiB.")
-    if report.get("price"):
-        notes.append("Its price, GPT-2 training time with the threshold ÷ without (paired): "
-                     f"{interval_text(report['price'])}.")
+    for name, backend, price in ((THRESHOLD, "", "price"), (VMM_THRESHOLD, " on vmm", "price_vmm")):
+        threshold = report.get("cotenant", {}).get(name)
+        if threshold and "error" not in threshold:
+            probe = [p for p in threshold["probes"] if abs(p["idle_s"] - HEADLINE_IDLE_S) < 1.0]
+            if probe:
+                notes.append(f"streampool{backend} with `STREAMPOOL_RELEASE_THRESHOLD=1GiB` holds "
+                             f"{probe[0]['held_gib_median']:.2f} GiB.")
+        if report.get(price):
+            notes.append(f"Its price{backend}, GPT-2 training time with the threshold ÷ without "
+                         f"(paired): {interval_text(report[price])}.")
     failures = failure_lines(report, last_line_only=True)
     if failures:
         notes.append("Failed: " + "; ".join(failures) + ".")

@@ -15,7 +15,7 @@ to what its blocks recorded; empty for results recorded before blocks carried th
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import noise, stats, targets
-from .configs import NATIVE, NATIVE_AA, THRESHOLD
+from .configs import NATIVE, NATIVE_AA, THRESHOLD, VMM_THRESHOLD
 from .schedules import UNIT_SCALE, has_memory_ratio
 
 FORMAT = 2
@@ -201,6 +201,7 @@ def build(
         "workloads": workloads,
         "cotenant": cotenant_cells(calls),
         "price": workloads.get("gpt2", {}).get(THRESHOLD, {}).get("time"),
+        "price_vmm": workloads.get("gpt2", {}).get(VMM_THRESHOLD, {}).get("time"),
         "aa": {w: cells[NATIVE_AA].get("time") for w, cells in workloads.items()
                if NATIVE_AA in cells},
         "unit_scale": UNIT_SCALE,

@@ -2,6 +2,8 @@
 
 import numpy
 
+from bench import configs
+
 GIB = 2**30
 
 
@@ -40,7 +42,8 @@ def workload(name, ratios, memory, failed=None, n=20, seed=0, live_gib=10.0):
     record = {"workload": name, "prepare": prepared, "failed": dict(failed or {}), "pairs": [],
               "stages": [], "steps_per_block": 4, "block_s": 0.2}
     for index, (config, ratio) in enumerate(ratios.items()):
-        ref = "streampool" if config.startswith("streampool-threshold") else "native"
+        known = configs.CONFIGS.get(config)
+        ref = known.reference if known is not None and known.reference else "native"
         record["pairs"] += pairs(config, ratio, n, seed + index, ref=ref)
     return record
 

@@ -35,8 +35,11 @@ def test_every_configuration_is_paired_with_native_but_the_threshold():
     assert configs.CONFIGS["native-aa"][:4] == configs.CONFIGS["native"][:4]
     pairs = configs.pairs_of(list(configs.DEFAULT_CONFIGS), {})
     assert pairs == [("native", c) for c in configs.DEFAULT_CONFIGS[1:]]
-    assert configs.pairs_of(list(configs.PRICE_CONFIGS), {})[-1] == (
-        "streampool", "streampool-threshold-1GiB")
+    assert configs.pairs_of(list(configs.PRICE_CONFIGS), {})[2:] == [
+        ("streampool", "streampool-threshold-1GiB"), ("native", "streampool-vmm"),
+        ("streampool-vmm", "streampool-vmm-threshold-1GiB")]
+    assert dict(configs.CONFIGS["streampool-vmm-threshold-1GiB"].env) == {
+        "STREAMPOOL_BACKEND": "vmm", "STREAMPOOL_RELEASE_THRESHOLD": "1GiB"}
     with pytest.raises(ValueError, match="select it too"):
         configs.pairs_of(["native", "streampool-threshold-1GiB"], {})
 
@@ -64,7 +67,8 @@ def test_bad_variants_are_refused(text):
 
 def test_the_cotenant_configurations_of_a():
     assert configs.COTENANT_NAMES == ("native", "native+empty_cache", "expandable", "torch-async",
-                                      "streampool", "streampool-threshold-1GiB", "streampool-vmm")
+                                      "streampool", "streampool-threshold-1GiB", "streampool-vmm",
+                                      "streampool-vmm-threshold-1GiB")
     assert configs.COTENANT_CONFIGS["native+empty_cache"].empty_cache
     assert not configs.COTENANT_CONFIGS["native"].empty_cache
 
