@@ -85,9 +85,18 @@ pub fn lookup(name: &str) -> Result<TagId> {
             let id = u32::try_from(index + 1).expect("at most MAX_TAGS names");
             Ok(TagId(NonZeroU32::new(id).expect("from 1")))
         }
-        None => Err(Error::InvalidArgument(format!(
-            "unknown tag {name:?}: no block was ever allocated under streampool.tag({name:?})"
-        ))),
+        None => {
+            let known: Vec<String> = names.iter().take(8).map(|n| format!("{n:?}")).collect();
+            let more = if names.len() > 8 { ", ..." } else { "" };
+            Err(Error::InvalidArgument(format!(
+                "unknown tag {name:?}: no thread of this process used streampool.tag({name:?}) \
+                 (tags used: {}{more}); nothing changed",
+                match known.is_empty() {
+                    true => "none".to_string(),
+                    false => known.join(", "),
+                }
+            )))
+        }
     }
 }
 
