@@ -42,6 +42,21 @@
 #define SMALL_SEGMENT_BYTES (2 << 20)
 
 /**
+ * The longest tag name, in bytes.
+ */
+#define MAX_TAG_BYTES 256
+
+/**
+ * The most distinct tag names a process may use.
+ */
+#define MAX_TAGS 4096
+
+/**
+ * The most tags a thread may have pushed at once.
+ */
+#define MAX_DEPTH 1024
+
+/**
  * Status codes returned by the C entry points (see `docs/abi.md`).
  */
 typedef enum StreampoolStatus {
@@ -569,6 +584,38 @@ int streampool_ipc_import_pages(const struct StreampoolIpcPages *handle,
 int streampool_sleep(int device, int level, uint64_t *given_back);
 
 /**
+ * Blocks the calling thread allocates from now on carry the tag `name` (1 to 256 bytes of
+ * UTF-8), until the matching `streampool_tag_pop`; tags nest, the innermost applies, and each
+ * thread has its own. `streampool_sleep_discarding` discards the contents of tagged blocks.
+ *
+ * # Safety
+ * `name` must be NULL or a NUL-terminated string.
+ */
+int streampool_tag_push(const char *name);
+
+/**
+ * Ends the calling thread's innermost tag (`streampool_tag_push`): the one before it, if any,
+ * applies again. An error if the thread has none.
+ */
+int streampool_tag_pop(void);
+
+/**
+ * `streampool_sleep`, but the contents of blocks allocated under one of the `count` tags named
+ * in `tags` are discarded even at level 1 (a page shared with a block that is kept is saved
+ * with it). A name that no thread ever pushed, or one that is not UTF-8, is an error naming
+ * it, and nothing changes. `tags` may be NULL when `count` is 0.
+ *
+ * # Safety
+ * `tags` must point to `count` NUL-terminated strings (or be NULL with `count` 0);
+ * `given_back` must be NULL or writable.
+ */
+int streampool_sleep_discarding(int device,
+                                int level,
+                                const char *const *tags,
+                                size_t count,
+                                uint64_t *given_back);
+
+/**
  * Wakes `device`: fresh memory mapped at the addresses it slept at, the contents of a level-1
  * sleep copied back. Writes the bytes restored to `*restored` (if not NULL). Out of memory part
  * way: what was restored stays, the rest sleeps on, and another call goes on.
@@ -585,6 +632,15 @@ int streampool_wake(int device, uint64_t *restored);
  * `out` must be NULL or writable.
  */
 int streampool_sleeping_bytes(int device, uint64_t *out);
+
+/**
+ * Writes the bytes of the sleeping `device`'s contents waiting in page-locked host memory to
+ * `*out` (0 when awake, or when nothing was kept).
+ *
+ * # Safety
+ * `out` must be NULL or writable.
+ */
+int streampool_sleep_saved_bytes(int device, uint64_t *out);
 
 /**
  * Starts the memory timeline afresh (`enabled` != 0), keeping the newest `max_entries` (> 0)

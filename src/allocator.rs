@@ -173,7 +173,19 @@ impl Allocator {
 
     /// `device`'s physical memory back to it, the addresses kept: see `DeviceAllocator::sleep`.
     pub fn sleep(&self, device: i64, level: u32) -> Result<u64> {
-        self.device(device)?.sleep(level)
+        self.device(device)?.sleep(level, &[])
+    }
+
+    /// [`Allocator::sleep`], but the contents of blocks allocated under a tag named in
+    /// `discard` ([`crate::tag`]) are discarded even at level 1. A name no thread ever pushed
+    /// is an error naming it, and nothing changes.
+    pub fn sleep_discarding(&self, device: i64, level: u32, discard: &[&str]) -> Result<u64> {
+        let device = self.device(device)?;
+        let discard = discard
+            .iter()
+            .map(|name| crate::tag::lookup(name))
+            .collect::<Result<Vec<_>>>()?;
+        device.sleep(level, &discard)
     }
 
     /// `device`'s memory mapped again where it slept: see `DeviceAllocator::wake`.
@@ -184,6 +196,11 @@ impl Allocator {
     /// Bytes of `device` asleep now.
     pub fn sleeping_bytes(&self, device: i64) -> Result<u64> {
         Ok(self.device(device)?.sleeping_bytes())
+    }
+
+    /// Bytes of `device`'s contents waiting in page-locked host memory while it sleeps.
+    pub fn sleep_saved_bytes(&self, device: i64) -> Result<u64> {
+        Ok(self.device(device)?.sleep_saved_bytes())
     }
 
     /// `device` was synchronised by the program: see `DeviceAllocator::synchronized`.

@@ -48,6 +48,7 @@ pub(crate) mod resource;
 pub mod stats;
 mod stream_order;
 mod sync;
+pub mod tag;
 mod torch_edge;
 pub mod units;
 

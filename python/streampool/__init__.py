@@ -17,9 +17,10 @@ All sizes are in bytes. Every failure of the library raises :class:`StreampoolEr
 subclass) with the library's message.
 """
 
+import contextlib
 import ctypes
 import sys
-from typing import Any, Dict, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 
 from . import _lib
 from ._device import device_index
@@ -73,8 +74,10 @@ __all__ = [
     "shareable",
     "shared_block_count",
     "sleep",
+    "sleep_saved_bytes",
     "sleeping_bytes",
     "snapshot",
+    "tag",
     "trim",
     "wake",
 ]
@@ -202,17 +205,62 @@ def set_release_threshold(value: Size, device: Device = None) -> int:
     return threshold
 
 
-def sleep(level: int = 1, device: Device = None) -> int:
+def sleep(level: int = 1, device: Device = None, discard: Optional[Iterable[str]] = None) -> int:
     """Give all of ``device``'s memory back to the GPU while every tensor keeps its address
     (the vmm backend, ``STREAMPOOL_BACKEND=vmm``): the device is synchronised first; at level 1
     what live tensors hold waits in page-locked host memory, at level 2 it is discarded.
-    Allocating on the device raises until :func:`wake`. Returns the bytes given back.
-    Raises InvalidArgumentError (and changes nothing) on the pool backend, during a CUDA graph
-    capture, when asleep already, or when the host memory cannot be pinned."""
+    ``discard`` names tags (:func:`tag`): at level 1 the contents of tensors made under one of
+    them are discarded too, the rest kept (a tensor sharing a memory page with a kept one may
+    keep its contents). Allocating on the device raises until :func:`wake`. Returns the bytes
+    given back. Raises InvalidArgumentError (and changes nothing) on the pool backend, during a
+    CUDA graph capture, when asleep already, when the host memory cannot be pinned, or when
+    ``discard`` names a tag no thread ever used."""
     index = device_index(device)
     given_back = ctypes.c_uint64()
-    _lib.check(_lib.library().streampool_sleep(index, int(level), ctypes.byref(given_back)))
+    names = _tag_names(discard)
+    if names:
+        tags = (ctypes.c_char_p * len(names))(*names)
+        status = _lib.library().streampool_sleep_discarding(
+            index, int(level), tags, len(names), ctypes.byref(given_back)
+        )
+    else:
+        status = _lib.library().streampool_sleep(index, int(level), ctypes.byref(given_back))
+    _lib.check(status)
     return given_back.value
+
+
+def _tag_name(name: str) -> bytes:
+    """A tag name as the library takes it: UTF-8 without NUL (the library checks the rest)."""
+    if not isinstance(name, str):
+        raise TypeError(f"a tag name must be a str, not {type(name).__name__}")
+    if "\0" in name:
+        raise InvalidArgumentError(f"tag name {name!r} contains a NUL character")
+    # surrogatepass: a name that is not UTF-8 reaches the library, which says so.
+    return name.encode("utf-8", "surrogatepass")
+
+
+def _tag_names(discard: Optional[Iterable[str]]) -> List[bytes]:
+    """The tag names of ``sleep(discard=...)``; one str is one name."""
+    if discard is None:
+        return []
+    if isinstance(discard, str):
+        discard = [discard]
+    return [_tag_name(name) for name in discard]
+
+
+@contextlib.contextmanager
+def tag(name: str) -> Iterator[None]:
+    """Inside the block, memory this thread allocates carries the tag ``name`` (1 to 256 bytes
+    of UTF-8), so that ``sleep(discard=[name])`` discards what it holds and keeps the rest.
+    Tags nest (the innermost applies) and are per thread: allocations made on other threads —
+    autograd's backward pass included — carry their own thread's tag, or none. Only the vmm
+    backend uses tags; elsewhere they mark nothing."""
+    encoded = _tag_name(name)
+    _lib.check(_lib.library().streampool_tag_push(encoded))
+    try:
+        yield
+    finally:
+        _lib.check(_lib.library().streampool_tag_pop())
 
 
 def wake(device: Device = None) -> int:
@@ -231,6 +279,15 @@ def sleeping_bytes(device: Device = None) -> int:
     index = device_index(device)
     out = ctypes.c_uint64()
     _lib.check(_lib.library().streampool_sleeping_bytes(index, ctypes.byref(out)))
+    return out.value
+
+
+def sleep_saved_bytes(device: Device = None) -> int:
+    """Bytes of the sleeping ``device``'s contents waiting in page-locked host memory (0 when
+    awake, or when nothing was kept)."""
+    index = device_index(device)
+    out = ctypes.c_uint64()
+    _lib.check(_lib.library().streampool_sleep_saved_bytes(index, ctypes.byref(out)))
     return out.value
 
 

@@ -26,11 +26,21 @@ def _device_line(index: int, simulated: bool = False) -> str:
         f"{'simulated ' if simulated else ''}device {index}: total {format_bytes(s['device_total_bytes'])}, "
         f"allocated {format_bytes(s['allocated_bytes.all.current'])}, "
         f"reserved {format_bytes(s['reserved_bytes.all.current'])}, "
-        f"cached {format_bytes(s['cached_bytes'])}, limit {limit}; "
+        f"cached {format_bytes(s['cached_bytes'])}, limit {limit}, {_asleep(index)}; "
         f"memory pools {_supported('streampool_pools_supported', index)}, "
         f"shareable pools (IPC) {_supported('streampool_ipc_supported', index)}, "
         f"virtual memory (STREAMPOOL_BACKEND=vmm) {_supported('streampool_vmm_supported', index)}"
     )
+
+
+def _asleep(index: int) -> str:
+    """``asleep N`` (streampool.sleep()): the device's memory given back while its addresses are
+    kept, and what of it waits in host memory."""
+    asleep = streampool.sleeping_bytes(index)
+    if not asleep:
+        return "asleep 0 B"
+    saved = streampool.sleep_saved_bytes(index)
+    return f"asleep {format_bytes(asleep)} ({format_bytes(saved)} of contents in host memory)"
 
 
 def _supported(function: str, index: int) -> str:

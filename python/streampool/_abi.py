@@ -186,6 +186,13 @@ _SIGNATURES = {
     "streampool_sleep": (_c_int, [_c_int, _c_int, ctypes.POINTER(_c_uint64)]),
     "streampool_wake": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
     "streampool_sleeping_bytes": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
+    "streampool_sleep_saved_bytes": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
+    "streampool_sleep_discarding": (
+        _c_int,
+        [_c_int, _c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.POINTER(_c_uint64)],
+    ),
+    "streampool_tag_push": (_c_int, [ctypes.c_char_p]),
+    "streampool_tag_pop": (_c_int, []),
     "streampool_ipc_export_pages": (
         _c_int,
         [
@@ -281,5 +288,9 @@ _NEWER_EXPORTS = frozenset(
         "streampool_sleep",
         "streampool_wake",
         "streampool_sleeping_bytes",
+        "streampool_sleep_saved_bytes",
+        "streampool_sleep_discarding",
+        "streampool_tag_push",
+        "streampool_tag_pop",
     }
 )

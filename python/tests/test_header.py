@@ -22,6 +22,7 @@ C_TYPES = {
     "uint64_t": ctypes.c_uint64,
     "uint64_t *": ctypes.POINTER(ctypes.c_uint64),
     "const char *": ctypes.c_char_p,
+    "const char *const *": ctypes.POINTER(ctypes.c_char_p),
     "size_t *": ctypes.POINTER(ctypes.c_size_t),
     "struct StreampoolStats *": ctypes.POINTER(_lib.StreampoolStats),
     "struct StreampoolEvent *": ctypes.POINTER(_lib.StreampoolEvent),

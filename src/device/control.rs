@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::history::StreampoolBlock;
 use crate::resource::{peer_target, usage_with_peaks, Accessible, DriverCounts};
 use crate::stats::{DeviceFigures, StreampoolStats};
+use crate::tag::TagId;
 use std::sync::Arc;
 
 impl DeviceAllocator {
@@ -140,9 +141,10 @@ impl DeviceAllocator {
 
     /// Every physical page of the device goes back to it, the addresses kept (streampool.sleep()):
     /// after the device synchronised, so nothing half-written is saved; at `level` 1 what live
-    /// blocks hold waits in page-locked host memory. The bytes given back. Only on a resource
-    /// that can keep its addresses (the vmm backend); never during a capture.
-    pub fn sleep(&self, level: u32) -> Result<u64> {
+    /// blocks hold waits in page-locked host memory, but for blocks allocated under a tag in
+    /// `discard`. The bytes given back. Only on a resource that can keep its addresses (the vmm
+    /// backend); never during a capture.
+    pub fn sleep(&self, level: u32, discard: &[TagId]) -> Result<u64> {
         if !matches!(level, 1 | 2) {
             return Err(Error::InvalidArgument(format!(
                 "sleep level {level}: 1 keeps the contents in host memory, 2 discards them"
@@ -165,7 +167,7 @@ impl DeviceAllocator {
         let mut given_back = 0u64;
         for r in &setup.own {
             if let Some(sleep) = r.capabilities().sleep {
-                given_back = given_back.saturating_add(sleep.sleep(level)?);
+                given_back = given_back.saturating_add(sleep.sleep(level, discard)?);
             }
         }
         Ok(given_back)
@@ -199,6 +201,18 @@ impl DeviceAllocator {
             .iter()
             .filter_map(|r| r.capabilities().sleep.map(|s| s.sleeping_bytes()));
         asleep.fold(0, u64::saturating_add)
+    }
+
+    /// Bytes of the sleeping device's contents waiting in page-locked host memory.
+    pub fn sleep_saved_bytes(&self) -> u64 {
+        let Some(setup) = self.setup.get() else {
+            return 0;
+        };
+        let saved = setup
+            .own
+            .iter()
+            .filter_map(|r| r.capabilities().sleep.map(|s| s.saved_bytes()));
+        saved.fold(0, u64::saturating_add)
     }
 
     /// Returns the cache, synchronises and trims each resource to `keep_bytes`.

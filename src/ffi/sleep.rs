@@ -1,13 +1,15 @@
 //! The C entries of sleep and wake: the device's physical memory back to it, the addresses kept
-//! (the vmm backend), and back again.
+//! (the vmm backend), and back again; and the tags that choose whose contents a sleep discards.
 //!
 //! Invariant: as for every export: argument conversion, `catch_unwind`, a status code; an out
-//! pointer may be NULL (the figure is not written) and is written only on success.
+//! pointer may be NULL (the figure is not written) and is written only on success; a tag name
+//! that is not UTF-8 is refused before anything changes.
 
 use super::{guarded, status};
 use crate::api::global;
-use crate::error::Error;
-use std::ffi::c_int;
+use crate::error::{Error, Result};
+use crate::tag::MAX_TAGS;
+use std::ffi::{c_char, c_int, CStr};
 
 /// Writes `value` to `out` unless it is NULL.
 ///
@@ -45,6 +47,90 @@ pub unsafe extern "C" fn streampool_sleep(
     }))
 }
 
+/// The tag name at `name`.
+///
+/// # Safety
+/// `name` must be NULL or a NUL-terminated string.
+unsafe fn tag_name<'a>(name: *const c_char) -> Result<&'a str> {
+    if name.is_null() {
+        return Err(Error::InvalidArgument("a tag name must not be NULL".into()));
+    }
+    // SAFETY: checked non-NULL; the caller guarantees NUL termination.
+    let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
+    std::str::from_utf8(bytes).map_err(|_| {
+        let text = String::from_utf8_lossy(&bytes[..bytes.len().min(64)]);
+        Error::InvalidArgument(format!("tag name {text:?} is not UTF-8"))
+    })
+}
+
+/// Blocks the calling thread allocates from now on carry the tag `name` (1 to 256 bytes of
+/// UTF-8), until the matching `streampool_tag_pop`; tags nest, the innermost applies, and each
+/// thread has its own. `streampool_sleep_discarding` discards the contents of tagged blocks.
+///
+/// # Safety
+/// `name` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_tag_push(name: *const c_char) -> c_int {
+    status(guarded(|| {
+        // SAFETY: the caller's guarantee.
+        let name = unsafe { tag_name(name) }?;
+        crate::tag::push(name)
+    }))
+}
+
+/// Ends the calling thread's innermost tag (`streampool_tag_push`): the one before it, if any,
+/// applies again. An error if the thread has none.
+#[no_mangle]
+pub extern "C" fn streampool_tag_pop() -> c_int {
+    status(guarded(crate::tag::pop))
+}
+
+/// `streampool_sleep`, but the contents of blocks allocated under one of the `count` tags named
+/// in `tags` are discarded even at level 1 (a page shared with a block that is kept is saved
+/// with it). A name that no thread ever pushed, or one that is not UTF-8, is an error naming
+/// it, and nothing changes. `tags` may be NULL when `count` is 0.
+///
+/// # Safety
+/// `tags` must point to `count` NUL-terminated strings (or be NULL with `count` 0);
+/// `given_back` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_sleep_discarding(
+    device: c_int,
+    level: c_int,
+    tags: *const *const c_char,
+    count: usize,
+    given_back: *mut u64,
+) -> c_int {
+    status(guarded(|| {
+        let level = u32::try_from(level)
+            .map_err(|_| Error::InvalidArgument(format!("sleep level {level}: 1 or 2")))?;
+        if count > MAX_TAGS {
+            return Err(Error::InvalidArgument(format!(
+                "{count} tags to discard: there are at most {MAX_TAGS}"
+            )));
+        }
+        let pointers = match (tags.is_null(), count) {
+            (_, 0) => &[][..],
+            (true, _) => {
+                return Err(Error::InvalidArgument(format!(
+                    "tags is NULL but count is {count}"
+                )))
+            }
+            // SAFETY: non-NULL; the caller guarantees `count` readable pointers.
+            (false, n) => unsafe { std::slice::from_raw_parts(tags, n) },
+        };
+        let names = pointers
+            .iter()
+            // SAFETY: the caller guarantees each is a NUL-terminated string (NULL is refused).
+            .map(|&p| unsafe { tag_name(p) })
+            .collect::<Result<Vec<_>>>()?;
+        let bytes = global()?.sleep_discarding(device.into(), level, &names)?;
+        // SAFETY: the caller's guarantee.
+        unsafe { write_optional(given_back, bytes) };
+        Ok(())
+    }))
+}
+
 /// Wakes `device`: fresh memory mapped at the addresses it slept at, the contents of a level-1
 /// sleep copied back. Writes the bytes restored to `*restored` (if not NULL). Out of memory part
 /// way: what was restored stays, the rest sleeps on, and another call goes on.
@@ -72,6 +158,24 @@ pub unsafe extern "C" fn streampool_sleeping_bytes(device: c_int, out: *mut u64)
             return Err(Error::InvalidArgument("out must not be NULL".into()));
         }
         let bytes = global()?.sleeping_bytes(device.into())?;
+        // SAFETY: checked non-NULL; the caller guarantees it is writable.
+        unsafe { out.write(bytes) };
+        Ok(())
+    }))
+}
+
+/// Writes the bytes of the sleeping `device`'s contents waiting in page-locked host memory to
+/// `*out` (0 when awake, or when nothing was kept).
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_sleep_saved_bytes(device: c_int, out: *mut u64) -> c_int {
+    status(guarded(|| {
+        if out.is_null() {
+            return Err(Error::InvalidArgument("out must not be NULL".into()));
+        }
+        let bytes = global()?.sleep_saved_bytes(device.into())?;
         // SAFETY: checked non-NULL; the caller guarantees it is writable.
         unsafe { out.write(bytes) };
         Ok(())

@@ -29,6 +29,7 @@ use crate::config::{Backend, PoolSettings, SourceSettings};
 use crate::driver::{DevicePtr, Driver, PoolHandle, PoolUsage, Stream};
 use crate::error::{Error, Result};
 use crate::history::Recorder;
+use crate::tag::TagId;
 use cuda_pool::{CudaPoolResource, PoolRole};
 use driver_pool::DriverPoolResource;
 pub use sources::{Source, SourceId, Sources};
@@ -218,16 +219,19 @@ pub trait PageExport {
 pub trait Sleep {
     /// Gives every physical page back to the device, keeping the addresses; at `level` 1 the
     /// contents of pages under live blocks wait in page-locked host memory first (level 2:
-    /// discarded). Called after the device synchronised (no work in flight). The bytes given
-    /// back. An error (already asleep, a capture, host memory that cannot be pinned) changes
-    /// nothing.
-    fn sleep(&self, level: u32) -> Result<u64>;
+    /// discarded), but for blocks allocated under a tag in `discard` ([`crate::tag`]), whose
+    /// contents are discarded (unless they share a page with a block that is kept). Called
+    /// after the device synchronised (no work in flight). The bytes given back. An error
+    /// (already asleep, a capture, host memory that cannot be pinned) changes nothing.
+    fn sleep(&self, level: u32, discard: &[TagId]) -> Result<u64>;
     /// Maps fresh pages at the same addresses (and restores what level 1 saved); the bytes
     /// restored. Out of memory part way: what was restored stays (correct), the rest sleeps on,
     /// and a later wake goes on. An error if it is not asleep.
     fn wake(&self) -> Result<u64>;
     /// Bytes asleep now (0 when awake).
     fn sleeping_bytes(&self) -> u64;
+    /// Bytes of contents waiting in page-locked host memory while asleep (0 when awake).
+    fn saved_bytes(&self) -> u64;
 }
 
 /// What [`PageExport::export_pages`] gives.

@@ -157,6 +157,31 @@ static int page_sharing(void *stream) {
   CHECK(streampool_sleep(1, 7, NULL) == INVALID);
   CHECK(streampool_sleeping_bytes(1, &sleeping) == OK && sleeping == 0);
   CHECK(streampool_sleeping_bytes(1, NULL) == INVALID);
+  /* Tags: a sleep that discards what the blocks allocated under one hold. */
+  CHECK(streampool_tag_pop() == INVALID && strstr(streampool_last_error(), "no tag to pop"));
+  CHECK(streampool_tag_push(NULL) == INVALID);
+  CHECK(streampool_tag_push("kv\xff") == INVALID && strstr(streampool_last_error(), "UTF-8"));
+  CHECK(streampool_tag_push("") == INVALID && strstr(streampool_last_error(), "empty"));
+  CHECK(streampool_tag_push("abi_kv_cache") == OK);
+  void *tagged = streampool_malloc(4096, 1, stream);
+  CHECK(tagged != NULL && streampool_tag_pop() == OK);
+  const char *unknown[] = {"abi_kv_cache", "abi_never_pushed"};
+  CHECK(streampool_sleep_discarding(1, 1, unknown, 2, &slept) == INVALID);
+  CHECK(strstr(streampool_last_error(), "abi_never_pushed") != NULL);
+  CHECK(streampool_sleep_discarding(1, 1, NULL, 1, NULL) == INVALID);
+  const char *discard[] = {"abi_kv_cache"};
+  uint64_t saved = 1;
+  if (kind == 2) {
+    CHECK(streampool_sleep_discarding(1, 1, discard, 1, &slept) == OK && slept > 0);
+    CHECK(streampool_sleep_saved_bytes(1, &saved) == OK && saved > 0 && saved < slept);
+    CHECK(streampool_wake(1, NULL) == OK);
+  } else {
+    CHECK(streampool_sleep_discarding(1, 1, discard, 1, NULL) == INVALID);
+    CHECK(strstr(streampool_last_error(), "STREAMPOOL_BACKEND=vmm") != NULL);
+  }
+  CHECK(streampool_sleep_saved_bytes(1, &saved) == OK && saved == 0);
+  CHECK(streampool_sleep_saved_bytes(1, NULL) == INVALID);
+  CHECK(streampool_free(tagged, 4096, 1, stream) == OK);
   CHECK(streampool_ipc_import_pages(NULL, fds, 1, stream, &imported) == INVALID);
   CHECK(streampool_free(block, 3 << 20, 1, stream) == OK);
   return 0;

@@ -8,6 +8,8 @@
 //! once all work recorded against it ([`SimDriver::touch`]) has completed; a handle is released
 //! only unmapped; memory is touched only where mapped and only by devices given access, the owner
 //! included; a reservation is freed only empty. Physical handles count as device memory.
+//! Contents are carried only where a test wrote them ([`SimDriver::write_memory`]): such memory
+//! keeps its bytes through copies to and from host buffers, other memory reads as zeros.
 
 use super::{driver_error, SimDevice, SimDriver, SimFault};
 use crate::driver::{DevicePtr, HostBuffer, MemHandle, PeerDriver, Stream, VmmDriver};
@@ -55,13 +57,22 @@ pub(super) struct SimVmm {
     handles: HashMap<usize, SimHandle>,
     next_handle: usize,
     mappings: BTreeMap<u64, Mapping>,
-    /// Page-locked host buffers: id -> bytes (no memory behind them: copies are checked, not
-    /// carried out).
+    /// Page-locked host buffers: id -> bytes (copies are checked; bytes are carried only for
+    /// memory a test wrote).
     host: HashMap<usize, u64>,
     next_host: usize,
+    /// Bytes of created handles a test wrote (or that received such bytes), by handle id; a
+    /// handle without an entry holds zeros.
+    contents: HashMap<usize, Vec<u8>>,
+    /// Bytes of host buffers that received written memory, by buffer id.
+    host_contents: HashMap<usize, Vec<u8>>,
 }
 
 type Check = std::result::Result<(), String>;
+
+/// A piece of a device range inside one mapping: (created handle, offset in it, offset from the
+/// range's start, bytes).
+type Piece = (usize, u64, u64, u64);
 
 impl SimVmm {
     pub(super) fn physical_bytes(&self) -> u64 {
@@ -121,8 +132,78 @@ impl SimVmm {
             .is_some_and(|r| r.released && r.imports == 0)
         {
             self.handles.remove(&root);
+            self.contents.remove(&root);
         }
         Ok(())
+    }
+
+    /// The pieces of `[start, start + bytes)`, which must be mapped without a gap: (created
+    /// handle, offset in it, offset from `start`, bytes).
+    fn pieces(&self, start: u64, bytes: u64) -> std::result::Result<Vec<Piece>, String> {
+        let end = start.checked_add(bytes).ok_or("range overflows")?;
+        let mut at = start;
+        let mut out = Vec::new();
+        while at < end {
+            let (base, m) = (self.mappings.range(..=at).next_back())
+                .filter(|(&base, m)| at < base + m.bytes)
+                .ok_or_else(|| format!("{at:#x} is not mapped"))?;
+            let root = self
+                .handles
+                .get(&m.handle)
+                .ok_or("a mapping of no handle")?
+                .root;
+            let n = (base + m.bytes).min(end) - at;
+            out.push((root, at - base, at - start, n));
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// Carries the bytes of `pieces` between device memory and host buffer `host` (of
+    /// `host_bytes`) from `offset`: to the host, or from it.
+    fn carry(
+        &mut self,
+        host: usize,
+        host_bytes: u64,
+        offset: u64,
+        pieces: &[Piece],
+        to_host: bool,
+    ) {
+        for &(root, in_handle, from_start, n) in pieces {
+            let (h, d, n) = (
+                (offset + from_start) as usize,
+                in_handle as usize,
+                n as usize,
+            );
+            let handle_bytes = self.handles.get(&root).map_or(0, |r| r.bytes) as usize;
+            let (src, dst, src_at, dst_at, dst_bytes) = match to_host {
+                true => (
+                    &self.contents,
+                    &mut self.host_contents,
+                    (root, d),
+                    (host, h),
+                    host_bytes as usize,
+                ),
+                false => (
+                    &self.host_contents,
+                    &mut self.contents,
+                    (host, h),
+                    (root, d),
+                    handle_bytes,
+                ),
+            };
+            match src.get(&src_at.0) {
+                Some(bytes) => {
+                    let to = dst.entry(dst_at.0).or_insert_with(|| vec![0; dst_bytes]);
+                    to[dst_at.1..dst_at.1 + n].copy_from_slice(&bytes[src_at.1..src_at.1 + n]);
+                }
+                None => {
+                    if let Some(to) = dst.get_mut(&dst_at.0) {
+                        to[dst_at.1..dst_at.1 + n].fill(0);
+                    }
+                }
+            }
+        }
     }
 
     /// True if `ptr` lies in a reservation.
@@ -259,6 +340,36 @@ impl SimDriver {
     /// Physical bytes `device` holds in handles (mapped or not).
     pub fn physical_bytes(&self, device: usize) -> u64 {
         self.devices[device].lock().vmm.physical_bytes()
+    }
+
+    /// Writes `data` to `device`'s mapped memory at `ptr`, as a kernel would, for tests that
+    /// check contents ([`SimDriver::read_memory`]). An error if it is not all mapped.
+    pub fn write_memory(&self, device: usize, ptr: DevicePtr, data: &[u8]) -> Result<()> {
+        let mut d = self.devices[device].lock();
+        let pieces = d.vmm.pieces(ptr.0, data.len() as u64);
+        let pieces = pieces.map_err(|why| driver_error("write_memory", 1, &why))?;
+        for (root, in_handle, from_start, n) in pieces {
+            let bytes = d.vmm.handles.get(&root).map_or(0, |r| r.bytes) as usize;
+            let to = d.vmm.contents.entry(root).or_insert_with(|| vec![0; bytes]);
+            let (at, from, n) = (in_handle as usize, from_start as usize, n as usize);
+            to[at..at + n].copy_from_slice(&data[from..from + n]);
+        }
+        Ok(())
+    }
+
+    /// The `bytes` of `device`'s mapped memory at `ptr` (zeros where nothing was written).
+    pub fn read_memory(&self, device: usize, ptr: DevicePtr, bytes: u64) -> Result<Vec<u8>> {
+        let d = self.devices[device].lock();
+        let pieces = d.vmm.pieces(ptr.0, bytes);
+        let pieces = pieces.map_err(|why| driver_error("read_memory", 1, &why))?;
+        let mut out = vec![0; bytes as usize];
+        for (root, in_handle, from_start, n) in pieces {
+            if let Some(held) = d.vmm.contents.get(&root) {
+                let (at, to, n) = (in_handle as usize, from_start as usize, n as usize);
+                out[to..to + n].copy_from_slice(&held[at..at + n]);
+            }
+        }
+        Ok(out)
     }
 
     /// (mapped bytes, devices with access to all of them) of `device`'s mappings, for tests.
@@ -517,6 +628,7 @@ impl VmmDriver for SimDriver {
     fn host_free(&self, device: usize, buffer: HostBuffer) {
         if let Ok(mut d) = self.device(device, "cuMemFreeHost") {
             d.vmm.host.remove(&buffer.raw());
+            d.vmm.host_contents.remove(&buffer.raw());
         }
     }
 
@@ -575,6 +687,9 @@ impl SimDriver {
                     return Err(format!("{at:#x} has no access for device {device}"));
                 }
             }
+            let pieces = d.vmm.pieces(at.0, bytes)?;
+            d.vmm
+                .carry(host.raw(), size, offset, &pieces, call == "cuMemcpyDtoH");
             Ok(())
         })
     }

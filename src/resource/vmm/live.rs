@@ -1,16 +1,23 @@
 //! The resource's live blocks, to check each free against: a map, and beside it the block handed
 //! out last, so that a loop that allocates and frees one block at a time touches no map.
 //!
+//! Beside them, the tag of each live block that has one ([`crate::tag`]).
+//!
 //! Invariant: every live block is in exactly one of the two places, with its size; a free that
-//! names no live block, or a live block with another size, changes nothing.
+//! names no live block, or a live block with another size, changes nothing; a block has a tag
+//! entry only while it is live, and only if it was allocated under a tag (so that the table is
+//! empty, and costs a length check a free, while no tag is used).
 
 use crate::fasthash::WordMap;
+use crate::tag::TagId;
 
 #[derive(Default)]
 pub(super) struct Live {
     blocks: WordMap<u64, u64>,
     /// The block handed out last: (start, bytes).
     last: Option<(u64, u64)>,
+    /// The tags of the live blocks allocated under one, by start.
+    tags: WordMap<u64, TagId>,
 }
 
 /// Why a free was refused.
@@ -23,11 +30,14 @@ pub(super) enum Refused {
 }
 
 impl Live {
-    /// `[start, start + bytes)` is live.
+    /// `[start, start + bytes)` is live, allocated under `tag`.
     #[inline]
-    pub fn insert(&mut self, start: u64, bytes: u64) {
+    pub fn insert(&mut self, start: u64, bytes: u64, tag: Option<TagId>) {
         if let Some((s, b)) = self.last.replace((start, bytes)) {
             self.blocks.insert(s, b);
+        }
+        if let Some(tag) = tag {
+            self.tags.insert(start, tag);
         }
     }
 
@@ -36,6 +46,19 @@ impl Live {
         self.last
             .into_iter()
             .chain(self.blocks.iter().map(|(&s, &b)| (s, b)))
+    }
+
+    /// The tag of the live block at `start`, if it was allocated under one.
+    pub fn tag(&self, start: u64) -> Option<TagId> {
+        self.tags.get(&start).copied()
+    }
+
+    /// Forgets the tag of the block at `start`, freed.
+    #[inline]
+    fn untag(&mut self, start: u64) {
+        if !self.tags.is_empty() {
+            self.tags.remove(&start);
+        }
     }
 
     /// True if `[start, start + bytes)` is a live block.
@@ -53,6 +76,7 @@ impl Live {
             Some((s, b)) if s == start => match b == bytes {
                 true => {
                     self.last = None;
+                    self.untag(start);
                     Ok(())
                 }
                 false => Err(Refused::Size(b)),
@@ -60,6 +84,7 @@ impl Live {
             _ => match self.blocks.get(&start) {
                 Some(&b) if b == bytes => {
                     self.blocks.remove(&start);
+                    self.untag(start);
                     Ok(())
                 }
                 Some(&b) => Err(Refused::Size(b)),
@@ -76,8 +101,8 @@ mod tests {
     #[test]
     fn the_last_block_and_the_map_check_frees_alike() {
         let mut live = Live::default();
-        live.insert(0, 10);
-        live.insert(100, 20); // 0 moves to the map, 100 is the last
+        live.insert(0, 10, None);
+        live.insert(100, 20, None); // 0 moves to the map, 100 is the last
         for (start, bytes, refused) in [
             (100, 21, Refused::Size(20)),
             (0, 11, Refused::Size(10)),

@@ -313,10 +313,11 @@ impl VmmResource {
         Err(Error::Internal(format!("no window for {bytes} B")))
     }
 
-    /// Ledger `[start, start + bytes)` as a live block. (Its pages are marked used when it is
-    /// freed: until then they are not idle, whatever their mark.)
+    /// Ledger `[start, start + bytes)` as a live block, with the allocating thread's tag
+    /// ([`crate::tag`]). (Its pages are marked used when it is freed: until then they are not
+    /// idle, whatever their mark.)
     fn hand_out(&self, st: &mut VmmState, start: u64, bytes: u64) -> DevicePtr {
-        st.live.insert(start, bytes);
+        st.live.insert(start, bytes, crate::tag::current());
         st.used_bytes += bytes;
         st.used_high_bytes = st.used_high_bytes.max(st.used_bytes);
         st.used_max_bytes = st.used_max_bytes.max(st.used_bytes);

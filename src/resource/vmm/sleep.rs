@@ -1,21 +1,24 @@
 //! Sleep and wake: every physical page goes back to the device while the addresses stay
 //! reserved, and fresh pages are mapped at the same addresses later, so tensors, CUDA graphs and
 //! compiled code that hold those addresses keep working. At level 1 the pages under live blocks
-//! are copied to one page-locked host buffer first and copied back at wake; at level 2 their
-//! contents are discarded.
+//! are copied to one page-locked host buffer first and copied back at wake — but for blocks
+//! allocated under a tag the caller discards ([`crate::tag`]); at level 2 their contents are
+//! discarded.
 //!
 //! Invariants: a sleep happens only after the device synchronised (no work in flight, so nothing
 //! half-written is copied) and never during a capture; it changes nothing unless the host buffer
 //! was allocated and every copy succeeded; while asleep nothing is allocated (a request is
 //! refused, saying to wake the device), nothing is released (there is nothing mapped to
 //! release), frees are booked as usual; a wake maps each page before it copies it back and keeps
-//! every page it restored — out of memory part way leaves the rest asleep for a later wake.
+//! every page it restored — out of memory part way leaves the rest asleep for a later wake; a
+//! page under a kept block is saved even if a discarded block shares it.
 
 use super::{Page, Region, VmmResource, VmmState};
 use crate::driver::{DevicePtr, HostBuffer};
 use crate::error::{Error, Result};
 use crate::history::StreampoolEventKind as Event;
 use crate::resource::Sleep;
+use crate::tag::TagId;
 use std::collections::BTreeSet;
 
 /// A page given back by a sleep.
@@ -51,7 +54,7 @@ pub(super) fn asleep_error(device: usize) -> Error {
 }
 
 impl Sleep for VmmResource {
-    fn sleep(&self, level: u32) -> Result<u64> {
+    fn sleep(&self, level: u32, discard: &[TagId]) -> Result<u64> {
         if !matches!(level, 1 | 2) {
             return Err(Error::InvalidArgument(format!(
                 "sleep level {level}: 1 keeps the contents in host memory, 2 discards them"
@@ -86,7 +89,7 @@ impl Sleep for VmmResource {
             )));
         }
         let saved = match level {
-            1 => self.pages_under_live_blocks(&st),
+            1 => self.pages_under_kept_blocks(&st, discard),
             _ => BTreeSet::new(),
         };
         let buffer = self.save(&st, &saved)?;
@@ -130,13 +133,24 @@ impl Sleep for VmmResource {
             .as_ref()
             .map_or(0, |a| a.pages.len() as u64 * self.page_bytes)
     }
+
+    fn saved_bytes(&self) -> u64 {
+        let st = self.state.lock();
+        let asleep = st.asleep.as_ref().map_or(&[][..], |a| &a.pages[..]);
+        let saved = asleep.iter().filter(|p| p.saved_at.is_some()).count();
+        saved as u64 * self.page_bytes
+    }
 }
 
 impl VmmResource {
-    /// The mapped pages any live block lies on.
-    fn pages_under_live_blocks(&self, st: &VmmState) -> BTreeSet<u64> {
+    /// The mapped pages any live block lies on, but for blocks allocated under a tag in
+    /// `discard`.
+    fn pages_under_kept_blocks(&self, st: &VmmState, discard: &[TagId]) -> BTreeSet<u64> {
         let mut pages = BTreeSet::new();
-        for (start, bytes) in st.live.blocks() {
+        let kept = st.live.blocks().filter(|&(start, _)| {
+            discard.is_empty() || st.live.tag(start).is_none_or(|t| !discard.contains(&t))
+        });
+        for (start, bytes) in kept {
             let end = start + bytes;
             let first = st.pages.range(..=start).next_back().map(|(&p, _)| p);
             let from = first
