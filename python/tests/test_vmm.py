@@ -61,7 +61,7 @@ def test_a_malformed_backend_is_refused_naming_what_is_accepted():
     code = "import streampool; streampool._lib.check_config()"
     proc = run_python(code, env={"STREAMPOOL_BACKEND": "expandable"})
     assert proc.returncode != 0
-    assert "STREAMPOOL_BACKEND" in proc.stderr and "pool or vmm" in proc.stderr, describe(proc)
+    assert "STREAMPOOL_BACKEND" in proc.stderr and "use pool, vmm, managed" in proc.stderr, describe(proc)
 
 
 def test_a_library_older_than_the_vmm_export_still_loads_for_a_benchmark_a_b():
