@@ -1,0 +1,549 @@
+"""The sleep-and-wake benchmark's child (bench/sleep.py has the method): one configuration's
+measurement in a process of its own, started as ``python3 -m bench.sleep --child CONFIG --out
+FILE``; its record (a JSON object) is written to FILE after every stage.
+
+Invariant: whatever goes wrong is caught and recorded with the stage it happened in; nothing is
+allocated on the device while it sleeps (only readings: ``mem_get_info``, NVML, the allocator's
+statistics); the comparisons are bit for bit, on host copies made before the sleep (copies on
+the device would be part of what the sleep is measured on).
+"""
+
+import gc
+import json
+import os
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from . import protocol
+from .sleep import (BUFFER_VARIABLE, CONFIGS, CUBLAS_WORKSPACE, GB, GIB, NATIVE,
+                    PRELOADED_VARIABLE, STREAMPOOL, TMS, TMS_TORCH, finite)
+
+BATCH, SEQ, TRAIN_STEPS, SEED = 8, 512, 3, 1234
+BUFFER_BYTES = 4 * GIB
+LINK_BYTES = GIB
+LINK_REPEATS = 3
+ASLEEP_SETTLE_S = 0.5  # between the end of a sleep and the reading of what is held
+PRELOAD_STEM = "torch_memory_saver_hook_mode_preload"
+MAX_MISMATCHES = 10
+
+
+class Record:
+    """A child's record, written to its file after every stage."""
+
+    def __init__(self, config: str, path: Path) -> None:
+        self.path = path
+        self.data: Dict[str, Any] = {"config": config, "ok": False, "stage": "start",
+                                     "error": None, "pid": os.getpid(), "stages_s": {},
+                                     "facts": {}}
+        self._began = time.monotonic()
+
+    def stage(self, name: str) -> None:
+        now = time.monotonic()
+        self.data["stages_s"][self.data["stage"]] = round(now - self._began, 3)
+        self._began = now
+        self.data["stage"] = name
+        self.save()
+        protocol.progress(f"[{self.data['config']}] {name}")
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.data[key] = value
+
+    def save(self) -> None:
+        text = json.dumps(finite(self.data), indent=1, allow_nan=False, default=str)
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(text)
+        temporary.replace(self.path)
+
+
+def preloaded_path() -> Optional[str]:
+    """The torch_memory_saver preload .so mapped into this process, if any."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        if PRELOAD_STEM in line:
+            return line.split()[-1]
+    return None
+
+
+def _cudart_directories(torch: Any) -> List[str]:
+    """Where the libcudart torch loads lies: from this process's mappings, else torch's
+    nvidia/ packages."""
+    found: List[str] = []
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            path = line.split()[-1]
+            if "/libcudart.so" in path:
+                found.append(str(Path(path).parent))
+    except (OSError, IndexError):
+        pass
+    if not found:
+        nvidia = Path(torch.__file__).resolve().parent.parent / "nvidia"
+        major = str(getattr(torch.version, "cuda", "") or "").split(".")[0]
+        found = [str(p.parent) for p in nvidia.glob(f"**/libcudart.so.{major}*")] if major else []
+    return list(dict.fromkeys(found))
+
+
+def reexec_with_preload(config: str, out: Path, record: Record) -> None:
+    """Start this child again with torch_memory_saver's preload .so in LD_PRELOAD (it must be
+    there when the process starts); does not return."""
+    import torch  # loads libcudart; CUDA is not started
+    from torch_memory_saver.utils import get_binary_path_from_package
+
+    library = str(get_binary_path_from_package(PRELOAD_STEM))
+    directories = _cudart_directories(torch)
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = ":".join([library] + [p for p in env.get("LD_PRELOAD", "").split(":") if p])
+    env["LD_LIBRARY_PATH"] = ":".join(
+        directories + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p])
+    env[PRELOADED_VARIABLE] = "1"
+    record["reexec"] = {"LD_PRELOAD": env["LD_PRELOAD"], "LD_LIBRARY_PATH": env["LD_LIBRARY_PATH"]}
+    record.stage("re-exec with LD_PRELOAD")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = [sys.executable, "-m", "bench.sleep", "--child", config, "--out", str(out)]
+    os.execve(sys.executable, argv, env)
+
+
+class Memory:
+    """Readings of held device memory: NVML's figure for this process where it lists it, and
+    the device's total - free."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.nvml = None
+        self.device = None
+        try:
+            from . import nvml
+
+            self.nvml = nvml.Nvml.open()
+            properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+            uuid = str(getattr(properties, "uuid", "") or "")
+            self.device = self.nvml.handle(uuid) if self.nvml else None
+        except Exception as exc:  # NVML is optional
+            protocol.progress(f"NVML unavailable: {exc}")
+            self.nvml = self.device = None
+
+    def read(self) -> Dict[str, Any]:
+        torch = self.torch
+        free, total = torch.cuda.mem_get_info()
+        process = None
+        if self.nvml is not None and self.device is not None:
+            try:
+                used = self.nvml.process_used_bytes(self.device)
+                process = None if used is None else used.get(os.getpid())
+            except Exception:
+                process = None
+        reading = {"device_used_bytes": total - free, "device_total_bytes": total,
+                   "process_bytes": process}
+        for name in ("memory_reserved", "memory_allocated"):
+            try:
+                reading[name.replace("memory_", "") + "_bytes"] = getattr(torch.cuda, name)()
+            except Exception:
+                reading[name.replace("memory_", "") + "_bytes"] = None
+        return reading
+
+
+def measure_link(torch: Any, nbytes: int = LINK_BYTES, repeats: int = LINK_REPEATS) -> Dict:
+    """The host link: a pinned host tensor copied to the device and back, best of ``repeats``
+    each way (after one warm-up each), wall time with synchronisation around each copy."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    host.fill_(7)
+
+    def best(copy: Callable[[], Any]) -> float:
+        copy()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            copy()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - began)
+        return min(times)
+
+    h2d_s = best(lambda: device.copy_(host, non_blocking=True))
+    d2h_s = best(lambda: host.copy_(device, non_blocking=True))
+    return {"bytes": nbytes, "repeats": repeats, "h2d_s": h2d_s, "d2h_s": d2h_s,
+            "h2d_gbps": nbytes / h2d_s / GB, "d2h_gbps": nbytes / d2h_s / GB}
+
+
+def build_model(torch: Any, record: Record) -> Any:
+    """GPT-2 124M from GPT2Config() with eager attention (deterministic); a stack of nn.Linear
+    of about its size where transformers does not import or cannot build it."""
+    try:
+        return gpt2(torch, record)
+    except Exception as exc:
+        record["transformers_error"] = protocol.error_text(exc)
+        record["facts"]["model"] = "a stack of nn.Linear, 134M (transformers failed: the record)"
+        gc.collect()
+        return LinearStack(torch)
+
+
+def gpt2(torch: Any, record: Record) -> Any:
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    record["facts"]["transformers"] = transformers.__version__
+    try:
+        config = GPT2Config(attn_implementation="eager")
+    except Exception:
+        config = GPT2Config()
+    with torch.device("cuda"):
+        model = GPT2LMHeadModel(config)
+    model = model.cuda().train()
+    attention = getattr(model.config, "_attn_implementation", None)
+    record["facts"]["model"] = f"GPT-2 124M (GPT2LMHeadModel, {attention} attention)"
+    return model
+
+
+def LinearStack(torch: Any) -> Any:  # noqa: N802  (a class made once torch is imported)
+    nn = torch.nn
+
+    class Stack(nn.Module):
+        """Embedding, 12 blocks of Linear(768, 3072) + GELU + Linear(3072, 768), a head:
+        about 134M parameters."""
+
+        def __init__(self, vocab: int = 50257, width: int = 768, depth: int = 12) -> None:
+            super().__init__()
+            self.vocab = vocab
+            self.embed = nn.Embedding(vocab, width)
+            self.blocks = nn.ModuleList(
+                nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+                for _ in range(depth))
+            self.head = nn.Linear(width, vocab)
+
+        def forward(self, input_ids: Any, labels: Any) -> Any:
+            x = self.embed(input_ids)
+            for block in self.blocks:
+                x = x + block(x)
+            logits = self.head(x)[:, :-1].float()
+            loss = nn.functional.cross_entropy(logits.reshape(-1, self.vocab),
+                                               labels[:, 1:].reshape(-1))
+            return type("Out", (), {"loss": loss})()
+
+    with torch.device("cuda"):
+        return Stack().cuda().train()
+
+
+class Workload:
+    """The training state, the inference buffer, and their host snapshot."""
+
+    def __init__(self, torch: Any, record: Record, buffer_bytes: int) -> None:
+        self.torch = torch
+        torch.manual_seed(SEED)
+        self.model = build_model(torch, record)
+        self.vocab = int(getattr(getattr(self.model, "config", None), "vocab_size", 0) or
+                         getattr(self.model, "vocab", 50257))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.names = {p: n for n, p in self.model.named_parameters()}
+        losses = [self.step(k) for k in range(TRAIN_STEPS)]
+        record["training_losses"] = losses
+        torch.cuda.manual_seed(SEED)
+        self.buffer = torch.empty(buffer_bytes, dtype=torch.uint8, device="cuda")
+        self.buffer.random_()  # every byte value
+        torch.cuda.synchronize()
+        self.snapshot: Dict[str, Any] = {}
+
+    def step(self, k: int) -> float:
+        """One training step on the k-th batch, its dropout seeded by k; the loss."""
+        torch = self.torch
+        generator = torch.Generator().manual_seed(SEED + k)
+        tokens = torch.randint(0, self.vocab, (BATCH, SEQ), generator=generator).cuda()
+        torch.manual_seed(SEED + 1000 + k)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = self.model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach().float().item())
+
+    def tensors(self) -> Dict[str, Any]:
+        """Every tensor of the state by name: parameters, buffers, optimizer state (including
+        its host-side step counters), the inference buffer."""
+        torch = self.torch
+        found: Dict[str, Any] = {}
+        for name, p in self.model.named_parameters():
+            found[f"param:{name}"] = p
+        for name, b in self.model.named_buffers():
+            found[f"buffer:{name}"] = b
+        for p, state in self.optimizer.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    found[f"adamw:{self.names.get(p, id(p))}:{key}"] = value
+        found["inference_buffer"] = self.buffer
+        return found
+
+    def live_bytes(self) -> int:
+        """Bytes of the distinct device storages of the state."""
+        storages = {}
+        for tensor in self.tensors().values():
+            if tensor.is_cuda:
+                storage = tensor.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
+
+    def take_snapshot(self) -> None:
+        self.snapshot = {n: t.detach().to("cpu", copy=True) for n, t in self.tensors().items()}
+
+    def restore(self) -> None:
+        """The training state as the snapshot has it (the step's gradients are gone already;
+        no step touches the inference buffer)."""
+        with self.torch.no_grad():
+            for name, tensor in self.tensors().items():
+                if name != "inference_buffer":
+                    tensor.copy_(self.snapshot[name])
+        self.optimizer.zero_grad(set_to_none=True)
+        self.torch.cuda.synchronize()
+
+    def mismatches(self) -> List[str]:
+        """Names of the device tensors that differ bit for bit from the snapshot."""
+        torch = self.torch
+        wrong = []
+        for name, tensor in self.tensors().items():
+            if not tensor.is_cuda:
+                continue
+            saved = self.snapshot[name]
+            now = tensor.detach().to("cpu")
+            if now.dtype.is_floating_point:  # bitwise, NaN included
+                same = torch.equal(now.view(_int_of(torch, now.dtype)),
+                                   saved.view(_int_of(torch, saved.dtype)))
+            else:
+                same = torch.equal(now, saved)
+            if not same:
+                wrong.append(name)
+        return wrong
+
+    def addresses(self) -> Dict[str, int]:
+        return {n: t.data_ptr() for n, t in self.tensors().items() if t.is_cuda}
+
+    def parameters_on_host(self) -> Dict[str, Any]:
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
+
+
+def _int_of(torch: Any, dtype: Any) -> Any:
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+
+
+def same_parameters(torch: Any, a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(
+        torch.equal(a[n].view(_int_of(torch, a[n].dtype)), b[n].view(_int_of(torch, b[n].dtype)))
+        for n in a)
+
+
+class Sleeper:
+    """What sleep, wake and the workload's allocation scope are for one configuration."""
+
+    def __init__(self, config: str, record: Record) -> None:
+        self.config = config
+        self.tms = None
+        facts = record["facts"]
+        if config == STREAMPOOL:
+            import streampool
+
+            streampool.install(backend="vmm")
+            self.streampool = streampool
+            facts["streampool_library"] = str(streampool.library_path())
+            facts["streampool_backend"] = os.environ.get("STREAMPOOL_BACKEND")
+        elif config in (TMS, TMS_TORCH):
+            from torch_memory_saver import torch_memory_saver
+
+            if config == TMS_TORCH:
+                torch_memory_saver.hook_mode = "torch"
+            self.tms = torch_memory_saver
+            try:
+                from importlib.metadata import version
+
+                facts["torch_memory_saver"] = version("torch_memory_saver")
+            except Exception:
+                facts["torch_memory_saver"] = "unknown version"
+
+    def scope(self) -> Any:
+        if self.tms is not None:
+            return self.tms.region(tag="sleep-bench", enable_cpu_backup=True)
+        return nullcontext()
+
+    def describe(self, torch: Any, record: Record) -> None:
+        """After CUDA started: facts only the running library can give."""
+        if self.config == STREAMPOOL:
+            record["facts"]["streampool_version"] = self.streampool.__version__
+        if self.tms is not None:
+            try:
+                impl = self.tms._impl
+                record["tms"] = {
+                    "hook_mode": impl._hook_mode,
+                    "binary": str(impl._hook_util.get_path_binary()),
+                    "cpu_backup_backend":
+                        impl._binary_wrapper.cdll.tms_get_cpu_backup_backend().decode(),
+                }
+            except Exception as exc:
+                record["tms"] = {"error": protocol.tail(str(exc), 2)}
+
+    def sleep(self, torch: Any) -> Optional[int]:
+        if self.config == STREAMPOOL:
+            return self.streampool.sleep(level=1)
+        torch.cuda.empty_cache()
+        self.tms.pause()
+        return None
+
+    def wake(self, torch: Any) -> Optional[int]:
+        if self.config == STREAMPOOL:
+            return self.streampool.wake()
+        self.tms.resume()
+        return None
+
+    def sleeping_bytes(self) -> Optional[int]:
+        return self.streampool.sleeping_bytes() if self.config == STREAMPOOL else None
+
+
+def timed(torch: Any, action: Callable[[], Any]) -> tuple:
+    """(seconds, result) of ``action`` with the device synchronised before and after."""
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    result = action()
+    torch.cuda.synchronize()
+    return time.perf_counter() - began, result
+
+
+def child(config: str, out: Path) -> int:
+    record = Record(config, out)
+    record["preloaded_at_start"] = preloaded_path()  # before anything maps the .so
+    try:
+        measure(config, out, record)
+        record["ok"] = True
+        record.stage("done")
+    except BaseException as exc:  # recorded, whatever it is
+        record["error"] = f"at stage {record.data['stage']}: {protocol.error_text(exc)}"
+        protocol.progress(record.data["error"])
+    finally:
+        record.save()
+    return 0 if record.data["ok"] else 1
+
+
+def measure(config: str, out: Path, record: Record) -> None:
+    if config not in CONFIGS:
+        raise ValueError(f"unknown configuration {config!r}; choose from {', '.join(CONFIGS)}")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    facts = record["facts"]
+    facts["python"] = sys.version.split()[0]
+    if config == TMS:
+        record.stage("preload")
+        record["preload"] = {k: os.environ.get(k) for k in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+        if record["preloaded_at_start"] is None:
+            if os.environ.get(PRELOADED_VARIABLE):
+                raise RuntimeError(
+                    f"LD_PRELOAD={os.environ.get('LD_PRELOAD')!r} did not load the .so at start "
+                    "(the dynamic loader's message is at the top of the child's log)")
+            reexec_with_preload(config, out, record)
+    record.stage("allocator")
+    sleeper = Sleeper(config, record)
+    import torch
+
+    facts.update({"torch": torch.__version__, "cuda": torch.version.cuda})
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    buffer_bytes = int(float(os.environ.get(BUFFER_VARIABLE) or BUFFER_BYTES / GIB) * GIB)
+    record["buffer_bytes"] = buffer_bytes
+
+    record.stage("context")
+    torch.cuda.init()
+    tiny = torch.ones(16, device="cuda")
+    del tiny
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    facts["device"] = torch.cuda.get_device_name(0)
+    record["allocator_backend"] = torch.cuda.get_allocator_backend()
+    memory = Memory(torch)
+    record["context"] = memory.read()
+
+    record.stage("link")
+    record["link"] = measure_link(torch)
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    try:
+        torch._C._host_emptyCache()  # the pinned tensor's host memory
+    except Exception:
+        pass
+    record["after_link"] = memory.read()
+
+    record.stage("build")
+    with sleeper.scope():
+        workload = Workload(torch, record, buffer_bytes)
+    sleeper.describe(torch, record)
+    record["live_bytes"] = workload.live_bytes()
+
+    record.stage("snapshot")
+    workload.take_snapshot()
+
+    record.stage("reference")
+    with sleeper.scope():
+        losses, parameters = [], []
+        for _ in range(2):
+            losses.append(workload.step(TRAIN_STEPS))
+            parameters.append(workload.parameters_on_host())
+            workload.restore()
+    record["reference_losses"] = [x.hex() for x in losses]
+    record["reference_repeatable"] = (
+        losses[0].hex() == losses[1].hex() and same_parameters(torch, *parameters))
+    reference_loss, reference = losses[0], parameters[0]
+    del parameters
+    record.stage("restore check")
+    wrong = workload.mismatches()
+    record["restore_equal"] = not wrong
+    record["restore_mismatches"] = wrong[:MAX_MISMATCHES]
+
+    gc.collect()
+    torch.cuda.synchronize()
+    record["before"] = memory.read()
+    if config == NATIVE:
+        return
+
+    record.stage("sleep")
+    addresses = workload.addresses()
+    gc.collect()
+    record["sleep_s"], record["sleep_returned"] = timed(torch, lambda: sleeper.sleep(torch))
+    time.sleep(ASLEEP_SETTLE_S)
+    record["asleep"] = memory.read()
+    record["sleeping_bytes"] = sleeper.sleeping_bytes()
+
+    record.stage("wake")
+    record["wake_s"], record["wake_returned"] = timed(torch, lambda: sleeper.wake(torch))
+    record["woken"] = memory.read()
+
+    record.stage("compare")
+    wrong = workload.mismatches()
+    record["bitwise_equal"] = not wrong
+    record["mismatches"] = wrong[:MAX_MISMATCHES]
+    record["addresses_kept"] = workload.addresses() == addresses
+
+    record.stage("step after wake")
+    with sleeper.scope():
+        loss = workload.step(TRAIN_STEPS)
+    after = workload.parameters_on_host()
+    record["loss_after_wake"] = loss.hex()
+    record["step_equal"] = (loss.hex() == reference_loss.hex()
+                            and same_parameters(torch, after, reference))
+    del after, reference
+
+    record.stage("second cycle")
+    second: Dict[str, Any] = {}
+    record["second_cycle"] = second
+    gc.collect()
+    torch.cuda.synchronize()
+    second["before"] = memory.read()
+    second["sleep_s"], _ = timed(torch, lambda: sleeper.sleep(torch))
+    time.sleep(ASLEEP_SETTLE_S)
+    second["asleep"] = memory.read()
+    second["wake_s"], _ = timed(torch, lambda: sleeper.wake(torch))
+    second["woken"] = memory.read()
