@@ -429,7 +429,7 @@ def restore() -> int:
 
 def wire(torch: Any, raw: Any) -> Dict[str, Optional[str]]:
     """Everything above, after ``change_current_allocator``: feature -> None (wired) or why not.
-    Logs one warning per feature that stays unavailable."""
+    Logs one warning per feature that stays unavailable (not for a function this PyTorch lacks)."""
     features: Dict[str, Optional[str]] = {}
     for setter in wire_pool_hooks(raw):
         features[f"memory pools ({setter})"] = "this PyTorch has no such setter"
@@ -438,9 +438,10 @@ def wire(torch: Any, raw: Any) -> Dict[str, Optional[str]]:
     except _lib.StreampoolError as exc:
         features["PyTorch's C++ allocator methods"] = str(exc)
     checkpoints = features.get(CHECKPOINTS, "not attached") is None
-    for name in route(torch, checkpoints):
-        features[f"torch._C.{name}"] = "this PyTorch has no such function"
+    absent = [f"torch._C.{name}" for name in route(torch, checkpoints)]
     for feature, why in features.items():
         if why is not None:
             _log.warning("streampool: %s stays unavailable under install(): %s", feature, why)
+    # A function this PyTorch does not have is called by nothing in it: listed, never warned of.
+    features.update((name, "this PyTorch has no such function") for name in absent)
     return features

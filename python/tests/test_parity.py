@@ -248,3 +248,15 @@ def test_snapshot_segments_add_up_to_memory_reserved():
         lib.streampool_empty_cache()
     check("after empty_cache")
     assert all(reserved > 0 for reserved in checks[:-1])
+
+
+def test_a_function_this_pytorch_lacks_is_listed_not_warned_of(monkeypatch, caplog):
+    monkeypatch.setattr(_parity, "wire_pool_hooks", lambda raw: [])
+    monkeypatch.setattr(_parity, "attach", lambda: {"PyTorch's C++ allocator methods": "no libc10_cuda"})
+    monkeypatch.setattr(_parity, "route", lambda torch, checkpoints: ["_cuda_absent"])
+    with caplog.at_level("WARNING", logger=_parity._log.name):
+        features = _parity.wire(None, None)
+    assert features["torch._C._cuda_absent"] == "this PyTorch has no such function"
+    warned = [r.getMessage() for r in caplog.records]
+    assert warned == ["streampool: PyTorch's C++ allocator methods stays unavailable under install(): "
+                      "no libc10_cuda"], warned
