@@ -629,7 +629,7 @@ int streampool_wake(int device, uint64_t *restored);
  * Writes the bytes of `device` asleep now to `*out` (0 when awake).
  *
  * # Safety
- * `out` must be NULL or writable.
+ * `out` must be writable (NULL is refused with INVALID_ARGUMENT).
  */
 int streampool_sleeping_bytes(int device, uint64_t *out);
 
@@ -638,7 +638,7 @@ int streampool_sleeping_bytes(int device, uint64_t *out);
  * `*out` (0 when awake, or when nothing was kept).
  *
  * # Safety
- * `out` must be NULL or writable.
+ * `out` must be writable (NULL is refused with INVALID_ARGUMENT).
  */
 int streampool_sleep_saved_bytes(int device, uint64_t *out);
 

@@ -102,13 +102,14 @@ pub fn lookup(name: &str) -> Result<TagId> {
 
 /// Blocks this thread allocates from now on carry `name`, until the matching [`pop`].
 pub fn push(name: &str) -> Result<()> {
-    let id = intern(name)?;
     STACK.with_borrow_mut(|stack| {
+        // Checked before the name is registered: a refused push changes nothing.
         if stack.len() >= MAX_DEPTH {
             return Err(Error::InvalidArgument(format!(
                 "tag {name:?}: this thread has {MAX_DEPTH} tags pushed already (a pop missing?)"
             )));
         }
+        let id = intern(name)?;
         stack.push(id);
         CURRENT.set(id.0.get());
         PUSHED.store(true, Ordering::Relaxed);
@@ -173,5 +174,18 @@ mod tests {
         assert_eq!(current(), None, "a refused push changes nothing");
         let e = lookup("tag-test-never").unwrap_err().to_string();
         assert!(e.contains("unknown tag \"tag-test-never\""), "{e}");
+    }
+
+    #[test]
+    fn a_push_refused_for_depth_registers_no_name() {
+        std::thread::spawn(|| {
+            for _ in 0..MAX_DEPTH {
+                push("tag-test-deep").unwrap();
+            }
+            assert!(push("tag-test-one-too-deep").is_err());
+            assert!(lookup("tag-test-one-too-deep").is_err(), "registered by a refused push");
+        })
+        .join()
+        .unwrap();
     }
 }

@@ -254,13 +254,18 @@ def tag(name: str) -> Iterator[None]:
     of UTF-8), so that ``sleep(discard=[name])`` discards what it holds and keeps the rest.
     Tags nest (the innermost applies) and are per thread: allocations made on other threads —
     autograd's backward pass included — carry their own thread's tag, or none. Only the vmm
-    backend uses tags; elsewhere they mark nothing."""
+    backend uses tags; elsewhere they mark nothing. A tag follows the thread, not an asyncio
+    task: do not hold one across an ``await`` (another task of the thread would allocate under
+    it). A process may use at most 4096 distinct names (never forgotten): tag kinds of memory,
+    not requests."""
     encoded = _tag_name(name)
     _lib.check(_lib.library().streampool_tag_push(encoded))
     try:
         yield
-    finally:
-        _lib.check(_lib.library().streampool_tag_pop())
+    except BaseException:
+        _lib.library().streampool_tag_pop()  # the body's exception is the one to see
+        raise
+    _lib.check(_lib.library().streampool_tag_pop())
 
 
 def wake(device: Device = None) -> int:

@@ -377,6 +377,12 @@ def memory_snapshot(arg: Any = None) -> Dict[str, Any]:
 _saved: List[tuple] = []
 
 
+# What torch.cuda.memory._set_allocator_settings calls, by PyTorch version.
+SETTINGS_FUNCTIONS = (
+    "_cuda_cudaCachingAllocator_set_allocator_settings",
+    "_accelerator_setAllocatorSettings",
+)
+
 # The C++ method the checkpoint routes need (the feature name the library reports).
 CHECKPOINTS = "torch.compile CUDA graph trees (setCheckpointPoolState)"
 
@@ -388,15 +394,18 @@ def route(torch: Any, checkpoints: bool = True) -> List[str]:
     from ._alloc_conf import set_allocator_settings
 
     original_set = getattr(torch._C, "_cuda_setCheckpointPoolState", None)
-    original_settings = getattr(torch._C, "_cuda_cudaCachingAllocator_set_allocator_settings", None)
     replacements = {
         "_cuda_record_memory_history": record_memory_history,
         "_cuda_record_memory_history_legacy": record_memory_history_legacy,
         "_cuda_memorySnapshot": memory_snapshot,
-        "_cuda_cudaCachingAllocator_set_allocator_settings": (
-            set_allocator_settings(original_settings) if original_settings is not None else None
-        ),
     }
+    # torch.cuda.memory._set_allocator_settings calls one of two names, by PyTorch version (the
+    # older CUDA one, or the accelerator-wide one since 2.9): whichever exists is routed.
+    settings = [name for name in SETTINGS_FUNCTIONS if getattr(torch._C, name, None) is not None]
+    for name in settings:
+        replacements[name] = set_allocator_settings(getattr(torch._C, name))
+    if not settings:
+        replacements[SETTINGS_FUNCTIONS[0]] = None
     if checkpoints:
         replacements.update(
             {
@@ -429,7 +438,7 @@ def restore() -> int:
 
 def wire(torch: Any, raw: Any) -> Dict[str, Optional[str]]:
     """Everything above, after ``change_current_allocator``: feature -> None (wired) or why not.
-    Logs one warning per feature that stays unavailable (not for a function this PyTorch lacks)."""
+    Logs one warning per feature that stays unavailable."""
     features: Dict[str, Optional[str]] = {}
     for setter in wire_pool_hooks(raw):
         features[f"memory pools ({setter})"] = "this PyTorch has no such setter"
@@ -438,10 +447,9 @@ def wire(torch: Any, raw: Any) -> Dict[str, Optional[str]]:
     except _lib.StreampoolError as exc:
         features["PyTorch's C++ allocator methods"] = str(exc)
     checkpoints = features.get(CHECKPOINTS, "not attached") is None
-    absent = [f"torch._C.{name}" for name in route(torch, checkpoints)]
+    for name in route(torch, checkpoints):
+        features[f"torch._C.{name}"] = "this PyTorch has no such function"
     for feature, why in features.items():
         if why is not None:
             _log.warning("streampool: %s stays unavailable under install(): %s", feature, why)
-    # A function this PyTorch does not have is called by nothing in it: listed, never warned of.
-    features.update((name, "this PyTorch has no such function") for name in absent)
     return features

@@ -250,13 +250,22 @@ def test_snapshot_segments_add_up_to_memory_reserved():
     assert all(reserved > 0 for reserved in checks[:-1])
 
 
-def test_a_function_this_pytorch_lacks_is_listed_not_warned_of(monkeypatch, caplog):
-    monkeypatch.setattr(_parity, "wire_pool_hooks", lambda raw: [])
-    monkeypatch.setattr(_parity, "attach", lambda: {"PyTorch's C++ allocator methods": "no libc10_cuda"})
-    monkeypatch.setattr(_parity, "route", lambda torch, checkpoints: ["_cuda_absent"])
-    with caplog.at_level("WARNING", logger=_parity._log.name):
-        features = _parity.wire(None, None)
-    assert features["torch._C._cuda_absent"] == "this PyTorch has no such function"
-    warned = [r.getMessage() for r in caplog.records]
-    assert warned == ["streampool: PyTorch's C++ allocator methods stays unavailable under install(): "
-                      "no libc10_cuda"], warned
+
+@pytest.mark.parametrize("name", ["_cuda_cudaCachingAllocator_set_allocator_settings",
+                                  "_accelerator_setAllocatorSettings"])
+def test_allocator_settings_are_routed_under_either_name_pytorch_has(name):
+    calls = []
+    torch = types.SimpleNamespace(_C=types.SimpleNamespace(**{name: calls.append}))
+    missing = _parity.route(torch, checkpoints=False)
+    try:
+        assert name not in missing and not any("settings" in m.lower() for m in missing), missing
+        getattr(torch._C, name)("expandable_segments:False")
+        assert calls == ["expandable_segments:False"]  # PyTorch's own call still made
+    finally:
+        _parity.restore()
+
+
+def test_allocator_settings_are_missing_only_without_either_name():
+    torch = types.SimpleNamespace(_C=types.SimpleNamespace())
+    assert "_cuda_cudaCachingAllocator_set_allocator_settings" in _parity.route(torch, checkpoints=False)
+    _parity.restore()

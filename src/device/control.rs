@@ -151,10 +151,12 @@ impl DeviceAllocator {
             )));
         }
         let setup = self.setup()?;
-        if !setup.own.iter().all(|r| r.capabilities().sleep.is_some()) {
+        if let Some(r) = setup.own.iter().find(|r| r.capabilities().sleep.is_none()) {
             return Err(Error::InvalidArgument(format!(
-                "device {}: streampool.sleep() needs the vmm backend (STREAMPOOL_BACKEND=vmm);                  the pool backend's CUDA pools cannot give memory back and keep its addresses",
-                self.device
+                "device {}: streampool.sleep() needs the vmm backend (STREAMPOOL_BACKEND=vmm): \
+                 {} cannot give memory back and keep its addresses",
+                self.device,
+                r.traits().label
             )));
         }
         if self.lock_enabled()?.waits.capturing() {
@@ -182,8 +184,9 @@ impl DeviceAllocator {
                 Some(sleep) => restored = restored.saturating_add(sleep.wake()?),
                 None => {
                     return Err(Error::InvalidArgument(format!(
-                        "device {} is not asleep: the pool backend cannot sleep",
-                        self.device
+                        "device {} is not asleep: {} cannot sleep (the vmm backend can)",
+                        self.device,
+                        r.traits().label
                     )))
                 }
             }

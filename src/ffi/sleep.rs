@@ -74,6 +74,13 @@ pub unsafe extern "C" fn streampool_tag_push(name: *const c_char) -> c_int {
     status(guarded(|| {
         // SAFETY: the caller's guarantee.
         let name = unsafe { tag_name(name) }?;
+        // The tag registry's lock counts as the allocator's for fork(): a child of a process that
+        // tagged takes no lock a parent thread may have held; it cannot allocate, so a tag there
+        // marks nothing and is accepted as such.
+        crate::fork::note_first_use();
+        if crate::fork::in_fork_child() {
+            return Ok(());
+        }
         crate::tag::push(name)
     }))
 }
@@ -82,7 +89,10 @@ pub unsafe extern "C" fn streampool_tag_push(name: *const c_char) -> c_int {
 /// applies again. An error if the thread has none.
 #[no_mangle]
 pub extern "C" fn streampool_tag_pop() -> c_int {
-    status(guarded(crate::tag::pop))
+    status(guarded(|| match crate::fork::in_fork_child() {
+        true => Ok(()), // as streampool_tag_push: nothing was pushed in a fork child
+        false => crate::tag::pop(),
+    }))
 }
 
 /// `streampool_sleep`, but the contents of blocks allocated under one of the `count` tags named
@@ -150,7 +160,7 @@ pub unsafe extern "C" fn streampool_wake(device: c_int, restored: *mut u64) -> c
 /// Writes the bytes of `device` asleep now to `*out` (0 when awake).
 ///
 /// # Safety
-/// `out` must be NULL or writable.
+/// `out` must be writable (NULL is refused with INVALID_ARGUMENT).
 #[no_mangle]
 pub unsafe extern "C" fn streampool_sleeping_bytes(device: c_int, out: *mut u64) -> c_int {
     status(guarded(|| {
@@ -168,7 +178,7 @@ pub unsafe extern "C" fn streampool_sleeping_bytes(device: c_int, out: *mut u64)
 /// `*out` (0 when awake, or when nothing was kept).
 ///
 /// # Safety
-/// `out` must be NULL or writable.
+/// `out` must be writable (NULL is refused with INVALID_ARGUMENT).
 #[no_mangle]
 pub unsafe extern "C" fn streampool_sleep_saved_bytes(device: c_int, out: *mut u64) -> c_int {
     status(guarded(|| {

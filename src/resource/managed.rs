@@ -5,7 +5,10 @@
 //! `cuMemFree` is not stream-ordered and waits for the whole device, so a freed block is kept:
 //! it serves its own stream's next request of its size at once (stream order), any stream's once
 //! the fence recorded on its stream after the free has completed ([`crate::stream_order`]), and
-//! goes back to the driver only when memory runs out or on `trim`, once that fence completed.
+//! goes back to the driver, once that fence completed, when memory runs out, on `trim`, and
+//! before a new allocation would take the live and kept bytes above the device's memory or its
+//! limit (managed memory oversubscribes: past the device's memory a new allocation still
+//! succeeds, and the GPU pages to the host, so running out is not a signal to wait for).
 //!
 //! Invariants: a block is handed to a stream other than the one that freed it only once the
 //! work queued on that stream before the free has completed; `cuMemFree` is called only for such
@@ -15,12 +18,15 @@
 //! live bytes, `reserved` the live and the kept freed bytes; the resource's lock is never held
 //! across a synchronisation.
 
-use super::{Capabilities, CaptureNotice, Own, Provisioning, Resource, Traits, Usage};
+use super::{
+    Capabilities, CaptureNotice, Own, PoolUsage, Provisioning, Resource, Statistics, Traits, Usage,
+};
 use crate::driver::{DevicePtr, Driver, Stream};
 use crate::error::{Error, Result};
 use crate::stream_order::{CaptureWatch, Fences};
 use crate::sync::{Mutex, MutexGuard};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A freed block kept for reuse, and the fence of its stream that covers the free.
@@ -40,13 +46,29 @@ struct State {
     freed: Vec<Freed>,
     live_bytes: u64,
     freed_bytes: u64,
+    /// High-water marks of `live_bytes` and of `live_bytes + freed_bytes`.
+    used_high_bytes: u64,
+    reserved_high_bytes: u64,
     fences: Fences,
     captures: CaptureWatch,
+}
+
+impl State {
+    /// Raises the high-water marks to the current figures (after a block became live).
+    fn note_peaks(&mut self) {
+        self.used_high_bytes = self.used_high_bytes.max(self.live_bytes);
+        let reserved = self.live_bytes.saturating_add(self.freed_bytes);
+        self.reserved_high_bytes = self.reserved_high_bytes.max(reserved);
+    }
 }
 
 pub struct ManagedResource {
     driver: Arc<dyn Driver>,
     device: usize,
+    /// The device's memory, and its limit (`set_per_process_memory_fraction`; shared with the
+    /// device): kept blocks go back before a new one would take the reserved bytes above either.
+    total_bytes: u64,
+    limit_bytes: Arc<AtomicU64>,
     state: Mutex<State>,
 }
 
@@ -61,17 +83,35 @@ pub fn own(at: &Provisioning<'_>) -> Result<Option<Own>> {
         );
         return Ok(None);
     }
-    let large = Arc::new(ManagedResource::new(at.driver, device));
+    let large = Arc::new(ManagedResource::new(
+        at.driver,
+        device,
+        at.total_bytes,
+        Arc::clone(at.limit_bytes),
+    ));
     Ok(Some(Own { large, small: None }))
 }
 
 impl ManagedResource {
-    pub fn new(driver: &Arc<dyn Driver>, device: usize) -> ManagedResource {
+    pub fn new(
+        driver: &Arc<dyn Driver>,
+        device: usize,
+        total_bytes: u64,
+        limit_bytes: Arc<AtomicU64>,
+    ) -> ManagedResource {
         ManagedResource {
             driver: Arc::clone(driver),
             device,
+            total_bytes,
+            limit_bytes,
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// What the live and kept bytes may reach: the device's memory or its limit, the lower.
+    fn capacity_bytes(&self) -> u64 {
+        self.total_bytes
+            .min(self.limit_bytes.load(Ordering::Relaxed))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -95,17 +135,25 @@ impl ManagedResource {
         st.freed_bytes -= f.bytes;
         st.live_bytes += f.bytes;
         st.live.insert(f.ptr.0, f.bytes);
+        st.note_peaks();
         f.ptr
     }
 
     /// Gives kept blocks whose fences completed back to the driver, oldest first, until no more
-    /// than `keep_bytes` is reserved; nothing while a capture is known. The first failure stops
-    /// it (the block stays kept, for a later try).
-    fn give_back(&self, st: &mut State, keep_bytes: u64) -> Result<()> {
-        if st.captures.refresh(self.driver.as_ref(), self.device) {
-            return Ok(());
-        }
+    /// than `keep_bytes` is reserved; nothing while a capture is known. The blocks leave the
+    /// list under the lock and are freed with it released (`cuMemFree` waits for the whole
+    /// device); the first failure stops it, and that block and the rest are kept again, for a
+    /// later try. Returns the lock, taken again.
+    fn give_back<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        keep_bytes: u64,
+    ) -> (MutexGuard<'a, State>, Result<()>) {
         let (driver, device) = (self.driver.as_ref(), self.device);
+        if st.captures.refresh(driver, device) {
+            return (st, Ok(()));
+        }
+        let mut taken = Vec::new();
         let mut i = 0;
         while i < st.freed.len() && st.live_bytes + st.freed_bytes > keep_bytes {
             let f = st.freed[i];
@@ -113,11 +161,29 @@ impl ManagedResource {
                 i += 1;
                 continue;
             }
-            driver.relaxed_capture(&mut || driver.mem_free(device, f.ptr))?;
             st.freed.remove(i);
             st.freed_bytes -= f.bytes;
+            taken.push(f);
         }
-        Ok(())
+        if taken.is_empty() {
+            return (st, Ok(()));
+        }
+        drop(st);
+        let mut result = Ok(());
+        let mut freed = 0;
+        for f in &taken {
+            if let Err(e) = driver.relaxed_capture(&mut || driver.mem_free(device, f.ptr)) {
+                result = Err(e);
+                break;
+            }
+            freed += 1;
+        }
+        let mut st = self.lock();
+        for f in &taken[freed..] {
+            st.freed_bytes += f.bytes;
+            st.freed.push(*f);
+        }
+        (st, result)
     }
 
     /// A new managed allocation of `bytes`, live.
@@ -129,12 +195,16 @@ impl ManagedResource {
             Ok(())
         })?;
         let live_bytes = st.live_bytes.checked_add(bytes);
-        let Some(live_bytes) = live_bytes.filter(|_| st.live.insert(ptr.0, bytes).is_none()) else {
+        let Some(live_bytes) = live_bytes.filter(|_| !st.live.contains_key(&ptr.0)) else {
+            // Not counted: handed back at once, and what is live stays as it was.
+            let _ = driver.relaxed_capture(&mut || driver.mem_free(device, ptr));
             return Err(Error::Internal(format!(
                 "cuMemAllocManaged returned {ptr:#x}, which is live or beyond counting"
             )));
         };
+        st.live.insert(ptr.0, bytes);
         st.live_bytes = live_bytes;
+        st.note_peaks();
         Ok(ptr)
     }
 }
@@ -154,10 +224,22 @@ impl Resource for ManagedResource {
         if let Some(i) = st.freed.iter().position(done) {
             return Ok(self.take_freed(&mut st, i));
         }
+        // Kept blocks go back first where a new one would take the reserved bytes past the
+        // device's memory or its limit: managed memory would not fail there, it would page.
+        let reserved = st.live_bytes.saturating_add(st.freed_bytes);
+        let capacity = self.capacity_bytes();
+        if reserved.saturating_add(bytes) > capacity && !st.freed.is_empty() {
+            let (again, result) = self.give_back(st, capacity.saturating_sub(bytes));
+            st = again;
+            if let Err(e) = result {
+                log::debug!("device {}: giving managed memory back: {e}", self.device);
+            }
+        }
         match self.allocate_new(&mut st, bytes) {
             Err(e) if e.is_device_oom() && !st.freed.is_empty() => {
                 // What is kept and done with goes back before the request fails.
-                if let Err(e) = self.give_back(&mut st, 0) {
+                let (mut st, result) = self.give_back(st, 0);
+                if let Err(e) = result {
                     log::debug!("device {}: giving managed memory back: {e}", self.device);
                 }
                 self.allocate_new(&mut st, bytes)
@@ -218,7 +300,7 @@ impl Resource for ManagedResource {
         }
         st.fences.complete_pending(&gone);
         self.settle(&mut st);
-        self.give_back(&mut st, keep_bytes)
+        self.give_back(st, keep_bytes).1
     }
 
     fn traits(&self) -> Traits {
@@ -239,8 +321,28 @@ impl Resource for ManagedResource {
     fn capabilities(&self) -> Capabilities<'_> {
         Capabilities {
             capture_notice: Some(self),
+            statistics: Some(self),
             ..Capabilities::default()
         }
+    }
+}
+
+impl Statistics for ManagedResource {
+    fn usage_with_peaks(&self) -> Result<PoolUsage> {
+        let st = self.lock();
+        Ok(PoolUsage {
+            reserved_bytes: st.live_bytes + st.freed_bytes,
+            reserved_bytes_high: st.reserved_high_bytes,
+            used_bytes: st.live_bytes,
+            used_bytes_high: st.used_high_bytes,
+        })
+    }
+
+    fn reset_peaks(&self) -> Result<()> {
+        let mut st = self.lock();
+        st.used_high_bytes = st.live_bytes;
+        st.reserved_high_bytes = st.live_bytes + st.freed_bytes;
+        Ok(())
     }
 }
 
@@ -264,5 +366,52 @@ impl Drop for ManagedResource {
                 log::debug!("device {device}: freeing managed memory {ptr:#x}: {e}");
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "sim"))]
+mod tests {
+    use super::*;
+    use crate::driver::sim::SimDriver;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Managed memory oversubscribes on a GPU (the simulator's would fail at its capacity, so
+    /// the resource's cap is set far below it): kept blocks of other sizes go back before the
+    /// reserved bytes pass the cap, and the limit lowers the cap.
+    #[test]
+    fn kept_blocks_go_back_before_the_reserved_bytes_pass_the_device_or_its_limit() {
+        let sim: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 1 << 30));
+        let limit = Arc::new(AtomicU64::new(u64::MAX));
+        let r = ManagedResource::new(&sim, 0, 8 * MIB, Arc::clone(&limit));
+        for n in 1..=6 {
+            let p = r.allocate(n * MIB, Stream(1)).unwrap();
+            r.deallocate(p, n * MIB, Stream(1)).unwrap();
+            let reserved = r.usage().unwrap().reserved_bytes;
+            assert!(reserved <= 8 * MIB, "{n} MiB: {reserved} B reserved");
+        }
+        limit.store(4 * MIB, Ordering::Relaxed);
+        let p = r.allocate(3 * MIB + 1, Stream(1)).unwrap();
+        assert!(r.usage().unwrap().reserved_bytes <= 4 * MIB);
+        r.deallocate(p, 3 * MIB + 1, Stream(1)).unwrap();
+    }
+
+    /// torch.cuda.max_memory_reserved() after empty_cache(): the peak stays until reset.
+    #[test]
+    fn peaks_outlive_a_trim_until_reset() {
+        let sim: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 1 << 30));
+        let r = ManagedResource::new(&sim, 0, u64::MAX, Arc::new(AtomicU64::new(u64::MAX)));
+        let p = r.allocate(8 * MIB, Stream(1)).unwrap();
+        r.deallocate(p, 8 * MIB, Stream(1)).unwrap();
+        r.trim(0).unwrap();
+        let u = r.usage_with_peaks().unwrap();
+        assert_eq!((u.reserved_bytes, u.used_bytes), (0, 0));
+        assert_eq!(
+            (u.reserved_bytes_high, u.used_bytes_high),
+            (8 * MIB, 8 * MIB)
+        );
+        r.reset_peaks().unwrap();
+        let u = r.usage_with_peaks().unwrap();
+        assert_eq!((u.reserved_bytes_high, u.used_bytes_high), (0, 0));
     }
 }

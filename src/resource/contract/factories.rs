@@ -110,7 +110,12 @@ pub(super) fn graph_pool_over_vmm(sim: &Arc<SimDriver>) -> Result<Made> {
 
 /// The `managed` backend's resource.
 pub(super) fn managed(sim: &Arc<SimDriver>) -> Result<Made> {
-    Ok(plain(Arc::new(ManagedResource::new(&driver(sim), 0))))
+    Ok(plain(Arc::new(ManagedResource::new(
+        &driver(sim),
+        0,
+        u64::MAX,
+        Arc::new(AtomicU64::new(u64::MAX)),
+    ))))
 }
 
 /// Graph memory: allocations on a capturing stream, from the driver's own pool.

@@ -112,14 +112,23 @@ impl Sleep for VmmResource {
                 self.device
             )));
         };
-        let mut restored = 0u64;
-        while let Some(&slept) = asleep.pages.first() {
+        // In address order; the pages restored leave the list at once at the end (not one by
+        // one from its front, which would be quadratic in the pages of a full device).
+        let mut done = 0;
+        let result = loop {
+            let Some(&slept) = asleep.pages.get(done) else {
+                break Ok(());
+            };
             if let Err(e) = self.restore(&mut st, slept, asleep.buffer) {
-                st.asleep = Some(asleep);
-                return Err(e);
+                break Err(e);
             }
-            asleep.pages.remove(0);
-            restored += self.page_bytes;
+            done += 1;
+        };
+        asleep.pages.drain(..done);
+        let restored = done as u64 * self.page_bytes;
+        if let Err(e) = result {
+            st.asleep = Some(asleep);
+            return Err(e);
         }
         if let Some(buffer) = asleep.buffer {
             self.driver.host_free(self.device, buffer);
@@ -205,7 +214,14 @@ impl VmmResource {
         }
         let mut slept = Vec::with_capacity(st.pages.len());
         let pages: Vec<u64> = st.pages.keys().copied().collect();
+        // Pages in address order, as `saved` is: a saved page's contents are at its place among
+        // the saved pages, counted as they go by (once each, not searched for each page).
+        let mut saved_before = 0u64;
         for page in pages {
+            let saved_at = saved.contains(&page).then(|| {
+                saved_before += 1;
+                (saved_before - 1) * self.page_bytes
+            });
             if let Err(e) = driver.mem_unmap(device, DevicePtr(page), self.page_bytes) {
                 log::warn!("device {device}: a page stays awake, it could not be unmapped: {e}");
                 continue;
@@ -216,12 +232,6 @@ impl VmmResource {
                 Ok(()) => st.counts.releases += 1,
                 Err(_) => st.spare_handles.push(handle),
             }
-            let saved_at = saved
-                .range(..page)
-                .count()
-                .checked_mul(self.page_bytes as usize)
-                .filter(|_| saved.contains(&page))
-                .map(|at| at as u64);
             slept.push(SleptPage {
                 page,
                 region,
