@@ -183,7 +183,10 @@ mod tests {
                 push("tag-test-deep").unwrap();
             }
             assert!(push("tag-test-one-too-deep").is_err());
-            assert!(lookup("tag-test-one-too-deep").is_err(), "registered by a refused push");
+            assert!(
+                lookup("tag-test-one-too-deep").is_err(),
+                "registered by a refused push"
+            );
         })
         .join()
         .unwrap();
