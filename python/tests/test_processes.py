@@ -356,7 +356,7 @@ def test_info_on_the_simulated_driver():
     assert rows["STREAMPOOL_RELEASE_THRESHOLD"].endswith("= max  (default)")
     assert rows["STREAMPOOL_PEER_ACCESS"].endswith("= auto  (default)")
     assert rows["STREAMPOOL_IPC"].endswith("= 0  (default)")
-    assert "limit none; memory pools supported, shareable pools (IPC) supported" in out
+    assert "limit none, asleep 0 B; memory pools supported, shareable pools (IPC) supported" in out
 
 
 def test_info_reports_a_malformed_variable_and_fails():
