@@ -269,3 +269,10 @@ def test_the_readme_s_first_screen_makes_the_case_in_40_lines_with_the_two_comma
                    "scripts/demo", "scripts/test"):
         assert needed in screen, needed
     assert "until the process exits" not in text  # untrue: PyTorch has empty_cache()
+
+
+def test_the_readme_has_no_placeholder_left():
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    assert re.findall(r"\{[A-Z][A-Z_]+\}", text) == []
