@@ -39,7 +39,7 @@ Files, one job each:
   calibrate.py      the A/A by process set and block length, and the run's settings from it
   cotenant.py       the co-tenant's parent side;  cotenant_child.py: its two processes
   protocol.py       the lines between the parent and its processes
-sleep.py (``python3 -m bench.sleep``: sleep and wake against torch_memory_saver, issue 41;
+sleep.py (``python3 -m bench.sleep``: sleep and wake against torch_memory_saver;
 sleep_child.py its child, the only part with torch), the Rust benches (hot_path.rs,
 driver_costs.rs) and the diag_*.py scripts beside them are separate tools (cargo bench,
 scripts/gpu-diag); hot_path_baseline.json is the instruction counts scripts/hot-path-gate holds

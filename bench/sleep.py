@@ -1,4 +1,4 @@
-"""Sleep and wake (issue 41): how much device memory a sleeping training process gives back,
+"""Sleep and wake: how much device memory a sleeping training process gives back,
 how fast it sleeps and wakes against the host link, and whether everything comes back bit for
 bit; streampool on the vmm backend against torch_memory_saver (a GPU benchmark).
 

@@ -8,7 +8,7 @@ use super::DeviceAllocator;
 use crate::driver::PoolUsage;
 use crate::error::{Error, Result};
 use crate::history::StreampoolBlock;
-use crate::resource::{peer_target, usage_with_peaks, Accessible, DriverCounts};
+use crate::resource::{peer_target, usage_with_peaks, Accessible, DriverCounts, Sleep};
 use crate::stats::{DeviceFigures, StreampoolStats};
 use crate::tag::TagId;
 use std::sync::Arc;
@@ -196,26 +196,24 @@ impl DeviceAllocator {
 
     /// Bytes of the device asleep now.
     pub fn sleeping_bytes(&self) -> u64 {
-        let Some(setup) = self.setup.get() else {
-            return 0;
-        };
-        let asleep = setup
-            .own
-            .iter()
-            .filter_map(|r| r.capabilities().sleep.map(|s| s.sleeping_bytes()));
-        asleep.fold(0, u64::saturating_add)
+        self.sum_over_sleepers(|s| s.sleeping_bytes())
     }
 
     /// Bytes of the sleeping device's contents waiting in page-locked host memory.
     pub fn sleep_saved_bytes(&self) -> u64 {
+        self.sum_over_sleepers(|s| s.saved_bytes())
+    }
+
+    /// `figure` summed over the device's resources that can sleep (0 before its first use).
+    fn sum_over_sleepers(&self, figure: impl Fn(&dyn Sleep) -> u64) -> u64 {
         let Some(setup) = self.setup.get() else {
             return 0;
         };
-        let saved = setup
+        let figures = setup
             .own
             .iter()
-            .filter_map(|r| r.capabilities().sleep.map(|s| s.saved_bytes()));
-        saved.fold(0, u64::saturating_add)
+            .filter_map(|r| r.capabilities().sleep.map(&figure));
+        figures.fold(0, u64::saturating_add)
     }
 
     /// Returns the cache, synchronises and trims each resource to `keep_bytes`.

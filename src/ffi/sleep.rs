@@ -163,15 +163,8 @@ pub unsafe extern "C" fn streampool_wake(device: c_int, restored: *mut u64) -> c
 /// `out` must be writable (NULL is refused with INVALID_ARGUMENT).
 #[no_mangle]
 pub unsafe extern "C" fn streampool_sleeping_bytes(device: c_int, out: *mut u64) -> c_int {
-    status(guarded(|| {
-        if out.is_null() {
-            return Err(Error::InvalidArgument("out must not be NULL".into()));
-        }
-        let bytes = global()?.sleeping_bytes(device.into())?;
-        // SAFETY: checked non-NULL; the caller guarantees it is writable.
-        unsafe { out.write(bytes) };
-        Ok(())
-    }))
+    // SAFETY: the caller's guarantee.
+    unsafe { write_figure(out, || global()?.sleeping_bytes(device.into())) }
 }
 
 /// Writes the bytes of the sleeping `device`'s contents waiting in page-locked host memory to
@@ -181,11 +174,20 @@ pub unsafe extern "C" fn streampool_sleeping_bytes(device: c_int, out: *mut u64)
 /// `out` must be writable (NULL is refused with INVALID_ARGUMENT).
 #[no_mangle]
 pub unsafe extern "C" fn streampool_sleep_saved_bytes(device: c_int, out: *mut u64) -> c_int {
+    // SAFETY: the caller's guarantee.
+    unsafe { write_figure(out, || global()?.sleep_saved_bytes(device.into())) }
+}
+
+/// The status of writing `figure()` to `*out`; NULL `out` is refused before it is read.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+unsafe fn write_figure(out: *mut u64, figure: impl FnOnce() -> Result<u64>) -> c_int {
     status(guarded(|| {
         if out.is_null() {
             return Err(Error::InvalidArgument("out must not be NULL".into()));
         }
-        let bytes = global()?.sleep_saved_bytes(device.into())?;
+        let bytes = figure()?;
         // SAFETY: checked non-NULL; the caller guarantees it is writable.
         unsafe { out.write(bytes) };
         Ok(())
