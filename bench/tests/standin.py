@@ -9,7 +9,7 @@ set 0, 1, 2, ..., in turn: BENCH_PROCESS), ``config:cold=12`` (the first 12 step
 take 3 times as long: a cold start), ``config:memory=2``, ``config:fail=WORKLOAD`` (raise at
 build), ``config:fail=setup``, ``config:crash=WORKLOAD`` (the process exits in the memory pass),
 ``config:exit=WORKLOAD`` (it exits in its first timed block), ``config:raise=WORKLOAD`` (a block
-raises), separated by ``;``.
+raises), separated by ``;``; ``*:slow=4`` applies to every configuration (a later item wins).
 Invariant: the same inputs give the same memory figures on every run (only times vary); a
 workload's live bytes go when the worker drops its step function.
 """
@@ -32,7 +32,7 @@ def behaviour(config: str, environ: Dict[str, str]) -> Dict[str, str]:
     settings = {}
     for item in environ.get("BENCH_STANDIN", "").split(";"):
         name, _, setting = item.strip().partition(":")
-        if name == config and "=" in setting:
+        if name in (config, "*") and "=" in setting:
             key, _, value = setting.partition("=")
             settings[key] = value
     return settings

@@ -9,8 +9,11 @@ from bench.configs import pairs_of
 
 ENGINE = "bench.tests.standin:StandinEngine"
 CONFIGS = ["native", "native-aa", "expandable", "torch-async", "streampool", "streampool-vmm"]
+# Steps 4 times the stand-in's (blocks of 16 ms), so that a busy 2-core machine's late
+# wake-ups stay small beside streampool's 2x.
 BEHAVIOUR = ";".join([
-    "streampool:slow=2",
+    "*:slow=4",
+    "streampool:slow=8",
     "expandable:fail=bert",
     "expandable:memory=0.5",
     "torch-async:fail=setup",
@@ -31,7 +34,7 @@ def run(configs, workloads, behaviour, pairs=12, block_s=0.004, idle_release_s=N
 
 @pytest.fixture(scope="module")
 def mixed():
-    return run(CONFIGS, ["bert", "gpt2", "churn"], BEHAVIOUR)
+    return run(CONFIGS, ["bert", "gpt2", "churn"], BEHAVIOUR, block_s=0.016)
 
 
 def test_pairs_are_abba_in_time_on_the_same_steps(mixed):
@@ -129,8 +132,12 @@ def test_the_warm_up_rule():
 
 
 def run_cold(settle, idle_release_s=None):
-    environ = {"BENCH_STANDIN": "native-aa:cold=10", "PYTHONPATH": ""}
-    options = runner.Options(6, 0.003, idle_release_s, settle)
+    # Steps 10 times the stand-in's (a 2-step block: 30 ms warm, 90 ms cold), so that a busy
+    # 2-core machine's late wake-ups (several ms) cannot make a warm block look cold: the CI
+    # once saw native-aa settle after 3 blocks at the stand-in's 3 ms.
+    environ = {"BENCH_STANDIN": "*:slow=10;native-aa:cold=10",
+               "PYTHONPATH": ""}
+    options = runner.Options(6, 0.03, idle_release_s, settle)
     live = runner.Runner(["native", "native-aa", "streampool"], {}, environ, options,
                          engine=ENGINE, log=lambda _: None)
     try:
