@@ -643,6 +643,26 @@ int streampool_sleeping_bytes(int device, uint64_t *out);
 int streampool_sleep_saved_bytes(int device, uint64_t *out);
 
 /**
+ * Writes the bytes of page-locked host memory `device` holds for sleeping to `*out`: the
+ * contents while asleep; once awake, the buffer kept for the next level-1 sleep (0 if none).
+ *
+ * # Safety
+ * `out` must be writable (NULL is refused with INVALID_ARGUMENT).
+ */
+int streampool_sleep_host_buffer_bytes(int device, uint64_t *out);
+
+/**
+ * Frees the page-locked host buffer `device` keeps after a wake for its next level-1 sleep
+ * (page-locking it again costs more than the copies). Writes the bytes freed to `*freed` (if
+ * not NULL; 0 if none was kept). INVALID_ARGUMENT while the device is asleep: the buffer holds
+ * its contents.
+ *
+ * # Safety
+ * `freed` must be NULL or writable.
+ */
+int streampool_release_sleep_buffer(int device, uint64_t *freed);
+
+/**
  * Starts the memory timeline afresh (`enabled` != 0), keeping the newest `max_entries` (> 0)
  * events, or stops it (`enabled` == 0); stopping keeps what was recorded readable.
  */

@@ -203,6 +203,17 @@ impl Allocator {
         Ok(self.device(device)?.sleep_saved_bytes())
     }
 
+    /// Bytes of page-locked host memory `device` holds for sleeping (the contents while asleep,
+    /// the buffer kept for the next sleep once awake).
+    pub fn sleep_host_buffer_bytes(&self, device: i64) -> Result<u64> {
+        Ok(self.device(device)?.sleep_host_buffer_bytes())
+    }
+
+    /// Frees the host buffer `device` keeps for its next sleep; the bytes freed.
+    pub fn release_sleep_buffer(&self, device: i64) -> Result<u64> {
+        self.device(device)?.release_sleep_buffer()
+    }
+
     /// `device` was synchronised by the program: see `DeviceAllocator::synchronized`.
     pub fn synchronized(&self, device: i64) -> Result<()> {
         let d = self.device(device)?;

@@ -33,8 +33,10 @@ fn a_sleeping_device_holds_no_memory_and_wakes_at_the_same_addresses() {
     assert_eq!(given_back, held);
     assert_eq!(r.sim.physical_bytes(0), 0, "every page went back");
     assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), held);
-    // The live blocks' pages (3 of the big block's, 1 carrier), not the freed block's.
-    assert_eq!(r.sim.calls("cuMemcpyDtoH") - copies_out, 4);
+    // The live blocks' pages (3 of the big block's, 1 carrier), not the freed block's: one copy
+    // a run of adjacent pages (the big block's 3, in the large region; the carrier, apart).
+    assert_eq!(r.sim.calls("cuMemcpyDtoH") - copies_out, 2);
+    assert_eq!(r.alloc.sleep_saved_bytes(0).unwrap(), 4 * 2 * MIB);
     let e = r.alloc.malloc(MIB, 0, s(1)).unwrap_err().to_string();
     assert!(e.contains("asleep") && e.contains("wake"), "{e}");
     r.free(small, 0); // frees are fine while asleep
@@ -43,8 +45,8 @@ fn a_sleeping_device_holds_no_memory_and_wakes_at_the_same_addresses() {
     assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 0);
     assert_eq!(
         r.sim.calls("cuMemcpyHtoD"),
-        4,
-        "the saved pages copied back"
+        2,
+        "the saved pages copied back, a run a copy"
     );
     r.sim.touch(0, 0, big, 5 * MIB, s(1)).unwrap(); // mapped with access again
     let again = r.malloc(64 * 1024, 0, 1);
@@ -366,5 +368,78 @@ fn a_tagged_block_freed_while_asleep_leaves_no_tag_behind() {
     );
     r.free(again, 0);
     r.free(keep, 0);
+    r.finish();
+}
+
+#[test]
+fn the_host_buffer_is_kept_for_the_next_sleep_until_released() {
+    let r = vmm_rig(256 * MIB);
+    let a = r.malloc(6 * MIB, 0, 1);
+    fill(&r, a, 6 * MIB, 1);
+    r.alloc.sleep(0, 1).unwrap();
+    let saved = r.alloc.sleep_saved_bytes(0).unwrap();
+    assert_eq!(r.alloc.sleep_host_buffer_bytes(0).unwrap(), saved);
+    let e = r.alloc.release_sleep_buffer(0).unwrap_err().to_string();
+    assert!(e.contains("wake it first"), "{e}");
+    r.alloc.wake(0).unwrap();
+    assert!(holds(&r, a, 6 * MIB, 1));
+    assert_eq!(r.alloc.sleep_host_buffer_bytes(0).unwrap(), saved, "kept");
+    // The second sleep pins nothing: it reuses the buffer, and restores its own contents.
+    let pinned = r.sim.calls("cuMemAllocHost");
+    fill(&r, a, 6 * MIB, 2);
+    r.alloc.sleep(0, 1).unwrap();
+    r.alloc.wake(0).unwrap();
+    assert_eq!(r.sim.calls("cuMemAllocHost"), pinned);
+    assert!(holds(&r, a, 6 * MIB, 2));
+    // More to save than the kept buffer holds: a larger one replaces it.
+    let b = r.malloc(20 * MIB, 0, 1);
+    fill(&r, b, 20 * MIB, 3);
+    r.alloc.sleep(0, 1).unwrap();
+    let larger = r.alloc.sleep_saved_bytes(0).unwrap();
+    assert!(larger > saved);
+    assert_eq!(r.sim.calls("cuMemAllocHost"), pinned + 1);
+    r.alloc.wake(0).unwrap();
+    assert!(holds(&r, a, 6 * MIB, 2) && holds(&r, b, 20 * MIB, 3));
+    assert_eq!(r.alloc.release_sleep_buffer(0).unwrap(), larger);
+    assert_eq!(r.alloc.sleep_host_buffer_bytes(0).unwrap(), 0);
+    assert_eq!(r.alloc.release_sleep_buffer(0).unwrap(), 0);
+    // Level 2 needs no buffer; a level-1 sleep after a release pins one again.
+    r.alloc.sleep(0, 2).unwrap();
+    assert_eq!(r.alloc.sleep_host_buffer_bytes(0).unwrap(), 0);
+    r.alloc.wake(0).unwrap();
+    r.alloc.sleep(0, 1).unwrap();
+    assert_eq!(r.sim.calls("cuMemAllocHost"), pinned + 2);
+    r.alloc.wake(0).unwrap();
+    r.free(a, 0);
+    r.free(b, 0);
+    r.finish(); // the kept buffer is freed with the allocator (the strict driver checks)
+}
+
+#[test]
+fn a_copy_that_fails_at_wake_leaves_its_pages_asleep_and_a_later_wake_restores_them() {
+    let r = vmm_rig(256 * MIB);
+    // Two runs: the large block's pages, discarded (nothing to copy back), then the carrier
+    // page of the small block (one copy), which fails once.
+    let a = tagged(&r, Some("wake_fault_kv"), 8 * MIB);
+    let small = r.malloc(64 * 1024, 0, 1);
+    assert!(a.0 < small.0, "the large blocks lie below the carriers");
+    fill(&r, small, 64 * 1024, 4);
+    r.alloc.sleep_discarding(0, 1, &["wake_fault_kv"]).unwrap();
+    let asleep = r.alloc.sleeping_bytes(0).unwrap();
+    r.sim.inject_fault(SimFault::Copy, 1);
+    assert!(r.alloc.wake(0).is_err());
+    let left = r.alloc.sleeping_bytes(0).unwrap();
+    assert_eq!(
+        left,
+        2 * MIB,
+        "the carrier page sleeps on, the large block's are back"
+    );
+    // The carrier's fresh handle stays, unmapped, for the next wake.
+    assert_eq!(r.sim.physical_bytes(0), asleep - left + 2 * MIB);
+    r.sim.touch(0, 0, a, 8 * MIB, s(1)).unwrap();
+    r.alloc.wake(0).unwrap();
+    assert!(holds(&r, small, 64 * 1024, 4));
+    r.free(a, 0);
+    r.free(small, 0);
     r.finish();
 }

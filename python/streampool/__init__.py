@@ -69,11 +69,13 @@ __all__ = [
     "plot_timeline",
     "record_history",
     "reset_peak_memory_stats",
+    "release_sleep_buffer",
     "set_release_threshold",
     "share",
     "shareable",
     "shared_block_count",
     "sleep",
+    "sleep_host_buffer_bytes",
     "sleep_saved_bytes",
     "sleeping_bytes",
     "snapshot",
@@ -272,7 +274,9 @@ def wake(device: Device = None) -> int:
     """Map memory again where ``device`` slept, at the same addresses, and restore what a level-1
     sleep saved; tensors, CUDA graphs and compiled code keep working. Returns the bytes
     restored. Out of memory part way raises OutOfMemoryError; what was restored stays, and
-    calling wake() again goes on."""
+    calling wake() again goes on. The page-locked host buffer a level-1 sleep used is kept for
+    the next sleep (pinning gigabytes again would take longer than the copies):
+    :func:`release_sleep_buffer` gives it back."""
     index = device_index(device)
     restored = ctypes.c_uint64()
     _lib.check(_lib.library().streampool_wake(index, ctypes.byref(restored)))
@@ -294,6 +298,25 @@ def sleep_saved_bytes(device: Device = None) -> int:
     out = ctypes.c_uint64()
     _lib.check(_lib.library().streampool_sleep_saved_bytes(index, ctypes.byref(out)))
     return out.value
+
+
+def sleep_host_buffer_bytes(device: Device = None) -> int:
+    """Bytes of page-locked host memory ``device`` holds for sleeping: the saved contents while
+    asleep; once awake, the buffer kept for the next level-1 sleep (0 if none)."""
+    index = device_index(device)
+    out = ctypes.c_uint64()
+    _lib.check(_lib.library().streampool_sleep_host_buffer_bytes(index, ctypes.byref(out)))
+    return out.value
+
+
+def release_sleep_buffer(device: Device = None) -> int:
+    """Free the page-locked host buffer ``device`` keeps after :func:`wake` for its next level-1
+    sleep; returns the bytes freed (0 if none was kept). Raises InvalidArgumentError while the
+    device is asleep: the buffer holds its contents."""
+    index = device_index(device)
+    freed = ctypes.c_uint64()
+    _lib.check(_lib.library().streampool_release_sleep_buffer(index, ctypes.byref(freed)))
+    return freed.value
 
 
 def trim(keep_bytes: Size = 0, device: Device = None) -> None:

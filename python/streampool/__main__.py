@@ -35,10 +35,11 @@ def _device_line(index: int, simulated: bool = False) -> str:
 
 def _asleep(index: int) -> str:
     """``asleep N`` (streampool.sleep()): the device's memory given back while its addresses are
-    kept, and what of it waits in host memory."""
+    kept, and what of it waits in host memory; awake, the host buffer kept for the next sleep."""
     asleep = streampool.sleeping_bytes(index)
     if not asleep:
-        return "asleep 0 B"
+        kept = streampool.sleep_host_buffer_bytes(index)
+        return f"asleep 0 B (host buffer {format_bytes(kept)} kept)" if kept else "asleep 0 B"
     saved = streampool.sleep_saved_bytes(index)
     return f"asleep {format_bytes(asleep)} ({format_bytes(saved)} of contents in host memory)"
 

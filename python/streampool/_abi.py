@@ -187,6 +187,8 @@ _SIGNATURES = {
     "streampool_wake": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
     "streampool_sleeping_bytes": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
     "streampool_sleep_saved_bytes": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
+    "streampool_sleep_host_buffer_bytes": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
+    "streampool_release_sleep_buffer": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
     "streampool_sleep_discarding": (
         _c_int,
         [_c_int, _c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.POINTER(_c_uint64)],
@@ -289,6 +291,8 @@ _NEWER_EXPORTS = frozenset(
         "streampool_wake",
         "streampool_sleeping_bytes",
         "streampool_sleep_saved_bytes",
+        "streampool_sleep_host_buffer_bytes",
+        "streampool_release_sleep_buffer",
         "streampool_sleep_discarding",
         "streampool_tag_push",
         "streampool_tag_pop",

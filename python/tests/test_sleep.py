@@ -20,6 +20,7 @@ def awake():
     yield
     if streampool.sleeping_bytes(0):
         streampool.wake(0)
+    streampool.release_sleep_buffer(0)
     streampool.empty_cache()
 
 
@@ -119,6 +120,30 @@ def test_a_tagged_block_freed_while_asleep_and_info_shows_the_sleeping_memory():
     assert _saved_after_sleep(discard=["kv_cache"]) == 4 * MiB
     _lib.free(again, 2 * MiB, 0)
     _lib.free(keep, 2 * MiB, 0)
+
+
+@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it under vmm)")
+def test_the_host_buffer_is_kept_after_wake_until_released():
+    from streampool.__main__ import _device_line
+
+    ptr = _lib.malloc(4 * MiB, 0, 0)
+    assert streampool.sleep_host_buffer_bytes(0) == 0
+    streampool.sleep(level=1, device=0)
+    saved = streampool.sleep_saved_bytes(0)
+    assert saved >= 4 * MiB and streampool.sleep_host_buffer_bytes(0) == saved
+    with pytest.raises(streampool.InvalidArgumentError, match="wake it first"):
+        streampool.release_sleep_buffer(0)
+    streampool.wake(0)
+    assert streampool.sleep_host_buffer_bytes(0) == saved
+    assert f"asleep 0 B (host buffer {format_bytes(saved)} kept)" in _device_line(0)
+    assert streampool.release_sleep_buffer(0) == saved
+    assert streampool.sleep_host_buffer_bytes(0) == 0 and streampool.release_sleep_buffer(0) == 0
+    _lib.free(ptr, 4 * MiB, 0)
+
+
+def test_with_no_sleep_there_is_no_host_buffer_to_release():
+    assert streampool.sleep_host_buffer_bytes(0) == 0
+    assert streampool.release_sleep_buffer(0) == 0
 
 
 @pytest.mark.skipif(BACKEND != "pool", reason="the pool backend's refusal")

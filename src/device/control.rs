@@ -204,6 +204,25 @@ impl DeviceAllocator {
         self.sum_over_sleepers(|s| s.saved_bytes())
     }
 
+    /// Bytes of page-locked host memory held for sleeping: the contents while asleep, the
+    /// buffer kept for the next sleep once awake.
+    pub fn sleep_host_buffer_bytes(&self) -> u64 {
+        self.sum_over_sleepers(|s| s.host_buffer_bytes())
+    }
+
+    /// Frees the host buffer kept for the next sleep (streampool.release_sleep_buffer()); the
+    /// bytes freed. An error while the device is asleep.
+    pub fn release_sleep_buffer(&self) -> Result<u64> {
+        let Some(setup) = self.setup.get() else {
+            return Ok(0);
+        };
+        let mut freed = 0u64;
+        for sleep in setup.own.iter().filter_map(|r| r.capabilities().sleep) {
+            freed = freed.saturating_add(sleep.release_host_buffer()?);
+        }
+        Ok(freed)
+    }
+
     /// `figure` summed over the device's resources that can sleep (0 before its first use).
     fn sum_over_sleepers(&self, figure: impl Fn(&dyn Sleep) -> u64) -> u64 {
         let Some(setup) = self.setup.get() else {

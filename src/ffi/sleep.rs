@@ -193,3 +193,31 @@ unsafe fn write_figure(out: *mut u64, figure: impl FnOnce() -> Result<u64>) -> c
         Ok(())
     }))
 }
+
+/// Writes the bytes of page-locked host memory `device` holds for sleeping to `*out`: the
+/// contents while asleep; once awake, the buffer kept for the next level-1 sleep (0 if none).
+///
+/// # Safety
+/// `out` must be writable (NULL is refused with INVALID_ARGUMENT).
+#[no_mangle]
+pub unsafe extern "C" fn streampool_sleep_host_buffer_bytes(device: c_int, out: *mut u64) -> c_int {
+    // SAFETY: the caller's guarantee.
+    unsafe { write_figure(out, || global()?.sleep_host_buffer_bytes(device.into())) }
+}
+
+/// Frees the page-locked host buffer `device` keeps after a wake for its next level-1 sleep
+/// (page-locking it again costs more than the copies). Writes the bytes freed to `*freed` (if
+/// not NULL; 0 if none was kept). INVALID_ARGUMENT while the device is asleep: the buffer holds
+/// its contents.
+///
+/// # Safety
+/// `freed` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_release_sleep_buffer(device: c_int, freed: *mut u64) -> c_int {
+    status(guarded(|| {
+        let bytes = global()?.release_sleep_buffer(device.into())?;
+        // SAFETY: the caller's guarantee.
+        unsafe { write_optional(freed, bytes) };
+        Ok(())
+    }))
+}

@@ -174,13 +174,26 @@ static int page_sharing(void *stream) {
   if (kind == 2) {
     CHECK(streampool_sleep_discarding(1, 1, discard, 1, &slept) == OK && slept > 0);
     CHECK(streampool_sleep_saved_bytes(1, &saved) == OK && saved > 0 && saved < slept);
+    uint64_t host = 0, freed = 1;
+    CHECK(streampool_sleep_host_buffer_bytes(1, &host) == OK && host == saved);
+    CHECK(streampool_release_sleep_buffer(1, &freed) == INVALID);
+    CHECK(strstr(streampool_last_error(), "wake it first") != NULL);
     CHECK(streampool_wake(1, NULL) == OK);
+    /* Awake, the buffer is kept for the next sleep until released. */
+    CHECK(streampool_sleep_host_buffer_bytes(1, &host) == OK && host == saved);
+    CHECK(streampool_release_sleep_buffer(1, &freed) == OK && freed == saved);
+    CHECK(streampool_release_sleep_buffer(1, NULL) == OK);
+    CHECK(streampool_sleep_host_buffer_bytes(1, &host) == OK && host == 0);
   } else {
+    uint64_t host = 1;
+    CHECK(streampool_sleep_host_buffer_bytes(1, &host) == OK && host == 0);
+    CHECK(streampool_release_sleep_buffer(1, NULL) == OK);
     CHECK(streampool_sleep_discarding(1, 1, discard, 1, NULL) == INVALID);
     CHECK(strstr(streampool_last_error(), "STREAMPOOL_BACKEND=vmm") != NULL);
   }
   CHECK(streampool_sleep_saved_bytes(1, &saved) == OK && saved == 0);
   CHECK(streampool_sleep_saved_bytes(1, NULL) == INVALID);
+  CHECK(streampool_sleep_host_buffer_bytes(1, NULL) == INVALID);
   CHECK(streampool_free(tagged, 4096, 1, stream) == OK);
   CHECK(streampool_ipc_import_pages(NULL, fds, 1, stream, &imported) == INVALID);
   CHECK(streampool_free(block, 3 << 20, 1, stream) == OK);

@@ -220,8 +220,9 @@ impl Drop for VmmResource {
         let _ = driver.synchronize(device);
         let st = &mut *self.state.lock();
         st.fences.destroy(driver, device);
-        if let Some(buffer) = st.asleep.take().and_then(|a| a.buffer()) {
-            driver.host_free(device, buffer);
+        let asleep = st.asleep.take().and_then(|a| a.host());
+        for host in asleep.into_iter().chain(st.sleep_buffer.take()) {
+            driver.host_free(device, host.buffer);
         }
         for r in std::mem::take(&mut st.retiring) {
             let _ = driver.mem_unmap(device, DevicePtr(r.page), self.page_bytes);

@@ -152,6 +152,8 @@ struct VmmState {
     slot: Option<slot::Slot>,
     /// Asleep: every page given back, the addresses kept ([`sleep`]).
     asleep: Option<sleep::Asleep>,
+    /// Awake: the host buffer of the last level-1 sleep, kept for the next one ([`sleep`]).
+    sleep_buffer: Option<sleep::HostBytes>,
 }
 
 impl VmmState {

@@ -3,23 +3,27 @@
 //! compiled code that hold those addresses keep working. At level 1 the pages under live blocks
 //! are copied to one page-locked host buffer first and copied back at wake — but for blocks
 //! allocated under a tag the caller discards ([`crate::tag`]); at level 2 their contents are
-//! discarded.
+//! discarded. Pages adjacent in one address reservation move as one run: one copy each way and
+//! one access call at wake (not one a page). The host buffer is kept after a wake for the next
+//! sleep (page-locking gigabytes takes longer than copying them) until
+//! [`Sleep::release_host_buffer`], a larger sleep, or the resource's end.
 //!
 //! Invariants: a sleep happens only after the device synchronised (no work in flight, so nothing
-//! half-written is copied) and never during a capture; it changes nothing unless the host buffer
-//! was allocated and every copy succeeded; while asleep nothing is allocated (a request is
+//! half-written is copied) and never during a capture; it changes nothing on the device unless
+//! the host buffer was had and every copy succeeded (a buffer had stays kept); while asleep nothing is allocated (a request is
 //! refused, saying to wake the device), nothing is released (there is nothing mapped to
 //! release), frees are booked as usual; a wake maps each page before it copies it back and keeps
 //! every page it restored — out of memory part way leaves the rest asleep for a later wake; a
 //! page under a kept block is saved even if a discarded block shares it.
 
 use super::{Page, Region, VmmResource, VmmState};
-use crate::driver::{DevicePtr, HostBuffer};
+use crate::driver::{DevicePtr, HostBuffer, MemHandle};
 use crate::error::{Error, Result};
 use crate::history::StreampoolEventKind as Event;
 use crate::resource::Sleep;
 use crate::tag::TagId;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::ops::Range;
 
 /// A page given back by a sleep.
 #[derive(Debug, Clone, Copy)]
@@ -30,18 +34,26 @@ struct SleptPage {
     saved_at: Option<u64>,
 }
 
+/// Page-locked host memory and its size.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HostBytes {
+    pub(super) buffer: HostBuffer,
+    pub(super) bytes: u64,
+}
+
 /// The state of a sleeping resource.
 #[derive(Debug)]
 pub(super) struct Asleep {
     /// Pages still to map again, in address order.
     pages: Vec<SleptPage>,
-    buffer: Option<HostBuffer>,
+    /// Where the saved contents wait, if any were saved.
+    host: Option<HostBytes>,
 }
 
 impl Asleep {
     /// The host buffer holding the saved contents, if any.
-    pub(super) fn buffer(&self) -> Option<HostBuffer> {
-        self.buffer
+    pub(super) fn host(&self) -> Option<HostBytes> {
+        self.host
     }
 }
 
@@ -92,10 +104,10 @@ impl Sleep for VmmResource {
             1 => self.pages_under_kept_blocks(&st, discard),
             _ => BTreeSet::new(),
         };
-        let buffer = self.save(&st, &saved)?;
+        let host = self.save(&mut st, &saved)?;
         let given_back = st.physical_bytes(self.page_bytes);
         let pages = self.give_back_all(&mut st, &saved);
-        st.asleep = Some(Asleep { pages, buffer });
+        st.asleep = Some(Asleep { pages, host });
         log::info!(
             "device {device}: asleep at level {level}, {given_back} B given back, {} B kept in \
              host memory",
@@ -112,28 +124,31 @@ impl Sleep for VmmResource {
                 self.device
             )));
         };
-        // In address order; the pages restored leave the list at once at the end (not one by
-        // one from its front, which would be quadratic in the pages of a full device).
-        let mut done = 0;
-        let result = loop {
-            let Some(&slept) = asleep.pages.get(done) else {
-                break Ok(());
-            };
-            if let Err(e) = self.restore(&mut st, slept, asleep.buffer) {
-                break Err(e);
+        // Run by run in address order; the pages restored leave the list at once at the end
+        // (not one by one, which would be quadratic in the pages of a full device).
+        let addresses: Vec<u64> = asleep.pages.iter().map(|p| p.page).collect();
+        let mut restored = HashSet::new();
+        let mut result = Ok(());
+        for run in self.runs(&st, &addresses) {
+            let (done, outcome) = self.restore_run(&mut st, &asleep.pages[run], asleep.host);
+            restored.extend(done);
+            if let Err(e) = outcome {
+                result = Err(e);
+                break;
             }
-            done += 1;
-        };
-        asleep.pages.drain(..done);
-        let restored = done as u64 * self.page_bytes;
+        }
+        asleep.pages.retain(|p| !restored.contains(&p.page));
+        let restored_bytes = restored.len() as u64 * self.page_bytes;
         if let Err(e) = result {
             st.asleep = Some(asleep);
             return Err(e);
         }
-        if let Some(buffer) = asleep.buffer {
-            self.driver.host_free(self.device, buffer);
+        // Kept for the next sleep: a kept buffer is never both here and in a sleep.
+        if let Some(host) = asleep.host {
+            debug_assert!(st.sleep_buffer.is_none());
+            st.sleep_buffer = Some(host);
         }
-        Ok(restored)
+        Ok(restored_bytes)
     }
 
     fn sleeping_bytes(&self) -> u64 {
@@ -148,6 +163,27 @@ impl Sleep for VmmResource {
         let asleep = st.asleep.as_ref().map_or(&[][..], |a| &a.pages[..]);
         let saved = asleep.iter().filter(|p| p.saved_at.is_some()).count();
         saved as u64 * self.page_bytes
+    }
+
+    fn host_buffer_bytes(&self) -> u64 {
+        let st = self.state.lock();
+        let asleep = st.asleep.as_ref().and_then(|a| a.host);
+        asleep.or(st.sleep_buffer).map_or(0, |h| h.bytes)
+    }
+
+    fn release_host_buffer(&self) -> Result<u64> {
+        let mut st = self.state.lock();
+        if st.asleep.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "device {} is asleep: its host buffer holds what the sleep saved; wake it first",
+                self.device
+            )));
+        }
+        let Some(kept) = st.sleep_buffer.take() else {
+            return Ok(0);
+        };
+        self.driver.host_free(self.device, kept.buffer);
+        Ok(kept.bytes)
     }
 }
 
@@ -170,15 +206,48 @@ impl VmmResource {
         pages
     }
 
-    /// Copies the `saved` pages into a new page-locked host buffer, in address order; `None` if
-    /// there are none. On a failure the buffer is freed and nothing else changed.
-    fn save(&self, st: &VmmState, saved: &BTreeSet<u64>) -> Result<Option<HostBuffer>> {
+    /// Copies the `saved` pages into a page-locked host buffer (the kept one if it is large
+    /// enough), in address order, a run of adjacent pages a copy; `None` if there are none. On a
+    /// failure nothing else changed (a buffer had is kept for the next sleep).
+    fn save(&self, st: &mut VmmState, saved: &BTreeSet<u64>) -> Result<Option<HostBytes>> {
         if saved.is_empty() {
             return Ok(None);
         }
         let bytes = (saved.len() as u64)
             .checked_mul(self.page_bytes)
             .ok_or_else(|| Error::Internal("the pages to save overflow".into()))?;
+        let host = self.host_buffer(st, bytes)?;
+        let pages: Vec<u64> = saved.iter().copied().collect();
+        for run in self.runs(st, &pages) {
+            let at = run.start as u64 * self.page_bytes;
+            let run_bytes = run.len() as u64 * self.page_bytes;
+            let first = DevicePtr(pages[run.start]);
+            let copied = (self.driver).copy_to_host(self.device, host.buffer, at, first, run_bytes);
+            if let Err(e) = copied {
+                st.sleep_buffer = Some(host);
+                return Err(e);
+            }
+        }
+        debug_assert!(st.pages.keys().filter(|p| saved.contains(p)).count() == saved.len());
+        Ok(Some(host))
+    }
+
+    /// A page-locked host buffer of at least `bytes`: the one kept from the last sleep if it is
+    /// large enough, else a new one (which replaces the kept one; that one is freed first only
+    /// if the new one cannot be had beside it).
+    fn host_buffer(&self, st: &mut VmmState, bytes: u64) -> Result<HostBytes> {
+        if let Some(kept) = st.sleep_buffer.take() {
+            if kept.bytes >= bytes {
+                return Ok(kept);
+            }
+            match self.driver.host_alloc(self.device, bytes) {
+                Ok(buffer) => {
+                    self.driver.host_free(self.device, kept.buffer);
+                    return Ok(HostBytes { buffer, bytes });
+                }
+                Err(_) => self.driver.host_free(self.device, kept.buffer),
+            }
+        }
         let buffer = self.driver.host_alloc(self.device, bytes).map_err(|e| {
             Error::InvalidArgument(format!(
                 "device {} cannot sleep at level 1: {bytes} B of page-locked host memory for \
@@ -186,18 +255,28 @@ impl VmmResource {
                 self.device
             ))
         })?;
-        for (i, &page) in saved.iter().enumerate() {
-            let at = i as u64 * self.page_bytes;
-            if let Err(e) =
-                self.driver
-                    .copy_to_host(self.device, buffer, at, DevicePtr(page), self.page_bytes)
-            {
-                self.driver.host_free(self.device, buffer);
-                return Err(e);
+        Ok(HostBytes { buffer, bytes })
+    }
+
+    /// `pages` (ascending) cut into runs of adjacent pages inside one address reservation: the
+    /// ranges of their indices.
+    fn runs(&self, st: &VmmState, pages: &[u64]) -> Vec<Range<usize>> {
+        let mut bases: Vec<u64> = (st.large.extents().chain(st.carriers.extents()))
+            .map(|(base, _)| base)
+            .collect();
+        bases.sort_unstable();
+        let mut runs = Vec::new();
+        let mut start = 0;
+        for i in 1..=pages.len() {
+            let joins = i < pages.len()
+                && pages[i] == pages[i - 1] + self.page_bytes
+                && bases.binary_search(&pages[i]).is_err();
+            if !joins {
+                runs.push(start..i);
+                start = i;
             }
         }
-        debug_assert!(st.pages.keys().filter(|p| saved.contains(p)).count() == saved.len());
-        Ok(Some(buffer))
+        runs
     }
 
     /// Unmaps and releases every page and spare; the pages slept, with where their contents
@@ -241,59 +320,126 @@ impl VmmResource {
         slept
     }
 
-    /// Maps a fresh page where `slept` was, gives access, and copies its contents back.
-    fn restore(
+    /// Maps fresh pages where the adjacent pages of `run` were, gives access in one call, and
+    /// copies their contents back (a copy for each stretch saved side by side); the pages
+    /// restored, and the error that stopped it part way. Pages mapped before a failure to create
+    /// or map are restored; a failure to give access or to copy puts the pages it concerns back
+    /// to sleep.
+    fn restore_run(
         &self,
         st: &mut VmmState,
-        slept: SleptPage,
-        buffer: Option<HostBuffer>,
-    ) -> Result<()> {
+        run: &[SleptPage],
+        host: Option<HostBytes>,
+    ) -> (Vec<u64>, Result<()>) {
         let (driver, device) = (self.driver.as_ref(), self.device);
-        let handle = match st.spare_handles.pop() {
-            Some(handle) => handle,
-            None if self.exportable => driver.mem_create_exportable(device, self.page_bytes)?,
-            None => driver.mem_create(device, self.page_bytes)?,
-        };
-        let at = DevicePtr(slept.page);
-        if let Err(e) = driver.mem_map(device, at, self.page_bytes, handle) {
-            st.spare_handles.push(handle);
-            return Err(e);
-        }
-        let devices = self.access_list(st);
-        if let Err(e) = self.set_access(st, &[slept.page], &devices) {
-            if driver.mem_unmap(device, at, self.page_bytes).is_ok() {
+        let mut mapped = Vec::with_capacity(run.len());
+        let mut stopped = Ok(());
+        for &slept in run {
+            let handle = match st.spare_handles.pop() {
+                Some(handle) => Ok(handle),
+                None if self.exportable => driver.mem_create_exportable(device, self.page_bytes),
+                None => driver.mem_create(device, self.page_bytes),
+            };
+            let handle = match handle {
+                Ok(handle) => handle,
+                Err(e) => {
+                    stopped = Err(e);
+                    break;
+                }
+            };
+            if let Err(e) = driver.mem_map(device, DevicePtr(slept.page), self.page_bytes, handle) {
                 st.spare_handles.push(handle);
-                return Err(e);
+                stopped = Err(e);
+                break;
             }
-            // Mapped without access and it cannot be unmapped (two driver failures): the page is
-            // taken as restored, its contents not copied; using it fails on the GPU.
-            log::error!(
-                "device {device}: page {:#x} could not be given access nor unmapped at wake: {e}",
-                slept.page
-            );
+            mapped.push((slept, handle));
+        }
+        let pages: Vec<u64> = mapped.iter().map(|(s, _)| s.page).collect();
+        let devices = self.access_list(st);
+        if !pages.is_empty() {
+            if let Err(e) = self.set_access(st, &pages, &devices) {
+                let kept = self.back_to_sleep(st, &mapped, false);
+                return (kept, Err(e));
+            }
         }
         let now_ms = driver.now_ms();
-        let page = Page {
-            handle,
-            region: slept.region,
-            last_used_ms: now_ms,
-        };
-        st.pages.insert(slept.page, page);
-        self.count(Event::Map, slept.page, st);
+        for &(slept, handle) in &mapped {
+            let page = Page {
+                handle,
+                region: slept.region,
+                last_used_ms: now_ms,
+            };
+            st.pages.insert(slept.page, page);
+            self.count(Event::Map, slept.page, st);
+        }
         st.physical_high_bytes = st
             .physical_high_bytes
             .max(st.physical_bytes(self.page_bytes));
-        if let (Some(from), Some(buffer)) = (slept.saved_at, buffer) {
-            if let Err(e) = driver.copy_to_device(device, at, buffer, from, self.page_bytes) {
-                // Not restored: the page sleeps on (its contents still in the buffer).
-                st.pages.remove(&slept.page);
-                if driver.mem_unmap(device, at, self.page_bytes).is_ok() {
-                    st.spare_handles.push(handle);
-                    self.count(Event::Unmap, slept.page, st);
+        if let Some(host) = host {
+            let mut i = 0;
+            while i < mapped.len() {
+                let Some(from) = mapped[i].0.saved_at else {
+                    i += 1;
+                    continue;
+                };
+                let mut j = i + 1;
+                while j < mapped.len()
+                    && mapped[j].0.saved_at == Some(from + (j - i) as u64 * self.page_bytes)
+                {
+                    j += 1;
                 }
-                return Err(e);
+                let (at, bytes) = (
+                    DevicePtr(mapped[i].0.page),
+                    (j - i) as u64 * self.page_bytes,
+                );
+                if let Err(e) = driver.copy_to_device(device, at, host.buffer, from, bytes) {
+                    // Not restored from here on: these pages sleep on (their contents still in
+                    // the buffer).
+                    self.back_to_sleep(st, &mapped[i..], true);
+                    return (pages[..i].to_vec(), Err(e));
+                }
+                i = j;
             }
         }
-        Ok(())
+        (pages, stopped)
+    }
+
+    /// Unmaps the `mapped` pages of a run that cannot be restored, their handles spares again
+    /// (`booked`: they were in the page map, and leave it); the pages that could not even be
+    /// unmapped (two driver failures), which are taken as restored without their contents —
+    /// using them fails on the GPU.
+    fn back_to_sleep(
+        &self,
+        st: &mut VmmState,
+        mapped: &[(SleptPage, MemHandle)],
+        booked: bool,
+    ) -> Vec<u64> {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let mut stuck = Vec::new();
+        for &(slept, handle) in mapped {
+            let at = DevicePtr(slept.page);
+            if driver.mem_unmap(device, at, self.page_bytes).is_ok() {
+                if booked {
+                    st.pages.remove(&slept.page);
+                    self.count(Event::Unmap, slept.page, st);
+                }
+                st.spare_handles.push(handle);
+                continue;
+            }
+            log::error!(
+                "device {device}: page {:#x} could not be restored nor unmapped at wake",
+                slept.page
+            );
+            if !booked {
+                let page = Page {
+                    handle,
+                    region: slept.region,
+                    last_used_ms: driver.now_ms(),
+                };
+                st.pages.insert(slept.page, page);
+            }
+            stuck.push(slept.page);
+        }
+        stuck
     }
 }
