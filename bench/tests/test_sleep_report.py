@@ -83,6 +83,8 @@ def test_row_of_a_sleeper():
     assert row["wake_link_pct"] == pytest.approx(100 * 40 / 55)
     assert row["targets"] == {"given_back": "met", "sleep_link": "met", "wake_link": "not met"}
     assert row["second_given_back_pct"] == pytest.approx(100.0)
+    assert row["second_sleep_link_pct"] == pytest.approx(100 * 60 / 50)  # 6 GB in 0.1 s
+    assert row["second_wake_link_pct"] == pytest.approx(100 * 50 / 55)  # 6 GB in 0.12 s
     assert row["bitwise_equal"] and row["step_equal"]
 
 
@@ -174,7 +176,8 @@ def test_summary_has_one_line_per_configuration():
     assert lines[0] == "native: held 25.50 GiB (context 0.50 GiB), no sleep"
     assert lines[1] == (
         "streampool-vmm: held 20.50 -> 0.60 GiB, given back 99.50%, sleep 0.125 s, wake 0.150 s, "
-        "48.0 / 40.0 GB/s (96% / 73% of link), bitwise equal yes, step equal yes")
+        "48.0 / 40.0 GB/s (96% / 73% of link); second cycle sleep 0.100 s, wake 0.120 s "
+        "(120% / 91% of link); bitwise equal yes, step equal yes")
     assert "bitwise equal no, step equal n/a (not repeatable)" in lines[2]
     assert lines[3] == "tms-torch: FAILED at allocator: ImportError: no tms"
 
