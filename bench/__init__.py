@@ -40,7 +40,8 @@ Files, one job each:
   cotenant.py       the co-tenant's parent side;  cotenant_child.py: its two processes
   protocol.py       the lines between the parent and its processes
 sleep.py (``python3 -m bench.sleep``: sleep and wake against torch_memory_saver;
-sleep_child.py its child, the only part with torch), the Rust benches (hot_path.rs,
+sleep_report.py its figures and report; sleep_child.py its child and sleep_workload.py the
+child's workload, the only parts with torch), the Rust benches (hot_path.rs,
 driver_costs.rs) and the diag_*.py scripts beside them are separate tools (cargo bench,
 scripts/gpu-diag); hot_path_baseline.json is the instruction counts scripts/hot-path-gate holds
 the hot path to in CI (examples/pairs.rs).
