@@ -11,6 +11,9 @@
 //! Contents are carried only where a test wrote them ([`SimDriver::write_memory`]): such memory
 //! keeps its bytes through copies to and from host buffers, other memory reads as zeros.
 
+mod host;
+mod uses;
+
 use super::{driver_error, SimDevice, SimDriver, SimFault};
 use crate::driver::{DevicePtr, HostBuffer, MemHandle, PeerDriver, Stream, VmmDriver};
 use crate::error::Result;
@@ -137,75 +140,6 @@ impl SimVmm {
         Ok(())
     }
 
-    /// The pieces of `[start, start + bytes)`, which must be mapped without a gap: (created
-    /// handle, offset in it, offset from `start`, bytes).
-    fn pieces(&self, start: u64, bytes: u64) -> std::result::Result<Vec<Piece>, String> {
-        let end = start.checked_add(bytes).ok_or("range overflows")?;
-        let mut at = start;
-        let mut out = Vec::new();
-        while at < end {
-            let (base, m) = (self.mappings.range(..=at).next_back())
-                .filter(|(&base, m)| at < base + m.bytes)
-                .ok_or_else(|| format!("{at:#x} is not mapped"))?;
-            let root = self
-                .handles
-                .get(&m.handle)
-                .ok_or("a mapping of no handle")?
-                .root;
-            let n = (base + m.bytes).min(end) - at;
-            out.push((root, at - base, at - start, n));
-            at += n;
-        }
-        Ok(out)
-    }
-
-    /// Carries the bytes of `pieces` between device memory and host buffer `host` (of
-    /// `host_bytes`) from `offset`: to the host, or from it.
-    fn carry(
-        &mut self,
-        host: usize,
-        host_bytes: u64,
-        offset: u64,
-        pieces: &[Piece],
-        to_host: bool,
-    ) {
-        for &(root, in_handle, from_start, n) in pieces {
-            let (h, d, n) = (
-                (offset + from_start) as usize,
-                in_handle as usize,
-                n as usize,
-            );
-            let handle_bytes = self.handles.get(&root).map_or(0, |r| r.bytes) as usize;
-            let (src, dst, src_at, dst_at, dst_bytes) = match to_host {
-                true => (
-                    &self.contents,
-                    &mut self.host_contents,
-                    (root, d),
-                    (host, h),
-                    host_bytes as usize,
-                ),
-                false => (
-                    &self.host_contents,
-                    &mut self.contents,
-                    (host, h),
-                    (root, d),
-                    handle_bytes,
-                ),
-            };
-            match src.get(&src_at.0) {
-                Some(bytes) => {
-                    let to = dst.entry(dst_at.0).or_insert_with(|| vec![0; dst_bytes]);
-                    to[dst_at.1..dst_at.1 + n].copy_from_slice(&bytes[src_at.1..src_at.1 + n]);
-                }
-                None => {
-                    if let Some(to) = dst.get_mut(&dst_at.0) {
-                        to[dst_at.1..dst_at.1 + n].fill(0);
-                    }
-                }
-            }
-        }
-    }
-
     /// True if `ptr` lies in a reservation.
     pub(super) fn contains(&self, ptr: DevicePtr) -> bool {
         self.reservation_of(ptr.0).is_some()
@@ -239,71 +173,6 @@ impl SimVmm {
             true => Ok(out),
             false => Err(format!("{next:#x} is not mapped")),
         }
-    }
-
-    pub(super) fn touch(
-        &mut self,
-        ptr: DevicePtr,
-        bytes: u64,
-        from: usize,
-        device: usize,
-        used: (Stream, u64),
-        completed: impl Fn((Stream, u64)) -> bool,
-    ) -> Check {
-        let end = ptr.0.checked_add(bytes).ok_or("range overflows")?;
-        self.check_aliases(ptr.0, end, used.0, &completed)?;
-        for m in self.covering(ptr.0, end)? {
-            if !m.access.contains(&from) {
-                return Err(format!(
-                    "device {from} touched device {device}'s mapping without access \
-                     (cuMemSetAccess)"
-                ));
-            }
-            match m.uses.iter_mut().find(|(s, _)| *s == used.0) {
-                Some(u) => u.1 = used.1,
-                None => m.uses.push(used),
-            }
-        }
-        Ok(())
-    }
-
-    /// Work of `stream` on `[start, end)` may not run beside unfinished work of another stream on
-    /// the same physical memory mapped elsewhere (a handle mapped at two addresses).
-    fn check_aliases(
-        &self,
-        start: u64,
-        end: u64,
-        stream: Stream,
-        completed: &impl Fn((Stream, u64)) -> bool,
-    ) -> Check {
-        let first = self
-            .mappings
-            .range(..=start)
-            .next_back()
-            .map_or(start, |(&at, _)| at);
-        for (&at, m) in self.mappings.range(first..end) {
-            if at + m.bytes <= start {
-                continue;
-            }
-            let root = self.handles.get(&m.handle).map_or(m.handle, |h| h.root);
-            let aliases = self
-                .handles
-                .get(&root)
-                .map_or(&[][..], |h| &h.group_mapped_at);
-            for &other in aliases.iter().filter(|&&a| a != at) {
-                let busy = self.mappings[&other]
-                    .uses
-                    .iter()
-                    .find(|&&(s, seq)| s != stream && !completed((s, seq)));
-                if let Some(&(s, tick)) = busy {
-                    return Err(format!(
-                        "{at:#x} shares its physical memory with {other:#x}, which unfinished work on \
-                         stream {s:#x} (tick {tick}) still uses; touched by {stream:#x}"
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 
     pub(super) fn leaks(&self) -> Vec<String> {
@@ -340,36 +209,6 @@ impl SimDriver {
     /// Physical bytes `device` holds in handles (mapped or not).
     pub fn physical_bytes(&self, device: usize) -> u64 {
         self.devices[device].lock().vmm.physical_bytes()
-    }
-
-    /// Writes `data` to `device`'s mapped memory at `ptr`, as a kernel would, for tests that
-    /// check contents ([`SimDriver::read_memory`]). An error if it is not all mapped.
-    pub fn write_memory(&self, device: usize, ptr: DevicePtr, data: &[u8]) -> Result<()> {
-        let mut d = self.devices[device].lock();
-        let pieces = d.vmm.pieces(ptr.0, data.len() as u64);
-        let pieces = pieces.map_err(|why| driver_error("write_memory", 1, &why))?;
-        for (root, in_handle, from_start, n) in pieces {
-            let bytes = d.vmm.handles.get(&root).map_or(0, |r| r.bytes) as usize;
-            let to = d.vmm.contents.entry(root).or_insert_with(|| vec![0; bytes]);
-            let (at, from, n) = (in_handle as usize, from_start as usize, n as usize);
-            to[at..at + n].copy_from_slice(&data[from..from + n]);
-        }
-        Ok(())
-    }
-
-    /// The `bytes` of `device`'s mapped memory at `ptr` (zeros where nothing was written).
-    pub fn read_memory(&self, device: usize, ptr: DevicePtr, bytes: u64) -> Result<Vec<u8>> {
-        let d = self.devices[device].lock();
-        let pieces = d.vmm.pieces(ptr.0, bytes);
-        let pieces = pieces.map_err(|why| driver_error("read_memory", 1, &why))?;
-        let mut out = vec![0; bytes as usize];
-        for (root, in_handle, from_start, n) in pieces {
-            if let Some(held) = d.vmm.contents.get(&root) {
-                let (at, to, n) = (in_handle as usize, from_start as usize, n as usize);
-                out[to..to + n].copy_from_slice(&held[at..at + n]);
-            }
-        }
-        Ok(out)
     }
 
     /// (mapped bytes, devices with access to all of them) of `device`'s mappings, for tests.
@@ -612,24 +451,11 @@ impl VmmDriver for SimDriver {
         Ok(())
     }
     fn host_alloc(&self, device: usize, bytes: u64) -> Result<HostBuffer> {
-        let call = "cuMemAllocHost";
-        self.take_fault(SimFault::HostAlloc, call)?;
-        let mut d = self.device(device, call)?;
-        if bytes == 0 {
-            drop(d);
-            return Err(self.misuse(call, "0 bytes".into()));
-        }
-        d.vmm.next_host += 1;
-        let id = d.vmm.next_host;
-        d.vmm.host.insert(id, bytes);
-        Ok(HostBuffer::from_raw(id))
+        self.alloc_host(device, bytes)
     }
 
     fn host_free(&self, device: usize, buffer: HostBuffer) {
-        if let Ok(mut d) = self.device(device, "cuMemFreeHost") {
-            d.vmm.host.remove(&buffer.raw());
-            d.vmm.host_contents.remove(&buffer.raw());
-        }
+        self.free_host(device, buffer)
     }
 
     fn copy_to_host(
@@ -656,44 +482,6 @@ impl VmmDriver for SimDriver {
 }
 
 impl SimDriver {
-    /// A synchronous copy between host buffer `host` (from `offset`) and device memory at `at`:
-    /// the host range lies in the buffer, the device range is mapped with access for `device`,
-    /// and the device's work is done (a copy on the legacy stream waits for it; the caller
-    /// synchronised).
-    fn copy(
-        &self,
-        call: &'static str,
-        device: usize,
-        host: HostBuffer,
-        offset: u64,
-        at: DevicePtr,
-        bytes: u64,
-    ) -> Result<()> {
-        self.take_fault(SimFault::Copy, call)?;
-        self.vmm_call(device, None, call, |d| {
-            let size = *d
-                .vmm
-                .host
-                .get(&host.raw())
-                .ok_or("not a live host buffer")?;
-            if offset.checked_add(bytes).is_none_or(|end| end > size) {
-                return Err(format!(
-                    "{bytes} bytes at {offset} of a host buffer of {size}"
-                ));
-            }
-            let end = at.0.checked_add(bytes).ok_or("range overflows")?;
-            for m in d.vmm.covering(at.0, end)? {
-                if !m.access.contains(&device) {
-                    return Err(format!("{at:#x} has no access for device {device}"));
-                }
-            }
-            let pieces = d.vmm.pieces(at.0, bytes)?;
-            d.vmm
-                .carry(host.raw(), size, offset, &pieces, call == "cuMemcpyDtoH");
-            Ok(())
-        })
-    }
-
     /// `cuMemCreate` of `bytes` on `device`, exportable if asked.
     fn create(&self, device: usize, bytes: u64, exportable: bool) -> Result<MemHandle> {
         let call = "cuMemCreate";
