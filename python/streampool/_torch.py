@@ -176,7 +176,7 @@ def install(*, torch_stats: bool = True, **options: Any) -> Any:
     # PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF keys of PyTorch's caching allocator: one
     # warning each, naming what to do instead.
     ignored_settings = warn_environment(os.environ)
-    from ._ipc import register_reductions
+    from ._ipc_torch import register_reductions
 
     register_reductions()  # CUDA tensors sent to other processes go through shareable pools
     from . import _sync

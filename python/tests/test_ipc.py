@@ -11,7 +11,7 @@ from conftest import BACKEND, pool_backend_only
 from helpers import MiB, describe, run_python
 
 import streampool
-from streampool import _ipc, _lib
+from streampool import _ipc, _ipc_torch, _lib
 
 
 @pytest.fixture(autouse=True)
@@ -219,10 +219,10 @@ class _SharesOnPickling:
 @pytest.fixture
 def queue_puts_pickle(monkeypatch):
     """Queues as install() leaves them in a process with CUDA initialised."""
-    monkeypatch.setattr(_ipc, "_caller_pickles", lambda: True)
-    _ipc.pickle_at_put()
+    monkeypatch.setattr(_ipc_torch, "_caller_pickles", lambda: True)
+    _ipc_torch.pickle_at_put()
     yield
-    _ipc.restore_queue_puts()
+    _ipc_torch.restore_queue_puts()
 
 
 @pool_backend_only  # on the vmm backend every block can be shared (test_an_ordinary_vmm_block_...)
@@ -269,12 +269,12 @@ def test_queues_pickle_in_the_feeder_without_cuda():
     """A process without CUDA (DataLoader workers) keeps the feeder thread's pickling."""
     from multiprocessing import queues
 
-    _ipc.pickle_at_put()
+    _ipc_torch.pickle_at_put()
     try:
-        assert _ipc._caller_pickles() is False, "the test process has no CUDA"
-        assert queues.Queue.put.__wrapped__ is _ipc._original_puts[queues.Queue]
+        assert _ipc_torch._caller_pickles() is False, "the test process has no CUDA"
+        assert queues.Queue.put.__wrapped__ is _ipc_torch._original_puts[queues.Queue]
     finally:
-        _ipc.restore_queue_puts()
+        _ipc_torch.restore_queue_puts()
     assert not hasattr(queues.Queue.put, "__wrapped__")
 
 
