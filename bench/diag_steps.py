@@ -1,0 +1,110 @@
+"""Where a workload step's time goes, per allocator (a GPU diagnostic: ``scripts/gpu-diag steps``).
+
+``python3 bench/diag_steps.py [WORKLOAD...]`` (default: churn gpt2) runs the benchmark's
+workloads (their schedules and steps, bench/schedules.py and bench/workloads.py) in a process per
+configuration, pinned to the same CPUs, in ABBA order: native, streampool on the pool backend, on
+the vmm backend. Each process times ROUNDS rounds of the schedule's timed steps and prints the
+median per step of: the wall time (the device synchronised at the end of each round), the
+process's CPU time (every thread: autograd's backward runs on a thread of its own), the GPU time
+between CUDA events, and the allocations PyTorch counted. For churn, the same steps again with
+allocations only (``torch.empty`` without ``fill_``, the same window of live tensors): what the
+allocator alone costs. A step whose wall time exceeds its GPU time waits on the CPU. With the
+call-counting library (STREAMPOOL_LIBRARY pointing at a build with ``--features call-counts``) the
+driver calls per process follow at exit.
+
+Invariant: a configuration's figures come only from its own process's timed rounds; nothing is
+averaged across processes (the caller reads every line).
+"""
+
+import collections
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROUNDS = 5
+CONFIGS = {
+    "native": {},
+    "pool": {"STREAMPOOL_BACKEND": "pool"},
+    "vmm": {"STREAMPOOL_BACKEND": "vmm"},
+}
+
+
+def allocations(torch) -> float:
+    """PyTorch's count of allocations so far (NaN where the statistics cannot be read)."""
+    try:
+        return float(torch.cuda.memory_stats().get("allocation.all.allocated", "nan"))
+    except RuntimeError:
+        return float("nan")
+
+
+def measure(torch, config: str, workload: str, name: str, body, schedule) -> None:
+    for params in schedule.steps[: schedule.warmup]:
+        body(params)
+    torch.cuda.synchronize()
+    steps = schedule.steps[schedule.warmup :]
+    walls, cpus, gpus, counts = [], [], [], []
+    for _ in range(ROUNDS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        allocated = allocations(torch)
+        began, began_cpu = time.perf_counter(), time.process_time()
+        start.record()
+        for params in steps:
+            body(params)
+        end.record()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - began) / len(steps) * 1e3)
+        cpus.append((time.process_time() - began_cpu) / len(steps) * 1e3)
+        gpus.append(start.elapsed_time(end) / len(steps))
+        counts.append((allocations(torch) - allocated) / len(steps))
+    print(f"STEPS {workload} {config} {name}: wall {statistics.median(walls):.3f} ms, cpu "
+          f"{statistics.median(cpus):.3f} ms, gpu {statistics.median(gpus):.3f} ms a step, "
+          f"{statistics.median(counts):.0f} allocations a step (rounds' wall "
+          f"{min(walls):.3f}-{max(walls):.3f})", flush=True)
+
+
+def child(config: str, workloads_named) -> None:
+    if config != "native":
+        import streampool
+
+        streampool.install()
+    import torch
+
+    from bench import schedules, workloads
+
+    for workload in workloads_named:
+        schedule = schedules.build_schedule(workload)
+        measure(torch, config, workload, "step", workloads.build(torch, workload), schedule)
+        if workload != "churn":
+            continue
+        window: collections.deque = collections.deque()
+
+        def alloc_only(sizes) -> None:
+            for size in sizes:
+                window.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+                if len(window) > schedules.CHURN_WINDOW:
+                    window.popleft()
+
+        measure(torch, config, workload, "alloc_only", alloc_only, schedule)
+        window.clear()
+
+
+def main() -> int:
+    if len(sys.argv) >= 3 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3:] or ["churn", "gpt2"])
+        return 0
+    named = sys.argv[1:] or ["churn", "gpt2"]
+    cpus = sorted(os.sched_getaffinity(0))[-4:]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for config in list(CONFIGS) + list(reversed(CONFIGS)):
+        env = dict(os.environ, **CONFIGS[config])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        argv = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, __file__, "--child",
+                config, *named]
+        subprocess.run(argv, env=env, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
