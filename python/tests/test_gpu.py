@@ -97,6 +97,11 @@ def test_vmm_sleep_and_wake_keeps_tensors_graphs_and_training_right():
     print(f"\nvmm sleep: {tagged_line(out, 'vmm sleep:')}")
 
 
+def test_vmm_sleep_discarding_a_tag_keeps_the_rest_and_reuses_the_host_buffer():
+    out = run_case("vmm_sleep_discarding_a_tag", backend="vmm")
+    print(f"\nvmm sleep discarding: {tagged_line(out, 'vmm sleep discarding:')}")
+
+
 @pytest.mark.parametrize("backend", ["pool", "vmm"])
 @pytest.mark.parametrize("small", [False, True], ids=["large", "with-small"])
 def test_a_device_near_full_serves_40_percent_of_the_card_from_a_checkerboard(backend, small):

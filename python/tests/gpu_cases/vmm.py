@@ -172,3 +172,43 @@ def case_vmm_sleep_and_wake(ctx) -> None:
         f"({reserved / max(woke_s, 1e-9) / 1e9:.1f} GB/s)"
     )
     del graph
+
+
+def case_vmm_sleep_discarding_a_tag(ctx) -> None:
+    """The RL and serving case: weights kept, a KV cache made under ``streampool.tag("kv_cache")``
+    discarded. After ``sleep(1, discard=["kv_cache"])`` only the weights' pages wait in host
+    memory; after wake() the weights are bit for bit as before and the cache keeps its address.
+    The host buffer is kept after the wake and reused by a second cycle (no new pinning; the
+    weights still exact), then released. Prints the bytes saved against the bytes asleep."""
+    _require_vmm(ctx)
+    torch.manual_seed(1)
+    weights = [torch.randn(1024, 1024, device="cuda") for _ in range(8)]  # 4 MiB each
+    with streampool.tag("kv_cache"):
+        cache = torch.randn(64 * MiB // 4, device="cuda")
+    torch.cuda.synchronize()
+    saved_weights = [w.cpu() for w in weights]
+    cache_at = cache.data_ptr()
+    asleep = streampool.sleep(level=1, discard=["kv_cache"])
+    saved = streampool.sleep_saved_bytes()
+    assert streampool.sleeping_bytes() == asleep and saved < asleep, (saved, asleep)
+    assert saved >= sum(w.numel() * 4 for w in weights)
+    assert saved <= asleep - 60 * MiB, "the cache's pages were saved too"
+    assert streampool.sleep_host_buffer_bytes() == saved
+    streampool.wake()
+    assert cache.data_ptr() == cache_at
+    for w, before in zip(weights, saved_weights):
+        assert torch.equal(w.cpu(), before), "a kept tensor changed across sleep and wake"
+    assert streampool.sleep_host_buffer_bytes() == saved, "the host buffer was not kept"
+    cache.fill_(2.0)  # the cache is usable memory again
+    assert float(cache[:1024].sum()) == 2048.0
+    for w in weights:
+        w.mul_(2)
+    streampool.sleep(level=1, discard=["kv_cache"])
+    streampool.wake()
+    for w, before in zip(weights, saved_weights):
+        assert torch.equal(w.cpu(), before * 2), "the second cycle restored stale contents"
+    assert streampool.release_sleep_buffer() == saved
+    assert streampool.sleep_host_buffer_bytes() == 0
+    print(f"vmm sleep discarding: {asleep / MiB:.0f} MiB asleep, {saved / MiB:.0f} MiB saved "
+          "(weights), the cache discarded; the host buffer kept and reused")
+
