@@ -207,19 +207,19 @@ impl VmmResource {
                  STREAMPOOL_BACKEND=pool"
             )));
         }
-        let page_bytes = settings.page_bytes;
-        let extent_bytes = settings.extent_bytes;
+        let (page_bytes, extent_bytes, spec) =
+            (settings.page_bytes, settings.extent_bytes, settings.spec);
         let resource = Arc::new(VmmResource {
             driver: Arc::clone(driver),
             device,
             page_bytes,
-            small_max_bytes: settings.small_max_bytes.min(page_bytes / 2),
+            small_max_bytes: spec.small_max_bytes,
             extent_bytes,
-            max_physical_bytes: settings.max_physical_bytes,
+            max_physical_bytes: spec.max_physical_bytes,
             device_total_bytes: total_bytes,
-            cold_after_ms: settings.cold_after_ms,
-            growth_slack_percent: settings.growth_slack_percent,
-            headroom_bytes: settings.headroom_bytes,
+            cold_after_ms: spec.cold_after_ms,
+            growth_slack_percent: spec.growth_slack_percent,
+            headroom_bytes: spec.headroom_bytes,
             exportable: driver.mem_export_supported(device).unwrap_or(false),
             limit_bytes,
             recorder,
@@ -229,7 +229,7 @@ impl VmmResource {
                 small: FreeRanges::new(page_bytes),
                 ..VmmState::default()
             }),
-            release_threshold_bytes: AtomicU64::new(settings.release_threshold_bytes),
+            release_threshold_bytes: AtomicU64::new(spec.release_threshold_bytes),
         });
         resource.reserve(&mut resource.state.lock(), Region::Large, extent_bytes)?;
         let carrier_bytes = (extent_bytes / ADDRESS_SPACE_PER_DEVICE_MEMORY).max(page_bytes);
@@ -240,7 +240,7 @@ impl VmmResource {
             format_bytes(page_bytes),
             format_bytes(resource.small_max_bytes),
             format_bytes(extent_bytes),
-            format_limit(settings.release_threshold_bytes),
+            format_limit(spec.release_threshold_bytes),
         );
         Ok(resource)
     }

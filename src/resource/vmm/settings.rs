@@ -13,7 +13,8 @@ use crate::error::Result;
 /// only if no window fits.
 pub(super) const ADDRESS_SPACE_PER_DEVICE_MEMORY: u64 = 2;
 
-/// The resolved settings of a virtual-memory resource.
+/// The resolved settings of a virtual-memory resource: the device's settings for it and the
+/// layout its granularity gives — each value once.
 #[derive(Debug, Clone)]
 pub struct VmmSettings {
     /// The physical handle size: `STREAMPOOL_VMM_PAGE_SIZE` rounded up to the device's
@@ -21,20 +22,8 @@ pub struct VmmSettings {
     pub page_bytes: u64,
     /// The first address reservation for large blocks, in whole pages.
     pub extent_bytes: u64,
-    /// Blocks up to this size are carved out of carrier pages (0: none; at most half a page).
-    pub small_max_bytes: u64,
-    /// `STREAMPOOL_MAX_POOL_SIZE`: physical memory never exceeds it.
-    pub max_physical_bytes: u64,
-    pub release_threshold_bytes: u64,
-    /// A page unused this long is cold: moved first to back new blocks, released above the
-    /// release threshold.
-    pub cold_after_ms: u64,
-    /// Beyond this many percent of the bytes in use, idle pages, cold or not, are moved to back
-    /// a new block before the device grows (`None`: only cold ones).
-    pub growth_slack_percent: Option<u64>,
-    /// Device memory the resource leaves free when it grows: new handles are created only while
-    /// this much stays free (`STREAMPOOL_VMM_HEADROOM`).
-    pub headroom_bytes: u64,
+    /// Everything else, as the device resolved it; `small_max_bytes` at most half a page.
+    pub spec: VmmSpec,
 }
 
 impl VmmSettings {
@@ -53,15 +42,15 @@ impl VmmSettings {
             total_bytes,
             ADDRESS_SPACE_PER_DEVICE_MEMORY,
         )?;
+        // A carrier page holds at least two small blocks.
+        let small_max_bytes = spec.small_max_bytes.min(layout.page_bytes / 2);
         Ok(VmmSettings {
             page_bytes: layout.page_bytes,
             extent_bytes: layout.extent_bytes,
-            small_max_bytes: spec.small_max_bytes,
-            max_physical_bytes: spec.max_physical_bytes,
-            release_threshold_bytes: spec.release_threshold_bytes,
-            cold_after_ms: spec.cold_after_ms,
-            growth_slack_percent: spec.growth_slack_percent,
-            headroom_bytes: spec.headroom_bytes,
+            spec: VmmSpec {
+                small_max_bytes,
+                ..*spec
+            },
         })
     }
 }
