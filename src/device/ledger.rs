@@ -340,14 +340,22 @@ impl Ledger {
     /// Gives `block` back to its source on the source's fast path, here, under the device lock:
     /// `None` if the source has none or it cannot serve now (then [`Ledger::release`] and a
     /// return outside the lock); else the return's outcome, booked ([`Ledger::record_return`]).
+    /// The common outcome, a block taken back, is booked here; a refusal off the hot path (its
+    /// error, a large value, is not moved through the bookkeeping).
     #[inline]
     pub fn return_fast(&mut self, block: &FreedBlock) -> Option<Result<()>> {
         let resource = self.sources.fast_path(block.source)?;
-        let result = resource.try_deallocate(block.ptr, block.block_bytes, block.stream)?;
-        if self.held(block) {
-            self.held_bytes -= block.block_bytes;
+        match resource.try_deallocate(block.ptr, block.block_bytes, block.stream)? {
+            Ok(()) => {
+                if self.held(block) {
+                    self.held_bytes -= block.block_bytes;
+                }
+                self.returned(block.source);
+                Some(Ok(()))
+            }
+            // (Still held: it never left `held_bytes`.)
+            Err(e) => Some(Err(self.refused(*block, e))),
         }
-        Some(self.record_return(*block, result))
     }
 
     /// A block of `request`'s size from the device's own source for it, on that source's fast
@@ -387,18 +395,30 @@ impl Ledger {
     pub fn record_return(&mut self, block: FreedBlock, result: Result<()>) -> Result<()> {
         match result {
             Ok(()) => {
-                self.counters.num_device_frees += 1;
-                self.sources.returned(block.source);
+                self.returned(block.source);
                 Ok(())
             }
             Err(e) => {
                 if self.held(&block) {
                     self.held_bytes += block.block_bytes;
                 }
-                self.unreturned.push(block);
-                Err(e)
+                Err(self.refused(block, e))
             }
         }
+    }
+
+    /// A block of `source` is back at it.
+    #[inline(always)]
+    fn returned(&mut self, source: SourceId) {
+        self.counters.num_device_frees += 1;
+        self.sources.returned(source);
+    }
+
+    /// The driver refused `block` (held): it waits in `unreturned` for the next flush.
+    #[cold]
+    fn refused(&mut self, block: FreedBlock, e: Error) -> Error {
+        self.unreturned.push(block);
+        e
     }
 
     /// The blocks the driver refused earlier, for another try (they leave the ledger).
