@@ -42,25 +42,28 @@ impl VmmResource {
         bytes: u64,
         stream: Stream,
     ) -> Result<()> {
-        match st.live.remove(ptr.0, bytes) {
-            Ok(()) => {}
-            Err(Refused::Size(b)) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{ptr:#x} is a block of {b} B, not {bytes} B"
-                )));
-            }
-            Err(Refused::Unknown) => {
-                return Err(Error::UnknownPointer {
-                    ptr: ptr.0,
-                    device: self.device,
-                })
-            }
+        if let Err(refused) = st.live.remove(ptr.0, bytes) {
+            return Err(self.refused_free(ptr, bytes, refused));
         }
         st.used_bytes -= bytes;
         // Kept aside for the stream's next request of its size; the block freed before it goes
         // back to its ranges.
         self.put_slot(st, ptr.0, bytes, stream);
         Ok(())
+    }
+
+    /// The error of a free the live blocks refused (built off the hot path).
+    #[cold]
+    fn refused_free(&self, ptr: DevicePtr, bytes: u64, refused: Refused) -> Error {
+        match refused {
+            Refused::Size(b) => {
+                Error::InvalidArgument(format!("{ptr:#x} is a block of {b} B, not {bytes} B"))
+            }
+            Refused::Unknown => Error::UnknownPointer {
+                ptr: ptr.0,
+                device: self.device,
+            },
+        }
     }
 }
 
