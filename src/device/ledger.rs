@@ -326,7 +326,7 @@ impl Ledger {
 
     /// A block of `request`'s size from the device's own source for it, on that source's fast
     /// path, reserved against `limit_bytes`; booked live. `None` if there is none at hand.
-    #[inline]
+    #[inline(always)]
     pub fn take_fast(
         &mut self,
         request: Request,

@@ -33,18 +33,17 @@ impl Accessible for VmmResource {
 }
 
 impl VmmResource {
-    /// [`Resource::deallocate`] under the resource's lock.
-    #[inline]
+    /// [`Resource::deallocate`] under the resource's lock; a refusal's error is built by the
+    /// caller ([`VmmResource::refused_free`]), so that the common outcome returns a small value.
+    #[inline(always)]
     fn deallocate_locked(
         &self,
         st: &mut VmmState,
         ptr: DevicePtr,
         bytes: u64,
         stream: Stream,
-    ) -> Result<()> {
-        if let Err(refused) = st.live.remove(ptr.0, bytes) {
-            return Err(self.refused_free(ptr, bytes, refused));
-        }
+    ) -> std::result::Result<(), Refused> {
+        st.live.remove(ptr.0, bytes)?;
         st.used_bytes -= bytes;
         // Kept aside for the stream's next request of its size; the block freed before it goes
         // back to its ranges.
@@ -90,6 +89,7 @@ impl Resource for VmmResource {
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
         let mut st = self.lock_enabled()?;
         self.deallocate_locked(&mut st, ptr, bytes, stream)
+            .map_err(|refused| self.refused_free(ptr, bytes, refused))
     }
 
     #[inline]
@@ -108,7 +108,10 @@ impl Resource for VmmResource {
     #[inline]
     fn try_deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Option<Result<()>> {
         let mut st = self.try_lock_enabled()?;
-        Some(self.deallocate_locked(&mut st, ptr, bytes, stream))
+        match self.deallocate_locked(&mut st, ptr, bytes, stream) {
+            Ok(()) => Some(Ok(())),
+            Err(refused) => Some(Err(self.refused_free(ptr, bytes, refused))),
+        }
     }
 
     fn usage(&self) -> Result<Usage> {
