@@ -104,6 +104,12 @@ impl<V: Copy + Default> WordTable<V> {
         }
     }
 
+    /// True if it holds no entry.
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The value under `key`.
     #[inline]
     pub fn get(&self, key: u64) -> Option<&V> {

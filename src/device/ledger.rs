@@ -10,51 +10,17 @@
 //! a time (live, cache, a wait, unreturned, or back at its source), and counts in its source's
 //! blocks ([`Sources`]) until it is back.
 
+use super::live::{LiveBlock, LiveBlocks, Removed};
 use super::request::Request;
 use crate::cache::{Cache, CachedBlock};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
-use crate::fasthash::{WordMap, WordTable};
+use crate::fasthash::WordMap;
 use crate::history::{Gauges, StreampoolBlock, StreampoolBlockState};
 use crate::resource::{Resource, SourceId, Sources};
 use crate::stats::DeviceCounters;
 use std::collections::HashMap;
 use std::sync::Arc;
-
-/// A live block's record: plain data, five words, so that the live table copies it in and out.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct LiveBlock {
-    pub requested_bytes: u64,
-    pub block_bytes: u64,
-    pub stream: Stream,
-    pub source: SourceId,
-    /// How many other streams used the block (record_stream).
-    pub other_streams: u32,
-    /// The first of them; if there are more, the ledger's `more_streams` lists them all.
-    pub first_other_stream: Stream,
-}
-
-/// A block taken off the live list ([`Ledger::remove_live`]).
-pub(super) struct Removed {
-    pub live: LiveBlock,
-    /// Every other stream that used it, if there were more than one (else the record names the
-    /// one, if any).
-    pub all_other_streams: Option<Vec<Stream>>,
-}
-
-impl Removed {
-    /// The other streams that used the block, oldest first: `one` holds the record's only one.
-    pub fn other_streams<'a>(&'a self, one: &'a mut [Stream; 1]) -> &'a [Stream] {
-        match (&self.all_other_streams, self.live.other_streams) {
-            (Some(all), _) => all,
-            (None, 0) => &[],
-            (None, _) => {
-                one[0] = self.live.first_other_stream;
-                one
-            }
-        }
-    }
-}
 
 /// A block its caller freed that has not gone back to its source yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +73,7 @@ pub(crate) struct Returning {
 #[derive(Default)]
 pub(super) struct Ledger {
     /// By address (never NULL: a source serves no block there).
-    live: WordTable<LiveBlock>,
+    live: LiveBlocks,
     /// The other streams of each live block that more than one other stream used, oldest first
     /// (a block used by one names it in its record).
     more_streams: WordMap<u64, Vec<Stream>>,
@@ -340,19 +306,27 @@ impl Ledger {
     /// Gives `block` back to its source on the source's fast path, here, under the device lock:
     /// `None` if the source has none or it cannot serve now (then [`Ledger::release`] and a
     /// return outside the lock); else the return's outcome, booked ([`Ledger::record_return`]).
+    /// The common outcome, a block taken back, is booked here; a refusal off the hot path (its
+    /// error, a large value, is not moved through the bookkeeping).
     #[inline]
     pub fn return_fast(&mut self, block: &FreedBlock) -> Option<Result<()>> {
         let resource = self.sources.fast_path(block.source)?;
-        let result = resource.try_deallocate(block.ptr, block.block_bytes, block.stream)?;
-        if self.held(block) {
-            self.held_bytes -= block.block_bytes;
+        match resource.try_deallocate(block.ptr, block.block_bytes, block.stream)? {
+            Ok(()) => {
+                if self.held(block) {
+                    self.held_bytes -= block.block_bytes;
+                }
+                self.returned(block.source);
+                Some(Ok(()))
+            }
+            // (Still held: it never left `held_bytes`.)
+            Err(e) => Some(Err(self.refused(*block, e))),
         }
-        Some(self.record_return(*block, result))
     }
 
     /// A block of `request`'s size from the device's own source for it, on that source's fast
     /// path, reserved against `limit_bytes`; booked live. `None` if there is none at hand.
-    #[inline]
+    #[inline(always)]
     pub fn take_fast(
         &mut self,
         request: Request,
@@ -387,18 +361,30 @@ impl Ledger {
     pub fn record_return(&mut self, block: FreedBlock, result: Result<()>) -> Result<()> {
         match result {
             Ok(()) => {
-                self.counters.num_device_frees += 1;
-                self.sources.returned(block.source);
+                self.returned(block.source);
                 Ok(())
             }
             Err(e) => {
                 if self.held(&block) {
                     self.held_bytes += block.block_bytes;
                 }
-                self.unreturned.push(block);
-                Err(e)
+                Err(self.refused(block, e))
             }
         }
+    }
+
+    /// A block of `source` is back at it.
+    #[inline(always)]
+    fn returned(&mut self, source: SourceId) {
+        self.counters.num_device_frees += 1;
+        self.sources.returned(source);
+    }
+
+    /// The driver refused `block` (held): it waits in `unreturned` for the next flush.
+    #[cold]
+    fn refused(&mut self, block: FreedBlock, e: Error) -> Error {
+        self.unreturned.push(block);
+        e
     }
 
     /// The blocks the driver refused earlier, for another try (they leave the ledger).

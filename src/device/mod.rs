@@ -31,6 +31,7 @@ mod health;
 mod idle;
 mod ledger;
 mod limit;
+mod live;
 mod pool_routes;
 mod request;
 mod reserved_cap;

@@ -110,9 +110,17 @@ impl DeviceAllocator {
             Kept::NotCacheable => {
                 // Straight back (a block of the vmm backend, which reuses it itself): on its
                 // source's fast path, here, if it has one and can; else outside the lock.
-                if let Some(result) = st.ledger.return_fast(&block) {
-                    self.note_returned(&st, &block, &result);
-                    return result;
+                match st.ledger.return_fast(&block) {
+                    Some(Ok(())) => {
+                        let (stream, ptr, bytes) = (block.stream, block.ptr, block.block_bytes);
+                        self.note(&st, Event::PoolFree, stream, ptr, bytes);
+                        return Ok(());
+                    }
+                    Some(Err(e)) => {
+                        self.log_return_failure(&e);
+                        return Err(e);
+                    }
+                    None => {}
                 }
                 let returning = st.ledger.release(block);
                 drop(st);
@@ -173,21 +181,6 @@ impl DeviceAllocator {
             self.log_return_failure(e);
         }
         finished
-    }
-
-    /// Notes a block given back on its source's fast path on the timeline, or logs its refusal.
-    #[inline]
-    fn note_returned(&self, st: &DeviceState, block: &FreedBlock, result: &Result<()>) {
-        match result {
-            Ok(()) => self.note(
-                st,
-                Event::PoolFree,
-                block.stream,
-                block.ptr,
-                block.block_bytes,
-            ),
-            Err(e) => self.log_return_failure(e),
-        }
     }
 
     /// Books the outcome of a return: the block is back (noted on the timeline), or, refused,

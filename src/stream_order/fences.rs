@@ -39,25 +39,31 @@ pub(crate) struct Fences {
 }
 
 impl Fences {
+    #[inline]
     fn slot(&mut self, stream: Stream) -> &mut StreamFences {
         match self.streams.iter().position(|s| s.stream == stream) {
             Some(i) => &mut self.streams[i],
-            None => {
-                self.streams.push(StreamFences {
-                    stream,
-                    recorded: InOrder::default(),
-                    pending: None,
-                    recorded_at_us: None,
-                });
-                self.streams.last_mut().expect("just pushed")
-            }
+            None => self.new_slot(stream),
         }
+    }
+
+    /// [`Fences::slot`] for a stream it has none for yet.
+    #[cold]
+    fn new_slot(&mut self, stream: Stream) -> &mut StreamFences {
+        self.streams.push(StreamFences {
+            stream,
+            recorded: InOrder::default(),
+            pending: None,
+            recorded_at_us: None,
+        });
+        self.streams.last_mut().expect("just pushed")
     }
 
     /// A free on `stream` at `now_us` (no driver call): the number of the fence that will cover
     /// it, and whether that fence is due to be recorded — the stream's last record is
     /// `interval_us` old or more (or it has none): a stream that frees all the time records one
     /// fence per interval, and no free waits longer than that for a fence that can complete.
+    #[inline]
     pub fn free_on(&mut self, stream: Stream, now_us: u64, interval_us: u64) -> (u64, bool) {
         let next = self.last_seq + 1;
         let slot = self.slot(stream);

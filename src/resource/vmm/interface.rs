@@ -33,34 +33,36 @@ impl Accessible for VmmResource {
 }
 
 impl VmmResource {
-    /// [`Resource::deallocate`] under the resource's lock.
-    #[inline]
+    /// [`Resource::deallocate`] under the resource's lock; a refusal's error is built by the
+    /// caller ([`VmmResource::refused_free`]), so that the common outcome returns a small value.
+    #[inline(always)]
     fn deallocate_locked(
         &self,
         st: &mut VmmState,
         ptr: DevicePtr,
         bytes: u64,
         stream: Stream,
-    ) -> Result<()> {
-        match st.live.remove(ptr.0, bytes) {
-            Ok(()) => {}
-            Err(Refused::Size(b)) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{ptr:#x} is a block of {b} B, not {bytes} B"
-                )));
-            }
-            Err(Refused::Unknown) => {
-                return Err(Error::UnknownPointer {
-                    ptr: ptr.0,
-                    device: self.device,
-                })
-            }
-        }
+    ) -> std::result::Result<(), Refused> {
+        st.live.remove(ptr.0, bytes)?;
         st.used_bytes -= bytes;
         // Kept aside for the stream's next request of its size; the block freed before it goes
         // back to its ranges.
         self.put_slot(st, ptr.0, bytes, stream);
         Ok(())
+    }
+
+    /// The error of a free the live blocks refused (built off the hot path).
+    #[cold]
+    fn refused_free(&self, ptr: DevicePtr, bytes: u64, refused: Refused) -> Error {
+        match refused {
+            Refused::Size(b) => {
+                Error::InvalidArgument(format!("{ptr:#x} is a block of {b} B, not {bytes} B"))
+            }
+            Refused::Unknown => Error::UnknownPointer {
+                ptr: ptr.0,
+                device: self.device,
+            },
+        }
     }
 }
 
@@ -87,6 +89,7 @@ impl Resource for VmmResource {
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
         let mut st = self.lock_enabled()?;
         self.deallocate_locked(&mut st, ptr, bytes, stream)
+            .map_err(|refused| self.refused_free(ptr, bytes, refused))
     }
 
     #[inline]
@@ -105,7 +108,10 @@ impl Resource for VmmResource {
     #[inline]
     fn try_deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Option<Result<()>> {
         let mut st = self.try_lock_enabled()?;
-        Some(self.deallocate_locked(&mut st, ptr, bytes, stream))
+        match self.deallocate_locked(&mut st, ptr, bytes, stream) {
+            Ok(()) => Some(Ok(())),
+            Err(refused) => Some(Err(self.refused_free(ptr, bytes, refused))),
+        }
     }
 
     fn usage(&self) -> Result<Usage> {

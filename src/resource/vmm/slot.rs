@@ -37,6 +37,7 @@ impl VmmResource {
     /// Keeps `[start, start + bytes)`, just freed on `stream`, in the slot, covered by the
     /// stream's next fence (recorded now if one is due); the block there before goes back to its
     /// ranges.
+    #[inline(always)]
     pub(super) fn put_slot(&self, st: &mut VmmState, start: u64, bytes: u64, stream: Stream) {
         let now_us = self.driver.now_us();
         let now_ms = now_us / 1000;
@@ -48,17 +49,27 @@ impl VmmResource {
             seq,
             freed_ms: now_ms,
         };
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        if due && crate::stream_order::may_record(driver, device, stream) {
-            match st.fences.record_pending(driver, device, stream) {
-                // With each fence recorded, those that completed are collected: freed memory
-                // becomes ready for every stream, and idle, while the program runs.
-                Ok(()) => self.collect_completed(st, now_ms),
-                Err(e) => log::debug!("device {device}: a fence on {stream:#x}: {e}; later"),
-            }
+        if due {
+            self.record_due_fence(st, stream, now_ms);
         }
         if let Some(before) = st.slot.replace(slot) {
             self.give_freed(st, before);
+        }
+    }
+
+    /// [`VmmResource::put_slot`] when `stream`'s fence is due (once an interval, not a free):
+    /// it is recorded unless the stream captures.
+    #[inline(never)]
+    fn record_due_fence(&self, st: &mut VmmState, stream: Stream, now_ms: u64) {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        if !crate::stream_order::may_record(driver, device, stream) {
+            return;
+        }
+        match st.fences.record_pending(driver, device, stream) {
+            // With each fence recorded, those that completed are collected: freed memory
+            // becomes ready for every stream, and idle, while the program runs.
+            Ok(()) => self.collect_completed(st, now_ms),
+            Err(e) => log::debug!("device {device}: a fence on {stream:#x}: {e}; later"),
         }
     }
 
