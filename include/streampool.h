@@ -643,8 +643,9 @@ int streampool_sleeping_bytes(int device, uint64_t *out);
 int streampool_sleep_saved_bytes(int device, uint64_t *out);
 
 /**
- * Writes the bytes of page-locked host memory `device` holds for sleeping to `*out`: the
- * contents while asleep; once awake, the buffer kept for the next level-1 sleep (0 if none).
+ * Writes the bytes of page-locked host memory `device` holds for sleeping to `*out`: the buffer
+ * of a sleep's saved contents, and the one kept after a wake for the next level-1 sleep (0 if
+ * none).
  *
  * # Safety
  * `out` must be writable (NULL is refused with INVALID_ARGUMENT).
@@ -654,8 +655,8 @@ int streampool_sleep_host_buffer_bytes(int device, uint64_t *out);
 /**
  * Frees the page-locked host buffer `device` keeps after a wake for its next level-1 sleep
  * (page-locking it again costs more than the copies). Writes the bytes freed to `*freed` (if
- * not NULL; 0 if none was kept). INVALID_ARGUMENT while the device is asleep: the buffer holds
- * its contents.
+ * not NULL; 0 if none was kept). INVALID_ARGUMENT while the buffer holds the contents of the
+ * device's sleep.
  *
  * # Safety
  * `freed` must be NULL or writable.

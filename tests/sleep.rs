@@ -403,12 +403,17 @@ fn the_host_buffer_is_kept_for_the_next_sleep_until_released() {
     assert_eq!(r.alloc.release_sleep_buffer(0).unwrap(), larger);
     assert_eq!(r.alloc.sleep_host_buffer_bytes(0).unwrap(), 0);
     assert_eq!(r.alloc.release_sleep_buffer(0).unwrap(), 0);
-    // Level 2 needs no buffer; a level-1 sleep after a release pins one again.
+    // Level 2 needs no buffer: one kept stays kept, and can be released while asleep.
+    r.alloc.sleep(0, 1).unwrap();
+    r.alloc.wake(0).unwrap();
     r.alloc.sleep(0, 2).unwrap();
+    assert_eq!(r.alloc.sleep_host_buffer_bytes(0).unwrap(), larger);
+    assert_eq!(r.alloc.release_sleep_buffer(0).unwrap(), larger);
     assert_eq!(r.alloc.sleep_host_buffer_bytes(0).unwrap(), 0);
     r.alloc.wake(0).unwrap();
+    // A level-1 sleep after a release pins one again.
     r.alloc.sleep(0, 1).unwrap();
-    assert_eq!(r.sim.calls("cuMemAllocHost"), pinned + 2);
+    assert_eq!(r.sim.calls("cuMemAllocHost"), pinned + 3);
     r.alloc.wake(0).unwrap();
     r.free(a, 0);
     r.free(b, 0);
@@ -441,5 +446,23 @@ fn a_copy_that_fails_at_wake_leaves_its_pages_asleep_and_a_later_wake_restores_t
     assert!(holds(&r, small, 64 * 1024, 4));
     r.free(a, 0);
     r.free(small, 0);
+    r.finish();
+}
+
+#[test]
+fn a_page_that_can_be_neither_restored_nor_unmapped_at_wake_does_not_stop_later_wakes() {
+    let r = vmm_rig(256 * MIB);
+    let a = r.malloc(4 * MIB, 0, 1);
+    r.alloc.sleep(0, 1).unwrap();
+    // The copy back fails, and so does the unmap that would put its pages back to sleep: the
+    // first of them is taken as restored (mapped, its contents lost), the other sleeps on.
+    r.sim.inject_fault(SimFault::Copy, 1);
+    r.sim.inject_fault(SimFault::MemUnmap, 1);
+    assert!(r.alloc.wake(0).is_err());
+    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 2 * MIB);
+    r.alloc.wake(0).unwrap(); // not stuck on the page mapped already
+    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 0);
+    r.sim.touch(0, 0, a, 4 * MIB, s(1)).unwrap();
+    r.free(a, 0);
     r.finish();
 }

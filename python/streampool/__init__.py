@@ -301,8 +301,9 @@ def sleep_saved_bytes(device: Device = None) -> int:
 
 
 def sleep_host_buffer_bytes(device: Device = None) -> int:
-    """Bytes of page-locked host memory ``device`` holds for sleeping: the saved contents while
-    asleep; once awake, the buffer kept for the next level-1 sleep (0 if none)."""
+    """Bytes of page-locked host memory ``device`` holds for sleeping: the buffer of a sleep's
+    saved contents, and the one kept after :func:`wake` for the next level-1 sleep (0 if
+    none)."""
     index = device_index(device)
     out = ctypes.c_uint64()
     _lib.check(_lib.library().streampool_sleep_host_buffer_bytes(index, ctypes.byref(out)))
@@ -312,7 +313,7 @@ def sleep_host_buffer_bytes(device: Device = None) -> int:
 def release_sleep_buffer(device: Device = None) -> int:
     """Free the page-locked host buffer ``device`` keeps after :func:`wake` for its next level-1
     sleep; returns the bytes freed (0 if none was kept). Raises InvalidArgumentError while the
-    device is asleep: the buffer holds its contents."""
+    buffer holds the contents of the device's sleep."""
     index = device_index(device)
     freed = ctypes.c_uint64()
     _lib.check(_lib.library().streampool_release_sleep_buffer(index, ctypes.byref(freed)))

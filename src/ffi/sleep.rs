@@ -194,8 +194,9 @@ unsafe fn write_figure(out: *mut u64, figure: impl FnOnce() -> Result<u64>) -> c
     }))
 }
 
-/// Writes the bytes of page-locked host memory `device` holds for sleeping to `*out`: the
-/// contents while asleep; once awake, the buffer kept for the next level-1 sleep (0 if none).
+/// Writes the bytes of page-locked host memory `device` holds for sleeping to `*out`: the buffer
+/// of a sleep's saved contents, and the one kept after a wake for the next level-1 sleep (0 if
+/// none).
 ///
 /// # Safety
 /// `out` must be writable (NULL is refused with INVALID_ARGUMENT).
@@ -207,8 +208,8 @@ pub unsafe extern "C" fn streampool_sleep_host_buffer_bytes(device: c_int, out: 
 
 /// Frees the page-locked host buffer `device` keeps after a wake for its next level-1 sleep
 /// (page-locking it again costs more than the copies). Writes the bytes freed to `*freed` (if
-/// not NULL; 0 if none was kept). INVALID_ARGUMENT while the device is asleep: the buffer holds
-/// its contents.
+/// not NULL; 0 if none was kept). INVALID_ARGUMENT while the buffer holds the contents of the
+/// device's sleep.
 ///
 /// # Safety
 /// `freed` must be NULL or writable.

@@ -232,11 +232,12 @@ pub trait Sleep {
     fn sleeping_bytes(&self) -> u64;
     /// Bytes of contents waiting in page-locked host memory while asleep (0 when awake).
     fn saved_bytes(&self) -> u64;
-    /// Bytes of page-locked host memory held for sleeping: the buffer of the contents while
-    /// asleep; awake, the one kept from the last level-1 sleep for the next.
+    /// Bytes of page-locked host memory held for sleeping: the buffer of the saved contents
+    /// while asleep, and the one kept from the last level-1 sleep for the next (a sleep that
+    /// saved nothing leaves it kept).
     fn host_buffer_bytes(&self) -> u64;
     /// Frees the host buffer kept for the next sleep; the bytes freed (0 if none). An error
-    /// while asleep (the buffer holds the contents).
+    /// while the buffer holds a sleep's contents.
     fn release_host_buffer(&self) -> Result<u64>;
 }
 

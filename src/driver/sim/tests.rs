@@ -213,6 +213,15 @@ fn strict_drop_reports_vmm_leaks() {
 }
 
 #[test]
+#[should_panic(expected = "cuMemFreeHost: not a live host buffer")]
+fn freeing_a_host_buffer_twice_is_a_misuse() {
+    let sim = SimDriver::new(1, 64 << 20).strict();
+    let buffer = sim.host_alloc(0, 4096).unwrap();
+    sim.host_free(0, buffer);
+    sim.host_free(0, buffer);
+}
+
+#[test]
 fn counts_event_queries_and_the_handles_set_access_covers() {
     let sim = SimDriver::new(1, 64 << 20).strict();
     let base = sim.address_reserve(0, 4 * GRANULE_BYTES).unwrap();

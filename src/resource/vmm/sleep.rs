@@ -73,18 +73,7 @@ impl Sleep for VmmResource {
             )));
         }
         let mut st = self.lock_enabled()?;
-        if st.asleep.is_some() {
-            return Err(Error::InvalidArgument(format!(
-                "device {} is asleep already: wake it first",
-                self.device
-            )));
-        }
-        if self.capturing(&mut st) {
-            return Err(Error::InvalidArgument(format!(
-                "device {} cannot sleep while a stream of it captures a CUDA graph",
-                self.device
-            )));
-        }
+        self.check_can_sleep(&mut st)?;
         self.return_slot(&mut st);
         // The device synchronised: every fence is done once recorded or settled.
         let (driver, device) = (self.driver.as_ref(), self.device);
@@ -92,6 +81,8 @@ impl Sleep for VmmResource {
             drop(st);
             driver.synchronize(device)?;
             st = self.lock_enabled()?;
+            // Another thread may have slept, or begun a capture, while the lock was free.
+            self.check_can_sleep(&mut st)?;
         }
         self.update_ranges(&mut st, super::Caller::Program);
         self.unmap_retired(&mut st);
@@ -172,14 +163,15 @@ impl Sleep for VmmResource {
     }
 
     fn release_host_buffer(&self) -> Result<u64> {
-        let mut st = self.state.lock();
-        if st.asleep.is_some() {
-            return Err(Error::InvalidArgument(format!(
-                "device {} is asleep: its host buffer holds what the sleep saved; wake it first",
-                self.device
-            )));
-        }
+        let mut st = self.lock_enabled()?;
         let Some(kept) = st.sleep_buffer.take() else {
+            if st.asleep.as_ref().is_some_and(|a| a.host.is_some()) {
+                return Err(Error::InvalidArgument(format!(
+                    "device {} is asleep: its host buffer holds what the sleep saved; wake it \
+                     first",
+                    self.device
+                )));
+            }
             return Ok(0);
         };
         self.driver.host_free(self.device, kept.buffer);
@@ -188,6 +180,23 @@ impl Sleep for VmmResource {
 }
 
 impl VmmResource {
+    /// An error if the resource cannot sleep now: asleep already, or a capture under way.
+    fn check_can_sleep(&self, st: &mut VmmState) -> Result<()> {
+        if st.asleep.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "device {} is asleep already: wake it first",
+                self.device
+            )));
+        }
+        if self.capturing(st) {
+            return Err(Error::InvalidArgument(format!(
+                "device {} cannot sleep while a stream of it captures a CUDA graph",
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
     /// The mapped pages any live block lies on, but for blocks allocated under a tag in
     /// `discard`.
     fn pages_under_kept_blocks(&self, st: &VmmState, discard: &[TagId]) -> BTreeSet<u64> {
@@ -251,7 +260,7 @@ impl VmmResource {
         let buffer = self.driver.host_alloc(self.device, bytes).map_err(|e| {
             Error::InvalidArgument(format!(
                 "device {} cannot sleep at level 1: {bytes} B of page-locked host memory for \
-                 its contents could not be allocated ({e}); nothing changed",
+                 its contents could not be allocated ({e}); nothing changed on the device",
                 self.device
             ))
         })?;
@@ -372,9 +381,6 @@ impl VmmResource {
             st.pages.insert(slept.page, page);
             self.count(Event::Map, slept.page, st);
         }
-        st.physical_high_bytes = st
-            .physical_high_bytes
-            .max(st.physical_bytes(self.page_bytes));
         if let Some(host) = host {
             let mut i = 0;
             while i < mapped.len() {
@@ -395,12 +401,15 @@ impl VmmResource {
                 if let Err(e) = driver.copy_to_device(device, at, host.buffer, from, bytes) {
                     // Not restored from here on: these pages sleep on (their contents still in
                     // the buffer).
-                    self.back_to_sleep(st, &mapped[i..], true);
-                    return (pages[..i].to_vec(), Err(e));
+                    let stuck = self.back_to_sleep(st, &mapped[i..], true);
+                    return ([&pages[..i], &stuck[..]].concat(), Err(e));
                 }
                 i = j;
             }
         }
+        st.physical_high_bytes = st
+            .physical_high_bytes
+            .max(st.physical_bytes(self.page_bytes));
         (pages, stopped)
     }
 

@@ -128,10 +128,14 @@ impl SimDriver {
     }
 
     /// `cuMemFreeHost` of `buffer`.
+    /// A buffer that is not live (freed twice, or never allocated) is a misuse.
     pub(super) fn free_host(&self, device: usize, buffer: HostBuffer) {
         if let Ok(mut d) = self.device(device, "cuMemFreeHost") {
-            d.vmm.host.remove(&buffer.raw());
             d.vmm.host_contents.remove(&buffer.raw());
+            if d.vmm.host.remove(&buffer.raw()).is_none() {
+                drop(d);
+                let _ = self.misuse("cuMemFreeHost", "not a live host buffer".into());
+            }
         }
     }
 
