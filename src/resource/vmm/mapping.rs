@@ -399,17 +399,11 @@ impl VmmResource {
         pages: &[u64],
         devices: &[usize],
     ) -> Result<()> {
-        let mut i = 0;
-        while i < pages.len() {
-            let mut j = i + 1;
-            while j < pages.len() && pages[j] == pages[j - 1] + self.page_bytes {
-                j += 1;
-            }
-            let bytes = (j - i) as u64 * self.page_bytes;
+        for run in super::runs(pages.len(), |i| pages[i] == pages[i - 1] + self.page_bytes) {
+            let bytes = run.len() as u64 * self.page_bytes;
             st.counts.set_access_calls += 1;
             self.driver
-                .mem_set_access(self.device, DevicePtr(pages[i]), bytes, devices)?;
-            i = j;
+                .mem_set_access(self.device, DevicePtr(pages[run.start]), bytes, devices)?;
         }
         Ok(())
     }

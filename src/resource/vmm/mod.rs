@@ -391,5 +391,18 @@ impl VmmResource {
     }
 }
 
+/// `0..len` cut into runs: item `i` joins the run of item `i - 1` where `joins(i)`.
+fn runs(len: usize, joins: impl Fn(usize) -> bool) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let mut start = 0;
+    (1..=len).filter_map(move |i| {
+        if i < len && joins(i) {
+            return None;
+        }
+        let run = start..i;
+        start = i;
+        Some(run)
+    })
+}
+
 #[cfg(all(test, feature = "sim"))]
 mod tests;

@@ -274,18 +274,10 @@ impl VmmResource {
             .map(|(base, _)| base)
             .collect();
         bases.sort_unstable();
-        let mut runs = Vec::new();
-        let mut start = 0;
-        for i in 1..=pages.len() {
-            let joins = i < pages.len()
-                && pages[i] == pages[i - 1] + self.page_bytes
-                && bases.binary_search(&pages[i]).is_err();
-            if !joins {
-                runs.push(start..i);
-                start = i;
-            }
-        }
-        runs
+        let joins = |i: usize| {
+            pages[i] == pages[i - 1] + self.page_bytes && bases.binary_search(&pages[i]).is_err()
+        };
+        super::runs(pages.len(), joins).collect()
     }
 
     /// Unmaps and releases every page and spare; the pages slept, with where their contents
@@ -382,29 +374,22 @@ impl VmmResource {
             self.count(Event::Map, slept.page, st);
         }
         if let Some(host) = host {
-            let mut i = 0;
-            while i < mapped.len() {
-                let Some(from) = mapped[i].0.saved_at else {
-                    i += 1;
+            // Stretches saved side by side (a page not saved is a stretch of its own).
+            let saved = |i: usize| mapped[i].0.saved_at;
+            let joins =
+                |i: usize| saved(i - 1).is_some_and(|at| saved(i) == Some(at + self.page_bytes));
+            for run in super::runs(mapped.len(), joins) {
+                let Some(from) = saved(run.start) else {
                     continue;
                 };
-                let mut j = i + 1;
-                while j < mapped.len()
-                    && mapped[j].0.saved_at == Some(from + (j - i) as u64 * self.page_bytes)
-                {
-                    j += 1;
-                }
-                let (at, bytes) = (
-                    DevicePtr(mapped[i].0.page),
-                    (j - i) as u64 * self.page_bytes,
-                );
+                let at = DevicePtr(mapped[run.start].0.page);
+                let bytes = run.len() as u64 * self.page_bytes;
                 if let Err(e) = driver.copy_to_device(device, at, host.buffer, from, bytes) {
                     // Not restored from here on: these pages sleep on (their contents still in
                     // the buffer).
-                    let stuck = self.back_to_sleep(st, &mapped[i..], true);
-                    return ([&pages[..i], &stuck[..]].concat(), Err(e));
+                    let stuck = self.back_to_sleep(st, &mapped[run.start..], true);
+                    return ([&pages[..run.start], &stuck[..]].concat(), Err(e));
                 }
-                i = j;
             }
         }
         st.physical_high_bytes = st
