@@ -41,7 +41,11 @@ deterministic here and its comparison proves nothing), the restore checked bit f
 **wake** timed, **held woken** read; every tensor compared bit for bit with the snapshot; the
 step taken again and compared with the reference; a second sleep/wake cycle timed.
 
-Figures (``row``): given back = (held before - held asleep) / (held before - context); sleep
+Figures (``row``): given back = (held before - held asleep) / the allocator's reserved bytes
+before (``torch.cuda.memory_reserved()``), the share of what the allocator held that left the
+device (what the process holds outside the allocator, library handles and kernels the workload
+loaded included, is in both readings; given back beyond the context, (held before - held
+asleep) / (held before - context), is reported beside it); sleep
 and wake GB/s = the workload's live tensor bytes (what must be kept: parameters, buffers,
 optimizer state, the inference buffer; the same for every configuration) / seconds, 1 GB =
 1e9 bytes, against the host link's device-to-host (sleep) and host-to-device (wake) rate read in
@@ -71,7 +75,7 @@ from . import protocol
 from .sleep_report import (  # noqa: F401  (re-exported for the child and the tests)
     CONFIGS, DESCRIPTIONS, GB, GIB, NATIVE, STREAMPOOL, TARGET_GIVEN_BACK_PCT, TARGET_LINK_PCT, TMS,
     TMS_REPORTED_GIVEN_BACK_PCT, TMS_TORCH, build_report, exit_status, finite, given_back_pct,
-    memory_source, render_markdown, row, summary_lines)
+    allocator_given_back_pct, memory_source, render_markdown, row, summary_lines)
 
 COMMAND = "python3 -m bench.sleep"
 ROOT = Path(__file__).resolve().parent.parent

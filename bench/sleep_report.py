@@ -65,11 +65,27 @@ def held(reading: Optional[Dict[str, Any]], source: str) -> Optional[int]:
 
 def given_back_pct(before: Optional[int], asleep: Optional[int],
                    context: Optional[int]) -> Optional[float]:
-    """(before - asleep) / (before - context) in percent; None without the three or when the
-    workload held nothing beyond the context."""
+    """Of the process: (before - asleep) / (before - context) in percent; None without the three
+    or when the workload held nothing beyond the context."""
     if before is None or asleep is None or context is None or before - context <= 0:
         return None
     return 100.0 * (before - asleep) / (before - context)
+
+
+def allocator_given_back_pct(before: Optional[int], asleep: Optional[int],
+                             reserved_before: Optional[int]) -> Optional[float]:
+    """Of what the allocator held: the drop of the process's device memory over the sleep,
+    (before - asleep), over the allocator's reserved bytes before it (PyTorch's
+    ``memory_reserved()``), in percent. What the process holds outside the allocator (the
+    context, library handles, kernels loaded by the workload) is in both readings and cancels
+    out. None without the three or when the allocator held nothing."""
+    if before is None or asleep is None or not reserved_before:
+        return None
+    return 100.0 * (before - asleep) / reserved_before
+
+
+def _difference(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    return None if a is None or b is None else a - b
 
 
 def rate_gbps(nbytes: Optional[int], seconds: Optional[float]) -> Optional[float]:
@@ -118,7 +134,8 @@ def row(record: Dict[str, Any]) -> Dict[str, Any]:
         return out
     sleep_gbps = rate_gbps(live, record.get("sleep_s"))
     wake_gbps = rate_gbps(live, record.get("wake_s"))
-    gone = given_back_pct(before, asleep, context)
+    reserved_before = (record.get("before") or {}).get("reserved_bytes")
+    gone = allocator_given_back_pct(before, asleep, reserved_before)
     sleep_link = percent(sleep_gbps, link.get("d2h_gbps"))
     wake_link = percent(wake_gbps, link.get("h2d_gbps"))
     second = record.get("second_cycle") or {}
@@ -126,6 +143,8 @@ def row(record: Dict[str, Any]) -> Dict[str, Any]:
         "held_asleep_bytes": asleep,
         "held_woken_bytes": woken,
         "given_back_pct": gone,
+        "beyond_context_given_back_pct": given_back_pct(before, asleep, context),
+        "outside_allocator_before_bytes": _difference(before, reserved_before),
         "sleep_s": record.get("sleep_s"),
         "wake_s": record.get("wake_s"),
         "sleep_gbps": sleep_gbps,
@@ -138,8 +157,9 @@ def row(record: Dict[str, Any]) -> Dict[str, Any]:
                                          link.get("d2h_gbps")),
         "second_wake_link_pct": percent(rate_gbps(live, second.get("wake_s")),
                                         link.get("h2d_gbps")),
-        "second_given_back_pct": given_back_pct(
-            held(second.get("before"), source), held(second.get("asleep"), source), context),
+        "second_given_back_pct": allocator_given_back_pct(
+            held(second.get("before"), source), held(second.get("asleep"), source),
+            (second.get("before") or {}).get("reserved_bytes")),
         "bitwise_equal": record.get("bitwise_equal"),
         "mismatches": record.get("mismatches") or [],
         "restore_equal": record.get("restore_equal"),
@@ -254,25 +274,31 @@ def render_markdown(report: Dict[str, Any]) -> str:
         f"Targets: given back ≥ {targets['given_back_pct']:g}% (torch_memory_saver reported "
         f"{targets['tms_reported_given_back_pct']:g}%), sleep and wake ≥ "
         f"{targets['link_pct']:g}% of the host link (✓ met, ✗ not met).",
-        "Given back = (held before − held asleep) ÷ (held before − context). "
+        "Given back = (held before − held asleep) ÷ the allocator's reserved bytes before "
+        "(`torch.cuda.memory_reserved()`): of what the allocator held, the share that left the "
+        "device; what the process holds outside the allocator (the context, library handles and "
+        "kernels loaded by the workload: the table below) is in both readings. "
         f"GB/s = the workload's live tensor bytes ({gib(live)} GiB: parameters, optimizer state, "
         f"the {gib(buffer)} GiB inference buffer; the same for every configuration) ÷ the wall "
         "time of the "
         "sleep (wake), synchronised on both sides; 1 GB = 1e9 bytes.",
         "",
-        "| configuration | memory source | reserved before GiB | host link D2H / H2D GB/s | "
+        "| configuration | memory source | reserved before GiB | outside the allocator before "
+        "GiB | given back beyond the context | host link D2H / H2D GB/s | "
         "2nd cycle sleep / wake s | 2nd cycle given back | addresses kept | restore bitwise | "
         "reference repeatable |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         link = f"{number(r.get('link_d2h_gbps'), 1)} / {number(r.get('link_h2d_gbps'), 1)}"
         if "given_back_pct" not in r:
             lines.append(f"| `{r['config']}` | {r['memory_source']} | "
-                         f"{gib(r.get('reserved_before_bytes'))} | {link} | | | | | |")
+                         f"{gib(r.get('reserved_before_bytes'))} | | | {link} | | | | | |")
             continue
         lines.append(
             f"| `{r['config']}` | {r['memory_source']} | {gib(r.get('reserved_before_bytes'))} | "
+            f"{gib(r.get('outside_allocator_before_bytes'))} | "
+            f"{number(r.get('beyond_context_given_back_pct'), 2, '%')} | "
             f"{link} | {number(r['second_sleep_s'], 3)} / {number(r['second_wake_s'], 3)} | "
             f"{number(r['second_given_back_pct'], 2, '%')} | {yes_no(r['addresses_kept'])} | "
             f"{yes_no(r['restore_equal'])} | "
@@ -319,7 +345,9 @@ def summary_lines(report: Dict[str, Any]) -> List[str]:
             continue
         lines.append(
             f"{name}: held {gib(r['held_before_bytes'])} -> {gib(r['held_asleep_bytes'])} GiB, "
-            f"given back {number(r['given_back_pct'], 2, '%')}, sleep {number(r['sleep_s'], 3)} s, "
+            f"given back {number(r['given_back_pct'], 2, '%')} of the allocator's "
+            f"{gib(r.get('reserved_before_bytes'))} GiB (outside it "
+            f"{gib(r.get('outside_allocator_before_bytes'))} GiB), sleep {number(r['sleep_s'], 3)} s, "
             f"wake {number(r['wake_s'], 3)} s, {number(r['sleep_gbps'], 1)} / "
             f"{number(r['wake_gbps'], 1)} GB/s ({number(r['sleep_link_pct'], 0, '%')} / "
             f"{number(r['wake_link_pct'], 0, '%')} of link); second cycle sleep "

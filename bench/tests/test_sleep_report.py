@@ -15,6 +15,7 @@ import pytest
 from bench import sleep
 
 GIB = 2**30
+MIB = 2**20
 
 
 def reading(process, device, reserved=None):
@@ -31,10 +32,13 @@ def sleeper_record(config="streampool-vmm", **changes):
         "config": config, "ok": True, "stage": "done", "error": None,
         "facts": {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0",
                   "model": "GPT-2 124M (GPT2LMHeadModel, eager attention)"},
-        "context": reading(GIB // 2, 1 * GIB),
-        "before": reading(GIB // 2 + 20 * GIB, 1 * GIB + 20 * GIB, reserved=19 * GIB),
-        "asleep": reading(GIB // 2 + GIB // 10, 1 * GIB + GIB // 10),
-        "woken": reading(GIB // 2 + 20 * GIB, 1 * GIB + 20 * GIB),
+        # The device figure is the process's plus 512 MiB of another process. The workload loads
+        # 512 MiB of kernels and handles outside the allocator, which holds 20 GiB; 100 MiB of
+        # it stays on the device during the sleep.
+        "context": reading(512 * MIB, 1024 * MIB),
+        "before": reading(21504 * MIB, 22016 * MIB, reserved=20 * GIB),
+        "asleep": reading(1124 * MIB, 1636 * MIB),
+        "woken": reading(21504 * MIB, 22016 * MIB),
         "link": dict(LINK),
         "live_bytes": LIVE,
         "buffer_bytes": 4 * GIB,
@@ -43,8 +47,8 @@ def sleeper_record(config="streampool-vmm", **changes):
         "bitwise_equal": True, "mismatches": [], "restore_equal": True, "addresses_kept": True,
         "reference_repeatable": True, "step_equal": True,
         "second_cycle": {"sleep_s": 0.1, "wake_s": 0.12,
-                         "before": reading(GIB // 2 + 20 * GIB, 21 * GIB),
-                         "asleep": reading(GIB // 2, GIB)},
+                         "before": reading(21504 * MIB, 22016 * MIB, reserved=20 * GIB),
+                         "asleep": reading(1024 * MIB, 1536 * MIB)},
     }
     record.update(changes)
     return record
@@ -65,6 +69,15 @@ def test_given_back_is_what_left_over_what_the_workload_added():
     assert sleep.given_back_pct(1, 1, 1) is None  # nothing beyond the context: no figure
 
 
+def test_allocator_given_back_is_the_drop_over_what_the_allocator_held():
+    assert sleep.allocator_given_back_pct(21, 1.2, 20) == pytest.approx(99.0)
+    assert sleep.allocator_given_back_pct(21, 1, 20) == 100.0
+    assert sleep.allocator_given_back_pct(21, 21, 20) == 0.0
+    assert sleep.allocator_given_back_pct(None, 1, 20) is None
+    assert sleep.allocator_given_back_pct(21, 1, 0) is None  # the allocator held nothing
+    assert sleep.allocator_given_back_pct(21, 1, None) is None
+
+
 def test_memory_source_is_nvml_only_when_every_reading_has_the_process():
     record = sleeper_record()
     assert sleep.memory_source(record) == "nvml-process"
@@ -76,7 +89,11 @@ def test_memory_source_is_nvml_only_when_every_reading_has_the_process():
 def test_row_of_a_sleeper():
     row = sleep.row(sleeper_record())
     assert row["memory_source"] == "nvml-process"
-    assert row["given_back_pct"] == pytest.approx(100 * (20 * GIB - GIB // 10) / (20 * GIB))
+    # Of what the allocator held (the target's figure), not of what the process added beyond
+    # its context: the kernels the workload loaded are no allocator's to give back.
+    assert row["given_back_pct"] == pytest.approx(100 * 20380 / 20480)
+    assert row["beyond_context_given_back_pct"] == pytest.approx(100 * 20380 / 20992)
+    assert row["outside_allocator_before_bytes"] == 1024 * MIB
     assert row["sleep_gbps"] == pytest.approx(48.0)
     assert row["sleep_link_pct"] == pytest.approx(96.0)
     assert row["wake_gbps"] == pytest.approx(40.0)
@@ -93,8 +110,8 @@ def test_row_falls_back_to_the_device_figures_for_every_reading():
     record["context"]["process_bytes"] = None
     row = sleep.row(record)
     assert row["memory_source"] == "device-used"
-    assert row["context_bytes"] == GIB and row["held_before_bytes"] == 21 * GIB
-    assert row["given_back_pct"] == pytest.approx(100 * (20 * GIB - GIB // 10) / (20 * GIB))
+    assert row["context_bytes"] == GIB and row["held_before_bytes"] == 22016 * MIB
+    assert row["given_back_pct"] == pytest.approx(100 * 20380 / 20480)
 
 
 def test_row_of_native_has_the_footprint_only():
@@ -123,7 +140,7 @@ def fabricated_report():
         "native": native_record(),
         "streampool-vmm": sleeper_record(),
         "tms": sleeper_record(
-            "tms", asleep=reading(GIB // 2 + GIB // 2, GIB + GIB // 2), sleep_s=0.5, wake_s=0.4,
+            "tms", asleep=reading(1536 * MIB, 2048 * MIB), sleep_s=0.5, wake_s=0.4,
             bitwise_equal=False, mismatches=["param:transformer.wte.weight"],
             reference_repeatable=False, step_equal=False),
         "tms-torch": {"config": "tms-torch", "ok": False, "stage": "allocator",
@@ -156,15 +173,15 @@ def test_markdown_tables_have_every_configuration_and_even_columns():
     assert len(main) == 2 + 4
     native, streampool, tms, failed = main[2:]
     assert "no sleep" in native and "25.50" in native
-    assert "99.50% ✓" in streampool and "48.0 (96%) ✓" in streampool
+    assert "99.51% ✓" in streampool and "48.0 (96%) ✓" in streampool
     assert "40.0 (73%) ✗" in streampool and "| yes | yes |" in streampool
     assert "97.50% ✗" in tms and "| no | n/a (not repeatable) |" in tms
     assert "**failed** (allocator)" in failed
     assert "param:transformer.wte.weight" in text
     assert "ImportError: no tms" in text
     second = table_rows(text, "| configuration | memory source")[3]
-    assert second == ("| `streampool-vmm` | nvml-process | 19.00 | 50.0 / 55.0 | 0.100 / 0.120 "
-                      "| 100.00% | yes | yes | yes |")
+    assert second == ("| `streampool-vmm` | nvml-process | 20.00 | 1.00 | 97.08% | 50.0 / 55.0 "
+                      "| 0.100 / 0.120 | 100.00% | yes | yes | yes |")
     assert "NVIDIA H200" in text and "`python3 -m bench.sleep --out-dir x`" in text
     assert "97.7%" in text and "4.00 GiB inference buffer" in text
 
@@ -175,7 +192,8 @@ def test_summary_has_one_line_per_configuration():
                                                       "tms-torch"]
     assert lines[0] == "native: held 25.50 GiB (context 0.50 GiB), no sleep"
     assert lines[1] == (
-        "streampool-vmm: held 20.50 -> 0.60 GiB, given back 99.50%, sleep 0.125 s, wake 0.150 s, "
+        "streampool-vmm: held 21.00 -> 1.10 GiB, given back 99.51% of the allocator's 20.00 GiB "
+        "(outside it 1.00 GiB), sleep 0.125 s, wake 0.150 s, "
         "48.0 / 40.0 GB/s (96% / 73% of link); second cycle sleep 0.100 s, wake 0.120 s "
         "(120% / 91% of link); bitwise equal yes, step equal yes")
     assert "bitwise equal no, step equal n/a (not repeatable)" in lines[2]
