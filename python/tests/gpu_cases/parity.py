@@ -75,7 +75,11 @@ def case_typed_out_of_memory(ctx) -> None:
         raise AssertionError("a request of twice the device's memory succeeded")
     assert heard, "the out-of-memory observer was not called"
     device, requested = heard[0][0], heard[0][1]
-    assert device == torch.cuda.current_device() and requested == 2 * total, heard[0]
+    # The size the allocator tried to get: PyTorch's rounds a large request up to its 2 MiB
+    # segment granule (twice an H200's memory is not a multiple of it), streampool's tries it as
+    # asked.
+    assert device == torch.cuda.current_device(), heard[0]
+    assert 2 * total <= requested < 2 * total + 2 * MiB, heard[0]
     x = torch.ones(MiB, device="cuda")
     assert x.sum().item() == MiB
     _result("typed_out_of_memory", {"caught": True, "observer_calls": len(heard)})
@@ -361,7 +365,7 @@ def case_set_allocator_settings(ctx) -> None:
     torch.cuda.memory._set_allocator_settings("expandable_segments:False,max_split_size_mb:256")
     try:
         torch.cuda.memory._set_allocator_settings("no_such_key:1")
-    except RuntimeError:
+    except (RuntimeError, ValueError):  # torch 2.11 raises ValueError
         refused = True
     else:
         refused = False
