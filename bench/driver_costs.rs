@@ -2,12 +2,15 @@
 //! hot-path and training-step figures in bench/results/costs/README.md. Needs a GPU; without one
 //! it says so and exits 0. Build with `cargo bench --bench driver_costs --no-run` where Rust is,
 //! run the binary on the machine with the GPU (`scripts/gpu-diag costs`).
+//! `COST vmm ...` lines: what the vmm backend's page calls cost (each per 2 MiB page, or per
+//! call where it says so), the figures behind sleep and wake's time.
 
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 use streampool::driver::{
-    cuda::CudaDriver, DeviceDriver, Driver, PoolAttr, PoolDriver, Stream, StreamDriver,
+    cuda::CudaDriver, DeviceDriver, DevicePtr, Driver, MemHandle, PoolAttr, PoolDriver, Stream,
+    StreamDriver, VmmDriver,
 };
 use streampool::{Allocator, Config};
 
@@ -43,6 +46,7 @@ fn main() {
         .pool_set_attr(0, pool, PoolAttr::ReleaseThresholdBytes(u64::MAX))
         .unwrap();
     let report = |what: &str, ns: f64| println!("COST {what:<52} {ns:8.0} ns");
+    vmm_page_costs(&driver);
 
     report(
         "cuStreamIsCapturing (with the context check)",
@@ -115,4 +119,174 @@ fn main() {
         );
     }
     alloc.empty_cache().unwrap();
+}
+
+/// Nanoseconds per item of `op` over `items`, timed once (each call changes the device).
+fn ns_each<T>(items: &[T], mut op: impl FnMut(&T)) -> f64 {
+    let t = Instant::now();
+    for item in items {
+        op(item);
+    }
+    t.elapsed().as_nanos() as f64 / items.len().max(1) as f64
+}
+
+/// The vmm page calls on `PAGES` pages of one reservation: create, map, access, copies, unmap
+/// and release, one page at a time and, where the driver allows it, a whole run at once.
+fn vmm_page_costs(driver: &Arc<CudaDriver>) {
+    const PAGES: u64 = 512;
+    let report = |what: &str, ns: f64| println!("COST vmm {what:<56} {ns:10.0} ns");
+    let page = match driver.vmm_granularity_bytes(0) {
+        Ok(bytes) => bytes.max(2 * MIB),
+        Err(e) => return println!("COST vmm: no virtual memory management here ({e})"),
+    };
+    let run_bytes = PAGES * page;
+    let base = driver.address_reserve(0, run_bytes).unwrap();
+    let at: Vec<DevicePtr> = (0..PAGES).map(|i| DevicePtr(base.0 + i * page)).collect();
+    let mut handles: Vec<MemHandle> = Vec::new();
+    report(
+        "cuMemCreate, one page",
+        ns_each(&at, |_| {
+            handles.push(driver.mem_create(0, page).unwrap());
+        }),
+    );
+    let pairs: Vec<(DevicePtr, MemHandle)> =
+        at.iter().copied().zip(handles.iter().copied()).collect();
+    report(
+        "cuMemMap, one page",
+        ns_each(&pairs, |&(p, h)| {
+            driver.mem_map(0, p, page, h).unwrap();
+        }),
+    );
+    report(
+        "cuMemSetAccess, one page",
+        ns_each(&at, |&p| {
+            driver.mem_set_access(0, p, page, &[0]).unwrap();
+        }),
+    );
+    let t = Instant::now();
+    driver.mem_set_access(0, base, run_bytes, &[0]).unwrap();
+    report(
+        "cuMemSetAccess, the whole run (per call)",
+        t.elapsed().as_nanos() as f64,
+    );
+
+    let t = Instant::now();
+    let host = driver.host_alloc(0, run_bytes).unwrap();
+    let pin_ns = t.elapsed().as_nanos() as f64;
+    report("cuMemAllocHost, per page of the run", pin_ns / PAGES as f64);
+    let offsets: Vec<u64> = (0..PAGES).map(|i| i * page).collect();
+    report(
+        "cuMemcpyDtoH, one page",
+        ns_each(&offsets, |&o| {
+            driver
+                .copy_to_host(0, host, o, DevicePtr(base.0 + o), page)
+                .unwrap();
+        }),
+    );
+    report(
+        "cuMemcpyHtoD, one page",
+        ns_each(&offsets, |&o| {
+            driver
+                .copy_to_device(0, DevicePtr(base.0 + o), host, o, page)
+                .unwrap();
+        }),
+    );
+    let t = Instant::now();
+    driver.copy_to_host(0, host, 0, base, run_bytes).unwrap();
+    report(
+        "cuMemcpyDtoH, the whole run (per page)",
+        t.elapsed().as_nanos() as f64 / PAGES as f64,
+    );
+    let t = Instant::now();
+    driver.copy_to_device(0, base, host, 0, run_bytes).unwrap();
+    report(
+        "cuMemcpyHtoD, the whole run (per page)",
+        t.elapsed().as_nanos() as f64 / PAGES as f64,
+    );
+    driver.host_free(0, host);
+
+    report(
+        "cuMemUnmap, one page",
+        ns_each(&at, |&p| {
+            driver.mem_unmap(0, p, page).unwrap();
+        }),
+    );
+    report(
+        "cuMemRelease, one page",
+        ns_each(&handles, |&h| {
+            driver.mem_release(0, h).unwrap();
+        }),
+    );
+
+    // The whole run unmapped with one call: allowed, or refused (then one page at a time).
+    let handles: Vec<MemHandle> = at
+        .iter()
+        .map(|_| driver.mem_create(0, page).unwrap())
+        .collect();
+    for (&p, &h) in at.iter().zip(&handles) {
+        driver.mem_map(0, p, page, h).unwrap();
+    }
+    driver.mem_set_access(0, base, run_bytes, &[0]).unwrap();
+    let t = Instant::now();
+    match driver.mem_unmap(0, base, run_bytes) {
+        Ok(()) => report(
+            "cuMemUnmap, the whole run in one call (per page)",
+            t.elapsed().as_nanos() as f64 / PAGES as f64,
+        ),
+        Err(e) => {
+            println!("COST vmm cuMemUnmap of {PAGES} mappings in one call refused: {e}");
+            for &p in &at {
+                driver.mem_unmap(0, p, page).unwrap();
+            }
+        }
+    }
+    for h in handles {
+        driver.mem_release(0, h).unwrap();
+    }
+
+    if driver.mem_export_supported(0).unwrap_or(false) {
+        let mut exportable = Vec::new();
+        report(
+            "cuMemCreate exportable (POSIX fd), one page",
+            ns_each(&at, |_| {
+                exportable.push(driver.mem_create_exportable(0, page).unwrap());
+            }),
+        );
+        for h in exportable {
+            driver.mem_release(0, h).unwrap();
+        }
+    }
+
+    // Four threads creating and releasing pages at once: does the driver serialise them?
+    let threads = 4;
+    let t = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                let made: Vec<MemHandle> = (0..PAGES / threads)
+                    .map(|_| driver.mem_create(0, page).unwrap())
+                    .collect();
+                for h in made {
+                    driver.mem_release(0, h).unwrap();
+                }
+            });
+        }
+    });
+    report(
+        "cuMemCreate + cuMemRelease, 4 threads (wall per page)",
+        t.elapsed().as_nanos() as f64 / PAGES as f64,
+    );
+    let t = Instant::now();
+    let made: Vec<MemHandle> = at
+        .iter()
+        .map(|_| driver.mem_create(0, page).unwrap())
+        .collect();
+    for h in made {
+        driver.mem_release(0, h).unwrap();
+    }
+    report(
+        "cuMemCreate + cuMemRelease, 1 thread (per page)",
+        t.elapsed().as_nanos() as f64 / PAGES as f64,
+    );
+    driver.address_free(0, base, run_bytes).unwrap();
 }
