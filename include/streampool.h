@@ -616,17 +616,20 @@ int streampool_sleep_discarding(int device,
                                 uint64_t *given_back);
 
 /**
- * Wakes `device`: fresh memory mapped at the addresses it slept at, the contents of a level-1
- * sleep copied back. Writes the bytes restored to `*restored` (if not NULL). Out of memory part
+ * Wakes `device`: fresh memory mapped under every live block at the address it slept at, the
+ * contents of a level-1 sleep copied back (memory no block used was given back for good, as
+ * `empty_cache` gives it back). Writes the bytes restored to `*restored` (if not NULL). Out of memory part
  * way: what was restored stays, the rest sleeps on, and another call goes on.
  *
  * # Safety
  * `restored` must be NULL or writable.
  */
-int streampool_wake(int device, uint64_t *restored);
+int streampool_wake(int device,
+                    uint64_t *restored);
 
 /**
- * Writes the bytes of `device` asleep now to `*out` (0 when awake).
+ * Writes the bytes of `device` asleep now, the pages under live blocks that a wake maps again,
+ * to `*out` (0 when awake).
  *
  * # Safety
  * `out` must be writable (NULL is refused with INVALID_ARGUMENT).

@@ -32,16 +32,24 @@ fn a_sleeping_device_holds_no_memory_and_wakes_at_the_same_addresses() {
     let given_back = r.alloc.sleep(0, 1).unwrap();
     assert_eq!(given_back, held);
     assert_eq!(r.sim.physical_bytes(0), 0, "every page went back");
-    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), held);
-    // The live blocks' pages (3 of the big block's, 1 carrier), not the freed block's: one copy
-    // a run of adjacent pages (the big block's 3, in the large region; the carrier, apart).
+    // Only the live blocks' pages sleep (3 of the big block's, 1 carrier); the freed block's
+    // went back as empty_cache() gives them back. One copy a run of adjacent pages (the big
+    // block's 3, in the large region; the carrier, apart).
+    let live_pages_bytes = 4 * 2 * MIB;
+    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), live_pages_bytes);
     assert_eq!(r.sim.calls("cuMemcpyDtoH") - copies_out, 2);
-    assert_eq!(r.alloc.sleep_saved_bytes(0).unwrap(), 4 * 2 * MIB);
+    assert_eq!(r.alloc.sleep_saved_bytes(0).unwrap(), live_pages_bytes);
     let e = r.alloc.malloc(MIB, 0, s(1)).unwrap_err().to_string();
     assert!(e.contains("asleep") && e.contains("wake"), "{e}");
     r.free(small, 0); // frees are fine while asleep
+    let maps = r.sim.calls("cuMemMap");
     let restored = r.alloc.wake(0).unwrap();
-    assert_eq!(restored, held);
+    assert_eq!(restored, live_pages_bytes);
+    assert_eq!(
+        r.sim.calls("cuMemMap") - maps,
+        4,
+        "wake maps the live blocks' pages only"
+    );
     assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 0);
     assert_eq!(
         r.sim.calls("cuMemcpyHtoD"),
@@ -51,6 +59,10 @@ fn a_sleeping_device_holds_no_memory_and_wakes_at_the_same_addresses() {
     r.sim.touch(0, 0, big, 5 * MIB, s(1)).unwrap(); // mapped with access again
     let again = r.malloc(64 * 1024, 0, 1);
     r.free(again, 0);
+    // The freed block's pages come back when an allocation needs them.
+    let later = r.malloc(8 * MIB, 0, 1);
+    r.sim.touch(0, 0, later, 8 * MIB, s(1)).unwrap();
+    r.free(later, 0);
     r.free(big, 0);
     r.finish();
 }

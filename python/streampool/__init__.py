@@ -271,9 +271,10 @@ def tag(name: str) -> Iterator[None]:
 
 
 def wake(device: Device = None) -> int:
-    """Map memory again where ``device`` slept, at the same addresses, and restore what a level-1
-    sleep saved; tensors, CUDA graphs and compiled code keep working. Returns the bytes
-    restored. Out of memory part way raises OutOfMemoryError; what was restored stays, and
+    """Map memory again under every live tensor where ``device`` slept, at the same addresses,
+    and restore what a level-1 sleep saved; tensors, CUDA graphs and compiled code keep working
+    (memory no tensor used was given back as ``empty_cache()`` gives it back, and is mapped again
+    when an allocation needs it). Returns the bytes restored. Out of memory part way raises OutOfMemoryError; what was restored stays, and
     calling wake() again goes on. The page-locked host buffer a level-1 sleep used is kept for
     the next sleep (pinning gigabytes again would take longer than the copies):
     :func:`release_sleep_buffer` gives it back."""
@@ -284,7 +285,8 @@ def wake(device: Device = None) -> int:
 
 
 def sleeping_bytes(device: Device = None) -> int:
-    """Bytes of ``device`` asleep now (0 when awake)."""
+    """Bytes of ``device`` asleep now: the memory under live tensors that :func:`wake` maps
+    again (0 when awake)."""
     index = device_index(device)
     out = ctypes.c_uint64()
     _lib.check(_lib.library().streampool_sleeping_bytes(index, ctypes.byref(out)))

@@ -224,11 +224,11 @@ pub trait Sleep {
     /// after the device synchronised (no work in flight). The bytes given back. An error
     /// (already asleep, a capture, host memory that cannot be pinned) changes nothing.
     fn sleep(&self, level: u32, discard: &[TagId]) -> Result<u64>;
-    /// Maps fresh pages at the same addresses (and restores what level 1 saved); the bytes
-    /// restored. Out of memory part way: what was restored stays (correct), the rest sleeps on,
+    /// Maps fresh pages under live blocks at the same addresses (and restores what level 1
+    /// saved); the bytes restored. Out of memory part way: what was restored stays (correct), the rest sleeps on,
     /// and a later wake goes on. An error if it is not asleep.
     fn wake(&self) -> Result<u64>;
-    /// Bytes asleep now (0 when awake).
+    /// Bytes asleep now, the pages under live blocks (0 when awake).
     fn sleeping_bytes(&self) -> u64;
     /// Bytes of contents waiting in page-locked host memory while asleep (0 when awake).
     fn saved_bytes(&self) -> u64;

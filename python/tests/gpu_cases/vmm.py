@@ -145,10 +145,13 @@ def case_vmm_sleep_and_wake(ctx) -> None:
     assert given_back == reserved, (given_back, reserved)
     assert streampool.memory_reserved() == 0
     assert returned >= 0.99 * reserved, f"the device got {returned} B of {reserved} back"
+    # The pages under live blocks sleep; the others went back as empty_cache() gives them back.
+    asleep = streampool.sleeping_bytes()
+    assert 0 < asleep <= reserved, (asleep, reserved)
     began = time.perf_counter()
     restored = streampool.wake()
     woke_s = time.perf_counter() - began
-    assert restored == reserved
+    assert restored == asleep, (restored, asleep)
     for (ptr, saved), t in zip(before, tensors):
         assert t.data_ptr() == ptr, "a tensor moved"
         assert torch.equal(t.detach().cpu(), saved), "contents changed across sleep and wake"
@@ -169,7 +172,7 @@ def case_vmm_sleep_and_wake(ctx) -> None:
         f"vmm sleep: {reserved / MiB:.0f} MiB reserved, {returned / MiB:.0f} MiB back to the device "
         f"({100 * returned / max(reserved, 1):.2f}%), sleep {slept_s * 1e3:.1f} ms "
         f"({reserved / max(slept_s, 1e-9) / 1e9:.1f} GB/s of pages), wake {woke_s * 1e3:.1f} ms "
-        f"({reserved / max(woke_s, 1e-9) / 1e9:.1f} GB/s)"
+        f"({restored / MiB:.0f} MiB under live blocks, {restored / max(woke_s, 1e-9) / 1e9:.1f} GB/s)"
     )
     del graph
 
@@ -188,9 +191,10 @@ def case_vmm_sleep_discarding_a_tag(ctx) -> None:
     torch.cuda.synchronize()
     saved_weights = [w.cpu() for w in weights]
     cache_at = cache.data_ptr()
-    asleep = streampool.sleep(level=1, discard=["kv_cache"])
+    given_back = streampool.sleep(level=1, discard=["kv_cache"])
+    asleep = streampool.sleeping_bytes()  # the pages under live blocks
     saved = streampool.sleep_saved_bytes()
-    assert streampool.sleeping_bytes() == asleep and saved < asleep, (saved, asleep)
+    assert 0 < asleep <= given_back and saved < asleep, (saved, asleep, given_back)
     assert saved >= sum(w.numel() * 4 for w in weights)
     assert saved <= asleep - 60 * MiB, "the cache's pages were saved too"
     assert streampool.sleep_host_buffer_bytes() == saved
