@@ -42,12 +42,32 @@ def _cell(ok: bool, error: str = "") -> str:
     return "fails" + (f": {error.strip()}" if error else "")
 
 
+def _short(text: str, limit: int = 120) -> str:
+    """``text`` cut to at most ``limit`` characters at a space, with "…", and never inside a
+    `code span` (an unmatched backtick would swallow the rest of the table's row)."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0]
+    if cut.count("`") % 2:
+        cut = cut[: cut.rindex("`")].rstrip()
+    return cut + " …"
+
+
 def _streampool_cell(run: Dict) -> str:
     """✓ where streampool agreed with native; a documented difference (the GPU test checked what
     streampool does instead) says so; anything else fails."""
     if run["streampool"] and run.get("difference"):
-        return f"differs: {run['difference'][:120]}"
+        return f"differs: {_short(run['difference'])}"
     return _cell(run["streampool"] and run["agree"])
+
+
+def _pluggable_cell(pool: Dict) -> str:
+    """PyTorch's plain pluggable allocator: ✓, its error, or "differs from native" where it ran
+    and gave another result."""
+    error = pool.get("pluggable_error")
+    if not pool["pluggable"] and error is None:
+        return "differs from native"
+    return _cell(pool["pluggable"], (error or "")[:90])
 
 
 def table(lines: List[Dict], commit: str) -> str:
@@ -71,7 +91,7 @@ def table(lines: List[Dict], commit: str) -> str:
         plain = pool.get("pluggable") if pool else None
         cells = [
             _cell(native) if runs else "not run",
-            "not run" if plain is None else _cell(plain, (pool.get("pluggable_error") or "")[:90]),
+            "not run" if plain is None else _pluggable_cell(pool),
             "not run" if pool is None else _streampool_cell(pool),
             "not run" if vmm is None else _streampool_cell(vmm),
         ]

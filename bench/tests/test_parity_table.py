@@ -24,7 +24,8 @@ def test_rows_show_each_column_and_failures():
     cudnn = rows["| `torch.backends.cudnn.benchmark = True`, conv training"]
     assert cudnn.endswith("| ✓ | fails: RuntimeError: does not yet support cacheInfo | ✓ | ✓ |")
     mempool = rows["| `torch.cuda.MemPool` + `use_mem_pool` (and `use_on_oom`, `no_split`)"]
-    assert mempool.endswith("| ✓ | fails | fails | not run |"), mempool
+    # The plain pluggable allocator ran (no error) and gave another result.
+    assert mempool.endswith("| ✓ | differs from native | fails | not run |"), mempool
     assert "| not run | not run | not run | not run |" in rows["| `get_per_process_memory_fraction`"]
     assert "commit abc1234" in text and "NVIDIA H100" in text
 
@@ -60,3 +61,13 @@ def test_a_documented_difference_shows_as_such_and_new_rows_are_not_run_until_me
     failed = dict(refused, streampool=False)
     row = next(r for r in parity_table.table([failed], "x").splitlines() if "torch.multiprocessing" in r)
     assert "| fails |" in row, row
+
+
+def test_a_long_difference_is_cut_at_a_space_outside_code():
+    long = ("raises at `put`: InvalidArgumentError: 0x302000000 on device 0 is not in a shareable "
+            "pool: allocate it inside `with streampool.shareable():`, or install with ipc")
+    cell = parity_table._streampool_cell(dict(_line("multiprocessing_queue", "pool", agree=False),
+                                              difference=long))
+    assert cell == ("differs: raises at `put`: InvalidArgumentError: 0x302000000 on device 0 is "
+                    "not in a shareable pool: allocate it inside …"), cell
+    assert parity_table._short("short `x`") == "short `x`"
