@@ -49,6 +49,9 @@ def child(config: str) -> None:
              for _ in range(BURST_BYTES // (64 * MIB))]
     torch.cuda.synchronize()
     held = used() - start
+    shareable = "n/a"
+    if options is not None:  # streampool's own reading: the bytes of its shareable pool
+        shareable = f"{streampool.memory_stats()['ipc_reserved_bytes'] / MIB:.0f} MiB"
     del burst
     torch.cuda.synchronize()
     after_free = used() - start
@@ -64,7 +67,8 @@ def child(config: str) -> None:
         x = torch.empty(MIB, dtype=torch.uint8, device="cuda")
         del x
     pair_us = (time.perf_counter() - began) / PAIRS * 1e6
-    print(f"SHAREABLE {config}: burst {held / MIB:.0f} MiB; kept after the free "
+    print(f"SHAREABLE {config}: burst {held / MIB:.0f} MiB (in a shareable pool: {shareable}); "
+          f"kept after the free "
           f"{after_free / MIB:.0f} MiB, after empty_cache() {after_empty / MIB:.0f} MiB, "
           f"{IDLE_S:g} s idle later {after_idle / MIB:.0f} MiB; torch.empty(1 MiB) + del "
           f"{pair_us:.2f} us", flush=True)
