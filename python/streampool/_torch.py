@@ -126,8 +126,8 @@ def install(*, torch_stats: bool = True, **options: Any) -> Any:
     strings such as "8GiB", "80%", "max"): backend ("pool", "vmm": every block on streampool's own
     virtual-memory pool, or "managed": managed memory), vmm_page_size, release_threshold, max_pool_size, cache_limit,
     cache_max_block, small_pool_max (0: one pool for all sizes), trim_on_growth, peer_access
-    ("auto", True or False), ipc (every allocation shareable with other processes; such pools
-    never give memory back), reuse_follow_event_dependencies, reuse_allow_opportunistic,
+    ("auto", True or False), ipc (every allocation shareable with other processes),
+    reuse_follow_event_dependencies, reuse_allow_opportunistic,
     reuse_allow_internal_dependencies (bools), log (a log filter such as "info").
 
     ``torch_stats`` (default True): ``torch.cuda.memory_stats()``, ``memory_allocated()``,
