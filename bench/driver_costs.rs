@@ -3,7 +3,11 @@
 //! it says so and exits 0. Build with `cargo bench --bench driver_costs --no-run` where Rust is,
 //! run the binary on the machine with the GPU (`scripts/gpu-diag costs`).
 //! `COST vmm ...` lines: what the vmm backend's page calls cost (each per 2 MiB page, or per
-//! call where it says so), the figures behind sleep and wake's time.
+//! call where it says so), the figures behind sleep and wake's time; `COST sleep ...` lines
+//! (bench/driver_costs_sleep.rs): the choices sleep and wake's speed depends on.
+
+#[path = "driver_costs_sleep.rs"]
+mod sleep_costs;
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -47,6 +51,7 @@ fn main() {
         .unwrap();
     let report = |what: &str, ns: f64| println!("COST {what:<52} {ns:8.0} ns");
     vmm_page_costs(&driver);
+    sleep_costs::sleep_costs(&driver);
 
     report(
         "cuStreamIsCapturing (with the context check)",

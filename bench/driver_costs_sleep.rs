@@ -1,0 +1,239 @@
+//! Sleep and wake's driver work on the real driver, for the choices their speed depends on
+//! (`COST sleep ...` lines of `scripts/gpu-diag costs`): how the page calls scale with the page
+//! size, whether an asynchronous copy runs while the CPU unmaps or maps other pages, and what
+//! page-locking host memory costs by `cuMemAllocHost` and by registering 2 MiB-aligned memory
+//! that asked the kernel for huge pages.
+//!
+//! Invariant: every mapping and buffer made here is released before it returns; a call the
+//! driver refuses is printed and ends the probe (nothing is timed from a half-done step).
+
+use cudarc::driver::sys;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Instant;
+use streampool::driver::{cuda::CudaDriver, DevicePtr, MemHandle, VmmDriver};
+
+const MIB: u64 = 1 << 20;
+const RUN_BYTES: u64 = 1024 * MIB;
+
+fn report(what: &str, value: f64, unit: &str) {
+    println!("COST sleep {what:<64} {value:10.1} {unit}");
+}
+
+fn ok(what: &str, result: sys::CUresult) -> bool {
+    if result != sys::CUresult::CUDA_SUCCESS {
+        println!("COST sleep {what} refused: {result:?}");
+    }
+    result == sys::CUresult::CUDA_SUCCESS
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// A run of `RUN_BYTES` mapped in `page_bytes` pages with access, in a reservation of its own.
+struct Run {
+    base: DevicePtr,
+    page_bytes: u64,
+    handles: Vec<MemHandle>,
+}
+
+impl Run {
+    fn reserve(driver: &CudaDriver, page_bytes: u64) -> Run {
+        let base = driver.address_reserve(0, RUN_BYTES).unwrap();
+        Run {
+            base,
+            page_bytes,
+            handles: Vec::new(),
+        }
+    }
+
+    fn pages(&self) -> u64 {
+        RUN_BYTES / self.page_bytes
+    }
+
+    fn map(&mut self, driver: &CudaDriver) {
+        for i in 0..self.pages() {
+            let handle = driver.mem_create(0, self.page_bytes).unwrap();
+            let at = DevicePtr(self.base.0 + i * self.page_bytes);
+            driver.mem_map(0, at, self.page_bytes, handle).unwrap();
+            self.handles.push(handle);
+        }
+        driver
+            .mem_set_access(0, self.base, RUN_BYTES, &[0])
+            .unwrap();
+    }
+
+    fn unmap(&mut self, driver: &CudaDriver) {
+        for (i, handle) in self.handles.drain(..).enumerate() {
+            let at = DevicePtr(self.base.0 + i as u64 * self.page_bytes);
+            driver.mem_unmap(0, at, self.page_bytes).unwrap();
+            driver.mem_release(0, handle).unwrap();
+        }
+    }
+
+    fn free(mut self, driver: &CudaDriver) {
+        self.unmap(driver);
+        driver.address_free(0, self.base, RUN_BYTES).unwrap();
+    }
+}
+
+/// What sleep and wake's choices depend on; see the module's comment.
+pub fn sleep_costs(driver: &Arc<CudaDriver>) {
+    // The raw copies below need the device's primary context current on this thread.
+    let (mut device, mut context) = (0, std::ptr::null_mut());
+    // SAFETY: out-parameters of the driver API, valid for the calls.
+    let current = unsafe {
+        ok("cuDeviceGet", sys::cuDeviceGet(&mut device, 0))
+            && ok(
+                "cuDevicePrimaryCtxRetain",
+                sys::cuDevicePrimaryCtxRetain(&mut context, device),
+            )
+            && ok("cuCtxSetCurrent", sys::cuCtxSetCurrent(context))
+    };
+    if !current {
+        return;
+    }
+    for page_bytes in [2 * MIB, 32 * MIB] {
+        let mut run = Run::reserve(driver, page_bytes);
+        let t = Instant::now();
+        run.map(driver);
+        let map_ms = ms(t);
+        let t = Instant::now();
+        run.unmap(driver);
+        let unmap_ms = ms(t);
+        let label = format!("{} MiB pages", page_bytes / MIB);
+        report(
+            &format!("create + map + access, 1 GiB in {label}"),
+            map_ms,
+            "ms",
+        );
+        report(
+            &format!("unmap + release, 1 GiB in {label}"),
+            unmap_ms,
+            "ms",
+        );
+        run.free(driver);
+    }
+    overlap(driver);
+    pinning(driver);
+}
+
+/// A copy of one run on the legacy stream while the CPU unmaps (sleep) or maps (wake) another:
+/// the wall time against the same work one after the other.
+fn overlap(driver: &CudaDriver) {
+    let page = 2 * MIB;
+    let host = driver.host_alloc(0, RUN_BYTES).unwrap();
+    let (mut data, mut other) = (Run::reserve(driver, page), Run::reserve(driver, page));
+    data.map(driver);
+    let host_ptr = host.raw() as *mut c_void;
+    for overlapped in [false, true] {
+        other.map(driver);
+        let t = Instant::now();
+        // SAFETY: the host buffer and the mapped run are both RUN_BYTES long.
+        let copied = unsafe {
+            match overlapped {
+                true => sys::cuMemcpyDtoHAsync_v2(
+                    host_ptr,
+                    data.base.0,
+                    RUN_BYTES as usize,
+                    std::ptr::null_mut(),
+                ),
+                false => sys::cuMemcpyDtoH_v2(host_ptr, data.base.0, RUN_BYTES as usize),
+            }
+        };
+        if !ok("the copy to the host", copied) {
+            return;
+        }
+        other.unmap(driver);
+        // SAFETY: no arguments.
+        if !ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() }) {
+            return;
+        }
+        let what = if overlapped {
+            "overlapped"
+        } else {
+            "one after the other"
+        };
+        report(
+            &format!("sleep: copy 1 GiB out + unmap 1 GiB, {what}"),
+            ms(t),
+            "ms",
+        );
+    }
+    for overlapped in [false, true] {
+        let t = Instant::now();
+        // SAFETY: as above.
+        let copied = unsafe {
+            match overlapped {
+                true => sys::cuMemcpyHtoDAsync_v2(
+                    data.base.0,
+                    host_ptr,
+                    RUN_BYTES as usize,
+                    std::ptr::null_mut(),
+                ),
+                false => sys::cuMemcpyHtoD_v2(data.base.0, host_ptr, RUN_BYTES as usize),
+            }
+        };
+        if !ok("the copy to the device", copied) {
+            return;
+        }
+        other.map(driver);
+        // SAFETY: no arguments.
+        if !ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() }) {
+            return;
+        }
+        let what = if overlapped {
+            "overlapped"
+        } else {
+            "one after the other"
+        };
+        report(
+            &format!("wake: copy 1 GiB in + map 1 GiB, {what}"),
+            ms(t),
+            "ms",
+        );
+        other.unmap(driver);
+    }
+    data.free(driver);
+    other.free(driver);
+    driver.host_free(0, host);
+}
+
+/// Page-locking 1 GiB of host memory: `cuMemAllocHost`, and 2 MiB-aligned memory the kernel
+/// was asked to back with huge pages, touched, then `cuMemHostRegister`ed.
+fn pinning(driver: &CudaDriver) {
+    let t = Instant::now();
+    let host = driver.host_alloc(0, RUN_BYTES).unwrap();
+    report("cuMemAllocHost, 1 GiB", ms(t), "ms");
+    driver.host_free(0, host);
+
+    let layout = std::alloc::Layout::from_size_align(RUN_BYTES as usize, 2 * MIB as usize).unwrap();
+    let t = Instant::now();
+    // SAFETY: a non-zero size; freed below with the same layout.
+    let memory = unsafe { std::alloc::alloc(layout) };
+    if memory.is_null() {
+        return println!("COST sleep: 1 GiB of host memory could not be allocated");
+    }
+    // SAFETY: `memory` is RUN_BYTES long; madvise only advises, and the bytes are ours to write.
+    unsafe {
+        libc::madvise(memory.cast(), RUN_BYTES as usize, libc::MADV_HUGEPAGE);
+        std::ptr::write_bytes(memory, 0, RUN_BYTES as usize);
+    }
+    let touched_ms = ms(t);
+    let t = Instant::now();
+    // SAFETY: the range is ours and stays allocated until it is unregistered.
+    let registered = unsafe { sys::cuMemHostRegister_v2(memory.cast(), RUN_BYTES as usize, 0) };
+    if ok("cuMemHostRegister", registered) {
+        report(
+            "huge-page memory: allocate + touch, 1 GiB",
+            touched_ms,
+            "ms",
+        );
+        report("huge-page memory: cuMemHostRegister, 1 GiB", ms(t), "ms");
+        // SAFETY: registered above.
+        unsafe { sys::cuMemHostUnregister(memory.cast()) };
+    }
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(memory, layout) };
+}
