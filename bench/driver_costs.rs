@@ -263,35 +263,25 @@ fn vmm_page_costs(driver: &Arc<CudaDriver>) {
     }
 
     // Four threads creating and releasing pages at once: does the driver serialise them?
-    let threads = 4;
-    let t = Instant::now();
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| {
-                let made: Vec<MemHandle> = (0..PAGES / threads)
-                    .map(|_| driver.mem_create(0, page).unwrap())
-                    .collect();
-                for h in made {
-                    driver.mem_release(0, h).unwrap();
-                }
-            });
+    let create_release = |pages: u64| {
+        let made: Vec<MemHandle> = (0..pages)
+            .map(|_| driver.mem_create(0, page).unwrap())
+            .collect();
+        for h in made {
+            driver.mem_release(0, h).unwrap();
         }
-    });
-    report(
-        "cuMemCreate + cuMemRelease, 4 threads (wall per page)",
-        t.elapsed().as_nanos() as f64 / PAGES as f64,
-    );
-    let t = Instant::now();
-    let made: Vec<MemHandle> = at
-        .iter()
-        .map(|_| driver.mem_create(0, page).unwrap())
-        .collect();
-    for h in made {
-        driver.mem_release(0, h).unwrap();
+    };
+    for threads in [4, 1] {
+        let t = Instant::now();
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| create_release(PAGES / threads));
+            }
+        });
+        report(
+            &format!("cuMemCreate + cuMemRelease, {threads} thread(s) (wall per page)"),
+            t.elapsed().as_nanos() as f64 / PAGES as f64,
+        );
     }
-    report(
-        "cuMemCreate + cuMemRelease, 1 thread (per page)",
-        t.elapsed().as_nanos() as f64 / PAGES as f64,
-    );
     driver.address_free(0, base, run_bytes).unwrap();
 }

@@ -4,8 +4,9 @@
 //! page-locking host memory costs by `cuMemAllocHost` and by registering 2 MiB-aligned memory
 //! that asked the kernel for huge pages.
 //!
-//! Invariant: every mapping and buffer made here is released before it returns; a call the
-//! driver refuses is printed and ends the probe (nothing is timed from a half-done step).
+//! Invariant: a call the driver refuses is printed and ends the probe, leaving what it holds to
+//! the process's end (nothing is timed from a half-done step); otherwise every mapping and
+//! buffer made here is released before it returns.
 
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -119,6 +120,26 @@ pub fn sleep_costs(driver: &Arc<CudaDriver>) {
     pinning(driver);
 }
 
+/// The milliseconds from `copy` to the device's synchronisation, with `work` done on the CPU in
+/// between; None (printed) if the driver refused the copy or the synchronisation.
+fn copy_beside(copy: impl FnOnce() -> sys::CUresult, work: impl FnOnce()) -> Option<f64> {
+    let t = Instant::now();
+    if !ok("the copy", copy()) {
+        return None;
+    }
+    work();
+    // SAFETY: no arguments.
+    ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() }).then(|| ms(t))
+}
+
+fn how(overlapped: bool) -> &'static str {
+    if overlapped {
+        "overlapped"
+    } else {
+        "one after the other"
+    }
+}
+
 /// A copy of one run on the legacy stream while the CPU unmaps (sleep) or maps (wake) another:
 /// the wall time against the same work one after the other.
 fn overlap(driver: &CudaDriver) {
@@ -126,73 +147,36 @@ fn overlap(driver: &CudaDriver) {
     let host = driver.host_alloc(0, RUN_BYTES).unwrap();
     let (mut data, mut other) = (Run::reserve(driver, page), Run::reserve(driver, page));
     data.map(driver);
-    let host_ptr = host.raw() as *mut c_void;
+    let (host_ptr, bytes, at) = (host.raw() as *mut c_void, RUN_BYTES as usize, data.base.0);
+    let null = std::ptr::null_mut();
     for overlapped in [false, true] {
         other.map(driver);
-        let t = Instant::now();
         // SAFETY: the host buffer and the mapped run are both RUN_BYTES long.
-        let copied = unsafe {
+        let copy = || unsafe {
             match overlapped {
-                true => sys::cuMemcpyDtoHAsync_v2(
-                    host_ptr,
-                    data.base.0,
-                    RUN_BYTES as usize,
-                    std::ptr::null_mut(),
-                ),
-                false => sys::cuMemcpyDtoH_v2(host_ptr, data.base.0, RUN_BYTES as usize),
+                true => sys::cuMemcpyDtoHAsync_v2(host_ptr, at, bytes, null),
+                false => sys::cuMemcpyDtoH_v2(host_ptr, at, bytes),
             }
         };
-        if !ok("the copy to the host", copied) {
+        let Some(took_ms) = copy_beside(copy, || other.unmap(driver)) else {
             return;
-        }
-        other.unmap(driver);
-        // SAFETY: no arguments.
-        if !ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() }) {
-            return;
-        }
-        let what = if overlapped {
-            "overlapped"
-        } else {
-            "one after the other"
         };
-        report(
-            &format!("sleep: copy 1 GiB out + unmap 1 GiB, {what}"),
-            ms(t),
-            "ms",
-        );
+        let what = format!("sleep: copy 1 GiB out + unmap 1 GiB, {}", how(overlapped));
+        report(&what, took_ms, "ms");
     }
     for overlapped in [false, true] {
-        let t = Instant::now();
         // SAFETY: as above.
-        let copied = unsafe {
+        let copy = || unsafe {
             match overlapped {
-                true => sys::cuMemcpyHtoDAsync_v2(
-                    data.base.0,
-                    host_ptr,
-                    RUN_BYTES as usize,
-                    std::ptr::null_mut(),
-                ),
-                false => sys::cuMemcpyHtoD_v2(data.base.0, host_ptr, RUN_BYTES as usize),
+                true => sys::cuMemcpyHtoDAsync_v2(at, host_ptr, bytes, null),
+                false => sys::cuMemcpyHtoD_v2(at, host_ptr, bytes),
             }
         };
-        if !ok("the copy to the device", copied) {
+        let Some(took_ms) = copy_beside(copy, || other.map(driver)) else {
             return;
-        }
-        other.map(driver);
-        // SAFETY: no arguments.
-        if !ok("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() }) {
-            return;
-        }
-        let what = if overlapped {
-            "overlapped"
-        } else {
-            "one after the other"
         };
-        report(
-            &format!("wake: copy 1 GiB in + map 1 GiB, {what}"),
-            ms(t),
-            "ms",
-        );
+        let what = format!("wake: copy 1 GiB in + map 1 GiB, {}", how(overlapped));
+        report(&what, took_ms, "ms");
         other.unmap(driver);
     }
     data.free(driver);
