@@ -33,6 +33,10 @@ def copy_of_the_repository(tmp_path, folder=None):
     for sub in (ROOT / run.folder).iterdir():  # the groups' folders, which the commands name
         if sub.is_dir():
             (target / sub.name).mkdir()
+    newest = headline.load(ROOT).parity  # the newest parity table may be a run's of its own
+    if newest is not None:
+        (tmp_path / newest[0]).mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / newest[0] / headline.PARITY_FILE, tmp_path / newest[0] / headline.PARITY_FILE)
     return run
 
 
