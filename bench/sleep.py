@@ -11,9 +11,12 @@ exits 0 only if every child ran to the end (a mismatch is a result, not a failur
 The configurations (CONFIGS):
 
 - ``native``: PyTorch's caching allocator, no sleep: the workload's footprint.
-- ``streampool-vmm``: ``streampool.install(backend="vmm")`` before CUDA starts; sleep is
-  ``streampool.sleep(level=1)`` (it synchronises and gives every page back, the cache's too,
-  what live tensors hold waiting in page-locked host memory), wake is ``streampool.wake()``.
+- ``streampool-vmm``: ``streampool.install(backend="vmm", idle_release="off")`` before CUDA
+  starts (without the idle release, which would give back what the training step left unused
+  2 s after its last free, the sleep gives back everything itself and its time counts all of
+  it); sleep is ``streampool.sleep(level=1)`` (it synchronises and gives every page back, the
+  cache's too, what live tensors hold waiting in page-locked host memory; its return, the bytes
+  it gave back, is recorded for both cycles), wake is ``streampool.wake()``.
 - ``tms``: torch_memory_saver in its default hook mode, ``preload`` (what SGLang and the RL
   frameworks built on it run: its .so in LD_PRELOAD, so it must be there when the process
   starts: the child re-executes itself with LD_PRELOAD set to the .so the package itself picks

@@ -20,7 +20,8 @@ TMS_TORCH = "tms-torch"
 CONFIGS = (NATIVE, STREAMPOOL, TMS, TMS_TORCH)
 DESCRIPTIONS = {
     NATIVE: "PyTorch's caching allocator, no sleep (the footprint)",
-    STREAMPOOL: 'streampool.install(backend="vmm"); streampool.sleep(level=1) / wake()',
+    STREAMPOOL: 'streampool.install(backend="vmm", idle_release="off") (the sleep gives back '
+    'everything itself); streampool.sleep(level=1) / wake()',
     TMS: "torch_memory_saver, hook mode preload (LD_PRELOAD), region(enable_cpu_backup=True); "
     "empty_cache() + pause() / resume()",
     TMS_TORCH: 'torch_memory_saver, hook_mode = "torch" (pluggable allocator), otherwise as tms',
@@ -141,6 +142,8 @@ def row(record: Dict[str, Any]) -> Dict[str, Any]:
     second = record.get("second_cycle") or {}
     out.update({
         "held_asleep_bytes": asleep,
+        "sleep_returned_bytes": record.get("sleep_returned"),
+        "second_sleep_returned_bytes": second.get("sleep_returned"),
         "held_woken_bytes": woken,
         "given_back_pct": gone,
         "beyond_context_given_back_pct": given_back_pct(before, asleep, context),

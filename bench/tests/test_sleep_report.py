@@ -46,7 +46,8 @@ def sleeper_record(config="streampool-vmm", **changes):
         "wake_s": 0.15,  # 40 GB/s: 72.7% of 55
         "bitwise_equal": True, "mismatches": [], "restore_equal": True, "addresses_kept": True,
         "reference_repeatable": True, "step_equal": True,
-        "second_cycle": {"sleep_s": 0.1, "wake_s": 0.12,
+        "sleep_returned": 20 * GIB,
+        "second_cycle": {"sleep_s": 0.1, "wake_s": 0.12, "sleep_returned": 19 * GIB,
                          "before": reading(21504 * MIB, 22016 * MIB, reserved=20 * GIB),
                          "asleep": reading(1024 * MIB, 1536 * MIB)},
     }
@@ -94,6 +95,8 @@ def test_row_of_a_sleeper():
     assert row["given_back_pct"] == pytest.approx(100 * 20380 / 20480)
     assert row["beyond_context_given_back_pct"] == pytest.approx(100 * 20380 / 20992)
     assert row["outside_allocator_before_bytes"] == 1024 * MIB
+    # What each sleep itself said it gave back (the idle release is off in the child).
+    assert (row["sleep_returned_bytes"], row["second_sleep_returned_bytes"]) == (20 * GIB, 19 * GIB)
     assert row["sleep_gbps"] == pytest.approx(48.0)
     assert row["sleep_link_pct"] == pytest.approx(96.0)
     assert row["wake_gbps"] == pytest.approx(40.0)
