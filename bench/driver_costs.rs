@@ -50,8 +50,6 @@ fn main() {
         .pool_set_attr(0, pool, PoolAttr::ReleaseThresholdBytes(u64::MAX))
         .unwrap();
     let report = |what: &str, ns: f64| println!("COST {what:<52} {ns:8.0} ns");
-    vmm_page_costs(&driver);
-    sleep_costs::sleep_costs(&driver);
 
     report(
         "cuStreamIsCapturing (with the context check)",
@@ -124,6 +122,10 @@ fn main() {
         );
     }
     alloc.empty_cache().unwrap();
+    drop(alloc);
+    // Last: a refusal there ends the binary, and the lines above are printed already.
+    vmm_page_costs(&driver);
+    sleep_costs::sleep_costs(&driver);
 }
 
 /// Nanoseconds per item of `op` over `items`, timed once (each call changes the device).
