@@ -65,9 +65,9 @@ def _pluggable_cell(pool: Dict) -> str:
     """PyTorch's plain pluggable allocator: ✓, its error, or "differs from native" where it ran
     and gave another result."""
     error = pool.get("pluggable_error")
-    if not pool["pluggable"] and error is None:
+    if not pool["pluggable"] and error is None and pool["native"]:
         return "differs from native"
-    return _cell(pool["pluggable"], (error or "")[:90])
+    return _cell(pool["pluggable"], _short(error or "", 90))
 
 
 def table(lines: List[Dict], commit: str) -> str:

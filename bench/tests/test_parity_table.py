@@ -71,3 +71,9 @@ def test_a_long_difference_is_cut_at_a_space_outside_code():
     assert cell == ("differs: raises at `put`: InvalidArgumentError: 0x302000000 on device 0 is "
                     "not in a shareable pool: allocate it inside …"), cell
     assert parity_table._short("short `x`") == "short `x`"
+
+
+def test_the_plain_pluggable_allocator_differs_only_where_native_passed():
+    ran = dict(_line("mempool", "pool", pluggable=False), native=False)
+    row = next(r for r in parity_table.table([ran], "x").splitlines() if "MemPool" in r)
+    assert row.endswith("| fails | fails | ✓ | not run |"), row
