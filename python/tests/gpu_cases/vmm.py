@@ -162,7 +162,7 @@ def case_vmm_sleep_and_wake(ctx) -> None:
     assert torch.equal(a, b), "a training step after wake differs from one that never slept"
     for p, q in zip(model.parameters(), twin.parameters()):
         assert torch.equal(p, q)
-    # Level 2: the contents go; the memory comes back all the same.
+    # Level 2: the contents go; the memory under live tensors comes back all the same.
     streampool.sleep(level=2)
     assert streampool.memory_reserved() == 0
     streampool.wake()

@@ -100,8 +100,9 @@ impl Sleep for VmmResource {
         let host = self.save(&mut st, &saved)?;
         let given_back = st.physical_bytes(self.page_bytes);
         // Pages no live block lies on go back as empty_cache() gives them back: only the pages
-        // under live blocks sleep, and wake maps only those (on an H200 a page costs about
-        // 35 us of driver calls at wake; the others are mapped when an allocation needs them).
+        // under live blocks sleep, and wake maps only those (on an H200 a page costs 8.8 us to
+        // create, 5.7 to map and 26 to give access at wake; the others are mapped when an
+        // allocation needs them).
         self.release_down_to(&mut st, 0, None);
         let pages = self.give_back_all(&mut st, &saved);
         st.asleep = Some(Asleep { pages, host });
