@@ -478,3 +478,33 @@ fn a_page_that_can_be_neither_restored_nor_unmapped_at_wake_does_not_stop_later_
     r.free(a, 0);
     r.finish();
 }
+
+#[test]
+fn memory_freed_before_and_during_a_sleep_serves_a_block_across_it_after_wake() {
+    let r = vmm_rig(256 * MIB);
+    let a = r.malloc(4 * MIB, 0, 1);
+    let b = r.malloc(4 * MIB, 0, 1);
+    let c = r.malloc(4 * MIB, 0, 1);
+    fill(&r, c, 4 * MIB, 3);
+    r.free(b, 0); // idle at the sleep: given back, not asleep
+    let given_back = r.alloc.sleep(0, 1).unwrap();
+    assert_eq!(
+        r.alloc.sleeping_bytes(0).unwrap(),
+        8 * MIB,
+        "a's and c's pages"
+    );
+    assert_eq!(given_back, 12 * MIB);
+    r.free(a, 0); // asleep under a block that is gone by the wake
+    assert_eq!(r.alloc.wake(0).unwrap(), 8 * MIB);
+    assert!(holds(&r, c, 4 * MIB, 3));
+    // a's restored pages and b's released ones, side by side, back one block: every page of it
+    // mapped with access (the simulator refuses a touch of anything else).
+    let across = r.malloc(8 * MIB, 0, 1);
+    assert_eq!(across, a, "the freed range at a's place is reused");
+    r.sim.touch(0, 0, across, 8 * MIB, s(1)).unwrap();
+    fill(&r, across, 8 * MIB, 4);
+    assert!(holds(&r, c, 4 * MIB, 3), "the new block overlaps c");
+    r.free(across, 0);
+    r.free(c, 0);
+    r.finish();
+}
