@@ -12,12 +12,13 @@
 mod controls;
 mod ipc;
 mod managed;
+mod peers;
 mod pools;
 mod races;
 mod streams;
 mod vmm;
 
-use super::{DeviceDriver, DevicePtr, MemInfo, PeerDriver, Stream};
+use super::{DeviceDriver, DevicePtr, MemInfo, Stream};
 use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::units::round_up;
 use parking_lot::Mutex;
@@ -442,37 +443,6 @@ impl DeviceDriver for SimDriver {
         d.complete_all_streams();
         d.retire_completed();
         d.apply_release_threshold();
-        Ok(())
-    }
-}
-
-impl PeerDriver for SimDriver {
-    fn can_access_peer(&self, device: usize, peer: usize) -> Result<bool> {
-        if peer >= self.devices.len() {
-            return Err(driver_error(
-                "cuDeviceGet",
-                101,
-                "CUDA_ERROR_INVALID_DEVICE",
-            ));
-        }
-        drop(self.device(device, "cuDeviceCanAccessPeer")?);
-        Ok(peer != device && !self.peer_incapable.lock().contains(&(device, peer)))
-    }
-
-    fn pool_grant_access(&self, device: usize, pool: super::PoolHandle, peer: usize) -> Result<()> {
-        // As CUDA: the owner's access cannot be changed, and a peer must be capable.
-        if !self.can_access_peer(device, peer)? {
-            return Err(driver_error(
-                "cuMemPoolSetAccess",
-                101,
-                "CUDA_ERROR_INVALID_DEVICE",
-            ));
-        }
-        let mut d = self.device(device, "cuMemPoolSetAccess")?;
-        let peers = &mut pools::get_mut(&mut d, pool, "cuMemPoolSetAccess")?.peers;
-        if !peers.contains(&peer) {
-            peers.push(peer);
-        }
         Ok(())
     }
 }
