@@ -174,7 +174,10 @@ fn vmm_page_costs(driver: &Arc<CudaDriver>) {
     let t = Instant::now();
     let host = driver.host_alloc(0, run_bytes).unwrap();
     let pin_ns = t.elapsed().as_nanos() as f64;
-    report("cuMemAllocHost, per page of the run", pin_ns / PAGES as f64);
+    report(
+        "host_alloc (huge pages, touched by threads, registered), per page of the run",
+        pin_ns / PAGES as f64,
+    );
     let offsets: Vec<u64> = (0..PAGES).map(|i| i * page).collect();
     report(
         "cuMemcpyDtoH, one page",

@@ -200,13 +200,28 @@ fn overlap(driver: &CudaDriver) {
     driver.host_free(0, host);
 }
 
-/// Page-locking 1 GiB of host memory: `cuMemAllocHost`, and 2 MiB-aligned memory the kernel
-/// was asked to back with huge pages, touched, then `cuMemHostRegister`ed.
+/// Page-locking 1 GiB of host memory: the driver's `host_alloc` (threads touch huge-page memory,
+/// then it is registered), `cuMemAllocHost`, and the same memory touched by one thread, then
+/// `cuMemHostRegister`ed.
 fn pinning(driver: &CudaDriver) {
     let t = Instant::now();
     let host = driver.host_alloc(0, RUN_BYTES).unwrap();
-    report("cuMemAllocHost, 1 GiB", ms(t), "ms");
+    report(
+        "host_alloc (threads touch huge pages, then register), 1 GiB",
+        ms(t),
+        "ms",
+    );
     driver.host_free(0, host);
+    let mut raw: *mut c_void = std::ptr::null_mut();
+    let t = Instant::now();
+    // SAFETY: valid out-pointer; the primary context is current (sleep_costs).
+    if ok("cuMemAllocHost", unsafe {
+        sys::cuMemAllocHost_v2(&mut raw, RUN_BYTES as usize)
+    }) {
+        report("cuMemAllocHost, 1 GiB", ms(t), "ms");
+        // SAFETY: allocated just above.
+        unsafe { sys::cuMemFreeHost(raw) };
+    }
 
     let layout = std::alloc::Layout::from_size_align(RUN_BYTES as usize, 2 * MIB as usize).unwrap();
     let t = Instant::now();

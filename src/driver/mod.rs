@@ -327,7 +327,8 @@ pub trait VmmDriver {
     /// (`cuMemImportFromShareableHandle`; the fd stays the caller's); released with
     /// [`VmmDriver::mem_release`] once unmapped.
     fn mem_import_fd(&self, device: usize, fd: i32) -> Result<MemHandle>;
-    /// `bytes` of page-locked host memory (`cuMemAllocHost`), with `device`'s context current.
+    /// `bytes` of page-locked host memory (registered, or `cuMemAllocHost`), with `device`'s
+    /// context current.
     /// Out of memory is `Error::Driver` with `CUDA_ERROR_OUT_OF_MEMORY`.
     fn host_alloc(&self, device: usize, bytes: u64) -> Result<HostBuffer>;
     /// Frees page-locked host memory from [`VmmDriver::host_alloc`].

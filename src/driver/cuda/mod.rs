@@ -4,6 +4,7 @@
 //! that needs a context first makes the device's primary context current on this thread
 //! (autograd's backward thread has none) and restores the thread's previous context afterwards.
 
+mod host;
 mod ipc;
 mod managed;
 mod streams;

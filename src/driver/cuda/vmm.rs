@@ -209,19 +209,13 @@ impl VmmDriver for CudaDriver {
 
     fn host_alloc(&self, device: usize, bytes: u64) -> Result<HostBuffer> {
         let _scope = self.enter(device)?;
-        let mut ptr: *mut std::ffi::c_void = std::ptr::null_mut();
-        let bytes = size_t(bytes)?;
-        // SAFETY: valid out-pointer; the context is current.
-        check("cuMemAllocHost", unsafe {
-            sys::cuMemAllocHost_v2(&mut ptr, bytes)
-        })?;
+        let ptr = super::host::alloc(size_t(bytes)?)?;
         Ok(HostBuffer::from_raw(ptr as usize))
     }
 
     fn host_free(&self, device: usize, buffer: HostBuffer) {
         if let Ok(_scope) = self.enter(device) {
-            // SAFETY: a pointer from cuMemAllocHost, freed once (the caller's).
-            let _ = unsafe { sys::cuMemFreeHost(buffer.raw() as *mut std::ffi::c_void) };
+            super::host::free(buffer.raw() as *mut std::ffi::c_void);
         }
     }
 
