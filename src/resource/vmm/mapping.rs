@@ -339,10 +339,11 @@ impl VmmResource {
     ) -> &'g mut (Vec<u64>, Vec<u64>) {
         let keep = growth.keep;
         growth.listed.get_or_insert_with(|| {
-            let cold_before_ms = now_ms.saturating_sub(self.cold_after_ms);
+            // Nothing is cold before the clock has run for `cold_after_ms`.
+            let cold_before_ms = now_ms.checked_sub(self.cold_after_ms);
             let (mut cold, mut hot): (Vec<u64>, Vec<u64>) = idle_pages(st, keep)
                 .into_iter()
-                .partition(|p| st.pages[p].last_used_ms <= cold_before_ms);
+                .partition(|p| cold_before_ms.is_some_and(|b| st.pages[p].last_used_ms <= b));
             // Popped from the back: the smallest holes first, as listed.
             cold.reverse();
             hot.reverse();

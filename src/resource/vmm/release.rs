@@ -28,7 +28,10 @@ impl VmmResource {
         }
         // Unused for a second or more (and cold): not memory a loop uses every step.
         let unused_ms = self.cold_after_ms.max(RELEASE_AFTER_MS);
-        let cold_before_ms = self.driver.now_ms().saturating_sub(unused_ms);
+        // Nothing has been unused that long before the clock has run that long.
+        let Some(cold_before_ms) = self.driver.now_ms().checked_sub(unused_ms) else {
+            return true;
+        };
         self.release_down_to(&mut st, threshold, Some(cold_before_ms));
         st.physical_bytes(self.page_bytes) > threshold
     }

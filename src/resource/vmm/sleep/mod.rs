@@ -1,0 +1,358 @@
+//! Sleep and wake: every physical page goes back to the device while the addresses stay
+//! reserved, and fresh pages are mapped at the same addresses under every live block later, so
+//! tensors, CUDA graphs and compiled code that hold those addresses keep working; pages no live
+//! block lies on go back as `empty_cache()` gives them back (mapped again when an allocation
+//! needs them), so only the pages under live blocks sleep. At level 1 the pages under live blocks
+//! are copied to one page-locked host buffer first and copied back at wake ([`wake`]) — but for
+//! blocks allocated under a tag the caller discards ([`crate::tag`]); at level 2 their contents
+//! are discarded. The copies run on a stream of the resource's own while the driver unmaps the
+//! idle pages (sleep) or maps the next pages (wake): on an H200 a 2 MiB page costs about as long
+//! to unmap and release (44 us) or to map with access (54 us) as to copy (38 us). Pages adjacent
+//! in one address reservation move as one run: one copy each way (not one a page). The host
+//! buffer is kept after a wake for the next sleep (page-locking gigabytes takes longer than
+//! copying them) until [`Sleep::release_host_buffer`], a larger sleep, or the resource's end.
+//!
+//! Invariants: a sleep happens only after the device synchronised (no work in flight, so nothing
+//! half-written is copied) and never during a capture; a page under a live block is unmapped
+//! only once every copy has completed; a sleep that fails changes nothing on the device but the
+//! idle pages given back as `empty_cache()` gives them back (a host buffer had stays kept), and
+//! leaves no copy in flight; while asleep nothing is allocated (a request is refused, saying to
+//! wake the device), nothing is released (there is nothing mapped to release), frees are booked
+//! as usual; a wake maps each page before it copies it back, returns once every copy has
+//! completed, and keeps every page it restored — out of memory part way leaves the rest asleep
+//! for a later wake; a page under a kept block is saved even if a discarded block shares it.
+
+mod wake;
+
+use super::{Page, Region, VmmResource, VmmState};
+use crate::driver::{DevicePtr, HostBuffer, Stream};
+use crate::error::{Error, Result};
+use crate::history::StreampoolEventKind as Event;
+use crate::resource::Sleep;
+use crate::tag::TagId;
+use std::collections::BTreeSet;
+use std::ops::Range;
+
+/// A page given back by a sleep.
+#[derive(Debug, Clone, Copy)]
+struct SleptPage {
+    page: u64,
+    region: Region,
+    /// Where its contents wait in the host buffer (level 1, a page under a live block).
+    saved_at: Option<u64>,
+}
+
+/// Page-locked host memory and its size.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HostBytes {
+    pub(super) buffer: HostBuffer,
+    pub(super) bytes: u64,
+}
+
+/// The state of a sleeping resource.
+#[derive(Debug)]
+pub(super) struct Asleep {
+    /// Pages still to map again, in address order.
+    pages: Vec<SleptPage>,
+    /// Where the saved contents wait, if any were saved.
+    host: Option<HostBytes>,
+}
+
+impl Asleep {
+    /// The host buffer holding the saved contents, if any.
+    pub(super) fn host(&self) -> Option<HostBytes> {
+        self.host
+    }
+}
+
+/// The error of a request made while asleep.
+pub(super) fn asleep_error(device: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "device {device} is asleep (streampool.sleep()): call streampool.wake() before \
+         allocating on it"
+    ))
+}
+
+impl Sleep for VmmResource {
+    fn sleep(&self, level: u32, discard: &[TagId]) -> Result<u64> {
+        if !matches!(level, 1 | 2) {
+            return Err(Error::InvalidArgument(format!(
+                "sleep level {level}: 1 keeps the contents in host memory, 2 discards them"
+            )));
+        }
+        let mut st = self.lock_enabled()?;
+        self.check_can_sleep(&mut st)?;
+        self.return_slot(&mut st);
+        // The device synchronised: every fence is done once recorded or settled.
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        if st.fences.record_all_pending(driver, device) {
+            drop(st);
+            driver.synchronize(device)?;
+            st = self.lock_enabled()?;
+            // Another thread may have slept, or begun a capture, while the lock was free.
+            self.check_can_sleep(&mut st)?;
+        }
+        self.update_ranges(&mut st, super::Caller::Program);
+        self.unmap_retired(&mut st);
+        if !st.retiring.is_empty() {
+            return Err(Error::Internal(format!(
+                "device {device}: moved pages could not be unmapped; try again"
+            )));
+        }
+        let saved = match level {
+            1 => self.pages_under_kept_blocks(&st, discard),
+            _ => BTreeSet::new(),
+        };
+        let host = self.save(&mut st, &saved)?;
+        let given_back = st.physical_bytes(self.page_bytes);
+        // While the copies run, pages no live block lies on go back as empty_cache() gives them
+        // back: only the pages under live blocks sleep, and wake maps only those (on an H200 a
+        // page costs 8.8 us to create, 5.7 to map and 26 to give access at wake; the others are
+        // mapped when an allocation needs them).
+        self.release_down_to(&mut st, 0, None);
+        if let (Some(host), Some(stream)) = (host, st.copy_stream) {
+            if let Err(e) = self.wait_for_copies(stream) {
+                st.sleep_buffer = Some(host);
+                return Err(e);
+            }
+        }
+        let pages = self.give_back_all(&mut st, &saved);
+        st.asleep = Some(Asleep { pages, host });
+        log::info!(
+            "device {device}: asleep at level {level}, {given_back} B given back, {} B kept in \
+             host memory",
+            saved.len() as u64 * self.page_bytes
+        );
+        Ok(given_back)
+    }
+
+    fn wake(&self) -> Result<u64> {
+        let mut st = self.lock_enabled()?;
+        let Some(mut asleep) = st.asleep.take() else {
+            return Err(Error::InvalidArgument(format!(
+                "device {} is not asleep: nothing to wake",
+                self.device
+            )));
+        };
+        let (restored, result) = self.restore(&mut st, &asleep.pages, asleep.host);
+        // The pages restored leave the list at once (not one by one, which would be quadratic in
+        // the pages of a full device).
+        asleep.pages.retain(|p| !restored.contains(&p.page));
+        let restored_bytes = restored.len() as u64 * self.page_bytes;
+        if let Err(e) = result {
+            st.asleep = Some(asleep);
+            return Err(e);
+        }
+        // Kept for the next sleep: a kept buffer is never both here and in a sleep.
+        if let Some(host) = asleep.host {
+            debug_assert!(st.sleep_buffer.is_none());
+            st.sleep_buffer = Some(host);
+        }
+        Ok(restored_bytes)
+    }
+
+    fn sleeping_bytes(&self) -> u64 {
+        let st = self.state.lock();
+        st.asleep
+            .as_ref()
+            .map_or(0, |a| a.pages.len() as u64 * self.page_bytes)
+    }
+
+    fn saved_bytes(&self) -> u64 {
+        let st = self.state.lock();
+        let asleep = st.asleep.as_ref().map_or(&[][..], |a| &a.pages[..]);
+        let saved = asleep.iter().filter(|p| p.saved_at.is_some()).count();
+        saved as u64 * self.page_bytes
+    }
+
+    fn host_buffer_bytes(&self) -> u64 {
+        let st = self.state.lock();
+        let asleep = st.asleep.as_ref().and_then(|a| a.host);
+        asleep.or(st.sleep_buffer).map_or(0, |h| h.bytes)
+    }
+
+    fn release_host_buffer(&self) -> Result<u64> {
+        let mut st = self.lock_enabled()?;
+        let Some(kept) = st.sleep_buffer.take() else {
+            if st.asleep.as_ref().is_some_and(|a| a.host.is_some()) {
+                return Err(Error::InvalidArgument(format!(
+                    "device {} is asleep: its host buffer holds what the sleep saved; wake it \
+                     first",
+                    self.device
+                )));
+            }
+            return Ok(0);
+        };
+        self.driver.host_free(self.device, kept.buffer);
+        Ok(kept.bytes)
+    }
+}
+
+impl VmmResource {
+    /// An error if the resource cannot sleep now: asleep already, or a capture under way.
+    fn check_can_sleep(&self, st: &mut VmmState) -> Result<()> {
+        if st.asleep.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "device {} is asleep already: wake it first",
+                self.device
+            )));
+        }
+        if self.capturing(st) {
+            return Err(Error::InvalidArgument(format!(
+                "device {} cannot sleep while a stream of it captures a CUDA graph",
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
+    /// The mapped pages any live block lies on, but for blocks allocated under a tag in
+    /// `discard`.
+    fn pages_under_kept_blocks(&self, st: &VmmState, discard: &[TagId]) -> BTreeSet<u64> {
+        let mut pages = BTreeSet::new();
+        let kept = st.live.blocks().filter(|&(start, _)| {
+            discard.is_empty() || st.live.tag(start).is_none_or(|t| !discard.contains(&t))
+        });
+        for (start, bytes) in kept {
+            let end = start + bytes;
+            let first = st.pages.range(..=start).next_back().map(|(&p, _)| p);
+            let from = first
+                .filter(|&p| p + self.page_bytes > start)
+                .unwrap_or(start);
+            pages.extend(st.pages.range(from..end).map(|(&p, _)| p));
+        }
+        pages
+    }
+
+    /// Queues the copies of the `saved` pages into a page-locked host buffer (the kept one if it
+    /// is large enough) on the copy stream, in address order, a run of adjacent pages a copy;
+    /// `None` if there are none. On a failure nothing else changed (a buffer had is kept for the
+    /// next sleep).
+    fn save(&self, st: &mut VmmState, saved: &BTreeSet<u64>) -> Result<Option<HostBytes>> {
+        if saved.is_empty() {
+            return Ok(None);
+        }
+        let bytes = (saved.len() as u64)
+            .checked_mul(self.page_bytes)
+            .ok_or_else(|| Error::Internal("the pages to save overflow".into()))?;
+        let stream = self.copy_stream(st)?;
+        let host = self.host_buffer(st, bytes)?;
+        let pages: Vec<u64> = saved.iter().copied().collect();
+        for run in self.runs(st, &pages) {
+            let at = run.start as u64 * self.page_bytes;
+            let run_bytes = run.len() as u64 * self.page_bytes;
+            let first = DevicePtr(pages[run.start]);
+            let driver = self.driver.as_ref();
+            let copied =
+                driver.copy_to_host(self.device, host.buffer, at, first, run_bytes, stream);
+            if let Err(e) = copied {
+                // The copies queued before finish before anything else happens.
+                let _ = self.wait_for_copies(stream);
+                st.sleep_buffer = Some(host);
+                return Err(e);
+            }
+        }
+        debug_assert!(st.pages.keys().filter(|p| saved.contains(p)).count() == saved.len());
+        Ok(Some(host))
+    }
+
+    /// A page-locked host buffer of at least `bytes`: the one kept from the last sleep if it is
+    /// large enough, else a new one (which replaces the kept one; that one is freed first only
+    /// if the new one cannot be had beside it).
+    fn host_buffer(&self, st: &mut VmmState, bytes: u64) -> Result<HostBytes> {
+        if let Some(kept) = st.sleep_buffer.take() {
+            if kept.bytes >= bytes {
+                return Ok(kept);
+            }
+            match self.driver.host_alloc(self.device, bytes) {
+                Ok(buffer) => {
+                    self.driver.host_free(self.device, kept.buffer);
+                    return Ok(HostBytes { buffer, bytes });
+                }
+                Err(_) => self.driver.host_free(self.device, kept.buffer),
+            }
+        }
+        let buffer = self.driver.host_alloc(self.device, bytes).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "device {} cannot sleep at level 1: {bytes} B of page-locked host memory for \
+                 its contents could not be allocated ({e}); nothing changed on the device",
+                self.device
+            ))
+        })?;
+        Ok(HostBytes { buffer, bytes })
+    }
+
+    /// The resource's stream for sleep and wake's copies, made on first use.
+    fn copy_stream(&self, st: &mut VmmState) -> Result<Stream> {
+        if let Some(stream) = st.copy_stream {
+            return Ok(stream);
+        }
+        let stream = self.driver.stream_create(self.device)?;
+        st.copy_stream = Some(stream);
+        Ok(stream)
+    }
+
+    /// Waits for the copies queued on the copy `stream`; if that fails, for the whole device
+    /// before the error returns, so that no copy is in flight once it has.
+    fn wait_for_copies(&self, stream: Stream) -> Result<()> {
+        let waited = self.driver.stream_synchronize(self.device, stream);
+        if waited.is_err() {
+            let _ = self.driver.synchronize(self.device);
+        }
+        waited
+    }
+
+    /// `pages` (ascending) cut into runs of adjacent pages inside one address reservation: the
+    /// ranges of their indices.
+    fn runs(&self, st: &VmmState, pages: &[u64]) -> Vec<Range<usize>> {
+        let mut bases: Vec<u64> = (st.large.extents().chain(st.carriers.extents()))
+            .map(|(base, _)| base)
+            .collect();
+        bases.sort_unstable();
+        let joins = |i: usize| {
+            pages[i] == pages[i - 1] + self.page_bytes && bases.binary_search(&pages[i]).is_err()
+        };
+        super::runs(pages.len(), joins).collect()
+    }
+
+    /// Unmaps and releases every page and spare; the pages slept, with where their contents
+    /// wait. A page that cannot be unmapped stays mapped (and awake); a handle that cannot be
+    /// released stays a spare.
+    fn give_back_all(&self, st: &mut VmmState, saved: &BTreeSet<u64>) -> Vec<SleptPage> {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        for handle in std::mem::take(&mut st.spare_handles) {
+            if driver.mem_release(device, handle).is_err() {
+                st.spare_handles.push(handle);
+            } else {
+                st.counts.releases += 1;
+            }
+        }
+        let mut slept = Vec::with_capacity(st.pages.len());
+        let pages: Vec<u64> = st.pages.keys().copied().collect();
+        // Pages in address order, as `saved` is: a saved page's contents are at its place among
+        // the saved pages, counted as they go by (once each, not searched for each page).
+        let mut saved_before = 0u64;
+        for page in pages {
+            let saved_at = saved.contains(&page).then(|| {
+                saved_before += 1;
+                (saved_before - 1) * self.page_bytes
+            });
+            if let Err(e) = driver.mem_unmap(device, DevicePtr(page), self.page_bytes) {
+                log::warn!("device {device}: a page stays awake, it could not be unmapped: {e}");
+                continue;
+            }
+            let Page { handle, region, .. } = st.pages.remove(&page).expect("listed above");
+            self.count(Event::Unmap, page, st);
+            match driver.mem_release(device, handle) {
+                Ok(()) => st.counts.releases += 1,
+                Err(_) => st.spare_handles.push(handle),
+            }
+            slept.push(SleptPage {
+                page,
+                region,
+                saved_at,
+            });
+        }
+        slept
+    }
+}
