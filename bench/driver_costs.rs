@@ -179,30 +179,35 @@ fn vmm_page_costs(driver: &Arc<CudaDriver>) {
         pin_ns / PAGES as f64,
     );
     let offsets: Vec<u64> = (0..PAGES).map(|i| i * page).collect();
+    let s = driver.stream_create(0).unwrap();
     report(
-        "cuMemcpyDtoH, one page",
+        "cuMemcpyDtoHAsync + wait, one page",
         ns_each(&offsets, |&o| {
-            driver
-                .copy_to_host(0, host, o, DevicePtr(base.0 + o), page)
-                .unwrap();
+            let at = DevicePtr(base.0 + o);
+            driver.copy_to_host(0, host, o, at, page, s).unwrap();
+            driver.stream_synchronize(0, s).unwrap();
         }),
     );
     report(
-        "cuMemcpyHtoD, one page",
+        "cuMemcpyHtoDAsync + wait, one page",
         ns_each(&offsets, |&o| {
-            driver
-                .copy_to_device(0, DevicePtr(base.0 + o), host, o, page)
-                .unwrap();
+            let at = DevicePtr(base.0 + o);
+            driver.copy_to_device(0, at, host, o, page, s).unwrap();
+            driver.stream_synchronize(0, s).unwrap();
         }),
     );
     let t = Instant::now();
-    driver.copy_to_host(0, host, 0, base, run_bytes).unwrap();
+    driver.copy_to_host(0, host, 0, base, run_bytes, s).unwrap();
+    driver.stream_synchronize(0, s).unwrap();
     report(
         "cuMemcpyDtoH, the whole run (per page)",
         t.elapsed().as_nanos() as f64 / PAGES as f64,
     );
     let t = Instant::now();
-    driver.copy_to_device(0, base, host, 0, run_bytes).unwrap();
+    driver
+        .copy_to_device(0, base, host, 0, run_bytes, s)
+        .unwrap();
+    driver.stream_synchronize(0, s).unwrap();
     report(
         "cuMemcpyHtoD, the whole run (per page)",
         t.elapsed().as_nanos() as f64 / PAGES as f64,

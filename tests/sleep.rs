@@ -28,7 +28,7 @@ fn a_sleeping_device_holds_no_memory_and_wakes_at_the_same_addresses() {
     r.free(gone, 0);
     let held = r.sim.physical_bytes(0);
     assert!(held >= 16 * MIB);
-    let copies_out = r.sim.calls("cuMemcpyDtoH");
+    let copies_out = r.sim.calls("cuMemcpyDtoHAsync");
     let given_back = r.alloc.sleep(0, 1).unwrap();
     assert_eq!(given_back, held);
     assert_eq!(r.sim.physical_bytes(0), 0, "every page went back");
@@ -37,7 +37,7 @@ fn a_sleeping_device_holds_no_memory_and_wakes_at_the_same_addresses() {
     // block's 3, in the large region; the carrier, apart).
     let live_pages_bytes = 4 * 2 * MIB;
     assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), live_pages_bytes);
-    assert_eq!(r.sim.calls("cuMemcpyDtoH") - copies_out, 2);
+    assert_eq!(r.sim.calls("cuMemcpyDtoHAsync") - copies_out, 2);
     assert_eq!(r.alloc.sleep_saved_bytes(0).unwrap(), live_pages_bytes);
     let e = r.alloc.malloc(MIB, 0, s(1)).unwrap_err().to_string();
     assert!(e.contains("asleep") && e.contains("wake"), "{e}");
@@ -52,7 +52,7 @@ fn a_sleeping_device_holds_no_memory_and_wakes_at_the_same_addresses() {
     );
     assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 0);
     assert_eq!(
-        r.sim.calls("cuMemcpyHtoD"),
+        r.sim.calls("cuMemcpyHtoDAsync"),
         2,
         "the saved pages copied back, a run a copy"
     );
@@ -74,7 +74,10 @@ fn level_2_discards_the_contents() {
     r.alloc.sleep(0, 2).unwrap();
     assert_eq!(r.sim.physical_bytes(0), 0);
     r.alloc.wake(0).unwrap();
-    assert_eq!(r.sim.calls("cuMemcpyDtoH") + r.sim.calls("cuMemcpyHtoD"), 0);
+    assert_eq!(
+        r.sim.calls("cuMemcpyDtoHAsync") + r.sim.calls("cuMemcpyHtoDAsync"),
+        0
+    );
     r.sim.touch(0, 0, a, 4 * MIB, s(1)).unwrap();
     r.free(a, 0);
     r.finish();
@@ -332,7 +335,7 @@ fn discarding_an_unknown_or_bad_tag_is_refused_and_changes_nothing() {
         assert!(e.to_string().contains(what), "{e}");
         assert_eq!(r.sim.physical_bytes(0), held);
         assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 0);
-        assert_eq!(r.sim.calls("cuMemcpyDtoH"), 0);
+        assert_eq!(r.sim.calls("cuMemcpyDtoHAsync"), 0);
     }
     for bad in ["", long.as_str()] {
         assert!(streampool::tag::push(bad).is_err());
@@ -506,5 +509,31 @@ fn memory_freed_before_and_during_a_sleep_serves_a_block_across_it_after_wake() 
     assert!(holds(&r, c, 4 * MIB, 3), "the new block overlaps c");
     r.free(across, 0);
     r.free(c, 0);
+    r.finish();
+}
+
+#[test]
+fn sleep_and_wake_return_once_their_copies_are_done_and_a_failed_wait_at_wake_keeps_the_pages_asleep(
+) {
+    let r = vmm_rig(256 * MIB);
+    // 20 pages: wake maps them in two chunks, copying the first back while it maps the second.
+    let a = r.malloc(40 * MIB, 0, 1);
+    fill(&r, a, 40 * MIB, 7);
+    r.alloc.sleep(0, 1).unwrap();
+    assert!(!r.sim.work_in_flight(0), "the sleep waited for its copies");
+    let asleep = r.alloc.sleeping_bytes(0).unwrap();
+    assert!(asleep >= 40 * MIB);
+    // The wait for the copies back fails: their pages sleep on, their contents in the buffer.
+    r.sim.inject_fault(SimFault::Synchronize, 1);
+    assert!(r.alloc.wake(0).is_err());
+    assert!(
+        !r.sim.work_in_flight(0),
+        "nothing in flight after a failed wake"
+    );
+    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), asleep);
+    r.alloc.wake(0).unwrap();
+    assert!(!r.sim.work_in_flight(0), "the wake waited for its copies");
+    assert!(holds(&r, a, 40 * MIB, 7));
+    r.free(a, 0);
     r.finish();
 }

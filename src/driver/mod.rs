@@ -333,8 +333,9 @@ pub trait VmmDriver {
     fn host_alloc(&self, device: usize, bytes: u64) -> Result<HostBuffer>;
     /// Frees page-locked host memory from [`VmmDriver::host_alloc`].
     fn host_free(&self, device: usize, buffer: HostBuffer);
-    /// Copies `bytes` of mapped device memory at `src` into `dst` at `dst_offset`, and waits for
-    /// the copy (`cuMemcpyDtoH`).
+    /// Copies `bytes` of mapped device memory at `src` into `dst` at `dst_offset` on `stream`
+    /// (`cuMemcpyDtoHAsync`): done once the stream's work up to here completes
+    /// ([`StreamDriver::stream_synchronize`]); until then neither range may change or go away.
     fn copy_to_host(
         &self,
         device: usize,
@@ -342,9 +343,10 @@ pub trait VmmDriver {
         dst_offset: u64,
         src: DevicePtr,
         bytes: u64,
+        stream: Stream,
     ) -> Result<()>;
-    /// Copies `bytes` of `src` from `src_offset` into mapped device memory at `dst`, and waits
-    /// for the copy (`cuMemcpyHtoD`).
+    /// Copies `bytes` of `src` from `src_offset` into mapped device memory at `dst` on `stream`
+    /// (`cuMemcpyHtoDAsync`), done as [`VmmDriver::copy_to_host`] is.
     fn copy_to_device(
         &self,
         device: usize,
@@ -352,5 +354,6 @@ pub trait VmmDriver {
         src: HostBuffer,
         src_offset: u64,
         bytes: u64,
+        stream: Stream,
     ) -> Result<()>;
 }

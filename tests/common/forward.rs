@@ -120,8 +120,9 @@ macro_rules! forward_to_sim {
                 off: u64,
                 src: DevicePtr,
                 b: u64,
+                s: Stream,
             ) -> Result<()> {
-                self.sim.copy_to_host(d, dst, off, src, b)
+                self.sim.copy_to_host(d, dst, off, src, b, s)
             }
             fn copy_to_device(
                 &self,
@@ -130,8 +131,9 @@ macro_rules! forward_to_sim {
                 src: HostBuffer,
                 off: u64,
                 b: u64,
+                s: Stream,
             ) -> Result<()> {
-                self.sim.copy_to_device(d, dst, src, off, b)
+                self.sim.copy_to_device(d, dst, src, off, b, s)
             }
             fn mem_map(
                 &self,

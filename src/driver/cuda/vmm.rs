@@ -7,8 +7,8 @@
 //! device supports GPUDirect RDMA with virtual memory (as PyTorch's expandable segments and NCCL
 //! ask), so that NCCL or a network stack can register tensors from it.
 
-use super::{check, relaxed, too_large, CudaDriver};
-use crate::driver::{DevicePtr, HostBuffer, MemHandle, VmmDriver};
+use super::{check, relaxed, stream_ptr, too_large, CudaDriver};
+use crate::driver::{DevicePtr, HostBuffer, MemHandle, Stream, VmmDriver};
 use crate::error::Result;
 use cudarc::driver::sys;
 
@@ -226,16 +226,23 @@ impl VmmDriver for CudaDriver {
         dst_offset: u64,
         src: DevicePtr,
         bytes: u64,
+        stream: Stream,
     ) -> Result<()> {
         let _scope = self.enter(device)?;
         let at = (dst.raw() as u64)
             .checked_add(dst_offset)
             .ok_or_else(|| too_large(dst_offset))?;
         let bytes = size_t(bytes)?;
-        // SAFETY: `[at, at + bytes)` lies in the caller's host buffer and `[src, src + bytes)` is
-        // mapped device memory with access (the caller's).
-        check("cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2(at as *mut std::ffi::c_void, src.0, bytes)
+        // SAFETY: `[at, at + bytes)` lies in the caller's page-locked host buffer and
+        // `[src, src + bytes)` is mapped device memory with access; both stay as they are until
+        // the stream's work completes (the caller's).
+        check("cuMemcpyDtoHAsync", unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                at as *mut std::ffi::c_void,
+                src.0,
+                bytes,
+                stream_ptr(stream),
+            )
         })
     }
 
@@ -246,6 +253,7 @@ impl VmmDriver for CudaDriver {
         src: HostBuffer,
         src_offset: u64,
         bytes: u64,
+        stream: Stream,
     ) -> Result<()> {
         let _scope = self.enter(device)?;
         let at = (src.raw() as u64)
@@ -253,8 +261,13 @@ impl VmmDriver for CudaDriver {
             .ok_or_else(|| too_large(src_offset))?;
         let bytes = size_t(bytes)?;
         // SAFETY: as copy_to_host, the other way.
-        check("cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(dst.0, at as *const std::ffi::c_void, bytes)
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst.0,
+                at as *const std::ffi::c_void,
+                bytes,
+                stream_ptr(stream),
+            )
         })
     }
 }

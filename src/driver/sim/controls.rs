@@ -86,6 +86,12 @@ impl SimDriver {
         }
     }
 
+    /// Whether some stream of `device` has work submitted and not completed.
+    pub fn work_in_flight(&self, device: usize) -> bool {
+        let d = self.devices[device].lock();
+        d.streams.values().any(|c| c.completed < c.submitted)
+    }
+
     /// Events of `device` created and not destroyed yet.
     pub fn events_alive(&self, device: usize) -> usize {
         self.devices[device].lock().events.len()

@@ -465,8 +465,10 @@ impl VmmDriver for SimDriver {
         dst_offset: u64,
         src: DevicePtr,
         bytes: u64,
+        stream: Stream,
     ) -> Result<()> {
-        self.copy("cuMemcpyDtoH", device, dst, dst_offset, src, bytes)
+        let host = (dst, dst_offset);
+        self.copy("cuMemcpyDtoHAsync", device, host, src, bytes, stream)
     }
 
     fn copy_to_device(
@@ -476,8 +478,10 @@ impl VmmDriver for SimDriver {
         src: HostBuffer,
         src_offset: u64,
         bytes: u64,
+        stream: Stream,
     ) -> Result<()> {
-        self.copy("cuMemcpyHtoD", device, src, src_offset, dst, bytes)
+        let host = (src, src_offset);
+        self.copy("cuMemcpyHtoDAsync", device, host, dst, bytes, stream)
     }
 }
 

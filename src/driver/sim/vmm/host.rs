@@ -7,7 +7,7 @@
 
 use super::{Piece, SimVmm};
 use crate::driver::sim::{driver_error, SimDriver, SimFault};
-use crate::driver::{DevicePtr, HostBuffer};
+use crate::driver::{DevicePtr, HostBuffer, Stream};
 use crate::error::Result;
 
 impl SimVmm {
@@ -139,20 +139,22 @@ impl SimDriver {
         }
     }
 
-    /// A synchronous copy between host buffer `host` (from `offset`) and device memory at `at`:
-    /// the host range lies in the buffer, the device range is mapped with access for `device`,
-    /// and the device's work is done (a copy on the legacy stream waits for it; the caller
-    /// synchronised).
+    /// A copy on `stream` between host buffer `host.0` (from offset `host.1`) and device memory
+    /// at `at`: the host range lies in the buffer, the device range is mapped with access for
+    /// `device`, and the device's work before the copy is done (the caller synchronised). The
+    /// bytes move at once; the device range counts as used by `stream` until its work up to the
+    /// copy completes, so that unmapping it sooner is refused as on a GPU.
     pub(super) fn copy(
         &self,
         call: &'static str,
         device: usize,
-        host: HostBuffer,
-        offset: u64,
+        host: (HostBuffer, u64),
         at: DevicePtr,
         bytes: u64,
+        stream: Stream,
     ) -> Result<()> {
         self.take_fault(SimFault::Copy, call)?;
+        let (host, offset) = host;
         self.vmm_call(device, None, call, |d| {
             let size = *d
                 .vmm
@@ -171,9 +173,14 @@ impl SimDriver {
                 }
             }
             let pieces = d.vmm.pieces(at.0, bytes)?;
+            let to_host = call == "cuMemcpyDtoHAsync";
+            d.vmm.carry(host.raw(), size, offset, &pieces, to_host);
+            let seq = d.tick(stream);
+            let streams = &d.streams;
+            let completed =
+                |u: (Stream, u64)| streams.get(&u.0).is_some_and(|c| c.completed >= u.1);
             d.vmm
-                .carry(host.raw(), size, offset, &pieces, call == "cuMemcpyDtoH");
-            Ok(())
+                .touch(at, bytes, device, device, (stream, seq), completed)
         })
     }
 }

@@ -1,0 +1,213 @@
+//! Wake: fresh pages mapped where the slept pages were, run by run in address order, a chunk of
+//! `WAKE_CHUNK_PAGES` at a time, and their saved contents copied back on the resource's copy
+//! stream while the next chunk is mapped (on an H200, mapping and giving access to a 2 MiB page
+//! costs about as long as copying it: 1 GiB took 49 ms one after the other, 32 overlapped).
+//!
+//! Invariants: a page is in the page map once mapped with access; its contents are known to be
+//! back only once the copy stream completed; a page whose copy failed, or whose stream could not
+//! be waited for, goes back to sleep with its contents still in the host buffer (or, if it
+//! cannot even be unmapped, counts as restored without its contents, and says so in the log);
+//! nothing is handed out before the wake returns (the resource's lock is held throughout).
+
+use super::{HostBytes, SleptPage};
+use crate::driver::{DevicePtr, MemHandle, Stream};
+use crate::error::Result;
+use crate::history::StreampoolEventKind as Event;
+use crate::resource::vmm::{Page, VmmResource, VmmState};
+use std::collections::HashSet;
+
+/// Pages mapped before their contents are copied back: enough for a copy to run at the link's
+/// speed (32 MiB of 2 MiB pages), few enough that the next chunk's mapping overlaps it.
+const WAKE_CHUNK_PAGES: usize = 16;
+
+/// The pages a chunk restored, those of them whose copies are in flight, and the error that
+/// stopped it part way.
+struct Restored {
+    pages: Vec<u64>,
+    in_flight: Vec<(SleptPage, MemHandle)>,
+    outcome: Result<()>,
+}
+
+impl VmmResource {
+    /// Restores `slept` (in address order) from `host`; the pages restored (their contents back),
+    /// and the first error. Pages not restored stay asleep.
+    pub(super) fn restore(
+        &self,
+        st: &mut VmmState,
+        slept: &[SleptPage],
+        host: Option<HostBytes>,
+    ) -> (HashSet<u64>, Result<()>) {
+        let mut restored = HashSet::new();
+        let stream = match host.map(|_| self.copy_stream(st)).transpose() {
+            Ok(stream) => stream,
+            Err(e) => return (restored, Err(e)),
+        };
+        let addresses: Vec<u64> = slept.iter().map(|p| p.page).collect();
+        let mut in_flight = Vec::new();
+        let mut result = Ok(());
+        let chunks = (self.runs(st, &addresses).into_iter()).flat_map(|run| {
+            run.clone()
+                .step_by(WAKE_CHUNK_PAGES)
+                .map(move |from| from..(from + WAKE_CHUNK_PAGES).min(run.end))
+        });
+        for chunk in chunks {
+            let done = self.restore_run(st, &slept[chunk], host, stream);
+            restored.extend(done.pages);
+            in_flight.extend(done.in_flight);
+            if let Err(e) = done.outcome {
+                result = Err(e);
+                break;
+            }
+        }
+        let (Some(stream), false) = (stream, in_flight.is_empty()) else {
+            return (restored, result);
+        };
+        if let Err(e) = self.wait_for_copies(stream) {
+            // Their contents may not have arrived: they sleep on, their contents in the buffer.
+            let stuck = self.back_to_sleep(st, &in_flight, true);
+            for (slept, _) in &in_flight {
+                if !stuck.contains(&slept.page) {
+                    restored.remove(&slept.page);
+                }
+            }
+            result = result.and(Err(e));
+        }
+        (restored, result)
+    }
+
+    /// Maps fresh pages where the adjacent pages of `run` were, gives access in one call, and
+    /// queues their contents' copies back on `stream` (a copy for each stretch saved side by
+    /// side). Pages mapped before a failure to create or map are restored; a failure to give
+    /// access or to queue a copy puts the pages it concerns back to sleep.
+    fn restore_run(
+        &self,
+        st: &mut VmmState,
+        run: &[SleptPage],
+        host: Option<HostBytes>,
+        stream: Option<Stream>,
+    ) -> Restored {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let mut mapped = Vec::with_capacity(run.len());
+        let mut stopped = Ok(());
+        for &slept in run {
+            let handle = match st.spare_handles.pop() {
+                Some(handle) => Ok(handle),
+                None if self.exportable => driver.mem_create_exportable(device, self.page_bytes),
+                None => driver.mem_create(device, self.page_bytes),
+            };
+            let handle = match handle {
+                Ok(handle) => handle,
+                Err(e) => {
+                    stopped = Err(e);
+                    break;
+                }
+            };
+            if let Err(e) = driver.mem_map(device, DevicePtr(slept.page), self.page_bytes, handle) {
+                st.spare_handles.push(handle);
+                stopped = Err(e);
+                break;
+            }
+            mapped.push((slept, handle));
+        }
+        let pages: Vec<u64> = mapped.iter().map(|(s, _)| s.page).collect();
+        let devices = self.access_list(st);
+        if !pages.is_empty() {
+            if let Err(e) = self.set_access(st, &pages, &devices) {
+                let pages = self.back_to_sleep(st, &mapped, false);
+                return Restored {
+                    pages,
+                    in_flight: Vec::new(),
+                    outcome: Err(e),
+                };
+            }
+        }
+        let now_ms = driver.now_ms();
+        for &(slept, handle) in &mapped {
+            let page = Page {
+                handle,
+                region: slept.region,
+                last_used_ms: now_ms,
+            };
+            st.pages.insert(slept.page, page);
+            self.count(Event::Map, slept.page, st);
+        }
+        st.physical_high_bytes = st
+            .physical_high_bytes
+            .max(st.physical_bytes(self.page_bytes));
+        let (Some(host), Some(stream)) = (host, stream) else {
+            return Restored {
+                pages,
+                in_flight: Vec::new(),
+                outcome: stopped,
+            };
+        };
+        // Stretches saved side by side (a page not saved is a stretch of its own).
+        let saved = |i: usize| mapped[i].0.saved_at;
+        let joins =
+            |i: usize| saved(i - 1).is_some_and(|at| saved(i) == Some(at + self.page_bytes));
+        let mut in_flight = Vec::new();
+        for stretch in crate::resource::vmm::runs(mapped.len(), joins) {
+            let Some(from) = saved(stretch.start) else {
+                continue;
+            };
+            let at = DevicePtr(mapped[stretch.start].0.page);
+            let bytes = stretch.len() as u64 * self.page_bytes;
+            if let Err(e) = driver.copy_to_device(device, at, host.buffer, from, bytes, stream) {
+                // Not restored from here on: these pages sleep on (their contents still in the
+                // buffer); the copies queued before are in flight.
+                let stuck = self.back_to_sleep(st, &mapped[stretch.start..], true);
+                let pages = [&pages[..stretch.start], &stuck[..]].concat();
+                return Restored {
+                    pages,
+                    in_flight,
+                    outcome: Err(e),
+                };
+            }
+            in_flight.extend_from_slice(&mapped[stretch]);
+        }
+        Restored {
+            pages,
+            in_flight,
+            outcome: stopped,
+        }
+    }
+
+    /// Unmaps the `mapped` pages of a run that cannot be restored, their handles spares again
+    /// (`booked`: they were in the page map, and leave it); the pages that could not even be
+    /// unmapped (two driver failures), which are taken as restored without their contents —
+    /// using them fails on the GPU.
+    fn back_to_sleep(
+        &self,
+        st: &mut VmmState,
+        mapped: &[(SleptPage, MemHandle)],
+        booked: bool,
+    ) -> Vec<u64> {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let mut stuck = Vec::new();
+        for &(slept, handle) in mapped {
+            let at = DevicePtr(slept.page);
+            if driver.mem_unmap(device, at, self.page_bytes).is_ok() {
+                if booked {
+                    st.pages.remove(&slept.page);
+                    self.count(Event::Unmap, slept.page, st);
+                }
+                st.spare_handles.push(handle);
+                continue;
+            }
+            log::error!(
+                "device {device}: page {:#x} could not be restored nor unmapped at wake",
+                slept.page
+            );
+            if !booked {
+                let page = Page {
+                    handle,
+                    region: slept.region,
+                    last_used_ms: driver.now_ms(),
+                };
+                st.pages.insert(slept.page, page);
+            }
+            stuck.push(slept.page);
+        }
+        stuck
+    }
+}
