@@ -5,19 +5,12 @@
 //! memory and that nothing leaks; the contents themselves are checked on the GPU.)
 
 mod common;
+#[path = "common/contents.rs"]
+mod contents;
 use common::*;
-use streampool::config::Backend;
+use contents::*;
 use streampool::driver::sim::SimFault;
 use streampool::driver::{DevicePtr, VmmDriver};
-use streampool::Config;
-
-fn vmm_rig(memory_bytes: u64) -> Rig {
-    let config = Config {
-        backend: Backend::Vmm,
-        ..base_config()
-    };
-    rig_with(1, memory_bytes, config)
-}
 
 #[test]
 fn a_sleeping_device_holds_no_memory_and_wakes_at_the_same_addresses() {
@@ -156,233 +149,6 @@ fn the_pool_backend_and_a_capture_refuse_to_sleep() {
     r.free(graph, 0);
     r.sim.end_capture(0, s(9));
     r.free(a, 0);
-    r.finish();
-}
-
-/// A pattern of `bytes` that differs from zeros (fresh memory) and from every other `seed`.
-fn pattern(seed: u8, bytes: u64) -> Vec<u8> {
-    (0..bytes)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed | 1)
-        .collect()
-}
-
-/// Writes a pattern of `seed` into `[ptr, ptr + bytes)` of device 0.
-fn fill(r: &Rig, ptr: DevicePtr, bytes: u64, seed: u8) {
-    r.sim.write_memory(0, ptr, &pattern(seed, bytes)).unwrap();
-}
-
-/// True if `[ptr, ptr + bytes)` of device 0 holds the pattern of `seed` bit for bit.
-fn holds(r: &Rig, ptr: DevicePtr, bytes: u64, seed: u8) -> bool {
-    r.sim.read_memory(0, ptr, bytes).unwrap() == pattern(seed, bytes)
-}
-
-/// True if `[ptr, ptr + bytes)` of device 0 holds zeros: fresh memory, the contents discarded.
-fn discarded(r: &Rig, ptr: DevicePtr, bytes: u64) -> bool {
-    r.sim
-        .read_memory(0, ptr, bytes)
-        .unwrap()
-        .iter()
-        .all(|&b| b == 0)
-}
-
-/// Allocates `bytes` on device 0, stream 1, under `tag` (none: no tag pushed).
-fn tagged(r: &Rig, tag: Option<&str>, bytes: u64) -> DevicePtr {
-    if let Some(tag) = tag {
-        streampool::tag::push(tag).unwrap();
-    }
-    let ptr = r.malloc(bytes, 0, 1);
-    if tag.is_some() {
-        streampool::tag::pop().unwrap();
-    }
-    ptr
-}
-
-#[test]
-fn a_level_1_sleep_keeps_contents_bitwise_and_discards_those_of_discarded_tags() {
-    let r = vmm_rig(256 * MIB);
-    // Whole pages apart, so that no page is shared between a kept and a discarded block.
-    let keep = tagged(&r, None, 4 * MIB);
-    let kv = tagged(&r, Some("kv_cache"), 4 * MIB);
-    let other = tagged(&r, Some("weights"), 2 * MIB);
-    let small_kv = tagged(&r, Some("kv_cache"), 64 * 1024);
-    for (seed, (ptr, bytes)) in [(keep, 4 * MIB), (kv, 4 * MIB), (other, 2 * MIB)]
-        .into_iter()
-        .enumerate()
-    {
-        fill(&r, ptr, bytes, seed as u8);
-    }
-    fill(&r, small_kv, 64 * 1024, 9);
-    // A plain level-1 sleep keeps everything.
-    r.alloc.sleep(0, 1).unwrap();
-    let everything = r.alloc.sleep_saved_bytes(0).unwrap();
-    r.alloc.wake(0).unwrap();
-    assert_eq!(r.alloc.sleep_saved_bytes(0).unwrap(), 0);
-    assert!(holds(&r, keep, 4 * MIB, 0) && holds(&r, kv, 4 * MIB, 1));
-    assert!(holds(&r, other, 2 * MIB, 2) && holds(&r, small_kv, 64 * 1024, 9));
-    // Discarding kv_cache: its blocks come back as fresh memory, the others bit for bit.
-    let given_back = r.alloc.sleep_discarding(0, 1, &["kv_cache"]).unwrap();
-    assert_eq!(r.sim.physical_bytes(0), 0, "every page went back");
-    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), given_back);
-    let saved = r.alloc.sleep_saved_bytes(0).unwrap();
-    assert_eq!(
-        saved,
-        everything - 4 * MIB - 2 * MIB,
-        "kv_cache's 2 pages and its carrier"
-    );
-    r.alloc.wake(0).unwrap();
-    assert!(holds(&r, keep, 4 * MIB, 0), "an untagged block is kept");
-    assert!(
-        holds(&r, other, 2 * MIB, 2),
-        "a block of another tag is kept"
-    );
-    assert!(discarded(&r, kv, 4 * MIB) && discarded(&r, small_kv, 64 * 1024));
-    for (ptr, bytes) in [(keep, 4 * MIB), (kv, 4 * MIB), (other, 2 * MIB)] {
-        r.sim.touch(0, 0, ptr, bytes, s(1)).unwrap();
-        r.free(ptr, 0);
-    }
-    r.free(small_kv, 0);
-    r.finish();
-}
-
-#[test]
-fn tags_nest_and_the_innermost_wins() {
-    let r = vmm_rig(256 * MIB);
-    streampool::tag::push("outer").unwrap();
-    let a = r.malloc(2 * MIB, 0, 1);
-    streampool::tag::push("inner").unwrap();
-    let b = r.malloc(2 * MIB, 0, 1);
-    streampool::tag::pop().unwrap();
-    let c = r.malloc(2 * MIB, 0, 1); // outer again
-    streampool::tag::pop().unwrap();
-    let d = r.malloc(2 * MIB, 0, 1); // no tag
-    assert_eq!(streampool::tag::current_name(), None);
-    let blocks = [a, b, c, d];
-    let write_all = || {
-        for (seed, &ptr) in blocks.iter().enumerate() {
-            fill(&r, ptr, 2 * MIB, seed as u8);
-        }
-    };
-    write_all();
-    r.alloc.sleep_discarding(0, 1, &["inner"]).unwrap();
-    r.alloc.wake(0).unwrap();
-    assert!(holds(&r, a, 2 * MIB, 0) && holds(&r, c, 2 * MIB, 2) && holds(&r, d, 2 * MIB, 3));
-    assert!(
-        discarded(&r, b, 2 * MIB),
-        "the inner tag, not the outer, marks b"
-    );
-    write_all();
-    r.alloc.sleep_discarding(0, 1, &["outer"]).unwrap();
-    r.alloc.wake(0).unwrap();
-    assert!(discarded(&r, a, 2 * MIB) && discarded(&r, c, 2 * MIB));
-    assert!(holds(&r, b, 2 * MIB, 1) && holds(&r, d, 2 * MIB, 3));
-    write_all();
-    r.alloc.sleep_discarding(0, 1, &["inner", "outer"]).unwrap();
-    r.alloc.wake(0).unwrap();
-    assert!(blocks[..3].iter().all(|&p| discarded(&r, p, 2 * MIB)));
-    assert!(holds(&r, d, 2 * MIB, 3));
-    for p in blocks {
-        r.free(p, 0);
-    }
-    r.finish();
-}
-
-#[test]
-fn a_tag_marks_only_the_blocks_of_the_thread_that_pushed_it() {
-    let r = vmm_rig(256 * MIB);
-    streampool::tag::push("kv_cache").unwrap();
-    let mine = r.malloc(2 * MIB, 0, 1);
-    let (theirs, their_tagged) = std::thread::scope(|scope| {
-        let other = scope.spawn(|| {
-            let theirs = r.malloc(2 * MIB, 0, 2); // no tag on this thread
-            streampool::tag::push("thread_tag").unwrap();
-            let tagged = r.malloc(2 * MIB, 0, 2);
-            streampool::tag::pop().unwrap();
-            (theirs, tagged)
-        });
-        other.join().unwrap()
-    });
-    let after = r.malloc(2 * MIB, 0, 1); // the other thread's push and pop left mine alone
-    streampool::tag::pop().unwrap();
-    for (seed, ptr) in [mine, theirs, their_tagged, after].into_iter().enumerate() {
-        fill(&r, ptr, 2 * MIB, seed as u8);
-    }
-    r.alloc.sleep_discarding(0, 1, &["kv_cache"]).unwrap();
-    r.alloc.wake(0).unwrap();
-    assert!(discarded(&r, mine, 2 * MIB) && discarded(&r, after, 2 * MIB));
-    assert!(holds(&r, theirs, 2 * MIB, 1) && holds(&r, their_tagged, 2 * MIB, 2));
-    for ptr in [mine, theirs, their_tagged, after] {
-        r.free(ptr, 0);
-    }
-    r.finish();
-}
-
-#[test]
-fn discarding_an_unknown_or_bad_tag_is_refused_and_changes_nothing() {
-    let r = vmm_rig(256 * MIB);
-    let kv = tagged(&r, Some("kv_cache"), 2 * MIB);
-    let held = r.sim.physical_bytes(0);
-    let long = "k".repeat(streampool::tag::MAX_TAG_BYTES + 1);
-    for (discard, what) in [
-        (
-            vec!["kv_cache", "never_pushed_tag"],
-            "unknown tag \"never_pushed_tag\"",
-        ),
-        (vec![""], "empty"),
-        (vec![long.as_str()], "bytes long"),
-    ] {
-        let e = r.alloc.sleep_discarding(0, 1, &discard).unwrap_err();
-        assert!(matches!(e, streampool::Error::InvalidArgument(_)), "{e}");
-        assert!(e.to_string().contains(what), "{e}");
-        assert_eq!(r.sim.physical_bytes(0), held);
-        assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 0);
-        assert_eq!(r.sim.calls("cuMemcpyDtoHAsync"), 0);
-    }
-    for bad in ["", long.as_str()] {
-        assert!(streampool::tag::push(bad).is_err());
-    }
-    let untagged = r.malloc(2 * MIB, 0, 1);
-    assert!(
-        r.alloc.sleep_discarding(0, 1, &["kv_cache"]).is_ok(),
-        "refused pushes left no tag"
-    );
-    assert_eq!(
-        r.alloc.sleep_saved_bytes(0).unwrap(),
-        2 * MIB,
-        "the untagged block alone"
-    );
-    r.alloc.wake(0).unwrap();
-    r.free(kv, 0);
-    r.free(untagged, 0);
-    r.finish();
-    // The pool backend refuses as a plain sleep does.
-    let r = pool_rig(64 * MIB);
-    let e = r.alloc.sleep_discarding(0, 1, &["kv_cache"]).unwrap_err();
-    assert!(e.to_string().contains("STREAMPOOL_BACKEND=vmm"), "{e}");
-    r.finish();
-}
-
-#[test]
-fn a_tagged_block_freed_while_asleep_leaves_no_tag_behind() {
-    let r = vmm_rig(256 * MIB);
-    let keep = tagged(&r, None, 2 * MIB);
-    let kv = tagged(&r, Some("kv_cache"), 2 * MIB);
-    fill(&r, keep, 2 * MIB, 1);
-    r.alloc.sleep_discarding(0, 1, &["kv_cache"]).unwrap();
-    r.free(kv, 0); // frees are booked while asleep
-    r.alloc.wake(0).unwrap();
-    assert!(holds(&r, keep, 2 * MIB, 1));
-    // The next block of that size on that stream takes kv's place, without its tag.
-    let again = tagged(&r, None, 2 * MIB);
-    assert_eq!(again, kv, "the freed block's address is handed out again");
-    fill(&r, again, 2 * MIB, 2);
-    r.alloc.sleep_discarding(0, 1, &["kv_cache"]).unwrap();
-    r.alloc.wake(0).unwrap();
-    assert!(
-        holds(&r, again, 2 * MIB, 2),
-        "an untagged block at a freed tagged block's place"
-    );
-    r.free(again, 0);
-    r.free(keep, 0);
     r.finish();
 }
 
@@ -536,4 +302,78 @@ fn sleep_and_wake_return_once_their_copies_are_done_and_a_failed_wait_at_wake_ke
     assert!(holds(&r, a, 40 * MIB, 7));
     r.free(a, 0);
     r.finish();
+}
+
+#[test]
+fn an_emptied_carrier_goes_back_at_a_sleep_while_the_carrier_in_use_sleeps() {
+    let r = vmm_rig(256 * MIB);
+    // 512 KiB blocks, four to a 2 MiB carrier: the fifth opens a second carrier.
+    let kept: Vec<_> = (0..4).map(|_| r.malloc(512 * 1024, 0, 1)).collect();
+    let fifth = r.malloc(512 * 1024, 0, 1);
+    let page = |p: DevicePtr| p.0 / (2 * MIB);
+    assert!(kept.iter().all(|&p| page(p) == page(kept[0])));
+    assert_ne!(page(fifth), page(kept[0]), "a second carrier");
+    for (i, &p) in kept.iter().enumerate() {
+        fill(&r, p, 512 * 1024, 10 + i as u8);
+    }
+    r.free(fifth, 0); // its carrier is empty: an idle page
+    r.alloc.sleep(0, 1).unwrap();
+    assert_eq!(r.sim.physical_bytes(0), 0);
+    assert_eq!(
+        r.alloc.sleeping_bytes(0).unwrap(),
+        2 * MIB,
+        "only the carrier in use sleeps"
+    );
+    assert_eq!(r.alloc.wake(0).unwrap(), 2 * MIB);
+    for (i, &p) in kept.iter().enumerate() {
+        assert!(holds(&r, p, 512 * 1024, 10 + i as u8), "block {i} restored");
+    }
+    // Small blocks still come from carriers mapped with access, the emptied one's included.
+    let again: Vec<_> = (0..5).map(|_| r.malloc(512 * 1024, 0, 1)).collect();
+    for &p in &again {
+        r.sim.touch(0, 0, p, 512 * 1024, s(1)).unwrap();
+    }
+    for p in kept.into_iter().chain(again) {
+        r.free(p, 0);
+    }
+    r.finish();
+}
+
+#[test]
+fn a_memory_pool_segment_with_free_space_sleeps_whole_and_serves_the_pool_after_wake() {
+    let r = vmm_rig(256 * MIB);
+    let pool = (0, 1);
+    let into_pool = |bytes| {
+        let routed = r.alloc.graph_pool_claiming(0, s(1));
+        assert_eq!(routed, Some(pool));
+        r.alloc.malloc_into(bytes, 0, s(1), routed).unwrap()
+    };
+    r.alloc
+        .begin_allocate_to_pool(0, pool, std::sync::Arc::new(OnStream(s(1))))
+        .unwrap();
+    let a = into_pool(3 * MIB);
+    let b = into_pool(3 * MIB);
+    fill(&r, a, 3 * MIB, 21);
+    r.free(b, 0); // free space inside the pool's memory, kept for the pool
+    r.alloc.sleep(0, 1).unwrap();
+    assert_eq!(r.sim.physical_bytes(0), 0);
+    r.alloc.wake(0).unwrap();
+    assert!(holds(&r, a, 3 * MIB, 21));
+    // The pool serves its next block from the space b left, mapped with access again.
+    let c = into_pool(3 * MIB);
+    r.sim.touch(0, 0, c, 3 * MIB, s(1)).unwrap();
+    r.alloc.end_allocate_to_pool(0, pool).unwrap();
+    r.free(a, 0);
+    r.free(c, 0);
+    r.alloc.release_pool(0, pool).unwrap();
+    r.finish();
+}
+
+/// Claims allocations on one stream, as a capture's filter claims its capturing stream.
+struct OnStream(streampool::driver::Stream);
+
+impl streampool::StreamFilter for OnStream {
+    fn claims(&self, stream: streampool::driver::Stream) -> bool {
+        stream == self.0
+    }
 }
