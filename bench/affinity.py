@@ -4,8 +4,11 @@ The GPU's CPUs are its PCI device's ``local_cpulist`` in sysfs (the bus id from 
 parent, which never touches CUDA); the CPUs a process may use are ``os.sched_getaffinity``'s
 (a container's cpuset); hyperthreads of one core stay together (``thread_siblings_list``).
 ``place`` gives each worker of a process set whole cores of its own there, the parent what is
-left over; a worker pins itself (``apply``) before it imports torch, so every thread it starts
-inherits its CPUs.
+left over, and names one *launch CPU* (the parent's first, else the last core's first): every
+worker's launching thread runs its blocks there (``launch_cpus``, worker.Worker.block), so both
+blocks of a pair run on the same CPU, whatever that CPU's speed then (a virtual machine's CPU can
+run at half speed for seconds while its guest sees it busy); a worker pins itself (``apply``)
+before it imports torch, so every thread it starts inherits its CPUs.
 Invariant: pure functions of what they are given (``read_*`` only read sysfs, and say where a
 list came from); a machine with fewer cores than workers shares cores out in turn and says so,
 never fails.
@@ -17,6 +20,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 SYSFS = Path("/sys")
 CPUS_VARIABLE = "BENCH_CPUS"
+LAUNCH_VARIABLE = "BENCH_LAUNCH_CPU"
 THREADS_VARIABLE = "BENCH_THREADS"
 
 
@@ -83,11 +87,13 @@ def read_cores(cpus: Sequence[int], sysfs: Path = SYSFS) -> List[List[int]]:
 
 
 class Placement(NamedTuple):
-    """CPUs per worker, the parent's (empty: left as it is), and how it was decided."""
+    """CPUs per worker, the parent's (empty: left as it is), how it was decided, and the launch
+    CPU (None: nothing placed)."""
 
     workers: Dict[str, List[int]]
     parent: List[int]
     note: str
+    launch: Optional[int] = None
 
 
 def place(names: Sequence[str], cores: Sequence[Sequence[int]], where: str) -> Placement:
@@ -100,13 +106,15 @@ def place(names: Sequence[str], cores: Sequence[Sequence[int]], where: str) -> P
     each = max(1, (len(cores) - (1 if spare else 0)) // len(names))
     if len(cores) < len(names):
         workers = {n: list(cores[i % len(cores)]) for i, n in enumerate(names)}
-        return Placement(workers, [], f"{len(names)} workers share {len(cores)} cores ({where})")
+        return Placement(workers, [], f"{len(names)} workers share {len(cores)} cores ({where})",
+                         min(cores[-1]))
     workers = {n: sorted(c for core in cores[i * each:(i + 1) * each] for c in core)
                for i, n in enumerate(names)}
     parent = sorted(c for core in cores[len(names) * each:] for c in core)
+    launch = parent[0] if parent else min(cores[-1])  # the parent waits while a block runs
     return Placement(workers, parent,
                      f"{each} core(s) a worker of {len(cores)} ({where})"
-                     + ("; the parent on the rest" if parent else ""))
+                     + ("; the parent on the rest" if parent else ""), launch)
 
 
 def gpu_placement(names: Sequence[str], bus_id: Optional[str],
@@ -121,6 +129,13 @@ def gpu_placement(names: Sequence[str], bus_id: Optional[str],
         usable = allowed
         where = f"all CPUs allowed; GPU's node: {source if local is None else 'none allowed'}"
     return place(names, read_cores(usable, sysfs), where)
+
+
+def launch_cpus(environ: Dict[str, str]) -> Optional[List[int]]:
+    """The CPUs a worker's launching thread runs its blocks on (BENCH_LAUNCH_CPU; None: its
+    own)."""
+    text = environ.get(LAUNCH_VARIABLE)
+    return parse_cpulist(text) if text else None
 
 
 def apply(environ: Dict[str, str]) -> Optional[List[int]]:

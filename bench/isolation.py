@@ -8,12 +8,22 @@ is worth.
   process set to the next (set k gives configuration i the CPU set of position (i - k) mod n),
   so that a configuration's CPUs (the first set usually takes the interrupts) are not
   confounded with the configuration; the set's record lists each worker's CPUs;
+- ``launch``: with ``pin``, every worker's launching thread runs its blocks (warm-up and timed)
+  on one CPU shared by all the workers of the set (affinity.Placement.launch, the parent's first:
+  the parent waits while a block runs), and goes back to its own CPUs after each: both blocks of
+  a pair run on the same CPU, back to back. On the H100 and H200 virtual machines every worker's
+  CPU ran at about half speed for seconds at a time, unseen by the guest (the thread on its CPU
+  throughout, no context switches), one worker's CPU and not the other's: on CPUs of their own
+  that was the A/A's noise and its bias per process set; on one CPU both blocks share it;
 - ``threads``: torch's intra-op threads (and OpenMP's, MKL's) capped at the worker's cores (without
   pinning: the CPUs this process may use, shared out evenly);
 - ``setup``: the same start for every worker: one hash seed (PYTHONHASHSEED=0) and no
   address-space randomisation (``setarch -R``, where this kernel allows it), so that two workers
   lay out their memory alike (the CUDA set-up itself is the same code in every worker,
-  engine.CudaEngine.set_up, and its fingerprint is checked: runner.Runner);
+  engine.CudaEngine.set_up, and its fingerprint is checked: runner.Runner); whatever the
+  settings, every worker's arguments and environment are padded to the same count and bytes
+  (``even_environments``, runner.Runner), since where a process's stack begins depends on them
+  (without randomisation, native-aa's longer name would move its stack in every set);
 - ``settle``: warm-up until block times settle (runner.Runner's rule), instead of the timed
   steps once;
 - ``clocks``: GPU clocks, power and throttle reasons read after every block (NVML).
@@ -30,8 +40,10 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from . import affinity
 
-FEATURES = ("pin", "rotate", "threads", "setup", "settle", "clocks")
+FEATURES = ("pin", "rotate", "launch", "threads", "setup", "settle", "clocks")
 HASH_SEED = "0"
+# Variables that pad a worker's environment (even_environments): BENCH_PAD, BENCH_PAD0, ...
+PAD_VARIABLE = "BENCH_PAD"
 
 
 def parse_without(text: str) -> List[str]:
@@ -84,7 +96,13 @@ def arrange(names: Sequence[str], without: Sequence[str], index: int,
         for name, cpus in placement.workers.items():
             env[name][affinity.CPUS_VARIABLE] = affinity.format_cpulist(cpus)
         parent = placement.parent
-        facts["placement"] = placement.note + (f"; CPU sets rotated by {shift}" if shift else "")
+        launch = "launch" in on and placement.launch is not None
+        for name in names if launch else ():  # the same CPU for every worker
+            env[name][affinity.LAUNCH_VARIABLE] = str(placement.launch)
+        facts["launch_cpu"] = placement.launch if launch else None
+        facts["placement"] = (placement.note + (f"; CPU sets rotated by {shift}" if shift else "")
+                              + (f"; every block launched from CPU {placement.launch}"
+                                 if launch else ""))
         facts["cpus"] = {n: affinity.format_cpulist(placement.workers[n]) for n in names
                          if n in placement.workers}
         counts = {n: len(c) for n, c in placement.workers.items()}
@@ -104,3 +122,26 @@ def arrange(names: Sequence[str], without: Sequence[str], index: int,
     else:
         launcher = ()
     return ProcessSet(env, tuple(launcher), parent, facts)
+
+
+def _stack_bytes(argv: Sequence[str], env: Dict[str, str]) -> int:
+    """The bytes ``argv`` and ``env`` take at the top of a new process's stack (NUL-ended)."""
+    return (sum(len(a.encode()) + 1 for a in argv)
+            + sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items()))
+
+
+def even_environments(argvs: Dict[str, Sequence[str]],
+                      envs: Dict[str, Dict[str, str]]) -> Dict[str, Dict[str, str]]:
+    """Each worker's environment with padding variables added (PAD_VARIABLE, then PAD_VARIABLE0,
+    ...), so that every worker starts with as many argument and environment strings, of as many
+    bytes, as every other (the module's docstring, ``setup``)."""
+    padded = {n: {**{k: v for k, v in env.items() if not k.startswith(PAD_VARIABLE)},
+                  PAD_VARIABLE: ""} for n, env in envs.items()}
+    most = max((len(argvs[n]) + len(env) for n, env in padded.items()), default=0)
+    for name, env in padded.items():
+        for i in range(most - len(argvs[name]) - len(env)):
+            env[f"{PAD_VARIABLE}{i}"] = ""
+    size = max((_stack_bytes(argvs[n], env) for n, env in padded.items()), default=0)
+    for name, env in padded.items():
+        env[PAD_VARIABLE] = "x" * (size - _stack_bytes(argvs[name], env))
+    return padded

@@ -2,8 +2,9 @@
 between two worker processes of native (native-aa ÷ native), the noise the intervals are made of.
 
 Each timed block records (worker.DIAGNOSTICS, runner.block_diagnostics) the GPU time of its steps
-(CUDA events), the CPU time of the thread that launched them, its context switches, the CPU it
-ended on, and the SM clock NVML read after it. For each workload, over the A/A pairs of each
+(CUDA events), the CPU time of the thread that launched them and its part in the kernel, the time
+the hypervisor stole from the CPUs it ran on, its context switches, the CPU it ended on, and the
+SM clock NVML read after it. For each workload, over the A/A pairs of each
 process set, each quantity's A/A effect per pair (QUANTITIES: a log ratio native-aa ÷ native, or a
 difference for counts and shares), the set's median, and its Pearson correlation with the A/A's
 own log ratio, across process sets (the between-process difference the intervals miss) and across
@@ -43,6 +44,20 @@ def _off_cpu(pair: Dict, mine: Dict, theirs: Dict) -> Optional[float]:
     return shares[0] - shares[1]
 
 
+def _share(key: str) -> Callable[[Dict, Dict, Dict], Optional[float]]:
+    """The share of the block ``key`` took, native-aa's less native's."""
+
+    def effect(pair: Dict, mine: Dict, theirs: Dict) -> Optional[float]:
+        shares = []
+        for block, elapsed in ((mine, pair["config_s"]), (theirs, pair["ref_s"])):
+            if block.get(key) is None or not elapsed:
+                return None
+            shares.append(block[key] / elapsed)
+        return shares[0] - shares[1]
+
+    return effect
+
+
 def _difference(key: str) -> Callable[[Dict, Dict, Dict], Optional[float]]:
     def effect(pair: Dict, mine: Dict, theirs: Dict) -> Optional[float]:
         a, b = mine.get(key), theirs.get(key)
@@ -58,6 +73,8 @@ QUANTITIES: Dict[str, Tuple[str, Callable[[Dict, Dict, Dict], Optional[float]], 
     "off_cpu": ("share of the block off the CPU", _off_cpu, "points"),
     "nivcsw": ("involuntary context switches", _difference("nivcsw"), "count"),
     "sm_mhz": ("SM clock after the block", _log_ratio("sm_mhz"), "ratio"),
+    "system_s": ("share of the block in the kernel", _share("system_s"), "points"),
+    "steal_s": ("share of the block stolen by the hypervisor", _share("steal_s"), "points"),
 }
 
 

@@ -13,6 +13,8 @@ than the one before by more than SETTLE_TOLERANCE (its time has stopped falling:
 refilled, clocks up), at least 3 and at most SETTLE_MAX_BLOCKS; a worker active in the stage
 before goes on without. Without ``settle``: every active worker runs the timed steps once,
 every stage.
+Every worker starts with arguments and environment of the same count and bytes
+(isolation.even_environments).
 Invariant: a configuration that fails (set-up, memory pass, a block, a worker that exits) is
 recorded with the end of its error and never silently dropped; a pair is recorded only when both
 of its blocks ran; nothing here computes statistics.
@@ -22,7 +24,7 @@ import math
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from . import plan, protocol, worker
+from . import isolation, plan, protocol, worker
 from .configs import NATIVE, resolve, worker_environment
 from .workers import CommandFailed, Worker, WorkerGone, close_all
 
@@ -82,12 +84,15 @@ class Runner:
         self.sampler = sampler or Sampler()
         self.workers: Dict[str, Worker] = {}
         self.dead: Dict[str, str] = {}
-        for name in names:  # all start at once: their imports overlap
+        argvs, envs = {}, {}
+        for name in names:
             config = resolve(name, variants)
-            command = [*launcher, *worker.command(config.base, config.backend, engine, preload)]
-            env = {**worker_environment(config, environ), "BENCH_CONFIG": name,
-                   **(worker_env or {}).get(name, {})}
-            self.workers[name] = Worker(name, command, env)
+            argvs[name] = worker.command(config.base, config.backend, engine, preload)
+            envs[name] = {**worker_environment(config, environ), "BENCH_CONFIG": name,
+                          **(worker_env or {}).get(name, {})}
+        envs = isolation.even_environments(argvs, envs)  # the same stack start in every worker
+        for name in names:  # all start at once: their imports overlap
+            self.workers[name] = Worker(name, [*launcher, *argvs[name]], envs[name])
         self.infos: Dict[str, Dict[str, Any]] = {}
         for name in names:
             try:

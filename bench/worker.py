@@ -13,8 +13,10 @@ Commands (one JSON line each on stdin, one ``reply`` each on stdout; EOF ends th
   this worker's previous block (not for warm-up blocks), and what may explain a difference
   between two processes (``DIAGNOSTICS``): the GPU time of its steps (CUDA events recorded
   around each step, where the engine has ``block_timer``; not in warm-up blocks), the CPU time
-  of this (the launching) thread, its context switches, and the CPU it was on at the block's
-  end;
+  of this (the launching) thread and the part of it in the kernel, its context switches, the
+  CPU it was on at the block's end, and the time the hypervisor took from the CPUs it could run
+  on (steal, /proc/stat). With BENCH_LAUNCH_CPU (isolation.py's ``launch``) the launching thread
+  runs the block on that CPU and goes back to the worker's own after it;
 - ``settle``: return cached memory; ``drop``: forget the workload, then settle.
 Set-up (``main``): the worker pins itself to BENCH_CPUS (affinity.apply) before the engine
 imports anything, so every thread started later runs there too; its ``ready`` facts say where
@@ -38,9 +40,11 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 from . import affinity, protocol
 
 # Variables that differ between workers on purpose (their configuration, their CPUs, their
-# process set) or that only name files: left out of the set-up fingerprint.
+# process set, the padding that evens their sizes: BENCH_PAD*) or that only name files: left out
+# of the set-up fingerprint.
 OWN_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "BENCH_CONFIG", "BENCH_CPUS",
                  "BENCH_PROCESS", "BENCH_STANDIN", "PYTHONPATH", "STREAMPOOL_LIBRARY")
+OWN_PREFIXES = ("STREAMPOOL_", "BENCH_PAD")
 # Personality flag of a process started without address-space randomisation (setarch -R).
 ADDR_NO_RANDOMIZE = 0x0040000
 
@@ -56,10 +60,10 @@ def aslr_off() -> Optional[bool]:
 def setup_facts(environ: Dict[str, str], extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Where this worker runs and how it was set up: its CPUs, the hash seed, address-space
     randomisation, and ``fingerprint``, a digest of everything that should be the same in every
-    worker (the environment but OWN_VARIABLES and STREAMPOOL_*, and ``extra``: the engine's
+    worker (the environment but OWN_VARIABLES and OWN_PREFIXES, and ``extra``: the engine's
     settings)."""
     shared = {k: v for k, v in environ.items()
-              if k not in OWN_VARIABLES and not k.startswith("STREAMPOOL_")}
+              if k not in OWN_VARIABLES and not k.startswith(OWN_PREFIXES)}
     text = json.dumps({"environment": shared, **(extra or {})}, sort_keys=True, default=str)
     return {
         "cpus": affinity.format_cpulist(os.sched_getaffinity(0)),
@@ -71,7 +75,7 @@ def setup_facts(environ: Dict[str, str], extra: Optional[Dict[str, Any]] = None)
 
 
 # The fields of a block's answer that diagnose a difference between processes (None: unknown).
-DIAGNOSTICS = ("gpu_s", "cpu_s", "cpu", "nvcsw", "nivcsw")
+DIAGNOSTICS = ("gpu_s", "cpu_s", "system_s", "steal_s", "cpu", "nvcsw", "nivcsw")
 # Field 39 of /proc/<pid>/task/<tid>/stat: the CPU the thread last ran on.
 STAT_PROCESSOR_FIELD = 39
 
@@ -105,13 +109,30 @@ def gpu_seconds(timer: Any) -> Optional[float]:
         return None
 
 
-def context_switches() -> Tuple[Optional[int], Optional[int]]:
-    """(voluntary, involuntary) context switches of this thread so far (None: unknown)."""
+def context_switches() -> Tuple[Optional[int], Optional[int], Optional[float]]:
+    """(voluntary, involuntary) context switches of this thread so far, and its CPU time in the
+    kernel (None: unknown)."""
     who = getattr(resource, "RUSAGE_THREAD", None)
     if who is None:
-        return None, None
+        return None, None, None
     usage = resource.getrusage(who)
-    return usage.ru_nvcsw, usage.ru_nivcsw
+    return usage.ru_nvcsw, usage.ru_nivcsw, usage.ru_stime
+
+
+# Field 9 of a ``cpuN`` line of /proc/stat (counting the name as 1): steal, in clock ticks.
+STEAL_FIELD = 8
+
+
+def steal_seconds(cpus, path: str = "/proc/stat") -> Optional[float]:
+    """The time the hypervisor has taken from ``cpus`` so far (None: unreadable)."""
+    wanted = {f"cpu{c}" for c in cpus}
+    try:
+        with open(path) as stat:
+            ticks = sum(int(line.split()[STEAL_FIELD]) for line in stat
+                        if line.split(maxsplit=1)[0] in wanted)
+        return ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Skipped(Exception):
@@ -126,8 +147,10 @@ class Worker:
     """The state between commands: the prepared workload and when the last block ended."""
 
     def __init__(self, engine: Any, clock: Callable[[], float] = time.perf_counter,
-                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
+                 cpu_clock: Callable[[], float] = time.thread_time,
+                 launch_cpus: Optional[Sequence[int]] = None) -> None:
         self.engine = engine
+        self.launch_cpus = launch_cpus  # where this thread runs its blocks (None: its own CPUs)
         self.clock = clock
         self.cpu_clock = cpu_clock
         self.workload: Optional[str] = None
@@ -193,20 +216,31 @@ class Worker:
         indices = [(first + i) % n for i in range(count)]
         make_timer = None if warm else getattr(self.engine, "block_timer", None)
         timer = make_timer(count) if make_timer is not None else None
-        self.engine.synchronize()
-        switches = context_switches()
-        cpu_began_s = self.cpu_clock()
-        began_s = self.clock()
-        for k, i in enumerate(indices):
-            if timer is not None:
-                timer.start(k)
-            self.step(self.timed[i])
-            if timer is not None:
-                timer.stop(k)
+        own = os.sched_getaffinity(0)
+        if self.launch_cpus:
+            os.sched_setaffinity(0, self.launch_cpus)  # this thread only (module docstring)
+        try:
+            on = os.sched_getaffinity(0)
             self.engine.synchronize()
-        ended_s = self.clock()
-        cpu_s = self.cpu_clock() - cpu_began_s
-        now = context_switches()
+            stolen = steal_seconds(on)
+            switches = context_switches()
+            cpu_began_s = self.cpu_clock()
+            began_s = self.clock()
+            for k, i in enumerate(indices):
+                if timer is not None:
+                    timer.start(k)
+                self.step(self.timed[i])
+                if timer is not None:
+                    timer.stop(k)
+                self.engine.synchronize()
+            ended_s = self.clock()
+            cpu_s = self.cpu_clock() - cpu_began_s
+            now = context_switches()
+            stolen_now = steal_seconds(on)
+            cpu = current_cpu()
+        finally:
+            if self.launch_cpus:
+                os.sched_setaffinity(0, own)
         idle_s = None if warm or self.last_end_s is None else began_s - self.last_end_s
         self.last_end_s = ended_s
         return {
@@ -216,7 +250,9 @@ class Worker:
             "steps": [indices[0], count],
             "gpu_s": gpu_seconds(timer),
             "cpu_s": cpu_s,
-            "cpu": current_cpu(),
+            "system_s": None if now[2] is None else now[2] - switches[2],
+            "steal_s": None if stolen is None or stolen_now is None else stolen_now - stolen,
+            "cpu": cpu,
             "nvcsw": _delta(switches[0], now[0], 1),
             "nivcsw": _delta(switches[1], now[1], 1),
         }
@@ -246,9 +282,10 @@ class Worker:
         raise ValueError(f"unknown command {command!r}")
 
 
-def serve(engine: Any, lines, emit=protocol.emit, preload: Sequence[str] = ()) -> int:
+def serve(engine: Any, lines, emit=protocol.emit, preload: Sequence[str] = (),
+          launch_cpus: Optional[Sequence[int]] = None) -> int:
     """Set up (and import ``preload``), say ready, answer every command on ``lines`` until
-    they end."""
+    they end (each block launched from ``launch_cpus``: None, its own CPUs)."""
     try:
         info = engine.set_up()
         for module in preload:
@@ -261,7 +298,7 @@ def serve(engine: Any, lines, emit=protocol.emit, preload: Sequence[str] = ()) -
         emit("setup_error", reason=protocol.error_text(exc))
         return 0
     emit("ready", info=info)
-    worker = Worker(engine)
+    worker = Worker(engine, launch_cpus=launch_cpus)
     for line in lines:
         if not line.strip():
             continue
@@ -301,7 +338,8 @@ def main(argv=None) -> int:
     affinity.apply(dict(os.environ))  # before the engine imports torch (module docstring)
     engine = load_engine(options.engine, options.base, options.backend)
     preload = [m for m in options.preload.split(",") if m]
-    return serve(engine, sys.stdin, preload=preload)
+    return serve(engine, sys.stdin, preload=preload,
+                 launch_cpus=affinity.launch_cpus(dict(os.environ)))
 
 
 if __name__ == "__main__":

@@ -103,3 +103,45 @@ def test_cpu_sets_rotate_among_the_workers_from_one_process_set_to_the_next(sysf
     assert "CPU sets rotated by 1" in on.facts["placement"]
     kept = isolation.arrange(names, ["rotate"], 1, "00000000:19:00.0", range(32), (), sysfs)
     assert kept.facts["cpus"] == cpus[0] and "rotated" not in kept.facts["placement"]
+
+
+def test_every_worker_of_a_set_launches_its_blocks_from_one_cpu_that_no_worker_owns(sysfs):
+    # On CPUs of their own, a CPU that ran at half speed for seconds (as the H100's and H200's
+    # virtual CPUs did, unseen by the guest) slowed one side of a pair and not the other: the
+    # A/A's noise and its bias per process set. One launch CPU for all puts both sides there.
+    names = ["native", "native-aa", "streampool"]
+    for index in range(4):  # whatever the rotation
+        on = isolation.arrange(names, [], index, "00000000:19:00.0", range(32), (), sysfs)
+        assert {on.env[n][affinity.LAUNCH_VARIABLE] for n in names} == {"14"}
+        assert on.facts["launch_cpu"] == 14 and 14 in on.parent_cpus
+        assert all(14 not in affinity.parse_cpulist(on.env[n][affinity.CPUS_VARIABLE])
+                   for n in names)
+        assert "every block launched from CPU 14" in on.facts["placement"]
+    for without in (["launch"], ["pin"]):
+        off = isolation.arrange(names, without, 1, "00000000:19:00.0", range(32), (), sysfs)
+        assert not any(affinity.LAUNCH_VARIABLE in off.env[n] for n in names)
+        assert off.facts.get("launch_cpu") is None
+    # cores short: the workers share them in turn, and still launch from one CPU
+    short = affinity.gpu_placement([f"w{i}" for i in range(10)], "00000000:19:00.0",
+                                   range(32), sysfs)
+    assert short.launch == 15
+    assert affinity.launch_cpus({affinity.LAUNCH_VARIABLE: "15"}) == [15]
+    assert affinity.launch_cpus({}) is None
+
+
+def test_every_workers_arguments_and_environment_are_padded_to_the_same_count_and_bytes():
+    # Without address-space randomisation the stack begins below the arguments and the
+    # environment: native-aa's longer name (and CPU list) would move it in every process set.
+    argvs = {"native": ["python3", "--base", "native"],
+             "native-aa": ["python3", "--base", "native"],
+             "streampool-vmm": ["python3", "--base", "streampool", "--backend", "pluggable"]}
+    envs = {"native": {"BENCH_CONFIG": "native", "BENCH_CPUS": "0-2"},
+            "native-aa": {"BENCH_CONFIG": "native-aa", "BENCH_CPUS": "12-14", "BENCH_PAD": "?"},
+            "streampool-vmm": {"BENCH_CONFIG": "streampool-vmm", "STREAMPOOL_BACKEND": "vmm"}}
+    padded = isolation.even_environments(argvs, envs)
+    sizes = {n: (len(argvs[n]) + len(e), isolation._stack_bytes(argvs[n], e))
+             for n, e in padded.items()}
+    assert len(set(sizes.values())) == 1, sizes
+    for name, env in envs.items():  # nothing else changes
+        assert {k: v for k, v in padded[name].items() if not k.startswith("BENCH_PAD")} == {
+            k: v for k, v in env.items() if k != "BENCH_PAD"}

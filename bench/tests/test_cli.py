@@ -34,7 +34,7 @@ def test_defaults_are_every_group_every_configuration():
         (["--configs", "streampool-threshold-1GiB"], "paired with streampool: select it too"),
         (["--variant", "x:PATH=/"], "expected LABEL:STREAMPOOL_VAR=VALUE"),
         (["calibrate", "--blocks-s", "0.1,-1"], "--blocks-s '-1'"),
-        (["--without", "pin,luck"], "unknown setting luck; choose from pin, rotate, threads"),
+        (["--without", "pin,luck"], "unknown setting luck; choose from pin, rotate, launch, threads"),
         (["calibrate", "--ablate", "luck"], "unknown setting luck"),
         (["merge"], "the following arguments are required: dirs"),
     ],
@@ -196,11 +196,19 @@ def test_each_worker_runs_on_the_cpus_it_was_given_and_all_are_set_up_alike(tmp_
         no_aslr = bool(isolation.no_aslr_launcher())  # where this kernel lets setarch -R run
         assert {w["setup"]["aslr_off"] for w in workers.values()} == {no_aslr}
         assert process_set["setup_differs"] == []
+        # every block of every pair ran on the set's one launch CPU, whichever worker ran it
+        launch = process_set["launch_cpu"]
+        assert launch is not None
+        if len(allowed) > 1:  # some worker's own CPUs are not the launch CPU
+            assert any(w["setup"]["cpus"] != str(launch) for w in workers.values())
+        (record,) = [r for r in call["workloads"] if r["process_set"] == index]
+        assert record["pairs"] and {p[side]["cpu"] for p in record["pairs"]
+                                    for side in ("config_block", "ref_block")} == {launch}
     assert run_standin(tmp_path / "off", workloads="churn", pairs="2", processes="1",
                        extra=["--without", "pin,setup"]) == 0
     (call,) = json.loads((tmp_path / "off" / "results.json").read_text())["runs"]
     (process_set,) = call["process_sets"]
-    assert process_set["off"] == ["pin", "setup"]
+    assert process_set["off"] == ["pin", "setup"] and process_set.get("launch_cpu") is None
     assert {w["setup"]["cpus"] for w in process_set["workers"].values()} == {
         affinity.format_cpulist(allowed)}
     assert {w["setup"]["aslr_off"] for w in process_set["workers"].values()} == {False}

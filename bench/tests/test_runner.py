@@ -2,6 +2,8 @@
 time, a slower configuration found, failures of every kind kept with the end of their error,
 stages by memory and by idle gap, and the report built from it."""
 
+from pathlib import Path
+
 import pytest
 
 from bench import report, runner, targets
@@ -203,3 +205,23 @@ def test_each_block_of_a_pair_keeps_its_own_diagnostics_and_clock():
         for side in ("config_block", "ref_block"):
             assert pair[side]["gpu_s"] is None  # the stand-in has no CUDA events
             assert pair[side]["cpu_s"] >= 0 and isinstance(pair[side]["cpu"], int)
+
+
+def test_every_worker_starts_with_arguments_and_environment_of_the_same_size():
+    # isolation.even_environments: what the kernel puts at the top of each worker's stack
+    # (/proc/PID/cmdline and environ) is as many strings of as many bytes in every worker.
+    names = ["native", "native-aa", "expandable", "streampool-vmm"]
+    live = runner.Runner(names, {}, {"PYTHONPATH": ""}, runner.Options(2, 0.003, None),
+                         engine=ENGINE, log=lambda _: None,
+                         worker_env={"native": {"BENCH_PROCESS": "0"},
+                                     "native-aa": {"BENCH_PROCESS": "12345"}})
+    try:
+        sizes = {}
+        for name, started in live.workers.items():
+            argv = Path(f"/proc/{started.pid}/cmdline").read_bytes()
+            env = Path(f"/proc/{started.pid}/environ").read_bytes()
+            sizes[name] = (argv.count(b"\0") + env.count(b"\0"), len(argv) + len(env))
+        assert not live.setup_differs  # the padding is left out of the fingerprint
+    finally:
+        live.close()
+    assert len(set(sizes.values())) == 1, sizes

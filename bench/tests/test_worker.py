@@ -287,3 +287,65 @@ def test_workers_import_what_their_workloads_need_while_they_start():
     worker.serve(standin.StandinEngine("native", "native"), [], preload=["no_such_module_x"],
                  emit=lambda kind, **f: sent.append((kind, f)))
     assert sent[0][0] == "setup_error" and "no_such_module_x" in sent[0][1]["reason"]
+
+
+def test_a_block_runs_on_the_launch_cpu_and_the_thread_goes_back_to_its_own_after_it():
+    # isolation.py's ``launch``: both blocks of a pair on one CPU; the thread's own CPUs for
+    # everything else (a failing step included).
+    allowed = sorted(os.sched_getaffinity(0))
+    own, launch = allowed[:1], allowed[-1:]
+    seen = []
+
+    class Engine:
+        def build(self, workload):
+            def step(params):
+                seen.append(os.sched_getaffinity(0))
+                if params == "fail":
+                    raise RuntimeError("step failed")
+
+            return step, worker_schedule()
+
+        def memory(self):
+            return {"free_bytes": 0, "process_bytes": None}
+
+        def track_live(self):
+            return lambda: 0
+
+        def synchronize(self):
+            pass
+
+        def settle(self):
+            pass
+
+    os.sched_setaffinity(0, own)
+    try:
+        running = worker.Worker(Engine(), launch_cpus=launch)
+        running.prepare("w")
+        assert seen and all(s == set(own) for s in seen)  # the memory pass on its own CPUs
+        seen.clear()
+        block = running.block(first=0, count=3)
+        assert seen == [set(launch)] * 3 and block["cpu"] == launch[0]
+        assert os.sched_getaffinity(0) == set(own)
+        assert block["system_s"] is None or block["system_s"] >= 0
+        assert block["steal_s"] is None or block["steal_s"] >= 0
+        running.timed = ("fail",)
+        with pytest.raises(RuntimeError):
+            running.block(first=0, count=1)
+        assert os.sched_getaffinity(0) == set(own)
+        unpinned = worker.Worker(Engine())  # no launch CPU: its own
+        unpinned.prepare("w")
+        seen.clear()
+        unpinned.block(first=0, count=1)
+        assert seen == [set(own)]
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def test_steal_is_read_from_the_cpu_lines_of_proc_stat(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  9 9 9 9 9 9 9 900 0 0\ncpu0 1 2 3 4 5 6 7 100 0 0\n"
+                    "cpu1 1 2 3 4 5 6 7 300 0 0\nintr 5 0\n")
+    tick = os.sysconf("SC_CLK_TCK")
+    assert worker.steal_seconds([1], str(stat)) == pytest.approx(300 / tick)
+    assert worker.steal_seconds([0, 1], str(stat)) == pytest.approx(400 / tick)
+    assert worker.steal_seconds([0], str(tmp_path / "absent")) is None
