@@ -576,8 +576,8 @@ int streampool_ipc_import_pages(const struct StreampoolIpcPages *handle,
  * page-locked host memory, at level 2 they are discarded. Allocations on the device fail until
  * `streampool_wake`. Writes the bytes given back to `*given_back` (if not NULL). The vmm
  * backend only; an error (the pool backend, a capture, asleep already, host memory that cannot
- * be pinned) changes nothing; a copy that fails leaves the device awake, only memory no block
- * used given back (as `torch.cuda.empty_cache()` gives it back).
+ * be pinned) changes nothing; a copy that fails leaves the device awake with every block's
+ * contents (memory no block used may have gone back, as `torch.cuda.empty_cache()` gives it).
  *
  * # Safety
  * `given_back` must be NULL or writable.

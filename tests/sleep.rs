@@ -97,7 +97,7 @@ fn bad_calls_and_faults_leave_the_device_as_it_was() {
         "{e}"
     );
     assert_eq!(r.sim.physical_bytes(0), held);
-    // A copy that fails: the buffer is freed, nothing else changed.
+    // A copy that fails to be queued: nothing changed (the buffer is kept for the next sleep).
     r.sim.inject_fault(SimFault::Copy, 1);
     assert!(r.alloc.sleep(0, 1).is_err());
     assert_eq!(r.sim.physical_bytes(0), held);
@@ -290,7 +290,7 @@ fn sleep_and_wake_return_once_their_copies_are_done_and_a_failed_wait_at_wake_ke
     let asleep = r.alloc.sleeping_bytes(0).unwrap();
     assert!(asleep >= 40 * MIB);
     // The wait for the copies back fails: their pages sleep on, their contents in the buffer.
-    r.sim.inject_fault(SimFault::Synchronize, 1);
+    r.sim.inject_fault(SimFault::StreamSynchronize, 1);
     assert!(r.alloc.wake(0).is_err());
     assert!(
         !r.sim.work_in_flight(0),
@@ -376,4 +376,33 @@ impl streampool::StreamFilter for OnStream {
     fn claims(&self, stream: streampool::driver::Stream) -> bool {
         stream == self.0
     }
+}
+
+#[test]
+fn a_failed_wait_for_the_copies_at_sleep_leaves_the_device_awake_with_its_contents() {
+    let r = vmm_rig(256 * MIB);
+    let a = r.malloc(6 * MIB, 0, 1);
+    fill(&r, a, 6 * MIB, 3);
+    let gone = r.malloc(8 * MIB, 0, 1);
+    r.free(gone, 0);
+    r.sim.inject_fault(SimFault::StreamSynchronize, 1);
+    assert!(r.alloc.sleep(0, 1).is_err());
+    assert!(
+        !r.sim.work_in_flight(0),
+        "nothing in flight after a failed sleep"
+    );
+    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 0, "awake");
+    assert!(holds(&r, a, 6 * MIB, 3));
+    r.sim.touch(0, 0, a, 6 * MIB, s(1)).unwrap();
+    assert!(
+        r.alloc.sleep_host_buffer_bytes(0).unwrap() > 0,
+        "the buffer is kept"
+    );
+    let b = r.malloc(MIB, 0, 1); // awake: allocations are served
+    r.free(b, 0);
+    r.alloc.sleep(0, 1).unwrap();
+    r.alloc.wake(0).unwrap();
+    assert!(holds(&r, a, 6 * MIB, 3));
+    r.free(a, 0);
+    r.finish();
 }

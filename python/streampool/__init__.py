@@ -216,8 +216,9 @@ def sleep(level: int = 1, device: Device = None, discard: Optional[Iterable[str]
     keep its contents). Allocating on the device raises until :func:`wake`. Returns the bytes
     given back. Raises InvalidArgumentError (and changes nothing) on the pool backend, during a
     CUDA graph capture, when asleep already, when the host memory cannot be pinned, or when
-    ``discard`` names a tag no thread ever used; a copy that fails leaves the device awake, only
-    memory no tensor used given back (as ``empty_cache()`` gives it back)."""
+    ``discard`` names a tag no thread ever used; a copy that fails leaves the device awake with
+    every tensor's contents (memory no tensor used may have gone back, as ``empty_cache()``
+    gives it)."""
     index = device_index(device)
     given_back = ctypes.c_uint64()
     names = _tag_names(discard)

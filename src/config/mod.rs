@@ -115,7 +115,7 @@ pub struct Config {
     pub trim_on_growth: bool,
     pub peer_access: PeerAccess,
     /// Every pool is shareable with other processes (CUDA's guide says such pools may keep
-    /// their memory; in two runs on H200s, driver 580, one gave it back at a trim).
+    /// their memory; in two runs on H200s, driver 580, such a pool gave it back at each trim).
     pub ipc: bool,
     pub reuse: ReusePolicy,
     /// The physical handle size of the virtual-memory backend (a multiple of the device's

@@ -18,6 +18,12 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Stream(pub usize);
 
+impl Stream {
+    /// The legacy default stream: its work waits for the work queued before it on every
+    /// blocking stream (PyTorch's default stream is this one), and theirs for its.
+    pub const LEGACY: Stream = Stream(0);
+}
+
 /// A device address; 0 is NULL.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -81,7 +87,8 @@ handle!(
     MemHandle
 );
 handle!(
-    /// Page-locked host memory (`cuMemAllocHost`), where a sleeping device's memory waits.
+    /// Page-locked host memory (registered, or `cuMemAllocHost`), where a sleeping device's
+    /// memory waits.
     HostBuffer
 );
 

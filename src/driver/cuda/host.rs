@@ -5,6 +5,10 @@
 //! and registering it 26 ms: the time is the kernel handing out zeroed pages, which threads share
 //! (bench/results/2026-11-28-h200, `COST sleep` lines).
 //!
+//! Touching memory the machine does not have would bring the kernel's (or the container's) OOM
+//! killer instead of an error, so memory larger than what is available (`MemAvailable`, and the
+//! cgroup's limit less its use) goes to `cuMemAllocHost`, which refuses with an error.
+//!
 //! Invariants: a buffer registered here is in [`REGISTERED`] from its registration to its
 //! unregistration, with the length of its mapping, and is unregistered and unmapped by
 //! [`free`]; any other buffer came from `cuMemAllocHost` and goes back to `cuMemFreeHost`; the
@@ -61,6 +65,9 @@ pub(super) fn free(ptr: *mut c_void) {
 /// left behind then).
 fn registered(bytes: usize) -> Option<*mut c_void> {
     let len = bytes.checked_next_multiple_of(ALIGN_BYTES)?;
+    if available_bytes().is_some_and(|available| len > available) {
+        return None;
+    }
     let ptr = map_aligned(len)?;
     // SAFETY: advice on our own mapping; a refusal changes nothing and is ignored.
     unsafe {
@@ -77,6 +84,54 @@ fn registered(bytes: usize) -> Option<*mut c_void> {
     }
     (REGISTERED.lock().unwrap_or_else(|e| e.into_inner())).insert(ptr as usize, len);
     Some(ptr)
+}
+
+/// Host memory this process can still touch: `MemAvailable`, bounded by its cgroup's limit
+/// less its use; None if neither can be read.
+fn available_bytes() -> Option<usize> {
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let machine = read("/proc/meminfo").and_then(|text| mem_available(&text));
+    let cgroup = read("/proc/self/cgroup").and_then(|text| cgroup_room(&text, read));
+    match (machine, cgroup) {
+        (Some(m), Some(c)) => Some(m.min(c)),
+        (m, c) => m.or(c),
+    }
+}
+
+/// `MemAvailable` of /proc/meminfo, in bytes.
+fn mem_available(meminfo: &str) -> Option<usize> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The room left under this process's cgroup memory limit, from /proc/self/cgroup's text and a
+/// reader of files: cgroup v2 (`0::PATH`, memory.max less memory.current) or v1 (`N:memory:PATH`,
+/// memory.limit_in_bytes less memory.usage_in_bytes); None without a limit or readable files.
+fn cgroup_room(cgroup: &str, read: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    let number = |path: String| -> Option<usize> { read(&path)?.trim().parse().ok() };
+    let room = |dir: String, limit: &str, usage: &str| {
+        let limit = number(format!("{dir}/{limit}"))?; // "max" (no limit) does not parse
+        Some(limit.saturating_sub(number(format!("{dir}/{usage}"))?))
+    };
+    cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let path = path.trim_end_matches('/');
+        match controllers {
+            "" => room(
+                format!("/sys/fs/cgroup{path}"),
+                "memory.max",
+                "memory.current",
+            ),
+            c if c.split(',').any(|c| c == "memory") => room(
+                format!("/sys/fs/cgroup/memory{path}"),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            ),
+            _ => None,
+        }
+    })
 }
 
 /// A private anonymous mapping of `len` bytes (a multiple of `ALIGN_BYTES`) at an address
@@ -156,7 +211,7 @@ mod tests {
         let len = 7 * ALIGN_BYTES;
         let ptr = map_aligned(len).expect("a small mapping");
         assert_eq!(ptr as usize % ALIGN_BYTES, 0);
-        // Three threads at most on this machine's CPUs, each given 2 MiB or more.
+        // As many threads as this machine's CPUs allow (up to 7 here), each given 2 MiB or more.
         touch(ptr as usize, len, ALIGN_BYTES);
         let backed = resident(ptr, len);
         let missing = backed.iter().filter(|&&b| !b).count();
@@ -168,6 +223,31 @@ mod tests {
         );
         // SAFETY: the mapping above, of `len` bytes (its padding was unmapped by map_aligned).
         assert_eq!(unsafe { libc::munmap(ptr, len) }, 0);
+    }
+
+    #[test]
+    fn available_memory_is_read_from_meminfo_and_the_cgroup_limit_of_either_version() {
+        let meminfo = "MemTotal:       1000 kB\nMemAvailable:     300 kB\n";
+        assert_eq!(mem_available(meminfo), Some(300 * 1024));
+        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
+        let files = |path: &str| {
+            let text = match path {
+                "/sys/fs/cgroup/job/memory.max" => "5000\n",
+                "/sys/fs/cgroup/job/memory.current" => "1200\n",
+                "/sys/fs/cgroup/memory/v1job/memory.limit_in_bytes" => "9000\n",
+                "/sys/fs/cgroup/memory/v1job/memory.usage_in_bytes" => "10000\n",
+                "/sys/fs/cgroup/free/memory.max" => "max\n",
+                "/sys/fs/cgroup/free/memory.current" => "7\n",
+                _ => return None,
+            };
+            Some(text.to_string())
+        };
+        assert_eq!(cgroup_room("0::/job\n", files), Some(3800));
+        // v1: the memory controller's line, among others; usage over the limit leaves none.
+        assert_eq!(cgroup_room("4:memory:/v1job\n0::/\n", files), Some(0));
+        assert_eq!(cgroup_room("3:cpu,memory:/v1job\n", files), Some(0));
+        assert_eq!(cgroup_room("0::/free\n", files), None, "no limit");
+        assert_eq!(cgroup_room("1:cpu:/x\n", files), None);
     }
 
     #[test]

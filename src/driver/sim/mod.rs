@@ -44,7 +44,10 @@ pub enum SimFault {
     EventCreate,
     EventRecord,
     StreamWait,
+    /// Both `cuCtxSynchronize` and `cuStreamSynchronize`.
     Synchronize,
+    /// `cuStreamSynchronize` only.
+    StreamSynchronize,
     AddressReserve,
     MemCreate,
     MemMap,

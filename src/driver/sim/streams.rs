@@ -48,6 +48,13 @@ fn destroyed(call: &'static str) -> crate::Error {
 impl StreamDriver for SimDriver {
     fn stream_synchronize(&self, device: usize, stream: Stream) -> Result<()> {
         self.take_fault(SimFault::Synchronize, "cuStreamSynchronize")?;
+        if self.take_injected(SimFault::StreamSynchronize) {
+            return Err(driver_error(
+                "cuStreamSynchronize",
+                999,
+                "CUDA_ERROR_UNKNOWN (injected)",
+            ));
+        }
         let mut d = self.device(device, "cuStreamSynchronize")?;
         self.check_capture_mode(&d, "cuStreamSynchronize");
         d.complete_stream(stream);

@@ -11,7 +11,7 @@ use crate::driver::sim::{SimDriver, SimFault};
 use crate::driver::{DevicePtr, Stream};
 
 /// Every fault the simulator can inject.
-const FAULTS: [SimFault; 16] = [
+const FAULTS: [SimFault; 17] = [
     SimFault::PoolCreate,
     SimFault::PoolSetAttr,
     SimFault::Alloc,
@@ -20,6 +20,7 @@ const FAULTS: [SimFault; 16] = [
     SimFault::EventRecord,
     SimFault::StreamWait,
     SimFault::Synchronize,
+    SimFault::StreamSynchronize,
     SimFault::AddressReserve,
     SimFault::MemCreate,
     SimFault::MemMap,
@@ -40,6 +41,7 @@ const _: fn(SimFault) = |fault| match fault {
     | SimFault::EventRecord
     | SimFault::StreamWait
     | SimFault::Synchronize
+    | SimFault::StreamSynchronize
     | SimFault::AddressReserve
     | SimFault::MemCreate
     | SimFault::MemMap

@@ -154,8 +154,6 @@ struct VmmState {
     asleep: Option<sleep::Asleep>,
     /// Awake: the host buffer of the last level-1 sleep, kept for the next one ([`sleep`]).
     sleep_buffer: Option<sleep::HostBytes>,
-    /// The stream of sleep and wake's copies, made at the first sleep ([`sleep`]).
-    copy_stream: Option<Stream>,
 }
 
 impl VmmState {

@@ -141,9 +141,10 @@ impl SimDriver {
 
     /// A copy on `stream` between host buffer `host.0` (from offset `host.1`) and device memory
     /// at `at`: the host range lies in the buffer, the device range is mapped with access for
-    /// `device`, and the device's work before the copy is done (the caller synchronised). The
-    /// bytes move at once; the device range counts as used by `stream` until its work up to the
-    /// copy completes, so that unmapping it sooner is refused as on a GPU.
+    /// `device`, and the work that wrote it is done (the caller synchronised before a sleep, and
+    /// a wake copies into fresh pages). The bytes move at once; the device range counts as used
+    /// by `stream` until its work up to the copy completes, so that unmapping it sooner is
+    /// refused as on a GPU.
     pub(super) fn copy(
         &self,
         call: &'static str,

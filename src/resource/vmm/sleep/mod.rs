@@ -5,12 +5,14 @@
 //! needs them), so only the pages under live blocks sleep. At level 1 the pages under live blocks
 //! are copied to one page-locked host buffer first and copied back at wake ([`wake`]) — but for
 //! blocks allocated under a tag the caller discards ([`crate::tag`]); at level 2 their contents
-//! are discarded. The copies run on a stream of the resource's own while the driver unmaps the
-//! idle pages (sleep) or maps the next pages (wake): on an H200 a 2 MiB page costs about as long
-//! to unmap and release (44 us) or to map with access (54 us) as to copy (38 us). Pages adjacent
-//! in one address reservation move as one run: one copy each way (not one a page). The host
-//! buffer is kept after a wake for the next sleep (page-locking gigabytes takes longer than
-//! copying them) until [`Sleep::release_host_buffer`], a larger sleep, or the resource's end.
+//! are discarded. The copies are queued on the legacy default stream (so that they also wait for
+//! work any thread queued on a blocking stream since the device synchronised) and run while the
+//! driver unmaps the idle pages (sleep) or maps the next pages (wake): on an H200 a 2 MiB page
+//! costs about as long to unmap and release (44 us) or to map with access (54 us) as to copy
+//! (38 us). Pages adjacent in one address reservation are saved with one copy; wake restores them
+//! a chunk of pages at a time ([`wake`]). The host buffer is kept after a wake for the next sleep
+//! (page-locking gigabytes takes longer than copying them) until [`Sleep::release_host_buffer`],
+//! a larger sleep, or the resource's end.
 //!
 //! Invariants: a sleep happens only after the device synchronised (no work in flight, so nothing
 //! half-written is copied) and never during a capture; a page under a live block is unmapped
@@ -110,8 +112,8 @@ impl Sleep for VmmResource {
         // page costs 8.8 us to create, 5.7 to map and 26 to give access at wake; the others are
         // mapped when an allocation needs them).
         self.release_down_to(&mut st, 0, None);
-        if let (Some(host), Some(stream)) = (host, st.copy_stream) {
-            if let Err(e) = self.wait_for_copies(stream) {
+        if let Some(host) = host {
+            if let Err(e) = self.wait_for_copies() {
                 st.sleep_buffer = Some(host);
                 return Err(e);
             }
@@ -235,7 +237,7 @@ impl VmmResource {
         let bytes = (saved.len() as u64)
             .checked_mul(self.page_bytes)
             .ok_or_else(|| Error::Internal("the pages to save overflow".into()))?;
-        let stream = self.copy_stream(st)?;
+        let stream = Stream::LEGACY;
         let host = self.host_buffer(st, bytes)?;
         let pages: Vec<u64> = saved.iter().copied().collect();
         for run in self.runs(st, &pages) {
@@ -247,7 +249,7 @@ impl VmmResource {
                 driver.copy_to_host(self.device, host.buffer, at, first, run_bytes, stream);
             if let Err(e) = copied {
                 // The copies queued before finish before anything else happens.
-                let _ = self.wait_for_copies(stream);
+                let _ = self.wait_for_copies();
                 st.sleep_buffer = Some(host);
                 return Err(e);
             }
@@ -282,20 +284,10 @@ impl VmmResource {
         Ok(HostBytes { buffer, bytes })
     }
 
-    /// The resource's stream for sleep and wake's copies, made on first use.
-    fn copy_stream(&self, st: &mut VmmState) -> Result<Stream> {
-        if let Some(stream) = st.copy_stream {
-            return Ok(stream);
-        }
-        let stream = self.driver.stream_create(self.device)?;
-        st.copy_stream = Some(stream);
-        Ok(stream)
-    }
-
-    /// Waits for the copies queued on the copy `stream`; if that fails, for the whole device
+    /// Waits for the copies queued on the legacy stream; if that fails, for the whole device
     /// before the error returns, so that no copy is in flight once it has.
-    fn wait_for_copies(&self, stream: Stream) -> Result<()> {
-        let waited = self.driver.stream_synchronize(self.device, stream);
+    fn wait_for_copies(&self) -> Result<()> {
+        let waited = (self.driver).stream_synchronize(self.device, Stream::LEGACY);
         if waited.is_err() {
             let _ = self.driver.synchronize(self.device);
         }

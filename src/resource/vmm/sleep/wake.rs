@@ -1,10 +1,10 @@
 //! Wake: fresh pages mapped where the slept pages were, run by run in address order, a chunk of
-//! `WAKE_CHUNK_PAGES` at a time, and their saved contents copied back on the resource's copy
-//! stream while the next chunk is mapped (on an H200, mapping and giving access to a 2 MiB page
+//! `WAKE_CHUNK_PAGES` at a time, and their saved contents copied back on the legacy stream while
+//! the next chunk is mapped (on an H200, mapping and giving access to a 2 MiB page
 //! costs about as long as copying it: 1 GiB took 49 ms one after the other, 32 overlapped).
 //!
 //! Invariants: a page is in the page map once mapped with access; its contents are known to be
-//! back only once the copy stream completed; a page whose copy failed, or whose stream could not
+//! back only once the legacy stream's copies completed; a page whose copy failed, or whose stream could not
 //! be waited for, goes back to sleep with its contents still in the host buffer (or, if it
 //! cannot even be unmapped, counts as restored without its contents, and says so in the log);
 //! nothing is handed out before the wake returns (the resource's lock is held throughout).
@@ -38,10 +38,7 @@ impl VmmResource {
         host: Option<HostBytes>,
     ) -> (HashSet<u64>, Result<()>) {
         let mut restored = HashSet::new();
-        let stream = match host.map(|_| self.copy_stream(st)).transpose() {
-            Ok(stream) => stream,
-            Err(e) => return (restored, Err(e)),
-        };
+        let stream = host.map(|_| Stream::LEGACY);
         let addresses: Vec<u64> = slept.iter().map(|p| p.page).collect();
         let mut in_flight = Vec::new();
         let mut result = Ok(());
@@ -59,10 +56,10 @@ impl VmmResource {
                 break;
             }
         }
-        let (Some(stream), false) = (stream, in_flight.is_empty()) else {
+        if in_flight.is_empty() {
             return (restored, result);
-        };
-        if let Err(e) = self.wait_for_copies(stream) {
+        }
+        if let Err(e) = self.wait_for_copies() {
             // Their contents may not have arrived: they sleep on, their contents in the buffer.
             let stuck = self.back_to_sleep(st, &in_flight, true);
             for (slept, _) in &in_flight {
