@@ -4,11 +4,13 @@ The GPU's CPUs are its PCI device's ``local_cpulist`` in sysfs (the bus id from 
 parent, which never touches CUDA); the CPUs a process may use are ``os.sched_getaffinity``'s
 (a container's cpuset); hyperthreads of one core stay together (``thread_siblings_list``).
 ``place`` gives each worker of a process set whole cores of its own there, the parent what is
-left over, and names one *launch CPU* (the parent's first, else the last core's first): every
+left over, and names one *launch CPU* (the parent's first; none when no core is spare): every
 worker's launching thread runs its blocks there (``launch_cpus``, worker.Worker.block), so both
 blocks of a pair run on the same CPU, whatever that CPU's speed then (a virtual machine's CPU can
-run at half speed for seconds while its guest sees it busy); a worker pins itself (``apply``)
-before it imports torch, so every thread it starts inherits its CPUs.
+run at half speed for seconds while its guest sees it busy). Only the launching thread moves:
+threads PyTorch started before (autograd's backward thread) stay on the worker's own cores. A
+worker pins itself (``apply``) before it imports torch, so every thread it starts inherits its
+CPUs.
 Invariant: pure functions of what they are given (``read_*`` only read sysfs, and say where a
 list came from); a machine with fewer cores than workers shares cores out in turn and says so,
 never fails.
@@ -106,15 +108,18 @@ def place(names: Sequence[str], cores: Sequence[Sequence[int]], where: str) -> P
     each = max(1, (len(cores) - (1 if spare else 0)) // len(names))
     if len(cores) < len(names):
         workers = {n: list(cores[i % len(cores)]) for i, n in enumerate(names)}
-        return Placement(workers, [], f"{len(names)} workers share {len(cores)} cores ({where})",
-                         min(cores[-1]))
+        return Placement(workers, [], f"{len(names)} workers share {len(cores)} cores ({where}); "
+                         "no launch CPU (none is spare)")
     workers = {n: sorted(c for core in cores[i * each:(i + 1) * each] for c in core)
                for i, n in enumerate(names)}
     parent = sorted(c for core in cores[len(names) * each:] for c in core)
-    launch = parent[0] if parent else min(cores[-1])  # the parent waits while a block runs
+    # The parent waits while a block runs; without a spare core, a launch CPU would be one
+    # worker's, shared with its other threads: none then.
+    launch = parent[0] if parent else None
     return Placement(workers, parent,
                      f"{each} core(s) a worker of {len(cores)} ({where})"
-                     + ("; the parent on the rest" if parent else ""), launch)
+                     + ("; the parent on the rest" if parent else "; no launch CPU (none is spare)"),
+                     launch)
 
 
 def gpu_placement(names: Sequence[str], bus_id: Optional[str],

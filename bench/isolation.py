@@ -14,7 +14,9 @@ is worth.
   a pair run on the same CPU, back to back. On the H100 and H200 virtual machines every worker's
   CPU ran at about half speed for seconds at a time, unseen by the guest (the thread on its CPU
   throughout, no context switches), one worker's CPU and not the other's: on CPUs of their own
-  that was the A/A's noise and its bias per process set; on one CPU both blocks share it;
+  that was the A/A's noise and its bias per process set; on one CPU both blocks share it. Only
+  the launching thread moves (autograd's backward thread stays on the worker's cores), and there
+  is no launch CPU when no core is spare for the parent (it would be a worker's);
 - ``threads``: torch's intra-op threads (and OpenMP's, MKL's) capped at the worker's cores (without
   pinning: the CPUs this process may use, shared out evenly);
 - ``setup``: the same start for every worker: one hash seed (PYTHONHASHSEED=0) and no

@@ -121,10 +121,15 @@ def test_every_worker_of_a_set_launches_its_blocks_from_one_cpu_that_no_worker_o
         off = isolation.arrange(names, without, 1, "00000000:19:00.0", range(32), (), sysfs)
         assert not any(affinity.LAUNCH_VARIABLE in off.env[n] for n in names)
         assert off.facts.get("launch_cpu") is None
-    # cores short: the workers share them in turn, and still launch from one CPU
+    # No spare core (cores short, or one each): a launch CPU would be a worker's, shared with
+    # its other threads on one side of the pair only: none.
     short = affinity.gpu_placement([f"w{i}" for i in range(10)], "00000000:19:00.0",
                                    range(32), sysfs)
-    assert short.launch == 15
+    assert short.launch is None and "no launch CPU" in short.note
+    exact = affinity.place(["a", "b"], [[0], [1]], "two cores")
+    assert exact.launch is None and exact.parent == []
+    spare = affinity.place(["a", "b"], [[0], [1], [2]], "three cores")
+    assert spare.launch == 2 and spare.parent == [2]
     assert affinity.launch_cpus({affinity.LAUNCH_VARIABLE: "15"}) == [15]
     assert affinity.launch_cpus({}) is None
 

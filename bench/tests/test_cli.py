@@ -196,11 +196,15 @@ def test_each_worker_runs_on_the_cpus_it_was_given_and_all_are_set_up_alike(tmp_
         no_aslr = bool(isolation.no_aslr_launcher())  # where this kernel lets setarch -R run
         assert {w["setup"]["aslr_off"] for w in workers.values()} == {no_aslr}
         assert process_set["setup_differs"] == []
-        # every block of every pair ran on the set's one launch CPU, whichever worker ran it
+        # every block of every pair ran on the set's one launch CPU, whichever worker ran it;
+        # none where no core is spare for the parent (a 2-core machine)
         launch = process_set["launch_cpu"]
-        assert launch is not None
-        if len(allowed) > 1:  # some worker's own CPUs are not the launch CPU
-            assert any(w["setup"]["cpus"] != str(launch) for w in workers.values())
+        if launch is None:
+            assert "no launch CPU (none is spare)" in process_set["placement"]
+            assert affinity.gpu_placement(order, None, allowed).parent == []
+            continue
+        assert all(launch not in affinity.parse_cpulist(w["setup"]["cpus"])
+                   for w in workers.values())
         (record,) = [r for r in call["workloads"] if r["process_set"] == index]
         assert record["pairs"] and {p[side]["cpu"] for p in record["pairs"]
                                     for side in ("config_block", "ref_block")} == {launch}
