@@ -180,34 +180,32 @@ fn vmm_page_costs(driver: &Arc<CudaDriver>) {
     );
     let offsets: Vec<u64> = (0..PAGES).map(|i| i * page).collect();
     let s = driver.stream_create(0).unwrap();
+    // `bytes` from `offset` of the run to the host (or back), and the wait for it.
+    let copy = |to_host: bool, offset: u64, bytes: u64| {
+        let at = DevicePtr(base.0 + offset);
+        match to_host {
+            true => driver.copy_to_host(0, host, offset, at, bytes, s),
+            false => driver.copy_to_device(0, at, host, offset, bytes, s),
+        }
+        .unwrap();
+        driver.stream_synchronize(0, s).unwrap();
+    };
     report(
         "cuMemcpyDtoHAsync + wait, one page",
-        ns_each(&offsets, |&o| {
-            let at = DevicePtr(base.0 + o);
-            driver.copy_to_host(0, host, o, at, page, s).unwrap();
-            driver.stream_synchronize(0, s).unwrap();
-        }),
+        ns_each(&offsets, |&o| copy(true, o, page)),
     );
     report(
         "cuMemcpyHtoDAsync + wait, one page",
-        ns_each(&offsets, |&o| {
-            let at = DevicePtr(base.0 + o);
-            driver.copy_to_device(0, at, host, o, page, s).unwrap();
-            driver.stream_synchronize(0, s).unwrap();
-        }),
+        ns_each(&offsets, |&o| copy(false, o, page)),
     );
     let t = Instant::now();
-    driver.copy_to_host(0, host, 0, base, run_bytes, s).unwrap();
-    driver.stream_synchronize(0, s).unwrap();
+    copy(true, 0, run_bytes);
     report(
         "cuMemcpyDtoH, the whole run (per page)",
         t.elapsed().as_nanos() as f64 / PAGES as f64,
     );
     let t = Instant::now();
-    driver
-        .copy_to_device(0, base, host, 0, run_bytes, s)
-        .unwrap();
-    driver.stream_synchronize(0, s).unwrap();
+    copy(false, 0, run_bytes);
     report(
         "cuMemcpyHtoD, the whole run (per page)",
         t.elapsed().as_nanos() as f64 / PAGES as f64,

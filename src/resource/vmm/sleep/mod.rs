@@ -227,7 +227,7 @@ impl VmmResource {
     }
 
     /// Queues the copies of the `saved` pages into a page-locked host buffer (the kept one if it
-    /// is large enough) on the copy stream, in address order, a run of adjacent pages a copy;
+    /// is large enough) on the legacy stream, in address order, a run of adjacent pages a copy;
     /// `None` if there are none. On a failure nothing else changed (a buffer had is kept for the
     /// next sleep).
     fn save(&self, st: &mut VmmState, saved: &BTreeSet<u64>) -> Result<Option<HostBytes>> {
@@ -237,7 +237,6 @@ impl VmmResource {
         let bytes = (saved.len() as u64)
             .checked_mul(self.page_bytes)
             .ok_or_else(|| Error::Internal("the pages to save overflow".into()))?;
-        let stream = Stream::LEGACY;
         let host = self.host_buffer(st, bytes)?;
         let pages: Vec<u64> = saved.iter().copied().collect();
         for run in self.runs(st, &pages) {
@@ -245,8 +244,14 @@ impl VmmResource {
             let run_bytes = run.len() as u64 * self.page_bytes;
             let first = DevicePtr(pages[run.start]);
             let driver = self.driver.as_ref();
-            let copied =
-                driver.copy_to_host(self.device, host.buffer, at, first, run_bytes, stream);
+            let copied = driver.copy_to_host(
+                self.device,
+                host.buffer,
+                at,
+                first,
+                run_bytes,
+                Stream::LEGACY,
+            );
             if let Err(e) = copied {
                 // The copies queued before finish before anything else happens.
                 let _ = self.wait_for_copies();

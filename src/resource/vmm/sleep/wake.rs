@@ -1,13 +1,13 @@
 //! Wake: fresh pages mapped where the slept pages were, run by run in address order, a chunk of
 //! `WAKE_CHUNK_PAGES` at a time, and their saved contents copied back on the legacy stream while
-//! the next chunk is mapped (on an H200, mapping and giving access to a 2 MiB page
-//! costs about as long as copying it: 1 GiB took 49 ms one after the other, 32 overlapped).
+//! the next chunk is mapped (on an H200, mapping and giving access to a 2 MiB page costs about as
+//! long as copying it: 1 GiB took 49 ms one after the other, 32 overlapped).
 //!
 //! Invariants: a page is in the page map once mapped with access; its contents are known to be
-//! back only once the legacy stream's copies completed; a page whose copy failed, or whose stream could not
-//! be waited for, goes back to sleep with its contents still in the host buffer (or, if it
-//! cannot even be unmapped, counts as restored without its contents, and says so in the log);
-//! nothing is handed out before the wake returns (the resource's lock is held throughout).
+//! back only once the legacy stream's copies completed; a page whose copy failed, or whose copy
+//! could not be waited for, goes back to sleep with its contents still in the host buffer (or,
+//! if it cannot even be unmapped, counts as restored without its contents, and says so in the
+//! log); nothing is handed out before the wake returns (the resource's lock is held throughout).
 
 use super::{HostBytes, SleptPage};
 use crate::driver::{DevicePtr, MemHandle, Stream};
@@ -38,7 +38,6 @@ impl VmmResource {
         host: Option<HostBytes>,
     ) -> (HashSet<u64>, Result<()>) {
         let mut restored = HashSet::new();
-        let stream = host.map(|_| Stream::LEGACY);
         let addresses: Vec<u64> = slept.iter().map(|p| p.page).collect();
         let mut in_flight = Vec::new();
         let mut result = Ok(());
@@ -48,7 +47,7 @@ impl VmmResource {
                 .map(move |from| from..(from + WAKE_CHUNK_PAGES).min(run.end))
         });
         for chunk in chunks {
-            let done = self.restore_run(st, &slept[chunk], host, stream);
+            let done = self.restore_run(st, &slept[chunk], host);
             restored.extend(done.pages);
             in_flight.extend(done.in_flight);
             if let Err(e) = done.outcome {
@@ -73,15 +72,14 @@ impl VmmResource {
     }
 
     /// Maps fresh pages where the adjacent pages of `run` were, gives access in one call, and
-    /// queues their contents' copies back on `stream` (a copy for each stretch saved side by
-    /// side). Pages mapped before a failure to create or map are restored; a failure to give
+    /// queues their contents' copies back on the legacy stream (a copy for each stretch saved side
+    /// by side). Pages mapped before a failure to create or map are restored; a failure to give
     /// access or to queue a copy puts the pages it concerns back to sleep.
     fn restore_run(
         &self,
         st: &mut VmmState,
         run: &[SleptPage],
         host: Option<HostBytes>,
-        stream: Option<Stream>,
     ) -> Restored {
         let (driver, device) = (self.driver.as_ref(), self.device);
         let mut mapped = Vec::with_capacity(run.len());
@@ -131,7 +129,7 @@ impl VmmResource {
         st.physical_high_bytes = st
             .physical_high_bytes
             .max(st.physical_bytes(self.page_bytes));
-        let (Some(host), Some(stream)) = (host, stream) else {
+        let Some(host) = host else {
             return Restored {
                 pages,
                 in_flight: Vec::new(),
@@ -149,7 +147,9 @@ impl VmmResource {
             };
             let at = DevicePtr(mapped[stretch.start].0.page);
             let bytes = stretch.len() as u64 * self.page_bytes;
-            if let Err(e) = driver.copy_to_device(device, at, host.buffer, from, bytes, stream) {
+            if let Err(e) =
+                driver.copy_to_device(device, at, host.buffer, from, bytes, Stream::LEGACY)
+            {
                 // Not restored from here on: these pages sleep on (their contents still in the
                 // buffer); the copies queued before are in flight.
                 let stuck = self.back_to_sleep(st, &mapped[stretch.start..], true);
