@@ -4,13 +4,14 @@
 //! Invariants (each a misuse — an error, a panic when strict — if broken by a caller):
 //! reservations and handles are multiples of the granule; a handle is mapped whole, inside one
 //! reservation, where nothing is mapped — at one place or several (as CUDA allows), but work of one
-//! stream never touches it while another stream's unfinished work uses it at another address; an unmap removes exactly one mapping, and only
-//! once all work recorded against it ([`SimDriver::touch`]) has completed; a handle is released
+//! stream never touches it while another stream's unfinished work uses it at another address; an
+//! unmap removes exactly one mapping, and only once all work recorded against it ([`SimDriver::touch`]) has completed; a handle is released
 //! only unmapped; memory is touched only where mapped and only by devices given access, the owner
 //! included; a reservation is freed only empty. Physical handles count as device memory.
 //! Contents are carried only where a test wrote them ([`SimDriver::write_memory`]): such memory
 //! keeps its bytes through copies to and from host buffers, other memory reads as zeros.
 
+mod controls;
 mod host;
 mod uses;
 
@@ -201,25 +202,6 @@ fn multiple_of_granule(bytes: u64) -> Check {
 }
 
 impl SimDriver {
-    /// Makes `device` report no virtual memory management support.
-    pub fn set_vmm_unsupported(&self, device: usize) {
-        self.vmm_unsupported.lock().push(device);
-    }
-
-    /// Physical bytes `device` holds in handles (mapped or not).
-    pub fn physical_bytes(&self, device: usize) -> u64 {
-        self.devices[device].lock().vmm.physical_bytes()
-    }
-
-    /// (mapped bytes, devices with access to all of them) of `device`'s mappings, for tests.
-    pub fn mappings(&self, device: usize) -> Vec<(DevicePtr, u64, Vec<usize>)> {
-        let d = self.devices[device].lock();
-        let mappings = d.vmm.mappings.iter();
-        mappings
-            .map(|(&at, m)| (DevicePtr(at), m.bytes, m.access.clone()))
-            .collect()
-    }
-
     fn vmm_call<T>(
         &self,
         device: usize,
