@@ -16,7 +16,10 @@
 //! Pages are `page_bytes` long and counted from each extent's base.
 
 use crate::driver::Stream;
-use std::collections::{BTreeMap, BTreeSet};
+use crate::fasthash::WordMap;
+use index::AddressOrder;
+use sizes::SizeIndex;
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
@@ -80,6 +83,11 @@ impl State {
     }
 }
 
+/// Streams whose freed memory all became ready keep their (empty) size index while there are at
+/// most this many indexes: a stream that frees all the time does not rebuild its own every
+/// millisecond, and a program with a stream per request does not keep one per stream.
+const KEPT_EMPTY: usize = 16;
+
 #[derive(Debug, Clone, Copy)]
 struct Range {
     bytes: u64,
@@ -91,11 +99,17 @@ pub(crate) struct FreeRanges {
     page_bytes: u64,
     /// base -> bytes of each reservation.
     extents: BTreeMap<u64, u64>,
-    ranges: BTreeMap<u64, Range>,
-    /// (bytes, start) of every `Ready` range: best fit in O(log n).
-    ready_by_size: BTreeSet<(u64, u64)>,
-    /// (stream, bytes, start) of every `Freed` range.
-    freed_by_size: BTreeSet<(Stream, u64, u64)>,
+    /// start -> range.
+    ranges: WordMap<u64, Range>,
+    /// end -> start of every range: a free's left neighbour, found without the order.
+    by_end: WordMap<u64, u64>,
+    /// The starts in address order, for the paths that walk the ranges ([`index`]).
+    order: AddressOrder,
+    /// (bytes, start) of every `Ready` range, for best fit ([`sizes`]).
+    ready_by_size: SizeIndex,
+    /// (bytes, start) of every `Freed` range, by stream (an emptied stream's index is kept for
+    /// its next free while there are few: [`KEPT_EMPTY`]).
+    freed_by_size: BTreeMap<Stream, SizeIndex>,
 }
 
 impl FreeRanges {
@@ -138,41 +152,19 @@ impl FreeRanges {
 
     /// The smallest mapped range `stream` may use that holds `bytes`; its start.
     pub fn best_fit(&self, bytes: u64, stream: Stream) -> Option<u64> {
-        let ready = self.ready_by_size.range((bytes, 0)..).next();
-        let freed = self
-            .freed_by_size
-            .range((stream, bytes, 0)..=(stream, u64::MAX, u64::MAX))
-            .next()
-            .map(|&(_, len, start)| (len, start));
+        let ready = self.ready_by_size.first_at_least(bytes);
+        let freed = (self.freed_by_size.get(&stream)).and_then(|f| f.first_at_least(bytes));
         match (ready, freed) {
-            (Some(&a), Some(b)) => Some(a.min(b).1),
-            (Some(&a), None) => Some(a.1),
-            (None, Some(b)) => Some(b.1),
-            (None, None) => None,
+            (Some(a), Some(b)) => Some(a.min(b).1),
+            (a, b) => a.or(b).map(|(_, start)| start),
         }
     }
 
     /// The smallest range freed on a stream other than `stream` that holds `bytes`, with that
     /// stream and its fence: `stream` may use it once it has waited for the fence.
     pub fn best_fit_other(&self, bytes: u64, stream: Stream) -> Option<(u64, Stream, u64)> {
-        let mut best: Option<(u64, u64)> = None; // (bytes, start)
-        let mut from = (Stream(0), 0, 0);
-        while let Some(&(s, _, _)) = self.freed_by_size.range(from..).next() {
-            if s != stream {
-                let fit = self
-                    .freed_by_size
-                    .range((s, bytes, 0)..=(s, u64::MAX, u64::MAX))
-                    .next();
-                if let Some(&(_, len, start)) = fit {
-                    best = best.min(Some((len, start))).or(Some((len, start)));
-                }
-            }
-            match s.0.checked_add(1) {
-                Some(next) => from = (Stream(next), 0, 0),
-                None => break,
-            }
-        }
-        let (_, start) = best?;
+        let others = self.freed_by_size.iter().filter(|(&s, _)| s != stream);
+        let (_, start) = others.filter_map(|(_, f)| f.first_at_least(bytes)).min()?;
         match self.ranges[&start].state {
             State::Freed { stream, seq } => Some((start, stream, seq)),
             _ => None,
@@ -187,14 +179,9 @@ impl FreeRanges {
             let at = self.page_ceil(start);
             (at + page <= start + len).then_some((len, at))
         };
-        let ready = self
-            .ready_by_size
-            .range((page, 0)..)
-            .find_map(|&(len, start)| fits(start, len));
-        let freed = self
-            .freed_by_size
-            .range((stream, page, 0)..=(stream, u64::MAX, u64::MAX))
-            .find_map(|&(_, len, start)| fits(start, len));
+        let ready = (self.ready_by_size.iter_from(page)).find_map(|(len, start)| fits(start, len));
+        let freed = (self.freed_by_size.get(&stream))
+            .and_then(|f| f.iter_from(page).find_map(|(len, start)| fits(start, len)));
         match (ready, freed) {
             (Some(a), Some(b)) => Some(a.min(b).1),
             (a, b) => a.or(b).map(|(_, at)| at),
@@ -206,14 +193,14 @@ impl FreeRanges {
     /// (pages are alike). For the carriers of small blocks.
     pub fn page_freed_by_other(&self, stream: Stream) -> Option<(u64, Stream, u64)> {
         let page = self.page_bytes;
-        let (at, start) = self
-            .freed_by_size
-            .iter()
-            .filter(|&&(s, len, _)| s != stream && len >= page)
-            .find_map(|&(_, len, start)| {
-                let at = self.page_ceil(start);
-                (at + page <= start + len).then_some((at, start))
-            })?;
+        let others = self.freed_by_size.iter().filter(|(&s, _)| s != stream);
+        let (at, start) =
+            others
+                .flat_map(|(_, f)| f.iter_from(page))
+                .find_map(|(len, start)| {
+                    let at = self.page_ceil(start);
+                    (at + page <= start + len).then_some((at, start))
+                })?;
         match self.ranges[&start].state {
             State::Freed { stream, seq } => Some((at, stream, seq)),
             _ => None,
@@ -228,6 +215,7 @@ impl FreeRanges {
         // The common case (a best fit): the block starts a free range that holds it all.
         if let Some(&r) = self.ranges.get(&start) {
             if r.bytes >= bytes && r.state.is_mapped_free() {
+                self.order.forget();
                 self.remove(start, r);
                 if r.bytes > bytes {
                     self.put(end, r.bytes - bytes, r.state);
@@ -235,17 +223,7 @@ impl FreeRanges {
                 return r.state;
             }
         }
-        let first = self
-            .ranges
-            .range(..=start)
-            .next_back()
-            .map_or(start, |(&s, _)| s);
-        let covered: Vec<(u64, Range)> = self
-            .ranges
-            .range(first..end)
-            .map(|(&s, &r)| (s, r))
-            .filter(|(s, r)| s + r.bytes > start)
-            .collect();
+        let covered = self.overlapping(start, end);
         debug_assert!(covered.iter().map(|(_, r)| r.bytes).sum::<u64>() >= bytes);
         let mut state = State::Ready;
         for &(s, r) in &covered {
@@ -268,25 +246,63 @@ impl FreeRanges {
     /// Gives `[start, start + bytes)` back in `state`, merged with its neighbours where they may
     /// be ([`State::absorbs`]); the free range it is now part of, as (start, bytes).
     pub fn give(&mut self, start: u64, bytes: u64, state: State) -> (u64, u64) {
-        if let Some((&s, &r)) = self.ranges.range(..start).next_back() {
-            if s + r.bytes == start && !self.extents.contains_key(&start) {
+        self.order.forget();
+        self.merge_in(start, bytes, state)
+    }
+
+    /// [`FreeRanges::give`], keeping the address order if it is kept.
+    fn merge_in(&mut self, start: u64, bytes: u64, state: State) -> (u64, u64) {
+        let (mut start, mut bytes, mut state) = (start, bytes, state);
+        // A merge changes the range's state, after which a neighbour looked at before may merge
+        // too: both sides are looked at again until neither merges.
+        loop {
+            if let Some((s, r)) = self.left_neighbour(start) {
                 if let Some(merged) = state.absorbs(r.state) {
                     self.remove(s, r);
-                    return self.give(s, r.bytes + bytes, merged);
+                    (start, bytes, state) = (s, r.bytes + bytes, merged);
+                    continue;
                 }
             }
-        }
-        let end = start + bytes;
-        if let Some(&r) = self.ranges.get(&end) {
-            if !self.extents.contains_key(&end) {
-                if let Some(merged) = state.absorbs(r.state) {
-                    self.remove(end, r);
-                    return self.give(start, bytes + r.bytes, merged);
+            let end = start + bytes;
+            if let Some(&r) = self.ranges.get(&end) {
+                if !self.extents.contains_key(&end) {
+                    if let Some(merged) = state.absorbs(r.state) {
+                        self.remove(end, r);
+                        (bytes, state) = (bytes + r.bytes, merged);
+                        continue;
+                    }
                 }
             }
+            self.put(start, bytes, state);
+            return (start, bytes);
         }
-        self.put(start, bytes, state);
-        (start, bytes)
+    }
+
+    /// The free range that ends at `start`, unless an extent begins there.
+    #[inline]
+    fn left_neighbour(&self, start: u64) -> Option<(u64, Range)> {
+        let &s = self.by_end.get(&start)?;
+        match self.extents.contains_key(&start) {
+            true => None,
+            false => Some((s, self.ranges[&s])),
+        }
+    }
+
+    /// The free ranges that overlap `[start, end)`, in address order.
+    fn overlapping(&self, start: u64, end: u64) -> Vec<(u64, Range)> {
+        let starts = self.order.get(self.ranges.keys().copied());
+        let first = starts.partition_point(|&s| s <= start).saturating_sub(1);
+        starts[first..]
+            .iter()
+            .take_while(|&&s| s < end)
+            .map(|&s| (s, self.ranges[&s]))
+            .filter(|(s, r)| s + r.bytes > start)
+            .collect()
+    }
+
+    /// The free range `addr` lies in, as (start, range).
+    fn containing(&self, addr: u64) -> Option<(u64, Range)> {
+        self.overlapping(addr, addr + 1).into_iter().next()
     }
 
     /// The extent `[start, start + bytes)` lies in, as its base, if it is one of its extents.
@@ -297,18 +313,23 @@ impl FreeRanges {
     /// Freed ranges of `stream` whose fence is at most `completed_seq` become ready; the ready
     /// ranges they are now part of, as (start, bytes).
     pub fn promote(&mut self, stream: Stream, completed_seq: u64) -> Vec<(u64, u64)> {
-        let done: Vec<(u64, Range)> = self
-            .freed_by_size
-            .range((stream, 0, 0)..=(stream, u64::MAX, u64::MAX))
-            .map(|&(_, _, start)| (start, self.ranges[&start]))
+        let Some(freed) = self.freed_by_size.get(&stream) else {
+            return Vec::new();
+        };
+        let done: Vec<(u64, Range)> = freed
+            .iter()
+            .map(|(_, start)| (start, self.ranges[&start]))
             .filter(|(_, r)| matches!(r.state, State::Freed { seq, .. } if seq <= completed_seq))
             .collect();
         let mut merged = Vec::with_capacity(done.len());
+        if !done.is_empty() {
+            self.order.forget();
+        }
         for (start, r) in done {
             // Two freed ranges of one stream are never neighbours (they merge), so no earlier
             // give of this loop has taken this one in.
             self.remove(start, r);
-            merged.push(self.give(start, r.bytes, State::Ready));
+            merged.push(self.merge_in(start, r.bytes, State::Ready));
         }
         merged
     }
@@ -316,21 +337,21 @@ impl FreeRanges {
     /// Streams with freed ranges not yet ready.
     #[cfg(test)]
     pub fn streams_waited_for(&self) -> Vec<Stream> {
-        let mut streams: Vec<Stream> = self.freed_by_size.iter().map(|&(s, _, _)| s).collect();
-        streams.dedup();
-        streams
+        let waited = self.freed_by_size.iter().filter(|(_, f)| !f.is_empty());
+        waited.map(|(&s, _)| s).collect()
     }
 
     /// Bytes in freed ranges that are not ready yet.
     pub fn freed_bytes(&self) -> u64 {
-        self.freed_by_size.iter().map(|&(_, len, _)| len).sum()
+        let freed = self.freed_by_size.values().flat_map(SizeIndex::iter);
+        freed.map(|(len, _)| len).sum()
     }
 
     /// Whole mapped pages that no work uses (inside `Ready` ranges), smallest holes first, none
     /// inside `[keep_start, keep_end)`.
     pub fn idle_pages(&self, keep_start: u64, keep_end: u64) -> Vec<u64> {
         let mut out = Vec::new();
-        for &(_, start) in &self.ready_by_size {
+        for (_, start) in self.ready_by_size.iter() {
             let end = start + self.ranges[&start].bytes;
             let mut page = self.page_ceil(start);
             while page + self.page_bytes <= end {
@@ -348,8 +369,8 @@ impl FreeRanges {
     /// ranges first.
     pub fn freed_pages(&self, stream: Stream, keep_start: u64, keep_end: u64) -> Vec<u64> {
         let mut out = Vec::new();
-        let mine = (stream, 0, 0)..=(stream, u64::MAX, u64::MAX);
-        for &(_, bytes, start) in self.freed_by_size.range(mine) {
+        let mine = self.freed_by_size.get(&stream).into_iter();
+        for (bytes, start) in mine.flat_map(SizeIndex::iter) {
             let end = start + bytes;
             let mut page = self.page_ceil(start);
             while page + self.page_bytes <= end {
@@ -365,11 +386,7 @@ impl FreeRanges {
     /// The whole page at `page`, inside a mapped free range, now retires (its physical memory
     /// backs another address); the state it was in (ready, or freed on a stream with its fence).
     pub fn retire(&mut self, page: u64) -> State {
-        let (_, &r) = self
-            .ranges
-            .range(..=page)
-            .next_back()
-            .expect("a page inside a free range");
+        let (_, r) = self.containing(page).expect("a page inside a free range");
         assert!(r.state.is_mapped_free(), "retiring {:?} memory", r.state);
         self.retag(page, r.state, State::Retiring);
         r.state
@@ -383,11 +400,7 @@ impl FreeRanges {
     /// The whole page at `page`, inside a range in state `from`, is now in state `to` (for the
     /// `Blocked` transitions; the others have names above).
     pub fn retag(&mut self, page: u64, from: State, to: State) {
-        let (&s, &r) = self
-            .ranges
-            .range(..=page)
-            .next_back()
-            .expect("a page inside a free range");
+        let (s, r) = self.containing(page).expect("a page inside a free range");
         debug_assert!(r.state == from && page + self.page_bytes <= s + r.bytes);
         self.remove(s, r);
         if s < page {
@@ -397,7 +410,7 @@ impl FreeRanges {
         if end < s + r.bytes {
             self.put(end, s + r.bytes - end, from);
         }
-        self.give(page, self.page_bytes, to);
+        self.merge_in(page, self.page_bytes, to);
     }
 
     fn extent_base(&self, addr: u64) -> u64 {
@@ -424,40 +437,49 @@ impl FreeRanges {
 
     fn put(&mut self, start: u64, bytes: u64, state: State) {
         match state {
-            State::Ready => {
-                self.ready_by_size.insert((bytes, start));
-            }
+            State::Ready => self.ready_by_size.insert(bytes, start),
             State::Freed { stream, .. } => {
-                self.freed_by_size.insert((stream, bytes, start));
+                let freed = self.freed_by_size.entry(stream).or_default();
+                freed.insert(bytes, start);
             }
             State::Unmapped | State::Blocked | State::Retiring => {}
         }
         self.ranges.insert(start, Range { bytes, state });
+        self.by_end.insert(start + bytes, start);
+        self.order.inserted(start);
     }
 
     fn remove(&mut self, start: u64, r: Range) {
         match r.state {
             State::Ready => {
-                self.ready_by_size.remove(&(r.bytes, start));
+                self.ready_by_size.remove(r.bytes, start);
             }
             State::Freed { stream, .. } => {
-                self.freed_by_size.remove(&(stream, r.bytes, start));
+                if let Some(freed) = self.freed_by_size.get_mut(&stream) {
+                    freed.remove(r.bytes, start);
+                    if freed.is_empty() && self.freed_by_size.len() > KEPT_EMPTY {
+                        self.freed_by_size.remove(&stream);
+                    }
+                }
             }
             State::Unmapped | State::Blocked | State::Retiring => {}
         }
         self.ranges.remove(&start);
+        self.by_end.remove(&(start + r.bytes));
+        self.order.removed(start);
     }
 
     /// Every free range as (start, bytes, state), in address order.
     #[cfg(test)]
     pub fn snapshot(&self) -> Vec<(u64, u64, State)> {
-        self.ranges
-            .iter()
-            .map(|(&s, r)| (s, r.bytes, r.state))
-            .collect()
+        let starts = self.order.get(self.ranges.keys().copied());
+        let snapshot = starts.iter().map(|s| (*s, self.ranges[s]));
+        snapshot.map(|(s, r)| (s, r.bytes, r.state)).collect()
     }
 }
 
+mod index;
+mod sizes;
 #[cfg(test)]
 mod tests;
 mod window;
@@ -467,12 +489,13 @@ pub(crate) use window::Window;
 impl FreeRanges {
     /// Starts of the pages in `Blocked` ranges.
     pub fn blocked_pages(&self) -> Vec<u64> {
-        let blocked = self
-            .ranges
+        let starts = self.order.get(self.ranges.keys().copied());
+        let blocked = starts
             .iter()
+            .map(|s| (*s, self.ranges[s]))
             .filter(|(_, r)| r.state == State::Blocked);
         blocked
-            .flat_map(|(&s, r)| (s..s + r.bytes).step_by(self.page_bytes as usize))
+            .flat_map(|(s, r)| (s..s + r.bytes).step_by(self.page_bytes as usize))
             .collect()
     }
 }

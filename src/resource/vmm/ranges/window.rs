@@ -55,7 +55,8 @@ impl FreeRanges {
         };
         let mut run: Option<(u64, u64)> = None;
         let mut runs = Vec::new();
-        for (&s, r) in &self.ranges {
+        let starts = self.order.get(self.ranges.keys().copied());
+        for (s, r) in starts.iter().map(|s| (*s, &self.ranges[s])) {
             let joins = run.is_some_and(|(_, end)| end == s && !self.extents.contains_key(&s));
             match (usable(r), joins) {
                 (true, true) => run = run.map(|(start, _)| (start, s + r.bytes)),
@@ -67,6 +68,7 @@ impl FreeRanges {
             }
         }
         runs.extend(run);
+        drop(starts);
         for (start, end) in runs.into_iter().filter(|(s, e)| e - s >= bytes) {
             let base = self.extent_base(start);
             let first = base + (start - base).div_ceil(align_bytes) * align_bytes;
@@ -103,16 +105,8 @@ impl FreeRanges {
         stream: Stream,
         mut list: Option<&mut Vec<u64>>,
     ) -> Cover {
-        let first = self
-            .ranges
-            .range(..=start)
-            .next_back()
-            .map_or(start, |(&s, _)| s);
         let mut cover = Cover::default();
-        for (&s, r) in self.ranges.range(first..end) {
-            if s + r.bytes <= start {
-                continue;
-            }
+        for (s, r) in self.overlapping(start, end) {
             match r.state {
                 State::Freed { stream: other, seq } if other != stream => {
                     match cover.waits.iter_mut().find(|(s, _)| *s == other) {
