@@ -91,14 +91,6 @@ const PATHS: &[Path] = &[
         cross_stream: false,
         window: 64,
     },
-    Path {
-        name: "pool_churn",
-        what: "pool backend, the benchmark's churn: 512 B to 64 MiB, log-uniform, 64 blocks live",
-        backend: Backend::Pool,
-        bytes: 64 << 20,
-        cross_stream: false,
-        window: 64,
-    },
 ];
 
 /// The simulated GPU's clock moves on by this much per pair: about what a pair takes on a GPU
