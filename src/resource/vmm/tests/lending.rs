@@ -141,3 +141,120 @@ fn a_blocked_page_with_a_lent_handle_is_unblocked_as_freed_memory() {
         r.free(p, PAGE, S1);
     }
 }
+
+#[test]
+fn the_background_unmaps_moved_pages_without_holding_the_resource() {
+    let r = rig_slack(0);
+    r.stop_clock();
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| r.alloc(PAGE, S1)).collect();
+    r.free(blocks[0], PAGE, S1);
+    r.free(blocks[2], PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.release_above_threshold();
+    let d = r.alloc(2 * PAGE, S2); // two idle pages moved: their old addresses retire
+                                   // At each unmap, the program could take the resource's lock (its fast path would not wait).
+    let free_at_unmap = Arc::new(AtomicU64::new(0));
+    let (seen, vmm) = (Arc::clone(&free_at_unmap), Arc::downgrade(&r.vmm));
+    r.sim.on_unmap(Some(Arc::new(move |_| {
+        let free = vmm.upgrade().is_some_and(|v| v.state.try_lock().is_some());
+        seen.fetch_add(free as u64, Ordering::Relaxed);
+    })));
+    r.vmm.release_above_threshold();
+    r.sim.on_unmap(None);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 2);
+    assert_eq!(
+        free_at_unmap.load(Ordering::Relaxed),
+        2,
+        "unmapped with the lock held"
+    );
+    let st = r.vmm.state.lock();
+    assert!(st.retiring.is_empty() && st.unmapping.is_empty());
+    drop(st);
+    // The unmapped addresses are usable again, by mapping.
+    for p in [blocks[1], blocks[3]] {
+        r.free(p, PAGE, S1);
+    }
+    r.free(d, 2 * PAGE, S2);
+    let all = r.alloc(8 * PAGE, S1);
+    r.free(all, 8 * PAGE, S1);
+}
+
+#[test]
+fn a_handle_is_not_released_while_the_background_unmaps_its_old_address() {
+    let r = rig_slack(0);
+    r.stop_clock();
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| r.alloc(PAGE, S1)).collect();
+    r.free(blocks[0], PAGE, S1);
+    r.free(blocks[2], PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.release_above_threshold();
+    let d = r.alloc(2 * PAGE, S2); // two idle pages moved: their old addresses retire
+    r.free(d, 2 * PAGE, S2);
+    r.sim.complete_all();
+    // While the background unmaps the old addresses, the program trims: d's pages are idle, but
+    // their handles are still mapped where they were, so they are not released yet.
+    let (sim, vmm) = (Arc::clone(&r.sim), Arc::downgrade(&r.vmm));
+    let trimmed = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&trimmed);
+    r.sim.on_unmap(Some(Arc::new(move |_| {
+        let Some(v) = vmm.upgrade() else { return };
+        if seen.fetch_add(1, Ordering::Relaxed) == 0 {
+            Resource::trim(&*v, 0).unwrap();
+            let reserved = v.usage().unwrap().reserved_bytes;
+            assert!(
+                reserved >= sim.physical_bytes(0),
+                "{reserved} B reported, the device holds {} B",
+                sim.physical_bytes(0)
+            );
+        }
+    })));
+    r.vmm.release_above_threshold();
+    r.sim.on_unmap(None);
+    assert!(
+        trimmed.load(Ordering::Relaxed) > 0,
+        "the trim did not run during an unmap"
+    );
+    // Once the background is done, a trim gives them back.
+    Resource::trim(&*r.vmm, 0).unwrap();
+    assert_eq!(r.physical(), 2 * PAGE, "the two live blocks' pages remain");
+    for p in [blocks[1], blocks[3]] {
+        r.free(p, PAGE, S1);
+    }
+}
+
+#[test]
+fn a_sleep_waits_for_the_background_to_finish_unmapping() {
+    use crate::resource::Sleep;
+    use std::sync::atomic::AtomicBool;
+    let r = rig_slack(0);
+    r.stop_clock();
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| r.alloc(PAGE, S1)).collect();
+    r.free(blocks[0], PAGE, S1);
+    r.free(blocks[2], PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.release_above_threshold();
+    let d = r.alloc(2 * PAGE, S2); // two idle pages moved: their old addresses retire
+    r.free(d, 2 * PAGE, S2);
+    r.sim.complete_all();
+    // The background's first unmap takes a while; the program sleeps meanwhile.
+    let in_unmap = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&in_unmap);
+    r.sim.on_unmap(Some(Arc::new(move |_| {
+        if !flag.swap(true, Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    })));
+    let vmm = Arc::clone(&r.vmm);
+    let background = std::thread::spawn(move || vmm.release_above_threshold());
+    while !in_unmap.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    r.vmm.sleep(2, &[]).unwrap();
+    assert_eq!(r.physical(), 0, "asleep, and the device still holds memory");
+    background.join().unwrap();
+    r.sim.on_unmap(None);
+    r.vmm.wake().unwrap();
+    for p in [blocks[1], blocks[3]] {
+        r.free(p, PAGE, S1);
+    }
+}
