@@ -152,13 +152,7 @@ pub struct SimDriver {
     /// plus what tests moved it on by.
     clock_frozen_at_us: AtomicU64,
     clock_offset_us: AtomicU64,
-    /// Called with each address `cuMemUnmap` is asked to unmap, before it is (tests look at
-    /// what else holds then: [`SimDriver::on_unmap`]).
-    unmap_hook: Mutex<Option<UnmapHook>>,
 }
-
-/// What a test runs at each unmap ([`SimDriver::on_unmap`]).
-pub type UnmapHook = std::sync::Arc<dyn Fn(DevicePtr) + Send + Sync>;
 
 thread_local! {
     /// How deep this thread is in `relaxed_capture`.
@@ -215,7 +209,6 @@ impl SimDriver {
             exported_handles: Mutex::new(HashMap::new()),
             clock_frozen_at_us: AtomicU64::new(u64::MAX),
             clock_offset_us: AtomicU64::new(0),
-            unmap_hook: Mutex::new(None),
         }
     }
 

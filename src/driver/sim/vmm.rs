@@ -376,7 +376,6 @@ impl VmmDriver for SimDriver {
     }
 
     fn mem_unmap(&self, device: usize, at: DevicePtr, bytes: u64) -> Result<()> {
-        self.unmapping(at);
         self.vmm_call(device, Some(SimFault::MemUnmap), "cuMemUnmap", |d| {
             let m = match d.vmm.mappings.get(&at.0) {
                 Some(m) if m.bytes == bytes => m,

@@ -230,11 +230,7 @@ impl Drop for VmmResource {
         for host in asleep.into_iter().chain(st.sleep_buffer.take()) {
             driver.host_free(device, host.buffer);
         }
-        let retiring = std::mem::take(&mut st.retiring);
-        for r in retiring
-            .into_iter()
-            .chain(std::mem::take(&mut st.unmapping))
-        {
+        for r in std::mem::take(&mut st.retiring) {
             let _ = driver.mem_unmap(device, DevicePtr(r.page), self.page_bytes);
         }
         for (page, p) in std::mem::take(&mut st.pages) {

@@ -15,20 +15,16 @@
 //! (so no other stream is handed any part of it before that fence), also when it was blocked
 //! and given access later; a move whose new page could not be mapped is undone, never left as a
 //! plain spare (which a later growth would map as ready memory); a handle still mapped at a
-//! retiring page is never released (its entry stays in `retiring`, or in `unmapping` while the
-//! background thread unmaps it with the lock released); its
+//! retiring page is never released; its
 //! handle is counted once, under its new address in `pages` (or as a spare); a retiring page is
 //! unmapped only by the background thread, a trim or the teardown, never during a known capture,
 //! and only once the fence it waits for (if any) has completed; an unmap that fails is tried
-//! again at the next look. The background thread unmaps without the resource's lock (an unmap
-//! costs about 30 us, and a loop that moves pages every step would otherwise wait for it): the
-//! page stays `Retiring` in its ranges, usable by no one, until the lock is taken again.
+//! again at the next look.
 
 use super::ranges::State;
 use super::{Page, Region, VmmResource, VmmState};
 use crate::driver::{DevicePtr, MemHandle, Stream};
 use crate::history::StreampoolEventKind as Event;
-use crate::sync::MutexGuard;
 
 /// A page whose handle now backs another address, still mapped at its own until `fence` (a
 /// stream and its fence number) completes, or at once if it waits for none.
@@ -119,75 +115,7 @@ impl VmmResource {
     /// True if `handle` is still mapped at a retiring page (a spare that must not be released
     /// before that unmap).
     pub(super) fn retiring_handle(st: &VmmState, handle: MemHandle) -> bool {
-        (st.retiring.iter().chain(&st.unmapping)).any(|r| r.handle == handle)
-    }
-
-    /// Whether the retiring page `r` may be unmapped now: its fence (if any) has completed.
-    fn retired(st: &VmmState, r: &Retiring) -> bool {
-        !r.fence
-            .is_some_and(|(stream, seq)| st.fences.outstanding(stream, seq))
-    }
-
-    /// The unmap of `r` is done (`unmapped`), or it failed and `r` retires on for the next look.
-    fn unmapped(&self, st: &mut VmmState, r: Retiring, unmapped: crate::error::Result<()>) {
-        match unmapped {
-            Ok(()) => {
-                st.region(r.region)
-                    .retag(r.page, State::Retiring, State::Unmapped);
-                self.count(Event::Unmap, r.page, st);
-            }
-            Err(e) => {
-                log::warn!("device {}: unmapping a moved page: {e}", self.device);
-                st.retiring.push(r);
-            }
-        }
-    }
-
-    /// [`VmmResource::unmap_retired`] for the background thread: the unmaps run with the lock
-    /// released (the module's notes); the lock, taken again.
-    pub(super) fn unmap_retired_unlocked<'a>(
-        &'a self,
-        mut st: MutexGuard<'a, VmmState>,
-    ) -> MutexGuard<'a, VmmState> {
-        if st.retiring.is_empty() || st.captures.any_known() {
-            return st;
-        }
-        let (due, kept): (Vec<Retiring>, Vec<Retiring>) = std::mem::take(&mut st.retiring)
-            .into_iter()
-            .partition(|r| Self::retired(&st, r));
-        st.retiring = kept;
-        if due.is_empty() {
-            return st;
-        }
-        st.unmapping.extend_from_slice(&due);
-        drop(st);
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        let outcomes: Vec<_> = (due.iter())
-            .map(|r| driver.mem_unmap(device, DevicePtr(r.page), self.page_bytes))
-            .collect();
-        // Not `lock_enabled`: whatever else failed meanwhile, these pages' books are closed.
-        let mut st = self.state.lock();
-        st.unmapping
-            .retain(|u| !due.iter().any(|r| r.page == u.page));
-        for (r, outcome) in due.into_iter().zip(outcomes) {
-            self.unmapped(&mut st, r, outcome);
-        }
-        st
-    }
-
-    /// Waits until no unmap of the background thread runs without the lock (a sleep gives every
-    /// handle back, and a handle still mapped at a retiring page is never released); the lock,
-    /// taken again if it was let go.
-    pub(super) fn settle_unmapping<'a>(
-        &'a self,
-        mut st: MutexGuard<'a, VmmState>,
-    ) -> MutexGuard<'a, VmmState> {
-        while !st.unmapping.is_empty() {
-            drop(st);
-            std::thread::yield_now();
-            st = self.state.lock();
-        }
-        st
+        st.retiring.iter().any(|r| r.handle == handle)
     }
 
     /// Unmaps the retiring pages whose fences have completed. Not during a known capture.
@@ -195,13 +123,30 @@ impl VmmResource {
         if st.retiring.is_empty() || st.captures.any_known() {
             return;
         }
-        let (due, kept): (Vec<Retiring>, Vec<Retiring>) = std::mem::take(&mut st.retiring)
-            .into_iter()
-            .partition(|r| Self::retired(st, r));
-        st.retiring = kept;
-        for r in due {
-            let unmapped = (self.driver).mem_unmap(self.device, DevicePtr(r.page), self.page_bytes);
-            self.unmapped(st, r, unmapped);
+        let mut kept = Vec::new();
+        for r in std::mem::take(&mut st.retiring) {
+            let waiting = r
+                .fence
+                .is_some_and(|(stream, seq)| st.fences.outstanding(stream, seq));
+            if waiting {
+                kept.push(r);
+                continue;
+            }
+            match self
+                .driver
+                .mem_unmap(self.device, DevicePtr(r.page), self.page_bytes)
+            {
+                Ok(()) => {
+                    st.region(r.region)
+                        .retag(r.page, State::Retiring, State::Unmapped);
+                    self.count(Event::Unmap, r.page, st);
+                }
+                Err(e) => {
+                    log::warn!("device {}: unmapping a moved page: {e}", self.device);
+                    kept.push(r);
+                }
+            }
         }
+        st.retiring = kept;
     }
 }

@@ -34,8 +34,7 @@
 //! (fences of streams that are not capturing, from a thread of the program), is done in relaxed
 //! capture mode, as PyTorch makes its graph pools' `cudaMalloc`; the resource asks the driver
 //! when the capture has ended — a stream the driver cannot answer for (destroyed) is not
-//! capturing; the resource's lock is held across map and unmap calls, but for the background thread's unmaps of
-//! retiring pages (which no one may use meanwhile: [`lending`]); the device takes it inside
+//! capturing; the resource's lock is held across map and unmap calls; the device takes it inside
 //! its own lock only with `try_lock`, for the fast path (a slot, a fit, a free, and at most a
 //! fence recorded and queried: calls that return at once), never waiting for it there, and the
 //! resource never takes the device's lock (a panic on that path disables the whole device).
@@ -127,8 +126,6 @@ struct VmmState {
     /// Pages whose handles were lent to other addresses, to unmap once their fences complete
     /// ([`lending`]).
     retiring: Vec<lending::Retiring>,
-    /// Of those, the pages the background thread is unmapping with the lock released.
-    unmapping: Vec<lending::Retiring>,
     /// Live blocks, to check frees against.
     live: live::Live,
     used_bytes: u64,

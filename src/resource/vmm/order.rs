@@ -15,8 +15,7 @@ impl VmmResource {
     /// become ready for every stream; pending fences are completed where their streams have
     /// finished all their work (so that memory just freed can merge, be moved or serve any
     /// stream at this miss) and, from a thread of the program, recorded on the others (for the
-    /// next look) (the background thread then unmaps retired pages:
-    /// [`VmmResource::unmap_retired_unlocked`]);
+    /// next look);
     /// blocks freed during a capture that has ended get their fence numbers; blocked pages are
     /// fixed. Nothing during a known capture, which forbids event queries and records.
     pub(super) fn update_ranges(&self, st: &mut VmmState, caller: Caller) {
@@ -38,6 +37,9 @@ impl VmmResource {
             Caller::Program => st.fences.settle_pending(driver, device),
         });
         self.promote(st, done, now_ms);
+        if caller == Caller::Background {
+            self.unmap_retired(st);
+        }
     }
 
     /// [`VmmResource::update_ranges`] for a thread of the program while a capture is known: in

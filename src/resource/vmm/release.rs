@@ -23,8 +23,6 @@ impl VmmResource {
         // (and idle, for moves and releases) without waiting for a miss.
         self.return_slot(&mut st);
         self.update_ranges(&mut st, Caller::Background);
-        let mut st = self.unmap_retired_unlocked(st);
-        self.return_slot(&mut st);
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
         }
@@ -47,8 +45,6 @@ impl VmmResource {
         };
         self.return_slot(&mut st);
         self.update_ranges(&mut st, Caller::Background);
-        let mut st = self.unmap_retired_unlocked(st);
-        self.return_slot(&mut st);
         self.release_down_to(&mut st, 0, None);
         st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
             || !st.retiring.is_empty()

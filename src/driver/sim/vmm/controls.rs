@@ -5,20 +5,6 @@ use crate::driver::sim::SimDriver;
 use crate::driver::DevicePtr;
 
 impl SimDriver {
-    /// Runs `hook` with each address an unmap is asked for, before the unmap (outside the
-    /// simulator's locks); `None` stops it.
-    pub fn on_unmap(&self, hook: Option<crate::driver::sim::UnmapHook>) {
-        *self.unmap_hook.lock() = hook;
-    }
-
-    /// The unmap hook's call ([`SimDriver::on_unmap`]).
-    pub(in crate::driver::sim) fn unmapping(&self, at: DevicePtr) {
-        let hook = self.unmap_hook.lock().clone();
-        if let Some(hook) = hook {
-            hook(at);
-        }
-    }
-
     /// Makes `device` report no virtual memory management support.
     pub fn set_vmm_unsupported(&self, device: usize) {
         self.vmm_unsupported.lock().push(device);

@@ -95,7 +95,6 @@ impl Sleep for VmmResource {
             self.check_can_sleep(&mut st)?;
         }
         self.update_ranges(&mut st, super::Caller::Program);
-        let mut st = self.settle_unmapping(st);
         self.unmap_retired(&mut st);
         if !st.retiring.is_empty() {
             return Err(Error::Internal(format!(
