@@ -327,7 +327,7 @@ impl FreeRanges {
         }
         for (start, r) in done {
             // Two freed ranges of one stream are never neighbours (they merge), so no earlier
-            // give of this loop has taken this one in.
+            // merge of this loop has taken this one in.
             self.remove(start, r);
             merged.push(self.merge_in(start, r.bytes, State::Ready));
         }
@@ -437,7 +437,9 @@ impl FreeRanges {
 
     fn put(&mut self, start: u64, bytes: u64, state: State) {
         match state {
-            State::Ready => self.ready_by_size.insert(bytes, start),
+            State::Ready => {
+                self.ready_by_size.insert(bytes, start);
+            }
             State::Freed { stream, .. } => {
                 let freed = self.freed_by_size.entry(stream).or_default();
                 freed.insert(bytes, start);

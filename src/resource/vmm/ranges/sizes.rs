@@ -59,20 +59,23 @@ impl Bin {
         }
     }
 
-    fn insert(&mut self, entry: (u64, u64)) {
+    /// Adds `entry`; false if it was there already (a set's answer).
+    fn insert(&mut self, entry: (u64, u64)) -> bool {
         match self {
-            Bin::Sorted(v) if v.len() >= TREE_ABOVE => {
-                let mut tree: BTreeSet<(u64, u64)> = v.drain(..).collect();
-                tree.insert(entry);
-                *self = Bin::Tree(tree);
-            }
-            Bin::Sorted(v) => {
-                let at = v.partition_point(|&e| e < entry);
-                v.insert(at, entry);
-            }
-            Bin::Tree(t) => {
-                t.insert(entry);
-            }
+            Bin::Sorted(v) => match v.binary_search(&entry) {
+                Ok(_) => false,
+                Err(_) if v.len() >= TREE_ABOVE => {
+                    let mut tree: BTreeSet<(u64, u64)> = v.drain(..).collect();
+                    tree.insert(entry);
+                    *self = Bin::Tree(tree);
+                    true
+                }
+                Err(at) => {
+                    v.insert(at, entry);
+                    true
+                }
+            },
+            Bin::Tree(t) => t.insert(entry),
         }
     }
 
@@ -135,14 +138,18 @@ impl SizeIndex {
         self.len == 0
     }
 
-    pub fn insert(&mut self, bytes: u64, start: u64) {
+    /// Adds (bytes, start); false if it was there already (nothing changes then).
+    pub fn insert(&mut self, bytes: u64, start: u64) -> bool {
         let c = class(bytes);
         if self.bins.len() <= c {
             self.bins.resize_with(c + 1, Bin::default);
         }
-        self.bins[c].insert((bytes, start));
+        if !self.bins[c].insert((bytes, start)) {
+            return false;
+        }
         self.nonempty[c / 64] |= 1 << (c % 64);
         self.len += 1;
+        true
     }
 
     /// Removes (bytes, start); false if it was not there.
@@ -254,9 +261,10 @@ mod tests {
                     .nth((next() % set.len() as u64) as usize)
                     .unwrap();
                 assert!(index.remove(b, s) && set.remove(&(b, s)));
-            } else if set.insert((bytes, start)) {
-                index.insert(bytes, start);
+            } else {
+                assert_eq!(index.insert(bytes, start), set.insert((bytes, start)));
             }
+            assert_eq!(index.len, set.len(), "round {round}");
             assert!(
                 !index.remove(bytes, start + 1),
                 "removed an entry it never had"
