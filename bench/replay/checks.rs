@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 type Check = (&'static str, fn() -> Result<(), String>);
 
-const CHECKS: [Check; 12] = [
+const CHECKS: [Check; 13] = [
     ("replay_peak_live_follows_allocs_and_frees", peak_live),
     ("replay_rejects_inconsistent_traces", rejects_bad_traces),
     ("replay_gunzip_stored_and_compressed", gunzip_blocks),
@@ -43,6 +43,7 @@ const CHECKS: [Check; 12] = [
         "replay_gate_judges_medians_by_allowance",
         timing_checks::gate_verdicts,
     ),
+    ("replay_sync_releases_above_the_threshold", sync_releases),
 ];
 
 pub fn main(args: &[String]) -> ExitCode {
@@ -381,6 +382,41 @@ fn checkerboard() -> Result<(), String> {
         ensure(o.least_free_bytes >= card_bytes / 100, || {
             format!("{backend}: {} B free at the least", o.least_free_bytes)
         })?;
+    }
+    Ok(())
+}
+
+/// Catches a replay whose `s` events skip streampool's synchronisation hook (what
+/// `torch.cuda.synchronize()` calls under `install()`): with a release threshold of 0 the vmm
+/// backend gives a step's freed pages back at each `s`, and maps them again the next step; without
+/// the `s`, or without a threshold, it keeps them.
+fn sync_releases() -> Result<(), String> {
+    let step = "a 1 67108864 0\nf 1\n";
+    let trace = |sync: bool| {
+        let text = (0..4)
+            .map(|_| format!("{step}{}x\n", if sync { "s\n" } else { "" }))
+            .collect::<String>();
+        Trace::parse("sync", &format!("# workload sync\n{text}"))
+    };
+    let unmaps = |t: &Trace, threshold: &str| {
+        let env = [
+            ("STREAMPOOL_BACKEND", "vmm"),
+            ("STREAMPOOL_RELEASE_THRESHOLD", threshold),
+        ];
+        let o = run::replay(t, &setting("vmm", &env), &Options::default(), 0);
+        match o.error {
+            Some(e) => Err(e),
+            None => Ok(o.call("cuMemUnmap")),
+        }
+    };
+    let (with_sync, without) = (trace(true)?, trace(false)?);
+    let released = unmaps(&with_sync, "0")?;
+    ensure(released >= 4 * 32, || {
+        format!("{released} pages unmapped over four synchronised steps with a threshold of 0")
+    })?;
+    for (t, threshold, what) in [(&without, "0", "no s"), (&with_sync, "max", "no threshold")] {
+        let kept = unmaps(t, threshold)?;
+        ensure(kept == 0, || format!("{kept} pages unmapped with {what}"))?;
     }
     Ok(())
 }

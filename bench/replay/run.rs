@@ -397,6 +397,9 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
             Event::Sync => {
                 sim.synchronize(0).map_err(|e| at(e.to_string()))?;
                 own_syncs += 1;
+                // What `torch.cuda.synchronize()` does under `install()` (streampool_synchronized):
+                // with a release threshold, the resources that release at a synchronisation do.
+                alloc.synchronized(0).map_err(|e| at(e.to_string()))?;
             }
             Event::Step => {
                 steps_seen += 1;
