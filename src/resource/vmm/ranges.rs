@@ -21,67 +21,7 @@ use index::AddressOrder;
 use sizes::SizeIndex;
 use std::collections::BTreeMap;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum State {
-    Unmapped,
-    Blocked,
-    Ready,
-    Freed { stream: Stream, seq: u64 },
-    Retiring,
-}
-
-impl State {
-    fn usable_by(self, stream: Stream) -> bool {
-        match self {
-            State::Ready => true,
-            State::Freed { stream: s, .. } => s == stream,
-            State::Unmapped | State::Blocked | State::Retiring => false,
-        }
-    }
-
-    /// Mapped memory that some stream may be handed (ready, or freed on one).
-    fn is_mapped_free(self) -> bool {
-        matches!(self, State::Ready | State::Freed { .. })
-    }
-
-    /// What a block made of pieces in these two states is: ready only if both are, else freed
-    /// on the one stream (with the later fence). `None` for pieces no one stream may use alone.
-    fn joined(self, other: State) -> Option<State> {
-        match (self, other) {
-            (State::Ready, s) | (s, State::Ready) => Some(s),
-            (a @ State::Freed { .. }, b @ State::Freed { .. }) => a.merges_with(b),
-            _ => None,
-        }
-    }
-
-    /// A range given back in this state next to a neighbour in `other`: the state of the two as
-    /// one range, if they may be one. Memory freed on a stream takes ready neighbours in (its
-    /// stream sees one block where it freed several, as in stream order, which best fit needs
-    /// to choose well; other streams wait for its fence a little longer); ready memory given
-    /// back (a fence completed) stays apart from a neighbour that still waits for one.
-    fn absorbs(self, other: State) -> Option<State> {
-        match (self, other) {
-            (freed @ State::Freed { .. }, State::Ready) => Some(freed),
-            _ => self.merges_with(other),
-        }
-    }
-
-    /// Two neighbours in these states may be one range.
-    fn merges_with(self, other: State) -> Option<State> {
-        match (self, other) {
-            (State::Unmapped, State::Unmapped) => Some(State::Unmapped),
-            (State::Blocked, State::Blocked) => Some(State::Blocked),
-            (State::Ready, State::Ready) => Some(State::Ready),
-            (State::Freed { stream: a, seq: x }, State::Freed { stream: b, seq: y }) if a == b => {
-                Some(State::Freed {
-                    stream: a,
-                    seq: x.max(y),
-                })
-            }
-            _ => None,
-        }
-    }
-}
+pub(crate) use state::State;
 
 /// Streams whose freed memory all became ready keep their (empty) size index while there are at
 /// most this many indexes: a stream that frees all the time does not rebuild its own every
@@ -288,9 +228,14 @@ impl FreeRanges {
         }
     }
 
+    /// The ranges' starts in address order ([`index`]).
+    fn starts(&self) -> std::cell::Ref<'_, Vec<u64>> {
+        self.order.get(self.ranges.keys().copied())
+    }
+
     /// The free ranges that overlap `[start, end)`, in address order.
     fn overlapping(&self, start: u64, end: u64) -> Vec<(u64, Range)> {
-        let starts = self.order.get(self.ranges.keys().copied());
+        let starts = self.starts();
         let first = starts.partition_point(|&s| s <= start).saturating_sub(1);
         starts[first..]
             .iter()
@@ -302,7 +247,10 @@ impl FreeRanges {
 
     /// The free range `addr` lies in, as (start, range).
     fn containing(&self, addr: u64) -> Option<(u64, Range)> {
-        self.overlapping(addr, addr + 1).into_iter().next()
+        let starts = self.starts();
+        let &s = starts.get(starts.partition_point(|&s| s <= addr).checked_sub(1)?)?;
+        let r = self.ranges[&s];
+        (addr < s + r.bytes).then_some((s, r))
     }
 
     /// The extent `[start, start + bytes)` lies in, as its base, if it is one of its extents.
@@ -474,7 +422,7 @@ impl FreeRanges {
     /// Every free range as (start, bytes, state), in address order.
     #[cfg(test)]
     pub fn snapshot(&self) -> Vec<(u64, u64, State)> {
-        let starts = self.order.get(self.ranges.keys().copied());
+        let starts = self.starts();
         let snapshot = starts.iter().map(|s| (*s, self.ranges[s]));
         snapshot.map(|(s, r)| (s, r.bytes, r.state)).collect()
     }
@@ -482,6 +430,7 @@ impl FreeRanges {
 
 mod index;
 mod sizes;
+mod state;
 #[cfg(test)]
 mod tests;
 mod window;
@@ -491,7 +440,7 @@ pub(crate) use window::Window;
 impl FreeRanges {
     /// Starts of the pages in `Blocked` ranges.
     pub fn blocked_pages(&self) -> Vec<u64> {
-        let starts = self.order.get(self.ranges.keys().copied());
+        let starts = self.starts();
         let blocked = starts
             .iter()
             .map(|s| (*s, self.ranges[s]))

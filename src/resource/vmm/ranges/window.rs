@@ -55,7 +55,7 @@ impl FreeRanges {
         };
         let mut run: Option<(u64, u64)> = None;
         let mut runs = Vec::new();
-        let starts = self.order.get(self.ranges.keys().copied());
+        let starts = self.starts();
         for (s, r) in starts.iter().map(|s| (*s, &self.ranges[s])) {
             let joins = run.is_some_and(|(_, end)| end == s && !self.extents.contains_key(&s));
             match (usable(r), joins) {
