@@ -263,12 +263,13 @@ typedef struct StreampoolIpcPages {
   uint64_t event;
   uint64_t block_bytes;
   /**
-   * Where the block starts in its first page.
+   * Where the block starts from its first page (beyond it when one physical allocation of
+   * several pages begins before the block).
    */
   uint64_t offset_bytes;
   uint64_t page_bytes;
   /**
-   * How many pages (and file descriptors) there are.
+   * How many pages (and file descriptor entries, -1s included) there are.
    */
   uint64_t page_count;
   int32_t device;
@@ -538,7 +539,8 @@ int streampool_ipc_kind(void *ptr, int device);
 /**
  * Exports the live block at `ptr` on `device` page by page into `*out`, and one file
  * descriptor per page, in address order, into `fds` (at most `max_fds`; they are the caller's
- * to close once sent), with an event recorded on `stream` that importers wait for. Until every
+ * to close once sent; -1 for a page that the descriptor before it also backs: one physical
+ * allocation of several pages, which may begin before the block and end after it), with an event recorded on `stream` that importers wait for. Until every
  * importer has closed it, keep the block allocated; then call
  * `streampool_ipc_release_export(device, out->event)`. Too small a `max_fds` is an error whose
  * message says how many are needed.
@@ -556,7 +558,7 @@ int streampool_ipc_export_pages(void *ptr,
 
 /**
  * Maps the block `handle` describes from its page descriptors `fds` (`fd_count` of them, in
- * address order; they stay the caller's to close) at addresses of this process, makes `stream`
+ * address order, -1s as the export wrote them; they stay the caller's to close) at addresses of this process, makes `stream`
  * wait for the exporter's event, and writes the block's address to `*out`. Release it with
  * `streampool_ipc_close`.
  *

@@ -343,7 +343,7 @@ impl Allocator {
 
     /// Exports the live block at `ptr` on `device` page by page (the vmm backend), ready after
     /// the work queued on `stream` so far: the handle, and one file descriptor per page (the
-    /// caller's to close).
+    /// caller's to close), -1 for a page the descriptor before it backs too (a span).
     pub fn ipc_export_pages(
         &self,
         ptr: DevicePtr,
@@ -354,7 +354,7 @@ impl Allocator {
     }
 
     /// Maps a block another process exported page by page, from its page descriptors (which
-    /// stay the caller's).
+    /// stay the caller's; -1 for a page the descriptor before it backs too).
     pub fn ipc_import_pages(
         &self,
         handle: &ipc::StreampoolIpcPages,
@@ -362,11 +362,6 @@ impl Allocator {
         stream: Stream,
     ) -> Result<DevicePtr> {
         self.device(handle.device.into())?;
-        if let Some(&fd) = fds.iter().find(|&&fd| fd < 0) {
-            return Err(Error::InvalidArgument(format!(
-                "not a file descriptor: {fd}"
-            )));
-        }
         self.imports
             .import_pages(self.driver.as_ref(), handle, fds, stream)
     }

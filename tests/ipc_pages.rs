@@ -12,13 +12,14 @@ use streampool::Config;
 fn vmm_rig() -> Rig {
     let config = Config {
         backend: Backend::Vmm,
+        vmm_span_bytes: Some(32 * MIB),
         ..base_config()
     };
     rig_with(1, 256 * MIB, config)
 }
 
 fn close_fds(fds: &[i32]) {
-    for &fd in fds {
+    for &fd in fds.iter().filter(|&&fd| fd >= 0) {
         // SAFETY: descriptors the export handed to the test, closed once.
         unsafe { libc::close(fd) };
     }
@@ -32,7 +33,11 @@ fn a_block_of_the_vmm_backend_round_trips_through_its_pages() {
     assert_eq!(r.alloc.ipc_kind(ptr, 0).unwrap(), IpcKind::Pages);
     let (handle, fds) = r.alloc.ipc_export_pages(ptr, 0, s(1)).unwrap();
     assert_eq!((handle.block_bytes, handle.page_count), (5 * MIB, 3));
-    assert_eq!(fds.len(), 3);
+    // Its three pages were created as one span: one descriptor, then a -1 for each other page.
+    assert_eq!(
+        (fds.len(), fds[0] >= 0, &fds[1..]),
+        (3, true, &[-1, -1][..])
+    );
     let imported = r.alloc.ipc_import_pages(&handle, &fds, s(9)).unwrap();
     close_fds(&fds);
     assert_ne!(imported, ptr, "mapped at addresses of the importer's own");
@@ -105,6 +110,50 @@ fn blocks_that_cannot_be_shared_page_by_page_say_so() {
     alloc.free(ptr, 0).unwrap();
 }
 
+/// A block inside a span (one handle for several pages) is exported as the whole span: one
+/// descriptor and a -1 for each other page, its offset counted from the span's first page; the
+/// importer maps the span whole.
+#[test]
+fn a_block_in_the_middle_of_a_span_is_shared_with_the_whole_span() {
+    let r = vmm_rig();
+    let whole = r.malloc(20 * MIB, 0, 1); // one span of ten pages
+    r.free(whole, 0);
+    r.sim.complete_all();
+    let first = r.malloc(6 * MIB, 0, 1);
+    let ptr = r.malloc(4 * MIB, 0, 1);
+    assert_eq!(
+        (first, ptr.0),
+        (whole, whole.0 + 6 * MIB),
+        "placed side by side"
+    );
+    r.sim.touch(0, 0, ptr, 4 * MIB, s(1)).unwrap();
+    let (handle, fds) = r.alloc.ipc_export_pages(ptr, 0, s(1)).unwrap();
+    assert_eq!((handle.page_count, handle.offset_bytes), (10, 6 * MIB));
+    assert!(
+        fds[0] >= 0 && fds[1..].iter().all(|&fd| fd == -1),
+        "{fds:?}"
+    );
+    for bad in [&[-1][..], &[fds[0], -2]] {
+        let mut h = handle;
+        h.page_count = bad.len() as u64;
+        assert!(r.alloc.ipc_import_pages(&h, bad, s(9)).is_err(), "{bad:?}");
+    }
+    let physical = r.sim.physical_bytes(0);
+    let imported = r.alloc.ipc_import_pages(&handle, &fds, s(9)).unwrap();
+    close_fds(&fds);
+    r.sim.touch(0, 0, imported, 4 * MIB, s(9)).unwrap();
+    assert_eq!(
+        r.sim.physical_bytes(0),
+        physical,
+        "the same span, nothing new"
+    );
+    r.alloc.ipc_close(imported, s(9)).unwrap();
+    r.alloc.ipc_release_export(0, handle.event).unwrap();
+    r.free(ptr, 0);
+    r.free(first, 0);
+    r.finish();
+}
+
 #[test]
 fn bad_page_imports_are_refused_and_leave_nothing_behind() {
     let r = vmm_rig();
@@ -125,7 +174,7 @@ fn bad_page_imports_are_refused_and_leave_nothing_behind() {
     );
     let mut h = handle;
     h.offset_bytes = h.page_bytes;
-    bad(h, &fds, "an offset past the first page");
+    bad(h, &fds, "an offset that puts the block past its pages");
     let mut h = handle;
     h.block_bytes = u64::MAX;
     bad(h, &fds, "a block larger than its pages");

@@ -406,3 +406,27 @@ fn a_failed_wait_for_the_copies_at_sleep_leaves_the_device_awake_with_its_conten
     r.free(a, 0);
     r.finish();
 }
+
+/// A span (one handle for several pages) sleeps as its pages: unmapped and released whole, its
+/// pages mapped again one by one at wake, contents kept.
+#[test]
+fn a_block_on_a_span_sleeps_and_wakes_with_its_contents() {
+    let config = streampool::Config {
+        backend: streampool::config::Backend::Vmm,
+        vmm_span_bytes: Some(32 * MIB),
+        ..base_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
+    let a = r.malloc(20 * MIB, 0, 1); // one span of ten pages
+    let gone = r.malloc(6 * MIB, 0, 1);
+    r.free(gone, 0);
+    fill(&r, a, 20 * MIB, 7);
+    let held = r.sim.physical_bytes(0);
+    assert_eq!(r.alloc.sleep(0, 1).unwrap(), held);
+    assert_eq!(r.sim.physical_bytes(0), 0);
+    assert_eq!(r.sim.calls("cuMemRelease"), 2, "a release a span");
+    assert_eq!(r.alloc.wake(0).unwrap(), 20 * MIB);
+    assert!(holds(&r, a, 20 * MIB, 7));
+    r.free(a, 0);
+    r.finish();
+}

@@ -190,7 +190,12 @@ fn tiny_trace() -> Result<(), String> {
         ("STREAMPOOL_VMM_PAGE_SIZE", "20MiB"),
     ];
     let vmm20 = run::replay(&t, &setting("vmm20", &big), &options, 0);
-    for o in [&pool, &vmm, &vmm20] {
+    let spans = [
+        ("STREAMPOOL_BACKEND", "vmm"),
+        ("STREAMPOOL_VMM_SPAN_SIZE", "32MiB"),
+    ];
+    let vmm_spans = run::replay(&t, &setting("vmm-spans", &spans), &options, 0);
+    for o in [&pool, &vmm, &vmm20, &vmm_spans] {
         ensure(o.error.is_none(), || {
             format!("{}: {:?}", o.setting, o.error)
         })?;
@@ -216,21 +221,24 @@ fn tiny_trace() -> Result<(), String> {
         pool.call("cuMemMap") == 0 && pool.call("cuMemAllocFromPoolAsync") > 0,
         || format!("pool backend calls: {:?}", pool.calls),
     )?;
-    ensure(
-        vmm.call("cuMemMap") > 0 && vmm.call("cuMemMap") == vmm.stats_maps,
-        || {
-            format!(
-                "vmm: {} cuMemMap calls, {} pages mapped",
-                vmm.call("cuMemMap"),
-                vmm.stats_maps
-            )
-        },
-    )?;
-    ensure(vmm20.call("cuMemMap") < vmm.call("cuMemMap"), || {
+    // A call a page without spans (the default); spans map several pages a call.
+    let (span_calls, page_calls) = (vmm_spans.call("cuMemMap"), vmm.call("cuMemMap"));
+    ensure(page_calls > 0 && page_calls == vmm.stats_maps, || {
         format!(
-            "20 MiB pages mapped {} times, 2 MiB {}",
+            "vmm: {page_calls} cuMemMap calls, {} pages mapped",
+            vmm.stats_maps
+        )
+    })?;
+    ensure(span_calls > 0 && span_calls < vmm_spans.stats_maps, || {
+        format!(
+            "vmm with spans: {span_calls} cuMemMap calls, {} pages mapped",
+            vmm_spans.stats_maps
+        )
+    })?;
+    ensure(vmm20.call("cuMemMap") < page_calls, || {
+        format!(
+            "20 MiB pages mapped {} times, 2 MiB {page_calls}",
             vmm20.call("cuMemMap"),
-            vmm.call("cuMemMap")
         )
     })
 }
@@ -406,7 +414,7 @@ fn sync_releases() -> Result<(), String> {
         let o = run::replay(t, &setting("vmm", &env), &Options::default(), 0);
         match o.error {
             Some(e) => Err(e),
-            None => Ok(o.call("cuMemUnmap")),
+            None => Ok(o.stats_unmaps),
         }
     };
     let (with_sync, without) = (trace(true)?, trace(false)?);

@@ -8,6 +8,7 @@ VARIABLE_DEFAULTS: Dict[str, str] = {
     "STREAMPOOL_DRIVER": "cuda",
     "STREAMPOOL_BACKEND": "pool",
     "STREAMPOOL_VMM_PAGE_SIZE": "2MiB",
+    "STREAMPOOL_VMM_SPAN_SIZE": "auto",
     "STREAMPOOL_VMM_COLD_AFTER": "10ms",
     "STREAMPOOL_VMM_GROWTH_SLACK": "2%",
     "STREAMPOOL_VMM_HEADROOM": "1%",
@@ -32,6 +33,7 @@ VARIABLE_DEFAULTS: Dict[str, str] = {
 OPTION_VARIABLES: Dict[str, str] = {
     "backend": "STREAMPOOL_BACKEND",
     "vmm_page_size": "STREAMPOOL_VMM_PAGE_SIZE",
+    "vmm_span_size": "STREAMPOOL_VMM_SPAN_SIZE",
     "vmm_cold_after": "STREAMPOOL_VMM_COLD_AFTER",
     "vmm_growth_slack": "STREAMPOOL_VMM_GROWTH_SLACK",
     "vmm_headroom": "STREAMPOOL_VMM_HEADROOM",

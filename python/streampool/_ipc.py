@@ -141,7 +141,7 @@ class BlockHandle:
             raise RuntimeError("a received streampool handle cannot be sent on: send from the process that shared it")
         slot = _add_receiver(self.sent_key)
         if self.page_fds is not None:
-            dups = [_dup_fd(fd) for fd in self.page_fds]
+            dups = [_dup_fd(fd) if fd >= 0 else None for fd in self.page_fds]
             return (_rebuild_page_handle, (self.raw, self.key, dups, slot, self.nbytes))
         return (_rebuild_block_handle, (self.raw, self.key, _dup_fd(self.fd), slot, self.nbytes))
 
@@ -172,7 +172,8 @@ def _rebuild_block_handle(raw: bytes, key: Tuple[str, int], dup: Any, slot: Tupl
 
 
 def _rebuild_page_handle(raw: bytes, key: Tuple[str, int], dups: List[Any], slot: Tuple[str, int], nbytes: int) -> BlockHandle:
-    return BlockHandle(raw, key, -1, slot, nbytes, owned_fd=True, page_fds=[_received_fd(d) for d in dups])
+    page_fds = [_received_fd(d) if d is not None else -1 for d in dups]
+    return BlockHandle(raw, key, -1, slot, nbytes, owned_fd=True, page_fds=page_fds)
 
 
 class _Export:
@@ -235,7 +236,9 @@ def share_block(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes:
 def _share_pages(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes: int) -> BlockHandle:
     """:func:`share_block` for a block of the vmm backend: one descriptor per page."""
     pages = _lib.StreampoolIpcPages()
-    room = nbytes // (1 << 20) + 3  # pages are at least 1 MiB (the device's granule is 2 MiB)
+    # Pages are at least 1 MiB (the device's granule is 2 MiB); an allocation of up to 32 MiB may
+    # back pages before and after the block (-1 entries: pages of the descriptor before them).
+    room = nbytes // (1 << 20) + 3 + 2 * 32
     fds = (ctypes.c_int * room)()
     _lib.check(
         _lib.library().streampool_ipc_export_pages(ptr, device, stream, ctypes.byref(pages), fds, room)
@@ -283,8 +286,9 @@ def ipc_collect() -> int:
     first_error: Optional[BaseException] = None
     for device, export in finished:
         for fd in export.fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         try:
             _lib.check(_lib.library().streampool_ipc_release_export(device, export.event))
         except Exception as exc:  # noqa: BLE001  (the others are released first)
@@ -342,8 +346,9 @@ def _import_pages(handle: BlockHandle, stream: Optional[int], out: ctypes.c_void
     finally:
         if handle.owned_fd:  # received: this handle's own descriptors
             for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
             handle.page_fds = []
 
 

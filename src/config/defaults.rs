@@ -43,6 +43,7 @@ pub const DEFAULTS: &[VariableDefault] = &[
     value("STREAMPOOL_DRIVER", "cuda"),
     value("STREAMPOOL_BACKEND", "pool"),
     value("STREAMPOOL_VMM_PAGE_SIZE", "2MiB"),
+    value("STREAMPOOL_VMM_SPAN_SIZE", "auto"),
     value("STREAMPOOL_VMM_COLD_AFTER", "10ms"),
     value("STREAMPOOL_VMM_GROWTH_SLACK", "2%"),
     value("STREAMPOOL_VMM_HEADROOM", "1%"),

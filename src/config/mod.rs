@@ -18,7 +18,7 @@ pub use vmm_layout::VmmLayout;
 pub(crate) use values::{config_error, utf8_value, validate_log_filter, VMM_PAGE_SIZE_ACCEPTED};
 use values::{
     parse_bool, parse_duration_ms, parse_percent, HEADROOM_ACCEPTED, PEER_ACCESS_ACCEPTED,
-    SIM_DEVICES, SIM_DEVICES_ACCEPTED, SIM_MEMORY_ACCEPTED,
+    SIM_DEVICES, SIM_DEVICES_ACCEPTED, SIM_MEMORY_ACCEPTED, VMM_SPAN_SIZE_ACCEPTED,
 };
 
 use crate::error::Result;
@@ -121,6 +121,11 @@ pub struct Config {
     /// The physical handle size of the virtual-memory backend (a multiple of the device's
     /// granularity, which it is rounded up to).
     pub vmm_page_size: SizeSpec,
+    /// The most memory one new physical handle of the virtual-memory backend backs, a span of
+    /// adjacent pages (`STREAMPOOL_VMM_SPAN_SIZE`; 0 or at most a page: every handle one page);
+    /// `None` (auto): 32 MiB while memory cycles (the last trim at a synchronisation gave memory
+    /// back), else one page.
+    pub vmm_span_bytes: Option<u64>,
     /// A page of the virtual-memory backend unused this long is cold: moved first to back new
     /// blocks (`STREAMPOOL_VMM_COLD_AFTER`); above the release threshold, pages unused for a
     /// second or this long, whichever is longer, are released.
@@ -176,6 +181,10 @@ impl Default for Config {
             // uses 20 MiB for large blocks because mapping cost grows with the number of
             // handles; which is better here awaits a measurement on the GPU.
             vmm_page_size: SizeSpec::Bytes(2 << 20),
+            // Spans where memory goes back at a synchronisation and is mapped again (a release
+            // threshold, empty_cache), pages that move one by one elsewhere: docs/replay.md,
+            // "Spans".
+            vmm_span_bytes: None,
             // Pages idle this long back new blocks before the device grows. Replayed allocation
             // traces of the benchmark's workloads (docs/replay.md): 10 ms holds 4-11% less than 250 ms on llama decode and BERT, the same on
             // the others, with a handful of mappings per timed step at most; 2 ms moves more
@@ -285,6 +294,28 @@ impl Config {
                     return Err(refuse("a page size is a size, not a share of the device"))
                 }
             };
+        }
+        if let Some(v) = get("STREAMPOOL_VMM_SPAN_SIZE")? {
+            let refuse = |reason: &str| {
+                config_error(
+                    "STREAMPOOL_VMM_SPAN_SIZE",
+                    &v,
+                    reason,
+                    VMM_SPAN_SIZE_ACCEPTED,
+                )
+            };
+            if v.trim().eq_ignore_ascii_case("auto") {
+                c.vmm_span_bytes = None;
+            } else {
+                c.vmm_span_bytes =
+                    Some(match parse_size(&v).map_err(|reason| refuse(&reason))? {
+                        SizeSpec::Bytes(b) if b <= 1 << 40 => b,
+                        SizeSpec::Bytes(_) => return Err(refuse("larger than 1 TiB")),
+                        SizeSpec::Percent(_) | SizeSpec::Max => {
+                            return Err(refuse("a span is a size, not a share of the device"))
+                        }
+                    });
+            }
         }
         if let Some(v) = get("STREAMPOOL_VMM_HEADROOM")? {
             let refuse = |reason: &str| {

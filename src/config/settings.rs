@@ -25,6 +25,7 @@ pub struct Settings {
     pub(crate) trim_on_growth: bool,
     pub(crate) reuse: ReusePolicy,
     pub(crate) vmm_page_size: SizeSpec,
+    pub(crate) vmm_span_bytes: Option<u64>,
     pub(crate) vmm_cold_after_ms: u64,
     pub(crate) vmm_growth_slack_percent: Option<u64>,
     pub(crate) vmm_headroom: SizeSpec,
@@ -52,6 +53,7 @@ impl From<&Config> for Settings {
             trim_on_growth: c.trim_on_growth,
             reuse: c.reuse,
             vmm_page_size: c.vmm_page_size,
+            vmm_span_bytes: c.vmm_span_bytes,
             vmm_cold_after_ms: c.vmm_cold_after_ms,
             vmm_growth_slack_percent: c.vmm_growth_slack_percent,
             vmm_headroom: c.vmm_headroom,
@@ -108,6 +110,8 @@ pub struct PoolSettings {
 pub struct VmmSpec {
     /// `STREAMPOOL_VMM_PAGE_SIZE`, before rounding to the device's granularity.
     pub page_size: SizeSpec,
+    /// The most memory one new handle backs (`STREAMPOOL_VMM_SPAN_SIZE`; `None`: auto).
+    pub span_max_bytes: Option<u64>,
     /// Blocks up to this size are carved out of carrier pages (0: none).
     pub small_max_bytes: u64,
     /// `STREAMPOOL_MAX_POOL_SIZE`: physical memory never exceeds it.
@@ -149,6 +153,7 @@ impl Settings {
                 },
                 vmm: VmmSpec {
                     page_size: self.vmm_page_size,
+                    span_max_bytes: self.vmm_span_bytes,
                     small_max_bytes,
                     max_physical_bytes: max_size_bytes,
                     release_threshold_bytes,

@@ -244,6 +244,7 @@ fn values_that_are_not_utf8_are_refused_by_name() {
         "STREAMPOOL_IDLE_RELEASE",
         "STREAMPOOL_VMM_COLD_AFTER",
         "STREAMPOOL_VMM_GROWTH_SLACK",
+        "STREAMPOOL_VMM_SPAN_SIZE",
     ] {
         let raw = OsString::from_vec(b"8\xffGiB".to_vec());
         let e = Config::from_os_lookup(|k| (k == var).then(|| raw.clone())).unwrap_err();

@@ -20,6 +20,8 @@ pub(super) const SIM_MEMORY_ACCEPTED: &str = "a size such as 16GiB or 512MiB";
 pub(super) const HEADROOM_ACCEPTED: &str =
     "a size such as 512MiB or 0, or a share of device memory such as 2%";
 pub(crate) const VMM_PAGE_SIZE_ACCEPTED: &str = "a size such as 2MiB or 20MiB, at most 1 TiB";
+pub(super) const VMM_SPAN_SIZE_ACCEPTED: &str =
+    "auto, a size such as 32MiB (at most 1 TiB), or 0 (every physical handle one page)";
 
 /// What a variable accepts, for the error about a value that is not UTF-8 text.
 fn accepted(var: &str) -> &'static str {
@@ -27,6 +29,7 @@ fn accepted(var: &str) -> &'static str {
         "STREAMPOOL_DRIVER" => "cuda or sim",
         "STREAMPOOL_BACKEND" => super::BACKEND_ACCEPTED,
         "STREAMPOOL_VMM_PAGE_SIZE" => VMM_PAGE_SIZE_ACCEPTED,
+        "STREAMPOOL_VMM_SPAN_SIZE" => VMM_SPAN_SIZE_ACCEPTED,
         "STREAMPOOL_PEER_ACCESS" => PEER_ACCESS_ACCEPTED,
         "STREAMPOOL_SIM_DEVICES" => SIM_DEVICES_ACCEPTED,
         "STREAMPOOL_SIM_MEMORY" => SIM_MEMORY_ACCEPTED,

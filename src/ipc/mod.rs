@@ -126,10 +126,11 @@ pub struct StreampoolIpcPages {
     /// The exporter's own event, released with `streampool_ipc_release_export`.
     pub event: u64,
     pub block_bytes: u64,
-    /// Where the block starts in its first page.
+    /// Where the block starts from its first page (beyond it when one physical allocation of
+    /// several pages begins before the block).
     pub offset_bytes: u64,
     pub page_bytes: u64,
-    /// How many pages (and file descriptors) there are.
+    /// How many pages (and file descriptor entries, -1s included) there are.
     pub page_count: u64,
     pub device: i32,
 }

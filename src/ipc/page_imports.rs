@@ -1,6 +1,7 @@
 //! The importing side of sharing page by page (the vmm backend's blocks): another process's
 //! physical pages, imported from their file descriptors and mapped contiguously at addresses of
-//! this process's own.
+//! this process's own; a descriptor followed by -1s is one handle backing that many pages (a
+//! span of the exporter's), mapped whole.
 //!
 //! Invariants: an import is known (by the address it returned) until closed; a failed import
 //! leaves nothing mapped, imported or reserved; a close waits for the device before it unmaps,
@@ -18,27 +19,41 @@ struct PageImport {
     device: usize,
     base: DevicePtr,
     page_bytes: u64,
-    handles: Vec<MemHandle>,
+    reserved_bytes: u64,
+    /// Each imported handle with how many pages it backs, in address order.
+    handles: Vec<(MemHandle, u64)>,
 }
 
 impl PageImport {
-    fn reserved_bytes(&self) -> u64 {
-        self.page_bytes * self.handles.len() as u64
-    }
-
-    /// Unmaps the first `mapped` pages, releases every handle and frees the addresses; the first
-    /// error, after trying everything.
+    /// Unmaps the first `mapped` handles' mappings, releases every handle and frees the
+    /// addresses; the first error, after trying everything.
     fn undo(&self, driver: &dyn Driver, mapped: usize) -> Result<()> {
         let mut first = Ok(());
-        for i in 0..mapped {
-            let at = self.base.offset(i as u64 * self.page_bytes);
-            first = first.and(driver.mem_unmap(self.device, at, self.page_bytes));
+        let mut at = self.base;
+        for &(_, pages) in &self.handles[..mapped] {
+            let bytes = pages * self.page_bytes;
+            first = first.and(driver.mem_unmap(self.device, at, bytes));
+            at = at.offset(bytes);
         }
-        for &h in &self.handles {
+        for &(h, _) in &self.handles {
             first = first.and(driver.mem_release(self.device, h));
         }
-        first.and(driver.address_free(self.device, self.base, self.reserved_bytes()))
+        first.and(driver.address_free(self.device, self.base, self.reserved_bytes))
     }
+}
+
+/// `fds` cut into mappings: each descriptor with how many pages it backs (itself and the -1s
+/// after it). None if the first is not a descriptor or one is negative but -1.
+fn mappings(fds: &[i32]) -> Option<Vec<(i32, u64)>> {
+    let mut out: Vec<(i32, u64)> = Vec::new();
+    for &fd in fds {
+        match (fd, out.last_mut()) {
+            (-1, Some((_, pages))) => *pages += 1,
+            (fd, _) if fd >= 0 => out.push((fd, 1)),
+            _ => return None,
+        }
+    }
+    Some(out)
 }
 
 /// The page imports of this process.
@@ -73,10 +88,15 @@ impl PageImports {
                 handle.page_count
             )));
         }
+        let units = mappings(fds).ok_or_else(|| {
+            invalid(
+                "file descriptors must be open ones, or -1 after one (pages of one handle)".into(),
+            )
+        })?;
         let reserved_bytes = handle
             .page_bytes
             .checked_mul(pages)
-            .filter(|_| handle.page_bytes > 0 && handle.offset_bytes < handle.page_bytes)
+            .filter(|_| handle.page_bytes > 0)
             .filter(|&r| {
                 (handle.offset_bytes.checked_add(handle.block_bytes)).is_some_and(|end| end <= r)
             })
@@ -91,16 +111,21 @@ impl PageImports {
             device,
             base,
             page_bytes: handle.page_bytes,
-            handles: Vec::with_capacity(fds.len()),
+            reserved_bytes,
+            handles: Vec::with_capacity(units.len()),
         };
         let mut mapped = 0;
         let outcome = (|| {
-            for &fd in fds {
-                import.handles.push(driver.mem_import_fd(device, fd)?);
+            for &(fd, pages) in &units {
+                import
+                    .handles
+                    .push((driver.mem_import_fd(device, fd)?, pages));
             }
-            for (i, &h) in import.handles.iter().enumerate() {
-                let at = base.offset(i as u64 * handle.page_bytes);
-                driver.mem_map(device, at, handle.page_bytes, h)?;
+            let mut at = base;
+            for &(h, pages) in &import.handles {
+                let bytes = pages * handle.page_bytes;
+                driver.mem_map(device, at, bytes, h)?;
+                at = at.offset(bytes);
                 mapped += 1;
             }
             driver.mem_set_access(device, base, reserved_bytes, &[device])?;

@@ -244,10 +244,12 @@ pub trait Sleep {
 /// What [`PageExport::export_pages`] gives.
 #[derive(Debug)]
 pub struct ExportedPages {
-    /// One per page, in address order; the caller's to close.
+    /// One per page, in address order, the caller's to close; -1 for a page backed by the
+    /// handle of the page before it (a span's pages after its first: map them as one).
     pub fds: Vec<i32>,
     pub page_bytes: u64,
-    /// Where the block starts in its first page.
+    /// Where the block starts from its first page (beyond it when a span begins before the
+    /// block).
     pub offset_bytes: u64,
 }
 

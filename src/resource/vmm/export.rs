@@ -1,5 +1,7 @@
 //! Sharing a live block with another process, page by page: the file descriptors of the
-//! physical pages under it (every page is created exportable where the device can).
+//! physical pages under it (every page is created exportable where the device can). A span
+//! ([`super::spans`]) under the block is exported whole — one descriptor, then -1 for each of its
+//! other pages — so the importer maps all of it, its pages outside the block included.
 //!
 //! Invariants: only a live block's pages are exported, and the block's pages stay its own while
 //! it is live (a page under a live block is never idle, so never moved or released); the
@@ -13,13 +15,16 @@ use crate::resource::{ExportedPages, PageExport};
 
 impl PageExport for VmmResource {
     fn export_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<ExportedPages> {
-        let (handles, offset_bytes) = self.pages_under(ptr, bytes)?;
-        let mut fds = Vec::with_capacity(handles.len());
-        for handle in handles {
+        let (mappings, offset_bytes) = self.mappings_under(ptr, bytes)?;
+        let mut fds = Vec::with_capacity(mappings.len());
+        for (handle, pages) in mappings {
             match self.driver.mem_export_fd(self.device, handle) {
-                Ok(fd) => fds.push(fd),
+                Ok(fd) => {
+                    fds.push(fd);
+                    fds.extend((1..pages).map(|_| -1));
+                }
                 Err(e) => {
-                    for fd in fds {
+                    for fd in fds.into_iter().filter(|&fd| fd >= 0) {
                         // SAFETY: descriptors this call made and nobody else has seen.
                         unsafe { libc::close(fd) };
                     }
@@ -36,9 +41,9 @@ impl PageExport for VmmResource {
 }
 
 impl VmmResource {
-    /// The handles of the pages under the live block `[ptr, ptr + bytes)`, in address order,
-    /// with where the block starts in the first.
-    fn pages_under(&self, ptr: DevicePtr, bytes: u64) -> Result<(Vec<MemHandle>, u64)> {
+    /// The mappings under the live block `[ptr, ptr + bytes)`, in address order, each a handle
+    /// and its pages, with where the block starts in the first.
+    fn mappings_under(&self, ptr: DevicePtr, bytes: u64) -> Result<(Vec<(MemHandle, u64)>, u64)> {
         if !self.exportable {
             return Err(Error::InvalidArgument(format!(
                 "device {}'s memory cannot be shared with other processes: it has no POSIX file \
@@ -56,14 +61,15 @@ impl VmmResource {
                 device: self.device,
             });
         }
-        let first = st.pages.range(..=ptr.0).next_back().map(|(&p, _)| p);
+        let first = st.pages.range(..=ptr.0).next_back().map(|(_, p)| p.mapping);
         let first = first
-            .filter(|&p| p + self.page_bytes > ptr.0)
+            .filter(|m| m.first + m.pages * self.page_bytes > ptr.0)
             .ok_or_else(|| {
                 Error::Internal(format!("the live block {ptr:#x} has no page under it"))
-            })?;
+            })?
+            .first;
         let end = ptr.0 + bytes;
-        let mut handles = Vec::new();
+        let mut mappings = Vec::new();
         let mut next = first;
         for (&page, p) in st.pages.range(first..end) {
             if page != next {
@@ -71,7 +77,9 @@ impl VmmResource {
                     "the live block {ptr:#x} has no page at {next:#x}"
                 )));
             }
-            handles.push(p.handle);
+            if p.mapping.first == page {
+                mappings.push((p.handle, p.mapping.pages));
+            }
             next = page + self.page_bytes;
         }
         if next < end {
@@ -79,6 +87,6 @@ impl VmmResource {
                 "the live block {ptr:#x} has no page at {next:#x}"
             )));
         }
-        Ok((handles, ptr.0 - first))
+        Ok((mappings, ptr.0 - first))
     }
 }

@@ -234,10 +234,15 @@ impl Drop for VmmResource {
             let _ = driver.mem_unmap(device, DevicePtr(r.page), self.page_bytes);
         }
         for (page, p) in std::mem::take(&mut st.pages) {
-            let _ = driver.mem_unmap(device, DevicePtr(page), self.page_bytes);
-            st.spare_handles.push(p.handle);
+            // A mapping at a time (a span's pages share one).
+            if p.mapping.first == page {
+                let bytes = p.mapping.pages * self.page_bytes;
+                let _ = driver.mem_unmap(device, DevicePtr(page), bytes);
+                st.spare_handles.push(p.handle);
+            }
         }
-        for handle in st.spare_handles.drain(..) {
+        let spans = st.spare_spans.drain(..).map(|(handle, _)| handle);
+        for handle in st.spare_handles.drain(..).chain(spans) {
             let _ = driver.mem_release(device, handle);
         }
         for (base, bytes) in st.large.extents().chain(st.carriers.extents()) {

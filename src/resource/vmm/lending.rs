@@ -102,11 +102,7 @@ impl VmmResource {
             }
             _ => State::Ready,
         };
-        let page = Page {
-            handle,
-            region: r.region,
-            last_used_ms: self.driver.now_ms(),
-        };
+        let page = Page::alone(r.page, handle, r.region, self.driver.now_ms());
         st.pages.insert(r.page, page);
         st.region(r.region).retag(r.page, State::Retiring, state);
         true

@@ -39,6 +39,7 @@
 //! fence recorded and queried: calls that return at once), never waiting for it there, and the
 //! resource never takes the device's lock (a panic on that path disables the whole device).
 
+mod backing;
 mod export;
 mod growth;
 mod interface;
@@ -52,6 +53,7 @@ mod settings;
 mod sleep;
 mod slot;
 mod small;
+mod spans;
 
 use crate::driver::{DevicePtr, Driver, MemHandle, Stream};
 use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
@@ -78,6 +80,8 @@ pub struct VmmResource {
     driver: Arc<dyn Driver>,
     device: usize,
     page_bytes: u64,
+    /// The most pages one new handle backs, if set ([`spans`]; 1: no spans; `None`: auto).
+    span_pages: Option<u64>,
     small_max_bytes: u64,
     extent_bytes: u64,
     max_physical_bytes: u64,
@@ -103,12 +107,29 @@ enum Region {
     Carriers,
 }
 
-/// A mapped page: its handle, its region, and when a block on it was last handed out or freed.
+/// A mapped page: its handle, the mapping that handle makes (this page alone, or a span of
+/// adjacent pages: [`spans`]), its region, and when a block on it was last handed out or freed.
 #[derive(Debug, Clone, Copy)]
 struct Page {
     handle: MemHandle,
+    mapping: spans::Mapping,
     region: Region,
     last_used_ms: u64,
+}
+
+impl Page {
+    /// A page mapped alone (its handle backs it and nothing else).
+    fn alone(page: u64, handle: MemHandle, region: Region, last_used_ms: u64) -> Page {
+        Page {
+            handle,
+            mapping: spans::Mapping {
+                first: page,
+                pages: 1,
+            },
+            region,
+            last_used_ms,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -123,6 +144,9 @@ struct VmmState {
     pages: BTreeMap<u64, Page>,
     /// Handles taken out of pages and not mapped again yet (counted as reserved).
     spare_handles: Vec<MemHandle>,
+    /// Spans unmapped whose handles the driver would not release: released at the next try,
+    /// never mapped again (counted as reserved; [`spans`]). Their handles and pages.
+    spare_spans: Vec<(MemHandle, u64)>,
     /// Pages whose handles were lent to other addresses, to unmap once their fences complete
     /// ([`lending`]).
     retiring: Vec<lending::Retiring>,
@@ -150,6 +174,9 @@ struct VmmState {
     device_full: bool,
     /// The block freed last, kept aside for its stream's next request of its size ([`slot`]).
     slot: Option<slot::Slot>,
+    /// The last trim after a synchronisation gave memory back: it cycles, given back and mapped
+    /// again, and new memory comes in spans if their size is auto ([`spans`]).
+    cycling: bool,
     /// Asleep: every page given back, the addresses kept ([`sleep`]).
     asleep: Option<sleep::Asleep>,
     /// Awake: the host buffer of the last level-1 sleep, kept for the next one ([`sleep`]).
@@ -158,7 +185,8 @@ struct VmmState {
 
 impl VmmState {
     fn physical_bytes(&self, page_bytes: u64) -> u64 {
-        (self.pages.len() + self.spare_handles.len()) as u64 * page_bytes
+        let spans: u64 = self.spare_spans.iter().map(|&(_, pages)| pages).sum();
+        ((self.pages.len() + self.spare_handles.len()) as u64 + spans) * page_bytes
     }
 
     fn region(&mut self, region: Region) -> &mut FreeRanges {
@@ -213,6 +241,7 @@ impl VmmResource {
             driver: Arc::clone(driver),
             device,
             page_bytes,
+            span_pages: spec.span_max_bytes.map(|b| (b / page_bytes).max(1)),
             small_max_bytes: spec.small_max_bytes,
             extent_bytes,
             max_physical_bytes: spec.max_physical_bytes,

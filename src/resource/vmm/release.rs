@@ -77,7 +77,10 @@ impl VmmResource {
         let now_ms = driver.now_ms();
         self.promote(&mut st, done, now_ms);
         self.unmap_retired(&mut st);
+        let before_bytes = st.physical_bytes(self.page_bytes);
         self.release_down_to(&mut st, keep_bytes, None);
+        // Memory went back at a synchronisation, to be mapped again: spans pay off ([`super::spans`]).
+        st.cycling = st.physical_bytes(self.page_bytes) < before_bytes;
         Ok(())
     }
 }

@@ -312,43 +312,47 @@ impl VmmResource {
         super::runs(pages.len(), joins).collect()
     }
 
-    /// Unmaps and releases every page and spare; the pages slept, with where their contents
-    /// wait. A page that cannot be unmapped stays mapped (and awake); a handle that cannot be
-    /// released stays a spare.
+    /// Unmaps and releases every page and spare, a mapping at a time; the pages slept, with
+    /// where their contents wait. A mapping that cannot be unmapped stays mapped (and awake); a
+    /// handle that cannot be released stays held.
     fn give_back_all(&self, st: &mut VmmState, saved: &BTreeSet<u64>) -> Vec<SleptPage> {
-        let (driver, device) = (self.driver.as_ref(), self.device);
+        let device = self.device;
         for handle in std::mem::take(&mut st.spare_handles) {
-            if driver.mem_release(device, handle).is_err() {
-                st.spare_handles.push(handle);
-            } else {
-                st.counts.releases += 1;
-            }
+            self.release_handle(st, handle, 1);
         }
-        let mut slept = Vec::with_capacity(st.pages.len());
-        let pages: Vec<u64> = st.pages.keys().copied().collect();
+        self.release_spare_spans(st);
+        let pages: Vec<(u64, Page)> = st.pages.iter().map(|(&at, &p)| (at, p)).collect();
         // Pages in address order, as `saved` is: a saved page's contents are at its place among
         // the saved pages, counted as they go by (once each, not searched for each page).
         let mut saved_before = 0u64;
-        for page in pages {
-            let saved_at = saved.contains(&page).then(|| {
-                saved_before += 1;
-                (saved_before - 1) * self.page_bytes
-            });
-            if let Err(e) = driver.mem_unmap(device, DevicePtr(page), self.page_bytes) {
+        let saved_at: Vec<Option<u64>> = (pages.iter())
+            .map(|(page, _)| {
+                saved.contains(page).then(|| {
+                    saved_before += 1;
+                    (saved_before - 1) * self.page_bytes
+                })
+            })
+            .collect();
+        let mut slept = Vec::with_capacity(pages.len());
+        for (i, &(page, p)) in pages.iter().enumerate() {
+            // A mapping's pages are adjacent, and in the map together: done at its first page.
+            if p.mapping.first != page {
+                continue;
+            }
+            if let Err(e) = self.unmap_mapping(st, page) {
                 log::warn!("device {device}: a page stays awake, it could not be unmapped: {e}");
                 continue;
             }
-            let Page { handle, region, .. } = st.pages.remove(&page).expect("listed above");
-            self.count(Event::Unmap, page, st);
-            match driver.mem_release(device, handle) {
-                Ok(()) => st.counts.releases += 1,
-                Err(_) => st.spare_handles.push(handle),
+            let n = p.mapping.pages as usize;
+            for (j, &(q, _)) in pages.iter().enumerate().skip(i).take(n) {
+                self.count(Event::Unmap, q, st);
+                slept.push(SleptPage {
+                    page: q,
+                    region: p.region,
+                    saved_at: saved_at[j],
+                });
             }
-            slept.push(SleptPage {
-                page,
-                region,
-                saved_at,
-            });
+            self.release_handle(st, p.handle, p.mapping.pages);
         }
         slept
     }

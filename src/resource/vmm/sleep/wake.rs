@@ -118,11 +118,7 @@ impl VmmResource {
         }
         let now_ms = driver.now_ms();
         for &(slept, handle) in &mapped {
-            let page = Page {
-                handle,
-                region: slept.region,
-                last_used_ms: now_ms,
-            };
+            let page = Page::alone(slept.page, handle, slept.region, now_ms);
             st.pages.insert(slept.page, page);
             self.count(Event::Map, slept.page, st);
         }
@@ -196,11 +192,7 @@ impl VmmResource {
                 slept.page
             );
             if !booked {
-                let page = Page {
-                    handle,
-                    region: slept.region,
-                    last_used_ms: driver.now_ms(),
-                };
+                let page = Page::alone(slept.page, handle, slept.region, driver.now_ms());
                 st.pages.insert(slept.page, page);
             }
             stuck.push(slept.page);

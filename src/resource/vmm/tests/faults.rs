@@ -67,7 +67,7 @@ fn a_page_whose_access_and_unmap_both_failed_is_never_handed_out_until_fixed() {
 
 #[test]
 fn a_spare_handle_the_driver_refuses_to_release_stays_counted_for_the_next_trim() {
-    let r = rig();
+    let r = rig_pages();
     r.sim.inject_fault(SimFault::SetAccess, 1);
     assert!(
         r.vmm.allocate(2 * PAGE, S1).is_err(),

@@ -5,11 +5,12 @@ use super::*;
 use crate::driver::{DeviceDriver, VmmDriver};
 
 /// A rig whose resource keeps `headroom_bytes` free, and moves hot idle pages only when the
-/// device is full (no growth slack).
+/// device is full (no growth slack); every handle one page (the moves are page by page).
 fn rig_headroom(memory_bytes: u64, headroom_bytes: u64) -> Rig {
     let spec = VmmSpec {
         headroom_bytes,
         growth_slack_percent: None,
+        span_max_bytes: Some(0),
         ..spec(Settings::default(), memory_bytes)
     };
     rig_spec(1, memory_bytes, spec)

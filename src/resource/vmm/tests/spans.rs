@@ -1,0 +1,134 @@
+//! Spans: one handle for a run of new pages, mapped, unmapped and released whole; never moved page
+//! by page; given back whole where a growth needs room; on by default only while memory cycles
+//! (given back at a synchronisation and mapped again).
+
+use super::*;
+use crate::driver::{DeviceDriver, VmmDriver};
+
+/// A rig whose new handles back up to `span_pages` pages each.
+fn rig_spans(span_pages: u64) -> Rig {
+    let settings = Settings {
+        vmm_span_bytes: Some(span_pages * PAGE),
+        ..Settings::default()
+    };
+    rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE))
+}
+
+#[test]
+fn a_run_of_new_pages_is_one_handle_and_goes_back_only_whole() {
+    let r = rig_spans(8);
+    let a = r.alloc(12 * PAGE, S1);
+    assert_eq!(
+        (r.sim.calls("cuMemCreate"), r.sim.calls("cuMemMap")),
+        (2, 2),
+        "12 pages: a span of 8 and one of 4"
+    );
+    assert_eq!(r.physical(), 12 * PAGE);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).maps, 12, "pages counted");
+    r.free(a, 12 * PAGE, S1);
+    r.sim.complete_all();
+    // A block on part of one span keeps all of that span, and only that one.
+    let b = r.alloc(2 * PAGE, S1);
+    let spans = [(a.0, 8 * PAGE), (a.0 + 8 * PAGE, 4 * PAGE)];
+    let under_b: u64 = (spans.iter())
+        .filter(|&&(at, bytes)| at < b.0 + 2 * PAGE && b.0 < at + bytes)
+        .map(|&(_, bytes)| bytes)
+        .sum();
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), under_b);
+    assert_eq!(r.reserved(), under_b);
+    r.sim.touch(0, 0, b, 2 * PAGE, S1).unwrap(); // still mapped, with access
+    r.free(b, 2 * PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), 0);
+    assert_eq!(
+        r.sim.calls("cuMemRelease"),
+        2,
+        "one release a span, however many pages"
+    );
+}
+
+#[test]
+fn a_span_that_cannot_get_access_is_released_not_kept_as_spare_pages() {
+    let r = rig_spans(8);
+    r.sim.inject_fault(SimFault::SetAccess, 1);
+    assert!(r.vmm.allocate(4 * PAGE, S1).is_err());
+    assert_eq!((r.physical(), r.reserved()), (0, 0));
+    let a = r.alloc(4 * PAGE, S1);
+    assert_eq!(r.physical(), 4 * PAGE);
+    r.free(a, 4 * PAGE, S1);
+}
+
+#[test]
+fn a_growth_beyond_the_slack_gives_a_whole_idle_span_back_instead_of_moving_its_pages() {
+    let settings = Settings {
+        vmm_span_bytes: Some(8 * PAGE),
+        vmm_growth_slack_percent: Some(0),
+        ..Settings::default()
+    };
+    let r = rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE));
+    r.stop_clock();
+    let a = r.alloc(4 * PAGE, S1);
+    let live = r.alloc(PAGE, S1);
+    r.free(a, 4 * PAGE, S1);
+    r.sim.complete_all();
+    // Six pages fit no hole: beyond the slack, a's span goes back to the device (its pages
+    // cannot move one by one) and the window is backed by new memory.
+    let b = r.alloc(6 * PAGE, S1);
+    let counts = Statistics::driver_counts(&*r.vmm);
+    assert_eq!(counts.moves, 0, "no page of a span moved");
+    assert_eq!(
+        r.physical(),
+        7 * PAGE,
+        "a's span gone, b's six pages and the live one"
+    );
+    r.free(b, 6 * PAGE, S1);
+    r.free(live, PAGE, S1);
+}
+
+#[test]
+fn near_full_an_idle_span_goes_back_so_that_a_new_block_fits() {
+    let spec = VmmSpec {
+        headroom_bytes: 0,
+        growth_slack_percent: None,
+        span_max_bytes: Some(16 * PAGE),
+        ..spec(Settings::default(), 64 * PAGE)
+    };
+    let r = rig_spec(1, 64 * PAGE, spec);
+    r.stop_clock();
+    let a = r.alloc(16 * PAGE, S1);
+    let b = r.alloc(16 * PAGE, S1);
+    r.free(a, 16 * PAGE, S1);
+    r.sim.complete_all();
+    // Another user takes all but 8 pages: 20 pages need a's idle span back first.
+    let foreign = r.sim.mem_create(0, 24 * PAGE).unwrap();
+    let c = r.alloc(20 * PAGE, S1);
+    r.sim.touch(0, 0, c, 20 * PAGE, S1).unwrap();
+    assert_eq!(r.physical(), 36 * PAGE + 24 * PAGE);
+    assert_eq!(r.sim.mem_info(0).unwrap().free_bytes, 4 * PAGE);
+    r.free(c, 20 * PAGE, S1);
+    r.free(b, 16 * PAGE, S1);
+    r.sim.mem_release(0, foreign).unwrap();
+}
+
+#[test]
+fn by_default_spans_back_new_memory_only_while_memory_cycles() {
+    let r = rig();
+    let a = r.alloc(12 * PAGE, S1);
+    assert_eq!(r.sim.calls("cuMemCreate"), 12, "a page a handle");
+    r.free(a, 12 * PAGE, S1);
+    r.sim.complete_all();
+    // Memory given back at a synchronisation (a release threshold's trim, or empty_cache) is
+    // mapped again in spans of up to 32 MiB.
+    r.vmm.trim(0).unwrap();
+    let b = r.alloc(12 * PAGE, S1);
+    assert_eq!(r.sim.calls("cuMemCreate"), 13, "one span");
+    // A trim that gives nothing back ends it.
+    r.vmm.trim(0).unwrap();
+    let c = r.alloc(3 * PAGE, S1);
+    assert_eq!(r.sim.calls("cuMemCreate"), 16, "a page a handle again");
+    for (p, pages) in [(b, 12), (c, 3)] {
+        r.free(p, pages * PAGE, S1);
+    }
+}
