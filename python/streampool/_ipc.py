@@ -18,6 +18,7 @@ import ctypes
 import logging
 import mmap
 import os
+import re
 import tempfile
 import threading
 import uuid
@@ -236,13 +237,18 @@ def share_block(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes:
 def _share_pages(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes: int) -> BlockHandle:
     """:func:`share_block` for a block of the vmm backend: one descriptor per page."""
     pages = _lib.StreampoolIpcPages()
-    # Pages are at least 1 MiB (the device's granule is 2 MiB); an allocation of up to 32 MiB may
-    # back pages before and after the block (-1 entries: pages of the descriptor before them).
+    # Pages are at least 1 MiB (the device's granule is 2 MiB); a span (one handle for several
+    # pages, 32 MiB by default) may add pages before and after the block (-1 entries). Too little
+    # room is an error naming the room needed (nothing made, nothing left open): asked again.
     room = nbytes // (1 << 20) + 3 + 2 * 32
-    fds = (ctypes.c_int * room)()
-    _lib.check(
-        _lib.library().streampool_ipc_export_pages(ptr, device, stream, ctypes.byref(pages), fds, room)
-    )
+    for _ in range(2):
+        fds = (ctypes.c_int * room)()
+        status = _lib.library().streampool_ipc_export_pages(ptr, device, stream, ctypes.byref(pages), fds, room)
+        needed = re.search(r"needs room for (\d+) descriptors", _lib.last_error()) if status else None
+        if needed is None or int(needed.group(1)) <= room:
+            break
+        room = int(needed.group(1))
+    _lib.check(status)
     page_fds = list(fds[: pages.page_count])
     with _sent_lock:
         sent_key = _add_export(device, ptr, keep, _Export(pages.event, page_fds))

@@ -295,7 +295,8 @@ def test_an_ordinary_vmm_block_is_shared_page_by_page():
     assert handle.page_fds is not None and len(handle.page_fds) >= 3
     kept = list(handle.page_fds)
     received = pickle.loads(pickle.dumps(handle))
-    assert set(received.page_fds).isdisjoint(kept), "new descriptors, passed by multiprocessing"
+    opened = {fd for fd in received.page_fds if fd >= 0}
+    assert opened.isdisjoint(kept), "new descriptors, passed by multiprocessing"
     block = _ipc.ImportedBlock(received, None)
     assert block.ptr not in (None, ptr), "mapped at addresses of the receiver's own"
     assert received.page_fds == [], "the receiver's descriptors are closed once mapped"
@@ -307,6 +308,34 @@ def test_an_ordinary_vmm_block_is_shared_page_by_page():
         with pytest.raises(OSError):
             os.fstat(fd)  # closed with the export
     _lib.free(ptr, 5 * MiB, 0)
+
+
+def test_a_block_on_a_large_span_is_shared_whole_asking_for_room_again():
+    """A block inside a span (one physical handle for many pages) is shared with the whole span:
+    one descriptor, -1 for its other pages. More entries than the first guess of room: the
+    export says how many, and share_block asks again."""
+    code = (
+        "import pickle\n"
+        "from streampool import _ipc, _lib\n"
+        "M = 1 << 20\n"
+        "whole = _lib.malloc(400 * M, 0, 0)\n"  # one span of 200 pages
+        "_lib.free(whole, 400 * M, 0)\n"
+        "ptr = _lib.malloc(2 * M, 0, 0)\n"
+        "h = _ipc.share_block(ptr, 0, None, keep=None, nbytes=2 * M)\n"
+        "assert len(h.page_fds) == 200 and h.page_fds[0] >= 0, h.page_fds[:3]\n"
+        "assert set(h.page_fds[1:]) == {-1}\n"
+        "got = pickle.loads(pickle.dumps(h))\n"
+        "assert got.page_fds[0] >= 0 and set(got.page_fds[1:]) == {-1}\n"
+        "block = _ipc.ImportedBlock(got, None)\n"
+        "assert block.ptr not in (None, ptr)\n"
+        "block.close()\n"
+        "assert _ipc.ipc_collect() == 1\n"
+        "_lib.free(ptr, 2 * M, 0)\n"
+        "print('shared')\n"
+    )
+    env = {"STREAMPOOL_BACKEND": "vmm", "STREAMPOOL_VMM_SPAN_SIZE": "512MiB", "STREAMPOOL_DRIVER": "sim"}
+    proc = run_python(code, env=env)
+    assert proc.returncode == 0 and "shared" in proc.stdout, describe(proc)
 
 
 @vmm_backend_only

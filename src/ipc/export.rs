@@ -90,7 +90,7 @@ impl Exporter {
         })?;
         let pages = export.export_pages(ptr, block_bytes)?;
         let close_all = |fds: &[i32]| {
-            for &fd in fds {
+            for &fd in fds.iter().filter(|&&fd| fd >= 0) {
                 // SAFETY: descriptors just made for this export, seen by nobody else.
                 unsafe { libc::close(fd) };
             }

@@ -10,11 +10,12 @@
 //! whole span, wholly idle, goes back to the device instead, and its memory counts in the budget.
 //!
 //! Invariants: a window that spares, idle memory and the budget cannot back together is refused
-//! before anything is mapped or moved; no create is tried again in a growth after the device
-//! refused one, but once a span went back to the device; the handle of a page is taken only from
+//! before anything is mapped or moved; after the device refuses a create, a growth creates only
+//! what a fresh reading of the device's free memory allows (and what a span it gave back frees),
+//! and after a second refusal nothing; the handle of a page is taken only from
 //! an idle page (in a `Ready` range) or a page the growth's own stream freed, and such a page is
 //! unmapped later, once no work can use it there ([`super::lending`]); a span goes back only
-//! when all its pages are idle and outside the window.
+//! when all its pages are idle and outside the window, and never while a capture is known.
 
 use super::growth::Budget;
 use super::{VmmResource, VmmState};
@@ -32,6 +33,8 @@ pub(super) struct Growth {
     donors: Option<Donors>,
     lendable: Option<Vec<u64>>,
     budget: Option<Budget>,
+    /// The device refused a create in this growth.
+    refused: bool,
 }
 
 impl Growth {
@@ -43,6 +46,7 @@ impl Growth {
             donors: None,
             lendable: None,
             budget: None,
+            refused: false,
         }
     }
 }
@@ -158,8 +162,10 @@ impl VmmResource {
         }
     }
 
-    /// A new handle within the growth's budget for up to `run` pages (a span, or one page if the
-    /// device refuses the span), and its pages; None once the budget or the device allows none.
+    /// A new handle within the growth's budget for up to `run` pages (a span where spans are
+    /// on), and its pages; None once the budget or the device allows none. The first time the
+    /// device refuses one (others took the memory since it was read), its free memory is read
+    /// again and the budget follows it; after a second refusal the growth creates nothing more.
     fn create_handle(
         &self,
         st: &mut VmmState,
@@ -167,12 +173,11 @@ impl VmmResource {
         left: u64,
         run: u64,
     ) -> Result<Option<(MemHandle, u64)>> {
-        let budget = self.budget(st, growth, left);
-        let span = run.min(budget.pages).min(self.span_max_pages(st));
-        let sizes = [span, 1];
-        for pages in sizes.into_iter().take(if span > 1 { 2 } else { 1 }) {
+        loop {
+            let budget = self.budget(st, growth, left);
+            let pages = run.min(budget.pages).min(self.span_max_pages(st));
             if pages == 0 {
-                break;
+                return Ok(None);
             }
             let bytes = pages * self.page_bytes;
             let created = match self.exportable {
@@ -182,20 +187,19 @@ impl VmmResource {
             match created {
                 Ok(handle) => {
                     st.counts.creates += 1;
-                    st.physical_high_bytes = st
-                        .physical_high_bytes
-                        .max(st.physical_bytes(self.page_bytes) + bytes);
+                    let held_bytes = st.physical_bytes(self.page_bytes) + bytes;
+                    st.physical_high_bytes = st.physical_high_bytes.max(held_bytes);
+                    st.physical_max_bytes = st.physical_max_bytes.max(held_bytes);
                     growth.budget = Some(Budget {
                         pages: budget.pages - pages,
                         ..budget
                     });
                     return Ok(Some((handle, pages)));
                 }
-                // Others took the memory since it was read: no more creates in this growth
-                // (but one page after a span).
                 Err(e) if e.is_device_oom() => {
                     st.free_seen = None;
-                    growth.budget = Some(Budget {
+                    let first = !std::mem::replace(&mut growth.refused, true);
+                    growth.budget = (!first).then_some(Budget {
                         pages: 0,
                         device_bound: true,
                     });
@@ -203,7 +207,6 @@ impl VmmResource {
                 Err(e) => return Err(e),
             }
         }
-        Ok(None)
     }
 
     /// The idle memory outside the window, listed on first use.
@@ -218,6 +221,8 @@ impl VmmResource {
                 .filter(|p| st.pages[p].mapping.is_span())
                 .collect();
             let mut donors = Donors::default();
+            // Nothing is unmapped while a capture is known: no span goes back then.
+            let spans_may_go = !st.captures.any_known();
             for page in idle {
                 let mapping = st.pages[&page].mapping;
                 if !mapping.is_span() {
@@ -228,7 +233,8 @@ impl VmmResource {
                     continue;
                 }
                 let mut pages = mapping.page_starts(self.page_bytes);
-                if mapping.first != page || !pages.all(|q| idle_spans.contains(&q)) {
+                if !spans_may_go || mapping.first != page || !pages.all(|q| idle_spans.contains(&q))
+                {
                     continue;
                 }
                 let span = (mapping.first, mapping.pages);

@@ -164,10 +164,14 @@ impl VmmResource {
     /// a mapping for which both fail stays blocked for the next try.
     pub(super) fn unblock(&self, st: &mut VmmState) {
         for (region, page) in st.blocked_pages() {
-            let Page {
+            // Done with the mapping's first page (a mapping's pages are blocked together; a span
+            // unmapped there has left the page map).
+            let Some(&Page {
                 handle, mapping, ..
-            } = st.pages[&page];
-            // Done with the mapping's first page (a mapping's pages are blocked together).
+            }) = st.pages.get(&page)
+            else {
+                continue;
+            };
             if mapping.first != page {
                 continue;
             }

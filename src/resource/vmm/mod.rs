@@ -174,9 +174,12 @@ struct VmmState {
     device_full: bool,
     /// The block freed last, kept aside for its stream's next request of its size ([`slot`]).
     slot: Option<slot::Slot>,
-    /// The last trim after a synchronisation gave memory back: it cycles, given back and mapped
-    /// again, and new memory comes in spans if their size is auto ([`spans`]).
-    cycling: bool,
+    /// If the last trim after a synchronisation gave memory back, the most ever held (else 0):
+    /// until as much is held again, memory cycles — given back, mapped again — and new memory
+    /// comes in spans if their size is auto ([`spans`]).
+    cycle_back_to_bytes: u64,
+    /// The most physical memory ever created for (not reset with the peaks).
+    physical_max_bytes: u64,
     /// Asleep: every page given back, the addresses kept ([`sleep`]).
     asleep: Option<sleep::Asleep>,
     /// Awake: the host buffer of the last level-1 sleep, kept for the next one ([`sleep`]).

@@ -79,8 +79,11 @@ impl VmmResource {
         self.unmap_retired(&mut st);
         let before_bytes = st.physical_bytes(self.page_bytes);
         self.release_down_to(&mut st, keep_bytes, None);
-        // Memory went back at a synchronisation, to be mapped again: spans pay off ([`super::spans`]).
-        st.cycling = st.physical_bytes(self.page_bytes) < before_bytes;
+        // Memory went back at a synchronisation: until as much as ever is mapped again, new memory
+        // comes in spans ([`super::spans`]).
+        let released = st.physical_bytes(self.page_bytes) < before_bytes;
+        let most_bytes = st.physical_max_bytes.max(before_bytes);
+        st.cycle_back_to_bytes = if released { most_bytes } else { 0 };
         Ok(())
     }
 }

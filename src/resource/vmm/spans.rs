@@ -1,7 +1,8 @@
 //! Spans: one physical handle backing several adjacent pages. A growth that backs a run of a
 //! window's pages with new memory creates one handle for up to `STREAMPOOL_VMM_SPAN_SIZE` of them
 //! (auto: 32 MiB while memory cycles — the last trim at a synchronisation, under a release
-//! threshold or `empty_cache()`, gave memory back — else one page). The driver's calls cost about
+//! threshold or `empty_cache()`, gave memory back, and less than the most ever held is mapped
+//! again — else one page). The driver's calls cost about
 //! the same whatever a handle's size (on an H200, 1 GiB takes 3.1 ms to create, map, give access
 //! to, unmap and release in 32 MiB handles and 37 ms in 2 MiB ones), so a loop that gives its
 //! memory back at every synchronisation and maps it again pays per span, not per page. The price
@@ -46,7 +47,9 @@ impl VmmResource {
     pub(super) fn span_max_pages(&self, st: &VmmState) -> u64 {
         match self.span_pages {
             Some(pages) => pages,
-            None if st.cycling => (AUTO_SPAN_BYTES / self.page_bytes).max(1),
+            None if st.physical_bytes(self.page_bytes) < st.cycle_back_to_bytes => {
+                (AUTO_SPAN_BYTES / self.page_bytes).max(1)
+            }
             None => 1,
         }
     }

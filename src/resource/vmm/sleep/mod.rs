@@ -2,7 +2,8 @@
 //! reserved, and fresh pages are mapped at the same addresses under every live block later, so
 //! tensors, CUDA graphs and compiled code that hold those addresses keep working; pages no live
 //! block lies on go back as `empty_cache()` gives them back (mapped again when an allocation
-//! needs them), so only the pages under live blocks sleep. At level 1 the pages under live blocks
+//! needs them), so only the pages under live blocks sleep (with the rest of a span one lies on:
+//! [`super::spans`]). At level 1 the pages under live blocks
 //! are copied to one page-locked host buffer first and copied back at wake ([`wake`]) — but for
 //! blocks allocated under a tag the caller discards ([`crate::tag`]); at level 2 their contents
 //! are discarded. The copies are queued on the legacy default stream (so that they also wait for

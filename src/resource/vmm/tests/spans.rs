@@ -132,3 +132,72 @@ fn by_default_spans_back_new_memory_only_while_memory_cycles() {
         r.free(p, pages * PAGE, S1);
     }
 }
+
+/// A span that could neither get access nor be unmapped stays blocked; the next look that can
+/// unmap it puts it back whole (found by review: the look read the span's other pages after they
+/// had left the page map, and panicked).
+#[test]
+fn a_blocked_span_is_unmapped_whole_at_the_next_look() {
+    let r = rig_spans(8);
+    r.sim.inject_fault(SimFault::SetAccess, 2);
+    r.sim.inject_fault(SimFault::MemUnmap, 1);
+    assert!(r.vmm.allocate(4 * PAGE, S1).is_err());
+    assert_eq!(r.physical(), 4 * PAGE, "blocked, still mapped");
+    r.vmm.trim(0).unwrap(); // access fails again, the unmap works: released
+    assert_eq!(r.physical(), 0);
+    let a = r.alloc(4 * PAGE, S1);
+    r.free(a, 4 * PAGE, S1);
+}
+
+/// While a capture is known nothing is unmapped, not even an idle span a growth could use
+/// (found by review).
+#[test]
+fn during_a_capture_a_growth_gives_no_span_back() {
+    let r = rig_spans(8);
+    r.stop_clock();
+    let a = r.alloc(4 * PAGE, S1);
+    let live = r.alloc(PAGE, S2);
+    r.free(a, 4 * PAGE, S1);
+    r.sim.complete_all();
+    r.sim.advance_clock_ms(60_000); // a's span is cold
+    let capturing = Stream(9);
+    r.sim.begin_capture(0, capturing);
+    CaptureNotice::capture_started(&*r.vmm, capturing);
+    let (unmaps, releases) = (r.sim.calls("cuMemUnmap"), r.sim.calls("cuMemRelease"));
+    let b = r.alloc(6 * PAGE, S1);
+    assert_eq!(
+        (r.sim.calls("cuMemUnmap"), r.sim.calls("cuMemRelease")),
+        (unmaps, releases)
+    );
+    r.sim.end_capture(0, capturing);
+    r.free(b, 6 * PAGE, S1);
+    r.free(live, PAGE, S2);
+}
+
+/// After the device refuses a create, the growth reads the device's free memory again and
+/// creates no more than that (found by review: after a refused span the growth went on trying a
+/// span and a page for every page).
+#[test]
+fn after_the_device_refuses_a_span_the_growth_creates_only_what_is_free() {
+    let spec = VmmSpec {
+        headroom_bytes: 2 * PAGE,
+        growth_slack_percent: None,
+        span_max_bytes: Some(8 * PAGE),
+        ..spec(Settings::default(), 64 * PAGE)
+    };
+    let r = rig_spec(1, 64 * PAGE, spec);
+    r.stop_clock();
+    let a = r.alloc(PAGE, S1);
+    // Another user takes memory the resource's estimate does not know of: 7 pages stay free.
+    let foreign = r.sim.mem_create(0, 56 * PAGE).unwrap();
+    let before = r.sim.calls("cuMemCreate");
+    assert!(r.vmm.allocate(8 * PAGE, S1).is_err());
+    assert_eq!(
+        r.sim.calls("cuMemCreate") - before,
+        2,
+        "a refused span, then one of the 5 pages free beyond the headroom"
+    );
+    assert_eq!(r.physical(), 57 * PAGE, "that span released again");
+    r.free(a, PAGE, S1);
+    r.sim.mem_release(0, foreign).unwrap();
+}
