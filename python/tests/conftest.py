@@ -33,6 +33,7 @@ _KEPT = (
     "STREAMPOOL_LIBRARY",
     "STREAMPOOL_TEST_INSTALLED",
     "STREAMPOOL_TEST_BACKEND",
+    "STREAMPOOL_TEST_SETTINGS",
     "STREAMPOOL_TEST_PARITY_RESULTS",
 )
 for _name in [n for n in os.environ if n.startswith("STREAMPOOL_") and n not in _KEPT]:

@@ -10,7 +10,7 @@ import math
 import os
 import subprocess
 import sys
-from typing import Optional
+from typing import Dict, Optional
 
 import pytest
 from helpers import GiB, describe, python_env, run_python
@@ -37,11 +37,25 @@ pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"GPU tests need PyT
 TEST_BACKEND = os.environ.get("STREAMPOOL_TEST_BACKEND")
 
 
+def _test_settings(text: str) -> Dict[str, str]:
+    """STREAMPOOL_TEST_SETTINGS ("STREAMPOOL_VAR=VALUE,..."): settings every GPU case runs with
+    (conftest removes STREAMPOOL_* variables from this process, so they travel under this name)."""
+    settings = dict(item.partition("=")[::2] for item in text.split(",") if item)
+    bad = [name for name, value in settings.items() if not name.startswith("STREAMPOOL_") or not value]
+    if bad:
+        raise RuntimeError(f"STREAMPOOL_TEST_SETTINGS={text!r}: expected STREAMPOOL_VAR=VALUE[,...]")
+    return settings
+
+
+TEST_SETTINGS = _test_settings(os.environ.get("STREAMPOOL_TEST_SETTINGS", ""))
+
+
 def gpu_env(backend: Optional[str] = None):
     """The real CUDA driver (no STREAMPOOL_DRIVER=sim), the backend under test, and deterministic
     cuBLAS for training."""
     env = {name: None for name in os.environ if name.startswith("STREAMPOOL_") and name != "STREAMPOOL_LIBRARY"}
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    env.update(TEST_SETTINGS)
     backend = backend or TEST_BACKEND
     if backend:
         env["STREAMPOOL_BACKEND"] = backend

@@ -2,13 +2,14 @@
 //! window's pages with new memory creates one handle for up to `STREAMPOOL_VMM_SPAN_SIZE` of them
 //! (auto: 32 MiB while memory cycles — the last trim at a synchronisation, under a release
 //! threshold or `empty_cache()`, gave memory back, and less than the most ever held is mapped
-//! again — else one page). The driver's calls cost about
-//! the same whatever a handle's size (on an H200, 1 GiB takes 3.1 ms to create, map, give access
-//! to, unmap and release in 32 MiB handles and 37 ms in 2 MiB ones), so a loop that gives its
-//! memory back at every synchronisation and maps it again pays per span, not per page. The price
-//! is memory: a span cannot move page by page to fill another block's window, so where pages
-//! otherwise stay mapped and move to where they are needed, spans hold more (GPT-2 replayed:
-//! peak 1.18x live with 32 MiB spans, 1.01x without).
+//! again — else one page). The driver's calls cost about the same whatever a handle's size (on
+//! an H200, 1 GiB takes 3.1 ms to create, map, give access to, unmap and release in 32 MiB
+//! handles and 37 ms in 2 MiB ones), so a loop that gives its memory back at every
+//! synchronisation and maps it again pays per span, not per page (GPT-2 under a 1 GiB threshold
+//! on an H200: 170 ms a step instead of 375). The price is memory: a span cannot move page by
+//! page to fill another block's window, so where pages otherwise stay mapped and move to where
+//! they are needed, spans hold more (GPT-2 replayed: peak 1.18x live with 32 MiB spans always
+//! on, 1.01x without).
 //!
 //! Invariants: a span is one mapping — its pages are mapped, given access, unmapped and released
 //! together (the driver cannot unmap part of a mapping), and go back only when every one of them
