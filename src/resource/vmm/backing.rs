@@ -216,7 +216,7 @@ impl VmmResource {
             // Nothing is cold before the clock has run for `cold_after_ms`.
             let cold_before_ms = now_ms.checked_sub(self.cold_after_ms);
             let cold = |p: &u64| cold_before_ms.is_some_and(|b| st.pages[p].last_used_ms <= b);
-            let idle = super::mapping::idle_pages(st, keep);
+            let idle = st.idle_pages(keep);
             let idle_spans: HashSet<u64> = (idle.iter().copied())
                 .filter(|p| st.pages[p].mapping.is_span())
                 .collect();

@@ -253,7 +253,7 @@ impl VmmResource {
         if st.physical_bytes(self.page_bytes) <= keep_bytes {
             return;
         }
-        let mut idle = idle_pages(st, (0, 0));
+        let mut idle = st.idle_pages((0, 0));
         // A page whose handle is still mapped at a retiring page is not released before that
         // unmap (its memory would stay in use, uncounted).
         idle.retain(|p| !Self::retiring_handle(st, st.pages[p].handle));
@@ -295,12 +295,4 @@ impl VmmResource {
             self.release_handle(st, p.handle, mapping.pages);
         }
     }
-}
-
-/// Idle pages of both regions (the large blocks' smallest holes first, then the carriers'
-/// region's), none inside `[keep.0, keep.1)`.
-pub(super) fn idle_pages(st: &VmmState, keep: (u64, u64)) -> Vec<u64> {
-    let mut pages = st.large.idle_pages(keep.0, keep.1);
-    pages.extend(st.carriers.idle_pages(keep.0, keep.1));
-    pages
 }

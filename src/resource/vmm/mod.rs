@@ -199,6 +199,14 @@ impl VmmState {
         }
     }
 
+    /// Idle pages of both regions (the large blocks' smallest holes first, then the carriers'
+    /// region's), none inside `[keep.0, keep.1)`.
+    fn idle_pages(&self, keep: (u64, u64)) -> Vec<u64> {
+        let mut pages = self.large.idle_pages(keep.0, keep.1);
+        pages.extend(self.carriers.idle_pages(keep.0, keep.1));
+        pages
+    }
+
     /// Pages blocked (mapped without access) in either region.
     fn blocked_pages(&self) -> Vec<(Region, u64)> {
         let large = self.large.blocked_pages().into_iter();
