@@ -8,7 +8,7 @@ median per step of: the wall time (the device synchronised at the end of each ro
 process's CPU time (every thread: autograd's backward runs on a thread of its own), the GPU time
 between CUDA events, and the allocations PyTorch counted. For churn, the same steps again with
 allocations only (``torch.empty`` without ``fill_``, the same window of live tensors): what the
-allocator alone costs. A step whose wall time exceeds its GPU time waits on the CPU. With the
+allocator alone costs. ``STEPS_SYNC=1`` ends every step with ``torch.cuda.synchronize()``. A step whose wall time exceeds its GPU time waits on the CPU. With the
 call-counting library (STREAMPOOL_LIBRARY pointing at a build with ``--features call-counts``) the
 driver calls per process follow at exit.
 
@@ -40,6 +40,15 @@ def allocations(torch) -> float:
 
 
 def measure(torch, config: str, workload: str, name: str, body, schedule) -> None:
+    if os.environ.get("STEPS_SYNC") == "1":
+        # Each step ends with torch.cuda.synchronize(), as the benchmark's timed steps do: where
+        # a release threshold applies at a synchronisation, it applies every step.
+        unsynced = body
+
+        def body(params) -> None:
+            unsynced(params)
+            torch.cuda.synchronize()
+
     for params in schedule.steps[: schedule.warmup]:
         body(params)
     torch.cuda.synchronize()

@@ -61,34 +61,64 @@ fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
     })
 }
 
-/// A diagnostic build's count of every driver call by name (`--features call-counts`), printed
-/// to standard error at exit: which calls an allocation path makes on a real GPU.
+/// The driver call `f` makes, checked as [`check`] does; a diagnostic build
+/// (`--features call-counts`) also adds the call's wall time to its name's total.
+#[inline(always)]
+fn timed(call: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
+    #[cfg(feature = "call-counts")]
+    let start = std::time::Instant::now();
+    let result = f();
+    #[cfg(feature = "call-counts")]
+    call_counts::add_time(call, start.elapsed());
+    check(call, result)
+}
+
+/// A diagnostic build's count of every driver call by name (`--features call-counts`), and the
+/// wall time of those made through [`timed`], printed to standard error at exit: which calls an
+/// allocation path makes on a real GPU, and what they cost there under the program's load.
 #[cfg(feature = "call-counts")]
 mod call_counts {
     use std::collections::HashMap;
     use std::sync::Mutex;
+    use std::time::Duration;
 
-    static COUNTS: Mutex<Option<HashMap<&'static str, u64>>> = Mutex::new(None);
+    /// Per call: (calls, timed calls, their total wall time).
+    type Counts = HashMap<&'static str, (u64, u64, Duration)>;
+    static COUNTS: Mutex<Option<Counts>> = Mutex::new(None);
 
     extern "C" fn print() {
         let Ok(counts) = COUNTS.lock() else { return };
         let mut rows: Vec<_> = counts.iter().flatten().collect();
-        rows.sort_by_key(|(_, n)| std::cmp::Reverse(**n));
-        for (call, n) in rows {
-            eprintln!("CALLS {call} {n}");
+        rows.sort_by_key(|(_, (n, _, _))| std::cmp::Reverse(*n));
+        for (call, (n, timed, total)) in rows {
+            match timed {
+                0 => eprintln!("CALLS {call} {n}"),
+                _ => eprintln!("CALLS {call} {n} total_us {}", total.as_micros()),
+            }
         }
     }
 
-    pub(super) fn count(call: &'static str) {
+    fn with(f: impl FnOnce(&mut Counts)) {
         let Ok(mut counts) = COUNTS.lock() else {
             return;
         };
-        let counts = counts.get_or_insert_with(|| {
+        f(counts.get_or_insert_with(|| {
             // SAFETY: `print` is an extern "C" fn with no arguments, as atexit wants.
             unsafe { libc::atexit(print) };
             HashMap::new()
+        }));
+    }
+
+    pub(super) fn count(call: &'static str) {
+        with(|counts| counts.entry(call).or_default().0 += 1);
+    }
+
+    pub(super) fn add_time(call: &'static str, spent: Duration) {
+        with(|counts| {
+            let entry = counts.entry(call).or_default();
+            entry.1 += 1;
+            entry.2 += spent;
         });
-        *counts.entry(call).or_default() += 1;
     }
 }
 
@@ -227,7 +257,7 @@ impl DeviceDriver for CudaDriver {
         let _scope = self.enter(device)?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; the device's context is current.
-        check("cuMemGetInfo", unsafe {
+        timed("cuMemGetInfo", || unsafe {
             sys::cuMemGetInfo_v2(&mut free, &mut total)
         })?;
         Ok(MemInfo {
@@ -241,7 +271,7 @@ impl DeviceDriver for CudaDriver {
         // Relaxed: a capture in global mode on another device (or thread) is left alone.
         relaxed(|| {
             // SAFETY: the device's context is current.
-            check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+            timed("cuCtxSynchronize", || unsafe { sys::cuCtxSynchronize() })
         })
     }
 }
@@ -370,7 +400,7 @@ impl PoolDriver for CudaDriver {
     fn pool_trim(&self, device: usize, pool: PoolHandle, keep_bytes: u64) -> Result<()> {
         let _scope = self.enter(device)?;
         // SAFETY: a valid pool handle.
-        check("cuMemPoolTrimTo", unsafe {
+        timed("cuMemPoolTrimTo", || unsafe {
             sys::cuMemPoolTrimTo(pool_ptr(pool), keep_bytes.min(usize::MAX as u64) as usize)
         })
     }
@@ -384,14 +414,10 @@ impl PoolDriver for CudaDriver {
     ) -> Result<DevicePtr> {
         let _scope = self.enter(device)?;
         let mut ptr: sys::CUdeviceptr = 0;
+        let bytes = usize::try_from(bytes).map_err(|_| too_large(bytes))?;
         // SAFETY: valid out-pointer, pool and stream handles from the caller.
-        check("cuMemAllocFromPoolAsync", unsafe {
-            sys::cuMemAllocFromPoolAsync(
-                &mut ptr,
-                usize::try_from(bytes).map_err(|_| too_large(bytes))?,
-                pool_ptr(pool),
-                stream_ptr(stream),
-            )
+        timed("cuMemAllocFromPoolAsync", || unsafe {
+            sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool_ptr(pool), stream_ptr(stream))
         })?;
         Ok(DevicePtr(ptr))
     }
@@ -399,7 +425,7 @@ impl PoolDriver for CudaDriver {
     fn free_async(&self, device: usize, ptr: DevicePtr, stream: Stream) -> Result<()> {
         let freed = self.enter(device).and_then(|_scope| {
             // SAFETY: `ptr` came from this driver's allocation on `device` and is freed once.
-            check("cuMemFreeAsync", unsafe {
+            timed("cuMemFreeAsync", || unsafe {
                 sys::cuMemFreeAsync(ptr.0, stream_ptr(stream))
             })
         });

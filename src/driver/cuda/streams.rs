@@ -5,7 +5,7 @@
 //! capturing a graph runs in relaxed capture mode (see `relaxed`), so it cannot invalidate that
 //! capture.
 
-use super::{check, event_ptr, relaxed, stream_ptr, too_large, CudaDriver};
+use super::{check, event_ptr, relaxed, stream_ptr, timed, too_large, CudaDriver};
 use crate::driver::{DevicePtr, EventHandle, Stream, StreamDriver};
 use crate::error::Result;
 use cudarc::driver::sys;
@@ -15,7 +15,7 @@ impl StreamDriver for CudaDriver {
         let _scope = self.enter(device)?;
         relaxed(|| {
             // SAFETY: `stream` is a stream of `device` handed to us by the caller of malloc.
-            check("cuStreamSynchronize", unsafe {
+            timed("cuStreamSynchronize", || unsafe {
                 sys::cuStreamSynchronize(stream_ptr(stream))
             })
         })
@@ -38,7 +38,7 @@ impl StreamDriver for CudaDriver {
         let _scope = self.enter(device)?;
         relaxed(|| {
             // SAFETY: an event created by event_create on this device.
-            check("cuEventRecord", unsafe {
+            timed("cuEventRecord", || unsafe {
                 sys::cuEventRecord(event_ptr(event), stream_ptr(stream))
             })
         })

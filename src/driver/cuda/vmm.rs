@@ -7,7 +7,7 @@
 //! device supports GPUDirect RDMA with virtual memory (as PyTorch's expandable segments and NCCL
 //! ask), so that NCCL or a network stack can register tensors from it.
 
-use super::{check, relaxed, stream_ptr, too_large, CudaDriver};
+use super::{relaxed, stream_ptr, timed, too_large, CudaDriver};
 use crate::driver::{DevicePtr, HostBuffer, MemHandle, Stream, VmmDriver};
 use crate::error::Result;
 use cudarc::driver::sys;
@@ -69,7 +69,7 @@ impl VmmDriver for CudaDriver {
         let prop = allocation_prop(device, false, false);
         let mut granularity: usize = 0;
         // SAFETY: valid out-pointer and a fully initialised property struct.
-        check("cuMemGetAllocationGranularity", unsafe {
+        timed("cuMemGetAllocationGranularity", || unsafe {
             sys::cuMemGetAllocationGranularity(
                 &mut granularity,
                 &prop,
@@ -87,7 +87,7 @@ impl VmmDriver for CudaDriver {
         let bytes = size_t(bytes)?;
         relaxed(|| {
             // SAFETY: valid out-pointer; address 0 lets the driver choose where.
-            check("cuMemAddressReserve", unsafe {
+            timed("cuMemAddressReserve", || unsafe {
                 sys::cuMemAddressReserve(&mut base, bytes, alignment, 0, 0)
             })
         })?;
@@ -99,7 +99,7 @@ impl VmmDriver for CudaDriver {
         let bytes = size_t(bytes)?;
         relaxed(|| {
             // SAFETY: a whole reservation made by address_reserve, with nothing mapped in it.
-            check("cuMemAddressFree", unsafe {
+            timed("cuMemAddressFree", || unsafe {
                 sys::cuMemAddressFree(base.0, bytes)
             })
         })
@@ -113,7 +113,7 @@ impl VmmDriver for CudaDriver {
         let _scope = self.enter(device)?;
         relaxed(|| {
             // SAFETY: a handle from mem_create (or an import) that is no longer mapped anywhere.
-            check("cuMemRelease", unsafe {
+            timed("cuMemRelease", || unsafe {
                 sys::cuMemRelease(handle.raw() as sys::CUmemGenericAllocationHandle)
             })
         })
@@ -125,7 +125,7 @@ impl VmmDriver for CudaDriver {
         relaxed(|| {
             // SAFETY: `[at, at + bytes)` lies in a reservation and is unmapped; the handle is
             // `bytes` long, mapped from its start (offset 0).
-            check("cuMemMap", unsafe {
+            timed("cuMemMap", || unsafe {
                 sys::cuMemMap(
                     at.0,
                     bytes,
@@ -142,7 +142,7 @@ impl VmmDriver for CudaDriver {
         let bytes = size_t(bytes)?;
         relaxed(|| {
             // SAFETY: whole mappings that no work still uses (the caller's invariant).
-            check("cuMemUnmap", unsafe { sys::cuMemUnmap(at.0, bytes) })
+            timed("cuMemUnmap", || unsafe { sys::cuMemUnmap(at.0, bytes) })
         })
     }
 
@@ -164,7 +164,7 @@ impl VmmDriver for CudaDriver {
         let bytes = size_t(bytes)?;
         relaxed(|| {
             // SAFETY: `descs` holds `descs.len()` initialised descriptors; the range is mapped.
-            check("cuMemSetAccess", unsafe {
+            timed("cuMemSetAccess", || unsafe {
                 sys::cuMemSetAccess(at.0, bytes, descs.as_ptr(), descs.len())
             })
         })
@@ -186,7 +186,7 @@ impl VmmDriver for CudaDriver {
         let _scope = self.enter(device)?;
         let mut fd: i32 = -1;
         // SAFETY: for POSIX_FD the out-pointer is an int; the handle was created exportable.
-        check("cuMemExportToShareableHandle", unsafe {
+        timed("cuMemExportToShareableHandle", || unsafe {
             sys::cuMemExportToShareableHandle(
                 &mut fd as *mut i32 as *mut _,
                 handle.raw() as sys::CUmemGenericAllocationHandle,
@@ -201,7 +201,7 @@ impl VmmDriver for CudaDriver {
         let _scope = self.enter(device)?;
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: for POSIX_FD the handle argument is the descriptor itself, cast to a pointer.
-        check("cuMemImportFromShareableHandle", unsafe {
+        timed("cuMemImportFromShareableHandle", || unsafe {
             sys::cuMemImportFromShareableHandle(&mut handle, fd as isize as *mut _, POSIX_FD)
         })?;
         Ok(MemHandle::from_raw(handle as usize))
@@ -236,7 +236,7 @@ impl VmmDriver for CudaDriver {
         // SAFETY: `[at, at + bytes)` lies in the caller's page-locked host buffer and
         // `[src, src + bytes)` is mapped device memory with access; both stay as they are until
         // the stream's work completes (the caller's).
-        check("cuMemcpyDtoHAsync", unsafe {
+        timed("cuMemcpyDtoHAsync", || unsafe {
             sys::cuMemcpyDtoHAsync_v2(
                 at as *mut std::ffi::c_void,
                 src.0,
@@ -261,7 +261,7 @@ impl VmmDriver for CudaDriver {
             .ok_or_else(|| too_large(src_offset))?;
         let bytes = size_t(bytes)?;
         // SAFETY: as copy_to_host, the other way.
-        check("cuMemcpyHtoDAsync", unsafe {
+        timed("cuMemcpyHtoDAsync", || unsafe {
             sys::cuMemcpyHtoDAsync_v2(
                 dst.0,
                 at as *const std::ffi::c_void,
@@ -281,7 +281,7 @@ impl CudaDriver {
         let bytes = size_t(bytes)?;
         relaxed(|| {
             // SAFETY: valid out-pointer; `bytes` is a multiple of the granularity (the caller's).
-            check("cuMemCreate", unsafe {
+            timed("cuMemCreate", || unsafe {
                 sys::cuMemCreate(&mut handle, bytes, &prop, 0)
             })
         })?;
