@@ -238,9 +238,9 @@ def _share_pages(ptr: int, device: int, stream: Optional[int], keep: Any, nbytes
     """:func:`share_block` for a block of the vmm backend: one descriptor per page."""
     pages = _lib.StreampoolIpcPages()
     # Pages are at least 1 MiB (the device's granule is 2 MiB); a span (one handle for several
-    # pages, 32 MiB by default) may add pages before and after the block (-1 entries). Too little
-    # room is an error naming the room needed (nothing made, nothing left open): asked again.
-    room = nbytes // (1 << 20) + 3 + 2 * 32
+    # pages, up to 256 MiB by default) may add pages before and after the block (-1 entries). Too
+    # little room is an error naming the room needed (nothing made, nothing left open): asked again.
+    room = nbytes // (1 << 20) + 3 + 2 * 256
     for _ in range(2):
         fds = (ctypes.c_int * room)()
         status = _lib.library().streampool_ipc_export_pages(ptr, device, stream, ctypes.byref(pages), fds, room)

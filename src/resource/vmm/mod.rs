@@ -321,6 +321,9 @@ impl VmmResource {
                     .into(),
             });
         }
+        if let Some(start) = self.place_ahead(st, bytes, stream) {
+            return Ok(start);
+        }
         let window = self.large_window(st, bytes, stream)?;
         self.map_window(st, Region::Large, &window, bytes, stream)?;
         st.large.take(window.start, bytes);

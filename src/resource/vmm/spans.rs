@@ -1,24 +1,28 @@
 //! Spans: one physical handle backing several adjacent pages. A growth that backs a run of a
 //! window's pages with new memory creates one handle for up to `STREAMPOOL_VMM_SPAN_SIZE` of them
-//! (auto: 32 MiB while memory cycles — the last trim at a synchronisation, under a release
+//! (auto: 256 MiB while memory cycles — the last trim at a synchronisation, under a release
 //! threshold or `empty_cache()`, gave memory back, and less than the most ever held is mapped
-//! again — else one page). The driver's calls cost about the same whatever a handle's size (on
-//! an H200, 1 GiB takes 3.1 ms to create, map, give access to, unmap and release in 32 MiB
-//! handles and 37 ms in 2 MiB ones), so a loop that gives its memory back at every
-//! synchronisation and maps it again pays per span, not per page (GPT-2 under a 1 GiB threshold
-//! on an H200: 170 ms a step instead of 375). The price is memory: a span cannot move page by
-//! page to fill another block's window, so where pages otherwise stay mapped and move to where
-//! they are needed, spans hold more (GPT-2 replayed: peak 1.18x live with 32 MiB spans always
-//! on, 1.01x without).
+//! again — else one page). While memory cycles, a large block's growth also maps free memory
+//! after the block, up to a span in all and never beyond the most held before, so that the
+//! blocks that follow fit there: a step's memory comes back in a few spans, not a handle per
+//! block, as a CUDA pool grows. The driver's calls cost per handle, hardly per byte (on an
+//! H200, 1 GiB takes 3.1 ms to create, map, give access to, unmap and release in 32 MiB handles
+//! and 37 ms in 2 MiB ones), so a loop that gives its memory back at every synchronisation and
+//! maps it again pays per span (GPT-2 under a 1 GiB threshold on an H200, a synchronisation a
+//! step: 98 ms a step with 32 MiB spans and a handle per block, 344 with a page a handle,
+//! native 49). The price is memory: a span cannot move page by page to fill another block's
+//! window, so where pages otherwise stay mapped and move to where they are needed, spans hold
+//! more (GPT-2 replayed: peak 1.18x live with 32 MiB spans always on, 1.01x without).
 //!
 //! Invariants: a span is one mapping — its pages are mapped, given access, unmapped and released
 //! together (the driver cannot unmap part of a mapping), and go back only when every one of them
 //! is idle; a span's handle is never moved to another address, lent, or kept as a spare for a
 //! single page; one the driver would not release is kept aside (counted as reserved) and
-//! released at the next try, never mapped again.
+//! released at the next try, never mapped again; memory mapped ahead of a block never takes
+//! what is held past the most held before the trim.
 
-use super::{Page, VmmResource, VmmState};
-use crate::driver::{DevicePtr, MemHandle};
+use super::{Page, Region, VmmResource, VmmState};
+use crate::driver::{DevicePtr, MemHandle, Stream};
 use crate::error::Result;
 
 /// The mapping a page lies in: its first page and how many pages it has (1: the page alone).
@@ -41,9 +45,33 @@ impl Mapping {
 
 /// Auto (`STREAMPOOL_VMM_SPAN_SIZE` unset): the most memory one new handle backs while memory
 /// cycles.
-const AUTO_SPAN_BYTES: u64 = 32 << 20;
+const AUTO_SPAN_BYTES: u64 = 256 << 20;
 
 impl VmmResource {
+    /// While memory cycles, a large block whose growth would map new memory is placed with free
+    /// memory after it, mapped in the same span, so that the blocks that follow fit there (a CUDA
+    /// pool grows the same way): up to a span in all, never beyond the most held before the trim.
+    /// `None` when memory does not cycle, or where the span does not fit (the device, the limit,
+    /// the pool cap): then the block alone is mapped.
+    pub(super) fn place_ahead(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Option<u64> {
+        let held_bytes = st.physical_bytes(self.page_bytes);
+        if held_bytes >= st.cycle_back_to_bytes {
+            return None;
+        }
+        let span_bytes = self.span_max_pages(st).saturating_mul(self.page_bytes);
+        let room_bytes = (st.cycle_back_to_bytes - held_bytes).saturating_sub(bytes);
+        let ahead_bytes = span_bytes.saturating_sub(bytes).min(room_bytes);
+        let ahead_bytes = ahead_bytes / self.page_bytes * self.page_bytes;
+        if ahead_bytes == 0 {
+            return None;
+        }
+        let mapped_bytes = bytes + ahead_bytes;
+        let window = self.large_window(st, mapped_bytes, stream).ok()?;
+        (self.map_window(st, Region::Large, &window, mapped_bytes, stream)).ok()?;
+        st.large.take(window.start, bytes);
+        Some(window.start)
+    }
+
     /// The most pages one new handle backs now.
     pub(super) fn span_max_pages(&self, st: &VmmState) -> u64 {
         match self.span_pages {

@@ -201,3 +201,59 @@ fn after_the_device_refuses_a_span_the_growth_creates_only_what_is_free() {
     r.free(a, PAGE, S1);
     r.sim.mem_release(0, foreign).unwrap();
 }
+
+/// While memory cycles, a large block's growth maps a whole span: the block and free memory
+/// after it, never beyond the most held before the trim; the blocks that follow fit there, with
+/// no driver call.
+#[test]
+fn while_memory_cycles_a_growth_maps_ahead_for_the_blocks_that_follow() {
+    let r = rig();
+    let first: Vec<_> = (0..4).map(|_| r.alloc(3 * PAGE, S1)).collect();
+    for p in first {
+        r.free(p, 3 * PAGE, S1);
+    }
+    r.sim.complete_all();
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), 0, "given back at the synchronisation");
+    let (creates, maps) = (r.sim.calls("cuMemCreate"), r.sim.calls("cuMemMap"));
+    let again: Vec<_> = (0..4).map(|_| r.alloc(3 * PAGE, S1)).collect();
+    assert_eq!(
+        (
+            r.sim.calls("cuMemCreate") - creates,
+            r.sim.calls("cuMemMap") - maps
+        ),
+        (1, 1),
+        "one span for the four blocks"
+    );
+    assert_eq!(r.physical(), 12 * PAGE, "no more than was held before");
+    for p in again {
+        r.sim.touch(0, 0, p, 3 * PAGE, S1).unwrap();
+        r.free(p, 3 * PAGE, S1);
+    }
+}
+
+/// Where the device has no room for the span ahead, the block alone is mapped.
+#[test]
+fn while_memory_cycles_a_growth_without_room_ahead_maps_its_block_alone() {
+    let spec = VmmSpec {
+        headroom_bytes: 0,
+        growth_slack_percent: None,
+        ..spec(Settings::default(), 64 * PAGE)
+    };
+    let r = rig_spec(1, 64 * PAGE, spec);
+    let a = r.alloc(32 * PAGE, S1);
+    r.free(a, 32 * PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.trim(0).unwrap();
+    // Another user takes all but 4 pages.
+    let foreign = r.sim.mem_create(0, 60 * PAGE).unwrap();
+    let b = r.alloc(4 * PAGE, S1);
+    r.sim.touch(0, 0, b, 4 * PAGE, S1).unwrap();
+    assert_eq!(
+        r.physical(),
+        64 * PAGE,
+        "the block's 4 pages and the other user's 60"
+    );
+    r.free(b, 4 * PAGE, S1);
+    r.sim.mem_release(0, foreign).unwrap();
+}
