@@ -50,8 +50,9 @@ impl DriverCounts {
 
 impl VmmResource {
     /// Backs the window's unmapped pages (see the module's order) and gives the device and its
-    /// peers access. On failure every page of the window is left unmapped and every handle taken
-    /// is kept as a spare.
+    /// peers access; no handle backs pages on both sides of `split_at` (a page start), if given.
+    /// On failure every page of the window is left unmapped and every handle taken is kept as a
+    /// spare.
     pub(super) fn map_window(
         &self,
         st: &mut VmmState,
@@ -59,15 +60,18 @@ impl VmmResource {
         window: &Window,
         bytes: u64,
         stream: Stream,
+        split_at: Option<u64>,
     ) -> Result<()> {
+        let map =
+            |st: &mut VmmState| self.map_window_now(st, region, window, bytes, stream, split_at);
         if !st.captures.any_known() {
-            return self.map_window_now(st, region, window, bytes, stream);
+            return map(st);
         }
         // While a graph is captured (in global mode, maybe on another thread), mapping calls
         // are allowed only in relaxed mode, as PyTorch makes its cudaMalloc for graph pools.
         let mut outcome = Ok(());
         let relaxed = self.driver.relaxed_capture(&mut || {
-            outcome = self.map_window_now(st, region, window, bytes, stream);
+            outcome = map(st);
             Ok(())
         });
         relaxed.and(outcome)
@@ -81,6 +85,7 @@ impl VmmResource {
         window: &Window,
         bytes: u64,
         stream: Stream,
+        split_at: Option<u64>,
     ) -> Result<()> {
         let now_ms = self.driver.now_ms();
         let mut growth = Growth::new((window.start, window.start + bytes), stream);
@@ -91,7 +96,8 @@ impl VmmResource {
             // How many adjacent pages of the window start at each one (a span may back them).
             let mut run = vec![1u64; pages.len()];
             for i in (0..pages.len().saturating_sub(1)).rev() {
-                if pages[i + 1] == pages[i] + self.page_bytes {
+                let next = pages[i + 1];
+                if next == pages[i] + self.page_bytes && Some(next) != split_at {
                     run[i] = run[i + 1] + 1;
                 }
             }

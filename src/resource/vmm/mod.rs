@@ -325,7 +325,7 @@ impl VmmResource {
             return Ok(start);
         }
         let window = self.large_window(st, bytes, stream)?;
-        self.map_window(st, Region::Large, &window, bytes, stream)?;
+        self.map_window(st, Region::Large, &window, bytes, stream, None)?;
         st.large.take(window.start, bytes);
         Ok(window.start)
     }

@@ -92,7 +92,7 @@ impl VmmResource {
                     })?
             }
         };
-        self.map_window(st, Region::Carriers, &window, page_bytes, stream)?;
+        self.map_window(st, Region::Carriers, &window, page_bytes, stream, None)?;
         Ok((window.start, st.carriers.take(window.start, page_bytes)))
     }
 

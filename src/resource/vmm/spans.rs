@@ -3,9 +3,9 @@
 //! (auto: 256 MiB while memory cycles — the last trim at a synchronisation, under a release
 //! threshold or `empty_cache()`, gave memory back, and less than the most ever held is mapped
 //! again — else one page). While memory cycles, a large block's growth also maps free memory
-//! after the block, up to a span in all and never beyond the most held before, so that the
-//! blocks that follow fit there: a step's memory comes back in a few spans, not a handle per
-//! block, as a CUDA pool grows. The driver's calls cost per handle, hardly per byte (on an
+//! after the block, in a handle of its own, up to a span in all, never beyond the most held
+//! before nor past the growth slack, so that the blocks that follow fit there: a step's memory
+//! comes back in a few handles, not one a block, as a CUDA pool grows. The driver's calls cost per handle, hardly per byte (on an
 //! H200, 1 GiB takes 3.1 ms to create, map, give access to, unmap and release in 32 MiB handles
 //! and 37 ms in 2 MiB ones), so a loop that gives its memory back at every synchronisation and
 //! maps it again pays per span (GPT-2 under a 1 GiB threshold on an H200, a synchronisation a
@@ -49,25 +49,58 @@ const AUTO_SPAN_BYTES: u64 = 256 << 20;
 
 impl VmmResource {
     /// While memory cycles, a large block whose growth would map new memory is placed with free
-    /// memory after it, mapped in the same span, so that the blocks that follow fit there (a CUDA
-    /// pool grows the same way): up to a span in all, never beyond the most held before the trim.
-    /// `None` when memory does not cycle, or where the span does not fit (the device, the limit,
-    /// the pool cap): then the block alone is mapped.
+    /// memory after it, so that the blocks that follow fit there (a CUDA pool grows the same
+    /// way): up to a span in all, in a handle of its own (the block's live pages do not hold it
+    /// past a trim), never beyond the most held before the trim, and only as much as new handles
+    /// can back within the budget and the growth slack (nothing moved, lent or given back for
+    /// it), in memory `stream` may use without a wait. `None` when memory does not cycle or the
+    /// span ahead does not fit: then the block alone is mapped.
     pub(super) fn place_ahead(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Option<u64> {
-        let held_bytes = st.physical_bytes(self.page_bytes);
+        let page = self.page_bytes;
+        let held_bytes = st.physical_bytes(page);
         if held_bytes >= st.cycle_back_to_bytes {
             return None;
         }
-        let span_bytes = self.span_max_pages(st).saturating_mul(self.page_bytes);
-        let room_bytes = (st.cycle_back_to_bytes - held_bytes).saturating_sub(bytes);
-        let ahead_bytes = span_bytes.saturating_sub(bytes).min(room_bytes);
-        let ahead_bytes = ahead_bytes / self.page_bytes * self.page_bytes;
-        if ahead_bytes == 0 {
+        let block_pages = bytes.div_ceil(page);
+        let mut room_bytes = st.cycle_back_to_bytes - held_bytes;
+        if let Some(percent) = self.growth_slack_percent {
+            let most_bytes = st.used_max_bytes.max(st.used_bytes.saturating_add(bytes));
+            let slack_bytes = most_bytes.saturating_mul(percent.min(1000)) / 100;
+            let allowed_bytes = most_bytes.saturating_add(slack_bytes);
+            room_bytes = room_bytes.min(allowed_bytes.saturating_sub(held_bytes));
+        }
+        let span_bytes = self.span_max_pages(st).saturating_mul(page);
+        let ahead_pages = (span_bytes.min(room_bytes) / page).saturating_sub(block_pages);
+        if ahead_pages == 0 {
             return None;
         }
-        let mapped_bytes = bytes + ahead_bytes;
-        let window = self.large_window(st, mapped_bytes, stream).ok()?;
-        (self.map_window(st, Region::Large, &window, mapped_bytes, stream)).ok()?;
+        let budget_pages = self.creatable(st, block_pages + ahead_pages).pages;
+        let ahead_pages = ahead_pages.min(budget_pages.saturating_sub(block_pages));
+        if ahead_pages == 0 {
+            return None;
+        }
+        let mapped_bytes = (block_pages + ahead_pages) * page;
+        let window = st.large.window(mapped_bytes, stream, false).or_else(|| {
+            let extent_bytes = mapped_bytes.max(self.extent_bytes);
+            self.reserve(st, Region::Large, extent_bytes).ok()?;
+            st.large.window(mapped_bytes, stream, false)
+        })?;
+        let split_at = (window.start + bytes).next_multiple_of(page);
+        let mapped = self.map_window(
+            st,
+            Region::Large,
+            &window,
+            mapped_bytes,
+            stream,
+            Some(split_at),
+        );
+        if let Err(e) = mapped {
+            log::debug!(
+                "device {}: mapping {mapped_bytes} B ahead: {e}; the block alone",
+                self.device
+            );
+            return None;
+        }
         st.large.take(window.start, bytes);
         Some(window.start)
     }
