@@ -40,8 +40,8 @@ fn a_sleeping_device_holds_no_memory_and_wakes_at_the_same_addresses() {
     assert_eq!(restored, live_pages_bytes);
     assert_eq!(
         r.sim.calls("cuMemMap") - maps,
-        4,
-        "wake maps the live blocks' pages only"
+        2,
+        "wake maps the live blocks' pages only: the big block's 3 as one handle, the carrier"
     );
     assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 0);
     assert_eq!(
@@ -233,17 +233,51 @@ fn a_copy_that_fails_at_wake_leaves_its_pages_asleep_and_a_later_wake_restores_t
 #[test]
 fn a_page_that_can_be_neither_restored_nor_unmapped_at_wake_does_not_stop_later_wakes() {
     let r = vmm_rig(256 * MIB);
-    let a = r.malloc(4 * MIB, 0, 1);
+    let a = r.malloc(2 * MIB, 0, 1);
+    let gap = r.malloc(2 * MIB, 0, 1);
+    let b = r.malloc(4 * MIB, 0, 1);
+    r.free(gap, 0); // its page goes back at the sleep: a and b are apart
     r.alloc.sleep(0, 1).unwrap();
-    // The copy back fails, and so does the unmap that would put its pages back to sleep: the
-    // first of them is taken as restored (mapped, its contents lost), the other sleeps on.
+    // a's page comes back alone, b's two pages as one handle. a's copy back fails, and so does
+    // the unmap that would put it back to sleep: it is taken as restored (mapped, its contents
+    // lost), and the wake stops there; b sleeps on.
     r.sim.inject_fault(SimFault::Copy, 1);
     r.sim.inject_fault(SimFault::MemUnmap, 1);
     assert!(r.alloc.wake(0).is_err());
-    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 2 * MIB);
+    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 4 * MIB);
     r.alloc.wake(0).unwrap(); // not stuck on the page mapped already
     assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 0);
-    r.sim.touch(0, 0, a, 4 * MIB, s(1)).unwrap();
+    r.sim.touch(0, 0, a, 2 * MIB, s(1)).unwrap();
+    r.sim.touch(0, 0, b, 4 * MIB, s(1)).unwrap();
+    r.free(a, 0);
+    r.free(b, 0);
+    r.finish();
+}
+
+#[test]
+fn a_copy_that_fails_into_a_span_at_wake_puts_the_whole_span_back_to_sleep() {
+    let r = vmm_rig(256 * MIB);
+    let a = r.malloc(8 * MIB, 0, 1);
+    fill(&r, a, 8 * MIB, 7);
+    r.alloc.sleep(0, 1).unwrap();
+    let (creates, releases) = (r.sim.calls("cuMemCreate"), r.sim.calls("cuMemRelease"));
+    r.sim.inject_fault(SimFault::Copy, 1);
+    assert!(r.alloc.wake(0).is_err());
+    assert_eq!(
+        r.alloc.sleeping_bytes(0).unwrap(),
+        8 * MIB,
+        "all four pages sleep on"
+    );
+    assert_eq!(r.sim.physical_bytes(0), 0, "the span released, not kept");
+    assert_eq!(
+        (
+            r.sim.calls("cuMemCreate") - creates,
+            r.sim.calls("cuMemRelease") - releases
+        ),
+        (1, 1)
+    );
+    r.alloc.wake(0).unwrap();
+    assert!(holds(&r, a, 8 * MIB, 7), "restored from the buffer");
     r.free(a, 0);
     r.finish();
 }
@@ -428,5 +462,54 @@ fn a_block_on_a_span_sleeps_and_wakes_with_its_contents() {
     assert_eq!(r.alloc.wake(0).unwrap(), 20 * MIB);
     assert!(holds(&r, a, 20 * MIB, 7));
     r.free(a, 0);
+    r.finish();
+}
+
+#[test]
+fn a_copy_that_fails_part_way_into_a_span_waits_for_the_copies_before_and_puts_it_to_sleep() {
+    let r = vmm_rig(256 * MIB);
+    let a = r.malloc(4 * MIB, 0, 1);
+    let kv = tagged(&r, Some("span_copy_kv"), 4 * MIB);
+    let b = r.malloc(4 * MIB, 0, 1);
+    assert!(kv.0 == a.0 + 4 * MIB && b.0 == kv.0 + 4 * MIB, "adjacent");
+    fill(&r, a, 4 * MIB, 1);
+    fill(&r, b, 4 * MIB, 2);
+    r.alloc.sleep_discarding(0, 1, &["span_copy_kv"]).unwrap();
+    // One run of six pages, one handle at wake: a's copy back is queued, b's fails. The span
+    // goes back to sleep whole once a's copy is done (the strict driver refuses to unmap memory
+    // a copy still writes).
+    r.sim.inject_fault_after(SimFault::Copy, 1, 1);
+    assert!(r.alloc.wake(0).is_err());
+    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 12 * MIB);
+    assert_eq!(r.sim.physical_bytes(0), 0);
+    r.alloc.wake(0).unwrap();
+    assert!(holds(&r, a, 4 * MIB, 1) && holds(&r, b, 4 * MIB, 2));
+    r.free(a, 0);
+    r.free(kv, 0);
+    r.free(b, 0);
+    r.finish();
+}
+
+#[test]
+fn a_failed_wait_at_wake_puts_a_span_back_to_sleep_whole() {
+    let r = vmm_rig(256 * MIB);
+    let a = r.malloc(4 * MIB, 0, 1);
+    let kv = tagged(&r, Some("span_wait_kv"), 4 * MIB);
+    let b = r.malloc(4 * MIB, 0, 1);
+    assert!(kv.0 == a.0 + 4 * MIB && b.0 == kv.0 + 4 * MIB, "adjacent");
+    fill(&r, a, 4 * MIB, 3);
+    fill(&r, b, 4 * MIB, 4);
+    r.alloc.sleep_discarding(0, 1, &["span_wait_kv"]).unwrap();
+    // One handle for the six pages; the copies back (a's and b's, not the discarded pages')
+    // cannot be waited for: all six sleep on, none half-unmapped.
+    r.sim.inject_fault(SimFault::StreamSynchronize, 1);
+    assert!(r.alloc.wake(0).is_err());
+    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 12 * MIB);
+    assert_eq!(r.sim.physical_bytes(0), 0);
+    r.alloc.wake(0).unwrap();
+    assert!(holds(&r, a, 4 * MIB, 3) && holds(&r, b, 4 * MIB, 4));
+    r.free(a, 0);
+    r.free(kv, 0);
+    r.free(b, 0);
     r.finish();
 }

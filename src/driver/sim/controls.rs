@@ -50,7 +50,14 @@ impl SimDriver {
 
     /// The next `count` calls of `fault` fail.
     pub fn inject_fault(&self, fault: SimFault, count: u32) {
-        *self.faults.lock().entry(fault).or_default() += count;
+        self.faults.lock().entry(fault).or_default().1 += count;
+    }
+
+    /// After the next `ok_calls` calls of `fault`, which succeed, `count` calls fail.
+    pub fn inject_fault_after(&self, fault: SimFault, ok_calls: u32, count: u32) {
+        let mut faults = self.faults.lock();
+        let entry = faults.entry(fault).or_default();
+        *entry = (ok_calls, entry.1 + count);
     }
 
     /// Takes one pending injection of `fault` without calling anything: true if there was one.

@@ -135,7 +135,8 @@ pub struct SimDriver {
     capturing_streams: AtomicUsize,
     /// How many streams were destroyed (`destroy_stream`), for a lock-free fast path.
     destroyed_streams: AtomicUsize,
-    faults: Mutex<HashMap<SimFault, u32>>,
+    /// Per fault: calls still to succeed before the injected failures, and how many fail.
+    faults: Mutex<HashMap<SimFault, (u32, u32)>>,
     /// How many times each driver call that can fail by injection was attempted (failed ones
     /// included), over all devices.
     calls: Mutex<HashMap<&'static str, u64>>,
@@ -222,7 +223,11 @@ impl SimDriver {
         }
         let mut faults = self.faults.lock();
         match faults.get_mut(&fault) {
-            Some(n) if *n > 0 => {
+            Some((ok_calls, n)) if *n > 0 && *ok_calls > 0 && call != "probe" => {
+                *ok_calls -= 1;
+                Ok(())
+            }
+            Some((_, n)) if *n > 0 => {
                 *n -= 1;
                 Err(driver_error(call, 999, "CUDA_ERROR_UNKNOWN (injected)"))
             }

@@ -120,12 +120,23 @@ struct Page {
 impl Page {
     /// A page mapped alone (its handle backs it and nothing else).
     fn alone(page: u64, handle: MemHandle, region: Region, last_used_ms: u64) -> Page {
+        let mapping = spans::Mapping {
+            first: page,
+            pages: 1,
+        };
+        Page::in_mapping(mapping, handle, region, last_used_ms)
+    }
+
+    /// A page of `mapping`, backed by its `handle`.
+    fn in_mapping(
+        mapping: spans::Mapping,
+        handle: MemHandle,
+        region: Region,
+        last_used_ms: u64,
+    ) -> Page {
         Page {
             handle,
-            mapping: spans::Mapping {
-                first: page,
-                pages: 1,
-            },
+            mapping,
             region,
             last_used_ms,
         }

@@ -1,18 +1,23 @@
-//! Wake: fresh pages mapped where the slept pages were, run by run in address order, a chunk of
-//! `WAKE_CHUNK_PAGES` at a time, and their saved contents copied back on the legacy stream while
-//! the next chunk is mapped (on an H200, mapping and giving access to a 2 MiB page costs about as
-//! long as copying it: 1 GiB took 49 ms one after the other, 32 overlapped).
+//! Wake: fresh memory mapped where the slept pages were, run by run in address order, a chunk of
+//! `WAKE_CHUNK_PAGES` at a time — one handle for the chunk (a span, [`crate::resource::vmm::spans`])
+//! where no spare handle waits and the device has the memory, else a handle a page — and their
+//! saved contents copied back on the legacy stream while the next chunk is mapped (on an H200,
+//! mapping and giving access to 2 MiB pages one handle each costs about as long as copying them:
+//! 1 GiB took 49 ms one after the other, 32 overlapped; in 32 MiB handles the calls cost a tenth).
 //!
 //! Invariants: a page is in the page map once mapped with access; its contents are known to be
 //! back only once the legacy stream's copies completed; a page whose copy failed, or whose copy
-//! could not be waited for, goes back to sleep with its contents still in the host buffer (or,
-//! if it cannot even be unmapped, counts as restored without its contents, and says so in the
-//! log); nothing is handed out before the wake returns (the resource's lock is held throughout).
+//! could not be waited for, goes back to sleep with its contents still in the host buffer — a
+//! span whole, once the copies queued into it are waited for — (or, if it cannot even be
+//! unmapped, counts as restored without its contents, and says so in the log); a span's handle
+//! is released, never kept as a spare; nothing is handed out before the wake returns (the
+//! resource's lock is held throughout).
 
 use super::{HostBytes, SleptPage};
 use crate::driver::{DevicePtr, MemHandle, Stream};
 use crate::error::Result;
 use crate::history::StreampoolEventKind as Event;
+use crate::resource::vmm::spans::Mapping;
 use crate::resource::vmm::{Page, VmmResource, VmmState};
 use std::collections::HashSet;
 
@@ -82,28 +87,7 @@ impl VmmResource {
         host: Option<HostBytes>,
     ) -> Restored {
         let (driver, device) = (self.driver.as_ref(), self.device);
-        let mut mapped = Vec::with_capacity(run.len());
-        let mut stopped = Ok(());
-        for &slept in run {
-            let handle = match st.spare_handles.pop() {
-                Some(handle) => Ok(handle),
-                None if self.exportable => driver.mem_create_exportable(device, self.page_bytes),
-                None => driver.mem_create(device, self.page_bytes),
-            };
-            let handle = match handle {
-                Ok(handle) => handle,
-                Err(e) => {
-                    stopped = Err(e);
-                    break;
-                }
-            };
-            if let Err(e) = driver.mem_map(device, DevicePtr(slept.page), self.page_bytes, handle) {
-                st.spare_handles.push(handle);
-                stopped = Err(e);
-                break;
-            }
-            mapped.push((slept, handle));
-        }
+        let (mapped, span, stopped) = self.map_chunk(st, run);
         let pages: Vec<u64> = mapped.iter().map(|(s, _)| s.page).collect();
         let devices = self.access_list(st);
         if !pages.is_empty() {
@@ -117,8 +101,15 @@ impl VmmResource {
             }
         }
         let now_ms = driver.now_ms();
+        let mapping = Mapping {
+            first: run[0].page,
+            pages: mapped.len() as u64,
+        };
         for &(slept, handle) in &mapped {
-            let page = Page::alone(slept.page, handle, slept.region, now_ms);
+            let page = match span {
+                true => Page::in_mapping(mapping, handle, slept.region, now_ms),
+                false => Page::alone(slept.page, handle, slept.region, now_ms),
+            };
             st.pages.insert(slept.page, page);
             self.count(Event::Map, slept.page, st);
         }
@@ -146,6 +137,16 @@ impl VmmResource {
             if let Err(e) =
                 driver.copy_to_device(device, at, host.buffer, from, bytes, Stream::LEGACY)
             {
+                if span {
+                    // A span is unmapped whole: once the copies queued into it are done, all of
+                    // its pages sleep on (their contents still in the buffer).
+                    let _ = self.wait_for_copies();
+                    return Restored {
+                        pages: self.back_to_sleep(st, &mapped, true),
+                        in_flight: Vec::new(),
+                        outcome: Err(e),
+                    };
+                }
                 // Not restored from here on: these pages sleep on (their contents still in the
                 // buffer); the copies queued before are in flight.
                 let stuck = self.back_to_sleep(st, &mapped[stretch.start..], true);
@@ -158,6 +159,10 @@ impl VmmResource {
             }
             in_flight.extend_from_slice(&mapped[stretch]);
         }
+        if span && !in_flight.is_empty() {
+            // A span goes back to sleep whole if its copies cannot be waited for.
+            in_flight = mapped;
+        }
         Restored {
             pages,
             in_flight,
@@ -165,10 +170,61 @@ impl VmmResource {
         }
     }
 
-    /// Unmaps the `mapped` pages of a run that cannot be restored, their handles spares again
-    /// (`booked`: they were in the page map, and leave it); the pages that could not even be
-    /// unmapped (two driver failures), which are taken as restored without their contents —
-    /// using them fails on the GPU.
+    /// Fresh memory mapped where the adjacent pages of `run` were: one handle for all of them
+    /// where no spare handle waits and the device has the memory, else a handle a page (spares
+    /// first) until one fails. The pages mapped, whether they share one handle, and the error
+    /// that stopped it.
+    fn map_chunk(
+        &self,
+        st: &mut VmmState,
+        run: &[SleptPage],
+    ) -> (Vec<(SleptPage, MemHandle)>, bool, Result<()>) {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        if run.len() > 1 && st.spare_handles.is_empty() {
+            let pages = run.len() as u64;
+            let bytes = pages * self.page_bytes;
+            let created = match self.exportable {
+                true => driver.mem_create_exportable(device, bytes),
+                false => driver.mem_create(device, bytes),
+            };
+            match created {
+                Ok(handle) => {
+                    if let Err(e) = driver.mem_map(device, DevicePtr(run[0].page), bytes, handle) {
+                        self.release_handle(st, handle, pages);
+                        return (Vec::new(), false, Err(e));
+                    }
+                    return (run.iter().map(|&s| (s, handle)).collect(), true, Ok(()));
+                }
+                // A handle a page, as far as the device's memory goes.
+                Err(e) if e.is_device_oom() => {}
+                Err(e) => return (Vec::new(), false, Err(e)),
+            }
+        }
+        let mut mapped = Vec::with_capacity(run.len());
+        for &slept in run {
+            let handle = match st.spare_handles.pop() {
+                Some(handle) => Ok(handle),
+                None if self.exportable => driver.mem_create_exportable(device, self.page_bytes),
+                None => driver.mem_create(device, self.page_bytes),
+            };
+            let handle = match handle {
+                Ok(handle) => handle,
+                Err(e) => return (mapped, false, Err(e)),
+            };
+            if let Err(e) = driver.mem_map(device, DevicePtr(slept.page), self.page_bytes, handle) {
+                st.spare_handles.push(handle);
+                return (mapped, false, Err(e));
+            }
+            mapped.push((slept, handle));
+        }
+        (mapped, false, Ok(()))
+    }
+
+    /// Unmaps the `mapped` pages of a run that cannot be restored, a handle at a time (a span
+    /// whole), single pages' handles spares again and spans' released (`booked`: they were in
+    /// the page map, and leave it); the pages that could not even be unmapped (two driver
+    /// failures), which are taken as restored without their contents — using them fails on the
+    /// GPU.
     fn back_to_sleep(
         &self,
         st: &mut VmmState,
@@ -177,25 +233,44 @@ impl VmmResource {
     ) -> Vec<u64> {
         let (driver, device) = (self.driver.as_ref(), self.device);
         let mut stuck = Vec::new();
-        for &(slept, handle) in mapped {
-            let at = DevicePtr(slept.page);
-            if driver.mem_unmap(device, at, self.page_bytes).is_ok() {
-                if booked {
+        let mut rest = mapped;
+        while let Some(&(first, handle)) = rest.first() {
+            let n = rest.iter().take_while(|&&(_, h)| h == handle).count();
+            let (group, after) = rest.split_at(n);
+            rest = after;
+            let mapping = Mapping {
+                first: first.page,
+                pages: n as u64,
+            };
+            let bytes = mapping.pages * self.page_bytes;
+            if driver
+                .mem_unmap(device, DevicePtr(first.page), bytes)
+                .is_ok()
+            {
+                for &(slept, _) in group.iter().filter(|_| booked) {
                     st.pages.remove(&slept.page);
                     self.count(Event::Unmap, slept.page, st);
                 }
-                st.spare_handles.push(handle);
+                match mapping.is_span() {
+                    true => {
+                        self.release_handle(st, handle, mapping.pages);
+                    }
+                    false => st.spare_handles.push(handle),
+                }
                 continue;
             }
             log::error!(
-                "device {device}: page {:#x} could not be restored nor unmapped at wake",
-                slept.page
+                "device {device}: {n} page(s) at {:#x} could not be restored nor unmapped at wake",
+                first.page
             );
-            if !booked {
-                let page = Page::alone(slept.page, handle, slept.region, driver.now_ms());
-                st.pages.insert(slept.page, page);
+            for &(slept, _) in group {
+                if !booked {
+                    let now_ms = driver.now_ms();
+                    let page = Page::in_mapping(mapping, handle, slept.region, now_ms);
+                    st.pages.insert(slept.page, page);
+                }
+                stuck.push(slept.page);
             }
-            stuck.push(slept.page);
         }
         stuck
     }
