@@ -3,6 +3,7 @@
 Each ``case_<name>(ctx)`` asserts inside; ``ctx`` is run.Context. Sizes are in bytes.
 """
 
+import os
 import threading
 import warnings
 
@@ -79,6 +80,10 @@ def case_empty_cache(ctx) -> None:
     del tensors
     ctx.settle()
     before = streampool.memory_stats()
+    if os.environ.get("STREAMPOOL_RELEASE_THRESHOLD") == "0":
+        # A release threshold of 0 gave it back at the synchronisation already.
+        assert before["reserved_bytes.all.current"] < 256 * MiB, before
+        return
     assert before["reserved_bytes.all.current"] >= 1 * GiB, before
     torch.cuda.empty_cache()
     after = streampool.memory_stats()
