@@ -467,14 +467,7 @@ fn a_block_on_a_span_sleeps_and_wakes_with_its_contents() {
 
 #[test]
 fn a_copy_that_fails_part_way_into_a_span_waits_for_the_copies_before_and_puts_it_to_sleep() {
-    let r = vmm_rig(256 * MIB);
-    let a = r.malloc(4 * MIB, 0, 1);
-    let kv = tagged(&r, Some("span_copy_kv"), 4 * MIB);
-    let b = r.malloc(4 * MIB, 0, 1);
-    assert!(kv.0 == a.0 + 4 * MIB && b.0 == kv.0 + 4 * MIB, "adjacent");
-    fill(&r, a, 4 * MIB, 1);
-    fill(&r, b, 4 * MIB, 2);
-    r.alloc.sleep_discarding(0, 1, &["span_copy_kv"]).unwrap();
+    let (r, [a, kv, b]) = asleep_with_a_discarded_block_between("span_copy_kv", [1, 2]);
     // One run of six pages, one handle at wake: a's copy back is queued, b's fails. The span
     // goes back to sleep whole once a's copy is done (the strict driver refuses to unmap memory
     // a copy still writes).
@@ -492,14 +485,7 @@ fn a_copy_that_fails_part_way_into_a_span_waits_for_the_copies_before_and_puts_i
 
 #[test]
 fn a_failed_wait_at_wake_puts_a_span_back_to_sleep_whole() {
-    let r = vmm_rig(256 * MIB);
-    let a = r.malloc(4 * MIB, 0, 1);
-    let kv = tagged(&r, Some("span_wait_kv"), 4 * MIB);
-    let b = r.malloc(4 * MIB, 0, 1);
-    assert!(kv.0 == a.0 + 4 * MIB && b.0 == kv.0 + 4 * MIB, "adjacent");
-    fill(&r, a, 4 * MIB, 3);
-    fill(&r, b, 4 * MIB, 4);
-    r.alloc.sleep_discarding(0, 1, &["span_wait_kv"]).unwrap();
+    let (r, [a, kv, b]) = asleep_with_a_discarded_block_between("span_wait_kv", [3, 4]);
     // One handle for the six pages; the copies back (a's and b's, not the discarded pages')
     // cannot be waited for: all six sleep on, none half-unmapped.
     r.sim.inject_fault(SimFault::StreamSynchronize, 1);
@@ -512,4 +498,18 @@ fn a_failed_wait_at_wake_puts_a_span_back_to_sleep_whole() {
     r.free(kv, 0);
     r.free(b, 0);
     r.finish();
+}
+
+/// Three adjacent blocks of 4 MiB, the outer two filled with `seeds`, the middle one allocated
+/// under `tag`, asleep at level 1 discarding `tag`: one run of six pages, two stretches to copy.
+fn asleep_with_a_discarded_block_between(tag: &str, seeds: [u8; 2]) -> (Rig, [DevicePtr; 3]) {
+    let r = vmm_rig(256 * MIB);
+    let a = r.malloc(4 * MIB, 0, 1);
+    let kv = tagged(&r, Some(tag), 4 * MIB);
+    let b = r.malloc(4 * MIB, 0, 1);
+    assert!(kv.0 == a.0 + 4 * MIB && b.0 == kv.0 + 4 * MIB, "adjacent");
+    fill(&r, a, 4 * MIB, seeds[0]);
+    fill(&r, b, 4 * MIB, seeds[1]);
+    r.alloc.sleep_discarding(0, 1, &[tag]).unwrap();
+    (r, [a, kv, b])
 }
