@@ -5,14 +5,15 @@
 //! again — else one page). While memory cycles, a large block's growth also maps free memory
 //! after the block, in a handle of its own, up to a span in all, never beyond the most held
 //! before nor past the growth slack, so that the blocks that follow fit there: a step's memory
-//! comes back in a few handles, not one a block, as a CUDA pool grows. The driver's calls cost per handle, hardly per byte (on an
-//! H200, 1 GiB takes 3.1 ms to create, map, give access to, unmap and release in 32 MiB handles
-//! and 37 ms in 2 MiB ones), so a loop that gives its memory back at every synchronisation and
-//! maps it again pays per span (GPT-2 under a 1 GiB threshold on an H200, a synchronisation a
-//! step: 98 ms a step with 32 MiB spans and a handle per block, 344 with a page a handle,
-//! native 49). The price is memory: a span cannot move page by page to fill another block's
-//! window, so where pages otherwise stay mapped and move to where they are needed, spans hold
-//! more (GPT-2 replayed: peak 1.18x live with 32 MiB spans always on, 1.01x without).
+//! comes back in a few handles, not one a block, as a CUDA pool grows. The driver's calls cost
+//! per handle, hardly per byte (on an H200, 1 GiB takes 3.1 ms to create, map, give access to,
+//! unmap and release in 32 MiB handles and 37 ms in 2 MiB ones), so a loop that gives its memory
+//! back at every synchronisation and maps it again pays per handle (GPT-2 under a 1 GiB
+//! threshold on an H200, a synchronisation a step: 80–86 ms a step mapped ahead, 98 with 32 MiB
+//! spans and a handle a block, 344 with a handle a page; native 44–49, the pool backend 74–79).
+//! The price is memory: a span cannot move page by page to fill another block's window, so
+//! where pages otherwise stay mapped and move to where they are needed, spans hold more (GPT-2
+//! replayed: peak 1.18x live with 32 MiB spans always on, 1.01x without).
 //!
 //! Invariants: a span is one mapping — its pages are mapped, given access, unmapped and released
 //! together (the driver cannot unmap part of a mapping), and go back only when every one of them
@@ -79,13 +80,13 @@ impl VmmResource {
         if ahead_pages == 0 {
             return None;
         }
-        let mapped_bytes = (block_pages + ahead_pages) * page;
+        let mapped_bytes = (block_pages.checked_add(ahead_pages)?).checked_mul(page)?;
         let window = st.large.window(mapped_bytes, stream, false).or_else(|| {
             let extent_bytes = mapped_bytes.max(self.extent_bytes);
             self.reserve(st, Region::Large, extent_bytes).ok()?;
             st.large.window(mapped_bytes, stream, false)
         })?;
-        let split_at = (window.start + bytes).next_multiple_of(page);
+        let split_at = (window.start.checked_add(bytes)?).checked_next_multiple_of(page)?;
         let mapped = self.map_window(
             st,
             Region::Large,
