@@ -185,9 +185,9 @@ struct VmmState {
     device_full: bool,
     /// The block freed last, kept aside for its stream's next request of its size ([`slot`]).
     slot: Option<slot::Slot>,
-    /// If the last trim after a synchronisation gave memory back, the most ever held (else 0):
-    /// until as much is held again, memory cycles — given back, mapped again — and new memory
-    /// comes in spans if their size is auto ([`spans`]).
+    /// The most ever held when the last trim after a synchronisation that gave memory back did
+    /// (0 before one did): until as much is held again, memory cycles — given back, mapped
+    /// again — and new memory comes in spans if their size is auto ([`spans`]).
     cycle_back_to_bytes: u64,
     /// The most physical memory ever created for (not reset with the peaks).
     physical_max_bytes: u64,

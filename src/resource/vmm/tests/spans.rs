@@ -124,7 +124,7 @@ fn by_default_spans_back_new_memory_only_while_memory_cycles() {
     r.vmm.trim(0).unwrap();
     let b = r.alloc(12 * PAGE, S1);
     assert_eq!(r.sim.calls("cuMemCreate"), 13, "one span");
-    // A trim that gives nothing back ends it.
+    // As much as ever is held again: it ends.
     r.vmm.trim(0).unwrap();
     let c = r.alloc(3 * PAGE, S1);
     assert_eq!(r.sim.calls("cuMemCreate"), 16, "a page a handle again");
@@ -347,4 +347,23 @@ fn memory_ahead_stays_within_the_growth_slack() {
     assert_eq!(r.physical(), 12 * PAGE);
     r.free(c, 3 * PAGE, S1);
     r.free(small, 64 << 10, S1);
+}
+
+/// A trim that gives nothing back (a second synchronisation in a row) does not end the cycling:
+/// the next step's growth still maps ahead (found on the GPU: a step ending in two
+/// synchronisations grew the next one a page a handle).
+#[test]
+fn a_second_synchronisation_in_a_row_keeps_memory_cycling() {
+    let r = cycled();
+    r.vmm.trim(0).unwrap(); // nothing left to give back
+    let creates = r.sim.calls("cuMemCreate");
+    let again: Vec<_> = (0..4).map(|_| r.alloc(3 * PAGE, S1)).collect();
+    assert_eq!(
+        r.sim.calls("cuMemCreate") - creates,
+        2,
+        "the block and the memory ahead"
+    );
+    for p in again {
+        r.free(p, 3 * PAGE, S1);
+    }
 }
