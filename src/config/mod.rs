@@ -123,8 +123,8 @@ pub struct Config {
     pub vmm_page_size: SizeSpec,
     /// The most memory one new physical handle of the virtual-memory backend backs, a span of
     /// adjacent pages (`STREAMPOOL_VMM_SPAN_SIZE`; 0 or at most a page: every handle one page);
-    /// `None` (auto): 256 MiB while memory cycles (the last trim at a synchronisation gave memory
-    /// back), else one page.
+    /// `None` (auto): 256 MiB while memory cycles (a trim at a synchronisation gave memory back,
+    /// and less than the most held then is mapped again), else one page.
     pub vmm_span_bytes: Option<u64>,
     /// A page of the virtual-memory backend unused this long is cold: moved first to back new
     /// blocks (`STREAMPOOL_VMM_COLD_AFTER`); above the release threshold, pages unused for a
