@@ -255,34 +255,6 @@ fn a_page_that_can_be_neither_restored_nor_unmapped_at_wake_does_not_stop_later_
 }
 
 #[test]
-fn a_copy_that_fails_into_a_span_at_wake_puts_the_whole_span_back_to_sleep() {
-    let r = vmm_rig(256 * MIB);
-    let a = r.malloc(8 * MIB, 0, 1);
-    fill(&r, a, 8 * MIB, 7);
-    r.alloc.sleep(0, 1).unwrap();
-    let (creates, releases) = (r.sim.calls("cuMemCreate"), r.sim.calls("cuMemRelease"));
-    r.sim.inject_fault(SimFault::Copy, 1);
-    assert!(r.alloc.wake(0).is_err());
-    assert_eq!(
-        r.alloc.sleeping_bytes(0).unwrap(),
-        8 * MIB,
-        "all four pages sleep on"
-    );
-    assert_eq!(r.sim.physical_bytes(0), 0, "the span released, not kept");
-    assert_eq!(
-        (
-            r.sim.calls("cuMemCreate") - creates,
-            r.sim.calls("cuMemRelease") - releases
-        ),
-        (1, 1)
-    );
-    r.alloc.wake(0).unwrap();
-    assert!(holds(&r, a, 8 * MIB, 7), "restored from the buffer");
-    r.free(a, 0);
-    r.finish();
-}
-
-#[test]
 fn memory_freed_before_and_during_a_sleep_serves_a_block_across_it_after_wake() {
     let r = vmm_rig(256 * MIB);
     let a = r.malloc(4 * MIB, 0, 1);
@@ -439,77 +411,4 @@ fn a_failed_wait_for_the_copies_at_sleep_leaves_the_device_awake_with_its_conten
     assert!(holds(&r, a, 6 * MIB, 3));
     r.free(a, 0);
     r.finish();
-}
-
-/// A span (one handle for several pages) sleeps as its pages: unmapped and released whole, its
-/// pages mapped again one by one at wake, contents kept.
-#[test]
-fn a_block_on_a_span_sleeps_and_wakes_with_its_contents() {
-    let config = streampool::Config {
-        backend: streampool::config::Backend::Vmm,
-        vmm_span_bytes: Some(32 * MIB),
-        ..base_config()
-    };
-    let r = rig_with(1, 256 * MIB, config);
-    let a = r.malloc(20 * MIB, 0, 1); // one span of ten pages
-    let gone = r.malloc(6 * MIB, 0, 1);
-    r.free(gone, 0);
-    fill(&r, a, 20 * MIB, 7);
-    let held = r.sim.physical_bytes(0);
-    assert_eq!(r.alloc.sleep(0, 1).unwrap(), held);
-    assert_eq!(r.sim.physical_bytes(0), 0);
-    assert_eq!(r.sim.calls("cuMemRelease"), 2, "a release a span");
-    assert_eq!(r.alloc.wake(0).unwrap(), 20 * MIB);
-    assert!(holds(&r, a, 20 * MIB, 7));
-    r.free(a, 0);
-    r.finish();
-}
-
-#[test]
-fn a_copy_that_fails_part_way_into_a_span_waits_for_the_copies_before_and_puts_it_to_sleep() {
-    let (r, [a, kv, b]) = asleep_with_a_discarded_block_between("span_copy_kv", [1, 2]);
-    // One run of six pages, one handle at wake: a's copy back is queued, b's fails. The span
-    // goes back to sleep whole once a's copy is done (the strict driver refuses to unmap memory
-    // a copy still writes).
-    r.sim.inject_fault_after(SimFault::Copy, 1, 1);
-    assert!(r.alloc.wake(0).is_err());
-    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 12 * MIB);
-    assert_eq!(r.sim.physical_bytes(0), 0);
-    r.alloc.wake(0).unwrap();
-    assert!(holds(&r, a, 4 * MIB, 1) && holds(&r, b, 4 * MIB, 2));
-    r.free(a, 0);
-    r.free(kv, 0);
-    r.free(b, 0);
-    r.finish();
-}
-
-#[test]
-fn a_failed_wait_at_wake_puts_a_span_back_to_sleep_whole() {
-    let (r, [a, kv, b]) = asleep_with_a_discarded_block_between("span_wait_kv", [3, 4]);
-    // One handle for the six pages; the copies back (a's and b's, not the discarded pages')
-    // cannot be waited for: all six sleep on, none half-unmapped.
-    r.sim.inject_fault(SimFault::StreamSynchronize, 1);
-    assert!(r.alloc.wake(0).is_err());
-    assert_eq!(r.alloc.sleeping_bytes(0).unwrap(), 12 * MIB);
-    assert_eq!(r.sim.physical_bytes(0), 0);
-    r.alloc.wake(0).unwrap();
-    assert!(holds(&r, a, 4 * MIB, 3) && holds(&r, b, 4 * MIB, 4));
-    r.free(a, 0);
-    r.free(kv, 0);
-    r.free(b, 0);
-    r.finish();
-}
-
-/// Three adjacent blocks of 4 MiB, the outer two filled with `seeds`, the middle one allocated
-/// under `tag`, asleep at level 1 discarding `tag`: one run of six pages, two stretches to copy.
-fn asleep_with_a_discarded_block_between(tag: &str, seeds: [u8; 2]) -> (Rig, [DevicePtr; 3]) {
-    let r = vmm_rig(256 * MIB);
-    let a = r.malloc(4 * MIB, 0, 1);
-    let kv = tagged(&r, Some(tag), 4 * MIB);
-    let b = r.malloc(4 * MIB, 0, 1);
-    assert!(kv.0 == a.0 + 4 * MIB && b.0 == kv.0 + 4 * MIB, "adjacent");
-    fill(&r, a, 4 * MIB, seeds[0]);
-    fill(&r, b, 4 * MIB, seeds[1]);
-    r.alloc.sleep_discarding(0, 1, &[tag]).unwrap();
-    (r, [a, kv, b])
 }
