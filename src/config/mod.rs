@@ -277,45 +277,37 @@ impl Config {
         c.cache_limit = size("STREAMPOOL_CACHE_LIMIT", c.cache_limit)?;
         c.cache_max_block = size("STREAMPOOL_CACHE_MAX_BLOCK", c.cache_max_block)?;
         c.small_pool_max = size("STREAMPOOL_SMALL_POOL_MAX", c.small_pool_max)?;
+        // A size of at most 1 TiB, not a share of the device (`what` names it in that refusal).
+        let bytes_up_to_1tib = |name: &'static str, v: &str, accepted: &'static str, what: &str| {
+            let refuse = |reason: &str| config_error(name, v, reason, accepted);
+            match parse_size(v).map_err(|reason| refuse(&reason))? {
+                SizeSpec::Bytes(b) if b <= 1 << 40 => Ok(b),
+                SizeSpec::Bytes(_) => Err(refuse("larger than 1 TiB")),
+                SizeSpec::Percent(_) | SizeSpec::Max => Err(refuse(&format!(
+                    "{what} is a size, not a share of the device"
+                ))),
+            }
+        };
         if let Some(v) = get("STREAMPOOL_VMM_PAGE_SIZE")? {
-            let refuse = |reason: &str| {
-                config_error(
-                    "STREAMPOOL_VMM_PAGE_SIZE",
-                    &v,
-                    reason,
-                    VMM_PAGE_SIZE_ACCEPTED,
-                )
-            };
-            c.vmm_page_size = match parse_size(&v).map_err(|reason| refuse(&reason))? {
-                SizeSpec::Bytes(b) if (1..=1 << 40).contains(&b) => SizeSpec::Bytes(b),
-                SizeSpec::Bytes(0) => return Err(refuse("a page needs a byte at least")),
-                SizeSpec::Bytes(_) => return Err(refuse("larger than 1 TiB")),
-                SizeSpec::Percent(_) | SizeSpec::Max => {
-                    return Err(refuse("a page size is a size, not a share of the device"))
+            let (name, accepted) = ("STREAMPOOL_VMM_PAGE_SIZE", VMM_PAGE_SIZE_ACCEPTED);
+            c.vmm_page_size = match bytes_up_to_1tib(name, &v, accepted, "a page size")? {
+                0 => {
+                    let reason = "a page needs a byte at least";
+                    return Err(config_error(name, &v, reason, accepted));
                 }
+                b => SizeSpec::Bytes(b),
             };
         }
         if let Some(v) = get("STREAMPOOL_VMM_SPAN_SIZE")? {
-            let refuse = |reason: &str| {
-                config_error(
+            c.vmm_span_bytes = match v.trim().eq_ignore_ascii_case("auto") {
+                true => None,
+                false => Some(bytes_up_to_1tib(
                     "STREAMPOOL_VMM_SPAN_SIZE",
                     &v,
-                    reason,
                     VMM_SPAN_SIZE_ACCEPTED,
-                )
+                    "a span",
+                )?),
             };
-            if v.trim().eq_ignore_ascii_case("auto") {
-                c.vmm_span_bytes = None;
-            } else {
-                c.vmm_span_bytes =
-                    Some(match parse_size(&v).map_err(|reason| refuse(&reason))? {
-                        SizeSpec::Bytes(b) if b <= 1 << 40 => b,
-                        SizeSpec::Bytes(_) => return Err(refuse("larger than 1 TiB")),
-                        SizeSpec::Percent(_) | SizeSpec::Max => {
-                            return Err(refuse("a span is a size, not a share of the device"))
-                        }
-                    });
-            }
         }
         if let Some(v) = get("STREAMPOOL_VMM_HEADROOM")? {
             let refuse = |reason: &str| {

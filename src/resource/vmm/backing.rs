@@ -129,10 +129,7 @@ impl VmmResource {
         self.give_back_span(st, growth, now_ms, true);
         // Beyond the slack over the most ever in use, idle memory is moved before the device
         // grows.
-        if let Some(percent) = self.growth_slack_percent {
-            let most_bytes = st.used_max_bytes.max(st.used_bytes);
-            let slack_bytes = most_bytes.saturating_mul(percent.min(1000)) / 100;
-            let allowed_bytes = most_bytes.saturating_add(slack_bytes);
+        if let Some(allowed_bytes) = self.slack_allowed_bytes(st, 0) {
             if st.physical_bytes(self.page_bytes) + self.page_bytes > allowed_bytes {
                 let moved = self.move_idle_page(st, growth, now_ms, false);
                 if let Some(handle) = moved.or_else(|| self.lend(st, growth)) {

@@ -89,6 +89,17 @@ impl VmmResource {
         }
     }
 
+    /// The most physical memory the growth slack allows with `using_bytes` more in use than now
+    /// (`STREAMPOOL_VMM_GROWTH_SLACK` over the most ever in use); `None` without a slack.
+    pub(super) fn slack_allowed_bytes(&self, st: &VmmState, using_bytes: u64) -> Option<u64> {
+        let percent = self.growth_slack_percent?;
+        let most_bytes = st
+            .used_max_bytes
+            .max(st.used_bytes.saturating_add(using_bytes));
+        let slack_bytes = most_bytes.saturating_mul(percent.min(1000)) / 100;
+        Some(most_bytes.saturating_add(slack_bytes))
+    }
+
     /// The device's free memory bounded the last growth: idle pages (and spare handles) go back
     /// until twice the headroom is free, so that what runs beside the allocator has room again.
     pub(super) fn release_surplus(&self, st: &mut VmmState) {

@@ -114,16 +114,8 @@ impl VmmResource {
                 }
                 let mapping = Mapping { first, pages: n };
                 for page in mapping.page_starts(self.page_bytes) {
-                    let last_used_ms = now_ms;
-                    (st.pages).insert(
-                        page,
-                        Page {
-                            handle,
-                            mapping,
-                            region,
-                            last_used_ms,
-                        },
-                    );
+                    let entry = Page::in_mapping(mapping, handle, region, now_ms);
+                    st.pages.insert(page, entry);
                     mapped.push(page);
                 }
                 i += n as usize;

@@ -64,10 +64,7 @@ impl VmmResource {
         }
         let block_pages = bytes.div_ceil(page);
         let mut room_bytes = st.cycle_back_to_bytes - held_bytes;
-        if let Some(percent) = self.growth_slack_percent {
-            let most_bytes = st.used_max_bytes.max(st.used_bytes.saturating_add(bytes));
-            let slack_bytes = most_bytes.saturating_mul(percent.min(1000)) / 100;
-            let allowed_bytes = most_bytes.saturating_add(slack_bytes);
+        if let Some(allowed_bytes) = self.slack_allowed_bytes(st, bytes) {
             room_bytes = room_bytes.min(allowed_bytes.saturating_sub(held_bytes));
         }
         let span_bytes = self.span_max_pages(st).saturating_mul(page);

@@ -191,7 +191,7 @@ impl VmmResource {
             match created {
                 Ok(handle) => {
                     if let Err(e) = driver.mem_map(device, DevicePtr(run[0].page), bytes, handle) {
-                        self.release_handle(st, handle, pages);
+                        self.put_back_unmapped(st, handle, pages);
                         return (Vec::new(), false, Err(e));
                     }
                     return (run.iter().map(|&s| (s, handle)).collect(), true, Ok(()));
@@ -252,12 +252,7 @@ impl VmmResource {
                     st.pages.remove(&slept.page);
                     self.count(Event::Unmap, slept.page, st);
                 }
-                match mapping.is_span() {
-                    true => {
-                        self.release_handle(st, handle, mapping.pages);
-                    }
-                    false => st.spare_handles.push(handle),
-                }
+                self.put_back_unmapped(st, handle, mapping.pages);
                 continue;
             }
             log::error!(
