@@ -3,11 +3,11 @@
 //! ([`super::spans`]) under the block is exported whole — one descriptor, then -1 for each of its
 //! other pages — so the importer maps all of it, its pages outside the block included.
 //!
-//! Invariants: only a live block's pages are exported (and the rest of the spans they lie in, which
-//! the importer maps too, as expandable segments export whole segments), and the block's pages
-//! stay its own while it is live (a page under a live block is never idle, so never moved or released); the
-//! descriptors are made outside the resource's lock, so an export never holds up a free; on a
-//! failure no descriptor is left open.
+//! Invariants: only a live block's pages are exported (and the rest of the spans they lie in,
+//! which the importer maps too, as expandable segments export whole segments), and the block's
+//! pages stay its own while it is live (a page under a live block is never idle, so never moved
+//! or released); the descriptors are made outside the resource's lock, so an export never holds
+//! up a free; on a failure no descriptor is left open.
 
 use super::VmmResource;
 use crate::driver::{DevicePtr, MemHandle};

@@ -12,9 +12,9 @@
 //! costs about as long to unmap and release (44 us) or to map with access (54 us) as to copy
 //! (38 us). Pages adjacent in one address reservation are saved with one copy; wake restores them
 //! a chunk of pages at a time, one handle a chunk where it can ([`wake`]: the next sleep then
-//! gives each chunk back in one unmap and one release). The host buffer is kept after a wake for the next sleep
-//! (page-locking gigabytes takes longer than copying them) until [`Sleep::release_host_buffer`],
-//! a larger sleep, or the resource's end.
+//! gives each chunk back in one unmap and one release). The host buffer is kept after a wake for
+//! the next sleep (page-locking gigabytes takes longer than copying them) until
+//! [`Sleep::release_host_buffer`], a larger sleep, or the resource's end.
 //!
 //! Invariants: a sleep happens only after the device synchronised (no work in flight, so nothing
 //! half-written is copied) and never during a capture; a page under a live block is unmapped
