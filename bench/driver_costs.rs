@@ -97,7 +97,7 @@ fn main() {
             ns,
         );
     }
-    let s = alloc.stats(0).unwrap();
+    let s = alloc.device(0).unwrap().stats().unwrap();
     println!(
         "COST (stats: {} allocations, {} cache hits, {} device allocs, {} waits before growth)",
         s.num_allocs, s.num_cache_hits, s.num_device_allocs, s.num_growth_syncs

@@ -1,22 +1,25 @@
-//! The allocator of a process: one `DeviceAllocator` (`src/device/`) per device over one
-//! [`Driver`], and the methods behind every C entry point.
+//! The allocator of a process: one [`DeviceAllocator`] (`src/device/`) per device over one
+//! [`Driver`]. A call about one device (statistics, trims, sleep, PyTorch's pools, exports) goes
+//! to the device [`Allocator::device`] hands out; what is here is the allocation entries (sizes
+//! are decided here) and the calls over every device or the whole process (record_stream,
+//! empty_cache, peer access, the timeline, imports from other processes).
 //!
 //! Invariants: every public entry validates its arguments (size, device index, pointer) before
 //! any state changes, so a rejected call leaves statistics untouched; sizes are decided here: 0
 //! gets NULL, above [`MAX_ALLOCATION_BYTES`] is out of memory (as PyTorch reports any request it
 //! cannot serve), counted in `num_ooms` and changing nothing else; a device one of whose parts
-//! reports itself disabled (after a panic) is disabled as a whole.
+//! reports itself disabled (after a panic) is disabled as a whole (the device sees to it:
+//! `DeviceAllocator::disabling`).
 
 use crate::config::{Config, DriverKind, Settings};
 use crate::device::DeviceAllocator;
 use crate::driver::{cuda::CudaDriver, DevicePtr, Driver, Stream};
 use crate::error::{Error, Result};
-use crate::history::{History, Recorder, StreampoolBlock, StreampoolEvent};
+use crate::history::{History, Recorder, StreampoolEvent};
 use crate::ipc::imports::Imports;
 use crate::ipc::{self, StreampoolIpcHandle};
 use crate::peer::Peers;
-use crate::stats::StreampoolStats;
-use crate::units::{parse_size, SIZE_ACCEPTED};
+use crate::resource::graph_pool::PoolId;
 use std::sync::Arc;
 
 /// The largest request streampool passes on: 2^48 bytes (256 TiB), beyond any GPU's memory and
@@ -78,8 +81,9 @@ impl Allocator {
         self.devices.len()
     }
 
+    /// Device `device`: every call about one device goes to it (`stats`, `trim`, `sleep`, ...).
     #[inline]
-    pub(crate) fn device(&self, device: i64) -> Result<&Arc<DeviceAllocator>> {
+    pub fn device(&self, device: i64) -> Result<&DeviceAllocator> {
         match usize::try_from(device)
             .ok()
             .and_then(|d| self.devices.get(d))
@@ -111,12 +115,40 @@ impl Allocator {
         if bytes > MAX_ALLOCATION_BYTES {
             return Err(d.out_of_memory_above(bytes, stream, MAX_ALLOCATION_BYTES));
         }
-        // Not `disabling_on_error`: on success this writes the pointer, with no copy of the
-        // whole Result.
+        // Not `d.disabling(..)`: on success this writes the pointer, with no copy of the whole
+        // Result.
         match d.allocate(bytes, stream, ipc::in_shareable_scope()) {
             Ok(ptr) => Ok(ptr),
-            Err(e) => Err(disabling(d, e)),
+            Err(e) => Err(d.disabling_error(e)),
         }
+    }
+
+    /// Allocates `bytes` on `device` like [`Allocator::malloc`], into PyTorch memory pool `pool`
+    /// if one claimed the allocation; out of memory outside a pool, from a pool that PyTorch
+    /// allows to serve then (`use_on_oom`).
+    pub fn malloc_into(
+        &self,
+        bytes: u64,
+        device: i64,
+        stream: Stream,
+        pool: Option<PoolId>,
+    ) -> Result<DevicePtr> {
+        let d = self.device(device)?;
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL);
+        }
+        if bytes > MAX_ALLOCATION_BYTES {
+            return Err(d.out_of_memory_above(bytes, stream, MAX_ALLOCATION_BYTES));
+        }
+        let Some(id) = pool else {
+            return match self.malloc(bytes, device, stream) {
+                Err(Error::OutOfMemory(report)) => d
+                    .allocate_from_oom_pools(bytes, stream)
+                    .ok_or(Error::OutOfMemory(report)),
+                other => other,
+            };
+        };
+        d.allocate_in_graph_pool(id, bytes, stream)
     }
 
     /// Frees `ptr` (NULL does nothing); the block is ordered after all work on its allocation
@@ -128,7 +160,7 @@ impl Allocator {
         }
         match d.free(ptr) {
             Ok(()) => Ok(()),
-            Err(e) => Err(disabling(d, e)),
+            Err(e) => Err(d.disabling_error(e)),
         }
     }
 
@@ -139,7 +171,7 @@ impl Allocator {
             device: 0,
         };
         for d in &self.devices {
-            match disabling_on_error(d, d.record_stream(ptr, stream)) {
+            match d.disabling(d.record_stream(ptr, stream)) {
                 Err(e @ Error::UnknownPointer { .. }) => last = e,
                 other => return other,
             }
@@ -161,77 +193,8 @@ impl Allocator {
     pub fn empty_cache(&self) -> Result<()> {
         self.devices
             .iter()
-            .map(|d| disabling_on_error(d, d.flush(0)))
+            .map(|d| d.disabling(d.flush(0)))
             .fold(Ok(()), Result::and)
-    }
-
-    /// Returns `device`'s cache, synchronises and trims its resources to `keep_bytes`.
-    pub fn trim(&self, device: i64, keep_bytes: u64) -> Result<()> {
-        let d = self.device(device)?;
-        disabling_on_error(d, d.trim(keep_bytes))
-    }
-
-    /// `device`'s physical memory back to it, the addresses kept: see `DeviceAllocator::sleep`.
-    pub fn sleep(&self, device: i64, level: u32) -> Result<u64> {
-        self.device(device)?.sleep(level, &[])
-    }
-
-    /// [`Allocator::sleep`], but the contents of blocks allocated under a tag named in
-    /// `discard` ([`crate::tag`]) are discarded even at level 1. A name no thread ever pushed
-    /// is an error naming it, and nothing changes.
-    pub fn sleep_discarding(&self, device: i64, level: u32, discard: &[&str]) -> Result<u64> {
-        let device = self.device(device)?;
-        let discard = discard
-            .iter()
-            .map(|name| crate::tag::lookup(name))
-            .collect::<Result<Vec<_>>>()?;
-        device.sleep(level, &discard)
-    }
-
-    /// `device`'s memory mapped again where it slept: see `DeviceAllocator::wake`.
-    pub fn wake(&self, device: i64) -> Result<u64> {
-        self.device(device)?.wake()
-    }
-
-    /// Bytes of `device` asleep now.
-    pub fn sleeping_bytes(&self, device: i64) -> Result<u64> {
-        Ok(self.device(device)?.sleeping_bytes())
-    }
-
-    /// Bytes of `device`'s contents waiting in page-locked host memory while it sleeps.
-    pub fn sleep_saved_bytes(&self, device: i64) -> Result<u64> {
-        Ok(self.device(device)?.sleep_saved_bytes())
-    }
-
-    /// Bytes of page-locked host memory `device` holds for sleeping (the contents while asleep,
-    /// the buffer kept for the next sleep once awake).
-    pub fn sleep_host_buffer_bytes(&self, device: i64) -> Result<u64> {
-        Ok(self.device(device)?.sleep_host_buffer_bytes())
-    }
-
-    /// Frees the host buffer `device` keeps for its next sleep; the bytes freed.
-    pub fn release_sleep_buffer(&self, device: i64) -> Result<u64> {
-        self.device(device)?.release_sleep_buffer()
-    }
-
-    /// `device` was synchronised by the program: see `DeviceAllocator::synchronized`.
-    pub fn synchronized(&self, device: i64) -> Result<()> {
-        let d = self.device(device)?;
-        disabling_on_error(d, d.synchronized())
-    }
-
-    pub fn set_release_threshold(&self, device: i64, bytes: u64) -> Result<()> {
-        let d = self.device(device)?;
-        disabling_on_error(d, d.set_release_threshold(bytes))
-    }
-
-    /// `torch.cuda.set_per_process_memory_fraction`: caps what `device` holds.
-    pub fn set_memory_fraction(&self, device: i64, fraction: f64) -> Result<()> {
-        self.device(device)?.set_memory_fraction(fraction)
-    }
-
-    pub fn reset_peak_stats(&self, device: i64) -> Result<()> {
-        self.device(device)?.reset_peak_stats()
     }
 
     /// PyTorch's init hook: warns if PyTorch and the driver disagree on the device count.
@@ -240,16 +203,6 @@ impl Allocator {
         if usize::try_from(torch_count).ok() != Some(seen) {
             log::warn!("streampool_init: PyTorch reports {torch_count} devices, the driver {seen}");
         }
-    }
-
-    /// `spec` ("8GiB", "80%" of `device`'s memory, "max", ...) in bytes.
-    pub fn parse_bytes(&self, spec: &str, device: i64) -> Result<u64> {
-        let size = parse_size(spec).map_err(|reason| {
-            Error::InvalidArgument(format!(
-                "{spec:?} is not a size: use {SIZE_ACCEPTED} ({reason})"
-            ))
-        })?;
-        Ok(size.resolve_bytes(self.device(device)?.device_total_bytes()?))
     }
 
     /// Starts the timeline afresh, keeping the newest `max_entries` events, or stops it (what
@@ -284,12 +237,6 @@ impl Allocator {
         self.history.enabled()
     }
 
-    /// `device`'s memory now, from the driver.
-    pub fn driver_mem_info(&self, device: i64) -> Result<crate::driver::MemInfo> {
-        self.device(device)?;
-        self.driver.mem_info(device as usize)
-    }
-
     /// The newest `max_events` timeline events, oldest first, and how many the ring dropped.
     pub fn history(&self, max_events: usize) -> (Vec<StreampoolEvent>, u64) {
         self.history.newest(max_events)
@@ -307,52 +254,6 @@ impl Allocator {
             .fold(Ok(()), Result::and)
     }
 
-    /// True if `device` supports stream-ordered memory pools.
-    pub fn pools_supported(&self, device: i64) -> Result<bool> {
-        self.device(device)?;
-        self.driver.pools_supported(device as usize)
-    }
-
-    /// True if `device`'s pools can be shared with other processes.
-    pub fn ipc_supported(&self, device: i64) -> Result<bool> {
-        self.device(device)?;
-        self.driver.ipc_supported(device as usize)
-    }
-
-    /// True if `device` supports virtual memory management (`STREAMPOOL_BACKEND=vmm`).
-    pub fn vmm_supported(&self, device: i64) -> Result<bool> {
-        self.device(device)?;
-        self.driver.vmm_supported(device as usize)
-    }
-
-    /// Exports the live shareable block at `ptr` on `device`, ready after the work queued on
-    /// `stream` so far.
-    pub fn ipc_export(
-        &self,
-        ptr: DevicePtr,
-        device: i64,
-        stream: Stream,
-    ) -> Result<StreampoolIpcHandle> {
-        self.device(device)?.export(ptr, stream)
-    }
-
-    /// How the live block at `ptr` on `device` can be shared with another process.
-    pub fn ipc_kind(&self, ptr: DevicePtr, device: i64) -> Result<ipc::IpcKind> {
-        self.device(device)?.ipc_kind(ptr)
-    }
-
-    /// Exports the live block at `ptr` on `device` page by page (the vmm backend), ready after
-    /// the work queued on `stream` so far: the handle, and one file descriptor per page (the
-    /// caller's to close), -1 for a page the descriptor before it backs too (a span).
-    pub fn ipc_export_pages(
-        &self,
-        ptr: DevicePtr,
-        device: i64,
-        stream: Stream,
-    ) -> Result<(ipc::StreampoolIpcPages, Vec<i32>)> {
-        self.device(device)?.export_pages(ptr, stream)
-    }
-
     /// Maps a block another process exported page by page, from its page descriptors (which
     /// stay the caller's; -1 for a page the descriptor before it backs too).
     pub fn ipc_import_pages(
@@ -364,10 +265,6 @@ impl Allocator {
         self.device(handle.device.into())?;
         self.imports
             .import_pages(self.driver.as_ref(), handle, fds, stream)
-    }
-
-    pub fn ipc_release_export(&self, device: i64, event: u64) -> Result<()> {
-        self.device(device)?.release_export(event)
     }
 
     /// Imports another process's pool on `device` from `fd` (which stays the caller's).
@@ -407,20 +304,6 @@ impl Allocator {
     pub fn ipc_open_imports(&self) -> usize {
         self.imports.open_count()
     }
-
-    pub fn blocks(&self, device: i64) -> Result<Vec<StreampoolBlock>> {
-        Ok(self.device(device)?.blocks())
-    }
-
-    pub fn stats(&self, device: i64) -> Result<StreampoolStats> {
-        self.device(device)?.stats()
-    }
-
-    /// (current, peak) bytes `device` holds from CUDA in all: what the segments of a snapshot
-    /// add up to, PyTorch's `memory_reserved()` under install().
-    pub fn reserved_total(&self, device: i64) -> Result<(u64, u64)> {
-        self.device(device)?.reserved_total()
-    }
 }
 
 /// Parses the `STREAMPOOL_*` variables of the environment (an early, clear error).
@@ -431,22 +314,6 @@ pub fn check_env() -> Result<()> {
 /// The driver `STREAMPOOL_DRIVER` selects; "invalid" if the configuration is malformed.
 pub fn configured_driver_name() -> &'static str {
     Config::from_env().map_or("invalid", |c| c.driver.name())
-}
-
-/// `result` of a call on `d`; if a resource of `d` reported itself disabled (a panic left its
-/// state half-updated), the whole device refuses further calls from now on.
-#[inline]
-pub(crate) fn disabling_on_error<T>(d: &DeviceAllocator, result: Result<T>) -> Result<T> {
-    result.map_err(|e| disabling(d, e))
-}
-
-/// [`disabling_on_error`] for an error.
-#[cold]
-fn disabling(d: &DeviceAllocator, e: Error) -> Error {
-    if let Error::Disabled { .. } = e {
-        d.disable();
-    }
-    e
 }
 
 #[cfg(feature = "sim")]

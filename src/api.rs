@@ -7,6 +7,7 @@
 
 use crate::allocator::Allocator;
 use crate::config::LOG_DEFAULT;
+use crate::device::DeviceAllocator;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::fork::{self, FirstUse};
@@ -44,6 +45,11 @@ pub fn global() -> Result<&'static Allocator> {
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// Device `device` of the process's allocator: the C entries about one device call it.
+pub fn device(device: impl Into<i64>) -> Result<&'static DeviceAllocator> {
+    global()?.device(device.into())
 }
 
 /// Frees `ptr` through the process's allocator. In a fork() child it does nothing: memory

@@ -29,7 +29,6 @@
 //! GPU are made outside it.
 
 pub mod allocator;
-mod allocator_pools;
 mod api;
 mod background;
 mod cache;
@@ -54,6 +53,7 @@ pub mod units;
 
 pub use allocator::{Allocator, MAX_ALLOCATION_BYTES};
 pub use config::Config;
+pub use device::DeviceAllocator;
 pub use device::StreamFilter;
 pub use error::{Error, Result};
 pub use stats::StreampoolStats;

@@ -1,6 +1,6 @@
 //! Tags: a name that marks the blocks a thread allocates while it is pushed
 //! (`with streampool.tag("kv_cache"):`), so that a sleep can discard what some blocks hold and
-//! keep the rest ([`crate::Allocator::sleep_discarding`]).
+//! keep the rest ([`crate::DeviceAllocator::sleep`]).
 //!
 //! Invariants: the tag of an allocation is the innermost tag its own thread pushed and has not
 //! popped (none when the thread's stack is empty); a name gets one id for the life of the process

@@ -163,8 +163,9 @@ forward_managed_to_sim!(Hooked);
 
 fn waiting(alloc: &Allocator, ptr: DevicePtr) -> bool {
     alloc
-        .blocks(0)
+        .device(0)
         .unwrap()
+        .blocks()
         .iter()
         .any(|b| b.address == ptr.0 && b.state == StreampoolBlockState::WaitingForStreams as u32)
 }
@@ -264,7 +265,7 @@ fn empty_cache_returns_a_block_that_waited_without_events_before_its_synchronisa
         "empty_cache tried to record the block's events again"
     );
     assert!(!waiting(&alloc, a), "{a:#x} still waits after empty_cache");
-    let stats = alloc.stats(0).unwrap();
+    let stats = alloc.device(0).unwrap().stats().unwrap();
     assert_eq!(stats.pool_used_bytes, 0, "the block is back in its pool");
 }
 
@@ -401,7 +402,11 @@ fn the_releaser_queries_no_event_during_a_known_capture() {
 fn the_memory_fraction_caps_eager_blocks_during_a_capture() {
     let sim = Arc::new(SimDriver::new(1, 256 * MIB));
     let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, vmm(SizeSpec::Max)).unwrap();
-    alloc.set_memory_fraction(0, 1.0 / 16.0).unwrap(); // 16 MiB
+    alloc
+        .device(0)
+        .unwrap()
+        .set_memory_fraction(1.0 / 16.0)
+        .unwrap(); // 16 MiB
     sim.begin_capture(0, CAPTURING);
     let graph = alloc.malloc(2 * MIB, 0, CAPTURING).unwrap();
     let a = alloc.malloc(12 * MIB, 0, S1).unwrap();

@@ -39,7 +39,7 @@ fn a_destroyed_capture_stream_does_not_keep_the_vmm_backend_from_mapping() {
         !sim.is_driver_memory(0, p),
         "served by the driver's pool: the resource still thinks a capture is under way"
     );
-    assert!(alloc.stats(0).unwrap().num_maps > 0);
+    assert!(alloc.device(0).unwrap().stats().unwrap().num_maps > 0);
     alloc.free(p, 0).unwrap();
     sim.complete_all();
     alloc.empty_cache().unwrap();
@@ -66,12 +66,16 @@ fn a_block_waiting_for_a_destroyed_stream_is_reclaimed_when_its_memory_is_needed
         let b = alloc
             .malloc(40 * MIB, 0, S1)
             .unwrap_or_else(|e| panic!("{backend:?}: a's memory was never reclaimed: {e}"));
-        let st = alloc.stats(0).unwrap();
+        let st = alloc.device(0).unwrap().stats().unwrap();
         assert_eq!(st.allocated_bytes, 40 * MIB, "{backend:?}");
         alloc.free(b, 0).unwrap();
         sim.complete_all();
         alloc.empty_cache().unwrap();
-        assert_eq!(alloc.stats(0).unwrap().active_bytes, 0, "{backend:?}");
+        assert_eq!(
+            alloc.device(0).unwrap().stats().unwrap().active_bytes,
+            0,
+            "{backend:?}"
+        );
     }
 }
 

@@ -1,7 +1,7 @@
 //! Growth of a device's CUDA pools (`src/device/growth.rs`): before a pool grows, its cached
 //! blocks go back to it and, with `trim_on_growth`, it waits for the allocating stream and
 //! releases what it does not use; after it grew although it reported room (fragmentation), its
-//! cached blocks go back too. Read through the simulator's pool accounting (`Allocator::stats`:
+//! cached blocks go back too. Read through the simulator's pool accounting (`DeviceAllocator::stats`:
 //! reserved, cached, growth syncs) and the memory timeline.
 
 mod common;
@@ -63,7 +63,7 @@ fn a_pool_that_grew_although_it_reported_room_gets_its_cached_blocks_back() {
     w.scatter(0, main, 64 * MIB);
     // The pool reports 64 MiB of room: nothing goes back before the allocation; it grows.
     let b = alloc.malloc(20 * MIB, 0, s(1)).unwrap();
-    let st = alloc.stats(0).unwrap();
+    let st = alloc.device(0).unwrap().stats().unwrap();
     assert_eq!(
         st.reserved_bytes,
         (64 + 8 + 20) * MIB,
@@ -76,7 +76,7 @@ fn a_pool_that_grew_although_it_reported_room_gets_its_cached_blocks_back() {
     assert_eq!(st.num_device_frees, 1);
     alloc.free(b, 0).unwrap();
     alloc.empty_cache().unwrap();
-    assert_eq!(alloc.stats(0).unwrap().reserved_bytes, 0);
+    assert_eq!(alloc.device(0).unwrap().stats().unwrap().reserved_bytes, 0);
     drop(alloc);
     assert_eq!(w.sim.outstanding_bytes(), 0);
 }

@@ -19,7 +19,7 @@ fn with_shareable<T>(f: impl FnOnce() -> T) -> T {
 fn a_shareable_block_round_trips_through_export_import_and_close() {
     let rig = rig(64 * MIB);
     let ptr = with_shareable(|| rig.malloc(3 * MIB, 0, 5));
-    let handle = rig.alloc.ipc_export(ptr, 0, s(0)).unwrap();
+    let handle = rig.alloc.device(0).unwrap().export(ptr, s(0)).unwrap();
     assert_eq!((handle.device, handle.block_bytes), (0, 3 * MIB));
     assert!(handle.pool_fd >= 0);
     assert_eq!(rig.stats(0).ipc_used_bytes, 3 * MIB);
@@ -39,7 +39,11 @@ fn a_shareable_block_round_trips_through_export_import_and_close() {
     );
     assert!(rig.alloc.ipc_close(imported, s(9)).is_err(), "closed twice");
     // The exporter lets go: the block goes straight back to the shareable pool.
-    rig.alloc.ipc_release_export(0, handle.event).unwrap();
+    rig.alloc
+        .device(0)
+        .unwrap()
+        .release_export(handle.event)
+        .unwrap();
     rig.free(ptr, 0);
     assert_eq!(rig.stats(0).cached_bytes, 0);
     rig.finish();
@@ -52,7 +56,7 @@ fn shareable_allocations_never_take_cached_blocks() {
     rig.free(normal, 0); // cached on stream 0
     let shared = with_shareable(|| rig.malloc(MIB, 0, 0));
     assert_ne!(shared, normal);
-    rig.alloc.ipc_export(shared, 0, s(0)).unwrap();
+    rig.alloc.device(0).unwrap().export(shared, s(0)).unwrap();
     let again = rig.malloc(MIB, 0, 0);
     assert_eq!(
         again, normal,
@@ -71,7 +75,9 @@ fn exporting_a_block_from_the_ordinary_pool_says_how_to_make_it_shareable() {
     for block in [large, p] {
         let e = rig
             .alloc
-            .ipc_export(block, 0, s(0))
+            .device(0)
+            .unwrap()
+            .export(block, s(0))
             .unwrap_err()
             .to_string();
         assert!(
@@ -82,10 +88,17 @@ fn exporting_a_block_from_the_ordinary_pool_says_how_to_make_it_shareable() {
     }
     rig.free(large, 0);
     assert!(
-        rig.alloc.ipc_export(p.offset(512), 0, s(0)).is_err(),
+        rig.alloc
+            .device(0)
+            .unwrap()
+            .export(p.offset(512), s(0))
+            .is_err(),
         "interior pointer"
     );
-    assert!(rig.alloc.ipc_export(p, 1, s(0)).is_err(), "wrong device");
+    assert!(
+        rig.alloc.device(1).unwrap().export(p, s(0)).is_err(),
+        "wrong device"
+    );
     rig.free(p, 0);
     rig.finish();
 }
@@ -101,7 +114,7 @@ fn with_ipc_on_every_pool_block_is_shareable_cached_ones_included() {
     rig.free(p, 1);
     let q = rig.malloc(MIB, 1, 0);
     assert_eq!(p, q, "from the cache");
-    let handle = rig.alloc.ipc_export(q, 1, s(0)).unwrap();
+    let handle = rig.alloc.device(1).unwrap().export(q, s(0)).unwrap();
     let st = rig.stats(1);
     assert_eq!(
         (st.ipc_reserved_bytes, st.ipc_used_bytes),
@@ -110,7 +123,11 @@ fn with_ipc_on_every_pool_block_is_shareable_cached_ones_included() {
     let pool = rig.alloc.ipc_import_pool(1, handle.pool_fd).unwrap();
     let imported = rig.alloc.ipc_import(pool, &handle, s(0)).unwrap();
     rig.alloc.ipc_close(imported, s(0)).unwrap();
-    rig.alloc.ipc_release_export(1, handle.event).unwrap();
+    rig.alloc
+        .device(1)
+        .unwrap()
+        .release_export(handle.event)
+        .unwrap();
     rig.free(q, 1);
     rig.finish();
 }
@@ -124,7 +141,10 @@ fn a_device_without_sharing_support_gives_a_clear_error() {
         e.contains("device 1 cannot share pool memory") && e.contains("HANDLE_TYPES"),
         "{e}"
     );
-    assert!(!rig.alloc.ipc_supported(1).unwrap() && rig.alloc.ipc_supported(0).unwrap());
+    assert!(
+        !rig.alloc.device(1).unwrap().ipc_supported().unwrap()
+            && rig.alloc.device(0).unwrap().ipc_supported().unwrap()
+    );
     assert_eq!(rig.stats(1).num_allocs, 0);
     rig.finish();
 }
@@ -134,7 +154,7 @@ fn bad_imports_and_scopes_are_errors() {
     let rig = rig(64 * MIB);
     assert!(end_shareable().is_err(), "end without begin");
     let ptr = with_shareable(|| rig.malloc(MIB, 0, 0));
-    let handle = rig.alloc.ipc_export(ptr, 0, s(0)).unwrap();
+    let handle = rig.alloc.device(0).unwrap().export(ptr, s(0)).unwrap();
     assert!(
         rig.alloc.ipc_import(0xdead, &handle, s(0)).is_err(),
         "pool never imported"
@@ -154,7 +174,11 @@ fn bad_imports_and_scopes_are_errors() {
         .is_err());
     assert!(rig.alloc.ipc_close(DevicePtr(0x1234), s(0)).is_err());
     assert_eq!(rig.alloc.ipc_open_imports(), 0);
-    rig.alloc.ipc_release_export(0, handle.event).unwrap();
+    rig.alloc
+        .device(0)
+        .unwrap()
+        .release_export(handle.event)
+        .unwrap();
     rig.free(ptr, 0);
     rig.finish();
 }
@@ -184,7 +208,11 @@ fn a_shareable_block_used_on_other_streams_goes_back_to_its_pool_not_the_cache()
 #[test]
 fn the_memory_fraction_caps_shareable_allocations_too() {
     let rig = rig(64 * MIB);
-    rig.alloc.set_memory_fraction(0, 0.25).unwrap(); // 16 MiB
+    rig.alloc
+        .device(0)
+        .unwrap()
+        .set_memory_fraction(0.25)
+        .unwrap(); // 16 MiB
     let first = with_shareable(|| rig.malloc(12 * MIB, 0, 0));
     let e = with_shareable(|| rig.alloc.malloc(8 * MIB, 0, s(0)).unwrap_err().to_string());
     assert!(
@@ -200,8 +228,8 @@ fn a_block_imported_twice_is_mapped_once_until_its_last_close() {
     let rig = rig(64 * MIB);
     let ptr = with_shareable(|| rig.malloc(MIB, 0, 0));
     let (h1, h2) = (
-        rig.alloc.ipc_export(ptr, 0, s(0)).unwrap(),
-        rig.alloc.ipc_export(ptr, 0, s(0)).unwrap(),
+        rig.alloc.device(0).unwrap().export(ptr, s(0)).unwrap(),
+        rig.alloc.device(0).unwrap().export(ptr, s(0)).unwrap(),
     );
     let pool = rig.alloc.ipc_import_pool(0, h1.pool_fd).unwrap();
     let (a, b) = (
@@ -225,10 +253,16 @@ fn a_block_imported_twice_is_mapped_once_until_its_last_close() {
         (0, 0)
     );
     for h in [h1, h2] {
-        rig.alloc.ipc_release_export(0, h.event).unwrap();
+        rig.alloc
+            .device(0)
+            .unwrap()
+            .release_export(h.event)
+            .unwrap();
         let again = rig
             .alloc
-            .ipc_release_export(0, h.event)
+            .device(0)
+            .unwrap()
+            .release_export(h.event)
             .unwrap_err()
             .to_string();
         assert!(
@@ -237,7 +271,7 @@ fn a_block_imported_twice_is_mapped_once_until_its_last_close() {
         );
     }
     assert!(
-        rig.alloc.ipc_release_export(0, 0xbad).is_err(),
+        rig.alloc.device(0).unwrap().release_export(0xbad).is_err(),
         "never exported"
     );
     rig.free(ptr, 0);

@@ -58,7 +58,7 @@ fn a_sticky_error_on_one_device_is_reported_and_the_other_device_keeps_working()
     let e = alloc.empty_cache().unwrap_err().to_string();
     assert!(e.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{e}");
     assert_eq!(
-        alloc.stats(1).unwrap().cached_bytes,
+        alloc.device(1).unwrap().stats().unwrap().cached_bytes,
         0,
         "device 1 was emptied despite device 0's error"
     );
@@ -68,7 +68,7 @@ fn a_sticky_error_on_one_device_is_reported_and_the_other_device_keeps_working()
         alloc.free(p, 1).unwrap();
     }
     alloc.empty_cache().unwrap_err();
-    let s = alloc.stats(1).unwrap();
+    let s = alloc.device(1).unwrap().stats().unwrap();
     assert_eq!(
         (s.allocated_bytes, s.num_allocs, s.num_frees),
         (0, 101, 101)

@@ -52,12 +52,12 @@ fn run(backend: Backend) {
     let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config).unwrap();
     let first = Stream(1);
     let before_per_s = pairs_per_s(&alloc, first);
-    let held_before = alloc.stats(0).unwrap().reserved_bytes;
+    let held_before = alloc.device(0).unwrap().stats().unwrap().reserved_bytes;
     let mut held_early = 0;
     let start = Instant::now();
     for i in 0..streams() {
         if i == streams() / 10 {
-            held_early = alloc.stats(0).unwrap().reserved_bytes;
+            held_early = alloc.device(0).unwrap().stats().unwrap().reserved_bytes;
         }
         let s = Stream(0x1000 + i * 16);
         let small = alloc.malloc(4096 + (i as u64 % 4) * 512, 0, s).unwrap();
@@ -76,7 +76,7 @@ fn run(backend: Backend) {
     let streams_s = start.elapsed().as_secs_f64();
     let old_per_s = pairs_per_s(&alloc, first);
     let new_per_s = pairs_per_s(&alloc, Stream(0x10));
-    let st = alloc.stats(0).unwrap();
+    let st = alloc.device(0).unwrap().stats().unwrap();
     eprintln!(
         "{backend:?}: {before_per_s:.0} pairs/s on one stream; {} streams in \
          {streams_s:.1} s; then {old_per_s:.0} pairs/s on the first stream, {new_per_s:.0} on a \

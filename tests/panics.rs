@@ -59,10 +59,13 @@ fn device_0_refuses_everything(alloc: &Allocator, live: DevicePtr, part: &str) {
     disabled(alloc.malloc(8 * MIB, 0, S2), part);
     disabled(alloc.free(live, 0), part);
     disabled(alloc.record_stream(live, S2), part);
-    disabled(alloc.trim(0, 0), part);
-    disabled(alloc.set_release_threshold(0, 0), part);
+    disabled(alloc.device(0).unwrap().trim(0), part);
+    disabled(alloc.device(0).unwrap().set_release_threshold(0), part);
     disabled(alloc.empty_cache(), part);
-    assert!(alloc.stats(0).is_ok(), "statistics stay readable");
+    assert!(
+        alloc.device(0).unwrap().stats().is_ok(),
+        "statistics stay readable"
+    );
     let p = alloc.malloc(4096, 1, S1).unwrap();
     alloc.free(p, 1).unwrap();
 }
@@ -116,4 +119,38 @@ fn a_panic_under_the_vmm_resource_lock_disables_the_device() {
     disabled(alloc.malloc(8 * MIB, 0, S1), "virtual-memory resource");
     device_0_refuses_everything(&alloc, live, "virtual-memory resource");
     std::mem::forget(alloc);
+}
+
+/// Whichever entry of the device first meets the disabled vmm resource — sleep, wake, peer
+/// access, not only those that allocate, free or trim — disables the device as a whole: a later
+/// `record_stream`, which needs only the device's own books, is refused too.
+#[test]
+fn every_device_entry_that_meets_a_disabled_resource_disables_the_device() {
+    type Entry = fn(&streampool::DeviceAllocator) -> Result<()>;
+    let entries: [(&str, Entry); 3] = [
+        ("sleep", |d| d.sleep(1, &[]).map(|_| ())),
+        ("wake", |d| d.wake().map(|_| ())),
+        ("enable_peer_access", |d| d.enable_peer_access()),
+    ];
+    for (name, entry) in entries {
+        let (w, alloc) = rig(Config {
+            backend: Backend::Vmm,
+            background: false,
+            ..Config::default()
+        });
+        w.sim.stop_clock();
+        let live = alloc.malloc(4096, 0, S1).unwrap();
+        let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
+        let b = alloc.malloc(8 * MIB, 0, S1).unwrap();
+        alloc.free(a, 0).unwrap();
+        alloc.free(b, 0).unwrap();
+        panics(&w, || alloc.empty_cache());
+        let device = alloc.device(0).unwrap();
+        disabled(entry(device), "virtual-memory resource");
+        match alloc.record_stream(live, S2) {
+            Err(Error::Disabled { device: 0, .. }) => {}
+            other => panic!("after {name}: expected device 0 disabled, got {other:?}"),
+        }
+        std::mem::forget(alloc);
+    }
 }

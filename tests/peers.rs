@@ -145,7 +145,7 @@ fn devices_the_importer_uses_get_access_to_an_imported_pool() {
     begin_shareable().unwrap();
     let ptr = rig.malloc(MIB, 0, 0);
     end_shareable().unwrap();
-    let handle = rig.alloc.ipc_export(ptr, 0, s(0)).unwrap();
+    let handle = rig.alloc.device(0).unwrap().export(ptr, s(0)).unwrap();
     assert!(
         rig.shareable_pool(0).peers.is_empty(),
         "the exporter grants none"
@@ -167,7 +167,11 @@ fn devices_the_importer_uses_get_access_to_an_imported_pool() {
     importer.free(p2, 2).unwrap();
     importer.empty_cache().unwrap();
     drop(importer);
-    rig.alloc.ipc_release_export(0, handle.event).unwrap();
+    rig.alloc
+        .device(0)
+        .unwrap()
+        .release_export(handle.event)
+        .unwrap();
     rig.free(ptr, 0);
     rig.finish();
 }

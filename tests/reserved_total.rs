@@ -17,14 +17,14 @@ fn the_total_counts_the_own_resources_and_the_shareable_pool() {
         .iter()
         .map(|&n| rig.malloc(n * MIB, 0, 0))
         .collect();
-    let (total, peak) = rig.alloc.reserved_total(0).unwrap();
+    let (total, peak) = rig.alloc.device(0).unwrap().reserved_total().unwrap();
     assert_eq!(total, own(&rig), "only the own resources hold memory");
     assert!(total >= 169 * MIB && peak >= total);
 
     begin_shareable().unwrap();
     let shared = rig.malloc(3 * MIB, 0, 0);
     end_shareable().unwrap();
-    let (with_shared, _) = rig.alloc.reserved_total(0).unwrap();
+    let (with_shared, _) = rig.alloc.device(0).unwrap().reserved_total().unwrap();
     let stats = rig.stats(0);
     assert!(stats.ipc_reserved_bytes >= 3 * MIB);
     assert_eq!(
@@ -36,10 +36,16 @@ fn the_total_counts_the_own_resources_and_the_shareable_pool() {
     for p in held {
         rig.free(p, 0);
     }
-    rig.alloc.trim(0, 0).unwrap();
-    let (after, _) = rig.alloc.reserved_total(0).unwrap();
+    rig.alloc.device(0).unwrap().trim(0).unwrap();
+    let (after, _) = rig.alloc.device(0).unwrap().reserved_total().unwrap();
     let stats = rig.stats(0);
     assert_eq!(after, stats.reserved_bytes + stats.ipc_reserved_bytes);
-    assert!(rig.alloc.reserved_total(7).is_err(), "no such device");
+    assert!(
+        rig.alloc
+            .device(7)
+            .and_then(|dev| dev.reserved_total())
+            .is_err(),
+        "no such device"
+    );
     rig.finish();
 }

@@ -102,7 +102,7 @@ fn blocks_list_live_cached_and_waiting_blocks() {
     rig.free(cached, 0);
     rig.alloc.record_stream(waiting, s(2)).unwrap();
     rig.free(waiting, 0);
-    let mut blocks = rig.alloc.blocks(0).unwrap();
+    let mut blocks = rig.alloc.device(0).unwrap().blocks();
     blocks.sort_by_key(|b| b.block_bytes);
     let summary: Vec<_> = blocks
         .iter()
@@ -124,8 +124,8 @@ fn blocks_list_live_cached_and_waiting_blocks() {
             (waiting.0, 8192, 8192, State::WaitingForStreams as u32, 1),
         ]
     );
-    assert!(rig.alloc.blocks(1).unwrap().is_empty());
-    assert!(rig.alloc.blocks(2).is_err());
+    assert!(rig.alloc.device(1).unwrap().blocks().is_empty());
+    assert!(rig.alloc.device(2).map(|dev| dev.blocks()).is_err());
     rig.free(live, 0);
     rig.finish();
 }

@@ -48,7 +48,7 @@ impl Rig {
     }
 
     fn stats(&self) -> StreampoolStats {
-        self.alloc.stats(0).unwrap()
+        self.alloc.device(0).unwrap().stats().unwrap()
     }
 
     fn finish(self) {
@@ -113,7 +113,7 @@ fn one_live_small_block_holds_one_page_and_an_emptied_page_is_idle_again() {
         r.alloc.free(b, 0).unwrap();
     }
     r.sim.complete_all();
-    r.alloc.trim(0, 0).unwrap();
+    r.alloc.device(0).unwrap().trim(0).unwrap();
     assert_eq!(
         r.sim.physical_bytes(0),
         PAGE,
@@ -203,7 +203,11 @@ fn memory_left_unused_in_holes_is_remapped_instead_of_growing() {
 #[test]
 fn the_memory_fraction_caps_mapped_blocks_too() {
     let r = rig_with(1, 64 * MIB, vmm_config());
-    r.alloc.set_memory_fraction(0, 0.25).unwrap();
+    r.alloc
+        .device(0)
+        .unwrap()
+        .set_memory_fraction(0.25)
+        .unwrap();
     let a = r.malloc(12 * MIB, 0, S1);
     let e = r.alloc.malloc(6 * MIB, 0, S1).unwrap_err().to_string();
     assert!(e.contains("set_per_process_memory_fraction"), "{e}");
@@ -406,7 +410,7 @@ fn used_bytes_and_the_reserved_peak_follow_the_vmm_resource() {
         8 * MIB,
         "the peak stays until reset"
     );
-    r.alloc.reset_peak_stats(0).unwrap();
+    r.alloc.device(0).unwrap().reset_peak_stats().unwrap();
     assert_eq!(
         r.stats().reserved_bytes_peak,
         0,
@@ -563,13 +567,13 @@ fn a_trim_releases_spare_handles_down_to_what_it_keeps_and_no_further() {
         4 * MIB,
         "the spares count as reserved"
     );
-    r.alloc.trim(0, 4 * MIB).unwrap();
+    r.alloc.device(0).unwrap().trim(4 * MIB).unwrap();
     assert_eq!(
         r.sim.physical_bytes(0),
         4 * MIB,
         "already at what the trim keeps"
     );
-    r.alloc.trim(0, 2 * MIB).unwrap();
+    r.alloc.device(0).unwrap().trim(2 * MIB).unwrap();
     assert_eq!(r.sim.physical_bytes(0), 2 * MIB);
     r.finish();
 }
@@ -589,7 +593,7 @@ fn a_device_without_virtual_memory_management_uses_the_pool_backend() {
     assert!(!r.sim.pool_infos(1).is_empty(), "device 1 has no pool");
     r.alloc.free(on_pool, 1).unwrap();
     assert_eq!(
-        r.alloc.stats(1).unwrap().cached_bytes,
+        r.alloc.device(1).unwrap().stats().unwrap().cached_bytes,
         8 * MIB,
         "an 8 MiB block is cached on the pool backend"
     );
@@ -613,7 +617,7 @@ fn memory_above_the_release_threshold_goes_back_at_a_synchronisation_the_coldest
     r.alloc.free(hot, 0).unwrap();
     let physical = r.sim.physical_bytes(0);
     let syncs = r.sim.calls("cuCtxSynchronize");
-    r.alloc.synchronized(0).unwrap();
+    r.alloc.device(0).unwrap().synchronized().unwrap();
     assert_eq!(r.sim.physical_bytes(0), physical, "no threshold: nothing");
     assert_eq!(
         r.sim.calls("cuCtxSynchronize"),
@@ -621,15 +625,19 @@ fn memory_above_the_release_threshold_goes_back_at_a_synchronisation_the_coldest
         "and no synchronisation"
     );
     // 4 MiB above the live block's: the hot block's pages stay.
-    r.alloc.set_release_threshold(0, 6 * MIB).unwrap();
-    r.alloc.synchronized(0).unwrap();
+    r.alloc
+        .device(0)
+        .unwrap()
+        .set_release_threshold(6 * MIB)
+        .unwrap();
+    r.alloc.device(0).unwrap().synchronized().unwrap();
     assert_eq!(r.sim.physical_bytes(0), 6 * MIB);
     let again = r.malloc(4 * MIB, 0, S1);
     assert_eq!(again, hot, "the hot pages stayed mapped");
     assert_eq!(r.sim.physical_bytes(0), 6 * MIB);
     r.alloc.free(again, 0).unwrap();
-    r.alloc.set_release_threshold(0, 0).unwrap();
-    r.alloc.synchronized(0).unwrap();
+    r.alloc.device(0).unwrap().set_release_threshold(0).unwrap();
+    r.alloc.device(0).unwrap().synchronized().unwrap();
     assert_eq!(
         r.sim.physical_bytes(0),
         2 * MIB,

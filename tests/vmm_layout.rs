@@ -43,7 +43,11 @@ fn a_page_larger_than_the_device_is_an_error_naming_the_variable_at_first_use() 
             other => panic!("malloc({bytes}) gave {other:?}"),
         }
     }
-    assert_eq!(alloc.stats(0).unwrap().num_ooms, 0, "not out of memory");
+    assert_eq!(
+        alloc.device(0).unwrap().stats().unwrap().num_ooms,
+        0,
+        "not out of memory"
+    );
     // A page of the device's size is still a page.
     let (_sim, alloc) = vmm(256 * MIB, SizeSpec::Bytes(256 * MIB));
     let p = alloc.malloc(4 * MIB, 0, Stream(1)).unwrap();

@@ -147,7 +147,8 @@ impl Outcome {
 }
 
 /// The allocator's configuration for `setting`: the simulated driver, one device of 80 GiB
-/// unless the setting (or, in `replay_planned`, the trace's `device_total_bytes`) says otherwise. A variable streampool does not read is an error.
+/// unless the setting (or, in `replay_planned`, the trace's `device_total_bytes`) says
+/// otherwise. A variable streampool does not read is an error.
 pub fn config_for(setting: &Setting) -> Result<Config, String> {
     let mut env: HashMap<&str, &str> = HashMap::from([
         ("STREAMPOOL_DRIVER", "sim"),
@@ -340,7 +341,11 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
         }
     }
     sim.complete_all();
-    let start = alloc.stats(0).map_err(|e| format!("stats: {e}"))?;
+    let start = alloc
+        .device(0)
+        .unwrap()
+        .stats()
+        .map_err(|e| format!("stats: {e}"))?;
     let host_us = timing::host_times(trace, plan);
     for (index, event) in trace.events.iter().enumerate() {
         let at = |e: String| format!("{}:{}: {event:?}: {e}", trace.name, trace.lines[index]);
@@ -371,7 +376,9 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
                 gpu.run(&sim, stream, now_us, work_us);
                 live.insert(id, (ptr, bytes));
                 let reserved = alloc
-                    .stats(0)
+                    .device(0)
+                    .unwrap()
+                    .stats()
                     .map_err(|e| at(e.to_string()))?
                     .reserved_bytes;
                 let above_start = reserved.saturating_sub(start.reserved_bytes);
@@ -399,7 +406,11 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
                 own_syncs += 1;
                 // What `torch.cuda.synchronize()` does under `install()` (streampool_synchronized):
                 // with a release threshold, the resources that release at a synchronisation do.
-                alloc.synchronized(0).map_err(|e| at(e.to_string()))?;
+                alloc
+                    .device(0)
+                    .unwrap()
+                    .synchronized()
+                    .map_err(|e| at(e.to_string()))?;
             }
             Event::Step => {
                 steps_seen += 1;
@@ -418,7 +429,11 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
         let timed = (sim.calls(name) - timed_before).min(n);
         out.timed_calls.insert(name.to_string(), timed);
     }
-    let stats = alloc.stats(0).map_err(|e| format!("stats: {e}"))?;
+    let stats = alloc
+        .device(0)
+        .unwrap()
+        .stats()
+        .map_err(|e| format!("stats: {e}"))?;
     out.allocated_peak_bytes = stats.allocated_bytes_peak - before_start_bytes;
     out.stats_maps = stats.num_maps;
     out.stats_unmaps = stats.num_unmaps;

@@ -11,16 +11,20 @@ use crate::history::StreampoolBlock;
 use crate::resource::{peer_target, usage_with_peaks, Accessible, DriverCounts, Sleep};
 use crate::stats::{DeviceFigures, StreampoolStats};
 use crate::tag::TagId;
+use crate::units::{parse_size, SIZE_ACCEPTED};
 use std::sync::Arc;
 
 impl DeviceAllocator {
+    /// Sets the release threshold of the device's resources that keep one.
     pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
         self.check_enabled()?;
-        self.setup()?
-            .for_each_own(|r| match r.capabilities().release_threshold {
+        let set = self.setup().and_then(|setup| {
+            setup.for_each_own(|r| match r.capabilities().release_threshold {
                 Some(threshold) => threshold.set_release_threshold(bytes),
                 None => Ok(()),
             })
+        });
+        self.disabling(set)
     }
 
     /// The device's memory, read once.
@@ -78,12 +82,14 @@ impl DeviceAllocator {
         }
     }
 
-    /// Grants every other device access to this device's resources (see [`crate::peer::Peers::grant_all`]).
+    /// Grants every other device access to this device's resources (see `Peers::grant_all`).
     pub fn enable_peer_access(&self) -> Result<()> {
         let own: Vec<Arc<dyn Accessible>> =
             self.setup()?.own.iter().filter_map(peer_target).collect();
-        self.peers
-            .grant_all(self.driver.as_ref(), self.device, &own)
+        let granted = self
+            .peers
+            .grant_all(self.driver.as_ref(), self.device, &own);
+        self.disabling(granted)
     }
 
     /// The blocks this device holds from its resources (for `dump_snapshot`).
@@ -102,7 +108,7 @@ impl DeviceAllocator {
 
     /// Called when the timeline starts: its gauges begin at the device's current values (events
     /// of a resource, such as mappings, carry them until the device's next event).
-    pub fn start_timeline(&self) {
+    pub(crate) fn start_timeline(&self) {
         if let Some(reserved_bytes) = self.reserved_for_timeline() {
             self.recorder.set_reserved(reserved_bytes);
         }
@@ -115,6 +121,11 @@ impl DeviceAllocator {
     /// few microseconds), as a CUDA pool does at a synchronisation. Nothing without a threshold,
     /// and nothing during a capture.
     pub fn synchronized(&self) -> Result<()> {
+        self.disabling(self.release_at_sync())
+    }
+
+    /// [`DeviceAllocator::synchronized`]'s work.
+    fn release_at_sync(&self) -> Result<()> {
         let Some(setup) = self.setup.get() else {
             return Ok(());
         };
@@ -143,8 +154,18 @@ impl DeviceAllocator {
     /// after the device synchronised, so nothing half-written is saved; at `level` 1 what live
     /// blocks hold waits in page-locked host memory, but for blocks allocated under a tag in
     /// `discard`. The bytes given back. Only on a resource that can keep its addresses (the vmm
-    /// backend); never during a capture.
-    pub fn sleep(&self, level: u32, discard: &[TagId]) -> Result<u64> {
+    /// backend); never during a capture. A tag name no thread ever pushed is an error naming it,
+    /// and nothing changes.
+    pub fn sleep(&self, level: u32, discard: &[&str]) -> Result<u64> {
+        let discard = discard
+            .iter()
+            .map(|name| crate::tag::lookup(name))
+            .collect::<Result<Vec<TagId>>>()?;
+        self.disabling(self.sleep_discarding(level, &discard))
+    }
+
+    /// [`DeviceAllocator::sleep`]'s work, the tags found.
+    fn sleep_discarding(&self, level: u32, discard: &[TagId]) -> Result<u64> {
         if !matches!(level, 1 | 2) {
             return Err(Error::InvalidArgument(format!(
                 "sleep level {level}: 1 keeps the contents in host memory, 2 discards them"
@@ -177,6 +198,11 @@ impl DeviceAllocator {
 
     /// Maps memory again where the device slept (streampool.wake()); the bytes restored.
     pub fn wake(&self) -> Result<u64> {
+        self.disabling(self.wake_all())
+    }
+
+    /// [`DeviceAllocator::wake`]'s work.
+    fn wake_all(&self) -> Result<u64> {
         let setup = self.setup()?;
         let mut restored = 0u64;
         for r in &setup.own {
@@ -216,11 +242,11 @@ impl DeviceAllocator {
         let Some(setup) = self.setup.get() else {
             return Ok(0);
         };
-        let mut freed = 0u64;
-        for sleep in setup.own.iter().filter_map(|r| r.capabilities().sleep) {
-            freed = freed.saturating_add(sleep.release_host_buffer()?);
-        }
-        Ok(freed)
+        let freed = (setup.own.iter().filter_map(|r| r.capabilities().sleep))
+            .try_fold(0u64, |sum, sleep| {
+                Ok(sum.saturating_add(sleep.release_host_buffer()?))
+            });
+        self.disabling(freed)
     }
 
     /// `figure` summed over the device's resources that can sleep (0 before its first use).
@@ -238,6 +264,51 @@ impl DeviceAllocator {
     /// Returns the cache, synchronises and trims each resource to `keep_bytes`.
     pub fn trim(&self, keep_bytes: u64) -> Result<()> {
         self.setup()?;
-        self.flush(keep_bytes)
+        self.disabling(self.flush(keep_bytes))
+    }
+}
+
+/// What the driver says of the device, and sizes read against its memory.
+impl DeviceAllocator {
+    /// True if the device supports stream-ordered memory pools.
+    pub fn pools_supported(&self) -> Result<bool> {
+        self.driver.pools_supported(self.device)
+    }
+
+    /// True if the device's pools can be shared with other processes.
+    pub fn ipc_supported(&self) -> Result<bool> {
+        self.driver.ipc_supported(self.device)
+    }
+
+    /// True if the device supports virtual memory management (`STREAMPOOL_BACKEND=vmm`).
+    pub fn vmm_supported(&self) -> Result<bool> {
+        self.driver.vmm_supported(self.device)
+    }
+
+    /// The device's memory now, from the driver.
+    pub fn mem_info(&self) -> Result<crate::driver::MemInfo> {
+        self.driver.mem_info(self.device)
+    }
+
+    /// `spec` ("8GiB", "80%" of the device's memory, "max", ...) in bytes.
+    pub fn parse_bytes(&self, spec: &str) -> Result<u64> {
+        let size = parse_size(spec).map_err(|reason| {
+            Error::InvalidArgument(format!(
+                "{spec:?} is not a size: use {SIZE_ACCEPTED} ({reason})"
+            ))
+        })?;
+        Ok(size.resolve_bytes(self.device_total_bytes()?))
+    }
+
+    /// `cacheInfo`: the largest block the device could serve now — its free memory plus what
+    /// streampool holds there unused (cached, or reserved by its resources and not handed out).
+    pub fn cache_info_bytes(&self) -> Result<u64> {
+        let stats = self.stats()?;
+        let free = self.mem_info()?.free_bytes;
+        let unused = stats
+            .reserved_bytes
+            .saturating_sub(stats.pool_used_bytes)
+            .saturating_add(stats.cached_bytes);
+        Ok(free.saturating_add(unused))
     }
 }

@@ -15,6 +15,7 @@ use super::{DeviceAllocator, StreamFilter};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::history::StreampoolEventKind as Event;
+use crate::resource::foreign::{ForeignFree, ForeignMalloc, ForeignResource};
 use crate::resource::graph_pool::{GraphPoolResource, PoolBlock, PoolId, Segment};
 use crate::resource::{Resource, SourceId};
 use std::collections::HashMap;
@@ -145,12 +146,19 @@ impl DeviceAllocator {
     /// `createOrIncrefPool` with an allocator of the pool's own (`torch.cuda.MemPool(allocator)`):
     /// a pool made now takes its segments from `parent` and gives them back to it; an existing
     /// pool gets one more user and keeps its source.
-    pub fn graph_pool_create_or_incref_from(
+    ///
+    /// # Safety
+    /// As `ForeignResource::new`: a matching pair, callable from any thread while the pool may
+    /// hold memory of it, that does not unwind.
+    pub unsafe fn graph_pool_create_or_incref_with_allocator(
         &self,
         id: PoolId,
-        parent: Arc<dyn Resource>,
+        malloc: ForeignMalloc,
+        free: ForeignFree,
     ) -> Result<()> {
-        self.pool_for_use_from(id, Users::AddOne, Some(parent))
+        // SAFETY: as the caller promises.
+        let parent = unsafe { ForeignResource::new(self.device, malloc, free) };
+        self.pool_for_use_from(id, Users::AddOne, Some(Arc::new(parent)))
             .map(|_| ())
     }
 
@@ -169,7 +177,7 @@ impl DeviceAllocator {
     }
 
     /// `setUseOnOOM`: whether the pool's free memory may serve allocations outside any pool
-    /// that ran out of memory ([`DeviceAllocator::allocate_from_oom_pools`]). Turning it off
+    /// that ran out of memory (`DeviceAllocator::allocate_from_oom_pools`). Turning it off
     /// for a pool that does not exist (any more) does nothing.
     pub fn graph_pool_set_use_on_oom(&self, id: PoolId, on: bool) -> Result<()> {
         let pool = match on {
@@ -212,7 +220,17 @@ impl DeviceAllocator {
     }
 
     /// Allocates `requested_bytes` on `stream` from pool `id`.
-    pub fn allocate_in_graph_pool(
+    pub(crate) fn allocate_in_graph_pool(
+        &self,
+        id: PoolId,
+        requested_bytes: u64,
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        self.disabling(self.allocate_in_pool(id, requested_bytes, stream))
+    }
+
+    /// [`DeviceAllocator::allocate_in_graph_pool`]'s work.
+    fn allocate_in_pool(
         &self,
         id: PoolId,
         requested_bytes: u64,
@@ -307,7 +325,7 @@ impl DeviceAllocator {
     /// After an allocation outside any pool ran out of memory: a free range of a pool marked
     /// `use_on_oom` (`torch.cuda.MemPool(use_on_oom=True)`) serves it if one fits, as in
     /// PyTorch; the block then belongs to that pool. None if none fits.
-    pub fn allocate_from_oom_pools(
+    pub(crate) fn allocate_from_oom_pools(
         &self,
         requested_bytes: u64,
         stream: Stream,

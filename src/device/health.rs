@@ -5,7 +5,9 @@
 //! ([`DeviceAllocator::disable`]), every entry that hands out or takes back memory — allocate,
 //! free, record_stream, flush and trim, the release threshold — fails with
 //! [`Error::Disabled`] before it reads the ledger, so no block is handed out twice. Views
-//! (statistics, blocks) stay readable. The check is one relaxed load.
+//! (statistics, blocks) stay readable. The check is one relaxed load. The device disables itself:
+//! every public entry that reaches a resource passes its result through
+//! [`DeviceAllocator::disabling`], so no caller has to.
 
 use super::{DeviceAllocator, DeviceState};
 use crate::error::{Error, Result};
@@ -44,7 +46,26 @@ impl DeviceAllocator {
 
     /// Refuses every later call: a resource of the device (the virtual-memory resource, the one
     /// with a lock of its own) reported itself disabled.
-    pub fn disable(&self) {
+    pub(crate) fn disable(&self) {
         self.state.poison();
+    }
+
+    /// `result`; if it says a resource of the device is disabled, the whole device refuses every
+    /// later call. Every public entry that reaches a resource returns through it.
+    #[inline(always)]
+    pub(crate) fn disabling<T>(&self, result: Result<T>) -> Result<T> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(e) => Err(self.disabling_error(e)),
+        }
+    }
+
+    /// [`DeviceAllocator::disabling`] for an error.
+    #[cold]
+    pub(crate) fn disabling_error(&self, e: Error) -> Error {
+        if let Error::Disabled { .. } = e {
+            self.disable();
+        }
+        e
     }
 }

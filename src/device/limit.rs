@@ -140,7 +140,7 @@ impl DeviceAllocator {
     /// A request above `max_bytes`, streampool's largest: out of memory at once, with the reason,
     /// counted in `num_ooms` like any other; nothing else changes, and the device's resources
     /// are not created for it.
-    pub fn out_of_memory_above(
+    pub(crate) fn out_of_memory_above(
         &self,
         requested_bytes: u64,
         stream: Stream,

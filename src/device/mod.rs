@@ -117,7 +117,7 @@ pub struct DeviceAllocator {
 }
 
 impl DeviceAllocator {
-    pub fn new(
+    pub(crate) fn new(
         device: usize,
         driver: Arc<dyn Driver>,
         settings: Arc<Settings>,
@@ -217,7 +217,7 @@ impl DeviceAllocator {
 
     /// Allocates `requested_bytes` (> 0, at most [`crate::allocator::MAX_ALLOCATION_BYTES`]) on
     /// `stream`, from the shareable pool if `shareable`: the stages of the module's list.
-    pub fn allocate(
+    pub(crate) fn allocate(
         &self,
         requested_bytes: u64,
         stream: Stream,

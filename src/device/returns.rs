@@ -18,7 +18,7 @@ use crate::sync::MutexGuard;
 impl DeviceAllocator {
     /// Frees `ptr`: off the live list; a block other streams used waits for them; then it is
     /// cached for its stream, or goes back to its source.
-    pub fn free(&self, ptr: DevicePtr) -> Result<()> {
+    pub(crate) fn free(&self, ptr: DevicePtr) -> Result<()> {
         let mut st = self.lock_enabled()?;
         let Some(removed) = st.ledger.remove_live(ptr) else {
             return Err(self.unknown_pointer(ptr));
@@ -91,7 +91,7 @@ impl DeviceAllocator {
         }
     }
 
-    pub fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
+    pub(crate) fn record_stream(&self, ptr: DevicePtr, stream: Stream) -> Result<()> {
         self.lock_enabled()?
             .ledger
             .record_stream(ptr, stream, self.device)
@@ -214,7 +214,7 @@ impl DeviceAllocator {
     /// device's own resources to `keep_bytes`. While a graph is being captured it only returns
     /// the cache (no waiting). A block its source refuses does not stop the trim; the first
     /// error is reported.
-    pub fn flush(&self, keep_bytes: u64) -> Result<()> {
+    pub(crate) fn flush(&self, keep_bytes: u64) -> Result<()> {
         let Some(setup) = self.setup.get() else {
             return Ok(());
         };

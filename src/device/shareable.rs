@@ -74,7 +74,7 @@ impl DeviceAllocator {
                 self.device
             )));
         }
-        self.exporter.export(&*source, ptr, block_bytes, stream)
+        self.disabling(self.exporter.export(&*source, ptr, block_bytes, stream))
     }
 
     /// How the live block at `ptr` can be shared: through its pool, its pages, or not at all.
@@ -101,8 +101,10 @@ impl DeviceAllocator {
                 self.device
             )));
         }
-        self.exporter
-            .export_pages(&*source, ptr, block_bytes, stream)
+        let exported = self
+            .exporter
+            .export_pages(&*source, ptr, block_bytes, stream);
+        self.disabling(exported)
     }
 
     /// The block bytes and source of the live block at `ptr`.

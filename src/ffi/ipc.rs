@@ -5,7 +5,7 @@
 //! the caller passes are checked for NULL before they are read or written.
 
 use super::{guarded, ptr_of, status, stream_of};
-use crate::api::{clear_last_error, global, set_last_error};
+use crate::api::{self, clear_last_error, global, set_last_error};
 use crate::error::{Error, Result, StreampoolStatus};
 use crate::ipc::{self, StreampoolIpcHandle};
 use std::ffi::{c_int, c_void};
@@ -58,7 +58,7 @@ pub unsafe extern "C" fn streampool_ipc_export(
         if out.is_null() {
             return Err(Error::InvalidArgument("out must not be NULL".into()));
         }
-        let handle = global()?.ipc_export(ptr_of(ptr), device.into(), stream_of(stream))?;
+        let handle = api::device(device)?.export(ptr_of(ptr), stream_of(stream))?;
         // SAFETY: checked non-NULL; the caller guarantees it is writable.
         unsafe { out.write(handle) };
         Ok(())
@@ -68,9 +68,7 @@ pub unsafe extern "C" fn streampool_ipc_export(
 /// Releases the event of an export (`StreampoolIpcHandle::event`).
 #[no_mangle]
 pub extern "C" fn streampool_ipc_release_export(device: c_int, event: u64) -> c_int {
-    status(guarded(|| {
-        global()?.ipc_release_export(device.into(), event)
-    }))
+    status(guarded(|| api::device(device)?.release_export(event)))
 }
 
 /// Imports another process's pool on `device` from the file descriptor `fd` (which stays the

@@ -6,7 +6,7 @@
 //! is written and no descriptor is left open.
 
 use super::{guarded, ptr_of, status, stream_of};
-use crate::api::{clear_last_error, global, set_last_error};
+use crate::api::{self, clear_last_error, global, set_last_error};
 use crate::error::{Error, StreampoolStatus};
 use crate::ipc::StreampoolIpcPages;
 use std::ffi::{c_int, c_void};
@@ -16,7 +16,7 @@ use std::ffi::{c_int, c_void};
 /// a negative status on an error (an unknown pointer, say).
 #[no_mangle]
 pub extern "C" fn streampool_ipc_kind(ptr: *mut c_void, device: c_int) -> c_int {
-    match guarded(|| global()?.ipc_kind(ptr_of(ptr), device.into())) {
+    match guarded(|| api::device(device)?.ipc_kind(ptr_of(ptr))) {
         Ok(kind) => {
             clear_last_error();
             kind as c_int
@@ -55,15 +55,14 @@ pub unsafe extern "C" fn streampool_ipc_export_pages(
                 "out and fds must not be NULL".into(),
             ));
         }
-        let alloc = global()?;
-        let (handle, made) =
-            alloc.ipc_export_pages(ptr_of(ptr), device.into(), stream_of(stream))?;
+        let device = api::device(device)?;
+        let (handle, made) = device.export_pages(ptr_of(ptr), stream_of(stream))?;
         if made.len() > max_fds {
             for &fd in made.iter().filter(|&&fd| fd >= 0) {
                 // SAFETY: descriptors this call made, seen by nobody else.
                 unsafe { libc::close(fd) };
             }
-            let _ = alloc.ipc_release_export(device.into(), handle.event);
+            let _ = device.release_export(handle.event);
             return Err(Error::InvalidArgument(format!(
                 "the block {ptr:#x?} lies on {} pages: fds needs room for {} descriptors, not \
                  {max_fds}",

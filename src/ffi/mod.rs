@@ -82,8 +82,7 @@ pub unsafe extern "C-unwind" fn my_malloc(
     let result = guarded(|| {
         let bytes = size_from_ssize(size)?;
         match crate::torch_edge::graphs::take_restore(device, bytes) {
-            Some(r) => global()?.restore_in_graph_pool(
-                device,
+            Some(r) => api::device(device)?.restore_in_graph_pool(
                 r.pool,
                 r.ptr,
                 r.requested_bytes,
@@ -227,7 +226,7 @@ pub extern "C" fn streampool_set_memory_fraction(fraction: f64, device: c_int) {
     report(
         "streampool_set_memory_fraction",
         guarded(|| {
-            global()?.set_memory_fraction(device.into(), fraction)?;
+            api::device(device)?.set_memory_fraction(fraction)?;
             crate::torch_edge::note_memory_fraction(device.into(), fraction);
             Ok(())
         }),
@@ -246,7 +245,7 @@ pub unsafe extern "C" fn streampool_get_stats(device: c_int, out: *mut Streampoo
                 "streampool_get_stats: out is NULL".into(),
             ));
         }
-        let stats = global()?.stats(device.into())?;
+        let stats = api::device(device)?.stats()?;
         // SAFETY: checked non-NULL; the caller guarantees it is writable.
         unsafe { out.write(stats) };
         Ok(())
@@ -258,7 +257,7 @@ pub unsafe extern "C" fn streampool_get_stats(device: c_int, out: *mut Streampoo
 pub extern "C" fn streampool_reset_peak_stats(device: c_int) {
     report(
         "streampool_reset_peak_stats",
-        guarded(|| global()?.reset_peak_stats(device.into())),
+        guarded(|| api::device(device)?.reset_peak_stats()),
     );
 }
 
@@ -266,7 +265,7 @@ pub extern "C" fn streampool_reset_peak_stats(device: c_int) {
 #[no_mangle]
 pub extern "C" fn streampool_set_release_threshold(device: c_int, bytes: u64) -> c_int {
     status(guarded(|| {
-        global()?.set_release_threshold(device.into(), bytes)
+        api::device(device)?.set_release_threshold(bytes)
     }))
 }
 
@@ -275,13 +274,13 @@ pub extern "C" fn streampool_set_release_threshold(device: c_int, bytes: u64) ->
 /// now, as a CUDA pool's does at a synchronisation. Costs nothing without a threshold.
 #[no_mangle]
 pub extern "C" fn streampool_synchronized(device: c_int) -> c_int {
-    status(guarded(|| global()?.synchronized(device.into())))
+    status(guarded(|| api::device(device)?.synchronized()))
 }
 
 /// Returns cached memory, synchronises and trims `device`'s pool to `keep_bytes`.
 #[no_mangle]
 pub extern "C" fn streampool_trim(device: c_int, keep_bytes: u64) -> c_int {
-    status(guarded(|| global()?.trim(device.into(), keep_bytes)))
+    status(guarded(|| api::device(device)?.trim(keep_bytes)))
 }
 
 /// Parses "8GiB", "512MB", "4096", "80%" (of `device`'s memory) or "max" into bytes.
@@ -302,7 +301,7 @@ pub unsafe extern "C" fn streampool_parse_bytes(
         }
         // SAFETY: checked non-NULL; the caller guarantees NUL termination.
         let text = unsafe { CStr::from_ptr(spec) }.to_string_lossy();
-        let bytes = global()?.parse_bytes(&text, device.into())?;
+        let bytes = api::device(device)?.parse_bytes(&text)?;
         // SAFETY: checked non-NULL; the caller guarantees it is writable.
         unsafe { out_bytes.write(bytes) };
         Ok(())
@@ -320,7 +319,7 @@ pub extern "C" fn streampool_enable_peer_access(device: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn streampool_pools_supported(device: c_int) -> c_int {
     value_or_status(guarded(|| {
-        Ok(global()?.pools_supported(device.into())? as c_int)
+        Ok(api::device(device)?.pools_supported()? as c_int)
     }))
 }
 
@@ -328,7 +327,7 @@ pub extern "C" fn streampool_pools_supported(device: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn streampool_ipc_supported(device: c_int) -> c_int {
     value_or_status(guarded(|| {
-        Ok(global()?.ipc_supported(device.into())? as c_int)
+        Ok(api::device(device)?.ipc_supported()? as c_int)
     }))
 }
 
@@ -337,7 +336,7 @@ pub extern "C" fn streampool_ipc_supported(device: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn streampool_vmm_supported(device: c_int) -> c_int {
     value_or_status(guarded(|| {
-        Ok(global()?.vmm_supported(device.into())? as c_int)
+        Ok(api::device(device)?.vmm_supported()? as c_int)
     }))
 }
 

@@ -6,7 +6,7 @@
 //! that is not UTF-8 is refused before anything changes.
 
 use super::{guarded, status};
-use crate::api::global;
+use crate::api;
 use crate::error::{Error, Result};
 use crate::tag::MAX_TAGS;
 use std::ffi::{c_char, c_int, CStr};
@@ -41,7 +41,7 @@ pub unsafe extern "C" fn streampool_sleep(
     status(guarded(|| {
         let level = u32::try_from(level)
             .map_err(|_| Error::InvalidArgument(format!("sleep level {level}: 1 or 2")))?;
-        let bytes = global()?.sleep(device.into(), level)?;
+        let bytes = api::device(device)?.sleep(level, &[])?;
         // SAFETY: the caller's guarantee.
         unsafe { write_optional(given_back, bytes) };
         Ok(())
@@ -135,7 +135,7 @@ pub unsafe extern "C" fn streampool_sleep_discarding(
             // SAFETY: the caller guarantees each is a NUL-terminated string (NULL is refused).
             .map(|&p| unsafe { tag_name(p) })
             .collect::<Result<Vec<_>>>()?;
-        let bytes = global()?.sleep_discarding(device.into(), level, &names)?;
+        let bytes = api::device(device)?.sleep(level, &names)?;
         // SAFETY: the caller's guarantee.
         unsafe { write_optional(given_back, bytes) };
         Ok(())
@@ -152,7 +152,7 @@ pub unsafe extern "C" fn streampool_sleep_discarding(
 #[no_mangle]
 pub unsafe extern "C" fn streampool_wake(device: c_int, restored: *mut u64) -> c_int {
     status(guarded(|| {
-        let bytes = global()?.wake(device.into())?;
+        let bytes = api::device(device)?.wake()?;
         // SAFETY: the caller's guarantee.
         unsafe { write_optional(restored, bytes) };
         Ok(())
@@ -167,7 +167,7 @@ pub unsafe extern "C" fn streampool_wake(device: c_int, restored: *mut u64) -> c
 #[no_mangle]
 pub unsafe extern "C" fn streampool_sleeping_bytes(device: c_int, out: *mut u64) -> c_int {
     // SAFETY: the caller's guarantee.
-    unsafe { write_figure(out, || global()?.sleeping_bytes(device.into())) }
+    unsafe { write_figure(out, || Ok(api::device(device)?.sleeping_bytes())) }
 }
 
 /// Writes the bytes of the sleeping `device`'s contents waiting in page-locked host memory to
@@ -178,7 +178,7 @@ pub unsafe extern "C" fn streampool_sleeping_bytes(device: c_int, out: *mut u64)
 #[no_mangle]
 pub unsafe extern "C" fn streampool_sleep_saved_bytes(device: c_int, out: *mut u64) -> c_int {
     // SAFETY: the caller's guarantee.
-    unsafe { write_figure(out, || global()?.sleep_saved_bytes(device.into())) }
+    unsafe { write_figure(out, || Ok(api::device(device)?.sleep_saved_bytes())) }
 }
 
 /// The status of writing `figure()` to `*out`; NULL `out` is refused before it is read.
@@ -206,7 +206,7 @@ unsafe fn write_figure(out: *mut u64, figure: impl FnOnce() -> Result<u64>) -> c
 #[no_mangle]
 pub unsafe extern "C" fn streampool_sleep_host_buffer_bytes(device: c_int, out: *mut u64) -> c_int {
     // SAFETY: the caller's guarantee.
-    unsafe { write_figure(out, || global()?.sleep_host_buffer_bytes(device.into())) }
+    unsafe { write_figure(out, || Ok(api::device(device)?.sleep_host_buffer_bytes())) }
 }
 
 /// Frees the page-locked host buffer `device` keeps after a wake for its next level-1 sleep
@@ -219,7 +219,7 @@ pub unsafe extern "C" fn streampool_sleep_host_buffer_bytes(device: c_int, out: 
 #[no_mangle]
 pub unsafe extern "C" fn streampool_release_sleep_buffer(device: c_int, freed: *mut u64) -> c_int {
     status(guarded(|| {
-        let bytes = global()?.release_sleep_buffer(device.into())?;
+        let bytes = api::device(device)?.release_sleep_buffer()?;
         // SAFETY: the caller's guarantee.
         unsafe { write_optional(freed, bytes) };
         Ok(())

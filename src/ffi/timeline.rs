@@ -4,7 +4,7 @@
 //! buffer is written only within the capacity it gave.
 
 use super::{guarded, status};
-use crate::api::global;
+use crate::api::{self, global};
 use crate::error::{Error, Result};
 use crate::history::{StreampoolBlock, StreampoolEvent};
 use std::ffi::{c_int, c_void};
@@ -147,7 +147,7 @@ pub unsafe extern "C" fn streampool_blocks(
     count: *mut usize,
 ) -> c_int {
     status(guarded(|| {
-        let blocks = global()?.blocks(device.into())?;
+        let blocks = api::device(device)?.blocks();
         // SAFETY: forwarded from the caller's guarantees.
         unsafe { copy_out(&blocks, out, capacity, count) }
     }))
@@ -170,7 +170,7 @@ pub unsafe extern "C" fn streampool_reserved_total(
         if current.is_null() {
             return Err(Error::InvalidArgument("current must not be NULL".into()));
         }
-        let (now, high) = global()?.reserved_total(device.into())?;
+        let (now, high) = api::device(device)?.reserved_total()?;
         // SAFETY: checked non-NULL; the caller guarantees it is writable.
         unsafe { current.write(now) };
         if !peak.is_null() {

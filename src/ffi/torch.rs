@@ -8,7 +8,7 @@
 //! return value there), the others return a status.
 
 use super::{guarded, ptr_of, status, stream_of};
-use crate::api::{global, set_last_error};
+use crate::api::{self, set_last_error};
 use crate::error::{Error, Result};
 use crate::torch_edge::c10_error::{self, Kind};
 use crate::torch_edge::graphs::{expect_restore, Restore, TorchFilter};
@@ -75,16 +75,14 @@ pub unsafe extern "C-unwind" fn streampool_begin_allocate_to_pool(
         None => Arc::new(EveryStream),
     };
     // SAFETY: an extern "C-unwind" frame; `filter` is moved into the closure.
-    unsafe {
-        or_throw(move || global()?.begin_allocate_to_pool(device.into(), (id_a, id_b), filter))
-    }
+    unsafe { or_throw(move || api::device(device)?.begin_allocate_to_pool((id_a, id_b), filter)) }
 }
 
 /// PyTorch's `endAllocateToPool` hook (`set_end_allocate_to_pool_fn`).
 #[no_mangle]
 pub extern "C-unwind" fn streampool_end_allocate_to_pool(device: c_int, id_a: u64, id_b: u64) {
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
-    unsafe { or_throw(|| global()?.end_allocate_to_pool(device.into(), (id_a, id_b))) }
+    unsafe { or_throw(|| api::device(device)?.end_allocate_to_pool((id_a, id_b))) }
 }
 
 /// PyTorch's `releasePool` hook (`set_release_pool`), which PyTorch calls from the destructors
@@ -92,7 +90,7 @@ pub extern "C-unwind" fn streampool_end_allocate_to_pool(device: c_int, id_a: u6
 #[no_mangle]
 pub extern "C-unwind" fn streampool_release_pool(device: c_int, id_a: u64, id_b: u64) {
     or_log("streampool_release_pool", || {
-        global()?.release_pool(device.into(), (id_a, id_b))
+        api::device(device)?.release_pool((id_a, id_b))
     })
 }
 
@@ -135,7 +133,7 @@ pub extern "C" fn streampool_torch_attach() -> *const c_char {
 /// How many users PyTorch memory pool `(id_a, id_b)` of `device` has, or a negative status.
 #[no_mangle]
 pub extern "C" fn streampool_graph_pool_use_count(device: c_int, id_a: u64, id_b: u64) -> c_int {
-    match guarded(|| global()?.graph_pool_use_count(device.into(), (id_a, id_b))) {
+    match guarded(|| Ok(api::device(device)?.graph_pool_use_count((id_a, id_b)))) {
         Ok(count) => c_int::try_from(count).unwrap_or(c_int::MAX),
         Err(e) => status(Err(e)),
     }
@@ -173,10 +171,10 @@ pub unsafe extern "C" fn streampool_graph_pool_blocks(
                 "streampool_graph_pool_blocks: count is NULL".into(),
             ));
         }
-        let id = (id_a, id_b);
+        let (id, device) = ((id_a, id_b), api::device(device)?);
         let blocks: Vec<StreampoolPoolBlock> = match segments {
-            0 => global()?
-                .graph_pool_live_blocks(device.into(), id)?
+            0 => device
+                .graph_pool_live_blocks(id)?
                 .into_iter()
                 .map(|(ptr, requested, bytes, stream)| StreampoolPoolBlock {
                     address: ptr.0,
@@ -185,8 +183,8 @@ pub unsafe extern "C" fn streampool_graph_pool_blocks(
                     stream: stream.0 as u64,
                 })
                 .collect(),
-            _ => global()?
-                .graph_pool_segments(device.into(), id)?
+            _ => device
+                .graph_pool_segments(id)?
                 .into_iter()
                 .map(|(ptr, bytes)| StreampoolPoolBlock {
                     address: ptr.0,
@@ -226,7 +224,7 @@ pub extern "C" fn streampool_graph_pool_expect_restore(
             expect_restore(None);
             return Ok(());
         }
-        global()?.check_device(device.into())?;
+        api::device(device)?;
         expect_restore(Some(Restore {
             device: device.into(),
             pool: (id_a, id_b),
@@ -254,7 +252,7 @@ pub unsafe extern "C" fn streampool_checkpoint_prepare(
     count: usize,
 ) -> c_int {
     status(guarded(|| {
-        global()?.check_device(device.into())?;
+        api::device(device)?;
         let ptrs = match (ptrs.is_null(), count) {
             (_, 0) => Vec::new(),
             (true, _) => {
@@ -289,7 +287,7 @@ pub unsafe extern "C" fn streampool_graph_pool_ids(
                 "streampool_graph_pool_ids: count is NULL".into(),
             ));
         }
-        let ids = global()?.graph_pool_ids(device.into())?;
+        let ids = api::device(device)?.graph_pool_ids();
         // SAFETY: checked non-NULL; the caller guarantees it is writable.
         unsafe { count.write(ids.len()) };
         if !out.is_null() {

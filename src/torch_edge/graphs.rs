@@ -31,7 +31,7 @@ impl StreamFilter for TorchFilter {
 #[inline]
 pub(crate) fn route(device: i64, stream: Stream) -> Option<PoolId> {
     let allocator = guarded(global).ok()?;
-    allocator.graph_pool_claiming(device, stream)
+    allocator.device(device).ok()?.graph_pool_claiming(stream)
 }
 
 /// An allocation that must restore a checkpointed block of a pool.

@@ -11,7 +11,7 @@
 use super::c10_error::{self, Kind};
 use super::std_function::{ObserverSignature, OwnedFunction, StdFunction};
 use super::vtable::{Replacement, SlotAt};
-use crate::api::global;
+use crate::api::{self, global};
 use crate::error::guarded;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
@@ -49,7 +49,7 @@ unsafe fn answer<T>(f: impl FnOnce() -> Result<T>) -> T {
 /// memory), or the value passed in if larger.
 unsafe extern "C-unwind" fn cache_info(_this: *mut c_void, device: i8, largest: *mut usize) {
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
-    let bytes = unsafe { answer(|| global()?.cache_info_bytes(device.into())) };
+    let bytes = unsafe { answer(|| api::device(device)?.cache_info_bytes()) };
     if !largest.is_null() {
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         // SAFETY: PyTorch passes a pointer to its size_t.
@@ -70,7 +70,7 @@ unsafe extern "C-unwind" fn get_memory_fraction(_this: *mut c_void, device: i8) 
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
     unsafe {
         answer(|| {
-            global()?.check_device(device.into())?;
+            api::device(device)?;
             Ok(FRACTIONS
                 .lock()
                 .get(&i64::from(device))
@@ -90,7 +90,7 @@ unsafe extern "C-unwind" fn get_pool_use_count(
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
     unsafe {
         answer(|| {
-            let count = global()?.graph_pool_use_count(device.into(), (a, b))?;
+            let count = api::device(device)?.graph_pool_use_count((a, b));
             Ok(c_int::try_from(count).unwrap_or(c_int::MAX))
         })
     }
@@ -116,7 +116,7 @@ unsafe extern "C-unwind" fn create_or_incref_pool(
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
     unsafe {
         answer(|| match own {
-            true => global()?.graph_pool_create_or_incref(device.into(), (a, b)),
+            true => api::device(device)?.graph_pool_create_or_incref((a, b)),
             false => pool_with_allocator(this, object, device, (a, b)),
         })
     }
@@ -135,13 +135,13 @@ fn pool_with_allocator(
     let (malloc, free) = unsafe { super::pool_allocators::pair_of(this, object) }?;
     // SAFETY: a pluggable allocator's C functions, callable from any thread, which do not unwind
     // (C functions; PyTorch calls them the same way).
-    unsafe { global()?.graph_pool_create_or_incref_with_allocator(device.into(), id, malloc, free) }
+    unsafe { api::device(device)?.graph_pool_create_or_incref_with_allocator(id, malloc, free) }
 }
 
 /// `void setUseOnOOM(DeviceIndex, MempoolId_t, bool)`, which `~MemPool` calls (with false):
 /// never throws (a destructor's throw ends the process); an error is logged.
 unsafe extern "C-unwind" fn set_use_on_oom(_: *mut c_void, device: i8, a: u64, b: u64, on: bool) {
-    let done = guarded(|| global()?.graph_pool_set_use_on_oom(device.into(), (a, b), on));
+    let done = guarded(|| api::device(device)?.graph_pool_set_use_on_oom((a, b), on));
     if let Err(e) = done {
         crate::api::set_last_error(&e);
         log::error!("setUseOnOOM: {e}");
@@ -151,19 +151,19 @@ unsafe extern "C-unwind" fn set_use_on_oom(_: *mut c_void, device: i8, a: u64, b
 /// `void setNoSplit(DeviceIndex, MempoolId_t)`.
 unsafe extern "C-unwind" fn set_no_split(_: *mut c_void, device: i8, a: u64, b: u64) {
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
-    unsafe { answer(|| global()?.graph_pool_set_no_split(device.into(), (a, b))) }
+    unsafe { answer(|| api::device(device)?.graph_pool_set_no_split((a, b))) }
 }
 
 /// `bool isHistoryEnabled()`: whether streampool records its memory timeline.
 unsafe extern "C-unwind" fn is_history_enabled(_this: *mut c_void) -> bool {
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
-    unsafe { answer(|| Ok(global()?.history_enabled())) }
+    unsafe { answer(|| Ok(global()?.history_recording())) }
 }
 
 /// `void resetPeakStats(DeviceIndex)`.
 unsafe extern "C-unwind" fn reset_peak_stats(_this: *mut c_void, device: i8) {
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
-    unsafe { answer(|| global()?.reset_peak_stats(device.into())) }
+    unsafe { answer(|| api::device(device)?.reset_peak_stats()) }
 }
 
 /// Observers attached with `torch._C._cuda_attach_out_of_memory_observer`.
@@ -191,10 +191,10 @@ pub(crate) fn notify_out_of_memory(device: i64, requested_bytes: u64) {
         return;
     }
     let (total, free) = guarded(|| {
-        let allocator = global()?;
-        let (total, free) = allocator.device_memory(device)?;
-        let limit = allocator.stats(device)?.memory_limit_bytes;
-        Ok((total.min(limit), free))
+        let device = api::device(device)?;
+        let memory = device.mem_info()?;
+        let limit = device.stats()?.memory_limit_bytes;
+        Ok((memory.total_bytes.min(limit), memory.free_bytes))
     })
     .unwrap_or((0, 0));
     for observer in observers {

@@ -68,7 +68,7 @@ pub fn overlaps(a: DevicePtr, a_bytes: u64, b: DevicePtr, b_bytes: u64) -> bool 
 
 impl Rig {
     pub fn stats(&self, device: i64) -> StreampoolStats {
-        self.alloc.stats(device).unwrap()
+        self.alloc.device(device).unwrap().stats().unwrap()
     }
 
     pub fn malloc(&self, bytes: u64, device: i64, stream: usize) -> DevicePtr {
