@@ -642,3 +642,31 @@ fn under_the_cap_a_synchronisation_makes_room_before_anything_else() {
     r.free(c, 0);
     r.finish();
 }
+
+/// Under the cap, a CUDA pool's growth is checked as the pool grows: by its granule (2 MiB), not
+/// by the bytes the block lacks. With 2 MiB reserved and a 3 MiB limit, a 1 MiB block that needs
+/// the small pool to grow would take it to 4 MiB: out of memory, and the pool is not asked. Failed
+/// when the growth was checked unrounded (the pool grew past the limit and the block went back).
+#[test]
+fn under_the_cap_a_pool_growth_is_checked_by_its_granule() {
+    let config = Config {
+        cache_limit: SizeSpec::Bytes(0),
+        ..common::pool_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
+    let live = r.malloc(2 * MIB, 0, 1);
+    let device = r.alloc.device(0).unwrap();
+    device.set_memory_fraction(3.0 / 256.0).unwrap();
+    assert_eq!(r.stats(0).memory_limit_bytes, 3 * MIB);
+    let calls = r.sim.calls("cuMemAllocFromPoolAsync");
+    let refused = r.alloc.malloc(MIB, 0, s(1));
+    assert!(matches!(refused, Err(Error::OutOfMemory(_))), "{refused:?}");
+    assert_eq!(
+        r.sim.calls("cuMemAllocFromPoolAsync"),
+        calls,
+        "the pool was asked to grow past the limit"
+    );
+    assert_eq!(r.stats(0).reserved_bytes, 2 * MIB);
+    r.free(live, 0);
+    r.finish();
+}

@@ -113,7 +113,7 @@ impl DeviceAllocator {
         let count = blocks.len();
         let _ = self.return_blocks(blocks);
         let sync = match !synced || count > 0 {
-            true => self.apply_pool_frees(setup),
+            true => self.synchronize_before_trims(setup),
             false => PoolFrees::NotNeeded,
         };
         let mut more = sync == PoolFrees::PutOff;
@@ -132,11 +132,16 @@ impl DeviceAllocator {
         (more || waiting, sync == PoolFrees::Synced)
     }
 
-    /// Synchronises the device so that its CUDA pools apply the frees made so far, where one of
-    /// its resources is a CUDA pool (it does not tend its own memory) and the device holds more
-    /// than its blocks; put off while a capture is known or a route to a graph pool is open.
-    fn apply_pool_frees(&self, setup: &super::DeviceSetup) -> PoolFrees {
-        if !setup.own.iter().any(|r| r.capabilities().tending.is_none()) {
+    /// Synchronises the device before the trims of the idle release, where one of its resources
+    /// is trimmed there ([`crate::resource::trimmed_at_idle`]: a CUDA pool applies the frees made
+    /// so far only then) and the device holds more than its blocks; put off while a capture is
+    /// known or a route to a graph pool is open.
+    fn synchronize_before_trims(&self, setup: &super::DeviceSetup) -> PoolFrees {
+        if !setup
+            .own
+            .iter()
+            .any(|r| crate::resource::trimmed_at_idle(r.as_ref()))
+        {
             return PoolFrees::NotNeeded;
         }
         let Ok(reserved_bytes) = setup.reserved_bytes() else {
@@ -161,7 +166,8 @@ impl DeviceAllocator {
     }
 }
 
-/// What an idle release did about a CUDA pool's frees ([`DeviceAllocator::apply_pool_frees`]).
+/// What an idle release did about the synchronisation its trims need
+/// ([`DeviceAllocator::synchronize_before_trims`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PoolFrees {
     NotNeeded,

@@ -16,10 +16,6 @@ use super::{DeviceAllocator, DeviceSetup, Request};
 use crate::driver::DevicePtr;
 use crate::error::Result;
 use crate::resource::Source;
-use crate::units::round_up;
-
-/// The smallest step a CUDA pool grows by.
-const POOL_GRANULE_BYTES: u64 = 2 << 20;
 
 impl DeviceAllocator {
     /// Step 5: the block's source serves it; under a memory limit, a source that grows by itself
@@ -117,8 +113,8 @@ impl DeviceAllocator {
 }
 
 /// True if serving `block_bytes` from `source` needs no growth by its numbers, or keeps the
-/// device's reserved bytes within `limit_bytes` were it to grow by what it lacks (rounded to its
-/// granule).
+/// device's reserved bytes within `limit_bytes` were it to grow by what it lacks (rounded up to
+/// its [`crate::resource::Traits::growth_granule_bytes`]).
 fn growth_fits(
     setup: &DeviceSetup,
     source: &Source,
@@ -128,7 +124,10 @@ fn growth_fits(
     let room_bytes = source.usage()?.room_bytes();
     let growth_bytes = match block_bytes.checked_sub(room_bytes) {
         None | Some(0) => return Ok(true), // no growth: nothing to check, as in PyTorch
-        Some(missing) => round_up(missing, POOL_GRANULE_BYTES).unwrap_or(u64::MAX),
+        Some(missing) => {
+            let granule_bytes = source.traits().growth_granule_bytes.max(1);
+            (missing.div_ceil(granule_bytes)).saturating_mul(granule_bytes)
+        }
     };
     let after_bytes = setup.reserved_bytes()?.saturating_add(growth_bytes);
     Ok(after_bytes <= limit_bytes)

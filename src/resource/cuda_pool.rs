@@ -16,6 +16,9 @@ use crate::error::{Error, Result};
 use crate::units::format_limit;
 use std::sync::Arc;
 
+/// The smallest step a CUDA pool grows by.
+pub(crate) const POOL_GRANULE_BYTES: u64 = 2 << 20;
+
 pub struct CudaPoolResource {
     driver: Arc<dyn Driver>,
     device: usize,
@@ -171,6 +174,7 @@ impl Resource for CudaPoolResource {
             trims: true,
             // cuMemFreeAsync takes no size: a table of sizes would cost every allocation.
             checks_free_size: false,
+            growth_granule_bytes: POOL_GRANULE_BYTES,
         }
     }
 

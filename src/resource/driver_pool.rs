@@ -35,6 +35,7 @@ impl DriverPoolResource {
                 // It holds nothing for itself: a free goes back to the driver's pool.
                 trims: true,
                 checks_free_size: false,
+                growth_granule_bytes: crate::resource::cuda_pool::POOL_GRANULE_BYTES,
             },
         }
     }

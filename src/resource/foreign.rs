@@ -134,6 +134,7 @@ impl Resource for ForeignResource {
             // It holds nothing beyond its live blocks.
             trims: true,
             checks_free_size: true,
+            growth_granule_bytes: 1,
         }
     }
 }

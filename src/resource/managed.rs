@@ -315,6 +315,7 @@ impl Resource for ManagedResource {
             reuses_across_streams: true,
             trims: true,
             checks_free_size: true,
+            growth_granule_bytes: 1,
         }
     }
 

@@ -96,6 +96,10 @@ pub struct Traits {
     /// size is not known to it and the block goes back whole, whatever size is given (CUDA's
     /// `cuMemFreeAsync` takes none; the device passes the size it recorded).
     pub checks_free_size: bool,
+    /// The step its reserved memory grows by when it lacks room for a block (a CUDA pool's 2 MiB,
+    /// the vmm resource's page; 1: by what the block needs). Under a memory limit the device
+    /// rounds the growth of a resource that grows by itself up to it before the check.
+    pub growth_granule_bytes: u64,
 }
 
 /// A source of device memory.
@@ -275,10 +279,16 @@ impl Accessible for PeerTarget {
     }
 }
 
+/// True if `resource` gives its idle memory back only when trimmed ([`release_idle`] trims it):
+/// it has no background release of its own. [`Resource::trim`] expects the device synchronised
+/// first (a CUDA pool applies the frees it was given only at a synchronisation), so the
+/// device's idle release synchronises before it when one of its resources is trimmed there.
+pub fn trimmed_at_idle(resource: &dyn Resource) -> bool {
+    resource.capabilities().tending.is_none()
+}
+
 /// Gives back idle memory of `resource` without synchronising: its own idle release, or a trim
-/// (which releases a CUDA pool's frees only once a synchronisation applied them: the device's
-/// idle release makes one first).
-/// True if more may become releasable later.
+/// (see [`trimmed_at_idle`]). True if more may become releasable later.
 pub fn release_idle(resource: &dyn Resource) -> Result<bool> {
     match resource.capabilities().tending {
         Some(tending) => tending.release_idle(),

@@ -59,6 +59,7 @@ impl Resource for TestSource {
             reuses_across_streams: true,
             trims: true,
             checks_free_size: false,
+            growth_granule_bytes: 1,
         }
     }
 }

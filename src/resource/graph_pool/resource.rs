@@ -162,6 +162,7 @@ impl Resource for GraphPoolResource {
             // Its segments go back once nobody uses the pool (graphs may replay them).
             trims: false,
             checks_free_size: true,
+            growth_granule_bytes: 1,
         }
     }
 }

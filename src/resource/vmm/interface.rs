@@ -142,6 +142,7 @@ impl Resource for VmmResource {
             reuses_across_streams: true,
             trims: true,
             checks_free_size: true,
+            growth_granule_bytes: self.page_bytes,
         }
     }
 
