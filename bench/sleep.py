@@ -17,6 +17,9 @@ The configurations (CONFIGS):
   it); sleep is ``streampool.sleep(level=1)`` (it synchronises and gives every page back, the
   cache's too, what live tensors hold waiting in page-locked host memory; its return, the bytes
   it gave back, is recorded for both cycles), wake is ``streampool.wake()``.
+- ``streampool-vmm-reserved``: the same, with ``streampool.reserve_sleep_buffer()`` called
+  before the first sleep and timed apart (``reserve_s``): the host buffer is pinned ahead, as a
+  trainer would while training runs, so the first sleep's time is the copies and page calls.
 - ``tms``: torch_memory_saver in its default hook mode, ``preload`` (what SGLang and the RL
   frameworks built on it run: its .so in LD_PRELOAD, so it must be there when the process
   starts: the child re-executes itself with LD_PRELOAD set to the .so the package itself picks
@@ -76,7 +79,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from . import protocol
 from .sleep_report import (  # noqa: F401  (re-exported for the child and the tests)
-    CONFIGS, DESCRIPTIONS, GB, GIB, NATIVE, STREAMPOOL, TARGET_GIVEN_BACK_PCT, TARGET_LINK_PCT, TMS,
+    CONFIGS, DESCRIPTIONS, GB, GIB, NATIVE, STREAMPOOL, STREAMPOOL_RESERVED, STREAMPOOLS,
+    TARGET_GIVEN_BACK_PCT, TARGET_LINK_PCT, TMS,
     TMS_REPORTED_GIVEN_BACK_PCT, TMS_TORCH, build_report, exit_status, finite, given_back_pct,
     allocator_given_back_pct, memory_source, render_markdown, row, summary_lines)
 

@@ -19,7 +19,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import protocol
 from .sleep import (BUFFER_VARIABLE, CONFIGS, CUBLAS_WORKSPACE, GB, GIB, NATIVE,
-                    PRELOADED_VARIABLE, STREAMPOOL, TMS, TMS_TORCH, finite)
+                    PRELOADED_VARIABLE, STREAMPOOL_RESERVED, STREAMPOOLS, TMS, TMS_TORCH,
+                    finite)
 from .sleep_workload import TRAIN_STEPS, Workload, same_parameters
 
 BUFFER_BYTES = 4 * GIB
@@ -183,7 +184,7 @@ class Sleeper:
         self.config = config
         self.tms = None
         facts = record["facts"]
-        if config == STREAMPOOL:
+        if config in STREAMPOOLS:
             import streampool
 
             # The idle release off: the sleep itself gives back everything (it would otherwise
@@ -212,7 +213,7 @@ class Sleeper:
 
     def describe(self, torch: Any, record: Record) -> None:
         """After CUDA started: facts only the running library can give."""
-        if self.config == STREAMPOOL:
+        if self.config in STREAMPOOLS:
             record["facts"]["streampool_version"] = self.streampool.__version__
         if self.tms is not None:
             try:
@@ -227,20 +228,20 @@ class Sleeper:
                 record["tms"] = {"error": protocol.tail(str(exc), 2)}
 
     def sleep(self, torch: Any) -> Optional[int]:
-        if self.config == STREAMPOOL:
+        if self.config in STREAMPOOLS:
             return self.streampool.sleep(level=1)
         torch.cuda.empty_cache()
         self.tms.pause()
         return None
 
     def wake(self, torch: Any) -> Optional[int]:
-        if self.config == STREAMPOOL:
+        if self.config in STREAMPOOLS:
             return self.streampool.wake()
         self.tms.resume()
         return None
 
     def sleeping_bytes(self) -> Optional[int]:
-        return self.streampool.sleeping_bytes() if self.config == STREAMPOOL else None
+        return self.streampool.sleeping_bytes() if self.config in STREAMPOOLS else None
 
 
 def timed(torch: Any, action: Callable[[], Any]) -> tuple:
@@ -347,6 +348,11 @@ def measure(config: str, out: Path, record: Record) -> None:
     record["before"] = memory.read()
     if config == NATIVE:
         return
+
+    if config == STREAMPOOL_RESERVED:
+        record.stage("reserve")
+        record["reserve_s"], record["reserved_bytes"] = timed(
+            torch, lambda: sleeper.streampool.reserve_sleep_buffer())
 
     record.stage("sleep")
     addresses = workload.addresses()

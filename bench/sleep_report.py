@@ -15,13 +15,17 @@ GB = 1e9
 
 NATIVE = "native"
 STREAMPOOL = "streampool-vmm"
+STREAMPOOL_RESERVED = "streampool-vmm-reserved"
+STREAMPOOLS = (STREAMPOOL, STREAMPOOL_RESERVED)
 TMS = "tms"
 TMS_TORCH = "tms-torch"
-CONFIGS = (NATIVE, STREAMPOOL, TMS, TMS_TORCH)
+CONFIGS = (NATIVE, STREAMPOOL, STREAMPOOL_RESERVED, TMS, TMS_TORCH)
 DESCRIPTIONS = {
     NATIVE: "PyTorch's caching allocator, no sleep (the footprint)",
     STREAMPOOL: 'streampool.install(backend="vmm", idle_release="off") (the sleep gives back '
     'everything itself); streampool.sleep(level=1) / wake()',
+    STREAMPOOL_RESERVED: "as streampool-vmm, with streampool.reserve_sleep_buffer() before the "
+    "first sleep (timed apart, reserve_s in sleep.json): the host buffer pinned ahead",
     TMS: "torch_memory_saver, hook mode preload (LD_PRELOAD), region(enable_cpu_backup=True); "
     "empty_cache() + pause() / resume()",
     TMS_TORCH: 'torch_memory_saver, hook_mode = "torch" (pluggable allocator), otherwise as tms',
@@ -149,6 +153,8 @@ def row(record: Dict[str, Any]) -> Dict[str, Any]:
         "beyond_context_given_back_pct": given_back_pct(before, asleep, context),
         "outside_allocator_before_bytes": _difference(before, reserved_before),
         "sleep_s": record.get("sleep_s"),
+        "reserve_s": record.get("reserve_s"),
+        "reserved_bytes": record.get("reserved_bytes"),
         "wake_s": record.get("wake_s"),
         "sleep_gbps": sleep_gbps,
         "wake_gbps": wake_gbps,
@@ -353,7 +359,11 @@ def summary_lines(report: Dict[str, Any]) -> List[str]:
             f"{gib(r.get('outside_allocator_before_bytes'))} GiB), sleep {number(r['sleep_s'], 3)} s, "
             f"wake {number(r['wake_s'], 3)} s, {number(r['sleep_gbps'], 1)} / "
             f"{number(r['wake_gbps'], 1)} GB/s ({number(r['sleep_link_pct'], 0, '%')} / "
-            f"{number(r['wake_link_pct'], 0, '%')} of link); second cycle sleep "
+            f"{number(r['wake_link_pct'], 0, '%')} of link)"
+            + ("" if r.get("reserve_s") is None else
+               f", its buffer ({gib(r.get('reserved_bytes'))} GiB) reserved ahead in "
+               f"{number(r['reserve_s'], 3)} s")
+            + "; second cycle sleep "
             f"{number(r.get('second_sleep_s'), 3)} s, wake {number(r.get('second_wake_s'), 3)} s "
             f"({number(r.get('second_sleep_link_pct'), 0, '%')} / "
             f"{number(r.get('second_wake_link_pct'), 0, '%')} of link); bitwise equal "

@@ -671,6 +671,19 @@ int streampool_sleep_host_buffer_bytes(int device, uint64_t *out);
 int streampool_release_sleep_buffer(int device, uint64_t *freed);
 
 /**
+ * Page-locks now the host buffer `device`'s next level-1 sleep copies its contents into
+ * (pinning is the first sleep's slowest step; the device goes on allocating meanwhile):
+ * `bytes` of it, or with 0 what the memory under live blocks needs now; a buffer kept from an
+ * earlier sleep or reservation that is at least that large stays as it is. Writes the bytes of
+ * the buffer kept to `*reserved` (if not NULL). INVALID_ARGUMENT on the pool backend, while
+ * the device is asleep, or when the memory cannot be page-locked (a buffer kept before stays).
+ *
+ * # Safety
+ * `reserved` must be NULL or writable.
+ */
+int streampool_reserve_sleep_buffer(int device, uint64_t bytes, uint64_t *reserved);
+
+/**
  * Starts the memory timeline afresh (`enabled` != 0), keeping the newest `max_entries` (> 0)
  * events, or stops it (`enabled` == 0); stopping keeps what was recorded readable.
  */

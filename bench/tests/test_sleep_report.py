@@ -142,6 +142,8 @@ def fabricated_report():
     records = {
         "native": native_record(),
         "streampool-vmm": sleeper_record(),
+        "streampool-vmm-reserved": sleeper_record(
+            "streampool-vmm-reserved", sleep_s=0.15, reserve_s=0.4, reserved_bytes=6 * GIB),
         "tms": sleeper_record(
             "tms", asleep=reading(1536 * MIB, 2048 * MIB), sleep_s=0.5, wake_s=0.4,
             bitwise_equal=False, mismatches=["param:transformer.wte.weight"],
@@ -173,8 +175,9 @@ def test_markdown_tables_have_every_configuration_and_even_columns():
         widths = {row.count("|") for row in rows}
         assert len(widths) == 1, rows
     main = table_rows(text, "| configuration | context GiB")
-    assert len(main) == 2 + 4
-    native, streampool, tms, failed = main[2:]
+    assert len(main) == 2 + 5
+    native, streampool, reserved, tms, failed = main[2:]
+    assert reserved.startswith("| `streampool-vmm-reserved` |") and "| 0.150 |" in reserved
     assert "no sleep" in native and "25.50" in native
     assert "99.51% ✓" in streampool and "48.0 (96%) ✓" in streampool
     assert "40.0 (73%) ✗" in streampool and "| yes | yes |" in streampool
@@ -191,16 +194,19 @@ def test_markdown_tables_have_every_configuration_and_even_columns():
 
 def test_summary_has_one_line_per_configuration():
     lines = sleep.summary_lines(fabricated_report())
-    assert [line.split(":")[0] for line in lines] == ["native", "streampool-vmm", "tms",
-                                                      "tms-torch"]
+    assert [line.split(":")[0] for line in lines] == [
+        "native", "streampool-vmm", "streampool-vmm-reserved", "tms", "tms-torch"]
     assert lines[0] == "native: held 25.50 GiB (context 0.50 GiB), no sleep"
     assert lines[1] == (
         "streampool-vmm: held 21.00 -> 1.10 GiB, given back 99.51% of the allocator's 20.00 GiB "
         "(outside it 1.00 GiB), sleep 0.125 s, wake 0.150 s, "
         "48.0 / 40.0 GB/s (96% / 73% of link); second cycle sleep 0.100 s, wake 0.120 s "
         "(120% / 91% of link); bitwise equal yes, step equal yes")
-    assert "bitwise equal no, step equal n/a (not repeatable)" in lines[2]
-    assert lines[3] == "tms-torch: FAILED at allocator: ImportError: no tms"
+    assert "sleep 0.150 s" in lines[2]
+    assert "its buffer (6.00 GiB) reserved ahead in 0.400 s; second cycle" in lines[2]
+    assert "bitwise equal no, step equal n/a (not repeatable)" in lines[3]
+    assert "reserved ahead" not in lines[3]
+    assert lines[4] == "tms-torch: FAILED at allocator: ImportError: no tms"
 
 
 def test_report_is_strict_json_even_with_a_nan():
@@ -292,7 +298,7 @@ def test_parent_writes_the_files_and_prints_the_summary_last(tmp_path, monkeypat
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(
         "FAILED tms-torch at stage allocator: ImportError: no tms (sleep.md; log: ")
-    assert out[-4:] == sleep.summary_lines(fabricated_report())
+    assert out[-5:] == sleep.summary_lines(fabricated_report())
 
 
 def test_options():

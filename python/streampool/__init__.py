@@ -70,6 +70,7 @@ __all__ = [
     "record_history",
     "reset_peak_memory_stats",
     "release_sleep_buffer",
+    "reserve_sleep_buffer",
     "set_release_threshold",
     "share",
     "shareable",
@@ -322,6 +323,27 @@ def release_sleep_buffer(device: Device = None) -> int:
     freed = ctypes.c_uint64()
     _lib.check(_lib.library().streampool_release_sleep_buffer(index, ctypes.byref(freed)))
     return freed.value
+
+
+def reserve_sleep_buffer(size: Optional[Size] = None, device: Device = None) -> int:
+    """Page-lock now the host memory ``device``'s next level-1 :func:`sleep` copies its contents
+    into, so that the sleep does not have to: pinning is the first sleep's slowest step (several
+    times the copy's time). ``size`` is bytes or "8GiB", "80%" (of device
+    memory); None reserves what live tensors hold now. Allocations go on while it pins (call it
+    while training runs). A buffer kept after an earlier sleep or reservation that is at least
+    that large stays as it is; :func:`release_sleep_buffer` frees it. Returns the bytes of the
+    buffer kept. Raises InvalidArgumentError on the pool backend, while the device is asleep, or
+    when the host memory cannot be page-locked (a buffer kept before stays)."""
+    index = device_index(device)
+    wanted = 0 if size is None else _bytes(size, index, "size")
+    if wanted == 0 and size is not None:
+        raise InvalidArgumentError("reserve_sleep_buffer: size must be more than 0 (None: what "
+                                   "live tensors hold now)")
+    reserved = ctypes.c_uint64()
+    _lib.check(
+        _lib.library().streampool_reserve_sleep_buffer(index, wanted, ctypes.byref(reserved))
+    )
+    return reserved.value
 
 
 def trim(keep_bytes: Size = 0, device: Device = None) -> None:

@@ -189,6 +189,7 @@ _SIGNATURES = {
     "streampool_sleep_saved_bytes": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
     "streampool_sleep_host_buffer_bytes": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
     "streampool_release_sleep_buffer": (_c_int, [_c_int, ctypes.POINTER(_c_uint64)]),
+    "streampool_reserve_sleep_buffer": (_c_int, [_c_int, _c_uint64, ctypes.POINTER(_c_uint64)]),
     "streampool_sleep_discarding": (
         _c_int,
         [_c_int, _c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, ctypes.POINTER(_c_uint64)],
@@ -293,6 +294,7 @@ _NEWER_EXPORTS = frozenset(
         "streampool_sleep_saved_bytes",
         "streampool_sleep_host_buffer_bytes",
         "streampool_release_sleep_buffer",
+        "streampool_reserve_sleep_buffer",
         "streampool_sleep_discarding",
         "streampool_tag_push",
         "streampool_tag_pop",

@@ -116,6 +116,11 @@ def test_vmm_sleep_discarding_a_tag_keeps_the_rest_and_reuses_the_host_buffer():
     print(f"\nvmm sleep discarding: {tagged_line(out, 'vmm sleep discarding:')}")
 
 
+def test_vmm_sleep_with_a_reserved_buffer_pins_nothing_more_and_restores_exactly():
+    out = run_case("vmm_sleep_with_a_reserved_buffer", backend="vmm")
+    print(f"\nvmm reserved: {tagged_line(out, 'vmm sleep with a reserved buffer:')}")
+
+
 @pytest.mark.parametrize("backend", ["pool", "vmm"])
 @pytest.mark.parametrize("small", [False, True], ids=["large", "with-small"])
 def test_a_device_near_full_serves_40_percent_of_the_card_from_a_checkerboard(backend, small):

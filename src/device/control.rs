@@ -249,6 +249,28 @@ impl DeviceAllocator {
         self.disabling(freed)
     }
 
+    /// Page-locks the host buffer of the next level-1 sleep now
+    /// (streampool.reserve_sleep_buffer()): `bytes`, or with 0 what the memory under live blocks
+    /// needs now; a kept buffer at least that large stays. The bytes kept. Only on a resource
+    /// that can sleep (the vmm backend); an error while asleep.
+    pub fn reserve_sleep_buffer(&self, bytes: u64) -> Result<u64> {
+        let setup = self.setup()?;
+        let sleepers: Vec<&dyn Sleep> = (setup.own.iter())
+            .filter_map(|r| r.capabilities().sleep)
+            .collect();
+        if sleepers.len() < setup.own.len() || sleepers.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "device {}: streampool.reserve_sleep_buffer() needs the vmm backend \
+                 (STREAMPOOL_BACKEND=vmm), the one that can sleep",
+                self.device
+            )));
+        }
+        let kept = (sleepers.iter()).try_fold(0u64, |sum, sleep| {
+            Ok(sum.saturating_add(sleep.reserve_host_buffer(bytes)?))
+        });
+        self.disabling(kept)
+    }
+
     /// `figure` summed over the device's resources that can sleep (0 before its first use).
     fn sum_over_sleepers(&self, figure: impl Fn(&dyn Sleep) -> u64) -> u64 {
         let Some(setup) = self.setup.get() else {

@@ -225,3 +225,26 @@ pub unsafe extern "C" fn streampool_release_sleep_buffer(device: c_int, freed: *
         Ok(())
     }))
 }
+
+/// Page-locks now the host buffer `device`'s next level-1 sleep copies its contents into
+/// (pinning is the first sleep's slowest step; the device goes on allocating meanwhile):
+/// `bytes` of it, or with 0 what the memory under live blocks needs now; a buffer kept from an
+/// earlier sleep or reservation that is at least that large stays as it is. Writes the bytes of
+/// the buffer kept to `*reserved` (if not NULL). INVALID_ARGUMENT on the pool backend, while
+/// the device is asleep, or when the memory cannot be page-locked (a buffer kept before stays).
+///
+/// # Safety
+/// `reserved` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_reserve_sleep_buffer(
+    device: c_int,
+    bytes: u64,
+    reserved: *mut u64,
+) -> c_int {
+    status(guarded(|| {
+        let kept = api::device(device)?.reserve_sleep_buffer(bytes)?;
+        // SAFETY: the caller's guarantee.
+        unsafe { write_optional(reserved, kept) };
+        Ok(())
+    }))
+}

@@ -184,11 +184,19 @@ static int page_sharing(void *stream) {
     CHECK(streampool_release_sleep_buffer(1, &freed) == OK && freed == saved);
     CHECK(streampool_release_sleep_buffer(1, NULL) == OK);
     CHECK(streampool_sleep_host_buffer_bytes(1, &host) == OK && host == 0);
+    /* Reserved ahead: pinned now, for what live blocks hold (NULL: the size not wanted). */
+    uint64_t reserved = 0;
+    CHECK(streampool_reserve_sleep_buffer(1, 0, &reserved) == OK && reserved > 0);
+    CHECK(streampool_reserve_sleep_buffer(1, 0, NULL) == OK);
+    CHECK(streampool_sleep_host_buffer_bytes(1, &host) == OK && host == reserved);
+    CHECK(streampool_release_sleep_buffer(1, &freed) == OK && freed == reserved);
   } else {
     uint64_t host = 1;
     CHECK(streampool_sleep_host_buffer_bytes(1, &host) == OK && host == 0);
     CHECK(streampool_release_sleep_buffer(1, NULL) == OK);
     CHECK(streampool_sleep_discarding(1, 1, discard, 1, NULL) == INVALID);
+    CHECK(strstr(streampool_last_error(), "STREAMPOOL_BACKEND=vmm") != NULL);
+    CHECK(streampool_reserve_sleep_buffer(1, 0, NULL) == INVALID);
     CHECK(strstr(streampool_last_error(), "STREAMPOOL_BACKEND=vmm") != NULL);
   }
   CHECK(streampool_sleep_saved_bytes(1, &saved) == OK && saved == 0);

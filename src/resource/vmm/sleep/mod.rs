@@ -190,6 +190,44 @@ impl Sleep for VmmResource {
         self.driver.host_free(self.device, kept.buffer);
         Ok(kept.bytes)
     }
+
+    fn reserve_host_buffer(&self, bytes: u64) -> Result<u64> {
+        let wanted_bytes = {
+            let st = self.lock_enabled()?;
+            self.check_awake_to_reserve(&st)?;
+            let wanted_bytes = match bytes {
+                0 => (self.pages_under_kept_blocks(&st, &[]).len() as u64)
+                    .checked_mul(self.page_bytes)
+                    .ok_or_else(|| Error::Internal("the pages to save overflow".into()))?,
+                bytes => bytes,
+            };
+            let kept_bytes = st.sleep_buffer.map_or(0, |h| h.bytes);
+            if wanted_bytes == 0 || kept_bytes >= wanted_bytes {
+                return Ok(kept_bytes);
+            }
+            wanted_bytes
+        };
+        // Pinned with the lock free: gigabytes take a while, and allocations go on meanwhile.
+        let buffer = (self.driver.host_alloc(self.device, wanted_bytes)).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "device {}: {wanted_bytes} B of page-locked host memory for the next sleep could                  not be allocated ({e}); a buffer kept before stays",
+                self.device
+            ))
+        })?;
+        let fresh = HostBytes {
+            buffer,
+            bytes: wanted_bytes,
+        };
+        let (kept_bytes, unused) = match self.lock_enabled() {
+            Ok(mut st) => self.keep_reserved(&mut st, fresh),
+            Err(e) => (Err(e), Some(fresh)),
+        };
+        // Freed with the lock free, as it was pinned.
+        if let Some(unused) = unused {
+            self.driver.host_free(self.device, unused.buffer);
+        }
+        kept_bytes
+    }
 }
 
 impl VmmResource {
@@ -208,6 +246,34 @@ impl VmmResource {
             )));
         }
         Ok(())
+    }
+
+    /// Keeps `fresh`, pinned with the lock free, as the buffer of the next sleep, unless another
+    /// thread meanwhile slept (the kept buffer holds that sleep's contents now: an error) or kept
+    /// a buffer at least as large; the bytes kept, and the buffer that is no longer kept, to free.
+    pub(in crate::resource::vmm) fn keep_reserved(
+        &self,
+        st: &mut VmmState,
+        fresh: HostBytes,
+    ) -> (Result<u64>, Option<HostBytes>) {
+        if let Err(e) = self.check_awake_to_reserve(st) {
+            return (Err(e), Some(fresh));
+        }
+        match st.sleep_buffer {
+            Some(kept) if kept.bytes >= fresh.bytes => (Ok(kept.bytes), Some(fresh)),
+            _ => (Ok(fresh.bytes), st.sleep_buffer.replace(fresh)),
+        }
+    }
+
+    /// An error if the resource is asleep: its host buffer holds what the sleep saved.
+    fn check_awake_to_reserve(&self, st: &VmmState) -> Result<()> {
+        match st.asleep.is_some() {
+            true => Err(Error::InvalidArgument(format!(
+                "device {} is asleep: a buffer for its next sleep can be reserved once it is awake",
+                self.device
+            ))),
+            false => Ok(()),
+        }
     }
 
     /// The mapped pages any live block lies on, but for blocks allocated under a tag in

@@ -479,5 +479,6 @@ fn an_idle_release_looks_again_while_freed_small_blocks_wait_for_their_fences() 
 mod faults;
 mod growth;
 mod lending;
+mod sleep_buffer;
 mod slot;
 mod spans;
