@@ -672,7 +672,8 @@ int streampool_release_sleep_buffer(int device, uint64_t *freed);
 
 /**
  * Page-locks now the host buffer `device`'s next level-1 sleep copies its contents into
- * (pinning is the first sleep's slowest step; the device goes on allocating meanwhile):
+ * (pinning is the first sleep's slowest step; the call lasts as long, and other threads go on
+ * allocating on the device meanwhile):
  * `bytes` of it, or with 0 what the memory under live blocks needs now; a buffer kept from an
  * earlier sleep or reservation that is at least that large stays as it is. Writes the bytes of
  * the buffer kept to `*reserved` (if not NULL). INVALID_ARGUMENT on the pool backend, while

@@ -1,8 +1,8 @@
 //! Growth of a device's CUDA pools (`src/device/growth.rs`): before a pool grows, its cached
 //! blocks go back to it and, with `trim_on_growth`, it waits for the allocating stream and
 //! releases what it does not use; after it grew although it reported room (fragmentation), its
-//! cached blocks go back too. Read through the simulator's pool accounting (`DeviceAllocator::stats`:
-//! reserved, cached, growth syncs) and the memory timeline.
+//! cached blocks go back too. Read through the simulator's pool accounting
+//! (`DeviceAllocator::stats`: reserved, cached, growth syncs) and the memory timeline.
 
 mod common;
 #[path = "common/wrapped.rs"]

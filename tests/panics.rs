@@ -99,11 +99,10 @@ fn a_panic_in_a_vmm_free_disables_the_device() {
     std::mem::forget(alloc);
 }
 
-/// `empty_cache` records the fences of the last frees under the vmm resource's own lock (the
-/// device lock is not held then). The resource refuses, and so does the device as a whole once
-/// the resource has said so.
-#[test]
-fn a_panic_under_the_vmm_resource_lock_disables_the_device() {
+/// A vmm device whose resource a panic disabled under its own lock, the device itself not told
+/// yet: `empty_cache` records the fences of the last frees under the vmm resource's lock (the
+/// device lock is not held then). With a block still live.
+fn vmm_resource_poisoned() -> (Allocator, DevicePtr) {
     let (w, alloc) = rig(Config {
         backend: Backend::Vmm,
         background: false,
@@ -116,35 +115,35 @@ fn a_panic_under_the_vmm_resource_lock_disables_the_device() {
     alloc.free(a, 0).unwrap(); // records S1's first fence
     alloc.free(b, 0).unwrap(); // the clock stands still: its fence is left pending
     panics(&w, || alloc.empty_cache());
+    (alloc, live)
+}
+
+/// The resource refuses, and so does the device as a whole once the resource has said so.
+#[test]
+fn a_panic_under_the_vmm_resource_lock_disables_the_device() {
+    let (alloc, live) = vmm_resource_poisoned();
     disabled(alloc.malloc(8 * MIB, 0, S1), "virtual-memory resource");
     device_0_refuses_everything(&alloc, live, "virtual-memory resource");
     std::mem::forget(alloc);
 }
 
 /// Whichever entry of the device first meets the disabled vmm resource — sleep, wake, peer
-/// access, not only those that allocate, free or trim — disables the device as a whole: a later
-/// `record_stream`, which needs only the device's own books, is refused too.
+/// access, the sleep buffer, as well as those that trim — disables the device as a whole: a
+/// later `record_stream`, which needs only the device's own books, is refused too.
 #[test]
 fn every_device_entry_that_meets_a_disabled_resource_disables_the_device() {
     type Entry = fn(&streampool::DeviceAllocator) -> Result<()>;
-    let entries: [(&str, Entry); 3] = [
+    let entries: [(&str, Entry); 5] = [
         ("sleep", |d| d.sleep(1, &[]).map(|_| ())),
         ("wake", |d| d.wake().map(|_| ())),
         ("enable_peer_access", |d| d.enable_peer_access()),
+        ("reserve_sleep_buffer", |d| {
+            d.reserve_sleep_buffer(0).map(|_| ())
+        }),
+        ("trim", |d| d.trim(0)),
     ];
     for (name, entry) in entries {
-        let (w, alloc) = rig(Config {
-            backend: Backend::Vmm,
-            background: false,
-            ..Config::default()
-        });
-        w.sim.stop_clock();
-        let live = alloc.malloc(4096, 0, S1).unwrap();
-        let a = alloc.malloc(8 * MIB, 0, S1).unwrap();
-        let b = alloc.malloc(8 * MIB, 0, S1).unwrap();
-        alloc.free(a, 0).unwrap();
-        alloc.free(b, 0).unwrap();
-        panics(&w, || alloc.empty_cache());
+        let (alloc, live) = vmm_resource_poisoned();
         let device = alloc.device(0).unwrap();
         disabled(entry(device), "virtual-memory resource");
         match alloc.record_stream(live, S2) {

@@ -1,4 +1,4 @@
-//! What a device holds from CUDA in all (`Allocator::reserved_total`, PyTorch's
+//! What a device holds from CUDA in all (`DeviceAllocator::reserved_total`, PyTorch's
 //! `memory_reserved()` under install()): its own resources' reserved bytes, plus the shareable
 //! pool's, never less than the blocks it holds, and back to the pools' figure once those are gone.
 

@@ -2,7 +2,8 @@
 //! streampool.reserve_sleep_buffer()): the page-locked host memory of the next level-1 sleep,
 //! pinned before it (pinning is the first sleep's slowest step), so that the sleep pins nothing;
 //! sized by what live blocks need now or as asked; a kept buffer at least that large stays; a
-//! refusal (pool backend, asleep, memory that cannot be pinned) changes nothing.
+//! refusal (pool backend, asleep, memory that cannot be pinned) changes nothing, and on a device
+//! never used nothing is created for it.
 
 mod common;
 #[path = "common/contents.rs"]
@@ -45,10 +46,16 @@ fn a_reserved_buffer_is_pinned_before_the_sleep_and_the_sleep_pins_nothing() {
 #[test]
 fn with_no_live_block_there_is_nothing_to_reserve() {
     let r = vmm_rig(256 * MIB);
+    let device = r.alloc.device(0).unwrap();
+    assert_eq!(device.reserve_sleep_buffer(0).unwrap(), 0);
     assert_eq!(
-        r.alloc.device(0).unwrap().reserve_sleep_buffer(0).unwrap(),
-        0
+        r.sim.calls("cuMemAddressReserve"),
+        0,
+        "a device never used was set up"
     );
+    let p = r.malloc(MIB, 0, 1);
+    r.free(p, 0);
+    assert_eq!(device.reserve_sleep_buffer(0).unwrap(), 0, "nothing live");
     assert_eq!(r.sim.calls("cuMemAllocHost"), 0);
     r.finish();
 }
@@ -65,7 +72,11 @@ fn a_reservation_refused_changes_nothing() {
         .reserve_sleep_buffer(64 * MIB)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("page-locked") && e.contains("stays"), "{e}");
+    assert!(
+        e.contains("page-locked host memory for the next sleep could not be allocated")
+            && e.ends_with("a buffer kept before stays"),
+        "{e}"
+    );
     assert_eq!(device.sleep_host_buffer_bytes(), 8 * MIB);
     // Asleep: the buffer holds the contents.
     device.sleep(1, &[]).unwrap();
@@ -78,13 +89,16 @@ fn a_reservation_refused_changes_nothing() {
     device.wake().unwrap();
     r.free(a, 0);
     r.finish();
-    // The pool backend cannot sleep.
+    // The pool backend cannot sleep; a device never used is not set up to say so.
     let r = rig_with(1, 256 * MIB, pool_config());
+    let device = r.alloc.device(0).unwrap();
+    for bytes in [0, 8 * MIB] {
+        let e = device.reserve_sleep_buffer(bytes).unwrap_err().to_string();
+        assert!(e.contains("STREAMPOOL_BACKEND=vmm"), "{e}");
+    }
+    assert_eq!(r.sim.calls("cuMemPoolCreate"), 0);
     let b = r.malloc(MIB, 0, 1);
-    let e = (r.alloc.device(0).unwrap().reserve_sleep_buffer(0))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("STREAMPOOL_BACKEND=vmm"), "{e}");
+    assert!(device.reserve_sleep_buffer(0).is_err());
     assert_eq!(r.sim.calls("cuMemAllocHost"), 0);
     r.free(b, 0);
     r.finish();

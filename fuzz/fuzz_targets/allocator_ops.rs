@@ -41,10 +41,10 @@
 use libfuzzer_sys::fuzz_target;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use streampool::config::Backend;
 use streampool::driver::sim::SimDriver;
 use streampool::driver::{DevicePtr, Driver, EventHandle, Stream};
 use streampool::ipc::{begin_shareable, end_shareable};
-use streampool::config::Backend;
 use streampool::{Allocator, Config, Error, StreampoolStats, MAX_ALLOCATION_BYTES};
 
 const DEVICES: usize = 2;
@@ -62,8 +62,8 @@ mod checks;
 mod input;
 #[path = "allocator_ops/outcome.rs"]
 mod outcome;
-use outcome::{Expect, Outcome};
 use input::{FreeTarget, Op, Run, FAULTS};
+use outcome::{Expect, Outcome};
 
 #[derive(Debug, Clone)]
 struct Block {
@@ -154,7 +154,12 @@ impl Harness {
     }
 
     fn all_stats(&self) -> [StreampoolStats; DEVICES] {
-        [0, 1].map(|d| self.alloc.stats(d).expect("stats of a valid device"))
+        [0, 1].map(|d| {
+            self.alloc
+                .device(d)
+                .and_then(|dev| dev.stats())
+                .expect("stats of a valid device")
+        })
     }
 
     /// Takes every pending fault out of the simulator; returns how many of each there were.
@@ -270,7 +275,8 @@ impl Harness {
             Op::EmptyCache => Outcome::MustSucceed(self.alloc.empty_cache()),
             Op::SetReleaseThreshold { device, bytes } => {
                 let d = device.index();
-                let r = self.alloc.set_release_threshold(d, bytes.value());
+                let r =
+                    (self.alloc.device(d)).and_then(|dev| dev.set_release_threshold(bytes.value()));
                 match device_ok(d) {
                     Some(_) => Outcome::MustSucceed(r),
                     None => Outcome::Rejected(r, Expect::BadDevice(d)),
@@ -278,7 +284,7 @@ impl Harness {
             }
             Op::Trim { device, keep } => {
                 let d = device.index();
-                let r = self.alloc.trim(d, keep.value());
+                let r = self.alloc.device(d).and_then(|dev| dev.trim(keep.value()));
                 match device_ok(d) {
                     Some(_) => Outcome::MustSucceed(r),
                     None => Outcome::Rejected(r, Expect::BadDevice(d)),
@@ -287,7 +293,10 @@ impl Harness {
             Op::SetMemoryFraction { device, fraction } => {
                 let d = device.index();
                 let f = fraction.value();
-                let r = self.alloc.set_memory_fraction(d, f);
+                let r = self
+                    .alloc
+                    .device(d)
+                    .and_then(|dev| dev.set_memory_fraction(f));
                 match device_ok(d) {
                     None => Outcome::Rejected(r, Expect::BadDevice(d)),
                     Some(di) if (0.0..=1.0).contains(&f) => {
@@ -299,7 +308,7 @@ impl Harness {
             }
             Op::ResetPeaks { device } => {
                 let d = device.index();
-                let r = self.alloc.reset_peak_stats(d);
+                let r = self.alloc.device(d).and_then(|dev| dev.reset_peak_stats());
                 match device_ok(d) {
                     Some(di) => {
                         let (bytes, count) = self.current(di);
@@ -349,7 +358,7 @@ impl Harness {
     /// round-trips through import and close with faults set aside, as another process would.
     fn export_import(&mut self, d: usize, p: DevicePtr, stream: Stream) -> Outcome {
         let shareable = self.live[&(d, p)].shareable;
-        let exported = self.alloc.ipc_export(p, d as i64, stream);
+        let exported = (self.alloc.device(d as i64)).and_then(|dev| dev.export(p, stream));
         if !shareable {
             return Outcome::Rejected(
                 exported.map(drop),
@@ -377,8 +386,8 @@ impl Harness {
             .ipc_close(imported, stream)
             .expect("close the import");
         assert_eq!(self.alloc.ipc_open_imports(), 0);
-        self.alloc
-            .ipc_release_export(d as i64, handle.event)
+        (self.alloc.device(d as i64))
+            .and_then(|dev| dev.release_export(handle.event))
             .expect("release the export");
         self.reinject(left);
         Outcome::MustSucceed(Ok(()))
@@ -488,7 +497,10 @@ impl Harness {
         assert_eq!(leaked, 0, "{leaked} bytes still allocated in the simulator");
         for d in 0..DEVICES {
             let mapped = self.sim.physical_bytes(d);
-            assert_eq!(mapped, 0, "device {d}: {mapped} bytes still mapped after empty_cache");
+            assert_eq!(
+                mapped, 0,
+                "device {d}: {mapped} bytes still mapped after empty_cache"
+            );
         }
     }
 }

@@ -325,15 +325,16 @@ def release_sleep_buffer(device: Device = None) -> int:
     return freed.value
 
 
-def reserve_sleep_buffer(size: Optional[Size] = None, device: Device = None) -> int:
+def reserve_sleep_buffer(device: Device = None, *, size: Optional[Size] = None) -> int:
     """Page-lock now the host memory ``device``'s next level-1 :func:`sleep` copies its contents
     into, so that the sleep does not have to: pinning is the first sleep's slowest step (several
-    times the copy's time). ``size`` is bytes or "8GiB", "80%" (of device
-    memory); None reserves what live tensors hold now. Allocations go on while it pins (call it
-    while training runs). A buffer kept after an earlier sleep or reservation that is at least
-    that large stays as it is; :func:`release_sleep_buffer` frees it. Returns the bytes of the
-    buffer kept. Raises InvalidArgumentError on the pool backend, while the device is asleep, or
-    when the host memory cannot be page-locked (a buffer kept before stays)."""
+    times the copy's time). ``size`` is bytes or "8GiB", "80%" (of device memory); None reserves
+    what live tensors hold now. The call takes as long as the pinning (seconds for tens of GiB)
+    but holds no lock of the device meanwhile and releases the GIL: from a thread of its own,
+    training goes on beside it. A buffer kept after an earlier sleep or reservation that is at
+    least that large stays as it is; :func:`release_sleep_buffer` frees it. Returns the bytes of
+    the buffer kept. Raises InvalidArgumentError on the pool backend, while the device is asleep,
+    or when the host memory cannot be page-locked (a buffer kept before stays)."""
     index = device_index(device)
     wanted = 0 if size is None else _bytes(size, index, "size")
     if wanted == 0 and size is not None:

@@ -201,17 +201,21 @@ def test_a_tag_is_popped_when_its_block_raises():
 @pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it under vmm)")
 def test_a_reserved_sleep_buffer_is_what_the_next_sleep_uses():
     ptr = _lib.malloc(4 * MiB, 0, 0)
-    reserved = streampool.reserve_sleep_buffer(device=0)
-    assert reserved >= 4 * MiB and streampool.sleep_host_buffer_bytes(0) == reserved
-    assert streampool.reserve_sleep_buffer(MiB, device=0) == reserved, "a larger one is kept"
+    needed = streampool.reserve_sleep_buffer(0)
+    assert needed >= 4 * MiB and streampool.sleep_host_buffer_bytes(0) == needed
+    # More than the sleep needs: a sleep that pinned a buffer of its own would hold `needed`.
+    assert streampool.reserve_sleep_buffer(0, size="64MiB") == 64 * MiB
+    assert streampool.reserve_sleep_buffer(0, size=MiB) == 64 * MiB, "a larger one is kept"
     streampool.sleep(level=1, device=0)
-    assert streampool.sleep_host_buffer_bytes(0) == reserved, "the sleep pinned another"
+    assert streampool.sleep_saved_bytes(0) == needed
+    assert streampool.sleep_host_buffer_bytes(0) == 64 * MiB, "the sleep pinned another"
     with pytest.raises(streampool.InvalidArgumentError, match="asleep"):
-        streampool.reserve_sleep_buffer(device=0)
+        streampool.reserve_sleep_buffer(0)
     streampool.wake(0)
-    assert streampool.reserve_sleep_buffer("64MiB", device=0) == 64 * MiB
     with pytest.raises(streampool.InvalidArgumentError, match="more than 0"):
-        streampool.reserve_sleep_buffer(0, device=0)
+        streampool.reserve_sleep_buffer(0, size=0)
+    with pytest.raises(TypeError):
+        streampool.reserve_sleep_buffer(0, MiB)  # the size is named: reserve_sleep_buffer(1) is device 1
     assert streampool.release_sleep_buffer(0) == 64 * MiB
     _lib.free(ptr, 4 * MiB, 0)
 
@@ -219,5 +223,5 @@ def test_a_reserved_sleep_buffer_is_what_the_next_sleep_uses():
 @pytest.mark.skipif(BACKEND != "pool", reason="the pool backend's refusal")
 def test_the_pool_backend_refuses_to_reserve_a_sleep_buffer():
     with pytest.raises(streampool.InvalidArgumentError, match="STREAMPOOL_BACKEND=vmm"):
-        streampool.reserve_sleep_buffer(device=0)
+        streampool.reserve_sleep_buffer(0)
     assert streampool.sleep_host_buffer_bytes(0) == 0

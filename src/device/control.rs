@@ -5,6 +5,7 @@
 //! outside it; nothing here changes what is allocated.
 
 use super::DeviceAllocator;
+use crate::config::Backend;
 use crate::driver::PoolUsage;
 use crate::error::{Error, Result};
 use crate::history::StreampoolBlock;
@@ -254,16 +255,26 @@ impl DeviceAllocator {
     /// needs now; a kept buffer at least that large stays. The bytes kept. Only on a resource
     /// that can sleep (the vmm backend); an error while asleep.
     pub fn reserve_sleep_buffer(&self, bytes: u64) -> Result<u64> {
+        let refused = || {
+            Error::InvalidArgument(format!(
+                "device {}: streampool.reserve_sleep_buffer() needs the vmm backend \
+                 (STREAMPOOL_BACKEND=vmm), the one that can sleep",
+                self.device
+            ))
+        };
+        if self.settings.backend != Backend::Vmm {
+            return Err(refused());
+        }
+        // Nothing live on a device never used: nothing to reserve, and nothing is created.
+        if bytes == 0 && self.setup.get().is_none() {
+            return Ok(0);
+        }
         let setup = self.setup()?;
         let sleepers: Vec<&dyn Sleep> = (setup.own.iter())
             .filter_map(|r| r.capabilities().sleep)
             .collect();
         if sleepers.len() < setup.own.len() || sleepers.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "device {}: streampool.reserve_sleep_buffer() needs the vmm backend \
-                 (STREAMPOOL_BACKEND=vmm), the one that can sleep",
-                self.device
-            )));
+            return Err(refused()); // the device cannot run the vmm backend: it got the pool's
         }
         let kept = (sleepers.iter()).try_fold(0u64, |sum, sleep| {
             Ok(sum.saturating_add(sleep.reserve_host_buffer(bytes)?))

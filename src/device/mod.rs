@@ -94,6 +94,9 @@ struct DeviceState {
     activity: u64,
 }
 
+/// One device of the process's allocator (`Allocator::device`): its allocations run the stages
+/// above, and every call about one device — statistics, trims, the release threshold and the
+/// memory fraction, sleep and wake, PyTorch's memory pools, exports — is a method of it.
 pub struct DeviceAllocator {
     device: usize,
     driver: Arc<dyn Driver>,

@@ -246,7 +246,7 @@ pub trait Sleep {
     /// Page-locks the host buffer of the next level-1 sleep now, the first sleep's slowest step
     /// (pinning costs more than the copies): `bytes` of it, or with 0 what the pages under live
     /// blocks need now; a kept buffer at least that large stays as it is. The bytes of the
-    /// buffer kept. Allocations go on while the memory is pinned. An error while asleep, or if
+    /// buffer kept. Other threads' allocations go on while it pins. An error while asleep, or if
     /// the memory cannot be page-locked (a buffer kept before stays then).
     fn reserve_host_buffer(&self, bytes: u64) -> Result<u64>;
 }

@@ -220,8 +220,9 @@ def case_vmm_sleep_discarding_a_tag(ctx) -> None:
 
 def case_vmm_sleep_with_a_reserved_buffer(ctx) -> None:
     """streampool.reserve_sleep_buffer() pins the next sleep's host buffer ahead: the sleep uses
-    it (the buffer is the one reserved), the tensors come back exact, and a second reservation no
-    larger keeps it. Prints the time to reserve against the sleep's."""
+    it (a buffer larger than the sleep needs is still the one held: a sleep that pinned its own
+    would hold what it saved), the tensors come back exact, and a smaller reservation keeps it.
+    Prints the time to reserve against the sleep's."""
     import time
 
     _require_vmm(ctx)
@@ -229,14 +230,16 @@ def case_vmm_sleep_with_a_reserved_buffer(ctx) -> None:
     weights = [torch.randn(1024, 1024, device="cuda") for _ in range(16)]  # 4 MiB each
     torch.cuda.synchronize()
     before = [w.cpu() for w in weights]
+    needed = sum(w.numel() * 4 for w in weights)
     began = time.perf_counter()
-    reserved = streampool.reserve_sleep_buffer()
+    reserved = streampool.reserve_sleep_buffer(size=4 * needed)
     reserve_s = time.perf_counter() - began
-    assert reserved >= sum(w.numel() * 4 for w in weights), reserved
-    assert streampool.reserve_sleep_buffer() == reserved, "an equal reservation pinned again"
+    assert reserved == 4 * needed, reserved
+    assert streampool.reserve_sleep_buffer(size=MiB) == reserved, "a larger buffer was not kept"
     began = time.perf_counter()
     streampool.sleep(level=1)
     sleep_s = time.perf_counter() - began
+    assert streampool.sleep_saved_bytes() < reserved
     assert streampool.sleep_host_buffer_bytes() == reserved, "the sleep pinned a buffer of its own"
     streampool.wake()
     for w, b in zip(weights, before):

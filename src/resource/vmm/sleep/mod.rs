@@ -210,7 +210,8 @@ impl Sleep for VmmResource {
         // Pinned with the lock free: gigabytes take a while, and allocations go on meanwhile.
         let buffer = (self.driver.host_alloc(self.device, wanted_bytes)).map_err(|e| {
             Error::InvalidArgument(format!(
-                "device {}: {wanted_bytes} B of page-locked host memory for the next sleep could                  not be allocated ({e}); a buffer kept before stays",
+                "device {}: {wanted_bytes} B of page-locked host memory for the next sleep could \
+                 not be allocated ({e}); a buffer kept before stays",
                 self.device
             ))
         })?;
