@@ -129,7 +129,7 @@ impl Rig {
     }
 
     fn stats(&self) -> StreampoolStats {
-        self.alloc.stats(0).unwrap()
+        self.alloc.device(0).unwrap().stats().unwrap()
     }
 
     /// Creates the pools (a block allocated, freed and flushed), so a model starts past that.
@@ -316,8 +316,8 @@ fn the_memory_fraction_is_a_hard_cap_for_concurrent_allocations() {
             const CAP_BYTES: u64 = 2 * MIB;
             let r = Arc::new(Rig::with_pools());
             // 2 MiB of the simulated 1 GiB: 2^-9, exact in binary.
-            r.alloc
-                .set_memory_fraction(0, 1.0 / f64::from(1 << 9))
+            (r.alloc.device(0).unwrap())
+                .set_memory_fraction(1.0 / f64::from(1 << 9))
                 .unwrap();
             assert_eq!(r.stats().memory_limit_bytes, CAP_BYTES);
             let threads: Vec<_> = (0..2)
