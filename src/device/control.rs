@@ -4,7 +4,7 @@
 //! Invariant: a view reads the ledger under the device lock and the resources' own accounting
 //! outside it; nothing here changes what is allocated.
 
-use super::DeviceAllocator;
+use super::{DeviceAllocator, DeviceSetup};
 use crate::config::Backend;
 use crate::driver::PoolUsage;
 use crate::error::{Error, Result};
@@ -173,14 +173,7 @@ impl DeviceAllocator {
             )));
         }
         let setup = self.setup()?;
-        if let Some(r) = setup.own.iter().find(|r| r.capabilities().sleep.is_none()) {
-            return Err(Error::InvalidArgument(format!(
-                "device {}: streampool.sleep() needs the vmm backend (STREAMPOOL_BACKEND=vmm): \
-                 {} cannot give memory back and keep its addresses",
-                self.device,
-                r.traits().label
-            )));
-        }
+        let sleepers = self.sleepers(setup, "sleep")?;
         if self.lock_enabled()?.waits.capturing() {
             return Err(Error::InvalidArgument(format!(
                 "device {} cannot sleep while a stream of it captures a CUDA graph",
@@ -188,13 +181,29 @@ impl DeviceAllocator {
             )));
         }
         self.flush(u64::MAX)?; // blocks that waited for streams go back; the device synchronises
-        let mut given_back = 0u64;
-        for r in &setup.own {
-            if let Some(sleep) = r.capabilities().sleep {
-                given_back = given_back.saturating_add(sleep.sleep(level, discard)?);
-            }
+        (sleepers.iter()).try_fold(0u64, |sum, sleep| {
+            Ok(sum.saturating_add(sleep.sleep(level, discard)?))
+        })
+    }
+
+    /// The device's own resources, every one of which can sleep (the vmm backend's); else an
+    /// error saying that `entry` needs the vmm backend, naming the first that cannot.
+    fn sleepers<'a>(&self, setup: &'a DeviceSetup, entry: &str) -> Result<Vec<&'a dyn Sleep>> {
+        match setup.own.iter().find(|r| r.capabilities().sleep.is_none()) {
+            Some(r) => Err(self.needs_vmm(entry, r.traits().label)),
+            None => Ok((setup.own.iter())
+                .filter_map(|r| r.capabilities().sleep)
+                .collect()),
         }
-        Ok(given_back)
+    }
+
+    /// The error of `entry` on a device whose memory comes from `what`, which cannot sleep.
+    fn needs_vmm(&self, entry: &str, what: &str) -> Error {
+        Error::InvalidArgument(format!(
+            "device {}: streampool.{entry}() needs the vmm backend (STREAMPOOL_BACKEND=vmm): \
+             {what} cannot give memory back and keep its addresses",
+            self.device
+        ))
     }
 
     /// Maps memory again where the device slept (streampool.wake()); the bytes restored.
@@ -255,27 +264,18 @@ impl DeviceAllocator {
     /// needs now; a kept buffer at least that large stays. The bytes kept. Only on a resource
     /// that can sleep (the vmm backend); an error while asleep.
     pub fn reserve_sleep_buffer(&self, bytes: u64) -> Result<u64> {
-        let refused = || {
-            Error::InvalidArgument(format!(
-                "device {}: streampool.reserve_sleep_buffer() needs the vmm backend \
-                 (STREAMPOOL_BACKEND=vmm), the one that can sleep",
-                self.device
-            ))
-        };
+        // Refused before the device is set up: a refusal creates nothing.
         if self.settings.backend != Backend::Vmm {
-            return Err(refused());
+            let backend = format!("the {} backend", self.settings.backend.name());
+            return Err(self.needs_vmm("reserve_sleep_buffer", &backend));
         }
         // Nothing live on a device never used: nothing to reserve, and nothing is created.
         if bytes == 0 && self.setup.get().is_none() {
             return Ok(0);
         }
         let setup = self.setup()?;
-        let sleepers: Vec<&dyn Sleep> = (setup.own.iter())
-            .filter_map(|r| r.capabilities().sleep)
-            .collect();
-        if sleepers.len() < setup.own.len() || sleepers.is_empty() {
-            return Err(refused()); // the device cannot run the vmm backend: it got the pool's
-        }
+        // (A device that cannot run the vmm backend got the pool's.)
+        let sleepers = self.sleepers(setup, "reserve_sleep_buffer")?;
         let kept = (sleepers.iter()).try_fold(0u64, |sum, sleep| {
             Ok(sum.saturating_add(sleep.reserve_host_buffer(bytes)?))
         });

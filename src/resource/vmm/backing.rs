@@ -177,11 +177,7 @@ impl VmmResource {
                 return Ok(None);
             }
             let bytes = pages * self.page_bytes;
-            let created = match self.exportable {
-                true => self.driver.mem_create_exportable(self.device, bytes),
-                false => self.driver.mem_create(self.device, bytes),
-            };
-            match created {
+            match self.create_physical(bytes) {
                 Ok(handle) => {
                     st.counts.creates += 1;
                     let held_bytes = st.physical_bytes(self.page_bytes) + bytes;
@@ -203,6 +199,15 @@ impl VmmResource {
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// A new physical handle of `bytes`, exportable to other processes where the resource's
+    /// pages are.
+    pub(super) fn create_physical(&self, bytes: u64) -> Result<MemHandle> {
+        match self.exportable {
+            true => self.driver.mem_create_exportable(self.device, bytes),
+            false => self.driver.mem_create(self.device, bytes),
         }
     }
 

@@ -184,11 +184,7 @@ impl VmmResource {
         if run.len() > 1 && st.spare_handles.is_empty() {
             let pages = run.len() as u64;
             let bytes = pages * self.page_bytes;
-            let created = match self.exportable {
-                true => driver.mem_create_exportable(device, bytes),
-                false => driver.mem_create(device, bytes),
-            };
-            match created {
+            match self.create_physical(bytes) {
                 Ok(handle) => {
                     if let Err(e) = driver.mem_map(device, DevicePtr(run[0].page), bytes, handle) {
                         self.put_back_unmapped(st, handle, pages);
@@ -205,8 +201,7 @@ impl VmmResource {
         for &slept in run {
             let handle = match st.spare_handles.pop() {
                 Some(handle) => Ok(handle),
-                None if self.exportable => driver.mem_create_exportable(device, self.page_bytes),
-                None => driver.mem_create(device, self.page_bytes),
+                None => self.create_physical(self.page_bytes),
             };
             let handle = match handle {
                 Ok(handle) => handle,
