@@ -7,13 +7,15 @@ parent, which never touches CUDA); the CPUs a process may use are ``os.sched_get
 left over, and names one *launch CPU* (the parent's first; none when no core is spare): every
 worker's launching thread runs its blocks there (``launch_cpus``, worker.Worker.block), so both
 blocks of a pair run on the same CPU, whatever that CPU's speed then (a virtual machine's CPU can
-run at half speed for seconds while its guest sees it busy). Only the launching thread moves:
-threads PyTorch started before (autograd's backward thread) stay on the worker's own cores. A
-worker pins itself (``apply``) before it imports torch, so every thread it starts inherits its
-CPUs.
-Invariant: pure functions of what they are given (``read_*`` only read sysfs, and say where a
-list came from); a machine with fewer cores than workers shares cores out in turn and says so,
-never fails.
+run at half speed for seconds while its guest sees it busy). With it go PyTorch's autograd
+threads (``autograd_threads``, ``move_threads``: they launch the backward pass's kernels while
+the launching thread waits, so a training step runs on both); other threads (OpenMP's, a
+library's) stay on the worker's own cores. A worker pins itself (``apply``) before it imports
+torch, so every thread it starts inherits its CPUs.
+Invariant: pure functions of what they are given (``read_*`` only read sysfs and /proc, and say
+where a list came from), but ``apply``, ``move_threads`` and ``restore_threads``, which set
+affinities; a machine with fewer cores than workers shares cores out in turn and says so, never
+fails; a thread that ends while it is moved is skipped, never an error.
 """
 
 import os
@@ -23,6 +25,12 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 SYSFS = Path("/sys")
 CPUS_VARIABLE = "BENCH_CPUS"
 LAUNCH_VARIABLE = "BENCH_LAUNCH_CPU"
+# Set (to 1) when PyTorch's autograd threads go to the launch CPU with the launching thread.
+AUTOGRAD_VARIABLE = "BENCH_LAUNCH_AUTOGRAD"
+# The name PyTorch gives each autograd device thread (``pt_autograd_0``, ...): they run every
+# backward pass's kernel launches while the launching thread waits.
+AUTOGRAD_THREAD_PREFIX = "pt_autograd_"
+TASKS = Path("/proc/self/task")
 THREADS_VARIABLE = "BENCH_THREADS"
 
 
@@ -141,6 +149,52 @@ def launch_cpus(environ: Dict[str, str]) -> Optional[List[int]]:
     own)."""
     text = environ.get(LAUNCH_VARIABLE)
     return parse_cpulist(text) if text else None
+
+
+def moves_autograd(environ: Dict[str, str]) -> bool:
+    """True if the worker's autograd threads go to the launch CPU with its blocks."""
+    return environ.get(AUTOGRAD_VARIABLE) == "1"
+
+
+def autograd_threads(tasks: Path = TASKS) -> List[int]:
+    """The thread ids of this process's autograd threads (by their name; none where /proc
+    cannot say)."""
+    found = []
+    try:
+        entries = list(tasks.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            name = (entry / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith(AUTOGRAD_THREAD_PREFIX) and entry.name.isdigit():
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def move_threads(tids: Sequence[int], cpus: Sequence[int]) -> Dict[int, set]:
+    """Moves each thread of ``tids`` (0: the calling one) onto ``cpus``; what each had before,
+    for ``restore_threads`` (a thread that ended meanwhile is left out)."""
+    before: Dict[int, set] = {}
+    for tid in tids:
+        try:
+            own = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, cpus)
+        except (ProcessLookupError, PermissionError):
+            continue
+        before[tid] = own
+    return before
+
+
+def restore_threads(before: Dict[int, set]) -> None:
+    """Puts every thread ``move_threads`` moved back on its own CPUs."""
+    for tid, own in before.items():
+        try:
+            os.sched_setaffinity(tid, own)
+        except (ProcessLookupError, PermissionError):
+            continue
 
 
 def apply(environ: Dict[str, str]) -> Optional[List[int]]:

@@ -14,9 +14,12 @@ is worth.
   a pair run on the same CPU, back to back. On the H100 and H200 virtual machines every worker's
   CPU ran at about half speed for seconds at a time, unseen by the guest (the thread on its CPU
   throughout, no context switches), one worker's CPU and not the other's: on CPUs of their own
-  that was the A/A's noise and its bias per process set; on one CPU both blocks share it. Only
-  the launching thread moves (autograd's backward thread stays on the worker's cores), and there
+  that was the A/A's noise and its bias per process set; on one CPU both blocks share it. There
   is no launch CPU when no core is spare for the parent (it would be a worker's);
+- ``autograd``: with ``launch``, PyTorch's autograd threads (which launch every backward pass's
+  kernels while the launching thread waits) go to the launch CPU for each block too; without it
+  they stay on the worker's cores, where a slow CPU slows one side of a pair (GPT-2's A/A sets
+  on the H200 whose launching thread's CPU time did not follow the A/A);
 - ``threads``: torch's intra-op threads (and OpenMP's, MKL's) capped at the worker's cores (without
   pinning: the CPUs this process may use, shared out evenly);
 - ``setup``: the same start for every worker: one hash seed (PYTHONHASHSEED=0) and no
@@ -42,7 +45,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from . import affinity
 
-FEATURES = ("pin", "rotate", "launch", "threads", "setup", "settle", "clocks")
+FEATURES = ("pin", "rotate", "launch", "autograd", "threads", "setup", "settle", "clocks")
 HASH_SEED = "0"
 # Variables that pad a worker's environment (even_environments): BENCH_PAD, BENCH_PAD0, ...
 PAD_VARIABLE = "BENCH_PAD"
@@ -101,10 +104,14 @@ def arrange(names: Sequence[str], without: Sequence[str], index: int,
         launch = "launch" in on and placement.launch is not None
         for name in names if launch else ():  # the same CPU for every worker
             env[name][affinity.LAUNCH_VARIABLE] = str(placement.launch)
+            if "autograd" in on:
+                env[name][affinity.AUTOGRAD_VARIABLE] = "1"
         facts["launch_cpu"] = placement.launch if launch else None
         facts["placement"] = (placement.note + (f"; CPU sets rotated by {shift}" if shift else "")
                               + (f"; every block launched from CPU {placement.launch}"
-                                 if launch else ""))
+                                 if launch else "")
+                              + ("; autograd's threads with it" if launch and "autograd" in on
+                                 else ""))
         facts["cpus"] = {n: affinity.format_cpulist(placement.workers[n]) for n in names
                          if n in placement.workers}
         counts = {n: len(c) for n, c in placement.workers.items()}

@@ -16,7 +16,9 @@ Commands (one JSON line each on stdin, one ``reply`` each on stdout; EOF ends th
   of this (the launching) thread and the part of it in the kernel, its context switches, the
   CPU it was on at the block's end, and the time the hypervisor took from the CPUs it could run
   on (steal, /proc/stat). With BENCH_LAUNCH_CPU (isolation.py's ``launch``) the launching thread
-  runs the block on that CPU and goes back to the worker's own after it;
+  runs the block on that CPU and goes back to the worker's own after it, and with
+  BENCH_LAUNCH_AUTOGRAD (``autograd``) PyTorch's autograd threads with it (``threads_moved``:
+  how many);
 - ``settle``: return cached memory; ``drop``: forget the workload, then settle.
 Set-up (``main``): the worker pins itself to BENCH_CPUS (affinity.apply) before the engine
 imports anything, so every thread started later runs there too; its ``ready`` facts say where
@@ -148,9 +150,11 @@ class Worker:
 
     def __init__(self, engine: Any, clock: Callable[[], float] = time.perf_counter,
                  cpu_clock: Callable[[], float] = time.thread_time,
-                 launch_cpus: Optional[Sequence[int]] = None) -> None:
+                 launch_cpus: Optional[Sequence[int]] = None, move_autograd: bool = False
+                 ) -> None:
         self.engine = engine
         self.launch_cpus = launch_cpus  # where this thread runs its blocks (None: its own CPUs)
+        self.move_autograd = move_autograd  # and PyTorch's autograd threads with it
         self.clock = clock
         self.cpu_clock = cpu_clock
         self.workload: Optional[str] = None
@@ -216,9 +220,10 @@ class Worker:
         indices = [(first + i) % n for i in range(count)]
         make_timer = None if warm else getattr(self.engine, "block_timer", None)
         timer = make_timer(count) if make_timer is not None else None
-        own = os.sched_getaffinity(0)
-        if self.launch_cpus:
-            os.sched_setaffinity(0, self.launch_cpus)  # this thread only (module docstring)
+        moved: Dict[int, set] = {}
+        if self.launch_cpus:  # this thread, and autograd's if asked (module docstring)
+            tids = [0] + (affinity.autograd_threads() if self.move_autograd else [])
+            moved = affinity.move_threads(tids, self.launch_cpus)
         try:
             on = os.sched_getaffinity(0)
             self.engine.synchronize()
@@ -239,8 +244,7 @@ class Worker:
             stolen_now = steal_seconds(on)
             cpu = current_cpu()
         finally:
-            if self.launch_cpus:
-                os.sched_setaffinity(0, own)
+            affinity.restore_threads(moved)
         idle_s = None if warm or self.last_end_s is None else began_s - self.last_end_s
         self.last_end_s = ended_s
         return {
@@ -255,6 +259,7 @@ class Worker:
             "cpu": cpu,
             "nvcsw": _delta(switches[0], now[0], 1),
             "nivcsw": _delta(switches[1], now[1], 1),
+            "threads_moved": max(0, len(moved) - 1),  # autograd's, besides this one
         }
 
     def settle(self) -> Dict[str, Any]:
@@ -283,7 +288,7 @@ class Worker:
 
 
 def serve(engine: Any, lines, emit=protocol.emit, preload: Sequence[str] = (),
-          launch_cpus: Optional[Sequence[int]] = None) -> int:
+          launch_cpus: Optional[Sequence[int]] = None, move_autograd: bool = False) -> int:
     """Set up (and import ``preload``), say ready, answer every command on ``lines`` until
     they end (each block launched from ``launch_cpus``: None, its own CPUs)."""
     try:
@@ -298,7 +303,7 @@ def serve(engine: Any, lines, emit=protocol.emit, preload: Sequence[str] = (),
         emit("setup_error", reason=protocol.error_text(exc))
         return 0
     emit("ready", info=info)
-    worker = Worker(engine, launch_cpus=launch_cpus)
+    worker = Worker(engine, launch_cpus=launch_cpus, move_autograd=move_autograd)
     for line in lines:
         if not line.strip():
             continue
@@ -339,7 +344,8 @@ def main(argv=None) -> int:
     engine = load_engine(options.engine, options.base, options.backend)
     preload = [m for m in options.preload.split(",") if m]
     return serve(engine, sys.stdin, preload=preload,
-                 launch_cpus=affinity.launch_cpus(dict(os.environ)))
+                 launch_cpus=affinity.launch_cpus(dict(os.environ)),
+                 move_autograd=affinity.moves_autograd(dict(os.environ)))
 
 
 if __name__ == "__main__":

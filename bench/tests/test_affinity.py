@@ -117,10 +117,18 @@ def test_every_worker_of_a_set_launches_its_blocks_from_one_cpu_that_no_worker_o
         assert all(14 not in affinity.parse_cpulist(on.env[n][affinity.CPUS_VARIABLE])
                    for n in names)
         assert "every block launched from CPU 14" in on.facts["placement"]
+        assert all(affinity.moves_autograd(on.env[n]) for n in names)
+        assert "autograd's threads with it" in on.facts["placement"]
     for without in (["launch"], ["pin"]):
         off = isolation.arrange(names, without, 1, "00000000:19:00.0", range(32), (), sysfs)
         assert not any(affinity.LAUNCH_VARIABLE in off.env[n] for n in names)
+        assert not any(affinity.moves_autograd(off.env[n]) for n in names)
         assert off.facts.get("launch_cpu") is None
+    # Without ``autograd``: the launching thread alone moves.
+    alone = isolation.arrange(names, ["autograd"], 1, "00000000:19:00.0", range(32), (), sysfs)
+    assert {alone.env[n][affinity.LAUNCH_VARIABLE] for n in names} == {"14"}
+    assert not any(affinity.moves_autograd(alone.env[n]) for n in names)
+    assert "autograd" not in alone.facts["placement"]
     # No spare core (cores short, or one each): a launch CPU would be a worker's, shared with
     # its other threads on one side of the pair only: none.
     short = affinity.gpu_placement([f"w{i}" for i in range(10)], "00000000:19:00.0",
@@ -150,3 +158,20 @@ def test_every_workers_arguments_and_environment_are_padded_to_the_same_count_an
     for name, env in envs.items():  # nothing else changes
         assert {k: v for k, v in padded[name].items() if not k.startswith("BENCH_PAD")} == {
             k: v for k, v in env.items() if k != "BENCH_PAD"}
+
+
+def test_autograd_threads_are_found_by_name_and_a_thread_gone_meanwhile_is_skipped(tmp_path):
+    for tid, name in ((101, "python3"), (102, "pt_autograd_0"), (103, "pt_autograd_1"),
+                      (104, "pt_main_thread")):
+        (tmp_path / str(tid)).mkdir()
+        (tmp_path / str(tid) / "comm").write_text(name + "\n")
+    (tmp_path / "105").mkdir()  # ended between the listing and the read: no comm
+    assert affinity.autograd_threads(tmp_path) == [102, 103]
+    assert affinity.autograd_threads(tmp_path / "absent") == []
+    # A thread id that no longer exists is left out of what was moved, not an error.
+    gone = 2**22 + 12345  # above any pid_max default
+    own = os.sched_getaffinity(0)
+    moved = affinity.move_threads([gone, 0], sorted(own))
+    assert list(moved) == [0] and moved[0] == own
+    affinity.restore_threads({gone: own, **moved})
+    assert os.sched_getaffinity(0) == own

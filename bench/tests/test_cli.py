@@ -34,7 +34,7 @@ def test_defaults_are_every_group_every_configuration():
         (["--configs", "streampool-threshold-1GiB"], "paired with streampool: select it too"),
         (["--variant", "x:PATH=/"], "expected LABEL:STREAMPOOL_VAR=VALUE"),
         (["calibrate", "--blocks-s", "0.1,-1"], "--blocks-s '-1'"),
-        (["--without", "pin,luck"], "unknown setting luck; choose from pin, rotate, launch, threads"),
+        (["--without", "pin,luck"], "unknown setting luck; choose from pin, rotate, launch, autograd, threads"),
         (["calibrate", "--ablate", "luck"], "unknown setting luck"),
         (["merge"], "the following arguments are required: dirs"),
     ],

@@ -3,6 +3,7 @@ command loop, and the protocol with real processes over pipes (WorkerGone, Comma
 
 import json
 import os
+import threading
 import sys
 
 import pytest
@@ -338,6 +339,64 @@ def test_a_block_runs_on_the_launch_cpu_and_the_thread_goes_back_to_its_own_afte
         unpinned.block(first=0, count=1)
         assert seen == [set(own)]
     finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def test_autograd_threads_go_to_the_launch_cpu_with_the_block_and_back_after_it():
+    # GPT-2's backward pass launches its kernels from autograd's thread: left on the worker's
+    # own cores, a slow CPU there slows one side of a pair. Other threads stay where they are.
+    allowed = sorted(os.sched_getaffinity(0))
+    own, launch = allowed[:1], allowed[-1:]
+    started, done = threading.Barrier(3), threading.Event()
+    tids = {}
+
+    def named(name):
+        with open("/proc/thread-self/comm", "w") as comm:
+            comm.write(name)
+        tids[name] = threading.get_native_id()
+        started.wait()
+        done.wait()
+
+    seen = []
+
+    class Engine:
+        def build(self, workload):
+            def step(params):
+                seen.append({n: os.sched_getaffinity(t) for n, t in tids.items()})
+
+            return step, worker_schedule()
+
+        def memory(self):
+            return {"free_bytes": 0, "process_bytes": None}
+
+        def track_live(self):
+            return lambda: 0
+
+        def synchronize(self):
+            pass
+
+        def settle(self):
+            pass
+
+    os.sched_setaffinity(0, own)
+    threads = [threading.Thread(target=named, args=(n,)) for n in ("pt_autograd_0", "other")]
+    try:
+        for t in threads:
+            t.start()
+        started.wait()
+        for moves in (True, False):
+            running = worker.Worker(Engine(), launch_cpus=launch, move_autograd=moves)
+            running.prepare("w")
+            seen.clear()
+            block = running.block(first=0, count=1)
+            wanted = set(launch) if moves else set(own)
+            assert seen == [{"pt_autograd_0": wanted, "other": set(own)}]
+            assert block["threads_moved"] == (1 if moves else 0)
+            assert os.sched_getaffinity(tids["pt_autograd_0"]) == set(own)
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
         os.sched_setaffinity(0, allowed)
 
 
