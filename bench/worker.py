@@ -77,7 +77,8 @@ def setup_facts(environ: Dict[str, str], extra: Optional[Dict[str, Any]] = None)
 
 
 # The fields of a block's answer that diagnose a difference between processes (None: unknown).
-DIAGNOSTICS = ("gpu_s", "cpu_s", "system_s", "steal_s", "cpu", "nvcsw", "nivcsw")
+DIAGNOSTICS = ("gpu_s", "cpu_s", "system_s", "steal_s", "cpu", "nvcsw", "nivcsw",
+               "threads_moved")
 # Field 39 of /proc/<pid>/task/<tid>/stat: the CPU the thread last ran on.
 STAT_PROCESSOR_FIELD = 39
 
