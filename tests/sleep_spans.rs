@@ -110,3 +110,24 @@ fn asleep_with_a_discarded_block_between(tag: &str, seeds: [u8; 2]) -> (Rig, [De
     r.alloc.device(0).unwrap().sleep(1, &[tag]).unwrap();
     (r, [a, kv, b])
 }
+
+/// Every handle wake creates is counted in `num_mem_creates`, as growth's are: the simulator's
+/// count of create calls and the statistics agree after a wake (none is refused here).
+#[test]
+fn the_handles_a_wake_creates_are_counted_as_creates() {
+    let r = vmm_rig(256 * MIB);
+    let a = r.malloc(8 * MIB, 0, 1);
+    fill(&r, a, 8 * MIB, 3);
+    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
+    let before = r.stats(0).num_mem_creates;
+    assert_eq!(before, r.sim.calls("cuMemCreate"));
+    r.alloc.device(0).unwrap().wake().unwrap();
+    assert!(
+        r.sim.calls("cuMemCreate") > before,
+        "the wake created handles"
+    );
+    assert_eq!(r.stats(0).num_mem_creates, r.sim.calls("cuMemCreate"));
+    assert!(holds(&r, a, 8 * MIB, 3));
+    r.free(a, 0);
+    r.finish();
+}

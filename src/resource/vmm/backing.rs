@@ -177,9 +177,8 @@ impl VmmResource {
                 return Ok(None);
             }
             let bytes = pages * self.page_bytes;
-            match self.create_physical(bytes) {
+            match self.create_physical(st, bytes) {
                 Ok(handle) => {
-                    st.counts.creates += 1;
                     let held_bytes = st.physical_bytes(self.page_bytes) + bytes;
                     st.physical_high_bytes = st.physical_high_bytes.max(held_bytes);
                     st.physical_max_bytes = st.physical_max_bytes.max(held_bytes);
@@ -203,12 +202,14 @@ impl VmmResource {
     }
 
     /// A new physical handle of `bytes`, exportable to other processes where the resource's
-    /// pages are.
-    pub(super) fn create_physical(&self, bytes: u64) -> Result<MemHandle> {
-        match self.exportable {
+    /// pages are; counted (`num_mem_creates`) once made, whoever asked (growth, wake).
+    pub(super) fn create_physical(&self, st: &mut VmmState, bytes: u64) -> Result<MemHandle> {
+        let handle = match self.exportable {
             true => self.driver.mem_create_exportable(self.device, bytes),
             false => self.driver.mem_create(self.device, bytes),
-        }
+        }?;
+        st.counts.creates += 1;
+        Ok(handle)
     }
 
     /// The idle memory outside the window, listed on first use.

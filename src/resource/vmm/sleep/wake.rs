@@ -184,7 +184,7 @@ impl VmmResource {
         if run.len() > 1 && st.spare_handles.is_empty() {
             let pages = run.len() as u64;
             let bytes = pages * self.page_bytes;
-            match self.create_physical(bytes) {
+            match self.create_physical(st, bytes) {
                 Ok(handle) => {
                     if let Err(e) = driver.mem_map(device, DevicePtr(run[0].page), bytes, handle) {
                         self.put_back_unmapped(st, handle, pages);
@@ -201,7 +201,7 @@ impl VmmResource {
         for &slept in run {
             let handle = match st.spare_handles.pop() {
                 Some(handle) => Ok(handle),
-                None => self.create_physical(self.page_bytes),
+                None => self.create_physical(st, self.page_bytes),
             };
             let handle = match handle {
                 Ok(handle) => handle,
