@@ -172,6 +172,10 @@ fn the_pool_backend_and_a_capture_refuse_to_sleep() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("STREAMPOOL_BACKEND=vmm"), "{e}");
+    let e = r.alloc.device(0).unwrap().wake().unwrap_err().to_string();
+    assert!(e.contains("STREAMPOOL_BACKEND=vmm"), "{e}");
+    // Refused before the device, never used, is set up: a refusal creates nothing.
+    assert_eq!(r.sim.calls("cuMemPoolCreate"), 0);
     r.finish();
     let r = vmm_rig(64 * MIB);
     let a = r.malloc(MIB, 0, 1);

@@ -172,6 +172,7 @@ impl DeviceAllocator {
                 "sleep level {level}: 1 keeps the contents in host memory, 2 discards them"
             )));
         }
+        self.refuse_unless_vmm("sleep")?;
         let setup = self.setup()?;
         let sleepers = self.sleepers(setup, "sleep")?;
         if self.lock_enabled()?.waits.capturing() {
@@ -197,6 +198,16 @@ impl DeviceAllocator {
         }
     }
 
+    /// `entry` refused on a backend other than vmm, before the device is set up: a refusal
+    /// creates nothing (a device that cannot run vmm, and got the pool's, is refused once set
+    /// up, by [`DeviceAllocator::sleepers`]).
+    fn refuse_unless_vmm(&self, entry: &str) -> Result<()> {
+        match self.settings.backend {
+            Backend::Vmm => Ok(()),
+            other => Err(self.needs_vmm(entry, &format!("the {} backend", other.name()))),
+        }
+    }
+
     /// The error of `entry` on a device whose memory comes from `what`, which cannot sleep.
     fn needs_vmm(&self, entry: &str, what: &str) -> Error {
         Error::InvalidArgument(format!(
@@ -213,6 +224,7 @@ impl DeviceAllocator {
 
     /// [`DeviceAllocator::wake`]'s work.
     fn wake_all(&self) -> Result<u64> {
+        self.refuse_unless_vmm("wake")?;
         let setup = self.setup()?;
         let mut restored = 0u64;
         for r in &setup.own {
@@ -264,11 +276,7 @@ impl DeviceAllocator {
     /// needs now; a kept buffer at least that large stays. The bytes kept. Only on a resource
     /// that can sleep (the vmm backend); an error while asleep.
     pub fn reserve_sleep_buffer(&self, bytes: u64) -> Result<u64> {
-        // Refused before the device is set up: a refusal creates nothing.
-        if self.settings.backend != Backend::Vmm {
-            let backend = format!("the {} backend", self.settings.backend.name());
-            return Err(self.needs_vmm("reserve_sleep_buffer", &backend));
-        }
+        self.refuse_unless_vmm("reserve_sleep_buffer")?;
         // Nothing live on a device never used: nothing to reserve, and nothing is created.
         if bytes == 0 && self.setup.get().is_none() {
             return Ok(0);
