@@ -290,6 +290,28 @@ def test_workers_import_what_their_workloads_need_while_they_start():
     assert sent[0][0] == "setup_error" and "no_such_module_x" in sent[0][1]["reason"]
 
 
+class StepEngine:
+    """An engine whose workload is ``step``, with no memory to speak of."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def build(self, workload):
+        return self.step, worker_schedule()
+
+    def memory(self):
+        return {"free_bytes": 0, "process_bytes": None}
+
+    def track_live(self):
+        return lambda: 0
+
+    def synchronize(self):
+        pass
+
+    def settle(self):
+        pass
+
+
 def test_a_block_runs_on_the_launch_cpu_and_the_thread_goes_back_to_its_own_after_it():
     # isolation.py's ``launch``: both blocks of a pair on one CPU; the thread's own CPUs for
     # everything else (a failing step included).
@@ -297,30 +319,14 @@ def test_a_block_runs_on_the_launch_cpu_and_the_thread_goes_back_to_its_own_afte
     own, launch = allowed[:1], allowed[-1:]
     seen = []
 
-    class Engine:
-        def build(self, workload):
-            def step(params):
-                seen.append(os.sched_getaffinity(0))
-                if params == "fail":
-                    raise RuntimeError("step failed")
-
-            return step, worker_schedule()
-
-        def memory(self):
-            return {"free_bytes": 0, "process_bytes": None}
-
-        def track_live(self):
-            return lambda: 0
-
-        def synchronize(self):
-            pass
-
-        def settle(self):
-            pass
+    def step(params):
+        seen.append(os.sched_getaffinity(0))
+        if params == "fail":
+            raise RuntimeError("step failed")
 
     os.sched_setaffinity(0, own)
     try:
-        running = worker.Worker(Engine(), launch_cpus=launch)
+        running = worker.Worker(StepEngine(step), launch_cpus=launch)
         running.prepare("w")
         assert seen and all(s == set(own) for s in seen)  # the memory pass on its own CPUs
         seen.clear()
@@ -333,7 +339,7 @@ def test_a_block_runs_on_the_launch_cpu_and_the_thread_goes_back_to_its_own_afte
         with pytest.raises(RuntimeError):
             running.block(first=0, count=1)
         assert os.sched_getaffinity(0) == set(own)
-        unpinned = worker.Worker(Engine())  # no launch CPU: its own
+        unpinned = worker.Worker(StepEngine(step))  # no launch CPU: its own
         unpinned.prepare("w")
         seen.clear()
         unpinned.block(first=0, count=1)
@@ -358,25 +364,8 @@ def test_autograd_threads_go_to_the_launch_cpu_with_the_block_and_back_after_it(
         done.wait()
 
     seen = []
-
-    class Engine:
-        def build(self, workload):
-            def step(params):
-                seen.append({n: os.sched_getaffinity(t) for n, t in tids.items()})
-
-            return step, worker_schedule()
-
-        def memory(self):
-            return {"free_bytes": 0, "process_bytes": None}
-
-        def track_live(self):
-            return lambda: 0
-
-        def synchronize(self):
-            pass
-
-        def settle(self):
-            pass
+    engine = StepEngine(lambda params: seen.append({n: os.sched_getaffinity(t)
+                                                   for n, t in tids.items()}))
 
     os.sched_setaffinity(0, own)
     threads = [threading.Thread(target=named, args=(n,)) for n in ("pt_autograd_0", "other")]
@@ -385,7 +374,7 @@ def test_autograd_threads_go_to_the_launch_cpu_with_the_block_and_back_after_it(
             t.start()
         started.wait()
         for moves in (True, False):
-            running = worker.Worker(Engine(), launch_cpus=launch, move_autograd=moves)
+            running = worker.Worker(engine, launch_cpus=launch, move_autograd=moves)
             running.prepare("w")
             seen.clear()
             block = running.block(first=0, count=1)
