@@ -12,15 +12,16 @@ threads (``autograd_threads``, ``move_threads``: they launch the backward pass's
 the launching thread waits, so a training step runs on both); other threads (OpenMP's, a
 library's) stay on the worker's own cores. A worker pins itself (``apply``) before it imports
 torch, so every thread it starts inherits its CPUs.
-Invariant: pure functions of what they are given (``read_*`` only read sysfs and /proc, and say
-where a list came from), but ``apply``, ``move_threads`` and ``restore_threads``, which set
-affinities; a machine with fewer cores than workers shares cores out in turn and says so, never
-fails; a thread that ends while it is moved is skipped, never an error.
+Invariant: pure functions of what they are given (``read_*`` only read sysfs, and say where a
+list came from), but ``autograd_threads``, which reads /proc, and ``apply``, ``move_threads``
+and ``restore_threads``, which set affinities; a machine with fewer cores than workers shares
+cores out in turn and says so, never fails; a thread that ends while it is moved is skipped,
+never an error; every thread ``move_threads`` moved goes back with ``restore_threads``.
 """
 
 import os
 from pathlib import Path
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 SYSFS = Path("/sys")
 CPUS_VARIABLE = "BENCH_CPUS"
@@ -159,7 +160,7 @@ def moves_autograd(environ: Dict[str, str]) -> bool:
 def autograd_threads(tasks: Path = TASKS) -> List[int]:
     """The thread ids of this process's autograd threads (by their name; none where /proc
     cannot say)."""
-    found = []
+    found: List[int] = []
     try:
         entries = list(tasks.iterdir())
     except OSError:
@@ -174,27 +175,37 @@ def autograd_threads(tasks: Path = TASKS) -> List[int]:
     return sorted(found)
 
 
-def move_threads(tids: Sequence[int], cpus: Sequence[int]) -> Dict[int, set]:
+def move_threads(tids: Sequence[int], cpus: Sequence[int]) -> Dict[int, Set[int]]:
     """Moves each thread of ``tids`` (0: the calling one) onto ``cpus``; what each had before,
-    for ``restore_threads`` (a thread that ended meanwhile is left out)."""
-    before: Dict[int, set] = {}
+    for ``restore_threads``. A thread that cannot move (it ended meanwhile) is left out; if the
+    calling thread cannot, the threads moved before it go back and the error is raised."""
+    before: Dict[int, Set[int]] = {}
     for tid in tids:
         try:
             own = os.sched_getaffinity(tid)
             os.sched_setaffinity(tid, cpus)
-        except (ProcessLookupError, PermissionError):
+        except OSError:
+            if tid == 0:
+                restore_threads(before)
+                raise
             continue
         before[tid] = own
     return before
 
 
-def restore_threads(before: Dict[int, set]) -> None:
-    """Puts every thread ``move_threads`` moved back on its own CPUs."""
+def restore_threads(before: Dict[int, Set[int]]) -> None:
+    """Puts every thread ``move_threads`` moved back on its own CPUs: a thread that ended
+    meanwhile is skipped; if the calling thread cannot go back, the others still do, then the
+    error is raised."""
+    failed: Optional[OSError] = None
     for tid, own in before.items():
         try:
             os.sched_setaffinity(tid, own)
-        except (ProcessLookupError, PermissionError):
-            continue
+        except OSError as exc:
+            if tid == 0:
+                failed = exc
+    if failed is not None:
+        raise failed
 
 
 def apply(environ: Dict[str, str]) -> Optional[List[int]]:

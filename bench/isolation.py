@@ -18,8 +18,8 @@ is worth.
   is no launch CPU when no core is spare for the parent (it would be a worker's);
 - ``autograd``: with ``launch``, PyTorch's autograd threads (which launch every backward pass's
   kernels while the launching thread waits) go to the launch CPU for each block too; without it
-  they stay on the worker's cores, where a slow CPU slows one side of a pair (GPT-2's A/A sets
-  on the H200 whose launching thread's CPU time did not follow the A/A);
+  they stay on the worker's cores, where a slow CPU slows one side of a pair only (on the H200,
+  GPT-2's A/A moved in some process sets while its launching thread's CPU time did not);
 - ``threads``: torch's intra-op threads (and OpenMP's, MKL's) capped at the worker's cores (without
   pinning: the CPUs this process may use, shared out evenly);
 - ``setup``: the same start for every worker: one hash seed (PYTHONHASHSEED=0) and no
@@ -87,15 +87,18 @@ class ProcessSet(NamedTuple):
 
 def arrange(names: Sequence[str], without: Sequence[str], index: int,
             bus_id: Optional[str], allowed: Sequence[int],
-            launcher: Optional[tuple] = None, sysfs=affinity.SYSFS) -> ProcessSet:
+            launcher: Optional[tuple] = None, sysfs=affinity.SYSFS,
+            rotation: Optional[int] = None) -> ProcessSet:
     """The set-up of process set ``index`` of workers ``names`` with every feature on but
-    ``without``; ``bus_id``: the GPU's (NVML), ``allowed``: this process's CPUs."""
+    ``without``; ``bus_id``: the GPU's (NVML), ``allowed``: this process's CPUs; ``rotation``:
+    the step of ``rotate`` (default ``index``; sets.rotation_in)."""
     on = [f for f in FEATURES if f not in without]
+    rotation = index if rotation is None else rotation
     env: Dict[str, Dict[str, str]] = {n: {"BENCH_PROCESS": str(index)} for n in names}
     facts: Dict[str, object] = {"index": index, "on": on, "off": list(without)}
     parent: List[int] = []
     if "pin" in on:
-        shift = index % len(names) if "rotate" in on and names else 0
+        shift = rotation % len(names) if "rotate" in on and names else 0
         order = list(names[shift:]) + list(names[:shift])  # who takes the first CPU set
         placement = affinity.gpu_placement(order, bus_id, allowed, sysfs)
         for name, cpus in placement.workers.items():

@@ -6,7 +6,8 @@ several *process sets*, each a fresh worker per configuration (runner.Runner), a
 statistics treat the set as a random effect (stats.py). Each set is arranged by isolation.py
 (CPUs, threads, the same start), with every setting on but those turned off: ``without`` for all
 sets, and ``ablate`` (settings) for every other set (sets 0, 2, 4, ... without them), so that
-one run compares the sets without them with the others.
+one run compares the sets without them with the others; in an ablation both kinds of set take
+the CPU sets' rotations alike (``rotation_in``).
 Invariant: at most one set's workers are alive at a time; each set's workers are closed and the
 parent's CPU affinity restored whatever happens in the caller's loop body.
 """
@@ -40,6 +41,14 @@ def off_in(index: int, without: Sequence[str], ablate: Sequence[str] = ()) -> Li
     return [f for f in isolation.FEATURES if f in off]
 
 
+def rotation_in(index: int, ablate: Sequence[str] = ()) -> int:
+    """The step by which process set ``index`` rotates the CPU sets (isolation's ``rotate``):
+    its index, or in an ablation the index of its pair of sets, so that the sets with and
+    without the ablated settings take every rotation alike (by index, with an even number of
+    workers the sets without them would only take even ones)."""
+    return index // 2 if ablate else index
+
+
 def process_sets(
     count: int,
     names: Sequence[str],
@@ -61,7 +70,8 @@ def process_sets(
     for index in range(count):
         off = off_in(index, without, ablate)
         bus_id = gpu_bus_id(library, environ, uuid)
-        arranged = isolation.arrange(list(names), off, index, bus_id, allowed)
+        arranged = isolation.arrange(list(names), off, index, bus_id, allowed,
+                                     rotation=rotation_in(index, ablate))
         os.sched_setaffinity(0, arranged.parent_cpus or allowed)
         quiet = runner.Sampler() if "clocks" in off else sampler
         preload = preload_modules(workloads_of_set(index)) if engine is None else ()

@@ -37,7 +37,7 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Set, Tuple
 
 from . import affinity, protocol
 
@@ -221,11 +221,11 @@ class Worker:
         indices = [(first + i) % n for i in range(count)]
         make_timer = None if warm else getattr(self.engine, "block_timer", None)
         timer = make_timer(count) if make_timer is not None else None
-        moved: Dict[int, set] = {}
-        if self.launch_cpus:  # this thread, and autograd's if asked (module docstring)
-            tids = [0] + (affinity.autograd_threads() if self.move_autograd else [])
-            moved = affinity.move_threads(tids, self.launch_cpus)
+        moved: Dict[int, Set[int]] = {}
         try:
+            if self.launch_cpus:  # this thread, and autograd's if asked (module docstring)
+                tids = [0] + (affinity.autograd_threads() if self.move_autograd else [])
+                moved = affinity.move_threads(tids, self.launch_cpus)
             on = os.sched_getaffinity(0)
             self.engine.synchronize()
             stolen = steal_seconds(on)
@@ -260,7 +260,7 @@ class Worker:
             "cpu": cpu,
             "nvcsw": _delta(switches[0], now[0], 1),
             "nivcsw": _delta(switches[1], now[1], 1),
-            "threads_moved": max(0, len(moved) - 1),  # autograd's, besides this one
+            "threads_moved": sum(tid != 0 for tid in moved),  # autograd's, besides this one
         }
 
     def settle(self) -> Dict[str, Any]:

@@ -203,7 +203,8 @@ typedef struct StreampoolStats {
   uint64_t num_maps;
   uint64_t num_unmaps;
   /**
-   * Physical pages it created and released, and its `cuMemSetAccess` calls.
+   * Physical handles it created and released (`cuMemCreate`, `cuMemRelease`: a page, or a
+   * span of pages), and its `cuMemSetAccess` calls.
    */
   uint64_t num_mem_creates;
   uint64_t num_mem_releases;

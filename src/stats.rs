@@ -98,7 +98,8 @@ pub struct StreampoolStats {
     /// Pages the virtual-memory backend mapped and unmapped (`STREAMPOOL_BACKEND=vmm`; 0 otherwise).
     pub num_maps: u64,
     pub num_unmaps: u64,
-    /// Physical pages it created and released, and its `cuMemSetAccess` calls.
+    /// Physical handles it created and released (`cuMemCreate`, `cuMemRelease`: a page, or a
+    /// span of pages), and its `cuMemSetAccess` calls.
     pub num_mem_creates: u64,
     pub num_mem_releases: u64,
     pub num_set_access_calls: u64,

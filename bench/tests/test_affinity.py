@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench import affinity, isolation
+from bench import affinity, isolation, sets
 
 
 def test_cpu_lists_parse_and_format_both_ways():
@@ -105,6 +105,22 @@ def test_cpu_sets_rotate_among_the_workers_from_one_process_set_to_the_next(sysf
     assert kept.facts["cpus"] == cpus[0] and "rotated" not in kept.facts["placement"]
 
 
+def test_in_an_ablation_the_sets_with_and_without_a_setting_take_the_same_rotations(sysfs):
+    # By set index, with two workers the sets without the ablated setting (0, 2, 4, ...) took
+    # only rotation 0 and the others only 1: which CPUs each configuration had was confounded
+    # with the setting (native-aa ÷ native's CPUs, interrupts included, differed by arm).
+    names = ["native", "native-aa"]
+    arms = {True: [], False: []}
+    for index in range(8):
+        off = sets.off_in(index, [], ["autograd"])
+        placed = isolation.arrange(names, off, index, "00000000:19:00.0", range(32), (), sysfs,
+                                   rotation=sets.rotation_in(index, ["autograd"]))
+        arms["autograd" in off].append(placed.facts["cpus"]["native"])
+    assert sorted(arms[True]) == sorted(arms[False])
+    assert len(set(arms[True])) == 2, "each arm takes both rotations"
+    assert sets.rotation_in(5) == 5  # no ablation: by index, as before
+
+
 def test_every_worker_of_a_set_launches_its_blocks_from_one_cpu_that_no_worker_owns(sysfs):
     # On CPUs of their own, a CPU that ran at half speed for seconds (as the H100's and H200's
     # virtual CPUs did, unseen by the guest) slowed one side of a pair and not the other: the
@@ -168,10 +184,22 @@ def test_autograd_threads_are_found_by_name_and_a_thread_gone_meanwhile_is_skipp
     (tmp_path / "105").mkdir()  # ended between the listing and the read: no comm
     assert affinity.autograd_threads(tmp_path) == [102, 103]
     assert affinity.autograd_threads(tmp_path / "absent") == []
-    # A thread id that no longer exists is left out of what was moved, not an error.
-    gone = 2**22 + 12345  # above any pid_max default
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell apart")
+def test_threads_moved_go_back_and_a_thread_gone_meanwhile_is_no_error():
+    gone = 2**22 + 12345  # above any pid_max default: no such thread
     own = os.sched_getaffinity(0)
-    moved = affinity.move_threads([gone, 0], sorted(own))
-    assert list(moved) == [0] and moved[0] == own
-    affinity.restore_threads({gone: own, **moved})
-    assert os.sched_getaffinity(0) == own
+    one = sorted(own)[-1:]
+    try:
+        moved = affinity.move_threads([gone, 0], one)
+        assert list(moved) == [0] and moved[0] == own
+        assert os.sched_getaffinity(0) == set(one)
+        affinity.restore_threads({gone: own, **moved})
+        assert os.sched_getaffinity(0) == own
+        # The calling thread cannot move (no CPU it may use): nothing stays moved, and it says so.
+        with pytest.raises(OSError):
+            affinity.move_threads([0], [max(own) + 4096])
+        assert os.sched_getaffinity(0) == own
+    finally:
+        os.sched_setaffinity(0, own)

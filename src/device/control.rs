@@ -200,7 +200,7 @@ impl DeviceAllocator {
 
     /// `entry` refused on a backend other than vmm, before the device is set up: a refusal
     /// creates nothing (a device that cannot run vmm, and got the pool's, is refused once set
-    /// up, by [`DeviceAllocator::sleepers`]).
+    /// up, where its resources are asked).
     fn refuse_unless_vmm(&self, entry: &str) -> Result<()> {
         match self.settings.backend {
             Backend::Vmm => Ok(()),

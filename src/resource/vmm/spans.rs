@@ -10,8 +10,8 @@
 //! unmap and release in 32 MiB handles and 37 ms in 2 MiB ones), so a loop that gives its memory
 //! back at every synchronisation and maps it again pays per handle (GPT-2 under a 1 GiB
 //! threshold on an H200, a synchronisation a step: 66–70 ms a step mapped ahead, with the pool
-//! backend at 71–72 and native at 46–48 in that run; before, 98 with 32 MiB spans and a handle a
-//! block, 344 with a handle a page).
+//! backend at 71–72 and native at 46–48 in the same diagnostic, bench/results/2026-11-29-h200-d;
+//! before, 98 with 32 MiB spans and a handle a block, 344 with a handle a page).
 //! The price is memory: a span cannot move page by page to fill another block's window, so
 //! where pages otherwise stay mapped and move to where they are needed, spans hold more (GPT-2
 //! replayed: peak 1.18x live with 32 MiB spans always on, 1.01x without).
