@@ -11,9 +11,7 @@ use streampool::Error;
 
 /// True if `ptr` is a freed block of device 0 that waits for the streams that used it.
 fn waiting(r: &Rig, ptr: DevicePtr) -> bool {
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0)
         .blocks()
         .iter()
         .any(|b| b.address == ptr.0 && b.state == StreampoolBlockState::WaitingForStreams as u32)
@@ -259,7 +257,7 @@ fn stats_count_pool_and_cache() {
         (st.num_allocs, st.num_frees, st.freed_bytes_total),
         (2, 2, 1000 + 3 * MIB)
     );
-    r.alloc.device(1).unwrap().reset_peak_stats().unwrap();
+    r.device(1).reset_peak_stats().unwrap();
     assert_eq!(r.stats(1).allocated_bytes_peak, 0);
     r.alloc.empty_cache().unwrap();
     let st = r.stats(1);
@@ -285,12 +283,9 @@ fn the_allocator_reports_its_driver_its_devices_and_what_each_supports() {
     assert_eq!(r.alloc.driver_name(), "sim");
     assert_eq!(r.alloc.device_count(), 3);
     r.sim.set_vmm_unsupported(1);
-    assert!(r.alloc.device(0).unwrap().pools_supported().unwrap());
-    assert!(r.alloc.device(0).unwrap().vmm_supported().unwrap());
-    assert!(
-        !r.alloc.device(1).unwrap().vmm_supported().unwrap(),
-        "device 1 has no VMM"
-    );
+    assert!(r.device(0).pools_supported().unwrap());
+    assert!(r.device(0).vmm_supported().unwrap());
+    assert!(!r.device(1).vmm_supported().unwrap(), "device 1 has no VMM");
     for bad in [-1, 3] {
         assert!(
             r.alloc
@@ -318,7 +313,7 @@ fn reset_peak_stats_resets_the_pools_high_water_marks_too() {
     r.alloc.empty_cache().unwrap();
     let st = r.stats(0);
     assert_eq!((st.reserved_bytes, st.reserved_bytes_peak), (0, 40 * MIB));
-    r.alloc.device(0).unwrap().reset_peak_stats().unwrap();
+    r.device(0).reset_peak_stats().unwrap();
     assert_eq!(r.stats(0).reserved_bytes_peak, 0);
     r.finish();
 }

@@ -200,7 +200,7 @@ fn a_mapping_event_right_after_the_timeline_starts_carries_the_device_s_gauges()
     r.alloc.free(freed, 0).unwrap();
     r.sim.complete_all();
     r.alloc.record_history(true, 16).unwrap();
-    r.alloc.device(0).unwrap().trim(0).unwrap(); // unmaps the freed block's pages
+    r.device(0).trim(0).unwrap(); // unmaps the freed block's pages
     let (events, _) = r.alloc.history(usize::MAX);
     let unmap = events.iter().find(|e| e.kind == 9).expect("an unmap event");
     assert_eq!(unmap.allocated_bytes, 4 * MIB, "{unmap:?}");

@@ -27,15 +27,13 @@ fn rig() -> Rig {
 
 /// What my_malloc does: the pool whose route claims the stream, if any, serves.
 fn malloc_routed(r: &Rig, bytes: u64, stream: usize) -> DevicePtr {
-    let pool = r.alloc.device(0).unwrap().graph_pool_claiming(s(stream));
+    let pool = r.device(0).graph_pool_claiming(s(stream));
     r.alloc.malloc_into(bytes, 0, s(stream), pool).unwrap()
 }
 
 fn pool_live(r: &Rig) -> Vec<u64> {
     let mut live: Vec<u64> = r
-        .alloc
         .device(0)
-        .unwrap()
         .graph_pool_live_blocks(POOL)
         .unwrap()
         .iter()
@@ -48,12 +46,10 @@ fn pool_live(r: &Rig) -> Vec<u64> {
 #[test]
 fn routed_allocations_come_from_the_pool_and_its_freed_blocks_serve_only_the_pool() {
     let r = rig();
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0)
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(1))))
         .unwrap();
-    assert_eq!(r.alloc.device(0).unwrap().graph_pool_use_count(POOL), 1);
+    assert_eq!(r.device(0).graph_pool_use_count(POOL), 1);
     let a = malloc_routed(&r, 64 * 1024, 1);
     let b = malloc_routed(&r, 3 * MIB, 1);
     let outside = malloc_routed(&r, 64 * 1024, 2); // not claimed
@@ -78,12 +74,8 @@ fn routed_allocations_come_from_the_pool_and_its_freed_blocks_serve_only_the_poo
     assert!(pool_live(&r).contains(&again.0));
     r.free(again, 0);
     let a = malloc_routed(&r, 64 * 1024, 1);
-    r.alloc
-        .device(0)
-        .unwrap()
-        .end_allocate_to_pool(POOL)
-        .unwrap();
-    assert_eq!(r.alloc.device(0).unwrap().graph_pool_use_count(POOL), 1);
+    r.device(0).end_allocate_to_pool(POOL).unwrap();
+    assert_eq!(r.device(0).graph_pool_use_count(POOL), 1);
     let after_end = malloc_routed(&r, 64 * 1024, 1);
     assert!(
         !pool_live(&r).contains(&after_end.0),
@@ -92,7 +84,7 @@ fn routed_allocations_come_from_the_pool_and_its_freed_blocks_serve_only_the_poo
     for p in [a, b, outside, after_end] {
         r.free(p, 0);
     }
-    r.alloc.device(0).unwrap().release_pool(POOL).unwrap();
+    r.device(0).release_pool(POOL).unwrap();
     r.alloc.empty_cache().unwrap();
 }
 
@@ -105,9 +97,7 @@ fn a_block_freed_into_the_pool_is_reused_on_its_stream_only() {
             true
         }
     }
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0)
         .begin_allocate_to_pool(POOL, Arc::new(Every))
         .unwrap();
     // One block fills its segment, so only its own range can serve a second one of its size.
@@ -119,12 +109,8 @@ fn a_block_freed_into_the_pool_is_reused_on_its_stream_only() {
     assert_eq!(on_own, a);
     r.free(on_other, 0);
     r.free(on_own, 0);
-    r.alloc
-        .device(0)
-        .unwrap()
-        .end_allocate_to_pool(POOL)
-        .unwrap();
-    r.alloc.device(0).unwrap().release_pool(POOL).unwrap();
+    r.device(0).end_allocate_to_pool(POOL).unwrap();
+    r.device(0).release_pool(POOL).unwrap();
     r.alloc.empty_cache().unwrap();
 }
 
@@ -134,17 +120,11 @@ fn the_pool_keeps_its_memory_while_used_and_gives_it_back_once_released_and_sync
     let reserved = || r.stats(0).reserved_bytes;
     r.alloc.empty_cache().unwrap();
     let before = reserved();
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0)
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(1))))
         .unwrap();
     let a = malloc_routed(&r, 8 * MIB, 1);
-    r.alloc
-        .device(0)
-        .unwrap()
-        .end_allocate_to_pool(POOL)
-        .unwrap();
+    r.device(0).end_allocate_to_pool(POOL).unwrap();
     r.free(a, 0);
     // A graph may still replay into the freed block: empty_cache leaves the pool alone.
     r.alloc.empty_cache().unwrap();
@@ -152,28 +132,13 @@ fn the_pool_keeps_its_memory_while_used_and_gives_it_back_once_released_and_sync
         reserved() >= before + 8 * MIB,
         "the pool's memory went back while it was used"
     );
-    assert_eq!(
-        r.alloc
-            .device(0)
-            .unwrap()
-            .graph_pool_segments(POOL)
-            .unwrap()
-            .len(),
-        1
-    );
-    r.alloc.device(0).unwrap().release_pool(POOL).unwrap();
-    assert!(
-        r.alloc.device(0).unwrap().release_pool(POOL).is_err(),
-        "released twice"
-    );
+    assert_eq!(r.device(0).graph_pool_segments(POOL).unwrap().len(), 1);
+    r.device(0).release_pool(POOL).unwrap();
+    assert!(r.device(0).release_pool(POOL).is_err(), "released twice");
     r.alloc.empty_cache().unwrap();
     assert_eq!(reserved(), before);
     assert!(
-        r.alloc
-            .device(0)
-            .unwrap()
-            .graph_pool_segments(POOL)
-            .is_err(),
+        r.device(0).graph_pool_segments(POOL).is_err(),
         "the pool was not forgotten"
     );
 }
@@ -181,48 +146,27 @@ fn the_pool_keeps_its_memory_while_used_and_gives_it_back_once_released_and_sync
 #[test]
 fn a_live_block_keeps_its_segment_after_the_pool_is_released() {
     let r = rig();
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0)
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(1))))
         .unwrap();
     let kept = malloc_routed(&r, 1024, 1);
     let big = malloc_routed(&r, 6 * MIB, 1);
-    r.alloc
-        .device(0)
-        .unwrap()
-        .end_allocate_to_pool(POOL)
-        .unwrap();
-    r.alloc.device(0).unwrap().release_pool(POOL).unwrap();
+    r.device(0).end_allocate_to_pool(POOL).unwrap();
+    r.device(0).release_pool(POOL).unwrap();
     r.free(big, 0);
     r.alloc.empty_cache().unwrap();
     // The free segment went back; the one under the live block stays.
-    assert_eq!(
-        r.alloc
-            .device(0)
-            .unwrap()
-            .graph_pool_segments(POOL)
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(r.device(0).graph_pool_segments(POOL).unwrap().len(), 1);
     r.sim.touch(0, 0, kept, 1024, s(1)).unwrap();
     r.free(kept, 0);
     r.alloc.empty_cache().unwrap();
-    assert!(r
-        .alloc
-        .device(0)
-        .unwrap()
-        .graph_pool_segments(POOL)
-        .is_err());
+    assert!(r.device(0).graph_pool_segments(POOL).is_err());
 }
 
 #[test]
 fn allocations_during_a_capture_come_from_the_pool_not_from_graph_memory() {
     let r = rig();
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0)
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(5))))
         .unwrap();
     r.sim.begin_capture(0, s(5));
@@ -240,101 +184,64 @@ fn allocations_during_a_capture_come_from_the_pool_not_from_graph_memory() {
     assert_eq!(r.sim.calls("unsafe during capture"), 0);
     r.free(a, 0); // freed inside the capture: back into the pool
     r.sim.end_capture(0, s(5));
-    r.alloc
-        .device(0)
-        .unwrap()
-        .end_allocate_to_pool(POOL)
-        .unwrap();
-    r.alloc.device(0).unwrap().release_pool(POOL).unwrap();
+    r.device(0).end_allocate_to_pool(POOL).unwrap();
+    r.device(0).release_pool(POOL).unwrap();
     r.alloc.empty_cache().unwrap();
 }
 
 #[test]
 fn a_checkpointed_block_is_restored_at_its_address_only_if_free() {
     let r = rig();
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0)
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(1))))
         .unwrap();
     let a = malloc_routed(&r, 4096, 1);
-    r.alloc
-        .device(0)
-        .unwrap()
-        .end_allocate_to_pool(POOL)
-        .unwrap();
-    let live = r
-        .alloc
-        .device(0)
-        .unwrap()
-        .graph_pool_live_blocks(POOL)
-        .unwrap();
+    r.device(0).end_allocate_to_pool(POOL).unwrap();
+    let live = r.device(0).graph_pool_live_blocks(POOL).unwrap();
     let (ptr, requested, block, stream) = live[0];
     assert_eq!((ptr, requested), (a, 4096));
     assert!(
-        r.alloc
-            .device(0)
-            .unwrap()
+        r.device(0)
             .restore_in_graph_pool(POOL, ptr, requested, block, stream)
             .is_err(),
         "restored over a live block"
     );
     r.free(a, 0);
     let back = r
-        .alloc
         .device(0)
-        .unwrap()
         .restore_in_graph_pool(POOL, ptr, requested, block, stream)
         .unwrap();
     assert_eq!(back, a);
     assert_eq!(r.stats(0).allocated_bytes, 4096);
     r.free(back, 0);
-    r.alloc.device(0).unwrap().release_pool(POOL).unwrap();
+    r.device(0).release_pool(POOL).unwrap();
     r.alloc.empty_cache().unwrap();
 }
 
 #[test]
 fn a_use_on_oom_pool_serves_what_the_device_cannot() {
     let r = rig_with(1, 64 * MIB, base_config());
-    r.alloc
-        .device(0)
-        .unwrap()
-        .graph_pool_create_or_incref(POOL)
-        .unwrap();
-    r.alloc
-        .device(0)
-        .unwrap()
-        .graph_pool_set_use_on_oom(POOL, true)
-        .unwrap();
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0).graph_pool_create_or_incref(POOL).unwrap();
+    r.device(0).graph_pool_set_use_on_oom(POOL, true).unwrap();
+    r.device(0)
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(1))))
         .unwrap();
     let in_pool = malloc_routed(&r, 24 * MIB, 1);
-    r.alloc
-        .device(0)
-        .unwrap()
-        .end_allocate_to_pool(POOL)
-        .unwrap();
-    r.alloc.device(0).unwrap().release_pool(POOL).unwrap();
+    r.device(0).end_allocate_to_pool(POOL).unwrap();
+    r.device(0).release_pool(POOL).unwrap();
     r.free(in_pool, 0);
     // The device has about 40 MiB left; the pool's free 24 MiB serve a request for 20.
     let hog = r.alloc.malloc(36 * MIB, 0, s(1)).unwrap();
     let served = r.alloc.malloc_into(20 * MIB, 0, s(1), None).unwrap();
     assert_eq!(served, in_pool, "the use_on_oom pool did not serve it");
     r.free(served, 0);
-    r.alloc
-        .device(0)
-        .unwrap()
-        .graph_pool_set_use_on_oom(POOL, false)
-        .unwrap();
+    r.device(0).graph_pool_set_use_on_oom(POOL, false).unwrap();
     assert!(
         r.alloc.malloc_into(20 * MIB, 0, s(1), None).is_err(),
         "a pool no longer marked use_on_oom served"
     );
     r.free(hog, 0);
-    r.alloc.device(0).unwrap().release_pool(POOL).unwrap();
+    r.device(0).release_pool(POOL).unwrap();
     r.alloc.empty_cache().unwrap();
 }
 
@@ -357,9 +264,7 @@ fn threads_routing_to_one_pool_at_once_leave_nothing_behind() {
             std::thread::spawn(move || {
                 for i in 0..400 {
                     let pool = (7, (i % 3) as u64);
-                    r.alloc
-                        .device(0)
-                        .unwrap()
+                    r.device(0)
                         .begin_allocate_to_pool(pool, Arc::new(OnStream(s(100 + t))))
                         .unwrap();
                     let bytes = 4096 * (1 + (t + i) as u64 % 5);
@@ -369,12 +274,8 @@ fn threads_routing_to_one_pool_at_once_leave_nothing_behind() {
                         .unwrap();
                     r.sim.touch(0, 0, a, bytes, s(100 + t)).unwrap();
                     r.free(a, 0);
-                    r.alloc
-                        .device(0)
-                        .unwrap()
-                        .end_allocate_to_pool(pool)
-                        .unwrap();
-                    r.alloc.device(0).unwrap().release_pool(pool).unwrap();
+                    r.device(0).end_allocate_to_pool(pool).unwrap();
+                    r.device(0).release_pool(pool).unwrap();
                 }
             })
         })
@@ -387,11 +288,7 @@ fn threads_routing_to_one_pool_at_once_leave_nothing_behind() {
     r.alloc.empty_cache().unwrap();
     for k in 0..3 {
         assert!(
-            r.alloc
-                .device(0)
-                .unwrap()
-                .graph_pool_segments((7, k))
-                .is_err(),
+            r.device(0).graph_pool_segments((7, k)).is_err(),
             "pool {k} stayed after its last user"
         );
     }

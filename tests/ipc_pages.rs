@@ -30,11 +30,8 @@ fn a_block_of_the_vmm_backend_round_trips_through_its_pages() {
     let r = vmm_rig();
     let ptr = r.malloc(5 * MIB, 0, 1);
     r.sim.touch(0, 0, ptr, 5 * MIB, s(1)).unwrap(); // the exporter writes it
-    assert_eq!(
-        r.alloc.device(0).unwrap().ipc_kind(ptr).unwrap(),
-        IpcKind::Pages
-    );
-    let (handle, fds) = r.alloc.device(0).unwrap().export_pages(ptr, s(1)).unwrap();
+    assert_eq!(r.device(0).ipc_kind(ptr).unwrap(), IpcKind::Pages);
+    let (handle, fds) = r.device(0).export_pages(ptr, s(1)).unwrap();
     assert_eq!((handle.block_bytes, handle.page_count), (5 * MIB, 3));
     // Its three pages were created as one span: one descriptor, then a -1 for each other page.
     assert_eq!(
@@ -55,11 +52,7 @@ fn a_block_of_the_vmm_backend_round_trips_through_its_pages() {
     r.alloc.ipc_close(imported, s(9)).unwrap();
     assert_eq!(r.alloc.ipc_open_imports(), 0);
     assert!(r.alloc.ipc_close(imported, s(9)).is_err(), "closed twice");
-    r.alloc
-        .device(0)
-        .unwrap()
-        .release_export(handle.event)
-        .unwrap();
+    r.device(0).release_export(handle.event).unwrap();
     r.free(ptr, 0);
     r.finish();
 }
@@ -71,7 +64,7 @@ fn without_the_import_waiting_the_simulator_refuses_the_touch() {
     let r = vmm_rig();
     let ptr = r.malloc(2 * MIB, 0, 1);
     r.sim.touch(0, 0, ptr, 2 * MIB, s(1)).unwrap();
-    let (handle, fds) = r.alloc.device(0).unwrap().export_pages(ptr, s(1)).unwrap();
+    let (handle, fds) = r.device(0).export_pages(ptr, s(1)).unwrap();
     let imported = r.alloc.ipc_import_pages(&handle, &fds, s(9)).unwrap();
     close_fds(&fds);
     assert!(
@@ -80,11 +73,7 @@ fn without_the_import_waiting_the_simulator_refuses_the_touch() {
     );
     r.sim.complete_all();
     r.alloc.ipc_close(imported, s(9)).unwrap();
-    r.alloc
-        .device(0)
-        .unwrap()
-        .release_export(handle.event)
-        .unwrap();
+    r.device(0).release_export(handle.event).unwrap();
     r.free(ptr, 0);
     r.finish();
 }
@@ -93,23 +82,11 @@ fn without_the_import_waiting_the_simulator_refuses_the_touch() {
 fn blocks_that_cannot_be_shared_page_by_page_say_so() {
     let r = pool_rig(64 * MIB);
     let ptr = r.malloc(MIB, 0, 1);
-    assert_eq!(
-        r.alloc.device(0).unwrap().ipc_kind(ptr).unwrap(),
-        IpcKind::None
-    );
-    let e = r
-        .alloc
-        .device(0)
-        .unwrap()
-        .export_pages(ptr, s(1))
-        .unwrap_err()
-        .to_string();
+    assert_eq!(r.device(0).ipc_kind(ptr).unwrap(), IpcKind::None);
+    let e = r.device(0).export_pages(ptr, s(1)).unwrap_err().to_string();
     assert!(e.contains("pages can be shared"), "{e}");
     r.free(ptr, 0);
-    assert!(
-        r.alloc.device(0).unwrap().ipc_kind(ptr).is_err(),
-        "no longer live"
-    );
+    assert!(r.device(0).ipc_kind(ptr).is_err(), "no longer live");
     r.finish();
 
     let sim = std::sync::Arc::new(streampool::driver::sim::SimDriver::new(1, 64 * MIB).strict());
@@ -146,7 +123,7 @@ fn a_block_in_the_middle_of_a_span_is_shared_with_the_whole_span() {
         "placed side by side"
     );
     r.sim.touch(0, 0, ptr, 4 * MIB, s(1)).unwrap();
-    let (handle, fds) = r.alloc.device(0).unwrap().export_pages(ptr, s(1)).unwrap();
+    let (handle, fds) = r.device(0).export_pages(ptr, s(1)).unwrap();
     assert_eq!((handle.page_count, handle.offset_bytes), (10, 6 * MIB));
     assert!(
         fds[0] >= 0 && fds[1..].iter().all(|&fd| fd == -1),
@@ -167,11 +144,7 @@ fn a_block_in_the_middle_of_a_span_is_shared_with_the_whole_span() {
         "the same span, nothing new"
     );
     r.alloc.ipc_close(imported, s(9)).unwrap();
-    r.alloc
-        .device(0)
-        .unwrap()
-        .release_export(handle.event)
-        .unwrap();
+    r.device(0).release_export(handle.event).unwrap();
     r.free(ptr, 0);
     r.free(first, 0);
     r.finish();
@@ -181,7 +154,7 @@ fn a_block_in_the_middle_of_a_span_is_shared_with_the_whole_span() {
 fn bad_page_imports_are_refused_and_leave_nothing_behind() {
     let r = vmm_rig();
     let ptr = r.malloc(3 * MIB, 0, 1);
-    let (handle, fds) = r.alloc.device(0).unwrap().export_pages(ptr, s(1)).unwrap();
+    let (handle, fds) = r.device(0).export_pages(ptr, s(1)).unwrap();
     let physical = r.sim.physical_bytes(0);
     let mappings = r.sim.mappings(0).len();
     let bad = |h: streampool::ipc::StreampoolIpcPages, fds: &[i32], what: &str| {
@@ -212,11 +185,7 @@ fn bad_page_imports_are_refused_and_leave_nothing_behind() {
         "no mapping left by a refused import"
     );
     close_fds(&fds);
-    r.alloc
-        .device(0)
-        .unwrap()
-        .release_export(handle.event)
-        .unwrap();
+    r.device(0).release_export(handle.event).unwrap();
     r.free(ptr, 0);
     r.finish();
 }

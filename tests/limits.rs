@@ -52,7 +52,7 @@ fn out_of_memory_reports_like_pytorch_and_changes_nothing() {
 #[test]
 fn memory_fraction_is_a_hard_cap() {
     let r = rig(100 * MIB);
-    r.alloc.device(0).unwrap().set_memory_fraction(0.5).unwrap();
+    r.device(0).set_memory_fraction(0.5).unwrap();
     let a = r.malloc(40 * MIB, 0, 0);
     let err = r.alloc.malloc(20 * MIB, 0, s(0)).unwrap_err().to_string();
     assert!(
@@ -63,7 +63,7 @@ fn memory_fraction_is_a_hard_cap() {
     // the cached 40 MiB block goes back to the pool to make room under the cap
     let b = r.malloc(45 * MIB, 0, 0);
     r.free(b, 0);
-    assert!(r.alloc.device(0).unwrap().set_memory_fraction(1.5).is_err());
+    assert!(r.device(0).set_memory_fraction(1.5).is_err());
     assert_eq!(r.stats(0).memory_limit_bytes, 50 * MIB);
     r.finish();
 }
@@ -72,7 +72,7 @@ fn memory_fraction_is_a_hard_cap() {
 fn memory_limit_bytes_tells_no_limit_from_a_cap_of_zero() {
     let r = rig(64 * MIB);
     assert_eq!(r.stats(0).memory_limit_bytes, u64::MAX, "no limit set");
-    r.alloc.device(0).unwrap().set_memory_fraction(0.0).unwrap();
+    r.device(0).set_memory_fraction(0.0).unwrap();
     assert_eq!(r.stats(0).memory_limit_bytes, 0, "fraction 0.0");
     let e = r.alloc.malloc(512, 0, s(0)).unwrap_err().to_string();
     assert!(
@@ -80,7 +80,7 @@ fn memory_limit_bytes_tells_no_limit_from_a_cap_of_zero() {
         "a cap of 0 refuses every allocation: {e}"
     );
     assert_eq!(r.stats(1).memory_limit_bytes, u64::MAX, "device 1 has none");
-    r.alloc.device(0).unwrap().set_memory_fraction(1.0).unwrap();
+    r.device(0).set_memory_fraction(1.0).unwrap();
     assert_eq!(r.stats(0).memory_limit_bytes, 64 * MIB);
     r.finish();
 }
@@ -115,11 +115,7 @@ fn memory_fraction_caps_live_bytes_at_every_moment_under_16_threads() {
             ..common::base_config()
         };
         let r = rig_with(1, 1 << 30, config);
-        r.alloc
-            .device(0)
-            .unwrap()
-            .set_memory_fraction(1.0 / 16.0)
-            .unwrap();
+        r.device(0).set_memory_fraction(1.0 / 16.0).unwrap();
         assert_eq!(r.stats(0).memory_limit_bytes, CAP_BYTES);
         let (live_bytes, most_live_bytes) = (AtomicU64::new(0), AtomicU64::new(0));
         let (served, refused) = (AtomicU64::new(0), AtomicU64::new(0));
@@ -327,7 +323,7 @@ fn sizes_above_the_maximum_are_out_of_memory_counted_and_change_nothing_else() {
 #[test]
 fn a_failed_allocation_gives_back_its_share_of_the_memory_fraction() {
     let r = rig_with(2, 100 * MIB, common::pool_config());
-    r.alloc.device(0).unwrap().set_memory_fraction(0.5).unwrap(); // 50 MiB
+    r.device(0).set_memory_fraction(0.5).unwrap(); // 50 MiB
     r.sim.inject_fault(SimFault::Alloc, 1);
     let e = r.alloc.malloc(40 * MIB, 0, s(0)).unwrap_err().to_string();
     assert!(e.contains("cuMemAllocFromPoolAsync"), "{e}");
@@ -344,7 +340,7 @@ fn a_failed_allocation_gives_back_its_share_of_the_memory_fraction() {
 #[test]
 fn the_memory_fraction_evicts_cached_blocks_from_any_stream_to_make_room() {
     let r = rig_with(2, 100 * MIB, common::pool_config());
-    r.alloc.device(0).unwrap().set_memory_fraction(0.5).unwrap(); // 50 MiB
+    r.device(0).set_memory_fraction(0.5).unwrap(); // 50 MiB
     let live = r.malloc(40 * MIB, 0, 1);
     let a = r.malloc(MIB, 0, 1);
     let b = r.malloc(MIB / 2, 0, 1);
@@ -372,21 +368,9 @@ fn the_memory_fraction_evicts_cached_blocks_from_any_stream_to_make_room() {
 #[test]
 fn parse_bytes_reads_sizes_and_shares_of_the_device() {
     let r = rig(64 * MIB);
-    assert_eq!(
-        r.alloc.device(0).unwrap().parse_bytes("8MiB").unwrap(),
-        8 * MIB
-    );
-    assert_eq!(
-        r.alloc.device(1).unwrap().parse_bytes("50%").unwrap(),
-        32 * MIB
-    );
-    let e = r
-        .alloc
-        .device(0)
-        .unwrap()
-        .parse_bytes("lots")
-        .unwrap_err()
-        .to_string();
+    assert_eq!(r.device(0).parse_bytes("8MiB").unwrap(), 8 * MIB);
+    assert_eq!(r.device(1).parse_bytes("50%").unwrap(), 32 * MIB);
+    let e = r.device(0).parse_bytes("lots").unwrap_err().to_string();
     assert!(
         e.contains("\"lots\" is not a size: use a size such as"),
         "{e}"
@@ -435,11 +419,7 @@ fn graph_memory_failures_are_reported_as_what_they_are_and_successes_counted() {
 fn the_memory_fraction_caps_reserved_memory_not_only_held_blocks() {
     for config in [common::pool_config(), vmm_config()] {
         let r = rig_with(1, 256 * MIB, config);
-        r.alloc
-            .device(0)
-            .unwrap()
-            .set_memory_fraction(0.25)
-            .unwrap(); // 64 MiB
+        r.device(0).set_memory_fraction(0.25).unwrap(); // 64 MiB
         let a = r.malloc(48 * MIB, 0, 1);
         r.free(a, 0);
         r.sim.reset_in_use_high(0);
@@ -473,11 +453,7 @@ fn the_memory_fraction_caps_reserved_memory_under_16_threads() {
     for config in [common::pool_config(), vmm_config()] {
         let backend = config.backend;
         let r = rig_with(1, 1 << 30, config);
-        r.alloc
-            .device(0)
-            .unwrap()
-            .set_memory_fraction(1.0 / 16.0)
-            .unwrap();
+        r.device(0).set_memory_fraction(1.0 / 16.0).unwrap();
         r.sim.reset_in_use_high(0);
         let (served, unexpected) = (AtomicU64::new(0), Mutex::new(Vec::new()));
         std::thread::scope(|scope| {
@@ -549,11 +525,7 @@ fn a_pool_growth_past_the_memory_fraction_is_undone() {
         ..common::pool_config()
     };
     let r = rig_with(1, 256 * MIB, config);
-    r.alloc
-        .device(0)
-        .unwrap()
-        .set_memory_fraction(0.25)
-        .unwrap(); // 64 MiB
+    r.device(0).set_memory_fraction(0.25).unwrap(); // 64 MiB
     let a = r.malloc(40 * MIB, 0, 1);
     r.free(a, 0);
     r.sim.complete_stream(0, s(1));
@@ -587,11 +559,7 @@ fn a_pool_serving_from_its_free_memory_is_not_refused_under_a_lowered_limit() {
     let freed = r.malloc(32 * MIB, 0, 1);
     r.free(freed, 0);
     r.sim.complete_stream(0, s(1));
-    r.alloc
-        .device(0)
-        .unwrap()
-        .set_memory_fraction(0.125)
-        .unwrap(); // 32 MiB, below the 40 MiB reserved
+    r.device(0).set_memory_fraction(0.125).unwrap(); // 32 MiB, below the 40 MiB reserved
     let before = r.stats(0);
     let p = r.malloc(16 * MIB, 0, 2);
     let after = r.stats(0);
@@ -619,11 +587,7 @@ fn a_pool_serving_from_its_free_memory_is_not_refused_under_a_lowered_limit() {
 #[test]
 fn under_the_cap_a_synchronisation_makes_room_before_anything_else() {
     let r = rig_with(1, 256 * MIB, common::pool_config());
-    r.alloc
-        .device(0)
-        .unwrap()
-        .set_memory_fraction(0.25)
-        .unwrap(); // 64 MiB
+    r.device(0).set_memory_fraction(0.25).unwrap(); // 64 MiB
     let small = r.malloc(MIB / 2, 0, 1);
     let big = r.malloc(48 * MIB, 0, 1);
     r.free(small, 0);
@@ -655,7 +619,7 @@ fn under_the_cap_a_pool_growth_is_checked_by_its_granule() {
     };
     let r = rig_with(1, 256 * MIB, config);
     let live = r.malloc(2 * MIB, 0, 1);
-    let device = r.alloc.device(0).unwrap();
+    let device = r.device(0);
     device.set_memory_fraction(3.0 / 256.0).unwrap();
     assert_eq!(r.stats(0).memory_limit_bytes, 3 * MIB);
     let calls = r.sim.calls("cuMemAllocFromPoolAsync");

@@ -88,7 +88,7 @@ fn rig() -> Rig {
 }
 
 fn routed(r: &Rig, bytes: u64) -> Result<DevicePtr, Error> {
-    let pool = r.alloc.device(0).unwrap().graph_pool_claiming(s(1));
+    let pool = r.device(0).graph_pool_claiming(s(1));
     assert!(pool.is_some());
     r.alloc.malloc_into(bytes, 0, s(1), pool)
 }
@@ -104,34 +104,21 @@ fn a_mempools_memory_comes_from_its_own_allocator_and_goes_back_through_it() {
     let pool = (0, 7);
     // SAFETY: a matching pair of C functions that do not unwind.
     unsafe {
-        r.alloc
-            .device(0)
-            .unwrap()
+        r.device(0)
             .graph_pool_create_or_incref_with_allocator(pool, counting_malloc, counting_free)
             .unwrap();
     }
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0)
         .begin_allocate_to_pool(pool, Arc::new(All))
         .unwrap();
     let big = routed(&r, 3 * MIB).unwrap();
     let small = routed(&r, 4096).unwrap();
     // use_mem_pool's end: the route ends and gives up its use of the pool.
-    r.alloc
-        .device(0)
-        .unwrap()
-        .end_allocate_to_pool(pool)
-        .unwrap();
-    r.alloc.device(0).unwrap().release_pool(pool).unwrap();
+    r.device(0).end_allocate_to_pool(pool).unwrap();
+    r.device(0).release_pool(pool).unwrap();
     let outside = r.malloc(MIB, 0, 1);
     assert!(MALLOCS.load(Ordering::SeqCst) >= 1);
-    let segments = r
-        .alloc
-        .device(0)
-        .unwrap()
-        .graph_pool_segments(pool)
-        .unwrap();
+    let segments = r.device(0).graph_pool_segments(pool).unwrap();
     assert_eq!(
         segments.len() as u64,
         MALLOCS.load(Ordering::SeqCst),
@@ -145,7 +132,7 @@ fn a_mempools_memory_comes_from_its_own_allocator_and_goes_back_through_it() {
         "outside the pool, the device's own memory"
     );
     let out = foreign_bytes_out();
-    let (total, _) = r.alloc.device(0).unwrap().reserved_total().unwrap();
+    let (total, _) = r.device(0).reserved_total().unwrap();
     assert_eq!(
         total,
         r.stats(0).reserved_bytes + out,
@@ -158,7 +145,7 @@ fn a_mempools_memory_comes_from_its_own_allocator_and_goes_back_through_it() {
     r.free(small, 0);
     r.alloc.empty_cache().unwrap();
     assert_eq!(FREES.load(Ordering::SeqCst), 0, "the MemPool still uses it");
-    r.alloc.device(0).unwrap().release_pool(pool).unwrap(); // the MemPool's end
+    r.device(0).release_pool(pool).unwrap(); // the MemPool's end
     r.alloc.empty_cache().unwrap();
     assert_eq!(FREES.load(Ordering::SeqCst), MALLOCS.load(Ordering::SeqCst));
     assert_eq!(
@@ -167,7 +154,7 @@ fn a_mempools_memory_comes_from_its_own_allocator_and_goes_back_through_it() {
         "each block once, with its size and stream"
     );
     assert!(
-        !r.alloc.device(0).unwrap().graph_pool_ids().contains(&pool),
+        !r.device(0).graph_pool_ids().contains(&pool),
         "the pool is gone"
     );
 
@@ -175,15 +162,11 @@ fn a_mempools_memory_comes_from_its_own_allocator_and_goes_back_through_it() {
     let failing = (0, 8);
     // SAFETY: as above.
     unsafe {
-        r.alloc
-            .device(0)
-            .unwrap()
+        r.device(0)
             .graph_pool_create_or_incref_with_allocator(failing, null_malloc, counting_free)
             .unwrap();
     }
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0)
         .begin_allocate_to_pool(failing, Arc::new(All))
         .unwrap();
     let allocated = r.stats(0).allocated_bytes;
@@ -196,38 +179,26 @@ fn a_mempools_memory_comes_from_its_own_allocator_and_goes_back_through_it() {
         "its malloc was asked, and again after the cache went back"
     );
     assert_eq!(r.stats(0).allocated_bytes, allocated);
-    r.alloc
-        .device(0)
-        .unwrap()
-        .end_allocate_to_pool(failing)
-        .unwrap();
-    r.alloc.device(0).unwrap().release_pool(failing).unwrap();
-    r.alloc.device(0).unwrap().release_pool(failing).unwrap();
+    r.device(0).end_allocate_to_pool(failing).unwrap();
+    r.device(0).release_pool(failing).unwrap();
+    r.device(0).release_pool(failing).unwrap();
 
     // A misaligned block is given back at once and refused.
     let crooked = (0, 9);
     // SAFETY: as above.
     unsafe {
-        r.alloc
-            .device(0)
-            .unwrap()
+        r.device(0)
             .graph_pool_create_or_incref_with_allocator(crooked, misaligned_malloc, counting_free)
             .unwrap();
     }
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0)
         .begin_allocate_to_pool(crooked, Arc::new(All))
         .unwrap();
     let e = routed(&r, MIB).unwrap_err().to_string();
     assert!(e.contains("not 512-byte aligned"), "{e}");
-    r.alloc
-        .device(0)
-        .unwrap()
-        .end_allocate_to_pool(crooked)
-        .unwrap();
-    r.alloc.device(0).unwrap().release_pool(crooked).unwrap();
-    r.alloc.device(0).unwrap().release_pool(crooked).unwrap();
+    r.device(0).end_allocate_to_pool(crooked).unwrap();
+    r.device(0).release_pool(crooked).unwrap();
+    r.device(0).release_pool(crooked).unwrap();
     assert_eq!(
         (foreign_bytes_out(), FREE_ERRORS.load(Ordering::SeqCst)),
         (0, 0)

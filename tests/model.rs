@@ -110,7 +110,7 @@ proptest! {
                 }
                 Op::ResetPeaks => {
                     for d in 0..2 {
-                        r.alloc.device(d).unwrap().reset_peak_stats().unwrap();
+                        r.device(d).reset_peak_stats().unwrap();
                         let (cur, n) = m.current(d);
                         m.peak[d as usize] = cur;
                         m.count_peak[d as usize] = n;

@@ -281,10 +281,10 @@ fn trim_returns_the_cache_and_keeps_the_bytes_asked_for() {
     let a = r.malloc(40 * MIB, 0, 1);
     r.free(a, 0);
     assert_eq!(r.stats(0).cached_bytes, 40 * MIB);
-    r.alloc.device(0).unwrap().trim(16 * MIB).unwrap();
+    r.device(0).trim(16 * MIB).unwrap();
     let st = r.stats(0);
     assert_eq!((st.cached_bytes, st.reserved_bytes), (0, 16 * MIB));
-    r.alloc.device(0).unwrap().trim(0).unwrap();
+    r.device(0).trim(0).unwrap();
     assert_eq!(r.stats(0).reserved_bytes, 0);
     assert!(
         r.alloc.device(2).and_then(|dev| dev.trim(0)).is_err(),
@@ -296,11 +296,7 @@ fn trim_returns_the_cache_and_keeps_the_bytes_asked_for() {
 #[test]
 fn the_release_threshold_is_set_on_every_pool_of_the_device() {
     let r = pool_rig(1 << 30);
-    r.alloc
-        .device(1)
-        .unwrap()
-        .set_release_threshold(8 * MIB)
-        .unwrap();
+    r.device(1).set_release_threshold(8 * MIB).unwrap();
     let pools = r.own_pools(1);
     assert_eq!(pools.len(), 2, "main and small-block pools: {pools:?}");
     for pool in pools {

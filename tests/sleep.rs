@@ -22,34 +22,28 @@ fn a_sleeping_device_holds_no_memory_and_wakes_at_the_same_addresses() {
     let held = r.sim.physical_bytes(0);
     assert!(held >= 16 * MIB);
     let copies_out = r.sim.calls("cuMemcpyDtoHAsync");
-    let given_back = r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
+    let given_back = r.device(0).sleep(1, &[]).unwrap();
     assert_eq!(given_back, held);
     assert_eq!(r.sim.physical_bytes(0), 0, "every page went back");
     // Only the live blocks' pages sleep (3 of the big block's, 1 carrier); the freed block's
     // went back as empty_cache() gives them back. One copy a run of adjacent pages (the big
     // block's 3, in the large region; the carrier, apart).
     let live_pages_bytes = 4 * 2 * MIB;
-    assert_eq!(
-        r.alloc.device(0).unwrap().sleeping_bytes(),
-        live_pages_bytes
-    );
+    assert_eq!(r.device(0).sleeping_bytes(), live_pages_bytes);
     assert_eq!(r.sim.calls("cuMemcpyDtoHAsync") - copies_out, 2);
-    assert_eq!(
-        r.alloc.device(0).unwrap().sleep_saved_bytes(),
-        live_pages_bytes
-    );
+    assert_eq!(r.device(0).sleep_saved_bytes(), live_pages_bytes);
     let e = r.alloc.malloc(MIB, 0, s(1)).unwrap_err().to_string();
     assert!(e.contains("asleep") && e.contains("wake"), "{e}");
     r.free(small, 0); // frees are fine while asleep
     let maps = r.sim.calls("cuMemMap");
-    let restored = r.alloc.device(0).unwrap().wake().unwrap();
+    let restored = r.device(0).wake().unwrap();
     assert_eq!(restored, live_pages_bytes);
     assert_eq!(
         r.sim.calls("cuMemMap") - maps,
         2,
         "wake maps the live blocks' pages only: the big block's 3 as one handle, the carrier"
     );
-    assert_eq!(r.alloc.device(0).unwrap().sleeping_bytes(), 0);
+    assert_eq!(r.device(0).sleeping_bytes(), 0);
     assert_eq!(
         r.sim.calls("cuMemcpyHtoDAsync"),
         2,
@@ -70,9 +64,9 @@ fn a_sleeping_device_holds_no_memory_and_wakes_at_the_same_addresses() {
 fn level_2_discards_the_contents() {
     let r = vmm_rig(256 * MIB);
     let a = r.malloc(4 * MIB, 0, 1);
-    r.alloc.device(0).unwrap().sleep(2, &[]).unwrap();
+    r.device(0).sleep(2, &[]).unwrap();
     assert_eq!(r.sim.physical_bytes(0), 0);
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     assert_eq!(
         r.sim.calls("cuMemcpyDtoHAsync") + r.sim.calls("cuMemcpyHtoDAsync"),
         0
@@ -88,28 +82,16 @@ fn bad_calls_and_faults_leave_the_device_as_it_was() {
     let a = r.malloc(4 * MIB, 0, 1);
     let held = r.sim.physical_bytes(0);
     for (call, what) in [
-        (r.alloc.device(0).unwrap().wake().map(|_| ()), "not asleep"),
-        (
-            r.alloc.device(0).unwrap().sleep(3, &[]).map(|_| ()),
-            "level",
-        ),
-        (
-            r.alloc.device(0).unwrap().sleep(0, &[]).map(|_| ()),
-            "level",
-        ),
+        (r.device(0).wake().map(|_| ()), "not asleep"),
+        (r.device(0).sleep(3, &[]).map(|_| ()), "level"),
+        (r.device(0).sleep(0, &[]).map(|_| ()), "level"),
     ] {
         let e = call.unwrap_err().to_string();
         assert!(e.contains(what), "{e}");
     }
     // Host memory that cannot be pinned: a clear error, nothing changed.
     r.sim.inject_fault(SimFault::HostAlloc, 1);
-    let e = r
-        .alloc
-        .device(0)
-        .unwrap()
-        .sleep(1, &[])
-        .unwrap_err()
-        .to_string();
+    let e = r.device(0).sleep(1, &[]).unwrap_err().to_string();
     assert!(
         e.contains("page-locked host memory") && e.contains("nothing changed"),
         "{e}"
@@ -117,20 +99,14 @@ fn bad_calls_and_faults_leave_the_device_as_it_was() {
     assert_eq!(r.sim.physical_bytes(0), held);
     // A copy that fails to be queued: nothing changed (the buffer is kept for the next sleep).
     r.sim.inject_fault(SimFault::Copy, 1);
-    assert!(r.alloc.device(0).unwrap().sleep(1, &[]).is_err());
+    assert!(r.device(0).sleep(1, &[]).is_err());
     assert_eq!(r.sim.physical_bytes(0), held);
     let b = r.malloc(MIB, 0, 1);
     r.free(b, 0);
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
-    let e = r
-        .alloc
-        .device(0)
-        .unwrap()
-        .sleep(1, &[])
-        .unwrap_err()
-        .to_string();
+    r.device(0).sleep(1, &[]).unwrap();
+    let e = r.device(0).sleep(1, &[]).unwrap_err().to_string();
     assert!(e.contains("asleep already"), "{e}");
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     r.free(a, 0);
     r.finish();
 }
@@ -139,23 +115,20 @@ fn bad_calls_and_faults_leave_the_device_as_it_was() {
 fn out_of_memory_at_wake_keeps_what_was_restored_and_a_later_wake_goes_on() {
     let r = vmm_rig(64 * MIB);
     let a = r.malloc(20 * MIB, 0, 1);
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
     // Another process takes most of the device meanwhile.
     let foreign = r.sim.mem_create(0, 52 * MIB).unwrap();
-    let e = r.alloc.device(0).unwrap().wake().unwrap_err();
+    let e = r.device(0).wake().unwrap_err();
     assert!(e.is_device_oom(), "{e}");
     let restored = r.sim.physical_bytes(0) - 52 * MIB;
     assert!(
         restored > 0 && restored < 20 * MIB,
         "some pages restored: {restored}"
     );
-    assert_eq!(
-        r.alloc.device(0).unwrap().sleeping_bytes(),
-        20 * MIB - restored
-    );
+    assert_eq!(r.device(0).sleeping_bytes(), 20 * MIB - restored);
     r.sim.mem_release(0, foreign).unwrap();
-    r.alloc.device(0).unwrap().wake().unwrap();
-    assert_eq!(r.alloc.device(0).unwrap().sleeping_bytes(), 0);
+    r.device(0).wake().unwrap();
+    assert_eq!(r.device(0).sleeping_bytes(), 0);
     r.sim.touch(0, 0, a, 20 * MIB, s(1)).unwrap();
     r.free(a, 0);
     r.finish();
@@ -164,15 +137,9 @@ fn out_of_memory_at_wake_keeps_what_was_restored_and_a_later_wake_goes_on() {
 #[test]
 fn the_pool_backend_and_a_capture_refuse_to_sleep() {
     let r = pool_rig(64 * MIB);
-    let e = r
-        .alloc
-        .device(0)
-        .unwrap()
-        .sleep(1, &[])
-        .unwrap_err()
-        .to_string();
+    let e = r.device(0).sleep(1, &[]).unwrap_err().to_string();
     assert!(e.contains("STREAMPOOL_BACKEND=vmm"), "{e}");
-    let e = r.alloc.device(0).unwrap().wake().unwrap_err().to_string();
+    let e = r.device(0).wake().unwrap_err().to_string();
     assert!(e.contains("STREAMPOOL_BACKEND=vmm"), "{e}");
     // Refused before the device, never used, is set up: a refusal creates nothing.
     assert_eq!(r.sim.calls("cuMemPoolCreate"), 0);
@@ -181,13 +148,7 @@ fn the_pool_backend_and_a_capture_refuse_to_sleep() {
     let a = r.malloc(MIB, 0, 1);
     r.sim.begin_capture(0, s(9));
     let graph = r.malloc(MIB, 0, 9); // the capture is known now
-    let e = r
-        .alloc
-        .device(0)
-        .unwrap()
-        .sleep(1, &[])
-        .unwrap_err()
-        .to_string();
+    let e = r.device(0).sleep(1, &[]).unwrap_err().to_string();
     assert!(e.contains("captures"), "{e}");
     r.free(graph, 0);
     r.sim.end_capture(0, s(9));
@@ -200,64 +161,45 @@ fn the_host_buffer_is_kept_for_the_next_sleep_until_released() {
     let r = vmm_rig(256 * MIB);
     let a = r.malloc(6 * MIB, 0, 1);
     fill(&r, a, 6 * MIB, 1);
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
-    let saved = r.alloc.device(0).unwrap().sleep_saved_bytes();
-    assert_eq!(r.alloc.device(0).unwrap().sleep_host_buffer_bytes(), saved);
-    let e = r
-        .alloc
-        .device(0)
-        .unwrap()
-        .release_sleep_buffer()
-        .unwrap_err()
-        .to_string();
+    r.device(0).sleep(1, &[]).unwrap();
+    let saved = r.device(0).sleep_saved_bytes();
+    assert_eq!(r.device(0).sleep_host_buffer_bytes(), saved);
+    let e = r.device(0).release_sleep_buffer().unwrap_err().to_string();
     assert!(e.contains("wake it first"), "{e}");
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     assert!(holds(&r, a, 6 * MIB, 1));
-    assert_eq!(
-        r.alloc.device(0).unwrap().sleep_host_buffer_bytes(),
-        saved,
-        "kept"
-    );
+    assert_eq!(r.device(0).sleep_host_buffer_bytes(), saved, "kept");
     // The second sleep pins nothing: it reuses the buffer, and restores its own contents.
     let pinned = r.sim.calls("cuMemAllocHost");
     fill(&r, a, 6 * MIB, 2);
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
+    r.device(0).wake().unwrap();
     assert_eq!(r.sim.calls("cuMemAllocHost"), pinned);
     assert!(holds(&r, a, 6 * MIB, 2));
     // More to save than the kept buffer holds: a larger one replaces it.
     let b = r.malloc(20 * MIB, 0, 1);
     fill(&r, b, 20 * MIB, 3);
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
-    let larger = r.alloc.device(0).unwrap().sleep_saved_bytes();
+    r.device(0).sleep(1, &[]).unwrap();
+    let larger = r.device(0).sleep_saved_bytes();
     assert!(larger > saved);
     assert_eq!(r.sim.calls("cuMemAllocHost"), pinned + 1);
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     assert!(holds(&r, a, 6 * MIB, 2) && holds(&r, b, 20 * MIB, 3));
-    assert_eq!(
-        r.alloc.device(0).unwrap().release_sleep_buffer().unwrap(),
-        larger
-    );
-    assert_eq!(r.alloc.device(0).unwrap().sleep_host_buffer_bytes(), 0);
-    assert_eq!(
-        r.alloc.device(0).unwrap().release_sleep_buffer().unwrap(),
-        0
-    );
+    assert_eq!(r.device(0).release_sleep_buffer().unwrap(), larger);
+    assert_eq!(r.device(0).sleep_host_buffer_bytes(), 0);
+    assert_eq!(r.device(0).release_sleep_buffer().unwrap(), 0);
     // Level 2 needs no buffer: one kept stays kept, and can be released while asleep.
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
-    r.alloc.device(0).unwrap().wake().unwrap();
-    r.alloc.device(0).unwrap().sleep(2, &[]).unwrap();
-    assert_eq!(r.alloc.device(0).unwrap().sleep_host_buffer_bytes(), larger);
-    assert_eq!(
-        r.alloc.device(0).unwrap().release_sleep_buffer().unwrap(),
-        larger
-    );
-    assert_eq!(r.alloc.device(0).unwrap().sleep_host_buffer_bytes(), 0);
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
+    r.device(0).wake().unwrap();
+    r.device(0).sleep(2, &[]).unwrap();
+    assert_eq!(r.device(0).sleep_host_buffer_bytes(), larger);
+    assert_eq!(r.device(0).release_sleep_buffer().unwrap(), larger);
+    assert_eq!(r.device(0).sleep_host_buffer_bytes(), 0);
+    r.device(0).wake().unwrap();
     // A level-1 sleep after a release pins one again.
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
     assert_eq!(r.sim.calls("cuMemAllocHost"), pinned + 3);
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     r.free(a, 0);
     r.free(b, 0);
     r.finish(); // the kept buffer is freed with the allocator (the strict driver checks)
@@ -272,15 +214,11 @@ fn a_copy_that_fails_at_wake_leaves_its_pages_asleep_and_a_later_wake_restores_t
     let small = r.malloc(64 * 1024, 0, 1);
     assert!(a.0 < small.0, "the large blocks lie below the carriers");
     fill(&r, small, 64 * 1024, 4);
-    r.alloc
-        .device(0)
-        .unwrap()
-        .sleep(1, &["wake_fault_kv"])
-        .unwrap();
-    let asleep = r.alloc.device(0).unwrap().sleeping_bytes();
+    r.device(0).sleep(1, &["wake_fault_kv"]).unwrap();
+    let asleep = r.device(0).sleeping_bytes();
     r.sim.inject_fault(SimFault::Copy, 1);
-    assert!(r.alloc.device(0).unwrap().wake().is_err());
-    let left = r.alloc.device(0).unwrap().sleeping_bytes();
+    assert!(r.device(0).wake().is_err());
+    let left = r.device(0).sleeping_bytes();
     assert_eq!(
         left,
         2 * MIB,
@@ -289,7 +227,7 @@ fn a_copy_that_fails_at_wake_leaves_its_pages_asleep_and_a_later_wake_restores_t
     // The carrier's fresh handle stays, unmapped, for the next wake.
     assert_eq!(r.sim.physical_bytes(0), asleep - left + 2 * MIB);
     r.sim.touch(0, 0, a, 8 * MIB, s(1)).unwrap();
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     assert!(holds(&r, small, 64 * 1024, 4));
     r.free(a, 0);
     r.free(small, 0);
@@ -303,16 +241,16 @@ fn a_page_that_can_be_neither_restored_nor_unmapped_at_wake_does_not_stop_later_
     let gap = r.malloc(2 * MIB, 0, 1);
     let b = r.malloc(4 * MIB, 0, 1);
     r.free(gap, 0); // its page goes back at the sleep: a and b are apart
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
     // a's page comes back alone, b's two pages as one handle. a's copy back fails, and so does
     // the unmap that would put it back to sleep: it is taken as restored (mapped, its contents
     // lost), and the wake stops there; b sleeps on.
     r.sim.inject_fault(SimFault::Copy, 1);
     r.sim.inject_fault(SimFault::MemUnmap, 1);
-    assert!(r.alloc.device(0).unwrap().wake().is_err());
-    assert_eq!(r.alloc.device(0).unwrap().sleeping_bytes(), 4 * MIB);
-    r.alloc.device(0).unwrap().wake().unwrap(); // not stuck on the page mapped already
-    assert_eq!(r.alloc.device(0).unwrap().sleeping_bytes(), 0);
+    assert!(r.device(0).wake().is_err());
+    assert_eq!(r.device(0).sleeping_bytes(), 4 * MIB);
+    r.device(0).wake().unwrap(); // not stuck on the page mapped already
+    assert_eq!(r.device(0).sleeping_bytes(), 0);
     r.sim.touch(0, 0, a, 2 * MIB, s(1)).unwrap();
     r.sim.touch(0, 0, b, 4 * MIB, s(1)).unwrap();
     r.free(a, 0);
@@ -328,15 +266,11 @@ fn memory_freed_before_and_during_a_sleep_serves_a_block_across_it_after_wake() 
     let c = r.malloc(4 * MIB, 0, 1);
     fill(&r, c, 4 * MIB, 3);
     r.free(b, 0); // idle at the sleep: given back, not asleep
-    let given_back = r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
-    assert_eq!(
-        r.alloc.device(0).unwrap().sleeping_bytes(),
-        8 * MIB,
-        "a's and c's pages"
-    );
+    let given_back = r.device(0).sleep(1, &[]).unwrap();
+    assert_eq!(r.device(0).sleeping_bytes(), 8 * MIB, "a's and c's pages");
     assert_eq!(given_back, 12 * MIB);
     r.free(a, 0); // asleep under a block that is gone by the wake
-    assert_eq!(r.alloc.device(0).unwrap().wake().unwrap(), 8 * MIB);
+    assert_eq!(r.device(0).wake().unwrap(), 8 * MIB);
     assert!(holds(&r, c, 4 * MIB, 3));
     // a's restored pages and b's released ones, side by side, back one block: every page of it
     // mapped with access (the simulator refuses a touch of anything else).
@@ -357,19 +291,19 @@ fn sleep_and_wake_return_once_their_copies_are_done_and_a_failed_wait_at_wake_ke
     // 20 pages: wake maps them in two chunks, copying the first back while it maps the second.
     let a = r.malloc(40 * MIB, 0, 1);
     fill(&r, a, 40 * MIB, 7);
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
     assert!(!r.sim.work_in_flight(0), "the sleep waited for its copies");
-    let asleep = r.alloc.device(0).unwrap().sleeping_bytes();
+    let asleep = r.device(0).sleeping_bytes();
     assert!(asleep >= 40 * MIB);
     // The wait for the copies back fails: their pages sleep on, their contents in the buffer.
     r.sim.inject_fault(SimFault::StreamSynchronize, 1);
-    assert!(r.alloc.device(0).unwrap().wake().is_err());
+    assert!(r.device(0).wake().is_err());
     assert!(
         !r.sim.work_in_flight(0),
         "nothing in flight after a failed wake"
     );
-    assert_eq!(r.alloc.device(0).unwrap().sleeping_bytes(), asleep);
-    r.alloc.device(0).unwrap().wake().unwrap();
+    assert_eq!(r.device(0).sleeping_bytes(), asleep);
+    r.device(0).wake().unwrap();
     assert!(!r.sim.work_in_flight(0), "the wake waited for its copies");
     assert!(holds(&r, a, 40 * MIB, 7));
     r.free(a, 0);
@@ -389,14 +323,14 @@ fn an_emptied_carrier_goes_back_at_a_sleep_while_the_carrier_in_use_sleeps() {
         fill(&r, p, 512 * 1024, 10 + i as u8);
     }
     r.free(fifth, 0); // its carrier is empty: an idle page
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
     assert_eq!(r.sim.physical_bytes(0), 0);
     assert_eq!(
-        r.alloc.device(0).unwrap().sleeping_bytes(),
+        r.device(0).sleeping_bytes(),
         2 * MIB,
         "only the carrier in use sleeps"
     );
-    assert_eq!(r.alloc.device(0).unwrap().wake().unwrap(), 2 * MIB);
+    assert_eq!(r.device(0).wake().unwrap(), 2 * MIB);
     for (i, &p) in kept.iter().enumerate() {
         assert!(holds(&r, p, 512 * 1024, 10 + i as u8), "block {i} restored");
     }
@@ -416,34 +350,28 @@ fn a_memory_pool_segment_with_free_space_sleeps_whole_and_serves_the_pool_after_
     let r = vmm_rig(256 * MIB);
     let pool = (0, 1);
     let into_pool = |bytes| {
-        let routed = r.alloc.device(0).unwrap().graph_pool_claiming(s(1));
+        let routed = r.device(0).graph_pool_claiming(s(1));
         assert_eq!(routed, Some(pool));
         r.alloc.malloc_into(bytes, 0, s(1), routed).unwrap()
     };
-    r.alloc
-        .device(0)
-        .unwrap()
+    r.device(0)
         .begin_allocate_to_pool(pool, std::sync::Arc::new(OnStream(s(1))))
         .unwrap();
     let a = into_pool(3 * MIB);
     let b = into_pool(3 * MIB);
     fill(&r, a, 3 * MIB, 21);
     r.free(b, 0); // free space inside the pool's memory, kept for the pool
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
     assert_eq!(r.sim.physical_bytes(0), 0);
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     assert!(holds(&r, a, 3 * MIB, 21));
     // The pool serves its next block from the space b left, mapped with access again.
     let c = into_pool(3 * MIB);
     r.sim.touch(0, 0, c, 3 * MIB, s(1)).unwrap();
-    r.alloc
-        .device(0)
-        .unwrap()
-        .end_allocate_to_pool(pool)
-        .unwrap();
+    r.device(0).end_allocate_to_pool(pool).unwrap();
     r.free(a, 0);
     r.free(c, 0);
-    r.alloc.device(0).unwrap().release_pool(pool).unwrap();
+    r.device(0).release_pool(pool).unwrap();
     r.finish();
 }
 
@@ -464,22 +392,22 @@ fn a_failed_wait_for_the_copies_at_sleep_leaves_the_device_awake_with_its_conten
     let gone = r.malloc(8 * MIB, 0, 1);
     r.free(gone, 0);
     r.sim.inject_fault(SimFault::StreamSynchronize, 1);
-    assert!(r.alloc.device(0).unwrap().sleep(1, &[]).is_err());
+    assert!(r.device(0).sleep(1, &[]).is_err());
     assert!(
         !r.sim.work_in_flight(0),
         "nothing in flight after a failed sleep"
     );
-    assert_eq!(r.alloc.device(0).unwrap().sleeping_bytes(), 0, "awake");
+    assert_eq!(r.device(0).sleeping_bytes(), 0, "awake");
     assert!(holds(&r, a, 6 * MIB, 3));
     r.sim.touch(0, 0, a, 6 * MIB, s(1)).unwrap();
     assert!(
-        r.alloc.device(0).unwrap().sleep_host_buffer_bytes() > 0,
+        r.device(0).sleep_host_buffer_bytes() > 0,
         "the buffer is kept"
     );
     let b = r.malloc(MIB, 0, 1); // awake: allocations are served
     r.free(b, 0);
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
+    r.device(0).wake().unwrap();
     assert!(holds(&r, a, 6 * MIB, 3));
     r.free(a, 0);
     r.finish();

@@ -17,7 +17,7 @@ fn a_reserved_buffer_is_pinned_before_the_sleep_and_the_sleep_pins_nothing() {
     let r = vmm_rig(256 * MIB);
     let a = r.malloc(6 * MIB, 0, 1);
     fill(&r, a, 6 * MIB, 1);
-    let device = r.alloc.device(0).unwrap();
+    let device = r.device(0);
     let pinned = r.sim.calls("cuMemAllocHost");
     let reserved = device.reserve_sleep_buffer(0).unwrap();
     assert_eq!(reserved, 6 * MIB, "the pages under the live block");
@@ -46,7 +46,7 @@ fn a_reserved_buffer_is_pinned_before_the_sleep_and_the_sleep_pins_nothing() {
 #[test]
 fn with_no_live_block_there_is_nothing_to_reserve() {
     let r = vmm_rig(256 * MIB);
-    let device = r.alloc.device(0).unwrap();
+    let device = r.device(0);
     assert_eq!(device.reserve_sleep_buffer(0).unwrap(), 0);
     assert_eq!(
         r.sim.calls("cuMemAddressReserve"),
@@ -64,7 +64,7 @@ fn with_no_live_block_there_is_nothing_to_reserve() {
 fn a_reservation_refused_changes_nothing() {
     let r = vmm_rig(256 * MIB);
     let a = r.malloc(4 * MIB, 0, 1);
-    let device = r.alloc.device(0).unwrap();
+    let device = r.device(0);
     assert_eq!(device.reserve_sleep_buffer(8 * MIB).unwrap(), 8 * MIB);
     // Host memory that cannot be pinned: the error says so, the kept buffer stays.
     r.sim.inject_fault(SimFault::HostAlloc, 1);
@@ -91,7 +91,7 @@ fn a_reservation_refused_changes_nothing() {
     r.finish();
     // The pool backend cannot sleep; a device never used is not set up to say so.
     let r = rig_with(1, 256 * MIB, pool_config());
-    let device = r.alloc.device(0).unwrap();
+    let device = r.device(0);
     for bytes in [0, 8 * MIB] {
         let e = device.reserve_sleep_buffer(bytes).unwrap_err().to_string();
         assert!(e.contains("STREAMPOOL_BACKEND=vmm"), "{e}");

@@ -25,10 +25,10 @@ fn a_block_on_a_span_sleeps_and_wakes_with_its_contents() {
     r.free(gone, 0);
     fill(&r, a, 20 * MIB, 7);
     let held = r.sim.physical_bytes(0);
-    assert_eq!(r.alloc.device(0).unwrap().sleep(1, &[]).unwrap(), held);
+    assert_eq!(r.device(0).sleep(1, &[]).unwrap(), held);
     assert_eq!(r.sim.physical_bytes(0), 0);
     assert_eq!(r.sim.calls("cuMemRelease"), 2, "a release a span");
-    assert_eq!(r.alloc.device(0).unwrap().wake().unwrap(), 20 * MIB);
+    assert_eq!(r.device(0).wake().unwrap(), 20 * MIB);
     assert!(holds(&r, a, 20 * MIB, 7));
     r.free(a, 0);
     r.finish();
@@ -39,12 +39,12 @@ fn a_copy_that_fails_into_a_span_at_wake_puts_the_whole_span_back_to_sleep() {
     let r = vmm_rig(256 * MIB);
     let a = r.malloc(8 * MIB, 0, 1);
     fill(&r, a, 8 * MIB, 7);
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
     let (creates, releases) = (r.sim.calls("cuMemCreate"), r.sim.calls("cuMemRelease"));
     r.sim.inject_fault(SimFault::Copy, 1);
-    assert!(r.alloc.device(0).unwrap().wake().is_err());
+    assert!(r.device(0).wake().is_err());
     assert_eq!(
-        r.alloc.device(0).unwrap().sleeping_bytes(),
+        r.device(0).sleeping_bytes(),
         8 * MIB,
         "all four pages sleep on"
     );
@@ -56,7 +56,7 @@ fn a_copy_that_fails_into_a_span_at_wake_puts_the_whole_span_back_to_sleep() {
         ),
         (1, 1)
     );
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     assert!(holds(&r, a, 8 * MIB, 7), "restored from the buffer");
     r.free(a, 0);
     r.finish();
@@ -69,10 +69,10 @@ fn a_copy_that_fails_part_way_into_a_span_waits_for_the_copies_before_and_puts_i
     // goes back to sleep whole once a's copy is done (the strict driver refuses to unmap memory
     // a copy still writes).
     r.sim.inject_fault_after(SimFault::Copy, 1, 1);
-    assert!(r.alloc.device(0).unwrap().wake().is_err());
-    assert_eq!(r.alloc.device(0).unwrap().sleeping_bytes(), 12 * MIB);
+    assert!(r.device(0).wake().is_err());
+    assert_eq!(r.device(0).sleeping_bytes(), 12 * MIB);
     assert_eq!(r.sim.physical_bytes(0), 0);
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     assert!(holds(&r, a, 4 * MIB, 1) && holds(&r, b, 4 * MIB, 2));
     r.free(a, 0);
     r.free(kv, 0);
@@ -86,10 +86,10 @@ fn a_failed_wait_at_wake_puts_a_span_back_to_sleep_whole() {
     // One handle for the six pages; the copies back (a's and b's, not the discarded pages')
     // cannot be waited for: all six sleep on, none half-unmapped.
     r.sim.inject_fault(SimFault::StreamSynchronize, 1);
-    assert!(r.alloc.device(0).unwrap().wake().is_err());
-    assert_eq!(r.alloc.device(0).unwrap().sleeping_bytes(), 12 * MIB);
+    assert!(r.device(0).wake().is_err());
+    assert_eq!(r.device(0).sleeping_bytes(), 12 * MIB);
     assert_eq!(r.sim.physical_bytes(0), 0);
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     assert!(holds(&r, a, 4 * MIB, 3) && holds(&r, b, 4 * MIB, 4));
     r.free(a, 0);
     r.free(kv, 0);
@@ -107,7 +107,7 @@ fn asleep_with_a_discarded_block_between(tag: &str, seeds: [u8; 2]) -> (Rig, [De
     assert!(kv.0 == a.0 + 4 * MIB && b.0 == kv.0 + 4 * MIB, "adjacent");
     fill(&r, a, 4 * MIB, seeds[0]);
     fill(&r, b, 4 * MIB, seeds[1]);
-    r.alloc.device(0).unwrap().sleep(1, &[tag]).unwrap();
+    r.device(0).sleep(1, &[tag]).unwrap();
     (r, [a, kv, b])
 }
 
@@ -118,10 +118,10 @@ fn the_handles_a_wake_creates_are_counted_as_creates() {
     let r = vmm_rig(256 * MIB);
     let a = r.malloc(8 * MIB, 0, 1);
     fill(&r, a, 8 * MIB, 3);
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
     let before = r.stats(0).num_mem_creates;
     assert_eq!(before, r.sim.calls("cuMemCreate"));
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     assert!(
         r.sim.calls("cuMemCreate") > before,
         "the wake created handles"

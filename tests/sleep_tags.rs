@@ -24,23 +24,23 @@ fn a_level_1_sleep_keeps_contents_bitwise_and_discards_those_of_discarded_tags()
     }
     fill(&r, small_kv, 64 * 1024, 9);
     // A plain level-1 sleep keeps everything.
-    r.alloc.device(0).unwrap().sleep(1, &[]).unwrap();
-    let everything = r.alloc.device(0).unwrap().sleep_saved_bytes();
-    r.alloc.device(0).unwrap().wake().unwrap();
-    assert_eq!(r.alloc.device(0).unwrap().sleep_saved_bytes(), 0);
+    r.device(0).sleep(1, &[]).unwrap();
+    let everything = r.device(0).sleep_saved_bytes();
+    r.device(0).wake().unwrap();
+    assert_eq!(r.device(0).sleep_saved_bytes(), 0);
     assert!(holds(&r, keep, 4 * MIB, 0) && holds(&r, kv, 4 * MIB, 1));
     assert!(holds(&r, other, 2 * MIB, 2) && holds(&r, small_kv, 64 * 1024, 9));
     // Discarding kv_cache: its blocks come back as fresh memory, the others bit for bit.
-    let given_back = r.alloc.device(0).unwrap().sleep(1, &["kv_cache"]).unwrap();
+    let given_back = r.device(0).sleep(1, &["kv_cache"]).unwrap();
     assert_eq!(r.sim.physical_bytes(0), 0, "every page went back");
-    assert_eq!(r.alloc.device(0).unwrap().sleeping_bytes(), given_back);
-    let saved = r.alloc.device(0).unwrap().sleep_saved_bytes();
+    assert_eq!(r.device(0).sleeping_bytes(), given_back);
+    let saved = r.device(0).sleep_saved_bytes();
     assert_eq!(
         saved,
         everything - 4 * MIB - 2 * MIB,
         "kv_cache's 2 pages and its carrier"
     );
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     assert!(holds(&r, keep, 4 * MIB, 0), "an untagged block is kept");
     assert!(
         holds(&r, other, 2 * MIB, 2),
@@ -74,25 +74,21 @@ fn tags_nest_and_the_innermost_wins() {
         }
     };
     write_all();
-    r.alloc.device(0).unwrap().sleep(1, &["inner"]).unwrap();
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).sleep(1, &["inner"]).unwrap();
+    r.device(0).wake().unwrap();
     assert!(holds(&r, a, 2 * MIB, 0) && holds(&r, c, 2 * MIB, 2) && holds(&r, d, 2 * MIB, 3));
     assert!(
         discarded(&r, b, 2 * MIB),
         "the inner tag, not the outer, marks b"
     );
     write_all();
-    r.alloc.device(0).unwrap().sleep(1, &["outer"]).unwrap();
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).sleep(1, &["outer"]).unwrap();
+    r.device(0).wake().unwrap();
     assert!(discarded(&r, a, 2 * MIB) && discarded(&r, c, 2 * MIB));
     assert!(holds(&r, b, 2 * MIB, 1) && holds(&r, d, 2 * MIB, 3));
     write_all();
-    r.alloc
-        .device(0)
-        .unwrap()
-        .sleep(1, &["inner", "outer"])
-        .unwrap();
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).sleep(1, &["inner", "outer"]).unwrap();
+    r.device(0).wake().unwrap();
     assert!(blocks[..3].iter().all(|&p| discarded(&r, p, 2 * MIB)));
     assert!(holds(&r, d, 2 * MIB, 3));
     for p in blocks {
@@ -121,8 +117,8 @@ fn a_tag_marks_only_the_blocks_of_the_thread_that_pushed_it() {
     for (seed, ptr) in [mine, theirs, their_tagged, after].into_iter().enumerate() {
         fill(&r, ptr, 2 * MIB, seed as u8);
     }
-    r.alloc.device(0).unwrap().sleep(1, &["kv_cache"]).unwrap();
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).sleep(1, &["kv_cache"]).unwrap();
+    r.device(0).wake().unwrap();
     assert!(discarded(&r, mine, 2 * MIB) && discarded(&r, after, 2 * MIB));
     assert!(holds(&r, theirs, 2 * MIB, 1) && holds(&r, their_tagged, 2 * MIB, 2));
     for ptr in [mine, theirs, their_tagged, after] {
@@ -145,11 +141,11 @@ fn discarding_an_unknown_or_bad_tag_is_refused_and_changes_nothing() {
         (vec![""], "empty"),
         (vec![long.as_str()], "bytes long"),
     ] {
-        let e = r.alloc.device(0).unwrap().sleep(1, &discard).unwrap_err();
+        let e = r.device(0).sleep(1, &discard).unwrap_err();
         assert!(matches!(e, streampool::Error::InvalidArgument(_)), "{e}");
         assert!(e.to_string().contains(what), "{e}");
         assert_eq!(r.sim.physical_bytes(0), held);
-        assert_eq!(r.alloc.device(0).unwrap().sleeping_bytes(), 0);
+        assert_eq!(r.device(0).sleeping_bytes(), 0);
         assert_eq!(r.sim.calls("cuMemcpyDtoHAsync"), 0);
     }
     for bad in ["", long.as_str()] {
@@ -157,26 +153,21 @@ fn discarding_an_unknown_or_bad_tag_is_refused_and_changes_nothing() {
     }
     let untagged = r.malloc(2 * MIB, 0, 1);
     assert!(
-        r.alloc.device(0).unwrap().sleep(1, &["kv_cache"]).is_ok(),
+        r.device(0).sleep(1, &["kv_cache"]).is_ok(),
         "refused pushes left no tag"
     );
     assert_eq!(
-        r.alloc.device(0).unwrap().sleep_saved_bytes(),
+        r.device(0).sleep_saved_bytes(),
         2 * MIB,
         "the untagged block alone"
     );
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     r.free(kv, 0);
     r.free(untagged, 0);
     r.finish();
     // The pool backend refuses as a plain sleep does.
     let r = pool_rig(64 * MIB);
-    let e = r
-        .alloc
-        .device(0)
-        .unwrap()
-        .sleep(1, &["kv_cache"])
-        .unwrap_err();
+    let e = r.device(0).sleep(1, &["kv_cache"]).unwrap_err();
     assert!(e.to_string().contains("STREAMPOOL_BACKEND=vmm"), "{e}");
     r.finish();
 }
@@ -187,16 +178,16 @@ fn a_tagged_block_freed_while_asleep_leaves_no_tag_behind() {
     let keep = tagged(&r, None, 2 * MIB);
     let kv = tagged(&r, Some("kv_cache"), 2 * MIB);
     fill(&r, keep, 2 * MIB, 1);
-    r.alloc.device(0).unwrap().sleep(1, &["kv_cache"]).unwrap();
+    r.device(0).sleep(1, &["kv_cache"]).unwrap();
     r.free(kv, 0); // frees are booked while asleep
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).wake().unwrap();
     assert!(holds(&r, keep, 2 * MIB, 1));
     // The next block of that size on that stream takes kv's place, without its tag.
     let again = tagged(&r, None, 2 * MIB);
     assert_eq!(again, kv, "the freed block's address is handed out again");
     fill(&r, again, 2 * MIB, 2);
-    r.alloc.device(0).unwrap().sleep(1, &["kv_cache"]).unwrap();
-    r.alloc.device(0).unwrap().wake().unwrap();
+    r.device(0).sleep(1, &["kv_cache"]).unwrap();
+    r.device(0).wake().unwrap();
     assert!(
         holds(&r, again, 2 * MIB, 2),
         "an untagged block at a freed tagged block's place"

@@ -39,6 +39,10 @@ fn rig() -> Rig {
 }
 
 impl Rig {
+    fn device(&self, device: i64) -> &streampool::DeviceAllocator {
+        self.alloc.device(device).unwrap()
+    }
+
     fn malloc(&self, bytes: u64, device: i64, stream: Stream) -> DevicePtr {
         let ptr = self.alloc.malloc(bytes, device, stream).unwrap();
         self.sim
@@ -113,7 +117,7 @@ fn one_live_small_block_holds_one_page_and_an_emptied_page_is_idle_again() {
         r.alloc.free(b, 0).unwrap();
     }
     r.sim.complete_all();
-    r.alloc.device(0).unwrap().trim(0).unwrap();
+    r.device(0).trim(0).unwrap();
     assert_eq!(
         r.sim.physical_bytes(0),
         PAGE,
@@ -203,11 +207,7 @@ fn memory_left_unused_in_holes_is_remapped_instead_of_growing() {
 #[test]
 fn the_memory_fraction_caps_mapped_blocks_too() {
     let r = rig_with(1, 64 * MIB, vmm_config());
-    r.alloc
-        .device(0)
-        .unwrap()
-        .set_memory_fraction(0.25)
-        .unwrap();
+    r.device(0).set_memory_fraction(0.25).unwrap();
     let a = r.malloc(12 * MIB, 0, S1);
     let e = r.alloc.malloc(6 * MIB, 0, S1).unwrap_err().to_string();
     assert!(e.contains("set_per_process_memory_fraction"), "{e}");
@@ -410,7 +410,7 @@ fn used_bytes_and_the_reserved_peak_follow_the_vmm_resource() {
         8 * MIB,
         "the peak stays until reset"
     );
-    r.alloc.device(0).unwrap().reset_peak_stats().unwrap();
+    r.device(0).reset_peak_stats().unwrap();
     assert_eq!(
         r.stats().reserved_bytes_peak,
         0,
@@ -567,13 +567,13 @@ fn a_trim_releases_spare_handles_down_to_what_it_keeps_and_no_further() {
         4 * MIB,
         "the spares count as reserved"
     );
-    r.alloc.device(0).unwrap().trim(4 * MIB).unwrap();
+    r.device(0).trim(4 * MIB).unwrap();
     assert_eq!(
         r.sim.physical_bytes(0),
         4 * MIB,
         "already at what the trim keeps"
     );
-    r.alloc.device(0).unwrap().trim(2 * MIB).unwrap();
+    r.device(0).trim(2 * MIB).unwrap();
     assert_eq!(r.sim.physical_bytes(0), 2 * MIB);
     r.finish();
 }
@@ -593,7 +593,7 @@ fn a_device_without_virtual_memory_management_uses_the_pool_backend() {
     assert!(!r.sim.pool_infos(1).is_empty(), "device 1 has no pool");
     r.alloc.free(on_pool, 1).unwrap();
     assert_eq!(
-        r.alloc.device(1).unwrap().stats().unwrap().cached_bytes,
+        r.device(1).stats().unwrap().cached_bytes,
         8 * MIB,
         "an 8 MiB block is cached on the pool backend"
     );
@@ -617,7 +617,7 @@ fn memory_above_the_release_threshold_goes_back_at_a_synchronisation_the_coldest
     r.alloc.free(hot, 0).unwrap();
     let physical = r.sim.physical_bytes(0);
     let syncs = r.sim.calls("cuCtxSynchronize");
-    r.alloc.device(0).unwrap().synchronized().unwrap();
+    r.device(0).synchronized().unwrap();
     assert_eq!(r.sim.physical_bytes(0), physical, "no threshold: nothing");
     assert_eq!(
         r.sim.calls("cuCtxSynchronize"),
@@ -625,19 +625,15 @@ fn memory_above_the_release_threshold_goes_back_at_a_synchronisation_the_coldest
         "and no synchronisation"
     );
     // 4 MiB above the live block's: the hot block's pages stay.
-    r.alloc
-        .device(0)
-        .unwrap()
-        .set_release_threshold(6 * MIB)
-        .unwrap();
-    r.alloc.device(0).unwrap().synchronized().unwrap();
+    r.device(0).set_release_threshold(6 * MIB).unwrap();
+    r.device(0).synchronized().unwrap();
     assert_eq!(r.sim.physical_bytes(0), 6 * MIB);
     let again = r.malloc(4 * MIB, 0, S1);
     assert_eq!(again, hot, "the hot pages stayed mapped");
     assert_eq!(r.sim.physical_bytes(0), 6 * MIB);
     r.alloc.free(again, 0).unwrap();
-    r.alloc.device(0).unwrap().set_release_threshold(0).unwrap();
-    r.alloc.device(0).unwrap().synchronized().unwrap();
+    r.device(0).set_release_threshold(0).unwrap();
+    r.device(0).synchronized().unwrap();
     assert_eq!(
         r.sim.physical_bytes(0),
         2 * MIB,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use streampool::driver::sim::{SimDriver, SimPoolInfo};
 use streampool::driver::{DevicePtr, Driver, Stream};
-use streampool::{Allocator, Config, StreampoolStats};
+use streampool::{Allocator, Config, DeviceAllocator, StreampoolStats};
 
 pub const MIB: u64 = 1 << 20;
 
@@ -67,8 +67,14 @@ pub fn overlaps(a: DevicePtr, a_bytes: u64, b: DevicePtr, b_bytes: u64) -> bool 
 }
 
 impl Rig {
+    /// The allocator of `device`, which must exist (tests that expect a bad device ask
+    /// `alloc.device` themselves).
+    pub fn device(&self, device: i64) -> &DeviceAllocator {
+        self.alloc.device(device).unwrap()
+    }
+
     pub fn stats(&self, device: i64) -> StreampoolStats {
-        self.alloc.device(device).unwrap().stats().unwrap()
+        self.device(device).stats().unwrap()
     }
 
     pub fn malloc(&self, bytes: u64, device: i64, stream: usize) -> DevicePtr {
