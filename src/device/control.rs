@@ -226,20 +226,8 @@ impl DeviceAllocator {
     fn wake_all(&self) -> Result<u64> {
         self.refuse_unless_vmm("wake")?;
         let setup = self.setup()?;
-        let mut restored = 0u64;
-        for r in &setup.own {
-            match r.capabilities().sleep {
-                Some(sleep) => restored = restored.saturating_add(sleep.wake()?),
-                None => {
-                    return Err(Error::InvalidArgument(format!(
-                        "device {} is not asleep: {} cannot sleep (the vmm backend can)",
-                        self.device,
-                        r.traits().label
-                    )))
-                }
-            }
-        }
-        Ok(restored)
+        let sleepers = self.sleepers(setup, "wake")?;
+        (sleepers.iter()).try_fold(0u64, |sum, sleep| Ok(sum.saturating_add(sleep.wake()?)))
     }
 
     /// Bytes of the device asleep now.

@@ -126,7 +126,9 @@ fn growth_fits(
         None | Some(0) => return Ok(true), // no growth: nothing to check, as in PyTorch
         Some(missing) => {
             let granule_bytes = source.traits().growth_granule_bytes.max(1);
-            (missing.div_ceil(granule_bytes)).saturating_mul(granule_bytes)
+            missing
+                .checked_next_multiple_of(granule_bytes)
+                .unwrap_or(u64::MAX)
         }
     };
     let after_bytes = setup.reserved_bytes()?.saturating_add(growth_bytes);
