@@ -45,7 +45,7 @@ pub const DEFAULTS: &[VariableDefault] = &[
     value("STREAMPOOL_VMM_PAGE_SIZE", "2MiB"),
     value("STREAMPOOL_VMM_SPAN_SIZE", "auto"),
     value("STREAMPOOL_VMM_COLD_AFTER", "10ms"),
-    value("STREAMPOOL_VMM_GROWTH_SLACK", "2%"),
+    value("STREAMPOOL_VMM_GROWTH_SLACK", "1%"),
     value("STREAMPOOL_VMM_HEADROOM", "1%"),
     value("STREAMPOOL_IDLE_RELEASE", "2s"),
     value("STREAMPOOL_RELEASE_THRESHOLD", "max"),

@@ -190,14 +190,18 @@ impl Default for Config {
             // the others, with a handful of mappings per timed step at most; 2 ms moves more
             // and holds more on churn.
             vmm_cold_after_ms: 10,
-            // Physical memory stays within 2% of the most ever in use while idle pages, or pages
+            // Physical memory stays within 1% of the most ever in use while idle pages, or pages
             // the allocating stream freed, can back a new block (a move maps at once and unmaps
             // later off the allocating thread). Timed traces replayed (3 repeats), peak / live
             // at 25% -> 2%: bert 1.151 -> 1.017, gpt2 1.070 -> 1.012, churn 1.071 -> 1.030,
             // multistream 1.186 -> 1.129, others within 0.003; the price is mappings on the
             // allocating thread every step: modeled 22 -> 109 us a step on churn (3.7% of its
-            // 2.9 ms), 1.25% of a BERT step, hidden while the GPU is the bottleneck.
-            vmm_growth_slack_percent: Some(2),
+            // 2.9 ms), 1.25% of a BERT step, hidden while the GPU is the bottleneck. At 2% ->
+            // 1% (5 repeats, H200 traces): bert 470 -> 466 MiB (1.017 -> 1.008; on the GPU
+            // expandable segments held 4 MiB less than vmm at 2%), gpt2 13054 -> 13030, vision
+            // 2652 -> 2648, resnet50 5736 -> 5742, the rest unchanged; modeled driver time
+            // +0.5% (bert) to +1.6% (resnet50).
+            vmm_growth_slack_percent: Some(1),
             // Room for what the CUDA runtime takes while the program runs: lazily loaded
             // kernels, the local memory a kernel with a large stack grows, libraries' own
             // workspaces. A full device fails the next kernel launch with an error the allocator
