@@ -131,3 +131,33 @@ fn the_handles_a_wake_creates_are_counted_as_creates() {
     r.free(a, 0);
     r.finish();
 }
+
+/// Memory a program maps again after a wake comes in spans, as after `empty_cache()`: the idle
+/// memory of the next step goes back at the next sleep in a few handles, not one a page.
+#[test]
+fn memory_mapped_again_after_a_wake_comes_in_spans() {
+    let r = vmm_rig(256 * MIB);
+    let a = r.malloc(4 * MIB, 0, 1);
+    let step = r.malloc(24 * MIB, 0, 1);
+    r.free(step, 0);
+    let creates = r.sim.calls("cuMemCreate");
+    assert_eq!(creates, 14, "a page a handle before any memory went back");
+    r.device(0).sleep(1, &[]).unwrap();
+    r.device(0).wake().unwrap();
+    let woken = r.sim.calls("cuMemCreate");
+    let step = r.malloc(24 * MIB, 0, 1);
+    assert_eq!(
+        r.sim.calls("cuMemCreate") - woken,
+        1,
+        "the step's memory in one span"
+    );
+    r.free(step, 0);
+    let releases = r.sim.calls("cuMemRelease");
+    r.device(0).sleep(1, &[]).unwrap();
+    assert!(
+        r.sim.calls("cuMemRelease") - releases <= 3,
+        "a's pages and the step's span"
+    );
+    r.free(a, 0);
+    r.finish();
+}
