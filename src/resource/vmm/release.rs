@@ -79,13 +79,14 @@ impl VmmResource {
         self.unmap_retired(&mut st);
         let before_bytes = st.physical_bytes(self.page_bytes);
         self.release_down_to(&mut st, keep_bytes, None);
-        // Memory went back at a synchronisation: until as much as ever is mapped again, new memory
-        // comes in spans ([`super::spans`]). A trim that gives nothing back (a second
+        // Memory went back at a synchronisation: until as much as was held before it is mapped
+        // again, new memory comes in spans ([`super::spans`]); not up to the most ever held (a
+        // peak an idle release gave back), which memory mapped ahead of a block would fill. A trim that gives nothing back (a second
         // synchronisation in a row) changes nothing: ending it there made the next step grow a
         // page a handle (GPT-2 under a 1 GiB threshold on an H200: 124 new handles a step
         // instead of 47 where a step ended in two synchronisations).
         if st.physical_bytes(self.page_bytes) < before_bytes {
-            st.cycle_back_to_bytes = st.physical_max_bytes.max(before_bytes);
+            st.cycle_back_to_bytes = st.cycle_back_to_bytes.max(before_bytes);
         }
         Ok(())
     }

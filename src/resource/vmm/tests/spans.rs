@@ -133,6 +133,33 @@ fn by_default_spans_back_new_memory_only_while_memory_cycles() {
     }
 }
 
+/// Memory cycles up to what was held when a trim gave memory back, not up to the most ever held:
+/// after an idle release gave back a large peak, a trim's cycle maps no more ahead of a block
+/// than the program held before the trim.
+#[test]
+fn a_trim_s_cycle_maps_ahead_only_up_to_what_was_held_before_it() {
+    let r = rig();
+    let big = r.alloc(40 * PAGE, S1);
+    r.free(big, 40 * PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.release_idle();
+    assert_eq!(r.physical(), 0, "the peak went back while idle");
+    let a = r.alloc(2 * PAGE, S1);
+    let step = r.alloc(12 * PAGE, S1);
+    r.free(step, 12 * PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), 2 * PAGE);
+    let step = r.alloc(12 * PAGE, S1);
+    assert_eq!(
+        r.physical(),
+        14 * PAGE,
+        "the 14 pages held before the trim, nothing ahead of the step toward the 40 of the peak"
+    );
+    r.free(step, 12 * PAGE, S1);
+    r.free(a, 2 * PAGE, S1);
+}
+
 /// A span that could neither get access nor be unmapped stays blocked; the next look that can
 /// unmap it puts it back whole (found by review: the look read the span's other pages after they
 /// had left the page map, and panicked).
