@@ -1,7 +1,8 @@
 """``python3 -m bench``: the run, the calibration and the merge, and the files they write.
 
 - ``python3 -m bench [--group G ...] [--out-dir DIR]``: the workloads of each group
-  (plan.GROUPS; ``cotenant``: the co-tenant and the price of a release threshold), every
+  (plan.GROUPS; ``cotenant``: the co-tenant and the price of a release threshold; ``sleep``:
+  sleep and wake against torch_memory_saver, bench/sleep.py, into DIR/sleep), every
   configuration in long-lived workers, in several process sets one after the other (sets.py);
   each workload's block length, pairs and process sets from the calibration file
   (plan.CALIBRATION_PATH, else plan's defaults; ``--block-s``, ``--pairs``, ``--processes``
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from . import (calibrate, cotenant, details, isolation, markdown, noise, nvml, plan, portable,
-               protocol, report, runner, sets)
+               protocol, report, runner, sets, sleep)
 from .configs import (CONFIG_NAMES, COTENANT_NAMES, DEFAULT_CONFIGS, NATIVE, PRICE_CONFIGS,
                       VARIANT_PREFIX, pairs_of, parse_variant)
 from .schedules import TIMED_WORKLOADS
@@ -184,7 +185,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         options.groups = sorted({g for chosen in options.group or [] for g in chosen},
                                 key=plan.GROUP_NAMES.index) or list(plan.GROUP_NAMES)
         if mode == "calibrate":
-            options.groups = [g for g in options.groups if g != plan.COTENANT_GROUP]
+            options.groups = [g for g in options.groups if g not in plan.UNPAIRED_GROUPS]
     if mode == "run":
         options.variants = dict(options.variant)
         if len(options.variants) != len(options.variant):
@@ -258,7 +259,11 @@ def announce(options, calibration) -> float:
     others = len(options.configs) - 1
     for group, workloads in _groups(options):
         start_s = plan.start_s(group, calibration)
-        if group == plan.COTENANT_GROUP:
+        if group == plan.SLEEP_GROUP:
+            settings = {}
+            seconds = len(plan.SLEEP_CONFIGS) * plan.SLEEP_CONFIG_S
+            text = f"sleep and wake of GPT-2's training state: {', '.join(plan.SLEEP_CONFIGS)}"
+        elif group == plan.COTENANT_GROUP:
             settings = _settings(options, ["gpt2"], calibration)
             seconds = len(COTENANT_NAMES) * options.cotenant_repeats * 20 + plan.estimate_s(
                 ["gpt2"], len(PRICE_CONFIGS), settings, plan.start_s("models", calibration),
@@ -333,6 +338,12 @@ def run(options, argv: Sequence[str], environ: Dict[str, str]) -> Dict[str, Any]
 
     for group, workloads in _groups(options):
         protocol.progress(f"=== {group}")
+        if group == plan.SLEEP_GROUP:
+            slept = sleep.run_configs(plan.SLEEP_CONFIGS, options.out_dir / "sleep", environ,
+                                      sleep.CHILD_TIMEOUT_S, call["facts"]["command"])
+            call["sleep"] = {k: v for k, v in slept.items() if k != "records"}
+            save()
+            continue
         if group != plan.COTENANT_GROUP:
             run_sets(options.configs, workloads)
             continue

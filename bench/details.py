@@ -6,7 +6,7 @@ every workload and a column for every configuration that ran in any run.
 
 from typing import Any, Dict, List
 
-from . import markdown, noise
+from . import markdown, noise, sleep_report
 from .configs import CONFIG_NAMES
 
 
@@ -184,6 +184,10 @@ def render(report: Dict[str, Any]) -> str:
     cotenant = _cotenant(report)
     if cotenant:
         lines += ["", "## Co-tenant: what B can use while A idles", "", *cotenant]
+    slept = report.get("sleep")
+    if slept:
+        lines += ["", "## Sleep and wake (bench/sleep.py: the group's sleep/sleep.md has every "
+                  "figure)", ""] + [f"- {line}" for line in sleep_report.summary_lines(slept)]
     failures = markdown.failure_lines(report)
     if failures:
         lines += ["", "## Failures (last lines of each error)", ""] + [f"- {f}" for f in failures]

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import markdown, stats
+from . import markdown, sleep_report, stats
 from .configs import NATIVE, NATIVE_AA
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,6 +269,9 @@ def readme_summary(run: Run) -> List[str]:
         if versus["fails"]:
             text += f"; fails on {_listing(versus['fails'])}"
         lines.append(text + ".")
+    slept = sleep_report.headline_text(run.report.get("sleep") or {})
+    if slept:
+        lines.append(f"- {slept}")
     return lines
 
 
@@ -324,6 +327,9 @@ def run_table(run: Run) -> List[str]:
             held.append(text)
         lines.append(f"| co-tenant: held beyond live after {IDLE_S:g} s idle | | " + " | ".join(held) + " |")
     notes = markdown.headline_notes(report)
+    if report.get("sleep"):
+        notes = (notes or []) + ["", "Sleep and wake (the run's `sleep/sleep.md`):", ""] + [
+            f"- {line}" for line in sleep_report.summary_lines(report["sleep"])]
     if notes:
         lines += notes
     commands = [f"- `{command_text(run, c)}`" for c in report.get("facts", {}).get("commands", []) if c]

@@ -32,7 +32,14 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
     "compiled": ("compiled",),
 }
 COTENANT_GROUP = "cotenant"
-GROUP_NAMES = tuple(GROUPS) + (COTENANT_GROUP,)
+# Sleep and wake (bench/sleep.py): its configurations in child processes of their own, one after
+# the other, each about a minute on an H200 (GPT-2's state, two cycles, the host link measured).
+SLEEP_GROUP = "sleep"
+SLEEP_CONFIGS = ("native", "streampool-vmm", "streampool-vmm-reserved", "tms")
+SLEEP_CONFIG_S = 60.0
+# Groups that run no workers and are not calibrated.
+UNPAIRED_GROUPS = (COTENANT_GROUP, SLEEP_GROUP)
+GROUP_NAMES = tuple(GROUPS) + UNPAIRED_GROUPS
 
 # The run's defaults where the calibration file (CALIBRATION_PATH, written by `python3 -m bench
 # calibrate`) has no entry for a workload: 3 process sets of 8 pairs of 0.2 s blocks.

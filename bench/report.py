@@ -190,6 +190,13 @@ def cotenant_cells(calls: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]
     return cells
 
 
+def sleep_of(calls: Sequence[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The sleep group's report (bench/sleep_report.py's, without the raw records) of the last
+    call that ran it; None if none did."""
+    found = [call["sleep"] for call in calls if call.get("sleep")]
+    return found[-1] if found else None
+
+
 def build(
     calls: Sequence[Dict[str, Any]], target_document=None, merge_command: Optional[str] = None
 ) -> Dict[str, Any]:
@@ -200,6 +207,7 @@ def build(
         "facts": {**_calls_facts(calls), "merge_command": merge_command},
         "workloads": workloads,
         "cotenant": cotenant_cells(calls),
+        "sleep": sleep_of(calls),
         "price": workloads.get("gpt2", {}).get(THRESHOLD, {}).get("time"),
         "price_vmm": workloads.get("gpt2", {}).get(VMM_THRESHOLD, {}).get("time"),
         "aa": {w: cells[NATIVE_AA].get("time") for w, cells in workloads.items()

@@ -7,6 +7,8 @@ process of its own (``python3 -m bench.sleep --child CONFIG --out FILE``), one a
 and writes DIR/sleep.json (every child's record, the table's figures), DIR/sleep.md and
 DIR/child-CONFIG.log (each child's output); it prints one line per configuration last, and
 exits 0 only if every child ran to the end (a mismatch is a result, not a failure).
+``python3 -m bench --group sleep`` runs the same (``run_configs``, plan.SLEEP_CONFIGS) into its
+--out-dir's sleep/ and keeps the figures in its results.json and report.
 
 The configurations (CONFIGS):
 
@@ -183,25 +185,30 @@ def _facts(records: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     return facts
 
 
-def run_parent(options: argparse.Namespace, argv: Sequence[str]) -> int:
-    out_dir = options.out_dir.resolve()
+def run_configs(configs: Sequence[str], out_dir: Path, environ: Dict[str, str],
+                timeout_s: float, command: str, buffer_gib: Optional[float] = None,
+                child: Optional[Callable[..., Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """Runs ``configs``, a child each, one after the other; writes out_dir/sleep.json and
+    sleep.md and returns the report (``build_report``). ``python3 -m bench --group sleep`` runs
+    it too."""
+    out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = child_environment(dict(os.environ), Path.cwd())
-    if options.buffer_gib is not None:
-        env[BUFFER_VARIABLE] = str(options.buffer_gib)
+    env = child_environment(environ, Path.cwd())
+    if buffer_gib is not None:
+        env[BUFFER_VARIABLE] = str(buffer_gib)
     records: Dict[str, Dict[str, Any]] = {}
     started = datetime.datetime.now(datetime.timezone.utc)
-    for config in options.configs:
+    for config in configs:
         protocol.progress(f"sleep: {config} ...")
-        record = run_child(config, out_dir, env, options.timeout_s)
+        record = (child or run_child)(config, out_dir, env, timeout_s)
         records[config] = record
         state = "ok" if record.get("ok") else f"FAILED at {record.get('stage')}"
         protocol.progress(f"sleep: {config} {state} in {record['wall_s']:.1f} s")
     meta = {
-        "command": " ".join([COMMAND] + [shlex.quote(a) for a in argv]),
+        "command": command,
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-        "configs": list(options.configs),
-        "removed_variables": [k for k in REMOVED_VARIABLES if k in os.environ],
+        "configs": list(configs),
+        "removed_variables": [k for k in REMOVED_VARIABLES if k in environ],
         "facts": _facts(records),
     }
     report = build_report(records, meta)
@@ -209,6 +216,14 @@ def run_parent(options: argparse.Namespace, argv: Sequence[str]) -> int:
         json.dumps(finite(report), indent=1, allow_nan=False, default=str) + "\n")
     (out_dir / "sleep.md").write_text(render_markdown(report))
     protocol.progress(f"wrote {out_dir / 'sleep.md'} and sleep.json")
+    return report
+
+
+def run_parent(options: argparse.Namespace, argv: Sequence[str]) -> int:
+    command = " ".join([COMMAND] + [shlex.quote(a) for a in argv])
+    report = run_configs(options.configs, options.out_dir, dict(os.environ), options.timeout_s,
+                         command, options.buffer_gib)
+    out_dir = options.out_dir.resolve()
     for failure in report["failed"]:
         print(f"FAILED {failure['config']} at stage {failure['stage']}: "
               f"{protocol.tail(failure['error'] or '', 1)} "

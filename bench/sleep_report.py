@@ -370,3 +370,28 @@ def summary_lines(report: Dict[str, Any]) -> List[str]:
             f"{yes_no(r['bitwise_equal'])}, step equal {step_text(r)}{mark}"
         )
     return lines
+
+
+def headline_text(report: Dict[str, Any]) -> Optional[str]:
+    """One sentence for README's first screen: what streampool's sleep gave back and how long
+    sleep and wake took, beside torch_memory_saver's where it ran; None without a streampool row
+    that ran to the end."""
+    rows = {r["config"]: r for r in report.get("rows", [])}
+    mine = next((rows[c] for c in (STREAMPOOL_RESERVED, STREAMPOOL)
+                 if c in rows and rows[c]["ok"] and rows[c].get("given_back_pct") is not None),
+                None)
+    if mine is None:
+        return None
+
+    def figures(r: Dict[str, Any]) -> str:
+        return (f"gave back {number(r['given_back_pct'], 1, '%')} of the allocator's memory, "
+                f"slept in {number(r['sleep_s'], 2)} s and woke in {number(r['wake_s'], 2)} s")
+
+    text = (f"`streampool.sleep()` on `vmm`, with GPT-2's training state "
+            f"({gib(mine.get('live_bytes'))} GiB of tensors), {figures(mine)}")
+    if mine.get("bitwise_equal"):
+        text += ", every tensor bit for bit the same after"
+    tms = rows.get(TMS)
+    if tms and tms["ok"] and tms.get("given_back_pct") is not None:
+        text += f"; torch_memory_saver {figures(tms)}"
+    return text + "."
