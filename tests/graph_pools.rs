@@ -27,7 +27,7 @@ fn rig() -> Rig {
 
 /// What my_malloc does: the pool whose route claims the stream, if any, serves.
 fn malloc_routed(r: &Rig, bytes: u64, stream: usize) -> DevicePtr {
-    let pool = r.device(0).graph_pool_claiming(s(stream));
+    let pool = r.device(0).graph_pools().claiming(s(stream));
     r.alloc.malloc_into(bytes, 0, s(stream), pool).unwrap()
 }
 
@@ -47,9 +47,10 @@ fn pool_live(r: &Rig) -> Vec<u64> {
 fn routed_allocations_come_from_the_pool_and_its_freed_blocks_serve_only_the_pool() {
     let r = rig();
     r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(1))))
         .unwrap();
-    assert_eq!(r.device(0).graph_pool_use_count(POOL), 1);
+    assert_eq!(r.device(0).graph_pools().use_count(POOL), 1);
     let a = malloc_routed(&r, 64 * 1024, 1);
     let b = malloc_routed(&r, 3 * MIB, 1);
     let outside = malloc_routed(&r, 64 * 1024, 2); // not claimed
@@ -74,8 +75,11 @@ fn routed_allocations_come_from_the_pool_and_its_freed_blocks_serve_only_the_poo
     assert!(pool_live(&r).contains(&again.0));
     r.free(again, 0);
     let a = malloc_routed(&r, 64 * 1024, 1);
-    r.device(0).end_allocate_to_pool(POOL).unwrap();
-    assert_eq!(r.device(0).graph_pool_use_count(POOL), 1);
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(POOL)
+        .unwrap();
+    assert_eq!(r.device(0).graph_pools().use_count(POOL), 1);
     let after_end = malloc_routed(&r, 64 * 1024, 1);
     assert!(
         !pool_live(&r).contains(&after_end.0),
@@ -84,7 +88,7 @@ fn routed_allocations_come_from_the_pool_and_its_freed_blocks_serve_only_the_poo
     for p in [a, b, outside, after_end] {
         r.free(p, 0);
     }
-    r.device(0).release_pool(POOL).unwrap();
+    r.device(0).graph_pools().release_pool(POOL).unwrap();
     r.alloc.empty_cache().unwrap();
 }
 
@@ -98,6 +102,7 @@ fn a_block_freed_into_the_pool_is_reused_on_its_stream_only() {
         }
     }
     r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(POOL, Arc::new(Every))
         .unwrap();
     // One block fills its segment, so only its own range can serve a second one of its size.
@@ -109,8 +114,11 @@ fn a_block_freed_into_the_pool_is_reused_on_its_stream_only() {
     assert_eq!(on_own, a);
     r.free(on_other, 0);
     r.free(on_own, 0);
-    r.device(0).end_allocate_to_pool(POOL).unwrap();
-    r.device(0).release_pool(POOL).unwrap();
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(POOL)
+        .unwrap();
+    r.device(0).graph_pools().release_pool(POOL).unwrap();
     r.alloc.empty_cache().unwrap();
 }
 
@@ -121,10 +129,14 @@ fn the_pool_keeps_its_memory_while_used_and_gives_it_back_once_released_and_sync
     r.alloc.empty_cache().unwrap();
     let before = reserved();
     r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(1))))
         .unwrap();
     let a = malloc_routed(&r, 8 * MIB, 1);
-    r.device(0).end_allocate_to_pool(POOL).unwrap();
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(POOL)
+        .unwrap();
     r.free(a, 0);
     // A graph may still replay into the freed block: empty_cache leaves the pool alone.
     r.alloc.empty_cache().unwrap();
@@ -132,13 +144,16 @@ fn the_pool_keeps_its_memory_while_used_and_gives_it_back_once_released_and_sync
         reserved() >= before + 8 * MIB,
         "the pool's memory went back while it was used"
     );
-    assert_eq!(r.device(0).graph_pool_segments(POOL).unwrap().len(), 1);
-    r.device(0).release_pool(POOL).unwrap();
-    assert!(r.device(0).release_pool(POOL).is_err(), "released twice");
+    assert_eq!(r.device(0).graph_pools().segments(POOL).unwrap().len(), 1);
+    r.device(0).graph_pools().release_pool(POOL).unwrap();
+    assert!(
+        r.device(0).graph_pools().release_pool(POOL).is_err(),
+        "released twice"
+    );
     r.alloc.empty_cache().unwrap();
     assert_eq!(reserved(), before);
     assert!(
-        r.device(0).graph_pool_segments(POOL).is_err(),
+        r.device(0).graph_pools().segments(POOL).is_err(),
         "the pool was not forgotten"
     );
 }
@@ -147,26 +162,31 @@ fn the_pool_keeps_its_memory_while_used_and_gives_it_back_once_released_and_sync
 fn a_live_block_keeps_its_segment_after_the_pool_is_released() {
     let r = rig();
     r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(1))))
         .unwrap();
     let kept = malloc_routed(&r, 1024, 1);
     let big = malloc_routed(&r, 6 * MIB, 1);
-    r.device(0).end_allocate_to_pool(POOL).unwrap();
-    r.device(0).release_pool(POOL).unwrap();
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(POOL)
+        .unwrap();
+    r.device(0).graph_pools().release_pool(POOL).unwrap();
     r.free(big, 0);
     r.alloc.empty_cache().unwrap();
     // The free segment went back; the one under the live block stays.
-    assert_eq!(r.device(0).graph_pool_segments(POOL).unwrap().len(), 1);
+    assert_eq!(r.device(0).graph_pools().segments(POOL).unwrap().len(), 1);
     r.sim.touch(0, 0, kept, 1024, s(1)).unwrap();
     r.free(kept, 0);
     r.alloc.empty_cache().unwrap();
-    assert!(r.device(0).graph_pool_segments(POOL).is_err());
+    assert!(r.device(0).graph_pools().segments(POOL).is_err());
 }
 
 #[test]
 fn allocations_during_a_capture_come_from_the_pool_not_from_graph_memory() {
     let r = rig();
     r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(5))))
         .unwrap();
     r.sim.begin_capture(0, s(5));
@@ -184,8 +204,11 @@ fn allocations_during_a_capture_come_from_the_pool_not_from_graph_memory() {
     assert_eq!(r.sim.calls("unsafe during capture"), 0);
     r.free(a, 0); // freed inside the capture: back into the pool
     r.sim.end_capture(0, s(5));
-    r.device(0).end_allocate_to_pool(POOL).unwrap();
-    r.device(0).release_pool(POOL).unwrap();
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(POOL)
+        .unwrap();
+    r.device(0).graph_pools().release_pool(POOL).unwrap();
     r.alloc.empty_cache().unwrap();
 }
 
@@ -193,10 +216,14 @@ fn allocations_during_a_capture_come_from_the_pool_not_from_graph_memory() {
 fn a_checkpointed_block_is_restored_at_its_address_only_if_free() {
     let r = rig();
     r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(1))))
         .unwrap();
     let a = malloc_routed(&r, 4096, 1);
-    r.device(0).end_allocate_to_pool(POOL).unwrap();
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(POOL)
+        .unwrap();
     let live = r.device(0).graph_pool_live_blocks(POOL).unwrap();
     let (ptr, requested, block, stream) = live[0];
     assert_eq!((ptr, requested), (a, 4096));
@@ -214,34 +241,44 @@ fn a_checkpointed_block_is_restored_at_its_address_only_if_free() {
     assert_eq!(back, a);
     assert_eq!(r.stats(0).allocated_bytes, 4096);
     r.free(back, 0);
-    r.device(0).release_pool(POOL).unwrap();
+    r.device(0).graph_pools().release_pool(POOL).unwrap();
     r.alloc.empty_cache().unwrap();
 }
 
 #[test]
 fn a_use_on_oom_pool_serves_what_the_device_cannot() {
     let r = rig_with(1, 64 * MIB, base_config());
-    r.device(0).graph_pool_create_or_incref(POOL).unwrap();
-    r.device(0).graph_pool_set_use_on_oom(POOL, true).unwrap();
+    r.device(0).graph_pools().create_or_incref(POOL).unwrap();
     r.device(0)
+        .graph_pools()
+        .set_use_on_oom(POOL, true)
+        .unwrap();
+    r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(1))))
         .unwrap();
     let in_pool = malloc_routed(&r, 24 * MIB, 1);
-    r.device(0).end_allocate_to_pool(POOL).unwrap();
-    r.device(0).release_pool(POOL).unwrap();
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(POOL)
+        .unwrap();
+    r.device(0).graph_pools().release_pool(POOL).unwrap();
     r.free(in_pool, 0);
     // The device has about 40 MiB left; the pool's free 24 MiB serve a request for 20.
     let hog = r.alloc.malloc(36 * MIB, 0, s(1)).unwrap();
     let served = r.alloc.malloc_into(20 * MIB, 0, s(1), None).unwrap();
     assert_eq!(served, in_pool, "the use_on_oom pool did not serve it");
     r.free(served, 0);
-    r.device(0).graph_pool_set_use_on_oom(POOL, false).unwrap();
+    r.device(0)
+        .graph_pools()
+        .set_use_on_oom(POOL, false)
+        .unwrap();
     assert!(
         r.alloc.malloc_into(20 * MIB, 0, s(1), None).is_err(),
         "a pool no longer marked use_on_oom served"
     );
     r.free(hog, 0);
-    r.device(0).release_pool(POOL).unwrap();
+    r.device(0).graph_pools().release_pool(POOL).unwrap();
     r.alloc.empty_cache().unwrap();
 }
 
@@ -265,6 +302,7 @@ fn threads_routing_to_one_pool_at_once_leave_nothing_behind() {
                 for i in 0..400 {
                     let pool = (7, (i % 3) as u64);
                     r.device(0)
+                        .graph_pools()
                         .begin_allocate_to_pool(pool, Arc::new(OnStream(s(100 + t))))
                         .unwrap();
                     let bytes = 4096 * (1 + (t + i) as u64 % 5);
@@ -274,8 +312,11 @@ fn threads_routing_to_one_pool_at_once_leave_nothing_behind() {
                         .unwrap();
                     r.sim.touch(0, 0, a, bytes, s(100 + t)).unwrap();
                     r.free(a, 0);
-                    r.device(0).end_allocate_to_pool(pool).unwrap();
-                    r.device(0).release_pool(pool).unwrap();
+                    r.device(0)
+                        .graph_pools()
+                        .end_allocate_to_pool(pool)
+                        .unwrap();
+                    r.device(0).graph_pools().release_pool(pool).unwrap();
                 }
             })
         })
@@ -288,7 +329,7 @@ fn threads_routing_to_one_pool_at_once_leave_nothing_behind() {
     r.alloc.empty_cache().unwrap();
     for k in 0..3 {
         assert!(
-            r.device(0).graph_pool_segments((7, k)).is_err(),
+            r.device(0).graph_pools().segments((7, k)).is_err(),
             "pool {k} stayed after its last user"
         );
     }

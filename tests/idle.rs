@@ -44,8 +44,9 @@ fn an_idle_device_gives_back_pool_memory_freed_after_the_last_synchronisation() 
 fn the_idle_release_does_not_synchronise_while_a_graph_pool_route_is_open() {
     let r = idle_rig(1, 256 * MIB);
     let pool = (1, 7);
-    r.device(0).graph_pool_create_or_incref(pool).unwrap();
+    r.device(0).graph_pools().create_or_incref(pool).unwrap();
     r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(pool, std::sync::Arc::new(NoStream))
         .unwrap();
     let block = r.malloc(64 * MIB, 0, 0);
@@ -60,8 +61,11 @@ fn the_idle_release_does_not_synchronise_while_a_graph_pool_route_is_open() {
         "synchronised during a route"
     );
     assert!(r.stats(0).reserved_bytes >= 64 * MIB);
-    r.device(0).end_allocate_to_pool(pool).unwrap();
-    r.device(0).release_pool(pool).unwrap();
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(pool)
+        .unwrap();
+    r.device(0).graph_pools().release_pool(pool).unwrap();
     assert!(
         released_within_30_s(&r, 0),
         "the synchronisation put off during the route never came"

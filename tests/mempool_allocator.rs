@@ -88,7 +88,7 @@ fn rig() -> Rig {
 }
 
 fn routed(r: &Rig, bytes: u64) -> Result<DevicePtr, Error> {
-    let pool = r.device(0).graph_pool_claiming(s(1));
+    let pool = r.device(0).graph_pools().claiming(s(1));
     assert!(pool.is_some());
     r.alloc.malloc_into(bytes, 0, s(1), pool)
 }
@@ -105,20 +105,25 @@ fn a_mempools_memory_comes_from_its_own_allocator_and_goes_back_through_it() {
     // SAFETY: a matching pair of C functions that do not unwind.
     unsafe {
         r.device(0)
-            .graph_pool_create_or_incref_with_allocator(pool, counting_malloc, counting_free)
+            .graph_pools()
+            .create_or_incref_with_allocator(pool, counting_malloc, counting_free)
             .unwrap();
     }
     r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(pool, Arc::new(All))
         .unwrap();
     let big = routed(&r, 3 * MIB).unwrap();
     let small = routed(&r, 4096).unwrap();
     // use_mem_pool's end: the route ends and gives up its use of the pool.
-    r.device(0).end_allocate_to_pool(pool).unwrap();
-    r.device(0).release_pool(pool).unwrap();
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(pool)
+        .unwrap();
+    r.device(0).graph_pools().release_pool(pool).unwrap();
     let outside = r.malloc(MIB, 0, 1);
     assert!(MALLOCS.load(Ordering::SeqCst) >= 1);
-    let segments = r.device(0).graph_pool_segments(pool).unwrap();
+    let segments = r.device(0).graph_pools().segments(pool).unwrap();
     assert_eq!(
         segments.len() as u64,
         MALLOCS.load(Ordering::SeqCst),
@@ -145,7 +150,7 @@ fn a_mempools_memory_comes_from_its_own_allocator_and_goes_back_through_it() {
     r.free(small, 0);
     r.alloc.empty_cache().unwrap();
     assert_eq!(FREES.load(Ordering::SeqCst), 0, "the MemPool still uses it");
-    r.device(0).release_pool(pool).unwrap(); // the MemPool's end
+    r.device(0).graph_pools().release_pool(pool).unwrap(); // the MemPool's end
     r.alloc.empty_cache().unwrap();
     assert_eq!(FREES.load(Ordering::SeqCst), MALLOCS.load(Ordering::SeqCst));
     assert_eq!(
@@ -154,7 +159,7 @@ fn a_mempools_memory_comes_from_its_own_allocator_and_goes_back_through_it() {
         "each block once, with its size and stream"
     );
     assert!(
-        !r.device(0).graph_pool_ids().contains(&pool),
+        !r.device(0).graph_pools().ids().contains(&pool),
         "the pool is gone"
     );
 
@@ -163,10 +168,12 @@ fn a_mempools_memory_comes_from_its_own_allocator_and_goes_back_through_it() {
     // SAFETY: as above.
     unsafe {
         r.device(0)
-            .graph_pool_create_or_incref_with_allocator(failing, null_malloc, counting_free)
+            .graph_pools()
+            .create_or_incref_with_allocator(failing, null_malloc, counting_free)
             .unwrap();
     }
     r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(failing, Arc::new(All))
         .unwrap();
     let allocated = r.stats(0).allocated_bytes;
@@ -179,26 +186,34 @@ fn a_mempools_memory_comes_from_its_own_allocator_and_goes_back_through_it() {
         "its malloc was asked, and again after the cache went back"
     );
     assert_eq!(r.stats(0).allocated_bytes, allocated);
-    r.device(0).end_allocate_to_pool(failing).unwrap();
-    r.device(0).release_pool(failing).unwrap();
-    r.device(0).release_pool(failing).unwrap();
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(failing)
+        .unwrap();
+    r.device(0).graph_pools().release_pool(failing).unwrap();
+    r.device(0).graph_pools().release_pool(failing).unwrap();
 
     // A misaligned block is given back at once and refused.
     let crooked = (0, 9);
     // SAFETY: as above.
     unsafe {
         r.device(0)
-            .graph_pool_create_or_incref_with_allocator(crooked, misaligned_malloc, counting_free)
+            .graph_pools()
+            .create_or_incref_with_allocator(crooked, misaligned_malloc, counting_free)
             .unwrap();
     }
     r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(crooked, Arc::new(All))
         .unwrap();
     let e = routed(&r, MIB).unwrap_err().to_string();
     assert!(e.contains("not 512-byte aligned"), "{e}");
-    r.device(0).end_allocate_to_pool(crooked).unwrap();
-    r.device(0).release_pool(crooked).unwrap();
-    r.device(0).release_pool(crooked).unwrap();
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(crooked)
+        .unwrap();
+    r.device(0).graph_pools().release_pool(crooked).unwrap();
+    r.device(0).graph_pools().release_pool(crooked).unwrap();
     assert_eq!(
         (foreign_bytes_out(), FREE_ERRORS.load(Ordering::SeqCst)),
         (0, 0)

@@ -350,11 +350,12 @@ fn a_memory_pool_segment_with_free_space_sleeps_whole_and_serves_the_pool_after_
     let r = vmm_rig(256 * MIB);
     let pool = (0, 1);
     let into_pool = |bytes| {
-        let routed = r.device(0).graph_pool_claiming(s(1));
+        let routed = r.device(0).graph_pools().claiming(s(1));
         assert_eq!(routed, Some(pool));
         r.alloc.malloc_into(bytes, 0, s(1), routed).unwrap()
     };
     r.device(0)
+        .graph_pools()
         .begin_allocate_to_pool(pool, std::sync::Arc::new(OnStream(s(1))))
         .unwrap();
     let a = into_pool(3 * MIB);
@@ -368,10 +369,13 @@ fn a_memory_pool_segment_with_free_space_sleeps_whole_and_serves_the_pool_after_
     // The pool serves its next block from the space b left, mapped with access again.
     let c = into_pool(3 * MIB);
     r.sim.touch(0, 0, c, 3 * MIB, s(1)).unwrap();
-    r.device(0).end_allocate_to_pool(pool).unwrap();
+    r.device(0)
+        .graph_pools()
+        .end_allocate_to_pool(pool)
+        .unwrap();
     r.free(a, 0);
     r.free(c, 0);
-    r.device(0).release_pool(pool).unwrap();
+    r.device(0).graph_pools().release_pool(pool).unwrap();
     r.finish();
 }
 

@@ -1,65 +1,97 @@
 //! PyTorch's memory pools on one device (`torch.cuda.graph` captures, `torch.compile`'s CUDA
-//! graph trees, `torch.cuda.MemPool`), each a source of the device's table
-//! ([`GraphPoolResource`]); which pool an allocation goes to is [`super::pool_routes`]'s.
+//! graph trees, `torch.cuda.MemPool`) as a part the device owns: the pools, each a source of the
+//! device's table ([`GraphPoolResource`]), and the routes PyTorch opens to them
+//! ([`super::pool_routes`]). What the part needs of its device is one narrow interface,
+//! [`PoolDevice`] (the table of sources, the resource new pools take their segments from); the
+//! ledger's side of a pool's blocks — booking them, the limit, out of memory — is the
+//! device's ([`super::pool_blocks`]).
 //!
 //! Invariants: a pool's users are counted under the pools' lock in the same section that finds
-//! or makes it, so a flush never drops a pool someone is about to use; a pool's blocks carry its
-//! source id, are never cached and go back into it only (a block other streams used waits for
-//! them first, as any held block); a pool gives back only segments taken while nobody used it,
-//! and only after a device synchronisation that began after they were taken; it leaves the
-//! table once it holds nothing; the pools' lock is never held while a driver call is made or the
-//! device lock is taken.
+//! or makes it, so a flush never drops a pool someone is about to use; a pool gives back only
+//! segments taken while nobody used it, and only after a device synchronisation that began after
+//! they were taken; it leaves the table once it holds nothing; the pools' lock is never held
+//! while a driver call is made or the device's lock is taken.
 
-use super::request::Request;
-use super::{DeviceAllocator, StreamFilter};
-use crate::driver::{DevicePtr, Stream};
+use super::pool_routes::{Routes, StreamFilter};
+use crate::driver::{DevicePtr, Driver, Stream};
 use crate::error::{Error, Result};
-use crate::history::StreampoolEventKind as Event;
 use crate::resource::foreign::{ForeignFree, ForeignMalloc, ForeignResource};
-use crate::resource::graph_pool::{GraphPoolResource, PoolBlock, PoolId, Segment};
+use crate::resource::graph_pool::{GraphPoolResource, PoolId, Segment};
 use crate::resource::{Resource, SourceId};
+use crate::sync::Mutex;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// A pool and its place in the device's table of sources.
-type Entry = (SourceId, Arc<GraphPoolResource>);
+pub(super) type Entry = (SourceId, Arc<GraphPoolResource>);
 
 /// Segments taken from pools nobody used, to give back after a synchronisation.
 pub(super) type Taken = Vec<(Arc<GraphPoolResource>, Vec<Segment>)>;
 
-#[derive(Default)]
-pub(super) struct GraphPools {
-    pools: HashMap<PoolId, Entry>,
-    /// streampool's own stream of the device, made on first need.
-    own_stream: Option<Stream>,
-}
-
-impl GraphPools {
-    /// The table ids of the pools.
-    pub(super) fn source_ids(&self) -> impl Iterator<Item = SourceId> + '_ {
-        self.pools.values().map(|(source, _)| *source)
-    }
-
-    /// The pools.
-    pub(super) fn pool_resources(&self) -> impl Iterator<Item = Arc<GraphPoolResource>> + '_ {
-        self.pools.values().map(|(_, pool)| Arc::clone(pool))
-    }
+/// What the pools need of their device.
+pub(super) trait PoolDevice: Send + Sync {
+    /// Adds a pool to the device's table of sources; its id.
+    fn add_source(&self, resource: Arc<dyn Resource>) -> Result<SourceId>;
+    /// Removes a pool's source (it leaves once no block of it is held).
+    fn remove_source(&self, id: SourceId) -> Result<()>;
+    /// The resource a new pool takes its segments from: the device's own.
+    fn own_resource(&self) -> Result<Arc<dyn Resource>>;
 }
 
 /// What to do with a pool's count of users when it is found or made.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Users {
+pub(super) enum Users {
     /// Leave it (a look-up).
     Keep,
     /// One more, in the same locked section that finds or makes the pool.
     AddOne,
 }
 
-impl DeviceAllocator {
+#[derive(Default)]
+struct Registry {
+    pools: HashMap<PoolId, Entry>,
+    /// The pools' own stream of the device, made on first need.
+    own_stream: Option<Stream>,
+}
+
+/// The memory pools of one device and the routes to them.
+pub struct GraphPools {
+    device: usize,
+    driver: Arc<dyn Driver>,
+    /// The device owning this part (weak: the device owns the part).
+    host: Weak<dyn PoolDevice>,
+    registry: Mutex<Registry>,
+    routes: Routes,
+}
+
+impl GraphPools {
+    pub(super) fn new(
+        device: usize,
+        driver: Arc<dyn Driver>,
+        host: Weak<dyn PoolDevice>,
+    ) -> GraphPools {
+        GraphPools {
+            device,
+            driver,
+            host,
+            registry: Mutex::new(Registry::default()),
+            routes: Routes::default(),
+        }
+    }
+
+    fn host(&self) -> Result<Arc<dyn PoolDevice>> {
+        self.host.upgrade().ok_or_else(|| {
+            Error::Internal(format!(
+                "device {}: its memory pools outlived it",
+                self.device
+            ))
+        })
+    }
+
     /// Pool `id`, if it exists.
-    fn existing_pool(&self, id: PoolId) -> Result<Entry> {
-        let pools = self.graph_pools.lock();
-        pools
+    pub(super) fn existing(&self, id: PoolId) -> Result<Entry> {
+        let registry = self.registry.lock();
+        registry
             .pools
             .get(&id)
             .map(|(source, pool)| (*source, Arc::clone(pool)))
@@ -72,38 +104,32 @@ impl DeviceAllocator {
             })
     }
 
-    /// Pool `id`, made now if it does not exist, its users changed as `users` says.
-    fn pool_for_use(&self, id: PoolId, users: Users) -> Result<Entry> {
-        self.pool_for_use_from(id, users, None)
-    }
-
-    /// As [`DeviceAllocator::pool_for_use`]; a pool made now takes its segments from `parent`
-    /// (a `MemPool`'s own allocator), else from the device's own resource.
-    fn pool_for_use_from(
+    /// Pool `id`, made now if it does not exist, its users changed as `users` says; a pool made
+    /// now takes its segments from `parent` (a `MemPool`'s own allocator), else from the
+    /// device's own resource.
+    pub(super) fn for_use(
         &self,
         id: PoolId,
         users: Users,
         parent: Option<Arc<dyn Resource>>,
     ) -> Result<Entry> {
         let own_stream = {
-            let pools = self.graph_pools.lock();
-            if let Some((source, pool)) = pools.pools.get(&id) {
+            let registry = self.registry.lock();
+            if let Some((source, pool)) = registry.pools.get(&id) {
                 if users == Users::AddOne {
                     pool.with(|p| p.incref());
                 }
                 return Ok((*source, Arc::clone(pool)));
             }
-            pools.own_stream
+            registry.own_stream
         };
-        // Made outside the pools' lock (a driver call, the device lock); a thread that made the
-        // same pool meanwhile wins, and this one's source leaves the table again.
-        let own = Arc::clone(
-            self.setup()?
-                .own
-                .first()
-                .ok_or_else(|| Error::Internal("the device has no resource".into()))?,
-        );
-        let parent = parent.unwrap_or(own);
+        // Made outside the pools' lock (a driver call, the device's lock); a thread that made
+        // the same pool meanwhile wins, and this one's source leaves the table again.
+        let host = self.host()?;
+        let parent = match parent {
+            Some(parent) => parent,
+            None => host.own_resource()?,
+        };
         let own_stream = match own_stream {
             Some(s) => s,
             None => self.driver.stream_create(self.device)?,
@@ -114,16 +140,16 @@ impl DeviceAllocator {
             parent,
             own_stream,
         ));
-        let source = self.add_source(Arc::clone(&pool) as Arc<dyn Resource>)?;
+        let source = host.add_source(Arc::clone(&pool) as Arc<dyn Resource>)?;
         let (entry, lost) = {
-            let mut pools = self.graph_pools.lock();
+            let mut registry = self.registry.lock();
             // The first stream made is the device's for good (another, unused, lives on with the
             // process, as streams the driver makes do).
-            pools.own_stream.get_or_insert(own_stream);
-            let (entry, lost) = match pools.pools.get(&id) {
+            registry.own_stream.get_or_insert(own_stream);
+            let (entry, lost) = match registry.pools.get(&id) {
                 Some((s, p)) => ((*s, Arc::clone(p)), Some(source)),
                 None => {
-                    pools.pools.insert(id, (source, Arc::clone(&pool)));
+                    registry.pools.insert(id, (source, Arc::clone(&pool)));
                     ((source, pool), None)
                 }
             };
@@ -133,24 +159,24 @@ impl DeviceAllocator {
             (entry, lost)
         };
         if let Some(unused) = lost {
-            self.remove_source(unused)?;
+            host.remove_source(unused)?;
         }
         Ok(entry)
     }
 
     /// `createOrIncrefPool`: one more user of pool `id` (a `torch.cuda.MemPool`).
-    pub fn graph_pool_create_or_incref(&self, id: PoolId) -> Result<()> {
-        self.pool_for_use(id, Users::AddOne).map(|_| ())
+    pub fn create_or_incref(&self, id: PoolId) -> Result<()> {
+        self.for_use(id, Users::AddOne, None).map(|_| ())
     }
 
     /// `createOrIncrefPool` with an allocator of the pool's own (`torch.cuda.MemPool(allocator)`):
-    /// a pool made now takes its segments from `parent` and gives them back to it; an existing
-    /// pool gets one more user and keeps its source.
+    /// a pool made now takes its segments from that allocator and gives them back to it; an
+    /// existing pool gets one more user and keeps its source.
     ///
     /// # Safety
     /// As `ForeignResource::new`: a matching pair, callable from any thread while the pool may
     /// hold memory of it, that does not unwind.
-    pub unsafe fn graph_pool_create_or_incref_with_allocator(
+    pub unsafe fn create_or_incref_with_allocator(
         &self,
         id: PoolId,
         malloc: ForeignMalloc,
@@ -158,19 +184,19 @@ impl DeviceAllocator {
     ) -> Result<()> {
         // SAFETY: as the caller promises.
         let parent = unsafe { ForeignResource::new(self.device, malloc, free) };
-        self.pool_for_use_from(id, Users::AddOne, Some(Arc::new(parent)))
+        self.for_use(id, Users::AddOne, Some(Arc::new(parent)))
             .map(|_| ())
     }
 
     /// How many users pool `id` has (0 for a pool that does not exist).
-    pub fn graph_pool_use_count(&self, id: PoolId) -> u32 {
-        self.existing_pool(id)
+    pub fn use_count(&self, id: PoolId) -> u32 {
+        self.existing(id)
             .map_or(0, |(_, p)| p.with(|p| p.use_count()))
     }
 
     /// `setNoSplit`: blocks of pool `id` take whole free ranges.
-    pub fn graph_pool_set_no_split(&self, id: PoolId) -> Result<()> {
-        self.pool_for_use(id, Users::Keep)?
+    pub fn set_no_split(&self, id: PoolId) -> Result<()> {
+        self.for_use(id, Users::Keep, None)?
             .1
             .with(|p| p.set_no_split());
         Ok(())
@@ -179,10 +205,10 @@ impl DeviceAllocator {
     /// `setUseOnOOM`: whether the pool's free memory may serve allocations outside any pool
     /// that ran out of memory (`DeviceAllocator::allocate_from_oom_pools`). Turning it off
     /// for a pool that does not exist (any more) does nothing.
-    pub fn graph_pool_set_use_on_oom(&self, id: PoolId, on: bool) -> Result<()> {
+    pub fn set_use_on_oom(&self, id: PoolId, on: bool) -> Result<()> {
         let pool = match on {
-            true => self.pool_for_use(id, Users::Keep)?,
-            false => match self.existing_pool(id) {
+            true => self.for_use(id, Users::Keep, None)?,
+            false => match self.existing(id) {
                 Ok(pool) => pool,
                 Err(_) => return Ok(()),
             },
@@ -192,9 +218,9 @@ impl DeviceAllocator {
     }
 
     /// `beginAllocateToPool`: allocations `filter` claims go to pool `id` (one more user) until
-    /// [`DeviceAllocator::end_allocate_to_pool`].
+    /// [`GraphPools::end_allocate_to_pool`].
     pub fn begin_allocate_to_pool(&self, id: PoolId, filter: Arc<dyn StreamFilter>) -> Result<()> {
-        self.pool_for_use(id, Users::AddOne)?;
+        self.for_use(id, Users::AddOne, None)?;
         self.routes.begin(id, filter);
         Ok(())
     }
@@ -209,203 +235,47 @@ impl DeviceAllocator {
     /// `releasePool`: one user less. The pool's memory goes back at a synchronising flush once
     /// nobody uses it (its blocks still live stay until freed).
     pub fn release_pool(&self, id: PoolId) -> Result<()> {
-        self.existing_pool(id)?.1.with(|p| p.decref())?;
+        self.existing(id)?.1.with(|p| p.decref())?;
         Ok(())
     }
 
     /// The pool that claims an allocation on `stream`, if any (PyTorch's filters run here).
     #[inline]
-    pub fn graph_pool_claiming(&self, stream: Stream) -> Option<PoolId> {
+    pub fn claiming(&self, stream: Stream) -> Option<PoolId> {
         self.routes.claim(stream)
     }
 
-    /// Allocates `requested_bytes` on `stream` from pool `id`.
-    pub(crate) fn allocate_in_graph_pool(
-        &self,
-        id: PoolId,
-        requested_bytes: u64,
-        stream: Stream,
-    ) -> Result<DevicePtr> {
-        self.disabling(self.allocate_in_pool(id, requested_bytes, stream))
-    }
-
-    /// [`DeviceAllocator::allocate_in_graph_pool`]'s work.
-    fn allocate_in_pool(
-        &self,
-        id: PoolId,
-        requested_bytes: u64,
-        stream: Stream,
-    ) -> Result<DevicePtr> {
-        self.check_enabled()?;
-        let request = Request::new(requested_bytes, stream)?;
-        let (source, pool) = self.pool_for_use(id, Users::Keep)?;
-        if self.driver.is_capturing(self.device, stream)? {
-            self.notice_capture(stream)?;
-        }
-        self.begin_pool_allocation(source, request)?;
-        let served = match pool.allocate_block(request.block_bytes, stream) {
-            Err(e) if e.is_device_oom() => {
-                self.state.lock().ledger.counters_mut().num_alloc_retries += 1;
-                if let Err(e) = self.flush(0) {
-                    log::warn!("device {}: before the retry: {e}", self.device);
-                }
-                pool.allocate_block(request.block_bytes, stream)
-                    .map_err(|e| match e.is_device_oom() {
-                        true => self.out_of_memory(requested_bytes, stream, None),
-                        false => e,
-                    })
-            }
-            other => other,
-        };
-        match served {
-            Ok(block) => {
-                self.book_pool_block(source, &block, request);
-                Ok(block.ptr)
-            }
-            Err(e) => {
-                self.abandon_pool_allocation(source, request);
-                Err(e)
-            }
-        }
-    }
-
-    /// An allocation from pool `source` begins: finished waits are collected, the table counts
-    /// it, and its bytes are held against the memory limit (a pool's blocks are held, so that
-    /// they wait for other streams).
-    fn begin_pool_allocation(&self, source: SourceId, request: Request) -> Result<()> {
-        let mut to_return = Vec::new();
-        let begun = {
-            let mut st = self.lock_enabled()?;
-            if !st.waits.is_idle() {
-                self.collect_waits(&mut st, &mut to_return);
-            }
-            st.ledger.sources_mut().begin_allocation(source).map(|_| ())
-        };
-        if !to_return.is_empty() {
-            let _ = self.return_blocks(to_return);
-        }
-        begun?;
-        if let Err(e) = self.reserve_within_limit(request) {
-            self.state
-                .lock()
-                .ledger
-                .sources_mut()
-                .allocation_failed(source);
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    fn abandon_pool_allocation(&self, source: SourceId, request: Request) {
-        let mut st = self.state.lock();
-        st.ledger.unreserve(request.block_bytes);
-        st.ledger.sources_mut().allocation_failed(source);
-    }
-
-    fn book_pool_block(&self, source: SourceId, block: &PoolBlock, request: Request) {
-        let mut st = self.state.lock();
-        st.activity += 1;
-        // The pool may hand out more than asked (no_split): the record keeps what it holds.
-        let request = request.served_by(request.block_bytes.max(block.bytes));
-        if block.bytes > request.block_bytes {
-            let _ = st
-                .ledger
-                .reserve(block.bytes - request.block_bytes, u64::MAX);
-        }
-        st.ledger.insert_live(block.ptr, request, source);
-        self.note(
-            &st,
-            Event::Alloc,
-            request.stream,
-            block.ptr,
-            request.requested_bytes,
-        );
-    }
-
-    /// After an allocation outside any pool ran out of memory: a free range of a pool marked
-    /// `use_on_oom` (`torch.cuda.MemPool(use_on_oom=True)`) serves it if one fits, as in
-    /// PyTorch; the block then belongs to that pool. None if none fits.
-    pub(crate) fn allocate_from_oom_pools(
-        &self,
-        requested_bytes: u64,
-        stream: Stream,
-    ) -> Option<DevicePtr> {
-        let request = Request::new(requested_bytes, stream).ok()?;
-        let pools: Vec<Entry> = self.graph_pools.lock().pools.values().cloned().collect();
-        pools.into_iter().find_map(|(source, pool)| {
-            if !pool.with(|p| p.use_on_oom()) {
-                return None;
-            }
-            self.begin_pool_allocation(source, request).ok()?;
-            match pool.with(|p| p.take(request.block_bytes, stream)) {
-                Some(block) => {
-                    self.book_pool_block(source, &block, request);
-                    Some(block.ptr)
-                }
-                None => {
-                    self.abandon_pool_allocation(source, request);
-                    None
-                }
-            }
-        })
-    }
-
-    /// Makes a block of a checkpoint of pool `id` live again, at its old address.
-    pub fn restore_in_graph_pool(
-        &self,
-        id: PoolId,
-        ptr: DevicePtr,
-        requested_bytes: u64,
-        block_bytes: u64,
-        stream: Stream,
-    ) -> Result<DevicePtr> {
-        self.check_enabled()?;
-        let (source, pool) = self.existing_pool(id)?;
-        let request = Request::new(requested_bytes, stream)?.served_by(block_bytes);
-        self.begin_pool_allocation(source, request)?;
-        if let Err(e) = pool.with(|p| p.restore(ptr, block_bytes, stream)) {
-            self.abandon_pool_allocation(source, request);
-            return Err(e);
-        }
-        let block = PoolBlock {
-            ptr,
-            bytes: block_bytes,
-            stream,
-        };
-        self.book_pool_block(source, &block, request);
-        Ok(ptr)
-    }
-
-    /// The live blocks of pool `id`: (address, requested bytes, block bytes, stream).
-    pub fn graph_pool_live_blocks(&self, id: PoolId) -> Result<Vec<(DevicePtr, u64, u64, Stream)>> {
-        let (_, pool) = self.existing_pool(id)?;
-        let blocks: Vec<PoolBlock> = pool.with(|p| p.live_blocks().copied().collect());
-        let st = self.state.lock();
-        Ok(blocks
-            .into_iter()
-            .map(|b| {
-                let requested = st.ledger.live(b.ptr).map_or(b.bytes, |l| l.requested_bytes);
-                (b.ptr, requested, b.bytes, b.stream)
-            })
-            .collect())
+    /// True while a route is open: PyTorch opens one before it begins a graph capture.
+    pub(super) fn any_route_open(&self) -> bool {
+        self.routes.any_open()
     }
 
     /// The segments of pool `id`: (address, bytes).
-    pub fn graph_pool_segments(&self, id: PoolId) -> Result<Vec<(DevicePtr, u64)>> {
-        let (_, pool) = self.existing_pool(id)?;
+    pub fn segments(&self, id: PoolId) -> Result<Vec<(DevicePtr, u64)>> {
+        let (_, pool) = self.existing(id)?;
         Ok(pool.with(|p| p.segments().map(|s| (s.ptr, s.bytes)).collect()))
     }
 
-    /// The ids of the device's pools.
-    pub fn graph_pool_ids(&self) -> Vec<PoolId> {
-        self.graph_pools.lock().pools.keys().copied().collect()
+    /// The ids of the pools.
+    pub fn ids(&self) -> Vec<PoolId> {
+        self.registry.lock().pools.keys().copied().collect()
+    }
+
+    /// Every pool, with its table id (a snapshot).
+    pub(super) fn entries(&self) -> Vec<Entry> {
+        self.registry.lock().pools.values().cloned().collect()
+    }
+
+    /// The table ids of the pools.
+    pub(super) fn source_ids(&self) -> Vec<SourceId> {
+        let registry = self.registry.lock();
+        registry.pools.values().map(|(source, _)| *source).collect()
     }
 
     /// Before a flush's synchronisation: the free segments of every pool nobody uses, taken out
     /// of the pools (no replay can use them any more: no graph holds the pool).
-    pub(super) fn take_unused_pool_segments(&self) -> Taken {
-        let pools: Vec<Entry> = self.graph_pools.lock().pools.values().cloned().collect();
-        pools
+    pub(super) fn take_unused_segments(&self) -> Taken {
+        self.entries()
             .into_iter()
             .map(|(_, pool)| {
                 let segments = pool.take_free_segments_if_unused();
@@ -415,9 +285,9 @@ impl DeviceAllocator {
             .collect()
     }
 
-    /// After the synchronisation: the taken segments go back to the device's resource, and pools
+    /// After the synchronisation: the taken segments go back to where they came from, and pools
     /// left with nothing leave the table. The bytes given back.
-    pub(super) fn give_back_pool_segments(&self, taken: Taken) -> Result<u64> {
+    pub(super) fn give_back_segments(&self, taken: Taken) -> Result<u64> {
         let mut released_bytes = 0;
         let mut first_error = Ok(());
         for (pool, segments) in taken {
@@ -427,7 +297,7 @@ impl DeviceAllocator {
             }
         }
         let gone: Vec<SourceId> = {
-            let mut registry = self.graph_pools.lock();
+            let mut registry = self.registry.lock();
             let gone: Vec<(PoolId, SourceId)> = registry
                 .pools
                 .iter()
@@ -441,8 +311,11 @@ impl DeviceAllocator {
                 })
                 .collect()
         };
-        for source in gone {
-            first_error = first_error.and(self.remove_source(source));
+        if !gone.is_empty() {
+            let host = self.host()?;
+            for source in gone {
+                first_error = first_error.and(host.remove_source(source));
+            }
         }
         first_error.map(|()| released_bytes)
     }

@@ -152,7 +152,7 @@ impl DeviceAllocator {
             if reserved_bytes <= st.ledger.gauges().held_bytes {
                 return PoolFrees::NotNeeded;
             }
-            if st.waits.capturing() || self.routes.any_open() {
+            if st.waits.capturing() || self.graph_pools.any_route_open() {
                 return PoolFrees::PutOff;
             }
         }

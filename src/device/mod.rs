@@ -32,6 +32,7 @@ mod idle;
 mod ledger;
 mod limit;
 mod live;
+mod pool_blocks;
 mod pool_routes;
 mod request;
 mod reserved_cap;
@@ -49,6 +50,7 @@ use crate::ipc::export::Exporter;
 use crate::peer::Peers;
 use crate::resource::{peer_target, Accessible, Resource, Source, SourceId};
 use crate::sync::{Mutex, MutexGuard, OnceCell};
+use graph_pools::PoolDevice;
 use growth::GrowthMarks;
 use ledger::{Ledger, Returning};
 use limit::Limit;
@@ -56,6 +58,7 @@ use request::Request;
 use std::sync::{Arc, Weak};
 use waits::Waits;
 
+pub use graph_pools::GraphPools;
 pub use pool_routes::StreamFilter;
 
 /// What the device learnt and made on its first use.
@@ -112,10 +115,8 @@ pub struct DeviceAllocator {
     exporter: Exporter,
     peers: Arc<Peers>,
     idle: idle::Watch,
-    /// PyTorch's memory pools of the device ([`graph_pools`]).
-    graph_pools: Mutex<graph_pools::GraphPools>,
-    /// The routes PyTorch opened to them ([`pool_routes`]).
-    routes: pool_routes::Routes,
+    /// PyTorch's memory pools of the device and the routes to them ([`graph_pools`]).
+    graph_pools: GraphPools,
     me: Weak<DeviceAllocator>,
 }
 
@@ -130,6 +131,11 @@ impl DeviceAllocator {
         Arc::new_cyclic(|me| DeviceAllocator {
             device,
             exporter: Exporter::new(device, Arc::clone(&driver)),
+            graph_pools: GraphPools::new(
+                device,
+                Arc::clone(&driver),
+                me.clone() as Weak<dyn PoolDevice>,
+            ),
             driver,
             settings,
             setup: OnceCell::new(),
@@ -145,10 +151,13 @@ impl DeviceAllocator {
             recorder,
             peers,
             idle: Mutex::new(idle::IdleWatch::default()),
-            graph_pools: Mutex::new(graph_pools::GraphPools::default()),
-            routes: pool_routes::Routes::default(),
             me: me.clone(),
         })
+    }
+
+    /// PyTorch's memory pools of the device, and the routes to them.
+    pub fn graph_pools(&self) -> &GraphPools {
+        &self.graph_pools
     }
 
     /// The device's sources and cache, created on first use.

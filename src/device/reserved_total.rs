@@ -38,10 +38,7 @@ impl DeviceAllocator {
             peak = peak.saturating_add(usage.reserved_bytes_high);
             counted.insert(address(own));
         }
-        let pool_sources: HashSet<SourceId> = {
-            let pools = self.graph_pools.lock();
-            pools.source_ids().collect()
-        };
+        let pool_sources: HashSet<SourceId> = self.graph_pools.source_ids().into_iter().collect();
         let (shareable, held_elsewhere) = {
             let st = self.state.lock();
             let sources = st.ledger.sources();
@@ -79,10 +76,10 @@ impl DeviceAllocator {
     /// (`counted`): all of a pool whose segments come from an allocator of its own
     /// (`torch.cuda.MemPool(allocator)`).
     fn pool_segment_bytes_outside_own(&self, counted: &HashSet<*const ()>) -> u64 {
-        let pools: Vec<_> = self.graph_pools.lock().pool_resources().collect();
+        let pools = self.graph_pools.entries();
         pools
             .iter()
-            .map(|pool| {
+            .map(|(_, pool)| {
                 if counted.contains(&address(pool.parent())) {
                     return 0;
                 }

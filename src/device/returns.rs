@@ -248,9 +248,9 @@ impl DeviceAllocator {
             // Memory pools nobody uses give their free segments back once the synchronisation
             // has finished every replay launched before they were taken; once those returns
             // complete, the trim can release them too.
-            let taken = self.take_unused_pool_segments();
+            let taken = self.graph_pools.take_unused_segments();
             self.driver.synchronize(self.device)?;
-            match self.give_back_pool_segments(taken) {
+            match self.graph_pools.give_back_segments(taken) {
                 Ok(0) => {}
                 Ok(_) => self.driver.synchronize(self.device)?,
                 Err(e) => log::warn!("device {}: releasing unused memory pools: {e}", self.device),

@@ -75,14 +75,26 @@ pub unsafe extern "C-unwind" fn streampool_begin_allocate_to_pool(
         None => Arc::new(EveryStream),
     };
     // SAFETY: an extern "C-unwind" frame; `filter` is moved into the closure.
-    unsafe { or_throw(move || api::device(device)?.begin_allocate_to_pool((id_a, id_b), filter)) }
+    unsafe {
+        or_throw(move || {
+            api::device(device)?
+                .graph_pools()
+                .begin_allocate_to_pool((id_a, id_b), filter)
+        })
+    }
 }
 
 /// PyTorch's `endAllocateToPool` hook (`set_end_allocate_to_pool_fn`).
 #[no_mangle]
 pub extern "C-unwind" fn streampool_end_allocate_to_pool(device: c_int, id_a: u64, id_b: u64) {
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
-    unsafe { or_throw(|| api::device(device)?.end_allocate_to_pool((id_a, id_b))) }
+    unsafe {
+        or_throw(|| {
+            api::device(device)?
+                .graph_pools()
+                .end_allocate_to_pool((id_a, id_b))
+        })
+    }
 }
 
 /// PyTorch's `releasePool` hook (`set_release_pool`), which PyTorch calls from the destructors
@@ -90,7 +102,9 @@ pub extern "C-unwind" fn streampool_end_allocate_to_pool(device: c_int, id_a: u6
 #[no_mangle]
 pub extern "C-unwind" fn streampool_release_pool(device: c_int, id_a: u64, id_b: u64) {
     or_log("streampool_release_pool", || {
-        api::device(device)?.release_pool((id_a, id_b))
+        api::device(device)?
+            .graph_pools()
+            .release_pool((id_a, id_b))
     })
 }
 
@@ -133,7 +147,7 @@ pub extern "C" fn streampool_torch_attach() -> *const c_char {
 /// How many users PyTorch memory pool `(id_a, id_b)` of `device` has, or a negative status.
 #[no_mangle]
 pub extern "C" fn streampool_graph_pool_use_count(device: c_int, id_a: u64, id_b: u64) -> c_int {
-    match guarded(|| Ok(api::device(device)?.graph_pool_use_count((id_a, id_b)))) {
+    match guarded(|| Ok(api::device(device)?.graph_pools().use_count((id_a, id_b)))) {
         Ok(count) => c_int::try_from(count).unwrap_or(c_int::MAX),
         Err(e) => status(Err(e)),
     }
@@ -184,7 +198,8 @@ pub unsafe extern "C" fn streampool_graph_pool_blocks(
                 })
                 .collect(),
             _ => device
-                .graph_pool_segments(id)?
+                .graph_pools()
+                .segments(id)?
                 .into_iter()
                 .map(|(ptr, bytes)| StreampoolPoolBlock {
                     address: ptr.0,
@@ -287,7 +302,7 @@ pub unsafe extern "C" fn streampool_graph_pool_ids(
                 "streampool_graph_pool_ids: count is NULL".into(),
             ));
         }
-        let ids = api::device(device)?.graph_pool_ids();
+        let ids = api::device(device)?.graph_pools().ids();
         // SAFETY: checked non-NULL; the caller guarantees it is writable.
         unsafe { count.write(ids.len()) };
         if !out.is_null() {

@@ -31,7 +31,11 @@ impl StreamFilter for TorchFilter {
 #[inline]
 pub(crate) fn route(device: i64, stream: Stream) -> Option<PoolId> {
     let allocator = guarded(global).ok()?;
-    allocator.device(device).ok()?.graph_pool_claiming(stream)
+    allocator
+        .device(device)
+        .ok()?
+        .graph_pools()
+        .claiming(stream)
 }
 
 /// An allocation that must restore a checkpointed block of a pool.

@@ -90,7 +90,7 @@ unsafe extern "C-unwind" fn get_pool_use_count(
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
     unsafe {
         answer(|| {
-            let count = api::device(device)?.graph_pool_use_count((a, b));
+            let count = api::device(device)?.graph_pools().use_count((a, b));
             Ok(c_int::try_from(count).unwrap_or(c_int::MAX))
         })
     }
@@ -116,7 +116,7 @@ unsafe extern "C-unwind" fn create_or_incref_pool(
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
     unsafe {
         answer(|| match own {
-            true => api::device(device)?.graph_pool_create_or_incref((a, b)),
+            true => api::device(device)?.graph_pools().create_or_incref((a, b)),
             false => pool_with_allocator(this, object, device, (a, b)),
         })
     }
@@ -135,13 +135,21 @@ fn pool_with_allocator(
     let (malloc, free) = unsafe { super::pool_allocators::pair_of(this, object) }?;
     // SAFETY: a pluggable allocator's C functions, callable from any thread, which do not unwind
     // (C functions; PyTorch calls them the same way).
-    unsafe { api::device(device)?.graph_pool_create_or_incref_with_allocator(id, malloc, free) }
+    unsafe {
+        api::device(device)?
+            .graph_pools()
+            .create_or_incref_with_allocator(id, malloc, free)
+    }
 }
 
 /// `void setUseOnOOM(DeviceIndex, MempoolId_t, bool)`, which `~MemPool` calls (with false):
 /// never throws (a destructor's throw ends the process); an error is logged.
 unsafe extern "C-unwind" fn set_use_on_oom(_: *mut c_void, device: i8, a: u64, b: u64, on: bool) {
-    let done = guarded(|| api::device(device)?.graph_pool_set_use_on_oom((a, b), on));
+    let done = guarded(|| {
+        api::device(device)?
+            .graph_pools()
+            .set_use_on_oom((a, b), on)
+    });
     if let Err(e) = done {
         crate::api::set_last_error(&e);
         log::error!("setUseOnOOM: {e}");
@@ -151,7 +159,7 @@ unsafe extern "C-unwind" fn set_use_on_oom(_: *mut c_void, device: i8, a: u64, b
 /// `void setNoSplit(DeviceIndex, MempoolId_t)`.
 unsafe extern "C-unwind" fn set_no_split(_: *mut c_void, device: i8, a: u64, b: u64) {
     // SAFETY: an extern "C-unwind" frame with nothing to drop.
-    unsafe { answer(|| api::device(device)?.graph_pool_set_no_split((a, b))) }
+    unsafe { answer(|| api::device(device)?.graph_pools().set_no_split((a, b))) }
 }
 
 /// `bool isHistoryEnabled()`: whether streampool records its memory timeline.
