@@ -166,7 +166,8 @@ def headline_notes(report: Dict[str, Any]) -> List[str]:
 
 def failure_lines(report: Dict[str, Any], last_line_only: bool = False) -> List[str]:
     """One entry per failure: ``workload`` × configurations (those failing with the same text
-    together), then the co-tenant's; the whole end of each error, or its last line only."""
+    together), then the co-tenant's, then the sleep group's; the whole end of each error, or its
+    last line only."""
 
     def text(error: str) -> str:
         kept = [line for line in error.splitlines() if line.strip()] or [""]
@@ -180,6 +181,10 @@ def failure_lines(report: Dict[str, Any], last_line_only: bool = False) -> List[
     for name, cell in (report.get("cotenant") or {}).items():
         if "error" in cell:
             grouped.setdefault(("co-tenant", text(cell["error"])), []).append(name)
+    for failed in (report.get("sleep") or {}).get("failed", []):
+        where = f"sleep (stage {failed.get('stage')})"
+        grouped.setdefault((where, text(failed.get("error") or "no record")), []).append(
+            failed["config"])
     return [
         f"{where} × {', '.join(f'`{c}`' for c in configs)}: {error}"
         for (where, error), configs in grouped.items()

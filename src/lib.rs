@@ -53,8 +53,8 @@ pub mod units;
 
 pub use allocator::{Allocator, MAX_ALLOCATION_BYTES};
 pub use config::Config;
-pub use device::DeviceAllocator;
 pub use device::StreamFilter;
+pub use device::{DeviceAllocator, GraphPools};
 pub use error::{Error, Result};
 pub use stats::StreampoolStats;
 

@@ -72,3 +72,20 @@ def test_a_run_with_the_group_puts_the_sentence_on_the_first_screen(tmp_path):
     assert f"- {sleep_report.headline_text(slept)}" in readme
     benchmarks = (tmp_path / "BENCHMARKS.md").read_text()
     assert f"- {sleep_report.summary_lines(slept)[1]}" in benchmarks
+
+
+def test_a_configuration_that_failed_is_listed_with_the_run_s_failures(tmp_path, monkeypatch):
+    records = fabricated_report()["records"]
+    failed = dict(records["tms-torch"], config="tms")  # as a child without the package ends
+
+    def child(config, out_dir, env, timeout_s):
+        return dict(failed if config == "tms" else records[config], wall_s=1.0)
+
+    monkeypatch.setattr(sleep, "run_child", child)
+    argv = ["--group", "sleep", "--calibration", "none", "--out-dir", str(tmp_path), *STANDIN]
+    assert cli.main(argv, {"STREAMPOOL_IDLE_RELEASE": "off"}) == 0
+    written = (tmp_path / "report.md").read_text()
+    assert "- sleep (stage allocator) × `tms`:" in written and "ImportError: no tms" in written
+    built = json.loads((tmp_path / "report.json").read_text())
+    text = sleep_report.headline_text(built["sleep"])
+    assert text and "torch_memory_saver" not in text, "no figure of a row that failed"

@@ -126,10 +126,9 @@ impl GraphPools {
         // Made outside the pools' lock (a driver call, the device's lock); a thread that made
         // the same pool meanwhile wins, and this one's source leaves the table again.
         let host = self.host()?;
-        let parent = match parent {
-            Some(parent) => parent,
-            None => host.own_resource()?,
-        };
+        // The device is set up first (its own resource), as for any allocation.
+        let own = host.own_resource()?;
+        let parent = parent.unwrap_or(own);
         let own_stream = match own_stream {
             Some(s) => s,
             None => self.driver.stream_create(self.device)?,
@@ -296,6 +295,11 @@ impl GraphPools {
                 Err(e) => first_error = first_error.and(Err(e)),
             }
         }
+        // The device first: a pool leaves the registry only with its source then removed.
+        let host = match self.host() {
+            Ok(host) => host,
+            Err(e) => return first_error.and(Err(e)).map(|()| released_bytes),
+        };
         let gone: Vec<SourceId> = {
             let mut registry = self.registry.lock();
             let gone: Vec<(PoolId, SourceId)> = registry
@@ -311,11 +315,8 @@ impl GraphPools {
                 })
                 .collect()
         };
-        if !gone.is_empty() {
-            let host = self.host()?;
-            for source in gone {
-                first_error = first_error.and(host.remove_source(source));
-            }
+        for source in gone {
+            first_error = first_error.and(host.remove_source(source));
         }
         first_error.map(|()| released_bytes)
     }

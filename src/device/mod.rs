@@ -99,7 +99,8 @@ struct DeviceState {
 
 /// One device of the process's allocator (`Allocator::device`): its allocations run the stages
 /// above, and every call about one device — statistics, trims, the release threshold and the
-/// memory fraction, sleep and wake, PyTorch's memory pools, exports — is a method of it.
+/// memory fraction, sleep and wake, exports — is a method of it; PyTorch's memory pools are a
+/// part it owns ([`DeviceAllocator::graph_pools`]).
 pub struct DeviceAllocator {
     device: usize,
     driver: Arc<dyn Driver>,

@@ -185,9 +185,10 @@ struct VmmState {
     device_full: bool,
     /// The block freed last, kept aside for its stream's next request of its size ([`slot`]).
     slot: Option<slot::Slot>,
-    /// The most held before a trim after a synchronisation, or a sleep, gave memory back (0
-    /// before one did): until as much is held again, memory cycles — given back, mapped again —
-    /// and new memory comes in spans if their size is auto ([`spans`]).
+    /// The most held before a trim after a synchronisation, or a sleep, gave memory back since
+    /// the device last idled (0 before one did, and after an idle release): until as much is
+    /// held again, memory cycles — given back, mapped again — and new memory comes in spans if
+    /// their size is auto ([`spans`]).
     cycle_back_to_bytes: u64,
     /// The most physical memory ever created for (not reset with the peaks).
     physical_max_bytes: u64,

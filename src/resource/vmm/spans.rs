@@ -2,7 +2,8 @@
 //! window's pages with new memory creates one handle for up to `STREAMPOOL_VMM_SPAN_SIZE` of them
 //! (auto: 256 MiB while memory cycles — a trim at a synchronisation, under a release threshold
 //! or `empty_cache()`, gave memory back, and less than the most held then is mapped again; or a
-//! sleep did, and less than it gave back is mapped again — else one page). While memory cycles, a large block's growth also maps free memory
+//! sleep did, and less than it gave back is mapped again; an idle release ends it — else one
+//! page). While memory cycles, a large block's growth also maps free memory
 //! after the block, in a handle of its own, up to a span in all, never beyond the most held
 //! before nor past the growth slack, so that the blocks that follow fit there: a step's memory
 //! comes back in a few handles, not one a block, as a CUDA pool grows. The driver's calls cost

@@ -160,6 +160,39 @@ fn a_trim_s_cycle_maps_ahead_only_up_to_what_was_held_before_it() {
     r.free(a, 2 * PAGE, S1);
 }
 
+/// A cycle keeps the most held at a trim until the device idles: a second trim that gives back
+/// less does not end it, an idle release does.
+#[test]
+fn an_idle_release_ends_a_cycle_a_smaller_trim_does_not() {
+    let r = rig();
+    let trimmed_at = |pages: u64| {
+        let block = r.alloc(pages * PAGE, S1);
+        r.free(block, pages * PAGE, S1);
+        r.sim.complete_all();
+        r.vmm.trim(0).unwrap();
+        assert_eq!(r.physical(), 0);
+    };
+    trimmed_at(40);
+    trimmed_at(14);
+    let step = r.alloc(12 * PAGE, S1);
+    assert_eq!(
+        r.physical(),
+        40 * PAGE,
+        "still cycling up to the 40 pages of the first trim: 28 mapped ahead"
+    );
+    r.free(step, 12 * PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.release_idle();
+    assert_eq!(r.physical(), 0);
+    let step = r.alloc(12 * PAGE, S1);
+    assert_eq!(
+        r.physical(),
+        12 * PAGE,
+        "after the idle release, nothing ahead"
+    );
+    r.free(step, 12 * PAGE, S1);
+}
+
 /// A span that could neither get access nor be unmapped stays blocked; the next look that can
 /// unmap it puts it back whole (found by review: the look read the span's other pages after they
 /// had left the page map, and panicked).
