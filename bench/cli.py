@@ -446,7 +446,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]]
     if options.mode == "merge":
         built = merge(options.dirs, options.out_dir,
                       portable.relative_paths(command_line(argv, {}), Path.cwd()))
-        print("\n".join(markdown.headline(built)), flush=True)
+        print("\n".join(screen(built)), flush=True)
         return 0
     try:
         plan.idle_release_s(environ)
@@ -476,5 +476,18 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Dict[str, str]]
         run_calibration(options, argv, environ)
         return 0
     built = run(options, argv, environ)
-    print("\n".join(markdown.headline(built)), flush=True)
+    print("\n".join(screen(built)), flush=True)
     return 0
+
+
+def screen(built: Dict[str, Any]) -> List[str]:
+    """What a run prints last: the headline of its workloads and co-tenant, then the sleep
+    group's lines; a run of the sleep group alone prints only those."""
+    lines = []
+    if built.get("workloads") or built.get("cotenant"):
+        lines += markdown.headline(built)
+    slept = built.get("sleep")
+    if slept:
+        lines += ["", "## Sleep and wake", ""] + [f"- {line}" for line in
+                                                   sleep.summary_lines(slept)]
+    return lines or markdown.headline(built)

@@ -191,7 +191,9 @@ class Sleeper:
             # give back, 2 s after the last free, what the training step left unused).
             streampool.install(backend="vmm", idle_release="off")
             self.streampool = streampool
-            facts["streampool_library"] = str(streampool.library_path())
+            # Relative to the repository (the child's working directory): a committed report
+            # names no folder of the machine that ran it.
+            facts["streampool_library"] = os.path.relpath(streampool.library_path())
             facts["streampool_backend"] = os.environ.get("STREAMPOOL_BACKEND")
         elif config in (TMS, TMS_TORCH):
             from torch_memory_saver import torch_memory_saver

@@ -89,3 +89,14 @@ def test_a_configuration_that_failed_is_listed_with_the_run_s_failures(tmp_path,
     built = json.loads((tmp_path / "report.json").read_text())
     text = sleep_report.headline_text(built["sleep"])
     assert text and "torch_memory_saver" not in text, "no figure of a row that failed"
+
+
+def test_a_run_of_the_group_alone_prints_its_lines_not_an_empty_headline(
+        tmp_path, monkeypatch, capsys):
+    fabricated_children(monkeypatch)
+    argv = ["--group", "sleep", "--calibration", "none", "--out-dir", str(tmp_path), *STANDIN]
+    assert cli.main(argv, {"STREAMPOOL_IDLE_RELEASE": "off"}) == 0
+    out = capsys.readouterr().out
+    assert "## Headline" not in out and "no worker started CUDA" not in out
+    report = json.loads((tmp_path / "report.json").read_text())["sleep"]
+    assert out.rstrip().endswith(f"- {sleep_report.summary_lines(report)[-1]}")
