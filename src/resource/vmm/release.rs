@@ -83,19 +83,8 @@ impl VmmResource {
         self.unmap_retired(&mut st);
         let before_bytes = st.physical_bytes(self.page_bytes);
         self.release_down_to(&mut st, keep_bytes, None);
-        // Memory went back at a synchronisation: until as much as was held before it (or before
-        // an earlier one since the device last idled) is mapped again, new memory comes in spans
-        // ([`super::spans`]); not up to the most ever held (a peak an idle release gave back),
-        // which memory mapped ahead of a block would fill. The most since the last idle, not the
-        // last trim's: where a step ends in two synchronisations, the second gives back less,
-        // and keeping only its figure made GPT-2 under a 1 GiB threshold map 3.6x as many
-        // handles in the replay (driver time 408 -> 1484 ms). A trim that gives nothing back (a
-        // second synchronisation in a row) changes nothing: ending it there made the next step
-        // grow a page a handle (GPT-2 under a 1 GiB threshold on an H200: 124 new handles a step
-        // instead of 47 where a step ended in two synchronisations).
-        if st.physical_bytes(self.page_bytes) < before_bytes {
-            st.cycle_back_to_bytes = st.cycle_back_to_bytes.max(before_bytes);
-        }
+        // Memory went back at a synchronisation: it cycles ([`super::spans`]).
+        self.note_given_back(&mut st, before_bytes);
         Ok(())
     }
 }

@@ -122,13 +122,9 @@ impl Sleep for VmmResource {
         }
         let pages = self.give_back_all(&mut st, &saved);
         // Memory went back as at a trim: what the program maps again after the wake comes in
-        // spans until as much as the sleep gave back is held again ([`super::spans`]), so that
-        // the next sleep gives it back in a few handles, not one a page (each costs the driver
-        // about 44 us). Not up to the most ever held: memory mapped ahead of a block would then
-        // take more than the program held before it slept.
-        if st.physical_bytes(self.page_bytes) < given_back {
-            st.cycle_back_to_bytes = st.cycle_back_to_bytes.max(given_back);
-        }
+        // spans ([`super::spans`]), so that the next sleep gives it back in a few handles, not
+        // one a page (each costs the driver about 44 us).
+        self.note_given_back(&mut st, given_back);
         st.asleep = Some(Asleep { pages, host });
         log::info!(
             "device {device}: asleep at level {level}, {given_back} B given back, {} B kept in \
