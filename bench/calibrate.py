@@ -262,9 +262,10 @@ def markdown(document: Dict[str, Any]) -> str:
         lines += ["", f"Chosen for a run of {chosen['configs']} configurations within "
                   f"{chosen['call_s']:g} s: " + (
                       "nothing measured" if estimate is None else
-                      f"about {estimate / 60:.1f} min, every band "
-                      + ("met (predicted)" if chosen["meets_bands"] else
-                         f"not reachable: {chosen.get('scale')} × the bands")), "",
+                      f"about {estimate / 60:.1f} min, "
+                      + ("every band met (predicted)" if chosen["meets_bands"] else
+                         f"no plan meets every band: the best predicts "
+                         f"{chosen.get('scale')} × the bands")), "",
                   "| workload | block | pairs × sets | predicted A/A ± | band ± | seconds |",
                   "|---|---|---|---|---|---|"]
         for workload, entry in chosen["workloads"].items():
