@@ -299,8 +299,7 @@ impl FreeRanges {
     /// inside `[keep_start, keep_end)`.
     pub fn idle_pages(&self, keep_start: u64, keep_end: u64) -> Vec<u64> {
         let mut out = Vec::new();
-        for (_, start) in self.ready_by_size.iter() {
-            let end = start + self.ranges[&start].bytes;
+        for (start, end) in self.ready_ranges() {
             let mut page = self.page_ceil(start);
             while page + self.page_bytes <= end {
                 if page + self.page_bytes <= keep_start || keep_end <= page {
@@ -310,6 +309,11 @@ impl FreeRanges {
             }
         }
         out
+    }
+
+    /// Every `Ready` range as `(start, end)`, the smallest first (then by address).
+    pub fn ready_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        (self.ready_by_size.iter()).map(|(bytes, start)| (start, start + bytes))
     }
 
     /// Whole pages inside ranges freed on `stream` (memory `stream` may use at once, but other

@@ -427,3 +427,66 @@ fn a_second_synchronisation_in_a_row_keeps_memory_cycling() {
         r.free(p, 3 * PAGE, S1);
     }
 }
+
+/// A span goes back for a growth only when all its pages are idle: one whose first pages are
+/// free but whose last ones hold a live block stays, whatever the growth needs.
+#[test]
+fn a_span_with_a_live_block_in_it_is_no_donor() {
+    let settings = Settings {
+        vmm_span_bytes: Some(8 * PAGE),
+        vmm_growth_slack_percent: Some(0),
+        ..Settings::default()
+    };
+    let r = rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE));
+    r.stop_clock();
+    let a = r.alloc(8 * PAGE, S1);
+    r.free(a, 8 * PAGE, S1);
+    let head = r.alloc(6 * PAGE, S1);
+    let tail = r.alloc(2 * PAGE, S1);
+    assert_eq!((head, tail.0), (a, a.0 + 6 * PAGE), "both inside a's span");
+    r.free(head, 6 * PAGE, S1);
+    r.sim.complete_all();
+    r.sim.advance_clock_ms(60_000); // the span's free pages are cold
+    let b = r.alloc(10 * PAGE, S1);
+    r.sim.touch(0, 0, tail, 2 * PAGE, S1).unwrap(); // still mapped
+    assert_eq!(r.physical(), 18 * PAGE, "a's span kept, ten new pages");
+    r.free(b, 10 * PAGE, S1);
+    r.free(tail, 2 * PAGE, S1);
+}
+
+/// A cold idle span goes back before the device grows, even within the slack: memory the program
+/// stopped using is reused first. A hot one stays for the next step, and so does one with any hot
+/// page.
+#[test]
+fn a_cold_idle_span_goes_back_before_new_memory_a_hot_one_stays() {
+    // (ms idle, half of the span used again just before the growth, pages then held)
+    for (idle_ms, half_hot, physical_pages) in
+        [(60_000, false, 7), (0, false, 11), (60_000, true, 11)]
+    {
+        let settings = Settings {
+            vmm_span_bytes: Some(4 * PAGE),
+            vmm_growth_slack_percent: Some(1000),
+            ..Settings::default()
+        };
+        let r = rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE));
+        r.stop_clock();
+        let a = r.alloc(4 * PAGE, S1);
+        let live = r.alloc(PAGE, S1);
+        r.free(a, 4 * PAGE, S1);
+        r.sim.complete_all();
+        r.sim.advance_clock_ms(idle_ms);
+        if half_hot {
+            let half = r.alloc(2 * PAGE, S1);
+            r.free(half, 2 * PAGE, S1);
+            r.sim.complete_all();
+        }
+        let b = r.alloc(6 * PAGE, S1);
+        assert_eq!(
+            r.physical(),
+            physical_pages * PAGE,
+            "a's span idle for {idle_ms} ms, half of it used since: {half_hot}"
+        );
+        r.free(b, 6 * PAGE, S1);
+        r.free(live, PAGE, S1);
+    }
+}
