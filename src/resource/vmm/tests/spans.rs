@@ -7,8 +7,15 @@ use crate::driver::{DeviceDriver, VmmDriver};
 
 /// A rig whose new handles back up to `span_pages` pages each.
 fn rig_spans(span_pages: u64) -> Rig {
+    rig_spans_slack(span_pages, None)
+}
+
+/// As [`rig_spans`], memory moved before the device grows past `slack_percent` over the most
+/// ever in use (None: the default).
+fn rig_spans_slack(span_pages: u64, slack_percent: Option<u64>) -> Rig {
     let settings = Settings {
         vmm_span_bytes: Some(span_pages * PAGE),
+        vmm_growth_slack_percent: slack_percent,
         ..Settings::default()
     };
     rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE))
@@ -62,12 +69,7 @@ fn a_span_that_cannot_get_access_is_released_not_kept_as_spare_pages() {
 
 #[test]
 fn a_growth_beyond_the_slack_gives_a_whole_idle_span_back_instead_of_moving_its_pages() {
-    let settings = Settings {
-        vmm_span_bytes: Some(8 * PAGE),
-        vmm_growth_slack_percent: Some(0),
-        ..Settings::default()
-    };
-    let r = rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE));
+    let r = rig_spans_slack(8, Some(0));
     r.stop_clock();
     let a = r.alloc(4 * PAGE, S1);
     let live = r.alloc(PAGE, S1);
@@ -432,12 +434,7 @@ fn a_second_synchronisation_in_a_row_keeps_memory_cycling() {
 /// free but whose last ones hold a live block stays, whatever the growth needs.
 #[test]
 fn a_span_with_a_live_block_in_it_is_no_donor() {
-    let settings = Settings {
-        vmm_span_bytes: Some(8 * PAGE),
-        vmm_growth_slack_percent: Some(0),
-        ..Settings::default()
-    };
-    let r = rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE));
+    let r = rig_spans_slack(8, Some(0));
     r.stop_clock();
     let a = r.alloc(8 * PAGE, S1);
     r.free(a, 8 * PAGE, S1);
@@ -463,12 +460,7 @@ fn a_cold_idle_span_goes_back_before_new_memory_a_hot_one_stays() {
     for (idle_ms, half_hot, physical_pages) in
         [(60_000, false, 7), (0, false, 11), (60_000, true, 11)]
     {
-        let settings = Settings {
-            vmm_span_bytes: Some(4 * PAGE),
-            vmm_growth_slack_percent: Some(1000),
-            ..Settings::default()
-        };
-        let r = rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE));
+        let r = rig_spans_slack(4, Some(1000));
         r.stop_clock();
         let a = r.alloc(4 * PAGE, S1);
         let live = r.alloc(PAGE, S1);
