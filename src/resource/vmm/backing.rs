@@ -213,9 +213,11 @@ impl VmmResource {
 
     /// The idle memory outside the window, listed on first use: one sweep of the pages of each
     /// `Ready` range, the smallest range first (a page looked up one by one cost GPT-2's timed
-    /// growths 61% of the allocator's instructions in the replay). A span is a donor when it
-    /// lies wholly inside one such range (a range takes in its ready neighbours, so its pages are
-    /// all idle then) and outside the window.
+    /// growths 61% of the allocator's instructions in the replay; a `Ready` range is mapped, so
+    /// the page map holds each of its whole pages). A span is a donor when it lies wholly inside
+    /// one such range and outside the window: two ready ranges next to each other inside one
+    /// reservation always merge, and a span never crosses a reservation's end, so its pages are
+    /// all idle exactly then.
     fn donors<'g>(&self, st: &VmmState, growth: &'g mut Growth, now_ms: u64) -> &'g mut Donors {
         let keep = growth.keep;
         growth.donors.get_or_insert_with(|| {
