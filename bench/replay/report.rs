@@ -188,6 +188,7 @@ fn outcome_json(o: &Outcome) -> serde_json::Value {
         ),
         ("calls", calls(&o.calls)),
         ("timed_calls", calls(&o.timed_calls)),
+        ("timed_allocations", json!(o.timed_allocations)),
         ("pages_mapped", json!(o.stats_maps)),
         ("pages_unmapped", json!(o.stats_unmaps)),
         ("failed_creates", json!(o.failed_creates)),

@@ -121,6 +121,8 @@ pub struct Outcome {
     /// header; all of them if it has none), and their modeled time: the steady state.
     pub timed_calls: BTreeMap<String, u64>,
     pub timed_modeled_s: f64,
+    /// Allocations made after the warm-up steps (through `timed_malloc`).
+    pub timed_allocations: u64,
     /// Pages mapped and unmapped, as the stats report them.
     pub stats_maps: u64,
     pub stats_unmaps: u64,
@@ -367,7 +369,9 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
             Event::Alloc { id, .. } if trace.before_start.contains(&id) => {}
             Event::Alloc { id, bytes, stream } => {
                 let s = Stream(stream as usize);
-                let ptr = match steps_seen >= warmup_steps {
+                let timed = steps_seen >= warmup_steps;
+                out.timed_allocations += u64::from(timed);
+                let ptr = match timed {
                     true => timed_malloc(&alloc, bytes, s),
                     false => alloc.malloc(bytes, 0, s),
                 };
@@ -466,7 +470,6 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
     Ok(())
 }
 
-/// The driver time the calls would take on the GPU, by the cost model.
 /// An allocation of a timed step (after the warm-up): a function of its own, so that
 /// `scripts/hot-path-gate --traces` counts the allocator's instructions in the timed steps alone
 /// (callgrind's `--toggle-collect`).
@@ -481,6 +484,7 @@ fn timed_free(alloc: &Allocator, ptr: DevicePtr) -> streampool::Result<()> {
     alloc.free(ptr, 0)
 }
 
+/// The driver time the calls would take on the GPU, by the cost model.
 pub fn modeled_s(calls: &BTreeMap<String, u64>, costs_us: &BTreeMap<String, f64>) -> f64 {
     let call = |name: &str| calls.get(name).copied().unwrap_or(0);
     let us: f64 = costs_us
