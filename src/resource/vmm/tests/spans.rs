@@ -430,17 +430,28 @@ fn a_second_synchronisation_in_a_row_keeps_memory_cycling() {
     }
 }
 
+/// Two live blocks of `head_pages` and `tail_pages` that share one span (mapped for a block of
+/// both sizes together, then freed).
+fn head_and_tail(r: &Rig, head_pages: u64, tail_pages: u64) -> (DevicePtr, DevicePtr) {
+    let a = r.alloc((head_pages + tail_pages) * PAGE, S1);
+    r.free(a, (head_pages + tail_pages) * PAGE, S1);
+    let head = r.alloc(head_pages * PAGE, S1);
+    let tail = r.alloc(tail_pages * PAGE, S1);
+    assert_eq!(
+        (head, tail.0),
+        (a, a.0 + head_pages * PAGE),
+        "both inside a's span"
+    );
+    (head, tail)
+}
+
 /// A span goes back for a growth only when all its pages are idle: one whose first pages are
 /// free but whose last ones hold a live block stays, whatever the growth needs.
 #[test]
 fn a_span_with_a_live_block_in_it_is_no_donor() {
     let r = rig_spans_slack(8, Some(0));
     r.stop_clock();
-    let a = r.alloc(8 * PAGE, S1);
-    r.free(a, 8 * PAGE, S1);
-    let head = r.alloc(6 * PAGE, S1);
-    let tail = r.alloc(2 * PAGE, S1);
-    assert_eq!((head, tail.0), (a, a.0 + 6 * PAGE), "both inside a's span");
+    let (head, tail) = head_and_tail(&r, 6, 2);
     r.free(head, 6 * PAGE, S1);
     r.sim.complete_all();
     r.sim.advance_clock_ms(60_000); // the span's free pages are cold
@@ -462,12 +473,8 @@ fn a_cold_idle_span_goes_back_before_new_memory_a_hot_one_stays() {
     {
         let r = rig_spans_slack(4, Some(1000));
         r.stop_clock();
-        let a = r.alloc(4 * PAGE, S1);
+        let (head, tail) = head_and_tail(&r, 2, 2);
         let live = r.alloc(PAGE, S1);
-        r.free(a, 4 * PAGE, S1);
-        let head = r.alloc(2 * PAGE, S1);
-        let tail = r.alloc(2 * PAGE, S1);
-        assert_eq!((head, tail.0), (a, a.0 + 2 * PAGE), "both inside a's span");
         r.free(head, 2 * PAGE, S1);
         r.sim.complete_all();
         r.sim.advance_clock_ms(idle_ms);
