@@ -189,6 +189,7 @@ fn outcome_json(o: &Outcome) -> serde_json::Value {
         ("calls", calls(&o.calls)),
         ("timed_calls", calls(&o.timed_calls)),
         ("timed_allocations", json!(o.timed_allocations)),
+        ("timed_allocator_calls", json!(o.timed_allocator_calls)),
         ("pages_mapped", json!(o.stats_maps)),
         ("pages_unmapped", json!(o.stats_unmaps)),
         ("failed_creates", json!(o.failed_creates)),

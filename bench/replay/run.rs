@@ -121,8 +121,11 @@ pub struct Outcome {
     /// header; all of them if it has none), and their modeled time: the steady state.
     pub timed_calls: BTreeMap<String, u64>,
     pub timed_modeled_s: f64,
-    /// Allocations made after the warm-up steps (through `timed_malloc`).
+    /// Allocations made after the warm-up steps (through `timed_malloc`), and the driver calls
+    /// made inside those and their frees (`timed_free`): the allocator's own, none of its
+    /// background tending's.
     pub timed_allocations: u64,
+    pub timed_allocator_calls: u64,
     /// Pages mapped and unmapped, as the stats report them.
     pub stats_maps: u64,
     pub stats_unmaps: u64,
@@ -372,7 +375,12 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
                 let timed = steps_seen >= warmup_steps;
                 out.timed_allocations += u64::from(timed);
                 let ptr = match timed {
-                    true => timed_malloc(&alloc, bytes, s),
+                    true => {
+                        let calls = sim.calls_total();
+                        let ptr = timed_malloc(&alloc, bytes, s);
+                        out.timed_allocator_calls += sim.calls_total() - calls;
+                        ptr
+                    }
                     false => alloc.malloc(bytes, 0, s),
                 };
                 let ptr = ptr.map_err(|e| at(e.to_string()))?;
@@ -395,7 +403,12 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
             Event::Free { id } => {
                 let (ptr, _) = live.remove(&id).expect("a parsed trace frees live IDs");
                 match steps_seen >= warmup_steps {
-                    true => timed_free(&alloc, ptr),
+                    true => {
+                        let calls = sim.calls_total();
+                        let freed = timed_free(&alloc, ptr);
+                        out.timed_allocator_calls += sim.calls_total() - calls;
+                        freed
+                    }
                     false => alloc.free(ptr, 0),
                 }
                 .map_err(|e| at(e.to_string()))?;

@@ -73,6 +73,17 @@ impl SimDriver {
         self.calls.lock().get(call).copied().unwrap_or(0)
     }
 
+    /// Every driver call [`SimDriver::calls`] has counted so far, all names together (its
+    /// `"cuMemSetAccess handles"` and `"unsafe during capture"` are no calls of their own).
+    pub fn calls_total(&self) -> u64 {
+        let calls = self.calls.lock();
+        let not_calls = ["cuMemSetAccess handles", "unsafe during capture"];
+        (calls.iter())
+            .filter(|(name, _)| !not_calls.contains(name))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     /// All work submitted so far on `stream` completes (and the work it waited for).
     pub fn complete_stream(&self, device: usize, stream: Stream) {
         self.devices[device].lock().complete_stream(stream);
