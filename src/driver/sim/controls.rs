@@ -66,9 +66,11 @@ impl SimDriver {
     }
 
     /// How many times `call` (a driver function's name, e.g. `"cuMemSetAccess"`) was attempted,
-    /// over all devices. Counted: the calls with a [`SimFault`], `cuEventQuery`, and
-    /// `"cuMemSetAccess handles"` (the mappings those calls covered, summed) and `"unsafe during
-    /// capture"` (calls a global-mode capture forbids, made outside relaxed mode); others read 0.
+    /// over all devices. Counted: the calls with a [`SimFault`], `cuEventQuery`, `cuStreamQuery`,
+    /// `cuMemGetInfo`, and `"cuMemSetAccess handles"` (the mappings those calls covered, summed)
+    /// and `"unsafe during capture"` (calls a global-mode capture forbids, made outside relaxed
+    /// mode); others read 0 (among them capture queries, pool attribute queries and trims, event
+    /// destruction and address frees).
     pub fn calls(&self, call: &str) -> u64 {
         self.calls.lock().get(call).copied().unwrap_or(0)
     }

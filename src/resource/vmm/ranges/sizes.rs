@@ -242,6 +242,10 @@ mod tests {
     #[test]
     fn it_answers_as_a_set_ordered_by_size_and_start() {
         let mut index = SizeIndex::default();
+        assert_eq!(
+            index.iter_from(0).count() + index.iter_from(u64::MAX).count(),
+            0
+        );
         let mut set = BTreeSet::new();
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
@@ -276,9 +280,11 @@ mod tests {
             assert_eq!(index.first_at_least(probe), expected, "round {round}");
             assert_eq!(index.is_empty(), set.is_empty());
             if round % 997 == 0 {
-                let all: Vec<_> = index.iter_from(probe).collect();
-                let want: Vec<_> = set.range((probe, 0)..).copied().collect();
-                assert_eq!(all, want, "round {round}");
+                for probe in [probe, 0, 1 << 39, 1 << 63, u64::MAX] {
+                    let all: Vec<_> = index.iter_from(probe).collect();
+                    let want: Vec<_> = set.range((probe, 0)..).copied().collect();
+                    assert_eq!(all, want, "round {round}, from {probe}");
+                }
             }
         }
         let crowded = index.bins.iter().any(|b| matches!(b, Bin::Tree(_)));
