@@ -19,6 +19,8 @@
 
 #[path = "replay/checks.rs"]
 mod checks;
+#[path = "replay/costs.rs"]
+mod costs;
 #[path = "replay/gate.rs"]
 mod gate;
 #[path = "replay/inflate.rs"]

@@ -20,6 +20,7 @@
 //! not a figure; the background releaser is off and times come from the plan, so a replay
 //! depends only on the trace, the configuration, the model and the repeat's number.
 
+use super::costs::{modeled_s, DEFAULT_COSTS_US};
 use super::timing::{self, Gpu, Plan, TEND_EVERY_US};
 use super::trace::{Event, Trace};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -46,27 +47,6 @@ pub const CALLS: [(&str, &str); 15] = [
     ("cuStreamSynchronize", "stream-sync"),
     ("cuCtxSynchronize", "device-sync"),
     ("cuMemGetInfo", "mem-info"),
-];
-
-/// Modeled cost of each call on an H100 (driver 580), microseconds; `cuMemSetAccess handles`
-/// prices each handle a call covers beyond its first. Calls not listed cost 0 (not measured:
-/// `cuMemRelease`, `cuStreamWaitEvent`, `cuMemGetInfo`; synchronisations depend on the GPU's
-/// work).
-pub const DEFAULT_COSTS_US: [(&str, f64); 10] = [
-    ("cuMemSetAccess", 25.0),
-    ("cuMemSetAccess handles", 21.0),
-    ("cuMemUnmap", 16.0),
-    ("cuMemCreate", 14.0),
-    ("cuMemMap", 3.0),
-    // cuEventRecord + cuEventQuery measured together: 1.1 us, split evenly.
-    ("cuEventRecord", 0.55),
-    ("cuEventQuery", 0.55),
-    // Not measured: priced as the query of an event, which it replaces where a stream has
-    // finished its work.
-    ("cuStreamQuery", 0.55),
-    // cuMemAllocFromPoolAsync + cuMemFreeAsync measured together: 0.8-1.25 us.
-    ("cuMemAllocFromPoolAsync", 0.5),
-    ("cuMemFreeAsync", 0.5),
 ];
 
 /// A named set of `STREAMPOOL_*` variables.
@@ -374,13 +354,9 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
                 let s = Stream(stream as usize);
                 let timed = steps_seen >= warmup_steps;
                 out.timed_allocations += u64::from(timed);
+                let calls = &mut out.timed_allocator_calls;
                 let ptr = match timed {
-                    true => {
-                        let calls = sim.calls_total();
-                        let ptr = timed_malloc(&alloc, bytes, s);
-                        out.timed_allocator_calls += sim.calls_total() - calls;
-                        ptr
-                    }
+                    true => counting(&sim, calls, || timed_malloc(&alloc, bytes, s)),
                     false => alloc.malloc(bytes, 0, s),
                 };
                 let ptr = ptr.map_err(|e| at(e.to_string()))?;
@@ -402,13 +378,9 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
             }
             Event::Free { id } => {
                 let (ptr, _) = live.remove(&id).expect("a parsed trace frees live IDs");
+                let calls = &mut out.timed_allocator_calls;
                 match steps_seen >= warmup_steps {
-                    true => {
-                        let calls = sim.calls_total();
-                        let freed = timed_free(&alloc, ptr);
-                        out.timed_allocator_calls += sim.calls_total() - calls;
-                        freed
-                    }
+                    true => counting(&sim, calls, || timed_free(&alloc, ptr)),
                     false => alloc.free(ptr, 0),
                 }
                 .map_err(|e| at(e.to_string()))?;
@@ -491,27 +463,17 @@ fn timed_malloc(alloc: &Allocator, bytes: u64, stream: Stream) -> streampool::Re
     alloc.malloc(bytes, 0, stream)
 }
 
+/// `call` (a timed malloc or free), the driver calls it made added to `calls` (read outside it,
+/// so that callgrind does not count the reading).
+fn counting<T>(sim: &SimDriver, calls: &mut u64, call: impl FnOnce() -> T) -> T {
+    let before = sim.calls_total();
+    let done = call();
+    *calls += sim.calls_total() - before;
+    done
+}
+
 /// A free of a timed step (see [`timed_malloc`]).
 #[inline(never)]
 fn timed_free(alloc: &Allocator, ptr: DevicePtr) -> streampool::Result<()> {
     alloc.free(ptr, 0)
-}
-
-/// The driver time the calls would take on the GPU, by the cost model.
-pub fn modeled_s(calls: &BTreeMap<String, u64>, costs_us: &BTreeMap<String, f64>) -> f64 {
-    let call = |name: &str| calls.get(name).copied().unwrap_or(0);
-    let us: f64 = costs_us
-        .iter()
-        .map(|(name, cost)| {
-            let n = match name.as_str() {
-                // The first handle of each call is in the call's own price.
-                "cuMemSetAccess handles" => {
-                    call("cuMemSetAccess handles").saturating_sub(call("cuMemSetAccess"))
-                }
-                other => call(other),
-            };
-            n as f64 * cost
-        })
-        .sum();
-    us / 1e6
 }
