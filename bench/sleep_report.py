@@ -383,12 +383,22 @@ def headline_text(report: Dict[str, Any]) -> Optional[str]:
     if mine is None:
         return None
 
-    def figures(r: Dict[str, Any]) -> str:
+    def figures(r: Dict[str, Any], note: str = "") -> str:
         return (f"gave back {number(r['given_back_pct'], 1, '%')} of the allocator's memory, "
-                f"slept in {number(r['sleep_s'], 2)} s and woke in {number(r['wake_s'], 2)} s")
+                f"slept in {number(r['sleep_s'], 2)} s{note} and woke in "
+                f"{number(r['wake_s'], 2)} s")
+
+    # The reserved row's sleep copies into a buffer pinned ahead: say so, and what a plain
+    # sleep() took, so that the figure is not read as the plain call's.
+    note = ""
+    if mine["config"] == STREAMPOOL_RESERVED:
+        plain = rows.get(STREAMPOOL)
+        without = (f"; {number(plain['sleep_s'], 2)} s without"
+                   if plain and plain["ok"] and plain.get("sleep_s") is not None else "")
+        note = f" (its host buffer pinned ahead by `streampool.reserve_sleep_buffer()`{without})"
 
     text = (f"`streampool.sleep()` on `vmm`, with GPT-2's training state "
-            f"({gib(mine.get('live_bytes'))} GiB of tensors), {figures(mine)}")
+            f"({gib(mine.get('live_bytes'))} GiB of tensors), {figures(mine, note)}")
     if mine.get("bitwise_equal"):
         text += ", every tensor bit for bit the same after"
     tms = rows.get(TMS)

@@ -50,9 +50,16 @@ def test_the_first_screen_sentence_names_streampool_s_figures_and_torch_memory_s
     text = sleep_report.headline_text(report)
     assert text == (
         "`streampool.sleep()` on `vmm`, with GPT-2's training state (5.59 GiB of tensors), gave "
-        "back 99.5% of the allocator's memory, slept in 0.15 s and woke in 0.15 s, every tensor "
+        "back 99.5% of the allocator's memory, slept in 0.15 s (its host buffer pinned ahead by "
+        "`streampool.reserve_sleep_buffer()`; 0.12 s without) and woke in 0.15 s, every tensor "
         "bit for bit the same after; torch_memory_saver gave back 97.5% of the allocator's "
         "memory, slept in 0.50 s and woke in 0.40 s.")
+    plain = [r for r in report["rows"] if r["config"] == sleep_report.STREAMPOOL]
+    plain[0]["ok"] = False
+    assert "; 0.12 s without)" not in sleep_report.headline_text(report), "a failed plain row"
+    report["rows"] = [r for r in report["rows"] if r["config"] != sleep_report.STREAMPOOL_RESERVED]
+    plain[0]["ok"] = True
+    assert "slept in 0.12 s and woke" in sleep_report.headline_text(report), "plain: no note"
     for row in report["rows"]:
         if row["config"] in sleep_report.STREAMPOOLS:
             row["ok"] = False
