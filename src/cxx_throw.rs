@@ -16,9 +16,8 @@
 //! thread that finds nothing published looks up itself (the lookup is idempotent), so a fork
 //! child never waits for a lookup a thread of its parent had begun (a `OnceLock` would).
 
-use crate::fork::{first_use_point, FirstUse};
+use crate::fork::{first_use_point, FirstUse, Published};
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// `void* __cxa_allocate_exception(size_t)`.
 type AllocateException = unsafe extern "C" fn(usize) -> *mut c_void;
@@ -98,32 +97,14 @@ fn find_runtime() -> Option<Runtime> {
     (!loaded.is_null()).then(|| resolve(loaded)).flatten()
 }
 
-/// The runtime, looked up on first use. Not a `OnceLock`: a fork child must not wait for a
-/// lookup that a thread of the parent was in the middle of at the fork.
+/// The runtime, looked up on first use ([`Published`]: a fork child never waits for a lookup that
+/// a thread of the parent was in the middle of at the fork).
 pub(crate) fn runtime() -> Option<&'static Runtime> {
-    static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
-    let published = RUNTIME.load(Ordering::Acquire);
-    if !published.is_null() {
-        // SAFETY: published below from a leaked Box, never freed.
-        return Some(unsafe { &*published });
-    }
-    first_use_point(FirstUse::FindingCxxRuntime);
-    let found = Box::into_raw(Box::new(find_runtime()?));
-    match RUNTIME.compare_exchange(
-        std::ptr::null_mut(),
-        found,
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    ) {
-        // SAFETY: `found` is ours, leaked for the rest of the process.
-        Ok(_) => Some(unsafe { &*found }),
-        Err(first) => {
-            // SAFETY: another thread published first; ours was never shared.
-            drop(unsafe { Box::from_raw(found) });
-            // SAFETY: as above.
-            Some(unsafe { &*first })
-        }
-    }
+    static RUNTIME: Published<Runtime> = Published::new();
+    RUNTIME.get_or_find(|| {
+        first_use_point(FirstUse::FindingCxxRuntime);
+        find_runtime()
+    })
 }
 
 impl Runtime {

@@ -7,8 +7,9 @@
 //! the size of its base's, its type names the expected classes); otherwise the caller is told
 //! (None) and falls back to `std::runtime_error`. The message is copied before the throw.
 
-use super::lookup::{self, Published, LIBC10, LIBC10_CUDA, LIBTORCH_CUDA, LIBTORCH_PYTHON};
+use super::lookup::{self, LIBC10, LIBC10_CUDA, LIBTORCH_CUDA, LIBTORCH_PYTHON};
 use crate::cxx_throw;
+use crate::fork::Published;
 use std::ffi::{c_char, c_void, CStr};
 
 /// `std::__cxx11::string` storage: pointer, length, 16-byte local buffer (libstdc++).

@@ -1,13 +1,13 @@
 //! Finding PyTorch's and the C++ runtime's symbols in the libraries the process has already
-//! loaded, without linking either, and publishing what was found once.
+//! loaded, without linking either; what a lookup finds is published once
+//! ([`crate::fork::Published`]).
 //!
 //! Invariants: nothing is loaded here (`RTLD_NOLOAD`): a symbol of a library PyTorch has not
-//! loaded is absent, never pulled in; a lookup is published with one atomic store, and a thread
-//! that finds nothing published looks up itself (lookups are idempotent), so a fork child never
-//! waits for a lookup a thread of its parent had begun.
+//! loaded is absent, never pulled in; lookups are idempotent, so a thread that finds nothing
+//! published may look up itself, and a fork child never waits for a lookup a thread of its parent
+//! had begun.
 
 use std::ffi::{c_void, CStr};
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// PyTorch's libraries that hold what this module looks for, by soname.
 pub(crate) const LIBC10: &CStr = c"libc10.so";
@@ -74,43 +74,4 @@ pub(crate) fn symbol_size(address: *const c_void) -> Option<usize> {
     }
     // SAFETY: a non-null entry of a loaded library's symbol table, which stays mapped.
     usize::try_from(unsafe { (*entry).st_size }).ok()
-}
-
-/// What a lookup found, published once for the life of the process (never freed).
-pub(crate) struct Published<T: 'static> {
-    slot: AtomicPtr<T>,
-}
-
-impl<T: Send + Sync + 'static> Published<T> {
-    pub(crate) const fn new() -> Published<T> {
-        Published {
-            slot: AtomicPtr::new(std::ptr::null_mut()),
-        }
-    }
-
-    /// The published value, or the result of `find` published now; None (not published, so a
-    /// later call looks again) if `find` finds nothing.
-    pub(crate) fn get_or_find(&self, find: impl FnOnce() -> Option<T>) -> Option<&'static T> {
-        let published = self.slot.load(Ordering::Acquire);
-        if !published.is_null() {
-            // SAFETY: published below from a leaked Box, never freed.
-            return Some(unsafe { &*published });
-        }
-        let found = Box::into_raw(Box::new(find()?));
-        match self.slot.compare_exchange(
-            std::ptr::null_mut(),
-            found,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            // SAFETY: `found` is ours, leaked for the rest of the process.
-            Ok(_) => Some(unsafe { &*found }),
-            Err(first) => {
-                // SAFETY: another thread published first; ours was never shared.
-                drop(unsafe { Box::from_raw(found) });
-                // SAFETY: as above.
-                Some(unsafe { &*first })
-            }
-        }
-    }
 }
