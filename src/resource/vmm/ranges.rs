@@ -156,10 +156,20 @@ impl FreeRanges {
         if let Some(&r) = self.ranges.get(&start) {
             if r.bytes >= bytes && r.state.is_mapped_free() {
                 self.order.forget();
-                self.remove(start, r);
-                if r.bytes > bytes {
-                    self.put(end, r.bytes - bytes, r.state);
+                if r.bytes == bytes {
+                    self.remove(start, r);
+                    return r.state;
                 }
+                // The rest keeps the range's end: its end entry now names the rest's start.
+                self.unindex(start, r);
+                self.ranges.remove(&start);
+                let rest = Range {
+                    bytes: r.bytes - bytes,
+                    state: r.state,
+                };
+                self.index(end, rest);
+                self.ranges.insert(end, rest);
+                self.by_end.insert(start + r.bytes, end);
                 return r.state;
             }
         }
@@ -190,16 +200,25 @@ impl FreeRanges {
         self.merge_in(start, bytes, state)
     }
 
-    /// [`FreeRanges::give`], keeping the address order if it is kept.
+    /// [`FreeRanges::give`], keeping the address order if it is kept. The maps are written once
+    /// for the result: an absorbed left neighbour's start entry and a right one's end entry are
+    /// the result's and are rewritten at the end, unless a later merge makes them inner (gone).
     fn merge_in(&mut self, start: u64, bytes: u64, state: State) -> (u64, u64) {
         let (mut start, mut bytes, mut state) = (start, bytes, state);
+        // Whether `ranges` holds an (outdated) entry at `start`, and `by_end` one at the end.
+        let (mut start_entry, mut end_entry) = (false, false);
         // A merge changes the range's state, after which a neighbour looked at before may merge
         // too: both sides are looked at again until neither merges.
         loop {
             if let Some((s, r)) = self.left_neighbour(start) {
                 if let Some(merged) = state.absorbs(r.state) {
-                    self.remove(s, r);
-                    (start, bytes, state) = (s, r.bytes + bytes, merged);
+                    self.unindex(s, r);
+                    self.by_end.remove(&start);
+                    if start_entry {
+                        self.ranges.remove(&start);
+                        self.order.removed(start);
+                    }
+                    (start, bytes, state, start_entry) = (s, r.bytes + bytes, merged, true);
                     continue;
                 }
             }
@@ -207,13 +226,24 @@ impl FreeRanges {
             if let Some(&r) = self.ranges.get(&end) {
                 if !self.extents.contains_key(&end) {
                     if let Some(merged) = state.absorbs(r.state) {
-                        self.remove(end, r);
-                        (bytes, state) = (bytes + r.bytes, merged);
+                        self.unindex(end, r);
+                        self.ranges.remove(&end);
+                        self.order.removed(end);
+                        if end_entry {
+                            self.by_end.remove(&end);
+                        }
+                        (bytes, state, end_entry) = (bytes + r.bytes, merged, true);
                         continue;
                     }
                 }
             }
-            self.put(start, bytes, state);
+            let range = Range { bytes, state };
+            self.index(start, range);
+            self.ranges.insert(start, range);
+            self.by_end.insert(start + bytes, start);
+            if !start_entry {
+                self.order.inserted(start);
+            }
             return (start, bytes);
         }
     }
@@ -388,22 +418,38 @@ impl FreeRanges {
     }
 
     fn put(&mut self, start: u64, bytes: u64, state: State) {
-        match state {
-            State::Ready => {
-                self.ready_by_size.insert(bytes, start);
-            }
-            State::Freed { stream, .. } => {
-                let freed = self.freed_by_size.entry(stream).or_default();
-                freed.insert(bytes, start);
-            }
-            State::Unmapped | State::Blocked | State::Retiring => {}
-        }
-        self.ranges.insert(start, Range { bytes, state });
+        let range = Range { bytes, state };
+        self.index(start, range);
+        self.ranges.insert(start, range);
         self.by_end.insert(start + bytes, start);
         self.order.inserted(start);
     }
 
     fn remove(&mut self, start: u64, r: Range) {
+        self.unindex(start, r);
+        self.ranges.remove(&start);
+        self.by_end.remove(&(start + r.bytes));
+        self.order.removed(start);
+    }
+
+    /// The range at `start` joins the size index of its state (none for unmapped ones).
+    #[inline]
+    fn index(&mut self, start: u64, r: Range) {
+        match r.state {
+            State::Ready => {
+                self.ready_by_size.insert(r.bytes, start);
+            }
+            State::Freed { stream, .. } => {
+                let freed = self.freed_by_size.entry(stream).or_default();
+                freed.insert(r.bytes, start);
+            }
+            State::Unmapped | State::Blocked | State::Retiring => {}
+        }
+    }
+
+    /// The range at `start` leaves the size index of its state.
+    #[inline]
+    fn unindex(&mut self, start: u64, r: Range) {
         match r.state {
             State::Ready => {
                 self.ready_by_size.remove(r.bytes, start);
@@ -418,9 +464,6 @@ impl FreeRanges {
             }
             State::Unmapped | State::Blocked | State::Retiring => {}
         }
-        self.ranges.remove(&start);
-        self.by_end.remove(&(start + r.bytes));
-        self.order.removed(start);
     }
 
     /// Every free range as (start, bytes, state), in address order.

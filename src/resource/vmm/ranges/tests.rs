@@ -256,3 +256,213 @@ fn memory_freed_on_a_stream_absorbs_ready_neighbours_and_serves_it_as_one_block(
         ]
     );
 }
+
+/// The free ranges as a plain model would keep them: one ordered map, neighbours found by
+/// address, every change written at once. The bookkeeping must agree with it after any sequence.
+#[derive(Default)]
+struct Model {
+    extents: Vec<u64>,
+    ranges: BTreeMap<u64, (u64, State)>,
+}
+
+impl Model {
+    fn give(&mut self, start: u64, bytes: u64, state: State) {
+        let (mut start, mut bytes, mut state) = (start, bytes, state);
+        loop {
+            let left = self.ranges.range(..start).next_back();
+            let left =
+                left.filter(|(&s, &(b, _))| s + b == start && !self.extents.contains(&start));
+            if let Some((&s, &(b, st))) = left {
+                if let Some(merged) = state.absorbs(st) {
+                    self.ranges.remove(&s);
+                    (start, bytes, state) = (s, b + bytes, merged);
+                    continue;
+                }
+            }
+            let end = start + bytes;
+            if let Some(&(b, st)) = self
+                .ranges
+                .get(&end)
+                .filter(|_| !self.extents.contains(&end))
+            {
+                if let Some(merged) = state.absorbs(st) {
+                    self.ranges.remove(&end);
+                    (bytes, state) = (bytes + b, merged);
+                    continue;
+                }
+            }
+            self.ranges.insert(start, (bytes, state));
+            return;
+        }
+    }
+
+    fn take(&mut self, start: u64, bytes: u64) {
+        let (b, st) = self.ranges.remove(&start).expect("a range at the start");
+        if b > bytes {
+            self.ranges.insert(start + bytes, (b - bytes, st));
+        }
+    }
+
+    fn promote(&mut self, stream: Stream, completed_seq: u64) {
+        let mut done: Vec<(u64, u64)> = (self.ranges.iter())
+            .filter(|(_, (_, st))| {
+                matches!(st, State::Freed { stream: s, seq } if *s == stream && *seq <= completed_seq)
+            })
+            .map(|(&s, &(b, _))| (b, s))
+            .collect();
+        done.sort_unstable();
+        for (bytes, start) in done {
+            self.ranges.remove(&start);
+            self.give(start, bytes, State::Ready);
+        }
+    }
+
+    fn retag(&mut self, page: u64, from: State, to: State) {
+        let (&s, &(b, _)) = self.ranges.range(..=page).next_back().expect("a range");
+        self.ranges.remove(&s);
+        if s < page {
+            self.ranges.insert(s, (page - s, from));
+        }
+        if page + PAGE < s + b {
+            self.ranges.insert(page + PAGE, (s + b - page - PAGE, from));
+        }
+        self.give(page, PAGE, to);
+    }
+
+    fn snapshot(&self) -> Vec<(u64, u64, State)> {
+        self.ranges
+            .iter()
+            .map(|(&s, &(b, st))| (s, b, st))
+            .collect()
+    }
+}
+
+/// Every range has its end entry and its size entry, and nothing else is there.
+fn assert_consistent(r: &FreeRanges) {
+    assert_eq!(
+        r.by_end.len(),
+        r.ranges.len(),
+        "an end entry without its range"
+    );
+    let mut ready = Vec::new();
+    let mut freed: BTreeMap<Stream, Vec<(u64, u64)>> = BTreeMap::new();
+    for (&start, range) in r.ranges.iter() {
+        assert_eq!(
+            r.by_end.get(&(start + range.bytes)),
+            Some(&start),
+            "end of {start:#x}"
+        );
+        match range.state {
+            State::Ready => ready.push((range.bytes, start)),
+            State::Freed { stream, .. } => {
+                freed.entry(stream).or_default().push((range.bytes, start))
+            }
+            _ => {}
+        }
+    }
+    ready.sort_unstable();
+    assert_eq!(
+        r.ready_by_size.iter().collect::<Vec<_>>(),
+        ready,
+        "the ready size index"
+    );
+    for (stream, index) in &r.freed_by_size {
+        let mut want = freed.remove(stream).unwrap_or_default();
+        want.sort_unstable();
+        assert_eq!(
+            index.iter().collect::<Vec<_>>(),
+            want,
+            "the size index of {stream:?}"
+        );
+    }
+    assert!(
+        freed.is_empty(),
+        "freed ranges of a stream without a size index: {freed:?}"
+    );
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Take(usize, u64),
+    Give(usize, u8),
+    Promote(bool, u64),
+    Map(usize),
+    Unmap(usize),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (any::<usize>(), 1..3 * PAGE).prop_map(|(i, b)| Op::Take(i, b)),
+        4 => (any::<usize>(), 0..3u8).prop_map(|(i, s)| Op::Give(i, s)),
+        1 => (any::<bool>(), 0..4u64).prop_map(|(s, back)| Op::Promote(s, back)),
+        1 => any::<usize>().prop_map(Op::Map),
+        1 => any::<usize>().prop_map(Op::Unmap),
+    ]
+}
+
+proptest::proptest! {
+    #[test]
+    fn takes_gives_promotions_and_page_changes_agree_with_a_plain_model(
+        ops in proptest::collection::vec(op(), 1..120)
+    ) {
+        let (mut r, mut model) = (FreeRanges::new(PAGE), Model::default());
+        for (base, pages) in [(BASE, 8), (BASE + 8 * PAGE, 4)] {
+            r.add_extent(base, pages * PAGE);
+            model.extents.push(base);
+            model.ranges.insert(base, (pages * PAGE, State::Unmapped));
+        }
+        let (mut live, mut seq) = (Vec::new(), 0u64);
+        let pages = |m: &Model, want: State| -> Vec<u64> {
+            let whole = m.ranges.iter().filter(|(_, (_, st))| *st == want);
+            whole.flat_map(|(&s, &(b, _))| {
+                let first = BASE + (s - BASE).div_ceil(PAGE) * PAGE;
+                (first..).step_by(PAGE as usize).take_while(move |p| p + PAGE <= s + b)
+            }).collect()
+        };
+        for op in ops {
+            match op {
+                Op::Take(i, bytes) => {
+                    let usable: Vec<_> = model.snapshot().into_iter()
+                        .filter(|(_, _, st)| st.is_mapped_free()).collect();
+                    if usable.is_empty() { continue; }
+                    let (start, len, _) = usable[i % usable.len()];
+                    let bytes = bytes.min(len);
+                    r.take(start, bytes);
+                    model.take(start, bytes);
+                    live.push((start, bytes));
+                }
+                Op::Give(i, s) if !live.is_empty() => {
+                    let (start, bytes) = live.swap_remove(i % live.len());
+                    seq += 1;
+                    let state = match s {
+                        0 => State::Ready,
+                        1 => State::Freed { stream: S1, seq },
+                        _ => State::Freed { stream: S2, seq },
+                    };
+                    r.give(start, bytes, state);
+                    model.give(start, bytes, state);
+                }
+                Op::Give(..) => continue,
+                Op::Promote(first, back) => {
+                    let stream = if first { S1 } else { S2 };
+                    r.promote(stream, seq.saturating_sub(back));
+                    model.promote(stream, seq.saturating_sub(back));
+                }
+                Op::Map(i) | Op::Unmap(i) => {
+                    let (from, to) = match op {
+                        Op::Map(_) => (State::Unmapped, State::Ready),
+                        _ => (State::Ready, State::Unmapped),
+                    };
+                    let candidates = pages(&model, from);
+                    if candidates.is_empty() { continue; }
+                    let page = candidates[i % candidates.len()];
+                    r.retag(page, from, to);
+                    model.retag(page, from, to);
+                }
+            }
+            proptest::prop_assert_eq!(r.snapshot(), model.snapshot());
+            assert_consistent(&r);
+        }
+    }
+}
