@@ -309,7 +309,9 @@ def case_multiprocessing_queue(ctx) -> None:
 
     spawn = tmp.get_context("spawn")
     inbox, outbox = spawn.Queue(), spawn.Queue()
-    child = spawn.Process(target=_queue_child, args=(inbox, outbox))
+    # A daemon: where nothing arrives (PyTorch's plain pluggable allocator), the case fails
+    # without waiting at exit for the child's own timeout.
+    child = spawn.Process(target=_queue_child, args=(inbox, outbox), daemon=True)
     child.start()
     x = torch.zeros(1 << 20, device="cuda")
     torch.cuda.synchronize()
