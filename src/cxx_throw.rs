@@ -12,7 +12,7 @@
 //! unwinding): neither the build machine's libstdc++ (whose `GLIBCXX_` symbol versions would raise
 //! the wheel's floor) nor a linker's own C++ runtime (zig's libc++) can end up in it.
 //!
-//! Invariant: the lookup is fork-safe — its result is published with one atomic store, and a
+//! Invariant: the lookup is fork-safe — its result is published with one compare-and-swap, and a
 //! thread that finds nothing published looks up itself (the lookup is idempotent), so a fork
 //! child never waits for a lookup a thread of its parent had begun (a `OnceLock` would).
 

@@ -388,6 +388,9 @@ enum Op {
     Promote(bool, u64),
     Map(usize),
     Unmap(usize),
+    /// An unmapped page mapped with memory a stream freed (a lent or moved page keeps its
+    /// state): it may merge twice to the left while the order is kept.
+    MapFreed(usize, bool),
 }
 
 fn op() -> impl proptest::strategy::Strategy<Value = Op> {
@@ -398,6 +401,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         1 => (any::<bool>(), 0..4u64).prop_map(|(s, back)| Op::Promote(s, back)),
         1 => any::<usize>().prop_map(Op::Map),
         1 => any::<usize>().prop_map(Op::Unmap),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(i, s)| Op::MapFreed(i, s)),
     ]
 }
 
@@ -449,9 +453,13 @@ proptest::proptest! {
                     r.promote(stream, seq.saturating_sub(back));
                     model.promote(stream, seq.saturating_sub(back));
                 }
-                Op::Map(i) | Op::Unmap(i) => {
+                Op::Map(i) | Op::Unmap(i) | Op::MapFreed(i, _) => {
                     let (from, to) = match op {
                         Op::Map(_) => (State::Unmapped, State::Ready),
+                        Op::MapFreed(_, first) => {
+                            let stream = if first { S1 } else { S2 };
+                            (State::Unmapped, State::Freed { stream, seq })
+                        }
                         _ => (State::Ready, State::Unmapped),
                     };
                     let candidates = pages(&model, from);
