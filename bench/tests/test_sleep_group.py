@@ -57,8 +57,12 @@ def test_the_first_screen_sentence_names_streampool_s_figures_and_torch_memory_s
     plain = [r for r in report["rows"] if r["config"] == sleep_report.STREAMPOOL]
     plain[0]["ok"] = False
     assert "; 0.12 s without)" not in sleep_report.headline_text(report), "a failed plain row"
-    report["rows"] = [r for r in report["rows"] if r["config"] != sleep_report.STREAMPOOL_RESERVED]
-    plain[0]["ok"] = True
+    others = [r for r in report["rows"] if r["config"] not in sleep_report.STREAMPOOLS]
+    reserved = dict(plain[0], config=sleep_report.STREAMPOOL_RESERVED, ok=True)
+    report["rows"] = others + [reserved]
+    text = sleep_report.headline_text(report)
+    assert "pinned ahead by `streampool.reserve_sleep_buffer()`)" in text, "no plain row: no time"
+    report["rows"] = others + [dict(reserved, config=sleep_report.STREAMPOOL)]
     assert "slept in 0.12 s and woke" in sleep_report.headline_text(report), "plain: no note"
     for row in report["rows"]:
         if row["config"] in sleep_report.STREAMPOOLS:
