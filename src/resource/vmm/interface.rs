@@ -75,9 +75,12 @@ impl Resource for VmmResource {
         if let Some(start) = self.take_slot(&mut st, bytes, stream) {
             return Ok(self.hand_out(&mut st, start, bytes));
         }
-        let start = match bytes <= self.small_max_bytes {
-            true => self.place_small(&mut st, bytes, stream)?,
-            false => self.place_large(&mut st, bytes, stream)?,
+        let start = if bytes <= self.slab_max_bytes {
+            self.place_in_slab(&mut st, bytes, stream)?
+        } else if bytes <= self.small_max_bytes {
+            self.place_small(&mut st, bytes, stream)?
+        } else {
+            self.place_large(&mut st, bytes, stream)?
         };
         let ptr = self.hand_out(&mut st, start, bytes);
         if st.device_full {

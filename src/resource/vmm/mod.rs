@@ -5,7 +5,8 @@
 //! - Large blocks are placed by best fit in the free ranges ([`ranges`]); small blocks (up to
 //!   `small_max_bytes`) are carved out of whole pages, their carriers ([`small`]), in a region of
 //!   the address space of their own, so that they do not split the ranges large blocks need; an
-//!   emptied carrier is an idle page again.
+//!   emptied carrier is an idle page again. The smallest (up to 16 KiB) are slots of slabs cut
+//!   from carriers, one per stream and size class ([`slabs`]).
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
 //!   the fence has completed ([`crate::stream_order`]); freed on S, it takes in the ready memory
@@ -50,6 +51,7 @@ mod order;
 mod ranges;
 mod release;
 mod settings;
+mod slabs;
 mod sleep;
 mod slot;
 mod small;
@@ -83,6 +85,8 @@ pub struct VmmResource {
     /// The most pages one new handle backs, if set ([`spans`]; 1: no spans; `None`: auto).
     span_pages: Option<u64>,
     small_max_bytes: u64,
+    /// Blocks up to this are slots of slabs ([`slabs`]); 0 where carriers cannot hold a slab.
+    slab_max_bytes: u64,
     extent_bytes: u64,
     max_physical_bytes: u64,
     device_total_bytes: u64,
@@ -151,6 +155,8 @@ struct VmmState {
     carriers: FreeRanges,
     /// The free ranges inside carriers: each carrier (a page) is an extent of its own.
     small: FreeRanges,
+    /// The slabs cut from carriers for the smallest blocks ([`slabs`]).
+    slabs: slabs::Slabs,
     /// Mapped pages.
     pages: BTreeMap<u64, Page>,
     /// Handles taken out of pages and not mapped again yet (counted as reserved).
@@ -266,6 +272,12 @@ impl VmmResource {
             page_bytes,
             span_pages: spec.span_max_bytes.map(|b| (b / page_bytes).max(1)),
             small_max_bytes: spec.small_max_bytes,
+            slab_max_bytes: match spec.small_max_bytes >= slabs::SLAB_BYTES
+                && page_bytes >= slabs::SLAB_BYTES
+            {
+                true => slabs::SLAB_MAX_BYTES,
+                false => 0,
+            },
             extent_bytes,
             max_physical_bytes: spec.max_physical_bytes,
             device_total_bytes: total_bytes,
@@ -333,6 +345,9 @@ impl VmmResource {
                     .into(),
             });
         }
+        // Before memory is mapped: empty slabs give their carriers back, whose idle pages may
+        // back the window ([`backing`]).
+        let _ = self.return_empty_slabs(st);
         if let Some(start) = self.place_ahead(st, bytes, stream) {
             return Ok(start);
         }
@@ -383,6 +398,9 @@ impl VmmResource {
 
     /// Gives a freed block back to the ranges it came from, in `state`.
     fn give_back(&self, st: &mut VmmState, start: u64, bytes: u64, state: State, now_ms: u64) {
+        if bytes <= self.slab_max_bytes {
+            return self.give_to_slab(st, start, state, now_ms);
+        }
         match bytes <= self.small_max_bytes {
             true => self.give_small(st, start, bytes, state, now_ms),
             false => {
@@ -426,6 +444,9 @@ impl VmmResource {
     /// carrier or a whole free page for a new carrier (small), a mapped range (large).
     #[inline]
     fn take_at_hand(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Option<u64> {
+        if bytes <= self.slab_max_bytes {
+            return self.slot_at_hand(st, bytes, stream);
+        }
         if bytes <= self.small_max_bytes {
             return self.carve_at_hand(st, bytes, stream);
         }

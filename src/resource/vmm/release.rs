@@ -26,6 +26,8 @@ impl VmmResource {
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
         }
+        // Empty slabs go back only when memory is to be released: a loop keeps reusing them.
+        let _ = self.return_empty_slabs(&mut st);
         // Unused for a second or more (and cold): not memory a loop uses every step.
         let unused_ms = self.cold_after_ms.max(RELEASE_AFTER_MS);
         // Nothing has been unused that long before the clock has run that long.
@@ -43,7 +45,7 @@ impl VmmResource {
         let Ok(mut st) = self.lock_enabled() else {
             return false;
         };
-        self.return_slot(&mut st);
+        self.return_kept(&mut st);
         self.update_ranges(&mut st, Caller::Background);
         self.release_down_to(&mut st, 0, None);
         // An idle device ends a cycle: what was held at the synchronisations before the idle
@@ -59,7 +61,7 @@ impl VmmResource {
     /// `keep_bytes` goes back to the device.
     pub(super) fn trim_after_sync(&self, keep_bytes: u64) -> Result<()> {
         let mut st = self.lock_enabled()?;
-        self.return_slot(&mut st);
+        self.return_kept(&mut st);
         if self.capturing(&mut st) {
             return Ok(());
         }

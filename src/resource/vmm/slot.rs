@@ -73,6 +73,13 @@ impl VmmResource {
         }
     }
 
+    /// Gives back what is kept aside for reuse: the slot's block, if there is one, then the
+    /// slabs left empty ([`super::slabs`]).
+    pub(super) fn return_kept(&self, st: &mut VmmState) {
+        self.return_slot(st);
+        let _ = self.return_empty_slabs(st);
+    }
+
     /// Gives the slot's block back to its ranges, if there is one.
     pub(super) fn return_slot(&self, st: &mut VmmState) {
         if let Some(slot) = st.slot.take() {

@@ -10,6 +10,7 @@
 //! at once, other streams after a GPU-side wait or their fence).
 
 use super::ranges::State;
+use super::slabs::{class_of, slab_bytes, Emptied};
 use super::{Region, VmmResource, VmmState};
 use crate::driver::Stream;
 use crate::error::Result;
@@ -17,14 +18,20 @@ use crate::error::Result;
 impl VmmResource {
     /// A small block for `stream`: a fit in a carrier it may use, a mapped page it may use as a
     /// new carrier (both without a driver call: a loop whose carrier empties and fills again
-    /// asks the GPU nothing), after updating the ranges, after a GPU-side wait, or in a carrier
-    /// mapped now.
+    /// asks the GPU nothing), after updating the ranges, after a GPU-side wait, in the room empty
+    /// slabs leave, or in a carrier mapped now.
     pub(super) fn place_small(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<u64> {
         if let Some(start) = self.carve_at_hand(st, bytes, stream) {
             return Ok(start);
         }
         if let Some(start) = self.take_free(st, true, bytes, stream) {
             return Ok(start);
+        }
+        // Before a page is mapped: empty slabs go back to their carriers, where it may fit.
+        if self.return_empty_slabs(st) {
+            if let Some(start) = self.carve_at_hand(st, bytes, stream) {
+                return Ok(start);
+            }
         }
         let (page, state) = self.new_carrier(st, stream)?;
         Ok(self.carve(st, page, state, bytes))
@@ -126,5 +133,73 @@ impl VmmResource {
             st.carriers.give(start, bytes, state);
             self.mark_used(st, start, bytes, now_ms);
         }
+    }
+
+    /// A block of up to `slab_max_bytes` for `stream`: a free slot of its stream's open slab of
+    /// its class, else the first slot of a new slab, placed as a small block is.
+    pub(super) fn place_in_slab(
+        &self,
+        st: &mut VmmState,
+        bytes: u64,
+        stream: Stream,
+    ) -> Result<u64> {
+        if let Some(start) = st.slabs.take(bytes, stream) {
+            return Ok(start);
+        }
+        let slab = self.place_small(st, slab_bytes(class_of(bytes)), stream)?;
+        Ok(st.slabs.add(slab, bytes, stream))
+    }
+
+    /// [`VmmResource::place_in_slab`] without a driver call: a free slot, or a new slab cut
+    /// from a carrier at hand.
+    #[inline]
+    pub(super) fn slot_at_hand(
+        &self,
+        st: &mut VmmState,
+        bytes: u64,
+        stream: Stream,
+    ) -> Option<u64> {
+        if let Some(start) = st.slabs.take(bytes, stream) {
+            return Some(start);
+        }
+        let slab = self.carve_at_hand(st, slab_bytes(class_of(bytes)), stream)?;
+        Some(st.slabs.add(slab, bytes, stream))
+    }
+
+    /// The slot at `start`, freed in `state`, goes back to its slab; a slab that emptied goes
+    /// back to its carrier.
+    pub(super) fn give_to_slab(&self, st: &mut VmmState, start: u64, state: State, now_ms: u64) {
+        match st.slabs.give(start, state, now_ms) {
+            Some(Some(emptied)) => self.give_emptied(st, emptied),
+            Some(None) => {}
+            // The live blocks checked the free: a slot no slab has is a broken invariant. The
+            // block is left out of every range (kept, not handed out twice).
+            None => log::error!(
+                "device {}: {start:#x} is in no slab; its memory stays unused",
+                self.device
+            ),
+        }
+    }
+
+    /// Every slab whose slots are all free goes back to its carrier (before a release, a trim
+    /// or a growth looks at the ranges: a carrier it empties is an idle page, to give back or
+    /// to back new memory with). True if one went.
+    pub(super) fn return_empty_slabs(&self, st: &mut VmmState) -> bool {
+        let emptied = st.slabs.take_empty();
+        let any = !emptied.is_empty();
+        for e in emptied {
+            self.give_emptied(st, e);
+        }
+        any
+    }
+
+    /// An emptied slab goes back to its carrier: freed on its stream behind the fence of its
+    /// last free, or ready if that fence has completed.
+    fn give_emptied(&self, st: &mut VmmState, e: Emptied) {
+        let state = match e.state {
+            State::Freed { stream, seq } if !st.fences.outstanding(stream, seq) => State::Ready,
+            s => s,
+        };
+        self.give_small(st, e.start, e.bytes, state, e.freed_ms);
     }
 }

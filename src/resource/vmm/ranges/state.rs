@@ -32,7 +32,7 @@ impl State {
 
     /// What a block made of pieces in these two states is: ready only if both are, else freed
     /// on the one stream (with the later fence). `None` for pieces no one stream may use alone.
-    pub(super) fn joined(self, other: State) -> Option<State> {
+    pub(in crate::resource::vmm) fn joined(self, other: State) -> Option<State> {
         match (self, other) {
             (State::Ready, s) | (s, State::Ready) => Some(s),
             (a @ State::Freed { .. }, b @ State::Freed { .. }) => a.merges_with(b),

@@ -86,7 +86,7 @@ impl Sleep for VmmResource {
         }
         let mut st = self.lock_enabled()?;
         self.check_can_sleep(&mut st)?;
-        self.return_slot(&mut st);
+        self.return_kept(&mut st);
         // The device synchronised: every fence is done once recorded or settled.
         let (driver, device) = (self.driver.as_ref(), self.device);
         if st.fences.record_all_pending(driver, device) {

@@ -480,6 +480,7 @@ mod donors;
 mod faults;
 mod growth;
 mod lending;
+mod slabs;
 mod sleep_buffer;
 mod slot;
 mod spans;

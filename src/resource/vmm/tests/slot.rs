@@ -72,16 +72,18 @@ fn the_slot_goes_back_before_a_trim_and_ready_if_its_fence_completed_meanwhile()
 fn a_stream_per_request_takes_the_carrier_page_the_last_one_freed_behind_a_wait() {
     let r = rig();
     r.stop_clock();
-    // Each request on a stream of its own: the small block of the one before is back in its
-    // carrier, the carrier (empty) back among the pages, freed on that stream, still in use.
+    // Each request on a stream of its own: the small block of the one before (above the slabs'
+    // classes) is back in its carrier, the carrier (empty) back among the pages, freed on that
+    // stream, still in use.
+    let bytes = 64 << 10;
     let mut streams = (10..20).map(Stream);
     let first = streams.next().unwrap();
-    let a = r.alloc(4096, first);
-    r.free(a, 4096, first);
+    let a = r.alloc(bytes, first);
+    r.free(a, bytes, first);
     for s in streams {
-        let b = r.alloc(4096, s);
+        let b = r.alloc(bytes, s);
         assert_eq!(b, a, "the same page, after a GPU-side wait");
-        r.free(b, 4096, s);
+        r.free(b, bytes, s);
     }
     assert_eq!(r.physical(), PAGE, "one page for all of them");
     assert_eq!(Statistics::driver_counts(&*r.vmm).stream_waits, 9);
