@@ -69,6 +69,12 @@ pub struct WordTable<V> {
     shift: u32,
 }
 
+impl<V> std::fmt::Debug for WordTable<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WordTable({} entries)", self.len)
+    }
+}
+
 impl<V: Copy + Default> Default for WordTable<V> {
     fn default() -> Self {
         WordTable {
@@ -102,6 +108,12 @@ impl<V: Copy + Default> WordTable<V> {
             }
             i = (i + 1) & self.mask;
         }
+    }
+
+    /// Its entries.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.len
     }
 
     /// True if it holds no entry.

@@ -8,12 +8,13 @@
 //! entry only while it is live, and only if it was allocated under a tag (so that the table is
 //! empty, and costs a length check a free, while no tag is used).
 
-use crate::fasthash::WordMap;
+use crate::fasthash::{WordMap, WordTable};
 use crate::tag::TagId;
 
 #[derive(Default)]
 pub(super) struct Live {
-    blocks: WordMap<u64, u64>,
+    /// Every live block but the last: start -> bytes (a start is never 0).
+    blocks: WordTable<u64>,
     /// The block handed out last: (start, bytes).
     last: Option<(u64, u64)>,
     /// The tags of the live blocks allocated under one, by start.
@@ -45,7 +46,7 @@ impl Live {
     pub fn blocks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.last
             .into_iter()
-            .chain(self.blocks.iter().map(|(&s, &b)| (s, b)))
+            .chain(self.blocks.iter().map(|(s, &b)| (s, b)))
     }
 
     /// The tag of the live block at `start`, if it was allocated under one.
@@ -65,7 +66,7 @@ impl Live {
     pub fn contains(&self, start: u64, bytes: u64) -> bool {
         match self.last {
             Some((s, b)) if s == start => b == bytes,
-            _ => self.blocks.get(&start) == Some(&bytes),
+            _ => self.blocks.get(start) == Some(&bytes),
         }
     }
 
@@ -81,9 +82,9 @@ impl Live {
                 }
                 false => Err(Refused::Size(b)),
             },
-            _ => match self.blocks.get(&start) {
+            _ => match self.blocks.get(start) {
                 Some(&b) if b == bytes => {
-                    self.blocks.remove(&start);
+                    self.blocks.remove(start);
                     self.untag(start);
                     Ok(())
                 }
@@ -101,18 +102,18 @@ mod tests {
     #[test]
     fn the_last_block_and_the_map_check_frees_alike() {
         let mut live = Live::default();
-        live.insert(0, 10, None);
-        live.insert(100, 20, None); // 0 moves to the map, 100 is the last
+        live.insert(8, 10, None);
+        live.insert(100, 20, None); // 8 moves to the map, 100 is the last
         for (start, bytes, refused) in [
             (100, 21, Refused::Size(20)),
-            (0, 11, Refused::Size(10)),
+            (8, 11, Refused::Size(10)),
             (50, 10, Refused::Unknown),
         ] {
             assert_eq!(live.remove(start, bytes), Err(refused));
         }
         assert_eq!(live.remove(100, 20), Ok(()));
         assert_eq!(live.remove(100, 20), Err(Refused::Unknown), "freed twice");
-        assert_eq!(live.remove(0, 10), Ok(()));
-        assert_eq!(live.remove(0, 10), Err(Refused::Unknown));
+        assert_eq!(live.remove(8, 10), Ok(()));
+        assert_eq!(live.remove(8, 10), Err(Refused::Unknown));
     }
 }

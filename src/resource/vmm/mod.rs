@@ -388,6 +388,7 @@ impl VmmResource {
     /// Ledger `[start, start + bytes)` as a live block, with the allocating thread's tag
     /// ([`crate::tag`]). (Its pages are marked used when it is freed: until then they are not
     /// idle, whatever their mark.)
+    #[inline(always)]
     fn hand_out(&self, st: &mut VmmState, start: u64, bytes: u64) -> DevicePtr {
         st.live.insert(start, bytes, crate::tag::current());
         st.used_bytes += bytes;

@@ -16,7 +16,7 @@
 //! Pages are `page_bytes` long and counted from each extent's base.
 
 use crate::driver::Stream;
-use crate::fasthash::WordMap;
+use crate::fasthash::WordTable;
 use index::AddressOrder;
 use sizes::SizeIndex;
 use std::collections::BTreeMap;
@@ -28,7 +28,7 @@ pub(crate) use state::State;
 /// millisecond, and a program with a stream per request does not keep one per stream.
 const KEPT_EMPTY: usize = 16;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Range {
     bytes: u64,
     state: State,
@@ -39,10 +39,10 @@ pub(crate) struct FreeRanges {
     page_bytes: u64,
     /// base -> bytes of each reservation.
     extents: BTreeMap<u64, u64>,
-    /// start -> range.
-    ranges: WordMap<u64, Range>,
+    /// start -> range (a start or an end is never 0: no reservation begins at 0).
+    ranges: WordTable<Range>,
     /// end -> start of every range: a free's left neighbour, found without the order.
-    by_end: WordMap<u64, u64>,
+    by_end: WordTable<u64>,
     /// The starts in address order, for the paths that walk the ranges ([`index`]).
     order: AddressOrder,
     /// (bytes, start) of every `Ready` range, for best fit ([`sizes`]).
@@ -77,7 +77,7 @@ impl FreeRanges {
     /// state; otherwise changes nothing.
     pub fn remove_extent_if_free(&mut self, base: u64) -> Option<State> {
         let bytes = *self.extents.get(&base)?;
-        let r = *self.ranges.get(&base)?;
+        let r = *self.ranges.get(base)?;
         if r.bytes != bytes {
             return None;
         }
@@ -105,7 +105,7 @@ impl FreeRanges {
     pub fn best_fit_other(&self, bytes: u64, stream: Stream) -> Option<(u64, Stream, u64)> {
         let others = self.freed_by_size.iter().filter(|(&s, _)| s != stream);
         let (_, start) = others.filter_map(|(_, f)| f.first_at_least(bytes)).min()?;
-        match self.ranges[&start].state {
+        match self.at(start).state {
             State::Freed { stream, seq } => Some((start, stream, seq)),
             _ => None,
         }
@@ -141,7 +141,7 @@ impl FreeRanges {
                     let at = self.page_ceil(start);
                     (at + page <= start + len).then_some((at, start))
                 })?;
-        match self.ranges[&start].state {
+        match self.at(start).state {
             State::Freed { stream, seq } => Some((at, stream, seq)),
             _ => None,
         }
@@ -153,7 +153,7 @@ impl FreeRanges {
     pub fn take(&mut self, start: u64, bytes: u64) -> State {
         let end = start + bytes;
         // The common case (a best fit): the block starts a free range that holds it all.
-        if let Some(&r) = self.ranges.get(&start) {
+        if let Some(&r) = self.ranges.get(start) {
             if r.bytes >= bytes && r.state.is_mapped_free() {
                 self.order.forget();
                 if r.bytes == bytes {
@@ -162,7 +162,7 @@ impl FreeRanges {
                 }
                 // The rest keeps the range's end: its end entry now names the rest's start.
                 self.unindex(start, r);
-                self.ranges.remove(&start);
+                self.ranges.remove(start);
                 let rest = Range {
                     bytes: r.bytes - bytes,
                     state: r.state,
@@ -213,9 +213,9 @@ impl FreeRanges {
             if let Some((s, r)) = self.left_neighbour(start) {
                 if let Some(merged) = state.absorbs(r.state) {
                     self.unindex(s, r);
-                    self.by_end.remove(&start);
+                    self.by_end.remove(start);
                     if start_entry {
-                        self.ranges.remove(&start);
+                        self.ranges.remove(start);
                         self.order.removed(start);
                     }
                     (start, bytes, state, start_entry) = (s, r.bytes + bytes, merged, true);
@@ -223,14 +223,14 @@ impl FreeRanges {
                 }
             }
             let end = start + bytes;
-            if let Some(&r) = self.ranges.get(&end) {
+            if let Some(&r) = self.ranges.get(end) {
                 if !self.extents.contains_key(&end) {
                     if let Some(merged) = state.absorbs(r.state) {
                         self.unindex(end, r);
-                        self.ranges.remove(&end);
+                        self.ranges.remove(end);
                         self.order.removed(end);
                         if end_entry {
-                            self.by_end.remove(&end);
+                            self.by_end.remove(end);
                         }
                         (bytes, state, end_entry) = (bytes + r.bytes, merged, true);
                         continue;
@@ -248,19 +248,28 @@ impl FreeRanges {
         }
     }
 
+    /// The free range at `start` (one there is).
+    #[inline]
+    fn at(&self, start: u64) -> Range {
+        match self.ranges.get(start) {
+            Some(&r) => r,
+            None => unreachable!("no free range at {start:#x}"),
+        }
+    }
+
     /// The free range that ends at `start`, unless an extent begins there.
     #[inline]
     fn left_neighbour(&self, start: u64) -> Option<(u64, Range)> {
-        let &s = self.by_end.get(&start)?;
+        let &s = self.by_end.get(start)?;
         match self.extents.contains_key(&start) {
             true => None,
-            false => Some((s, self.ranges[&s])),
+            false => Some((s, self.at(s))),
         }
     }
 
     /// The ranges' starts in address order ([`index`]).
     fn starts(&self) -> std::cell::Ref<'_, Vec<u64>> {
-        self.order.get(self.ranges.keys().copied())
+        self.order.get(self.ranges.iter().map(|(start, _)| start))
     }
 
     /// The free ranges that overlap `[start, end)`, in address order.
@@ -270,7 +279,7 @@ impl FreeRanges {
         starts[first..]
             .iter()
             .take_while(|&&s| s < end)
-            .map(|&s| (s, self.ranges[&s]))
+            .map(|&s| (s, self.at(s)))
             .filter(|(s, r)| s + r.bytes > start)
             .collect()
     }
@@ -279,7 +288,7 @@ impl FreeRanges {
     fn containing(&self, addr: u64) -> Option<(u64, Range)> {
         let starts = self.starts();
         let &s = starts.get(starts.partition_point(|&s| s <= addr).checked_sub(1)?)?;
-        let r = self.ranges[&s];
+        let r = self.at(s);
         (addr < s + r.bytes).then_some((s, r))
     }
 
@@ -296,7 +305,7 @@ impl FreeRanges {
         };
         let done: Vec<(u64, Range)> = freed
             .iter()
-            .map(|(_, start)| (start, self.ranges[&start]))
+            .map(|(_, start)| (start, self.at(start)))
             .filter(|(_, r)| matches!(r.state, State::Freed { seq, .. } if seq <= completed_seq))
             .collect();
         let mut merged = Vec::with_capacity(done.len());
@@ -427,8 +436,8 @@ impl FreeRanges {
 
     fn remove(&mut self, start: u64, r: Range) {
         self.unindex(start, r);
-        self.ranges.remove(&start);
-        self.by_end.remove(&(start + r.bytes));
+        self.ranges.remove(start);
+        self.by_end.remove(start + r.bytes);
         self.order.removed(start);
     }
 
@@ -470,7 +479,7 @@ impl FreeRanges {
     #[cfg(test)]
     pub fn snapshot(&self) -> Vec<(u64, u64, State)> {
         let starts = self.starts();
-        let snapshot = starts.iter().map(|s| (*s, self.ranges[s]));
+        let snapshot = starts.iter().map(|s| (*s, self.at(*s)));
         snapshot.map(|(s, r)| (s, r.bytes, r.state)).collect()
     }
 }
@@ -490,7 +499,7 @@ impl FreeRanges {
         let starts = self.starts();
         let blocked = starts
             .iter()
-            .map(|s| (*s, self.ranges[s]))
+            .map(|s| (*s, self.at(*s)))
             .filter(|(_, r)| r.state == State::Blocked);
         blocked
             .flat_map(|(s, r)| (s..s + r.bytes).step_by(self.page_bytes as usize))

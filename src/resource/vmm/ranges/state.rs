@@ -7,12 +7,17 @@
 
 use crate::driver::Stream;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) enum State {
+    /// (The default: a table's empty slot holds it, meaning nothing.)
+    #[default]
     Unmapped,
     Blocked,
     Ready,
-    Freed { stream: Stream, seq: u64 },
+    Freed {
+        stream: Stream,
+        seq: u64,
+    },
     Retiring,
 }
 

@@ -346,9 +346,9 @@ fn assert_consistent(r: &FreeRanges) {
     );
     let mut ready = Vec::new();
     let mut freed: BTreeMap<Stream, Vec<(u64, u64)>> = BTreeMap::new();
-    for (&start, range) in r.ranges.iter() {
+    for (start, range) in r.ranges.iter() {
         assert_eq!(
-            r.by_end.get(&(start + range.bytes)),
+            r.by_end.get(start + range.bytes),
             Some(&start),
             "end of {start:#x}"
         );

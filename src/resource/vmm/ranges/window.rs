@@ -56,9 +56,9 @@ impl FreeRanges {
         let mut run: Option<(u64, u64)> = None;
         let mut runs = Vec::new();
         let starts = self.starts();
-        for (s, r) in starts.iter().map(|s| (*s, &self.ranges[s])) {
+        for (s, r) in starts.iter().map(|&s| (s, self.at(s))) {
             let joins = run.is_some_and(|(_, end)| end == s && !self.extents.contains_key(&s));
-            match (usable(r), joins) {
+            match (usable(&r), joins) {
                 (true, true) => run = run.map(|(start, _)| (start, s + r.bytes)),
                 (true, false) => {
                     runs.extend(run.take());
