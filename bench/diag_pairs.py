@@ -18,14 +18,11 @@ import subprocess
 import sys
 import time
 
+import diag_configs  # (run as a file: bench/ is on the path)
+
 SIZES = (1024, 1 << 20, 64 << 20)
 PAIRS = 20000
 ROUNDS = 7
-CONFIGS = {
-    "native": {},
-    "pool": {"STREAMPOOL_BACKEND": "pool"},
-    "vmm": {"STREAMPOOL_BACKEND": "vmm"},
-}
 
 
 def child(config: str) -> None:
@@ -81,9 +78,10 @@ def main() -> int:
     except OSError as exc:
         print(f"PAIRS clocksource unknown ({exc})")
     cpu = sorted(os.sched_getaffinity(0))[-1]
-    order = list(CONFIGS) + list(reversed(CONFIGS))
+    configs = diag_configs.chosen()
+    order = list(configs) + list(reversed(configs))
     for config in order:
-        env = dict(os.environ, **CONFIGS[config])
+        env = dict(os.environ, **configs[config])
         argv = ["taskset", "-c", str(cpu), sys.executable, __file__, "--child", config]
         subprocess.run(argv, env=env, check=False)
     return 0

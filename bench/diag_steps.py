@@ -23,12 +23,9 @@ import subprocess
 import sys
 import time
 
+import diag_configs  # (run as a file: bench/ is on the path)
+
 ROUNDS = 5
-CONFIGS = {
-    "native": {},
-    "pool": {"STREAMPOOL_BACKEND": "pool"},
-    "vmm": {"STREAMPOOL_BACKEND": "vmm"},
-}
 
 
 def allocations(torch) -> float:
@@ -106,8 +103,9 @@ def main() -> int:
     named = sys.argv[1:] or ["churn", "gpt2"]
     cpus = sorted(os.sched_getaffinity(0))[-4:]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for config in list(CONFIGS) + list(reversed(CONFIGS)):
-        env = dict(os.environ, **CONFIGS[config])
+    configs = diag_configs.chosen()
+    for config in list(configs) + list(reversed(configs)):
+        env = dict(os.environ, **configs[config])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         argv = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, __file__, "--child",
                 config, *named]
