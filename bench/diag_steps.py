@@ -10,7 +10,8 @@ between CUDA events, and the allocations PyTorch counted. For churn, the same st
 allocations only (``torch.empty`` without ``fill_``, the same window of live tensors): what the
 allocator alone costs. ``STEPS_SYNC=1`` ends every step with ``torch.cuda.synchronize()``. A step whose wall time exceeds its GPU time waits on the CPU. With the
 call-counting library (STREAMPOOL_LIBRARY pointing at a build with ``--features call-counts``) the
-driver calls per process follow at exit.
+driver calls per process follow at exit, with the time spent inside ``my_malloc`` and ``my_free``
+(``CALLS my_malloc N total_us T``).
 
 Invariant: a configuration's figures come only from its own process's timed rounds; nothing is
 averaged across processes (the caller reads every line).

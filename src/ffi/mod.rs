@@ -73,6 +73,8 @@ pub unsafe extern "C-unwind" fn my_malloc(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
+    #[cfg(feature = "call-counts")]
+    let _timed = crate::driver::cuda::call_counts::Timed::start("my_malloc");
     // Where the call came from, for memory history's frames (one atomic load while none is asked).
     let _context = crate::history::contexts::enter(crate::history::contexts::GATHER_ALLOC);
     let (device, stream) = (i64::from(device), stream_of(stream));
@@ -126,6 +128,8 @@ pub unsafe extern "C" fn my_free(
     device: c_int,
     stream: *mut c_void,
 ) {
+    #[cfg(feature = "call-counts")]
+    let _timed = crate::driver::cuda::call_counts::Timed::start("my_free");
     // The block remembers its size and allocation stream; PyTorch passes the same values.
     let _ = (size, stream);
     if ptr.is_null() {

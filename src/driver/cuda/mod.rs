@@ -74,10 +74,12 @@ fn timed(call: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
 }
 
 /// A diagnostic build's count of every driver call by name (`--features call-counts`), and the
-/// wall time of those made through [`timed`], printed to standard error at exit: which calls an
-/// allocation path makes on a real GPU, and what they cost there under the program's load.
+/// wall time of those made through [`timed`] and of PyTorch's calls into `my_malloc` and `my_free`
+/// (whole, driver calls and this bookkeeping included: [`call_counts::Timed`]), printed to
+/// standard error at exit: which calls an allocation path makes on a real GPU, what they cost
+/// there under the program's load, and how much of a step the allocator's entry points take.
 #[cfg(feature = "call-counts")]
-mod call_counts {
+pub(crate) mod call_counts {
     use std::collections::HashMap;
     use std::sync::Mutex;
     use std::time::Duration;
@@ -119,6 +121,22 @@ mod call_counts {
             entry.1 += 1;
             entry.2 += spent;
         });
+    }
+
+    /// Adds the wall time from its start to its drop to `call`'s count and total.
+    pub(crate) struct Timed(&'static str, std::time::Instant);
+
+    impl Timed {
+        pub(crate) fn start(call: &'static str) -> Timed {
+            Timed(call, std::time::Instant::now())
+        }
+    }
+
+    impl Drop for Timed {
+        fn drop(&mut self) {
+            count(self.0);
+            add_time(self.0, self.1.elapsed());
+        }
     }
 }
 
