@@ -133,14 +133,14 @@ impl DeviceAllocator {
     }
 
     /// Synchronises the device before the trims of the idle release, where one of its resources
-    /// is trimmed there ([`crate::resource::trimmed_at_idle`]: a CUDA pool applies the frees made
-    /// so far only then) and the device holds more than its blocks; put off while a capture is
-    /// known or a route to a graph pool is open.
+    /// is trimmed there and applies its frees only at a synchronisation
+    /// ([`crate::resource::synchronised_before_idle_trim`]: a CUDA pool) and the device holds
+    /// more than its blocks; put off while a capture is known or a route to a graph pool is open.
     fn synchronize_before_trims(&self, setup: &super::DeviceSetup) -> PoolFrees {
         if !setup
             .own
             .iter()
-            .any(|r| crate::resource::trimmed_at_idle(r.as_ref()))
+            .any(|r| crate::resource::synchronised_before_idle_trim(r.as_ref()))
         {
             return PoolFrees::NotNeeded;
         }

@@ -175,6 +175,8 @@ impl Resource for CudaPoolResource {
             // cuMemFreeAsync takes no size: a table of sizes would cost every allocation.
             checks_free_size: false,
             growth_granule_bytes: POOL_GRANULE_BYTES,
+            // cuMemPoolTrimTo gives back only what was freed before a synchronisation.
+            frees_applied_at_sync: true,
         }
     }
 

@@ -36,6 +36,8 @@ impl DriverPoolResource {
                 trims: true,
                 checks_free_size: false,
                 growth_granule_bytes: crate::resource::cuda_pool::POOL_GRANULE_BYTES,
+                // The driver's pool: what a free gave it comes back at a synchronisation.
+                frees_applied_at_sync: true,
             },
         }
     }

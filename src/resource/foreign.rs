@@ -135,6 +135,7 @@ impl Resource for ForeignResource {
             trims: true,
             checks_free_size: true,
             growth_granule_bytes: 1,
+            frees_applied_at_sync: false,
         }
     }
 }

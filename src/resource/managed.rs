@@ -316,6 +316,8 @@ impl Resource for ManagedResource {
             trims: true,
             checks_free_size: true,
             growth_granule_bytes: 1,
+            // Its trim records its fences and waits for them itself.
+            frees_applied_at_sync: false,
         }
     }
 

@@ -100,6 +100,11 @@ pub struct Traits {
     /// the vmm resource's page; 1: by what the block needs). Under a memory limit the device
     /// rounds the growth of a resource that grows by itself up to it before the check.
     pub growth_granule_bytes: u64,
+    /// It applies the frees it was given only at a synchronisation (a CUDA pool: what its
+    /// `trim` can give back is what was freed before the device last synchronised), so the
+    /// device synchronises before it trims it at idle. False: its `trim` gives back everything
+    /// free by itself (waiting for the GPU where it must).
+    pub frees_applied_at_sync: bool,
 }
 
 /// A source of device memory.
@@ -286,11 +291,16 @@ impl Accessible for PeerTarget {
 }
 
 /// True if `resource` gives its idle memory back only when trimmed ([`release_idle`] trims it):
-/// it has no background release of its own. [`Resource::trim`] expects the device synchronised
-/// first (a CUDA pool applies the frees it was given only at a synchronisation), so the
-/// device's idle release synchronises before it when one of its resources is trimmed there.
+/// it has no background release of its own.
 pub fn trimmed_at_idle(resource: &dyn Resource) -> bool {
     resource.capabilities().tending.is_none()
+}
+
+/// True if the device synchronises before the idle release trims `resource`: it is trimmed
+/// there ([`trimmed_at_idle`]) and applies its frees only at a synchronisation
+/// ([`Traits::frees_applied_at_sync`]).
+pub fn synchronised_before_idle_trim(resource: &dyn Resource) -> bool {
+    trimmed_at_idle(resource) && resource.traits().frees_applied_at_sync
 }
 
 /// Gives back idle memory of `resource` without synchronising: its own idle release, or a trim

@@ -60,6 +60,7 @@ impl Resource for TestSource {
             trims: true,
             checks_free_size: false,
             growth_granule_bytes: 1,
+            frees_applied_at_sync: false,
         }
     }
 }

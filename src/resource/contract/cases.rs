@@ -239,6 +239,31 @@ pub(super) fn trim_after_a_synchronisation_gives_back_what_is_free(make: Factory
     rig.finish();
 }
 
+/// A resource that applies its frees by itself (`frees_applied_at_sync` false: the device's idle
+/// release trims it without synchronising first) gives back on `trim(0)` everything free, with
+/// work still queued on the blocks and no synchronisation before the trim.
+pub(super) fn a_trim_with_no_synchronisation_before_it_gives_back_what_its_traits_say(
+    make: Factory,
+) {
+    let mut rig = Rig::new(make);
+    rig.alloc(3 << 20, S);
+    rig.alloc(4096, T);
+    rig.alloc(1 << 20, S);
+    rig.use_all();
+    rig.free_all();
+    rig.resource.trim(0).unwrap();
+    if rig.traits.trims && !rig.traits.frees_applied_at_sync {
+        assert_eq!(
+            rig.usage().reserved_bytes,
+            0,
+            "{}: trim(0) with no synchronisation before it kept memory (frees_applied_at_sync \
+             should say so)",
+            rig.label()
+        );
+    }
+    rig.finish();
+}
+
 pub(super) fn exhaustion_then_recovery_after_frees(make: Factory) {
     const BLOCK_BYTES: u64 = 4 << 20;
     let mut rig = Rig::new(make);

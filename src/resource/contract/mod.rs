@@ -7,8 +7,9 @@
 //!
 //! Invariant: a case asks nothing of one resource that it does not ask of all; where a resource
 //! legitimately differs, the case reads it from the resource's [`Traits`] (`held`,
-//! `reuses_across_streams`, `trims`, `checks_free_size`, `fast_path`) or its
-//! [`Capabilities`](super::Capabilities) (`capture_notice`), never from which resource it is.
+//! `reuses_across_streams`, `trims`, `checks_free_size`, `fast_path`,
+//! `frees_applied_at_sync`) or its [`Capabilities`](super::Capabilities) (`capture_notice`),
+//! never from which resource it is.
 //! The factories below are the only place that names resources.
 
 mod cases;
@@ -81,6 +82,10 @@ macro_rules! contract {
             #[test]
             fn trim_after_a_synchronisation_gives_back_what_is_free() {
                 cases::trim_after_a_synchronisation_gives_back_what_is_free(MAKE)
+            }
+            #[test]
+            fn a_trim_with_no_synchronisation_before_it_gives_back_what_its_traits_say() {
+                cases::a_trim_with_no_synchronisation_before_it_gives_back_what_its_traits_say(MAKE)
             }
             #[test]
             fn exhaustion_then_recovery_after_frees() {

@@ -163,6 +163,7 @@ impl Resource for GraphPoolResource {
             trims: false,
             checks_free_size: true,
             growth_granule_bytes: 1,
+            frees_applied_at_sync: false,
         }
     }
 }

@@ -146,6 +146,8 @@ impl Resource for VmmResource {
             trims: true,
             checks_free_size: true,
             growth_granule_bytes: self.page_bytes,
+            // Its trim records its fences and synchronises itself.
+            frees_applied_at_sync: false,
         }
     }
 
