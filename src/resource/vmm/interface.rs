@@ -75,7 +75,7 @@ impl Resource for VmmResource {
         if let Some(start) = self.take_slot(&mut st, bytes, stream) {
             return Ok(self.hand_out(&mut st, start, bytes));
         }
-        let start = if bytes <= self.slab_max_bytes {
+        let start = if self.in_slab(bytes) {
             self.place_in_slab(&mut st, bytes, stream)?
         } else if bytes <= self.small_max_bytes {
             self.place_small(&mut st, bytes, stream)?

@@ -6,7 +6,8 @@
 //!   `small_max_bytes`) are carved out of whole pages, their carriers ([`small`]), in a region of
 //!   the address space of their own, so that they do not split the ranges large blocks need; an
 //!   emptied carrier is an idle page again. The smallest (up to 16 KiB) are slots of slabs cut
-//!   from carriers, one per stream and size class ([`slabs`]).
+//!   from carriers, each of one stream and one size class: a freed slot serves its stream, and
+//!   other streams get its memory once its slab, emptied, goes back ([`slabs`]).
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
 //!   the fence has completed ([`crate::stream_order`]); freed on S, it takes in the ready memory
@@ -27,18 +28,19 @@
 //!   nothing on the program's streams; `trim` after a synchronisation (empty_cache).
 //!
 //! Invariants: a page is unmapped only once no work uses it — it lies in a `Ready` range, whose
-//! fences have completed, or it retires after its handle moved ([`lending`]); every mapping gives the device and every granted peer access before any
-//! block in it is handed out; physical memory never exceeds the pool cap nor the device's memory
-//! limit (`set_per_process_memory_fraction`); no fence is recorded on a stream that is capturing
-//! (a free on it only takes the number of the stream's next fence, recorded after the capture);
-//! while a capture is known on the device nothing is unmapped, and what is mapped, or queried
-//! (fences of streams that are not capturing, from a thread of the program), is done in relaxed
-//! capture mode, as PyTorch makes its graph pools' `cudaMalloc`; the resource asks the driver
-//! when the capture has ended — a stream the driver cannot answer for (destroyed) is not
-//! capturing; the resource's lock is held across map and unmap calls; the device takes it inside
-//! its own lock only with `try_lock`, for the fast path (a slot, a fit, a free, and at most a
-//! fence recorded and queried: calls that return at once), never waiting for it there, and the
-//! resource never takes the device's lock (a panic on that path disables the whole device).
+//! fences have completed, or it retires after its handle moved ([`lending`]); every mapping gives
+//! the device and every granted peer access before any block in it is handed out; physical memory
+//! never exceeds the pool cap nor the device's memory limit (`set_per_process_memory_fraction`); no
+//! fence is recorded on a stream that is capturing (a free on it only takes the number of the
+//! stream's next fence, recorded after the capture); while a capture is known on the device nothing
+//! is unmapped, and what is mapped, or queried (fences of streams that are not capturing, from a
+//! thread of the program), is done in relaxed capture mode, as PyTorch makes its graph pools'
+//! `cudaMalloc`; the resource asks the driver when the capture has ended — a stream the driver
+//! cannot answer for (destroyed) is not capturing; the resource's lock is held across map and unmap
+//! calls; the device takes it inside its own lock only with `try_lock`, for the fast path (a slot,
+//! a fit, a free, and at most a fence recorded and queried: calls that return at once), never
+//! waiting for it there, and the resource never takes the device's lock (a panic on that path
+//! disables the whole device).
 
 mod backing;
 mod export;
@@ -399,7 +401,7 @@ impl VmmResource {
 
     /// Gives a freed block back to the ranges it came from, in `state`.
     fn give_back(&self, st: &mut VmmState, start: u64, bytes: u64, state: State, now_ms: u64) {
-        if bytes <= self.slab_max_bytes {
+        if self.in_slab(bytes) {
             return self.give_to_slab(st, start, state, now_ms);
         }
         match bytes <= self.small_max_bytes {
@@ -445,7 +447,7 @@ impl VmmResource {
     /// carrier or a whole free page for a new carrier (small), a mapped range (large).
     #[inline]
     fn take_at_hand(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Option<u64> {
-        if bytes <= self.slab_max_bytes {
+        if self.in_slab(bytes) {
             return self.slot_at_hand(st, bytes, stream);
         }
         if bytes <= self.small_max_bytes {
@@ -454,6 +456,13 @@ impl VmmResource {
         let start = st.large.best_fit(bytes, stream)?;
         st.large.take(start, bytes);
         Some(start)
+    }
+
+    /// True if a block of `bytes` is a slot of a slab ([`slabs`]): 1 to `slab_max_bytes` (none
+    /// where slabs are off).
+    #[inline(always)]
+    fn in_slab(&self, bytes: u64) -> bool {
+        (1..=self.slab_max_bytes).contains(&bytes)
     }
 
     /// Counts a page mapped or unmapped, and notes it on the timeline.

@@ -3,15 +3,17 @@
 //! slots of one class, kept per stream and class — so that handing one out or taking it back is a
 //! bit in a mask, not a search and a merge in the free ranges.
 //!
-//! Invariants: a slab belongs to one stream and one class; its slots are handed out to that stream
-//! only, so a slot freed there is reusable at once (the rules of [`crate::stream_order`] hold as
-//! they do for any block freed and reused on its stream); every slot's start names its slab in
-//! `slot_owner` for as long as the slab exists; a slab with a free slot is in its stream and
-//! class's open list (at `open_at`), a full one is in none; a slab whose slots are all free is
-//! given back whole (to the carrier it was cut from, in the state of its last free) unless it is
-//! the only open slab of its stream and class and fewer than [`KEPT_EMPTY`] empty slabs are kept
-//! (`kept_empty` counts them) — and [`Slabs::take_empty`] gives those back before a release looks
-//! at the ranges.
+//! Invariants: a slab belongs to one stream and one class (a stream has as many slabs of a class
+//! as its live blocks of it fill); its slots are handed out to that stream only and taken back
+//! only from frees on it (the allocation stream, as `Resource::deallocate` has it), so a slot
+//! freed there is reusable at once (the rules of [`crate::stream_order`] hold as they do for any
+//! block freed and reused on its stream); every slot's start names its slab in `slot_owner` for
+//! as long as the slab exists; a slab with a free slot is in its stream and class's open list (at
+//! `open_at`), a full one is in none; a slab that empties while another slab of its stream and
+//! class is open, or while [`KEPT_EMPTY`] empty slabs are kept already (`kept_empty` counts
+//! them), is given back whole — to the carrier it was cut from, freed on its stream behind the
+//! latest fence its frees took — and the ones kept are given back by [`Slabs::take_empty`] before
+//! a release, a trim, a sleep or a growth looks at the ranges.
 
 use super::ranges::State;
 use crate::driver::Stream;
@@ -197,8 +199,9 @@ impl Slabs {
     }
 
     /// The slot at `start` is free again, its free in `state` at `now_ms`; its slab, if that left
-    /// it empty beside another open slab of its stream and class, is given back whole. `None`
-    /// for a start no slot has (nothing changes).
+    /// it empty beside another open slab of its stream and class (or more empty slabs are kept
+    /// than [`KEPT_EMPTY`]), is given back whole. `None` for a start no live slot has, or a free
+    /// on another stream than the slab's (nothing changes).
     #[inline]
     pub fn give(&mut self, start: u64, state: State, now_ms: u64) -> Option<Option<Emptied>> {
         let id = *self.slot_owner.get(start)?;
@@ -206,6 +209,12 @@ impl Slabs {
         let bit = 1u128 << ((start - slab.start) / class_bytes(slab.class as usize));
         if slab.free & bit != 0 {
             return None; // (free already: the live blocks refuse a second free before this)
+        }
+        if matches!(state, State::Freed { stream, .. } if stream != slab.stream) {
+            // Freed on another stream than its allocation's (the resource's callers never do:
+            // `Resource::deallocate`): reused at once by its slab's stream, the slot could be
+            // overwritten under that stream's work, so it is refused.
+            return None;
         }
         slab.free |= bit;
         slab.state = slab.state.joined(state).unwrap_or(state);

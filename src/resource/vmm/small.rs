@@ -172,10 +172,12 @@ impl VmmResource {
         match st.slabs.give(start, state, now_ms) {
             Some(Some(emptied)) => self.give_emptied(st, emptied),
             Some(None) => {}
-            // The live blocks checked the free: a slot no slab has is a broken invariant. The
-            // block is left out of every range (kept, not handed out twice).
+            // The live blocks checked the free: a slot no slab has, or one freed on another
+            // stream than its slab's, breaks the resource's contract. The block is left out of
+            // every range (kept, not handed out twice).
             None => log::error!(
-                "device {}: {start:#x} is in no slab; its memory stays unused",
+                "device {}: {start:#x} is no slab's slot freed on its stream; its memory stays \
+                 unused",
                 self.device
             ),
         }

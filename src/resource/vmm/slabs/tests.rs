@@ -61,7 +61,7 @@ fn a_slot_freed_serves_its_stream_and_class_again_and_no_other() {
 }
 
 #[test]
-fn a_slab_that_empties_beside_another_goes_back_with_the_state_of_its_last_free() {
+fn a_slab_that_empties_beside_another_goes_back_behind_the_latest_fence_its_frees_took() {
     let mut s = Slabs::default();
     let (bytes, class) = (SLAB_MAX_BYTES, class_of(SLAB_MAX_BYTES));
     let first = s.add(0x10_0000, bytes, S1);
@@ -73,8 +73,9 @@ fn a_slab_that_empties_beside_another_goes_back_with_the_state_of_its_last_free(
     live.push(first);
     let freed = |seq| State::Freed { stream: S1, seq };
     let last = live.pop().unwrap();
-    for (seq, &slot) in live.iter().enumerate() {
-        assert_eq!(s.give(slot, freed(seq as u64), 7), Some(None));
+    // The frees' fences out of order: the slab keeps the latest (seq 5), not the last given.
+    for (i, &slot) in live.iter().enumerate() {
+        assert_eq!(s.give(slot, freed([5, 1, 2][i % 3]), 7), Some(None));
     }
     let emptied = s
         .give(last, freed(3), 9)
@@ -86,7 +87,7 @@ fn a_slab_that_empties_beside_another_goes_back_with_the_state_of_its_last_free(
             start: 0x10_0000,
             bytes: slab_bytes(class),
             stream: S1,
-            state: freed(3),
+            state: freed(5),
             freed_ms: 9
         }
     );
@@ -95,6 +96,24 @@ fn a_slab_that_empties_beside_another_goes_back_with_the_state_of_its_last_free(
     assert_eq!(s.give(second, freed(4), 10), Some(None));
     assert_eq!(s.take_empty().len(), 1);
     assert!(s.open.is_empty() && s.slot_owner.is_empty());
+}
+
+#[test]
+fn a_free_on_another_stream_than_the_slabs_is_refused_and_the_slot_stays_out() {
+    let mut s = Slabs::default();
+    let a = s.add(0x10_0000, 2048, S1);
+    let other = State::Freed { stream: S2, seq: 4 };
+    assert_eq!(s.give(a, other, 1), None, "S1's slot freed on S2");
+    assert_ne!(
+        s.take(2048, S1),
+        Some(a),
+        "not handed to S1 before S2's work is done"
+    );
+    assert_eq!(
+        s.give(a, State::Ready, 1),
+        Some(None),
+        "once its work is done it comes back"
+    );
 }
 
 #[test]

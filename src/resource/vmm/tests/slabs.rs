@@ -35,7 +35,7 @@ fn blocks_of_one_class_share_a_slab_and_its_slots_are_reused_without_the_driver(
 }
 
 #[test]
-fn a_slot_freed_on_one_stream_does_not_serve_another_before_its_fence() {
+fn a_slot_freed_on_one_stream_serves_that_stream_and_not_another() {
     let r = rig();
     let a = r.alloc(4096, S1);
     r.free(a, 4096, S1);
@@ -92,15 +92,28 @@ fn a_stream_per_request_keeps_few_empty_slabs_and_the_idle_release_takes_them() 
 }
 
 #[test]
-fn a_free_of_a_block_a_slab_never_served_changes_nothing() {
+fn bad_frees_of_slots_are_refused_and_each_slot_is_handed_out_once() {
     let r = rig();
-    let a = r.alloc(2048, S1);
-    for (ptr, bytes) in [(a.0 + 512, 2048), (a.0, 1024), (a.0 + 2048, 2048)] {
+    let (a, b) = (r.alloc(2048, S1), r.alloc(2048, S1));
+    for (ptr, bytes) in [(a.0 + 512, 2048), (a.0, 1024), (b.0 + 2048, 2048)] {
         assert!(r.vmm.deallocate(DevicePtr(ptr), bytes, S1).is_err());
     }
     r.free(a, 2048, S1);
     assert!(r.vmm.deallocate(a, 2048, S1).is_err(), "freed twice");
-    assert_eq!(r.alloc(2048, S1), a, "the slot is whole and free once");
+    r.free(b, 2048, S1); // a goes from the slot back to its slab, b into the slot
+    let again: Vec<DevicePtr> = (0..3).map(|_| r.alloc(2048, S1)).collect();
+    assert_eq!(
+        (again[0], again[1]),
+        (b, a),
+        "the slot's block, then the slab's free slot"
+    );
+    assert!(
+        again[2] != a && again[2] != b,
+        "a third, not one of them twice"
+    );
+    for p in again {
+        r.free(p, 2048, S1);
+    }
 }
 
 #[test]
