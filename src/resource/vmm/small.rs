@@ -195,8 +195,8 @@ impl VmmResource {
         any
     }
 
-    /// An emptied slab goes back to its carrier: freed on its stream behind the fence of its
-    /// last free, or ready if that fence has completed.
+    /// An emptied slab goes back to its carrier: freed on its stream behind the latest fence its
+    /// frees took, or ready if that fence has completed.
     fn give_emptied(&self, st: &mut VmmState, e: Emptied) {
         let state = match e.state {
             State::Freed { stream, seq } if !st.fences.outstanding(stream, seq) => State::Ready,
