@@ -5,7 +5,6 @@
 //! outside it; nothing here changes what is allocated.
 
 use super::{DeviceAllocator, DeviceSetup};
-use crate::config::Backend;
 use crate::driver::PoolUsage;
 use crate::error::{Error, Result};
 use crate::history::StreampoolBlock;
@@ -198,13 +197,14 @@ impl DeviceAllocator {
         }
     }
 
-    /// `entry` refused on a backend other than vmm, before the device is set up: a refusal
-    /// creates nothing (a device that cannot run vmm, and got the pool's, is refused once set
-    /// up, where its resources are asked).
+    /// `entry` refused on a backend whose resources cannot sleep, before the device is set up:
+    /// a refusal creates nothing (a device that cannot run vmm, and got the pool's, is refused
+    /// once set up, where its resources are asked).
     fn refuse_unless_vmm(&self, entry: &str) -> Result<()> {
-        match self.settings.backend {
-            Backend::Vmm => Ok(()),
-            other => Err(self.needs_vmm(entry, &format!("the {} backend", other.name()))),
+        let backend = self.settings.backend;
+        match crate::resource::backend_sleeps(backend) {
+            true => Ok(()),
+            false => Err(self.needs_vmm(entry, &format!("the {} backend", backend.name()))),
         }
     }
 

@@ -356,13 +356,43 @@ pub struct Own {
 /// logged, and the pool backend serves the device instead).
 pub type MakeOwn = fn(&Provisioning<'_>) -> Result<Option<Own>>;
 
+/// A backend's row: how it makes a device's own resources, and whether they can sleep and wake
+/// ([`Capabilities::sleep`]; the sleep entry points refuse the other backends before a device is
+/// set up, so that a refusal creates nothing).
+#[derive(Clone, Copy)]
+struct BackendRow {
+    backend: Backend,
+    make: MakeOwn,
+    sleeps: bool,
+}
+
 /// One row per backend (`STREAMPOOL_BACKEND`): adding a backend is a row here, its resource in a
 /// file or folder of its own, and the docs (docs/layout.md, "Adding a backend").
-const BACKENDS: [(Backend, MakeOwn); 3] = [
-    (Backend::Pool, pool_own),
-    (Backend::Vmm, vmm_own),
-    (Backend::Managed, managed::own),
+const BACKENDS: [BackendRow; 3] = [
+    BackendRow {
+        backend: Backend::Pool,
+        make: pool_own,
+        sleeps: false,
+    },
+    BackendRow {
+        backend: Backend::Vmm,
+        make: vmm_own,
+        sleeps: true,
+    },
+    BackendRow {
+        backend: Backend::Managed,
+        make: managed::own,
+        sleeps: false,
+    },
 ];
+
+/// True if `backend`'s resources can sleep and wake (its row says so; a test checks the row
+/// against the resources the backend makes).
+pub fn backend_sleeps(backend: Backend) -> bool {
+    BACKENDS
+        .iter()
+        .any(|row| row.backend == backend && row.sleeps)
+}
 
 /// The `pool` backend: a CUDA pool for large blocks and, unless disabled, one for small ones (a
 /// small-block pool that cannot be created is logged and left out: the large one serves all).
@@ -447,11 +477,11 @@ pub fn provision(
         limit_bytes,
         recorder,
     };
-    let (backend, make) = (BACKENDS.iter().copied())
-        .find(|(backend, _)| *backend == settings.backend)
+    let row = (BACKENDS.iter().copied())
+        .find(|row| row.backend == settings.backend)
         .ok_or_else(|| Error::Internal(format!("no row for {:?}", settings.backend)))?;
-    let (backend, own) = match make(&at)? {
-        Some(own) => (backend, own),
+    let (backend, own) = match (row.make)(&at)? {
+        Some(own) => (row.backend, own),
         None => {
             let own = pool_own(&at)?;
             let own = own.ok_or_else(|| Error::Internal("no pool backend".into()))?;
@@ -475,16 +505,4 @@ pub fn shareable_pool(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::BACKENDS;
-    use crate::config::Backend;
-
-    #[test]
-    fn every_backend_has_one_row() {
-        for backend in Backend::ALL {
-            let rows = BACKENDS.iter().filter(|(b, _)| *b == backend).count();
-            assert_eq!(rows, 1, "{backend:?}");
-        }
-        assert_eq!(BACKENDS.len(), Backend::ALL.len());
-    }
-}
+mod tests;

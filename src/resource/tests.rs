@@ -1,0 +1,44 @@
+//! The table of backends: one row each, and what each row says of its resources.
+
+use super::BACKENDS;
+use crate::config::Backend;
+
+#[test]
+fn every_backend_has_one_row() {
+    for backend in Backend::ALL {
+        let rows = BACKENDS.iter().filter(|row| row.backend == backend).count();
+        assert_eq!(rows, 1, "{backend:?}");
+    }
+    assert_eq!(BACKENDS.len(), Backend::ALL.len());
+}
+
+/// A row says its backend sleeps exactly when the resources it makes can.
+#[cfg(feature = "sim")]
+#[test]
+fn every_row_says_whether_its_resources_can_sleep() {
+    use crate::config::Settings;
+    use crate::driver::{sim::SimDriver, Driver};
+    use crate::history::{History, Recorder};
+    use std::sync::{atomic::AtomicU64, Arc};
+    const MEMORY_BYTES: u64 = 16 << 30;
+    for row in BACKENDS {
+        let driver: Arc<dyn Driver> = Arc::new(SimDriver::new(1, MEMORY_BYTES));
+        let mut settings = Settings::default().for_device(MEMORY_BYTES).sources;
+        settings.backend = row.backend;
+        let limit = Arc::new(AtomicU64::new(u64::MAX));
+        let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
+        let made = super::provision(&driver, 0, &settings, MEMORY_BYTES, &limit, &recorder);
+        let made = made.expect("provisioned");
+        assert_eq!(made.backend, row.backend, "{:?} fell back", row.backend);
+        for resource in made.sources.own() {
+            let sleeps = resource.capabilities().sleep.is_some();
+            assert_eq!(
+                sleeps,
+                row.sleeps,
+                "{:?}: {}",
+                row.backend,
+                resource.traits().label
+            );
+        }
+    }
+}
