@@ -91,6 +91,10 @@ struct Slab {
     start: u64,
     stream: Stream,
     class: u8,
+    /// Its class's bytes, and the mask of all its slots (kept here: worked out once, not at
+    /// every slot handed out or taken back).
+    slot_bytes: u64,
+    all: u128,
     /// Bit i set: slot i is free.
     free: u128,
     /// Its place in its open list, if it has a free slot.
@@ -138,12 +142,12 @@ impl Slabs {
     #[inline]
     fn take_from(&mut self, id: u32) -> u64 {
         let slab = &mut self.slabs[id as usize];
-        if slab.free == all_free(slots_of(slab.class as usize)) {
+        if slab.free == slab.all {
             self.kept_empty -= 1;
         }
         let i = slab.free.trailing_zeros() as u64;
         slab.free &= !(1u128 << i);
-        let start = slab.start + i * class_bytes(slab.class as usize);
+        let start = slab.start + i * slab.slot_bytes;
         if slab.free == 0 {
             let (stream, class) = (slab.stream, slab.class as usize);
             slab.open_at = None;
@@ -163,6 +167,8 @@ impl Slabs {
             start,
             stream,
             class: class as u8,
+            slot_bytes: class_bytes(class),
+            all: all_free(slots),
             free: all_free(slots) & !1,
             open_at: None,
             state: State::Ready,
@@ -206,7 +212,7 @@ impl Slabs {
     pub fn give(&mut self, start: u64, state: State, now_ms: u64) -> Option<Option<Emptied>> {
         let id = *self.slot_owner.get(start)?;
         let slab = &mut self.slabs[id as usize];
-        let bit = 1u128 << ((start - slab.start) / class_bytes(slab.class as usize));
+        let bit = 1u128 << ((start - slab.start) / slab.slot_bytes);
         if slab.free & bit != 0 {
             return None; // (free already: the live blocks refuse a second free before this)
         }
@@ -219,12 +225,12 @@ impl Slabs {
         slab.free |= bit;
         slab.state = slab.state.joined(state).unwrap_or(state);
         slab.freed_ms = now_ms;
-        let (free, slots, open_at) = (slab.free, slots_of(slab.class as usize), slab.open_at);
+        let (free, all, open_at) = (slab.free, slab.all, slab.open_at);
         if open_at.is_none() {
             self.push_open(id);
             return Some(None);
         }
-        if free != all_free(slots) {
+        if free != all {
             return Some(None);
         }
         let (stream, class) = (slab.stream, slab.class as usize);
@@ -241,7 +247,7 @@ impl Slabs {
         let empty: Vec<u32> = (0..self.slabs.len() as u32)
             .filter(|&id| {
                 let slab = &self.slabs[id as usize];
-                slab.open_at.is_some() && slab.free == all_free(slots_of(slab.class as usize))
+                slab.open_at.is_some() && slab.free == slab.all
             })
             .collect();
         self.kept_empty = 0;
@@ -262,8 +268,8 @@ impl Slabs {
                 self.open.remove(&slab.stream);
             }
         }
-        for i in 0..slots_of(class) {
-            self.slot_owner.remove(slab.start + i * class_bytes(class));
+        for i in 0..u64::from(slab.all.count_ones()) {
+            self.slot_owner.remove(slab.start + i * slab.slot_bytes);
         }
         self.slabs[id as usize].open_at = None;
         self.spare_ids.push(id);
