@@ -6,13 +6,12 @@
 //! driver: CUDA cannot be used there, and the memory belongs to the parent.
 
 use crate::allocator::Allocator;
-use crate::config::LOG_DEFAULT;
 use crate::device::DeviceAllocator;
 use crate::driver::DevicePtr;
 use crate::error::{Error, Result};
 use crate::fork::{self, FirstUse};
 use std::cell::RefCell;
-use std::ffi::{c_char, CString, OsString};
+use std::ffi::{c_char, CString};
 use std::sync::OnceLock;
 
 pub use crate::fork::in_fork_child;
@@ -75,27 +74,11 @@ pub fn driver_name() -> &'static str {
     }
 }
 
-/// `STREAMPOOL_LOG`, else `RUST_LOG`, else warnings only. Never replaces a logger already set.
+/// Sets the logger from the filter the configuration resolves ([`crate::config::log_filter`]).
+/// Never replaces a logger already set.
 pub fn init_logging() {
-    let filter = log_filter(
-        std::env::var_os("STREAMPOOL_LOG"),
-        std::env::var_os("RUST_LOG"),
-    );
+    let filter = crate::config::log_filter();
     let _ = env_logger::Builder::new().parse_filters(&filter).try_init();
-}
-
-/// The logger's filter from the values of `STREAMPOOL_LOG` and `RUST_LOG`. A malformed
-/// `STREAMPOOL_LOG` — not UTF-8 text included — is reported by the configuration (the first
-/// allocation fails naming it); the logger then keeps to warnings, rather than fall back to
-/// `RUST_LOG` or have env_logger print its own line about the same value.
-fn log_filter(streampool_log: Option<OsString>, rust_log: Option<OsString>) -> String {
-    match streampool_log.map(OsString::into_string) {
-        Some(Ok(spec)) if crate::config::validate_log_filter(&spec).is_ok() => spec,
-        Some(_) => LOG_DEFAULT.into(),
-        None => rust_log
-            .and_then(|v| v.into_string().ok())
-            .unwrap_or_else(|| LOG_DEFAULT.into()),
-    }
 }
 
 thread_local! {
@@ -123,31 +106,4 @@ pub fn last_error_ptr() -> *const c_char {
     LAST_ERROR
         .try_with(|slot| slot.borrow().as_ptr())
         .unwrap_or(c"streampool: error message unavailable during thread exit".as_ptr())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::ffi::OsStringExt;
-
-    fn os(text: &str) -> Option<OsString> {
-        Some(text.into())
-    }
-
-    /// A `STREAMPOOL_LOG` that is not UTF-8 text fell back to `RUST_LOG` (`env::var` failed as if
-    /// it were unset): it is malformed, and the logger keeps to warnings.
-    #[test]
-    fn the_log_filter_falls_back_to_rust_log_only_when_streampool_log_is_unset() {
-        let not_utf8 = Some(OsString::from_vec(b"streampool=\xff".to_vec()));
-        assert_eq!(log_filter(os("info"), os("trace")), "info");
-        assert_eq!(log_filter(os("loud"), os("trace")), "warn", "malformed");
-        assert_eq!(
-            log_filter(not_utf8.clone(), os("trace")),
-            "warn",
-            "not UTF-8"
-        );
-        assert_eq!(log_filter(None, os("trace")), "trace");
-        assert_eq!(log_filter(None, not_utf8), "warn");
-        assert_eq!(log_filter(None, None), "warn");
-    }
 }

@@ -366,6 +366,48 @@ fn config_is_read_only_where_docs_layout_says() {
     );
 }
 
+/// True if `code` reads the process's environment (`std::env::var`, `var_os`, `vars`, `vars_os`,
+/// through any path or import).
+fn reads_environment(code: &str) -> bool {
+    let code: String = code.split_whitespace().collect();
+    [
+        "env::var(",
+        "env::var_os(",
+        "env::vars(",
+        "env::vars_os(",
+        "usestd::env",
+    ]
+    .iter()
+    .any(|call| code.contains(call))
+}
+
+#[test]
+fn the_environment_is_read_only_where_docs_layout_says() {
+    let allowed = paths_in_sentence("The environment itself is read only in");
+    for (code, reads) in [
+        ("let v = std::env::var_os(\"STREAMPOOL_LOG\");", true),
+        ("std::env::var (\"X\")", true),
+        ("use std::env;\nenv::vars()", true),
+        ("use std::{env, fs};", false),
+        ("let environment = 1;", false),
+    ] {
+        assert_eq!(
+            reads_environment(code),
+            reads,
+            "reads_environment misreads {code:?}"
+        );
+    }
+    let broken: Vec<String> = sources()
+        .into_iter()
+        .filter(|(file, code)| !inside(file, &allowed) && reads_environment(code))
+        .map(|(file, _)| file)
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "the environment is read outside {allowed:?} (docs/layout.md): {broken:?}"
+    );
+}
+
 #[test]
 fn blocks_go_back_to_their_source_only_where_docs_layout_says() {
     let allowed = paths_in_sentence("The source-id rule");

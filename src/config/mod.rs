@@ -1,5 +1,6 @@
 //! `STREAMPOOL_*` environment variables, parsed once into a [`Config`], their defaults
-//! ([`DEFAULTS`]), and the settings each layer below the allocator gets from it ([`Settings`]).
+//! ([`DEFAULTS`]), the logger's filter ([`log_filter`]), and the settings each layer below the
+//! allocator gets from it ([`Settings`]). No other module reads the environment.
 //!
 //! Invariant: a malformed value — one that is not UTF-8 text included — is an error naming the
 //! variable, the value and what is accepted, in that order, then why (`values`); it is never
@@ -7,11 +8,13 @@
 //! refused the same way ([`names`]).
 
 mod defaults;
+mod log;
 mod settings;
 mod values;
 mod vmm_layout;
 
 pub use defaults::{VariableDefault, DEFAULTS, LOG_DEFAULT};
+pub use log::log_filter;
 pub use settings::{DeviceSettings, PoolSettings, Settings, SourceSettings, VmmSpec};
 pub use vmm_layout::VmmLayout;
 
