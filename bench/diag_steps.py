@@ -1,17 +1,19 @@
 """Where a workload step's time goes, per allocator (a GPU diagnostic: ``scripts/gpu-diag steps``).
 
-``python3 bench/diag_steps.py [WORKLOAD...]`` (default: churn gpt2) runs the benchmark's
-workloads (their schedules and steps, bench/schedules.py and bench/workloads.py) in a process per
+``python3 bench/diag_steps.py [WORKLOAD...]`` (default: churn gpt2) runs the benchmark's workloads
+(their schedules and steps, bench/schedules.py and bench/workloads.py) in a process per
 configuration, pinned to the same CPUs, in ABBA order: native, streampool on the pool backend, on
-the vmm backend. Each process times ROUNDS rounds of the schedule's timed steps and prints the
-median per step of: the wall time (the device synchronised at the end of each round), the
-process's CPU time (every thread: autograd's backward runs on a thread of its own), the GPU time
-between CUDA events, and the allocations PyTorch counted. For churn, the same steps again with
-allocations only (``torch.empty`` without ``fill_``, the same window of live tensors): what the
-allocator alone costs. ``STEPS_SYNC=1`` ends every step with ``torch.cuda.synchronize()``. A step whose wall time exceeds its GPU time waits on the CPU. With the
-call-counting library (STREAMPOOL_LIBRARY pointing at a build with ``--features call-counts``) the
-driver calls per process follow at exit, with the time spent inside ``my_malloc`` and ``my_free``
-(``CALLS my_malloc N total_us T``).
+the vmm backend. Each process times ROUNDS rounds (``DIAG_ROUNDS``, default 5) of the schedule's
+timed steps and prints the median per step of: the wall time (the device synchronised at the end of
+each round), the process's CPU time (every thread: autograd's backward runs on a thread of its
+own), the GPU time between CUDA events, and the allocations PyTorch counted. For churn, the same
+steps again with allocations only (``torch.empty`` without ``fill_``, the same window of live
+tensors): what the allocator alone costs. ``STEPS_SYNC=1`` ends every step with
+``torch.cuda.synchronize()``. A step whose wall time exceeds its GPU time waits on the CPU; the CPU
+time counts the spin of a synchronisation too, so a CPU time equal to the wall does not by itself
+say the step waits on the CPU. With the call-counting library (STREAMPOOL_LIBRARY pointing at a
+build with ``--features call-counts``) the driver calls per process follow at exit, with the time
+spent inside ``my_malloc`` and ``my_free`` (``CALLS my_malloc N total_us T``).
 
 Invariant: a configuration's figures come only from its own process's timed rounds; nothing is
 averaged across processes (the caller reads every line).
@@ -26,7 +28,7 @@ import time
 
 import diag_configs  # (run as a file: bench/ is on the path)
 
-ROUNDS = 5
+ROUNDS = int(os.environ.get("DIAG_ROUNDS", "5"))
 
 
 def allocations(torch) -> float:
