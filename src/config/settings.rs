@@ -5,61 +5,21 @@
 //! pool's ([`PoolSettings`]) and the virtual-memory resource's ([`VmmSpec`], whose page size
 //! waits for the device's granularity: [`VmmSpec::layout`]).
 //!
-//! Invariant: nothing below the allocator reads a `Config`; a setting read below it is one of
-//! these fields, resolved here and only here.
+//! Invariant: nothing below the allocator reads a `Config`: a [`Settings`] holds one but shows
+//! only its backend; a setting read below it is a field of the structs here, resolved here and
+//! only here, and nowhere copied field by field.
 
 use super::{Backend, Config, ReusePolicy};
 use crate::units::SizeSpec;
 
-/// A `Config` as the layers below the allocator need it, before a device's memory is known.
-#[derive(Debug, Clone, PartialEq)]
-/// Its fields are those of `Config` by the same names.
-pub struct Settings {
-    pub(crate) backend: Backend,
-    pub(crate) ipc: bool,
-    pub(crate) release_threshold: SizeSpec,
-    pub(crate) max_pool_size: SizeSpec,
-    pub(crate) cache_limit: SizeSpec,
-    pub(crate) cache_max_block: SizeSpec,
-    pub(crate) small_pool_max: SizeSpec,
-    pub(crate) trim_on_growth: bool,
-    pub(crate) reuse: ReusePolicy,
-    pub(crate) vmm_page_size: SizeSpec,
-    pub(crate) vmm_span_bytes: Option<u64>,
-    pub(crate) vmm_cold_after_ms: u64,
-    pub(crate) vmm_growth_slack_percent: Option<u64>,
-    pub(crate) vmm_headroom: SizeSpec,
-    pub(crate) idle_release_ms: Option<u64>,
-    pub(crate) background: bool,
-}
-
-impl Default for Settings {
-    /// The settings of the default configuration.
-    fn default() -> Settings {
-        Settings::from(&Config::default())
-    }
-}
+/// A `Config` as the layers below the allocator need it, before a device's memory is known: the
+/// parsed configuration itself, whose fields only [`Settings::for_device`] reads.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Settings(Config);
 
 impl From<&Config> for Settings {
     fn from(c: &Config) -> Settings {
-        Settings {
-            backend: c.backend,
-            ipc: c.ipc,
-            release_threshold: c.release_threshold,
-            max_pool_size: c.max_pool_size,
-            cache_limit: c.cache_limit,
-            cache_max_block: c.cache_max_block,
-            small_pool_max: c.small_pool_max,
-            trim_on_growth: c.trim_on_growth,
-            reuse: c.reuse,
-            vmm_page_size: c.vmm_page_size,
-            vmm_span_bytes: c.vmm_span_bytes,
-            vmm_cold_after_ms: c.vmm_cold_after_ms,
-            vmm_growth_slack_percent: c.vmm_growth_slack_percent,
-            vmm_headroom: c.vmm_headroom,
-            idle_release_ms: c.idle_release_ms,
-            background: c.background,
-        }
+        Settings(c.clone())
     }
 }
 
@@ -128,38 +88,66 @@ pub struct VmmSpec {
 }
 
 impl Settings {
+    /// The settings the variables `pairs` give, the others at their defaults: a test states a
+    /// setting as a user writes it. Panics on a malformed value.
+    #[cfg(test)]
+    pub fn with_variables(pairs: &[(&str, &str)]) -> Settings {
+        let names = pairs.iter().map(|(name, _)| name.into());
+        super::names::check_names(names).expect("test settings name variables streampool reads");
+        let value = |name: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        };
+        Settings(Config::from_lookup(value).expect("test settings parse"))
+    }
+
+    /// These settings with no background thread (a test that tends the device itself).
+    #[cfg(test)]
+    pub fn without_background(mut self) -> Settings {
+        self.0.background = false;
+        self
+    }
+
+    /// The backend every device's own sources come from (known before a device's memory).
+    pub fn backend(&self) -> Backend {
+        self.0.backend
+    }
+
     /// The settings of a device of `total_bytes` memory.
     pub fn for_device(&self, total_bytes: u64) -> DeviceSettings {
         let resolve = |spec: SizeSpec| spec.resolve_bytes(total_bytes);
-        let small_max_bytes = resolve(self.small_pool_max);
-        let max_size_bytes = resolve(self.max_pool_size);
-        let release_threshold_bytes = resolve(self.release_threshold);
+        let c = &self.0;
+        let small_max_bytes = resolve(c.small_pool_max);
+        let max_size_bytes = resolve(c.max_pool_size);
+        let release_threshold_bytes = resolve(c.release_threshold);
         DeviceSettings {
-            cache_limit_bytes: resolve(self.cache_limit),
-            cache_max_block_bytes: resolve(self.cache_max_block),
-            trim_on_growth: self.trim_on_growth,
-            idle_release_ms: self.idle_release_ms,
-            background: self.background,
-            every_block_shareable: self.ipc,
+            cache_limit_bytes: resolve(c.cache_limit),
+            cache_max_block_bytes: resolve(c.cache_max_block),
+            trim_on_growth: c.trim_on_growth,
+            idle_release_ms: c.idle_release_ms,
+            background: c.background,
+            every_block_shareable: c.ipc,
             sources: SourceSettings {
-                backend: self.backend,
-                one_shareable_pool: self.ipc,
+                backend: c.backend,
+                one_shareable_pool: c.ipc,
                 small_max_bytes,
-                small_pool: small_max_bytes > 0 && self.max_pool_size.is_max(),
+                small_pool: small_max_bytes > 0 && c.max_pool_size.is_max(),
                 pool: PoolSettings {
                     max_size_bytes,
                     release_threshold_bytes,
-                    reuse: self.reuse,
+                    reuse: c.reuse,
                 },
                 vmm: VmmSpec {
-                    page_size: self.vmm_page_size,
-                    span_max_bytes: self.vmm_span_bytes,
+                    page_size: c.vmm_page_size,
+                    span_max_bytes: c.vmm_span_bytes,
                     small_max_bytes,
                     max_physical_bytes: max_size_bytes,
                     release_threshold_bytes,
-                    cold_after_ms: self.vmm_cold_after_ms,
-                    growth_slack_percent: self.vmm_growth_slack_percent,
-                    headroom_bytes: resolve(self.vmm_headroom),
+                    cold_after_ms: c.vmm_cold_after_ms,
+                    growth_slack_percent: c.vmm_growth_slack_percent,
+                    headroom_bytes: resolve(c.vmm_headroom),
                 },
             },
         }

@@ -201,7 +201,7 @@ impl DeviceAllocator {
     /// a refusal creates nothing (a device that cannot run vmm, and got the pool's, is refused
     /// once set up, where its resources are asked).
     fn refuse_unless_vmm(&self, entry: &str) -> Result<()> {
-        let backend = self.settings.backend;
+        let backend = self.settings.backend();
         match crate::resource::backend_sleeps(backend) {
             true => Ok(()),
             false => Err(self.needs_vmm(entry, &format!("the {} backend", backend.name()))),

@@ -13,10 +13,7 @@ fn recording(cacheable: bool) -> Arc<TestSource> {
 
 fn device() -> Arc<DeviceAllocator> {
     let driver: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 1 << 30));
-    let settings = Settings {
-        background: false,
-        ..Settings::default()
-    };
+    let settings = Settings::default().without_background();
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
     let peers = Arc::new(Peers::new(PeerAccess::Off, 1));
     DeviceAllocator::new(0, driver, Arc::new(settings), recorder, peers)

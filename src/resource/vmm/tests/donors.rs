@@ -23,7 +23,7 @@ fn head_and_tail(r: &Rig, head_pages: u64, tail_pages: u64) -> (DevicePtr, Devic
 /// free but whose last ones hold a live block stays, whatever the growth needs.
 #[test]
 fn a_span_with_a_live_block_in_it_is_no_donor() {
-    let r = rig_spans_slack(8, Some(0));
+    let r = rig_spans_slack(8, "0%");
     r.stop_clock();
     let (head, tail) = head_and_tail(&r, 6, 2);
     r.free(head, 6 * PAGE, S1);
@@ -45,7 +45,7 @@ fn a_cold_idle_span_goes_back_before_new_memory_a_hot_one_stays() {
     for (idle_ms, tail_hot, physical_pages) in
         [(60_000, false, 7), (0, false, 11), (60_000, true, 11)]
     {
-        let r = rig_spans_slack(4, Some(1000));
+        let r = rig_spans_slack(4, "1000%");
         r.stop_clock();
         let (head, tail) = head_and_tail(&r, 2, 2);
         let live = r.alloc(PAGE, S1);
@@ -73,7 +73,7 @@ fn a_cold_idle_span_goes_back_before_new_memory_a_hot_one_stays() {
 /// memory, no donor: giving it back would unmap pages the new block lies on.
 #[test]
 fn a_span_reaching_into_the_growth_s_window_is_no_donor() {
-    let r = rig_spans_slack(4, Some(1000));
+    let r = rig_spans_slack(4, "1000%");
     r.stop_clock();
     let x = r.alloc(4 * PAGE, S1);
     let a = r.alloc(4 * PAGE, S1);

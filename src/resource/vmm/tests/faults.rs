@@ -87,7 +87,7 @@ fn a_spare_handle_the_driver_refuses_to_release_stays_counted_for_the_next_trim(
 
 #[test]
 fn a_failed_unmap_keeps_the_page_and_a_failed_release_keeps_the_handle() {
-    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(0));
+    let r = rig_with(1, 64 * PAGE, "0");
     let a = r.alloc(2 * PAGE, S1);
     r.free(a, 2 * PAGE, S1);
     r.sim.inject_fault(SimFault::MemUnmap, 1);

@@ -8,7 +8,6 @@ use crate::driver::sim::{SimDriver, SimFault};
 use crate::driver::StreamDriver;
 use crate::history::History;
 use crate::resource::{Accessible, CaptureNotice, ReleaseThreshold, Resource, Statistics};
-use crate::units::SizeSpec;
 use std::sync::atomic::AtomicU64;
 
 const PAGE: u64 = 2 << 20;
@@ -25,11 +24,8 @@ fn spec(settings: Settings, memory_bytes: u64) -> VmmSpec {
     settings.for_device(memory_bytes).sources.vmm
 }
 
-fn rig_with(devices: usize, memory_bytes: u64, threshold: SizeSpec) -> Rig {
-    let settings = Settings {
-        release_threshold: threshold,
-        ..Settings::default()
-    };
+fn rig_with(devices: usize, memory_bytes: u64, threshold: &str) -> Rig {
+    let settings = Settings::with_variables(&[("STREAMPOOL_RELEASE_THRESHOLD", threshold)]);
     rig_spec(devices, memory_bytes, spec(settings, memory_bytes))
 }
 
@@ -44,26 +40,22 @@ fn rig_spec(devices: usize, memory_bytes: u64, spec: VmmSpec) -> Rig {
 }
 
 fn rig() -> Rig {
-    rig_with(2, 64 * PAGE, SizeSpec::Max)
+    rig_with(2, 64 * PAGE, "max")
 }
 
 /// As [`rig`], every handle one page (no spans): for the page-by-page paths (moves, lending,
 /// spares).
 fn rig_pages() -> Rig {
-    let settings = Settings {
-        vmm_span_bytes: Some(0),
-        ..Settings::default()
-    };
+    let settings = Settings::with_variables(&[("STREAMPOOL_VMM_SPAN_SIZE", "0")]);
     rig_spec(2, 64 * PAGE, spec(settings, 64 * PAGE))
 }
 
 /// A rig whose growth moves memory before it grows past `percent` over the most ever in use.
 fn rig_slack(percent: u64) -> Rig {
-    let settings = Settings {
-        vmm_growth_slack_percent: Some(percent),
-        vmm_span_bytes: Some(0),
-        ..Settings::default()
-    };
+    let settings = Settings::with_variables(&[
+        ("STREAMPOOL_VMM_GROWTH_SLACK", &format!("{percent}%")),
+        ("STREAMPOOL_VMM_SPAN_SIZE", "0"),
+    ]);
     rig_spec(2, 64 * PAGE, spec(settings, 64 * PAGE))
 }
 
@@ -176,8 +168,14 @@ fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
     // Unused for longer than STREAMPOOL_VMM_COLD_AFTER, idle pages are cold: they back a new
     // block before the device grows.
     let f = r.alloc(4 * PAGE, S1); // d's two pages and two more
-    r.sim
-        .advance_clock_ms(Settings::default().vmm_cold_after_ms + 1);
+    r.sim.advance_clock_ms(
+        Settings::default()
+            .for_device(64 * PAGE)
+            .sources
+            .vmm
+            .cold_after_ms
+            + 1,
+    );
     r.free(f, 4 * PAGE, S1);
     let g = r.alloc(2 * PAGE, S1); // fits f's old range: no mapping at all
     r.free(g, 2 * PAGE, S1);
@@ -216,7 +214,7 @@ fn a_hole_still_in_use_is_not_unmapped() {
 
 #[test]
 fn above_the_threshold_cold_pages_go_back_when_tended_never_at_frees() {
-    let r = rig_with(1, 64 * PAGE, SizeSpec::Bytes(2 * PAGE));
+    let r = rig_with(1, 64 * PAGE, &(2 * PAGE).to_string());
     r.stop_clock();
     let a = r.alloc(4 * PAGE, S1);
     // Live between a and b: b's range, freed on S2, would take a's ready pages in.

@@ -5,19 +5,19 @@
 use super::*;
 use crate::driver::{DeviceDriver, VmmDriver};
 
-/// A rig whose new handles back up to `span_pages` pages each.
+/// A rig whose new handles back up to `span_pages` pages each, without a growth slack (only
+/// cold pages move before the device grows).
 fn rig_spans(span_pages: u64) -> Rig {
-    rig_spans_slack(span_pages, None)
+    rig_spans_slack(span_pages, "off")
 }
 
-/// As [`rig_spans`], memory moved before the device grows past `slack_percent` over the most
-/// ever in use (None: the default).
-pub(super) fn rig_spans_slack(span_pages: u64, slack_percent: Option<u64>) -> Rig {
-    let settings = Settings {
-        vmm_span_bytes: Some(span_pages * PAGE),
-        vmm_growth_slack_percent: slack_percent,
-        ..Settings::default()
-    };
+/// As [`rig_spans`], memory moved before the device grows past `slack` over the most ever in
+/// use (`STREAMPOOL_VMM_GROWTH_SLACK`).
+pub(super) fn rig_spans_slack(span_pages: u64, slack: &str) -> Rig {
+    let settings = Settings::with_variables(&[
+        ("STREAMPOOL_VMM_SPAN_SIZE", &(span_pages * PAGE).to_string()),
+        ("STREAMPOOL_VMM_GROWTH_SLACK", slack),
+    ]);
     rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE))
 }
 
@@ -78,7 +78,7 @@ fn a_span_that_cannot_get_access_is_released_not_kept_as_spare_pages() {
 
 #[test]
 fn a_growth_beyond_the_slack_gives_a_whole_idle_span_back_instead_of_moving_its_pages() {
-    let r = rig_spans_slack(8, Some(0));
+    let r = rig_spans_slack(8, "0%");
     r.stop_clock();
     let a = r.alloc(4 * PAGE, S1);
     let live = r.alloc(PAGE, S1);
@@ -392,10 +392,7 @@ fn memory_ahead_makes_no_stream_wait_for_another() {
 /// beside the blocks does not let it grow past that.
 #[test]
 fn memory_ahead_stays_within_the_growth_slack() {
-    let settings = Settings {
-        vmm_growth_slack_percent: Some(0),
-        ..Settings::default()
-    };
+    let settings = Settings::with_variables(&[("STREAMPOOL_VMM_GROWTH_SLACK", "0%")]);
     let r = rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE));
     let small = r.alloc(64 << 10, S1);
     step_then_trim(&r, 12);
