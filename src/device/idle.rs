@@ -11,6 +11,9 @@
 //! blocks the background thread while the device's queued work finishes. The vmm backend
 //! tracks its frees with events and never synchronises here.
 //!
+//! When a release is due and how often a period tries is the rule of [`IdleWatch`] alone
+//! (`look`, `released`); the device does the release.
+//!
 //! Invariants: the activity count changes under the device lock with every allocation and free,
 //! and is read with a `try_lock` (a device whose lock is taken is busy); nothing is released and
 //! nothing synchronised during a capture known on this device or while PyTorch routes this
@@ -42,6 +45,34 @@ pub(super) struct IdleWatch {
 
 pub(super) type Watch = Mutex<IdleWatch>;
 
+impl IdleWatch {
+    /// A look at the device at `now_ms`, whose activity count is `activity` (`u64::MAX`: busy,
+    /// its lock taken): a new count begins a new idle period. `Some(synced)` when an idle release
+    /// is due now (`delay_ms` without activity, more may come, tries left), with whether one of
+    /// this period synchronised the device; `None` otherwise.
+    pub fn look(&mut self, activity: u64, now_ms: u64, delay_ms: Option<u64>) -> Option<bool> {
+        if activity != self.seen_activity || activity == u64::MAX {
+            *self = IdleWatch {
+                seen_activity: activity,
+                since_ms: now_ms,
+                ..IdleWatch::default()
+            };
+        }
+        let due = delay_ms.is_some_and(|delay_ms| now_ms.saturating_sub(self.since_ms) >= delay_ms);
+        (due && !self.done && self.tries < IDLE_TRIES).then_some(self.synced)
+    }
+
+    /// An idle release was made: `more` may become releasable later, `synced_now` it
+    /// synchronised the device. True for the period's first (what `num_idle_releases` counts).
+    pub fn released(&mut self, more: bool, synced_now: bool) -> bool {
+        let first = self.tries == 0;
+        self.tries += 1;
+        self.done = !more;
+        self.synced |= synced_now;
+        first
+    }
+}
+
 impl Tended for DeviceAllocator {
     fn tend(&self) {
         let Some(setup) = self.setup.get() else {
@@ -52,38 +83,19 @@ impl Tended for DeviceAllocator {
             Some(st) => st.activity,
             None => u64::MAX, // busy right now: counts as activity
         };
-        let (idle_now, synced) = {
-            let mut w = self.idle.lock();
-            if activity != w.seen_activity || activity == u64::MAX {
-                *w = IdleWatch {
-                    seen_activity: activity,
-                    since_ms: now_ms,
-                    tries: 0,
-                    done: false,
-                    synced: false,
-                };
-            }
-            let due = setup
-                .settings
-                .idle_release_ms
-                .is_some_and(|delay_ms| now_ms.saturating_sub(w.since_ms) >= delay_ms);
-            (due && !w.done && w.tries < IDLE_TRIES, w.synced)
-        };
+        let delay_ms = setup.settings.idle_release_ms;
+        let due = self.idle.lock().look(activity, now_ms, delay_ms);
         // While busy: the threshold of resources that apply it themselves.
         for r in &setup.own {
             if let Some(tending) = r.capabilities().tending {
                 tending.release_above_threshold();
             }
         }
-        if idle_now {
+        if let Some(synced) = due {
             let (more, synced_now) = self.release_idle(synced);
-            let mut w = self.idle.lock();
-            if w.tries == 0 {
+            if self.idle.lock().released(more, synced_now) {
                 self.state.lock().ledger.counters_mut().num_idle_releases += 1;
             }
-            w.tries += 1;
-            w.done = !more;
-            w.synced |= synced_now;
         }
     }
 }
@@ -173,4 +185,77 @@ enum PoolFrees {
     NotNeeded,
     PutOff,
     Synced,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DELAY_MS: Option<u64> = Some(2000);
+
+    /// A watch that has seen `activity` since `since_ms`.
+    fn watch(activity: u64, since_ms: u64) -> IdleWatch {
+        let mut w = IdleWatch::default();
+        assert_eq!(w.look(activity, since_ms, DELAY_MS), None);
+        w
+    }
+
+    #[test]
+    fn a_release_is_due_once_the_device_saw_no_activity_for_the_delay() {
+        let mut w = watch(7, 1000);
+        assert_eq!(w.look(7, 2999, DELAY_MS), None, "1999 ms idle");
+        assert_eq!(w.look(7, 3000, DELAY_MS), Some(false), "2000 ms idle");
+        assert_eq!(w.look(7, 3000, None), None, "no idle release set");
+    }
+
+    #[test]
+    fn activity_or_a_busy_device_begins_a_new_period() {
+        let mut w = watch(7, 1000);
+        assert_eq!(w.look(8, 3000, DELAY_MS), None, "an allocation at 3000");
+        assert_eq!(w.look(8, 4999, DELAY_MS), None);
+        assert_eq!(w.look(8, 5000, DELAY_MS), Some(false));
+        assert_eq!(w.look(u64::MAX, 9000, DELAY_MS), None, "lock taken: busy");
+        assert_eq!(w.look(u64::MAX, 20_000, DELAY_MS), None, "still busy");
+    }
+
+    #[test]
+    fn a_period_releases_until_nothing_is_left_and_is_counted_once() {
+        let mut w = watch(7, 0);
+        assert_eq!(w.look(7, 2000, DELAY_MS), Some(false));
+        assert!(
+            w.released(true, true),
+            "the period's first release is counted"
+        );
+        assert_eq!(
+            w.look(7, 2050, DELAY_MS),
+            Some(true),
+            "it synchronised: later tries know"
+        );
+        assert!(!w.released(true, false), "counted once a period");
+        assert_eq!(
+            w.look(7, 2060, DELAY_MS),
+            Some(true),
+            "a try that did not sync forgets not"
+        );
+        assert!(!w.released(false, false));
+        assert_eq!(w.look(7, 2100, DELAY_MS), None, "nothing left for later");
+        assert_eq!(w.look(8, 2200, DELAY_MS), None, "a new period");
+        assert_eq!(
+            w.look(8, 4200, DELAY_MS),
+            Some(false),
+            "forgets the last period's sync"
+        );
+        assert!(w.released(false, false), "and counts again");
+    }
+
+    #[test]
+    fn a_period_tries_at_most_idle_tries_times() {
+        let mut w = watch(7, 0);
+        for tick in 0..IDLE_TRIES {
+            let now_ms = 2000 + u64::from(tick);
+            assert_eq!(w.look(7, now_ms, DELAY_MS), Some(false), "try {tick}");
+            w.released(true, false);
+        }
+        assert_eq!(w.look(7, 10_000_000, DELAY_MS), None);
+    }
 }

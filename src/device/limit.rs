@@ -36,6 +36,25 @@ impl Limit {
     pub fn shared(&self) -> &Arc<AtomicU64> {
         &self.0
     }
+
+    /// Caps the bytes held at `fraction` (0..=1) of `total_bytes`, and returns the cap; a
+    /// fraction outside 0..=1 (NaN included) is refused and changes nothing.
+    pub fn set_fraction(&self, fraction: f64, total_bytes: u64) -> Result<u64> {
+        Limit::check_fraction(fraction)?;
+        let limit_bytes = (total_bytes as f64 * fraction) as u64;
+        self.0.store(limit_bytes, Ordering::Relaxed);
+        Ok(limit_bytes)
+    }
+
+    /// `fraction` as a share of a device's memory: refused outside 0..=1 (NaN included).
+    pub fn check_fraction(fraction: f64) -> Result<()> {
+        match (0.0..=1.0).contains(&fraction) {
+            true => Ok(()),
+            false => Err(Error::InvalidArgument(format!(
+                "memory fraction {fraction} is outside 0..=1"
+            ))),
+        }
+    }
 }
 
 impl DeviceAllocator {
@@ -155,14 +174,10 @@ impl DeviceAllocator {
 
     /// Caps the bytes held from the device's resources at `fraction` (0..=1) of its memory.
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
-        if !(0.0..=1.0).contains(&fraction) {
-            return Err(Error::InvalidArgument(format!(
-                "memory fraction {fraction} is outside 0..=1"
-            )));
-        }
+        // Refused before the device's memory is asked for: a bad value creates nothing.
+        Limit::check_fraction(fraction)?;
         let total_bytes = self.device_total_bytes()?;
-        let limit_bytes = (total_bytes as f64 * fraction) as u64;
-        self.limit.0.store(limit_bytes, Ordering::Relaxed);
+        let limit_bytes = self.limit.set_fraction(fraction, total_bytes)?;
         log::info!(
             "device {}: memory limit set to {} ({fraction} of {})",
             self.device,
@@ -170,5 +185,25 @@ impl DeviceAllocator {
             format_bytes(total_bytes)
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fraction_caps_the_device_and_a_bad_one_changes_nothing() {
+        let limit = Limit::default();
+        assert_eq!(limit.bytes(), u64::MAX, "no cap until one is set");
+        assert_eq!(limit.set_fraction(0.25, 1 << 30).unwrap(), 1 << 28);
+        assert_eq!(limit.bytes(), 1 << 28);
+        for bad in [-0.1, 1.01, f64::NAN, f64::INFINITY] {
+            let e = limit.set_fraction(bad, 1 << 30).unwrap_err().to_string();
+            assert!(e.contains("outside 0..=1"), "{bad}: {e}");
+            assert_eq!(limit.bytes(), 1 << 28, "{bad} changed the cap");
+        }
+        assert_eq!(limit.set_fraction(1.0, 1 << 30).unwrap(), 1 << 30);
+        assert_eq!(limit.set_fraction(0.0, 1 << 30).unwrap(), 0);
     }
 }
