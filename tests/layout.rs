@@ -366,19 +366,11 @@ fn config_is_read_only_where_docs_layout_says() {
     );
 }
 
-/// True if `code` reads the process's environment (`std::env::var`, `var_os`, `vars`, `vars_os`,
-/// through any path or import).
+/// True if `code` names the process's environment readers (`std::env::var`, `var_os`, `vars`,
+/// `vars_os`) through a path, a use group, or an import of `std::env` itself.
 fn reads_environment(code: &str) -> bool {
     let code: String = code.split_whitespace().collect();
-    [
-        "env::var(",
-        "env::var_os(",
-        "env::vars(",
-        "env::vars_os(",
-        "usestd::env",
-    ]
-    .iter()
-    .any(|call| code.contains(call))
+    code.contains("env::var") || code.contains("usestd::env;") || code.contains("usestd::env::{")
 }
 
 #[test]
@@ -388,6 +380,11 @@ fn the_environment_is_read_only_where_docs_layout_says() {
         ("let v = std::env::var_os(\"STREAMPOOL_LOG\");", true),
         ("std::env::var (\"X\")", true),
         ("use std::env;\nenv::vars()", true),
+        (
+            "use std::{env::var_os, ffi::OsString};\nvar_os(\"X\")",
+            true,
+        ),
+        ("let v = std::env::var::<&str>(\"X\");", true),
         ("use std::{env, fs};", false),
         ("let environment = 1;", false),
     ] {

@@ -8,13 +8,13 @@
 //! refused the same way ([`names`]).
 
 mod defaults;
-mod log;
+mod logger;
 mod settings;
 mod values;
 mod vmm_layout;
 
 pub use defaults::{VariableDefault, DEFAULTS, LOG_DEFAULT};
-pub use log::log_filter;
+pub use logger::log_filter;
 pub use settings::{DeviceSettings, PoolSettings, Settings, SourceSettings, VmmSpec};
 pub use vmm_layout::VmmLayout;
 
