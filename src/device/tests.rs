@@ -75,3 +75,24 @@ fn a_removed_source_keeps_its_id_until_its_last_block_is_back() {
         "its id is free now"
     );
 }
+
+/// A fraction outside 0..=1 is refused before the device is asked anything: no driver call, no
+/// resource created, the cap unchanged; a good one then caps the device.
+#[test]
+fn a_bad_memory_fraction_is_refused_before_the_device_is_asked_anything() {
+    let sim = Arc::new(SimDriver::new(1, 1 << 30));
+    let driver: Arc<dyn Driver> = sim.clone();
+    let settings = Settings::default().without_background();
+    let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
+    let peers = Arc::new(Peers::new(PeerAccess::Off, 1));
+    let d = DeviceAllocator::new(0, driver, Arc::new(settings), recorder, peers);
+    for bad in [f64::NAN, -0.5, 1.5] {
+        let e = d.set_memory_fraction(bad).unwrap_err().to_string();
+        assert!(e.contains("outside 0..=1"), "{bad}: {e}");
+    }
+    assert_eq!(sim.calls_total(), 0, "the device was asked for its memory");
+    assert!(d.setup.get().is_none(), "a refusal set the device up");
+    assert_eq!(d.limit.bytes(), u64::MAX);
+    d.set_memory_fraction(0.5).unwrap();
+    assert_eq!(d.limit.bytes(), 1 << 29);
+}
