@@ -29,6 +29,8 @@ import time
 import diag_configs  # (run as a file: bench/ is on the path)
 
 ROUNDS = int(os.environ.get("DIAG_ROUNDS", "5"))
+if ROUNDS < 1:
+    raise SystemExit(f"DIAG_ROUNDS={ROUNDS}: at least 1 round is timed")
 
 
 def allocations(torch) -> float:
