@@ -17,6 +17,7 @@
 //! unmapped later, once no work can use it there ([`super::lending`]); a span goes back only
 //! when all its pages are idle and outside the window, and never while a capture is known.
 
+use super::clock::Marks;
 use super::growth::Budget;
 use super::{VmmResource, VmmState};
 use crate::driver::{MemHandle, Stream};
@@ -223,7 +224,9 @@ impl VmmResource {
         growth.donors.get_or_insert_with(|| {
             // Nothing is cold before the clock has run for `cold_after_ms`.
             let cold_before_ms = now_ms.checked_sub(self.cold_after_ms);
-            let cold = |p: &super::Page| cold_before_ms.is_some_and(|b| p.last_used_ms <= b);
+            let cold = |marks: &Marks, page: u64, p: &super::Page| {
+                cold_before_ms.is_some_and(|b| p.mapped_ms.max(marks.mark(page)) <= b)
+            };
             let outside = |start: u64, end: u64| end <= keep.0 || keep.1 <= start;
             let page_bytes = self.page_bytes;
             let mut donors = Donors::default();
@@ -231,13 +234,15 @@ impl VmmResource {
             let spans_may_go = !st.captures.any_known();
             let ready = st.large.ready_ranges().chain(st.carriers.ready_ranges());
             for (start, end) in ready {
+                // A range lies in one reservation: its pages' marks in one slice.
+                let marks = st.clock.extent_of(start);
                 for (&page, p) in st.pages.range(start..end) {
                     if page + page_bytes > end || !outside(page, page + page_bytes) {
                         continue;
                     }
                     let mapping = p.mapping;
                     if !mapping.is_span() {
-                        match cold(p) {
+                        match cold(&marks, page, p) {
                             true => donors.cold.push(page),
                             false => donors.hot.push(page),
                         }
@@ -251,7 +256,11 @@ impl VmmResource {
                         continue;
                     }
                     let span = (mapping.first, mapping.pages);
-                    match st.pages.range(page..span_end).all(|(_, q)| cold(q)) {
+                    match st
+                        .pages
+                        .range(page..span_end)
+                        .all(|(&q, qp)| cold(&marks, q, qp))
+                    {
                         true => donors.cold_spans.push(span),
                         false => donors.hot_spans.push(span),
                     }

@@ -256,11 +256,11 @@ impl VmmResource {
         // unmap (its memory would stay in use, uncounted).
         idle.retain(|p| !Self::retiring_handle(st, st.pages[p].handle));
         if let Some(before_ms) = cold_before_ms {
-            idle.retain(|p| st.pages[p].last_used_ms <= before_ms);
+            idle.retain(|&p| st.last_used_ms(p) <= before_ms);
         }
         // The coldest first (unused the longest: the least likely to be asked for again), then
         // from the top of the address space down.
-        idle.sort_unstable_by_key(|p| (st.pages[p].last_used_ms, std::cmp::Reverse(*p)));
+        idle.sort_by_cached_key(|&p| (st.last_used_ms(p), std::cmp::Reverse(p)));
         let spans: std::collections::HashSet<u64> = (idle.iter().copied())
             .filter(|p| st.pages[p].mapping.is_span())
             .collect();

@@ -43,6 +43,7 @@
 //! disables the whole device).
 
 mod backing;
+mod clock;
 mod export;
 mod growth;
 mod interface;
@@ -114,23 +115,24 @@ enum Region {
 }
 
 /// A mapped page: its handle, the mapping that handle makes (this page alone, or a span of
-/// adjacent pages: [`spans`]), its region, and when a block on it was last handed out or freed.
+/// adjacent pages: [`spans`]), its region, and when it was mapped (its last use is the later of
+/// that and the page clock's mark: [`VmmState::last_used_ms`]).
 #[derive(Debug, Clone, Copy)]
 struct Page {
     handle: MemHandle,
     mapping: spans::Mapping,
     region: Region,
-    last_used_ms: u64,
+    mapped_ms: u64,
 }
 
 impl Page {
     /// A page mapped alone (its handle backs it and nothing else).
-    fn alone(page: u64, handle: MemHandle, region: Region, last_used_ms: u64) -> Page {
+    fn alone(page: u64, handle: MemHandle, region: Region, mapped_ms: u64) -> Page {
         let mapping = spans::Mapping {
             first: page,
             pages: 1,
         };
-        Page::in_mapping(mapping, handle, region, last_used_ms)
+        Page::in_mapping(mapping, handle, region, mapped_ms)
     }
 
     /// A page of `mapping`, backed by its `handle`.
@@ -138,13 +140,13 @@ impl Page {
         mapping: spans::Mapping,
         handle: MemHandle,
         region: Region,
-        last_used_ms: u64,
+        mapped_ms: u64,
     ) -> Page {
         Page {
             handle,
             mapping,
             region,
-            last_used_ms,
+            mapped_ms,
         }
     }
 }
@@ -161,6 +163,8 @@ struct VmmState {
     slabs: slabs::Slabs,
     /// Mapped pages.
     pages: BTreeMap<u64, Page>,
+    /// When each page of the reservations was last marked used by a free ([`clock`]).
+    clock: clock::PageClock,
     /// Handles taken out of pages and not mapped again yet (counted as reserved).
     spare_handles: Vec<MemHandle>,
     /// Spans unmapped whose handles the driver would not release: released at the next try,
@@ -207,6 +211,11 @@ struct VmmState {
 }
 
 impl VmmState {
+    /// When the mapped page at `page` was last used: marked by a free ([`clock`]), or made.
+    fn last_used_ms(&self, page: u64) -> u64 {
+        self.pages[&page].mapped_ms.max(self.clock.get(page))
+    }
+
     fn physical_bytes(&self, page_bytes: u64) -> u64 {
         let spans: u64 = self.spare_spans.iter().map(|&(_, pages)| pages).sum();
         ((self.pages.len() + self.spare_handles.len()) as u64 + spans) * page_bytes
@@ -293,6 +302,7 @@ impl VmmResource {
                 large: FreeRanges::new(page_bytes),
                 carriers: FreeRanges::new(page_bytes),
                 small: FreeRanges::new(page_bytes),
+                clock: clock::PageClock::new(page_bytes),
                 ..VmmState::default()
             }),
             release_threshold_bytes: AtomicU64::new(spec.release_threshold_bytes),
@@ -316,6 +326,7 @@ impl VmmResource {
         let bytes = bytes.div_ceil(self.page_bytes) * self.page_bytes;
         let base = self.driver.address_reserve(self.device, bytes)?;
         st.region(region).add_extent(base.0, bytes);
+        st.clock.add_extent(base.0, bytes);
         Ok(())
     }
 
@@ -415,10 +426,7 @@ impl VmmResource {
 
     /// The pages under `[start, start + bytes)` were used now.
     fn mark_used(&self, st: &mut VmmState, start: u64, bytes: u64, now_ms: u64) {
-        let first = start.saturating_sub(self.page_bytes - 1);
-        for (_, page) in st.pages.range_mut(first..start + bytes) {
-            page.last_used_ms = now_ms;
-        }
+        st.clock.mark(start, bytes, now_ms);
     }
 
     /// The resource's lock for an entry point, unless a panic while it was held left the state
