@@ -6,18 +6,28 @@
 //! ([`super::VmmState::last_used_ms`]): a page mapped now is used now, whatever an earlier block
 //! at its address left here.
 //!
-//! Invariants: each reservation of the resource is an extent here, with one entry per page, from
-//! its reservation to the resource's end; a mark never decreases an entry (the clock only moves
-//! on); an address outside every extent is never marked, and reads as never used.
+//! Invariants: each reservation of the resource is an extent here, from its reservation to the
+//! resource's end, with an entry for each page up to the highest marked (pages counted from the
+//! reservation's base, which need not be a multiple of the page); a mark never decreases an entry
+//! (the clock only moves on); an address outside every extent is never marked, and reads as never
+//! used.
 
 /// The last use of every page of the resource's reservations, in milliseconds of the driver's
 /// clock (0: never marked).
 #[derive(Debug, Default)]
 pub(super) struct PageClock {
     page_bytes: u64,
-    /// (base, the last use of each page from the base on), in no particular order: there are
-    /// few (one per reservation).
-    extents: Vec<(u64, Vec<u64>)>,
+    /// In no particular order: there are few (one per reservation).
+    extents: Vec<Extent>,
+}
+
+/// One reservation's marks: entries up to the highest page ever marked (a reservation is twice
+/// the device's memory, and only pages that back blocks are marked).
+#[derive(Debug)]
+struct Extent {
+    base: u64,
+    pages: u64,
+    used: Vec<u64>,
 }
 
 impl PageClock {
@@ -30,34 +40,41 @@ impl PageClock {
 
     /// A new reservation of `bytes` (whole pages) at `base`, never used.
     pub fn add_extent(&mut self, base: u64, bytes: u64) {
-        let pages = (bytes / self.page_bytes) as usize;
-        self.extents.push((base, vec![0; pages]));
+        self.extents.push(Extent {
+            base,
+            pages: bytes / self.page_bytes,
+            used: Vec::new(),
+        });
     }
 
-    /// The extent holding `addr`, and its page's index there.
+    /// The extent holding `addr`, and `addr`'s offset from its base.
     #[inline]
-    fn locate(&self, addr: u64) -> Option<(usize, usize)> {
-        self.extents
-            .iter()
-            .enumerate()
-            .find_map(|(i, (base, used))| {
-                let page = addr.checked_sub(*base)? / self.page_bytes;
-                ((page as usize) < used.len()).then_some((i, page as usize))
-            })
+    fn locate(&self, addr: u64) -> Option<(usize, u64)> {
+        self.extents.iter().enumerate().find_map(|(i, e)| {
+            let offset = addr.checked_sub(e.base)?;
+            (offset / self.page_bytes < e.pages).then_some((i, offset))
+        })
     }
 
-    /// The pages `[start, start + bytes)` overlaps (`bytes` > 0, inside one extent) were used at
-    /// `now_ms`.
+    /// The pages `[start, start + bytes)` overlaps (inside one extent; pages counted from its
+    /// base) were used at `now_ms`.
     #[inline]
     pub fn mark(&mut self, start: u64, bytes: u64, now_ms: u64) {
-        let Some((i, first)) = self.locate(start) else {
+        if bytes == 0 {
+            return;
+        }
+        let Some((i, offset)) = self.locate(start) else {
             debug_assert!(false, "{start:#x} is in no reservation");
             return;
         };
-        let used = &mut self.extents[i].1;
-        let last = (first + ((start % self.page_bytes + bytes - 1) / self.page_bytes) as usize)
-            .min(used.len() - 1);
-        for entry in &mut used[first..=last] {
+        let extent = &mut self.extents[i];
+        let first = (offset / self.page_bytes) as usize;
+        let last = (offset.saturating_add(bytes - 1) / self.page_bytes).min(extent.pages - 1);
+        let last = last as usize;
+        if extent.used.len() <= last {
+            extent.used.resize(last + 1, 0);
+        }
+        for entry in &mut extent.used[first..=last] {
             *entry = (*entry).max(now_ms);
         }
     }
@@ -65,7 +82,7 @@ impl PageClock {
     /// When the page at `page` was last marked (0: never).
     #[inline]
     pub fn get(&self, page: u64) -> u64 {
-        self.locate(page).map_or(0, |(i, at)| self.extents[i].1[at])
+        self.extent_of(page).mark(page)
     }
 
     /// The marks of the extent holding `addr`, for a walk over many of its pages: a page's mark
@@ -74,7 +91,7 @@ impl PageClock {
         let extent = self.locate(addr).map(|(i, _)| &self.extents[i]);
         Marks {
             page_bytes: self.page_bytes,
-            extent: extent.map(|(base, used)| (*base, &used[..])),
+            extent: extent.map(|e| (e.base, &e.used[..])),
         }
     }
 }
@@ -143,6 +160,37 @@ mod tests {
             (5, 0),
             "a whole page, no more"
         );
+    }
+
+    /// Pages are counted from their reservation's base, which need not be a multiple of the
+    /// page: a block across two pages marks both, a page-long block at a page marks one.
+    #[test]
+    fn pages_are_counted_from_the_reservations_base() {
+        const BIG: u64 = 4 * PAGE;
+        let mut c = PageClock::new(BIG);
+        let base = PAGE; // 2 MiB: aligned to the granularity, not to the page
+        c.add_extent(base, 4 * BIG);
+        c.mark(base + BIG - PAGE, 2 * PAGE, 3); // the end of page 0, the start of page 1
+        assert_eq!(
+            [c.get(base), c.get(base + BIG), c.get(base + 2 * BIG)],
+            [3, 3, 0]
+        );
+        c.mark(base + 2 * BIG, BIG, 4);
+        assert_eq!([c.get(base + 2 * BIG), c.get(base + 3 * BIG)], [4, 0]);
+        c.mark(base, 0, 9);
+        assert_eq!(c.get(base), 3, "an empty block marks nothing");
+    }
+
+    /// A reservation costs nothing until its pages are marked (the simulator's largest device
+    /// reserves 2^42 pages).
+    #[test]
+    fn a_huge_reservation_holds_only_its_marked_pages() {
+        let mut c = PageClock::new(PAGE);
+        c.add_extent(PAGE, 1 << 63);
+        c.mark(PAGE + 3 * PAGE, PAGE, 5);
+        assert_eq!(c.get(PAGE + 3 * PAGE), 5);
+        assert_eq!(c.get(PAGE + (1 << 62)), 0);
+        assert_eq!(c.extents[0].used.len(), 4);
     }
 
     #[test]
