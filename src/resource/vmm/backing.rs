@@ -225,7 +225,7 @@ impl VmmResource {
             // Nothing is cold before the clock has run for `cold_after_ms`.
             let cold_before_ms = now_ms.checked_sub(self.cold_after_ms);
             let cold = |marks: &Marks, page: u64, p: &super::Page| {
-                cold_before_ms.is_some_and(|b| p.mapped_ms.max(marks.mark(page)) <= b)
+                cold_before_ms.is_some_and(|b| p.last_used_ms(marks.mark(page)) <= b)
             };
             let outside = |start: u64, end: u64| end <= keep.0 || keep.1 <= start;
             let page_bytes = self.page_bytes;

@@ -26,7 +26,7 @@ pub(super) struct PageClock {
 #[derive(Debug)]
 struct Extent {
     base: u64,
-    pages: u64,
+    bytes: u64,
     used: Vec<u64>,
 }
 
@@ -42,7 +42,7 @@ impl PageClock {
     pub fn add_extent(&mut self, base: u64, bytes: u64) {
         self.extents.push(Extent {
             base,
-            pages: bytes / self.page_bytes,
+            bytes,
             used: Vec::new(),
         });
     }
@@ -52,7 +52,7 @@ impl PageClock {
     fn locate(&self, addr: u64) -> Option<(usize, u64)> {
         self.extents.iter().enumerate().find_map(|(i, e)| {
             let offset = addr.checked_sub(e.base)?;
-            (offset / self.page_bytes < e.pages).then_some((i, offset))
+            (offset < e.bytes).then_some((i, offset))
         })
     }
 
@@ -69,8 +69,8 @@ impl PageClock {
         };
         let extent = &mut self.extents[i];
         let first = (offset / self.page_bytes) as usize;
-        let last = (offset.saturating_add(bytes - 1) / self.page_bytes).min(extent.pages - 1);
-        let last = last as usize;
+        let end = offset.saturating_add(bytes - 1).min(extent.bytes - 1);
+        let last = (end / self.page_bytes) as usize;
         if extent.used.len() <= last {
             extent.used.resize(last + 1, 0);
         }

@@ -149,6 +149,12 @@ impl Page {
             mapped_ms,
         }
     }
+
+    /// Its last use, given its page clock mark (0: never marked): the later of the two.
+    #[inline]
+    fn last_used_ms(&self, mark_ms: u64) -> u64 {
+        self.mapped_ms.max(mark_ms)
+    }
 }
 
 #[derive(Default)]
@@ -213,7 +219,7 @@ struct VmmState {
 impl VmmState {
     /// When the mapped page at `page` was last used: marked by a free ([`clock`]), or made.
     fn last_used_ms(&self, page: u64) -> u64 {
-        self.pages[&page].mapped_ms.max(self.clock.get(page))
+        self.pages[&page].last_used_ms(self.clock.get(page))
     }
 
     fn physical_bytes(&self, page_bytes: u64) -> u64 {
@@ -419,14 +425,9 @@ impl VmmResource {
             true => self.give_small(st, start, bytes, state, now_ms),
             false => {
                 st.large.give(start, bytes, state);
-                self.mark_used(st, start, bytes, now_ms);
+                st.clock.mark(start, bytes, now_ms);
             }
         }
-    }
-
-    /// The pages under `[start, start + bytes)` were used now.
-    fn mark_used(&self, st: &mut VmmState, start: u64, bytes: u64, now_ms: u64) {
-        st.clock.mark(start, bytes, now_ms);
     }
 
     /// The resource's lock for an entry point, unless a panic while it was held left the state

@@ -131,7 +131,7 @@ impl VmmResource {
         }
         if let Some(state) = st.small.remove_extent_if_free(start) {
             st.carriers.give(start, bytes, state);
-            self.mark_used(st, start, bytes, now_ms);
+            st.clock.mark(start, bytes, now_ms);
         }
     }
 
