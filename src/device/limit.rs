@@ -1,17 +1,20 @@
 //! The memory limit (`set_per_process_memory_fraction`) and out of memory: reserving a block's
-//! bytes against the cap, the retry after a flush, and the report a user reads.
+//! bytes against the cap, the retry after making room, and the report a user reads.
+//!
+//! The rules are the limit's own ([`Limit::reserve`], [`allocate_or_retry`]); what they ask of
+//! the device — its ledger, giving blocks back, making room, the report — is [`LimitHost`].
 //!
 //! Invariants: the cap is hard — a block's bytes join `held_bytes` in the same lock section that
 //! checks them against the cap, and leave it again if the allocation then fails, so concurrent
-//! allocations never hold more than the cap together; out of memory is retried once after a
-//! flush, and reported as an [`Error::OutOfMemory`] that counts in `num_ooms`. This layer touches
-//! the ledger only through `reserve`, `unreserve`, `evict` and the counters.
+//! allocations never hold more than the cap together; a request over the cap evicts cached blocks
+//! once and is checked once more; out of memory is retried once after making room, and reported
+//! as an [`Error::OutOfMemory`] that counts in `num_ooms`; any other error is not retried.
 
+use super::ledger::Returning;
 use super::{DeviceAllocator, Request};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, OomReport, Result};
 use crate::history::StreampoolEventKind as Event;
-use crate::resource::Resource;
 use crate::units::format_bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -57,66 +60,116 @@ impl Limit {
     }
 }
 
-impl DeviceAllocator {
-    /// Step 3: `block_bytes` join the bytes held from the resources if that stays within the cap;
-    /// if not, cached blocks are given back to make room, and if that is not enough either, the
-    /// request is out of memory. The caller must `unreserve` if its allocation then fails.
-    pub(super) fn reserve_within_limit(&self, request: Request) -> Result<()> {
-        let limit_bytes = self.limit.bytes();
-        let evicted = {
-            let mut st = self.state.lock();
-            let over_bytes = match st.ledger.reserve(request.block_bytes, limit_bytes) {
-                Ok(()) => return Ok(()),
-                Err(over_bytes) => over_bytes,
-            };
-            st.ledger.evict(over_bytes, request.stream)
+/// What the limit asks of its device: the ledger's reservation (with the eviction it may need in
+/// the same lock section), giving evicted blocks back, making room before a retry, and the report
+/// a user reads.
+pub(super) trait LimitHost {
+    /// Cached blocks taken out of the ledger, on their way back to their sources.
+    type Evicted;
+    /// Holds `block_bytes` more if that stays within `limit_bytes`; if not, in the same lock
+    /// section, takes at least the bytes over out of the cache (blocks of `stream` first).
+    fn reserve_or_evict(
+        &self,
+        block_bytes: u64,
+        limit_bytes: u64,
+        stream: Stream,
+    ) -> std::result::Result<(), Self::Evicted>;
+    /// Holds `block_bytes` more if that stays within `limit_bytes`.
+    fn reserve(&self, block_bytes: u64, limit_bytes: u64) -> bool;
+    fn give_back(&self, evicted: Self::Evicted);
+    /// Before the one retry of a request the source found no memory for: the cache goes back,
+    /// the device is synchronised and its resources trimmed.
+    fn make_room(&self, block_bytes: u64);
+    /// The out-of-memory error of `request`, counted and noted.
+    fn out_of_memory(&self, request: Request, limit_bytes: Option<u64>) -> Error;
+}
+
+impl Limit {
+    /// Step 3: `request`'s block bytes join the bytes held from the resources if that stays
+    /// within the cap; if not, cached blocks go back to make room, and if that is not enough
+    /// either, the request is out of memory (nothing stays reserved). The caller must
+    /// `unreserve` if its allocation then fails.
+    pub fn reserve<H: LimitHost>(&self, host: &H, request: Request) -> Result<()> {
+        let limit_bytes = self.bytes();
+        let evicted = match host.reserve_or_evict(request.block_bytes, limit_bytes, request.stream)
+        {
+            Ok(()) => return Ok(()),
+            Err(evicted) => evicted,
         };
+        host.give_back(evicted);
+        match host.reserve(request.block_bytes, limit_bytes) {
+            true => Ok(()),
+            false => Err(host.out_of_memory(request, Some(limit_bytes))),
+        }
+    }
+}
+
+/// Steps 5 and 6: `allocate` serves `request`; out of device memory, the device makes room and
+/// `allocate` is asked once more; out of memory again, the request is (with the device's report).
+/// Any other error is returned as it is, without a retry.
+pub(super) fn allocate_or_retry<H: LimitHost>(
+    host: &H,
+    request: Request,
+    mut allocate: impl FnMut() -> Result<DevicePtr>,
+) -> Result<DevicePtr> {
+    let result = match allocate() {
+        Err(e) if e.is_device_oom() => {
+            host.make_room(request.block_bytes);
+            allocate()
+        }
+        other => other,
+    };
+    match result {
+        Err(e) if e.is_device_oom() => Err(host.out_of_memory(request, None)),
+        other => other,
+    }
+}
+
+impl LimitHost for DeviceAllocator {
+    type Evicted = Vec<Returning>;
+
+    fn reserve_or_evict(
+        &self,
+        block_bytes: u64,
+        limit_bytes: u64,
+        stream: Stream,
+    ) -> std::result::Result<(), Vec<Returning>> {
+        let mut st = self.state.lock();
+        match st.ledger.reserve(block_bytes, limit_bytes) {
+            Ok(()) => Ok(()),
+            Err(over_bytes) => Err(st.ledger.evict(over_bytes, stream)),
+        }
+    }
+
+    fn reserve(&self, block_bytes: u64, limit_bytes: u64) -> bool {
+        let mut st = self.state.lock();
+        st.ledger.reserve(block_bytes, limit_bytes).is_ok()
+    }
+
+    fn give_back(&self, evicted: Vec<Returning>) {
         // A block the driver refuses stays held (and counted) until the next flush.
         let _ = self.return_blocks(evicted);
-        if self
-            .state
-            .lock()
-            .ledger
-            .reserve(request.block_bytes, limit_bytes)
-            .is_ok()
-        {
-            return Ok(());
-        }
-        Err(self.out_of_memory(request.requested_bytes, request.stream, Some(limit_bytes)))
     }
 
-    /// Steps 5 and 6: `resource` serves the block; out of memory, the cache goes back, the
-    /// device is synchronised and its resources trimmed (their unused memory may be what is
-    /// missing, for the shareable pool too), and the resource is asked once more.
-    pub(super) fn allocate_or_retry(
-        &self,
-        resource: &dyn Resource,
-        request: Request,
-    ) -> Result<DevicePtr> {
-        let (block_bytes, stream) = (request.block_bytes, request.stream);
-        let result = match resource.allocate(block_bytes, stream) {
-            Err(e) if e.is_device_oom() => {
-                log::warn!(
-                    "device {}: out of memory for {}; flushing the cache, synchronising, trimming, retrying",
-                    self.device,
-                    format_bytes(block_bytes)
-                );
-                self.state.lock().ledger.counters_mut().num_alloc_retries += 1;
-                if let Err(e) = self.flush(0) {
-                    log::warn!("device {}: before the retry: {e}", self.device);
-                }
-                resource.allocate(block_bytes, stream)
-            }
-            other => other,
-        };
-        match result {
-            Err(e) if e.is_device_oom() => {
-                Err(self.out_of_memory(request.requested_bytes, stream, None))
-            }
-            other => other,
+    fn make_room(&self, block_bytes: u64) {
+        log::warn!(
+            "device {}: out of memory for {}; flushing the cache, synchronising, trimming, retrying",
+            self.device,
+            format_bytes(block_bytes)
+        );
+        self.state.lock().ledger.counters_mut().num_alloc_retries += 1;
+        if let Err(e) = self.flush(0) {
+            log::warn!("device {}: before the retry: {e}", self.device);
         }
     }
 
+    fn out_of_memory(&self, request: Request, limit_bytes: Option<u64>) -> Error {
+        let (requested_bytes, stream) = (request.requested_bytes, request.stream);
+        DeviceAllocator::out_of_memory(self, requested_bytes, stream, limit_bytes)
+    }
+}
+
+impl DeviceAllocator {
     /// The error a user reads, with what the device and streampool hold; counted in `num_ooms`
     /// and noted on the timeline.
     pub(super) fn out_of_memory(
@@ -205,5 +258,139 @@ mod tests {
         }
         assert_eq!(limit.set_fraction(1.0, 1 << 30).unwrap(), 1 << 30);
         assert_eq!(limit.set_fraction(0.0, 1 << 30).unwrap(), 0);
+    }
+
+    /// A device as the limit sees it: bytes held, a cache of blocks (bytes), and what was asked.
+    #[derive(Default)]
+    struct Host {
+        held_bytes: std::cell::Cell<u64>,
+        cached: std::cell::RefCell<Vec<u64>>,
+        calls: std::cell::RefCell<Vec<String>>,
+    }
+
+    impl Host {
+        fn reserve_now(&self, block_bytes: u64, limit_bytes: u64) -> bool {
+            let after = self.held_bytes.get() + block_bytes;
+            (after <= limit_bytes)
+                .then(|| self.held_bytes.set(after))
+                .is_some()
+        }
+    }
+
+    impl LimitHost for Host {
+        type Evicted = Vec<u64>;
+
+        fn reserve_or_evict(&self, block: u64, limit: u64, _: Stream) -> Result<(), Vec<u64>> {
+            if self.reserve_now(block, limit) {
+                return Ok(());
+            }
+            let over = self.held_bytes.get() + block - limit;
+            let mut cached = self.cached.borrow_mut();
+            let mut evicted = Vec::new();
+            while evicted.iter().sum::<u64>() < over && !cached.is_empty() {
+                evicted.push(cached.remove(0));
+            }
+            Err(evicted)
+        }
+
+        fn reserve(&self, block_bytes: u64, limit_bytes: u64) -> bool {
+            self.reserve_now(block_bytes, limit_bytes)
+        }
+
+        fn give_back(&self, evicted: Vec<u64>) {
+            self.held_bytes
+                .set(self.held_bytes.get() - evicted.iter().sum::<u64>());
+            self.calls
+                .borrow_mut()
+                .push(format!("give back {evicted:?}"));
+        }
+
+        fn make_room(&self, block_bytes: u64) {
+            self.calls
+                .borrow_mut()
+                .push(format!("make room for {block_bytes}"));
+        }
+
+        fn out_of_memory(&self, request: Request, limit_bytes: Option<u64>) -> Error {
+            let what = format!("oom {} {limit_bytes:?}", request.requested_bytes);
+            self.calls.borrow_mut().push(what.clone());
+            Error::InvalidArgument(what)
+        }
+    }
+
+    fn request(bytes: u64) -> Request {
+        Request::new(bytes, Stream(1)).unwrap()
+    }
+
+    #[test]
+    fn a_reservation_evicts_what_it_is_over_once_then_is_out_of_memory() {
+        let limit = Limit::default();
+        limit.0.store(4096, Ordering::Relaxed);
+        let host = Host::default();
+        limit.reserve(&host, request(2048)).unwrap();
+        assert_eq!(host.held_bytes.get(), 2048);
+        assert!(
+            host.calls.borrow().is_empty(),
+            "within the cap: nothing else"
+        );
+        // 1,024 B over: one cached block of 512 is not enough, two are (the third stays).
+        host.held_bytes.set(2048 + 3 * 512);
+        *host.cached.borrow_mut() = vec![512, 512, 512];
+        limit.reserve(&host, request(1536)).unwrap();
+        assert_eq!(*host.calls.borrow(), ["give back [512, 512]"]);
+        assert_eq!(host.held_bytes.get(), 4096);
+        // Over again, and what is cached is not enough: out of memory with the cap, and
+        // nothing held for the request.
+        host.calls.borrow_mut().clear();
+        let e = limit.reserve(&host, request(1024)).unwrap_err();
+        assert!(e.to_string().contains("oom 1024 Some(4096)"), "{e}");
+        assert_eq!(
+            *host.calls.borrow(),
+            ["give back [512]", "oom 1024 Some(4096)"]
+        );
+        assert_eq!(
+            host.held_bytes.get(),
+            4096 - 512,
+            "a refused request holds nothing"
+        );
+    }
+
+    #[test]
+    fn out_of_memory_is_retried_once_after_making_room_and_other_errors_never() {
+        let host = Host::default();
+        let oom = || {
+            Err(Error::Driver {
+                call: "cuMemCreate",
+                code: crate::error::CUDA_ERROR_OUT_OF_MEMORY,
+                name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+            })
+        };
+        let mut answers = vec![oom(), Ok(DevicePtr(0x1000))];
+        let served = allocate_or_retry(&host, request(512), || answers.remove(0));
+        assert_eq!(served.unwrap(), DevicePtr(0x1000));
+        assert_eq!(*host.calls.borrow(), ["make room for 512"]);
+
+        host.calls.borrow_mut().clear();
+        let mut asked = 0;
+        let e = allocate_or_retry(&host, request(100), || {
+            asked += 1;
+            oom()
+        });
+        assert!(e.unwrap_err().to_string().contains("oom 100 None"));
+        assert_eq!(asked, 2, "one retry, no more");
+        assert_eq!(*host.calls.borrow(), ["make room for 512", "oom 100 None"]);
+
+        host.calls.borrow_mut().clear();
+        asked = 0;
+        let e = allocate_or_retry(&host, request(100), || {
+            asked += 1;
+            Err(Error::InvalidArgument("bad".into()))
+        });
+        assert_eq!(
+            e.unwrap_err().to_string(),
+            Error::InvalidArgument("bad".into()).to_string()
+        );
+        assert_eq!(asked, 1, "not retried");
+        assert!(host.calls.borrow().is_empty(), "no room made, no report");
     }
 }

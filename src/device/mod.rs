@@ -323,7 +323,7 @@ impl DeviceAllocator {
         let (source, reserved) = begun?;
         // 3. The memory limit.
         if !reserved {
-            if let Err(e) = self.reserve_within_limit(request) {
+            if let Err(e) = self.limit.reserve(self, request) {
                 self.abandon(&source, request, false);
                 return Err(e);
             }

@@ -101,7 +101,7 @@ impl DeviceAllocator {
             let _ = self.return_blocks(to_return);
         }
         begun?;
-        if let Err(e) = self.reserve_within_limit(request) {
+        if let Err(e) = self.limit.reserve(self, request) {
             self.state
                 .lock()
                 .ledger

@@ -12,7 +12,7 @@
 //! back, the device is synchronised and its resources trimmed — and the request is tried once
 //! more, then out of memory; without a limit nothing here runs.
 
-use super::{DeviceAllocator, DeviceSetup, Request};
+use super::{limit, DeviceAllocator, DeviceSetup, Request};
 use crate::driver::DevicePtr;
 use crate::error::Result;
 use crate::resource::Source;
@@ -25,9 +25,10 @@ impl DeviceAllocator {
         source: &Source,
         request: Request,
     ) -> Result<DevicePtr> {
+        let allocate = || source.allocate(request.block_bytes, request.stream);
         let limit_bytes = self.limit.bytes();
         if limit_bytes == u64::MAX || !source.traits().returns_before_growth {
-            return self.allocate_or_retry(&**source, request);
+            return limit::allocate_or_retry(self, request, allocate);
         }
         let setup = self.setup()?;
         let block_bytes = request.block_bytes;
@@ -38,7 +39,7 @@ impl DeviceAllocator {
                 break;
             }
             let before_bytes = setup.reserved_bytes()?;
-            let ptr = self.allocate_or_retry(&**source, request)?;
+            let ptr = limit::allocate_or_retry(self, request, allocate)?;
             let reserved_bytes = match setup.reserved_bytes() {
                 Ok(bytes) => bytes,
                 Err(e) => {

@@ -7,7 +7,7 @@
 //! export (the vmm backend) through its pages; the shareable pool's bytes count against the
 //! memory limit like any other.
 
-use super::{DeviceAllocator, Request};
+use super::{limit, DeviceAllocator, Request};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::ipc::{IpcKind, StreampoolIpcHandle, StreampoolIpcPages};
@@ -17,11 +17,12 @@ impl DeviceAllocator {
     /// Inside `streampool.shareable()`: straight from the shareable pool, never from the cache.
     pub(super) fn allocate_shareable(&self, request: Request) -> Result<DevicePtr> {
         let pool = self.begin_shareable_allocation()?;
-        if let Err(e) = self.reserve_within_limit(request) {
+        if let Err(e) = self.limit.reserve(self, request) {
             self.abandon(&pool, request, false);
             return Err(e);
         }
-        let ptr = match self.allocate_or_retry(&*pool, request) {
+        let allocate = || pool.allocate(request.block_bytes, request.stream);
+        let ptr = match limit::allocate_or_retry(self, request, allocate) {
             Ok(ptr) => ptr,
             Err(e) => {
                 self.abandon(&pool, request, true);
