@@ -17,6 +17,7 @@
 
 use crate::driver::Stream;
 use crate::fasthash::WordTable;
+use by_stream::ByStream;
 use index::AddressOrder;
 use sizes::SizeIndex;
 use std::collections::BTreeMap;
@@ -39,6 +40,10 @@ pub(crate) struct FreeRanges {
     page_bytes: u64,
     /// base -> bytes of each reservation.
     extents: BTreeMap<u64, u64>,
+    /// The largest power of two that every extent's base ever added is a multiple of (0 before
+    /// the first): an address that is not a multiple of it begins no extent, which a merge's
+    /// check then learns without the map ([`FreeRanges::starts_extent`]).
+    base_align: u64,
     /// start -> range (a start or an end is never 0: no reservation begins at 0).
     ranges: WordTable<Range>,
     /// end -> start of every range: a free's left neighbour, found without the order.
@@ -49,7 +54,7 @@ pub(crate) struct FreeRanges {
     ready_by_size: SizeIndex,
     /// (bytes, start) of every `Freed` range, by stream (an emptied stream's index is kept for
     /// its next free while there are few: [`KEPT_EMPTY`]).
-    freed_by_size: BTreeMap<Stream, SizeIndex>,
+    freed_by_size: ByStream,
 }
 
 impl FreeRanges {
@@ -70,6 +75,8 @@ impl FreeRanges {
     /// extents of their own, mapped from the start).
     pub fn add_extent_in(&mut self, base: u64, bytes: u64, state: State) {
         self.extents.insert(base, bytes);
+        let bits = self.base_align | base;
+        self.base_align = bits & bits.wrapping_neg();
         self.put(base, bytes, state);
     }
 
@@ -93,7 +100,7 @@ impl FreeRanges {
     /// The smallest mapped range `stream` may use that holds `bytes`; its start.
     pub fn best_fit(&self, bytes: u64, stream: Stream) -> Option<u64> {
         let ready = self.ready_by_size.first_at_least(bytes);
-        let freed = (self.freed_by_size.get(&stream)).and_then(|f| f.first_at_least(bytes));
+        let freed = (self.freed_by_size.get(stream)).and_then(|f| f.first_at_least(bytes));
         match (ready, freed) {
             (Some(a), Some(b)) => Some(a.min(b).1),
             (a, b) => a.or(b).map(|(_, start)| start),
@@ -103,7 +110,7 @@ impl FreeRanges {
     /// The smallest range freed on a stream other than `stream` that holds `bytes`, with that
     /// stream and its fence: `stream` may use it once it has waited for the fence.
     pub fn best_fit_other(&self, bytes: u64, stream: Stream) -> Option<(u64, Stream, u64)> {
-        let others = self.freed_by_size.iter().filter(|(&s, _)| s != stream);
+        let others = self.freed_by_size.iter().filter(|&(s, _)| s != stream);
         let (_, start) = others.filter_map(|(_, f)| f.first_at_least(bytes)).min()?;
         match self.at(start).state {
             State::Freed { stream, seq } => Some((start, stream, seq)),
@@ -120,7 +127,7 @@ impl FreeRanges {
             (at + page <= start + len).then_some((len, at))
         };
         let ready = (self.ready_by_size.iter_from(page)).find_map(|(len, start)| fits(start, len));
-        let freed = (self.freed_by_size.get(&stream))
+        let freed = (self.freed_by_size.get(stream))
             .and_then(|f| f.iter_from(page).find_map(|(len, start)| fits(start, len)));
         match (ready, freed) {
             (Some(a), Some(b)) => Some(a.min(b).1),
@@ -133,7 +140,7 @@ impl FreeRanges {
     /// (pages are alike). For the carriers of small blocks.
     pub fn page_freed_by_other(&self, stream: Stream) -> Option<(u64, Stream, u64)> {
         let page = self.page_bytes;
-        let others = self.freed_by_size.iter().filter(|(&s, _)| s != stream);
+        let others = self.freed_by_size.iter().filter(|&(s, _)| s != stream);
         let (at, start) =
             others
                 .flat_map(|(_, f)| f.iter_from(page))
@@ -224,7 +231,7 @@ impl FreeRanges {
             }
             let end = start + bytes;
             if let Some(&r) = self.ranges.get(end) {
-                if !self.extents.contains_key(&end) {
+                if !self.starts_extent(end) {
                     if let Some(merged) = state.absorbs(r.state) {
                         self.unindex(end, r);
                         self.ranges.remove(end);
@@ -261,10 +268,16 @@ impl FreeRanges {
     #[inline]
     fn left_neighbour(&self, start: u64) -> Option<(u64, Range)> {
         let &s = self.by_end.get(start)?;
-        match self.extents.contains_key(&start) {
+        match self.starts_extent(start) {
             true => None,
             false => Some((s, self.at(s))),
         }
+    }
+
+    /// True if an extent begins at `addr` (no free range merges across it).
+    #[inline]
+    fn starts_extent(&self, addr: u64) -> bool {
+        addr & self.base_align.wrapping_sub(1) == 0 && self.extents.contains_key(&addr)
     }
 
     /// The ranges' starts in address order ([`index`]).
@@ -300,7 +313,7 @@ impl FreeRanges {
     /// Freed ranges of `stream` whose fence is at most `completed_seq` become ready; the ready
     /// ranges they are now part of, as (start, bytes).
     pub fn promote(&mut self, stream: Stream, completed_seq: u64) -> Vec<(u64, u64)> {
-        let Some(freed) = self.freed_by_size.get(&stream) else {
+        let Some(freed) = self.freed_by_size.get(stream) else {
             return Vec::new();
         };
         let done: Vec<(u64, Range)> = freed
@@ -325,7 +338,7 @@ impl FreeRanges {
     #[cfg(test)]
     pub fn streams_waited_for(&self) -> Vec<Stream> {
         let waited = self.freed_by_size.iter().filter(|(_, f)| !f.is_empty());
-        waited.map(|(&s, _)| s).collect()
+        waited.map(|(s, _)| s).collect()
     }
 
     /// Bytes in freed ranges that are not ready yet.
@@ -360,7 +373,7 @@ impl FreeRanges {
     /// ranges first.
     pub fn freed_pages(&self, stream: Stream, keep_start: u64, keep_end: u64) -> Vec<u64> {
         let mut out = Vec::new();
-        let mine = self.freed_by_size.get(&stream).into_iter();
+        let mine = self.freed_by_size.get(stream).into_iter();
         for (bytes, start) in mine.flat_map(SizeIndex::iter) {
             let end = start + bytes;
             let mut page = self.page_ceil(start);
@@ -449,7 +462,7 @@ impl FreeRanges {
                 self.ready_by_size.insert(r.bytes, start);
             }
             State::Freed { stream, .. } => {
-                let freed = self.freed_by_size.entry(stream).or_default();
+                let freed = self.freed_by_size.get_or_default(stream);
                 freed.insert(r.bytes, start);
             }
             State::Unmapped | State::Blocked | State::Retiring => {}
@@ -464,10 +477,10 @@ impl FreeRanges {
                 self.ready_by_size.remove(r.bytes, start);
             }
             State::Freed { stream, .. } => {
-                if let Some(freed) = self.freed_by_size.get_mut(&stream) {
+                if let Some(freed) = self.freed_by_size.get_mut(stream) {
                     freed.remove(r.bytes, start);
                     if freed.is_empty() && self.freed_by_size.len() > KEPT_EMPTY {
-                        self.freed_by_size.remove(&stream);
+                        self.freed_by_size.remove(stream);
                     }
                 }
             }
@@ -484,6 +497,7 @@ impl FreeRanges {
     }
 }
 
+mod by_stream;
 mod index;
 mod sizes;
 mod state;

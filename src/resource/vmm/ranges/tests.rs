@@ -366,8 +366,8 @@ fn assert_consistent(r: &FreeRanges) {
         ready,
         "the ready size index"
     );
-    for (stream, index) in &r.freed_by_size {
-        let mut want = freed.remove(stream).unwrap_or_default();
+    for (stream, index) in r.freed_by_size.iter() {
+        let mut want = freed.remove(&stream).unwrap_or_default();
         want.sort_unstable();
         assert_eq!(
             index.iter().collect::<Vec<_>>(),

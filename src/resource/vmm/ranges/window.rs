@@ -57,7 +57,7 @@ impl FreeRanges {
         let mut runs = Vec::new();
         let starts = self.starts();
         for (s, r) in starts.iter().map(|&s| (s, self.at(s))) {
-            let joins = run.is_some_and(|(_, end)| end == s && !self.extents.contains_key(&s));
+            let joins = run.is_some_and(|(_, end)| end == s && !self.starts_extent(s));
             match (usable(&r), joins) {
                 (true, true) => run = run.map(|(start, _)| (start, s + r.bytes)),
                 (true, false) => {
