@@ -347,98 +347,6 @@ impl FreeRanges {
         freed.map(|(len, _)| len).sum()
     }
 
-    /// Whole mapped pages that no work uses (inside `Ready` ranges), smallest holes first, none
-    /// inside `[keep_start, keep_end)`.
-    pub fn idle_pages(&self, keep_start: u64, keep_end: u64) -> Vec<u64> {
-        let mut out = Vec::new();
-        for (start, end) in self.ready_ranges() {
-            let mut page = self.page_ceil(start);
-            while page + self.page_bytes <= end {
-                if page + self.page_bytes <= keep_start || keep_end <= page {
-                    out.push(page);
-                }
-                page += self.page_bytes;
-            }
-        }
-        out
-    }
-
-    /// Every `Ready` range as `(start, end)`, the smallest first (then by address).
-    pub fn ready_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        (self.ready_by_size.iter()).map(|(bytes, start)| (start, start + bytes))
-    }
-
-    /// Whole pages inside ranges freed on `stream` (memory `stream` may use at once, but other
-    /// streams' work may not have finished with), none inside `[keep_start, keep_end)`, smallest
-    /// ranges first.
-    pub fn freed_pages(&self, stream: Stream, keep_start: u64, keep_end: u64) -> Vec<u64> {
-        let mut out = Vec::new();
-        let mine = self.freed_by_size.get(stream).into_iter();
-        for (bytes, start) in mine.flat_map(SizeIndex::iter) {
-            let end = start + bytes;
-            let mut page = self.page_ceil(start);
-            while page + self.page_bytes <= end {
-                if page + self.page_bytes <= keep_start || keep_end <= page {
-                    out.push(page);
-                }
-                page += self.page_bytes;
-            }
-        }
-        out
-    }
-
-    /// The whole page at `page`, inside a mapped free range, now retires (its physical memory
-    /// backs another address); the state it was in (ready, or freed on a stream with its fence).
-    pub fn retire(&mut self, page: u64) -> State {
-        let (_, r) = self.containing(page).expect("a page inside a free range");
-        assert!(r.state.is_mapped_free(), "retiring {:?} memory", r.state);
-        self.retag(page, r.state, State::Retiring);
-        r.state
-    }
-
-    /// The whole page at `page` (inside a `Ready` range) is now unmapped.
-    pub fn mark_unmapped(&mut self, page: u64) {
-        self.retag(page, State::Ready, State::Unmapped);
-    }
-
-    /// The whole page at `page`, inside a range in state `from`, is now in state `to` (for the
-    /// `Blocked` transitions; the others have names above).
-    pub fn retag(&mut self, page: u64, from: State, to: State) {
-        let (s, r) = self.containing(page).expect("a page inside a free range");
-        debug_assert!(r.state == from && page + self.page_bytes <= s + r.bytes);
-        self.remove(s, r);
-        if s < page {
-            self.put(s, page - s, from);
-        }
-        let end = page + self.page_bytes;
-        if end < s + r.bytes {
-            self.put(end, s + r.bytes - end, from);
-        }
-        self.merge_in(page, self.page_bytes, to);
-    }
-
-    fn extent_base(&self, addr: u64) -> u64 {
-        *self
-            .extents
-            .range(..=addr)
-            .next_back()
-            .expect("an address inside an extent")
-            .0
-    }
-
-    fn page_floor(&self, addr: u64) -> u64 {
-        let base = self.extent_base(addr);
-        base + (addr - base) / self.page_bytes * self.page_bytes
-    }
-
-    fn page_ceil(&self, addr: u64) -> u64 {
-        let floor = self.page_floor(addr);
-        match floor == addr {
-            true => addr,
-            false => floor + self.page_bytes,
-        }
-    }
-
     fn put(&mut self, start: u64, bytes: u64, state: State) {
         let range = Range { bytes, state };
         self.index(start, range);
@@ -499,6 +407,7 @@ impl FreeRanges {
 
 mod by_stream;
 mod index;
+mod pages;
 mod sizes;
 mod state;
 #[cfg(test)]
@@ -506,17 +415,3 @@ mod tests;
 mod window;
 
 pub(crate) use window::Window;
-
-impl FreeRanges {
-    /// Starts of the pages in `Blocked` ranges.
-    pub fn blocked_pages(&self) -> Vec<u64> {
-        let starts = self.starts();
-        let blocked = starts
-            .iter()
-            .map(|s| (*s, self.at(*s)))
-            .filter(|(_, r)| r.state == State::Blocked);
-        blocked
-            .flat_map(|(s, r)| (s..s + r.bytes).step_by(self.page_bytes as usize))
-            .collect()
-    }
-}
