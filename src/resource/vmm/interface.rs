@@ -72,9 +72,15 @@ impl Resource for VmmResource {
         if st.asleep.is_some() {
             return Err(super::sleep::asleep_error(self.device));
         }
-        if let Some(start) = self.take_slot(&mut st, bytes, stream) {
+        let at_hand = match self.take_slot(&mut st, bytes, stream) {
+            Some(start) => Some(start),
+            None => self.take_at_hand(&mut st, bytes, stream),
+        };
+        if let Some(start) = at_hand {
             return Ok(self.hand_out(&mut st, start, bytes));
         }
+        // The kept blocks go back first: the ranges they merge into may hold the block.
+        self.return_slot(&mut st);
         let start = if self.in_slab(bytes) {
             self.place_in_slab(&mut st, bytes, stream)?
         } else if bytes <= self.small_max_bytes {

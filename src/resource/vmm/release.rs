@@ -21,11 +21,12 @@ impl VmmResource {
         };
         // Fences of the last frees are collected here, so that memory is ready for every stream
         // (and idle, for moves and releases) without waiting for a miss.
-        self.return_slot(&mut st);
         self.update_ranges(&mut st, Caller::Background);
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
         }
+        // The blocks kept for reuse are memory in use until given back.
+        self.return_slot(&mut st);
         // Empty slabs go back only when memory is to be released: a loop keeps reusing them.
         let _ = self.return_empty_slabs(&mut st);
         // Unused for a second or more (and cold): not memory a loop uses every step.

@@ -1,42 +1,40 @@
-//! The block freed last, kept aside: handed out again at once to the next request of its stream
-//! and size — a loop that frees and allocates the same block touches no range, no page, no clock
-//! and no driver — and given back to its ranges before anything else looks at them.
+//! The blocks freed last, kept aside ([`super::kept`]): handed out again at once to the next
+//! request of their stream and size — a loop that frees and allocates blocks of the sizes it
+//! used touches no range, no page, no clock and no driver — and given back to their ranges when
+//! newer frees displace them, when a request or a free of another stream comes, before an
+//! allocation that nothing at hand serves goes on (the ranges they merge into may serve it), and
+//! before a release, a trim or a sleep.
 //!
-//! Invariant: the slot holds at most one freed block, neither live nor in any range; every path
-//! that reads or changes the ranges (an allocation it does not serve, a release, a trim) gives it
-//! back first; given back, the block is in the state its free left it in — freed on its stream
-//! behind the fence number the free took, or ready if that fence has completed since.
+//! Invariant: a kept block is neither live nor in any range; given back, it is in the state its
+//! free left it in — freed on its stream behind the fence number the free took, or ready if that
+//! fence has completed since.
 
+use super::kept::{Found, Slot};
 use super::ranges::State;
 use super::{VmmResource, VmmState, FENCE_INTERVAL_US};
 use crate::driver::Stream;
 
-/// A freed block: where, how large, the stream it was freed on, the fence number its free took,
-/// and when (the driver's clock).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Slot {
-    pub start: u64,
-    pub bytes: u64,
-    pub stream: Stream,
-    pub seq: u64,
-    pub freed_ms: u64,
-}
-
 impl VmmResource {
-    /// The slot's block if it is `bytes` freed on `stream`; otherwise the slot is given back.
+    /// A kept block of `bytes` freed on `stream`, the newest, if there is one. Blocks kept for
+    /// another stream go back to their ranges instead.
     #[inline]
     pub(super) fn take_slot(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Option<u64> {
-        let slot = st.slot.take()?;
-        if slot.bytes == bytes && slot.stream == stream {
-            return Some(slot.start);
+        if st.kept.holds_other_than(stream) {
+            self.return_slot(st);
+            return None;
         }
-        self.give_freed(st, slot);
-        None
+        match st.kept.take(bytes) {
+            Found::Kept(slot) => Some(slot.start),
+            Found::Keep => None,
+            Found::GiveBack => {
+                self.return_slot(st);
+                None
+            }
+        }
     }
 
-    /// Keeps `[start, start + bytes)`, just freed on `stream`, in the slot, covered by the
-    /// stream's next fence (recorded now if one is due); the block there before goes back to its
-    /// ranges.
+    /// Keeps `[start, start + bytes)`, just freed on `stream`, aside, covered by the stream's
+    /// next fence (recorded now if one is due); the block it displaces goes back to its ranges.
     #[inline(always)]
     pub(super) fn put_slot(&self, st: &mut VmmState, start: u64, bytes: u64, stream: Stream) {
         let now_us = self.driver.now_us();
@@ -52,8 +50,11 @@ impl VmmResource {
         if due {
             self.record_due_fence(st, stream, now_ms);
         }
-        if let Some(before) = st.slot.replace(slot) {
-            self.give_freed(st, before);
+        if st.kept.holds_other_than(stream) || st.kept.cold() {
+            self.return_slot(st);
+        }
+        if let Some(displaced) = st.kept.keep(slot) {
+            self.give_freed(st, displaced);
         }
     }
 
@@ -73,23 +74,24 @@ impl VmmResource {
         }
     }
 
-    /// Gives back what is kept aside for reuse: the slot's block, if there is one, then the
-    /// slabs left empty ([`super::slabs`]).
+    /// Gives back what is kept aside for reuse: the kept blocks, then the slabs left empty
+    /// ([`super::slabs`]).
     pub(super) fn return_kept(&self, st: &mut VmmState) {
         self.return_slot(st);
         let _ = self.return_empty_slabs(st);
     }
 
-    /// Gives the slot's block back to its ranges, if there is one.
+    /// Gives every kept block back to its ranges, the oldest first.
     pub(super) fn return_slot(&self, st: &mut VmmState) {
-        if let Some(slot) = st.slot.take() {
+        while let Some(slot) = st.kept.take_oldest() {
             self.give_freed(st, slot);
         }
     }
 
-    /// A freed block goes back to its ranges: reusable by its stream at once, by others after
+    /// A kept block goes back to its ranges: reusable by its stream at once, by others after
     /// the fence its free took (recorded at most once a millisecond at a free, never on a
-    /// capturing stream, or when someone needs it), by any stream once that has completed.
+    /// capturing stream, or when someone needs it), by any stream once that has completed. Its
+    /// pages are marked used at its free.
     fn give_freed(&self, st: &mut VmmState, slot: Slot) {
         let Slot {
             start,
