@@ -15,7 +15,9 @@
 //! another: a program with a stream per request would otherwise keep each request's blocks from
 //! the next, where given back they serve it after a GPU-side wait); an entry's block is kept if
 //! and only if its bit of `kept` is set, and its size is [`EMPTY`] once its block was reused;
-//! every size in `sizes` has its bit in `recent`; while `cold`, at most one block is kept.
+//! every size in `sizes` other than [`EMPTY`] has its bit in `recent`; while `cold`, at most one
+//! block is kept; a lookup moves the share once a request (the same size asked for again, with
+//! no free between, is the same request, looked up again on the device's slow path).
 
 use crate::driver::Stream;
 
@@ -35,7 +37,7 @@ const KEEP_RATE: u32 = 64;
 /// A freed block: where, how large, the stream it was freed on, the fence number its free took,
 /// and when (the driver's clock).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Slot {
+pub(super) struct Freed {
     pub start: u64,
     pub bytes: u64,
     pub stream: Stream,
@@ -54,7 +56,7 @@ struct Entry {
 /// What a lookup found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Found {
-    Kept(Slot),
+    Kept(Freed),
     /// None kept; the kept blocks should stay (requests often reuse the sizes of recent frees).
     Keep,
     /// None kept; the kept blocks should go back (requests seldom reuse them).
@@ -76,6 +78,8 @@ pub(super) struct Kept {
     /// A bit for each size freed since the ring last came round (`recent[0]`) and in the round
     /// before (`recent[1]`): a superset of the sizes in `sizes`.
     recent: [u64; 2],
+    /// The size of the last lookup, if it missed and nothing was kept since ([`EMPTY`] if not).
+    missed: u64,
 }
 
 /// A size's bit in `Kept::recent`.
@@ -94,6 +98,7 @@ impl Default for Kept {
             stream: Stream(0),
             rate: 0,
             recent: [0; 2],
+            missed: EMPTY,
         }
     }
 }
@@ -110,18 +115,24 @@ impl Kept {
     /// Without one, whether the others should stay.
     #[inline]
     pub fn take(&mut self, bytes: u64) -> Found {
+        // The size that missed last, asked for again with no free between: the same request
+        // (the device's fast path, then its slow path), which must not move the share twice.
+        if bytes == self.missed {
+            return self.miss(bytes);
+        }
         // A loop that frees and allocates one block finds it in the newest entry.
         let newest = (self.next + KEPT_BLOCKS - 1) % KEPT_BLOCKS;
         if self.sizes[newest] == bytes && self.kept & (1 << newest) != 0 {
             self.rate += (256 - self.rate) >> RATE_SHIFT;
             self.sizes[newest] = EMPTY;
             self.kept &= !(1 << newest);
-            return Found::Kept(self.slot(newest, bytes));
+            self.missed = EMPTY;
+            return Found::Kept(self.freed(newest, bytes));
         }
         self.rate -= self.rate >> RATE_SHIFT;
         // Sizes none of the last frees had are told from their bits without reading the ring.
         if (self.recent[0] | self.recent[1]) & size_bit(bytes) == 0 {
-            return self.miss();
+            return self.miss(bytes);
         }
         let mut same = 0u32;
         for (i, &size) in self.sizes.iter().enumerate() {
@@ -129,16 +140,17 @@ impl Kept {
         }
         // The newest entry of that size: the highest bit of the ring's order.
         let Some(i) = self.newest(same) else {
-            return self.miss();
+            return self.miss(bytes);
         };
         // Found among the recent frees: kept, or given back early (reused, it would have been).
         self.rate += 256 >> RATE_SHIFT;
         self.sizes[i] = EMPTY;
         if self.kept & (1 << i) == 0 {
-            return self.miss();
+            return self.miss(bytes);
         }
         self.kept &= !(1 << i);
-        Found::Kept(self.slot(i, bytes))
+        self.missed = EMPTY;
+        Found::Kept(self.freed(i, bytes))
     }
 
     /// `entries` (a bit an entry) in the ring's order, the oldest (at `next`) in bit 0.
@@ -156,7 +168,9 @@ impl Kept {
         Some((self.next + back) % KEPT_BLOCKS)
     }
 
-    fn miss(&self) -> Found {
+    /// A lookup of `bytes` found no kept block.
+    fn miss(&mut self, bytes: u64) -> Found {
+        self.missed = bytes;
         match self.cold() {
             false => Found::Keep,
             true => Found::GiveBack,
@@ -170,13 +184,13 @@ impl Kept {
         self.rate < KEEP_RATE
     }
 
-    fn slot(&self, i: usize, bytes: u64) -> Slot {
+    fn freed(&self, i: usize, bytes: u64) -> Freed {
         let Entry {
             start,
             seq,
             freed_ms,
         } = self.entries[i];
-        Slot {
+        Freed {
             start,
             bytes,
             stream: self.stream,
@@ -188,14 +202,14 @@ impl Kept {
     /// Keeps `slot`, whose stream must be that of every kept block ([`Kept::holds_other_than`]);
     /// the block it displaces, which goes back to its ranges, if any.
     #[inline]
-    pub fn keep(&mut self, slot: Slot) -> Option<Slot> {
+    pub fn keep(&mut self, slot: Freed) -> Option<Freed> {
         debug_assert!(
             !self.holds_other_than(slot.stream),
             "kept blocks of two streams"
         );
         debug_assert_ne!(slot.bytes, EMPTY);
         let i = self.next;
-        let out = (self.kept & (1 << i) != 0).then(|| self.slot(i, self.sizes[i]));
+        let out = (self.kept & (1 << i) != 0).then(|| self.freed(i, self.sizes[i]));
         self.sizes[i] = slot.bytes;
         self.entries[i] = Entry {
             start: slot.start,
@@ -203,6 +217,7 @@ impl Kept {
             freed_ms: slot.freed_ms,
         };
         self.kept |= 1 << i;
+        self.missed = EMPTY;
         self.stream = slot.stream;
         self.next = (i + 1) % KEPT_BLOCKS;
         self.recent[0] |= size_bit(slot.bytes);
@@ -214,14 +229,14 @@ impl Kept {
 
     /// The oldest kept block, taken out (its size stays, as a recent free's).
     #[inline]
-    pub fn take_oldest(&mut self) -> Option<Slot> {
+    pub fn take_oldest(&mut self) -> Option<Freed> {
         if self.kept == 0 {
             return None;
         }
         let ordered = self.in_order(self.kept);
         let i = (self.next + ordered.trailing_zeros() as usize) % KEPT_BLOCKS;
         self.kept &= !(1 << i);
-        Some(self.slot(i, self.sizes[i]))
+        Some(self.freed(i, self.sizes[i]))
     }
 }
 

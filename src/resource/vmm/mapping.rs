@@ -293,4 +293,15 @@ impl VmmResource {
             self.release_handle(st, p.handle, mapping.pages);
         }
     }
+
+    /// Counts a page mapped or unmapped, and notes it on the timeline.
+    pub(super) fn count(&self, kind: Event, page: u64, st: &mut VmmState) {
+        match kind {
+            Event::Map => st.counts.maps += 1,
+            _ => st.counts.unmaps += 1,
+        }
+        let reserved_bytes = st.physical_bytes(self.page_bytes);
+        self.recorder
+            .note_resource(kind, DevicePtr(page), self.page_bytes, reserved_bytes);
+    }
 }

@@ -11,8 +11,8 @@
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
 //!   the fence has completed ([`crate::stream_order`]); freed on S, it takes in the ready memory
-//!   around it, so that S sees one free block. The blocks freed last wait aside for their
-//!   streams' next requests of their sizes ([`slot`]); nothing is cached in front of the resource.
+//!   around it, so that S sees one free block. The blocks a stream freed last wait aside for
+//!   its next requests of their sizes ([`keeping`]); nothing is cached in front of the resource.
 //! - A request that fits no mapped range gets a window of free addresses (which may cover memory
 //!   other streams freed, once the stream has waited on the GPU for their fences) whose unmapped
 //!   pages are backed ([`mapping`]) by spare handles, then by handles moved out of cold idle
@@ -47,6 +47,7 @@ mod clock;
 mod export;
 mod growth;
 mod interface;
+mod keeping;
 mod kept;
 mod lending;
 mod live;
@@ -57,13 +58,12 @@ mod release;
 mod settings;
 mod slabs;
 mod sleep;
-mod slot;
 mod small;
 mod spans;
 
 use crate::driver::{DevicePtr, Driver, MemHandle, Stream};
 use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
-use crate::history::{Recorder, StreampoolEventKind as Event};
+use crate::history::Recorder;
 use crate::stream_order::{CaptureWatch, Fences};
 use crate::sync::Mutex;
 use crate::units::{format_bytes, format_limit};
@@ -202,8 +202,8 @@ struct VmmState {
     /// A growth found the device full (its free memory less the headroom bounded it, and idle
     /// pages were moved): the allocation releases the surplus before it returns.
     device_full: bool,
-    /// The blocks freed last, kept aside for their streams' next requests of their sizes
-    /// ([`slot`]).
+    /// The blocks a stream freed last, kept aside for its next requests of their sizes
+    /// ([`keeping`]).
     kept: kept::Kept,
     /// The most held before a trim after a synchronisation, or a sleep, gave memory back since
     /// the device last idled (0 before one did, and after an idle release): until as much is
@@ -474,17 +474,6 @@ impl VmmResource {
     #[inline(always)]
     fn in_slab(&self, bytes: u64) -> bool {
         (1..=self.slab_max_bytes).contains(&bytes)
-    }
-
-    /// Counts a page mapped or unmapped, and notes it on the timeline.
-    fn count(&self, kind: Event, page: u64, st: &mut VmmState) {
-        match kind {
-            Event::Map => st.counts.maps += 1,
-            _ => st.counts.unmaps += 1,
-        }
-        let reserved_bytes = st.physical_bytes(self.page_bytes);
-        self.recorder
-            .note_resource(kind, DevicePtr(page), self.page_bytes, reserved_bytes);
     }
 }
 

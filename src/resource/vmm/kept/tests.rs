@@ -3,8 +3,8 @@
 
 use super::*;
 
-fn slot(start: u64, bytes: u64, stream: usize) -> Slot {
-    Slot {
+fn slot(start: u64, bytes: u64, stream: usize) -> Freed {
+    Freed {
         start,
         bytes,
         stream: Stream(stream),
@@ -14,7 +14,7 @@ fn slot(start: u64, bytes: u64, stream: usize) -> Slot {
 }
 
 /// Every kept block, the oldest first.
-fn all(kept: &mut Kept) -> Vec<Slot> {
+fn all(kept: &mut Kept) -> Vec<Freed> {
     std::iter::from_fn(|| kept.take_oldest()).collect()
 }
 
@@ -97,4 +97,123 @@ fn blocks_stay_while_requests_reuse_recent_sizes_and_go_back_while_they_do_not()
         last = kept.take(bytes);
     }
     assert_eq!(last, Found::GiveBack);
+}
+
+/// A lookup that missed, made again with no free between (the device's fast path, then its slow
+/// path, for one request), moves the share once.
+#[test]
+fn the_same_request_looked_up_twice_moves_the_share_once() {
+    let mut kept = Kept::default();
+    for _ in 0..20 {
+        kept.keep(slot(0x1000, 512, 1));
+        let _ = kept.take(512);
+    }
+    let rate = kept.rate;
+    let first = kept.take(4096);
+    let once = kept.rate;
+    assert!(once < rate, "a miss lowers the share");
+    assert_eq!(kept.take(4096), first, "the same answer");
+    assert_eq!(kept.rate, once, "looked up again: not moved");
+    kept.keep(slot(0x2000, 1024, 1));
+    let _ = kept.take(4096);
+    assert!(kept.rate < once, "after a free, a new request");
+}
+
+/// The ring against a plain model: a queue of the last [`KEPT_BLOCKS`] frees (size, start,
+/// kept), over random frees, lookups and give-backs of a few sizes.
+#[test]
+fn the_ring_answers_as_a_queue_of_the_last_frees() {
+    #[derive(Clone, Copy)]
+    struct Entry {
+        size: u64,
+        start: u64,
+        kept: bool,
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for trial in 0..300 {
+        let (mut kept, mut model) = (Kept::default(), std::collections::VecDeque::new());
+        let (mut rate, mut missed, mut start) = (0u32, EMPTY, 0x1000u64);
+        let sizes = 1 + random(12);
+        for step in 0..400 {
+            let at = format!("trial {trial} step {step}");
+            match random(10) {
+                0..=3 => {
+                    let size = 512 * (1 + random(sizes));
+                    start += 0x1000;
+                    let displaced = match model.len() == KEPT_BLOCKS {
+                        true => model.pop_front().filter(|e: &Entry| e.kept),
+                        false => None,
+                    };
+                    model.push_back(Entry {
+                        size,
+                        start,
+                        kept: true,
+                    });
+                    missed = EMPTY;
+                    let got = kept.keep(slot(start, size, 1)).map(|f| (f.start, f.bytes));
+                    assert_eq!(got, displaced.map(|e| (e.start, e.size)), "{at}");
+                }
+                4..=8 => {
+                    let bytes = 512 * (1 + random(sizes + 2));
+                    let miss = |rate: u32| match rate < KEEP_RATE {
+                        true => Found::GiveBack,
+                        false => Found::Keep,
+                    };
+                    let newest_kept = model.back().is_some_and(|e| e.size == bytes && e.kept);
+                    let want = if bytes == missed {
+                        miss(rate)
+                    } else if newest_kept {
+                        rate += (256 - rate) >> RATE_SHIFT;
+                        let e = model.back_mut().unwrap();
+                        (e.size, e.kept, missed) = (EMPTY, false, EMPTY);
+                        Found::Kept(slot(e.start, bytes, 1))
+                    } else {
+                        rate -= rate >> RATE_SHIFT;
+                        match model.iter_mut().rev().find(|e| e.size == bytes) {
+                            Some(e) if e.kept => {
+                                rate += 256 >> RATE_SHIFT;
+                                (e.size, e.kept, missed) = (EMPTY, false, EMPTY);
+                                Found::Kept(slot(e.start, bytes, 1))
+                            }
+                            found => {
+                                if let Some(e) = found {
+                                    rate += 256 >> RATE_SHIFT;
+                                    e.size = EMPTY;
+                                }
+                                missed = bytes;
+                                miss(rate)
+                            }
+                        }
+                    };
+                    assert_eq!(kept.take(bytes), want, "{at}");
+                    assert_eq!(kept.rate, rate, "{at}");
+                }
+                _ => {
+                    let oldest = model.iter_mut().find(|e| e.kept).map(|e| {
+                        e.kept = false;
+                        (e.start, e.size)
+                    });
+                    let got = kept.take_oldest().map(|f| (f.start, f.bytes));
+                    assert_eq!(got, oldest, "{at}");
+                }
+            }
+            assert!(kept.rate <= 256, "{at}");
+            for &size in kept.sizes.iter().filter(|&&s| s != EMPTY) {
+                let recent = kept.recent[0] | kept.recent[1];
+                assert_ne!(
+                    recent & size_bit(size),
+                    0,
+                    "{at}: {size} B not among the recent"
+                );
+            }
+            let held = model.iter().filter(|e| e.kept).count();
+            assert_eq!(kept.kept.count_ones() as usize, held, "{at}");
+        }
+    }
 }

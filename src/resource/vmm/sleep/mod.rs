@@ -93,8 +93,10 @@ impl Sleep for VmmResource {
             drop(st);
             driver.synchronize(device)?;
             st = self.lock_enabled()?;
-            // Another thread may have slept, or begun a capture, while the lock was free.
+            // Another thread may have slept, or begun a capture, or freed blocks (kept again),
+            // while the lock was free.
             self.check_can_sleep(&mut st)?;
+            self.return_kept(&mut st);
         }
         self.update_ranges(&mut st, super::Caller::Program);
         self.unmap_retired(&mut st);
