@@ -2,8 +2,8 @@
 //! deallocate (with its stream's fence), usage, trim — and its capabilities (release threshold,
 //! statistics, background release, peer access, capture notice); and its teardown.
 //!
-//! Invariants: those of the resource ([`super`]); a deallocation keeps the block aside
-//! ([`super::keeping`]) and records at most one fence per stream and millisecond, never on a
+//! Invariants: those of the resource ([`super`]); a deallocation keeps the block in the slot
+//! ([`super::slot`]) and records at most one fence per stream and millisecond, never on a
 //! capturing stream; the teardown waits for the device before it unmaps anything.
 
 use super::live::Refused;
@@ -47,7 +47,7 @@ impl VmmResource {
         st.used_bytes -= bytes;
         // Kept aside for the stream's next request of its size; the block freed before it goes
         // back to its ranges.
-        self.keep_freed(st, ptr.0, bytes, stream);
+        self.put_slot(st, ptr.0, bytes, stream);
         Ok(())
     }
 
@@ -72,15 +72,9 @@ impl Resource for VmmResource {
         if st.asleep.is_some() {
             return Err(super::sleep::asleep_error(self.device));
         }
-        let at_hand = match self.take_kept(&mut st, bytes, stream) {
-            Some(start) => Some(start),
-            None => self.take_at_hand(&mut st, bytes, stream),
-        };
-        if let Some(start) = at_hand {
+        if let Some(start) = self.take_slot(&mut st, bytes, stream) {
             return Ok(self.hand_out(&mut st, start, bytes));
         }
-        // The kept blocks go back first: the ranges they merge into may hold the block.
-        self.return_kept_blocks(&mut st);
         let start = if self.in_slab(bytes) {
             self.place_in_slab(&mut st, bytes, stream)?
         } else if bytes <= self.small_max_bytes {
@@ -107,7 +101,7 @@ impl Resource for VmmResource {
         if st.asleep.is_some() {
             return None; // (the slow path says why)
         }
-        if let Some(start) = self.take_kept(&mut st, bytes, stream) {
+        if let Some(start) = self.take_slot(&mut st, bytes, stream) {
             return Some(self.hand_out(&mut st, start, bytes));
         }
         let start = self.take_at_hand(&mut st, bytes, stream)?;

@@ -11,8 +11,8 @@
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
 //!   the fence has completed ([`crate::stream_order`]); freed on S, it takes in the ready memory
-//!   around it, so that S sees one free block. The blocks a stream freed last wait aside for
-//!   its next requests of their sizes ([`keeping`]); nothing is cached in front of the resource.
+//!   around it, so that S sees one free block. The block freed last waits in a slot for its
+//!   stream's next request of its size ([`slot`]); nothing is cached in front of the resource.
 //! - A request that fits no mapped range gets a window of free addresses (which may cover memory
 //!   other streams freed, once the stream has waited on the GPU for their fences) whose unmapped
 //!   pages are backed ([`mapping`]) by spare handles, then by handles moved out of cold idle
@@ -47,8 +47,6 @@ mod clock;
 mod export;
 mod growth;
 mod interface;
-mod keeping;
-mod kept;
 mod lending;
 mod live;
 mod mapping;
@@ -58,6 +56,7 @@ mod release;
 mod settings;
 mod slabs;
 mod sleep;
+mod slot;
 mod small;
 mod spans;
 
@@ -202,9 +201,8 @@ struct VmmState {
     /// A growth found the device full (its free memory less the headroom bounded it, and idle
     /// pages were moved): the allocation releases the surplus before it returns.
     device_full: bool,
-    /// The blocks a stream freed last, kept aside for its next requests of their sizes
-    /// ([`keeping`]).
-    kept: kept::Kept,
+    /// The block freed last, kept aside for its stream's next request of its size ([`slot`]).
+    slot: Option<slot::Slot>,
     /// The most held before a trim after a synchronisation, or a sleep, gave memory back since
     /// the device last idled (0 before one did, and after an idle release): until as much is
     /// held again, memory cycles — given back, mapped again — and new memory comes in spans if

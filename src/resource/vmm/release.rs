@@ -19,17 +19,13 @@ impl VmmResource {
         let Ok(mut st) = self.lock_enabled() else {
             return false;
         };
-        // Fences of the last frees are collected here, so that freed memory is ready for every
-        // stream (and idle, for moves and releases) without waiting for a miss. The kept blocks
-        // (at most one stream's few, which another stream's first request gives back) stay:
-        // given back at each tick, BERT's replay moved more pages (modeled driver time 14.6 ->
-        // 18.2 ms).
+        // Fences of the last frees are collected here, so that memory is ready for every stream
+        // (and idle, for moves and releases) without waiting for a miss.
+        self.return_slot(&mut st);
         self.update_ranges(&mut st, Caller::Background);
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
         }
-        // Memory is to be released: the kept blocks are memory in use until given back.
-        self.return_kept_blocks(&mut st);
         // Empty slabs go back only when memory is to be released: a loop keeps reusing them.
         let _ = self.return_empty_slabs(&mut st);
         // Unused for a second or more (and cold): not memory a loop uses every step.

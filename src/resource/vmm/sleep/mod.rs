@@ -93,8 +93,8 @@ impl Sleep for VmmResource {
             drop(st);
             driver.synchronize(device)?;
             st = self.lock_enabled()?;
-            // Another thread may have slept, or begun a capture, or freed blocks (kept again),
-            // while the lock was free.
+            // Another thread may have slept, or begun a capture, or freed a block (kept in the
+            // slot), while the lock was free.
             self.check_can_sleep(&mut st)?;
             self.return_kept(&mut st);
         }

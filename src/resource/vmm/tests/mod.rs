@@ -477,8 +477,8 @@ fn an_idle_release_looks_again_while_freed_small_blocks_wait_for_their_fences() 
 mod donors;
 mod faults;
 mod growth;
-mod keeping;
 mod lending;
 mod slabs;
 mod sleep_buffer;
+mod slot;
 mod spans;

@@ -163,7 +163,7 @@ fn a_slab_emptied_after_its_fence_completed_goes_back_ready_for_every_stream() {
     r.sim.complete_all();
     let vmm = &r.vmm;
     let mut st = vmm.state.lock();
-    vmm.return_kept_blocks(&mut st); // the slab empties, kept, behind S1's fence
+    vmm.return_slot(&mut st); // the slab empties, kept, behind S1's fence
     vmm.update_ranges(&mut st, Caller::Program); // which has completed
     assert!(vmm.return_empty_slabs(&mut st));
     assert!(

@@ -1,11 +1,8 @@
-//! The kept blocks: the block freed last serves its stream's next request of its size without
-//! touching the ranges or the driver; blocks of the sizes a loop reuses stay kept; while requests
-//! do not reuse recent sizes, only the block freed last is kept, and it goes back at a miss; kept
-//! blocks go back before memory is mapped, before a trim and a sleep, and ready if their fence
-//! completed meanwhile.
+//! The slot: the block freed last serves its stream's next request of its size without touching
+//! the ranges or the driver, goes back to them before anything else looks at them, and goes back
+//! ready if its fence completed meanwhile.
 
 use super::*;
-use crate::resource::Sleep;
 
 #[test]
 fn a_block_freed_and_asked_for_again_asks_the_driver_nothing() {
@@ -117,103 +114,22 @@ fn a_stream_whose_fences_complete_at_once_records_one_fence_per_interval() {
     }
 }
 
-/// Blocks of a few sizes, freed and asked for again in turn (a training step's tensors): once the
-/// requests have shown that they reuse the sizes of the last frees, the blocks stay kept between
-/// a free and the next request of their size, out of the ranges, and serve it at the same address.
+/// A sleep gives every page back: the slot's block goes back to its ranges first, so that after
+/// the wake nothing hands out a block whose pages went with the sleep.
 #[test]
-fn blocks_of_the_sizes_a_loop_reuses_stay_kept_and_serve_it_again() {
+fn the_slot_goes_back_before_a_sleep() {
+    use crate::resource::Sleep;
     let r = rig();
     r.stop_clock();
-    let sizes = [3 * PAGE, PAGE, 2 * PAGE];
-    let mut ptrs: Vec<DevicePtr> = sizes.iter().map(|&b| r.alloc(b, S1)).collect();
-    for round in 0..30 {
-        for (&ptr, &bytes) in ptrs.iter().zip(&sizes) {
-            r.free(ptr, bytes, S1);
-        }
-        let mut kept = r.vmm.state.lock().kept.clone();
-        let kept: Vec<u64> = std::iter::from_fn(|| kept.take_oldest().map(|s| s.start)).collect();
-        let again: Vec<DevicePtr> = sizes.iter().rev().map(|&b| r.alloc(b, S1)).collect();
-        if round >= 20 {
-            let freed: Vec<u64> = ptrs.iter().map(|p| p.0).collect();
-            assert_eq!(
-                kept, freed,
-                "round {round}: every block kept, the oldest first"
-            );
-            assert!(
-                again.iter().rev().eq(&ptrs),
-                "round {round}: each at its address"
-            );
-        }
-        ptrs = again.into_iter().rev().collect();
-    }
-    assert_eq!(r.physical(), 6 * PAGE);
-}
-
-/// A request that nothing at hand serves: the kept blocks go back to their ranges first, where
-/// merged they hold it, before any memory is mapped for it.
-#[test]
-fn kept_blocks_go_back_before_a_request_maps_memory() {
-    let r = rig();
-    r.stop_clock();
-    let (a, b) = (r.alloc(2 * PAGE, S1), r.alloc(2 * PAGE, S1));
-    assert_eq!(b.0, a.0 + 2 * PAGE, "neighbours");
-    // Requests that reuse the sizes just freed: the blocks stay kept.
-    for _ in 0..20 {
-        r.free(a, 2 * PAGE, S1);
-        r.free(b, 2 * PAGE, S1);
-        assert_eq!(r.alloc(2 * PAGE, S1), b);
-        assert_eq!(r.alloc(2 * PAGE, S1), a);
-    }
+    let a = r.alloc(2 * PAGE, S1);
     r.free(a, 2 * PAGE, S1);
-    r.free(b, 2 * PAGE, S1);
-    assert!(!r.vmm.state.lock().kept.cold(), "the blocks are kept");
-    let c = r.alloc(4 * PAGE, S1);
-    assert_eq!(
-        (c, r.physical()),
-        (a, 4 * PAGE),
-        "nothing mapped: a and b, merged"
-    );
-}
-
-/// Requests of sizes the last frees did not have (blocks of random sizes): only the block freed
-/// last is kept, the one before it back in its ranges for a request of any size, as one slot.
-#[test]
-fn while_requests_do_not_reuse_recent_sizes_only_the_block_freed_last_is_kept() {
-    let r = rig();
-    r.stop_clock();
-    let (a, b) = (r.alloc(2 * PAGE, S1), r.alloc(PAGE, S1));
-    r.free(a, 2 * PAGE, S1);
-    r.free(b, PAGE, S1);
-    let mut kept = r.vmm.state.lock().kept.clone();
-    assert!(kept.cold());
-    let kept: Vec<u64> = std::iter::from_fn(|| kept.take_oldest().map(|s| s.start)).collect();
-    assert_eq!(kept, [b.0], "a went back at b's free");
-    assert_eq!(r.alloc(PAGE + PAGE / 2, S1), a, "a, from its range");
-}
-
-/// A sleep gives every page back: kept blocks go back to their ranges first, so that after the
-/// wake nothing hands out a block whose pages went with the sleep.
-#[test]
-fn kept_blocks_go_back_before_a_sleep() {
-    let r = rig();
-    r.stop_clock();
-    let (a, b) = (r.alloc(2 * PAGE, S1), r.alloc(PAGE, S1));
-    for _ in 0..20 {
-        r.free(a, 2 * PAGE, S1);
-        r.free(b, PAGE, S1);
-        assert_eq!((r.alloc(PAGE, S1), r.alloc(2 * PAGE, S1)), (b, a));
-    }
-    r.free(a, 2 * PAGE, S1);
-    r.free(b, PAGE, S1);
+    assert!(r.vmm.state.lock().slot.is_some(), "kept in the slot");
     r.sim.complete_all();
     r.vmm.sleep(1, &[]).unwrap();
-    assert!(
-        r.vmm.state.lock().kept.take_oldest().is_none(),
-        "nothing kept asleep"
-    );
+    assert!(r.vmm.state.lock().slot.is_none(), "nothing kept asleep");
     assert_eq!(r.physical(), 0);
     r.vmm.wake().unwrap();
-    let c = r.alloc(2 * PAGE, S1);
+    let b = r.alloc(2 * PAGE, S1);
     assert!(r.physical() >= 2 * PAGE, "mapped again for the request");
-    r.free(c, 2 * PAGE, S1);
+    r.free(b, 2 * PAGE, S1);
 }
