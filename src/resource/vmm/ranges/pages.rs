@@ -12,17 +12,7 @@ impl FreeRanges {
     /// Whole mapped pages that no work uses (inside `Ready` ranges), smallest holes first, none
     /// inside `[keep_start, keep_end)`.
     pub fn idle_pages(&self, keep_start: u64, keep_end: u64) -> Vec<u64> {
-        let mut out = Vec::new();
-        for (start, end) in self.ready_ranges() {
-            let mut page = self.page_ceil(start);
-            while page + self.page_bytes <= end {
-                if page + self.page_bytes <= keep_start || keep_end <= page {
-                    out.push(page);
-                }
-                page += self.page_bytes;
-            }
-        }
-        out
+        self.whole_pages(self.ready_ranges(), keep_start, keep_end)
     }
 
     /// Every `Ready` range as `(start, end)`, the smallest first (then by address).
@@ -34,10 +24,23 @@ impl FreeRanges {
     /// streams' work may not have finished with), none inside `[keep_start, keep_end)`, smallest
     /// ranges first.
     pub fn freed_pages(&self, stream: Stream, keep_start: u64, keep_end: u64) -> Vec<u64> {
-        let mut out = Vec::new();
         let mine = self.freed_by_size.get(stream).into_iter();
-        for (bytes, start) in mine.flat_map(SizeIndex::iter) {
-            let end = start + bytes;
+        let ranges = mine
+            .flat_map(SizeIndex::iter)
+            .map(|(bytes, start)| (start, start + bytes));
+        self.whole_pages(ranges, keep_start, keep_end)
+    }
+
+    /// The whole pages inside `ranges` (as `(start, end)`), in their order, none inside
+    /// `[keep_start, keep_end)`.
+    fn whole_pages(
+        &self,
+        ranges: impl Iterator<Item = (u64, u64)>,
+        keep_start: u64,
+        keep_end: u64,
+    ) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (start, end) in ranges {
             let mut page = self.page_ceil(start);
             while page + self.page_bytes <= end {
                 if page + self.page_bytes <= keep_start || keep_end <= page {
