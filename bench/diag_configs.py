@@ -1,10 +1,12 @@
 """The allocators the step and pair diagnostics compare (bench/diag_steps.py, bench/diag_pairs.py),
 each the environment of its processes: native, streampool on the pool backend, on the vmm backend;
 with ``DIAG_BEFORE_LIBRARY=PATH`` also the vmm backend of the library at PATH ("vmm-before": the
-previous commit's, for a before/after comparison in the same ABBA order); ``DIAG_CONFIGS=a,b``
-keeps only those named, in that order.
+previous commit's, for a before/after comparison in the same ABBA order); "expandable" is
+native with expandable segments; ``DIAG_VARIANTS="name:K=V,K=V;name2:K=V"`` adds configurations
+of streampool's variables; ``DIAG_CONFIGS=a,b`` keeps only those named, in that order.
 
-Invariant: every configuration but native loads streampool; a name not defined here is an error.
+Invariant: every configuration but native and expandable loads streampool; a name not defined
+here is an error.
 """
 
 import os
@@ -13,7 +15,25 @@ BASE = {
     "native": {},
     "pool": {"STREAMPOOL_BACKEND": "pool"},
     "vmm": {"STREAMPOOL_BACKEND": "vmm"},
+    "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
 }
+
+
+def uses_streampool(config: str) -> bool:
+    """Whether the configuration's process installs streampool."""
+    return config not in ("native", "expandable")
+
+
+def variants(text: str) -> dict:
+    """``name:K=V,K=V;name2:K=V`` -> {name: {K: V}}; every K a STREAMPOOL_ variable."""
+    out = {}
+    for item in filter(None, text.split(";")):
+        name, _, assignments = item.partition(":")
+        env = dict(a.split("=", 1) for a in assignments.split(",") if "=" in a)
+        if not name or not env or any(not k.startswith("STREAMPOOL_") for k in env):
+            raise SystemExit(f"DIAG_VARIANTS: {item!r} is not name:STREAMPOOL_X=V[,...]")
+        out[name] = env
+    return out
 
 
 def chosen() -> dict:
@@ -22,6 +42,7 @@ def chosen() -> dict:
     before = os.environ.get("DIAG_BEFORE_LIBRARY")
     if before:
         configs["vmm-before"] = {"STREAMPOOL_BACKEND": "vmm", "STREAMPOOL_LIBRARY": before}
+    configs.update(variants(os.environ.get("DIAG_VARIANTS", "")))
     names = [n for n in os.environ.get("DIAG_CONFIGS", "").split(",") if n]
     unknown = [n for n in names if n not in configs]
     if unknown:

@@ -26,7 +26,7 @@ ROUNDS = 7
 
 
 def child(config: str) -> None:
-    if config != "native":
+    if diag_configs.uses_streampool(config):
         import streampool
 
         streampool.install()

@@ -76,7 +76,7 @@ def measure(torch, config: str, workload: str, name: str, body, schedule) -> Non
 
 
 def child(config: str, workloads_named) -> None:
-    if config != "native":
+    if diag_configs.uses_streampool(config):
         import streampool
 
         streampool.install()

@@ -1,0 +1,56 @@
+"""The profile diagnostic's reading of a trace, and the diagnostics' configurations: GPU gaps are
+put on the host call that overlapped them most, and a variant names only streampool's variables."""
+
+import json
+import sys
+
+import pytest
+
+from bench.tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import diag_configs  # noqa: E402
+import diag_profile  # noqa: E402
+
+
+def x(cat, name, ts, dur):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+def test_a_gap_goes_to_the_call_that_overlapped_it_most(tmp_path):
+    trace = tmp_path / "t.json"
+    events = [
+        x("kernel", "a", 0, 10), x("kernel", "b", 30, 10), x("kernel", "a", 35, 10),
+        x("cuda_runtime", "cudaLaunchKernel", 9, 2), x("cuda_driver", "cuMemSetAccess", 12, 16),
+        x("kernel", "c", 100, 2), x("cpu_op", "aten::empty_strided", 50, 4),
+        {"ph": "i", "cat": "kernel", "name": "instant", "ts": 500},
+    ]
+    trace.write_text(json.dumps({"traceEvents": events}))
+    found = diag_profile.read_trace(str(trace), steps=2)
+    # busy: [0,10] + [30,45] + [100,102] = 27 us; two gaps, 20 and 55 us; per step, in ms
+    assert found["gpu_busy_ms"] == pytest.approx(27 / 2e3)
+    assert found["kernel_sum_ms"] == pytest.approx(32 / 2e3)
+    assert found["gap_ms"] == pytest.approx(75 / 2e3)
+    assert found["gaps_by_call_ms"] == pytest.approx({"(no call)": 55 / 2e3, "cuMemSetAccess": 20 / 2e3})
+    assert found["kernels"]["a"] == pytest.approx([1.0, 20 / 2e3])
+    assert found["ops"]["aten::empty_strided"] == pytest.approx([0.5, 4 / 2e3])
+    assert list(found["calls"]) == ["cuMemSetAccess", "cudaLaunchKernel"]
+
+
+def test_gaps_under_the_floor_are_not_idle_time(tmp_path):
+    trace = tmp_path / "t.json"
+    events = [x("kernel", "a", 0, 10), x("kernel", "a", 10 + diag_profile.GAP_FLOOR_US, 1)]
+    trace.write_text(json.dumps({"traceEvents": events}))
+    assert diag_profile.read_trace(str(trace), steps=1)["gap_ms"] == 0
+
+
+def test_variants_name_streampool_variables_only(monkeypatch):
+    monkeypatch.setenv("DIAG_VARIANTS", "still:STREAMPOOL_BACKEND=vmm,STREAMPOOL_VMM_COLD_AFTER=off")
+    monkeypatch.setenv("DIAG_CONFIGS", "native,still,expandable")
+    configs = diag_configs.chosen()
+    assert list(configs) == ["native", "still", "expandable"]
+    assert configs["still"] == {"STREAMPOOL_BACKEND": "vmm", "STREAMPOOL_VMM_COLD_AFTER": "off"}
+    assert not diag_configs.uses_streampool("expandable") and diag_configs.uses_streampool("still")
+    for bad in ("still:PYTORCH_CUDA_ALLOC_CONF=x", ":STREAMPOOL_BACKEND=vmm", "still:"):
+        with pytest.raises(SystemExit):
+            diag_configs.variants(bad)
