@@ -7,6 +7,7 @@
 //! capturing stream; the teardown waits for the device before it unmaps anything.
 
 use super::live::Refused;
+use super::spans::GiveBack;
 use super::{VmmResource, VmmState};
 use crate::driver::{DevicePtr, PoolUsage, Stream};
 use crate::error::{Error, Result};
@@ -126,7 +127,7 @@ impl Resource for VmmResource {
     }
 
     fn trim(&self, keep_bytes: u64) -> Result<()> {
-        self.trim_after_sync(keep_bytes)
+        self.trim_after_sync(keep_bytes, GiveBack::Asked)
     }
 
     fn traits(&self) -> Traits {
@@ -211,7 +212,7 @@ impl Tending for VmmResource {
     fn synchronized(&self) -> Result<()> {
         match self.release_threshold_bytes.load(Ordering::Relaxed) {
             u64::MAX => Ok(()),
-            threshold => self.trim_after_sync(threshold),
+            threshold => self.trim_after_sync(threshold, GiveBack::Threshold),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! the device calls after synchronising; a page goes back only from a `Ready` range (see
 //! [`super::mapping`]).
 
+use super::spans::GiveBack;
 use super::{Caller, VmmResource, RELEASE_AFTER_MS};
 use crate::error::Result;
 use std::sync::atomic::Ordering;
@@ -52,14 +53,15 @@ impl VmmResource {
         // period says nothing of the next phase, whose memory comes a page a handle again until
         // a trim or a sleep gives memory back.
         st.cycle_back_to_bytes = 0;
+        st.asked_trim_bytes = 0;
         st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
             || !st.retiring.is_empty()
             || self.capturing(&mut st)
     }
 
-    /// `trim`: after the device's synchronisation (empty_cache), every free page above
-    /// `keep_bytes` goes back to the device.
-    pub(super) fn trim_after_sync(&self, keep_bytes: u64) -> Result<()> {
+    /// After the device's synchronisation, every free page above `keep_bytes` goes back to the
+    /// device: a trim asked for (`empty_cache()`), or the release threshold's (`cause`).
+    pub(super) fn trim_after_sync(&self, keep_bytes: u64, cause: GiveBack) -> Result<()> {
         let mut st = self.lock_enabled()?;
         self.return_kept(&mut st);
         if self.capturing(&mut st) {
@@ -85,8 +87,8 @@ impl VmmResource {
         self.unmap_retired(&mut st);
         let before_bytes = st.physical_bytes(self.page_bytes);
         self.release_down_to(&mut st, keep_bytes, None);
-        // Memory went back at a synchronisation: it cycles ([`super::spans`]).
-        self.note_given_back(&mut st, before_bytes);
+        // Memory went back at a synchronisation: it may cycle ([`super::spans`]).
+        self.note_given_back(&mut st, before_bytes, cause);
         Ok(())
     }
 }

@@ -28,6 +28,7 @@
 
 mod wake;
 
+use super::spans::GiveBack;
 use super::{Page, Region, VmmResource, VmmState};
 use crate::driver::{DevicePtr, HostBuffer, Stream};
 use crate::error::{Error, Result};
@@ -126,7 +127,7 @@ impl Sleep for VmmResource {
         // Memory went back as at a trim: what the program maps again after the wake comes in
         // spans ([`super::spans`]), so that the next sleep gives it back in a few handles, not
         // one a page (each costs the driver about 44 us).
-        self.note_given_back(&mut st, given_back);
+        self.note_given_back(&mut st, given_back, GiveBack::Sleep);
         st.asleep = Some(Asleep { pages, host });
         log::info!(
             "device {device}: asleep at level {level}, {given_back} B given back, {} B kept in \

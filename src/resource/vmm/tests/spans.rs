@@ -130,18 +130,85 @@ fn by_default_spans_back_new_memory_only_while_memory_cycles() {
     assert_eq!(r.sim.calls("cuMemCreate"), 12, "a page a handle");
     r.free(a, 12 * PAGE, S1);
     r.sim.complete_all();
-    // Memory given back at a synchronisation (a release threshold's trim, or empty_cache) is
-    // mapped again in spans of up to 256 MiB.
+    // One trim that gave memory back (an empty_cache() between two phases) is no loop yet.
     r.vmm.trim(0).unwrap();
     let b = r.alloc(12 * PAGE, S1);
-    assert_eq!(r.sim.calls("cuMemCreate"), 13, "one span");
+    assert_eq!(r.sim.calls("cuMemCreate"), 24, "still a page a handle");
+    r.free(b, 12 * PAGE, S1);
+    r.sim.complete_all();
+    // The second since the device idled: memory given back at a synchronisation (a release
+    // threshold's trim, or empty_cache) is mapped again in spans of up to 256 MiB.
+    r.vmm.trim(0).unwrap();
+    let c = r.alloc(12 * PAGE, S1);
+    assert_eq!(r.sim.calls("cuMemCreate"), 25, "one span");
     // As much as ever is held again: it ends.
     r.vmm.trim(0).unwrap();
-    let c = r.alloc(3 * PAGE, S1);
-    assert_eq!(r.sim.calls("cuMemCreate"), 16, "a page a handle again");
-    for (p, pages) in [(b, 12), (c, 3)] {
+    let d = r.alloc(3 * PAGE, S1);
+    assert_eq!(r.sim.calls("cuMemCreate"), 28, "a page a handle again");
+    for (p, pages) in [(c, 12), (d, 3)] {
         r.free(p, pages * PAGE, S1);
     }
+}
+
+/// One trim between two phases of a program (an `empty_cache()` after the first) maps nothing
+/// ahead of the second phase's blocks toward the first's peak; an idle release forgets it, so
+/// that the next trim is a first one again.
+#[test]
+fn one_trim_between_phases_maps_nothing_ahead() {
+    let r = rig();
+    step_then_trim(&r, 40);
+    assert_eq!(r.physical(), 0);
+    let b = r.alloc(12 * PAGE, S1);
+    assert_eq!(r.physical(), 12 * PAGE, "the second phase's pages alone");
+    r.free(b, 12 * PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.release_idle();
+    step_then_trim(&r, 40);
+    let c = r.alloc(12 * PAGE, S1);
+    assert_eq!(
+        r.physical(),
+        12 * PAGE,
+        "a trim before the idle release and one after: no cycle"
+    );
+    r.free(c, 12 * PAGE, S1);
+}
+
+/// The release threshold at a synchronisation starts a cycle at once: it gives memory back at
+/// every step of a loop that synchronises.
+#[test]
+fn the_threshold_at_a_synchronisation_cycles_at_once() {
+    let r = rig_with(2, 64 * PAGE, "0");
+    let a = r.alloc(12 * PAGE, S1);
+    r.free(a, 12 * PAGE, S1);
+    r.sim.complete_all();
+    crate::resource::Tending::synchronized(&*r.vmm).unwrap();
+    assert_eq!(r.physical(), 0, "given back at the synchronisation");
+    let creates = r.sim.calls("cuMemCreate");
+    let b = r.alloc(12 * PAGE, S1);
+    assert_eq!(r.sim.calls("cuMemCreate") - creates, 1, "one span");
+    r.free(b, 12 * PAGE, S1);
+}
+
+/// A sleep starts a cycle at once: sleep and wake repeat, and what is mapped after a wake comes
+/// in spans, so that the next sleep gives it back in a few handles.
+#[test]
+fn a_sleep_cycles_at_once() {
+    let r = rig();
+    let a = r.alloc(12 * PAGE, S1);
+    r.free(a, 12 * PAGE, S1);
+    let keep = r.alloc(PAGE, S1);
+    r.sim.complete_all();
+    crate::resource::Sleep::sleep(&*r.vmm, 2, &[]).unwrap();
+    crate::resource::Sleep::wake(&*r.vmm).unwrap();
+    let creates = r.sim.calls("cuMemCreate");
+    let b = r.alloc(8 * PAGE, S1);
+    assert_eq!(
+        r.sim.calls("cuMemCreate") - creates,
+        2,
+        "the block's span and the one ahead of it, not a page a handle"
+    );
+    r.free(b, 8 * PAGE, S1);
+    r.free(keep, PAGE, S1);
 }
 
 /// Memory cycles up to what was held when a trim gave memory back, not up to the most ever held:
@@ -156,6 +223,7 @@ fn a_trim_s_cycle_maps_ahead_only_up_to_what_was_held_before_it() {
     r.vmm.release_idle();
     assert_eq!(r.physical(), 0, "the peak went back while idle");
     let a = r.alloc(2 * PAGE, S1);
+    step_then_trim(&r, 12);
     step_then_trim(&r, 12);
     assert_eq!(r.physical(), 2 * PAGE);
     let step = r.alloc(12 * PAGE, S1);
@@ -312,17 +380,19 @@ fn while_memory_cycles_a_growth_without_room_ahead_maps_its_block_alone() {
     r.sim.mem_release(0, foreign).unwrap();
 }
 
-/// Four blocks of 3 pages, freed and given back at a trim (a synchronisation's): memory cycles,
-/// back to the 12 pages held.
+/// Four blocks of 3 pages, freed and given back at a trim (a synchronisation's), twice: memory
+/// cycles, back to the 12 pages held.
 fn cycled() -> Rig {
     let r = rig();
-    let first: Vec<_> = (0..4).map(|_| r.alloc(3 * PAGE, S1)).collect();
-    for p in first {
-        r.free(p, 3 * PAGE, S1);
+    for _ in 0..2 {
+        let blocks: Vec<_> = (0..4).map(|_| r.alloc(3 * PAGE, S1)).collect();
+        for p in blocks {
+            r.free(p, 3 * PAGE, S1);
+        }
+        r.sim.complete_all();
+        r.vmm.trim(0).unwrap();
+        assert_eq!(r.physical(), 0, "given back at the synchronisation");
     }
-    r.sim.complete_all();
-    r.vmm.trim(0).unwrap();
-    assert_eq!(r.physical(), 0, "given back at the synchronisation");
     r
 }
 
@@ -395,6 +465,7 @@ fn memory_ahead_stays_within_the_growth_slack() {
     let settings = Settings::with_variables(&[("STREAMPOOL_VMM_GROWTH_SLACK", "0%")]);
     let r = rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE));
     let small = r.alloc(64 << 10, S1);
+    step_then_trim(&r, 12);
     step_then_trim(&r, 12);
     assert_eq!(r.physical(), PAGE, "the carrier page stays");
     // 13 pages were held, 12 pages and 64 KiB the most in use: 11 pages of blocks fit beside
