@@ -59,6 +59,9 @@ pub(super) struct SimVmm {
     reservations: BTreeMap<u64, Reservation>,
     /// Physical handles by id.
     handles: HashMap<usize, SimHandle>,
+    /// Bytes of the created handles in `handles` (imports are not counted again): kept as they
+    /// come and go, read at every call that can grow memory.
+    created_bytes: u64,
     next_handle: usize,
     mappings: BTreeMap<u64, Mapping>,
     /// Page-locked host buffers: id -> bytes (copies are checked; bytes are carried only for
@@ -80,8 +83,14 @@ type Piece = (usize, u64, u64, u64);
 
 impl SimVmm {
     pub(super) fn physical_bytes(&self) -> u64 {
-        let created = self.handles.iter().filter(|(&id, h)| h.root == id);
-        created.map(|(_, h)| h.bytes).sum()
+        debug_assert_eq!(
+            self.created_bytes,
+            (self.handles.iter())
+                .filter(|(&id, h)| h.root == id)
+                .map(|(_, h)| h.bytes)
+                .sum::<u64>()
+        );
+        self.created_bytes
     }
 
     /// A new handle id of `bytes`: created here (`root` None) or importing `root`'s memory.
@@ -102,6 +111,9 @@ impl SimVmm {
             imports: 0,
             group_mapped_at: Vec::new(),
         };
+        if root.is_none() {
+            self.created_bytes += bytes;
+        }
         self.handles.insert(id, handle);
         id
     }
@@ -135,7 +147,9 @@ impl SimVmm {
             .get(&root)
             .is_some_and(|r| r.released && r.imports == 0)
         {
-            self.handles.remove(&root);
+            if let Some(gone) = self.handles.remove(&root) {
+                self.created_bytes -= gone.bytes;
+            }
             self.contents.remove(&root);
         }
         Ok(())
