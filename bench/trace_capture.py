@@ -18,7 +18,8 @@ note beside the call's arguments; the converter turns each sentinel back into it
 synchronisation's time is when it returned) and drops it. ``checkerboard`` is defined here: fill
 CHECKER_FILL of free memory with CHECKER_BYTES tensors, free every other one, then allocate one
 tensor of CHECKER_BIG of the card. Without a GPU, ``--generate`` writes churn's trace straight
-from its schedule (format 1: no times).
+from its schedule, and checkerboard's for the H200 the others were captured on (format 1: no
+times).
 
 Invariant: a written trace is consistent (every ``f``/``r`` names a live allocation), holds
 every sentinel the wrappers made, in order — a missing one (the history's ring buffer overflowed)
@@ -130,6 +131,45 @@ def churn_events() -> List[Event]:
                 events.append(("f", window.popleft()))
         events += [("s",), ("x",)]
     return events
+
+
+# The H200 the other traces were captured on: its memory, and what was free when a capture began
+# (the libraries' handles and workspaces made first; bench/traces/bert.trace.gz's headers).
+CARD_TOTAL_BYTES = 150_109_880_320
+CARD_FREE_BYTES = 149_347_762_176
+
+
+def checkerboard_sizes(free_bytes: int, total_bytes: int) -> Tuple[int, int]:
+    """checkerboard's (number of CHECKER_BYTES tensors, bytes of the large one) on a card of
+    ``total_bytes`` with ``free_bytes`` free at the start (build_checkerboard)."""
+    count = int(free_bytes * CHECKER_FILL) // CHECKER_BYTES
+    return count, int(total_bytes * CHECKER_BIG) // 2**21 * 2**21
+
+
+def checkerboard_events(free_bytes: int, total_bytes: int) -> List[Event]:
+    """checkerboard's trace (build_checkerboard's step, as a capture records it: a
+    synchronisation, the step, a synchronisation) on a card of ``total_bytes`` with
+    ``free_bytes`` free at the start: the tensors, every other one freed, the large one
+    allocated and freed, the rest freed in order."""
+    count, big_bytes = checkerboard_sizes(free_bytes, total_bytes)
+    events: List[Event] = [("s",)]
+    events += [("a", i, CHECKER_BYTES, 0) for i in range(1, count + 1)]
+    events += [("f", i) for i in range(1, count + 1, 2)]
+    big = count + 1
+    events += [("a", big, big_bytes, 0), ("f", big)]
+    events += [("f", i) for i in range(2, count + 1, 2)]
+    return events + [("s",), ("x",)]
+
+
+def checkerboard_headers() -> List[str]:
+    return [
+        "workload checkerboard",
+        "source generated from bench/trace_capture.py without a GPU "
+        "(python3 -m bench.trace_capture --generate), for an NVIDIA H200",
+        f"device_total_bytes {CARD_TOTAL_BYTES}",
+        f"device_free_bytes_at_start {CARD_FREE_BYTES}",
+        "schedule_steps 1 (warm-up 0)",
+    ]
 
 
 def churn_headers() -> List[str]:
@@ -282,8 +322,7 @@ class Recorder:
 def build_checkerboard(torch: Any) -> Tuple[Any, s.Schedule]:
     """checkerboard (module notes): one step, sized from the card's memory at the start."""
     free_bytes, total_bytes = torch.cuda.mem_get_info()
-    count = int(free_bytes * CHECKER_FILL) // CHECKER_BYTES
-    big_bytes = int(total_bytes * CHECKER_BIG) // 2**21 * 2**21
+    count, big_bytes = checkerboard_sizes(free_bytes, total_bytes)
 
     def step(_: Any) -> None:
         tensors: List[Any] = [
@@ -445,7 +484,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--timeout-s", type=float, default=120.0, help="per workload (120)")
     parser.add_argument("--budget-s", type=float, default=270.0, help="for all workloads (270)")
     parser.add_argument(
-        "--generate", action="store_true", help="write churn's trace from its schedule (no GPU)"
+        "--generate",
+        action="store_true",
+        help="write churn's trace from its schedule, and checkerboard's for an H200 (no GPU)",
     )
     parser.add_argument("--child", choices=CAPTURABLE, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -468,6 +509,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.generate:
         summary = write_trace(args.out / "churn.trace.gz", churn_headers(), churn_events())
         print(summary_line({"workload": "churn", **summary}))
+        board = checkerboard_events(CARD_FREE_BYTES, CARD_TOTAL_BYTES)
+        summary = write_trace(args.out / "checkerboard.trace.gz", checkerboard_headers(), board)
+        print(summary_line({"workload": "checkerboard", **summary}))
         return 0
     return run_children(args.names, args.out, args.timeout_s, args.budget_s)
 

@@ -151,6 +151,35 @@ def test_committed_churn_trace_is_the_schedules():
     assert "# workload churn" in lines
 
 
+def test_checkerboard_events_leave_holes_the_large_tensor_fits_none_of():
+    free, total = 100 * tc.CHECKER_BYTES, 120 * tc.CHECKER_BYTES
+    count, big = tc.checkerboard_sizes(free, total)
+    assert count == int(100 * tc.CHECKER_FILL) and big > tc.CHECKER_BYTES
+    events = tc.checkerboard_events(free, total)
+    live, holes = set(), 0
+    for e in events:
+        if e[0] == "a" and e[2] == big:
+            holes = sum(1 for i in range(1, count + 1) if i not in live)
+            assert holes == (count + 1) // 2, "every other tensor freed before the large one"
+        if e[0] == "a":
+            live.add(e[1])
+        elif e[0] == "f":
+            live.remove(e[1])
+    assert holes and not live, "the large one was allocated, and everything is freed at the end"
+    assert tc.summarize(events)["steps"] == 1
+
+
+def test_committed_checkerboard_trace_is_the_generated_one():
+    lines = gzip.decompress((TRACES / "checkerboard.trace.gz").read_bytes()).decode()
+    events = [line for line in lines.splitlines() if not line.startswith("#")]
+    board = tc.checkerboard_events(tc.CARD_FREE_BYTES, tc.CARD_TOTAL_BYTES)
+    assert events == [tc.format_event(e) for e in board], (
+        "bench/traces/checkerboard.trace.gz is stale: regenerate it with "
+        "python3 -m bench.trace_capture --generate"
+    )
+    assert f"# device_total_bytes {tc.CARD_TOTAL_BYTES}" in lines.splitlines()
+
+
 def test_written_trace_is_reproducible_and_carries_its_summary(tmp_path):
     events = [("a", 1, 100, 0), ("a", 2, 50, 3), ("r", 1, 3), ("f", 1), ("w", 0, 3), ("x",)]
     first, second = tmp_path / "one.trace.gz", tmp_path / "two.trace.gz"
