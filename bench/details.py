@@ -172,6 +172,10 @@ def render(report: Dict[str, Any]) -> str:
         "",
         "## Peak device memory ÷ native's peak live bytes (memory pass, one worker at a time)",
         "",
+        "A worker is one process for all the workloads of its run, one after the other (its "
+        "tensors freed and its cache emptied in between): a figure can depend on what ran "
+        "before it in that process.",
+        "",
         *_table(report, _memory),
         "",
         "## Targets (`bench/targets.json`): met when the interval's upper end is at or below",
