@@ -208,10 +208,9 @@ struct VmmState {
     /// held again, memory cycles — given back, mapped again — and new memory comes in spans if
     /// their size is auto ([`spans`]).
     cycle_back_to_bytes: u64,
-    /// The most held before the first trim asked for (`empty_cache()`) that gave memory back
-    /// since the device last idled, while memory does not cycle (0: none): the second one
-    /// starts a cycle ([`spans`]).
-    asked_trim_bytes: u64,
+    /// Memory went back (a trim, a sleep) since the device last idled: after that, a trim
+    /// asked for (`empty_cache()`) starts a cycle too, not only the threshold's ([`spans`]).
+    given_back_since_idle: bool,
     /// The most physical memory ever created for (not reset with the peaks).
     physical_max_bytes: u64,
     /// Asleep: every page given back, the addresses kept ([`sleep`]).

@@ -51,9 +51,12 @@ impl VmmResource {
         self.release_down_to(&mut st, 0, None);
         // An idle device ends a cycle: what was held at the synchronisations before the idle
         // period says nothing of the next phase, whose memory comes a page a handle again until
-        // a trim or a sleep gives memory back.
-        st.cycle_back_to_bytes = 0;
-        st.asked_trim_bytes = 0;
+        // a trim or a sleep gives memory back. Not while asleep: a sleep's cycle is for what
+        // the program maps after the wake, however long it slept.
+        if st.asleep.is_none() {
+            st.cycle_back_to_bytes = 0;
+            st.given_back_since_idle = false;
+        }
         st.large.freed_bytes() + st.carriers.freed_bytes() + st.small.freed_bytes() > 0
             || !st.retiring.is_empty()
             || self.capturing(&mut st)

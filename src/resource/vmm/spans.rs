@@ -1,8 +1,9 @@
 //! Spans: one physical handle backing several adjacent pages. A growth that backs a run of a
 //! window's pages with new memory creates one handle for up to `STREAMPOOL_VMM_SPAN_SIZE` of them
 //! (auto: 256 MiB while memory cycles — the release threshold at a synchronisation, a second
-//! `empty_cache()` since the device last idled, or a sleep gave memory back, and less than the
-//! most held before is mapped again; an idle release ends it — else one page). While memory cycles, a large block's growth also maps free memory
+//! `empty_cache()` since the device last idled, or a sleep gave memory back, and less than
+//! the most held before is mapped again; an idle release ends it, but not while asleep — else
+//! one page). While memory cycles, a large block's growth also maps free memory
 //! after the block, in a handle of its own, up to a span in all, never beyond the most held
 //! before nor past the growth slack, so that the blocks that follow fit there: a step's memory
 //! comes back in a few handles, not one a block, as a CUDA pool grows. The driver's calls cost
@@ -117,32 +118,28 @@ impl VmmResource {
 
     /// Memory went back from `before_bytes` held, by `cause`: until as much is held again,
     /// memory cycles — new memory comes in spans. The release threshold at a synchronisation and
-    /// a sleep start a cycle at once (they repeat: a loop's steps, sleep and wake); a trim asked
-    /// for only from the second since the device last idled that gave memory back: one
-    /// `empty_cache()` between two phases of a program is no loop, and cycling after it mapped
-    /// memory ahead up to the last phase's peak (BERT after the churn workload in one process
-    /// held 528 MiB at its peak instead of 470, on an H200). Up to the most held before such a
-    /// give-back since the device last idled, not the last one's: where a step ends in two
-    /// synchronisations, the second gives back less, and keeping only its figure made GPT-2
-    /// under a 1 GiB threshold map 3.6x as many handles in the replay (driver time 408 -> 1484
-    /// ms). Not up to the most ever held either (a peak an idle release gave back), which memory
-    /// mapped ahead of a block would fill. A give-back of nothing (a second synchronisation in a
-    /// row) changes nothing: ending the cycle there made the next step grow a page a handle
-    /// (GPT-2 under a 1 GiB threshold on an H200: 124 new handles a step instead of 47).
+    /// a sleep start a cycle at once (they repeat: a loop's steps, sleep and wake). A trim asked
+    /// for (`empty_cache()`, `streampool.trim()`, the flush before an out-of-memory retry) does
+    /// only from the second since the device last idled; the first is no loop (one
+    /// `empty_cache()` after loading a model, before training), and cycling after it mapped
+    /// the next phase's memory in spans and ahead of its blocks up to the last phase's peak.
+    /// Up to the most held before such a give-back since the device last idled, not the last
+    /// one's: where a step ends in two synchronisations, the second gives back less, and
+    /// keeping only its figure made GPT-2 under a 1 GiB threshold map 3.6x as many handles in
+    /// the replay (driver time 408 -> 1484 ms). Not up to the most ever held either (a peak an
+    /// idle release gave back), which memory mapped ahead of a block would fill. A give-back
+    /// of nothing (a second synchronisation in a row) changes nothing: ending the cycle there
+    /// made the next step grow a page a handle (GPT-2 under a 1 GiB threshold on an H200: 124
+    /// new handles a step instead of 47).
     pub(super) fn note_given_back(&self, st: &mut VmmState, before_bytes: u64, cause: GiveBack) {
         if st.physical_bytes(self.page_bytes) >= before_bytes {
             return;
         }
-        let asked_bytes = std::mem::replace(&mut st.asked_trim_bytes, 0);
-        match (cause, asked_bytes) {
-            (GiveBack::Asked, 0) if st.cycle_back_to_bytes == 0 => {
-                st.asked_trim_bytes = before_bytes;
-            }
-            _ => {
-                let most_bytes = before_bytes.max(asked_bytes);
-                st.cycle_back_to_bytes = st.cycle_back_to_bytes.max(most_bytes);
-            }
+        let first = !std::mem::replace(&mut st.given_back_since_idle, true);
+        if first && cause == GiveBack::Asked {
+            return;
         }
+        st.cycle_back_to_bytes = st.cycle_back_to_bytes.max(before_bytes);
     }
 
     /// The most pages one new handle backs now.

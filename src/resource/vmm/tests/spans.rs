@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::driver::{DeviceDriver, VmmDriver};
+use crate::resource::vmm::spans::GiveBack;
 
 /// A rig whose new handles back up to `span_pages` pages each, without a growth slack (only
 /// cold pages move before the device grows).
@@ -23,6 +24,23 @@ pub(super) fn rig_spans_slack(span_pages: u64, slack: &str) -> Rig {
 
 /// A step of `pages` pages on S1 (allocated, freed, its work done), then a trim: a loop that
 /// synchronises under a release threshold gives that memory back.
+/// The release threshold's trim at a synchronisation, keeping `keep_bytes`: memory given back
+/// there cycles at once.
+fn trim_at_sync(r: &Rig, keep_bytes: u64) {
+    r.vmm
+        .trim_after_sync(keep_bytes, GiveBack::Threshold)
+        .unwrap();
+}
+
+/// True while memory cycles: new memory comes in spans.
+fn cycles(r: &Rig) -> bool {
+    r.vmm.span_max_pages(&r.vmm.state.lock()) > 1
+}
+
+fn cycle_back_to_pages(r: &Rig) -> u64 {
+    r.vmm.state.lock().cycle_back_to_bytes / PAGE
+}
+
 fn step_then_trim(r: &Rig, pages: u64) {
     let step = r.alloc(pages * PAGE, S1);
     r.free(step, pages * PAGE, S1);
@@ -189,6 +207,70 @@ fn the_threshold_at_a_synchronisation_cycles_at_once() {
     r.free(b, 12 * PAGE, S1);
 }
 
+/// A trim that gives nothing back between two asked trims leaves the first one noted; an asked
+/// trim during a cycle raises it; the threshold after a first asked trim cycles at its own
+/// level, not the earlier phase's.
+#[test]
+fn asked_trims_count_only_when_they_give_memory_back() {
+    let r = rig();
+    step_then_trim(&r, 40);
+    r.vmm.trim(0).unwrap(); // nothing left to give back
+    assert!(!cycles(&r));
+    step_then_trim(&r, 12);
+    assert_eq!(
+        cycle_back_to_pages(&r),
+        12,
+        "the second asked trim, at its own level"
+    );
+    step_then_trim(&r, 20);
+    assert_eq!(
+        cycle_back_to_pages(&r),
+        20,
+        "a trim during the cycle raises it"
+    );
+    r.sim.complete_all();
+    r.vmm.release_idle();
+    assert!(!cycles(&r));
+    step_then_trim(&r, 40);
+    let step = r.alloc(12 * PAGE, S1);
+    r.free(step, 12 * PAGE, S1);
+    r.sim.complete_all();
+    trim_at_sync(&r, 0);
+    assert_eq!(
+        cycle_back_to_pages(&r),
+        12,
+        "the threshold's cycle, at its level: not the 40 pages of the first asked trim"
+    );
+    r.sim.complete_all();
+    r.vmm.release_idle();
+    let step = r.alloc(12 * PAGE, S1);
+    r.free(step, 12 * PAGE, S1);
+    r.sim.complete_all();
+    trim_at_sync(&r, 0);
+    step_then_trim(&r, 20);
+    assert_eq!(
+        cycle_back_to_pages(&r),
+        20,
+        "after the threshold's give-back, the first asked trim raises the cycle"
+    );
+}
+
+/// An idle release while asleep keeps the sleep's cycle: what the program maps after the wake
+/// still comes in spans, however long it slept.
+#[test]
+fn a_long_sleep_keeps_its_cycle() {
+    let r = rig();
+    let a = r.alloc(12 * PAGE, S1);
+    r.free(a, 12 * PAGE, S1);
+    let keep = r.alloc(PAGE, S1);
+    r.sim.complete_all();
+    crate::resource::Sleep::sleep(&*r.vmm, 2, &[]).unwrap();
+    r.vmm.release_idle();
+    crate::resource::Sleep::wake(&*r.vmm).unwrap();
+    assert!(cycles(&r));
+    r.free(keep, PAGE, S1);
+}
+
 /// A sleep starts a cycle at once: sleep and wake repeat, and what is mapped after a wake comes
 /// in spans, so that the next sleep gives it back in a few handles.
 #[test]
@@ -226,6 +308,11 @@ fn a_trim_s_cycle_maps_ahead_only_up_to_what_was_held_before_it() {
     step_then_trim(&r, 12);
     step_then_trim(&r, 12);
     assert_eq!(r.physical(), 2 * PAGE);
+    assert_eq!(
+        cycle_back_to_pages(&r),
+        14,
+        "cycling, up to the 14 pages held"
+    );
     let step = r.alloc(12 * PAGE, S1);
     assert_eq!(
         r.physical(),
@@ -242,7 +329,10 @@ fn a_trim_s_cycle_maps_ahead_only_up_to_what_was_held_before_it() {
 fn an_idle_release_ends_a_cycle_a_smaller_trim_does_not() {
     let r = rig();
     let trimmed_at = |pages: u64| {
-        step_then_trim(&r, pages);
+        let step = r.alloc(pages * PAGE, S1);
+        r.free(step, pages * PAGE, S1);
+        r.sim.complete_all();
+        trim_at_sync(&r, 0);
         assert_eq!(r.physical(), 0);
     };
     trimmed_at(40);
@@ -366,7 +456,11 @@ fn while_memory_cycles_a_growth_without_room_ahead_maps_its_block_alone() {
         ..spec(Settings::default(), 64 * PAGE)
     };
     let r = rig_spec(1, 64 * PAGE, spec);
-    step_then_trim(&r, 32);
+    let step = r.alloc(32 * PAGE, S1);
+    r.free(step, 32 * PAGE, S1);
+    r.sim.complete_all();
+    trim_at_sync(&r, 0);
+    assert!(cycles(&r));
     // Another user takes all but 4 pages.
     let foreign = r.sim.mem_create(0, 60 * PAGE).unwrap();
     let b = r.alloc(4 * PAGE, S1);
@@ -421,7 +515,8 @@ fn memory_ahead_moves_no_idle_page() {
     r.free(a, 2 * PAGE, S1);
     r.free(b, 13 * PAGE, S1);
     r.sim.complete_all();
-    r.vmm.trim(8 * PAGE).unwrap();
+    trim_at_sync(&r, 8 * PAGE);
+    assert!(cycles(&r));
     r.vmm.limit_bytes.store(10 * PAGE, Ordering::Relaxed);
     let moves = Statistics::driver_counts(&*r.vmm).moves;
     let c = r.alloc(6 * PAGE, S1);
@@ -446,7 +541,8 @@ fn memory_ahead_makes_no_stream_wait_for_another() {
     r.sim.advance_clock_ms(100);
     r.free(z, PAGE, S2);
     r.sim.complete_all();
-    r.vmm.trim(2 * PAGE).unwrap();
+    trim_at_sync(&r, 2 * PAGE);
+    assert!(cycles(&r));
     // S2 takes its page again and frees it: freed on S2, its fence not complete.
     let z2 = r.alloc(PAGE, S2);
     assert_eq!(z2, z);
@@ -468,6 +564,7 @@ fn memory_ahead_stays_within_the_growth_slack() {
     step_then_trim(&r, 12);
     step_then_trim(&r, 12);
     assert_eq!(r.physical(), PAGE, "the carrier page stays");
+    assert!(cycles(&r));
     // 13 pages were held, 12 pages and 64 KiB the most in use: 11 pages of blocks fit beside
     // the carrier.
     let c = r.alloc(3 * PAGE, S1);
