@@ -150,14 +150,15 @@ def checkerboard_events(free_bytes: int, total_bytes: int) -> List[Event]:
     """checkerboard's trace (build_checkerboard's step, as a capture records it: a
     synchronisation, the step, a synchronisation) on a card of ``total_bytes`` with
     ``free_bytes`` free at the start: the tensors, every other one freed, the large one
-    allocated and freed, the rest freed in order."""
+    allocated and freed, the rest freed as the list's clear() drops them, last first."""
     count, big_bytes = checkerboard_sizes(free_bytes, total_bytes)
     events: List[Event] = [("s",)]
     events += [("a", i, CHECKER_BYTES, 0) for i in range(1, count + 1)]
     events += [("f", i) for i in range(1, count + 1, 2)]
     big = count + 1
     events += [("a", big, big_bytes, 0), ("f", big)]
-    events += [("f", i) for i in range(2, count + 1, 2)]
+    # list.clear() drops a list's items from its end.
+    events += [("f", i) for i in reversed(range(2, count + 1, 2))]
     return events + [("s",), ("x",)]
 
 

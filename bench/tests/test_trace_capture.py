@@ -166,6 +166,8 @@ def test_checkerboard_events_leave_holes_the_large_tensor_fits_none_of():
         elif e[0] == "f":
             live.remove(e[1])
     assert holes and not live, "the large one was allocated, and everything is freed at the end"
+    last_frees = [e[1] for e in events if e[0] == "f"][-((count) // 2) :]
+    assert last_frees == sorted(last_frees, reverse=True), "clear() frees the list's end first"
     assert tc.summarize(events)["steps"] == 1
 
 
