@@ -25,13 +25,19 @@ def uses_streampool(config: str) -> bool:
 
 
 def variants(text: str) -> dict:
-    """``name:K=V,K=V;name2:K=V`` -> {name: {K: V}}; every K a STREAMPOOL_ variable."""
+    """``name:K=V,K=V;name2:K=V`` -> {name: {K: V}}: every K a STREAMPOOL_ variable, one of them
+    STREAMPOOL_BACKEND (else the default backend runs, unnoticed), under a name no other
+    configuration has."""
     out = {}
     for item in filter(None, text.split(";")):
         name, _, assignments = item.partition(":")
-        env = dict(a.split("=", 1) for a in assignments.split(",") if "=" in a)
-        if not name or not env or any(not k.startswith("STREAMPOOL_") for k in env):
-            raise SystemExit(f"DIAG_VARIANTS: {item!r} is not name:STREAMPOOL_X=V[,...]")
+        pairs = [a.split("=", 1) for a in assignments.split(",")]
+        well_formed = all(len(p) == 2 and p[0].startswith("STREAMPOOL_") for p in pairs)
+        env = dict(pairs) if well_formed else {}
+        if not name or name in BASE or name == "vmm-before" or "STREAMPOOL_BACKEND" not in env:
+            raise SystemExit(
+                f"DIAG_VARIANTS: {item!r} is not new-name:STREAMPOOL_BACKEND=B[,STREAMPOOL_X=V...]"
+            )
         out[name] = env
     return out
 

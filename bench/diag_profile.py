@@ -7,9 +7,11 @@ process runs the schedule's warm-up steps, times ROUNDS rounds of its timed step
 events, no profiler), then runs the timed steps once more under ``torch.profiler`` (CPU and CUDA
 activities) and reads the trace:
 - the GPU's busy time (the union of kernels, copies and sets), the kernels' sum and count;
-- the GPU's idle time between them, and for each gap which CUDA runtime or driver call the host
-  was in at the time (the call overlapping the gap most): a gap under a call to the allocator's
-  page calls or a synchronisation says the GPU waited on the host there;
+- the GPU's idle time between them (gaps over GAP_FLOOR_US), split by the time each traced CUDA
+  runtime or driver call covers of it (a runtime call and the driver call inside it both count),
+  the rest under "(host code)": PyTorch's and the allocator's own code. The profiler traces the
+  runtime's calls and the kernel launches, not the driver calls the allocator makes (its page
+  calls and events are host code here);
 - the host's time in each runtime and driver call;
 - the host's time in each PyTorch operator (inclusive; the allocation is inside
   ``aten::empty_strided`` and its kind);
@@ -34,7 +36,8 @@ import diag_configs  # (run as a file: bench/ is on the path)
 ROUNDS = int(os.environ.get("DIAG_ROUNDS", "3"))
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
-GAP_FLOOR_US = 5.0
+GAP_FLOOR_US = 5.0  # shorter gaps between GPU operations are not idle time here
+HOST_CODE = "(host code)"  # a gap's time under no traced call
 
 
 def union_us(intervals) -> float:
@@ -82,14 +85,16 @@ def read_trace(path: str, steps: int) -> dict:
             gap_total += a - end
             while h < len(host) and host[h][1] < end:
                 h += 1
-            best, best_overlap = "(no call)", 0.0
-            for s, t, name in host[h:]:
+            covered = []
+            for i in range(h, len(host)):
+                s, t, name = host[i]
                 if s > a:
                     break
                 overlap = min(t, a) - max(s, end)
-                if overlap > best_overlap:
-                    best, best_overlap = name, overlap
-            gaps_by_call[best] += a - end
+                if overlap > 0:
+                    gaps_by_call[name] += overlap
+                    covered.append((max(s, end), min(t, a)))
+            gaps_by_call[HOST_CODE] += (a - end) - union_us(sorted(covered))
         end = b if end is None else max(end, b)
     per = 1e3 * steps  # microseconds in the trace -> milliseconds a step
 

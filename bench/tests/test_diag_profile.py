@@ -1,5 +1,6 @@
-"""The profile diagnostic's reading of a trace, and the diagnostics' configurations: GPU gaps are
-put on the host call that overlapped them most, and a variant names only streampool's variables."""
+"""The profile diagnostic's reading of a trace, and the diagnostics' configurations: a GPU gap is
+split by the time each host call covers of it, and a variant is streampool's variables with a
+backend, under a name of its own."""
 
 import json
 import sys
@@ -17,7 +18,7 @@ def x(cat, name, ts, dur):
     return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
 
 
-def test_a_gap_goes_to_the_call_that_overlapped_it_most(tmp_path):
+def test_a_gap_is_split_by_the_time_each_call_covers(tmp_path):
     trace = tmp_path / "t.json"
     events = [
         x("kernel", "a", 0, 10), x("kernel", "b", 30, 10), x("kernel", "a", 35, 10),
@@ -31,7 +32,11 @@ def test_a_gap_goes_to_the_call_that_overlapped_it_most(tmp_path):
     assert found["gpu_busy_ms"] == pytest.approx(27 / 2e3)
     assert found["kernel_sum_ms"] == pytest.approx(32 / 2e3)
     assert found["gap_ms"] == pytest.approx(75 / 2e3)
-    assert found["gaps_by_call_ms"] == pytest.approx({"(no call)": 55 / 2e3, "cuMemSetAccess": 20 / 2e3})
+    # gap [10, 30]: the launch covers 1 us of it, the set-access 16, nothing the other 3; gap
+    # [45, 100]: nothing
+    assert found["gaps_by_call_ms"] == pytest.approx(
+        {"(host code)": 58 / 2e3, "cuMemSetAccess": 16 / 2e3, "cudaLaunchKernel": 1 / 2e3}
+    )
     assert found["kernels"]["a"] == pytest.approx([1.0, 20 / 2e3])
     assert found["ops"]["aten::empty_strided"] == pytest.approx([0.5, 4 / 2e3])
     assert list(found["calls"]) == ["cuMemSetAccess", "cudaLaunchKernel"]
@@ -51,6 +56,13 @@ def test_variants_name_streampool_variables_only(monkeypatch):
     assert list(configs) == ["native", "still", "expandable"]
     assert configs["still"] == {"STREAMPOOL_BACKEND": "vmm", "STREAMPOOL_VMM_COLD_AFTER": "off"}
     assert not diag_configs.uses_streampool("expandable") and diag_configs.uses_streampool("still")
-    for bad in ("still:PYTORCH_CUDA_ALLOC_CONF=x", ":STREAMPOOL_BACKEND=vmm", "still:"):
+    for bad in (
+        "still:PYTORCH_CUDA_ALLOC_CONF=x",
+        ":STREAMPOOL_BACKEND=vmm",
+        "still:",
+        "still:STREAMPOOL_VMM_COLD_AFTER=off",  # no backend: the default would run
+        "still:STREAMPOOL_BACKEND=vmm,STREAMPOOL_VMM_COLD_AFTER",  # no value
+        "vmm:STREAMPOOL_BACKEND=pool",  # a base configuration's name
+    ):
         with pytest.raises(SystemExit):
             diag_configs.variants(bad)
