@@ -478,23 +478,29 @@ fn counting<T>(sim: &SimDriver, calls: &mut u64, call: impl FnOnce() -> T) -> T 
 /// cache simulation (`--cache-sim=yes`), the misses counted inside the timed calls are then the
 /// cache lines the allocator touches from cold, which instruction counts do not see.
 fn evict_caches() {
-    static BUFFER: std::sync::OnceLock<std::sync::Mutex<Vec<u8>>> = std::sync::OnceLock::new();
-    let buffer = BUFFER.get_or_init(|| {
-        let bytes = std::env::var("REPLAY_EVICT_BYTES")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(0);
-        std::sync::Mutex::new(vec![0u8; bytes])
+    thread_local! {
+        static BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; evict_bytes()]);
+    }
+    BUFFER.with_borrow_mut(|buffer| {
+        if buffer.is_empty() {
+            return;
+        }
+        for line in buffer.chunks_mut(64) {
+            // SAFETY: a valid, exclusive pointer to the line's first byte.
+            unsafe { std::ptr::write_volatile(line.as_mut_ptr(), line[0].wrapping_add(1)) };
+        }
+        warm_stack();
     });
-    let mut buffer = buffer.lock().unwrap_or_else(|e| e.into_inner());
-    if buffer.is_empty() {
-        return;
+}
+
+/// `REPLAY_EVICT_BYTES`: bytes, a whole number (0 or unset: nothing evicted).
+fn evict_bytes() -> usize {
+    match std::env::var("REPLAY_EVICT_BYTES") {
+        Err(_) => 0,
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            panic!("REPLAY_EVICT_BYTES={v:?}: a whole number of bytes, such as 4194304")
+        }),
     }
-    for line in buffer.chunks_mut(64) {
-        // SAFETY: a valid, exclusive pointer to the line's first byte.
-        unsafe { std::ptr::write_volatile(line.as_mut_ptr(), line[0].wrapping_add(1)) };
-    }
-    warm_stack();
 }
 
 /// Writes the 32 KiB of stack below the caller: the workload's own deep calls (kernel launches)
