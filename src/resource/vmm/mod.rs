@@ -183,7 +183,8 @@ struct VmmState {
     live: live::Live,
     used_bytes: u64,
     used_high_bytes: u64,
-    /// The most ever in use (not reset with the peaks).
+    /// The most in use since the program last emptied the cache or the device last idled (not
+    /// reset with the peaks): the growth slack's measure ([`growth`]).
     used_max_bytes: u64,
     physical_high_bytes: u64,
     fences: Fences,

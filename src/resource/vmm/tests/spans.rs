@@ -474,19 +474,18 @@ fn while_memory_cycles_a_growth_without_room_ahead_maps_its_block_alone() {
     r.sim.mem_release(0, foreign).unwrap();
 }
 
-/// Four blocks of 3 pages, freed and given back at a trim (a synchronisation's), twice: memory
-/// cycles, back to the 12 pages held.
+/// Four blocks of 3 pages, freed and given back at the release threshold's trim at a
+/// synchronisation: memory cycles, back to the 12 pages held.
 fn cycled() -> Rig {
     let r = rig();
-    for _ in 0..2 {
-        let blocks: Vec<_> = (0..4).map(|_| r.alloc(3 * PAGE, S1)).collect();
-        for p in blocks {
-            r.free(p, 3 * PAGE, S1);
-        }
-        r.sim.complete_all();
-        r.vmm.trim(0).unwrap();
-        assert_eq!(r.physical(), 0, "given back at the synchronisation");
+    let blocks: Vec<_> = (0..4).map(|_| r.alloc(3 * PAGE, S1)).collect();
+    for p in blocks {
+        r.free(p, 3 * PAGE, S1);
     }
+    r.sim.complete_all();
+    trim_at_sync(&r, 0);
+    assert_eq!(r.physical(), 0, "given back at the synchronisation");
+    assert!(cycles(&r));
     r
 }
 
@@ -561,8 +560,10 @@ fn memory_ahead_stays_within_the_growth_slack() {
     let settings = Settings::with_variables(&[("STREAMPOOL_VMM_GROWTH_SLACK", "0%")]);
     let r = rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE));
     let small = r.alloc(64 << 10, S1);
-    step_then_trim(&r, 12);
-    step_then_trim(&r, 12);
+    let step = r.alloc(12 * PAGE, S1);
+    r.free(step, 12 * PAGE, S1);
+    r.sim.complete_all();
+    trim_at_sync(&r, 0);
     assert_eq!(r.physical(), PAGE, "the carrier page stays");
     assert!(cycles(&r));
     // 13 pages were held, 12 pages and 64 KiB the most in use: 11 pages of blocks fit beside
@@ -579,7 +580,7 @@ fn memory_ahead_stays_within_the_growth_slack() {
 #[test]
 fn a_second_synchronisation_in_a_row_keeps_memory_cycling() {
     let r = cycled();
-    r.vmm.trim(0).unwrap(); // nothing left to give back
+    trim_at_sync(&r, 0); // nothing left to give back
     let creates = r.sim.calls("cuMemCreate");
     let again: Vec<_> = (0..4).map(|_| r.alloc(3 * PAGE, S1)).collect();
     assert_eq!(
