@@ -41,6 +41,14 @@ fn cycle_back_to_pages(r: &Rig) -> u64 {
     r.vmm.state.lock().cycle_back_to_bytes / PAGE
 }
 
+/// A step of `pages` pages, then the release threshold's trim at a synchronisation (to 0).
+fn step_then_trim_at_sync(r: &Rig, pages: u64) {
+    let step = r.alloc(pages * PAGE, S1);
+    r.free(step, pages * PAGE, S1);
+    r.sim.complete_all();
+    trim_at_sync(r, 0);
+}
+
 fn step_then_trim(r: &Rig, pages: u64) {
     let step = r.alloc(pages * PAGE, S1);
     r.free(step, pages * PAGE, S1);
@@ -232,10 +240,7 @@ fn asked_trims_count_only_when_they_give_memory_back() {
     r.vmm.release_idle();
     assert!(!cycles(&r));
     step_then_trim(&r, 40);
-    let step = r.alloc(12 * PAGE, S1);
-    r.free(step, 12 * PAGE, S1);
-    r.sim.complete_all();
-    trim_at_sync(&r, 0);
+    step_then_trim_at_sync(&r, 12);
     assert_eq!(
         cycle_back_to_pages(&r),
         12,
@@ -243,10 +248,7 @@ fn asked_trims_count_only_when_they_give_memory_back() {
     );
     r.sim.complete_all();
     r.vmm.release_idle();
-    let step = r.alloc(12 * PAGE, S1);
-    r.free(step, 12 * PAGE, S1);
-    r.sim.complete_all();
-    trim_at_sync(&r, 0);
+    step_then_trim_at_sync(&r, 12);
     step_then_trim(&r, 20);
     assert_eq!(
         cycle_back_to_pages(&r),
@@ -255,42 +257,33 @@ fn asked_trims_count_only_when_they_give_memory_back() {
     );
 }
 
-/// An idle release while asleep keeps the sleep's cycle: what the program maps after the wake
-/// still comes in spans, however long it slept.
-#[test]
-fn a_long_sleep_keeps_its_cycle() {
-    let r = rig();
-    let a = r.alloc(12 * PAGE, S1);
-    r.free(a, 12 * PAGE, S1);
-    let keep = r.alloc(PAGE, S1);
-    r.sim.complete_all();
-    crate::resource::Sleep::sleep(&*r.vmm, 2, &[]).unwrap();
-    r.vmm.release_idle();
-    crate::resource::Sleep::wake(&*r.vmm).unwrap();
-    assert!(cycles(&r));
-    r.free(keep, PAGE, S1);
-}
-
 /// A sleep starts a cycle at once: sleep and wake repeat, and what is mapped after a wake comes
-/// in spans, so that the next sleep gives it back in a few handles.
+/// in spans, so that the next sleep gives it back in a few handles — also after an idle release
+/// while asleep (however long it slept).
 #[test]
 fn a_sleep_cycles_at_once() {
-    let r = rig();
-    let a = r.alloc(12 * PAGE, S1);
-    r.free(a, 12 * PAGE, S1);
-    let keep = r.alloc(PAGE, S1);
-    r.sim.complete_all();
-    crate::resource::Sleep::sleep(&*r.vmm, 2, &[]).unwrap();
-    crate::resource::Sleep::wake(&*r.vmm).unwrap();
-    let creates = r.sim.calls("cuMemCreate");
-    let b = r.alloc(8 * PAGE, S1);
-    assert_eq!(
-        r.sim.calls("cuMemCreate") - creates,
-        2,
-        "the block's span and the one ahead of it, not a page a handle"
-    );
-    r.free(b, 8 * PAGE, S1);
-    r.free(keep, PAGE, S1);
+    for idle_while_asleep in [false, true] {
+        let r = rig();
+        let a = r.alloc(12 * PAGE, S1);
+        r.free(a, 12 * PAGE, S1);
+        let keep = r.alloc(PAGE, S1);
+        r.sim.complete_all();
+        crate::resource::Sleep::sleep(&*r.vmm, 2, &[]).unwrap();
+        if idle_while_asleep {
+            r.vmm.release_idle();
+        }
+        crate::resource::Sleep::wake(&*r.vmm).unwrap();
+        let creates = r.sim.calls("cuMemCreate");
+        let b = r.alloc(8 * PAGE, S1);
+        assert_eq!(
+            r.sim.calls("cuMemCreate") - creates,
+            2,
+            "the block's span and the one ahead of it, not a page a handle \
+             (idle while asleep: {idle_while_asleep})"
+        );
+        r.free(b, 8 * PAGE, S1);
+        r.free(keep, PAGE, S1);
+    }
 }
 
 /// Memory cycles up to what was held when a trim gave memory back, not up to the most ever held:
@@ -329,10 +322,7 @@ fn a_trim_s_cycle_maps_ahead_only_up_to_what_was_held_before_it() {
 fn an_idle_release_ends_a_cycle_a_smaller_trim_does_not() {
     let r = rig();
     let trimmed_at = |pages: u64| {
-        let step = r.alloc(pages * PAGE, S1);
-        r.free(step, pages * PAGE, S1);
-        r.sim.complete_all();
-        trim_at_sync(&r, 0);
+        step_then_trim_at_sync(&r, pages);
         assert_eq!(r.physical(), 0);
     };
     trimmed_at(40);
@@ -456,10 +446,7 @@ fn while_memory_cycles_a_growth_without_room_ahead_maps_its_block_alone() {
         ..spec(Settings::default(), 64 * PAGE)
     };
     let r = rig_spec(1, 64 * PAGE, spec);
-    let step = r.alloc(32 * PAGE, S1);
-    r.free(step, 32 * PAGE, S1);
-    r.sim.complete_all();
-    trim_at_sync(&r, 0);
+    step_then_trim_at_sync(&r, 32);
     assert!(cycles(&r));
     // Another user takes all but 4 pages.
     let foreign = r.sim.mem_create(0, 60 * PAGE).unwrap();
@@ -560,10 +547,7 @@ fn memory_ahead_stays_within_the_growth_slack() {
     let settings = Settings::with_variables(&[("STREAMPOOL_VMM_GROWTH_SLACK", "0%")]);
     let r = rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE));
     let small = r.alloc(64 << 10, S1);
-    let step = r.alloc(12 * PAGE, S1);
-    r.free(step, 12 * PAGE, S1);
-    r.sim.complete_all();
-    trim_at_sync(&r, 0);
+    step_then_trim_at_sync(&r, 12);
     assert_eq!(r.physical(), PAGE, "the carrier page stays");
     assert!(cycles(&r));
     // 13 pages were held, 12 pages and 64 KiB the most in use: 11 pages of blocks fit beside
