@@ -29,9 +29,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import diag_configs  # (run as a file: bench/ is on the path)
+import diag_steps
 
 ROUNDS = int(os.environ.get("DIAG_ROUNDS", "3"))
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -135,15 +135,9 @@ def child(config: str, workload: str) -> None:
     steps = schedule.steps[schedule.warmup :]
     walls, gpus = [], []
     for _ in range(ROUNDS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        began = time.perf_counter()
-        start.record()
-        for params in steps:
-            body(params)
-        end.record()
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - began) / len(steps) * 1e3)
-        gpus.append(start.elapsed_time(end) / len(steps))
+        wall, _, gpu = diag_steps.timed_round(torch, body, steps)
+        walls.append(wall)
+        gpus.append(gpu)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for params in steps:
             body(params)

@@ -41,6 +41,24 @@ def allocations(torch) -> float:
         return float("nan")
 
 
+def timed_round(torch, body, steps) -> tuple:
+    """One round of ``steps``, the device synchronised at its end: (wall, the process's CPU time,
+    GPU time between CUDA events), milliseconds a step."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    began, began_cpu = time.perf_counter(), time.process_time()
+    start.record()
+    for params in steps:
+        body(params)
+    end.record()
+    torch.cuda.synchronize()
+    per_step_ms = 1e3 / len(steps)
+    return (
+        (time.perf_counter() - began) * per_step_ms,
+        (time.process_time() - began_cpu) * per_step_ms,
+        start.elapsed_time(end) / len(steps),
+    )
+
+
 def measure(torch, config: str, workload: str, name: str, body, schedule) -> None:
     if os.environ.get("STEPS_SYNC") == "1":
         # Each step ends with torch.cuda.synchronize(), as the benchmark's timed steps do: where
@@ -57,17 +75,11 @@ def measure(torch, config: str, workload: str, name: str, body, schedule) -> Non
     steps = schedule.steps[schedule.warmup :]
     walls, cpus, gpus, counts = [], [], [], []
     for _ in range(ROUNDS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         allocated = allocations(torch)
-        began, began_cpu = time.perf_counter(), time.process_time()
-        start.record()
-        for params in steps:
-            body(params)
-        end.record()
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - began) / len(steps) * 1e3)
-        cpus.append((time.process_time() - began_cpu) / len(steps) * 1e3)
-        gpus.append(start.elapsed_time(end) / len(steps))
+        wall, cpu, gpu = timed_round(torch, body, steps)
+        walls.append(wall)
+        cpus.append(cpu)
+        gpus.append(gpu)
         counts.append((allocations(torch) - allocated) / len(steps))
     print(f"STEPS {workload} {config} {name}: wall {statistics.median(walls):.3f} ms, cpu "
           f"{statistics.median(cpus):.3f} ms, gpu {statistics.median(gpus):.3f} ms a step, "

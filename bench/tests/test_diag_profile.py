@@ -66,3 +66,33 @@ def test_variants_name_streampool_variables_only(monkeypatch):
     ):
         with pytest.raises(SystemExit):
             diag_configs.variants(bad)
+
+
+def test_a_timed_round_gives_milliseconds_a_step_and_runs_every_step():
+    import diag_steps
+
+    ran = []
+
+    class TimingEvent:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 30.0  # milliseconds between the round's two events
+
+    class Cuda:
+        Event = TimingEvent
+
+        @staticmethod
+        def synchronize():
+            ran.append("sync")
+
+    class Torch:
+        cuda = Cuda
+
+    wall, cpu, gpu = diag_steps.timed_round(Torch, ran.append, [1, 2, 3])
+    assert ran == [1, 2, 3, "sync"]
+    assert gpu == 10.0 and wall >= 0 and cpu >= 0
