@@ -193,8 +193,8 @@ impl Default for Config {
             // the others, with a handful of mappings per timed step at most; 2 ms moves more
             // and holds more on churn.
             vmm_cold_after_ms: 10,
-            // Physical memory stays within 1% of the most ever in use while idle pages, or pages
-            // the allocating stream freed, can back a new block (a move maps at once and unmaps
+            // Physical memory stays within 1% of the most in use (since the last empty_cache)
+            // while idle pages, or pages the allocating stream freed, can back a new block (a move maps at once and unmaps
             // later off the allocating thread). Timed traces replayed (3 repeats), peak / live
             // at 25% -> 2%: bert 1.151 -> 1.017, gpt2 1.070 -> 1.012, churn 1.071 -> 1.030,
             // multistream 1.186 -> 1.129, others within 0.003; the price is mappings on the

@@ -127,8 +127,8 @@ impl VmmResource {
             return Ok((handle, 1));
         }
         self.give_back_span(st, growth, now_ms, true);
-        // Beyond the slack over the most in use (since the last empty_cache), idle memory is
-        // moved before the device grows.
+        // Beyond the slack over the most in use (since the last empty_cache() that gave memory
+        // back), idle memory is moved before the device grows.
         if let Some(allowed_bytes) = self.slack_allowed_bytes(st, 0) {
             if st.physical_bytes(self.page_bytes) + self.page_bytes > allowed_bytes {
                 let moved = self.move_idle_page(st, growth, now_ms, false);

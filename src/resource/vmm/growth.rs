@@ -90,8 +90,9 @@ impl VmmResource {
     }
 
     /// The most physical memory the growth slack allows with `using_bytes` more in use than now
-    /// (`STREAMPOOL_VMM_GROWTH_SLACK` over the most in use since the program last emptied the
-    /// cache or the device last idled); `None` without a slack.
+    /// (`STREAMPOOL_VMM_GROWTH_SLACK` over the most in use since a trim asked for last gave memory
+    /// back or the device last idled: [`super::VmmState`]'s `used_max_bytes`); `None` without a
+    /// slack.
     pub(super) fn slack_allowed_bytes(&self, st: &VmmState, using_bytes: u64) -> Option<u64> {
         let percent = self.growth_slack_percent?;
         let most_bytes = st

@@ -183,8 +183,10 @@ struct VmmState {
     live: live::Live,
     used_bytes: u64,
     used_high_bytes: u64,
-    /// The most in use since the program last emptied the cache or the device last idled (not
-    /// reset with the peaks): the growth slack's measure ([`growth`]).
+    /// The most in use since a trim asked for (`empty_cache()`, `streampool.trim()`, the flush
+    /// before an out-of-memory retry) last gave memory back, or the device last idled; the
+    /// release threshold's trims keep it, and it is not reset with the peaks: the growth slack's
+    /// measure ([`growth`]).
     used_max_bytes: u64,
     physical_high_bytes: u64,
     fences: Fences,

@@ -18,7 +18,7 @@ fn rig_headroom(memory_bytes: u64, headroom_bytes: u64) -> Rig {
 
 #[test]
 fn beyond_the_growth_slack_hot_idle_pages_back_new_blocks_before_the_device_grows() {
-    let r = rig_slack(25); // 25% over the most ever in use
+    let r = rig_slack(25); // 25% over the most in use
     r.stop_clock();
     let blocks: Vec<DevicePtr> = (0..8).map(|_| r.alloc(PAGE, S1)).collect();
     for &hole in blocks.iter().step_by(2) {
@@ -153,8 +153,9 @@ fn the_surplus_release_keeps_pages_whose_handles_are_still_mapped_elsewhere() {
     r.sim.mem_release(0, foreign).unwrap();
 }
 
-/// The same holes and requests as the test above, after an earlier phase used 40 pages and the
-/// program emptied the cache (or the device idled): the slack counts from what the new phase
+/// The holes and requests of `beyond_the_growth_slack_hot_idle_pages_back_new_blocks_before_the_
+/// device_grows`, after an earlier phase used 40 pages and the program emptied the cache (or the
+/// device idled): the slack counts from what the new phase
 /// uses, not from the old phase's 40 pages, so the hot holes move as they would in a fresh
 /// process (found on the GPU: BERT after churn in one process held 0.52 GiB at its peak, alone
 /// 0.46).
@@ -194,4 +195,18 @@ fn the_growth_slack_counts_from_the_last_empty_cache_or_idle_period() {
         r.free(c, 2 * PAGE, S1);
         r.free(d, 2 * PAGE, S1);
     }
+}
+
+/// A trim asked for that gives nothing back (the flush before a sleep, a cache emptied again)
+/// keeps the growth slack's measure; one that gives memory back starts it afresh.
+#[test]
+fn only_a_trim_that_gives_memory_back_restarts_the_slack() {
+    let r = rig_slack(1);
+    let a = r.alloc(20 * PAGE, S1);
+    r.free(a, 20 * PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.trim(u64::MAX).unwrap();
+    assert_eq!(r.vmm.state.lock().used_max_bytes, 20 * PAGE);
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.vmm.state.lock().used_max_bytes, 0);
 }

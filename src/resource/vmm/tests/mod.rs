@@ -50,7 +50,7 @@ fn rig_pages() -> Rig {
     rig_spec(2, 64 * PAGE, spec(settings, 64 * PAGE))
 }
 
-/// A rig whose growth moves memory before it grows past `percent` over the most ever in use.
+/// A rig whose growth moves memory before it grows past `percent` over the most in use.
 fn rig_slack(percent: u64) -> Rig {
     let settings = Settings::with_variables(&[
         ("STREAMPOOL_VMM_GROWTH_SLACK", &format!("{percent}%")),
