@@ -91,15 +91,8 @@ impl VmmResource {
         self.unmap_retired(&mut st);
         let before_bytes = st.physical_bytes(self.page_bytes);
         self.release_down_to(&mut st, keep_bytes, None);
-        if cause == GiveBack::Asked && st.physical_bytes(self.page_bytes) < before_bytes {
-            // A program that empties the cache, and so gives memory back, starts afresh: the
-            // most it used before must not let the next phase grow past its own needs before
-            // it reuses its own idle pages (BERT after churn in one process held 0.52 GiB at its
-            // peak on an H200, alone 0.46). A trim that gives nothing back (the flush before a
-            // sleep, an empty cache emptied again) changes nothing.
-            st.used_max_bytes = st.used_bytes;
-        }
-        // Memory went back at a synchronisation: it may cycle ([`super::spans`]).
+        // Memory went back at a synchronisation: it may cycle, and the slack may start afresh
+        // ([`super::spans`]).
         self.note_given_back(&mut st, before_bytes, cause);
         Ok(())
     }
