@@ -21,6 +21,8 @@
 mod checks;
 #[path = "replay/costs.rs"]
 mod costs;
+#[path = "replay/evict.rs"]
+mod evict;
 #[path = "replay/gate.rs"]
 mod gate;
 #[path = "replay/inflate.rs"]
