@@ -10,6 +10,8 @@ here is an error.
 """
 
 import os
+import subprocess
+import sys
 
 BASE = {
     "native": {},
@@ -54,3 +56,15 @@ def chosen() -> dict:
     if unknown:
         raise SystemExit(f"DIAG_CONFIGS: unknown {unknown}; known: {', '.join(configs)}")
     return {n: configs[n] for n in names} if names else configs
+
+
+def run_child(script: str, config: str, args) -> None:
+    """Runs ``script --child CONFIG ARGS...`` in a process of its own with ``config``'s
+    environment and the repository root on the path, pinned to the last 4 of this process's
+    CPUs (every configuration on the same ones)."""
+    cpus = sorted(os.sched_getaffinity(0))[-4:]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, **chosen()[config])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    argv = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, script, "--child", config]
+    subprocess.run(argv + list(args), env=env, check=False)

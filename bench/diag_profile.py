@@ -26,7 +26,6 @@ import collections
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -152,28 +151,23 @@ def child(config: str, workload: str) -> None:
     with open(os.path.join(out, f"profile-{workload}-{config}.json"), "w") as f:
         json.dump(found, f, indent=1)
     top_gaps = ", ".join(f"{k} {v:.3f}" for k, v in list(found["gaps_by_call_ms"].items())[:4])
-    top_calls = ", ".join(f"{k} {v[0]:.1f}x {v[1]:.3f}" for k, v in list(found["calls"].items())[:5])
+    calls = list(found["calls"].items())[:5]
+    top_calls = ", ".join(f"{k} {v[0]:.1f}x {v[1]:.3f}" for k, v in calls)
     print(f"PROFILE {workload} {config}: wall {found['wall_ms']:.3f} ms, events "
           f"{found['event_ms']:.3f} ms a step (unprofiled); profiled: GPU busy "
           f"{found['gpu_busy_ms']:.3f} ms, kernels {found['kernel_sum_ms']:.3f} ms in "
           f"{found['gpu_ops']:.0f} ops, idle {found['gap_ms']:.3f} ms, span "
-          f"{found['span_ms']:.3f} ms a step; idle under: {top_gaps}; host calls (a step): {top_calls}", flush=True)
+          f"{found['span_ms']:.3f} ms a step; idle under: {top_gaps}; host calls (a step): "
+          f"{top_calls}", flush=True)
 
 
 def main() -> int:
     if len(sys.argv) >= 4 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
         return 0
-    named = sys.argv[1:] or ["vision_sizes"]
-    cpus = sorted(os.sched_getaffinity(0))[-4:]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for workload in named:
-        for config, settings in diag_configs.chosen().items():
-            env = dict(os.environ, **settings)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-            argv = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, __file__,
-                    "--child", config, workload]
-            subprocess.run(argv, env=env, check=False)
+    for workload in sys.argv[1:] or ["vision_sizes"]:
+        for config in diag_configs.chosen():
+            diag_configs.run_child(__file__, config, [workload])
     return 0
 
 

@@ -22,7 +22,6 @@ averaged across processes (the caller reads every line).
 import collections
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -118,15 +117,9 @@ def main() -> int:
         child(sys.argv[2], sys.argv[3:] or ["churn", "gpt2"])
         return 0
     named = sys.argv[1:] or ["churn", "gpt2"]
-    cpus = sorted(os.sched_getaffinity(0))[-4:]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    configs = diag_configs.chosen()
-    for config in list(configs) + list(reversed(configs)):
-        env = dict(os.environ, **configs[config])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        argv = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, __file__, "--child",
-                config, *named]
-        subprocess.run(argv, env=env, check=False)
+    configs = list(diag_configs.chosen())
+    for config in configs + configs[::-1]:
+        diag_configs.run_child(__file__, config, named)
     return 0
 
 

@@ -50,7 +50,8 @@ def test_gaps_under_the_floor_are_not_idle_time(tmp_path):
 
 
 def test_variants_name_streampool_variables_only(monkeypatch):
-    monkeypatch.setenv("DIAG_VARIANTS", "still:STREAMPOOL_BACKEND=vmm,STREAMPOOL_VMM_COLD_AFTER=off")
+    variant = "still:STREAMPOOL_BACKEND=vmm,STREAMPOOL_VMM_COLD_AFTER=off"
+    monkeypatch.setenv("DIAG_VARIANTS", variant)
     monkeypatch.setenv("DIAG_CONFIGS", "native,still,expandable")
     configs = diag_configs.chosen()
     assert list(configs) == ["native", "still", "expandable"]
@@ -96,3 +97,19 @@ def test_a_timed_round_gives_milliseconds_a_step_and_runs_every_step():
     wall, cpu, gpu = diag_steps.timed_round(Torch, ran.append, [1, 2, 3])
     assert ran == [1, 2, 3, "sync"]
     assert gpu == 10.0 and wall >= 0 and cpu >= 0
+
+
+def test_a_child_runs_pinned_with_its_configuration_and_the_root_on_the_path(monkeypatch):
+    variant = "still:STREAMPOOL_BACKEND=vmm,STREAMPOOL_VMM_COLD_AFTER=off"
+    monkeypatch.setenv("DIAG_VARIANTS", variant)
+    runs = []
+
+    def run(argv, env, check):
+        runs.append((argv, env))
+
+    monkeypatch.setattr(diag_configs.subprocess, "run", run)
+    diag_configs.run_child("x.py", "still", ["vision_sizes"])
+    (argv, env), = runs
+    assert argv[0] == "taskset" and argv[4:] == ["x.py", "--child", "still", "vision_sizes"]
+    assert env["STREAMPOOL_VMM_COLD_AFTER"] == "off" and env["STREAMPOOL_BACKEND"] == "vmm"
+    assert str(ROOT) in env["PYTHONPATH"].split(":")
