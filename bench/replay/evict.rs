@@ -1,6 +1,6 @@
 //! Cache eviction before the replay's timed calls (`REPLAY_EVICT_BYTES`), so that callgrind's
 //! cache simulation counts the lines an allocation touches from cold (docs/replay.md, "Cache
-//! lines, beside instructions"; `scripts/cold-lines`).
+//! lines, beside instructions"; `scripts/hot-path-gate --cold-lines`).
 //!
 //! Invariant: unset or 0, nothing is written; the buffer is each thread's own.
 
