@@ -14,6 +14,7 @@ pub mod contexts;
 
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
+use crate::switches::SWITCHES;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -120,9 +121,11 @@ pub struct History {
 }
 
 impl History {
+    /// True while recording: read after the process-wide switch ([`SWITCHES`]), so that while
+    /// no timeline records an event costs the switches' line only.
     #[inline]
     pub fn enabled(&self) -> bool {
-        self.enabled.load(Ordering::Relaxed)
+        SWITCHES.recording() && self.enabled.load(Ordering::Relaxed)
     }
 
     /// Starts recording into an empty ring of `max_entries` (> 0) events.
@@ -137,13 +140,17 @@ impl History {
             max_entries,
             ..Ring::default()
         };
-        self.enabled.store(true, Ordering::Relaxed);
+        if !self.enabled.swap(true, Ordering::Relaxed) {
+            SWITCHES.recordings.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
     /// Stops recording; what was recorded stays readable.
     pub fn stop(&self) {
-        self.enabled.store(false, Ordering::Relaxed);
+        if self.enabled.swap(false, Ordering::Relaxed) {
+            SWITCHES.recordings.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Appends an event if recording is on (`gauges` is only evaluated then).
@@ -260,6 +267,13 @@ impl History {
     }
 }
 
+impl Drop for History {
+    /// A timeline dropped while recording no longer counts as one.
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// One device's view of the timeline: its events carry the device's gauges, with the reserved
 /// bytes of its resources as last read, and growth and trims are noted as such.
 ///
@@ -291,6 +305,23 @@ impl Recorder {
     /// Records an event with the device's `gauges` (evaluated only while recording).
     #[inline(always)]
     pub fn note(
+        &self,
+        kind: StreampoolEventKind,
+        stream: Stream,
+        address: DevicePtr,
+        bytes: u64,
+        gauges: impl FnOnce() -> Gauges,
+    ) {
+        if SWITCHES.recording() {
+            self.note_if_enabled(kind, stream, address, bytes, gauges);
+        }
+    }
+
+    /// [`Recorder::note`] once some timeline records: out of line, so that an event while none
+    /// does reads nothing of the recorder.
+    #[cold]
+    #[inline(never)]
+    fn note_if_enabled(
         &self,
         kind: StreampoolEventKind,
         stream: Stream,

@@ -46,6 +46,7 @@ mod peer;
 pub(crate) mod resource;
 pub mod stats;
 mod stream_order;
+mod switches;
 mod sync;
 pub mod tag;
 mod torch_edge;

@@ -11,10 +11,11 @@
 //! while another lock is taken.
 
 use crate::error::{Error, Result};
+use crate::switches::SWITCHES;
 use parking_lot::Mutex;
 use std::cell::{Cell, RefCell};
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 /// The longest tag name, in bytes.
 pub const MAX_TAG_BYTES: usize = 256;
@@ -29,8 +30,6 @@ pub struct TagId(NonZeroU32);
 
 /// Every name pushed so far; the id of `NAMES[i]` is `i + 1`.
 static NAMES: Mutex<Vec<Box<str>>> = Mutex::new(Vec::new());
-/// Set by the first push of the process and never cleared: until then no thread has a tag.
-static PUSHED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// The tags this thread pushed, innermost last.
@@ -112,7 +111,7 @@ pub fn push(name: &str) -> Result<()> {
         let id = intern(name)?;
         stack.push(id);
         CURRENT.set(id.0.get());
-        PUSHED.store(true, Ordering::Relaxed);
+        SWITCHES.tags_pushed.store(true, Ordering::Relaxed);
         Ok(())
     })
 }
@@ -134,7 +133,7 @@ pub fn pop() -> Result<()> {
 /// The tag of a block this thread allocates now.
 #[inline]
 pub fn current() -> Option<TagId> {
-    if !PUSHED.load(Ordering::Relaxed) {
+    if !SWITCHES.tags_pushed.load(Ordering::Relaxed) {
         return None;
     }
     NonZeroU32::new(CURRENT.get()).map(TagId)

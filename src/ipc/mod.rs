@@ -12,14 +12,13 @@ pub mod imports;
 mod page_imports;
 
 use crate::error::{Error, Result};
+use crate::switches::SWITCHES;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 thread_local! {
     static SHAREABLE_DEPTH: Cell<u32> = const { Cell::new(0) };
 }
-/// Threads inside a shareable scope, so that allocations elsewhere skip the thread-local.
-static THREADS_IN_SCOPE: AtomicUsize = AtomicUsize::new(0);
 
 /// The deepest nesting of shareable scopes on a thread: `streampool_shareable_begin` returns the
 /// depth as a C `int`.
@@ -37,7 +36,7 @@ pub fn begin_shareable() -> Result<u32> {
             )));
         }
         if depth == 0 {
-            THREADS_IN_SCOPE.fetch_add(1, Ordering::Relaxed);
+            SWITCHES.shareable_threads.fetch_add(1, Ordering::Relaxed);
         }
         d.set(depth + 1);
         Ok(depth + 1)
@@ -62,7 +61,7 @@ pub fn end_shareable() -> Result<u32> {
         depth => {
             d.set(depth - 1);
             if depth == 1 {
-                THREADS_IN_SCOPE.fetch_sub(1, Ordering::Relaxed);
+                SWITCHES.shareable_threads.fetch_sub(1, Ordering::Relaxed);
             }
             Ok(depth - 1)
         }
@@ -73,8 +72,8 @@ pub fn end_shareable() -> Result<u32> {
 pub(crate) fn set_depth_for_test(depth: u32) {
     SHAREABLE_DEPTH.with(|d| {
         match (d.get(), depth) {
-            (0, 1..) => THREADS_IN_SCOPE.fetch_add(1, Ordering::Relaxed),
-            (1.., 0) => THREADS_IN_SCOPE.fetch_sub(1, Ordering::Relaxed),
+            (0, 1..) => SWITCHES.shareable_threads.fetch_add(1, Ordering::Relaxed),
+            (1.., 0) => SWITCHES.shareable_threads.fetch_sub(1, Ordering::Relaxed),
             _ => 0,
         };
         d.set(depth);
@@ -84,7 +83,7 @@ pub(crate) fn set_depth_for_test(depth: u32) {
 /// True if this thread's allocations must come from a shareable pool.
 #[inline]
 pub fn in_shareable_scope() -> bool {
-    THREADS_IN_SCOPE.load(Ordering::Relaxed) != 0 && this_thread_in_scope()
+    SWITCHES.shareable_threads.load(Ordering::Relaxed) != 0 && this_thread_in_scope()
 }
 
 /// [`in_shareable_scope`] once some thread is in a scope: out of line, so that an allocation
