@@ -88,31 +88,39 @@ impl DeviceSetup {
     }
 }
 
-/// What the device lock guards.
+/// What the device lock guards. In the order every allocation and free reads it, so that the
+/// fields they read share as few cache lines as they can (`repr(C)` keeps the order).
+#[repr(C)]
 struct DeviceState {
-    ledger: Ledger,
-    waits: Waits,
-    growth: GrowthMarks,
     /// Allocations and frees so far (the background thread tells idleness by it).
     activity: u64,
+    waits: Waits,
+    ledger: Ledger,
+    growth: GrowthMarks,
 }
 
 /// One device of the process's allocator (`Allocator::device`): its allocations run the stages
 /// above, and every call about one device — statistics, trims, the release threshold and the
 /// memory fraction, sleep and wake, exports — is a method of it; PyTorch's memory pools are a
 /// part it owns ([`DeviceAllocator::graph_pools`]).
+///
+/// Its fields start with those every allocation and free reads, then the lock and what it guards
+/// (in that order too), so that a call touches as few cache lines as it can: between two
+/// allocations a workload's own code pushes them out of the core's caches (docs/replay.md,
+/// "Cache lines").
+#[repr(C)]
 pub struct DeviceAllocator {
     device: usize,
     driver: Arc<dyn Driver>,
-    settings: Arc<Settings>,
+    limit: Limit,
+    recorder: Arc<Recorder>,
+    state: Mutex<DeviceState>,
     setup: OnceCell<DeviceSetup>,
+    settings: Arc<Settings>,
     /// Held while the device's sources are created (its own, the shareable pool).
     creating: Mutex<()>,
     /// Held while a resource grows under the memory limit ([`reserved_cap`]).
     growing: Mutex<()>,
-    state: Mutex<DeviceState>,
-    limit: Limit,
-    recorder: Arc<Recorder>,
     exporter: Exporter,
     peers: Arc<Peers>,
     idle: idle::Watch,

@@ -30,14 +30,16 @@ struct Deferred {
     seq: u64,
 }
 
+/// The three lists [`Waits::is_idle`] reads on every allocation come first, together.
 #[derive(Debug, Default)]
+#[repr(C)]
 pub(super) struct Waits {
     /// In the order they were freed.
     pending: InOrder<Pending>,
     deferred: Vec<Deferred>,
-    events: EventPool,
     /// Streams seen capturing; while one is known, no event queries and no synchronisation.
     captures: CaptureWatch,
+    events: EventPool,
     /// The sequence number of the next block to wait.
     next_seq: u64,
 }

@@ -81,15 +81,20 @@ const FENCE_INTERVAL_US: u64 = 1000;
 
 use crate::config::VMM_RELEASE_AFTER_MS as RELEASE_AFTER_MS;
 
+/// Its fields start with those every allocation and free reads, then the lock and what it guards
+/// (whose hot fields come first too), so that a call touches as few cache lines as it can
+/// (`repr(C)` keeps the order; docs/replay.md, "Cache lines").
+#[repr(C)]
 pub struct VmmResource {
-    driver: Arc<dyn Driver>,
-    device: usize,
-    page_bytes: u64,
-    /// The most pages one new handle backs, if set ([`spans`]; 1: no spans; `None`: auto).
-    span_pages: Option<u64>,
     small_max_bytes: u64,
     /// Blocks up to this are slots of slabs ([`slabs`]); 0 where carriers cannot hold a slab.
     slab_max_bytes: u64,
+    page_bytes: u64,
+    device: usize,
+    driver: Arc<dyn Driver>,
+    state: Mutex<VmmState>,
+    /// The most pages one new handle backs, if set ([`spans`]; 1: no spans; `None`: auto).
+    span_pages: Option<u64>,
     extent_bytes: u64,
     max_physical_bytes: u64,
     device_total_bytes: u64,
@@ -102,7 +107,6 @@ pub struct VmmResource {
     /// The device's memory limit (`set_per_process_memory_fraction`), shared with the device.
     limit_bytes: Arc<AtomicU64>,
     recorder: Arc<Recorder>,
-    state: Mutex<VmmState>,
     release_threshold_bytes: AtomicU64,
 }
 
@@ -157,20 +161,37 @@ impl Page {
     }
 }
 
+/// In the order the fast paths read it (`repr(C)` keeps the order): the slot, the counts, the
+/// live blocks and fences, then the ranges.
 #[derive(Default)]
+#[repr(C)]
 struct VmmState {
-    /// The free ranges of the large blocks' part of the address space.
-    large: FreeRanges,
-    /// The free pages of the carriers' part (a carrier is taken out of it while in use).
-    carriers: FreeRanges,
-    /// The free ranges inside carriers: each carrier (a page) is an extent of its own.
-    small: FreeRanges,
+    /// The block freed last, kept aside for its stream's next request of its size ([`slot`]).
+    slot: Option<slot::Slot>,
+    used_bytes: u64,
+    used_high_bytes: u64,
+    /// The most in use since a trim asked for (`empty_cache()`, `streampool.trim()`, the flush
+    /// before an out-of-memory retry) last gave memory back, or the device last idled; the
+    /// release threshold's trims keep it, and it is not reset with the peaks: the growth slack's
+    /// measure ([`growth`]).
+    used_max_bytes: u64,
+    /// Live blocks, to check frees against.
+    live: live::Live,
+    fences: Fences,
+    /// Asleep: every page given back, the addresses kept ([`sleep`]).
+    asleep: Option<sleep::Asleep>,
     /// The slabs cut from carriers for the smallest blocks ([`slabs`]).
     slabs: slabs::Slabs,
-    /// Mapped pages.
-    pages: BTreeMap<u64, Page>,
+    /// The free ranges inside carriers: each carrier (a page) is an extent of its own.
+    small: FreeRanges,
+    /// The free ranges of the large blocks' part of the address space.
+    large: FreeRanges,
     /// When each page of the reservations was last marked used by a free ([`clock`]).
     clock: clock::PageClock,
+    /// The free pages of the carriers' part (a carrier is taken out of it while in use).
+    carriers: FreeRanges,
+    /// Mapped pages.
+    pages: BTreeMap<u64, Page>,
     /// Handles taken out of pages and not mapped again yet (counted as reserved).
     spare_handles: Vec<MemHandle>,
     /// Spans unmapped whose handles the driver would not release: released at the next try,
@@ -179,17 +200,7 @@ struct VmmState {
     /// Pages whose handles were lent to other addresses, to unmap once their fences complete
     /// ([`lending`]).
     retiring: Vec<lending::Retiring>,
-    /// Live blocks, to check frees against.
-    live: live::Live,
-    used_bytes: u64,
-    used_high_bytes: u64,
-    /// The most in use since a trim asked for (`empty_cache()`, `streampool.trim()`, the flush
-    /// before an out-of-memory retry) last gave memory back, or the device last idled; the
-    /// release threshold's trims keep it, and it is not reset with the peaks: the growth slack's
-    /// measure ([`growth`]).
-    used_max_bytes: u64,
     physical_high_bytes: u64,
-    fences: Fences,
     /// Streams of the device known to capture a graph (from the device's allocations on them):
     /// while one still does, nothing is unmapped, and what is mapped or queried is done in relaxed
     /// capture mode.
@@ -204,8 +215,6 @@ struct VmmState {
     /// A growth found the device full (its free memory less the headroom bounded it, and idle
     /// pages were moved): the allocation releases the surplus before it returns.
     device_full: bool,
-    /// The block freed last, kept aside for its stream's next request of its size ([`slot`]).
-    slot: Option<slot::Slot>,
     /// The most held before a trim after a synchronisation, or a sleep, gave memory back since
     /// the device last idled (0 before one did, and after an idle release): until as much is
     /// held again, memory cycles — given back, mapped again — and new memory comes in spans if
@@ -216,8 +225,6 @@ struct VmmState {
     given_back_since_idle: bool,
     /// The most physical memory ever created for (not reset with the peaks).
     physical_max_bytes: u64,
-    /// Asleep: every page given back, the addresses kept ([`sleep`]).
-    asleep: Option<sleep::Asleep>,
     /// Awake: the host buffer of the last level-1 sleep, kept for the next one ([`sleep`]).
     sleep_buffer: Option<sleep::HostBytes>,
 }
