@@ -121,8 +121,8 @@ pub struct History {
 }
 
 impl History {
-    /// True while recording: read after the process-wide switch ([`SWITCHES`]), so that while
-    /// no timeline records an event costs the switches' line only.
+    /// True while recording: read after the process-wide switch (`switches::SWITCHES`), so
+    /// that while no timeline records an event costs the switches' line only.
     #[inline]
     pub fn enabled(&self) -> bool {
         SWITCHES.recording() && self.enabled.load(Ordering::Relaxed)
