@@ -313,15 +313,15 @@ impl Recorder {
         gauges: impl FnOnce() -> Gauges,
     ) {
         if SWITCHES.recording() {
-            self.note_if_enabled(kind, stream, address, bytes, gauges);
+            self.push(kind, stream, address, bytes, gauges);
         }
     }
 
-    /// [`Recorder::note`] once some timeline records: out of line, so that an event while none
-    /// does reads nothing of the recorder.
+    /// [`Recorder::note`] once some timeline records (this one perhaps not): out of line, so that
+    /// an event while none does reads nothing of the recorder.
     #[cold]
     #[inline(never)]
-    fn note_if_enabled(
+    fn push(
         &self,
         kind: StreampoolEventKind,
         stream: Stream,
@@ -329,23 +329,12 @@ impl Recorder {
         bytes: u64,
         gauges: impl FnOnce() -> Gauges,
     ) {
-        if self.enabled() {
-            self.push(kind, stream, address, bytes, gauges());
+        if !self.enabled() {
+            return;
         }
-    }
-
-    #[cold]
-    fn push(
-        &self,
-        kind: StreampoolEventKind,
-        stream: Stream,
-        address: DevicePtr,
-        bytes: u64,
-        g: Gauges,
-    ) {
         let g = Gauges {
             reserved_bytes: self.reserved_bytes.load(Ordering::Relaxed),
-            ..g
+            ..gauges()
         };
         for (slot, value) in self
             .last
