@@ -8,7 +8,8 @@
 //! Invariants: under a limit, the resources of such a device grow one allocation at a time (a
 //! device mutex held across the check, the allocation and the check after it), so two threads
 //! never pass the check together; a growth the check cannot foresee (the pool's free memory was
-//! fragmented, or it grows in larger steps) is undone before the call returns — the block goes
+//! fragmented, or freed on another stream and still pending, which serves only that stream, or
+//! it grows in larger steps) is undone before the call returns — the block goes
 //! back, the device is synchronised and its resources trimmed — and the request is tried once
 //! more, then out of memory; without a limit nothing here runs.
 
