@@ -53,3 +53,63 @@ def test_the_driver_is_what_calls_into_it_include_and_the_rest_is_the_allocators
     assert counts["self"]["pairs::measured"] == 10
     assert counts["self"]["streampool::device::DeviceAllocator::allocate"] == 400
     assert counts["self"]["hashbrown::map::HashMap<K,V,S,A>::insert"] == 50
+
+
+# Per instruction (--dump-instr=yes), with cache events: addresses absolute, then relative (+N,
+# -N, *); a call's inclusive cost line (after calls=) is not the caller's own; the simulated
+# driver's functions and other objects (libc) are left out of the places.
+BY_INSTRUCTION = """\
+version: 1
+positions: instr line
+events: Ir D1mr D1mw
+summary: 53 14 3
+ob=(1) /build/replay-abc
+fn=(1) streampool::device::DeviceAllocator::allocate
+0x1000 10 5 4 3
++4 * 3 1
+cfn=(2) streampool::driver::sim::SimDriver::count
+calls=1 0x2000 11
++2 * 40 7
+-2 * 1 1
+fn=(2)
+0x2000 20 4 4
+ob=(2) /lib/libc.so.6
+fn=(3) malloc
+0x50 5 2 2
+totals: 53 14 3
+"""
+
+
+def test_by_site_counts_each_instructions_misses_under_its_frames(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "callgrind.out.1"
+    out.write_text(BY_INSTRUCTION)
+    asked = []
+
+    def addr2line(command, input, **_):
+        asked.append(input.split())
+        frames = {"0x1000": ["src/device/mod.rs:10", "src/allocator.rs:5"],
+                  "0x1004": ["src/device/ledger.rs:7"]}
+        text = "".join(f"{a}\n" + "".join(f"{GATE.ROOT}/{f}\n" for f in frames.get(a, ["??:0"]))
+                       for a in input.split())
+        return GATE.subprocess.CompletedProcess(command, 0, text, "")
+
+    monkeypatch.setattr(GATE.subprocess, "run", addr2line)
+    assert GATE.cold_sites(str(out), 1, "/elsewhere/replay-abc") == 0
+    text = capsys.readouterr().out
+    # 0x1000: 4 + 3; 0x1004: 1 (its own line) + 1 (after the call, at 0x1004 again); the call's
+    # inclusive 7 and the driver's 4 are not the allocator's; libc's 2 are counted apart.
+    assert asked == [["0x1000", "0x1004"]]
+    assert "7.00  src/device/mod.rs:10 < src/allocator.rs:5" in text
+    assert "2.00  src/device/ledger.rs:7" in text
+    assert "2.0 in other objects" in text
+
+
+def test_by_site_refuses_a_file_without_instructions(tmp_path):
+    out = tmp_path / "callgrind.out.2"
+    out.write_text(CALLGRIND)
+    try:
+        GATE.cold_sites(str(out), 1, "replay")
+    except SystemExit as e:
+        assert "--dump-instr=yes" in str(e)
+    else:
+        raise AssertionError("a file without instruction positions was read")
