@@ -155,3 +155,59 @@ fn events_carry_the_context_of_their_entry_and_live_blocks_keep_theirs() {
     h.start(4).unwrap();
     assert!(h.live_contexts(0).is_empty(), "a new start forgets them");
 }
+
+/// The process-wide switch counts the timelines that record, each once, through restarts, repeated
+/// stops, drops while recording and racing threads (the switches are the process's: the check runs
+/// alone, in a child process of this test binary).
+#[test]
+fn the_recordings_switch_counts_each_recording_timeline_once() {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "history::tests::recordings_alone", "--ignored"])
+        .args(["--test-threads=1", "--nocapture"])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "the child ran no test: {text}");
+}
+
+#[test]
+#[ignore = "run alone, in a process of its own, by the test above"]
+fn recordings_alone() {
+    use crate::switches::SWITCHES;
+    let count = || SWITCHES.recordings.load(Ordering::Relaxed);
+    assert_eq!(count(), 0);
+    let (a, b) = (History::default(), History::default());
+    a.start(4).unwrap();
+    a.start(4).unwrap();
+    assert_eq!(count(), 1, "a restart is not a second timeline");
+    b.start(4).unwrap();
+    assert_eq!(count(), 2);
+    b.stop();
+    b.stop();
+    assert_eq!(count(), 1, "a second stop takes nothing");
+    drop(b);
+    assert_eq!(count(), 1, "dropped while off");
+    drop(a);
+    assert_eq!(count(), 0, "dropped while recording");
+    let h = Arc::new(History::default());
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let h = Arc::clone(&h);
+            std::thread::spawn(move || {
+                for _ in 0..10_000 {
+                    match i % 2 {
+                        0 => h.start(1).unwrap(),
+                        _ => h.stop(),
+                    }
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    assert_eq!(count(), usize::from(h.enabled.load(Ordering::Relaxed)));
+    drop(h);
+    assert_eq!(count(), 0);
+}
