@@ -3,7 +3,8 @@
 //! out-of-memory — each with the device's byte gauges after it; and the block listing that
 //! `dump_snapshot` turns into PyTorch's snapshot segments.
 //!
-//! Invariants: off by default, and when off a recording point costs one relaxed atomic load. When
+//! Invariants: off by default; while no timeline of the process records, a recording point costs
+//! one relaxed load of the process's switches ([`crate::switches`]). When
 //! on, events are appended under the ring's own lock, which is a leaf: nothing else is locked or
 //! called while it is held; an event's time is read under that lock, so the ring is in time order
 //! whatever the threads. A full ring drops its oldest event and counts it. Each event carries the
@@ -299,7 +300,7 @@ impl Recorder {
 
     #[inline]
     pub fn enabled(&self) -> bool {
-        self.history.enabled()
+        SWITCHES.recording() && self.history.enabled()
     }
 
     /// Records an event with the device's `gauges` (evaluated only while recording).

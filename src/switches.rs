@@ -3,9 +3,10 @@
 //! While none is, an allocation and its free read this one line of them and nothing of the
 //! features' own state (which lives in their modules, each a line or a pointer away).
 //!
-//! Invariant: a switch is on whenever its feature may apply to an allocation (turned on before
-//! the feature takes effect, off only once nothing in the process uses it); a reader that finds
-//! it on asks the feature's own state, which decides.
+//! Invariant: a switch is on whenever its feature may apply to an allocation (off only once
+//! nothing in the process uses it); a reader that finds it on asks the feature's own state, which
+//! decides. A timeline's own flag may go on just before the switch does: its readers ask the
+//! switch first ([`crate::history::History::enabled`]), so it records from the switch on.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 

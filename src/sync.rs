@@ -27,7 +27,8 @@ use loom::sync::{Mutex as RawMutex, MutexGuard as RawGuard};
 
 /// A mutex without lock poisoning of its own (a poisoned one still locks), that remembers a
 /// panic while it was held. The flag comes first, beside the lock's own word, so that taking the
-/// lock and checking the flag read one cache line, not one more past what the lock guards.
+/// lock and checking the flag read one cache line (unless the two straddle a line's end), not
+/// one more past what the lock guards.
 #[repr(C)]
 pub(crate) struct Mutex<T> {
     poisoned: AtomicU8,

@@ -111,7 +111,10 @@ pub fn push(name: &str) -> Result<()> {
         let id = intern(name)?;
         stack.push(id);
         CURRENT.set(id.0.get());
-        SWITCHES.tags_pushed.store(true, Ordering::Relaxed);
+        // Written once: the line every allocation reads stays clean in the other cores' caches.
+        if !SWITCHES.tags_pushed.load(Ordering::Relaxed) {
+            SWITCHES.tags_pushed.store(true, Ordering::Relaxed);
+        }
         Ok(())
     })
 }

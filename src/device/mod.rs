@@ -107,8 +107,9 @@ struct DeviceState {
 /// Its fields start with those every allocation and free reads, then the lock and what it guards
 /// (in that order too), so that a call touches as few cache lines as it can: between two
 /// allocations a workload's own code pushes them out of the core's caches (docs/replay.md,
-/// "Cache lines").
-#[repr(C)]
+/// "Cache lines"); it starts a line. The order is also the drop order, which no field's drop
+/// depends on (the resources they share are `Arc`s).
+#[repr(C, align(64))]
 pub struct DeviceAllocator {
     device: usize,
     driver: Arc<dyn Driver>,

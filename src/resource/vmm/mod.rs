@@ -83,8 +83,9 @@ use crate::config::VMM_RELEASE_AFTER_MS as RELEASE_AFTER_MS;
 
 /// Its fields start with those every allocation and free reads, then the lock and what it guards
 /// (whose hot fields come first too), so that a call touches as few cache lines as it can
-/// (`repr(C)` keeps the order; docs/replay.md, "Cache lines").
-#[repr(C)]
+/// (`repr(C)` keeps the order, and it starts a line; docs/replay.md, "Cache lines"). Its teardown
+/// does not depend on the fields' drop order (`Drop` tears the state down itself).
+#[repr(C, align(64))]
 pub struct VmmResource {
     small_max_bytes: u64,
     /// Blocks up to this are slots of slabs ([`slabs`]); 0 where carriers cannot hold a slab.
