@@ -4,7 +4,7 @@
 //! `dump_snapshot` turns into PyTorch's snapshot segments.
 //!
 //! Invariants: off by default; while no timeline of the process records, a recording point costs
-//! one relaxed load of the process's switches ([`crate::switches`]). When
+//! one relaxed load of the process's switches (`crate::switches`). When
 //! on, events are appended under the ring's own lock, which is a leaf: nothing else is locked or
 //! called while it is held; an event's time is read under that lock, so the ring is in time order
 //! whatever the threads. A full ring drops its oldest event and counts it. Each event carries the
