@@ -81,10 +81,8 @@ const FENCE_INTERVAL_US: u64 = 1000;
 
 use crate::config::VMM_RELEASE_AFTER_MS as RELEASE_AFTER_MS;
 
-/// Its fields start with those every allocation and free reads, then the lock and what it guards
-/// (whose hot fields come first too), so that a call touches as few cache lines as it can
-/// (`repr(C)` keeps the order, and it starts a line; docs/replay.md, "Cache lines"). Its teardown
-/// does not depend on the fields' drop order (`Drop` tears the state down itself).
+/// Hot fields first, then the lock and its state (hot fields first too): a call touches few cache
+/// lines (docs/replay.md, "Cache lines"). `Drop` tears the state down, whatever the field order.
 #[repr(C, align(64))]
 pub struct VmmResource {
     small_max_bytes: u64,
@@ -162,8 +160,7 @@ impl Page {
     }
 }
 
-/// In the order the fast paths read it (`repr(C)` keeps the order): the slot, the counts, the
-/// live blocks and fences, then the ranges.
+/// In the order the fast paths read it: the slot, counts, live blocks, fences, then the ranges.
 #[derive(Default)]
 #[repr(C)]
 struct VmmState {
