@@ -300,7 +300,7 @@ impl Recorder {
 
     #[inline]
     pub fn enabled(&self) -> bool {
-        SWITCHES.recording() && self.history.enabled()
+        self.history.enabled()
     }
 
     /// Records an event with the device's `gauges` (evaluated only while recording).
