@@ -40,6 +40,14 @@ fn step_then_trim(r: &Rig, pages: u64) {
     r.vmm.trim(0).unwrap();
 }
 
+/// The physical memory while a step of `pages` pages on S1 is live (the step freed after).
+fn physical_during_step(r: &Rig, pages: u64) -> u64 {
+    let step = r.alloc(pages * PAGE, S1);
+    let physical = r.physical();
+    r.free(step, pages * PAGE, S1);
+    physical
+}
+
 #[test]
 fn by_default_spans_back_new_memory_only_while_memory_cycles() {
     let r = rig();
@@ -76,20 +84,20 @@ fn one_trim_between_phases_maps_nothing_ahead() {
     step_then_trim(&r, 40);
     assert_eq!(r.physical(), 0);
     assert!(!cycles(&r));
-    let b = r.alloc(12 * PAGE, S1);
-    assert_eq!(r.physical(), 12 * PAGE, "the second phase's pages alone");
-    r.free(b, 12 * PAGE, S1);
+    assert_eq!(
+        physical_during_step(&r, 12),
+        12 * PAGE,
+        "the second phase's pages alone"
+    );
     r.sim.complete_all();
     r.vmm.release_idle();
     step_then_trim(&r, 40);
     assert!(!cycles(&r));
-    let c = r.alloc(12 * PAGE, S1);
     assert_eq!(
-        r.physical(),
+        physical_during_step(&r, 12),
         12 * PAGE,
         "a trim before the idle release and one after: no cycle"
     );
-    r.free(c, 12 * PAGE, S1);
 }
 
 /// The release threshold at a synchronisation starts a cycle at once: it gives memory back at
@@ -201,13 +209,11 @@ fn a_trim_s_cycle_maps_ahead_only_up_to_what_was_held_before_it() {
         14,
         "cycling, up to the 14 pages held"
     );
-    let step = r.alloc(12 * PAGE, S1);
     assert_eq!(
-        r.physical(),
+        physical_during_step(&r, 12),
         14 * PAGE,
         "the 14 pages held before the trim, nothing ahead of the step toward the 40 of the peak"
     );
-    r.free(step, 12 * PAGE, S1);
     r.free(a, 2 * PAGE, S1);
 }
 
@@ -222,22 +228,18 @@ fn an_idle_release_ends_a_cycle_a_smaller_trim_does_not() {
     };
     trimmed_at(40);
     trimmed_at(14);
-    let step = r.alloc(12 * PAGE, S1);
     assert_eq!(
-        r.physical(),
+        physical_during_step(&r, 12),
         40 * PAGE,
         "still cycling up to the 40 pages of the first trim: 28 mapped ahead"
     );
-    r.free(step, 12 * PAGE, S1);
     r.sim.complete_all();
     r.vmm.release_idle();
     assert_eq!(r.physical(), 0);
     assert!(!cycles(&r));
-    let step = r.alloc(12 * PAGE, S1);
     assert_eq!(
-        r.physical(),
+        physical_during_step(&r, 12),
         12 * PAGE,
         "after the idle release, nothing ahead"
     );
-    r.free(step, 12 * PAGE, S1);
 }
