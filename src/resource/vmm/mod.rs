@@ -60,6 +60,7 @@ mod slot;
 mod small;
 mod spans;
 
+use crate::config::VMM_RELEASE_AFTER_MS as RELEASE_AFTER_MS;
 use crate::driver::{DevicePtr, Driver, MemHandle, Stream};
 use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::history::Recorder;
@@ -78,8 +79,6 @@ use settings::ADDRESS_SPACE_PER_DEVICE_MEMORY;
 /// A free records its stream's fence only if the last one is this old (see [`Fences`]): a loop
 /// that frees all the time pays one event record (and one poll) a millisecond, not one a free.
 const FENCE_INTERVAL_US: u64 = 1000;
-
-use crate::config::VMM_RELEASE_AFTER_MS as RELEASE_AFTER_MS;
 
 /// Hot fields first, then the lock and its state (hot fields first too): a call touches few cache
 /// lines (docs/replay.md, "Cache lines"). `Drop` tears the state down, whatever the field order.
