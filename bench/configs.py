@@ -23,7 +23,7 @@ VMM_THRESHOLD = f"streampool-vmm-threshold-{RELEASE_THRESHOLD}"
 
 
 class Config(NamedTuple):
-    """``base``: the allocator the worker installs (native, streampool, rmm-pool, rmm-async);
+    """``base``: the allocator the worker installs (native, streampool, floor, rmm-pool, rmm-async);
     ``alloc_conf``: PYTORCH_CUDA_ALLOC_CONF (None: unset); ``env``: variables added;
     ``backend``: what torch.cuda.get_allocator_backend() must say; ``reference``: the
     configuration each of its blocks is paired with (its time ratio is to that one)."""
@@ -63,6 +63,10 @@ CONFIGS: Dict[str, Config] = {
         backend=PLUGGABLE,
         reference="streampool-vmm",
     ),
+    # PyTorch's pluggable path with an allocator behind it that does next to nothing
+    # (bench/floor/floor.c): what no allocator loaded this way can beat. Single-stream
+    # workloads only; BENCH_FLOOR_LIBRARY names its library.
+    "pluggable-floor": Config("floor", backend=PLUGGABLE),
     "rmm-pool": Config("rmm-pool", backend=PLUGGABLE),
     "rmm-async": Config("rmm-async", backend=PLUGGABLE),
 }

@@ -22,6 +22,8 @@ from .worker import Skipped
 
 RMM_BASES = ("rmm-pool", "rmm-async")
 THREADS_VARIABLE = "BENCH_THREADS"
+# The floor allocator's library (bench/floor/floor.c, built by bench/floor/build).
+FLOOR_VARIABLE = "BENCH_FLOOR_LIBRARY"
 
 
 def unknown_streampool_variables(environ: Dict[str, str], known: Iterable[str]) -> List[str]:
@@ -53,6 +55,8 @@ def install_allocator(base: str) -> Callable[[], None]:
         import streampool
 
         streampool.install()
+    if base == "floor":
+        install_floor()
     if base not in RMM_BASES:
         return lambda: None
     try:
@@ -68,6 +72,18 @@ def install_allocator(base: str) -> Callable[[], None]:
     else:
         resource = rmm.mr.CudaAsyncMemoryResource
     return lambda: rmm.mr.set_current_device_resource(resource())
+
+
+def install_floor() -> None:
+    """The floor allocator through PyTorch's CUDAPluggableAllocator, from BENCH_FLOOR_LIBRARY.
+    Raises Skipped when the variable is unset or names no file."""
+    path = os.environ.get(FLOOR_VARIABLE, "")
+    if not path or not os.path.isfile(path):
+        raise Skipped(f"{FLOOR_VARIABLE} names no library ({path!r}): run bench/floor/build")
+    import torch
+
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "floor_malloc", "floor_free")
+    torch.cuda.memory.change_current_allocator(allocator)
 
 
 def fixed_settings(torch: Any, threads: Optional[str]) -> Dict[str, Any]:
