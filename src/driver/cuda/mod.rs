@@ -4,6 +4,8 @@
 //! that needs a context first makes the device's primary context current on this thread
 //! (autograd's backward thread has none) and restores the thread's previous context afterwards.
 
+#[cfg(feature = "call-counts")]
+pub(crate) mod call_counts;
 mod host;
 mod ipc;
 mod managed;
@@ -71,73 +73,6 @@ fn timed(call: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
     #[cfg(feature = "call-counts")]
     call_counts::add_time(call, start.elapsed());
     check(call, result)
-}
-
-/// A diagnostic build's count of every driver call by name (`--features call-counts`), and the
-/// wall time of those made through [`timed`] and of PyTorch's calls into `my_malloc` and `my_free`
-/// (whole, driver calls and this bookkeeping included: [`call_counts::Timed`]), printed to
-/// standard error at exit: which calls an allocation path makes on a real GPU, what they cost
-/// there under the program's load, and how much of a step the allocator's entry points take.
-#[cfg(feature = "call-counts")]
-pub(crate) mod call_counts {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    use std::time::Duration;
-
-    /// Per call: (calls, timed calls, their total wall time).
-    type Counts = HashMap<&'static str, (u64, u64, Duration)>;
-    static COUNTS: Mutex<Option<Counts>> = Mutex::new(None);
-
-    extern "C" fn print() {
-        let Ok(counts) = COUNTS.lock() else { return };
-        let mut rows: Vec<_> = counts.iter().flatten().collect();
-        rows.sort_by_key(|(_, (n, _, _))| std::cmp::Reverse(*n));
-        for (call, (n, timed, total)) in rows {
-            match timed {
-                0 => eprintln!("CALLS {call} {n}"),
-                _ => eprintln!("CALLS {call} {n} total_us {}", total.as_micros()),
-            }
-        }
-    }
-
-    fn with(f: impl FnOnce(&mut Counts)) {
-        let Ok(mut counts) = COUNTS.lock() else {
-            return;
-        };
-        f(counts.get_or_insert_with(|| {
-            // SAFETY: `print` is an extern "C" fn with no arguments, as atexit wants.
-            unsafe { libc::atexit(print) };
-            HashMap::new()
-        }));
-    }
-
-    pub(super) fn count(call: &'static str) {
-        with(|counts| counts.entry(call).or_default().0 += 1);
-    }
-
-    pub(super) fn add_time(call: &'static str, spent: Duration) {
-        with(|counts| {
-            let entry = counts.entry(call).or_default();
-            entry.1 += 1;
-            entry.2 += spent;
-        });
-    }
-
-    /// Adds the wall time from its start to its drop to `call`'s count and total.
-    pub(crate) struct Timed(&'static str, std::time::Instant);
-
-    impl Timed {
-        pub(crate) fn start(call: &'static str) -> Timed {
-            Timed(call, std::time::Instant::now())
-        }
-    }
-
-    impl Drop for Timed {
-        fn drop(&mut self) {
-            count(self.0);
-            add_time(self.0, self.1.elapsed());
-        }
-    }
 }
 
 fn stream_ptr(stream: Stream) -> sys::CUstream {
