@@ -117,7 +117,11 @@ impl Allocator {
         }
         // Not `d.disabling(..)`: on success this writes the pointer, with no copy of the whole
         // Result.
-        match d.allocate(bytes, stream, ipc::in_shareable_scope()) {
+        let allocated = timed_section!(
+            "device allocate",
+            d.allocate(bytes, stream, ipc::in_shareable_scope())
+        );
+        match allocated {
             Ok(ptr) => Ok(ptr),
             Err(e) => Err(d.disabling_error(e)),
         }
@@ -158,7 +162,7 @@ impl Allocator {
         if ptr == DevicePtr::NULL {
             return Ok(());
         }
-        match d.free(ptr) {
+        match timed_section!("device free", d.free(ptr)) {
             Ok(()) => Ok(()),
             Err(e) => Err(d.disabling_error(e)),
         }

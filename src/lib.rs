@@ -28,6 +28,16 @@
 //! at once; each device's ledger sits behind its own mutex, and driver calls that can wait for the
 //! GPU are made outside it.
 
+/// `$e`, its wall time added to `$name`'s total in a diagnostic build (`--features call-counts`,
+/// `src/driver/cuda/call_counts.rs`); `$e` alone otherwise.
+macro_rules! timed_section {
+    ($name:literal, $e:expr) => {{
+        #[cfg(feature = "call-counts")]
+        let _timed = $crate::driver::cuda::call_counts::Timed::start($name);
+        $e
+    }};
+}
+
 pub mod allocator;
 mod api;
 mod background;

@@ -314,7 +314,11 @@ impl Ledger {
     #[inline]
     pub fn return_fast(&mut self, block: &FreedBlock) -> Option<Result<()>> {
         let resource = self.sources.fast_path(block.source)?;
-        match resource.try_deallocate(block.ptr, block.block_bytes, block.stream)? {
+        let returned = timed_section!(
+            "resource try_deallocate",
+            resource.try_deallocate(block.ptr, block.block_bytes, block.stream)
+        );
+        match returned? {
             Ok(()) => {
                 if self.held(block) {
                     self.held_bytes -= block.block_bytes;
@@ -341,7 +345,10 @@ impl Ledger {
             return None;
         }
         let resource = self.sources.fast_path(id)?;
-        let ptr = resource.try_allocate(request.block_bytes, request.stream)?;
+        let ptr = timed_section!(
+            "resource try_allocate",
+            resource.try_allocate(request.block_bytes, request.stream)
+        )?;
         self.held_bytes = held_bytes;
         self.sources.served(id);
         self.counters.num_device_allocs += 1;

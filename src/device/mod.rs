@@ -249,7 +249,10 @@ impl DeviceAllocator {
         let request = Request::new(requested_bytes, stream)?;
         let setup = self.setup()?;
         // 1. A capturing stream gets graph memory; the shareable scope, the shareable pool.
-        if self.driver.is_capturing(self.device, stream)? {
+        if timed_section!(
+            "capture query",
+            self.driver.is_capturing(self.device, stream)
+        )? {
             return self.allocate_for_graph(request);
         }
         if shareable && !setup.settings.every_block_shareable {
