@@ -1,8 +1,9 @@
-//! Cache eviction before the replay's timed calls (`REPLAY_EVICT_BYTES`), so that callgrind's
-//! cache simulation counts the lines an allocation touches from cold (docs/replay.md, "Cache
-//! lines, beside instructions"; `scripts/hot-path-gate --cold-lines`).
+//! Cache eviction before the replay's timed calls (`REPLAY_EVICT_BYTES`, `REPLAY_EVICT_CODE`), so
+//! that callgrind's cache simulation counts the lines of data and of code an allocation touches
+//! from cold (docs/replay.md, "Cache lines, beside instructions"; `scripts/hot-path-gate
+//! --cold-lines`).
 //!
-//! Invariant: unset or 0, nothing is written; the buffer is each thread's own.
+//! Invariant: unset or 0, nothing is written or run; the buffer is each thread's own.
 
 /// With `REPLAY_EVICT_BYTES=N`, writes a line of every 64 bytes of an N-byte buffer before each
 /// timed call, as a workload's own host code between two allocations does: under callgrind's
@@ -11,6 +12,12 @@
 pub fn evict_caches() {
     thread_local! {
         static BUFFER: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; evict_bytes()]);
+    }
+    thread_local! {
+        static CODE: bool = evict_code_asked();
+    }
+    if CODE.with(|asked| *asked) {
+        run_straight_code();
     }
     BUFFER.with_borrow_mut(|buffer| {
         if buffer.is_empty() {
@@ -32,6 +39,33 @@ fn evict_bytes() -> usize {
             panic!("REPLAY_EVICT_BYTES={v:?}: a whole number of bytes, such as 4194304")
         }),
     }
+}
+
+/// `REPLAY_EVICT_CODE`: 1 runs 40 KiB of code before each timed call (0 or unset: none).
+fn evict_code_asked() -> bool {
+    match std::env::var("REPLAY_EVICT_CODE").as_deref() {
+        Err(_) | Ok("0") => false,
+        Ok("1") => true,
+        Ok(v) => panic!("REPLAY_EVICT_CODE={v:?}: 1 (evict the code cache) or 0"),
+    }
+}
+
+/// Runs 40 KiB of straight-line code (5,120 eight-byte no-ops), more than a core's level-1 code
+/// cache holds, as the workload's own host code between two allocations does: the allocator's
+/// code is then fetched from cold too, and callgrind's I1 misses in the timed calls count its
+/// lines.
+#[inline(never)]
+fn run_straight_code() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: no-op instructions only: no memory, stack, register or flag is touched.
+    unsafe {
+        std::arch::asm!(
+            ".rept 5120",
+            ".byte 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00",
+            ".endr",
+            options(nomem, nostack, preserves_flags)
+        )
+    };
 }
 
 /// Writes the 32 KiB of stack below the caller: the workload's own deep calls (kernel launches)

@@ -113,3 +113,31 @@ def test_by_site_refuses_a_file_without_instructions(tmp_path):
         assert "--dump-instr=yes" in str(e)
     else:
         raise AssertionError("a file without instruction positions was read")
+
+
+# The replay's timed calls with data and code evicted: the simulated driver's inclusive cost (a
+# call from the allocator into it) is left out of every event, code lines (I1mr) included.
+COLD = """\
+version: 1
+positions: line
+events: Ir I1mr D1mr D1mw ILmr DLmr DLmw
+summary: 400 30 20 10 0 6 2
+fn=(1) streampool::device::DeviceAllocator::allocate
+0 300 20 16 8 0 5 2
+cfn=(2) streampool::driver::sim::SimDriver::count
+calls=1 0
+0 100 10 4 2 0 1
+fn=(2)
+0 100 10 4 2 0 1
+totals: 400 30 20 10 0 6 2
+"""
+
+
+def test_cold_lines_reports_code_lines_beside_data_lines(tmp_path, capsys):
+    out = tmp_path / "callgrind.out.3"
+    out.write_text(COLD)
+    assert GATE.cold_lines(str(out), 2) == 0
+    text = capsys.readouterr().out
+    assert "150 instructions" in text
+    assert "12.0 lines touched from cold" in text  # (20 - 4 + 10 - 2) / 2
+    assert "10.0 lines of code fetched from cold" in text  # (30 - 10) / 2
