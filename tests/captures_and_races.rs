@@ -3,7 +3,8 @@
 //!
 //! A `Hooked` driver wraps the simulator: it can run a closure at the N-th device
 //! synchronisation (to interleave another thread's call at a precise point without a scheduler),
-//! and counts `cuEventQuery` calls made while the test says a capture is under way.
+//! counts `cuEventQuery` calls made while the test says a capture is under way, and notes the
+//! stream of every capture query.
 
 #[path = "common/forward.rs"]
 #[macro_use]
@@ -34,6 +35,8 @@ struct Hooked {
     counting: AtomicBool,
     queries: AtomicU32,
     releaser_queries: AtomicU32,
+    /// The stream of every `cuStreamIsCapturing`, in order.
+    capture_queries: Mutex<Vec<Stream>>,
 }
 
 impl Hooked {
@@ -44,6 +47,7 @@ impl Hooked {
             counting: AtomicBool::new(false),
             queries: AtomicU32::new(0),
             releaser_queries: AtomicU32::new(0),
+            capture_queries: Mutex::new(Vec::new()),
         })
     }
     fn push_sync_hook(&self, before: bool, hook: Hook) {
@@ -143,6 +147,7 @@ impl StreamDriver for Hooked {
         self.sim.stream_wait_event(device, stream, event)
     }
     fn is_capturing(&self, device: usize, stream: Stream) -> Result<bool> {
+        self.capture_queries.lock().unwrap().push(stream);
         self.sim.is_capturing(device, stream)
     }
     fn alloc_captured(&self, device: usize, bytes: u64, stream: Stream) -> Result<DevicePtr> {
@@ -490,4 +495,55 @@ fn a_stream_destroyed_between_empty_cache_s_synchronisation_and_its_trim_keeps_i
         0,
         "the page went back after the work"
     );
+}
+
+/// An allocation on the legacy default stream (PyTorch's default stream), which CUDA never
+/// captures, asks the driver nothing about captures; one on another stream asks about its own
+/// stream, and gets graph memory while it captures. On both backends.
+#[test]
+fn an_allocation_on_the_legacy_stream_asks_the_driver_nothing_about_captures() {
+    for backend in [Backend::Pool, Backend::Vmm] {
+        let h = Hooked::new(SimDriver::new(1, 256 * MIB));
+        let config = Config {
+            backend,
+            background: false,
+            ..Config::default()
+        };
+        let alloc = Allocator::new(h.clone() as Arc<dyn Driver>, config).unwrap();
+        let queried = || std::mem::take(&mut *h.capture_queries.lock().unwrap());
+        let a = alloc.malloc(MIB, 0, Stream::LEGACY).unwrap();
+        assert_eq!(
+            queried(),
+            [],
+            "{backend:?}: an allocation on the legacy stream"
+        );
+        let b = alloc.malloc(MIB, 0, S1).unwrap();
+        assert_eq!(queried(), [S1], "{backend:?}: an allocation on S1");
+        h.sim.begin_capture(0, CAPTURING);
+        let g = alloc.malloc(MIB, 0, CAPTURING).unwrap();
+        assert_eq!(
+            queried(),
+            [CAPTURING],
+            "{backend:?}: an allocation on a capturing stream"
+        );
+        assert!(
+            h.sim.is_driver_memory(0, g),
+            "{backend:?}: graph memory while it captures"
+        );
+        let c = alloc.malloc(MIB, 0, Stream::LEGACY).unwrap();
+        // (The device may ask whether the capture it knows of goes on; never about LEGACY.)
+        let asked = queried();
+        assert!(
+            !asked.contains(&Stream::LEGACY),
+            "{backend:?}: asked {asked:?}"
+        );
+        assert!(
+            !h.sim.is_driver_memory(0, c),
+            "{backend:?}: not graph memory"
+        );
+        for p in [a, b, g, c] {
+            alloc.free(p, 0).unwrap();
+        }
+        h.sim.end_capture(0, CAPTURING);
+    }
 }

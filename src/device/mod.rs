@@ -248,11 +248,15 @@ impl DeviceAllocator {
         self.check_enabled()?;
         let request = Request::new(requested_bytes, stream)?;
         let setup = self.setup()?;
-        // 1. A capturing stream gets graph memory; the shareable scope, the shareable pool.
-        if timed_section!(
-            "capture query",
-            self.driver.is_capturing(self.device, stream)
-        )? {
+        // 1. A capturing stream gets graph memory; the shareable scope, the shareable pool. The
+        // legacy default stream (PyTorch's default stream) is never captured: CUDA refuses to
+        // capture it, so an allocation on it asks the driver nothing.
+        if stream != Stream::LEGACY
+            && timed_section!(
+                "capture query",
+                self.driver.is_capturing(self.device, stream)
+            )?
+        {
             return self.allocate_for_graph(request);
         }
         if shareable && !setup.settings.every_block_shareable {

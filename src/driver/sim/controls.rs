@@ -136,7 +136,15 @@ impl SimDriver {
         }
     }
 
+    /// `stream` begins capturing a CUDA graph: any stream but the legacy default one, which CUDA
+    /// refuses to capture.
     pub fn begin_capture(&self, device: usize, stream: Stream) {
+        assert_ne!(
+            stream,
+            Stream::LEGACY,
+            "the legacy default stream cannot be captured (CUDA refuses: \
+             cudaErrorStreamCaptureUnsupported)"
+        );
         self.devices[device].lock().capturing.push(stream);
         self.capturing_streams.fetch_add(1, Ordering::SeqCst);
     }
