@@ -329,7 +329,8 @@ impl Harness {
             }
             Op::BeginCapture { device, stream } => {
                 let (d, s) = (device.index(), stream.stream());
-                if !self.is_capturing(d, s) {
+                // CUDA refuses to capture the legacy stream (the simulator too): nothing begins.
+                if s != Stream::LEGACY && !self.is_capturing(d, s) {
                     self.sim.begin_capture(d, s);
                     self.capturing.push((d, s));
                 }

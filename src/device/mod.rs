@@ -248,10 +248,10 @@ impl DeviceAllocator {
         self.check_enabled()?;
         let request = Request::new(requested_bytes, stream)?;
         let setup = self.setup()?;
-        // 1. A capturing stream gets graph memory; the shareable scope, the shareable pool. The
-        // legacy default stream (PyTorch's default stream) is never captured: CUDA refuses to
-        // capture it, so an allocation on it asks the driver nothing.
-        if stream != Stream::LEGACY
+        // 1. A capturing stream gets graph memory; the shareable scope, the shareable pool. An
+        // allocation on the legacy default stream (PyTorch's), which CUDA never captures, asks
+        // the driver nothing.
+        if stream.may_be_captured()
             && timed_section!(
                 "capture query",
                 self.driver.is_capturing(self.device, stream)

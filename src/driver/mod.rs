@@ -22,6 +22,15 @@ impl Stream {
     /// The legacy default stream: its work waits for the work queued before it on every
     /// blocking stream (PyTorch's default stream is this one), and theirs for its.
     pub const LEGACY: Stream = Stream(0);
+
+    /// False for the legacy default stream, which CUDA refuses to capture into a graph, so that
+    /// asking the driver whether it captures is pointless (and fails while a blocking stream
+    /// captures); true for every other stream. (`cudaStreamLegacy`'s own handle, 1, is not
+    /// told apart: PyTorch passes 0 for its default stream.)
+    #[inline]
+    pub fn may_be_captured(self) -> bool {
+        self != Stream::LEGACY
+    }
 }
 
 /// A device address; 0 is NULL.

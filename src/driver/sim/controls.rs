@@ -139,9 +139,8 @@ impl SimDriver {
     /// `stream` begins capturing a CUDA graph: any stream but the legacy default one, which CUDA
     /// refuses to capture.
     pub fn begin_capture(&self, device: usize, stream: Stream) {
-        assert_ne!(
-            stream,
-            Stream::LEGACY,
+        assert!(
+            stream.may_be_captured(),
             "the legacy default stream cannot be captured (CUDA refuses: \
              cudaErrorStreamCaptureUnsupported)"
         );
