@@ -1,9 +1,11 @@
 """The floor allocator (bench/floor/floor.c), built with host memory in place of device memory:
-its size classes, its reuse, and its refusals."""
+its size classes, its reuse, and its refusals (each in a process of its own: a refusal aborts)."""
 
 import ctypes
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,8 @@ def floor(tmp_path):
     lib.floor_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
     lib.floor_class_of.restype = ctypes.c_size_t
     lib.floor_class_of.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+    lib.floor_host_calls.argtypes = [ctypes.POINTER(ctypes.c_size_t)] * 2
+    lib.path = path
     return lib
 
 
@@ -48,20 +52,17 @@ def test_every_size_has_a_class_that_fits_it_with_little_waste(floor):
         previous = (index, class_bytes)
 
 
-def test_sizes_past_the_largest_class_have_none(floor):
+def test_sizes_past_the_largest_class_have_none_and_no_size_gets_an_address(floor):
     assert class_of(floor, 2**63 + 1)[1] == 0
     assert class_of(floor, 2**64 - 1)[1] == 0
-    assert floor.floor_malloc(2**63 + 1, 0, None) is None
     assert floor.floor_malloc(-1, 0, None) is None
     assert floor.floor_malloc(0, 0, None) is None
 
 
-def test_a_failed_miss_frees_the_cache_retries_once_and_returns_null(floor):
-    kept = floor.floor_malloc(4096, 0, None)
-    floor.floor_free(kept, 4096, 0, None)
-    assert floor.floor_malloc(2**62, 0, None) is None  # more than any host can give
-    # It still serves after the failure.
-    assert floor.floor_malloc(4096, 0, None) is not None
+def host_calls(lib):
+    allocs, frees = ctypes.c_size_t(), ctypes.c_size_t()
+    lib.floor_host_calls(ctypes.byref(allocs), ctypes.byref(frees))
+    return allocs.value, frees.value
 
 
 def test_a_freed_block_serves_the_next_request_of_its_class(floor):
@@ -70,21 +71,50 @@ def test_a_freed_block_serves_the_next_request_of_its_class(floor):
     assert first and other and first != other
     assert first % 512 == 0
     floor.floor_free(first, 1000, 0, None)
+    assert host_calls(floor) == (2, 0)
     assert floor.floor_malloc(600, 0, None) == first  # 600 and 1000 share the 1024-byte class
+    assert host_calls(floor) == (2, 0), "a hit takes no memory"
     assert floor.floor_malloc(1000, 0, None) not in (first, other)
+    assert host_calls(floor) == (3, 0)
 
 
-def test_only_the_first_device_and_stream_are_served(floor):
-    stream = 0x1234
-    block = floor.floor_malloc(4096, 0, stream)
-    assert block
-    assert floor.floor_malloc(4096, 0, 0x5678) is None
-    assert floor.floor_malloc(4096, 1, stream) is None
-    # A free from elsewhere is not kept for reuse.
-    floor.floor_free(block, 4096, 0, 0x5678)
-    assert floor.floor_malloc(4096, 0, stream) != block
-    floor.floor_free(block, 4096, 0, stream)
-    assert floor.floor_malloc(4096, 0, stream) == block
+def run_refused(floor_path, body):
+    """Runs ``body`` (Python, with ``lib`` loaded) in a process of its own: what it printed and
+    its exit status (a refusal aborts)."""
+    script = (
+        "import ctypes\n"
+        f"lib = ctypes.CDLL({str(floor_path)!r})\n"
+        "lib.floor_malloc.restype = ctypes.c_void_p\n"
+        "lib.floor_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]\n"
+        "lib.floor_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,"
+        " ctypes.c_void_p]\n" + body
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("call", [
+    "lib.floor_malloc(4096, 0, 0x5678)",
+    "lib.floor_malloc(4096, 1, 0x1234)",
+    "lib.floor_free(lib.floor_malloc(4096, 0, 0x1234), 4096, 0, 0x5678)",
+])
+def test_another_device_or_stream_ends_the_process_with_a_message(floor, call):
+    status, err = run_refused(floor.path, f"assert lib.floor_malloc(4096, 0, 0x1234)\n{call}\n")
+    assert status == -signal.SIGABRT, err
+    assert "another device or stream" in err and "it serves device 0, stream 0x1234 only" in err
+
+
+def test_out_of_memory_frees_the_cache_retries_once_then_ends_the_process(floor):
+    body = (
+        "kept = lib.floor_malloc(4096, 0, None)\n"
+        "lib.floor_free(kept, 4096, 0, None)\n"
+        "lib.floor_malloc(2**62, 0, None)\n"  # more than any host can give
+        "print('returned')\n"
+    )
+    status, err = run_refused(floor.path, body)
+    assert status == -signal.SIGABRT, err
+    assert "1 cached block(s) freed before the retry" in err
+    assert "out of memory after freeing its cache (4611686018427387904 bytes" in err
 
 
 def test_a_worker_without_the_library_skips_the_configuration(monkeypatch, tmp_path):
