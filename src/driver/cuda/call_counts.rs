@@ -7,7 +7,9 @@
 //! Invariant: counting takes no lock and allocates nothing: a fixed table of atomics, one row per
 //! call site's name (found by the name's address; two sites with the same text may have two rows,
 //! which the print adds up), so that what it adds inside a timed entry point is a few relaxed
-//! atomic additions. A name that finds the table full is counted under "(table full)".
+//! atomic additions. A row is claimed by the name's address alone; only the thread that claimed
+//! it stores the name's length after, and a reader takes a row whose length is not there yet as
+//! unnamed. A name that finds the table full is counted under "(table full)".
 
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
@@ -17,7 +19,8 @@ const ROWS: usize = 256;
 
 /// One name's counts.
 struct Row {
-    /// The name's bytes (null: a free row); its length is `len`, stored before the pointer.
+    /// The name's bytes (null: a free row); its length is `len`, stored by the claiming thread
+    /// once the row is its (0 until then).
     name: AtomicPtr<u8>,
     len: AtomicUsize,
     calls: AtomicU64,
@@ -52,12 +55,14 @@ fn row(call: &'static str) -> &'static Row {
             return r;
         }
         if now.is_null() {
-            r.len.store(call.len(), Ordering::Relaxed);
             match r
                 .name
                 .compare_exchange(now, key, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return r,
+                Ok(_) => {
+                    r.len.store(call.len(), Ordering::Release);
+                    return r;
+                }
                 Err(other) if other == key => return r,
                 Err(_) => {}
             }
@@ -67,14 +72,16 @@ fn row(call: &'static str) -> &'static Row {
     &FULL
 }
 
-/// The name of a claimed row.
+/// The name of a claimed row whose length is stored (None before that).
 fn name_of(r: &Row) -> Option<&'static str> {
+    let len = r.len.load(Ordering::Acquire);
     let ptr = r.name.load(Ordering::Acquire);
-    if ptr.is_null() {
+    if ptr.is_null() || len == 0 {
         return None;
     }
-    // SAFETY: a claimed row's pointer and length are those of a `&'static str`.
-    let bytes = unsafe { std::slice::from_raw_parts(ptr, r.len.load(Ordering::Relaxed)) };
+    // SAFETY: a row's length is stored only by the thread that claimed it for that name, after
+    // the claim, so a non-zero length read here belongs to the `&'static str` at `ptr`.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
     std::str::from_utf8(bytes).ok()
 }
 
@@ -143,6 +150,21 @@ mod tests {
                 let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
                 (c + get(&r.calls), t + get(&r.timed), n + get(&r.nanos))
             })
+    }
+
+    #[test]
+    fn names_claimed_at_once_by_many_threads_keep_their_own_rows() {
+        const NAMES: [&str; 8] = [
+            "t-a", "t-bb", "t-ccc", "t-dddd", "t-e", "t-ff", "t-ggg", "t-h",
+        ];
+        let threads: Vec<_> = NAMES
+            .iter()
+            .map(|&name| std::thread::spawn(move || (0..100).for_each(|_| count(name))))
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        for name in NAMES {
+            assert_eq!(totals(name), (100, 0, 0), "{name}");
+        }
     }
 
     #[test]
