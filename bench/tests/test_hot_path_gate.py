@@ -140,4 +140,4 @@ def test_cold_lines_reports_code_lines_beside_data_lines(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "150 instructions" in text
     assert "12.0 lines touched from cold" in text  # (20 - 4 + 10 - 2) / 2
-    assert "10.0 lines of code fetched from cold" in text  # (30 - 10) / 2
+    assert "10.0 lines of code fetched" in text  # (30 - 10) / 2
