@@ -248,15 +248,8 @@ impl DeviceAllocator {
         self.check_enabled()?;
         let request = Request::new(requested_bytes, stream)?;
         let setup = self.setup()?;
-        // 1. A capturing stream gets graph memory; the shareable scope, the shareable pool. An
-        // allocation on the legacy default stream (PyTorch's), which CUDA never captures, asks
-        // the driver nothing.
-        if stream.may_be_captured()
-            && timed_section!(
-                "capture query",
-                self.driver.is_capturing(self.device, stream)
-            )?
-        {
+        // 1. A capturing stream gets graph memory; the shareable scope, the shareable pool.
+        if self.captures(stream)? {
             return self.allocate_for_graph(request);
         }
         if shareable && !setup.settings.every_block_shareable {
@@ -275,6 +268,18 @@ impl DeviceAllocator {
             return Ok(ptr);
         }
         self.allocate_missed(st, request, Vec::new())
+    }
+
+    /// True if an allocation on `stream` is captured into a CUDA graph now: the driver says so.
+    /// The legacy default stream (PyTorch's), which CUDA never captures, asks it nothing. Both
+    /// routes of an allocation (the device's, a PyTorch pool's) ask here.
+    #[inline(always)]
+    fn captures(&self, stream: Stream) -> Result<bool> {
+        Ok(stream.may_be_captured()
+            && timed_section!(
+                "capture query",
+                self.driver.is_capturing(self.device, stream)
+            )?)
     }
 
     /// Step 2 for a source with a fast path (the vmm resource): a block it has at hand, served

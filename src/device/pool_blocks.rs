@@ -55,7 +55,7 @@ impl DeviceAllocator {
         self.check_enabled()?;
         let request = Request::new(requested_bytes, stream)?;
         let (source, pool) = self.graph_pools.for_use(id, Users::Keep, None)?;
-        if stream.may_be_captured() && self.driver.is_capturing(self.device, stream)? {
+        if self.captures(stream)? {
             self.notice_capture(stream)?;
         }
         self.begin_pool_allocation(source, request)?;
