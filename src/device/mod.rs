@@ -256,7 +256,7 @@ impl DeviceAllocator {
             return self.allocate_shareable(request);
         }
         // 2. The cache (once the blocks whose streams are done are back in it, if any wait).
-        let mut st = self.lock_enabled()?;
+        let mut st = timed_section!("device allocate: lock", self.lock_enabled())?;
         st.activity += 1;
         if !st.waits.is_idle() {
             return self.allocate_collecting(st, request);

@@ -19,7 +19,7 @@ impl DeviceAllocator {
     /// Frees `ptr`: off the live list; a block other streams used waits for them; then it is
     /// cached for its stream, or goes back to its source.
     pub(crate) fn free(&self, ptr: DevicePtr) -> Result<()> {
-        let mut st = self.lock_enabled()?;
+        let mut st = timed_section!("device free: lock", self.lock_enabled())?;
         let Some(removed) = st.ledger.remove_live(ptr) else {
             return Err(self.unknown_pointer(ptr));
         };

@@ -69,7 +69,7 @@ impl VmmResource {
 
 impl Resource for VmmResource {
     fn allocate(&self, bytes: u64, stream: Stream) -> Result<DevicePtr> {
-        let mut st = self.lock_enabled()?;
+        let mut st = timed_section!("vmm allocate: lock", self.lock_enabled())?;
         if st.asleep.is_some() {
             return Err(super::sleep::asleep_error(self.device));
         }
@@ -91,7 +91,7 @@ impl Resource for VmmResource {
     }
 
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
-        let mut st = self.lock_enabled()?;
+        let mut st = timed_section!("vmm deallocate: lock", self.lock_enabled())?;
         self.deallocate_locked(&mut st, ptr, bytes, stream)
             .map_err(|refused| self.refused_free(ptr, bytes, refused))
     }

@@ -458,7 +458,11 @@ impl VmmResource {
     /// falls back to the calls that wait for it, and report a poisoned state).
     #[inline(always)]
     fn try_lock_enabled(&self) -> Option<crate::sync::MutexGuard<'_, VmmState>> {
-        let st = self.state.try_lock()?;
+        let Some(st) = self.state.try_lock() else {
+            // (Counted in the call-counting build: how often the fast path finds it held.)
+            timed_section!("vmm fast path: lock held", ());
+            return None;
+        };
         (!self.state.is_poisoned()).then_some(st)
     }
 
