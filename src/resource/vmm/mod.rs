@@ -460,8 +460,7 @@ impl VmmResource {
     fn try_lock_enabled(&self) -> Option<crate::sync::MutexGuard<'_, VmmState>> {
         let Some(st) = self.state.try_lock() else {
             // (Counted in the call-counting build: how often the fast path finds it held.)
-            timed_section!("vmm fast path: lock held", ());
-            return None;
+            return timed_section!("vmm fast path: lock held", None);
         };
         (!self.state.is_poisoned()).then_some(st)
     }
