@@ -75,6 +75,25 @@ fn timed(call: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
     check(call, result)
 }
 
+/// The query `f` makes (`cuEventQuery`, `cuStreamQuery`): true if the work is done, false if
+/// not yet; counted and timed in a diagnostic build as [`timed`] does, "not ready" included.
+#[inline(always)]
+fn timed_query(call: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<bool> {
+    #[cfg(feature = "call-counts")]
+    let start = std::time::Instant::now();
+    let result = f();
+    #[cfg(feature = "call-counts")]
+    call_counts::add_time(call, start.elapsed());
+    match result {
+        sys::CUresult::CUDA_ERROR_NOT_READY => {
+            #[cfg(feature = "call-counts")]
+            call_counts::count(call);
+            Ok(false)
+        }
+        other => check(call, other).map(|()| true),
+    }
+}
+
 fn stream_ptr(stream: Stream) -> sys::CUstream {
     stream.0 as sys::CUstream
 }

@@ -5,7 +5,7 @@
 //! capturing a graph runs in relaxed capture mode (see `relaxed`), so it cannot invalidate that
 //! capture.
 
-use super::{check, event_ptr, relaxed, stream_ptr, timed, too_large, CudaDriver};
+use super::{check, event_ptr, relaxed, stream_ptr, timed, timed_query, too_large, CudaDriver};
 use crate::driver::{DevicePtr, EventHandle, Stream, StreamDriver};
 use crate::error::Result;
 use cudarc::driver::sys;
@@ -47,11 +47,9 @@ impl StreamDriver for CudaDriver {
     fn event_query(&self, _device: usize, event: EventHandle) -> Result<bool> {
         relaxed(|| {
             // SAFETY: an event created by event_create; querying needs no current context.
-            match unsafe { sys::cuEventQuery(event_ptr(event)) } {
-                sys::CUresult::CUDA_SUCCESS => Ok(true),
-                sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-                other => check("cuEventQuery", other).map(|_| false),
-            }
+            timed_query("cuEventQuery", || unsafe {
+                sys::cuEventQuery(event_ptr(event))
+            })
         })
     }
 
@@ -64,11 +62,9 @@ impl StreamDriver for CudaDriver {
         let _scope = self.enter(device)?;
         relaxed(|| {
             // SAFETY: `stream` is a stream of `device` handed to us by the caller of malloc.
-            match unsafe { sys::cuStreamQuery(stream_ptr(stream)) } {
-                sys::CUresult::CUDA_SUCCESS => Ok(true),
-                sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-                other => check("cuStreamQuery", other).map(|_| false),
-            }
+            timed_query("cuStreamQuery", || unsafe {
+                sys::cuStreamQuery(stream_ptr(stream))
+            })
         })
     }
 
@@ -85,7 +81,7 @@ impl StreamDriver for CudaDriver {
         let _scope = self.enter(device)?;
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: valid out-pointer; `stream` is the caller's stream handle.
-        check("cuStreamIsCapturing", unsafe {
+        timed("cuStreamIsCapturing", || unsafe {
             sys::cuStreamIsCapturing(stream_ptr(stream), &mut status)
         })?;
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
