@@ -33,6 +33,11 @@ impl SimDriver {
         self.clock_offset_us.fetch_add(us, Ordering::Relaxed);
     }
 
+    /// Runs `hook` each time its call is made (replacing any hook set before; `None`: none).
+    pub fn set_call_hook(&self, hook: Option<super::CallHook>) {
+        *self.hook.lock() = hook;
+    }
+
     /// Makes misuse and leaks panic (for tests; see the module's invariants).
     pub fn strict(mut self) -> SimDriver {
         self.strict = true;

@@ -25,6 +25,7 @@ use parking_lot::Mutex;
 use pools::SimPool;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use vmm::SimVmm;
 
 pub use pools::SimPoolInfo;
@@ -153,7 +154,13 @@ pub struct SimDriver {
     /// plus what tests moved it on by.
     clock_frozen_at_us: AtomicU64,
     clock_offset_us: AtomicU64,
+    /// A test's code to run when a call that can fail by injection is made ([`CallHook`]).
+    hook: Mutex<Option<CallHook>>,
 }
+
+/// A call's name and what a test runs, on the calling thread with no lock of the simulator's
+/// held, each time that call is made, before it does anything.
+pub type CallHook = (&'static str, Arc<dyn Fn() + Send + Sync>);
 
 thread_local! {
     /// How deep this thread is in `relaxed_capture`.
@@ -210,6 +217,7 @@ impl SimDriver {
             exported_handles: Mutex::new(HashMap::new()),
             clock_frozen_at_us: AtomicU64::new(u64::MAX),
             clock_offset_us: AtomicU64::new(0),
+            hook: Mutex::new(None),
         }
     }
 
@@ -220,6 +228,10 @@ impl SimDriver {
     fn take_fault(&self, fault: SimFault, call: &'static str) -> Result<()> {
         if call != "probe" {
             self.count(call, 1);
+        }
+        let hook = self.hook.lock().clone().filter(|(name, _)| *name == call);
+        if let Some((_, f)) = hook {
+            f();
         }
         let mut faults = self.faults.lock();
         match faults.get_mut(&fault) {

@@ -124,7 +124,7 @@ impl VmmResource {
             return Ok((handle, 1));
         }
         if let Some(handle) = self.move_idle_page(st, growth, now_ms, true) {
-            return Ok((handle, 1));
+            return timed_section!("vmm growth: cold page moved", Ok((handle, 1)));
         }
         self.give_back_span(st, growth, now_ms, true);
         // Beyond the slack over the most in use (since the last empty_cache() that gave memory
@@ -133,14 +133,14 @@ impl VmmResource {
             if st.physical_bytes(self.page_bytes) + self.page_bytes > allowed_bytes {
                 let moved = self.move_idle_page(st, growth, now_ms, false);
                 if let Some(handle) = moved.or_else(|| self.lend(st, growth)) {
-                    return Ok((handle, 1));
+                    return timed_section!("vmm growth: moved beyond the slack", Ok((handle, 1)));
                 }
                 self.give_back_span(st, growth, now_ms, false);
             }
         }
         loop {
             if let Some(created) = self.create_handle(st, growth, left, run)? {
-                return Ok(created);
+                return timed_section!("vmm growth: created", Ok(created));
             }
             let moved = self.move_idle_page(st, growth, now_ms, false);
             if let Some(handle) = moved.or_else(|| self.lend(st, growth)) {

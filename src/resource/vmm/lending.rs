@@ -17,14 +17,20 @@
 //! plain spare (which a later growth would map as ready memory); a handle still mapped at a
 //! retiring page is never released; its
 //! handle is counted once, under its new address in `pages` (or as a spare); a retiring page is
-//! unmapped only by the background thread, a trim or the teardown, never during a known capture,
-//! and only once the fence it waits for (if any) has completed; an unmap that fails is tried
-//! again at the next look.
+//! unmapped only by the background thread, a trim, a sleep or the teardown, never when a capture
+//! is known as it is chosen, and only once the fence it waits for (if any) has completed; an
+//! unmap that fails is tried again at the next look. The background thread unmaps with the
+//! resource's lock released, so that the allocating thread never waits for those calls: the
+//! pages it chose stay retiring (marked `unmapping`) until it has the lock again, and a trim or a
+//! sleep, which must find every due page unmapped, waits for the `unmapping` lock the thread
+//! holds meanwhile.
 
 use super::ranges::State;
 use super::{Page, Region, VmmResource, VmmState};
 use crate::driver::{DevicePtr, MemHandle, Stream};
+use crate::error::Result;
 use crate::history::StreampoolEventKind as Event;
+use crate::sync::MutexGuard;
 
 /// A page whose handle now backs another address, still mapped at its own until `fence` (a
 /// stream and its fence number) completes, or at once if it waits for none.
@@ -34,6 +40,8 @@ pub(super) struct Retiring {
     pub region: Region,
     pub fence: Option<(Stream, u64)>,
     pub handle: MemHandle,
+    /// The background thread is unmapping it, the resource's lock released.
+    pub unmapping: bool,
 }
 
 impl VmmResource {
@@ -70,6 +78,7 @@ impl VmmResource {
             region,
             fence,
             handle,
+            unmapping: false,
         });
         handle
     }
@@ -92,7 +101,8 @@ impl VmmResource {
     /// state the page was in (freed behind its fence while that is outstanding, else ready) —
     /// and true; false for any other handle (the caller keeps it as a spare).
     pub(super) fn return_moved(&self, st: &mut VmmState, handle: MemHandle) -> bool {
-        let Some(i) = st.retiring.iter().rposition(|r| r.handle == handle) else {
+        let latest = st.retiring.iter().rposition(|r| r.handle == handle);
+        let Some(i) = latest.filter(|&i| !st.retiring[i].unmapping) else {
             return false;
         };
         let r = st.retiring.remove(i);
@@ -114,35 +124,90 @@ impl VmmResource {
         st.retiring.iter().any(|r| r.handle == handle)
     }
 
-    /// Unmaps the retiring pages whose fences have completed. Not during a known capture.
+    /// Whether the retiring page `r` still waits for its fence.
+    fn waits(st: &VmmState, r: &Retiring) -> bool {
+        r.fence
+            .is_some_and(|(stream, seq)| st.fences.outstanding(stream, seq))
+    }
+
+    /// Unmaps the retiring pages whose fences have completed (but those the background thread
+    /// is unmapping). Not during a known capture.
     pub(super) fn unmap_retired(&self, st: &mut VmmState) {
         if st.retiring.is_empty() || st.captures.any_known() {
             return;
         }
         let mut kept = Vec::new();
         for r in std::mem::take(&mut st.retiring) {
-            let waiting = r
-                .fence
-                .is_some_and(|(stream, seq)| st.fences.outstanding(stream, seq));
-            if waiting {
+            if r.unmapping || Self::waits(st, &r) {
                 kept.push(r);
                 continue;
             }
-            match self
-                .driver
-                .mem_unmap(self.device, DevicePtr(r.page), self.page_bytes)
-            {
-                Ok(()) => {
-                    st.region(r.region)
-                        .retag(r.page, State::Retiring, State::Unmapped);
-                    self.count(Event::Unmap, r.page, st);
-                }
-                Err(e) => {
-                    log::warn!("device {}: unmapping a moved page: {e}", self.device);
-                    kept.push(r);
-                }
-            }
+            let unmapped = (self.driver).mem_unmap(self.device, DevicePtr(r.page), self.page_bytes);
+            kept.extend(self.unmapped(st, r, unmapped));
         }
         st.retiring = kept;
+    }
+
+    /// From the background thread: [`VmmResource::unmap_retired`] with the driver's calls made
+    /// after `st` is released (an unmap on a busy H200 takes tens of microseconds, which an
+    /// allocation waiting for the lock would pay); `st` is taken again to note what was done.
+    /// Nothing if a trim or a sleep holds the `unmapping` lock (they unmap under their own).
+    pub(super) fn unmap_retired_unlocked(&self, mut st: MutexGuard<'_, VmmState>) {
+        let Some(_unmapping) = self.unmapping.try_lock() else {
+            return;
+        };
+        if st.retiring.is_empty() || st.captures.any_known() {
+            return;
+        }
+        let mut due = Vec::new();
+        for i in 0..st.retiring.len() {
+            let r = st.retiring[i];
+            if !r.unmapping && !Self::waits(&st, &r) {
+                st.retiring[i].unmapping = true;
+                due.push(r.page);
+            }
+        }
+        drop(st);
+        let unmapped: Vec<_> = (due.into_iter())
+            .map(|page| {
+                let at = DevicePtr(page);
+                (
+                    page,
+                    self.driver.mem_unmap(self.device, at, self.page_bytes),
+                )
+            })
+            .collect();
+        // (A panic elsewhere left the state half-updated: its pages stay retiring, unused.)
+        let Ok(mut st) = self.lock_enabled() else {
+            return;
+        };
+        for (page, result) in unmapped {
+            let found = st.retiring.iter().position(|r| r.page == page);
+            let Some(i) = found.filter(|&i| st.retiring[i].unmapping) else {
+                continue;
+            };
+            let mut r = st.retiring.remove(i);
+            r.unmapping = false;
+            if let Some(r) = self.unmapped(&mut st, r, result) {
+                st.retiring.insert(i, r);
+            }
+        }
+    }
+
+    /// Notes the unmap of the retiring page `r`: unmapped, it is free address space again
+    /// (None); if the unmap failed, `r` is returned, to be tried again at the next look.
+    fn unmapped(&self, st: &mut VmmState, r: Retiring, result: Result<()>) -> Option<Retiring> {
+        match result {
+            Ok(()) => {
+                st.region(r.region)
+                    .retag(r.page, State::Retiring, State::Unmapped);
+                self.count(Event::Unmap, r.page, st);
+                None
+            }
+            Err(e) => {
+                log::warn!("device {}: unmapping a moved page: {e}", self.device);
+                Some(r)
+            }
+        }
     }
 }

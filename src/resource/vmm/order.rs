@@ -17,7 +17,8 @@ impl VmmResource {
     /// stream at this miss) and, from a thread of the program, recorded on the others (for the
     /// next look);
     /// blocks freed during a capture that has ended get their fence numbers; blocked pages are
-    /// fixed. Nothing during a known capture, which forbids event queries and records.
+    /// fixed. Nothing during a known capture, which forbids event queries and records. (The
+    /// background thread's callers then unmap the retired pages whose fences completed.)
     pub(super) fn update_ranges(&self, st: &mut VmmState, caller: Caller) {
         if self.capturing(st) {
             if caller == Caller::Program {
@@ -37,9 +38,6 @@ impl VmmResource {
             Caller::Program => st.fences.settle_pending(driver, device),
         });
         self.promote(st, done, now_ms);
-        if caller == Caller::Background {
-            self.unmap_retired(st);
-        }
     }
 
     /// [`VmmResource::update_ranges`] for a thread of the program while a capture is known: in

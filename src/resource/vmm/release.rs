@@ -7,7 +7,7 @@
 //! [`super::mapping`]).
 
 use super::spans::GiveBack;
-use super::{Caller, VmmResource, RELEASE_AFTER_MS};
+use super::{Caller, VmmResource, VmmState, RELEASE_AFTER_MS};
 use crate::error::Result;
 use std::sync::atomic::Ordering;
 
@@ -24,18 +24,26 @@ impl VmmResource {
         // (and idle, for moves and releases) without waiting for a miss.
         self.return_slot(&mut st);
         self.update_ranges(&mut st, Caller::Background);
+        let above = self.release_above(&mut st, threshold);
+        // Last, with the lock released for the driver's calls: the program may be allocating.
+        self.unmap_retired_unlocked(st);
+        above
+    }
+
+    /// [`VmmResource::release_above_threshold`]'s release, with its answer.
+    fn release_above(&self, st: &mut VmmState, threshold: u64) -> bool {
         if st.physical_bytes(self.page_bytes) <= threshold {
             return false;
         }
         // Empty slabs go back only when memory is to be released: a loop keeps reusing them.
-        let _ = self.return_empty_slabs(&mut st);
+        let _ = self.return_empty_slabs(st);
         // Unused for a second or more (and cold): not memory a loop uses every step.
         let unused_ms = self.cold_after_ms.max(RELEASE_AFTER_MS);
         // Nothing has been unused that long before the clock has run that long.
         let Some(cold_before_ms) = self.driver.now_ms().checked_sub(unused_ms) else {
             return true;
         };
-        self.release_down_to(&mut st, threshold, Some(cold_before_ms));
+        self.release_down_to(st, threshold, Some(cold_before_ms));
         st.physical_bytes(self.page_bytes) > threshold
     }
 
@@ -48,6 +56,8 @@ impl VmmResource {
         };
         self.return_kept(&mut st);
         self.update_ranges(&mut st, Caller::Background);
+        // (Under the lock: the device is idle.)
+        self.unmap_retired(&mut st);
         self.release_down_to(&mut st, 0, None);
         // An idle device ends a cycle: what was held at the synchronisations before the idle
         // period says nothing of the next phase, whose memory comes a page a handle again until
@@ -66,6 +76,8 @@ impl VmmResource {
     /// After the device's synchronisation, every free page above `keep_bytes` goes back to the
     /// device: a trim asked for (`empty_cache()`), or the release threshold's (`cause`).
     pub(super) fn trim_after_sync(&self, keep_bytes: u64, cause: GiveBack) -> Result<()> {
+        // No retired page is being unmapped with the lock released while this looks.
+        let _unmapping = self.unmapping.lock();
         let mut st = self.lock_enabled()?;
         self.return_kept(&mut st);
         if self.capturing(&mut st) {

@@ -3,6 +3,8 @@
 //! thread, once no work can use them there.
 
 use super::*;
+use crate::resource::vmm::spans::GiveBack;
+use std::sync::atomic::Ordering;
 
 #[test]
 fn a_growth_takes_the_pages_its_stream_freed_before_their_work_completed() {
@@ -140,4 +142,80 @@ fn a_blocked_page_with_a_lent_handle_is_unblocked_as_freed_memory() {
     for p in [blocks[1], blocks[3]] {
         r.free(p, PAGE, S1);
     }
+}
+
+/// Two idle pages moved into a new block, their old addresses retiring; the background's look
+/// is next (the blocks are returned by the caller's closure).
+fn rig_with_two_retiring() -> (Rig, impl FnOnce(&Rig)) {
+    let r = rig_slack(0);
+    r.stop_clock();
+    let blocks: Vec<DevicePtr> = (0..4).map(|_| r.alloc(PAGE, S1)).collect();
+    r.free(blocks[0], PAGE, S1);
+    r.free(blocks[2], PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.release_above_threshold(); // collects the fences: the holes are idle
+    let d = r.alloc(2 * PAGE, S2);
+    assert_eq!(r.vmm.state.lock().retiring.len(), 2, "two pages retiring");
+    let free_all = move |r: &Rig| {
+        for p in [blocks[1], blocks[3]] {
+            r.free(p, PAGE, S1);
+        }
+        r.free(d, 2 * PAGE, S2);
+    };
+    (r, free_all)
+}
+
+#[test]
+fn the_background_unmaps_retired_pages_with_the_lock_released() {
+    let (r, free_all) = rig_with_two_retiring();
+    let vmm = Arc::downgrade(&r.vmm);
+    let free_during = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&free_during);
+    let hook = move || {
+        let vmm = vmm.upgrade().expect("alive");
+        if vmm.state.try_lock().is_some() {
+            seen.fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    r.sim.set_call_hook(Some(("cuMemUnmap", Arc::new(hook))));
+    r.vmm.release_above_threshold();
+    r.sim.set_call_hook(None);
+    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 2);
+    assert_eq!(
+        free_during.load(Ordering::Relaxed),
+        2,
+        "an allocation could take the lock during each unmap"
+    );
+    assert!(r.vmm.state.lock().retiring.is_empty());
+    free_all(&r);
+}
+
+/// A trim that comes while the background thread unmaps with the lock released waits for it:
+/// when the trim returns, no moved page is left retiring (a sleep relies on it).
+#[test]
+fn a_trim_during_the_backgrounds_unmaps_finds_them_done() {
+    let (r, free_all) = rig_with_two_retiring();
+    let vmm = Arc::downgrade(&r.vmm);
+    let trim = Arc::new(parking_lot::Mutex::new(None));
+    let handle = Arc::clone(&trim);
+    let hook = move || {
+        let Some(vmm) = vmm.upgrade() else { return };
+        let mut slot = handle.lock();
+        if slot.is_some() {
+            return;
+        }
+        *slot = Some(std::thread::spawn(move || {
+            vmm.trim_after_sync(u64::MAX, GiveBack::Asked).unwrap();
+            vmm.state.lock().retiring.len()
+        }));
+        // Time for the trim to run (and, were it not to wait, to find the pages in flight).
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    r.sim.set_call_hook(Some(("cuMemUnmap", Arc::new(hook))));
+    r.vmm.release_above_threshold();
+    r.sim.set_call_hook(None);
+    let left = trim.lock().take().expect("trimmed").join().unwrap();
+    assert_eq!(left, 0, "the trim returned with moved pages still retiring");
+    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 2);
+    free_all(&r);
 }
