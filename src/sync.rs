@@ -120,6 +120,17 @@ impl<T> Drop for MutexGuard<'_, T> {
     }
 }
 
+impl<T> MutexGuard<'_, T> {
+    /// Runs `f` with the lock released, handed first to a thread waiting for it (a fair
+    /// unlock), and takes it again. (Under loom, `f` runs with the lock held.)
+    pub(crate) fn unlocked_fair<U>(&mut self, f: impl FnOnce() -> U) -> U {
+        #[cfg(not(loom))]
+        return parking_lot::MutexGuard::unlocked_fair(&mut self.guard, f);
+        #[cfg(loom)]
+        f()
+    }
+}
+
 impl<T> Deref for MutexGuard<'_, T> {
     type Target = T;
 

@@ -19,11 +19,12 @@
 //! handle is counted once, under its new address in `pages` (or as a spare); a retiring page is
 //! unmapped only by the background thread, a trim, a sleep or the teardown, never when a capture
 //! is known as it is chosen, and only once the fence it waits for (if any) has completed; an
-//! unmap that fails is tried again at the next look. The background thread unmaps with the
-//! resource's lock released, so that the allocating thread never waits for those calls: the
-//! pages it chose stay retiring (marked `unmapping`) until it has the lock again, and a trim or a
-//! sleep, which must find every due page unmapped, waits for the `unmapping` lock the thread
-//! holds meanwhile.
+//! unmap that fails is tried again at the next look. Every unmap is made under the resource's
+//! lock, as every other mapping call: on an H200, with the background thread's unmaps made
+//! outside it, beside the allocating thread's maps, `cuMemMap` failed (`CUDA_ERROR_UNKNOWN`) in
+//! most BERT processes (bench/results/2026-11-30-h200-bert). The background thread hands the
+//! lock to a waiting allocation between two unmaps, so that the allocation waits for one at
+//! most, not for all.
 
 use super::ranges::State;
 use super::{Page, Region, VmmResource, VmmState};
@@ -40,8 +41,6 @@ pub(super) struct Retiring {
     pub region: Region,
     pub fence: Option<(Stream, u64)>,
     pub handle: MemHandle,
-    /// The background thread is unmapping it, the resource's lock released.
-    pub unmapping: bool,
 }
 
 impl VmmResource {
@@ -78,7 +77,6 @@ impl VmmResource {
             region,
             fence,
             handle,
-            unmapping: false,
         });
         handle
     }
@@ -101,8 +99,7 @@ impl VmmResource {
     /// state the page was in (freed behind its fence while that is outstanding, else ready) —
     /// and true; false for any other handle (the caller keeps it as a spare).
     pub(super) fn return_moved(&self, st: &mut VmmState, handle: MemHandle) -> bool {
-        let latest = st.retiring.iter().rposition(|r| r.handle == handle);
-        let Some(i) = latest.filter(|&i| !st.retiring[i].unmapping) else {
+        let Some(i) = st.retiring.iter().rposition(|r| r.handle == handle) else {
             return false;
         };
         let r = st.retiring.remove(i);
@@ -130,68 +127,44 @@ impl VmmResource {
             .is_some_and(|(stream, seq)| st.fences.outstanding(stream, seq))
     }
 
-    /// Unmaps the retiring pages whose fences have completed (but those the background thread
-    /// is unmapping). Not during a known capture.
+    /// Unmaps the retiring pages whose fences have completed. Not during a known capture.
     pub(super) fn unmap_retired(&self, st: &mut VmmState) {
-        if st.retiring.is_empty() || st.captures.any_known() {
-            return;
-        }
-        let mut kept = Vec::new();
-        for r in std::mem::take(&mut st.retiring) {
-            if r.unmapping || Self::waits(st, &r) {
-                kept.push(r);
-                continue;
-            }
-            let unmapped = (self.driver).mem_unmap(self.device, DevicePtr(r.page), self.page_bytes);
-            kept.extend(self.unmapped(st, r, unmapped));
-        }
-        st.retiring = kept;
+        let mut tried = Vec::new();
+        while self.unmap_one_retired(st, &mut tried) {}
     }
 
-    /// From the background thread: [`VmmResource::unmap_retired`] with the driver's calls made
-    /// after `st` is released (an unmap on a busy H200 takes tens of microseconds, which an
-    /// allocation waiting for the lock would pay); `st` is taken again to note what was done.
-    /// Nothing if a trim or a sleep holds the `unmapping` lock (they unmap under their own).
-    pub(super) fn unmap_retired_unlocked(&self, mut st: MutexGuard<'_, VmmState>) {
-        let Some(_unmapping) = self.unmapping.try_lock() else {
-            return;
-        };
-        if st.retiring.is_empty() || st.captures.any_known() {
-            return;
-        }
-        let mut due = Vec::new();
-        for i in 0..st.retiring.len() {
-            let r = st.retiring[i];
-            if !r.unmapping && !Self::waits(&st, &r) {
-                st.retiring[i].unmapping = true;
-                due.push(r.page);
+    /// From the background thread: [`VmmResource::unmap_retired`] a page at a time, the lock
+    /// handed to a thread waiting for it between two (an unmap on a busy H200 takes tens of
+    /// microseconds, which an allocation waiting for the lock would pay for every page).
+    pub(super) fn unmap_retired_piecewise(&self, mut st: MutexGuard<'_, VmmState>) {
+        let mut tried = Vec::new();
+        while self.unmap_one_retired(&mut st, &mut tried) {
+            st.unlocked_fair(|| {});
+            // (A panic of another thread's, meanwhile, left the state half-updated.)
+            if self.state.is_poisoned() {
+                return;
             }
         }
-        drop(st);
-        let unmapped: Vec<_> = (due.into_iter())
-            .map(|page| {
-                let at = DevicePtr(page);
-                (
-                    page,
-                    self.driver.mem_unmap(self.device, at, self.page_bytes),
-                )
-            })
-            .collect();
-        // (A panic elsewhere left the state half-updated: its pages stay retiring, unused.)
-        let Ok(mut st) = self.lock_enabled() else {
-            return;
-        };
-        for (page, result) in unmapped {
-            let found = st.retiring.iter().position(|r| r.page == page);
-            let Some(i) = found.filter(|&i| st.retiring[i].unmapping) else {
-                continue;
-            };
-            let mut r = st.retiring.remove(i);
-            r.unmapping = false;
-            if let Some(r) = self.unmapped(&mut st, r, result) {
-                st.retiring.insert(i, r);
-            }
+    }
+
+    /// Unmaps one retiring page whose fence has completed and that is not in `tried` (which it
+    /// joins); false if there is none, or a capture is known.
+    fn unmap_one_retired(&self, st: &mut VmmState, tried: &mut Vec<u64>) -> bool {
+        if st.captures.any_known() {
+            return false;
         }
+        let due =
+            (st.retiring.iter()).position(|r| !tried.contains(&r.page) && !Self::waits(st, r));
+        let Some(i) = due else {
+            return false;
+        };
+        let r = st.retiring.remove(i);
+        tried.push(r.page);
+        let unmapped = (self.driver).mem_unmap(self.device, DevicePtr(r.page), self.page_bytes);
+        if let Some(r) = self.unmapped(st, r, unmapped) {
+            st.retiring.insert(i, r);
+        }
+        true
     }
 
     /// Notes the unmap of the retiring page `r`: unmapped, it is free address space again

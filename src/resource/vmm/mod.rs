@@ -37,10 +37,9 @@
 //! thread of the program), is done in relaxed capture mode, as PyTorch makes its graph pools'
 //! `cudaMalloc`; the resource asks the driver when the capture has ended — a stream the driver
 //! cannot answer for (destroyed) is not capturing; the resource's lock is held across map and unmap
-//! calls, but for the background thread's unmaps of retired pages ([`lending`]); the device
-//! takes it inside its own lock only with `try_lock`, for the fast path (a slot, a fit, a free,
-//! and at most a fence recorded and queried: calls that return at once), never waiting for it
-//! there, and the resource never takes the device's lock (a panic on that path
+//! calls; the device takes it inside its own lock only with `try_lock`, for the fast path (a slot,
+//! a fit, a free, and at most a fence recorded and queried: calls that return at once), never
+//! waiting for it there, and the resource never takes the device's lock (a panic on that path
 //! disables the whole device).
 
 mod backing;
@@ -107,9 +106,6 @@ pub struct VmmResource {
     limit_bytes: Arc<AtomicU64>,
     recorder: Arc<Recorder>,
     release_threshold_bytes: AtomicU64,
-    /// Held while retired pages are unmapped with `state` released ([`lending`]); taken before
-    /// `state` by those who need every due one unmapped when they look (a trim, a sleep).
-    unmapping: Mutex<()>,
 }
 
 /// The two parts of the address space: one for large blocks, one for the carriers of small
@@ -326,7 +322,6 @@ impl VmmResource {
                 ..VmmState::default()
             }),
             release_threshold_bytes: AtomicU64::new(spec.release_threshold_bytes),
-            unmapping: Mutex::new(()),
         });
         resource.reserve(&mut resource.state.lock(), Region::Large, extent_bytes)?;
         let carrier_bytes = (extent_bytes / ADDRESS_SPACE_PER_DEVICE_MEMORY).max(page_bytes);

@@ -25,8 +25,8 @@ impl VmmResource {
         self.return_slot(&mut st);
         self.update_ranges(&mut st, Caller::Background);
         let above = self.release_above(&mut st, threshold);
-        // Last, with the lock released for the driver's calls: the program may be allocating.
-        self.unmap_retired_unlocked(st);
+        // Last, a page at a time: the program may be allocating.
+        self.unmap_retired_piecewise(st);
         above
     }
 
@@ -76,8 +76,6 @@ impl VmmResource {
     /// After the device's synchronisation, every free page above `keep_bytes` goes back to the
     /// device: a trim asked for (`empty_cache()`), or the release threshold's (`cause`).
     pub(super) fn trim_after_sync(&self, keep_bytes: u64, cause: GiveBack) -> Result<()> {
-        // No retired page is being unmapped with the lock released while this looks.
-        let _unmapping = self.unmapping.lock();
         let mut st = self.lock_enabled()?;
         self.return_kept(&mut st);
         if self.capturing(&mut st) {

@@ -85,8 +85,6 @@ impl Sleep for VmmResource {
                 "sleep level {level}: 1 keeps the contents in host memory, 2 discards them"
             )));
         }
-        // No retired page is being unmapped with the lock released while this looks.
-        let _unmapping = self.unmapping.lock();
         let mut st = self.lock_enabled()?;
         self.check_can_sleep(&mut st)?;
         self.return_kept(&mut st);

@@ -3,8 +3,6 @@
 //! thread, once no work can use them there.
 
 use super::*;
-use crate::resource::vmm::spans::GiveBack;
-use std::sync::atomic::Ordering;
 
 #[test]
 fn a_growth_takes_the_pages_its_stream_freed_before_their_work_completed() {
@@ -165,57 +163,39 @@ fn rig_with_two_retiring() -> (Rig, impl FnOnce(&Rig)) {
     (r, free_all)
 }
 
+/// The background thread unmaps retired pages under the lock, as every mapping call, but hands
+/// it to a thread waiting for it (an allocation) between two unmaps.
 #[test]
-fn the_background_unmaps_retired_pages_with_the_lock_released() {
+fn the_background_hands_the_lock_over_between_two_unmaps() {
     let (r, free_all) = rig_with_two_retiring();
-    let vmm = Arc::downgrade(&r.vmm);
-    let free_during = Arc::new(AtomicU64::new(0));
-    let seen = Arc::clone(&free_during);
+    let (vmm, sim) = (Arc::downgrade(&r.vmm), Arc::downgrade(&r.sim));
+    let waiter = Arc::new(parking_lot::Mutex::new(None));
+    let slot = Arc::clone(&waiter);
     let hook = move || {
-        let vmm = vmm.upgrade().expect("alive");
-        if vmm.state.try_lock().is_some() {
-            seen.fetch_add(1, Ordering::Relaxed);
-        }
-    };
-    r.sim.set_call_hook(Some(("cuMemUnmap", Arc::new(hook))));
-    r.vmm.release_above_threshold();
-    r.sim.set_call_hook(None);
-    assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 2);
-    assert_eq!(
-        free_during.load(Ordering::Relaxed),
-        2,
-        "an allocation could take the lock during each unmap"
-    );
-    assert!(r.vmm.state.lock().retiring.is_empty());
-    free_all(&r);
-}
-
-/// A trim that comes while the background thread unmaps with the lock released waits for it:
-/// when the trim returns, no moved page is left retiring (a sleep relies on it).
-#[test]
-fn a_trim_during_the_backgrounds_unmaps_finds_them_done() {
-    let (r, free_all) = rig_with_two_retiring();
-    let vmm = Arc::downgrade(&r.vmm);
-    let trim = Arc::new(parking_lot::Mutex::new(None));
-    let handle = Arc::clone(&trim);
-    let hook = move || {
-        let Some(vmm) = vmm.upgrade() else { return };
-        let mut slot = handle.lock();
+        let mut slot = slot.lock();
         if slot.is_some() {
             return;
         }
+        let (vmm, sim) = (vmm.upgrade().unwrap(), sim.upgrade().unwrap());
+        // Waits for the lock the unmapping thread holds; notes how many unmaps it saw.
         *slot = Some(std::thread::spawn(move || {
-            vmm.trim_after_sync(u64::MAX, GiveBack::Asked).unwrap();
-            vmm.state.lock().retiring.len()
+            let _st = vmm.state.lock();
+            sim.calls("cuMemUnmap")
         }));
-        // Time for the trim to run (and, were it not to wait, to find the pages in flight).
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Time for it to wait (park) on the lock.
+        std::thread::sleep(std::time::Duration::from_millis(200));
     };
     r.sim.set_call_hook(Some(("cuMemUnmap", Arc::new(hook))));
+    let unmaps = r.sim.calls("cuMemUnmap");
     r.vmm.release_above_threshold();
     r.sim.set_call_hook(None);
-    let left = trim.lock().take().expect("trimmed").join().unwrap();
-    assert_eq!(left, 0, "the trim returned with moved pages still retiring");
+    let seen = waiter.lock().take().expect("waited").join().unwrap();
+    assert_eq!(
+        seen,
+        unmaps + 1,
+        "the waiting thread had the lock after the first unmap"
+    );
     assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 2);
+    assert!(r.vmm.state.lock().retiring.is_empty());
     free_all(&r);
 }
