@@ -358,3 +358,27 @@ def test_checkerboard_fills_frees_every_other_and_asks_for_40_percent():
     assert sorted(torch.log[count + holes + 1 :]) == sorted(
         [("f", big)] + [("f", tc.CHECKER_BYTES)] * (count - holes)
     )
+
+
+def test_the_vmm_diagnostic_counts_each_steps_maps_between_step_markers():
+    from bench.diag_vmm_trace import CountingConverter
+
+    markers = [("begin", 100, None, None), ("x", 101, None, None), ("x", 102, None, None)]
+    converter = CountingConverter(markers)
+    entries = [
+        alloc(100, tc.SENTINEL_BYTES),
+        *free(100),
+        alloc(5, 4096),
+        {"action": "segment_map", "addr": 7, "size": 2 << 20, "stream": 0},
+        alloc(101, tc.SENTINEL_BYTES),
+        *free(5),
+        {"action": "segment_map", "addr": 9, "size": 2 << 20, "stream": 0},
+        {"action": "segment_unmap", "addr": 7, "size": 2 << 20, "stream": 0},
+        {"action": "segment_map", "addr": 7, "size": 2 << 20, "stream": 0},
+        alloc(102, tc.SENTINEL_BYTES),
+    ]
+    for e in entries:
+        converter.entry(e)
+    assert converter.finish() == [("a", 1, 4096, 0), ("x",), ("f", 1), ("x",)]
+    assert converter.maps == [1, 2, 0]
+    assert converter.unmaps == [0, 1, 0]
