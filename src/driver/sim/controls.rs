@@ -33,9 +33,10 @@ impl SimDriver {
         self.clock_offset_us.fetch_add(us, Ordering::Relaxed);
     }
 
-    /// Runs `hook` each time its call is made (replacing any hook set before; `None`: none).
-    pub fn set_call_hook(&self, hook: Option<super::CallHook>) {
-        *self.hook.lock() = hook;
+    /// Runs each hook each time its call is made, from now on (replacing those set before; an
+    /// empty list: none).
+    pub fn set_call_hooks(&self, hooks: Vec<super::CallHook>) {
+        *self.hooks.lock() = hooks;
     }
 
     /// Makes misuse and leaks panic (for tests; see the module's invariants).

@@ -154,8 +154,8 @@ pub struct SimDriver {
     /// plus what tests moved it on by.
     clock_frozen_at_us: AtomicU64,
     clock_offset_us: AtomicU64,
-    /// A test's code to run when a call that can fail by injection is made ([`CallHook`]).
-    hook: Mutex<Option<CallHook>>,
+    /// Tests' code to run when a call that can fail by injection is made ([`CallHook`]).
+    hooks: Mutex<Vec<CallHook>>,
 }
 
 /// A call's name and what a test runs, on the calling thread with no lock of the simulator's
@@ -217,7 +217,7 @@ impl SimDriver {
             exported_handles: Mutex::new(HashMap::new()),
             clock_frozen_at_us: AtomicU64::new(u64::MAX),
             clock_offset_us: AtomicU64::new(0),
-            hook: Mutex::new(None),
+            hooks: Mutex::new(Vec::new()),
         }
     }
 
@@ -229,8 +229,11 @@ impl SimDriver {
         if call != "probe" {
             self.count(call, 1);
         }
-        let hook = self.hook.lock().clone().filter(|(name, _)| *name == call);
-        if let Some((_, f)) = hook {
+        let hooks: Vec<CallHook> = (self.hooks.lock().iter())
+            .filter(|(name, _)| *name == call)
+            .cloned()
+            .collect();
+        for (_, f) in hooks {
             f();
         }
         let mut faults = self.faults.lock();

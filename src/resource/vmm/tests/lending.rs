@@ -185,10 +185,10 @@ fn the_background_hands_the_lock_over_between_two_unmaps() {
         // Time for it to wait (park) on the lock.
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
-    r.sim.set_call_hook(Some(("cuMemUnmap", Arc::new(hook))));
+    r.sim.set_call_hooks(vec![("cuMemUnmap", Arc::new(hook))]);
     let unmaps = r.sim.calls("cuMemUnmap");
     r.vmm.release_above_threshold();
-    r.sim.set_call_hook(None);
+    r.sim.set_call_hooks(Vec::new());
     let seen = waiter.lock().take().expect("waited").join().unwrap();
     assert_eq!(
         seen,
@@ -197,5 +197,52 @@ fn the_background_hands_the_lock_over_between_two_unmaps() {
     );
     assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 2);
     assert!(r.vmm.state.lock().retiring.is_empty());
+    free_all(&r);
+}
+
+/// Every call that maps, unmaps, gives access to, creates or releases memory is made under the
+/// resource's lock: on an H200, unmaps made outside it beside the allocating thread's maps made
+/// `cuMemMap` fail (`CUDA_ERROR_UNKNOWN`), twice (docs/reliability.md), which the simulator,
+/// serialising every call, cannot show by itself.
+#[test]
+fn every_mapping_call_is_made_under_the_resources_lock() {
+    let (r, free_all) = rig_with_two_retiring();
+    let unlocked = Arc::new(parking_lot::Mutex::new(Vec::<&'static str>::new()));
+    let calls = [
+        "cuMemCreate",
+        "cuMemMap",
+        "cuMemSetAccess",
+        "cuMemUnmap",
+        "cuMemRelease",
+    ];
+    let hooks = calls
+        .iter()
+        .map(|&call| {
+            let (vmm, seen) = (Arc::downgrade(&r.vmm), Arc::clone(&unlocked));
+            let hook = move || {
+                let Some(vmm) = vmm.upgrade() else { return };
+                if vmm.state.try_lock().is_some() {
+                    seen.lock().push(call);
+                }
+            };
+            (call, Arc::new(hook) as Arc<dyn Fn() + Send + Sync>)
+        })
+        .collect();
+    r.sim.set_call_hooks(hooks);
+    let before: u64 = calls.iter().map(|c| r.sim.calls(c)).sum();
+    r.vmm.release_above_threshold(); // the background's unmaps
+    let e = r.alloc(6 * PAGE, S1); // a growth: creates, maps, access
+    r.free(e, 6 * PAGE, S1);
+    r.sim.complete_all();
+    r.vmm.release_above_threshold();
+    assert!(!r.vmm.release_idle(), "all idle memory released"); // unmaps, releases
+    let made: u64 = calls.iter().map(|c| r.sim.calls(c)).sum::<u64>() - before;
+    r.sim.set_call_hooks(Vec::new());
+    assert!(made >= 10, "the calls were made ({made})");
+    assert_eq!(
+        *unlocked.lock(),
+        Vec::<&str>::new(),
+        "calls made without the lock"
+    );
     free_all(&r);
 }
