@@ -5,7 +5,8 @@ run made, maps what that run mapped.
 ``python3 -m bench.diag_vmm_trace WORKLOAD --out DIR [--rounds N]`` (STREAMPOOL_BACKEND and the
 other variables as for any run) runs the workload as bench/diag_steps.py does — its schedule's
 warm-up steps, then its timed steps ``--rounds`` times (default 5), a synchronisation at the end
-of each round only — with streampool's timeline recording (``streampool.record_history``), and
+of each round only; cuBLAS's and cuDNN's handles made first, as the benchmark makes them, unless
+``--no-library-warm-up`` — with streampool's timeline recording (``streampool.record_history``), and
 writes ``DIR/WORKLOAD-streampool.trace.gz`` in the replay's format 2 (bench/trace_capture.py:
 the same sentinels mark step ends and synchronisations). Each step's maps and unmaps as the
 timeline recorded them are written as headers (``gpu_maps_per_step``, ``gpu_unmaps_per_step``)
@@ -23,7 +24,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import schedules as s
-from .trace_capture import Converter, Recorder, warm_up_libraries, write_trace
+from .trace_capture import WARMED_UP, Converter, Recorder, warm_up_libraries, write_trace
+
+# The replay's header for a capture whose libraries allocated inside it (bench/replay/trace.rs).
+IN_TRACE = "libraries not warmed up: their allocations are in the trace"
 
 MAX_ENTRIES = 4_000_000
 
@@ -49,7 +53,7 @@ class CountingConverter(Converter):
             self.unmaps.append(0)
 
 
-def capture(workload: str, out_dir: Path, rounds: int) -> Dict[str, Any]:
+def capture(workload: str, out_dir: Path, rounds: int, warm_up: bool = True) -> Dict[str, Any]:
     import streampool
 
     streampool.install()
@@ -58,7 +62,8 @@ def capture(workload: str, out_dir: Path, rounds: int) -> Dict[str, Any]:
     from . import workloads
 
     torch.cuda.init()
-    warm_up_libraries(torch)
+    if warm_up:
+        warm_up_libraries(torch)
     recorder = Recorder(torch)
     streampool.record_history(True, max_entries=MAX_ENTRIES)
     recorder.install()
@@ -89,6 +94,7 @@ def capture(workload: str, out_dir: Path, rounds: int) -> Dict[str, Any]:
     headers = [
         f"workload {workload}",
         "source captured under streampool (python3 -m bench.diag_vmm_trace)",
+        WARMED_UP if warm_up else IN_TRACE,
         f"STREAMPOOL_BACKEND {os.environ.get('STREAMPOOL_BACKEND', '')}",
         f"schedule_steps {warmup + len(timed) * rounds} (warm-up {warmup})",
         f"torch {torch.__version__}",
@@ -97,7 +103,8 @@ def capture(workload: str, out_dir: Path, rounds: int) -> Dict[str, Any]:
         "gpu_maps_per_step " + " ".join(map(str, converter.maps)),
         "gpu_unmaps_per_step " + " ".join(map(str, converter.unmaps)),
     ]
-    path = out_dir / f"{workload}-streampool.trace.gz"
+    cold = "" if warm_up else "-cold-libraries"
+    path = out_dir / f"{workload}-streampool{cold}.trace.gz"
     times_us = converter.relative_times_us()
     summary.update(write_trace(path, headers, converter.events, times_us))
     summary["path"] = str(path)
@@ -109,10 +116,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("workload", choices=[w for w in s.TIMED_WORKLOADS if w not in s.EMPTY_SIZES_BYTES])
     parser.add_argument("--out", type=Path, required=True, help="folder for the trace")
     parser.add_argument("--rounds", type=int, default=5, help="times the timed steps run (5)")
+    parser.add_argument(
+        "--no-library-warm-up",
+        action="store_true",
+        help="do not make cuBLAS's and cuDNN's handles first (a program's first matmul does)",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: at least 1")
-    summary = capture(args.workload, args.out, args.rounds)
+    summary = capture(args.workload, args.out, args.rounds, not args.no_library_warm_up)
     print("VMMTRACE " + " ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
     return 0
 

@@ -312,7 +312,8 @@ fn timestamps() -> Result<(), String> {
 }
 
 /// Catches a replay that counts cuBLAS's workspaces (made before the benchmark measures) as
-/// held or live, or that takes a genuine 32 MiB block of a warmed-up capture for one.
+/// held or live, or that takes a genuine 32 MiB block of a warmed-up capture, or of one whose
+/// libraries allocated inside it, for one.
 fn workspaces() -> Result<(), String> {
     let text = "a 1 33554432 0\na 2 4194304 0\na 3 33554432 1\nf 2\nx\n";
     let t = Trace::parse("ws", text)?;
@@ -344,6 +345,16 @@ fn workspaces() -> Result<(), String> {
     ensure(
         warmed.before_start.is_empty() && warmed.peak_live_bytes == 68 << 20,
         || format!("a warmed-up capture: {:?}", warmed.before_start),
+    )?;
+    let in_trace = Trace::parse("ws", &format!("# {}\n{text}", super::trace::IN_TRACE))?;
+    ensure(
+        in_trace.before_start.is_empty() && in_trace.peak_live_bytes == 68 << 20,
+        || {
+            format!(
+                "a capture with the libraries' allocations: {:?}",
+                in_trace.before_start
+            )
+        },
     )
 }
 

@@ -21,7 +21,9 @@
 //! before its start and not counted, neither as memory held nor as live. Captures do the same
 //! since they say `# libraries warmed up before recording`; in an older trace the allocations
 //! that are such workspaces (32 MiB on stream 0, never freed) are its `before_start`: the replay
-//! makes them first and measures above them, as the benchmark does.
+//! makes them first and measures above them, as the benchmark does. A capture that says
+//! `# libraries not warmed up: their allocations are in the trace` is replayed as it is, its
+//! workspaces where the program made them (`bench/diag_vmm_trace.py --no-library-warm-up`).
 //!
 //! Invariant: a parsed [`Trace`] is consistent — every `f` and `r` names a live allocation, no
 //! live ID is allocated again, timestamps are on every event or none and never go back — so a
@@ -34,6 +36,9 @@ use std::path::Path;
 
 /// The header of captures made after the libraries' handles were created (as the benchmark does).
 pub const WARMED_UP: &str = "libraries warmed up before recording";
+/// The header of captures whose libraries made their allocations inside the trace, as a program
+/// that does not warm them up first.
+pub const IN_TRACE: &str = "libraries not warmed up: their allocations are in the trace";
 /// The size of cuBLAS's workspace for a stream on the GPUs the traces come from.
 pub const WORKSPACE_BYTES: u64 = 32 << 20;
 
@@ -170,7 +175,7 @@ impl Trace {
             t.events.push(event);
             t.lines.push(line);
         }
-        if !t.headers.iter().any(|h| h == WARMED_UP) {
+        if !t.headers.iter().any(|h| h == WARMED_UP || h == IN_TRACE) {
             t.before_start = live
                 .iter()
                 .filter(|(_, (bytes, _))| *bytes == WORKSPACE_BYTES)
