@@ -10,6 +10,11 @@ use super::{driver_error, SimDriver, SimFault, CUDA_ERROR_ILLEGAL_ADDRESS};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::Result;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A call's name and what a test runs, on the calling thread with no lock of the simulator's
+/// held, each time that call is made, before it does anything.
+pub type CallHook = (&'static str, Arc<dyn Fn() + Send + Sync>);
 
 impl SimDriver {
     /// Stops the clock (`now_ms`): from now on it moves only by [`SimDriver::advance_clock_ms`].
@@ -35,7 +40,7 @@ impl SimDriver {
 
     /// Runs each hook each time its call is made, from now on (replacing those set before; an
     /// empty list: none).
-    pub fn set_call_hooks(&self, hooks: Vec<super::CallHook>) {
+    pub fn set_call_hooks(&self, hooks: Vec<CallHook>) {
         *self.hooks.lock() = hooks;
     }
 

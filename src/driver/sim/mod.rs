@@ -25,9 +25,9 @@ use parking_lot::Mutex;
 use pools::SimPool;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
 use vmm::SimVmm;
 
+pub use controls::CallHook;
 pub use pools::SimPoolInfo;
 
 /// Address alignment of simulated allocations.
@@ -157,10 +157,6 @@ pub struct SimDriver {
     /// Tests' code to run when a call that can fail by injection is made ([`CallHook`]).
     hooks: Mutex<Vec<CallHook>>,
 }
-
-/// A call's name and what a test runs, on the calling thread with no lock of the simulator's
-/// held, each time that call is made, before it does anything.
-pub type CallHook = (&'static str, Arc<dyn Fn() + Send + Sync>);
 
 thread_local! {
     /// How deep this thread is in `relaxed_capture`.
