@@ -3,10 +3,10 @@
 run made, maps what that run mapped.
 
 ``python3 -m bench.diag_vmm_trace WORKLOAD --out DIR [--rounds N]`` (STREAMPOOL_BACKEND and the
-other variables as for any run) runs the workload as bench/diag_steps.py does — its schedule's
-warm-up steps, then its timed steps ``--rounds`` times (default 5), a synchronisation at the end
-of each round only; cuBLAS's and cuDNN's handles made first, as the benchmark makes them, unless
-``--no-library-warm-up`` — with streampool's timeline recording (``streampool.record_history``), and
+other variables as for any run) runs the workload's schedule — its warm-up steps, then its
+timed steps ``--rounds`` times (default 5), with no synchronisation between the warm-up and the
+end of the last round; cuBLAS's and cuDNN's handles made first, as the benchmark makes them,
+unless ``--no-library-warm-up`` — with streampool's timeline recording (``streampool.record_history``), and
 writes ``DIR/WORKLOAD-streampool.trace.gz`` in the replay's format 2 (bench/trace_capture.py:
 the same sentinels mark step ends and synchronisations). Each step's maps and unmaps as the
 timeline recorded them are written as headers (``gpu_maps_per_step``, ``gpu_unmaps_per_step``)
@@ -102,7 +102,7 @@ def capture(workload: str, out_dir: Path, rounds: int, warm_up: bool = True) -> 
         f"device_total_bytes {torch.cuda.mem_get_info()[1]}",
         "gpu_maps_per_step " + " ".join(map(str, converter.maps)),
         "gpu_unmaps_per_step " + " ".join(map(str, converter.unmaps)),
-    ]
+    ] + [f"skipped {n} {what}" for what, n in sorted(converter.skipped.items())]
     cold = "" if warm_up else "-cold-libraries"
     path = out_dir / f"{workload}-streampool{cold}.trace.gz"
     times_us = converter.relative_times_us()

@@ -210,8 +210,9 @@ class Converter:
         if self.next_marker != len(self.markers):
             raise ValueError(
                 f"the allocator's history holds {self.next_marker} of the {len(self.markers)} "
-                f"markers: it lost entries (its ring buffer of max_entries={MAX_HISTORY_ENTRIES} "
-                "overflowed, or recording started late); raise MAX_HISTORY_ENTRIES"
+                "markers: it lost entries (its ring buffer overflowed, or recording started "
+                "late); raise the recording's max_entries (MAX_HISTORY_ENTRIES here, "
+                "MAX_ENTRIES in bench/diag_vmm_trace.py)"
             )
         return self.events
 

@@ -120,11 +120,13 @@ impl VmmResource {
         run: u64,
         now_ms: u64,
     ) -> Result<(MemHandle, u64)> {
+        // (The call-counting build counts the handles by where they came from; the sections'
+        // times say nothing.)
         if let Some(handle) = st.spare_handles.pop() {
-            return Ok((handle, 1));
+            return timed_section!("vmm growth handle: a spare", Ok((handle, 1)));
         }
         if let Some(handle) = self.move_idle_page(st, growth, now_ms, true) {
-            return timed_section!("vmm growth: cold page moved", Ok((handle, 1)));
+            return timed_section!("vmm growth handle: a cold page's, moved", Ok((handle, 1)));
         }
         self.give_back_span(st, growth, now_ms, true);
         // Beyond the slack over the most in use (since the last empty_cache() that gave memory
@@ -133,21 +135,28 @@ impl VmmResource {
             if st.physical_bytes(self.page_bytes) + self.page_bytes > allowed_bytes {
                 let moved = self.move_idle_page(st, growth, now_ms, false);
                 if let Some(handle) = moved.or_else(|| self.lend(st, growth)) {
-                    return timed_section!("vmm growth: moved beyond the slack", Ok((handle, 1)));
+                    let moved = Ok((handle, 1));
+                    return timed_section!("vmm growth handle: moved or lent, slack", moved);
                 }
                 self.give_back_span(st, growth, now_ms, false);
             }
         }
         loop {
             if let Some(created) = self.create_handle(st, growth, left, run)? {
-                return timed_section!("vmm growth: created", Ok(created));
+                return timed_section!(
+                    "vmm growth handle: created (a page or a span)",
+                    Ok(created)
+                );
             }
             let moved = self.move_idle_page(st, growth, now_ms, false);
             if let Some(handle) = moved.or_else(|| self.lend(st, growth)) {
                 if growth.budget.is_some_and(|b| b.device_bound) {
                     st.device_full = true;
                 }
-                return Ok((handle, 1));
+                return timed_section!(
+                    "vmm growth handle: moved or lent, no room",
+                    Ok((handle, 1))
+                );
             }
             if !self.give_back_span(st, growth, now_ms, false) {
                 return Err(Error::Driver {

@@ -23,8 +23,9 @@
 //! lock, as every other mapping call: on an H200, with the background thread's unmaps made
 //! outside it, beside the allocating thread's maps, `cuMemMap` failed (`CUDA_ERROR_UNKNOWN`) in
 //! most BERT processes (bench/results/2026-11-30-h200-bert). The background thread hands the
-//! lock to a waiting allocation between two unmaps, so that the allocation waits for one at
-//! most, not for all.
+//! lock to a waiting allocation between two unmaps of retired pages, so that the allocation
+//! waits for one of those at most, not for all (memory above a release threshold still goes
+//! back in one hold).
 
 use super::ranges::State;
 use super::{Page, Region, VmmResource, VmmState};
@@ -136,15 +137,17 @@ impl VmmResource {
     /// From the background thread: [`VmmResource::unmap_retired`] a page at a time, the lock
     /// handed to a thread waiting for it between two (an unmap on a busy H200 takes tens of
     /// microseconds, which an allocation waiting for the lock would pay for every page).
-    pub(super) fn unmap_retired_piecewise(&self, mut st: MutexGuard<'_, VmmState>) {
+    /// False if a panic of another thread's left the state half-updated while the lock was
+    /// handed over (the caller stops there).
+    pub(super) fn unmap_retired_piecewise(&self, st: &mut MutexGuard<'_, VmmState>) -> bool {
         let mut tried = Vec::new();
-        while self.unmap_one_retired(&mut st, &mut tried) {
+        while self.unmap_one_retired(st, &mut tried) {
             st.unlocked_fair(|| {});
-            // (A panic of another thread's, meanwhile, left the state half-updated.)
             if self.state.is_poisoned() {
-                return;
+                return false;
             }
         }
+        true
     }
 
     /// Unmaps one retiring page whose fence has completed and that is not in `tried` (which it

@@ -24,10 +24,12 @@ impl VmmResource {
         // (and idle, for moves and releases) without waiting for a miss.
         self.return_slot(&mut st);
         self.update_ranges(&mut st, Caller::Background);
-        let above = self.release_above(&mut st, threshold);
-        // Last, a page at a time: the program may be allocating.
-        self.unmap_retired_piecewise(st);
-        above
+        // A page at a time, the program may be allocating; first, so that handles mapped at
+        // retired pages until now may go back below.
+        if !self.unmap_retired_piecewise(&mut st) {
+            return false;
+        }
+        self.release_above(&mut st, threshold)
     }
 
     /// [`VmmResource::release_above_threshold`]'s release, with its answer.

@@ -41,9 +41,24 @@ fn a_growth_takes_the_pages_its_stream_freed_before_their_work_completed() {
     r.free(d, 8 * PAGE, S1);
 }
 
-/// Two idle pages moved into a new block, their old addresses retiring; the background's look
-/// is next (the blocks are returned by the caller's closure).
-fn rig_with_two_retiring() -> (Rig, impl FnOnce(&Rig)) {
+/// Blocks of [`rig_with_two_retiring`]: two live pages, and the block two idle pages moved into.
+struct TwoRetiring {
+    kept: [DevicePtr; 2],
+    moved: DevicePtr,
+}
+
+impl TwoRetiring {
+    fn free_all(&self, r: &Rig) {
+        for p in self.kept {
+            r.free(p, PAGE, S1);
+        }
+        r.free(self.moved, 2 * PAGE, S2);
+    }
+}
+
+/// Two idle pages moved into a new block on S2, their old addresses retiring; the background's
+/// look is next.
+fn rig_with_two_retiring() -> (Rig, TwoRetiring) {
     let r = rig_slack(0);
     r.stop_clock();
     let blocks: Vec<DevicePtr> = (0..4).map(|_| r.alloc(PAGE, S1)).collect();
@@ -51,27 +66,22 @@ fn rig_with_two_retiring() -> (Rig, impl FnOnce(&Rig)) {
     r.free(blocks[2], PAGE, S1);
     r.sim.complete_all();
     r.vmm.release_above_threshold(); // collects the fences: the holes are idle
-    let d = r.alloc(2 * PAGE, S2);
+    let moved = r.alloc(2 * PAGE, S2);
     assert_eq!(r.vmm.state.lock().retiring.len(), 2, "two pages retiring");
-    let free_all = move |r: &Rig| {
-        for p in [blocks[1], blocks[3]] {
-            r.free(p, PAGE, S1);
-        }
-        r.free(d, 2 * PAGE, S2);
-    };
-    (r, free_all)
+    let kept = [blocks[1], blocks[3]];
+    (r, TwoRetiring { kept, moved })
 }
 
 #[test]
 fn an_idle_page_moves_without_an_unmap_on_the_allocating_thread() {
-    let (r, free_all) = rig_with_two_retiring();
+    let (r, two) = rig_with_two_retiring();
     let counts = Statistics::driver_counts(&*r.vmm);
     assert_eq!((counts.moves, counts.lent), (2, 0), "two idle pages moved");
     assert_eq!(counts.unmaps, 0, "their unmaps wait for the background");
     assert_eq!(r.physical(), 4 * PAGE);
     r.vmm.release_above_threshold();
     assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 2);
-    free_all(&r);
+    two.free_all(&r);
 }
 
 #[test]
@@ -153,7 +163,7 @@ fn a_blocked_page_with_a_lent_handle_is_unblocked_as_freed_memory() {
 /// it to a thread waiting for it (an allocation) between two unmaps.
 #[test]
 fn the_background_hands_the_lock_over_between_two_unmaps() {
-    let (r, free_all) = rig_with_two_retiring();
+    let (r, two) = rig_with_two_retiring();
     let (vmm, sim) = (Arc::downgrade(&r.vmm), Arc::downgrade(&r.sim));
     let waiter = Arc::new(parking_lot::Mutex::new(None));
     let slot = Arc::clone(&waiter);
@@ -163,13 +173,19 @@ fn the_background_hands_the_lock_over_between_two_unmaps() {
             return;
         }
         let (vmm, sim) = (vmm.upgrade().unwrap(), sim.upgrade().unwrap());
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let starting = Arc::clone(&started);
         // Waits for the lock the unmapping thread holds; notes how many unmaps it saw.
         *slot = Some(std::thread::spawn(move || {
+            starting.store(true, std::sync::atomic::Ordering::SeqCst);
             let _st = vmm.state.lock();
             sim.calls("cuMemUnmap")
         }));
-        // Time for it to wait (park) on the lock.
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        // Once it runs, time for it to reach the lock and wait (park) there.
+        while !started.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     };
     r.sim.set_call_hooks(vec![("cuMemUnmap", Arc::new(hook))]);
     let unmaps = r.sim.calls("cuMemUnmap");
@@ -183,7 +199,7 @@ fn the_background_hands_the_lock_over_between_two_unmaps() {
     );
     assert_eq!(Statistics::driver_counts(&*r.vmm).unmaps, 2);
     assert!(r.vmm.state.lock().retiring.is_empty());
-    free_all(&r);
+    two.free_all(&r);
 }
 
 /// Every call that maps, unmaps, gives access to, creates or releases memory is made under the
@@ -192,7 +208,7 @@ fn the_background_hands_the_lock_over_between_two_unmaps() {
 /// serialising every call, cannot show by itself.
 #[test]
 fn every_mapping_call_is_made_under_the_resources_lock() {
-    let (r, free_all) = rig_with_two_retiring();
+    let (r, two) = rig_with_two_retiring();
     let unlocked = Arc::new(parking_lot::Mutex::new(Vec::<&'static str>::new()));
     let calls = [
         "cuMemCreate",
@@ -230,5 +246,25 @@ fn every_mapping_call_is_made_under_the_resources_lock() {
         Vec::<&str>::new(),
         "calls made without the lock"
     );
-    free_all(&r);
+    two.free_all(&r);
+}
+
+/// A look of the background thread above the release threshold unmaps the retired pages before
+/// it releases: a page whose handle was mapped at one until then goes back in the same look.
+#[test]
+fn memory_moved_out_of_retired_pages_goes_back_in_the_same_look() {
+    let (r, two) = rig_with_two_retiring();
+    r.free(two.moved, 2 * PAGE, S2); // the moved handles' new pages, idle once S2's work is done
+    r.sim.complete_all();
+    ReleaseThreshold::set_release_threshold(&*r.vmm, 0).unwrap();
+    r.sim.advance_clock_ms(60_000); // unused long enough to go back
+    r.vmm.release_above_threshold();
+    assert_eq!(
+        r.physical(),
+        2 * PAGE,
+        "only the two live blocks' pages are held"
+    );
+    for p in two.kept {
+        r.free(p, PAGE, S1);
+    }
 }
