@@ -2,12 +2,13 @@
 //! shared by every stream and every block size, backed page by page with physical handles
 //! (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess`).
 //!
-//! - Large blocks are placed by best fit in the free ranges ([`ranges`]); small blocks (up to
-//!   `small_max_bytes`) are carved out of whole pages, their carriers ([`small`]), in a region of
-//!   the address space of their own, so that they do not split the ranges large blocks need; an
-//!   emptied carrier is an idle page again. The smallest (up to 16 KiB) are slots of slabs cut
-//!   from carriers, each of one stream and one size class: a freed slot serves its stream, and
-//!   other streams get its memory once its slab, emptied, goes back ([`slabs`]).
+//! - Large blocks are placed by best fit in the free ranges ([`large`], [`ranges`]); small
+//!   blocks (up to `small_max_bytes`) are carved out of whole pages, their carriers ([`small`]),
+//!   in a region of the address space of their own, so that they do not split the ranges large
+//!   blocks need; an emptied carrier is an idle page again. The smallest (up to 16 KiB) are
+//!   slots of slabs cut from carriers, each of one stream and one size class: a freed slot
+//!   serves its stream, and other streams get its memory once its slab, emptied, goes back
+//!   ([`slabs`]).
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once
 //!   the fence has completed ([`crate::stream_order`]); freed on S, it takes in the ready memory
@@ -47,6 +48,7 @@ mod clock;
 mod export;
 mod growth;
 mod interface;
+mod large;
 mod lending;
 mod live;
 mod mapping;
@@ -62,12 +64,12 @@ mod spans;
 
 use crate::config::VMM_RELEASE_AFTER_MS as RELEASE_AFTER_MS;
 use crate::driver::{DevicePtr, Driver, MemHandle, Stream};
-use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
+use crate::error::{Error, Result};
 use crate::history::Recorder;
 use crate::stream_order::{CaptureWatch, Fences};
 use crate::sync::Mutex;
 use crate::units::{format_bytes, format_limit};
-use ranges::{FreeRanges, State, Window};
+use ranges::{FreeRanges, State};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -357,61 +359,6 @@ impl VmmResource {
     /// for (destroyed, say) is not capturing: a capture ends before its stream can be destroyed.
     fn capturing(&self, st: &mut VmmState) -> bool {
         st.captures.refresh(self.driver.as_ref(), self.device)
-    }
-
-    /// A large block for `stream`: a mapped range it may use at once, one freed on another
-    /// stream after a GPU-side wait for its fence, or a window whose pages are mapped now.
-    fn place_large(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<u64> {
-        if let Some(start) = self.take_free(st, false, bytes, stream) {
-            return Ok(start);
-        }
-        if bytes > self.physical_cap_bytes().min(self.device_total_bytes) {
-            return Err(Error::Driver {
-                call: "cuMemCreate",
-                code: CUDA_ERROR_OUT_OF_MEMORY,
-                name: "CUDA_ERROR_OUT_OF_MEMORY (more than the device, its memory limit or \
-                       STREAMPOOL_MAX_POOL_SIZE allows)"
-                    .into(),
-            });
-        }
-        // Before memory is mapped: empty slabs give their carriers back, whose idle pages may
-        // back the window ([`backing`]).
-        let _ = self.return_empty_slabs(st);
-        if let Some(start) = self.place_ahead(st, bytes, stream) {
-            return Ok(start);
-        }
-        let window = self.large_window(st, bytes, stream)?;
-        self.map_window(st, Region::Large, &window, bytes, stream, None)?;
-        st.large.take(window.start, bytes);
-        Ok(window.start)
-    }
-
-    /// A window for `bytes` on `stream` among the large blocks' ranges (in another reservation
-    /// if none fits), which may cover memory other streams freed once `stream` has waited for
-    /// their fences on the GPU; if a wait cannot be made, a window of memory `stream` may use.
-    fn large_window(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Result<Window> {
-        // During a capture no fence is recorded for a wait: only memory `stream` may use.
-        let with_others: &[bool] = match self.capturing(st) {
-            true => &[false],
-            false => &[true, false],
-        };
-        for &others in with_others {
-            let window = match st.large.window(bytes, stream, others) {
-                Some(window) => window,
-                None => {
-                    self.reserve(st, Region::Large, bytes.max(self.extent_bytes))?;
-                    st.large.window(bytes, stream, others).ok_or_else(|| {
-                        Error::Internal(format!("no window for {bytes} B in a new reservation"))
-                    })?
-                }
-            };
-            let waited = (window.waits.iter())
-                .all(|&(other, seq)| self.wait_for_fence(st, stream, other, seq));
-            if waited {
-                return Ok(window);
-            }
-        }
-        Err(Error::Internal(format!("no window for {bytes} B")))
     }
 
     /// Ledger `[start, start + bytes)` as a live block, with the allocating thread's tag
