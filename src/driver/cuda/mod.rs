@@ -63,28 +63,31 @@ fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
     })
 }
 
-/// The driver call `f` makes, checked as [`check`] does; a diagnostic build
-/// (`--features call-counts`) also adds the call's wall time to its name's total.
+/// The result of the driver call `f` makes; a diagnostic build (`--features call-counts`) adds
+/// the call's wall time to its name's total.
 #[inline(always)]
-fn timed(call: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
+fn time(call: &'static str, f: impl FnOnce() -> sys::CUresult) -> sys::CUresult {
     #[cfg(feature = "call-counts")]
     let start = std::time::Instant::now();
     let result = f();
     #[cfg(feature = "call-counts")]
     call_counts::add_time(call, start.elapsed());
-    check(call, result)
+    #[cfg(not(feature = "call-counts"))]
+    let _ = call;
+    result
 }
 
-/// The query `f` makes (`cuEventQuery`, `cuStreamQuery`): true if the work is done, false if
-/// not yet; counted and timed in a diagnostic build as [`timed`] does, "not ready" included.
+/// The driver call `f` makes, timed ([`time`]) and checked as [`check`] does.
+#[inline(always)]
+fn timed(call: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
+    check(call, time(call, f))
+}
+
+/// The query `f` makes (`cuEventQuery`, `cuStreamQuery`), timed ([`time`]): true if the work is
+/// done, false if not yet ("not ready" counted too in a diagnostic build).
 #[inline(always)]
 fn timed_query(call: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<bool> {
-    #[cfg(feature = "call-counts")]
-    let start = std::time::Instant::now();
-    let result = f();
-    #[cfg(feature = "call-counts")]
-    call_counts::add_time(call, start.elapsed());
-    match result {
+    match time(call, f) {
         sys::CUresult::CUDA_ERROR_NOT_READY => {
             #[cfg(feature = "call-counts")]
             call_counts::count(call);
