@@ -126,6 +126,7 @@ def child(config: str, workload: str) -> None:
 
     from bench import schedules, workloads
 
+    diag_steps.prepare(torch)
     schedule = schedules.build_schedule(workload)
     body = workloads.build(torch, workload)
     for params in schedule.steps[: schedule.warmup]:

@@ -28,6 +28,9 @@ import time
 import diag_configs  # (run as a file: bench/ is on the path)
 
 ROUNDS = int(os.environ.get("DIAG_ROUNDS", "5"))
+# DIAG_WARM_LIBRARIES=1: cuBLAS's and cuDNN's handles are made before the workloads, as the
+# benchmark does (their workspaces then lie below the workload's memory, not among it).
+WARM_LIBRARIES = os.environ.get("DIAG_WARM_LIBRARIES") == "1"
 if ROUNDS < 1:
     raise SystemExit(f"DIAG_ROUNDS={ROUNDS}: at least 1 round is timed")
 
@@ -56,6 +59,15 @@ def timed_round(torch, body, steps) -> tuple:
         (time.process_time() - began_cpu) * per_step_ms,
         start.elapsed_time(end) / len(steps),
     )
+
+
+def prepare(torch) -> None:
+    """What the process does before its workloads: the libraries' handles made first when
+    DIAG_WARM_LIBRARIES=1, as the benchmark does; nothing otherwise."""
+    if WARM_LIBRARIES:
+        from bench import engine
+
+        engine.warm_up_libraries(torch)
 
 
 def measure(torch, config: str, workload: str, name: str, body, schedule) -> None:
@@ -95,6 +107,7 @@ def child(config: str, workloads_named) -> None:
 
     from bench import schedules, workloads
 
+    prepare(torch)
     for workload in workloads_named:
         schedule = schedules.build_schedule(workload)
         measure(torch, config, workload, "step", workloads.build(torch, workload), schedule)
