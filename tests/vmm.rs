@@ -38,6 +38,18 @@ fn rig() -> Rig {
     rig_with(1, 256 * MIB, vmm_config())
 }
 
+/// How long an idle page takes to turn cold in the tests of cold pages (by default none does).
+const COLD_AFTER_MS: u64 = 10;
+
+/// As [`vmm_config`], idle pages cold after [`COLD_AFTER_MS`]: they back new blocks before the
+/// device grows.
+fn cold_config() -> Config {
+    Config {
+        vmm_cold_after_ms: COLD_AFTER_MS,
+        ..vmm_config()
+    }
+}
+
 impl Rig {
     fn device(&self, device: i64) -> &streampool::DeviceAllocator {
         self.alloc.device(device).unwrap()
@@ -104,7 +116,7 @@ fn small_blocks_share_the_pages_of_large_ones_and_nothing_is_cached() {
 fn one_live_small_block_holds_one_page_and_an_emptied_page_is_idle_again() {
     let config = Config {
         cache_limit: SizeSpec::Bytes(0), // every free reaches the resource
-        ..vmm_config()
+        ..cold_config()
     };
     let r = rig_with(1, 256 * MIB, config);
     let blocks: Vec<DevicePtr> = (0..600).map(|_| r.malloc(4096, 0, S1)).collect();
@@ -127,7 +139,7 @@ fn one_live_small_block_holds_one_page_and_an_emptied_page_is_idle_again() {
     r.alloc.free(blocks[0], 0).unwrap();
     r.sim.complete_all();
     r.alloc.tend(); // collects the fence of the last free (its stream is idle)
-    r.sim.advance_clock_ms(Config::default().vmm_cold_after_ms);
+    r.sim.advance_clock_ms(COLD_AFTER_MS);
     let before = r.sim.physical_bytes(0);
     let again = r.malloc(PAGE, 0, S2);
     assert_eq!(
@@ -181,7 +193,7 @@ fn a_block_freed_on_one_stream_serves_another_at_once_and_empty_cache_releases_i
 
 #[test]
 fn memory_left_unused_in_holes_is_remapped_instead_of_growing() {
-    let r = rig();
+    let r = rig_with(1, 256 * MIB, cold_config());
     r.sim.stop_clock();
     let blocks: Vec<DevicePtr> = (0..6).map(|_| r.malloc(PAGE, 0, S1)).collect();
     for &b in blocks.iter().step_by(2) {
@@ -189,7 +201,7 @@ fn memory_left_unused_in_holes_is_remapped_instead_of_growing() {
         r.sim.advance_clock_ms(1); // a fence per free: one per millisecond
     }
     r.sim.complete_all();
-    r.sim.advance_clock_ms(Config::default().vmm_cold_after_ms);
+    r.sim.advance_clock_ms(COLD_AFTER_MS);
     let before = r.sim.physical_bytes(0);
     let big = r.malloc(3 * PAGE, 0, S1);
     assert_eq!(

@@ -130,12 +130,11 @@ pub struct Config {
     /// and less than the most held then is mapped again), else one page.
     pub vmm_span_bytes: Option<u64>,
     /// A page of the virtual-memory backend unused this long is cold: moved first to back new
-    /// blocks (`STREAMPOOL_VMM_COLD_AFTER`); above the release threshold, pages unused for a
-    /// second or this long, whichever is longer, are released.
+    /// blocks (`STREAMPOOL_VMM_COLD_AFTER`); `u64::MAX`: never.
     pub vmm_cold_after_ms: u64,
     /// Beyond this many percent of the bytes in use, the virtual-memory backend moves idle
     /// pages, cold or not, before the device grows (`STREAMPOOL_VMM_GROWTH_SLACK`); `None`:
-    /// only cold ones.
+    /// only cold ones (and, near a full device, any).
     pub vmm_growth_slack_percent: Option<u64>,
     /// Device memory the virtual-memory backend leaves free when it grows, for what the CUDA
     /// runtime and libraries take outside the allocator (`STREAMPOOL_VMM_HEADROOM`).
@@ -188,24 +187,21 @@ impl Default for Config {
             // threshold, empty_cache), pages that move one by one elsewhere: docs/replay.md,
             // "Spans".
             vmm_span_bytes: None,
-            // Pages idle this long back new blocks before the device grows. Replayed allocation
-            // traces of the benchmark's workloads (docs/replay.md): 10 ms holds 4-11% less than 250 ms on llama decode and BERT, the same on
-            // the others, with a handful of mappings per timed step at most; 2 ms moves more
-            // and holds more on churn.
-            vmm_cold_after_ms: 10,
-            // Physical memory stays within 1% of the most in use (since the last empty_cache)
-            // while idle pages, or pages the allocating stream freed, can back a new block (a move maps at once and unmaps
-            // later off the allocating thread). Timed traces replayed (3 repeats), peak / live
-            // at 25% -> 2%: bert 1.151 -> 1.017, gpt2 1.070 -> 1.012, churn 1.071 -> 1.030,
-            // multistream 1.186 -> 1.129, others within 0.003; the price is mappings on the
-            // allocating thread every step: modeled 22 -> 109 us a step on churn (3.7% of its
-            // 2.9 ms), 1.25% of a BERT step, hidden while the GPU is the bottleneck. At 2% ->
-            // 1% (the replay gate's medians, bench/replay/baseline.json): bert 1.017 -> 1.008
-            // (470 -> 466 MiB; on the GPU expandable segments held 4 MiB less than vmm at 2%),
-            // gpt2 1.012 -> 1.010, vision 1.012 -> 1.010, resnet50 1.004 -> 1.005, the rest
-            // unchanged; modeled driver time +0.6% bert, +1.2% gpt2, +2.0% resnet50, +2.9%
-            // vision, +8.0% compiled (of 6 ms), unchanged on the rest.
-            vmm_growth_slack_percent: Some(1),
+            // Never: while the device has room, a growth maps new memory rather than move idle
+            // pages (near full it moves them: STREAMPOOL_VMM_HEADROOM). A page moved on the
+            // allocating thread in a busy step costs far more than the call alone (cuMemSetAccess
+            // 115-470 us there, 26 us idle): on an H200, BERT on vmm ran 1.233 (1.185-1.315) x
+            // native with pages cold after 10 ms and the 1% slack, 1.012 (0.995-1.037) with
+            // neither, at 476 MiB against 470 (expandable segments: 472), A/A 1.003
+            // (bench/results/2026-11-30-h200-handles, call 2). A 3% slack with pages cold after
+            // 1 s still ran 1.194 (call 1).
+            vmm_cold_after_ms: u64::MAX,
+            // Off, for the same measurement as the cold age above: a slack bounds memory by
+            // moving pages in the steps of a loop, which is what made BERT slow. Replayed traces
+            // (docs/replay.md), peak / live with 1% -> off: bert 1.008 -> 1.021, gpt2 1.010 ->
+            // 1.071, churn 1.024 -> 1.074, vision_sizes 1.010 -> 1.020, multistream 1.029 ->
+            // 1.271, the pages mapped in BERT's timed steps 126 -> 0, GPT-2's 115 -> 0.
+            vmm_growth_slack_percent: None,
             // Room for what the CUDA runtime takes while the program runs: lazily loaded
             // kernels, the local memory a kernel with a large stack grows, libraries' own
             // workspaces. A full device fails the next kernel launch with an error the allocator

@@ -146,9 +146,10 @@ static int page_sharing(void *stream) {
   uint64_t slept = 0, woken = 0, sleeping = 1;
   if (kind == 2) {
     CHECK(streampool_sleep(1, 1, &slept) == OK && slept > 0);
-    CHECK(streampool_sleeping_bytes(1, &sleeping) == OK && sleeping == slept);
+    /* Everything held goes back; what lies under live blocks sleeps, and wakes. */
+    CHECK(streampool_sleeping_bytes(1, &sleeping) == OK && sleeping > 0 && sleeping <= slept);
     CHECK(streampool_malloc(4096, 1, stream) == NULL && strstr(streampool_last_error(), "asleep"));
-    CHECK(streampool_wake(1, &woken) == OK && woken == slept);
+    CHECK(streampool_wake(1, &woken) == OK && woken == sleeping);
   } else {
     CHECK(streampool_sleep(1, 1, &slept) == INVALID && slept == 0);
     CHECK(strstr(streampool_last_error(), "STREAMPOOL_BACKEND=vmm") != NULL);

@@ -5,8 +5,9 @@
 //! device's free memory less the headroom) — one for each run of adjacent pages, up to a span
 //! ([`super::spans`]); and only then handles moved out of any idle page. So in a steady loop the
 //! set of mapped pages settles and nothing is mapped on the allocating thread, while memory that
-//! stays unused is reused before the device grows, and a device near full is served from idle
-//! pages. A span cannot give its handle page by page: where a page would be moved out of one, the
+//! stays unused is reused before the device grows (where a cold age is set; by default none is,
+//! and no slack, so that pages move only near a full device: [`crate::config::Config`]), and a
+//! device near full is served from idle pages. A span cannot give its handle page by page: where a page would be moved out of one, the
 //! whole span, wholly idle, goes back to the device instead, and its memory counts in the budget.
 //!
 //! Invariants: a window that spares, idle memory and the budget cannot back together is refused

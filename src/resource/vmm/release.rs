@@ -39,13 +39,12 @@ impl VmmResource {
         }
         // Empty slabs go back only when memory is to be released: a loop keeps reusing them.
         let _ = self.return_empty_slabs(st);
-        // Unused for a second or more (and cold): not memory a loop uses every step.
-        let unused_ms = self.cold_after_ms.max(RELEASE_AFTER_MS);
+        // Unused for a second or more: not memory a loop uses every step.
         // Nothing has been unused that long before the clock has run that long.
-        let Some(cold_before_ms) = self.driver.now_ms().checked_sub(unused_ms) else {
+        let Some(unused_before_ms) = self.driver.now_ms().checked_sub(RELEASE_AFTER_MS) else {
             return true;
         };
-        self.release_down_to(st, threshold, Some(cold_before_ms));
+        self.release_down_to(st, threshold, Some(unused_before_ms));
         st.physical_bytes(self.page_bytes) > threshold
     }
 

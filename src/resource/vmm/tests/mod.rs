@@ -145,8 +145,10 @@ fn neighbours_coalesce_so_a_larger_block_needs_no_new_memory() {
 fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
     let spec = VmmSpec {
         growth_slack_percent: None, // hot pages move only beyond the slack: none here
+        cold_after_ms: 10,
         ..spec(Settings::default(), 64 * PAGE)
     };
+    let cold_after_ms = spec.cold_after_ms;
     let r = rig_spec(2, 64 * PAGE, spec);
     r.stop_clock();
     let a = r.alloc(PAGE, S1);
@@ -168,14 +170,7 @@ fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
     // Unused for longer than STREAMPOOL_VMM_COLD_AFTER, idle pages are cold: they back a new
     // block before the device grows.
     let f = r.alloc(4 * PAGE, S1); // d's two pages and two more
-    r.sim.advance_clock_ms(
-        Settings::default()
-            .for_device(64 * PAGE)
-            .sources
-            .vmm
-            .cold_after_ms
-            + 1,
-    );
+    r.sim.advance_clock_ms(cold_after_ms + 1);
     r.free(f, 4 * PAGE, S1);
     let g = r.alloc(2 * PAGE, S1); // fits f's old range: no mapping at all
     r.free(g, 2 * PAGE, S1);
@@ -193,6 +188,34 @@ fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
     );
     assert_eq!(Statistics::driver_counts(&*r.vmm).moves, 2);
     for (ptr, bytes) in [(b, PAGE), (e, PAGE), (h, 6 * PAGE)] {
+        r.free(ptr, bytes, S1);
+    }
+}
+
+/// By default no page is ever cold and there is no growth slack: while the device has room, a
+/// growth maps new memory and leaves idle pages where they are, however long unused (a page moved
+/// in a busy step costs the allocating thread far more than a new one: the defaults' comments).
+#[test]
+fn by_default_idle_pages_stay_where_they_are_while_the_device_has_room() {
+    let r = rig_spec(1, 64 * PAGE, spec(Settings::default(), 64 * PAGE));
+    r.stop_clock();
+    let a = r.alloc(PAGE, S1);
+    let b = r.alloc(PAGE, S1);
+    let c = r.alloc(PAGE, S1);
+    let e = r.alloc(PAGE, S1);
+    r.free(a, PAGE, S1);
+    r.free(c, PAGE, S1);
+    r.sim.complete_all();
+    r.sim.advance_clock_ms(3_600_000); // an hour unused
+    let before = r.physical();
+    let d = r.alloc(2 * PAGE, S1); // fits no mapped range: a's and c's pages are not adjacent
+    assert_eq!(
+        r.physical(),
+        before + 2 * PAGE,
+        "grown, the idle pages kept"
+    );
+    assert_eq!(Statistics::driver_counts(&*r.vmm).moves, 0);
+    for (ptr, bytes) in [(b, PAGE), (e, PAGE), (d, 2 * PAGE)] {
         r.free(ptr, bytes, S1);
     }
 }

@@ -13,11 +13,12 @@ fn rig_spans(span_pages: u64) -> Rig {
 }
 
 /// As [`rig_spans`], memory moved before the device grows past `slack` over the most in use
-/// (`STREAMPOOL_VMM_GROWTH_SLACK`).
+/// (`STREAMPOOL_VMM_GROWTH_SLACK`), and idle pages cold after 10 ms.
 pub(super) fn rig_spans_slack(span_pages: u64, slack: &str) -> Rig {
     let settings = Settings::with_variables(&[
         ("STREAMPOOL_VMM_SPAN_SIZE", &(span_pages * PAGE).to_string()),
         ("STREAMPOOL_VMM_GROWTH_SLACK", slack),
+        ("STREAMPOOL_VMM_COLD_AFTER", "10ms"),
     ]);
     rig_spec(1, 64 * PAGE, spec(settings, 64 * PAGE))
 }
