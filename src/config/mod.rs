@@ -198,9 +198,12 @@ impl Default for Config {
             vmm_cold_after_ms: u64::MAX,
             // Off, for the same measurement as the cold age above: a slack bounds memory by
             // moving pages in the steps of a loop, which is what made BERT slow. Replayed traces
-            // (docs/replay.md), peak / live with 1% -> off: bert 1.008 -> 1.021, gpt2 1.010 ->
-            // 1.071, churn 1.024 -> 1.074, vision_sizes 1.010 -> 1.020, multistream 1.029 ->
-            // 1.271, the pages mapped in BERT's timed steps 126 -> 0, GPT-2's 115 -> 0.
+            // (the replay gate's medians, bench/replay/baseline.json), peak / live before -> now:
+            // bert 1.008 -> 1.021, gpt2 1.010 -> 1.071, churn 1.027 -> 1.074, vision_sizes 1.010
+            // -> 1.020, multistream 1.043 -> 1.271; the pages mapped in BERT's timed steps 126
+            // -> 0, GPT-2's 115 -> 0 (docs/replay.md). Held memory then has no bound over what
+            // is in use but the device's room less the headroom, the memory fraction and the
+            // pool cap, as with expandable segments; an idle period gives it back.
             vmm_growth_slack_percent: None,
             // Room for what the CUDA runtime takes while the program runs: lazily loaded
             // kernels, the local memory a kernel with a large stack grows, libraries' own

@@ -77,8 +77,7 @@ pub struct VmmSpec {
     /// `STREAMPOOL_MAX_POOL_SIZE`: physical memory never exceeds it.
     pub max_physical_bytes: u64,
     pub release_threshold_bytes: u64,
-    /// A page unused this long is cold: moved first to back new blocks, released above the
-    /// release threshold.
+    /// A page unused this long is cold: moved first to back new blocks (`u64::MAX`: never).
     pub cold_after_ms: u64,
     /// Beyond this many percent of the bytes in use, idle pages, cold or not, are moved to back
     /// a new block before the device grows (`None`: only cold ones).

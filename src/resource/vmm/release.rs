@@ -13,8 +13,8 @@ use std::sync::atomic::Ordering;
 
 impl VmmResource {
     /// Called regularly by the device's background thread: memory above the release threshold
-    /// that has been unused for a second (and is cold) goes back to the device. True while memory above
-    /// the threshold is still held.
+    /// that has been unused for a second goes back to the device. True while memory above the
+    /// threshold is still held.
     pub fn release_above_threshold(&self) -> bool {
         let threshold = self.release_threshold_bytes.load(Ordering::Relaxed);
         let Ok(mut st) = self.lock_enabled() else {
