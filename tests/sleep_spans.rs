@@ -133,10 +133,17 @@ fn the_handles_a_wake_creates_are_counted_as_creates() {
 }
 
 /// Memory a program maps again after a wake comes in spans, as after `empty_cache()`: the idle
-/// memory of the next step goes back at the next sleep in a few handles, not one a page.
+/// memory of the next step goes back at the next sleep in a few handles, not one a page. Also
+/// where pages move (here: idle pages cold after 10 ms), whose memory comes a page a handle
+/// otherwise.
 #[test]
 fn memory_mapped_again_after_a_wake_comes_in_spans() {
-    let r = vmm_rig(256 * MIB);
+    let config = streampool::Config {
+        backend: streampool::config::Backend::Vmm,
+        vmm_cold_after_ms: 10,
+        ..base_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
     let a = r.malloc(4 * MIB, 0, 1);
     let step = r.malloc(24 * MIB, 0, 1);
     r.free(step, 0);

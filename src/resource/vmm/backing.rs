@@ -166,6 +166,11 @@ impl VmmResource {
                     name: "CUDA_ERROR_OUT_OF_MEMORY (no idle page left to move)".into(),
                 });
             }
+            // An idle span went back to make room, as a page moves where it can: the device was
+            // found full.
+            if growth.budget.is_some_and(|b| b.device_bound) {
+                st.device_full = true;
+            }
         }
     }
 

@@ -3,7 +3,8 @@
 //! (auto: 256 MiB while memory cycles — the release threshold at a synchronisation, a second
 //! `empty_cache()` since the device last idled, or a sleep gave memory back, and less than
 //! the most held before is mapped again; an idle release ends it, but not while asleep — else
-//! one page). While memory cycles, a large block's growth also maps free memory
+//! 32 MiB, or one page where a growth slack or a cold age makes pages move, so that each can).
+//! While memory cycles, a large block's growth also maps free memory
 //! after the block, in a handle of its own, up to a span in all, never beyond the most held
 //! before nor past the growth slack, so that the blocks that follow fit there: a step's memory
 //! comes back in a few handles, not one a block, as a CUDA pool grows. The driver's calls cost
@@ -13,9 +14,11 @@
 //! threshold on an H200, a synchronisation a step: 66–70 ms a step mapped ahead, with the pool
 //! backend at 71–72 and native at 46–48 in the same diagnostic, bench/results/2026-11-29-h200-d;
 //! before, 98 with 32 MiB spans and a handle a block, 344 with a handle a page).
-//! The price is memory: a span cannot move page by page to fill another block's window, so
-//! where pages otherwise stay mapped and move to where they are needed, spans hold more (GPT-2
-//! replayed: peak 1.18x live with 32 MiB spans always on, 1.01x without).
+//! The price, where pages move, is memory: a span cannot move page by page to fill another
+//! block's window, so where pages otherwise stay mapped and move to where they are needed, spans
+//! hold more (GPT-2 replayed with a 2% slack: peak 1.18x live with 32 MiB spans always on, 1.01x
+//! without). Where pages do not move (the defaults) they cost nothing at the peak (docs/replay.md,
+//! "Spans").
 //!
 //! Invariants: a span is one mapping — its pages are mapped, given access, unmapped and released
 //! together (the driver cannot unmap part of a mapping), and go back only when every one of them
@@ -60,6 +63,13 @@ pub(super) enum GiveBack {
 /// Auto (`STREAMPOOL_VMM_SPAN_SIZE` unset): the most memory one new handle backs while memory
 /// cycles.
 const AUTO_SPAN_BYTES: u64 = 256 << 20;
+
+/// Auto, where pages do not move (no growth slack, no cold age: the defaults) and memory does
+/// not cycle: a span costs no memory then, as no page of it would have moved, and it saves the
+/// driver's calls per handle (replayed traces, one page a handle against 32 MiB spans: the same
+/// peak on every trace, GPT-2's creates 6,943 -> 589, vision_sizes' 1,337 -> 470). Small enough
+/// that a span with one live page holds little at a trim.
+const STILL_SPAN_BYTES: u64 = 32 << 20;
 
 impl VmmResource {
     /// While memory cycles, a large block whose growth would map new memory is placed with free
@@ -152,13 +162,22 @@ impl VmmResource {
 
     /// The most pages one new handle backs now.
     pub(super) fn span_max_pages(&self, st: &VmmState) -> u64 {
+        let pages_of = |bytes: u64| (bytes / self.page_bytes).max(1);
         match self.span_pages {
             Some(pages) => pages,
             None if st.physical_bytes(self.page_bytes) < st.cycle_back_to_bytes => {
-                (AUTO_SPAN_BYTES / self.page_bytes).max(1)
+                pages_of(AUTO_SPAN_BYTES)
             }
-            None => 1,
+            // Pages move to where they are needed: one a handle, so that each can.
+            None if self.pages_move() => 1,
+            None => pages_of(STILL_SPAN_BYTES),
         }
+    }
+
+    /// Whether idle pages move to back new blocks while the device has room: a growth slack or a
+    /// cold age is set.
+    fn pages_move(&self) -> bool {
+        self.growth_slack_percent.is_some() || self.cold_after_ms != u64::MAX
     }
 
     /// Unmaps the whole mapping `page` lies in; on success its pages leave the page map, and the

@@ -23,6 +23,13 @@ fn cycle_back_to_pages(r: &Rig) -> u64 {
     r.vmm.state.lock().cycle_back_to_bytes / PAGE
 }
 
+/// As [`rig`], with idle pages cold after 10 ms: pages move to where they are needed, so that
+/// outside a cycle every handle is one page, and a span says that memory cycles.
+fn rig_moving() -> Rig {
+    let settings = Settings::with_variables(&[("STREAMPOOL_VMM_COLD_AFTER", "10ms")]);
+    rig_spec(2, 64 * PAGE, spec(settings, 64 * PAGE))
+}
+
 /// A step of `pages` pages, then the release threshold's trim at a synchronisation (to 0).
 pub(super) fn step_then_trim_at_sync(r: &Rig, pages: u64) {
     let step = r.alloc(pages * PAGE, S1);
@@ -48,9 +55,36 @@ fn physical_during_step(r: &Rig, pages: u64) -> u64 {
     physical
 }
 
+/// By default pages do not move (no slack, no cold age): new memory comes in spans of 32 MiB, of
+/// 256 MiB while memory cycles; where pages move, a page a handle outside a cycle.
 #[test]
-fn by_default_spans_back_new_memory_only_while_memory_cycles() {
-    let r = rig();
+fn by_default_new_memory_comes_in_32_mib_spans_and_256_mib_while_memory_cycles() {
+    let r = rig_with(2, 64 * PAGE, "0");
+    let a = r.alloc(40 * PAGE, S1);
+    assert_eq!(
+        r.sim.calls("cuMemCreate"),
+        40u64.div_ceil((32 << 20) / PAGE),
+        "32 MiB spans"
+    );
+    r.free(a, 40 * PAGE, S1);
+    r.sim.complete_all();
+    crate::resource::Tending::synchronized(&*r.vmm).unwrap(); // the threshold's trim: cycles
+    assert_eq!(r.physical(), 0);
+    assert_eq!(
+        r.vmm.span_max_pages(&r.vmm.state.lock()),
+        (256 << 20) / PAGE,
+        "256 MiB while memory cycles"
+    );
+    // Pages move where a cold age or a growth slack is set: each is a handle of its own.
+    let slack = Settings::with_variables(&[("STREAMPOOL_VMM_GROWTH_SLACK", "1%")]);
+    for moving in [rig_moving(), rig_spec(1, 64 * PAGE, spec(slack, 64 * PAGE))] {
+        assert_eq!(moving.vmm.span_max_pages(&moving.vmm.state.lock()), 1);
+    }
+}
+
+#[test]
+fn where_pages_move_spans_back_new_memory_only_while_memory_cycles() {
+    let r = rig_moving();
     let a = r.alloc(12 * PAGE, S1);
     assert_eq!(r.sim.calls("cuMemCreate"), 12, "a page a handle");
     r.free(a, 12 * PAGE, S1);
@@ -80,7 +114,7 @@ fn by_default_spans_back_new_memory_only_while_memory_cycles() {
 /// that the next trim is a first one again.
 #[test]
 fn one_trim_between_phases_maps_nothing_ahead() {
-    let r = rig();
+    let r = rig_moving();
     step_then_trim(&r, 40);
     assert_eq!(r.physical(), 0);
     assert!(!cycles(&r));
@@ -121,7 +155,7 @@ fn the_threshold_at_a_synchronisation_cycles_at_once() {
 /// level, not the earlier phase's.
 #[test]
 fn asked_trims_count_only_when_they_give_memory_back() {
-    let r = rig();
+    let r = rig_moving();
     step_then_trim(&r, 40);
     r.vmm.trim(0).unwrap(); // nothing left to give back
     assert!(!cycles(&r));
@@ -164,7 +198,7 @@ fn asked_trims_count_only_when_they_give_memory_back() {
 #[test]
 fn a_sleep_cycles_at_once() {
     for idle_while_asleep in [false, true] {
-        let r = rig();
+        let r = rig_moving();
         let a = r.alloc(12 * PAGE, S1);
         r.free(a, 12 * PAGE, S1);
         let keep = r.alloc(PAGE, S1);
@@ -221,7 +255,7 @@ fn a_trim_s_cycle_maps_ahead_only_up_to_what_was_held_before_it() {
 /// less does not end it, an idle release does.
 #[test]
 fn an_idle_release_ends_a_cycle_a_smaller_trim_does_not() {
-    let r = rig();
+    let r = rig_moving();
     let trimmed_at = |pages: u64| {
         step_then_trim_at_sync(&r, pages);
         assert_eq!(r.physical(), 0);
