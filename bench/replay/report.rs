@@ -96,6 +96,7 @@ pub fn table(summaries: &[Summary], settings: &[Setting]) -> String {
         "timed map".into(),
         "timed unmap".into(),
         "timed ms".into(),
+        "idle MiB".into(),
     ]);
     let rows: Vec<Vec<String>> = summaries
         .iter()
@@ -122,6 +123,7 @@ pub fn table(summaries: &[Summary], settings: &[Setting]) -> String {
             row.push(timed("cuMemMap"));
             row.push(timed("cuMemUnmap"));
             row.push(format!("{:.2}", o.timed_modeled_s * 1e3));
+            row.push(format!("{:.1}", mib(o.after_trim_beyond_live_bytes)));
             if ratios.is_empty() {
                 row[2] = "FAILED".into();
             }
@@ -194,6 +196,10 @@ fn outcome_json(o: &Outcome) -> serde_json::Value {
         ("pages_unmapped", json!(o.stats_unmaps)),
         ("failed_creates", json!(o.failed_creates)),
         ("least_free_bytes", json!(o.least_free_bytes)),
+        (
+            "after_trim_beyond_live_bytes",
+            json!(o.after_trim_beyond_live_bytes),
+        ),
         ("modeled_driver_s", json!(o.modeled_driver_s)),
         ("replay_wall_s", json!(o.replay_wall_s)),
         ("error", json!(o.error)),

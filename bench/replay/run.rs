@@ -113,6 +113,9 @@ pub struct Outcome {
     pub failed_creates: u64,
     /// The device's least free memory during the replay (its memory less the most in use).
     pub least_free_bytes: u64,
+    /// At the trace's end, its work done and a trim to 0 (what an idle release gives back):
+    /// what is held beyond the bytes still live, above the start (after every count above).
+    pub after_trim_beyond_live_bytes: u64,
     pub modeled_driver_s: f64,
     pub replay_wall_s: f64,
     pub error: Option<String>,
@@ -440,6 +443,16 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
     out.least_free_bytes = stats
         .device_total_bytes
         .saturating_sub(sim.in_use_high_bytes(0));
+    sim.complete_all();
+    let device = alloc.device(0).map_err(|e| format!("device 0: {e}"))?;
+    device
+        .trim(0)
+        .map_err(|e| format!("trim at the end: {e}"))?;
+    let held = device.stats().map_err(|e| format!("stats: {e}"))?;
+    let live_bytes: u64 = live.values().map(|&(_, bytes)| bytes).sum();
+    out.after_trim_beyond_live_bytes = (held.reserved_bytes)
+        .saturating_sub(start.reserved_bytes)
+        .saturating_sub(live_bytes);
     // Tidy up so that the strict simulator's leak check judges the allocator, not the replay.
     for (_, (ptr, _)) in live.drain() {
         alloc

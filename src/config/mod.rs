@@ -127,7 +127,7 @@ pub struct Config {
     /// The most memory one new physical handle of the virtual-memory backend backs, a span of
     /// adjacent pages (`STREAMPOOL_VMM_SPAN_SIZE`; 0 or at most a page: every handle one page);
     /// `None` (auto): 256 MiB while memory cycles (a trim at a synchronisation gave memory back,
-    /// and less than the most held then is mapped again), else 32 MiB, or one page where a
+    /// and less than the most held then is mapped again), else 8 MiB, or one page where a
     /// growth slack or a cold age makes pages move.
     pub vmm_span_bytes: Option<u64>,
     /// A page of the virtual-memory backend unused this long is cold: moved first to back new
@@ -185,7 +185,7 @@ impl Default for Config {
             // handles; which is better here awaits a measurement on the GPU.
             vmm_page_size: SizeSpec::Bytes(2 << 20),
             // 256 MiB spans where memory goes back at a synchronisation and is mapped again (a
-            // release threshold, empty_cache), 32 MiB ones elsewhere, pages one by one where
+            // release threshold, empty_cache), 8 MiB ones elsewhere, pages one by one where
             // they move (a slack or a cold age set): docs/replay.md, "Spans".
             vmm_span_bytes: None,
             // Never: while the device has room, a growth maps new memory rather than move idle

@@ -3,7 +3,7 @@
 //! (auto: 256 MiB while memory cycles — the release threshold at a synchronisation, a second
 //! `empty_cache()` since the device last idled, or a sleep gave memory back, and less than
 //! the most held before is mapped again; an idle release ends it, but not while asleep — else
-//! 32 MiB, or one page where a growth slack or a cold age makes pages move, so that each can).
+//! 8 MiB, or one page where a growth slack or a cold age makes pages move, so that each can).
 //! While memory cycles, a large block's growth also maps free memory
 //! after the block, in a handle of its own, up to a span in all, never beyond the most held
 //! before nor past the growth slack, so that the blocks that follow fit there: a step's memory
@@ -65,11 +65,12 @@ pub(super) enum GiveBack {
 const AUTO_SPAN_BYTES: u64 = 256 << 20;
 
 /// Auto, where pages do not move (no growth slack, no cold age: the defaults) and memory does
-/// not cycle: a span costs no memory then, as no page of it would have moved, and it saves the
-/// driver's calls per handle (replayed traces, one page a handle against 32 MiB spans: the same
-/// peak on every trace, GPT-2's creates 6,943 -> 589, vision_sizes' 1,337 -> 470). Small enough
-/// that a span with one live page holds little at a trim.
-const STILL_SPAN_BYTES: u64 = 32 << 20;
+/// not cycle: a span costs no memory at the peak then, as no page of it would have moved, and it
+/// saves the driver's calls per handle. But it goes back only whole, so a span with one live page
+/// holds the rest at a trim or an idle release. Replayed traces, one page a handle / 8 MiB / 32
+/// MiB spans: the same peak on every trace; GPT-2's creates 6,943 / 1,819 / 589; held beyond live
+/// after a trim at the end (the replay's "idle MiB"), GPT-2 0 / 0 / 109 MiB, churn 18 / 40 / 68.
+const STILL_SPAN_BYTES: u64 = 8 << 20;
 
 impl VmmResource {
     /// While memory cycles, a large block whose growth would map new memory is placed with free

@@ -55,16 +55,16 @@ fn physical_during_step(r: &Rig, pages: u64) -> u64 {
     physical
 }
 
-/// By default pages do not move (no slack, no cold age): new memory comes in spans of 32 MiB, of
+/// By default pages do not move (no slack, no cold age): new memory comes in spans of 8 MiB, of
 /// 256 MiB while memory cycles; where pages move, a page a handle outside a cycle.
 #[test]
-fn by_default_new_memory_comes_in_32_mib_spans_and_256_mib_while_memory_cycles() {
+fn by_default_new_memory_comes_in_8_mib_spans_and_256_mib_while_memory_cycles() {
     let r = rig_with(2, 64 * PAGE, "0");
     let a = r.alloc(40 * PAGE, S1);
     assert_eq!(
         r.sim.calls("cuMemCreate"),
-        40u64.div_ceil((32 << 20) / PAGE),
-        "32 MiB spans"
+        40u64.div_ceil((8 << 20) / PAGE),
+        "8 MiB spans"
     );
     r.free(a, 40 * PAGE, S1);
     r.sim.complete_all();
