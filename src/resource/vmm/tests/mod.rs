@@ -141,6 +141,19 @@ fn neighbours_coalesce_so_a_larger_block_needs_no_new_memory() {
     r.free(c, 4 * PAGE, S1);
 }
 
+/// Four pages of one-page blocks, the first and third freed (their work done): two holes of a
+/// page that no two-page block fits. The live second and fourth blocks.
+fn two_holes(r: &Rig) -> (DevicePtr, DevicePtr) {
+    let a = r.alloc(PAGE, S1);
+    let b = r.alloc(PAGE, S1);
+    let c = r.alloc(PAGE, S1);
+    let e = r.alloc(PAGE, S1);
+    r.free(a, PAGE, S1);
+    r.free(c, PAGE, S1);
+    r.sim.complete_all();
+    (b, e)
+}
+
 #[test]
 fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
     let spec = VmmSpec {
@@ -151,13 +164,7 @@ fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
     let cold_after_ms = spec.cold_after_ms;
     let r = rig_spec(2, 64 * PAGE, spec);
     r.stop_clock();
-    let a = r.alloc(PAGE, S1);
-    let b = r.alloc(PAGE, S1);
-    let c = r.alloc(PAGE, S1);
-    let e = r.alloc(PAGE, S1);
-    r.free(a, PAGE, S1);
-    r.free(c, PAGE, S1);
-    r.sim.complete_all();
+    let (b, e) = two_holes(&r);
     // Two free pages, not adjacent (b is live between them): a 2-page block cannot fit in
     // mapped memory. Just used, they are hot: a loop will want them again, so the device grows
     // instead of moving them (a move costs what a new page costs, and would come back).
@@ -199,13 +206,7 @@ fn hot_holes_stay_mapped_and_the_device_grows_but_cold_holes_back_new_blocks() {
 fn by_default_idle_pages_stay_where_they_are_while_the_device_has_room() {
     let r = rig_spec(1, 64 * PAGE, spec(Settings::default(), 64 * PAGE));
     r.stop_clock();
-    let a = r.alloc(PAGE, S1);
-    let b = r.alloc(PAGE, S1);
-    let c = r.alloc(PAGE, S1);
-    let e = r.alloc(PAGE, S1);
-    r.free(a, PAGE, S1);
-    r.free(c, PAGE, S1);
-    r.sim.complete_all();
+    let (b, e) = two_holes(&r);
     r.sim.advance_clock_ms(3_600_000); // an hour unused
     let before = r.physical();
     let d = r.alloc(2 * PAGE, S1); // fits no mapped range: a's and c's pages are not adjacent
