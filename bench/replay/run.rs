@@ -449,7 +449,8 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
         .trim(0)
         .map_err(|e| format!("trim at the end: {e}"))?;
     let held = device.stats().map_err(|e| format!("stats: {e}"))?;
-    let live_bytes: u64 = live.values().map(|&(_, bytes)| bytes).sum();
+    // Above the start, as the peak: what was made before it (still live) is in neither.
+    let live_bytes = (live.values().map(|&(_, bytes)| bytes).sum::<u64>()) - before_start_bytes;
     out.after_trim_beyond_live_bytes = (held.reserved_bytes)
         .saturating_sub(start.reserved_bytes)
         .saturating_sub(live_bytes);

@@ -55,10 +55,11 @@ def register_reductions() -> None:
 
 
 def raise_open_file_limit() -> None:
-    """A tensor shared page by page (the vmm backend) travels as one file descriptor per page
-    (2 MiB): raise this process's soft limit on open files to its hard limit, as far as the
-    system lets it, so that a large tensor does not run out of descriptors (a 1 GiB tensor holds
-    512 in the exporter while it is sent)."""
+    """A tensor shared page by page (the vmm backend) travels as one file descriptor per physical
+    handle (a 2 MiB page, or by default a span of up to 8 MiB): raise this process's soft limit on
+    open files to its hard limit, as far as the system lets it, so that a large tensor does not run
+    out of descriptors (a 1 GiB tensor on 2 MiB pages holds 512 in the exporter while it is
+    sent)."""
     try:
         import resource
 

@@ -61,8 +61,8 @@ impl VmmResource {
         self.unmap_retired(&mut st);
         self.release_down_to(&mut st, 0, None);
         // An idle device ends a cycle: what was held at the synchronisations before the idle
-        // period says nothing of the next phase, whose memory comes a page a handle again until
-        // a trim or a sleep gives memory back. Not while asleep: a sleep's cycle is for what
+        // period says nothing of the next phase, whose memory comes in ordinary spans again
+        // (or a page a handle, where pages move) until a trim or a sleep gives memory back. Not while asleep: a sleep's cycle is for what
         // the program maps after the wake, however long it slept.
         if st.asleep.is_none() {
             st.cycle_back_to_bytes = 0;

@@ -69,7 +69,7 @@ const AUTO_SPAN_BYTES: u64 = 256 << 20;
 /// saves the driver's calls per handle. But it goes back only whole, so a span with one live page
 /// holds the rest at a trim or an idle release. Replayed traces, one page a handle / 8 MiB / 32
 /// MiB spans: the same peak on every trace; GPT-2's creates 6,943 / 1,819 / 589; held beyond live
-/// after a trim at the end (the replay's "idle MiB"), GPT-2 0 / 0 / 109 MiB, churn 18 / 40 / 68.
+/// after a trim at the end (the replay's "idle MiB"), GPT-2 27 / 61 / 173 MiB, churn 18 / 40 / 68.
 const STILL_SPAN_BYTES: u64 = 8 << 20;
 
 impl VmmResource {
