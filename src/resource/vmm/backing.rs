@@ -7,8 +7,9 @@
 //! set of mapped pages settles and nothing is mapped on the allocating thread, while memory that
 //! stays unused is reused before the device grows (where a cold age is set; by default none is,
 //! and no slack, so that pages move only near a full device: [`crate::config::Config`]), and a
-//! device near full is served from idle pages. A span cannot give its handle page by page: where a page would be moved out of one, the
-//! whole span, wholly idle, goes back to the device instead, and its memory counts in the budget.
+//! device near full is served from idle pages. A span cannot give its handle page by page: where
+//! a page would be moved out of one, the whole span, wholly idle, goes back to the device
+//! instead, and its memory counts in the budget.
 //!
 //! Invariants: a window that spares, idle memory and the budget cannot back together is refused
 //! before anything is mapped or moved; after the device refuses a create, a growth creates only
@@ -49,6 +50,12 @@ impl Growth {
             budget: None,
             refused: false,
         }
+    }
+
+    /// Its budget was asked and the device's free memory bounds it: a page backed by idle memory
+    /// rather than a new handle means the device was found full.
+    fn device_bound(&self) -> bool {
+        self.budget.is_some_and(|b| b.device_bound)
     }
 }
 
@@ -151,9 +158,7 @@ impl VmmResource {
             }
             let moved = self.move_idle_page(st, growth, now_ms, false);
             if let Some(handle) = moved.or_else(|| self.lend(st, growth)) {
-                if growth.budget.is_some_and(|b| b.device_bound) {
-                    st.device_full = true;
-                }
+                st.device_full |= growth.device_bound();
                 return timed_section!(
                     "vmm growth handle: moved or lent, no room",
                     Ok((handle, 1))
@@ -168,9 +173,7 @@ impl VmmResource {
             }
             // An idle span went back to make room, as a page moves where it can: the device was
             // found full.
-            if growth.budget.is_some_and(|b| b.device_bound) {
-                st.device_full = true;
-            }
+            st.device_full |= growth.device_bound();
         }
     }
 
