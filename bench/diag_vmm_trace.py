@@ -5,11 +5,14 @@ run made, maps what that run mapped.
 ``python3 -m bench.diag_vmm_trace WORKLOAD --out DIR [--rounds N]`` (STREAMPOOL_BACKEND and the
 other variables as for any run) runs the workload's schedule — its warm-up steps, then its
 timed steps ``--rounds`` times (default 5), with no synchronisation between the warm-up and the
-end of the last round; cuBLAS's and cuDNN's handles made first, as the benchmark makes them,
+end of the last round (``--sync-each-step``: one after every step, as the benchmark's memory pass
+makes them); cuBLAS's and cuDNN's handles made first, as the benchmark makes them,
 unless ``--no-library-warm-up`` — with streampool's timeline recording (``streampool.record_history``), and
 writes ``DIR/WORKLOAD-streampool.trace.gz`` in the replay's format 2 (bench/trace_capture.py:
 the same sentinels mark step ends and synchronisations). Each step's maps and unmaps as the
-timeline recorded them are written as headers (``gpu_maps_per_step``, ``gpu_unmaps_per_step``)
+timeline recorded them are written as headers (``gpu_maps_per_step``, ``gpu_unmaps_per_step``;
+with ``--sync-each-step`` also ``gpu_reserved_mib_per_step``, the reserved bytes after each step's
+synchronisation, and the peak of them on the printed line)
 and summed on the printed line (``VMMTRACE ...``), the warm-up apart; the replay of the trace
 (``cargo bench --bench replay -- --config vmm:STREAMPOOL_BACKEND=vmm DIR/...``) prints its own.
 
@@ -53,7 +56,9 @@ class CountingConverter(Converter):
             self.unmaps.append(0)
 
 
-def capture(workload: str, out_dir: Path, rounds: int, warm_up: bool = True) -> Dict[str, Any]:
+def capture(
+    workload: str, out_dir: Path, rounds: int, warm_up: bool = True, sync_each_step: bool = False
+) -> Dict[str, Any]:
     import streampool
 
     streampool.install()
@@ -72,8 +77,12 @@ def capture(workload: str, out_dir: Path, rounds: int, warm_up: bool = True) -> 
     schedule = s.build_schedule(workload)
     torch.cuda.synchronize()
     timed = list(schedule.steps[schedule.warmup :])
+    reserved_mib: List[int] = []
     for params in list(schedule.steps[: schedule.warmup]) + timed * rounds:
         step(params)
+        if sync_each_step:
+            torch.cuda.synchronize()
+            reserved_mib.append(torch.cuda.memory_reserved() >> 20)
         recorder.mark("x")
     torch.cuda.synchronize()
     snapshot = streampool.snapshot()
@@ -91,6 +100,10 @@ def capture(workload: str, out_dir: Path, rounds: int, warm_up: bool = True) -> 
         "timed_unmaps": sum(converter.unmaps[warmup:]),
         "timed_steps": len(timed) * rounds,
     }
+    if reserved_mib:
+        summary["peak_reserved_mib"] = max(reserved_mib)
+    reserved = ["gpu_reserved_mib_per_step " + " ".join(map(str, reserved_mib))] if reserved_mib else []
+    skipped = [f"skipped {n} {what}" for what, n in sorted(converter.skipped.items())]
     headers = [
         f"workload {workload}",
         "source captured under streampool (python3 -m bench.diag_vmm_trace)",
@@ -102,8 +115,8 @@ def capture(workload: str, out_dir: Path, rounds: int, warm_up: bool = True) -> 
         f"device_total_bytes {torch.cuda.mem_get_info()[1]}",
         "gpu_maps_per_step " + " ".join(map(str, converter.maps)),
         "gpu_unmaps_per_step " + " ".join(map(str, converter.unmaps)),
-    ] + [f"skipped {n} {what}" for what, n in sorted(converter.skipped.items())]
-    cold = "" if warm_up else "-cold-libraries"
+    ] + reserved + skipped
+    cold = ("" if warm_up else "-cold-libraries") + ("-synced" if sync_each_step else "")
     path = out_dir / f"{workload}-streampool{cold}.trace.gz"
     times_us = converter.relative_times_us()
     summary.update(write_trace(path, headers, converter.events, times_us))
@@ -121,10 +134,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         action="store_true",
         help="do not make cuBLAS's and cuDNN's handles first (a program's first matmul does)",
     )
+    parser.add_argument(
+        "--sync-each-step",
+        action="store_true",
+        help="synchronise after every step, as the memory pass does; record reserved bytes",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: at least 1")
-    summary = capture(args.workload, args.out, args.rounds, not args.no_library_warm_up)
+    summary = capture(
+        args.workload, args.out, args.rounds, not args.no_library_warm_up, args.sync_each_step
+    )
     print("VMMTRACE " + " ".join(f"{k}={v}" for k, v in summary.items()), flush=True)
     return 0
 

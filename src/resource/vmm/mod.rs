@@ -219,6 +219,11 @@ struct VmmState {
     /// held again, memory cycles — given back, mapped again — and new memory comes in spans if
     /// their size is auto ([`spans`]).
     cycle_back_to_bytes: u64,
+    /// As `cycle_back_to_bytes`, for the give-backs that repeat by nature — the release
+    /// threshold's at a synchronisation, a sleep — only: memory mapped ahead of a block fills
+    /// up to it ([`spans`]). An `empty_cache()` may end a phase as well as a loop's step, and
+    /// the next phase, smaller, would fill the earlier one's peak.
+    ahead_back_to_bytes: u64,
     /// Memory went back (a trim, a sleep) since the device last idled: after that, a trim
     /// asked for (`empty_cache()`) starts a cycle too, not only the threshold's ([`spans`]).
     given_back_since_idle: bool,

@@ -66,6 +66,7 @@ impl VmmResource {
         // the program maps after the wake, however long it slept.
         if st.asleep.is_none() {
             st.cycle_back_to_bytes = 0;
+            st.ahead_back_to_bytes = 0;
             st.given_back_since_idle = false;
             st.used_max_bytes = st.used_bytes;
         }

@@ -4,10 +4,13 @@
 //! `empty_cache()` since the device last idled, or a sleep gave memory back, and less than
 //! the most held before is mapped again; an idle release ends it, but not while asleep — else
 //! 8 MiB, or one page where a growth slack or a cold age makes pages move, so that each can).
-//! While memory cycles, a large block's growth also maps free memory
-//! after the block, in a handle of its own, up to a span in all, never beyond the most held
-//! before nor past the growth slack, so that the blocks that follow fit there: a step's memory
-//! comes back in a few handles, not one a block, as a CUDA pool grows. The driver's calls cost
+//! While memory cycles by the release threshold or a sleep, a large block's growth also maps free
+//! memory after the block, in a handle of its own, up to a span in all, never beyond the most
+//! held before such a give-back nor past the growth slack, so that the blocks that follow fit
+//! there: a step's memory comes back in a few handles, not one a block, as a CUDA pool grows.
+//! Not after `empty_cache()`: it may end a phase as well as a step, and a smaller next phase
+//! filled the last one's peak (multistream after churn in one process on an H200: 330 MiB at its
+//! peak, alone 246). The driver's calls cost
 //! per handle, hardly per byte (on an H200, 1 GiB takes 3.1 ms to create, map, give access to,
 //! unmap and release in 32 MiB handles and 37 ms in 2 MiB ones), so a loop that gives its memory
 //! back at every synchronisation and maps it again pays per handle (GPT-2 under a 1 GiB
@@ -73,21 +76,22 @@ const AUTO_SPAN_BYTES: u64 = 256 << 20;
 const STILL_SPAN_BYTES: u64 = 8 << 20;
 
 impl VmmResource {
-    /// While memory cycles, a large block whose growth would map new memory is placed with free
-    /// memory after it, so that the blocks that follow fit there (a CUDA pool grows the same
-    /// way): up to a span in all, in a handle of its own (the block's live pages do not hold it
-    /// past a trim), never beyond the most held before the trim, and only as much as new handles
-    /// can back within the budget and the growth slack (nothing moved, lent or given back for
-    /// it), in memory `stream` may use without a wait. `None` when memory does not cycle or the
-    /// span ahead does not fit: then the block alone is mapped.
+    /// While memory cycles by the release threshold or a sleep, a large block whose growth would
+    /// map new memory is placed with free memory after it, so that the blocks that follow fit
+    /// there (a CUDA pool grows the same way): up to a span in all, in a handle of its own (the
+    /// block's live pages do not hold it past a trim), never beyond the most held before the
+    /// give-back, and only as much as new handles can back within the budget and the growth
+    /// slack (nothing moved, lent or given back for it), in memory `stream` may use without a
+    /// wait. `None` when memory does not cycle so or the span ahead does not fit: then the block
+    /// alone is mapped.
     pub(super) fn place_ahead(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Option<u64> {
         let page = self.page_bytes;
         let held_bytes = st.physical_bytes(page);
-        if held_bytes >= st.cycle_back_to_bytes {
+        if held_bytes >= st.ahead_back_to_bytes {
             return None;
         }
         let block_pages = bytes.div_ceil(page);
-        let mut room_bytes = st.cycle_back_to_bytes - held_bytes;
+        let mut room_bytes = st.ahead_back_to_bytes - held_bytes;
         if let Some(allowed_bytes) = self.slack_allowed_bytes(st, bytes) {
             room_bytes = room_bytes.min(allowed_bytes.saturating_sub(held_bytes));
         }
@@ -159,6 +163,9 @@ impl VmmResource {
             return;
         }
         st.cycle_back_to_bytes = st.cycle_back_to_bytes.max(before_bytes);
+        if cause != GiveBack::Asked {
+            st.ahead_back_to_bytes = st.ahead_back_to_bytes.max(before_bytes);
+        }
     }
 
     /// The most pages one new handle backs now.

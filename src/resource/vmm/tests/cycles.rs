@@ -134,6 +134,22 @@ fn one_trim_between_phases_maps_nothing_ahead() {
     );
 }
 
+/// Asked trims (`empty_cache()`) that make memory cycle bring spans but map nothing ahead of a
+/// block: the phase after them may be smaller than the one before (a benchmark's next workload),
+/// and memory ahead filled the earlier phase's peak.
+#[test]
+fn asked_trims_map_nothing_ahead_of_the_next_phase() {
+    let r = rig();
+    step_then_trim(&r, 40);
+    step_then_trim(&r, 40);
+    assert!(cycles(&r), "the second asked trim: memory cycles");
+    let creates = r.sim.calls("cuMemCreate");
+    let a = r.alloc(3 * PAGE, S1);
+    assert_eq!(r.physical(), 3 * PAGE, "the block's pages alone");
+    assert_eq!(r.sim.calls("cuMemCreate") - creates, 1, "in one span");
+    r.free(a, 3 * PAGE, S1);
+}
+
 /// The release threshold at a synchronisation starts a cycle at once: it gives memory back at
 /// every step of a loop that synchronises.
 #[test]
