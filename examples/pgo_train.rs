@@ -40,6 +40,7 @@ extern "C-unwind" {
 extern "C" {
     fn my_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void);
     fn streampool_synchronized(device: c_int) -> c_int;
+    fn streampool_empty_cache();
     fn streampool_last_error() -> *const std::ffi::c_char;
     fn streampool_get_stats(device: c_int, out: *mut StreampoolStats) -> c_int;
 }
@@ -94,6 +95,10 @@ fn replay(trace: &Trace) -> Result<(), String> {
                 if unsafe { streampool_synchronized(0) } != 0 {
                     return Err(format!("{}: synchronized: {}", trace.name, last()));
                 }
+            }
+            Event::EmptyCache => {
+                // SAFETY: no arguments.
+                unsafe { streampool_empty_cache() };
             }
             Event::Record { .. } | Event::Wait { .. } | Event::Step => {}
         }

@@ -112,6 +112,21 @@ fn record_stream_delays_reuse_until_the_other_stream_is_done() {
     r.finish();
 }
 
+/// At the program's synchronisation (`streampool_synchronized`, which torch.cuda.synchronize()
+/// calls under install()) a block waiting for another stream goes back to its source: every
+/// stream's work queued before it is done.
+#[test]
+fn a_synchronisation_ends_the_wait_of_a_block_another_stream_used() {
+    let r = rig(1 << 30);
+    let a = r.malloc(8192, 0, 1);
+    r.alloc.record_stream(a, s(2)).unwrap();
+    r.free(a, 0);
+    assert_eq!(r.stats(0).active_bytes, 8192, "waiting for stream 2");
+    r.alloc.device(0).unwrap().synchronized().unwrap();
+    assert_eq!(r.stats(0).active_bytes, 0, "back at the synchronisation");
+    r.finish();
+}
+
 /// A block that three other streams used (two of them twice) waits for each: whichever finishes
 /// last, the block is not reused before it does (a record names the first stream, the ledger
 /// lists them all once a second one comes).

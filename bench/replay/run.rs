@@ -331,7 +331,9 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
     sim.complete_all();
     let history_path = std::env::var_os("REPLAY_HISTORY");
     if history_path.is_some() {
-        alloc.record_history(true, 1 << 24).map_err(|e| format!("history: {e}"))?;
+        alloc
+            .record_history(true, 1 << 24)
+            .map_err(|e| format!("history: {e}"))?;
     }
     let start = alloc
         .device(0)
@@ -415,6 +417,10 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
                     .unwrap()
                     .synchronized()
                     .map_err(|e| at(e.to_string()))?;
+            }
+            Event::EmptyCache => {
+                sim.synchronize(0).map_err(|e| at(e.to_string()))?;
+                alloc.empty_cache().map_err(|e| at(e.to_string()))?;
             }
             Event::Step => {
                 steps_seen += 1;

@@ -43,16 +43,30 @@ pub const IN_TRACE: &str = "libraries not warmed up: their allocations are in th
 pub const WORKSPACE_BYTES: u64 = 32 << 20;
 
 pub const ACCEPTED: &str = "`a ID BYTES STREAM`, `f ID`, `r ID STREAM`, `w STREAM OTHER`, `s`, \
-     `x` (each optionally ending in a timestamp `@US`), `# comment` or an empty line";
+     `x`, `e` (each optionally ending in a timestamp `@US`), `# comment` or an empty line";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    Alloc { id: u64, bytes: u64, stream: u32 },
-    Free { id: u64 },
-    Record { id: u64, stream: u32 },
-    Wait { stream: u32, other: u32 },
+    Alloc {
+        id: u64,
+        bytes: u64,
+        stream: u32,
+    },
+    Free {
+        id: u64,
+    },
+    Record {
+        id: u64,
+        stream: u32,
+    },
+    Wait {
+        stream: u32,
+        other: u32,
+    },
     Sync,
     Step,
+    /// `torch.cuda.empty_cache()`: streampool's cache flushed and the pools trimmed to 0.
+    EmptyCache,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -169,7 +183,7 @@ impl Trace {
                     t.streams.insert(stream);
                     t.streams.insert(other);
                 }
-                Event::Sync => {}
+                Event::Sync | Event::EmptyCache => {}
                 Event::Step => t.steps += 1,
             }
             t.events.push(event);
@@ -240,7 +254,7 @@ fn parse_event(words: &[&str]) -> Result<Event, String> {
         "a" => 4,
         "f" => 2,
         "r" | "w" => 3,
-        "s" | "x" => 1,
+        "s" | "x" | "e" => 1,
         other => return Err(format!("unknown event {other:?}")),
     };
     if words.len() != arity {
@@ -269,6 +283,7 @@ fn parse_event(words: &[&str]) -> Result<Event, String> {
             other: stream(2)?,
         },
         "s" => Event::Sync,
+        "e" => Event::EmptyCache,
         _ => Event::Step,
     })
 }

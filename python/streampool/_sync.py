@@ -1,7 +1,8 @@
 """``torch.cuda.synchronize()`` under install(): after PyTorch's synchronisation, streampool is
-told (``streampool_synchronized``), so that on the vmm backend memory above a release threshold
-goes back at the synchronisation, as a CUDA pool's does (and as PyTorch's own
-``cudaMallocAsync`` backend gives it). Without a threshold the call returns at once.
+told (``streampool_synchronized``): blocks that waited for other streams (``record_stream``) go
+back, on the vmm backend what was freed becomes ready for every stream (so that the next
+requests see it merged), and memory above a release threshold goes back at the synchronisation,
+as a CUDA pool's does (and as PyTorch's own ``cudaMallocAsync`` backend gives it).
 
 Invariant: PyTorch's synchronisation runs first and its outcome (an error included) is what the
 caller gets; streampool's part never hides it, and a failure of streampool's part is logged, not

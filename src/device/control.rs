@@ -115,34 +115,26 @@ impl DeviceAllocator {
         self.recorder.set_last(self.state.lock().ledger.gauges());
     }
 
-    /// The program synchronised the device (`torch.cuda.synchronize()`, through install()): a
-    /// resource that applies a release threshold itself (the vmm resource, with one set) gives
-    /// back the memory above it now, after synchronising the device again (nothing is queued: a
-    /// few microseconds), as a CUDA pool does at a synchronisation. Nothing without a threshold,
-    /// and nothing during a capture.
+    /// The program synchronised the device (`torch.cuda.synchronize()`, through install()):
+    /// blocks that waited for other streams (record_stream) since before it go back to their
+    /// sources (after synchronising the device again: nothing is queued, a few microseconds),
+    /// and each resource that tends its memory is told — the vmm resource makes what was freed
+    /// before it ready for every stream, and, with a release threshold, gives back the memory
+    /// above it, as a CUDA pool does at a synchronisation. Nothing during a capture.
     pub fn synchronized(&self) -> Result<()> {
-        self.disabling(self.release_at_sync())
+        self.disabling(self.settle_at_sync())
     }
 
     /// [`DeviceAllocator::synchronized`]'s work.
-    fn release_at_sync(&self) -> Result<()> {
+    fn settle_at_sync(&self) -> Result<()> {
         let Some(setup) = self.setup.get() else {
             return Ok(());
         };
-        let due: Vec<_> = setup
-            .own
-            .iter()
-            .filter(|r| {
-                r.capabilities()
-                    .tending
-                    .is_some_and(|t| t.releases_at_sync())
-            })
-            .collect();
-        if due.is_empty() || self.lock_enabled()?.waits.capturing() {
+        if self.lock_enabled()?.waits.capturing() {
             return Ok(());
         }
-        self.driver.synchronize(self.device)?;
-        for r in due {
+        self.return_waits_after_sync()?;
+        for r in &setup.own {
             if let Some(tending) = r.capabilities().tending {
                 tending.synchronized()?;
             }

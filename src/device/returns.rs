@@ -150,6 +150,32 @@ impl DeviceAllocator {
         }
     }
 
+    /// Blocks waiting for other streams (record_stream) since before now go back to their
+    /// sources once the device has synchronised, whatever their events say: the work on every
+    /// stream that used them is done. Nothing while nothing waits or during a capture.
+    pub(super) fn return_waits_after_sync(&self) -> Result<()> {
+        let mark = {
+            let st = self.lock_enabled()?;
+            if st.waits.is_idle() || st.waits.capturing() {
+                return Ok(());
+            }
+            st.waits.mark()
+        };
+        self.driver.synchronize(self.device)?;
+        let mut blocks = Vec::new();
+        {
+            let mut st = self.state.lock();
+            if st.waits.capturing() {
+                return Ok(());
+            }
+            for w in st.waits.take_all_after_sync(mark) {
+                st.ledger.deactivate(w.requested_bytes);
+                st.ledger.keep(w.block, &mut blocks);
+            }
+        }
+        self.return_blocks(blocks)
+    }
+
     /// Returns blocks to their sources, on their own streams; they already left `held_bytes`. A
     /// block its source refuses stays on the ledger for the next flush to retry; the first error
     /// is returned.

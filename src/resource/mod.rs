@@ -190,14 +190,9 @@ pub trait Tending {
     /// The device has been idle: give back all memory not in use, without synchronising. True if
     /// some may become releasable later (its streams have not caught up): call again.
     fn release_idle(&self) -> Result<bool>;
-    /// True if memory above a release threshold set to less than everything is to go back at
-    /// the program's synchronisations ([`Tending::synchronized`]); false costs them nothing.
-    fn releases_at_sync(&self) -> bool {
-        false
-    }
-    /// The program synchronised the device (`torch.cuda.synchronize()`), and the device did
-    /// again: memory above the release threshold goes back now, as a CUDA pool's does at a
-    /// synchronisation.
+    /// The program synchronised the device (`torch.cuda.synchronize()`): what was freed before
+    /// it is ready for every stream now, and memory above the release threshold goes back, as a
+    /// CUDA pool's does at a synchronisation.
     fn synchronized(&self) -> Result<()> {
         Ok(())
     }

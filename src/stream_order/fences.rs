@@ -223,6 +223,11 @@ impl Fences {
         }
     }
 
+    /// True if any fence is pending or recorded and not yet seen complete.
+    pub fn any_outstanding(&self) -> bool {
+        (self.streams.iter()).any(|s| s.pending.is_some() || !s.recorded.is_empty())
+    }
+
     /// True while fence `seq` of `stream` (a number a free took) may not have completed: it is
     /// still pending, or recorded and not seen complete. Fences complete in order and leave once
     /// seen complete, so any other number a free took has completed.

@@ -205,13 +205,9 @@ impl Tending for VmmResource {
         Ok(VmmResource::release_idle(self))
     }
 
-    fn releases_at_sync(&self) -> bool {
-        self.release_threshold_bytes.load(Ordering::Relaxed) != u64::MAX
-    }
-
     fn synchronized(&self) -> Result<()> {
         match self.release_threshold_bytes.load(Ordering::Relaxed) {
-            u64::MAX => Ok(()),
+            u64::MAX => self.settle_after_sync().map(drop),
             threshold => self.trim_after_sync(threshold, GiveBack::Threshold),
         }
     }

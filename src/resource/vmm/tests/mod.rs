@@ -507,3 +507,4 @@ mod slabs;
 mod sleep_buffer;
 mod slot;
 mod spans;
+mod sync;

@@ -1,0 +1,49 @@
+//! At the program's synchronisation (`torch.cuda.synchronize()`, without a release threshold):
+//! what was freed before it becomes ready for every stream, merged.
+
+use super::*;
+use crate::resource::Tending;
+
+/// Blocks of two streams, side by side, all freed and their work done: `a` (2 pages, S1), `b` (4,
+/// S2), `c` (6, S1), the layout a step of two streams leaves.
+fn two_streams_freed(r: &Rig) {
+    let a = r.alloc(2 * PAGE, S1);
+    let b = r.alloc(4 * PAGE, S2);
+    let c = r.alloc(6 * PAGE, S1);
+    assert_eq!((b.0 - a.0, c.0 - b.0), (2 * PAGE, 4 * PAGE), "side by side");
+    r.free(a, 2 * PAGE, S1);
+    r.free(b, 4 * PAGE, S2);
+    r.free(c, 6 * PAGE, S1);
+    r.sim.complete_all();
+}
+
+/// The next step asks 4 pages on S1, 4 on S2 and 4 on S1: the 12 pages held serve it if the
+/// freed memory is one range; S1 taking its own 6-page range first leaves two 2-page holes.
+fn next_step_creates(r: &Rig) -> u64 {
+    let creates = r.sim.calls("cuMemCreate");
+    let x = r.alloc(4 * PAGE, S1);
+    let y = r.alloc(4 * PAGE, S2);
+    let z = r.alloc(4 * PAGE, S1);
+    let grown = r.sim.calls("cuMemCreate") - creates;
+    r.free(x, 4 * PAGE, S1);
+    r.free(y, 4 * PAGE, S2);
+    r.free(z, 4 * PAGE, S1);
+    grown
+}
+
+#[test]
+fn after_a_synchronisation_freed_memory_serves_every_stream_as_one_range() {
+    let r = rig();
+    two_streams_freed(&r);
+    Tending::synchronized(&*r.vmm).unwrap();
+    assert_eq!(next_step_creates(&r), 0, "the 12 pages held serve the step");
+    assert_eq!(r.physical(), 12 * PAGE);
+}
+
+/// The case above without the synchronisation: the device grows (what the settling is for).
+#[test]
+fn without_a_synchronisation_the_same_step_grows() {
+    let r = rig();
+    two_streams_freed(&r);
+    assert!(next_step_creates(&r) > 0);
+}
