@@ -122,6 +122,7 @@ fn a_synchronisation_ends_the_wait_of_a_block_another_stream_used() {
     r.alloc.record_stream(a, s(2)).unwrap();
     r.free(a, 0);
     assert_eq!(r.stats(0).active_bytes, 8192, "waiting for stream 2");
+    r.sim.complete_all(); // torch.cuda.synchronize(), then its hook
     r.alloc.device(0).unwrap().synchronized().unwrap();
     assert_eq!(r.stats(0).active_bytes, 0, "back at the synchronisation");
     r.finish();

@@ -116,11 +116,11 @@ impl DeviceAllocator {
     }
 
     /// The program synchronised the device (`torch.cuda.synchronize()`, through install()):
-    /// blocks that waited for other streams (record_stream) since before it go back to their
-    /// sources (after synchronising the device again: nothing is queued, a few microseconds),
-    /// and each resource that tends its memory is told — the vmm resource makes what was freed
-    /// before it ready for every stream, and, with a release threshold, gives back the memory
-    /// above it, as a CUDA pool does at a synchronisation. Nothing during a capture.
+    /// blocks that waited for other streams (record_stream) go back to their sources, and each
+    /// resource that tends its memory is told — the vmm resource makes what was freed before
+    /// it ready for every stream, and, with a release threshold, gives back the memory above it
+    /// (after synchronising the device again: nothing is queued, a few microseconds), as a CUDA
+    /// pool does at a synchronisation. Nothing during a capture.
     pub fn synchronized(&self) -> Result<()> {
         self.disabling(self.settle_at_sync())
     }
@@ -133,7 +133,7 @@ impl DeviceAllocator {
         if self.lock_enabled()?.waits.capturing() {
             return Ok(());
         }
-        self.return_waits_after_sync()?;
+        self.return_waits_at_sync()?;
         for r in &setup.own {
             if let Some(tending) = r.capabilities().tending {
                 tending.synchronized()?;

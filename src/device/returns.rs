@@ -150,40 +150,41 @@ impl DeviceAllocator {
         }
     }
 
-    /// Blocks waiting for other streams (record_stream) since before now go back to their
-    /// sources once the device has synchronised, whatever their events say: the work on every
-    /// stream that used them is done. Nothing while nothing waits or during a capture.
-    pub(super) fn return_waits_after_sync(&self) -> Result<()> {
-        let mark = {
-            let st = self.lock_enabled()?;
-            if st.waits.is_idle() || st.waits.capturing() {
-                return Ok(());
-            }
-            st.waits.mark()
-        };
-        self.driver.synchronize(self.device)?;
+    /// At the program's synchronisation: blocks waiting for other streams (record_stream) whose
+    /// events have completed — all recorded before it — go back to their sources, as at the
+    /// next allocation, without waiting for one, and as idle
+    /// ([`crate::resource::Resource::deallocate_idle`]:
+    /// ready for every stream where their own stream has finished too). Nothing while nothing
+    /// waits.
+    pub(super) fn return_waits_at_sync(&self) -> Result<()> {
         let mut blocks = Vec::new();
         {
-            let mut st = self.state.lock();
-            if st.waits.capturing() {
+            let mut st = self.lock_enabled()?;
+            if st.waits.is_idle() {
                 return Ok(());
             }
-            for w in st.waits.take_all_after_sync(mark) {
-                st.ledger.deactivate(w.requested_bytes);
-                st.ledger.keep(w.block, &mut blocks);
-            }
+            self.collect_waits(&mut st, &mut blocks);
         }
-        self.return_blocks(blocks)
+        self.return_blocks_with(blocks, deallocate_idle)
     }
 
     /// Returns blocks to their sources, on their own streams; they already left `held_bytes`. A
     /// block its source refuses stays on the ledger for the next flush to retry; the first error
     /// is returned.
     pub(super) fn return_blocks(&self, blocks: Vec<Returning>) -> Result<()> {
+        self.return_blocks_with(blocks, deallocate)
+    }
+
+    /// [`DeviceAllocator::return_blocks`], each block given back by `give`.
+    fn return_blocks_with(
+        &self,
+        blocks: Vec<Returning>,
+        give: fn(&Returning) -> Result<()>,
+    ) -> Result<()> {
         if blocks.is_empty() {
             return Ok(());
         }
-        let results: Vec<Result<()>> = blocks.iter().map(deallocate).collect();
+        let results: Vec<Result<()>> = blocks.iter().map(give).collect();
         let mut first_error = Ok(());
         {
             let mut st = self.state.lock();
@@ -302,9 +303,23 @@ fn deallocate(r: &Returning) -> Result<()> {
     let b = &r.block;
     match &r.resource {
         Some(resource) => resource.deallocate(b.ptr, b.block_bytes, b.stream),
-        None => Err(Error::Internal(format!(
-            "{:#x}: its source {:?} is not in the device's table",
-            b.ptr, b.source
-        ))),
+        None => Err(not_in_table(b)),
     }
+}
+
+/// [`deallocate`] for a block whose other streams' work has completed
+/// ([`crate::resource::Resource::deallocate_idle`]).
+fn deallocate_idle(r: &Returning) -> Result<()> {
+    let b = &r.block;
+    match &r.resource {
+        Some(resource) => resource.deallocate_idle(b.ptr, b.block_bytes, b.stream),
+        None => Err(not_in_table(b)),
+    }
+}
+
+fn not_in_table(b: &FreedBlock) -> Error {
+    Error::Internal(format!(
+        "{:#x}: its source {:?} is not in the device's table",
+        b.ptr, b.source
+    ))
 }

@@ -115,6 +115,13 @@ pub trait Resource: Send + Sync {
     /// Gives back a block `allocate` returned, of the same `bytes`, ordered on `stream` (its
     /// allocation stream). An error means the block is still the caller's, to give back later.
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()>;
+    /// [`Resource::deallocate`] for a block whose work on every other stream has completed,
+    /// handed back at the program's synchronisation: a resource that can tell that `stream`
+    /// has finished its work too (the vmm resource asks the driver) makes the block ready for
+    /// every stream at once, with no fence; otherwise a plain free.
+    fn deallocate_idle(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
+        self.deallocate(ptr, bytes, stream)
+    }
     /// [`Resource::allocate`] if a block is at hand: nothing mapped, created or waited for, no
     /// lock waited for, only driver calls that return at once — a capture query, an event
     /// record or query (the device calls it under its own lock, when [`Traits::fast_path`] says

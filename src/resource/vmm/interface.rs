@@ -96,6 +96,27 @@ impl Resource for VmmResource {
             .map_err(|refused| self.refused_free(ptr, bytes, refused))
     }
 
+    fn deallocate_idle(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
+        let mut st = self.lock_enabled()?;
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        // A capturing stream is neither queried nor idle: its free is a plain one.
+        let idle = !self.capturing(&mut st)
+            && crate::stream_order::may_record(driver, device, stream)
+            && driver.stream_query(device, stream).unwrap_or(false);
+        if !idle {
+            return (self.deallocate_locked(&mut st, ptr, bytes, stream))
+                .map_err(|refused| self.refused_free(ptr, bytes, refused));
+        }
+        st.live
+            .remove(ptr.0, bytes)
+            .map_err(|refused| self.refused_free(ptr, bytes, refused))?;
+        st.used_bytes -= bytes;
+        self.return_slot(&mut st);
+        let now_ms = driver.now_ms();
+        self.give_back(&mut st, ptr.0, bytes, super::ranges::State::Ready, now_ms);
+        Ok(())
+    }
+
     #[inline]
     fn try_allocate(&self, bytes: u64, stream: Stream) -> Option<DevicePtr> {
         let mut st = self.try_lock_enabled()?;
@@ -207,7 +228,7 @@ impl Tending for VmmResource {
 
     fn synchronized(&self) -> Result<()> {
         match self.release_threshold_bytes.load(Ordering::Relaxed) {
-            u64::MAX => self.settle_after_sync().map(drop),
+            u64::MAX => self.settle_after_sync(),
             threshold => self.trim_after_sync(threshold, GiveBack::Threshold),
         }
     }

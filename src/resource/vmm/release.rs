@@ -11,7 +11,6 @@
 use super::spans::GiveBack;
 use super::{Caller, VmmResource, VmmState, RELEASE_AFTER_MS};
 use crate::error::Result;
-use crate::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
 impl VmmResource {
@@ -81,30 +80,10 @@ impl VmmResource {
     /// After the device's synchronisation, every free page above `keep_bytes` goes back to the
     /// device: a trim asked for (`empty_cache()`), or the release threshold's (`cause`).
     pub(super) fn trim_after_sync(&self, keep_bytes: u64, cause: GiveBack) -> Result<()> {
-        let Some(mut st) = self.settle_after_sync()? else {
-            return Ok(());
-        };
-        let _ = self.return_empty_slabs(&mut st);
-        self.unmap_retired(&mut st);
-        let before_bytes = st.physical_bytes(self.page_bytes);
-        self.release_down_to(&mut st, keep_bytes, None);
-        // Memory went back at a synchronisation: it may cycle, and the slack may start afresh
-        // ([`super::spans`]).
-        self.note_given_back(&mut st, before_bytes, cause);
-        Ok(())
-    }
-
-    /// After the program's synchronisation of the device: every range freed before it becomes
-    /// ready for every stream (the slot's block given back first), so that the next requests,
-    /// on any stream, see the freed memory merged — without it a stream kept preferring its own
-    /// freed ranges, between those of others, and the device grew (multistream replayed: peak
-    /// 1.23x its live bytes, 1.06x with it). The fences of frees made before now are recorded
-    /// and waited for. Under the returned lock; `None` during a capture.
-    pub(super) fn settle_after_sync(&self) -> Result<Option<MutexGuard<'_, VmmState>>> {
         let mut st = self.lock_enabled()?;
-        self.return_slot(&mut st);
+        self.return_kept(&mut st);
         if self.capturing(&mut st) {
-            return Ok(None);
+            return Ok(());
         }
         // Frees on streams destroyed since: no fence can be recorded on them, but their work is
         // done once the device has synchronised — after they are noted (one destroyed between
@@ -112,8 +91,8 @@ impl VmmResource {
         let (driver, device) = (self.driver.as_ref(), self.device);
         let gone = st.fences.pending_of_gone_streams(driver, device);
         // Fences of frees made before the device's synchronisation may not be recorded yet:
-        // record them, and wait for every fence (the caller's synchronisation came before the
-        // last frees of other threads).
+        // record them, and wait for every fence (another thread may have freed since the
+        // caller's synchronisation), so that every free page can go back.
         st.fences.record_all_pending(driver, device);
         if st.fences.any_outstanding() || !gone.is_empty() {
             drop(st);
@@ -124,6 +103,26 @@ impl VmmResource {
         let done = st.fences.complete_pending(&gone);
         let now_ms = driver.now_ms();
         self.promote(&mut st, done, now_ms);
-        Ok(Some(st))
+        self.unmap_retired(&mut st);
+        let before_bytes = st.physical_bytes(self.page_bytes);
+        self.release_down_to(&mut st, keep_bytes, None);
+        // Memory went back at a synchronisation: it may cycle, and the slack may start afresh
+        // ([`super::spans`]).
+        self.note_given_back(&mut st, before_bytes, cause);
+        Ok(())
+    }
+
+    /// At the program's synchronisation of the device (no release threshold): the ranges are
+    /// brought up to date with the GPU, as at a miss — the fences of frees made before it have
+    /// completed, so what was freed becomes ready for every stream and merges (the slot's block
+    /// given back first). Without it a stream kept preferring its own freed ranges, between
+    /// another stream's, and the device grew (multistream replayed: peak 1.23x its live bytes,
+    /// 1.06x with it). No synchronisation of its own: only queries (and records on streams still
+    /// busy, from other threads), so that a program synchronising often pays microseconds.
+    pub(super) fn settle_after_sync(&self) -> Result<()> {
+        let mut st = self.lock_enabled()?;
+        self.return_slot(&mut st);
+        self.update_ranges(&mut st, Caller::Program);
+        Ok(())
     }
 }

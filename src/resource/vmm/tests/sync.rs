@@ -47,3 +47,30 @@ fn without_a_synchronisation_the_same_step_grows() {
     two_streams_freed(&r);
     assert!(next_step_creates(&r) > 0);
 }
+
+/// A block handed back at a synchronisation (its other streams done: `deallocate_idle`) is ready
+/// for every stream at once where its own stream has finished too: another stream takes it with
+/// no GPU-side wait. Its stream still busy, it is a plain free.
+#[test]
+fn a_block_given_back_idle_serves_another_stream_without_a_wait() {
+    let r = rig();
+    let a = r.alloc(4 * PAGE, S1);
+    r.sim.complete_all();
+    Resource::deallocate_idle(&*r.vmm, a, 4 * PAGE, S1).unwrap();
+    let waits = Statistics::driver_counts(&*r.vmm).stream_waits;
+    let b = r.alloc(4 * PAGE, S2);
+    assert_eq!(b, a, "the same memory");
+    assert_eq!(
+        Statistics::driver_counts(&*r.vmm).stream_waits,
+        waits,
+        "no wait"
+    );
+    // S2 still uses b: given back idle, it is freed on S2, for S2 alone until its work is done.
+    Resource::deallocate_idle(&*r.vmm, b, 4 * PAGE, S2).unwrap();
+    let c = r.alloc(4 * PAGE, S1);
+    assert!(
+        c != b || Statistics::driver_counts(&*r.vmm).stream_waits > waits,
+        "S1 took S2's busy block without waiting for it"
+    );
+    r.free(c, 4 * PAGE, S1);
+}
