@@ -1,6 +1,8 @@
 """A trace of the benchmark's own sequence, made from a workload's trace for the replay
-(``cargo bench --bench replay``): the trace as captured (the memory pass: every step followed
-by a synchronisation), then ``empty_cache()`` (the worker's settle), then blocks of timed steps
+(``cargo bench --bench replay``): the trace as captured (the memory pass where it was captured
+as one — every step followed by a synchronisation: bench/trace_capture.py's, or
+bench/diag_vmm_trace.py's with ``--sync-each-step``), then ``empty_cache()`` (the worker's
+settle), then blocks of timed steps
 as a paired run times them — ``--steps-per-block`` consecutive timed steps, cycling through
 them, no synchronisation between the steps of a block, one at its end, and an idle gap before
 each block (bench/runner.py, bench/worker.py). Used to see whether a setting makes the allocator
@@ -9,7 +11,9 @@ map or move pages in every block, which a replay of one pass through the steps c
 
 ``python3 -m bench.trace_sequence IN OUT [--blocks N] [--steps-per-block K] [--gap-us G]``
 
-A copied step's allocations get new IDs; its frees and record_streams of an allocation made in
+The input must carry timestamps (format 2). Every step of the input counts as warm-up in the
+output, so the replay's "timed" figures are those of the blocks, the memory mapped again after
+``empty_cache()`` included. A copied step's allocations get new IDs; its frees and record_streams of an allocation made in
 an earlier copy follow that copy's ID. What a block leaves allocated (a step keeping its output
 until the next) is freed at the block's end, before its synchronisation, and counted in the
 header ``sequence_block_end_frees``.
@@ -77,7 +81,7 @@ def build(
     now = out[-1][2] if out else 0
     for kind in ("s", "e", "s"):
         out.append((kind, [], now))
-    next_id = 1 + max(int(f[0]) for k, f, _ in events if k == "a")
+    next_id = 1 + max((int(f[0]) for k, f, _ in events if k == "a"), default=0)
     current: Dict[str, str] = {}  # original ID -> the ID of its latest copy
     live: Dict[str, None] = {}  # IDs of copies still allocated, in order
     forced = 0

@@ -153,3 +153,22 @@ fn every_device_entry_that_meets_a_disabled_resource_disables_the_device() {
         std::mem::forget(alloc);
     }
 }
+
+/// The synchronisation hook (`streampool_synchronized`, at every `torch.cuda.synchronize()`)
+/// has nothing to settle on a disabled device or resource: it returns quietly, so that a
+/// training loop is not warned at every step, and the next allocation says why.
+#[test]
+fn the_synchronisation_hook_is_quiet_on_a_disabled_device() {
+    let (alloc, live) = vmm_resource_poisoned();
+    assert!(
+        alloc.device(0).unwrap().synchronized().is_ok(),
+        "resource disabled"
+    );
+    disabled(alloc.malloc(8 * MIB, 0, S1), "virtual-memory resource");
+    assert!(
+        alloc.device(0).unwrap().synchronized().is_ok(),
+        "device disabled"
+    );
+    disabled(alloc.record_stream(live, S2), "virtual-memory resource");
+    std::mem::forget(alloc);
+}

@@ -616,7 +616,8 @@ fn a_device_without_virtual_memory_management_uses_the_pool_backend() {
 /// A release threshold on the vmm backend means what it means for a CUDA pool (and PyTorch):
 /// memory above it goes back at the program's synchronisation (`streampool_synchronized`, which
 /// torch.cuda.synchronize() calls under install()), the coldest pages first; without one nothing
-/// goes back (what was freed only becomes ready for every stream: tests in src/resource/vmm).
+/// goes back and the call does not synchronise (what was freed only becomes ready for every
+/// stream: tests in src/resource/vmm).
 #[test]
 fn memory_above_the_release_threshold_goes_back_at_a_synchronisation_the_coldest_first() {
     let r = rig();
@@ -628,8 +629,14 @@ fn memory_above_the_release_threshold_goes_back_at_a_synchronisation_the_coldest
     r.sim.advance_clock_ms(50);
     r.alloc.free(hot, 0).unwrap();
     let physical = r.sim.physical_bytes(0);
+    let syncs = r.sim.calls("cuCtxSynchronize");
     r.device(0).synchronized().unwrap();
     assert_eq!(r.sim.physical_bytes(0), physical, "no threshold: nothing");
+    assert_eq!(
+        r.sim.calls("cuCtxSynchronize"),
+        syncs,
+        "and no synchronisation"
+    );
     // 4 MiB above the live block's: the hot block's pages stay.
     r.device(0).set_release_threshold(6 * MIB).unwrap();
     r.device(0).synchronized().unwrap();

@@ -209,13 +209,12 @@ fn tiny_trace() -> Result<(), String> {
         ensure(o.modeled_driver_s > 0.0, || {
             format!("{}: no modeled time", o.setting)
         })?;
-        // The trace's own `s` events are the replay's synchronisations, not the allocator's; the
-        // allocator synchronises only in its hook at them (streampool_synchronized: once for
-        // the blocks waiting for other streams, once for its fences), never on its own.
-        let trace_syncs = (t.events.iter()).filter(|e| **e == Event::Sync).count() as u64;
-        ensure(o.call("cuCtxSynchronize") <= 2 * trace_syncs, || {
+        // The trace's own `s` events are the replay's synchronisations, not the allocator's; and
+        // without a release threshold (none of these settings has one) its hook at them
+        // (streampool_synchronized) does not synchronise either.
+        ensure(o.call("cuCtxSynchronize") == 0, || {
             format!(
-                "{}: {} device syncs counted, at {trace_syncs} synchronisations",
+                "{}: {} device syncs counted",
                 o.setting,
                 o.call("cuCtxSynchronize")
             )

@@ -420,6 +420,7 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
             }
             Event::EmptyCache => {
                 sim.synchronize(0).map_err(|e| at(e.to_string()))?;
+                own_syncs += 1;
                 alloc.empty_cache().map_err(|e| at(e.to_string()))?;
             }
             Event::Step => {

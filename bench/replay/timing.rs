@@ -206,7 +206,7 @@ fn segments(trace: &Trace) -> Vec<std::ops::Range<usize>> {
     let mut out = Vec::new();
     let mut start = 0;
     for (i, e) in trace.events.iter().enumerate() {
-        if *e == Event::Sync {
+        if e.synchronises() {
             out.push(start..i + 1);
             start = i + 1;
         }
@@ -237,7 +237,7 @@ pub fn base(trace: &Trace, model: &Model) -> Base {
     if timed {
         for range in segments(trace) {
             let last = range.end - 1;
-            if trace.events[last] != Event::Sync {
+            if !trace.events[last].synchronises() {
                 continue;
             }
             // The sync's own gap is its wait: the model computes it.
@@ -252,7 +252,7 @@ pub fn base(trace: &Trace, model: &Model) -> Base {
         source = "timestamps".to_string();
     } else {
         let busy = (trace.events.iter())
-            .filter(|e| !matches!(e, Event::Step | Event::Sync))
+            .filter(|e| !matches!(e, Event::Step) && !e.synchronises())
             .count();
         let per_step = busy as f64 / trace.steps.max(1) as f64;
         let step_us = (trace.header("workload")).and_then(|w| model.step_us.get(w).copied());
@@ -261,7 +261,7 @@ pub fn base(trace: &Trace, model: &Model) -> Base {
             None => model.host_us,
         };
         for (gap, e) in gaps_us.iter_mut().zip(&trace.events) {
-            if !matches!(e, Event::Step | Event::Sync) {
+            if !matches!(e, Event::Step) && !e.synchronises() {
                 *gap = host_us;
             }
         }
@@ -362,7 +362,7 @@ pub fn host_times(trace: &Trace, plan: &Plan) -> Vec<f64> {
         .map(|(i, event)| {
             now_us += plan.gaps_us[i];
             match *event {
-                Event::Sync => now_us = f64::max(now_us, gpu.idle_at()),
+                Event::Sync | Event::EmptyCache => now_us = f64::max(now_us, gpu.idle_at()),
                 Event::Wait { stream, other } => gpu.wait(stream, other),
                 _ if work[i].0 > 0 => {
                     gpu.run(work[i].1, now_us, plan.work_us[i]);

@@ -69,6 +69,13 @@ pub enum Event {
     EmptyCache,
 }
 
+impl Event {
+    /// A device synchronisation: `s`, and `e` (empty_cache synchronises first).
+    pub fn synchronises(&self) -> bool {
+        matches!(self, Event::Sync | Event::EmptyCache)
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Trace {
     /// What the trace is called in reports (its file name).

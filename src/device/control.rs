@@ -119,8 +119,8 @@ impl DeviceAllocator {
     /// blocks that waited for other streams (record_stream) go back to their sources, and each
     /// resource that tends its memory is told — the vmm resource makes what was freed before
     /// it ready for every stream, and, with a release threshold, gives back the memory above it
-    /// (after synchronising the device again: nothing is queued, a few microseconds), as a CUDA
-    /// pool does at a synchronisation. Nothing during a capture.
+    /// (after synchronising the device again where a fence may be outstanding), as a CUDA pool
+    /// does at a synchronisation. Nothing during a capture, nor on a disabled device.
     pub fn synchronized(&self) -> Result<()> {
         self.disabling(self.settle_at_sync())
     }
@@ -130,8 +130,11 @@ impl DeviceAllocator {
         let Some(setup) = self.setup.get() else {
             return Ok(());
         };
-        if self.lock_enabled()?.waits.capturing() {
-            return Ok(());
+        // A disabled device has nothing to settle, and says so at the program's next call:
+        // not at every synchronisation.
+        match self.lock_enabled() {
+            Ok(st) if !st.waits.capturing() => {}
+            _ => return Ok(()),
         }
         self.return_waits_at_sync()?;
         for r in &setup.own {

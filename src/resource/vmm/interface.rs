@@ -4,7 +4,9 @@
 //!
 //! Invariants: those of the resource ([`super`]); a deallocation keeps the block in the slot
 //! ([`super::slot`]) and records at most one fence per stream and millisecond, never on a
-//! capturing stream; the teardown waits for the device before it unmaps anything.
+//! capturing stream — but one handed back idle at a synchronisation whose stream the driver says
+//! has finished, which goes to its ranges ready for every stream, with no fence; the teardown
+//! waits for the device before it unmaps anything.
 
 use super::live::Refused;
 use super::spans::GiveBack;

@@ -4,8 +4,9 @@
 //! synchronisation. At the program's synchronisation, what was freed before it becomes ready
 //! for every stream (`settle_after_sync`).
 //!
-//! Invariant: nothing here records on a program's stream or waits for the GPU but `trim` and the
-//! settling at a synchronisation, which the device calls after synchronising; a page goes back
+//! Invariant: nothing here waits for the GPU but `trim_after_sync` (it synchronises the device
+//! itself when a fence may be outstanding), and nothing records on a program's stream but it and
+//! the settling at a synchronisation (on streams still busy, as a miss does); a page goes back
 //! only from a `Ready` range (see [`super::mapping`]).
 
 use super::spans::GiveBack;
@@ -77,8 +78,10 @@ impl VmmResource {
             || self.capturing(&mut st)
     }
 
-    /// After the device's synchronisation, every free page above `keep_bytes` goes back to the
-    /// device: a trim asked for (`empty_cache()`), or the release threshold's (`cause`).
+    /// Every free page above `keep_bytes` goes back to the device, once every fence of a free
+    /// made before now has completed (recorded and waited for here if one may be outstanding): a
+    /// trim asked for (`empty_cache()`, after the device's flush), or the release threshold's at
+    /// the program's synchronisation (`cause`).
     pub(super) fn trim_after_sync(&self, keep_bytes: u64, cause: GiveBack) -> Result<()> {
         let mut st = self.lock_enabled()?;
         self.return_kept(&mut st);
@@ -116,11 +119,14 @@ impl VmmResource {
     /// brought up to date with the GPU, as at a miss — the fences of frees made before it have
     /// completed, so what was freed becomes ready for every stream and merges (the slot's block
     /// given back first). Without it a stream kept preferring its own freed ranges, between
-    /// another stream's, and the device grew (multistream replayed: peak 1.23x its live bytes,
-    /// 1.06x with it). No synchronisation of its own: only queries (and records on streams still
-    /// busy, from other threads), so that a program synchronising often pays microseconds.
+    /// another stream's, and the device grew (multistream replayed: peak 1.27x its live bytes,
+    /// 1.06x with it). No synchronisation of its own: queries, and records on streams still busy
+    /// (other threads' work), so that a program synchronising often pays microseconds.
     pub(super) fn settle_after_sync(&self) -> Result<()> {
-        let mut st = self.lock_enabled()?;
+        // Disabled, it has nothing to settle (its error reaches the program at its next call).
+        let Ok(mut st) = self.lock_enabled() else {
+            return Ok(());
+        };
         self.return_slot(&mut st);
         self.update_ranges(&mut st, Caller::Program);
         Ok(())
