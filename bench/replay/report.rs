@@ -1,5 +1,5 @@
 //! The replay's results: the repeats of each (trace, configuration) summed up as medians and
-//! ranges, printed as a table and written as JSON.
+//! ranges, printed as a table and written as JSON; and, asked for, the allocator's timeline.
 //!
 //! Invariant: a summary's figures are over its successful repeats only, and any failed repeat is
 //! reported (a failure is never averaged away); the row shown for a summary is its median repeat
@@ -240,4 +240,17 @@ pub fn json(summaries: &[Summary], settings: &[Setting], model: serde_json::Valu
         .collect();
     let doc = object(vec![("model", model), ("results", json!(results))]);
     serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n"
+}
+
+/// `REPLAY_HISTORY=FILE`: the allocator's timeline of the replay (the last repeat's), a line an
+/// event: kind (streampool's `StreampoolEventKind`), stream, address, bytes, reserved bytes.
+pub fn write_history(alloc: &streampool::Allocator, path: &std::ffi::OsStr) -> Result<(), String> {
+    let (events, _) = alloc.history(usize::MAX);
+    let text: String = (events.iter())
+        .map(|e| {
+            let (k, s, a, b, r) = (e.kind, e.stream, e.address, e.bytes, e.reserved_bytes);
+            format!("{k} {s} {a} {b} {r}\n")
+        })
+        .collect();
+    std::fs::write(path, text).map_err(|e| format!("writing {path:?}: {e}"))
 }

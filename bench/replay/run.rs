@@ -456,7 +456,7 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
         .saturating_sub(sim.in_use_high_bytes(0));
     sim.complete_all();
     if let Some(path) = history_path {
-        write_history(&alloc, &path)?;
+        super::report::write_history(&alloc, &path)?;
     }
     let device = alloc.device(0).map_err(|e| format!("device 0: {e}"))?;
     device
@@ -481,19 +481,6 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
     drop(alloc);
     drop(sim);
     Ok(())
-}
-
-/// `REPLAY_HISTORY=FILE`: the allocator's timeline of the replay (the last repeat's), a line an
-/// event: kind (streampool's `StreampoolEventKind`), stream, address, bytes, reserved bytes.
-fn write_history(alloc: &Allocator, path: &std::ffi::OsStr) -> Result<(), String> {
-    let (events, _) = alloc.history(usize::MAX);
-    let text: String = (events.iter())
-        .map(|e| {
-            let (k, s, a, b, r) = (e.kind, e.stream, e.address, e.bytes, e.reserved_bytes);
-            format!("{k} {s} {a} {b} {r}\n")
-        })
-        .collect();
-    std::fs::write(path, text).map_err(|e| format!("writing {path:?}: {e}"))
 }
 
 /// An allocation of a timed step (after the warm-up): a function of its own, so that

@@ -131,12 +131,14 @@ impl DeviceAllocator {
             return Ok(());
         };
         // A disabled device has nothing to settle, and says so at the program's next call:
-        // not at every synchronisation.
+        // not at every synchronisation. Blocks whose events completed (all recorded before the
+        // synchronisation) go back as at the next allocation, and as idle.
+        let mut blocks = Vec::new();
         match self.lock_enabled() {
-            Ok(st) if !st.waits.capturing() => {}
+            Ok(mut st) if !st.waits.capturing() => self.collect_waits(&mut st, &mut blocks),
             _ => return Ok(()),
         }
-        self.return_waits_at_sync()?;
+        self.return_idle_blocks(blocks)?;
         for r in &setup.own {
             if let Some(tending) = r.capabilities().tending {
                 tending.synchronized()?;

@@ -150,41 +150,26 @@ impl DeviceAllocator {
         }
     }
 
-    /// At the program's synchronisation: blocks waiting for other streams (record_stream) whose
-    /// events have completed — all recorded before it — go back to their sources, as at the
-    /// next allocation, without waiting for one, and as idle
-    /// ([`crate::resource::Resource::deallocate_idle`]:
-    /// ready for every stream where their own stream has finished too). Nothing while nothing
-    /// waits.
-    pub(super) fn return_waits_at_sync(&self) -> Result<()> {
-        let mut blocks = Vec::new();
-        {
-            let mut st = self.lock_enabled()?;
-            if st.waits.is_idle() {
-                return Ok(());
-            }
-            self.collect_waits(&mut st, &mut blocks);
-        }
-        self.return_blocks_with(blocks, deallocate_idle)
-    }
-
     /// Returns blocks to their sources, on their own streams; they already left `held_bytes`. A
     /// block its source refuses stays on the ledger for the next flush to retry; the first error
     /// is returned.
     pub(super) fn return_blocks(&self, blocks: Vec<Returning>) -> Result<()> {
-        self.return_blocks_with(blocks, deallocate)
+        self.return_blocks_as(blocks, false)
     }
 
-    /// [`DeviceAllocator::return_blocks`], each block given back by `give`.
-    fn return_blocks_with(
-        &self,
-        blocks: Vec<Returning>,
-        give: fn(&Returning) -> Result<()>,
-    ) -> Result<()> {
+    /// [`DeviceAllocator::return_blocks`] for blocks whose other streams' work has completed,
+    /// handed back at the program's synchronisation
+    /// ([`crate::resource::Resource::deallocate_idle`]: ready for every stream where their own
+    /// stream has finished too).
+    pub(super) fn return_idle_blocks(&self, blocks: Vec<Returning>) -> Result<()> {
+        self.return_blocks_as(blocks, true)
+    }
+
+    fn return_blocks_as(&self, blocks: Vec<Returning>, idle: bool) -> Result<()> {
         if blocks.is_empty() {
             return Ok(());
         }
-        let results: Vec<Result<()>> = blocks.iter().map(give).collect();
+        let results: Vec<Result<()>> = blocks.iter().map(|r| deallocate(r, idle)).collect();
         let mut first_error = Ok(());
         {
             let mut st = self.state.lock();
@@ -202,7 +187,7 @@ impl DeviceAllocator {
 
     /// [`DeviceAllocator::return_blocks`] for one block, without building a list.
     fn return_one(&self, returning: Returning) -> Result<()> {
-        let result = deallocate(&returning);
+        let result = deallocate(&returning, false);
         let finished = self.finish_return(&mut self.state.lock(), &returning.block, result);
         if let Err(e) = &finished {
             self.log_return_failure(e);
@@ -298,28 +283,15 @@ impl DeviceAllocator {
     }
 }
 
-/// Gives the block back to its source.
-fn deallocate(r: &Returning) -> Result<()> {
+/// Gives the block back to its source (as idle: [`crate::resource::Resource::deallocate_idle`]).
+fn deallocate(r: &Returning, idle: bool) -> Result<()> {
     let b = &r.block;
     match &r.resource {
+        Some(resource) if idle => resource.deallocate_idle(b.ptr, b.block_bytes, b.stream),
         Some(resource) => resource.deallocate(b.ptr, b.block_bytes, b.stream),
-        None => Err(not_in_table(b)),
+        None => Err(Error::Internal(format!(
+            "{:#x}: its source {:?} is not in the device's table",
+            b.ptr, b.source
+        ))),
     }
-}
-
-/// [`deallocate`] for a block whose other streams' work has completed
-/// ([`crate::resource::Resource::deallocate_idle`]).
-fn deallocate_idle(r: &Returning) -> Result<()> {
-    let b = &r.block;
-    match &r.resource {
-        Some(resource) => resource.deallocate_idle(b.ptr, b.block_bytes, b.stream),
-        None => Err(not_in_table(b)),
-    }
-}
-
-fn not_in_table(b: &FreedBlock) -> Error {
-    Error::Internal(format!(
-        "{:#x}: its source {:?} is not in the device's table",
-        b.ptr, b.source
-    ))
 }
