@@ -154,22 +154,51 @@ impl DeviceAllocator {
     /// block its source refuses stays on the ledger for the next flush to retry; the first error
     /// is returned.
     pub(super) fn return_blocks(&self, blocks: Vec<Returning>) -> Result<()> {
-        self.return_blocks_as(blocks, false)
+        self.return_blocks_as(blocks, Vec::new())
     }
 
     /// [`DeviceAllocator::return_blocks`] for blocks whose other streams' work has completed,
-    /// handed back at the program's synchronisation
-    /// ([`crate::resource::Resource::deallocate_idle`]: ready for every stream where their own
-    /// stream has finished too).
+    /// handed back at the program's synchronisation: a block of a resource that takes idle
+    /// blocks whose own stream has finished its work too goes back idle
+    /// ([`crate::resource::Resource::deallocate_idle`]: ready for every stream). Each stream is asked once, however many of its blocks go back (a query costs
+    /// about as much as an allocation on a GPU, and a step of multistream hands back five).
     pub(super) fn return_idle_blocks(&self, blocks: Vec<Returning>) -> Result<()> {
-        self.return_blocks_as(blocks, true)
+        let mut finished: Vec<(Stream, bool)> = Vec::new();
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        let idle = blocks
+            .iter()
+            .map(|r| {
+                let stream = r.block.stream;
+                if !r
+                    .resource
+                    .as_ref()
+                    .is_some_and(|s| s.traits().takes_idle_blocks)
+                {
+                    return false;
+                }
+                match finished.iter().find(|(s, _)| *s == stream) {
+                    Some(&(_, done)) => done,
+                    None => {
+                        let done = crate::stream_order::finished(driver, device, stream);
+                        finished.push((stream, done));
+                        done
+                    }
+                }
+            })
+            .collect();
+        self.return_blocks_as(blocks, idle)
     }
 
-    fn return_blocks_as(&self, blocks: Vec<Returning>, idle: bool) -> Result<()> {
+    /// Gives `blocks` back, each as idle where `idle` says so (all plain where it is empty).
+    fn return_blocks_as(&self, blocks: Vec<Returning>, idle: Vec<bool>) -> Result<()> {
         if blocks.is_empty() {
             return Ok(());
         }
-        let results: Vec<Result<()>> = blocks.iter().map(|r| deallocate(r, idle)).collect();
+        let results: Vec<Result<()>> = blocks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| deallocate(r, idle.get(i).copied().unwrap_or(false)))
+            .collect();
         let mut first_error = Ok(());
         {
             let mut st = self.state.lock();

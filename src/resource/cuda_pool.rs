@@ -177,6 +177,7 @@ impl Resource for CudaPoolResource {
             growth_granule_bytes: POOL_GRANULE_BYTES,
             // cuMemPoolTrimTo gives back only what was freed before a synchronisation.
             frees_applied_at_sync: true,
+            takes_idle_blocks: false,
         }
     }
 

@@ -38,6 +38,7 @@ impl DriverPoolResource {
                 growth_granule_bytes: crate::resource::cuda_pool::POOL_GRANULE_BYTES,
                 // The driver's pool: what a free gave it comes back at a synchronisation.
                 frees_applied_at_sync: true,
+                takes_idle_blocks: false,
             },
         }
     }

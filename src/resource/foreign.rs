@@ -136,6 +136,7 @@ impl Resource for ForeignResource {
             checks_free_size: true,
             growth_granule_bytes: 1,
             frees_applied_at_sync: false,
+            takes_idle_blocks: false,
         }
     }
 }

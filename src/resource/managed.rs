@@ -318,6 +318,7 @@ impl Resource for ManagedResource {
             growth_granule_bytes: 1,
             // Its trim records its fences and waits for them itself.
             frees_applied_at_sync: false,
+            takes_idle_blocks: false,
         }
     }
 

@@ -105,6 +105,10 @@ pub struct Traits {
     /// device synchronises before it trims it at idle. False: its `trim` gives back everything
     /// free by itself (waiting for the GPU where it must).
     pub frees_applied_at_sync: bool,
+    /// Its [`Resource::deallocate_idle`] makes a block whose streams have all finished ready
+    /// for every stream at once; the device asks the driver whether the block's own stream has
+    /// finished before it hands one back so. False: that is a plain free, and nobody asks.
+    pub takes_idle_blocks: bool,
 }
 
 /// A source of device memory.
@@ -115,10 +119,10 @@ pub trait Resource: Send + Sync {
     /// Gives back a block `allocate` returned, of the same `bytes`, ordered on `stream` (its
     /// allocation stream). An error means the block is still the caller's, to give back later.
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()>;
-    /// [`Resource::deallocate`] for a block whose work on every other stream has completed,
-    /// handed back at the program's synchronisation: a resource that can tell that `stream`
-    /// has finished its work too (the vmm resource asks the driver) makes the block ready for
-    /// every stream at once, with no fence; otherwise a plain free.
+    /// [`Resource::deallocate`] for a block whose work on every stream, `stream` included, has
+    /// completed (the caller asked the driver), handed back at the program's synchronisation: a
+    /// resource that can use that (the vmm resource) makes the block ready for every stream at
+    /// once, with no fence; otherwise a plain free.
     fn deallocate_idle(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
         self.deallocate(ptr, bytes, stream)
     }

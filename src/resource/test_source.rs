@@ -61,6 +61,7 @@ impl Resource for TestSource {
             checks_free_size: false,
             growth_granule_bytes: 1,
             frees_applied_at_sync: false,
+            takes_idle_blocks: false,
         }
     }
 }

@@ -36,5 +36,16 @@ pub(crate) fn may_record(
     !driver.is_capturing(device, stream).unwrap_or(true)
 }
 
+/// True if `stream` has finished all the work submitted to it so far (`cuStreamQuery`), asked
+/// only where a record would be allowed ([`may_record`]): a capturing stream, or one the driver
+/// cannot answer for, has not.
+pub(crate) fn finished(
+    driver: &dyn crate::driver::Driver,
+    device: usize,
+    stream: crate::driver::Stream,
+) -> bool {
+    may_record(driver, device, stream) && driver.stream_query(device, stream).unwrap_or(false)
+}
+
 #[cfg(all(test, feature = "sim"))]
 mod tests;

@@ -304,3 +304,35 @@ pub(super) fn exhaustion_then_recovery_after_frees(make: Factory) {
     }
     rig.finish();
 }
+
+/// A block handed back at a synchronisation with the work of all its streams done
+/// (`deallocate_idle`): a resource that takes idle blocks hands it to another stream at once,
+/// with no GPU-side wait; any other frees it as `deallocate` does (the rig's use of the next
+/// block on T checks the order either way). A large block: small ones may come from carriers
+/// of their stream's own (the vmm resource's slabs).
+pub(super) fn a_block_given_back_idle_serves_another_stream_as_its_traits_say(make: Factory) {
+    let mut rig = Rig::new(make);
+    {
+        let bytes = 3 << 20;
+        let p = rig.alloc(bytes, S);
+        let b = rig.block(p);
+        rig.use_on_gpu(b.ptr, b.bytes, b.stream);
+        rig.sim.complete_all();
+        let label = rig.label();
+        if let Err(e) = rig.resource.deallocate_idle(b.ptr, b.bytes, b.stream) {
+            panic!("{label}: giving {p:#x} back idle: {e}");
+        }
+        rig.forget(p);
+        let waits = rig.sim.calls("cuStreamWaitEvent");
+        let q = rig.alloc(bytes, T);
+        if rig.traits.takes_idle_blocks {
+            assert_eq!(
+                (q, rig.sim.calls("cuStreamWaitEvent") - waits),
+                (p, 0),
+                "{label}: {bytes} B given back idle on S did not serve T at once"
+            );
+        }
+        rig.free(q);
+    }
+    rig.finish();
+}

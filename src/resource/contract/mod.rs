@@ -8,7 +8,7 @@
 //! Invariant: a case asks nothing of one resource that it does not ask of all; where a resource
 //! legitimately differs, the case reads it from the resource's [`Traits`] (`held`,
 //! `reuses_across_streams`, `trims`, `checks_free_size`, `fast_path`,
-//! `frees_applied_at_sync`) or its [`Capabilities`](super::Capabilities) (`capture_notice`),
+//! `frees_applied_at_sync`, `takes_idle_blocks`) or its [`Capabilities`](super::Capabilities) (`capture_notice`),
 //! never from which resource it is.
 //! The factories below are the only place that names resources.
 
@@ -90,6 +90,10 @@ macro_rules! contract {
             #[test]
             fn exhaustion_then_recovery_after_frees() {
                 cases::exhaustion_then_recovery_after_frees(MAKE)
+            }
+            #[test]
+            fn a_block_given_back_idle_serves_another_stream_as_its_traits_say() {
+                cases::a_block_given_back_idle_serves_another_stream_as_its_traits_say(MAKE)
             }
             #[test]
             fn a_capture_sees_no_call_it_forbids() {

@@ -164,6 +164,7 @@ impl Resource for GraphPoolResource {
             checks_free_size: true,
             growth_granule_bytes: 1,
             frees_applied_at_sync: false,
+            takes_idle_blocks: false,
         }
     }
 }

@@ -100,12 +100,8 @@ impl Resource for VmmResource {
 
     fn deallocate_idle(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
         let mut st = self.lock_enabled()?;
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        // A capturing stream is neither queried nor idle: its free is a plain one.
-        let idle = !self.capturing(&mut st)
-            && crate::stream_order::may_record(driver, device, stream)
-            && driver.stream_query(device, stream).unwrap_or(false);
-        if !idle {
+        // While a capture is known, a free is a plain one.
+        if self.capturing(&mut st) {
             return (self.deallocate_locked(&mut st, ptr, bytes, stream))
                 .map_err(|refused| self.refused_free(ptr, bytes, refused));
         }
@@ -114,7 +110,7 @@ impl Resource for VmmResource {
             .map_err(|refused| self.refused_free(ptr, bytes, refused))?;
         st.used_bytes -= bytes;
         self.return_slot(&mut st);
-        let now_ms = driver.now_ms();
+        let now_ms = self.driver.now_ms();
         self.give_back(&mut st, ptr.0, bytes, super::ranges::State::Ready, now_ms);
         Ok(())
     }
@@ -172,6 +168,7 @@ impl Resource for VmmResource {
             growth_granule_bytes: self.page_bytes,
             // Its trim records its fences and synchronises itself.
             frees_applied_at_sync: false,
+            takes_idle_blocks: true,
         }
     }
 

@@ -48,9 +48,9 @@ fn without_a_synchronisation_the_same_step_grows() {
     assert!(next_step_creates(&r) > 0);
 }
 
-/// A block handed back at a synchronisation (its other streams done: `deallocate_idle`) is ready
-/// for every stream at once where its own stream has finished too: another stream's fast path
-/// takes it, with no wait and no look at the fences. Its stream still busy, it is a plain free.
+/// A block handed back at a synchronisation with every stream's work done (`deallocate_idle`:
+/// the device asked the driver) is ready for every stream at once: another stream's fast path
+/// takes it, with no wait and no look at the fences. While a capture is known it is a plain free.
 #[test]
 fn a_block_given_back_idle_serves_another_stream_at_once() {
     let r = rig();
@@ -64,12 +64,15 @@ fn a_block_given_back_idle_serves_another_stream_at_once() {
     assert_eq!(r.vmm.state.lock().used_bytes, used - 4 * PAGE);
     let b = Resource::try_allocate(&*r.vmm, 4 * PAGE, S2);
     assert_eq!(b, Some(a), "ready for S2 at once");
-    // S2 still uses b: given back idle, it is freed on S2, for S2 alone until its work is done.
-    r.sim.touch(0, 0, a, 4 * PAGE, S2).unwrap();
+    r.sim.complete_all();
+    // A capture on a third stream: freed on S2, for S2 alone until a fence says otherwise.
+    r.sim.begin_capture(0, Stream(3));
+    CaptureNotice::capture_started(&*r.vmm, Stream(3));
     Resource::deallocate_idle(&*r.vmm, a, 4 * PAGE, S2).unwrap();
     assert_eq!(
         Resource::try_allocate(&*r.vmm, 4 * PAGE, S1),
         None,
-        "S2's busy block is not S1's at once"
+        "not S1's at once during a capture"
     );
+    r.sim.end_capture(0, Stream(3));
 }

@@ -1,0 +1,107 @@
+//! At the program's synchronisation (`torch.cuda.synchronize()` under install() calls
+//! `DeviceAllocator::synchronized`), on the vmm backend: blocks that waited for other streams
+//! (record_stream) go back, ready for every stream where their own stream has finished too. On
+//! a simulator that refuses a touch racing unfinished work of another stream.
+
+use std::sync::Arc;
+use streampool::config::Backend;
+use streampool::driver::sim::SimDriver;
+use streampool::driver::{DevicePtr, Driver, Stream};
+use streampool::{Allocator, Config};
+
+const MIB: u64 = 1 << 20;
+const S1: Stream = Stream(1);
+const S2: Stream = Stream(2);
+
+struct Rig {
+    sim: Arc<SimDriver>,
+    alloc: Allocator,
+}
+
+fn rig() -> Rig {
+    let sim = Arc::new(SimDriver::new(1, 256 * MIB).strict().check_races());
+    let config = Config {
+        backend: Backend::Vmm,
+        background: false,
+        ..Config::default()
+    };
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config).unwrap();
+    Rig { sim, alloc }
+}
+
+impl Rig {
+    /// A block of `bytes` on `stream`, written there.
+    fn malloc(&self, bytes: u64, stream: Stream) -> DevicePtr {
+        let ptr = self.alloc.malloc(bytes, 0, stream).unwrap();
+        self.sim.touch(0, 0, ptr, bytes, stream).unwrap();
+        ptr
+    }
+
+    /// A block of `bytes` allocated and written on S1, read on S2 once S1's write is done
+    /// (record_stream), freed.
+    fn freed_after_use_on_s2(&self, bytes: u64) -> DevicePtr {
+        let ptr = self.malloc(bytes, S1);
+        self.sim.complete_stream(0, S1);
+        self.alloc.record_stream(ptr, S2).unwrap();
+        self.sim.touch(0, 0, ptr, bytes, S2).unwrap();
+        self.alloc.free(ptr, 0).unwrap();
+        ptr
+    }
+
+    /// The driver's `cuStreamQuery` calls made by one synchronisation hook.
+    fn stream_queries_of_a_synchronisation(&self) -> u64 {
+        let before = self.sim.calls("cuStreamQuery");
+        self.alloc.device(0).unwrap().synchronized().unwrap();
+        self.sim.calls("cuStreamQuery") - before
+    }
+}
+
+/// A step of multistream hands back five blocks of one stream at each synchronisation: the
+/// stream is asked once whether it has finished, not once a block (each query is a driver call
+/// on the program's thread).
+#[test]
+fn each_stream_is_asked_once_however_many_of_its_blocks_go_back() {
+    let queries = |blocks: usize| {
+        let r = rig();
+        for _ in 0..blocks {
+            r.freed_after_use_on_s2(2 * MIB);
+        }
+        r.sim.complete_all();
+        let queries = r.stream_queries_of_a_synchronisation();
+        assert_eq!(r.alloc.device(0).unwrap().stats().unwrap().active_bytes, 0);
+        queries
+    };
+    assert_eq!(queries(5), queries(1));
+}
+
+/// A block whose other stream is done but whose own stream still runs work that uses it is not
+/// ready for another stream at the synchronisation: S2 gets other memory, or waits for S1 on
+/// the GPU (the simulator refuses S2's touch otherwise).
+#[test]
+fn a_block_whose_own_stream_still_runs_is_not_handed_to_another_at_once() {
+    let r = rig();
+    let a = r.malloc(4 * MIB, S1);
+    r.alloc.record_stream(a, S2).unwrap();
+    r.alloc.free(a, 0).unwrap();
+    r.sim.complete_stream(0, S2);
+    // S1's write of `a` has not completed: a synchronisation of another thread's, say.
+    r.alloc.device(0).unwrap().synchronized().unwrap();
+    let b = r.malloc(4 * MIB, S2);
+    r.alloc.free(b, 0).unwrap();
+    r.sim.complete_all();
+}
+
+/// Both streams done: the block serves S2 at once, without a wait.
+#[test]
+fn a_block_whose_streams_are_all_done_serves_another_stream_at_once() {
+    let r = rig();
+    let a = r.freed_after_use_on_s2(4 * MIB);
+    r.sim.complete_all();
+    r.alloc.device(0).unwrap().synchronized().unwrap();
+    let waits = r.sim.calls("cuStreamWaitEvent");
+    let b = r.malloc(4 * MIB, S2);
+    assert_eq!(b, a, "the freed block, for S2");
+    assert_eq!(r.sim.calls("cuStreamWaitEvent"), waits, "with no wait");
+    r.alloc.free(b, 0).unwrap();
+    r.sim.complete_all();
+}
