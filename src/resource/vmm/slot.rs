@@ -22,15 +22,44 @@ pub(super) struct Slot {
     pub freed_ms: u64,
 }
 
+/// Which streams allocated since the program last synchronised: the last one, and whether one
+/// before it differed. Noted where an allocation misses the slot (a hit is a block its stream
+/// allocated before, so it names no new stream), off the hot path.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct AllocatingStreams {
+    last: Option<Stream>,
+    several: bool,
+}
+
+impl AllocatingStreams {
+    #[inline]
+    fn note(&mut self, stream: Stream) {
+        if self.last != Some(stream) {
+            self.several |= self.last.is_some();
+            self.last = Some(stream);
+        }
+    }
+
+    /// True if more than one stream allocated since the last call (the program's
+    /// synchronisation); the stream that allocated last stays known.
+    pub fn several_since_last_look(&mut self) -> bool {
+        std::mem::take(&mut self.several)
+    }
+}
+
 impl VmmResource {
     /// The slot's block if it is `bytes` freed on `stream`; otherwise the slot is given back.
     #[inline]
     pub(super) fn take_slot(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Option<u64> {
-        let slot = st.slot.take()?;
+        let Some(slot) = st.slot.take() else {
+            st.allocating.note(stream);
+            return None;
+        };
         if slot.bytes == bytes && slot.stream == stream {
             return Some(slot.start);
         }
         self.give_freed(st, slot);
+        st.allocating.note(stream);
         None
     }
 
