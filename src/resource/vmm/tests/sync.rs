@@ -52,12 +52,19 @@ fn a_synchronisation_settles_only_where_another_stream_allocated() {
     r.free(b, 2 * PAGE, S1);
     r.sim.complete_all();
     Tending::synchronized(&*r.vmm).unwrap();
-    assert_eq!(r.vmm.state.lock().large.streams_waited_for(), vec![S1], "left as it was");
+    assert_eq!(
+        r.vmm.state.lock().large.streams_waited_for(),
+        vec![S1],
+        "left as it was"
+    );
     let c = r.alloc(2 * PAGE, S2);
     r.free(c, 2 * PAGE, S2);
     r.sim.complete_all();
     Tending::synchronized(&*r.vmm).unwrap();
-    assert!(r.vmm.state.lock().large.streams_waited_for().is_empty(), "settled");
+    assert!(
+        r.vmm.state.lock().large.streams_waited_for().is_empty(),
+        "settled"
+    );
 }
 
 /// The case above without the synchronisation: the device grows (what the settling is for).
