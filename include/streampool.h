@@ -414,7 +414,8 @@ int streampool_set_release_threshold(int device, uint64_t bytes);
 /**
  * Tells streampool that the program synchronised `device` (`torch.cuda.synchronize()` calls it
  * under install()): blocks waiting for other streams (record_stream) go back; on the vmm
- * backend what was freed before becomes ready for every stream, and, with a release threshold
+ * backend what was freed before becomes ready for every stream (where more than one stream
+ * allocated or freed since the last synchronisation), and, with a release threshold
  * set, memory above it goes back now (after synchronising the device again where a fence may
  * be outstanding), as a CUDA pool's does at a synchronisation. Without a threshold it does not
  * synchronise: driver queries, and event records on streams still busy.

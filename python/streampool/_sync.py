@@ -1,7 +1,8 @@
 """``torch.cuda.synchronize()`` under install(): after PyTorch's synchronisation, streampool is
 told (``streampool_synchronized``): blocks that waited for other streams (``record_stream``) go
-back, on the vmm backend what was freed becomes ready for every stream (so that the next
-requests see it merged), and memory above a release threshold goes back at the synchronisation,
+back, on the vmm backend what was freed becomes ready for every stream where more than one
+stream allocated or freed since the last synchronisation (so that the next requests see it
+merged), and memory above a release threshold goes back at the synchronisation,
 as a CUDA pool's does (and as PyTorch's own ``cudaMallocAsync`` backend gives it).
 
 Invariant: PyTorch's synchronisation runs first and its outcome (an error included) is what the

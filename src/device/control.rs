@@ -118,7 +118,8 @@ impl DeviceAllocator {
     /// The program synchronised the device (`torch.cuda.synchronize()`, through install()):
     /// blocks that waited for other streams (record_stream) go back to their sources, and each
     /// resource that tends its memory is told — the vmm resource makes what was freed before
-    /// it ready for every stream, and, with a release threshold, gives back the memory above it
+    /// it ready for every stream (where more than one stream allocated or freed since the last
+    /// synchronisation), and, with a release threshold, gives back the memory above it
     /// (after synchronising the device again where a fence may be outstanding), as a CUDA pool
     /// does at a synchronisation. Nothing during a capture, nor on a disabled device.
     pub fn synchronized(&self) -> Result<()> {

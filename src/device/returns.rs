@@ -160,8 +160,9 @@ impl DeviceAllocator {
     /// [`DeviceAllocator::return_blocks`] for blocks whose other streams' work has completed,
     /// handed back at the program's synchronisation: a block of a resource that takes idle
     /// blocks whose own stream has finished its work too goes back idle
-    /// ([`crate::resource::Resource::deallocate_idle`]: ready for every stream). Each stream is asked once, however many of its blocks go back (a query costs
-    /// about as much as an allocation on a GPU, and a step of multistream hands back five).
+    /// ([`crate::resource::Resource::deallocate_idle`]: ready for every stream). Each stream is
+    /// asked once (a capture query and a `cuStreamQuery`), however many of its blocks go back (a
+    /// step of multistream hands back five).
     pub(super) fn return_idle_blocks(&self, blocks: Vec<Returning>) -> Result<()> {
         let mut finished: Vec<(Stream, bool)> = Vec::new();
         let (driver, device) = (self.driver.as_ref(), self.device);

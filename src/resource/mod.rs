@@ -121,8 +121,8 @@ pub trait Resource: Send + Sync {
     fn deallocate(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()>;
     /// [`Resource::deallocate`] for a block whose work on every stream, `stream` included, has
     /// completed (the caller asked the driver), handed back at the program's synchronisation: a
-    /// resource that can use that (the vmm resource) makes the block ready for every stream at
-    /// once, with no fence; otherwise a plain free.
+    /// resource that can use that (the vmm resource, unless it knows of a capture) makes the
+    /// block ready for every stream at once, with no fence; otherwise a plain free.
     fn deallocate_idle(&self, ptr: DevicePtr, bytes: u64, stream: Stream) -> Result<()> {
         self.deallocate(ptr, bytes, stream)
     }

@@ -177,10 +177,10 @@ struct VmmState {
     /// Live blocks, to check frees against.
     live: live::Live,
     fences: Fences,
-    /// The streams that allocated outside the slot since the program last synchronised
-    /// ([`slot`]): only where another stream allocated has a settling at a synchronisation
-    /// anything to give (a stream reuses its own frees itself).
-    allocating: slot::AllocatingStreams,
+    /// Whether more than one stream allocated or freed since the program last synchronised
+    /// ([`slot`]): only then has a settling at a synchronisation anything to give (where one
+    /// stream alone allocates and frees, its frees serve it at once).
+    streams_since_sync: slot::StreamsSinceSync,
     /// Asleep: every page given back, the addresses kept ([`sleep`]).
     asleep: Option<sleep::Asleep>,
     /// The slabs cut from carriers for the smallest blocks ([`slabs`]).

@@ -22,17 +22,18 @@ pub(super) struct Slot {
     pub freed_ms: u64,
 }
 
-/// Which streams allocated since the program last synchronised: the last one, and whether one
-/// before it differed. Noted where an allocation misses the slot (a hit is a block its stream
-/// allocated before, so it names no new stream), off the hot path.
+/// Which streams allocated or freed since the program last synchronised: the last one, and
+/// whether one before it differed. Noted at every free ([`VmmResource::put_slot`]) and where an
+/// allocation misses the slot (a hit is a block its stream allocated before, so it names no new
+/// stream).
 #[derive(Debug, Default, Clone, Copy)]
-pub(super) struct AllocatingStreams {
+pub(super) struct StreamsSinceSync {
     last: Option<Stream>,
     several: bool,
 }
 
-impl AllocatingStreams {
-    #[inline]
+impl StreamsSinceSync {
+    #[inline(always)]
     fn note(&mut self, stream: Stream) {
         if self.last != Some(stream) {
             self.several |= self.last.is_some();
@@ -40,8 +41,8 @@ impl AllocatingStreams {
         }
     }
 
-    /// True if more than one stream allocated since the last call (the program's
-    /// synchronisation); the stream that allocated last stays known.
+    /// True if more than one stream allocated or freed since the last call (the program's
+    /// synchronisation); the stream seen last stays known.
     pub fn several_since_last_look(&mut self) -> bool {
         std::mem::take(&mut self.several)
     }
@@ -52,14 +53,14 @@ impl VmmResource {
     #[inline]
     pub(super) fn take_slot(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Option<u64> {
         let Some(slot) = st.slot.take() else {
-            st.allocating.note(stream);
+            st.streams_since_sync.note(stream);
             return None;
         };
         if slot.bytes == bytes && slot.stream == stream {
             return Some(slot.start);
         }
         self.give_freed(st, slot);
-        st.allocating.note(stream);
+        st.streams_since_sync.note(stream);
         None
     }
 
@@ -68,6 +69,7 @@ impl VmmResource {
     /// ranges.
     #[inline(always)]
     pub(super) fn put_slot(&self, st: &mut VmmState, start: u64, bytes: u64, stream: Stream) {
+        st.streams_since_sync.note(stream);
         let now_us = self.driver.now_us();
         let now_ms = now_us / 1000;
         let (seq, due) = st.fences.free_on(stream, now_us, FENCE_INTERVAL_US);

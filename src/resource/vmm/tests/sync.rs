@@ -1,5 +1,6 @@
 //! At the program's synchronisation (`torch.cuda.synchronize()`, without a release threshold):
-//! what was freed before it becomes ready for every stream, merged.
+//! what was freed before it becomes ready for every stream, merged, where more than one stream
+//! allocated or freed since the last one.
 
 use super::*;
 use crate::resource::Tending;
@@ -65,6 +66,23 @@ fn a_synchronisation_settles_only_where_another_stream_allocated() {
         r.vmm.state.lock().large.streams_waited_for().is_empty(),
         "settled"
     );
+}
+
+/// A program that synchronises between a step's allocations and its frees: the frees of two
+/// streams alone call for the settling at the next synchronisation.
+#[test]
+fn frees_of_two_streams_alone_call_for_the_settling() {
+    let r = rig();
+    let a = r.alloc(2 * PAGE, S1);
+    let b = r.alloc(4 * PAGE, S2);
+    let c = r.alloc(6 * PAGE, S1);
+    Tending::synchronized(&*r.vmm).unwrap();
+    r.free(a, 2 * PAGE, S1);
+    r.free(b, 4 * PAGE, S2);
+    r.free(c, 6 * PAGE, S1);
+    r.sim.complete_all();
+    Tending::synchronized(&*r.vmm).unwrap();
+    assert_eq!(next_step_creates(&r), 0, "the 12 pages held serve the step");
 }
 
 /// The case above without the synchronisation: the device grows (what the settling is for).
