@@ -23,6 +23,7 @@ pub mod managed;
 mod sources;
 #[cfg(test)]
 pub(crate) mod test_source;
+mod traits;
 pub mod vmm;
 
 use crate::config::{Backend, PoolSettings, SourceSettings};
@@ -35,6 +36,7 @@ use driver_pool::DriverPoolResource;
 pub use sources::{Source, SourceId, Sources};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+pub use traits::Traits;
 pub use vmm::DriverCounts;
 use vmm::{VmmResource, VmmSettings};
 
@@ -61,54 +63,6 @@ impl Usage {
     pub fn room_bytes(self) -> u64 {
         self.reserved_bytes.saturating_sub(self.used_bytes)
     }
-}
-
-/// What a resource is, for the device's policy; fixed for the resource's life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Traits {
-    /// What it is, for messages ("pool", "small-block pool", "virtual memory resource", ...).
-    pub label: &'static str,
-    /// Freed blocks may wait in the device's cache for reuse on their stream; if not, they go
-    /// straight back.
-    pub cacheable: bool,
-    /// Its blocks are streampool's to hold: they count against the memory limit (held bytes),
-    /// and a block other streams used (record_stream) waits for them before it goes back. False
-    /// for graph memory, which belongs to its graph.
-    pub held: bool,
-    /// Its blocks can be exported to other processes ([`Capabilities::export`]).
-    pub shareable: bool,
-    /// It can reuse freed memory only once it was given back (a CUDA pool coalesces only what is
-    /// returned to it): the device then returns cached blocks, and trims, before it grows. A
-    /// resource that manages its own holes says false.
-    pub returns_before_growth: bool,
-    /// Its [`Resource::try_allocate`] and [`Resource::try_deallocate`] may serve: the device
-    /// calls them inside its own lock section before anything else.
-    pub fast_path: bool,
-    /// Memory freed on one stream serves other streams once the work queued before the free has
-    /// completed (a synchronisation at the latest). False: a freed range serves only the stream
-    /// that freed it, as in PyTorch's private (graph) pools.
-    pub reuses_across_streams: bool,
-    /// [`Resource::trim`] gives back what it reserves beyond its live blocks (to the granule it
-    /// grows by). False: it keeps its memory until it is released otherwise (a graph pool's
-    /// segments go back once nobody uses the pool).
-    pub trims: bool,
-    /// A deallocation whose size is not the block's is refused and changes nothing. False: the
-    /// size is not known to it and the block goes back whole, whatever size is given (CUDA's
-    /// `cuMemFreeAsync` takes none; the device passes the size it recorded).
-    pub checks_free_size: bool,
-    /// The step its reserved memory grows by when it lacks room for a block (a CUDA pool's 2 MiB,
-    /// the vmm resource's page; 1: by what the block needs). Under a memory limit the device
-    /// rounds the growth of a resource that grows by itself up to it before the check.
-    pub growth_granule_bytes: u64,
-    /// It applies the frees it was given only at a synchronisation (a CUDA pool: what its
-    /// `trim` can give back is what was freed before the device last synchronised), so the
-    /// device synchronises before it trims it at idle. False: its `trim` gives back everything
-    /// free by itself (waiting for the GPU where it must).
-    pub frees_applied_at_sync: bool,
-    /// Its [`Resource::deallocate_idle`] makes a block whose streams have all finished ready
-    /// for every stream at once; the device asks the driver whether the block's own stream has
-    /// finished before it hands one back so. False: that is a plain free, and nobody asks.
-    pub takes_idle_blocks: bool,
 }
 
 /// A source of device memory.
