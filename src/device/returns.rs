@@ -154,7 +154,7 @@ impl DeviceAllocator {
     /// block its source refuses stays on the ledger for the next flush to retry; the first error
     /// is returned.
     pub(super) fn return_blocks(&self, blocks: Vec<Returning>) -> Result<()> {
-        self.return_blocks_as(blocks, Vec::new())
+        self.return_blocks_as(blocks, |_| false)
     }
 
     /// [`DeviceAllocator::return_blocks`] for blocks whose other streams' work has completed,
@@ -166,40 +166,33 @@ impl DeviceAllocator {
     pub(super) fn return_idle_blocks(&self, blocks: Vec<Returning>) -> Result<()> {
         let mut finished: Vec<(Stream, bool)> = Vec::new();
         let (driver, device) = (self.driver.as_ref(), self.device);
-        let idle = blocks
-            .iter()
-            .map(|r| {
-                let stream = r.block.stream;
-                if !r
-                    .resource
-                    .as_ref()
-                    .is_some_and(|s| s.traits().takes_idle_blocks)
-                {
-                    return false;
+        self.return_blocks_as(blocks, |r| {
+            let takes_idle = r.resource.as_ref().map(|s| s.traits().takes_idle_blocks);
+            if takes_idle != Some(true) {
+                return false;
+            }
+            let stream = r.block.stream;
+            match finished.iter().find(|(s, _)| *s == stream) {
+                Some(&(_, done)) => done,
+                None => {
+                    let done = crate::stream_order::finished(driver, device, stream);
+                    finished.push((stream, done));
+                    done
                 }
-                match finished.iter().find(|(s, _)| *s == stream) {
-                    Some(&(_, done)) => done,
-                    None => {
-                        let done = crate::stream_order::finished(driver, device, stream);
-                        finished.push((stream, done));
-                        done
-                    }
-                }
-            })
-            .collect();
-        self.return_blocks_as(blocks, idle)
+            }
+        })
     }
 
-    /// Gives `blocks` back, each as idle where `idle` says so (all plain where it is empty).
-    fn return_blocks_as(&self, blocks: Vec<Returning>, idle: Vec<bool>) -> Result<()> {
+    /// Gives `blocks` back, each as idle where `idle` says so.
+    fn return_blocks_as(
+        &self,
+        blocks: Vec<Returning>,
+        mut idle: impl FnMut(&Returning) -> bool,
+    ) -> Result<()> {
         if blocks.is_empty() {
             return Ok(());
         }
-        let results: Vec<Result<()>> = blocks
-            .iter()
-            .enumerate()
-            .map(|(i, r)| deallocate(r, idle.get(i).copied().unwrap_or(false)))
-            .collect();
+        let results: Vec<Result<()>> = blocks.iter().map(|r| deallocate(r, idle(r))).collect();
         let mut first_error = Ok(());
         {
             let mut st = self.state.lock();

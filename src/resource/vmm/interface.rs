@@ -46,11 +46,23 @@ impl VmmResource {
         bytes: u64,
         stream: Stream,
     ) -> std::result::Result<(), Refused> {
-        st.live.remove(ptr.0, bytes)?;
-        st.used_bytes -= bytes;
+        Self::take_back(st, ptr, bytes)?;
         // Kept aside for the stream's next request of its size; the block freed before it goes
         // back to its ranges.
         self.put_slot(st, ptr.0, bytes, stream);
+        Ok(())
+    }
+
+    /// A free's first step, whatever follows: the live block of `bytes` at `ptr` is no longer in
+    /// use (refused, and nothing changes, if there is none).
+    #[inline(always)]
+    fn take_back(
+        st: &mut VmmState,
+        ptr: DevicePtr,
+        bytes: u64,
+    ) -> std::result::Result<(), Refused> {
+        st.live.remove(ptr.0, bytes)?;
+        st.used_bytes -= bytes;
         Ok(())
     }
 
@@ -105,10 +117,8 @@ impl Resource for VmmResource {
             return (self.deallocate_locked(&mut st, ptr, bytes, stream))
                 .map_err(|refused| self.refused_free(ptr, bytes, refused));
         }
-        st.live
-            .remove(ptr.0, bytes)
+        Self::take_back(&mut st, ptr, bytes)
             .map_err(|refused| self.refused_free(ptr, bytes, refused))?;
-        st.used_bytes -= bytes;
         self.return_slot(&mut st);
         let now_ms = self.driver.now_ms();
         self.give_back(&mut st, ptr.0, bytes, super::ranges::State::Ready, now_ms);
