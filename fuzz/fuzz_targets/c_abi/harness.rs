@@ -149,9 +149,12 @@ impl<'a> Thread<'a> {
                     ptr, 0,
                     "{call}({bytes}, {device}) succeeded; expected {why}"
                 );
+                // A bad device is refused first, whatever the size; a size above the maximum is
+                // an out-of-memory error.
                 assert!(
                     message.contains(why)
                         && (bytes <= MAX_ALLOCATION_BYTES
+                            || why == "device index"
                             || message.starts_with("CUDA out of memory. Tried to allocate ")),
                     "{call}({bytes}, {device}): {message:?} lacks {why:?}"
                 );
