@@ -20,6 +20,7 @@ PLUGGABLE = "pluggable"
 RELEASE_THRESHOLD = "1GiB"
 THRESHOLD = f"streampool-threshold-{RELEASE_THRESHOLD}"
 VMM_THRESHOLD = f"streampool-vmm-threshold-{RELEASE_THRESHOLD}"
+POOL_THRESHOLD = f"streampool-pool-threshold-{RELEASE_THRESHOLD}"
 
 
 class Config(NamedTuple):
@@ -56,12 +57,18 @@ CONFIGS: Dict[str, Config] = {
         backend=PLUGGABLE,
         reference="streampool",
     ),
-    # The same price on the vmm backend: paired with streampool-vmm at its default.
+    # The same price on each backend named: paired with that backend at its defaults.
     VMM_THRESHOLD: Config(
         "streampool",
         env=(("STREAMPOOL_BACKEND", "vmm"), ("STREAMPOOL_RELEASE_THRESHOLD", RELEASE_THRESHOLD)),
         backend=PLUGGABLE,
         reference="streampool-vmm",
+    ),
+    POOL_THRESHOLD: Config(
+        "streampool",
+        env=(("STREAMPOOL_BACKEND", "pool"), ("STREAMPOOL_RELEASE_THRESHOLD", RELEASE_THRESHOLD)),
+        backend=PLUGGABLE,
+        reference="streampool-pool",
     ),
     # PyTorch's pluggable path with an allocator behind it that does next to nothing
     # (bench/floor/floor.c): what no allocator loaded this way can beat. Single-stream
@@ -72,19 +79,19 @@ CONFIGS: Dict[str, Config] = {
 }
 CONFIG_NAMES = tuple(CONFIGS)
 # What a run compares unless --configs says otherwise (RMM only where its wheels are carried;
-# streampool-pool is streampool at its default backend, the pool, so it is not run twice: name
-# it with --configs to compare a build whose default is vmm).
+# streampool-vmm is streampool at its default backend, vmm, so it is not run twice: name it with
+# --configs to compare a build whose default is the pool).
 DEFAULT_CONFIGS = (
     NATIVE,
     NATIVE_AA,
     "expandable",
     "torch-async",
     "streampool",
-    "streampool-vmm",
+    "streampool-pool",
 )
 # The price of the threshold (the co-tenant call): GPT-2 with and without it, paired, on both
-# backends.
-PRICE_CONFIGS = (NATIVE, NATIVE_AA, "streampool", THRESHOLD, "streampool-vmm", VMM_THRESHOLD)
+# backends (the default's, vmm, and the pool).
+PRICE_CONFIGS = (NATIVE, NATIVE_AA, "streampool", THRESHOLD, "streampool-pool", POOL_THRESHOLD)
 
 
 def parse_variant(text: str) -> Tuple[str, Dict[str, str]]:
@@ -157,7 +164,12 @@ COTENANT_CONFIGS: Dict[str, CotenantConfig] = {
     "torch-async": CotenantConfig(CONFIGS["torch-async"]),
     "streampool": CotenantConfig(CONFIGS["streampool"]),
     THRESHOLD: CotenantConfig(CONFIGS[THRESHOLD]),
+    "streampool-pool": CotenantConfig(CONFIGS["streampool-pool"]),
+    POOL_THRESHOLD: CotenantConfig(CONFIGS[POOL_THRESHOLD]),
+    # Each backend by name, for a build whose default is the other.
     "streampool-vmm": CotenantConfig(CONFIGS["streampool-vmm"]),
     VMM_THRESHOLD: CotenantConfig(CONFIGS[VMM_THRESHOLD]),
 }
-COTENANT_NAMES = tuple(COTENANT_CONFIGS)
+# What the co-tenant call runs as A: streampool at its defaults (vmm) and on the pool, each with
+# and without a threshold.
+COTENANT_NAMES = tuple(n for n in COTENANT_CONFIGS if n not in ("streampool-vmm", VMM_THRESHOLD))

@@ -9,7 +9,7 @@ below the method's pairs); every configuration that was asked for is in the tabl
 
 from typing import Any, Dict, List, Optional
 
-from .configs import NATIVE, NATIVE_AA, THRESHOLD, VMM_THRESHOLD
+from .configs import NATIVE, NATIVE_AA, POOL_THRESHOLD, THRESHOLD, VMM_THRESHOLD
 from .stats import MIN_PAIRS
 
 HEADLINE_CONFIGS = (NATIVE, "expandable", "torch-async", "streampool", "streampool-pool",
@@ -141,7 +141,9 @@ def headline_notes(report: Dict[str, Any]) -> List[str]:
         if probe:
             notes.append(f"native calling `empty_cache()` holds {probe[0]['held_gib_median']:.2f} "
                          f"GiB beyond live after {HEADLINE_IDLE_S:g} s idle.")
-    for name, backend, price in ((THRESHOLD, "", "price"), (VMM_THRESHOLD, " on vmm", "price_vmm")):
+    prices = ((THRESHOLD, "", "price"), (VMM_THRESHOLD, " on vmm", "price_vmm"),
+              (POOL_THRESHOLD, " on pool", "price_pool"))
+    for name, backend, price in prices:
         threshold = report.get("cotenant", {}).get(name)
         if threshold and "error" not in threshold:
             probe = [p for p in threshold["probes"] if abs(p["idle_s"] - HEADLINE_IDLE_S) < 1.0]

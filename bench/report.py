@@ -15,7 +15,7 @@ to what its blocks recorded; empty for results recorded before blocks carried th
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import noise, stats, targets
-from .configs import NATIVE, NATIVE_AA, THRESHOLD, VMM_THRESHOLD
+from .configs import NATIVE, NATIVE_AA, POOL_THRESHOLD, THRESHOLD, VMM_THRESHOLD
 from .schedules import UNIT_SCALE, has_memory_ratio
 
 FORMAT = 2
@@ -210,6 +210,7 @@ def build(
         "sleep": sleep_of(calls),
         "price": workloads.get("gpt2", {}).get(THRESHOLD, {}).get("time"),
         "price_vmm": workloads.get("gpt2", {}).get(VMM_THRESHOLD, {}).get("time"),
+        "price_pool": workloads.get("gpt2", {}).get(POOL_THRESHOLD, {}).get("time"),
         "aa": {w: cells[NATIVE_AA].get("time") for w, cells in workloads.items()
                if NATIVE_AA in cells},
         "unit_scale": UNIT_SCALE,

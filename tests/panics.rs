@@ -73,7 +73,10 @@ fn device_0_refuses_everything(alloc: &Allocator, live: DevicePtr, part: &str) {
 /// The free of a block used on another stream records an event under the device lock.
 #[test]
 fn a_panic_under_the_device_lock_disables_the_device() {
-    let (w, alloc) = rig(Config::default());
+    let (w, alloc) = rig(Config {
+        backend: Backend::Pool,
+        ..Config::default()
+    });
     let live = alloc.malloc(4096, 0, S1).unwrap();
     let p = alloc.malloc(4096, 0, S1).unwrap();
     alloc.record_stream(p, S2).unwrap();

@@ -16,7 +16,7 @@ def test_defaults_are_every_group_every_configuration():
     options = cli.parse_args([])
     assert options.groups == list(plan.GROUP_NAMES)
     assert options.pairs is options.block_s is options.processes is None  # the calibration's
-    assert options.configs[:2] == ["native", "native-aa"] and "streampool-vmm" in options.configs
+    assert options.configs[:2] == ["native", "native-aa"] and "streampool-pool" in options.configs
     assert options.without == [] and options.calibration == str(plan.CALIBRATION_PATH)
     picked = cli.parse_args(["--group", "vision,alloc", "--configs", "streampool",
                              "--without", "threads,pin"])

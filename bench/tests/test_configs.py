@@ -36,17 +36,20 @@ def test_every_configuration_is_paired_with_native_but_the_threshold():
     pairs = configs.pairs_of(list(configs.DEFAULT_CONFIGS), {})
     assert pairs == [("native", c) for c in configs.DEFAULT_CONFIGS[1:]]
     assert configs.pairs_of(list(configs.PRICE_CONFIGS), {})[2:] == [
-        ("streampool", "streampool-threshold-1GiB"), ("native", "streampool-vmm"),
-        ("streampool-vmm", "streampool-vmm-threshold-1GiB")]
+        ("streampool", "streampool-threshold-1GiB"), ("native", "streampool-pool"),
+        ("streampool-pool", "streampool-pool-threshold-1GiB")]
     assert dict(configs.CONFIGS["streampool-vmm-threshold-1GiB"].env) == {
         "STREAMPOOL_BACKEND": "vmm", "STREAMPOOL_RELEASE_THRESHOLD": "1GiB"}
+    assert dict(configs.CONFIGS["streampool-pool-threshold-1GiB"].env) == {
+        "STREAMPOOL_BACKEND": "pool", "STREAMPOOL_RELEASE_THRESHOLD": "1GiB"}
+    assert configs.CONFIGS["streampool-pool-threshold-1GiB"].reference == "streampool-pool"
     with pytest.raises(ValueError, match="select it too"):
         configs.pairs_of(["native", "streampool-threshold-1GiB"], {})
 
 
 def test_default_configurations_are_the_issue_list_rmm_optional():
     assert configs.DEFAULT_CONFIGS == ("native", "native-aa", "expandable", "torch-async",
-                                       "streampool", "streampool-vmm")
+                                       "streampool", "streampool-pool")
     assert {"rmm-pool", "rmm-async"} <= set(configs.CONFIG_NAMES)
 
 
@@ -67,8 +70,9 @@ def test_bad_variants_are_refused(text):
 
 def test_the_cotenant_configurations_of_a():
     assert configs.COTENANT_NAMES == ("native", "native+empty_cache", "expandable", "torch-async",
-                                      "streampool", "streampool-threshold-1GiB", "streampool-vmm",
-                                      "streampool-vmm-threshold-1GiB")
+                                      "streampool", "streampool-threshold-1GiB", "streampool-pool",
+                                      "streampool-pool-threshold-1GiB")
+    assert {"streampool-vmm", "streampool-vmm-threshold-1GiB"} <= set(configs.COTENANT_CONFIGS)
     assert configs.COTENANT_CONFIGS["native+empty_cache"].empty_cache
     assert not configs.COTENANT_CONFIGS["native"].empty_cache
 

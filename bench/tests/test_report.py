@@ -14,9 +14,11 @@ RATIOS = {"native-aa": 1.0, "expandable": 0.99, "torch-async": 1.07, "streampool
 
 def models_call():
     gpt2 = fakes.workload("gpt2", {**RATIOS, "streampool-threshold-1GiB": 1.01,
-                                   "streampool-vmm-threshold-1GiB": 1.04},
+                                   "streampool-vmm-threshold-1GiB": 1.04,
+                                   "streampool-pool-threshold-1GiB": 1.09},
                           {**MEMORY, "streampool-threshold-1GiB": 10.0,
-                           "streampool-vmm-threshold-1GiB": 10.1})
+                           "streampool-vmm-threshold-1GiB": 10.1,
+                           "streampool-pool-threshold-1GiB": 10.2})
     bert = fakes.workload(
         "bert", {k: v for k, v in RATIOS.items() if k != "streampool-vmm"}, MEMORY,
         failed={"streampool-vmm": "Traceback ...\nRuntimeError: CUDA error: out of memory"},
@@ -44,8 +46,12 @@ def test_time_cells_are_paired_ratios_with_an_interval_and_n(built):
     assert built["price"]["ratio"] == pytest.approx(1.01, abs=0.01)
     assert gpt2["streampool-vmm-threshold-1GiB"]["time"]["ref"] == "streampool-vmm"
     assert built["price_vmm"]["ratio"] == pytest.approx(1.04, abs=0.01)
+    assert gpt2["streampool-pool-threshold-1GiB"]["time"]["ref"] == "streampool-pool"
+    assert built["price_pool"]["ratio"] == pytest.approx(1.09, abs=0.01)
     notes = " ".join(markdown.headline_notes(built))
     assert "Its price, GPT-2" in notes and "Its price on vmm, GPT-2" in notes
+    assert "Its price on pool, GPT-2 training time with the threshold ÷ without (paired): 1.09" \
+        in notes
     assert built["aa"]["gpt2"]["ratio"] == pytest.approx(1.0, abs=0.01)
 
 

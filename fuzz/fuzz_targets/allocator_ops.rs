@@ -131,7 +131,10 @@ impl Harness {
         // Strict: misuse of the driver (an unmap under unfinished work, a map over a mapping) panics.
         let sim = Arc::new(SimDriver::new(DEVICES, MEMORY_BYTES).strict());
         let config = match vmm {
-            false => Config::default(),
+            false => Config {
+                backend: Backend::Pool,
+                ..Config::default()
+            },
             true => Config {
                 backend: Backend::Vmm,
                 background: false,

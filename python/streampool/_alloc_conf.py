@@ -20,8 +20,8 @@ VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
 # key -> what to do instead under streampool (keys of PyTorch's caching allocator).
 UNHONOURED = {
-    "expandable_segments": "streampool's virtual-memory backend is its counterpart: "
-    "STREAMPOOL_BACKEND=vmm (install(backend='vmm'))",
+    "expandable_segments": "streampool's virtual-memory backend, its default, is its counterpart: "
+    "nothing to set (STREAMPOOL_BACKEND=vmm)",
     "max_split_size_mb": "streampool does not split cached blocks; STREAMPOOL_CACHE_MAX_BLOCK "
     "sets the largest freed block it caches",
     "roundup_power2_divisions": "streampool rounds every request to 512 B; there is no counterpart",

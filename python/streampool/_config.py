@@ -6,7 +6,7 @@ from typing import Dict, List, Mapping, Tuple
 # Every variable the library reads, with the default documented in docs/abi.md.
 VARIABLE_DEFAULTS: Dict[str, str] = {
     "STREAMPOOL_DRIVER": "cuda",
-    "STREAMPOOL_BACKEND": "pool",
+    "STREAMPOOL_BACKEND": "vmm",
     "STREAMPOOL_VMM_PAGE_SIZE": "2MiB",
     "STREAMPOOL_VMM_SPAN_SIZE": "auto",
     "STREAMPOOL_VMM_COLD_AFTER": "off",

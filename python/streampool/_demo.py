@@ -6,7 +6,9 @@ a known pattern and every byte checked (sizes that do not fit are skipped with a
 used on a side stream, kept alive there by record_stream, freed early and its memory reused; a few
 training steps of a small MLP; a 10 TB request that must raise "CUDA out of memory.", then one
 more checked tensor. The simulated driver runs the same allocation pattern without the data
-checks and the out-of-memory step. Statistics are printed while each phase holds its memory.
+checks and the out-of-memory step, on the pool backend unless STREAMPOOL_BACKEND names one (the
+first lines say so: a simulated GPU finishes its work only when the program synchronises, which
+the default backend's idle release waits for and never does). Statistics are printed while each phase holds its memory.
 Then the idle release: every tensor freed, the memory streampool keeps for reuse is shown, and
 the demo makes no call but reading statistics until it goes back to the device, about
 STREAMPOOL_IDLE_RELEASE (2 s) after the last free; a memory summary ends it.
@@ -38,6 +40,9 @@ TRAINING_STEPS = 5
 FLOAT_BYTES = 4
 SIM_SIDE_STREAM = 0x5151  # an arbitrary non-zero stream handle for the simulated driver
 IDLE_RELEASE_DEFAULT_S = 2.0  # STREAMPOOL_IDLE_RELEASE's default
+# The backend of the demo on the simulated driver where STREAMPOOL_BACKEND is not set: see
+# simulated_vmm for why not the default.
+SIM_DEMO_BACKEND = "pool"
 IDLE_GRACE_S = 3.0  # beyond the delay: the background thread's tick, a synchronisation
 IDLE_POLL_S = 0.25
 # A release may come in steps (blocks that waited for another stream come back at the background
@@ -295,8 +300,15 @@ def _gpu_training(torch: Any) -> None:
 
 def _run_sim(reason: str) -> bool:
     os.environ["STREAMPOOL_DRIVER"] = "sim"  # before the library's first use
+    chosen = os.environ.get("STREAMPOOL_BACKEND", "").strip()
+    if not chosen:
+        os.environ["STREAMPOOL_BACKEND"] = SIM_DEMO_BACKEND
     print(f"streampool demo on the simulated driver ({reason}): host memory stands in for a "
           "GPU's, the allocations are the same")
+    if not chosen:
+        print(f"backend: {SIM_DEMO_BACKEND}, whose idle release a simulated GPU can show (the "
+              "default, vmm, waits for\n  the GPU to finish its work, which a simulated GPU does "
+              "only when the program synchronises)")
     _sim_tensor_sizes()
     _sim_side_stream()
     _sim_training()

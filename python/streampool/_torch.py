@@ -123,8 +123,8 @@ def install(*, torch_stats: bool = True, **options: Any) -> Any:
 
     Options (each sets the STREAMPOOL_* variable of its name in capitals, which the README's
     Configuration table describes and ``python -m streampool info`` lists; sizes in bytes or
-    strings such as "8GiB", "80%", "max"): backend ("pool", "vmm": every block on streampool's own
-    virtual-memory pool, or "managed": managed memory), vmm_page_size, vmm_span_size, release_threshold,
+    strings such as "8GiB", "80%", "max"): backend ("vmm", the default: every block on streampool's
+    own virtual-memory pool; "pool": CUDA's stream-ordered pools; "managed": managed memory), vmm_page_size, vmm_span_size, release_threshold,
     max_pool_size, cache_limit, cache_max_block, small_pool_max (0: one pool for all sizes), trim_on_growth, peer_access
     ("auto", True or False), ipc (every allocation shareable with other processes),
     reuse_follow_event_dependencies, reuse_allow_opportunistic,

@@ -26,7 +26,8 @@ else:
 
 # The backend under test: the library's default unless STREAMPOOL_TEST_BACKEND names one
 # (scripts/test runs the suite under both).
-BACKEND = os.environ.get("STREAMPOOL_TEST_BACKEND", "pool")
+DEFAULT_BACKEND = "vmm"  # the library's (checked against the package's table below)
+BACKEND = os.environ.get("STREAMPOOL_TEST_BACKEND", DEFAULT_BACKEND)
 if BACKEND not in ("pool", "vmm"):
     raise RuntimeError(f"STREAMPOOL_TEST_BACKEND={BACKEND!r}: expected pool or vmm")
 _KEPT = (
@@ -45,6 +46,13 @@ if "STREAMPOOL_TEST_BACKEND" in os.environ:
     os.environ["STREAMPOOL_BACKEND"] = BACKEND
 
 import streampool  # noqa: E402  (after the path and the environment are set)
+from streampool._config import VARIABLE_DEFAULTS  # noqa: E402
+
+if VARIABLE_DEFAULTS["STREAMPOOL_BACKEND"] != DEFAULT_BACKEND:
+    raise RuntimeError(
+        f"conftest.DEFAULT_BACKEND is {DEFAULT_BACKEND!r}, the library's default backend is "
+        f"{VARIABLE_DEFAULTS['STREAMPOOL_BACKEND']!r}: make them agree"
+    )
 
 if INSTALLED and Path(streampool.__file__).resolve().parent.parent == PYTHON_DIR:
     raise RuntimeError(
@@ -62,7 +70,7 @@ def pytest_report_header(config):
 def pool_backend_only(test):
     """For a test of the CUDA pool backend's own behaviour (its cache of large blocks, its event
     sequence); the vmm backend's counterpart is in test_vmm.py. Runs when the suite runs on the
-    pool backend (the default; scripts/test also runs it under STREAMPOOL_TEST_BACKEND=vmm)."""
+    pool backend (scripts/test runs it under STREAMPOOL_TEST_BACKEND=pool; the default is vmm)."""
     return pytest.mark.skipif(
         BACKEND != "pool", reason="pool backend behaviour (scripts/test runs it under pool)"
     )(test)

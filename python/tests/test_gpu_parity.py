@@ -19,7 +19,8 @@ import time
 from typing import Optional
 
 import pytest
-from test_gpu import MISSING, RUNNER, gpu_env, TEST_BACKEND
+from conftest import BACKEND
+from test_gpu import MISSING, RUNNER, gpu_env
 from helpers import describe, run_python
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"GPU tests need PyTorch and a CUDA GPU: {MISSING}")
@@ -60,7 +61,7 @@ def _refused_at_put(ours) -> Optional[str]:
     """On the pool backend the plain install() cannot share a tensor of an ordinary pool: what is
     wanted then is the refusal raised by put itself (the case asserts it came at once, in the
     caller). On the vmm backend every tensor shares (its pages are exportable): no difference."""
-    if (TEST_BACKEND or "pool") == "vmm":
+    if BACKEND == "vmm":
         return None
     if isinstance(ours, dict) and ours.get("delivered") is False and ours.get("refused_at_put"):
         return f"raises at `put`: {ours['refused_at_put']}"
@@ -111,7 +112,7 @@ def _record(case: str, outcome: dict) -> None:
 
         where = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0)}
         with open(path, "a") as f:
-            f.write(json.dumps({"case": case, "backend": TEST_BACKEND or "pool", **where, **outcome}) + "\n")
+            f.write(json.dumps({"case": case, "backend": BACKEND, **where, **outcome}) + "\n")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -125,13 +126,13 @@ def test_feature_under_install_works_and_matches_native(case, capsys):
                "native_s": round(native_s, 1), "streampool_s": round(ours_s, 1)}
     if difference is not None:
         outcome["difference"] = difference
-    if (TEST_BACKEND or "pool") == "pool":
+    if BACKEND == "pool":
         plain_ok, plain, _ = _run(case, "pluggable", timeout=240)
         outcome["pluggable"] = plain_ok and _agree(native, plain, CASES[case])
         outcome["pluggable_error"] = None if plain_ok else str(plain).strip().splitlines()[-1][:200]
     _record(case, outcome)
     with capsys.disabled():
-        print(f"\nPARITY {case} backend={TEST_BACKEND or 'pool'} native={native_ok} "
+        print(f"\nPARITY {case} backend={BACKEND} native={native_ok} "
               f"streampool={streampool_ok} agree={agree}" + (f" difference={difference}" if difference else ""))
     assert native_ok, f"{case} fails under PyTorch's native allocator:\n{native}"
     assert streampool_ok, f"{case} fails under streampool:\n{ours}"

@@ -237,6 +237,9 @@ def test_demo_on_the_simulated_driver_holds_memory_then_gives_it_back_when_idle(
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("streampool demo on the simulated driver (STREAMPOOL_DRIVER=sim): "
                                "host memory stands in for a GPU's"), describe(proc)
+    chosen = os.environ.get("STREAMPOOL_BACKEND")  # set by conftest for a named backend only
+    assert lines[1].startswith("backend: pool, whose idle release a simulated GPU can show") \
+        == (chosen is None), describe(proc)
     phases = {line[:30].strip(): demo_figures(line) for line in lines[1:]
               if " allocated " in line and " reserved " in line}
     for held in ("tensors of several sizes", "side stream + record_stream", "MLP training steps"):
@@ -263,6 +266,15 @@ def test_the_demo_waits_for_the_idle_release_the_environment_sets():
     off = run_python(args=["-m", "streampool", "demo"], env={"STREAMPOOL_IDLE_RELEASE": "off"})
     assert off.returncode == 0, describe(off)
     assert "idle release is off (STREAMPOOL_IDLE_RELEASE): streampool keeps " in off.stdout
+
+
+def test_the_demo_on_the_simulated_driver_runs_the_backend_the_environment_names():
+    proc = run_python(args=["-m", "streampool", "demo"], env={"STREAMPOOL_BACKEND": "vmm",
+                                                              "STREAMPOOL_IDLE_RELEASE": "500ms"})
+    assert proc.returncode == 0, describe(proc)
+    assert "backend: pool" not in proc.stdout, describe(proc)
+    assert "the idle release is not shown on the simulated driver with the vmm backend" \
+        in proc.stdout, describe(proc)
 
 
 def test_scripts_demo_says_it_is_building_before_the_build_starts(tmp_path):

@@ -41,7 +41,7 @@ const fn driver_default(var: &'static str) -> VariableDefault {
 /// beside [`Config::default`](super::Config)).
 pub const DEFAULTS: &[VariableDefault] = &[
     value("STREAMPOOL_DRIVER", "cuda"),
-    value("STREAMPOOL_BACKEND", "pool"),
+    value("STREAMPOOL_BACKEND", "vmm"),
     value("STREAMPOOL_VMM_PAGE_SIZE", "2MiB"),
     value("STREAMPOOL_VMM_SPAN_SIZE", "auto"),
     value("STREAMPOOL_VMM_COLD_AFTER", "off"),

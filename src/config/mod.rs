@@ -155,12 +155,11 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             driver: DriverKind::Cuda,
-            // The CUDA pool. The virtual-memory backend holds less memory than it on every
-            // workload of the benchmark and gives memory to a neighbour process at once, but it
-            // is not yet at or below expandable segments everywhere, nor as fast as native on
-            // GPT-2 and allocation churn (BENCHMARKS.md, headline): the rule for making it the
-            // default is every target met in one run.
-            backend: Backend::Pool,
+            // streampool's virtual-memory pool: in the last full benchmark run it held as little
+            // memory as expandable segments or less on every workload, the CUDA pool more on
+            // every one (BENCHMARKS.md); it alone shares any block and sleeps. A device without
+            // virtual memory management gets the pool ([`crate::resource::provision`]).
+            backend: Backend::Vmm,
             // Keep everything: a threshold of 0 with per-step syncs costs 1.4-1.5x in training.
             release_threshold: SizeSpec::Max,
             max_pool_size: SizeSpec::Max,

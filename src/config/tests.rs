@@ -29,7 +29,7 @@ fn every_backend_parses_from_its_name_and_the_error_lists_them_all() {
 fn defaults_keep_everything() {
     let c = parse(&[]).unwrap();
     assert_eq!(c.driver, DriverKind::Cuda);
-    assert_eq!(c.backend, Backend::Pool);
+    assert_eq!(c.backend, Backend::Vmm);
     assert_eq!(c.release_threshold, SizeSpec::Max);
     assert_eq!(c.reuse, ReusePolicy::default());
 }

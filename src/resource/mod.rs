@@ -384,7 +384,7 @@ fn vmm_own(at: &Provisioning<'_>) -> Result<Option<Own>> {
         log::warn!(
             "device {device} does not support CUDA virtual memory management \
              (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED): it uses the pool \
-             backend instead of STREAMPOOL_BACKEND=vmm"
+             backend instead of vmm"
         );
         return Ok(None);
     }

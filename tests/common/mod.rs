@@ -37,13 +37,15 @@ pub fn pool_rig(memory_bytes: u64) -> Rig {
 }
 
 /// The configuration the tests start from: the backend under test (`STREAMPOOL_TEST_BACKEND`:
-/// `pool` unless set to `vmm`; scripts/test runs the backend-neutral suites under both), and no
+/// the library's default, `vmm`, unless set to `pool`; scripts/test runs the backend-neutral
+/// suites under both), and no
 /// background thread (tests that need its work call it themselves, so nothing changes under
 /// them on a slow machine).
 pub fn base_config() -> Config {
     let backend = match std::env::var("STREAMPOOL_TEST_BACKEND").as_deref() {
         Ok("vmm") => streampool::config::Backend::Vmm,
-        Ok("pool") | Err(_) => streampool::config::Backend::Pool,
+        Ok("pool") => streampool::config::Backend::Pool,
+        Err(_) => Config::default().backend,
         Ok(other) => panic!("STREAMPOOL_TEST_BACKEND={other:?}: expected pool or vmm"),
     };
     Config {
