@@ -79,8 +79,9 @@ CONFIGS: Dict[str, Config] = {
 }
 CONFIG_NAMES = tuple(CONFIGS)
 # What a run compares unless --configs says otherwise (RMM only where its wheels are carried;
-# streampool-vmm is streampool at its default backend, vmm, so it is not run twice: name it with
-# --configs to compare a build whose default is the pool).
+# streampool-vmm is streampool at its default backend, vmm, so it is not run twice). The co-tenant
+# and the threshold's price run fixed lists (COTENANT_NAMES, PRICE_CONFIGS), made for a library
+# whose default is vmm.
 DEFAULT_CONFIGS = (
     NATIVE,
     NATIVE_AA,
@@ -166,10 +167,7 @@ COTENANT_CONFIGS: Dict[str, CotenantConfig] = {
     THRESHOLD: CotenantConfig(CONFIGS[THRESHOLD]),
     "streampool-pool": CotenantConfig(CONFIGS["streampool-pool"]),
     POOL_THRESHOLD: CotenantConfig(CONFIGS[POOL_THRESHOLD]),
-    # Each backend by name, for a build whose default is the other.
-    "streampool-vmm": CotenantConfig(CONFIGS["streampool-vmm"]),
-    VMM_THRESHOLD: CotenantConfig(CONFIGS[VMM_THRESHOLD]),
 }
-# What the co-tenant call runs as A: streampool at its defaults (vmm) and on the pool, each with
-# and without a threshold.
-COTENANT_NAMES = tuple(n for n in COTENANT_CONFIGS if n not in ("streampool-vmm", VMM_THRESHOLD))
+# What the co-tenant call runs as A (every one, whatever --configs says): streampool at its
+# defaults (vmm) and on the pool, each with and without a threshold.
+COTENANT_NAMES = tuple(COTENANT_CONFIGS)

@@ -12,11 +12,20 @@ mod sleep_costs;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
+use streampool::config::Backend;
 use streampool::driver::{
     cuda::CudaDriver, DeviceDriver, DevicePtr, Driver, MemHandle, PoolAttr, PoolDriver, Stream,
     StreamDriver, VmmDriver,
 };
 use streampool::{Allocator, Config};
+
+/// The pool backend: its figures are what this profile's labels name (pools, the cache).
+fn pool_config() -> Config {
+    Config {
+        backend: Backend::Pool,
+        ..Config::default()
+    }
+}
 
 const MIB: u64 = 1 << 20;
 const ROUNDS: usize = 5;
@@ -76,7 +85,7 @@ fn main() {
     driver.synchronize(0).unwrap();
     driver.pool_destroy(0, pool).unwrap();
 
-    let alloc = Allocator::new(driver.clone() as Arc<dyn Driver>, Config::default()).unwrap();
+    let alloc = Allocator::new(driver.clone() as Arc<dyn Driver>, pool_config()).unwrap();
     report(
         "streampool malloc + free, cache hit, 1 MiB",
         ns_per_op(n, |_| {
@@ -108,7 +117,7 @@ fn main() {
     // No cache: every malloc and free goes to the pool, i.e. the cost of a cache miss.
     let uncached = Config {
         cache_limit: streampool::units::SizeSpec::Bytes(0),
-        ..Config::default()
+        ..pool_config()
     };
     let alloc = Allocator::new(driver.clone() as Arc<dyn Driver>, uncached).unwrap();
     for bytes in [4096, 64 * MIB] {

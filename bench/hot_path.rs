@@ -4,12 +4,17 @@
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use std::hint::black_box;
 use std::sync::Arc;
+use streampool::config::Backend;
 use streampool::driver::{sim::SimDriver, DevicePtr, Driver, Stream};
 use streampool::{Allocator, Config};
 
 fn allocator() -> Allocator {
     let sim: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 64 << 30));
-    Allocator::new(sim, Config::default()).unwrap()
+    let config = Config {
+        backend: Backend::Pool,
+        ..Config::default()
+    };
+    Allocator::new(sim, config).unwrap()
 }
 
 fn bench(c: &mut Criterion) {

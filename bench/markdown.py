@@ -15,7 +15,8 @@ from .stats import MIN_PAIRS
 HEADLINE_CONFIGS = (NATIVE, "expandable", "torch-async", "streampool", "streampool-pool",
                     "streampool-vmm")
 COTENANT_COLUMNS = {NATIVE: NATIVE, "expandable": "expandable", "torch-async": "torch-async",
-                    "streampool": "streampool", "streampool-vmm": "streampool-vmm"}
+                    "streampool": "streampool", "streampool-pool": "streampool-pool",
+                    "streampool-vmm": "streampool-vmm"}
 HEADLINE_IDLE_S = 3.0
 MARKS = {"met": " ✓", "not met": " ✗"}
 

@@ -1,6 +1,6 @@
-//! streampool: a PyTorch pluggable CUDA allocator — a small Rust cache over CUDA stream-ordered
-//! memory pools (`cuMemAllocFromPoolAsync` / `cuMemFreeAsync`) or over its own virtual-memory
-//! pool for large blocks (`STREAMPOOL_BACKEND=vmm`).
+//! streampool: a PyTorch pluggable CUDA allocator — a small Rust layer over its own
+//! virtual-memory pool for every block size (`STREAMPOOL_BACKEND=vmm`, the default) or over CUDA
+//! stream-ordered memory pools (`cuMemAllocFromPoolAsync` / `cuMemFreeAsync`, `pool`).
 //!
 //! Layers, top to bottom, in the order a call goes through them:
 //! - `ffi`: the C ABI (`my_malloc`/`my_free` for PyTorch, hooks, stats): argument conversion,

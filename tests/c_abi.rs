@@ -63,7 +63,8 @@ fn run(exe: &Path, env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(exe);
     cmd.env("LD_LIBRARY_PATH", lib_dir())
         .env("STREAMPOOL_DRIVER", "sim")
-        .env_remove("STREAMPOOL_LOG");
+        .env_remove("STREAMPOOL_LOG")
+        .env_remove("STREAMPOOL_BACKEND");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -151,10 +152,14 @@ fn c_program_calls_every_export() {
         "tests/c/abi_check.c does not call {uncalled:?}, declared in include/streampool.h"
     );
     let exe = build("abi", "tests/c/abi_check.c", "cc");
-    // Both backends: page sharing needs the vmm backend's blocks.
-    for backend in ["pool", "vmm"] {
-        let out = run(&exe, &[("STREAMPOOL_BACKEND", backend)]);
-        assert!(out.status.success(), "{backend}: {}", text(&out));
+    // Both backends, and the default (vmm): page sharing needs the vmm backend's blocks.
+    for backend in [None, Some("pool"), Some("vmm")] {
+        let env: Vec<(&str, &str)> = backend
+            .map(|b| ("STREAMPOOL_BACKEND", b))
+            .into_iter()
+            .collect();
+        let out = run(&exe, &env);
+        assert!(out.status.success(), "{backend:?}: {}", text(&out));
         assert!(text(&out).contains("c abi ok"));
     }
 }

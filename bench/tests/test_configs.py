@@ -72,7 +72,6 @@ def test_the_cotenant_configurations_of_a():
     assert configs.COTENANT_NAMES == ("native", "native+empty_cache", "expandable", "torch-async",
                                       "streampool", "streampool-threshold-1GiB", "streampool-pool",
                                       "streampool-pool-threshold-1GiB")
-    assert {"streampool-vmm", "streampool-vmm-threshold-1GiB"} <= set(configs.COTENANT_CONFIGS)
     assert configs.COTENANT_CONFIGS["native+empty_cache"].empty_cache
     assert not configs.COTENANT_CONFIGS["native"].empty_cache
 

@@ -27,6 +27,7 @@ def models_call():
                 fakes.trial("native+empty_cache", 1.2, empty_cache=True),
                 fakes.trial("expandable", 12.3), fakes.trial("torch-async", 12.8),
                 fakes.trial("streampool", 0.4), fakes.trial("streampool-threshold-1GiB", 0.3),
+                fakes.trial("streampool-pool", 0.6),
                 fakes.trial("streampool-vmm", 0.2, error="exited with status 1:\nboom")]
     return fakes.call([gpt2, bert], cotenant=cotenant)
 
@@ -150,6 +151,7 @@ def test_the_headline_shows_every_configuration_wins_losses_and_failures(built):
     assert bert.rstrip(" |").endswith("**failed**")
     cotenant = next(line for line in text.splitlines() if line.startswith("| co-tenant"))
     assert "12.90 GiB" in cotenant and "0.40 GiB ✓" in cotenant and "**failed**" in cotenant
+    assert cotenant.split(" | ")[-2:] == ["0.60 GiB", "**failed** |"]  # streampool-pool, -vmm
     assert "out of memory" in text and "boom" in text  # failures named on the screen
     assert "threshold ÷ without (paired): 1.02 (1.01–1.02)" in text
 

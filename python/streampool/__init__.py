@@ -1,4 +1,5 @@
-"""streampool: a PyTorch CUDA allocator made of a small Rust cache over CUDA stream-ordered pools.
+"""streampool: a PyTorch CUDA allocator, a small Rust layer over its own virtual-memory pool (the
+default) or CUDA stream-ordered pools.
 
 Typical use, before any CUDA work in the process::
 

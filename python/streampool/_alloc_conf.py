@@ -30,8 +30,8 @@ UNHONOURED = {
     "STREAMPOOL_RELEASE_THRESHOLD and STREAMPOOL_IDLE_RELEASE set when",
     "per_process_memory_fraction": "call torch.cuda.set_per_process_memory_fraction() after "
     "install(): streampool enforces it",
-    "backend": "streampool is the allocator: the setting is ignored (its pool backend already "
-    "uses the driver's stream-ordered pools, as cudaMallocAsync does)",
+    "backend": "streampool is the allocator: the setting is ignored (its pool backend, "
+    "STREAMPOOL_BACKEND=pool, uses the driver's stream-ordered pools, as cudaMallocAsync does)",
     "release_lock_on_cudamalloc": "streampool makes its driver calls outside its locks; there is "
     "no counterpart",
     "graph_capture_record_stream_reuse": "streampool's CUDA graph pools follow record_stream "

@@ -136,7 +136,7 @@ def _rows(text, title):
 
 
 def test_a_comparison_measures_each_allocators_runs_and_prints_the_table(tmp_path):
-    # STREAMPOOL_BACKEND unset here: the suite's run on the vmm backend sets it in this process.
+    # STREAMPOOL_BACKEND unset here: the suite's run on the pool backend sets it in this process.
     env = {ALLOC_CONF: "garbage_collection_threshold:0.6", "STREAMPOOL_BACKEND": None}
     status, text, logs = run_compare(tmp_path, env=env)
     assert status == 0, text

@@ -13,6 +13,7 @@ import sys
 from typing import Dict, Optional
 
 import pytest
+from conftest import BACKEND
 from helpers import GiB, describe, python_env, run_python
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_cases", "run.py")
@@ -32,9 +33,10 @@ MISSING = _missing_gpu()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"GPU tests need PyTorch and a CUDA GPU: {MISSING}")
 
 
-# The backend every GPU case runs streampool with: STREAMPOOL_TEST_BACKEND (scripts/gpu-check
-# sets it from STREAMPOOL_BACKEND, which conftest removes from this process), else the default.
-TEST_BACKEND = os.environ.get("STREAMPOOL_TEST_BACKEND")
+# The backend every GPU case runs streampool with, named in its environment (the cases check it):
+# STREAMPOOL_TEST_BACKEND (scripts/gpu-check sets it from STREAMPOOL_BACKEND, which conftest
+# removes from this process), else the library's default (conftest.BACKEND).
+TEST_BACKEND = BACKEND
 
 
 def _test_settings(text: str) -> Dict[str, str]:

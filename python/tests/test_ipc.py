@@ -279,7 +279,7 @@ def test_queues_pickle_in_the_feeder_without_cuda():
 
 
 vmm_backend_only = pytest.mark.skipif(
-    BACKEND != "vmm", reason="vmm backend behaviour (scripts/test runs the suite under vmm too)"
+    BACKEND != "vmm", reason="vmm backend behaviour (scripts/test runs the suite on vmm, the default)"
 )
 
 

@@ -24,7 +24,7 @@ def awake():
     streampool.empty_cache()
 
 
-@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it under vmm)")
+@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it on vmm, the default)")
 def test_sleep_gives_every_page_back_and_wake_maps_them_again():
     ptr = _lib.malloc(5 * MiB, 0, 0)
     freed = _lib.malloc(8 * MiB, 0, 0)
@@ -71,7 +71,7 @@ def _saved_after_sleep(discard=None) -> int:
     return saved
 
 
-@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it under vmm)")
+@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it on vmm, the default)")
 def test_a_discarded_tag_keeps_its_blocks_out_of_host_memory_and_tags_nest_per_thread():
     # Blocks of whole pages (2 MiB), so that no page holds two of them.
     untagged = _lib.malloc(4 * MiB, 0, 0)
@@ -96,7 +96,7 @@ def test_a_discarded_tag_keeps_its_blocks_out_of_host_memory_and_tags_nest_per_t
         _lib.free(ptr, size, 0)
 
 
-@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it under vmm)")
+@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it on vmm, the default)")
 def test_discarding_an_unknown_tag_is_refused_and_changes_nothing():
     with streampool.tag("kv_cache"):
         ptr = _lib.malloc(MiB, 0, 0)
@@ -107,7 +107,7 @@ def test_discarding_an_unknown_tag_is_refused_and_changes_nothing():
     _lib.free(ptr, MiB, 0)
 
 
-@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it under vmm)")
+@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it on vmm, the default)")
 def test_a_tagged_block_freed_while_asleep_and_info_shows_the_sleeping_memory():
     from streampool.__main__ import _device_line
 
@@ -126,7 +126,7 @@ def test_a_tagged_block_freed_while_asleep_and_info_shows_the_sleeping_memory():
     _lib.free(keep, 2 * MiB, 0)
 
 
-@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it under vmm)")
+@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it on vmm, the default)")
 def test_the_host_buffer_is_kept_after_wake_until_released():
     from streampool.__main__ import _device_line
 
@@ -198,7 +198,7 @@ def test_a_tag_is_popped_when_its_block_raises():
     assert _no_tag_pushed()
 
 
-@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it under vmm)")
+@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it on vmm, the default)")
 def test_a_reserved_sleep_buffer_is_what_the_next_sleep_uses():
     ptr = _lib.malloc(4 * MiB, 0, 0)
     needed = streampool.reserve_sleep_buffer(0)

@@ -155,10 +155,12 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             driver: DriverKind::Cuda,
-            // streampool's virtual-memory pool: in the last full benchmark run it held as little
-            // memory as expandable segments or less on every workload, the CUDA pool more on
-            // every one (BENCHMARKS.md); it alone shares any block and sleeps. A device without
-            // virtual memory management gets the pool ([`crate::resource::provision`]).
+            // streampool's virtual-memory pool: on the H200 it holds about what expandable
+            // segments hold (a hundredth of live bytes above them on BERT and GPT-2, level on
+            // churn, below on multistream and compiled), the CUDA pool more on every workload
+            // (bench/results/2026-11-30-h200-default); it alone shares any block and sleeps.
+            // A device without virtual memory management gets the pool
+            // ([`crate::resource::provision`]).
             backend: Backend::Vmm,
             // Keep everything: a threshold of 0 with per-step syncs costs 1.4-1.5x in training.
             release_threshold: SizeSpec::Max,
