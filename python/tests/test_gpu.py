@@ -33,12 +33,6 @@ MISSING = _missing_gpu()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"GPU tests need PyTorch and a CUDA GPU: {MISSING}")
 
 
-# The backend every GPU case runs streampool with, named in its environment (the cases check it):
-# STREAMPOOL_TEST_BACKEND (scripts/gpu-check sets it from STREAMPOOL_BACKEND, which conftest
-# removes from this process), else the library's default (conftest.BACKEND).
-TEST_BACKEND = BACKEND
-
-
 def _test_settings(text: str) -> Dict[str, str]:
     """STREAMPOOL_TEST_SETTINGS ("STREAMPOOL_VAR=VALUE,..."): settings every GPU case runs with
     (conftest removes STREAMPOOL_* variables from this process, so they travel under this name)."""
@@ -58,9 +52,9 @@ def gpu_env(backend: Optional[str] = None):
     env = {name: None for name in os.environ if name.startswith("STREAMPOOL_") and name != "STREAMPOOL_LIBRARY"}
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     env.update(TEST_SETTINGS)
-    backend = backend or TEST_BACKEND
-    if backend:
-        env["STREAMPOOL_BACKEND"] = backend
+    # Named in the case's environment (the cases check it): conftest.BACKEND, the backend under
+    # test (scripts/gpu-check names it as STREAMPOOL_TEST_BACKEND), unless the test asks another.
+    env["STREAMPOOL_BACKEND"] = backend or BACKEND
     return env
 
 
