@@ -176,6 +176,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.add_argument("--cotenant-repeats", type=_positive(int, "--cotenant-repeats"),
                             default=1, help="trials per configuration of the co-tenant's A "
                             "(default 1)")
+        parser.add_argument("--cotenant-without-price", action="store_true",
+                            help="the co-tenant's trials alone; the threshold's price apart is "
+                            f"--workloads gpt2 --configs {','.join(PRICE_CONFIGS)}")
         parser.add_argument("--variant", type=parse_variant, action="append", default=[],
                             metavar="LABEL:STREAMPOOL_VAR=VALUE[,...]",
                             help="also run streampool with these settings as streampool:LABEL")
@@ -265,11 +268,15 @@ def announce(options, calibration) -> float:
             text = f"sleep and wake of GPT-2's training state: {', '.join(plan.SLEEP_CONFIGS)}"
         elif group == plan.COTENANT_GROUP:
             settings = _settings(options, ["gpt2"], calibration)
-            seconds = len(COTENANT_NAMES) * options.cotenant_repeats * 20 + plan.estimate_s(
-                ["gpt2"], len(PRICE_CONFIGS), settings, plan.start_s("models", calibration),
-                calibration)
+            seconds = len(COTENANT_NAMES) * options.cotenant_repeats * 20
             text = (f"co-tenant ({len(COTENANT_NAMES)} configurations of A × "
-                    f"{options.cotenant_repeats}) and the price of a release threshold on gpt2")
+                    f"{options.cotenant_repeats})")
+            if options.cotenant_without_price:
+                settings = {}
+            else:
+                seconds += plan.estimate_s(["gpt2"], len(PRICE_CONFIGS), settings,
+                                           plan.start_s("models", calibration), calibration)
+                text += " and the price of a release threshold on gpt2"
         else:
             settings = _settings(options, workloads, calibration)
             seconds = plan.estimate_s(workloads, len(options.configs), settings, start_s,
@@ -350,7 +357,8 @@ def run(options, argv: Sequence[str], environ: Dict[str, str]) -> Dict[str, Any]
         call["cotenant"] = cotenant.run_cotenant(COTENANT_NAMES, environ,
                                                  options.cotenant_repeats)
         save()
-        run_sets(list(PRICE_CONFIGS), ["gpt2"])
+        if not options.cotenant_without_price:
+            run_sets(list(PRICE_CONFIGS), ["gpt2"])
     save()
     return write_report([call], options.out_dir)
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import affinity, cli, isolation, plan, portable
+from bench import affinity, cli, cotenant, isolation, plan, portable
+from bench.configs import COTENANT_NAMES, PRICE_CONFIGS
 
 STANDIN = ["--engine", "bench.tests.standin:StandinEngine"]
 
@@ -262,3 +263,41 @@ def test_help_of_the_module_names_headline(capsys):
     done = subprocess.run([sys.executable, "-m", "bench", "--help"], capture_output=True,
                           text=True, cwd=Path(cli.__file__).resolve().parents[1])
     assert done.returncode == 0 and "python3 -m bench headline" in done.stdout, done.stderr
+
+
+def fabricated_trials(monkeypatch):
+    """The co-tenant's trials stood in for: one measured trial per configuration of A."""
+    probe = {"idle_s": 3.0, "held_beyond_live_bytes": 2**29, "free_bytes": 2**36,
+             "confirmed": True}
+
+    def trials(names, environ, repeats=1):
+        return [{"config": n, "round": 0, "probes": [probe], "live_bytes": 2**30,
+                 "empty_cache_called": False} for n in names]
+
+    monkeypatch.setattr(cotenant, "run_cotenant", trials)
+
+
+@pytest.mark.parametrize("without_price", [False, True])
+def test_the_cotenant_group_runs_its_trials_and_the_price_unless_told_not_to(
+        tmp_path, monkeypatch, without_price):
+    fabricated_trials(monkeypatch)
+    argv = ["--group", "cotenant", "--pairs", "4", "--block-s", "0.003", "--processes", "1",
+            "--calibration", "none", "--out-dir", str(tmp_path / "run"), *STANDIN]
+    argv += ["--cotenant-without-price"] if without_price else []
+    assert cli.main(argv, {"STREAMPOOL_IDLE_RELEASE": "off"}) == 0
+    (call,) = json.loads((tmp_path / "run" / "results.json").read_text())["runs"]
+    assert [t["config"] for t in call["cotenant"]] == list(COTENANT_NAMES)
+    assert [w["workload"] for w in call["workloads"]] == ([] if without_price else ["gpt2"])
+    if not without_price:
+        return
+    # The price run apart, as the option's help gives it, then merged: the report of the whole
+    # group (its trials and its price on both backends).
+    price = ["--workloads", "gpt2", "--configs", ",".join(PRICE_CONFIGS), "--pairs", "4",
+             "--block-s", "0.003", "--processes", "1", "--calibration", "none",
+             "--out-dir", str(tmp_path / "price"), *STANDIN]
+    assert cli.main(price, {"STREAMPOOL_IDLE_RELEASE": "off"}) == 0
+    assert cli.main(["merge", str(tmp_path / "run"), str(tmp_path / "price"), "--out-dir",
+                     str(tmp_path / "merged")]) == 0
+    built = json.loads((tmp_path / "merged" / "report.json").read_text())
+    assert set(built["cotenant"]) == set(COTENANT_NAMES)
+    assert built["price"]["n"] == built["price_pool"]["n"] == 4
