@@ -9,6 +9,8 @@ use streampool::{Allocator, Config, DeviceAllocator, StreampoolStats};
 
 pub const MIB: u64 = 1 << 20;
 
+pub mod vmm;
+
 /// Stream `n` (a raw `CUstream` value; 0 is the legacy default stream).
 pub const fn s(n: usize) -> Stream {
     Stream(n)
@@ -61,6 +63,12 @@ pub fn pool_config() -> Config {
         backend: streampool::config::Backend::Pool,
         ..base_config()
     }
+}
+
+/// Runs `f`; a panic becomes a message (a worker that panics would leave the others at a barrier).
+pub fn unpanicked<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .map_err(|_| "a panic in the allocator".into())
 }
 
 /// True if `[a, a + a_bytes)` and `[b, b + b_bytes)` share a byte.

@@ -32,6 +32,7 @@ import basic  # noqa: E402  (case modules sit next to this file)
 import graphs  # noqa: E402
 import multigpu  # noqa: E402
 import parity  # noqa: E402
+import parity_snapshots  # noqa: E402
 import stress  # noqa: E402
 import timeline  # noqa: E402
 import torch_stats  # noqa: E402
@@ -160,7 +161,7 @@ class Context:
 def find_cases():
     """name -> function, from every ``case_<name>`` in the case modules."""
     cases = {}
-    for module in (basic, graphs, multigpu, parity, stress, timeline, torch_stats, training, vmm):
+    for module in (basic, graphs, multigpu, parity, parity_snapshots, stress, timeline, torch_stats, training, vmm):
         for attribute in dir(module):
             if attribute.startswith("case_"):
                 cases[attribute[len("case_"):]] = getattr(module, attribute)
