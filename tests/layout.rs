@@ -1,7 +1,7 @@
 //! docs/layout.md against the code: every file under `src/` is in one part of its table, no file
 //! uses (names a `crate::` path into) a part that the page's rules say it never uses, `Config`
 //! is read only in the files the page names, and blocks go back to their sources only where its
-//! source-id rule says.
+//! source-id rule says; and no source file is longer than the page allows.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -436,5 +436,66 @@ fn blocks_go_back_to_their_source_only_where_docs_layout_says() {
         broken.is_empty(),
         "the source-id rule of docs/layout.md is broken:\n{}",
         broken.join("\n")
+    );
+}
+
+/// The longest a source file may be (docs/layout.md, "Rules").
+const MAX_SOURCE_LINES: usize = 525;
+
+/// Every source file under `dir` (skipping `skip`, relative to the root): Rust, Python, C, shell
+/// and the extension-less scripts.
+fn source_files(dir: &Path, skip: &[&str], out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let relative = path
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if skip.contains(&relative.as_str()) || name.starts_with('.') || name == "__pycache__" {
+            continue;
+        }
+        if path.is_dir() {
+            source_files(&path, skip, out);
+            continue;
+        }
+        let source = match path.extension().and_then(|e| e.to_str()) {
+            Some(ext) => ["rs", "py", "c", "cpp", "h", "sh"].contains(&ext),
+            None => relative.starts_with("scripts/") || relative.starts_with(".ci/"),
+        };
+        if source {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn no_source_file_is_longer_than_docs_layout_allows() {
+    let mut files = Vec::new();
+    for dir in [
+        "src", "tests", "bench", "python", "scripts", "fuzz", "examples", ".ci",
+    ] {
+        if root().join(dir).is_dir() {
+            source_files(
+                &root().join(dir),
+                &["bench/results", "fuzz/target"],
+                &mut files,
+            );
+        }
+    }
+    assert!(files.len() > 100, "found only {} source files", files.len());
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|path| {
+            let lines = std::fs::read_to_string(path).ok()?.lines().count();
+            let name = path.strip_prefix(root()).unwrap().display();
+            (lines > MAX_SOURCE_LINES).then(|| format!("{name}: {lines} lines"))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "over {MAX_SOURCE_LINES} lines (docs/layout.md): split where the parts separate\n{}",
+        long.join("\n")
     );
 }
