@@ -190,6 +190,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         if mode == "calibrate":
             options.groups = [g for g in options.groups if g not in plan.UNPAIRED_GROUPS]
     if mode == "run":
+        if options.cotenant_without_price and (options.workloads or
+                                               plan.COTENANT_GROUP not in options.groups):
+            parser.error("--cotenant-without-price: only with the cotenant group (--group cotenant)")
         options.variants = dict(options.variant)
         if len(options.variants) != len(options.variant):
             parser.error("--variant labels must differ")

@@ -1,7 +1,8 @@
 //! The virtual-memory backend (`STREAMPOOL_BACKEND=vmm`) through the whole allocator, on a strict
 //! simulator (tests/common/vmm.rs): where blocks go (pages shared by small and large blocks, holes
-//! remapped, stream-ordered reuse, captures, peers, the memory fraction), and what it counts and
-//! shows. Release (background, thresholds, trims) is in tests/vmm_release.rs.
+//! remapped, stream-ordered reuse, captures, peers, the memory fraction, batched mapping and the
+//! pool's cap), and what it counts and shows. Release (background, thresholds, trims) is in
+//! tests/vmm_release.rs.
 
 mod common;
 use common::vmm::*;
@@ -360,4 +361,34 @@ fn used_bytes_and_the_reserved_peak_follow_the_vmm_resource() {
         "reset to what is mapped now"
     );
     r.finish();
+}
+
+/// Mapping is batched: the pages of one block are one span (one create, one map), or, with
+/// spans off, get their access in one cuMemSetAccess call (it behaves synchronously); the pool's
+/// cap (`STREAMPOOL_MAX_POOL_SIZE`) holds to the page either way.
+#[test]
+fn a_block_s_pages_get_access_in_one_call_and_the_cap_holds_to_the_page() {
+    for (span_bytes, calls) in [(32 * MIB, 1), (0, 4)] {
+        let config = Config {
+            max_pool_size: SizeSpec::Bytes(8 * MIB),
+            vmm_span_bytes: Some(span_bytes),
+            ..vmm_config()
+        };
+        let r = rig_with(1, 256 * MIB, config);
+        let a = r.malloc(8 * MIB, 0, S1); // four pages: exactly the cap
+        assert_eq!(
+            (r.sim.calls("cuMemCreate"), r.sim.calls("cuMemMap")),
+            (calls, calls),
+            "span {span_bytes}"
+        );
+        assert_eq!(
+            r.sim.calls("cuMemSetAccess"),
+            1,
+            "one call for four contiguous pages"
+        );
+        let e = r.alloc.malloc(2 * MIB, 0, S1).unwrap_err().to_string();
+        assert!(e.starts_with("CUDA out of memory."), "{e}");
+        r.alloc.free(a, 0).unwrap();
+        r.finish();
+    }
 }

@@ -38,6 +38,8 @@ def test_defaults_are_every_group_every_configuration():
         (["--without", "pin,luck"], "unknown setting luck; choose from pin, rotate, launch, autograd, threads"),
         (["calibrate", "--ablate", "luck"], "unknown setting luck"),
         (["merge"], "the following arguments are required: dirs"),
+        (["--group", "alloc", "--cotenant-without-price"], "only with the cotenant group"),
+        (["--workloads", "gpt2", "--cotenant-without-price"], "only with the cotenant group"),
     ],
 )
 def test_bad_options_name_the_option_and_what_is_accepted(argv, message, capsys):

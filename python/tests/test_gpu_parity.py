@@ -1,7 +1,7 @@
 """GPU tests: PyTorch features that depend on the allocator keep working under install(), on
 the backend under test, and give what they give under PyTorch's native allocator.
 
-Each case (gpu_cases/parity.py) runs in a fresh process under native, then under streampool; both
+Each case (gpu_cases/parity.py, parity_snapshots.py) runs in a fresh process under native, then under streampool; both
 must pass and their printed figures agree, unless streampool's result is a difference docs/parity.md
 documents (KNOWN_DIFFERENCES: the case asserts what streampool must do instead, and the table shows
 the difference, not a tick). On the pool backend each case also runs under
