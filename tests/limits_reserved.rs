@@ -3,6 +3,7 @@
 //! a pool growth past the cap is undone; under the cap a synchronisation makes room first.
 
 mod common;
+use common::vmm::vmm_config;
 use common::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -108,13 +109,6 @@ fn the_memory_fraction_caps_reserved_memory_under_16_threads() {
         );
         assert!(served.into_inner() >= ROUNDS, "{backend:?}: too few served");
         r.finish();
-    }
-}
-
-fn vmm_config() -> Config {
-    Config {
-        backend: streampool::config::Backend::Vmm,
-        ..common::base_config()
     }
 }
 

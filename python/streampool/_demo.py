@@ -8,7 +8,8 @@ training steps of a small MLP; a 10 TB request that must raise "CUDA out of memo
 more checked tensor. The simulated driver runs the same allocation pattern without the data
 checks and the out-of-memory step, on the pool backend unless STREAMPOOL_BACKEND names one (the
 first lines say so: a simulated GPU finishes its work only when the program synchronises, which
-the default backend's idle release waits for and never does). Statistics are printed while each phase holds its memory.
+the default backend's idle release waits for and never does). Statistics are printed while each
+phase holds its memory.
 Then the idle release: every tensor freed, the memory streampool keeps for reuse is shown, and
 the demo makes no call but reading statistics until it goes back to the device, about
 STREAMPOOL_IDLE_RELEASE (2 s) after the last free; a memory summary ends it.

@@ -156,7 +156,7 @@ impl Default for Config {
         Config {
             driver: DriverKind::Cuda,
             // streampool's virtual-memory pool: on the H200 it holds about what expandable
-            // segments hold (a hundredth of live bytes above them on BERT and GPT-2, level on
+            // segments hold (a few MiB above them on BERT and GPT-2, level on
             // churn, below on multistream and compiled), the CUDA pool more on every workload
             // (bench/results/2026-11-30-h200-default); it alone shares any block and sleeps.
             // A device without virtual memory management gets the pool
