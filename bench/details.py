@@ -174,7 +174,9 @@ def render(report: Dict[str, Any]) -> str:
         "",
         "A worker is one process for all the workloads of its run, one after the other (its "
         "tensors freed and its cache emptied in between): a figure can depend on what ran "
-        "before it in that process.",
+        "before it in that process. Memory is read after each synchronised step: a "
+        "configuration that gives memory back at each synchronisation (a release threshold) "
+        "shows what it holds after that, not its peak within the step.",
         "",
         *_table(report, _memory),
         "",
