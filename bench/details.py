@@ -192,8 +192,8 @@ def render(report: Dict[str, Any]) -> str:
         lines += ["", "## Co-tenant: what B can use while A idles", "", *cotenant]
     slept = report.get("sleep")
     if slept:
-        lines += ["", "## Sleep and wake (bench/sleep.py: the group's sleep/sleep.md has every "
-                  "figure)", ""] + [f"- {line}" for line in sleep_report.summary_lines(slept)]
+        lines += ["", "## Sleep and wake (bench/sleep.py: `sleep/sleep.md` in the sleep group's "
+                  "output folder has every figure)", ""] + [f"- {line}" for line in sleep_report.summary_lines(slept)]
     failures = markdown.failure_lines(report)
     if failures:
         lines += ["", "## Failures (last lines of each error)", ""] + [f"- {f}" for f in failures]

@@ -328,7 +328,7 @@ def run_table(run: Run) -> List[str]:
         lines.append(f"| co-tenant: held beyond live after {IDLE_S:g} s idle | | " + " | ".join(held) + " |")
     notes = markdown.headline_notes(report)
     if report.get("sleep"):
-        notes = (notes or []) + ["", "Sleep and wake (the run's `sleep/sleep.md`):", ""] + [
+        notes = (notes or []) + ["", f"Sleep and wake (`{sleep_page(run)}`):", ""] + [
             f"- {line}" for line in sleep_report.summary_lines(report["sleep"])]
     if notes:
         lines += notes
@@ -340,6 +340,12 @@ def run_table(run: Run) -> List[str]:
         lines += ["", "The run's commands (`STREAMPOOL_LIBRARY` and `PYTHONPATH` set as in "
                   "\"How to run it\"):", ""] + commands
     return lines
+
+
+def sleep_page(run: Run) -> str:
+    """Where the run's sleep group wrote sleep.md (DIR/sleep/sleep.md for the group's DIR)."""
+    found = sorted((run.root / run.folder).glob("**/sleep/sleep.md"))
+    return str(found[0].relative_to(run.root)) if found else f"{run.folder}/<sleep group>/sleep/sleep.md"
 
 
 def command_text(run: Run, command: str) -> str:

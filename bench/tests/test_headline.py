@@ -33,6 +33,10 @@ def copy_of_the_repository(tmp_path, folder=None):
     for sub in (ROOT / run.folder).iterdir():  # the groups' folders, which the commands name
         if sub.is_dir():
             (target / sub.name).mkdir()
+    for page in (ROOT / run.folder).glob("**/sleep/sleep.md"):  # which the sleep lines name
+        copy = target / page.relative_to(ROOT / run.folder)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(page, copy)
     newest = headline.load(ROOT).parity  # the newest parity table may be a run's of its own
     if newest is not None:
         (tmp_path / newest[0]).mkdir(parents=True, exist_ok=True)
@@ -134,6 +138,16 @@ def test_each_backend_comes_from_its_own_configuration_or_the_default_it_was(roo
     header = next(line for line in table.splitlines() if line.startswith("| workload"))
     assert header.endswith("| streampool `pool` (default) | streampool `vmm` |")
     assert "| `gpt2` | 1.00 (0.98–1.03) | 1.80 · 1 | 1.07 · 0.99 | 1.05 · 1.10 | 1.09 · 0.95 |" in table
+
+
+def test_the_sleep_lines_name_the_sleep_md_the_run_committed(root):
+    from bench.tests.test_sleep_report import fabricated_report
+    folder = write_run(root, "2027-01-02", dict(report({"gpt2": GPT2}), sleep=fabricated_report()))
+    page = folder / "sleep-group" / "sleep" / "sleep.md"
+    page.parent.mkdir(parents=True)
+    page.write_text("# Sleep and wake\n")
+    table = "\n".join(headline.run_table(headline.load(root)))
+    assert "Sleep and wake (`bench/results/2027-01-02/sleep-group/sleep/sleep.md`):" in table
 
 
 def test_a_failed_configuration_reads_fails_and_a_missing_one_not_run(root):
