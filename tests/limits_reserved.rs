@@ -11,6 +11,14 @@ use streampool::driver::Stream;
 use streampool::units::{format_bytes, SizeSpec};
 use streampool::{Config, Error};
 
+/// The pool backend with no cache: every free goes straight back to the pool.
+fn uncached_pool() -> Config {
+    Config {
+        cache_limit: SizeSpec::Bytes(0),
+        ..common::pool_config()
+    }
+}
+
 /// As in PyTorch, the memory fraction caps what the process reserves from the device, not only
 /// its live and cached blocks. A 48 MiB block freed on stream 1 is cached; a 40 MiB block for
 /// stream 2 under a 64 MiB cap evicts it to the pool, where it waits for stream 1: the pool would
@@ -118,11 +126,7 @@ fn the_memory_fraction_caps_reserved_memory_under_16_threads() {
 /// the cap. Failed without the check after the growth (72 MiB stayed reserved).
 #[test]
 fn a_pool_growth_past_the_memory_fraction_is_undone() {
-    let config = Config {
-        cache_limit: SizeSpec::Bytes(0),
-        ..common::pool_config()
-    };
-    let r = rig_with(1, 256 * MIB, config);
+    let r = rig_with(1, 256 * MIB, uncached_pool());
     r.device(0).set_memory_fraction(0.25).unwrap(); // 64 MiB
     let a = r.malloc(40 * MIB, 0, 1);
     r.free(a, 0);
@@ -148,11 +152,7 @@ fn a_pool_growth_past_the_memory_fraction_is_undone() {
 /// real pool, whose trim releases only whole free chunks, an out-of-memory error).
 #[test]
 fn a_pool_serving_from_its_free_memory_is_not_refused_under_a_lowered_limit() {
-    let config = Config {
-        cache_limit: SizeSpec::Bytes(0),
-        ..common::pool_config()
-    };
-    let r = rig_with(1, 256 * MIB, config);
+    let r = rig_with(1, 256 * MIB, uncached_pool());
     let live = r.malloc(8 * MIB, 0, 1);
     let freed = r.malloc(32 * MIB, 0, 1);
     r.free(freed, 0);
@@ -211,11 +211,7 @@ fn under_the_cap_a_synchronisation_makes_room_before_anything_else() {
 /// when the growth was checked unrounded (the pool grew past the limit and the block went back).
 #[test]
 fn under_the_cap_a_pool_growth_is_checked_by_its_granule() {
-    let config = Config {
-        cache_limit: SizeSpec::Bytes(0),
-        ..common::pool_config()
-    };
-    let r = rig_with(1, 256 * MIB, config);
+    let r = rig_with(1, 256 * MIB, uncached_pool());
     let live = r.malloc(2 * MIB, 0, 1);
     let device = r.device(0);
     device.set_memory_fraction(3.0 / 256.0).unwrap();
