@@ -232,6 +232,9 @@ pub trait StreamDriver {
     fn event_record(&self, device: usize, event: EventHandle, stream: Stream) -> Result<()>;
     /// True once all work captured by the event's last record has completed.
     fn event_query(&self, device: usize, event: EventHandle) -> Result<bool>;
+    /// Waits until all work captured by the event's last record has completed
+    /// (`cuEventSynchronize`).
+    fn event_synchronize(&self, device: usize, event: EventHandle) -> Result<()>;
     fn event_destroy(&self, device: usize, event: EventHandle);
     /// True once all work submitted to `stream` so far has completed (`cuStreamQuery`); a stream
     /// that is capturing a graph cannot be queried (an error).

@@ -122,6 +122,9 @@ impl StreamDriver for Hooked {
         }
         self.sim.event_query(device, event)
     }
+    fn event_synchronize(&self, device: usize, event: EventHandle) -> Result<()> {
+        self.sim.event_synchronize(device, event)
+    }
     fn event_destroy(&self, device: usize, event: EventHandle) {
         self.sim.event_destroy(device, event)
     }

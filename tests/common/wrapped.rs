@@ -137,6 +137,9 @@ impl StreamDriver for Wrapped {
     fn event_query(&self, device: usize, event: EventHandle) -> Result<bool> {
         self.sim.event_query(device, event)
     }
+    fn event_synchronize(&self, device: usize, event: EventHandle) -> Result<()> {
+        self.sim.event_synchronize(device, event)
+    }
     fn event_destroy(&self, device: usize, event: EventHandle) {
         self.events_destroyed.fetch_add(1, Ordering::SeqCst);
         self.sim.event_destroy(device, event)

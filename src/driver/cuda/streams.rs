@@ -53,6 +53,16 @@ impl StreamDriver for CudaDriver {
         })
     }
 
+    fn event_synchronize(&self, device: usize, event: EventHandle) -> Result<()> {
+        let _scope = self.enter(device)?;
+        relaxed(|| {
+            // SAFETY: an event created by event_create on this device.
+            timed("cuEventSynchronize", || unsafe {
+                sys::cuEventSynchronize(event_ptr(event))
+            })
+        })
+    }
+
     fn event_destroy(&self, _device: usize, event: EventHandle) {
         // SAFETY: destroys an event this driver created; it is not used afterwards.
         unsafe { sys::cuEventDestroy_v2(event_ptr(event)) };

@@ -47,7 +47,8 @@ pub enum SimFault {
     StreamWait,
     /// Both `cuCtxSynchronize` and `cuStreamSynchronize`.
     Synchronize,
-    /// `cuStreamSynchronize` only.
+    /// A wait for one stream's work: `cuStreamSynchronize` and `cuEventSynchronize` (not the
+    /// device's).
     StreamSynchronize,
     AddressReserve,
     MemCreate,

@@ -107,6 +107,25 @@ impl StreamDriver for SimDriver {
         }
     }
 
+    fn event_synchronize(&self, device: usize, event: EventHandle) -> Result<()> {
+        self.take_fault(SimFault::StreamSynchronize, "cuEventSynchronize")?;
+        let mut d = self.device(device, "cuEventSynchronize")?;
+        self.check_capture_mode(&d, "cuEventSynchronize");
+        match d.events.get(&event.raw()) {
+            Some(None) => Ok(()),
+            Some(&Some((stream, tick))) => {
+                d.complete_stream_to(stream, tick);
+                d.retire_completed();
+                Ok(())
+            }
+            None => Err(driver_error(
+                "cuEventSynchronize",
+                400,
+                "CUDA_ERROR_INVALID_HANDLE",
+            )),
+        }
+    }
+
     fn event_destroy(&self, device: usize, event: EventHandle) {
         if let Ok(mut d) = self.device(device, "cuEventDestroy") {
             d.events.remove(&event.raw());

@@ -8,9 +8,9 @@
 //! blocks allocated under a tag the caller discards ([`crate::tag`]); at level 2 their contents
 //! are discarded. The copies are queued on the legacy default stream (so that they also wait for
 //! work any thread queued on a blocking stream since the device synchronised) and run while the
-//! driver unmaps the idle pages (sleep) or maps the next pages (wake): on an H200 a 2 MiB page
-//! costs about as long to unmap and release (44 us) or to map with access (54 us) as to copy
-//! (38 us). Pages adjacent in one address reservation are saved with one copy; wake restores them
+//! driver unmaps the idle pages and the pages already copied (sleep, [`save`]) or maps the next
+//! pages (wake): on an H200 a 2 MiB page costs about as long to unmap and release (44 us) or to
+//! map with access (54 us) as to copy (38 us). Pages adjacent in one address reservation are saved with one copy; wake restores them
 //! a chunk of pages at a time, one handle a chunk where it can ([`wake`]: the next sleep then
 //! gives each chunk back in one unmap and one release). The host buffer is kept after a wake for
 //! the next sleep (page-locking gigabytes takes longer than copying them) until
@@ -18,25 +18,25 @@
 //!
 //! Invariants: a sleep happens only after the device synchronised (no work in flight, so nothing
 //! half-written is copied) and never during a capture; a page under a live block is unmapped
-//! only once every copy has completed; a sleep that fails changes nothing on the device but the
-//! idle pages given back as `empty_cache()` gives them back (a host buffer had stays kept), and
-//! leaves no copy in flight; while asleep nothing is allocated (a request is refused, saying to
+//! only once its copy has completed; a sleep that fails changes nothing on the device but the
+//! idle pages given back as `empty_cache()` gives them back (a host buffer had stays kept; pages
+//! it gave back under live blocks are mapped again with their contents, or, if that fails too,
+//! sleep on with the device, and the error says so), and leaves no copy in flight; while asleep nothing is allocated (a request is refused, saying to
 //! wake the device), nothing is released (there is nothing mapped to release), frees are booked
 //! as usual; a wake maps each page before it copies it back, returns once every copy has
 //! completed, and keeps every page it restored — out of memory part way leaves the rest asleep
 //! for a later wake; a page under a kept block is saved even if a discarded block shares it.
 
+mod save;
 mod wake;
 
 use super::spans::GiveBack;
-use super::{Page, Region, VmmResource, VmmState};
-use crate::driver::{DevicePtr, HostBuffer, Stream};
+use super::{Region, VmmResource, VmmState};
+use crate::driver::HostBuffer;
 use crate::error::{Error, Result};
-use crate::history::StreampoolEventKind as Event;
 use crate::resource::Sleep;
 use crate::tag::TagId;
 use std::collections::BTreeSet;
-use std::ops::Range;
 
 /// A page given back by a sleep.
 #[derive(Debug, Clone, Copy)]
@@ -110,20 +110,22 @@ impl Sleep for VmmResource {
             1 => self.pages_under_kept_blocks(&st, discard),
             _ => BTreeSet::new(),
         };
-        let host = self.save(&mut st, &saved)?;
+        let mut saving = self.save(&mut st, &saved)?;
         let given_back = st.physical_bytes(self.page_bytes);
         // While the copies run, pages no live block lies on go back as empty_cache() gives them
         // back: only the pages under live blocks sleep, and wake maps only those (on an H200 a
         // page costs 8.8 us to create, 5.7 to map and 26 to give access at wake; the others are
-        // mapped when an allocation needs them).
+        // mapped when an allocation needs them). Then the pages under live blocks, as their
+        // copies complete ([`save`]).
         self.release_down_to(&mut st, 0, None);
-        if let Some(host) = host {
-            if let Err(e) = self.wait_for_copies() {
-                st.sleep_buffer = Some(host);
-                return Err(e);
-            }
+        let (pages, waited) = self.give_back_as_copied(&mut st, &saved, saving.as_mut());
+        let host = saving.map(|s| s.host);
+        if let Err(e) = waited {
+            return Err(match host {
+                Some(host) => self.undo_sleep(&mut st, pages, host, e),
+                None => e,
+            });
         }
-        let pages = self.give_back_all(&mut st, &saved);
         // Memory went back as at a trim: what the program maps again after the wake comes in
         // spans ([`super::spans`]), so that the next sleep gives it back in a few handles, not
         // one a page (each costs the driver about 44 us).
@@ -282,154 +284,5 @@ impl VmmResource {
             ))),
             false => Ok(()),
         }
-    }
-
-    /// The mapped pages any live block lies on, but for blocks allocated under a tag in
-    /// `discard`.
-    fn pages_under_kept_blocks(&self, st: &VmmState, discard: &[TagId]) -> BTreeSet<u64> {
-        let mut pages = BTreeSet::new();
-        let kept = st.live.blocks().filter(|&(start, _)| {
-            discard.is_empty() || st.live.tag(start).is_none_or(|t| !discard.contains(&t))
-        });
-        for (start, bytes) in kept {
-            let end = start + bytes;
-            let first = st.pages.range(..=start).next_back().map(|(&p, _)| p);
-            let from = first
-                .filter(|&p| p + self.page_bytes > start)
-                .unwrap_or(start);
-            pages.extend(st.pages.range(from..end).map(|(&p, _)| p));
-        }
-        pages
-    }
-
-    /// Queues the copies of the `saved` pages into a page-locked host buffer (the kept one if it
-    /// is large enough) on the legacy stream, in address order, a run of adjacent pages a copy;
-    /// `None` if there are none. On a failure nothing else changed (a buffer had is kept for the
-    /// next sleep).
-    fn save(&self, st: &mut VmmState, saved: &BTreeSet<u64>) -> Result<Option<HostBytes>> {
-        if saved.is_empty() {
-            return Ok(None);
-        }
-        let bytes = (saved.len() as u64)
-            .checked_mul(self.page_bytes)
-            .ok_or_else(|| Error::Internal("the pages to save overflow".into()))?;
-        let host = self.host_buffer(st, bytes)?;
-        let pages: Vec<u64> = saved.iter().copied().collect();
-        for run in self.runs(st, &pages) {
-            let at = run.start as u64 * self.page_bytes;
-            let run_bytes = run.len() as u64 * self.page_bytes;
-            let first = DevicePtr(pages[run.start]);
-            let driver = self.driver.as_ref();
-            let copied = driver.copy_to_host(
-                self.device,
-                host.buffer,
-                at,
-                first,
-                run_bytes,
-                Stream::LEGACY,
-            );
-            if let Err(e) = copied {
-                // The copies queued before finish before anything else happens.
-                let _ = self.wait_for_copies();
-                st.sleep_buffer = Some(host);
-                return Err(e);
-            }
-        }
-        debug_assert!(st.pages.keys().filter(|p| saved.contains(p)).count() == saved.len());
-        Ok(Some(host))
-    }
-
-    /// A page-locked host buffer of at least `bytes`: the one kept from the last sleep if it is
-    /// large enough, else a new one (which replaces the kept one; that one is freed first only
-    /// if the new one cannot be had beside it).
-    fn host_buffer(&self, st: &mut VmmState, bytes: u64) -> Result<HostBytes> {
-        if let Some(kept) = st.sleep_buffer.take() {
-            if kept.bytes >= bytes {
-                return Ok(kept);
-            }
-            match self.driver.host_alloc(self.device, bytes) {
-                Ok(buffer) => {
-                    self.driver.host_free(self.device, kept.buffer);
-                    return Ok(HostBytes { buffer, bytes });
-                }
-                Err(_) => self.driver.host_free(self.device, kept.buffer),
-            }
-        }
-        let buffer = self.driver.host_alloc(self.device, bytes).map_err(|e| {
-            Error::InvalidArgument(format!(
-                "device {} cannot sleep at level 1: {bytes} B of page-locked host memory for \
-                 its contents could not be allocated ({e}); nothing changed on the device",
-                self.device
-            ))
-        })?;
-        Ok(HostBytes { buffer, bytes })
-    }
-
-    /// Waits for the copies queued on the legacy stream; if that fails, for the whole device
-    /// before the error returns, so that no copy is in flight once it has.
-    fn wait_for_copies(&self) -> Result<()> {
-        let waited = (self.driver).stream_synchronize(self.device, Stream::LEGACY);
-        if waited.is_err() {
-            let _ = self.driver.synchronize(self.device);
-        }
-        waited
-    }
-
-    /// `pages` (ascending) cut into runs of adjacent pages inside one address reservation: the
-    /// ranges of their indices.
-    fn runs(&self, st: &VmmState, pages: &[u64]) -> Vec<Range<usize>> {
-        let mut bases: Vec<u64> = (st.large.extents().chain(st.carriers.extents()))
-            .map(|(base, _)| base)
-            .collect();
-        bases.sort_unstable();
-        let joins = |i: usize| {
-            pages[i] == pages[i - 1] + self.page_bytes && bases.binary_search(&pages[i]).is_err()
-        };
-        super::runs(pages.len(), joins).collect()
-    }
-
-    /// Unmaps and releases every page and spare, a mapping at a time; the pages slept, with
-    /// where their contents wait. A mapping that cannot be unmapped stays mapped (and awake); a
-    /// handle that cannot be released stays held.
-    fn give_back_all(&self, st: &mut VmmState, saved: &BTreeSet<u64>) -> Vec<SleptPage> {
-        let device = self.device;
-        for handle in std::mem::take(&mut st.spare_handles) {
-            self.release_handle(st, handle, 1);
-        }
-        self.release_spare_spans(st);
-        let pages: Vec<(u64, Page)> = st.pages.iter().map(|(&at, &p)| (at, p)).collect();
-        // Pages in address order, as `saved` is: a saved page's contents are at its place among
-        // the saved pages, counted as they go by (once each, not searched for each page).
-        let mut saved_before = 0u64;
-        let saved_at: Vec<Option<u64>> = (pages.iter())
-            .map(|(page, _)| {
-                saved.contains(page).then(|| {
-                    saved_before += 1;
-                    (saved_before - 1) * self.page_bytes
-                })
-            })
-            .collect();
-        let mut slept = Vec::with_capacity(pages.len());
-        for (i, &(page, p)) in pages.iter().enumerate() {
-            // A mapping's pages are adjacent, and in the map together: done at its first page.
-            if p.mapping.first != page {
-                continue;
-            }
-            if let Err(e) = self.unmap_mapping(st, page) {
-                log::warn!("device {device}: a page stays awake, it could not be unmapped: {e}");
-                continue;
-            }
-            let n = p.mapping.pages as usize;
-            for (j, &(q, _)) in pages.iter().enumerate().skip(i).take(n) {
-                self.count(Event::Unmap, q, st);
-                slept.push(SleptPage {
-                    page: q,
-                    region: p.region,
-                    saved_at: saved_at[j],
-                });
-            }
-            self.release_handle(st, p.handle, p.mapping.pages);
-        }
-        slept
     }
 }
