@@ -134,3 +134,29 @@ fn pages_that_cannot_be_mapped_back_after_a_failed_wait_sleep_until_a_wake() {
     assert!(all_hold(&r, &blocks));
     end(r, blocks);
 }
+
+#[test]
+fn an_event_that_cannot_be_made_or_recorded_fails_the_sleep_before_anything_goes_back() {
+    let (r, blocks) = filled();
+    let held = r.sim.physical_bytes(0);
+    // The second batch's event: the first batch's copies are queued, its event recorded.
+    for fault in [SimFault::EventCreate, SimFault::EventRecord] {
+        let unmaps = r.sim.calls("cuMemUnmap");
+        r.sim.inject_fault_after(fault, 1, 1);
+        assert!(r.device(0).sleep(1, &[]).is_err(), "{fault:?}");
+        assert_eq!(
+            r.sim.calls("cuMemUnmap"),
+            unmaps,
+            "{fault:?}: nothing went back"
+        );
+        assert_eq!(r.sim.physical_bytes(0), held, "{fault:?}");
+        assert_eq!(r.device(0).sleeping_bytes(), 0, "{fault:?}: awake");
+        assert!(!r.sim.work_in_flight(0), "{fault:?}");
+        assert_eq!(r.sim.events_alive(0), 0, "{fault:?}: no event left behind");
+        assert!(all_hold(&r, &blocks), "{fault:?}");
+    }
+    r.device(0).sleep(1, &[]).unwrap();
+    r.device(0).wake().unwrap();
+    assert!(all_hold(&r, &blocks));
+    end(r, blocks);
+}
