@@ -2,8 +2,9 @@
 //! address order, in batches of [`BATCH_BYTES`] with an event recorded after each, and a mapping
 //! is given back (unmapped, its handle released) as soon as the batches that copy its pages have
 //! completed, while the later batches' copies run. On an H200 a handle costs about 44 us to give
-//! back and 2 MiB about 38 us to copy: given back only after every copy, the ~690 handles of
-//! 5.5 GiB added 30 ms to a sleep of 146 ms (bench/results/2026-11-30-h200-default, sleep).
+//! back and 2 MiB about 38 us to copy: with GPT-2's 5.5 GiB and the host buffer reserved, a sleep
+//! that gave everything back after the last copy took 0.140-0.143 s (74-75% of the host link),
+//! this one 0.108 s (97-98%; bench/results/2026-12-01-h200-sleep).
 //!
 //! Invariants: a page is unmapped only after the event of every batch that copies it completed
 //! (a mapping whose pages are not all below the first page a pending batch copies waits);
