@@ -62,6 +62,10 @@ fn pages_go_back_while_later_copies_run_and_every_one_wakes_with_its_contents() 
     r.sim.set_call_hooks(Vec::new());
     let waits = seen.lock().unwrap().clone();
     assert!(waits.len() >= 3, "a wait per batch: {waits:?}");
+    assert!(
+        waits[1] > waits[0],
+        "the first batch's pages went back before the second batch was waited for: {waits:?}"
+    );
     let last = *waits.last().unwrap();
     assert!(
         last > unmaps_before,
@@ -74,6 +78,43 @@ fn pages_go_back_while_later_copies_run_and_every_one_wakes_with_its_contents() 
     r.device(0).wake().unwrap();
     assert!(all_hold(&r, &blocks));
     end(r, blocks);
+}
+
+/// Mappings that straddle batches (32 MiB spans, blocks of 40 and 24 MiB) and blocks of a
+/// discarded tag between kept ones: a mapping goes back only once every batch copying a page of
+/// it completed (the simulator refuses to unmap memory a pending copy reads: the page would stay
+/// mapped), and every kept block wakes with its contents.
+#[test]
+fn mappings_across_batch_boundaries_wait_for_their_last_batch() {
+    let config = streampool::Config {
+        backend: streampool::config::Backend::Vmm,
+        vmm_span_bytes: Some(32 * MIB),
+        ..base_config()
+    };
+    let r = rig_with(1, 1024 * MIB, config);
+    let mut kept = Vec::new();
+    let mut discarded = Vec::new();
+    for i in 0..4u8 {
+        let k = r.malloc(40 * MIB, 0, 1);
+        fill(&r, k, 40 * MIB, 40 + i);
+        kept.push(k);
+        discarded.push(tagged(&r, Some("batches_kv"), 24 * MIB));
+    }
+    let seen = unmaps_at_each_wait(&r.sim);
+    r.device(0).sleep(1, &["batches_kv"]).unwrap();
+    r.sim.set_call_hooks(Vec::new());
+    let waits = seen.lock().unwrap().clone();
+    assert!(waits.len() >= 2 && waits[1] > waits[0], "{waits:?}");
+    assert_eq!(r.sim.physical_bytes(0), 0, "every page given back");
+    assert_eq!(r.sim.events_alive(0), 0);
+    r.device(0).wake().unwrap();
+    for (i, &k) in kept.iter().enumerate() {
+        assert!(holds(&r, k, 40 * MIB, 40 + i as u8), "kept block {i}");
+    }
+    for p in kept.into_iter().chain(discarded) {
+        r.free(p, 0);
+    }
+    r.finish();
 }
 
 #[test]

@@ -219,8 +219,10 @@ def sleep(level: int = 1, device: Device = None, discard: Optional[Iterable[str]
     given back. Raises InvalidArgumentError (and changes nothing) on the pool backend, during a
     CUDA graph capture, when asleep already, when the host memory cannot be pinned, or when
     ``discard`` names a tag no thread ever used; a copy that fails leaves the device awake with
-    every tensor's contents (memory no tensor used may have gone back, as ``empty_cache()``
-    gives it)."""
+    every kept tensor's contents (memory no tensor used may have gone back, as ``empty_cache()``
+    gives it, and tensors of the discarded tags may have lost theirs, as the sleep would have);
+    in the rare case that the memory already given back cannot be mapped again, the device is
+    left asleep, the error says so, and :func:`wake` restores it."""
     index = device_index(device)
     given_back = ctypes.c_uint64()
     names = _tag_names(discard)

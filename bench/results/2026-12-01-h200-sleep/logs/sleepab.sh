@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call s1 (one H200): the sleep change A/B. The sleep group's two vmm configurations with the
+# Job s1 (one H200): the sleep change A/B. The sleep group's two vmm configurations with the
 # library of A (.gpu/libstreampool.so) and of B (.gpu/b/libstreampool.so), alternated twice (each
 # child measures the host link it is compared with), then the whole sleep group (native, vmm,
 # vmm-reserved, torch_memory_saver) on B.

@@ -3,29 +3,32 @@
 //! tensors, CUDA graphs and compiled code that hold those addresses keep working; pages no live
 //! block lies on go back as `empty_cache()` gives them back (mapped again when an allocation
 //! needs them), so only the pages under live blocks sleep (with the rest of a span one lies on:
-//! [`super::spans`]). At level 1 the pages under live blocks
-//! are copied to one page-locked host buffer first and copied back at wake ([`wake`]) — but for
-//! blocks allocated under a tag the caller discards ([`crate::tag`]); at level 2 their contents
-//! are discarded. The copies are queued on the legacy default stream (so that they also wait for
-//! work any thread queued on a blocking stream since the device synchronised) and run while the
-//! driver unmaps the idle pages and the pages already copied (sleep, [`save`]) or maps the next
-//! pages (wake): on an H200 a 2 MiB page costs about as long to unmap and release (44 us) or to
-//! map with access (54 us) as to copy (38 us). Pages adjacent in one address reservation are saved with one copy; wake restores them
-//! a chunk of pages at a time, one handle a chunk where it can ([`wake`]: the next sleep then
-//! gives each chunk back in one unmap and one release). The host buffer is kept after a wake for
-//! the next sleep (page-locking gigabytes takes longer than copying them) until
+//! [`super::spans`]). At level 1 the pages under live blocks are copied to one page-locked host
+//! buffer first and copied back at wake ([`wake`]) — but for blocks allocated under a tag the
+//! caller discards ([`crate::tag`]); at level 2 their contents are discarded. The copies are
+//! queued on the legacy default stream (so that they also wait for work any thread queued on a
+//! blocking stream since the device synchronised) and run while the driver unmaps the idle pages
+//! and the pages already copied (sleep, [`save`]) or maps the next pages (wake): on an H200 a
+//! 2 MiB page costs about as long to unmap and release (44 us) or to map with access (54 us) as
+//! to copy (38 us). Pages adjacent in one address reservation are saved with one copy; wake
+//! restores them a chunk of pages at a time, one handle a chunk where it can ([`wake`]: the next
+//! sleep then gives each chunk back in one unmap and one release). The host buffer is kept after
+//! a wake for the next sleep (page-locking gigabytes takes longer than copying them) until
 //! [`Sleep::release_host_buffer`], a larger sleep, or the resource's end.
 //!
 //! Invariants: a sleep happens only after the device synchronised (no work in flight, so nothing
 //! half-written is copied) and never during a capture; a page under a live block is unmapped
-//! only once its copy has completed; a sleep that fails changes nothing on the device but the
-//! idle pages given back as `empty_cache()` gives them back (a host buffer had stays kept; pages
-//! it gave back under live blocks are mapped again with their contents, or, if that fails too,
-//! sleep on with the device, and the error says so), and leaves no copy in flight; while asleep nothing is allocated (a request is refused, saying to
-//! wake the device), nothing is released (there is nothing mapped to release), frees are booked
-//! as usual; a wake maps each page before it copies it back, returns once every copy has
-//! completed, and keeps every page it restored — out of memory part way leaves the rest asleep
-//! for a later wake; a page under a kept block is saved even if a discarded block shares it.
+//! only once its copy has completed; a sleep that fails leaves no copy in flight, keeps a host
+//! buffer it had, and gives back the idle pages as `empty_cache()` gives them back; one that
+//! fails before its first page under a live block went back changes nothing else, and one that
+//! fails part way (a wait for its copies) maps what it gave back again — with the saved contents,
+//! the discarded tags' blocks among it without theirs, as the sleep would have left them — or,
+//! where even that fails, leaves it asleep, the device with it, and says so; while asleep nothing
+//! is allocated (a request is refused, saying to wake the device), nothing is released (there is
+//! nothing mapped to release), frees are booked as usual; a wake maps each page before it copies
+//! it back, returns once every copy has completed, and keeps every page it restored — out of
+//! memory part way leaves the rest asleep for a later wake; a page under a kept block is saved
+//! even if a discarded block shares it.
 
 mod save;
 mod wake;

@@ -9,9 +9,10 @@
 //! Invariants: a page is unmapped only after the event of every batch that copies it completed
 //! (a mapping whose pages are not all below the first page a pending batch copies waits);
 //! mappings go back in address order, so the pages below the last given-back mapping's end are
-//! all given back or stayed awake because their unmap failed; a failed wait restores the pages
-//! given back before it (their copies had completed) with their contents — or, where that fails,
-//! leaves them asleep for `wake()`, and says so — and leaves no copy in flight and no event alive.
+//! all given back or stayed awake because their unmap failed; a failed wait maps the pages given
+//! back before it again with their saved contents (their copies had completed; the discarded
+//! tags' blocks come back without theirs) — or, where that fails, leaves them asleep for
+//! `wake()`, and says so — and leaves no copy in flight and no event alive.
 
 use super::{HostBytes, SleptPage};
 use crate::driver::{DevicePtr, EventHandle, Stream};
@@ -65,7 +66,8 @@ impl VmmResource {
     /// Queues the copies of the `saved` pages into a page-locked host buffer (the kept one if it
     /// is large enough) on the legacy stream, in address order, a run of adjacent pages a copy
     /// (cut where a batch ends), an event after each batch; `None` if there are none. On a
-    /// failure nothing else changed (a buffer had is kept for the next sleep).
+    /// failure nothing else changed: a buffer had is kept for the next sleep (but one too small,
+    /// which [`VmmResource::host_buffer`] freed when a larger one could not be had either).
     pub(super) fn save(&self, st: &mut VmmState, saved: &BTreeSet<u64>) -> Result<Option<Saving>> {
         if saved.is_empty() {
             return Ok(None);

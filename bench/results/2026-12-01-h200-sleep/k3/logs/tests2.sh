@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call k3 (one H200): the GPU tests on the default backend (vmm) with the library of
+# Job k3 (one H200): the GPU tests on the default backend (vmm) with the library of
 # .gpu/b/BUILT_FROM: the sleep cases first (the sleep changed), then what the 2026-11-30 run's k2
 # did not reach, then the rest of test_gpu.py that runs on one GPU and the PyTorch statistics cases.
 set -u
