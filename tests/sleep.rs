@@ -404,14 +404,7 @@ fn a_failed_wait_for_the_copies_at_sleep_leaves_the_device_awake_with_its_conten
     assert_eq!(r.device(0).sleeping_bytes(), 0, "awake");
     assert!(holds(&r, a, 6 * MIB, 3));
     r.sim.touch(0, 0, a, 6 * MIB, s(1)).unwrap();
-    assert!(
-        r.device(0).sleep_host_buffer_bytes() > 0,
-        "the buffer is kept"
-    );
-    let b = r.malloc(MIB, 0, 1); // awake: allocations are served
-    r.free(b, 0);
-    r.device(0).sleep(1, &[]).unwrap();
-    r.device(0).wake().unwrap();
+    awake_and_sleeps_again(&r);
     assert!(holds(&r, a, 6 * MIB, 3));
     r.free(a, 0);
     r.finish();

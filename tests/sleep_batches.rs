@@ -86,12 +86,7 @@ fn pages_go_back_while_later_copies_run_and_every_one_wakes_with_its_contents() 
 /// mapped), and every kept block wakes with its contents.
 #[test]
 fn mappings_across_batch_boundaries_wait_for_their_last_batch() {
-    let config = streampool::Config {
-        backend: streampool::config::Backend::Vmm,
-        vmm_span_bytes: Some(32 * MIB),
-        ..base_config()
-    };
-    let r = rig_with(1, 1024 * MIB, config);
+    let r = vmm_rig_with_spans(1024 * MIB, 32 * MIB);
     let mut kept = Vec::new();
     let mut discarded = Vec::new();
     for i in 0..4u8 {
@@ -132,14 +127,7 @@ fn a_failed_wait_part_way_maps_back_what_was_given_back_with_its_contents() {
     assert!(!r.sim.work_in_flight(0));
     assert_eq!(r.sim.events_alive(0), 0);
     assert!(all_hold(&r, &blocks));
-    assert!(
-        r.device(0).sleep_host_buffer_bytes() > 0,
-        "the buffer is kept"
-    );
-    let b = r.malloc(MIB, 0, 1); // awake: allocations are served
-    r.free(b, 0);
-    r.device(0).sleep(1, &[]).unwrap();
-    r.device(0).wake().unwrap();
+    awake_and_sleeps_again(&r);
     assert!(all_hold(&r, &blocks));
     end(r, blocks);
 }

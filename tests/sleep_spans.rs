@@ -14,12 +14,7 @@ use streampool::driver::DevicePtr;
 /// A span sleeps as its pages: unmapped and released whole, mapped again at wake, contents kept.
 #[test]
 fn a_block_on_a_span_sleeps_and_wakes_with_its_contents() {
-    let config = streampool::Config {
-        backend: streampool::config::Backend::Vmm,
-        vmm_span_bytes: Some(32 * MIB),
-        ..base_config()
-    };
-    let r = rig_with(1, 256 * MIB, config);
+    let r = vmm_rig_with_spans(256 * MIB, 32 * MIB);
     let a = r.malloc(20 * MIB, 0, 1); // one span of ten pages
     let gone = r.malloc(6 * MIB, 0, 1);
     r.free(gone, 0);

@@ -17,6 +17,29 @@ pub fn vmm_rig(memory_bytes: u64) -> Rig {
     rig_with(1, memory_bytes, config)
 }
 
+/// As [`vmm_rig`], with new memory in physical handles of up to `span_bytes`.
+pub fn vmm_rig_with_spans(memory_bytes: u64, span_bytes: u64) -> Rig {
+    let config = Config {
+        backend: Backend::Vmm,
+        vmm_span_bytes: Some(span_bytes),
+        ..base_config()
+    };
+    rig_with(1, memory_bytes, config)
+}
+
+/// After a sleep that failed: the host buffer is kept, the device serves an allocation, and a
+/// sleep and a wake go through.
+pub fn awake_and_sleeps_again(r: &Rig) {
+    assert!(
+        r.device(0).sleep_host_buffer_bytes() > 0,
+        "the buffer is kept"
+    );
+    let b = r.malloc(1 << 20, 0, 1); // awake: allocations are served
+    r.free(b, 0);
+    r.device(0).sleep(1, &[]).unwrap();
+    r.device(0).wake().unwrap();
+}
+
 /// A pattern of `bytes` that differs from zeros (fresh memory) and from every other `seed`.
 pub fn pattern(seed: u8, bytes: u64) -> Vec<u8> {
     (0..bytes)

@@ -113,7 +113,10 @@ impl Sleep for VmmResource {
             1 => self.pages_under_kept_blocks(&st, discard),
             _ => BTreeSet::new(),
         };
-        let mut saving = self.save(&mut st, &saved)?;
+        let (host, batches) = match self.save(&mut st, &saved)? {
+            Some(saving) => (Some(saving.host), saving.batches),
+            None => (None, Vec::new()),
+        };
         let given_back = st.physical_bytes(self.page_bytes);
         // While the copies run, pages no live block lies on go back as empty_cache() gives them
         // back: only the pages under live blocks sleep, and wake maps only those (on an H200 a
@@ -121,8 +124,7 @@ impl Sleep for VmmResource {
         // mapped when an allocation needs them). Then the pages under live blocks, as their
         // copies complete ([`save`]).
         self.release_down_to(&mut st, 0, None);
-        let (pages, waited) = self.give_back_as_copied(&mut st, &saved, saving.as_mut());
-        let host = saving.map(|s| s.host);
+        let (pages, waited) = self.give_back_as_copied(&mut st, &saved, batches);
         if let Err(e) = waited {
             return Err(match host {
                 Some(host) => self.undo_sleep(&mut st, pages, host, e),

@@ -30,12 +30,12 @@ const BATCH_BYTES: u64 = 64 << 20;
 /// The copies queued by a sleep: where they go, and an event after each batch.
 pub(super) struct Saving {
     pub(super) host: HostBytes,
-    batches: Vec<Batch>,
+    pub(super) batches: Vec<Batch>,
 }
 
 /// A batch of copies: once its event completed, every saved page below `copied_below` is in the
 /// host buffer.
-struct Batch {
+pub(super) struct Batch {
     event: EventHandle,
     copied_below: u64,
 }
@@ -189,7 +189,7 @@ impl VmmResource {
         &self,
         st: &mut VmmState,
         saved: &BTreeSet<u64>,
-        saving: Option<&mut Saving>,
+        batches: Vec<Batch>,
     ) -> (Vec<SleptPage>, Result<()>) {
         for handle in std::mem::take(&mut st.spare_handles) {
             self.release_handle(st, handle, 1);
@@ -199,7 +199,6 @@ impl VmmResource {
             .map(|(i, &page)| (page, i as u64 * self.page_bytes))
             .collect();
         let (mut slept, mut from) = (Vec::new(), 0);
-        let batches = saving.map_or(Vec::new(), |s| std::mem::take(&mut s.batches));
         let mut batches = batches.into_iter();
         while let Some(batch) = batches.next() {
             let waited = self.driver.event_synchronize(self.device, batch.event);
