@@ -5,7 +5,8 @@
 //! - Large blocks are placed by best fit in the free ranges ([`large`], [`ranges`]); small
 //!   blocks (up to `small_max_bytes`) are carved out of whole pages, their carriers ([`small`]),
 //!   in a region of the address space of their own, so that they do not split the ranges large
-//!   blocks need; an emptied carrier is an idle page again. The smallest (up to 16 KiB) are
+//!   blocks need (or, before that region grows, in a hole of at most two pages between large
+//!   blocks); an emptied carrier is an idle page again. The smallest (up to 16 KiB) are
 //!   slots of slabs cut from carriers, each of one stream and one size class: a freed slot
 //!   serves its stream, and other streams get its memory once its slab, emptied, goes back
 //!   ([`slabs`]).
@@ -187,6 +188,8 @@ struct VmmState {
     slabs: slabs::Slabs,
     /// The free ranges inside carriers: each carrier (a page) is an extent of its own.
     small: FreeRanges,
+    /// The carriers taken out of a hole of the large blocks' ranges ([`small`]), by page.
+    hole_carriers: crate::fasthash::WordTable<()>,
     /// The free ranges of the large blocks' part of the address space.
     large: FreeRanges,
     /// When each page of the reservations was last marked used by a free ([`clock`]).

@@ -121,14 +121,39 @@ impl FreeRanges {
     /// A whole page (page-aligned) inside one mapped range that `stream` may use: the smallest
     /// such range first. For the carriers of small blocks.
     pub fn best_fit_page(&self, stream: Stream) -> Option<u64> {
-        let page = self.page_bytes;
-        let fits = |start: u64, len: u64| {
-            let at = self.page_ceil(start);
-            (at + page <= start + len).then_some((len, at))
+        self.best_fit_page_where(stream, u64::MAX, |_, _| true)
+    }
+
+    /// [`FreeRanges::best_fit_page`] among holes of at most `max_bytes`: ranges between blocks
+    /// (no unmapped neighbour, whose pages a growth would add to them).
+    pub fn best_fit_page_in_hole(&self, stream: Stream, max_bytes: u64) -> Option<u64> {
+        let unmapped = |start: Option<&u64>| {
+            start.and_then(|s| self.ranges.get(*s)).map(|r| r.state) == Some(State::Unmapped)
         };
-        let ready = (self.ready_by_size.iter_from(page)).find_map(|(len, start)| fits(start, len));
-        let freed = (self.freed_by_size.get(stream))
-            .and_then(|f| f.iter_from(page).find_map(|(len, start)| fits(start, len)));
+        self.best_fit_page_where(stream, max_bytes, |start, bytes| {
+            !unmapped(self.by_end.get(start)) && !unmapped(Some(&(start + bytes)))
+        })
+    }
+
+    /// The first whole page of the smallest range of at most `max_bytes` that `stream` may use,
+    /// holds one and passes `keep(start, bytes)`.
+    fn best_fit_page_where(
+        &self,
+        stream: Stream,
+        max_bytes: u64,
+        keep: impl Fn(u64, u64) -> bool,
+    ) -> Option<u64> {
+        let page = self.page_bytes;
+        let first = |index: &SizeIndex| {
+            (index.iter_from(page))
+                .take_while(|&(len, _)| len <= max_bytes)
+                .find_map(|(len, start)| {
+                    let at = self.page_ceil(start);
+                    (at + page <= start + len && keep(start, len)).then_some((len, at))
+                })
+        };
+        let ready = first(&self.ready_by_size);
+        let freed = self.freed_by_size.get(stream).and_then(first);
         match (ready, freed) {
             (Some(a), Some(b)) => Some(a.min(b).1),
             (a, b) => a.or(b).map(|(_, at)| at),

@@ -498,6 +498,7 @@ fn an_idle_release_looks_again_while_freed_small_blocks_wait_for_their_fences() 
     assert_eq!(r.physical(), 0);
 }
 
+mod carriers;
 mod cycles;
 mod donors;
 mod faults;

@@ -1,0 +1,98 @@
+//! Where a new carrier of small blocks comes from: a hole of at most two pages between large
+//! blocks before the carriers' region grows, and back to the large blocks once wholly free.
+
+use super::*;
+
+/// 64 KiB: above the slabs' classes, so a small block carved out of a carrier of its own.
+const SMALL: u64 = 64 << 10;
+
+/// Large blocks `a`, a hole of `hole_pages` (freed, its fence completed), `b`, on one page a
+/// handle: the layout `[a][hole][b]`, all four mapped; returns `(a, hole, b)`.
+fn hole_between_blocks(r: &Rig, hole_pages: u64) -> (DevicePtr, DevicePtr, DevicePtr) {
+    r.stop_clock();
+    let a = r.alloc(PAGE, S1);
+    let hole = r.alloc(hole_pages * PAGE, S1);
+    let b = r.alloc(PAGE, S1);
+    assert_eq!((hole.0 - a.0, b.0 - hole.0), (PAGE, hole_pages * PAGE));
+    r.free(hole, hole_pages * PAGE, S1);
+    r.sim.complete_all();
+    r.vmm
+        .update_ranges(&mut r.vmm.state.lock(), Caller::Program);
+    (a, hole, b)
+}
+
+#[test]
+fn a_new_carrier_takes_a_page_of_a_two_page_hole_and_gives_it_back_to_the_large_blocks() {
+    let r = rig_pages();
+    let (a, hole, b) = hole_between_blocks(&r, 2);
+    let mapped = r.physical();
+    let s = r.alloc(SMALL, S1);
+    assert_eq!(
+        (r.physical(), s.0 >= hole.0 && s.0 < hole.0 + 2 * PAGE),
+        (mapped, true),
+        "the small block lies in the hole, nothing mapped"
+    );
+    r.free(s, SMALL, S1);
+    r.sim.complete_all();
+    // The carrier, wholly free, is the large blocks' again: the hole serves a block of its size.
+    let again = r.alloc(2 * PAGE, S1);
+    assert_eq!((again, r.physical()), (hole, mapped));
+    for (p, bytes) in [(a, PAGE), (again, 2 * PAGE), (b, PAGE)] {
+        r.free(p, bytes, S1);
+    }
+}
+
+#[test]
+fn a_hole_of_three_pages_stays_whole_and_the_carriers_region_grows() {
+    let r = rig_pages();
+    let (_, hole, _) = hole_between_blocks(&r, 3);
+    let mapped = r.physical();
+    let s = r.alloc(SMALL, S1);
+    assert_eq!(
+        r.physical(),
+        mapped + PAGE,
+        "a page of the carriers' region"
+    );
+    assert!(s.0 < hole.0 || s.0 >= hole.0 + 3 * PAGE);
+    assert_eq!(r.alloc(3 * PAGE, S1), hole, "the hole is whole");
+}
+
+#[test]
+fn free_pages_next_to_unmapped_ones_are_no_hole_a_carrier_takes() {
+    let r = rig_pages();
+    r.stop_clock();
+    let a = r.alloc(PAGE, S1);
+    let tail = r.alloc(PAGE, S1);
+    r.free(tail, PAGE, S1); // free, and followed by unmapped addresses: a growth extends it
+    r.sim.complete_all();
+    r.vmm
+        .update_ranges(&mut r.vmm.state.lock(), Caller::Program);
+    let mapped = r.physical();
+    let s = r.alloc(SMALL, S1);
+    assert_eq!(
+        r.physical(),
+        mapped + PAGE,
+        "a page of the carriers' region"
+    );
+    assert_ne!(s.0 & !(PAGE - 1), tail.0);
+    r.free(a, PAGE, S1);
+}
+
+#[test]
+fn a_hole_another_stream_freed_is_no_carrier_before_its_fence() {
+    let r = rig_pages();
+    r.stop_clock();
+    let a = r.alloc(PAGE, S1);
+    let hole = r.alloc(2 * PAGE, S1);
+    let b = r.alloc(PAGE, S1);
+    r.free(hole, 2 * PAGE, S1); // its fence not completed: S2 may not use it yet
+    let mapped = r.physical();
+    let s = r.alloc(SMALL, S2);
+    assert_eq!(
+        r.physical(),
+        mapped + PAGE,
+        "a page of the carriers' region"
+    );
+    assert!(s.0 < hole.0 || s.0 >= hole.0 + 2 * PAGE);
+    let _ = (a, b);
+}
