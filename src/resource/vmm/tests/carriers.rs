@@ -21,6 +21,19 @@ fn hole_between_blocks(r: &Rig, hole_pages: u64) -> (DevicePtr, DevicePtr, Devic
     (a, hole, b)
 }
 
+/// A small block on `stream` maps a page of the carriers' region: none of `[avoid, avoid +
+/// avoid_bytes)` is taken for it.
+fn carriers_region_grows(r: &Rig, stream: Stream, avoid: DevicePtr, avoid_bytes: u64) {
+    let mapped = r.physical();
+    let s = r.alloc(SMALL, stream);
+    assert_eq!(
+        r.physical(),
+        mapped + PAGE,
+        "a page of the carriers' region"
+    );
+    assert!(s.0 + SMALL <= avoid.0 || s.0 >= avoid.0 + avoid_bytes);
+}
+
 #[test]
 fn a_new_carrier_takes_a_page_of_a_two_page_hole_and_gives_it_back_to_the_large_blocks() {
     let r = rig_pages();
@@ -46,14 +59,7 @@ fn a_new_carrier_takes_a_page_of_a_two_page_hole_and_gives_it_back_to_the_large_
 fn a_hole_of_three_pages_stays_whole_and_the_carriers_region_grows() {
     let r = rig_pages();
     let (_, hole, _) = hole_between_blocks(&r, 3);
-    let mapped = r.physical();
-    let s = r.alloc(SMALL, S1);
-    assert_eq!(
-        r.physical(),
-        mapped + PAGE,
-        "a page of the carriers' region"
-    );
-    assert!(s.0 < hole.0 || s.0 >= hole.0 + 3 * PAGE);
+    carriers_region_grows(&r, S1, hole, 3 * PAGE);
     assert_eq!(r.alloc(3 * PAGE, S1), hole, "the hole is whole");
 }
 
@@ -67,14 +73,7 @@ fn free_pages_next_to_unmapped_ones_are_no_hole_a_carrier_takes() {
     r.sim.complete_all();
     r.vmm
         .update_ranges(&mut r.vmm.state.lock(), Caller::Program);
-    let mapped = r.physical();
-    let s = r.alloc(SMALL, S1);
-    assert_eq!(
-        r.physical(),
-        mapped + PAGE,
-        "a page of the carriers' region"
-    );
-    assert_ne!(s.0 & !(PAGE - 1), tail.0);
+    carriers_region_grows(&r, S1, tail, PAGE);
     r.free(a, PAGE, S1);
 }
 
@@ -86,13 +85,24 @@ fn a_hole_another_stream_freed_is_no_carrier_before_its_fence() {
     let hole = r.alloc(2 * PAGE, S1);
     let b = r.alloc(PAGE, S1);
     r.free(hole, 2 * PAGE, S1); // its fence not completed: S2 may not use it yet
-    let mapped = r.physical();
-    let s = r.alloc(SMALL, S2);
-    assert_eq!(
-        r.physical(),
-        mapped + PAGE,
-        "a page of the carriers' region"
-    );
-    assert!(s.0 < hole.0 || s.0 >= hole.0 + 2 * PAGE);
+    carriers_region_grows(&r, S2, hole, 2 * PAGE);
     let _ = (a, b);
+}
+
+#[test]
+fn free_pages_after_unmapped_ones_are_no_hole_a_carrier_takes() {
+    let r = rig_pages();
+    r.stop_clock();
+    let a = r.alloc(PAGE, S1);
+    let h = r.alloc(PAGE, S1);
+    let b = r.alloc(PAGE, S1);
+    r.free(a, PAGE, S1);
+    r.sim.complete_all(); // the device synchronises before it trims
+    r.vmm.trim(0).unwrap(); // a's page unmapped: the range before h's is unmapped now
+    r.free(h, PAGE, S1);
+    r.sim.complete_all();
+    r.vmm
+        .update_ranges(&mut r.vmm.state.lock(), Caller::Program);
+    carriers_region_grows(&r, S1, h, PAGE);
+    r.free(b, PAGE, S1);
 }
