@@ -121,27 +121,32 @@ impl FreeRanges {
     /// A whole page (page-aligned) inside one mapped range that `stream` may use: the smallest
     /// such range first. For the carriers of small blocks.
     pub fn best_fit_page(&self, stream: Stream) -> Option<u64> {
-        self.best_fit_page_where(stream, u64::MAX, |_, _| true)
+        self.best_fit_page_where(stream, u64::MAX, |_, _, _| true)
     }
 
     /// [`FreeRanges::best_fit_page`] among holes of at most `max_bytes`: ranges between blocks
-    /// (no unmapped neighbour, whose pages a growth would add to them).
-    pub fn best_fit_page_in_hole(&self, stream: Stream, max_bytes: u64) -> Option<u64> {
-        let unmapped = |start: Option<&u64>| {
-            start.and_then(|s| self.ranges.get(*s)).map(|r| r.state) == Some(State::Unmapped)
-        };
-        self.best_fit_page_where(stream, max_bytes, |start, bytes| {
-            !unmapped(self.by_end.get(start)) && !unmapped(Some(&(start + bytes)))
+    /// (no free or unmapped range beside them, so no larger free run a block could use, nor one
+    /// a growth would extend), for pages that pass `keep_page`.
+    pub fn best_fit_page_in_hole(
+        &self,
+        stream: Stream,
+        max_bytes: u64,
+        keep_page: impl Fn(u64) -> bool,
+    ) -> Option<u64> {
+        self.best_fit_page_where(stream, max_bytes, |start, bytes, page| {
+            self.by_end.get(start).is_none()
+                && self.ranges.get(start + bytes).is_none()
+                && keep_page(page)
         })
     }
 
     /// The first whole page of the smallest range of at most `max_bytes` that `stream` may use,
-    /// holds one and passes `keep(start, bytes)`.
+    /// holds one and passes `keep(start, bytes, page)`.
     fn best_fit_page_where(
         &self,
         stream: Stream,
         max_bytes: u64,
-        keep: impl Fn(u64, u64) -> bool,
+        keep: impl Fn(u64, u64, u64) -> bool,
     ) -> Option<u64> {
         let page = self.page_bytes;
         let first = |index: &SizeIndex| {
@@ -149,7 +154,7 @@ impl FreeRanges {
                 .take_while(|&(len, _)| len <= max_bytes)
                 .find_map(|(len, start)| {
                     let at = self.page_ceil(start);
-                    (at + page <= start + len && keep(start, len)).then_some((len, at))
+                    (at + page <= start + len && keep(start, len, at)).then_some((len, at))
                 })
         };
         let ready = first(&self.ready_by_size);

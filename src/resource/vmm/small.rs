@@ -4,12 +4,14 @@
 //!
 //! Invariants: a carrier is one page of the carriers' region of the address space (apart from
 //! large blocks, so that it never splits a range they need) or, before that region grows, of a
-//! hole of at most [`CARRIER_HOLE_PAGES`] pages between large blocks (too small for most of
-//! them, and no range a growth would extend); it is taken out of its region's free pages while
-//! any block in it is live or waits for its fence, and given back to that region (in the state
-//! of its one free range) as soon as it is wholly free, so an idle carrier is an idle page like
-//! any other; the same stream-ordering rules apply inside carriers as outside (`Freed` pieces
-//! serve their stream at once, other streams after a GPU-side wait or their fence).
+//! hole of at most [`CARRIER_HOLE_PAGES`] pages between large blocks (a free range with no free
+//! or unmapped range beside it: too small for most of them, and no part of a larger free run or
+//! of one a growth would extend) whose page is a handle of its own (no span's other pages are
+//! kept by it); it is taken out of its region's free pages while any block in it is live or
+//! waits for its fence, and given back to that region (in the state of its one free range) as
+//! soon as it is wholly free, so an idle carrier is an idle page like any other; the same
+//! stream-ordering rules apply inside carriers as outside (`Freed` pieces serve their stream at
+//! once, other streams after a GPU-side wait or their fence).
 
 use super::ranges::State;
 use super::slabs::{class_of, slab_bytes, Emptied};
@@ -64,12 +66,13 @@ impl VmmResource {
     }
 
     /// A page of a hole of at most [`CARRIER_HOLE_PAGES`] pages between large blocks that
-    /// `stream` may use, taken for a new carrier (a hole too small for most large blocks;
-    /// taking pages of larger ones kept BERT's next long sequence from its hole, replayed: 1.16
-    /// of live against 1.02); with the state it was in.
+    /// `stream` may use and that is a handle of its own, taken for a new carrier; with the state
+    /// it was in. (Pages of any hole pinned BERT's next long sequence out of its hole, replayed:
+    /// docs/replay.md, "Carriers in small holes".)
     fn take_hole_page(&self, st: &mut VmmState, stream: Stream) -> Option<(u64, State)> {
         let max_bytes = CARRIER_HOLE_PAGES * self.page_bytes;
-        let page = st.large.best_fit_page_in_hole(stream, max_bytes)?;
+        let alone = |page: u64| st.pages.get(&page).is_some_and(|p| !p.mapping.is_span());
+        let page = (st.large).best_fit_page_in_hole(stream, max_bytes, alone)?;
         st.hole_carriers.insert(page, ());
         Some((page, st.large.take(page, self.page_bytes)))
     }

@@ -106,3 +106,50 @@ fn free_pages_after_unmapped_ones_are_no_hole_a_carrier_takes() {
     carriers_region_grows(&r, S1, h, PAGE);
     r.free(b, PAGE, S1);
 }
+
+#[test]
+fn a_hole_whose_pages_share_a_handle_with_others_is_no_carrier() {
+    // Spans (the default): the hole's two pages are one handle; a carrier there would keep
+    // both at a trim or a sleep.
+    let r = rig();
+    let (_, hole, _) = hole_between_blocks(&r, 2);
+    carriers_region_grows(&r, S1, hole, 2 * PAGE);
+}
+
+#[test]
+fn a_free_range_beside_another_free_range_is_no_hole() {
+    // [a][h1: freed on S1][h2: freed on S2][b]: h1 and h2 stay apart (one waits for S1's
+    // fence, the other for S2's), and together they are a run a three-page block will need.
+    let r = rig_pages();
+    r.stop_clock();
+    let a = r.alloc(PAGE, S1);
+    let h1 = r.alloc(PAGE, S1);
+    let h2 = r.alloc(2 * PAGE, S2);
+    let b = r.alloc(PAGE, S1);
+    assert_eq!((h2.0 - h1.0, b.0 - h2.0), (PAGE, 2 * PAGE));
+    r.free(h2, 2 * PAGE, S2);
+    r.free(h1, PAGE, S1);
+    carriers_region_grows(&r, S1, h1, 3 * PAGE);
+    let _ = (a, b);
+}
+
+#[test]
+fn a_hole_ready_only_once_the_ranges_are_updated_serves_the_slow_path() {
+    // The hole was freed on S2 and its work has completed, which the ranges learn only when
+    // an allocation updates them: S1's fast path cannot use it, the slow path can.
+    let r = rig_pages();
+    r.stop_clock();
+    let a = r.alloc(PAGE, S1);
+    let hole = r.alloc(2 * PAGE, S2);
+    let b = r.alloc(PAGE, S1);
+    r.free(hole, 2 * PAGE, S2);
+    r.sim.complete_all();
+    let mapped = r.physical();
+    let s = r.alloc(SMALL, S1);
+    assert_eq!(
+        (r.physical(), s.0 >= hole.0 && s.0 < hole.0 + 2 * PAGE),
+        (mapped, true),
+        "the small block lies in the hole, nothing mapped"
+    );
+    let _ = (a, b);
+}
