@@ -6,9 +6,9 @@
 //!   blocks (up to `small_max_bytes`) are carved out of whole pages, their carriers ([`small`]),
 //!   in a region of the address space of their own, so that they do not split the ranges large
 //!   blocks need (or, before that region grows, in a hole of at most two pages between large
-//!   blocks, a handle a page); an emptied carrier is an idle page again. The smallest (up to 16 KiB) are
-//!   slots of slabs cut from carriers, each of one stream and one size class: a freed slot
-//!   serves its stream, and other streams get its memory once its slab, emptied, goes back
+//!   blocks, a handle a page); an emptied carrier is an idle page again. The smallest (up to 16
+//!   KiB) are slots of slabs cut from carriers, each of one stream and one size class: a freed
+//!   slot serves its stream, and other streams get its memory once its slab, emptied, goes back
 //!   ([`slabs`]).
 //! - A block freed on stream S is reusable on S at once, on another stream T at once after T
 //!   waits on the GPU for S's fence (`cuStreamWaitEvent`, no CPU wait), and on every stream once

@@ -6,8 +6,8 @@ use super::*;
 /// 64 KiB: above the slabs' classes, so a small block carved out of a carrier of its own.
 const SMALL: u64 = 64 << 10;
 
-/// Large blocks `a`, a hole of `hole_pages` (freed, its fence completed), `b`, on one page a
-/// handle: the layout `[a][hole][b]`, all four mapped; returns `(a, hole, b)`.
+/// Large blocks `a`, a hole of `hole_pages` (freed, its fence completed), `b`: the layout
+/// `[a][hole][b]`, all of it mapped; returns `(a, hole, b)`.
 fn hole_between_blocks(r: &Rig, hole_pages: u64) -> (DevicePtr, DevicePtr, DevicePtr) {
     r.stop_clock();
     let a = r.alloc(PAGE, S1);
