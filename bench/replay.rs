@@ -23,6 +23,8 @@ mod checks;
 mod costs;
 #[path = "replay/evict.rs"]
 mod evict;
+#[path = "replay/expandable.rs"]
+mod expandable;
 #[path = "replay/gate.rs"]
 mod gate;
 #[path = "replay/inflate.rs"]
@@ -48,7 +50,9 @@ const USAGE: &str = "usage: cargo bench --bench replay -- [--env VAR=VALUE]... \
        cargo bench --bench replay -- --gate BASELINE [--update]
   --env VAR=VALUE     a STREAMPOOL_* variable for every configuration
   --config NAME:VARS  a configuration to compare: NAME, then VAR=VALUE pairs separated by commas
-                      (`base:` for none); default: one configuration, \"default\"
+                      (`base:` for none); default: one configuration, \"default\";
+                      `NAME:PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` replays a model of
+                      PyTorch's expandable segments instead (memory only)
   --repeats N         replays of each trace and configuration, each with its own jitter (1)
   --jitter J          every host gap, GPU lag and latency scaled by a factor in [1-J, 1+J] (0.5)
   --seed S            the first repeat's seed (1)
@@ -306,7 +310,7 @@ fn parse_cli(args: &[String]) -> Result<Cli, String> {
     for setting in &mut cli.settings {
         let own = std::mem::take(&mut setting.env);
         setting.env = common.iter().cloned().chain(own).collect();
-        run::config_for(setting)?;
+        run::check_setting(setting)?;
     }
     Ok(cli)
 }

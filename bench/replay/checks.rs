@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 type Check = (&'static str, fn() -> Result<(), String>);
 
-const CHECKS: [Check; 14] = [
+const CHECKS: [Check; 15] = [
     ("replay_peak_live_follows_allocs_and_frees", peak_live),
     ("replay_rejects_inconsistent_traces", rejects_bad_traces),
     ("replay_gunzip_stored_and_compressed", gunzip_blocks),
@@ -45,6 +45,10 @@ const CHECKS: [Check; 14] = [
     ),
     ("replay_sync_releases_above_the_threshold", sync_releases),
     ("replay_empty_cache_gives_memory_back", empty_cache),
+    (
+        "replay_expandable_model_keeps_pytorch_rules",
+        super::expandable::checks,
+    ),
 ];
 
 pub fn main(args: &[String]) -> ExitCode {

@@ -124,7 +124,7 @@ fn plan_of(doc: &Value) -> Result<Plan, String> {
             name: name.clone(),
             env,
         };
-        super::run::config_for(&setting)?;
+        super::run::check_setting(&setting)?;
         settings.push(setting);
     }
     Ok(Plan {

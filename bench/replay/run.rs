@@ -167,6 +167,32 @@ pub fn config_for(setting: &Setting) -> Result<Config, String> {
     })
 }
 
+/// Checks `setting` before anything runs: streampool's configuration, or the model of
+/// expandable segments alone.
+pub fn check_setting(setting: &Setting) -> Result<(), String> {
+    match setting
+        .env
+        .iter()
+        .any(|(k, _)| k == super::expandable::VARIABLE)
+    {
+        true => expandable_setting(setting),
+        false => config_for(setting).map(|_| ()),
+    }
+}
+
+/// A setting of the expandable-segments model must say only that.
+fn expandable_setting(setting: &Setting) -> Result<(), String> {
+    use super::expandable::{VALUE, VARIABLE};
+    match setting.env.as_slice() {
+        [(k, v)] if k == VARIABLE && v == VALUE => Ok(()),
+        _ => Err(format!(
+            "configuration {:?}: {VARIABLE} replays PyTorch's expandable segments as a model, \
+             alone: `{}:{VARIABLE}={VALUE}` with no other variable (--env included)",
+            setting.name, setting.name
+        )),
+    }
+}
+
 /// Replays repeat `repeat` of `trace` under `setting` (calibrating its timing: for one replay;
 /// [`replay_planned`] for many).
 pub fn replay(trace: &Trace, setting: &Setting, options: &Options, repeat: u64) -> Outcome {
@@ -189,6 +215,18 @@ pub fn replay_planned(trace: &Trace, setting: &Setting, options: &Options, plan:
         events: trace.events.len() as u64,
         ..Outcome::default()
     };
+    if setting
+        .env
+        .iter()
+        .any(|(k, _)| k == super::expandable::VARIABLE)
+    {
+        out.error = expandable_setting(setting).err();
+        if out.error.is_none() {
+            super::expandable::replay(trace, &mut out);
+        }
+        out.replay_wall_s = started.elapsed().as_secs_f64();
+        return out;
+    }
     let result = match config_for(setting) {
         Err(e) => Err(e),
         Ok(mut config) => {
