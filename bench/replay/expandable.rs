@@ -24,13 +24,13 @@
 //! the peak is read after every allocation, above the mapped bytes after the trace's
 //! `before_start` allocations, as the replay measures streampool.
 
-use super::run::Outcome;
+use super::run::{Outcome, Setting};
 use super::trace::{Event, Trace, IN_TRACE, WORKSPACE_BYTES};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The setting that selects this model in `--config`.
-pub const VARIABLE: &str = "PYTORCH_CUDA_ALLOC_CONF";
-pub const VALUE: &str = "expandable_segments:True";
+const VARIABLE: &str = "PYTORCH_CUDA_ALLOC_CONF";
+const VALUE: &str = "expandable_segments:True";
 
 const MIN_BLOCK_BYTES: u64 = 512;
 const SMALL_MAX_BYTES: u64 = 1 << 20;
@@ -286,6 +286,23 @@ impl Model {
         for seg in self.segments.values_mut() {
             self.mapped_bytes -= seg.unmap_free();
         }
+    }
+}
+
+/// True if `setting` asks for this model (it names [`VARIABLE`]).
+pub fn selected(setting: &Setting) -> bool {
+    setting.env.iter().any(|(k, _)| k == VARIABLE)
+}
+
+/// A setting of the model must say only that.
+pub fn check(setting: &Setting) -> Result<(), String> {
+    match setting.env.as_slice() {
+        [(k, v)] if k == VARIABLE && v == VALUE => Ok(()),
+        _ => Err(format!(
+            "configuration {:?}: {VARIABLE} replays PyTorch's expandable segments as a model, \
+             alone: `{}:{VARIABLE}={VALUE}` with no other variable (--env included)",
+            setting.name, setting.name
+        )),
     }
 }
 

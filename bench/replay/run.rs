@@ -170,26 +170,9 @@ pub fn config_for(setting: &Setting) -> Result<Config, String> {
 /// Checks `setting` before anything runs: streampool's configuration, or the model of
 /// expandable segments alone.
 pub fn check_setting(setting: &Setting) -> Result<(), String> {
-    match setting
-        .env
-        .iter()
-        .any(|(k, _)| k == super::expandable::VARIABLE)
-    {
-        true => expandable_setting(setting),
+    match super::expandable::selected(setting) {
+        true => super::expandable::check(setting),
         false => config_for(setting).map(|_| ()),
-    }
-}
-
-/// A setting of the expandable-segments model must say only that.
-fn expandable_setting(setting: &Setting) -> Result<(), String> {
-    use super::expandable::{VALUE, VARIABLE};
-    match setting.env.as_slice() {
-        [(k, v)] if k == VARIABLE && v == VALUE => Ok(()),
-        _ => Err(format!(
-            "configuration {:?}: {VARIABLE} replays PyTorch's expandable segments as a model, \
-             alone: `{}:{VARIABLE}={VALUE}` with no other variable (--env included)",
-            setting.name, setting.name
-        )),
     }
 }
 
@@ -215,12 +198,8 @@ pub fn replay_planned(trace: &Trace, setting: &Setting, options: &Options, plan:
         events: trace.events.len() as u64,
         ..Outcome::default()
     };
-    if setting
-        .env
-        .iter()
-        .any(|(k, _)| k == super::expandable::VARIABLE)
-    {
-        out.error = expandable_setting(setting).err();
+    if super::expandable::selected(setting) {
+        out.error = super::expandable::check(setting).err();
         if out.error.is_none() {
             super::expandable::replay(trace, &mut out);
         }
