@@ -226,6 +226,18 @@ class CudaEngine:
             process_bytes = None if used is None else used.get(os.getpid())
         return {"free_bytes": self.torch.cuda.mem_get_info()[0], "process_bytes": process_bytes}
 
+    def idle_reserved_bytes(self) -> Optional[int]:
+        """What the allocator holds beyond its live bytes now (PyTorch's allocators, streampool;
+        None for the others)."""
+        torch = self.torch
+        if self.base == "native":
+            return torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        if self.base == "streampool":
+            import streampool
+
+            return streampool.memory_reserved() - streampool.memory_allocated()
+        return None
+
     def track_live(self) -> Callable[[], Optional[int]]:
         """Resets the peak of live tensor bytes where the allocator keeps it (PyTorch's caching
         allocator; streampool, as a cross-check); returns what reads the peak above now."""

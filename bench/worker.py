@@ -7,7 +7,12 @@ needs torch (engine.py: CudaEngine); the CPU tests give a stand-in (tests/standi
 Commands (one JSON line each on stdin, one ``reply`` each on stdout; EOF ends the worker):
 - ``prepare {workload}``: build the workload and run its whole schedule once, synchronising and
   reading memory after every step (the memory pass; the parent runs it with every other worker
-  idle), then settle (return cached memory) keeping the workload's model;
+  idle), then settle (return cached memory) keeping the workload's model. Its peak device
+  memory is the most the process's device memory grew above the start, plus what the allocator
+  held idle at the start (reserved beyond its live bytes, where the engine can say:
+  ``idle_reserved_bytes``): memory held through the workload that its growth does not show —
+  expandable segments map cuBLAS's 32 MiB workspace, made before the start, in a 20 MiB granule
+  and hold 8 MiB of it free;
 - ``block {first, count, warm}``: run timed steps first .. first+count-1 (cycling through the
   schedule's timed steps), synchronising after each; the block's host time and the idle gap since
   this worker's previous block (not for warm-up blocks), and what may explain a difference
@@ -168,6 +173,8 @@ class Worker:
         """The memory pass (module docstring); peak figures are above the state at its start."""
         self.drop()
         engine = self.engine
+        idle_reserved = getattr(engine, "idle_reserved_bytes", None)
+        idle_at_start = idle_reserved() if idle_reserved is not None else None
         start = engine.memory()
         peak_live = engine.track_live()
         built_s = self.clock()
@@ -196,6 +203,7 @@ class Worker:
         engine.settle()
         settled = engine.memory()
         source = "nvml" if peak_process is not None else "mem_get_info"
+        grown = peak_process if source == "nvml" else peak_free_drop
         return {
             "build_s": build_s,
             "step_s": timed_s / max(1, len(self.timed)),
@@ -203,7 +211,9 @@ class Worker:
             "units_per_cycle": sum(self.units),
             "unit": schedule.unit,
             "memory_source": source,
-            "peak_device_bytes": peak_process if source == "nvml" else peak_free_drop,
+            "peak_device_bytes": None if grown is None else grown + max(0, idle_at_start or 0),
+            "peak_grown_bytes": grown,
+            "idle_reserved_at_start_bytes": idle_at_start,
             "peak_free_drop_bytes": peak_free_drop,
             "peak_process_bytes": peak_process,
             "peak_live_bytes": live_bytes,

@@ -64,6 +64,43 @@ def test_nvml_figures_win_over_free_memory_when_the_process_is_listed():
     assert record["peak_free_drop_bytes"] == 7 * 4 * 2
 
 
+def test_memory_held_idle_at_the_start_counts_in_the_peak():
+    # Expandable segments hold 8 MiB of the workspace's granule free from before the start: the
+    # growth alone would not show it.
+    class Engine:
+        used = 0
+
+        def build(self, workload):
+            def step(params):
+                Engine.used += 7
+
+            return step, worker_schedule()
+
+        def idle_reserved_bytes(self):
+            return 8
+
+        def memory(self):
+            return {"free_bytes": 1000 - Engine.used, "process_bytes": None}
+
+        def track_live(self):
+            return lambda: 5
+
+        def synchronize(self):
+            pass
+
+        def settle(self):
+            pass
+
+    record = worker.Worker(Engine()).prepare("w")
+    assert record["peak_grown_bytes"] == 7 * 4
+    assert record["idle_reserved_at_start_bytes"] == 8
+    assert record["peak_device_bytes"] == 7 * 4 + 8
+    del Engine.idle_reserved_bytes  # an engine that cannot say: the growth alone
+    Engine.used = 0
+    record = worker.Worker(Engine()).prepare("w")
+    assert record["peak_device_bytes"] == 7 * 4 and record["idle_reserved_at_start_bytes"] is None
+
+
 def worker_schedule():
     from bench import schedules
 
