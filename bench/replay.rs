@@ -154,13 +154,24 @@ fn replay_all(
 }
 
 /// The repeats of one trace under one setting, on as many threads as the machine has (each
-/// replay has its own allocator and simulator; the outcomes keep the plans' order).
+/// replay has its own allocator and simulator; the outcomes keep the plans' order). The model of
+/// expandable segments knows no time: it is replayed once, and that outcome stands for each.
 fn replay_repeats(
     trace: &Trace,
     setting: &Setting,
     options: &Options,
     plans: &[timing::Plan],
 ) -> Vec<run::Outcome> {
+    if expandable::selected(setting) {
+        let once = plans
+            .first()
+            .map(|plan| run::replay_planned(trace, setting, options, plan));
+        let each = |plan: &timing::Plan| run::Outcome {
+            repeat: plan.repeat,
+            ..once.clone().unwrap_or_default()
+        };
+        return plans.iter().map(each).collect();
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let chunk = plans.len().div_ceil(threads).max(1);
     std::thread::scope(|scope| {

@@ -8,8 +8,8 @@
 //! - best fit over the pool's free blocks by (size, address), except that a free block followed
 //!   by unmapped space counts as the size it could grow to, so a block that fits without growing
 //!   is taken first;
-//! - with no fit, the segment grows: the first unmapped block (by size, then address) with
-//!   enough free and unmapped space from the free block before it gets the granules the request
+//! - with no fit, the segment grows: the first unmapped block (by address) with enough free and
+//!   unmapped space from the free block before it gets the granules the request
 //!   still lacks mapped, merged with that free block;
 //! - the block found is split when what is left is at least 512 B (in both pools: with
 //!   expandable segments PyTorch splits large blocks so too), the request at its low end; a free
@@ -38,6 +38,8 @@ const SMALL_GRANULE_BYTES: u64 = 2 << 20;
 const LARGE_GRANULE_BYTES: u64 = 20 << 20;
 /// A segment's address space: far above any trace's memory.
 const SEGMENT_BYTES: u64 = 1 << 46;
+/// The largest request the model takes: a segment always keeps an unmapped block above it.
+const MAX_REQUEST_BYTES: u64 = 1 << 45;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -55,8 +57,8 @@ struct Segment {
     blocks: BTreeMap<u64, (u64, Kind)>,
     /// (size, address) of every free block.
     free: BTreeSet<(u64, u64)>,
-    /// (size, address) of every unmapped block.
-    unmapped: BTreeSet<(u64, u64)>,
+    /// The address of every unmapped block (PyTorch keeps them in address order).
+    unmapped: BTreeSet<u64>,
 }
 
 impl Segment {
@@ -65,7 +67,7 @@ impl Segment {
             granule_bytes,
             blocks: BTreeMap::from([(0, (SEGMENT_BYTES, Kind::Unmapped))]),
             free: BTreeSet::new(),
-            unmapped: BTreeSet::from([(SEGMENT_BYTES, 0)]),
+            unmapped: BTreeSet::from([0]),
         }
     }
 
@@ -75,7 +77,7 @@ impl Segment {
         }
         match kind {
             Kind::Free => self.free.insert((size, addr)),
-            Kind::Unmapped => self.unmapped.insert((size, addr)),
+            Kind::Unmapped => self.unmapped.insert(addr),
             Kind::Used | Kind::Waiting => true,
         };
     }
@@ -89,7 +91,7 @@ impl Segment {
     fn unindex(&mut self, addr: u64, size: u64, kind: Kind) {
         match kind {
             Kind::Free => self.free.remove(&(size, addr)),
-            Kind::Unmapped => self.unmapped.remove(&(size, addr)),
+            Kind::Unmapped => self.unmapped.remove(&addr),
             Kind::Used | Kind::Waiting => true,
         };
     }
@@ -141,11 +143,12 @@ impl Segment {
         Some(a)
     }
 
-    /// PyTorch's `find_expandable_block`: the first unmapped block (by size, then address),
-    /// started at the free block before it if there is one, with `size` bytes of free and
-    /// unmapped blocks from there.
+    /// PyTorch's `find_expandable_block`: the first unmapped block by address, started at the
+    /// free block before it if there is one, with `size` bytes of free and unmapped blocks from
+    /// there (the segment's last unmapped block ends it, larger than any request `malloc`
+    /// takes).
     fn expandable(&self, size: u64) -> u64 {
-        for &(_, a) in &self.unmapped {
+        for &a in &self.unmapped {
             let start = match self.prev(a) {
                 Some((p, _, Kind::Free)) => p,
                 _ => a,
@@ -209,15 +212,24 @@ impl Segment {
 #[derive(Default)]
 struct Model {
     segments: HashMap<(u32, bool), Segment>,
-    /// Trace ID -> (pool, address, the streams that used it besides its own).
+    /// Trace ID -> (pool, address, whether a stream besides its own used it).
     live: HashMap<u64, ((u32, bool), u64, bool)>,
     waiting: Vec<((u32, bool), u64)>,
     mapped_bytes: u64,
 }
 
 impl Model {
-    fn malloc(&mut self, id: u64, bytes: u64, stream: u32) {
-        let size = bytes.max(1).div_ceil(MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES;
+    /// An allocation; a request the model's segment cannot hold (above [`MAX_REQUEST_BYTES`]) is
+    /// refused, changing nothing.
+    fn malloc(&mut self, id: u64, bytes: u64, stream: u32) -> Result<(), String> {
+        let size = match bytes.max(1).div_ceil(MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES {
+            size if bytes <= MAX_REQUEST_BYTES => size,
+            _ => {
+                return Err(format!(
+                    "allocation {id} of {bytes} B: above the model's segment"
+                ))
+            }
+        };
         let small = size <= SMALL_MAX_BYTES;
         let granule = match small {
             true => SMALL_GRANULE_BYTES,
@@ -251,6 +263,7 @@ impl Model {
             false => seg.set(addr, found, Kind::Used),
         }
         self.live.insert(id, ((stream, small), addr, false));
+        Ok(())
     }
 
     fn free(&mut self, id: u64) {
@@ -306,33 +319,44 @@ pub fn check(setting: &Setting) -> Result<(), String> {
     }
 }
 
-/// Replays `trace` through the model: the outcome's peak reserved bytes (above the mapped bytes
-/// after the `before_start` allocations) and its live peak; no driver calls nor times.
+/// Replays `trace` through the model: the outcome's peak reserved bytes (the most mapped, above
+/// the live bytes of the allocations made before the start: what was held idle from the start
+/// counts, as in the benchmark) and its live peak; no driver calls nor times. A request the
+/// model cannot hold is the outcome's error.
 pub fn replay(trace: &Trace, out: &mut Outcome) {
+    if let Err(e) = replay_events(trace, out) {
+        out.error = Some(e);
+    }
+    out.timing = "none (a model of memory only)".into();
+}
+
+fn replay_events(trace: &Trace, out: &mut Outcome) -> Result<(), String> {
     let mut m = Model::default();
+    let mut before_bytes = 0u64;
     // cuBLAS's workspace of the default stream, made by the benchmark's warm-up before the
     // trace began (unless the trace holds it), came first in the segment the workload grows.
     if trace.before_start.is_empty() && !trace.headers.iter().any(|h| h == IN_TRACE) {
-        m.malloc(u64::MAX, WORKSPACE_BYTES, 0);
+        m.malloc(u64::MAX, WORKSPACE_BYTES, 0)?;
+        before_bytes += WORKSPACE_BYTES;
     }
     for event in &trace.events {
         if let Event::Alloc { id, bytes, stream } = *event {
             if trace.before_start.contains(&id) {
-                m.malloc(id, bytes, stream);
+                m.malloc(id, bytes, stream)?;
+                before_bytes += bytes;
             }
         }
     }
-    let base_bytes = m.mapped_bytes;
     let (mut live_bytes, mut sizes) = (0u64, HashMap::new());
     for event in &trace.events {
         match *event {
             Event::Alloc { id, .. } if trace.before_start.contains(&id) => {}
             Event::Alloc { id, bytes, stream } => {
-                m.malloc(id, bytes, stream);
+                m.malloc(id, bytes, stream)?;
                 sizes.insert(id, bytes);
                 live_bytes += bytes;
                 out.allocated_peak_bytes = out.allocated_peak_bytes.max(live_bytes);
-                let held = m.mapped_bytes - base_bytes;
+                let held = m.mapped_bytes.saturating_sub(before_bytes);
                 out.peak_reserved_bytes = out.peak_reserved_bytes.max(held);
             }
             Event::Free { id } => {
@@ -347,7 +371,7 @@ pub fn replay(trace: &Trace, out: &mut Outcome) {
             Event::Wait { .. } | Event::Step => {}
         }
     }
-    out.timing = "none (a model of memory only)".into();
+    Ok(())
 }
 
 /// Self-checks of the model, run by checks.rs: each fails on a plausible slip in a rule.
@@ -399,16 +423,27 @@ pub fn checks() -> Result<(), String> {
     expect("what is left of a large block split off", held(&split)?, 40)?;
     // Streams have pools of their own.
     expect("two streams", held("a 1 1024 0\na 2 1024 1\n")?, 4)?;
-    // Without that header, the benchmark's cuBLAS workspace (32 MiB) came first: an 8 MiB
-    // block fits in the rest of its 40 MiB.
+    // Without that header, the benchmark's cuBLAS workspace (32 MiB) came first, in 40 MiB: an
+    // 8 MiB block fits in the rest, which counts as held from the start (20 without it).
     let warmed = Trace::parse("check", &format!("a 1 {} 0\n", 8 * mib))?;
     let mut out = Outcome::default();
     replay(&warmed, &mut out);
     expect(
         "a block beside the workspace",
         out.peak_reserved_bytes / mib,
-        0,
+        8,
     )?;
+    // 1 MiB is still a small block; a large one is rounded to 512 B: 10 MiB + 1 B and then
+    // 10 MiB - 256 B take 40 MiB (20 unrounded, as the second would fit the first's rest).
+    expect("a 1 MiB block", held(&format!("a 1 {mib} 0\n"))?, 2)?;
+    let rounded = format!("a 1 {} 0\na 2 {} 0\n", 10 * mib + 1, 10 * mib - 256);
+    expect("large blocks rounded to 512 B", held(&rounded)?, 40)?;
+    // A request the segment cannot hold is an error, not a panic.
+    let mut out = Outcome::default();
+    replay(&trace("a 1 100000000000000 0\n")?, &mut out);
+    if out.error.is_none() {
+        return Err("expandable model: a 91 TiB request was taken".into());
+    }
     // A block used on another stream waits for the next synchronisation before reuse.
     let used = format!("a 1 {} 0\nr 1 1\nf 1\na 2 {} 0\n", 20 * mib, 20 * mib);
     expect("a block used on another stream", held(&used)?, 40)?;
@@ -416,10 +451,26 @@ pub fn checks() -> Result<(), String> {
     expect("the same after a synchronisation", held(&synced)?, 20)?;
     // empty_cache() unmaps the whole granules of free blocks.
     let mut m = Model::default();
-    m.malloc(1, 40 * mib, 0);
-    m.malloc(2, 10 * mib, 0);
+    m.malloc(1, 40 * mib, 0)?;
+    m.malloc(2, 10 * mib, 0)?;
     m.free(1);
     m.empty_cache();
     expect("mapped after empty_cache", m.mapped_bytes / mib, 20)?;
-    Ok(())
+    // Growth looks at the unmapped blocks by address: after holes of 40 and 20 MiB, a 10 MiB
+    // block goes in the lower, larger one.
+    let mut m = Model::default();
+    for (id, mibs) in [(1, 40), (2, 20), (3, 20), (4, 20)] {
+        m.malloc(id, mibs * mib, 0)?;
+    }
+    m.free(1);
+    m.free(3);
+    m.empty_cache();
+    m.malloc(5, 10 * mib, 0)?;
+    match m.live[&5].1 {
+        0 => Ok(()),
+        at => Err(format!(
+            "expandable model: the growth went to {} MiB, not to the lowest hole at 0",
+            at / mib
+        )),
+    }
 }

@@ -89,7 +89,7 @@ pub struct Outcome {
     pub timing: String,
     pub peak_live_bytes: u64,
     /// The largest `reserved_bytes` of the allocator's stats, read after every allocation, above
-    /// what it was at the start (after the trace's `before_start` allocations, trace.rs).
+    /// the live bytes at the start (`before_start`, trace.rs), as the benchmark counts it.
     pub peak_reserved_bytes: u64,
     /// The allocator's own peak of live bytes (must equal the trace's).
     pub allocated_peak_bytes: u64,
@@ -399,7 +399,7 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
                     .stats()
                     .map_err(|e| at(e.to_string()))?
                     .reserved_bytes;
-                let above_start = reserved.saturating_sub(start.reserved_bytes);
+                let above_start = reserved.saturating_sub(start.allocated_bytes);
                 out.peak_reserved_bytes = out.peak_reserved_bytes.max(above_start);
             }
             Event::Free { id } => {
