@@ -227,10 +227,11 @@ class CudaEngine:
         return {"free_bytes": self.torch.cuda.mem_get_info()[0], "process_bytes": process_bytes}
 
     def idle_reserved_bytes(self) -> Optional[int]:
-        """What the allocator holds beyond its live bytes now (PyTorch's allocators, streampool;
-        None for the others)."""
+        """What the allocator holds beyond its live bytes now: PyTorch's own allocator (expandable
+        segments or not) and streampool; None for the others, whose figures track_live does not
+        read either (cudaMallocAsync's, RMM's)."""
         torch = self.torch
-        if self.base == "native":
+        if self.base == "native" and self.backend == "native":
             return torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
         if self.base == "streampool":
             import streampool

@@ -11,8 +11,8 @@ Commands (one JSON line each on stdin, one ``reply`` each on stdout; EOF ends th
   memory is the most the process's device memory grew above the start, plus what the allocator
   held idle at the start (reserved beyond its live bytes, where the engine can say:
   ``idle_reserved_bytes``): memory held through the workload that its growth does not show —
-  expandable segments map cuBLAS's 32 MiB workspace, made before the start, in a 20 MiB granule
-  and hold 8 MiB of it free;
+  expandable segments map cuBLAS's 32 MiB workspace, made before the start, in two 20 MiB
+  granules and hold 8 MiB of them free;
 - ``block {first, count, warm}``: run timed steps first .. first+count-1 (cycling through the
   schedule's timed steps), synchronising after each; the block's host time and the idle gap since
   this worker's previous block (not for warm-up blocks), and what may explain a difference

@@ -65,7 +65,7 @@ def test_nvml_figures_win_over_free_memory_when_the_process_is_listed():
 
 
 def test_memory_held_idle_at_the_start_counts_in_the_peak():
-    # Expandable segments hold 8 MiB of the workspace's granule free from before the start: the
+    # Expandable segments hold 8 MiB of the workspace's granules free from before the start: the
     # growth alone would not show it.
     class Engine:
         used = 0
