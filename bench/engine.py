@@ -226,34 +226,33 @@ class CudaEngine:
             process_bytes = None if used is None else used.get(os.getpid())
         return {"free_bytes": self.torch.cuda.mem_get_info()[0], "process_bytes": process_bytes}
 
-    def idle_reserved_bytes(self) -> Optional[int]:
-        """What the allocator holds beyond its live bytes now: PyTorch's own allocator (expandable
-        segments or not) and streampool; None for the others, whose figures track_live does not
-        read either (cudaMallocAsync's, RMM's)."""
-        torch = self.torch
+    def allocator_stats(self) -> Any:
+        """The module whose ``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``
+        and ``reset_peak_memory_stats`` describe the worker's allocator: ``torch.cuda`` under
+        PyTorch's own caching allocator (expandable segments or not), ``streampool`` under it;
+        None for the others (cudaMallocAsync, RMM), whose figures are not read."""
         if self.base == "native" and self.backend == "native":
-            return torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+            return self.torch.cuda
         if self.base == "streampool":
             import streampool
 
-            return streampool.memory_reserved() - streampool.memory_allocated()
+            return streampool
         return None
+
+    def idle_reserved_bytes(self) -> Optional[int]:
+        """What the allocator holds beyond its live bytes now (None where it is not read)."""
+        stats = self.allocator_stats()
+        return None if stats is None else stats.memory_reserved() - stats.memory_allocated()
 
     def track_live(self) -> Callable[[], Optional[int]]:
         """Resets the peak of live tensor bytes where the allocator keeps it (PyTorch's caching
         allocator; streampool, as a cross-check); returns what reads the peak above now."""
-        torch = self.torch
-        if self.base == "native" and self.backend == "native":
-            torch.cuda.reset_peak_memory_stats()
-            start = torch.cuda.memory_allocated()
-            return lambda: torch.cuda.max_memory_allocated() - start
-        if self.base == "streampool":
-            import streampool
-
-            streampool.reset_peak_memory_stats()
-            start = streampool.memory_allocated()
-            return lambda: streampool.max_memory_allocated() - start
-        return lambda: None
+        stats = self.allocator_stats()
+        if stats is None:
+            return lambda: None
+        stats.reset_peak_memory_stats()
+        start = stats.memory_allocated()
+        return lambda: stats.max_memory_allocated() - start
 
     def build(self, workload: str) -> Tuple[Any, s.Schedule]:
         self.compiled = self.compiled or workload == "compiled"

@@ -36,29 +36,33 @@ def test_the_memory_pass_reads_memory_after_every_step_and_times_only_timed_step
     assert record["step_s"] >= sum(standin.STEPS_MS[2:]) / 6 / 1000  # sleeps: at least
 
 
+class GrowingEngine:
+    """An engine whose every step takes 7 more bytes of device memory; ``memory`` as the test
+    says (the bytes used so far in ``self.used``)."""
+
+    def __init__(self, memory):
+        self.used = 0
+        self.memory = lambda: memory(self.used)
+
+    def build(self, workload):
+        def step(params):
+            self.used += 7
+
+        return step, worker_schedule()
+
+    def track_live(self):
+        return lambda: 5
+
+    def synchronize(self):
+        pass
+
+    def settle(self):
+        pass
+
+
 def test_nvml_figures_win_over_free_memory_when_the_process_is_listed():
-    class Engine:
-        used = 0
-
-        def build(self, workload):
-            def step(params):
-                Engine.used += 7
-
-            return step, worker_schedule()
-
-        def memory(self):
-            return {"free_bytes": 1000 - Engine.used * 2, "process_bytes": Engine.used}
-
-        def track_live(self):
-            return lambda: 5
-
-        def synchronize(self):
-            pass
-
-        def settle(self):
-            pass
-
-    record = worker.Worker(Engine()).prepare("w")
+    engine = GrowingEngine(lambda used: {"free_bytes": 1000 - used * 2, "process_bytes": used})
+    record = worker.Worker(engine).prepare("w")
     assert record["memory_source"] == "nvml"
     assert record["peak_device_bytes"] == record["peak_process_bytes"] == 7 * 4
     assert record["peak_free_drop_bytes"] == 7 * 4 * 2
@@ -67,37 +71,19 @@ def test_nvml_figures_win_over_free_memory_when_the_process_is_listed():
 def test_memory_held_idle_at_the_start_counts_in_the_peak():
     # Expandable segments hold 8 MiB of the workspace's granules free from before the start: the
     # growth alone would not show it.
-    class Engine:
-        used = 0
-
-        def build(self, workload):
-            def step(params):
-                Engine.used += 7
-
-            return step, worker_schedule()
-
+    class Engine(GrowingEngine):
         def idle_reserved_bytes(self):
             return 8
 
-        def memory(self):
-            return {"free_bytes": 1000 - Engine.used, "process_bytes": None}
+    def memory(used):
+        return {"free_bytes": 1000 - used, "process_bytes": None}
 
-        def track_live(self):
-            return lambda: 5
-
-        def synchronize(self):
-            pass
-
-        def settle(self):
-            pass
-
-    record = worker.Worker(Engine()).prepare("w")
+    record = worker.Worker(Engine(memory)).prepare("w")
     assert record["peak_grown_bytes"] == 7 * 4
     assert record["idle_reserved_at_start_bytes"] == 8
     assert record["peak_device_bytes"] == 7 * 4 + 8
-    del Engine.idle_reserved_bytes  # an engine that cannot say: the growth alone
-    Engine.used = 0
-    record = worker.Worker(Engine()).prepare("w")
+    # an engine that cannot say: the growth alone
+    record = worker.Worker(GrowingEngine(memory)).prepare("w")
     assert record["peak_device_bytes"] == 7 * 4 and record["idle_reserved_at_start_bytes"] is None
 
 
