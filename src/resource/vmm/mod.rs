@@ -5,8 +5,9 @@
 //! - Large blocks are placed by best fit in the free ranges ([`large`], [`ranges`]); small
 //!   blocks (up to `small_max_bytes`) are carved out of whole pages, their carriers ([`small`]),
 //!   in a region of the address space of their own, so that they do not split the ranges large
-//!   blocks need (or, before that region grows, in a hole of at most two pages between large
-//!   blocks, a handle a page); an emptied carrier is an idle page again. The smallest (up to 16
+//!   blocks need, and a block may span adjacent ones (or, before that region grows, in a hole of
+//!   at most two pages between large blocks, a handle a page); an emptied page of a carrier is an
+//!   idle page again. The smallest (up to 16
 //!   KiB) are slots of slabs cut from carriers, each of one stream and one size class: a freed
 //!   slot serves its stream, and other streams get its memory once its slab, emptied, goes back
 //!   ([`slabs`]).
@@ -186,7 +187,8 @@ struct VmmState {
     asleep: Option<sleep::Asleep>,
     /// The slabs cut from carriers for the smallest blocks ([`slabs`]).
     slabs: slabs::Slabs,
-    /// The free ranges inside carriers: each carrier (a page) is an extent of its own.
+    /// The free ranges inside carriers: each carrier (a run of adjacent pages, or a page of a
+    /// hole) is an extent.
     small: FreeRanges,
     /// The carriers taken out of a hole of the large blocks' ranges ([`small`]), by page.
     hole_carriers: crate::fasthash::WordTable<()>,

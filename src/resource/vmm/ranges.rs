@@ -71,26 +71,13 @@ impl FreeRanges {
         self.add_extent_in(base, bytes, State::Unmapped);
     }
 
-    /// A new extent of `bytes` at `base`, free in `state` (the carriers of small blocks are
-    /// extents of their own, mapped from the start).
+    /// A new extent of `bytes` at `base`, free in `state` (a carrier of small blocks in a hole
+    /// of the large blocks' ranges is an extent of its own, mapped from the start).
     pub fn add_extent_in(&mut self, base: u64, bytes: u64, state: State) {
         self.extents.insert(base, bytes);
         let bits = self.base_align | base;
         self.base_align = bits & bits.wrapping_neg();
         self.put(base, bytes, state);
-    }
-
-    /// If the extent at `base` is wholly free in one range, removes it and returns that range's
-    /// state; otherwise changes nothing.
-    pub fn remove_extent_if_free(&mut self, base: u64) -> Option<State> {
-        let bytes = *self.extents.get(&base)?;
-        let r = *self.ranges.get(base)?;
-        if r.bytes != bytes {
-            return None;
-        }
-        self.remove(base, r);
-        self.extents.remove(&base);
-        Some(r.state)
     }
 
     pub fn extents(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
@@ -335,11 +322,6 @@ impl FreeRanges {
         (addr < s + r.bytes).then_some((s, r))
     }
 
-    /// The extent `[start, start + bytes)` lies in, as its base, if it is one of its extents.
-    pub fn is_whole_extent(&self, start: u64, bytes: u64) -> bool {
-        self.extents.get(&start) == Some(&bytes)
-    }
-
     /// Freed ranges of `stream` whose fence is at most `completed_seq` become ready; the ready
     /// ranges they are now part of, as (start, bytes).
     pub fn promote(&mut self, stream: Stream, completed_seq: u64) -> Vec<(u64, u64)> {
@@ -437,6 +419,7 @@ impl FreeRanges {
 
 mod by_stream;
 mod index;
+mod joined;
 mod pages;
 mod sizes;
 mod state;

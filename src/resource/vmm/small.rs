@@ -2,16 +2,18 @@
 //! carriers — whole pages taken out of the address space's free ranges — best fit, split at 512
 //! bytes, neighbours merged, so that they never split the ranges large blocks need.
 //!
-//! Invariants: a carrier is one page of the carriers' region of the address space (apart from
-//! large blocks, so that it never splits a range they need) or, before that region grows, of a
-//! hole of at most [`CARRIER_HOLE_PAGES`] pages between large blocks (a free range with no free
-//! or unmapped range beside it: too small for most of them, and no part of a larger free run or
-//! of one a growth would extend) whose page is a handle of its own (no span's other pages are
-//! kept by it); it is taken out of its region's free pages while any block in it is live or
-//! waits for its fence, and given back to that region (in the state of its one free range) as
-//! soon as it is wholly free, so an idle carrier is an idle page like any other; the same
-//! stream-ordering rules apply inside carriers as outside (`Freed` pieces serve their stream at
-//! once, other streams after a GPU-side wait or their fence).
+//! Invariants: a carrier is a run of adjacent pages of the carriers' region of the address
+//! space (apart from large blocks, so that it never splits a range they need; a page taken beside
+//! a carrier joins it, so that a block may span its pages, as blocks span the granules of
+//! PyTorch's segments) or, before that region grows, one page of a hole of at most
+//! [`CARRIER_HOLE_PAGES`] pages between large blocks (a free range with no free or unmapped range
+//! beside it: too small for most of them, and no part of a larger free run or of one a growth
+//! would extend) that is a handle of its own (no span's other pages are kept by it), never joined;
+//! a page is taken out of its region's free pages while any block on it is live or waits for its
+//! fence, and given back to that region (in the state of the free range it lies in) as soon as it
+//! is wholly free, splitting its carrier, so an idle page of a carrier is an idle page like any
+//! other; the same stream-ordering rules apply inside carriers as outside (`Freed` pieces serve
+//! their stream at once, other streams after a GPU-side wait or their fence).
 
 use super::ranges::State;
 use super::slabs::{class_of, slab_bytes, Emptied};
@@ -41,7 +43,7 @@ impl VmmResource {
             }
         }
         let (page, state) = self.new_carrier(st, stream)?;
-        Ok(self.carve(st, page, state, bytes))
+        Ok(self.carve(st, page, state, bytes, stream))
     }
 
     /// A small block `stream` may use at once, without a driver call: a fit in a carrier, or a
@@ -59,10 +61,10 @@ impl VmmResource {
         }
         if let Some(page) = st.carriers.best_fit_page(stream) {
             let state = st.carriers.take(page, self.page_bytes);
-            return Some(self.carve(st, page, state, bytes));
+            return Some(self.carve(st, page, state, bytes, stream));
         }
         let (page, state) = self.take_hole_page(st, stream)?;
-        Some(self.carve(st, page, state, bytes))
+        Some(self.carve(st, page, state, bytes, stream))
     }
 
     /// A page of a hole of at most [`CARRIER_HOLE_PAGES`] pages between large blocks that
@@ -77,12 +79,25 @@ impl VmmResource {
         Some((page, st.large.take(page, self.page_bytes)))
     }
 
-    /// `page`, taken out of its region's free pages in `state`, becomes a carrier; its first
-    /// `bytes` are handed out.
-    fn carve(&self, st: &mut VmmState, page: u64, state: State, bytes: u64) -> u64 {
-        st.small.add_extent_in(page, self.page_bytes, state);
-        st.small.take(page, bytes);
-        page
+    /// `page`, taken out of its region's free pages in `state`, becomes a carrier (or part of
+    /// one: a page of the carriers' region joins the carriers beside it); `bytes` of it are
+    /// handed out — where best fit puts them, which may be the free end of the carrier before
+    /// it, else its start.
+    fn carve(&self, st: &mut VmmState, page: u64, state: State, bytes: u64, stream: Stream) -> u64 {
+        if !st.hole_carriers.is_empty() && st.hole_carriers.get(page).is_some() {
+            st.small.add_extent_in(page, self.page_bytes, state);
+            st.small.take(page, bytes);
+            return page;
+        }
+        let holes = &st.hole_carriers;
+        st.small
+            .add_page_joined(page, state, stream, |base| holes.get(base).is_none());
+        let start = match st.small.best_fit(bytes, stream) {
+            Some(start) => start,
+            None => page, // (freed on another stream, waited for: not a fit `stream` sees)
+        };
+        st.small.take(start, bytes);
+        start
     }
 
     /// A page for a new carrier: one of the carriers' region, mapped, that `stream` may use,
@@ -145,8 +160,8 @@ impl VmmResource {
         self.return_carrier_if_empty(st, merged_start, merged_bytes, now_ms);
     }
 
-    /// If the free range `[start, start + bytes)` of the small ranges is a whole carrier, the
-    /// carrier goes back to the free pages of its region.
+    /// The whole pages inside the free range `[start, start + bytes)` of the small ranges leave
+    /// their carriers and go back to the free pages of their region.
     pub(super) fn return_carrier_if_empty(
         &self,
         st: &mut VmmState,
@@ -154,21 +169,24 @@ impl VmmResource {
         bytes: u64,
         now_ms: u64,
     ) {
-        if !st.small.is_whole_extent(start, bytes) {
+        if bytes < self.page_bytes {
             return;
         }
-        if let Some(state) = st.small.remove_extent_if_free(start) {
-            // To the region it came from (a hole of the large blocks' ranges, or its own).
-            let from_hole =
-                !st.hole_carriers.is_empty() && st.hole_carriers.remove(start).is_some();
-            let region = if from_hole {
-                Region::Large
-            } else {
-                Region::Carriers
-            };
-            st.region(region).give(start, bytes, state);
-            st.clock.mark(start, bytes, now_ms);
+        let (first, pages_bytes) = st.small.whole_free_pages(start, bytes);
+        if pages_bytes == 0 {
+            return;
         }
+        let state = st.small.remove_pages(first, pages_bytes);
+        // To the region they came from (a hole of the large blocks' ranges — a carrier of one
+        // page, never joined — or their own).
+        let from_hole = !st.hole_carriers.is_empty() && st.hole_carriers.remove(first).is_some();
+        let region = if from_hole {
+            Region::Large
+        } else {
+            Region::Carriers
+        };
+        st.region(region).give(first, pages_bytes, state);
+        st.clock.mark(first, pages_bytes, now_ms);
     }
 
     /// A block of up to `slab_max_bytes` for `stream`: a free slot of its stream's open slab of

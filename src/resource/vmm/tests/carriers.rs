@@ -153,3 +153,52 @@ fn a_hole_ready_only_once_the_ranges_are_updated_serves_the_slow_path() {
     );
     let _ = (a, b);
 }
+
+/// 768 KiB: small, and two of them leave a quarter of a page that a third can span.
+const WIDE: u64 = 768 << 10;
+
+#[test]
+fn small_blocks_span_the_pages_of_adjacent_carriers() {
+    let r = rig_pages();
+    r.stop_clock();
+    let blocks: Vec<DevicePtr> = (0..5).map(|_| r.alloc(WIDE, S1)).collect();
+    assert_eq!(
+        blocks[2].0,
+        blocks[0].0 + 2 * WIDE,
+        "the third spans two pages"
+    );
+    assert_eq!(
+        r.physical(),
+        2 * PAGE,
+        "five blocks in two pages, not three"
+    );
+    for &b in &blocks {
+        r.free(b, WIDE, S1);
+    }
+    r.sim.complete_all();
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), 0, "every page went back");
+    assert!(r.vmm.state.lock().small.snapshot().is_empty());
+}
+
+#[test]
+fn a_whole_free_page_leaves_a_carrier_whose_other_pages_hold_blocks() {
+    let r = rig_pages();
+    r.stop_clock();
+    // Seven blocks over three pages; the 3rd to the 6th, freed, leave the middle page free.
+    let blocks: Vec<DevicePtr> = (0..7).map(|_| r.alloc(WIDE, S1)).collect();
+    assert_eq!(r.physical(), 3 * PAGE);
+    for &b in &blocks[2..6] {
+        r.free(b, WIDE, S1);
+    }
+    r.sim.complete_all();
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), 2 * PAGE, "the middle page went back");
+    for &b in [blocks[0], blocks[1], blocks[6]].iter() {
+        r.sim.touch(0, 0, b, WIDE, S1).unwrap(); // still mapped
+    }
+    // The pages around it are carriers still: a small block fits there (best fit: the last
+    // page's free quarter), nothing mapped.
+    let again = r.alloc(WIDE, S1);
+    assert_eq!((again.0, r.physical()), (blocks[6].0 + WIDE, 2 * PAGE));
+}
