@@ -59,8 +59,10 @@ impl VmmResource {
         for (stream, completed) in done {
             st.large.promote(stream, completed);
             st.carriers.promote(stream, completed);
-            for (start, bytes) in st.small.promote(stream, completed) {
-                self.return_carrier_if_empty(st, start, bytes, now_ms);
+            // Each merge's range as it was then: a later merge may have taken an earlier one in
+            // (and a return below split it), so each start is looked up as the ranges are now.
+            for (start, _) in st.small.promote(stream, completed) {
+                self.return_carrier_if_empty(st, start, now_ms);
             }
         }
     }

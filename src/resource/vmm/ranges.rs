@@ -418,6 +418,8 @@ impl FreeRanges {
 }
 
 mod by_stream;
+#[cfg(test)]
+mod check;
 mod index;
 mod joined;
 mod pages;

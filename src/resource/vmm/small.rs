@@ -2,10 +2,10 @@
 //! carriers — whole pages taken out of the address space's free ranges — best fit, split at 512
 //! bytes, neighbours merged, so that they never split the ranges large blocks need.
 //!
-//! Invariants: a carrier is a run of adjacent pages of the carriers' region of the address
-//! space (apart from large blocks, so that it never splits a range they need; a page taken beside
-//! a carrier joins it, so that a block may span its pages, as blocks span the granules of
-//! PyTorch's segments) or, before that region grows, one page of a hole of at most
+//! Invariants: a carrier is a run of adjacent pages of one reservation of the carriers' region
+//! of the address space (apart from large blocks, so that it never splits a range they need; a
+//! page taken beside a carrier joins it, so that a block may span its pages, as blocks span the
+//! granules of PyTorch's segments) or, before that region grows, one page of a hole of at most
 //! [`CARRIER_HOLE_PAGES`] pages between large blocks (a free range with no free or unmapped range
 //! beside it: too small for most of them, and no part of a larger free run or of one a growth
 //! would extend) that is a handle of its own (no span's other pages are kept by it), never joined;
@@ -80,21 +80,24 @@ impl VmmResource {
     }
 
     /// `page`, taken out of its region's free pages in `state`, becomes a carrier (or part of
-    /// one: a page of the carriers' region joins the carriers beside it); `bytes` of it are
-    /// handed out — where best fit puts them, which may be the free end of the carrier before
-    /// it, else its start.
+    /// one: a page of the carriers' region joins the carriers beside it in the same reservation);
+    /// `bytes` of it are handed out — from the free end of the carrier before it where `stream`
+    /// may use that end and it is too short alone (the block spans the two pages), else from its
+    /// start. Either way the block lies on the page, which is then not wholly free.
     fn carve(&self, st: &mut VmmState, page: u64, state: State, bytes: u64, stream: Stream) -> u64 {
         if !st.hole_carriers.is_empty() && st.hole_carriers.get(page).is_some() {
             st.small.add_extent_in(page, self.page_bytes, state);
             st.small.take(page, bytes);
             return page;
         }
-        let holes = &st.hole_carriers;
-        st.small
-            .add_page_joined(page, state, stream, |base| holes.get(base).is_none());
-        let start = match st.small.best_fit(bytes, stream) {
-            Some(start) => start,
-            None => page, // (freed on another stream, waited for: not a fit `stream` sees)
+        let tail = st.small.add_page_joined(page, state, &st.carriers);
+        let start = match tail {
+            Some((start, tail_bytes, tail_state))
+                if tail_bytes < bytes && tail_state.usable_by(stream) =>
+            {
+                start
+            }
+            _ => page,
         };
         st.small.take(start, bytes);
         start
@@ -157,22 +160,15 @@ impl VmmResource {
         now_ms: u64,
     ) {
         let (merged_start, merged_bytes) = st.small.give(start, bytes, state);
-        self.return_carrier_if_empty(st, merged_start, merged_bytes, now_ms);
+        if merged_bytes >= self.page_bytes {
+            self.return_carrier_if_empty(st, merged_start, now_ms);
+        }
     }
 
-    /// The whole pages inside the free range `[start, start + bytes)` of the small ranges leave
-    /// their carriers and go back to the free pages of their region.
-    pub(super) fn return_carrier_if_empty(
-        &self,
-        st: &mut VmmState,
-        start: u64,
-        bytes: u64,
-        now_ms: u64,
-    ) {
-        if bytes < self.page_bytes {
-            return;
-        }
-        let (first, pages_bytes) = st.small.whole_free_pages(start, bytes);
+    /// The whole pages of the free range of the small ranges that begins at `start` (if one
+    /// does) leave their carriers and go back to the free pages of their region.
+    pub(super) fn return_carrier_if_empty(&self, st: &mut VmmState, start: u64, now_ms: u64) {
+        let (first, pages_bytes) = st.small.whole_free_pages(start);
         if pages_bytes == 0 {
             return;
         }

@@ -6,72 +6,75 @@
 //! free range, which keeps the rest of its bytes, in its state, on either side.
 
 use super::{FreeRanges, State};
-use crate::driver::Stream;
 
 impl FreeRanges {
-    /// A page at `page`, free in `state`, joins the extent that ends at it and the one that
-    /// begins after it (or begins an extent of its own); its memory merges with the free ranges
-    /// beside it where their states allow. A `Ready` page after memory freed on `stream` (the
-    /// stream it is taken for) is given in that memory's state, as memory freed on a stream takes
-    /// ready neighbours in, so that `stream` sees the two as one free range. Extents whose base
-    /// fails `may_join` stay apart.
+    /// A page at `page`, taken out of `region` free in `state`, joins the extent that ends at it
+    /// and the one that begins after it where their pages beside it lie in the same extent of
+    /// `region` (a reservation: no extent spans two), or begins an extent of its own; its memory
+    /// merges with the free ranges beside it where their states allow. The free range that ended
+    /// at `page` before, as (start, bytes, state), if the page joined the extent before it.
     pub fn add_page_joined(
         &mut self,
         page: u64,
         state: State,
-        stream: Stream,
-        may_join: impl Fn(u64) -> bool,
-    ) {
+        region: &FreeRanges,
+    ) -> Option<(u64, u64, State)> {
         let bytes = self.page_bytes;
+        let may_join = |next: u64| region.same_extent(page, next);
         let before = self
             .extents
             .range(..page)
             .next_back()
             .map(|(&b, &l)| (b, l));
-        match before {
-            Some((base, len)) if base + len == page && may_join(base) => {
+        let joined_before = match before {
+            Some((base, len)) if base + len == page && may_join(page - bytes) => {
                 self.extents.insert(base, len + bytes);
+                true
             }
             _ => {
                 self.extents.insert(page, bytes);
                 let bits = self.base_align | page;
                 self.base_align = bits & bits.wrapping_neg();
+                false
             }
-        }
+        };
         let after = self.extents.get(&(page + bytes)).copied();
         if let Some(after_bytes) = after.filter(|_| may_join(page + bytes)) {
             self.extents.remove(&(page + bytes));
             let base = self.extent_base(page);
             *self.extents.get_mut(&base).expect("the page's extent") += after_bytes;
         }
-        let left = self.left_neighbour(page).map(|(_, r)| r.state);
-        let state = match left {
-            Some(freed @ State::Freed { stream: s, .. })
-                if s == stream && state == State::Ready =>
-            {
-                freed
-            }
-            _ => state,
+        let tail = match joined_before {
+            true => self.by_end.get(page).map(|&s| (s, self.at(s))),
+            false => None,
         };
         self.give(page, bytes, state);
+        tail.map(|(s, r)| (s, r.bytes, r.state))
     }
 
-    /// The whole pages inside `[start, start + bytes)` that no block uses: those of the free
-    /// range holding that span which lie wholly inside it, as (first page, bytes); (0, 0) if none.
-    pub fn whole_free_pages(&self, start: u64, bytes: u64) -> (u64, u64) {
+    /// The whole pages of the free range that begins at `start` (none if no range begins there),
+    /// as (first page, bytes); (0, 0) if there are none.
+    pub fn whole_free_pages(&self, start: u64) -> (u64, u64) {
         let Some(&r) = self.ranges.get(start) else {
             return (0, 0);
         };
-        if r.bytes < bytes || !r.state.is_mapped_free() {
+        if r.bytes < self.page_bytes || !r.state.is_mapped_free() {
             return (0, 0);
         }
         let first = self.page_ceil(start);
-        let end = start + bytes;
+        let end = start + r.bytes;
         let pages_bytes = end.saturating_sub(first) / self.page_bytes * self.page_bytes;
         match pages_bytes {
             0 => (0, 0),
             _ => (first, pages_bytes),
         }
+    }
+
+    /// True if `a` and `b` lie in one extent.
+    pub fn same_extent(&self, a: u64, b: u64) -> bool {
+        let (lo, hi) = (a.min(b), a.max(b));
+        let extent = self.extents.range(..=lo).next_back();
+        extent.is_some_and(|(&base, &len)| hi < base + len)
     }
 
     /// The whole pages `[first, first + bytes)`, inside one mapped free range, leave their
@@ -112,21 +115,26 @@ impl FreeRanges {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::Stream;
 
     const PAGE: u64 = 2 << 20;
     const BASE: u64 = 0x1000_0000;
     const S1: Stream = Stream(1);
 
-    fn any(_: u64) -> bool {
-        true
+    /// The carriers' region: one reservation of eight pages from BASE.
+    fn region() -> FreeRanges {
+        let mut r = FreeRanges::new(PAGE);
+        r.add_extent(BASE, 8 * PAGE);
+        r
     }
 
     #[test]
     fn a_page_beside_a_carrier_joins_it_and_a_block_spans_the_two() {
         let mut r = FreeRanges::new(PAGE);
-        r.add_page_joined(BASE, State::Ready, S1, any);
+        assert_eq!(r.add_page_joined(BASE, State::Ready, &region()), None);
         r.take(BASE, PAGE / 2);
-        r.add_page_joined(BASE + PAGE, State::Ready, S1, any);
+        let tail = r.add_page_joined(BASE + PAGE, State::Ready, &region());
+        assert_eq!(tail, Some((BASE + PAGE / 2, PAGE / 2, State::Ready)));
         assert_eq!(r.extents().collect::<Vec<_>>(), [(BASE, 2 * PAGE)]);
         assert_eq!(
             r.snapshot(),
@@ -138,49 +146,76 @@ mod tests {
             "across the pages"
         );
         // A page before the first joins it too, and one between two carriers joins them.
-        r.add_page_joined(BASE + 3 * PAGE, State::Ready, S1, any);
-        r.add_page_joined(BASE + 2 * PAGE, State::Ready, S1, any);
+        r.add_page_joined(BASE + 3 * PAGE, State::Ready, &region());
+        r.add_page_joined(BASE + 2 * PAGE, State::Ready, &region());
         assert_eq!(r.extents().collect::<Vec<_>>(), [(BASE, 4 * PAGE)]);
     }
 
     #[test]
-    fn a_carrier_whose_base_may_not_join_stays_apart() {
+    fn a_carrier_outside_the_region_stays_apart() {
+        // A page of another region (a hole of the large blocks' ranges) before the region's
+        // first page: a carrier of its own.
         let mut r = FreeRanges::new(PAGE);
-        r.add_page_joined(BASE, State::Ready, S1, any);
-        r.add_page_joined(BASE + 2 * PAGE, State::Ready, S1, any);
-        r.add_page_joined(BASE + PAGE, State::Ready, S1, |base| base != BASE);
+        r.add_extent_in(BASE - PAGE, PAGE, State::Ready);
+        let tail = r.add_page_joined(BASE, State::Ready, &region());
+        assert_eq!(tail, None, "it joined nothing before it");
         assert_eq!(
             r.extents().collect::<Vec<_>>(),
-            [(BASE, PAGE), (BASE + PAGE, 2 * PAGE)]
+            [(BASE - PAGE, PAGE), (BASE, PAGE)]
         );
         assert_eq!(
-            r.best_fit(2 * PAGE + 512, S1),
+            r.best_fit(PAGE + 512, S1),
             None,
-            "no range across BASE's end"
+            "no range across the regions"
         );
     }
 
     #[test]
-    fn a_ready_page_beside_memory_freed_on_a_stream_joins_in_its_state() {
+    fn two_reservations_side_by_side_are_two_extents() {
+        // The carriers' region: two reservations that happen to be adjacent.
+        let mut region = FreeRanges::new(PAGE);
+        region.add_extent(BASE, 2 * PAGE);
+        region.add_extent(BASE + 2 * PAGE, 2 * PAGE);
+        assert!(region.same_extent(BASE, BASE + PAGE));
+        assert!(!region.same_extent(BASE + PAGE, BASE + 2 * PAGE));
+        assert!(!region.same_extent(BASE - PAGE, BASE), "before the first");
+        let mut small = FreeRanges::new(PAGE);
+        for page in [BASE + PAGE, BASE + 2 * PAGE] {
+            small.add_page_joined(page, State::Ready, &region);
+        }
+        assert_eq!(
+            small.extents().collect::<Vec<_>>(),
+            [(BASE + PAGE, PAGE), (BASE + 2 * PAGE, PAGE)]
+        );
+        // Within a reservation they join.
+        small.add_page_joined(BASE, State::Ready, &region);
+        assert_eq!(
+            small.extents().collect::<Vec<_>>(),
+            [(BASE, 2 * PAGE), (BASE + 2 * PAGE, PAGE)]
+        );
+    }
+
+    #[test]
+    fn a_page_beside_memory_in_another_state_joins_the_extent_not_the_range() {
         let freed = State::Freed { stream: S1, seq: 4 };
         let mut r = FreeRanges::new(PAGE);
-        r.add_page_joined(BASE, State::Ready, S1, any);
+        r.add_page_joined(BASE, State::Ready, &region());
         r.take(BASE, PAGE);
         r.give(BASE + PAGE / 2, PAGE / 2, freed);
-        let mut other = FreeRanges::new(PAGE);
-        other.add_page_joined(BASE, State::Ready, S1, any);
-        other.take(BASE, PAGE);
-        other.give(BASE + PAGE / 2, PAGE / 2, freed);
-        r.add_page_joined(BASE + PAGE, State::Ready, S1, any);
-        assert_eq!(r.snapshot(), [(BASE + PAGE / 2, PAGE + PAGE / 2, freed)]);
-        // Taken for another stream, the page stays ready, apart (that stream may use it).
-        other.add_page_joined(BASE + PAGE, State::Ready, Stream(2), any);
+        let tail = r.add_page_joined(BASE + PAGE, State::Ready, &region());
+        assert_eq!(tail, Some((BASE + PAGE / 2, PAGE / 2, freed)));
         assert_eq!(
-            other.snapshot(),
+            r.snapshot(),
             [
                 (BASE + PAGE / 2, PAGE / 2, freed),
                 (BASE + PAGE, PAGE, State::Ready)
             ]
+        );
+        // A block over both takes the later fence's state.
+        assert_eq!(r.take(BASE + PAGE / 2, PAGE), freed);
+        assert_eq!(
+            r.snapshot(),
+            [(BASE + PAGE + PAGE / 2, PAGE / 2, State::Ready)]
         );
     }
 
@@ -188,14 +223,13 @@ mod tests {
     fn whole_free_pages_leave_their_carrier_which_splits_around_them() {
         let mut r = FreeRanges::new(PAGE);
         for i in 0..3 {
-            r.add_page_joined(BASE + i * PAGE, State::Ready, S1, any);
+            r.add_page_joined(BASE + i * PAGE, State::Ready, &region());
         }
         r.take(BASE, PAGE / 2);
         r.take(BASE + 2 * PAGE + PAGE / 2, PAGE / 2);
-        let free = (BASE + PAGE / 2, 2 * PAGE);
-        assert_eq!(r.whole_free_pages(free.0, free.1), (BASE + PAGE, PAGE));
+        assert_eq!(r.whole_free_pages(BASE + PAGE / 2), (BASE + PAGE, PAGE));
         assert_eq!(
-            r.whole_free_pages(BASE + PAGE, PAGE),
+            r.whole_free_pages(BASE + PAGE),
             (0, 0),
             "no range starts there"
         );
@@ -213,6 +247,6 @@ mod tests {
         );
         // The rest of each carrier no longer merges across the gap.
         r.give(BASE, PAGE / 2, State::Ready);
-        assert_eq!(r.whole_free_pages(BASE, PAGE), (BASE, PAGE));
+        assert_eq!(r.whole_free_pages(BASE), (BASE, PAGE));
     }
 }

@@ -22,7 +22,7 @@ pub(crate) enum State {
 }
 
 impl State {
-    pub(super) fn usable_by(self, stream: Stream) -> bool {
+    pub(in crate::resource::vmm) fn usable_by(self, stream: Stream) -> bool {
         match self {
             State::Ready => true,
             State::Freed { stream: s, .. } => s == stream,

@@ -202,3 +202,145 @@ fn a_whole_free_page_leaves_a_carrier_whose_other_pages_hold_blocks() {
     let again = r.alloc(WIDE, S1);
     assert_eq!((again.0, r.physical()), (blocks[6].0 + WIDE, 2 * PAGE));
 }
+
+/// The carriers' invariants, over the whole state: every free-range table keeps its own; each
+/// carrier's pages are mapped, in the region they came from (a hole's page alone); and no page
+/// of a carrier is wholly free (it goes back to its region at once).
+fn check_carriers(st: &VmmState) -> Result<(), String> {
+    for (name, ranges) in [
+        ("small", &st.small),
+        ("large", &st.large),
+        ("carriers", &st.carriers),
+    ] {
+        ranges
+            .check_invariants()
+            .map_err(|e| format!("{name}: {e}"))?;
+    }
+    let extents: Vec<(u64, u64)> = st.small.extents().collect();
+    for &(base, bytes) in &extents {
+        for page in (base..base + bytes).step_by(PAGE as usize) {
+            let hole = st.hole_carriers.get(page).is_some();
+            let region = st.pages.get(&page).map(|p| p.region);
+            let want = if hole {
+                Region::Large
+            } else {
+                Region::Carriers
+            };
+            if region != Some(want) || (hole && (base, bytes) != (page, PAGE)) {
+                return Err(format!(
+                    "page {page:#x} of carrier {base:#x}+{bytes:#x}: {region:?}"
+                ));
+            }
+        }
+    }
+    for (start, bytes, state) in st.small.snapshot() {
+        let base = extents
+            .iter()
+            .rev()
+            .find(|(b, _)| *b <= start)
+            .map_or(0, |e| e.0);
+        let page = base + (start - base).div_ceil(PAGE) * PAGE;
+        if page + PAGE <= start + bytes {
+            return Err(format!(
+                "page {page:#x} wholly free in a carrier ({state:?})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_page_freed_whole_by_two_fences_goes_back_from_its_carrier() {
+    // Three pages of blocks; S2's frees end in the middle page, S1's on both sides of them. S2's
+    // fence completes first, S1's next: the merges at that promotion take in the earlier ones,
+    // and every page wholly free must still leave the carrier.
+    const K: u64 = 1 << 10;
+    let r = rig_pages();
+    r.stop_clock();
+    let s1_first = r.alloc(1024 * K, S1);
+    let s2: Vec<_> = [512 * K, 512 * K, 952 * K]
+        .map(|b| (r.alloc(b, S2), b))
+        .into();
+    let s1: Vec<_> = [548 * K, 548 * K, 904 * K]
+        .map(|b| (r.alloc(b, S1), b))
+        .into();
+    let kept = [572 * K, 572 * K].map(|b| (r.alloc(b, S1), b));
+    assert_eq!(r.physical(), 3 * PAGE);
+    r.free(s1_first, 1024 * K, S1);
+    for &(p, b) in &s2 {
+        r.free(p, b, S2);
+    }
+    for &(p, b) in &s1 {
+        r.free(p, b, S1);
+    }
+    r.vmm.return_slot(&mut r.vmm.state.lock());
+    for stream in [S2, S1] {
+        r.sim.complete_stream(0, stream);
+        r.vmm
+            .update_ranges(&mut r.vmm.state.lock(), Caller::Program);
+        check_carriers(&r.vmm.state.lock()).unwrap();
+    }
+    r.vmm.trim(0).unwrap();
+    assert_eq!(r.physical(), PAGE, "only the page the kept blocks lie on");
+    for (p, b) in kept {
+        r.free(p, b, S1);
+    }
+}
+
+/// A small xorshift generator: the same blocks on every run.
+struct Steps(u64);
+
+impl Steps {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % below
+    }
+}
+
+#[test]
+fn carriers_keep_their_invariants_through_random_small_blocks_on_two_streams() {
+    const K: u64 = 1 << 10;
+    for seed in 1..40u64 {
+        let r = rig_pages();
+        r.stop_clock();
+        let mut steps = Steps(seed * 7919 + 1);
+        let mut live: Vec<(DevicePtr, u64, Stream)> = Vec::new();
+        for step in 0..400 {
+            let stream = [S1, S2][steps.next(2) as usize];
+            match steps.next(100) {
+                op if op < 45 || live.is_empty() => {
+                    let bytes = match steps.next(4) {
+                        0 => (steps.next(32) + 1) * 512,
+                        1 => (steps.next(2048) + 1) * 512,
+                        2 => [768 * K, 1024 * K, 640 * K, 900 * K][steps.next(4) as usize],
+                        _ => (steps.next(64) + 1) * 16 * K,
+                    };
+                    live.push((r.alloc(bytes, stream), bytes, stream));
+                }
+                op if op < 85 => {
+                    let (p, bytes, s) = live.swap_remove(steps.next(live.len() as u64) as usize);
+                    r.free(p, bytes, s);
+                }
+                op if op < 90 => r.sim.complete_stream(0, stream),
+                op if op < 95 => r
+                    .vmm
+                    .update_ranges(&mut r.vmm.state.lock(), Caller::Program),
+                _ => {
+                    r.sim.complete_all();
+                    r.vmm.trim(0).unwrap();
+                }
+            }
+            let checked = check_carriers(&r.vmm.state.lock());
+            checked.unwrap_or_else(|e| panic!("seed {seed}, step {step}: {e}"));
+        }
+        for (p, bytes, s) in live {
+            r.free(p, bytes, s);
+        }
+        r.sim.complete_all();
+        r.vmm.trim(0).unwrap();
+        assert_eq!(r.physical(), 0, "seed {seed}: every page went back");
+        assert!(r.vmm.state.lock().small.snapshot().is_empty());
+    }
+}
