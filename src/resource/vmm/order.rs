@@ -62,7 +62,7 @@ impl VmmResource {
             // Each merge's range as it was then: a later merge may have taken an earlier one in
             // (and a return below split it), so each start is looked up as the ranges are now.
             for (start, _) in st.small.promote(stream, completed) {
-                self.return_carrier_if_empty(st, start, now_ms);
+                self.return_free_pages(st, start, now_ms);
             }
         }
     }

@@ -161,13 +161,13 @@ impl VmmResource {
     ) {
         let (merged_start, merged_bytes) = st.small.give(start, bytes, state);
         if merged_bytes >= self.page_bytes {
-            self.return_carrier_if_empty(st, merged_start, now_ms);
+            self.return_free_pages(st, merged_start, now_ms);
         }
     }
 
     /// The whole pages of the free range of the small ranges that begins at `start` (if one
     /// does) leave their carriers and go back to the free pages of their region.
-    pub(super) fn return_carrier_if_empty(&self, st: &mut VmmState, start: u64, now_ms: u64) {
+    pub(super) fn return_free_pages(&self, st: &mut VmmState, start: u64, now_ms: u64) {
         let (first, pages_bytes) = st.small.whole_free_pages(start);
         if pages_bytes == 0 {
             return;
