@@ -21,6 +21,7 @@ mod rig;
 use super::Resource;
 use crate::driver::sim::SimDriver;
 use crate::error::Result;
+pub(super) use rig::Rng;
 use std::sync::Arc;
 
 /// Device memory of the simulated device, in bytes.

@@ -223,7 +223,7 @@ impl Rig {
 }
 
 /// A small deterministic generator (xorshift64*), so that a failing random case fails again.
-pub(super) struct Rng(u64);
+pub(in crate::resource) struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {

@@ -74,10 +74,16 @@ impl FreeRanges {
     /// A new extent of `bytes` at `base`, free in `state` (a carrier of small blocks in a hole
     /// of the large blocks' ranges is an extent of its own, mapped from the start).
     pub fn add_extent_in(&mut self, base: u64, bytes: u64, state: State) {
+        self.insert_extent(base, bytes);
+        self.put(base, bytes, state);
+    }
+
+    /// The extent at `base` is `bytes` long (new, or grown or shrunk), its base counted in
+    /// `base_align`.
+    fn insert_extent(&mut self, base: u64, bytes: u64) {
         self.extents.insert(base, bytes);
         let bits = self.base_align | base;
         self.base_align = bits & bits.wrapping_neg();
-        self.put(base, bytes, state);
     }
 
     pub fn extents(&self) -> impl Iterator<Item = (u64, u64)> + '_ {

@@ -172,7 +172,7 @@ impl VmmResource {
         if pages_bytes == 0 {
             return;
         }
-        let state = st.small.remove_pages(first, pages_bytes);
+        let state = st.small.remove_pages(start, first, pages_bytes);
         // To the region they came from (a hole of the large blocks' ranges — a carrier of one
         // page, never joined — or their own).
         let from_hole = !st.hole_carriers.is_empty() && st.hole_carriers.remove(first).is_some();

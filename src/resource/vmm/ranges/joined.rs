@@ -21,30 +21,20 @@ impl FreeRanges {
     ) -> Option<(u64, u64, State)> {
         let bytes = self.page_bytes;
         let may_join = |next: u64| region.same_extent(page, next);
-        let before = self
-            .extents
-            .range(..page)
-            .next_back()
-            .map(|(&b, &l)| (b, l));
-        let joined_before = match before {
+        let before = self.extents.range(..page).next_back();
+        let (base, mut len) = match before.map(|(&b, &l)| (b, l)) {
             Some((base, len)) if base + len == page && may_join(page - bytes) => {
-                self.extents.insert(base, len + bytes);
-                true
+                (base, len + bytes)
             }
-            _ => {
-                self.extents.insert(page, bytes);
-                let bits = self.base_align | page;
-                self.base_align = bits & bits.wrapping_neg();
-                false
-            }
+            _ => (page, bytes),
         };
         let after = self.extents.get(&(page + bytes)).copied();
         if let Some(after_bytes) = after.filter(|_| may_join(page + bytes)) {
             self.extents.remove(&(page + bytes));
-            let base = self.extent_base(page);
-            *self.extents.get_mut(&base).expect("the page's extent") += after_bytes;
+            len += after_bytes;
         }
-        let tail = match joined_before {
+        self.insert_extent(base, len);
+        let tail = match base < page {
             true => self.by_end.get(page).map(|&s| (s, self.at(s))),
             false => None,
         };
@@ -77,36 +67,32 @@ impl FreeRanges {
         extent.is_some_and(|(&base, &len)| hi < base + len)
     }
 
-    /// The whole pages `[first, first + bytes)`, inside one mapped free range, leave their
-    /// extent (split in two where they lay inside it); the rest of the range stays free in its
-    /// state. The state the pages were in.
-    pub fn remove_pages(&mut self, first: u64, bytes: u64) -> State {
+    /// The whole pages `[first, first + bytes)`, inside the mapped free range that begins at
+    /// `start`, leave their extent (split in two where they lay inside it); the rest of the range
+    /// stays free in its state. The state the pages were in.
+    pub fn remove_pages(&mut self, start: u64, first: u64, bytes: u64) -> State {
         let end = first + bytes;
-        let (s, r) = self.containing(first).expect("pages inside a free range");
-        debug_assert!(r.state.is_mapped_free() && end <= s + r.bytes);
+        let r = self.at(start);
+        debug_assert!(r.state.is_mapped_free() && start <= first && end <= start + r.bytes);
         self.order.forget();
-        self.remove(s, r);
-        if s < first {
-            self.put(s, first - s, r.state);
+        self.remove(start, r);
+        if start < first {
+            self.put(start, first - start, r.state);
         }
-        if end < s + r.bytes {
-            self.put(end, s + r.bytes - end, r.state);
+        if end < start + r.bytes {
+            self.put(end, start + r.bytes - end, r.state);
         }
         let base = self.extent_base(first);
         let len = self.extents[&base];
         debug_assert!(end <= base + len);
         match base < first {
-            true => {
-                self.extents.insert(base, first - base);
-            }
+            true => self.insert_extent(base, first - base),
             false => {
                 self.extents.remove(&base);
             }
         }
         if end < base + len {
-            self.extents.insert(end, base + len - end);
-            let bits = self.base_align | end;
-            self.base_align = bits & bits.wrapping_neg();
+            self.insert_extent(end, base + len - end);
         }
         r.state
     }
@@ -233,7 +219,10 @@ mod tests {
             (0, 0),
             "no range starts there"
         );
-        assert_eq!(r.remove_pages(BASE + PAGE, PAGE), State::Ready);
+        assert_eq!(
+            r.remove_pages(BASE + PAGE / 2, BASE + PAGE, PAGE),
+            State::Ready
+        );
         assert_eq!(
             r.extents().collect::<Vec<_>>(),
             [(BASE, PAGE), (BASE + 2 * PAGE, PAGE)]

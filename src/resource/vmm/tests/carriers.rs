@@ -2,6 +2,7 @@
 //! blocks before the carriers' region grows, and back to the large blocks once wholly free.
 
 use super::*;
+use crate::resource::contract::Rng;
 
 /// 64 KiB: above the slabs' classes, so a small block carved out of a carrier of its own.
 const SMALL: u64 = 64 << 10;
@@ -287,40 +288,28 @@ fn a_page_freed_whole_by_two_fences_goes_back_from_its_carrier() {
     }
 }
 
-/// A small xorshift generator: the same blocks on every run.
-struct Steps(u64);
-
-impl Steps {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % below
-    }
-}
-
 #[test]
 fn carriers_keep_their_invariants_through_random_small_blocks_on_two_streams() {
     const K: u64 = 1 << 10;
     for seed in 1..40u64 {
         let r = rig_pages();
         r.stop_clock();
-        let mut steps = Steps(seed * 7919 + 1);
+        let mut rng = Rng::new(seed * 7919 + 1);
         let mut live: Vec<(DevicePtr, u64, Stream)> = Vec::new();
         for step in 0..400 {
-            let stream = [S1, S2][steps.next(2) as usize];
-            match steps.next(100) {
+            let stream = rng.pick(&[S1, S2]);
+            match rng.below(100) {
                 op if op < 45 || live.is_empty() => {
-                    let bytes = match steps.next(4) {
-                        0 => (steps.next(32) + 1) * 512,
-                        1 => (steps.next(2048) + 1) * 512,
-                        2 => [768 * K, 1024 * K, 640 * K, 900 * K][steps.next(4) as usize],
-                        _ => (steps.next(64) + 1) * 16 * K,
+                    let bytes = match rng.below(4) {
+                        0 => (rng.below(32) as u64 + 1) * 512,
+                        1 => (rng.below(2048) as u64 + 1) * 512,
+                        2 => rng.pick(&[768 * K, 1024 * K, 640 * K, 900 * K]),
+                        _ => (rng.below(64) as u64 + 1) * 16 * K,
                     };
                     live.push((r.alloc(bytes, stream), bytes, stream));
                 }
                 op if op < 85 => {
-                    let (p, bytes, s) = live.swap_remove(steps.next(live.len() as u64) as usize);
+                    let (p, bytes, s) = live.swap_remove(rng.below(live.len()));
                     r.free(p, bytes, s);
                 }
                 op if op < 90 => r.sim.complete_stream(0, stream),
