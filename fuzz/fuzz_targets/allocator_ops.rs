@@ -20,7 +20,8 @@
 //! - a rejected call (invalid argument, unknown pointer) changes no statistic of any device;
 //! - stream safety: a freed block is handed out again on stream X only once every other stream
 //!   that used it (its allocation stream and record_stream streams) has completed the work it had
-//!   when the block was freed (checked with the harness's own simulated events).
+//!   when the block was freed, or X has waited on the GPU for that work (checked with the
+//!   harness's own simulated events).
 //! - blocks allocated inside a shareable scope export, others are refused as "not in a shareable
 //!   pool" without changing a statistic; an export imports, closes and releases cleanly; the
 //!   shareable pool's used bytes cover its live blocks, and its blocks never reach the cache;

@@ -7,7 +7,7 @@
 //! is a driver call.
 
 use super::{driver_error, SimDriver, SimFault, CUDA_ERROR_ILLEGAL_ADDRESS};
-use crate::driver::{DevicePtr, Stream};
+use crate::driver::{DevicePtr, EventHandle, Stream};
 use crate::error::Result;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -57,6 +57,20 @@ impl SimDriver {
             d.lock().touches.enabled = true;
         }
         self
+    }
+
+    /// True if work `stream` submits from now on runs after the work `event` marks: the event
+    /// was never recorded or has completed, or `stream` waited on the GPU for it (or for later
+    /// work of its stream). False for an event the device does not know.
+    pub fn event_precedes(&self, device: usize, event: EventHandle, stream: Stream) -> bool {
+        let d = self.devices[device].lock();
+        match d.events.get(&event.raw()) {
+            None => false,
+            Some(None) => true,
+            Some(&Some(on)) => {
+                d.completed(on) || (d.streams.get(&stream)).is_some_and(|c| c.is_after(on))
+            }
+        }
     }
 
     /// The next `count` calls of `fault` fail.
