@@ -214,6 +214,14 @@ fn log_filters_are_levels_and_streampool_modules() {
             "{bad:?}: {msg}"
         );
     }
+    // An empty filter reads as errors only under env_logger: every warning silenced.
+    for empty in ["", ",", " , "] {
+        let msg = validate_log_filter(empty).unwrap_err().to_string();
+        assert!(
+            msg.contains("STREAMPOOL_LOG") && msg.contains("empty") && msg.contains("warn"),
+            "{empty:?}: {msg}"
+        );
+    }
 }
 
 /// A value that is not UTF-8 text was taken for an unset variable (`env::var().ok()`): a

@@ -132,14 +132,23 @@ pub(crate) fn validate_log_filter(value: &str) -> Result<()> {
                     })
             })
     };
-    let bad = value
-        .split(',')
-        .map(str::trim)
-        .filter(|directive| !directive.is_empty())
-        .find(|directive| match directive.split_once('=') {
+    let mut directives = (value.split(',').map(str::trim)).filter(|d| !d.is_empty());
+    // No directive at all ("", ","): env_logger would read it as errors only, silencing every
+    // warning.
+    let Some(first) = directives.next() else {
+        return Err(config_error(
+            "STREAMPOOL_LOG",
+            value,
+            "empty: no level or module",
+            LOG_ACCEPTED,
+        ));
+    };
+    let bad = std::iter::once(first).chain(directives).find(|directive| {
+        match directive.split_once('=') {
             Some((module, level)) => !(is_ours(module) && is_level(level)),
             None => !(is_level(directive) || is_ours(directive)),
-        });
+        }
+    });
     match bad {
         None => Ok(()),
         Some(directive) if directive == value.trim() => Err(config_error(
