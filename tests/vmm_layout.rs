@@ -34,8 +34,12 @@ fn a_page_larger_than_the_device_is_an_error_naming_the_variable_at_first_use() 
                 assert_eq!(var, "STREAMPOOL_VMM_PAGE_SIZE");
                 let m = e.to_string();
                 assert!(
-                    m.contains("pages of 512.00 MiB")
-                        && m.contains("larger than device 0's memory of 256.00 MiB")
+                    m.contains("STREAMPOOL_VMM_PAGE_SIZE=\"512MiB\"")
+                        && m.contains("pages of 512.00 MiB")
+                        && m.contains("the default is 2MiB")
+                        && m.contains(
+                            "larger than device 0's memory (STREAMPOOL_SIM_MEMORY) of 256.00 MiB"
+                        )
                         && m.contains("is not valid: use a size such as 2MiB or 20MiB"),
                     "{m}"
                 );

@@ -20,6 +20,24 @@ pub struct VmmLayout {
     pub extent_bytes: u64,
 }
 
+/// `bytes` as a user writes a size: in the largest binary unit that divides it (`4MiB`), else
+/// in bytes.
+fn written_bytes(bytes: u64) -> String {
+    let units = [
+        (1u64 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+    ];
+    match units
+        .iter()
+        .find(|(unit, _)| bytes >= *unit && bytes.is_multiple_of(*unit))
+    {
+        Some((unit, name)) => format!("{}{name}", bytes / unit),
+        None => bytes.to_string(),
+    }
+}
+
 impl VmmSpec {
     /// The vmm backend's layout on `device` (`driver` is its name), of `total_bytes` memory and
     /// `granularity_bytes` mapping granularity, reserving `addresses_per_memory` times its memory
@@ -41,12 +59,17 @@ impl VmmSpec {
             .checked_mul(granularity_bytes)
             .filter(|&page| page <= total_bytes)
             .ok_or_else(|| {
+                // The simulated device's memory is a setting too: name it beside the page's.
+                let memory = match driver {
+                    "sim" => " (STREAMPOOL_SIM_MEMORY)",
+                    _ => "",
+                };
                 config_error(
                     "STREAMPOOL_VMM_PAGE_SIZE",
-                    &wanted_bytes.to_string(),
+                    &written_bytes(wanted_bytes),
                     &format!(
-                        "pages of {} (rounded up to the granularity of {}) are larger than \
-                         device {device}'s memory of {}",
+                        "pages of {} (rounded up to the granularity of {}; the default is \
+                         2MiB) are larger than device {device}'s memory{memory} of {}",
                         format_bytes(wanted_bytes),
                         format_bytes(granularity_bytes),
                         format_bytes(total_bytes)
@@ -80,5 +103,24 @@ impl VmmSpec {
             page_bytes,
             extent_bytes,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::written_bytes;
+
+    #[test]
+    fn a_size_reads_as_a_user_writes_it() {
+        for (bytes, text) in [
+            (4 << 20, "4MiB"),
+            (3 << 29, "1536MiB"),
+            (1 << 40, "1TiB"),
+            (2048, "2KiB"),
+            (1536, "1536"),
+            (0, "0"),
+        ] {
+            assert_eq!(written_bytes(bytes), text);
+        }
     }
 }
