@@ -7,6 +7,7 @@ use std::sync::Arc;
 use streampool::config::Backend;
 use streampool::driver::sim::SimDriver;
 use streampool::driver::{DevicePtr, Driver, Stream};
+use streampool::units::SizeSpec;
 use streampool::{Allocator, Config, Error};
 
 const MIB: u64 = 1 << 20;
@@ -14,6 +15,14 @@ const S1: Stream = Stream(1);
 const S2: Stream = Stream(2);
 
 fn managed_rig(memory_bytes: u64, unsupported: bool) -> (Arc<SimDriver>, Allocator) {
+    managed_rig_with(memory_bytes, unsupported, SizeSpec::Max)
+}
+
+fn managed_rig_with(
+    memory_bytes: u64,
+    unsupported: bool,
+    max_pool_size: SizeSpec,
+) -> (Arc<SimDriver>, Allocator) {
     let sim = Arc::new(SimDriver::new(1, memory_bytes).strict().check_races());
     if unsupported {
         sim.set_managed_unsupported(0);
@@ -21,6 +30,7 @@ fn managed_rig(memory_bytes: u64, unsupported: bool) -> (Arc<SimDriver>, Allocat
     let config = Config {
         backend: Backend::Managed,
         background: false,
+        max_pool_size,
         ..Config::default()
     };
     let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config).unwrap();
@@ -79,6 +89,45 @@ fn running_out_is_an_out_of_memory_error_and_frees_make_room() {
     // Another size on another stream: what S1 freed goes back to the driver first.
     let big = malloc(&sim, &alloc, 40 * MIB, S2);
     alloc.free(big, 0).unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.outstanding_bytes(), 0);
+}
+
+/// `STREAMPOOL_MAX_POOL_SIZE` was not passed to the managed backend: with it at 100 MiB the
+/// blocks took the whole device. It is a hard cap there too, and so is the memory fraction
+/// (kept blocks went past it under 32 threads): kept blocks go back first.
+#[test]
+fn the_pool_size_cap_and_the_fraction_hold_live_and_kept_blocks_and_kept_ones_go_back_first() {
+    let capped = managed_rig_with(64 * MIB, false, SizeSpec::Bytes(8 * MIB));
+    let fraction = managed_rig_with(64 * MIB, false, SizeSpec::Max);
+    fraction
+        .1
+        .device(0)
+        .unwrap()
+        .set_memory_fraction(0.125)
+        .unwrap();
+    for (sim, alloc) in [capped, fraction] {
+        eight_mib_hold(&sim, &alloc);
+    }
+}
+
+fn eight_mib_hold(sim: &SimDriver, alloc: &Allocator) {
+    let reserved = |alloc: &Allocator| alloc.device(0).unwrap().stats().unwrap().reserved_bytes;
+    let a = malloc(sim, alloc, 3 * MIB, S1);
+    let b = malloc(sim, alloc, 3 * MIB, S1);
+    match alloc.malloc(3 * MIB, 0, S1) {
+        Err(Error::OutOfMemory(_)) => {}
+        other => panic!("a third block of 3 MiB under an 8 MiB cap gave {other:?}"),
+    }
+    assert_eq!(sim.outstanding_bytes(), 6 * MIB);
+    // Kept for reuse, then given back (after its stream's work) to make room for another size.
+    alloc.free(a, 0).unwrap();
+    let c = malloc(sim, alloc, 5 * MIB, S2);
+    assert!(reserved(alloc) <= 8 * MIB, "{} B reserved", reserved(alloc));
+    assert_eq!(sim.outstanding_bytes(), 8 * MIB);
+    for p in [b, c] {
+        alloc.free(p, 0).unwrap();
+    }
     alloc.empty_cache().unwrap();
     assert_eq!(sim.outstanding_bytes(), 0);
 }

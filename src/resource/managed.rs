@@ -9,20 +9,24 @@
 //! before a new allocation would take the live and kept bytes above the device's memory or its
 //! limit (managed memory oversubscribes: past the device's memory a new allocation still
 //! succeeds, and the GPU pages to the host, so running out is not a signal to wait for).
+//! `STREAMPOOL_MAX_POOL_SIZE` and the memory fraction are hard caps: a new allocation that would
+//! take the live and kept bytes above either, once the kept blocks done with went back, is out
+//! of memory (the device then waits for its streams and tries again, as on every backend).
 //!
 //! Invariants: a block is handed to a stream other than the one that freed it only once the
 //! work queued on that stream before the free has completed; `cuMemFree` is called only for such
 //! blocks and never while a capture is known on the device; the calls a capture in global mode
 //! forbids (allocating, freeing, recording and querying events) are made in relaxed capture mode,
 //! and no fence is recorded on a capturing stream; a refused free changes nothing; `used` is the
-//! live bytes, `reserved` the live and the kept freed bytes; the resource's lock is never held
+//! live bytes, `reserved` the live and the kept freed bytes, never above the cap (checked under
+//! the lock with the allocation it admits); the resource's lock is never held
 //! across a synchronisation.
 
 use super::{
     Capabilities, CaptureNotice, Own, PoolUsage, Provisioning, Resource, Statistics, Traits, Usage,
 };
 use crate::driver::{DevicePtr, Driver, Stream};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::stream_order::{CaptureWatch, Fences};
 use crate::sync::{Mutex, MutexGuard};
 use std::collections::HashMap;
@@ -69,6 +73,8 @@ pub struct ManagedResource {
     /// device): kept blocks go back before a new one would take the reserved bytes above either.
     total_bytes: u64,
     limit_bytes: Arc<AtomicU64>,
+    /// `STREAMPOOL_MAX_POOL_SIZE` (`u64::MAX`: none): what the live and kept bytes never pass.
+    max_bytes: u64,
     state: Mutex<State>,
 }
 
@@ -88,6 +94,7 @@ pub fn own(at: &Provisioning<'_>) -> Result<Option<Own>> {
         device,
         at.total_bytes,
         Arc::clone(at.limit_bytes),
+        at.settings.pool.max_size_bytes,
     ));
     Ok(Some(Own { large, small: None }))
 }
@@ -98,20 +105,24 @@ impl ManagedResource {
         device: usize,
         total_bytes: u64,
         limit_bytes: Arc<AtomicU64>,
+        max_bytes: u64,
     ) -> ManagedResource {
         ManagedResource {
             driver: Arc::clone(driver),
             device,
             total_bytes,
             limit_bytes,
+            max_bytes,
             state: Mutex::new(State::default()),
         }
     }
 
-    /// What the live and kept bytes may reach: the device's memory or its limit, the lower.
+    /// What the live and kept bytes may reach: the device's memory, its limit or the cap, the
+    /// lowest.
     fn capacity_bytes(&self) -> u64 {
-        self.total_bytes
+        (self.total_bytes)
             .min(self.limit_bytes.load(Ordering::Relaxed))
+            .min(self.max_bytes)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -186,9 +197,23 @@ impl ManagedResource {
         (st, result)
     }
 
-    /// A new managed allocation of `bytes`, live.
+    /// A new managed allocation of `bytes`, live; out of memory if it would take the live and
+    /// kept bytes above the cap or the device's limit (the device's memory is no bound: managed
+    /// memory oversubscribes).
     fn allocate_new(&self, st: &mut State, bytes: u64) -> Result<DevicePtr> {
         let (driver, device) = (self.driver.as_ref(), self.device);
+        let reserved = st.live_bytes.saturating_add(st.freed_bytes);
+        let bound_bytes = (self.max_bytes).min(self.limit_bytes.load(Ordering::Relaxed));
+        if reserved.saturating_add(bytes) > bound_bytes {
+            return Err(Error::Driver {
+                call: "cuMemAllocManaged",
+                code: CUDA_ERROR_OUT_OF_MEMORY,
+                name: format!(
+                    "CUDA_ERROR_OUT_OF_MEMORY (more than STREAMPOOL_MAX_POOL_SIZE or the memory \
+                     fraction allows: {reserved} B held of {bound_bytes} B)"
+                ),
+            });
+        }
         let mut ptr = DevicePtr::NULL;
         driver.relaxed_capture(&mut || {
             ptr = driver.mem_alloc_managed(device, bytes)?;
@@ -387,7 +412,7 @@ mod tests {
     fn kept_blocks_go_back_before_the_reserved_bytes_pass_the_device_or_its_limit() {
         let sim: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 1 << 30));
         let limit = Arc::new(AtomicU64::new(u64::MAX));
-        let r = ManagedResource::new(&sim, 0, 8 * MIB, Arc::clone(&limit));
+        let r = ManagedResource::new(&sim, 0, 8 * MIB, Arc::clone(&limit), u64::MAX);
         for n in 1..=6 {
             let p = r.allocate(n * MIB, Stream(1)).unwrap();
             r.deallocate(p, n * MIB, Stream(1)).unwrap();
@@ -404,7 +429,8 @@ mod tests {
     #[test]
     fn peaks_outlive_a_trim_until_reset() {
         let sim: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 1 << 30));
-        let r = ManagedResource::new(&sim, 0, u64::MAX, Arc::new(AtomicU64::new(u64::MAX)));
+        let max = u64::MAX;
+        let r = ManagedResource::new(&sim, 0, max, Arc::new(AtomicU64::new(max)), max);
         let p = r.allocate(8 * MIB, Stream(1)).unwrap();
         r.deallocate(p, 8 * MIB, Stream(1)).unwrap();
         r.trim(0).unwrap();

@@ -115,6 +115,7 @@ pub(super) fn managed(sim: &Arc<SimDriver>) -> Result<Made> {
         0,
         u64::MAX,
         Arc::new(AtomicU64::new(u64::MAX)),
+        u64::MAX,
     ))))
 }
 
