@@ -32,8 +32,9 @@ const IDLE_TRIES: u32 = 1200;
 /// What the background thread knows of one device's activity.
 #[derive(Debug, Default)]
 pub(super) struct IdleWatch {
-    /// The device's activity count at the last look, and when it last changed.
-    seen_activity: u64,
+    /// The device's activity count at the last look (`None` before the first), and when it last
+    /// changed.
+    seen_activity: Option<u64>,
     since_ms: u64,
     /// Idle releases made since then.
     tries: u32,
@@ -51,9 +52,10 @@ impl IdleWatch {
     /// is due now (`delay_ms` without activity, more may come, tries left), with whether one of
     /// this period synchronised the device; `None` otherwise.
     pub fn look(&mut self, activity: u64, now_ms: u64, delay_ms: Option<u64>) -> Option<bool> {
-        if activity != self.seen_activity || activity == u64::MAX {
+        // The first look begins the first period: a device is not idle since time 0.
+        if self.seen_activity != Some(activity) || activity == u64::MAX {
             *self = IdleWatch {
-                seen_activity: activity,
+                seen_activity: Some(activity),
                 since_ms: now_ms,
                 ..IdleWatch::default()
             };
@@ -212,6 +214,17 @@ mod tests {
         assert_eq!(w.look(7, 2999, DELAY_MS), None, "1999 ms idle");
         assert_eq!(w.look(7, 3000, DELAY_MS), Some(false), "2000 ms idle");
         assert_eq!(w.look(7, 3000, None), None, "no idle release set");
+    }
+
+    /// The first look found the count still 0 (the device's first allocation had failed, or
+    /// was a shareable one) and took the device for idle since time 0: an idle release, and the
+    /// statistics changed, at the background thread's first tick (found by the fuzzer).
+    #[test]
+    fn the_first_look_begins_the_first_period() {
+        let mut w = IdleWatch::default();
+        assert_eq!(w.look(0, 1_000_000, DELAY_MS), None, "just seen");
+        assert_eq!(w.look(0, 1_001_999, DELAY_MS), None);
+        assert_eq!(w.look(0, 1_002_000, DELAY_MS), Some(false));
     }
 
     #[test]

@@ -386,6 +386,7 @@ impl DeviceAllocator {
     fn allocate_for_graph(&self, request: Request) -> Result<DevicePtr> {
         let graph = {
             let mut st = self.state.lock();
+            st.activity += 1;
             let id = st.ledger.sources().graph();
             st.ledger.sources_mut().begin_allocation(id)
         };

@@ -39,6 +39,7 @@ impl DeviceAllocator {
     fn begin_shareable_allocation(&self) -> Result<Source> {
         let begin = || -> Option<Result<Source>> {
             let mut st = self.state.lock();
+            st.activity += 1; // (an allocation: the device is not idle)
             let id = st.ledger.sources().shareable()?;
             Some(st.ledger.sources_mut().begin_allocation(id))
         };

@@ -1,5 +1,6 @@
 //! Sources added at run time, on the simulated driver: a block goes back to the source its
-//! record names, and a removed source keeps its id until its last block is back.
+//! record names, and a removed source keeps its id until its last block is back; and what
+//! counts as the device's activity.
 
 use super::*;
 use crate::config::PeerAccess;
@@ -95,4 +96,18 @@ fn a_bad_memory_fraction_is_refused_before_the_device_is_asked_anything() {
     assert_eq!(d.limit.bytes(), u64::MAX);
     d.set_memory_fraction(0.5).unwrap();
     assert_eq!(d.limit.bytes(), 1 << 29);
+}
+
+/// Every allocation counts as activity, the shareable pool's too: the background thread took a
+/// device serving only shareable blocks for idle and released it every idle period.
+#[test]
+fn shareable_allocations_count_as_activity() {
+    let d = device();
+    let activity = |d: &DeviceAllocator| d.state.lock().activity;
+    let before = activity(&d);
+    let ptr = d.allocate(4096, Stream(1), true).unwrap();
+    assert!(activity(&d) > before, "the allocation counted");
+    let before = activity(&d);
+    d.free(ptr).unwrap();
+    assert!(activity(&d) > before, "the free counted");
 }
