@@ -18,9 +18,9 @@
 //! blocks and never while a capture is known on the device; the calls a capture in global mode
 //! forbids (allocating, freeing, recording and querying events) are made in relaxed capture mode,
 //! and no fence is recorded on a capturing stream; a refused free changes nothing; `used` is the
-//! live bytes, `reserved` the live and the kept freed bytes, never above the cap (checked under
-//! the lock with the allocation it admits); the resource's lock is never held
-//! across a synchronisation.
+//! live bytes, `reserved` the live and the kept freed bytes, which no new allocation takes above
+//! the cap or the limit (checked under the lock with the allocation it admits); the resource's
+//! lock is never held across a synchronisation.
 
 use super::{
     Capabilities, CaptureNotice, Own, PoolUsage, Provisioning, Resource, Statistics, Traits, Usage,
