@@ -18,9 +18,10 @@
 //! blocks and never while a capture is known on the device; the calls a capture in global mode
 //! forbids (allocating, freeing, recording and querying events) are made in relaxed capture mode,
 //! and no fence is recorded on a capturing stream; a refused free changes nothing; `used` is the
-//! live bytes, `reserved` the live and the kept freed bytes, which no new allocation takes above
-//! the cap or the limit (checked under the lock with the allocation it admits); the resource's
-//! lock is never held across a synchronisation.
+//! live bytes, `reserved` the live and the kept freed bytes (those on their way back to the
+//! driver included, until `cuMemFree` returns), which no new allocation takes above the cap or
+//! the limit (checked under the lock with the allocation it admits); the resource's lock is never
+//! held across a synchronisation.
 
 use super::{
     Capabilities, CaptureNotice, Own, PoolUsage, Provisioning, Resource, Statistics, Traits, Usage,
@@ -50,7 +51,10 @@ struct State {
     freed: Vec<Freed>,
     live_bytes: u64,
     freed_bytes: u64,
-    /// High-water marks of `live_bytes` and of `live_bytes + freed_bytes`.
+    /// Kept blocks on their way back to the driver (`cuMemFree` runs with the lock released):
+    /// still held, so counted against the caps until the call returns.
+    returning_bytes: u64,
+    /// High-water marks of `live_bytes` and of what the driver holds ([`State::held_bytes`]).
     used_high_bytes: u64,
     reserved_high_bytes: u64,
     fences: Fences,
@@ -58,11 +62,17 @@ struct State {
 }
 
 impl State {
+    /// What the driver holds for this resource: live, kept, and kept blocks being given back.
+    fn held_bytes(&self) -> u64 {
+        (self.live_bytes)
+            .saturating_add(self.freed_bytes)
+            .saturating_add(self.returning_bytes)
+    }
+
     /// Raises the high-water marks to the current figures (after a block became live).
     fn note_peaks(&mut self) {
         self.used_high_bytes = self.used_high_bytes.max(self.live_bytes);
-        let reserved = self.live_bytes.saturating_add(self.freed_bytes);
-        self.reserved_high_bytes = self.reserved_high_bytes.max(reserved);
+        self.reserved_high_bytes = self.reserved_high_bytes.max(self.held_bytes());
     }
 }
 
@@ -125,6 +135,25 @@ impl ManagedResource {
             .min(self.max_bytes)
     }
 
+    /// The hard bound on what the driver holds for this resource: the cap or the device's limit,
+    /// the lower (the device's memory is none: managed memory oversubscribes).
+    fn bound_bytes(&self) -> u64 {
+        (self.max_bytes).min(self.limit_bytes.load(Ordering::Relaxed))
+    }
+
+    /// Out of memory: a new block would take what the driver holds, `held_bytes`, past the bound.
+    fn over_bound(&self, held_bytes: u64) -> Error {
+        Error::Driver {
+            call: "cuMemAllocManaged",
+            code: CUDA_ERROR_OUT_OF_MEMORY,
+            name: format!(
+                "CUDA_ERROR_OUT_OF_MEMORY (more than STREAMPOOL_MAX_POOL_SIZE or the memory \
+                 fraction allows: {held_bytes} B held of {} B)",
+                self.bound_bytes()
+            ),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock()
     }
@@ -179,6 +208,8 @@ impl ManagedResource {
         if taken.is_empty() {
             return (st, Ok(()));
         }
+        let taken_bytes: u64 = taken.iter().map(|f| f.bytes).sum();
+        st.returning_bytes += taken_bytes;
         drop(st);
         let mut result = Ok(());
         let mut freed = 0;
@@ -190,6 +221,7 @@ impl ManagedResource {
             freed += 1;
         }
         let mut st = self.lock();
+        st.returning_bytes -= taken_bytes;
         for f in &taken[freed..] {
             st.freed_bytes += f.bytes;
             st.freed.push(*f);
@@ -197,22 +229,13 @@ impl ManagedResource {
         (st, result)
     }
 
-    /// A new managed allocation of `bytes`, live; out of memory if it would take the live and
-    /// kept bytes above the cap or the device's limit (the device's memory is no bound: managed
-    /// memory oversubscribes).
+    /// A new managed allocation of `bytes`, live; out of memory if it would take what the driver
+    /// holds for this resource above the cap or the device's limit ([`Self::bound_bytes`]).
     fn allocate_new(&self, st: &mut State, bytes: u64) -> Result<DevicePtr> {
         let (driver, device) = (self.driver.as_ref(), self.device);
-        let reserved = st.live_bytes.saturating_add(st.freed_bytes);
-        let bound_bytes = (self.max_bytes).min(self.limit_bytes.load(Ordering::Relaxed));
-        if reserved.saturating_add(bytes) > bound_bytes {
-            return Err(Error::Driver {
-                call: "cuMemAllocManaged",
-                code: CUDA_ERROR_OUT_OF_MEMORY,
-                name: format!(
-                    "CUDA_ERROR_OUT_OF_MEMORY (more than STREAMPOOL_MAX_POOL_SIZE or the memory \
-                     fraction allows: {reserved} B held of {bound_bytes} B)"
-                ),
-            });
+        let held_bytes = st.held_bytes();
+        if held_bytes.saturating_add(bytes) > self.bound_bytes() {
+            return Err(self.over_bound(held_bytes));
         }
         let mut ptr = DevicePtr::NULL;
         driver.relaxed_capture(&mut || {
@@ -249,9 +272,13 @@ impl Resource for ManagedResource {
         if let Some(i) = st.freed.iter().position(done) {
             return Ok(self.take_freed(&mut st, i));
         }
+        // Larger than the bound itself: nothing given back could make room.
+        if bytes > self.bound_bytes() {
+            return Err(self.over_bound(st.held_bytes()));
+        }
         // Kept blocks go back first where a new one would take the reserved bytes past the
         // device's memory or its limit: managed memory would not fail there, it would page.
-        let reserved = st.live_bytes.saturating_add(st.freed_bytes);
+        let reserved = st.held_bytes();
         let capacity = self.capacity_bytes();
         if reserved.saturating_add(bytes) > capacity && !st.freed.is_empty() {
             let (again, result) = self.give_back(st, capacity.saturating_sub(bytes));
@@ -302,7 +329,7 @@ impl Resource for ManagedResource {
     fn usage(&self) -> Result<Usage> {
         let st = self.lock();
         Ok(Usage {
-            reserved_bytes: st.live_bytes + st.freed_bytes,
+            reserved_bytes: st.held_bytes(),
             used_bytes: st.live_bytes,
         })
     }
@@ -360,7 +387,7 @@ impl Statistics for ManagedResource {
     fn usage_with_peaks(&self) -> Result<PoolUsage> {
         let st = self.lock();
         Ok(PoolUsage {
-            reserved_bytes: st.live_bytes + st.freed_bytes,
+            reserved_bytes: st.held_bytes(),
             reserved_bytes_high: st.reserved_high_bytes,
             used_bytes: st.live_bytes,
             used_bytes_high: st.used_high_bytes,
@@ -370,7 +397,7 @@ impl Statistics for ManagedResource {
     fn reset_peaks(&self) -> Result<()> {
         let mut st = self.lock();
         st.used_high_bytes = st.live_bytes;
-        st.reserved_high_bytes = st.live_bytes + st.freed_bytes;
+        st.reserved_high_bytes = st.held_bytes();
         Ok(())
     }
 }
@@ -399,49 +426,4 @@ impl Drop for ManagedResource {
 }
 
 #[cfg(all(test, feature = "sim"))]
-mod tests {
-    use super::*;
-    use crate::driver::sim::SimDriver;
-
-    const MIB: u64 = 1 << 20;
-
-    /// Managed memory oversubscribes on a GPU (the simulator's would fail at its capacity, so
-    /// the resource's cap is set far below it): kept blocks of other sizes go back before the
-    /// reserved bytes pass the cap, and the limit lowers the cap.
-    #[test]
-    fn kept_blocks_go_back_before_the_reserved_bytes_pass_the_device_or_its_limit() {
-        let sim: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 1 << 30));
-        let limit = Arc::new(AtomicU64::new(u64::MAX));
-        let r = ManagedResource::new(&sim, 0, 8 * MIB, Arc::clone(&limit), u64::MAX);
-        for n in 1..=6 {
-            let p = r.allocate(n * MIB, Stream(1)).unwrap();
-            r.deallocate(p, n * MIB, Stream(1)).unwrap();
-            let reserved = r.usage().unwrap().reserved_bytes;
-            assert!(reserved <= 8 * MIB, "{n} MiB: {reserved} B reserved");
-        }
-        limit.store(4 * MIB, Ordering::Relaxed);
-        let p = r.allocate(3 * MIB + 1, Stream(1)).unwrap();
-        assert!(r.usage().unwrap().reserved_bytes <= 4 * MIB);
-        r.deallocate(p, 3 * MIB + 1, Stream(1)).unwrap();
-    }
-
-    /// torch.cuda.max_memory_reserved() after empty_cache(): the peak stays until reset.
-    #[test]
-    fn peaks_outlive_a_trim_until_reset() {
-        let sim: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 1 << 30));
-        let max = u64::MAX;
-        let r = ManagedResource::new(&sim, 0, max, Arc::new(AtomicU64::new(max)), max);
-        let p = r.allocate(8 * MIB, Stream(1)).unwrap();
-        r.deallocate(p, 8 * MIB, Stream(1)).unwrap();
-        r.trim(0).unwrap();
-        let u = r.usage_with_peaks().unwrap();
-        assert_eq!((u.reserved_bytes, u.used_bytes), (0, 0));
-        assert_eq!(
-            (u.reserved_bytes_high, u.used_bytes_high),
-            (8 * MIB, 8 * MIB)
-        );
-        r.reset_peaks().unwrap();
-        let u = r.usage_with_peaks().unwrap();
-        assert_eq!((u.reserved_bytes_high, u.used_bytes_high), (0, 0));
-    }
-}
+mod tests;
