@@ -130,9 +130,7 @@ impl ManagedResource {
     /// What the live and kept bytes may reach: the device's memory, its limit or the cap, the
     /// lowest.
     fn capacity_bytes(&self) -> u64 {
-        (self.total_bytes)
-            .min(self.limit_bytes.load(Ordering::Relaxed))
-            .min(self.max_bytes)
+        self.total_bytes.min(self.bound_bytes())
     }
 
     /// The hard bound on what the driver holds for this resource: the cap or the device's limit,

@@ -6,9 +6,10 @@
 //! completing, a capture beginning, a stream destroyed, an error becoming sticky); none of them
 //! is a driver call.
 
-use super::{driver_error, SimDriver, SimFault, CUDA_ERROR_ILLEGAL_ADDRESS};
+use super::{driver_error, SimDriver, SimFault, StreamClock, CUDA_ERROR_ILLEGAL_ADDRESS};
 use crate::driver::{DevicePtr, EventHandle, Stream};
 use crate::error::Result;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -67,9 +68,7 @@ impl SimDriver {
         match d.events.get(&event.raw()) {
             None => false,
             Some(None) => true,
-            Some(&Some(on)) => {
-                d.completed(on) || (d.streams.get(&stream)).is_some_and(|c| c.is_after(on))
-            }
+            Some(&Some(on)) => done_or_waited_for(&d.streams, on, stream),
         }
     }
 
@@ -258,11 +257,7 @@ impl SimDriver {
             true => {
                 let d = &mut *d;
                 let streams = &d.streams;
-                // Done, or ordered before this work (the stream waited for it on the GPU).
-                let completed = |(s, seq): (Stream, u64)| {
-                    streams.get(&s).is_some_and(|c| c.completed >= seq)
-                        || streams.get(&stream).is_some_and(|c| c.is_after((s, seq)))
-                };
+                let completed = |work| done_or_waited_for(streams, work, stream);
                 d.vmm
                     .touch(ptr, bytes, from, device, (stream, seq), completed)
             }
@@ -277,4 +272,15 @@ impl SimDriver {
             )
         })
     }
+}
+
+/// True if `work` (a stream's tick) has completed, or `stream`'s new work is ordered after it
+/// (the stream waited for it on the GPU).
+fn done_or_waited_for(
+    streams: &HashMap<Stream, StreamClock>,
+    (s, seq): (Stream, u64),
+    stream: Stream,
+) -> bool {
+    streams.get(&s).is_some_and(|c| c.completed >= seq)
+        || streams.get(&stream).is_some_and(|c| c.is_after((s, seq)))
 }
