@@ -29,6 +29,8 @@ mod expandable;
 mod gate;
 #[path = "replay/inflate.rs"]
 mod inflate;
+#[path = "replay/queues.rs"]
+mod queues;
 #[path = "replay/report.rs"]
 mod report;
 #[path = "replay/run.rs"]

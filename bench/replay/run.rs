@@ -21,9 +21,10 @@
 //! depends only on the trace, the configuration, the model and the repeat's number.
 
 use super::costs::{modeled_s, DEFAULT_COSTS_US};
+use super::queues::GpuQueues;
 use super::timing::{self, Gpu, Plan, TEND_EVERY_US};
 use super::trace::{Event, Trace};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 use streampool::driver::sim::SimDriver;
@@ -243,67 +244,6 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// The GPU's queues (timing.rs) and, per stream, the simulator's ticks noted so far and those
-/// not completed yet with when the GPU completes them, in stream order.
-struct GpuQueues {
-    gpu: Gpu,
-    streams: Vec<StreamQueue>,
-}
-
-/// A stream's ticks noted so far, and those noted and not completed yet: (tick, done at, us).
-struct StreamQueue {
-    stream: Stream,
-    noted: u64,
-    pending: VecDeque<(u64, u64)>,
-}
-
-impl GpuQueues {
-    /// What the simulator got on stream `i` since the last note completes at `done_us`.
-    fn push(&mut self, sim: &SimDriver, i: usize, done_us: f64) {
-        let q = &mut self.streams[i];
-        let tick = sim.stream_tick(0, q.stream);
-        if tick > q.noted {
-            q.noted = tick;
-            q.pending.push_back((tick, done_us as u64));
-        }
-    }
-
-    /// What the allocator submitted to any stream since the last note (fence records): done
-    /// once the work queued before it is.
-    fn note_records(&mut self, sim: &SimDriver, now_us: f64) {
-        for i in 0..self.streams.len() {
-            let (stream, noted) = (self.streams[i].stream, self.streams[i].noted);
-            if sim.stream_tick(0, stream) > noted {
-                let done_us = self.gpu.run(stream.0 as u32, now_us, 0.0);
-                self.push(sim, i, done_us);
-            }
-        }
-    }
-
-    /// Kernels of `work_us` queued on `stream` now: what the simulator got on it since the last
-    /// note (`touch`) completes when they do. Note the allocator's records first.
-    fn run(&mut self, sim: &SimDriver, stream: u32, now_us: f64, work_us: f64) {
-        let done_us = self.gpu.run(stream, now_us, work_us);
-        if let Some(i) = (self.streams.iter()).position(|q| q.stream.0 == stream as usize) {
-            self.push(sim, i, done_us);
-        }
-    }
-
-    /// The work the GPU has completed by `now_us` completes in the simulator.
-    fn complete(&mut self, sim: &SimDriver, now_us: u64) {
-        for q in &mut self.streams {
-            let mut done = None;
-            while let Some(&(tick, _)) = q.pending.front().filter(|(_, at_us)| *at_us <= now_us) {
-                done = Some(tick);
-                q.pending.pop_front();
-            }
-            if let Some(tick) = done {
-                sim.complete_stream_to(0, q.stream, tick);
-            }
-        }
-    }
-}
-
 fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Result<(), String> {
     let sim = Arc::new(SimDriver::new(config.sim_devices, config.sim_memory_bytes).strict());
     let alloc = Allocator::new(Arc::clone(&sim) as Arc<dyn Driver>, config)
@@ -313,16 +253,8 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
     // The stopped clock reads the machine's: move it on to a whole second, so that what rounds
     // it to milliseconds (page ages, the idle watch) sees the same phase in every replay.
     sim.advance_clock_us(1_000_000 - sim.now_us() % 1_000_000);
-    let mut gpu = GpuQueues {
-        gpu: Gpu::new(plan.latency_us),
-        streams: (trace.streams.iter())
-            .map(|&s| StreamQueue {
-                stream: Stream(s as usize),
-                noted: 0,
-                pending: VecDeque::new(),
-            })
-            .collect(),
-    };
+    let streams = trace.streams.iter().map(|&s| Stream(s as usize));
+    let mut gpu = GpuQueues::new(Gpu::new(plan.latency_us), streams);
     let (mut clock_us, mut tend_us) = (0u64, plan.first_tend_us);
     let warmup_steps: u64 = trace
         .header("schedule_steps")
