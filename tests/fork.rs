@@ -25,6 +25,7 @@ extern "C" {
     fn streampool_set_memory_fraction(fraction: f64, device: c_int);
     fn streampool_record_stream(ptr: *mut c_void, stream: *mut c_void);
     fn streampool_reset_peak_stats(device: c_int);
+    fn streampool_last_error() -> *const std::ffi::c_char;
     fn my_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void);
 }
 
@@ -81,6 +82,14 @@ fn a_fork_child_never_waits_for_the_stderr_lock_a_parent_thread_held_at_the_fork
             streampool_reset_peak_stats(0);
             streampool_init(2);
             my_free(0x1234 as *mut c_void, 0, 0, std::ptr::null_mut());
+            // Size 0 is NULL without an error, in a fork child too; any other size fails.
+            let zero = streampool_malloc(0, 0, std::ptr::null_mut());
+            if !zero.is_null() || *streampool_last_error() != 0 {
+                libc::_exit(3);
+            }
+            if !streampool_malloc(64, 0, std::ptr::null_mut()).is_null() {
+                libc::_exit(4);
+            }
             libc::_exit(0);
         }
     }

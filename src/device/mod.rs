@@ -55,6 +55,7 @@ use growth::GrowthMarks;
 use ledger::{Ledger, Returning};
 use limit::Limit;
 use request::Request;
+pub(crate) use request::BLOCK_ALIGN_BYTES;
 use std::sync::{Arc, Weak};
 use waits::Waits;
 

@@ -83,6 +83,9 @@ pub unsafe extern "C-unwind" fn my_malloc(
     let pool = crate::torch_edge::graphs::route(device, stream);
     let result = guarded(|| {
         let bytes = size_from_ssize(size)?;
+        if bytes == 0 {
+            return Ok(DevicePtr::NULL); // whatever the device or the process (a fork child)
+        }
         match crate::torch_edge::graphs::take_restore(device, bytes) {
             Some(r) => api::device(device)?.restore_in_graph_pool(
                 r.pool,
@@ -150,7 +153,10 @@ pub unsafe extern "C" fn streampool_malloc(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    let result = guarded(|| global()?.malloc(size as u64, device.into(), stream_of(stream)));
+    let result = guarded(|| match size {
+        0 => Ok(DevicePtr::NULL), // whatever the device or the process (a fork child)
+        _ => global()?.malloc(size as u64, device.into(), stream_of(stream)),
+    });
     match result {
         Ok(ptr) => {
             clear_last_error();

@@ -16,7 +16,8 @@ use crate::torch_edge::std_function::{FilterSignature, OwnedFunction, StdFunctio
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::{Arc, OnceLock};
 
-use crate::device::StreamFilter;
+use crate::device::{StreamFilter, BLOCK_ALIGN_BYTES};
+use crate::driver::DevicePtr;
 
 /// The filter of a route begun without one: every allocation of the device.
 struct EveryStream;
@@ -240,6 +241,7 @@ pub extern "C" fn streampool_graph_pool_expect_restore(
             return Ok(());
         }
         api::device(device)?;
+        check_restored_block(ptr_of(ptr), requested_bytes, block_bytes)?;
         expect_restore(Some(Restore {
             device: device.into(),
             pool: (id_a, id_b),
@@ -250,6 +252,25 @@ pub extern "C" fn streampool_graph_pool_expect_restore(
         }));
         Ok(())
     }))
+}
+
+/// A restored block is one the allocator could have handed out for `requested_bytes`: aligned,
+/// its size a multiple of the alignment and at least the request (the graph pool then checks
+/// that its range is free there). Anything else is refused before the directive is set.
+fn check_restored_block(ptr: DevicePtr, requested_bytes: u64, block_bytes: u64) -> Result<()> {
+    let aligned = |v: u64| v % BLOCK_ALIGN_BYTES == 0;
+    if ptr == DevicePtr::NULL
+        || !aligned(ptr.0)
+        || !aligned(block_bytes)
+        || block_bytes < requested_bytes
+    {
+        return Err(Error::InvalidArgument(format!(
+            "streampool_graph_pool_expect_restore: block {ptr:#x} of {block_bytes} bytes cannot \
+             serve {requested_bytes} bytes: a block's address and size are multiples of \
+             {BLOCK_ALIGN_BYTES}, and its size is at least the request"
+        )));
+    }
+    Ok(())
 }
 
 /// The next `setCheckpointPoolState` PyTorch makes on `device` reports the `count` blocks at

@@ -230,6 +230,14 @@ static int memory_pools(void *stream) {
   CHECK(streampool_graph_pool_blocks(1, 3, 4, 0, blocks, 4, &n) == OK && n == 1);
   my_free(p, 4096, 1, stream);
   CHECK(streampool_graph_pool_blocks(1, 3, 4, 0, blocks, 4, &n) == OK && n == 0);
+  /* A block the allocator could not have handed out (misaligned, a size not a multiple of 512,
+     smaller than the request) is refused and sets no directive: the next my_malloc allocates. */
+  CHECK(streampool_graph_pool_expect_restore(1, 3, 4, (char *)p + 1, 4096, 4096, stream) == INVALID);
+  CHECK(streampool_graph_pool_expect_restore(1, 3, 4, p, 4096, 4000, stream) == INVALID);
+  CHECK(streampool_graph_pool_expect_restore(1, 3, 4, p, 8192, 4096, stream) == INVALID);
+  void *fresh = my_malloc(8192, 1, stream);
+  CHECK(fresh != NULL && fresh != p);
+  my_free(fresh, 8192, 1, stream);
   /* A checkpointed block comes back at its old address through the next my_malloc. */
   CHECK(streampool_graph_pool_expect_restore(1, 3, 4, p, 4096, 4096, stream) == OK);
   CHECK(my_malloc(4096, 1, stream) == p);
@@ -301,6 +309,8 @@ int main(void) {
   CHECK(streampool_free(b, 1 << 20, 0, stream) == OK);
   CHECK(streampool_free(NULL, 0, 0, stream) == OK);
   CHECK(streampool_malloc(0, 0, stream) == NULL && streampool_last_error()[0] == '\0');
+  CHECK(streampool_malloc(64, 5, stream) == NULL); /* sets the last error: the next call clears it */
+  CHECK(streampool_malloc(0, 5, stream) == NULL && streampool_last_error()[0] == '\0'); /* any device */
   CHECK(streampool_malloc(64, 5, stream) == NULL && strstr(streampool_last_error(), "device index 5"));
   if (oversized_sizes_are_refused(stream)) return 1;
   CHECK(streampool_enable_peer_access(-1) == OK);
@@ -341,6 +351,7 @@ int main(void) {
   /* PyTorch's entry points */
   void *t = my_malloc(4096, 1, stream);
   CHECK(t != NULL && (uintptr_t)t % 512 == 0 && my_malloc(0, 1, stream) == NULL);
+  CHECK(my_malloc(0, 7, stream) == NULL); /* size 0 is NULL whatever the device: no throw */
   my_free(t, 4096, 1, stream);
   my_free(NULL, 0, 1, stream);
   CHECK(streampool_get_stats(1, &s) == OK && s.allocated_bytes == 0);
