@@ -53,7 +53,10 @@ pub fn parse_size(text: &str) -> Result<SizeSpec, String> {
             .trim()
             .parse()
             .map_err(|_| format!("{number:?} is not a number"))?;
-        if !(0.0..=100.0).contains(&p) || p.is_nan() {
+        if p.is_nan() {
+            return Err(format!("{number:?} is not a number"));
+        }
+        if !(0.0..=100.0).contains(&p) {
             return Err(format!("{p}% is more than 100%"));
         }
         return Ok(SizeSpec::Percent(p));
@@ -174,6 +177,15 @@ mod tests {
         assert_eq!(parse_size("1.5GiB"), Ok(SizeSpec::Bytes(3 << 29)));
         assert_eq!(parse_size("0.5KB"), Ok(SizeSpec::Bytes(500)));
         assert_eq!(parse_size("1.25 KiB"), Ok(SizeSpec::Bytes(1280)));
+        // NaN is no share of anything (it was refused as "NaN% is more than 100%").
+        assert_eq!(
+            parse_size("nan%"),
+            Err("\"nan\" is not a number".to_string())
+        );
+        assert_eq!(
+            parse_size("101%"),
+            Err("101% is more than 100%".to_string())
+        );
         assert_eq!(parse_size("2.000MiB"), Ok(SizeSpec::Bytes(2 << 20)));
         assert_eq!(
             parse_size("0.000000000001TB"),

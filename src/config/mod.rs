@@ -279,8 +279,10 @@ impl Config {
             }
         };
         c.release_threshold = size("STREAMPOOL_RELEASE_THRESHOLD", c.release_threshold)?;
+        // Zero, in bytes or as a share of the device, is no cap (the README's "`0` = unlimited").
         c.max_pool_size = match size("STREAMPOOL_MAX_POOL_SIZE", c.max_pool_size)? {
             SizeSpec::Bytes(0) => SizeSpec::Max,
+            SizeSpec::Percent(p) if p == 0.0 => SizeSpec::Max,
             other => other,
         };
         c.cache_limit = size("STREAMPOOL_CACHE_LIMIT", c.cache_limit)?;

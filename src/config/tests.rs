@@ -293,3 +293,15 @@ fn a_negative_size_variable_says_negative_sizes_are_refused() {
         "{msg}"
     );
 }
+
+/// `STREAMPOOL_MAX_POOL_SIZE` of zero is no cap however it is written: `0%` capped every
+/// backend at 0 bytes, so that each allocation failed as out of memory.
+#[test]
+fn a_zero_pool_size_cap_in_any_form_is_no_cap() {
+    for zero in ["0", "0MiB", "0GiB", "0%", "0.0%", "max"] {
+        let c = parse(&[("STREAMPOOL_MAX_POOL_SIZE", zero)]).unwrap();
+        assert_eq!(c.max_pool_size, SizeSpec::Max, "{zero}");
+    }
+    let c = parse(&[("STREAMPOOL_MAX_POOL_SIZE", "0.5%")]).unwrap();
+    assert_eq!(c.max_pool_size, SizeSpec::Percent(0.5));
+}
