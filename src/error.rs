@@ -25,6 +25,11 @@ pub struct OomReport {
     pub limit_bytes: Option<u64>,
     /// streampool's largest request, if the request is above it (refused before any driver call).
     pub max_bytes: Option<u64>,
+    /// `STREAMPOOL_MAX_POOL_SIZE` on this device, if one is set.
+    pub pool_cap_bytes: Option<u64>,
+    /// `STREAMPOOL_VMM_HEADROOM` on this device, if the vmm backend kept it free and the request
+    /// would have fitted in the free memory without it.
+    pub headroom_bytes: Option<u64>,
 }
 
 impl std::fmt::Display for OomReport {
@@ -58,6 +63,21 @@ impl std::fmt::Display for OomReport {
                 f,
                 " The request exceeds the limit of {} set by set_per_process_memory_fraction.",
                 format_bytes(limit)
+            )?;
+        }
+        if let Some(cap) = self.pool_cap_bytes {
+            write!(
+                f,
+                " STREAMPOOL_MAX_POOL_SIZE caps what streampool holds on this GPU at {}.",
+                format_bytes(cap)
+            )?;
+        }
+        if let Some(headroom) = self.headroom_bytes {
+            write!(
+                f,
+                " The vmm backend leaves {} of the GPU free for memory outside the allocator \
+                 (STREAMPOOL_VMM_HEADROOM).",
+                format_bytes(headroom)
             )?;
         }
         Ok(())

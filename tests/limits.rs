@@ -403,3 +403,46 @@ fn graph_memory_failures_are_reported_as_what_they_are_and_successes_counted() {
     r.sim.end_capture(0, s(9));
     r.finish();
 }
+
+/// An allocation refused because of a setting names it: `STREAMPOOL_MAX_POOL_SIZE` (on every
+/// backend) and the vmm backend's headroom (a request that fitted in the free memory only in the
+/// headroom); the messages said "GPU 0 has ... of which 16.00 GiB is free" and nothing of why.
+#[test]
+fn out_of_memory_names_the_pool_size_cap_and_the_headroom() {
+    for config in [base_config(), pool_config()] {
+        let capped = Config {
+            max_pool_size: SizeSpec::Bytes(64 * MIB),
+            ..config.clone()
+        };
+        let r = rig_with(1, 1 << 30, capped);
+        let e = r.alloc.malloc(100 * MIB, 0, s(0)).unwrap_err().to_string();
+        assert!(
+            e.starts_with("CUDA out of memory.")
+                && e.contains(
+                    "STREAMPOOL_MAX_POOL_SIZE caps what streampool holds on this GPU at 64.00 MiB"
+                ),
+            "{e}"
+        );
+        r.finish();
+        // Without the cap, no word of one.
+        let r = rig_with(1, 64 * MIB, config);
+        let e = r.alloc.malloc(100 * MIB, 0, s(0)).unwrap_err().to_string();
+        assert!(
+            !e.contains("MAX_POOL_SIZE") && !e.contains("HEADROOM"),
+            "{e}"
+        );
+        r.finish();
+    }
+    let all_headroom = Config {
+        backend: streampool::config::Backend::Vmm,
+        vmm_headroom: SizeSpec::Percent(100.0),
+        ..base_config()
+    };
+    let r = rig_with(1, 1 << 30, all_headroom);
+    let e = r.alloc.malloc(4 * MIB, 0, s(0)).unwrap_err().to_string();
+    assert!(
+        e.contains("The vmm backend leaves 1.00 GiB of the GPU free for memory outside the allocator (STREAMPOOL_VMM_HEADROOM)"),
+        "{e}"
+    );
+    r.finish();
+}

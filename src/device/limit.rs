@@ -12,6 +12,7 @@
 
 use super::ledger::Returning;
 use super::{DeviceAllocator, Request};
+use crate::config::Backend;
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, OomReport, Result};
 use crate::history::StreampoolEventKind as Event;
@@ -193,6 +194,7 @@ impl DeviceAllocator {
             DevicePtr(mem.free_bytes),
             requested_bytes,
         );
+        let (pool_cap_bytes, headroom_bytes) = self.oom_caps(requested_bytes, mem.free_bytes);
         let report = OomReport {
             requested_bytes,
             device: self.device,
@@ -203,10 +205,31 @@ impl DeviceAllocator {
             cached_bytes: st.ledger.cached_bytes(),
             limit_bytes,
             max_bytes: None,
+            pool_cap_bytes,
+            headroom_bytes,
         };
         drop(st);
         log::warn!("{report}");
         Error::OutOfMemory(Box::new(report))
+    }
+
+    /// The settings an out-of-memory error names: `STREAMPOOL_MAX_POOL_SIZE` if set, and the vmm
+    /// backend's headroom if the request would have fitted in `free_bytes` without it.
+    fn oom_caps(&self, requested_bytes: u64, free_bytes: u64) -> (Option<u64>, Option<u64>) {
+        let Some(setup) = self.setup.get() else {
+            return (None, None);
+        };
+        let sources = &setup.settings.sources;
+        let cap = sources.pool.max_size_bytes;
+        let headroom = sources.vmm.headroom_bytes;
+        let headroom_refused = sources.backend == Backend::Vmm
+            && headroom > 0
+            && requested_bytes <= free_bytes
+            && requested_bytes > free_bytes.saturating_sub(headroom);
+        (
+            (cap != u64::MAX).then_some(cap),
+            headroom_refused.then_some(headroom),
+        )
     }
 
     /// A request above `max_bytes`, streampool's largest: out of memory at once, with the reason,
