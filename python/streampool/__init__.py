@@ -229,12 +229,25 @@ def sleep(level: int = 1, device: Device = None, discard: Optional[Iterable[str]
     if names:
         tags = (ctypes.c_char_p * len(names))(*names)
         status = _lib.library().streampool_sleep_discarding(
-            index, int(level), tags, len(names), ctypes.byref(given_back)
+            index, _sleep_level(level), tags, len(names), ctypes.byref(given_back)
         )
     else:
-        status = _lib.library().streampool_sleep(index, int(level), ctypes.byref(given_back))
+        status = _lib.library().streampool_sleep(index, _sleep_level(level), ctypes.byref(given_back))
     _lib.check(status)
     return given_back.value
+
+
+def _sleep_level(level: Any) -> int:
+    """``level`` as sleep() takes it: 1 or 2, an int (not a bool, a float or a string, which
+    int() would turn into one, nor one that a C int would wrap into range)."""
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise TypeError(f"sleep(level=...) must be the int 1 or 2, not {type(level).__name__} {level!r}")
+    if level not in (1, 2):
+        raise InvalidArgumentError(
+            f"sleep(level={level!r}): the level is 1 (tensors' contents kept in page-locked host "
+            "memory) or 2 (discarded)"
+        )
+    return level
 
 
 def _tag_name(name: str) -> bytes:

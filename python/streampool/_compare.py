@@ -41,9 +41,8 @@ ALLOCATOR_ENV, INSTALL_ENV, OUT_ENV, PACKAGE_ENV, SAMPLE_ENV = (
     "_STREAMPOOL_COMPARE_SAMPLE_MS",
 )
 DEFAULT_ALLOCATORS = "native,expandable,streampool"
+RELEASE_THRESHOLD = "STREAMPOOL_RELEASE_THRESHOLD"
 OOM_TEXT = re.compile(r"CUDA out of memory|OutOfMemoryError")
-# What a release threshold after "@" may be (the library checks it again in each run).
-THRESHOLD = re.compile(r"^(\d+\s*([kmgt]i?b?|b)?|\d+(\.\d+)?\s*%|max|unlimited)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -81,6 +80,18 @@ class UsageError(ValueError):
     """A bad argument: the message names it, the value and what is accepted."""
 
 
+def _check_threshold(item: str, threshold: str) -> None:
+    """UsageError unless the library takes ``threshold`` as STREAMPOOL_RELEASE_THRESHOLD (its own
+    parser, so that a value it would refuse in every streampool run is refused before the first)."""
+    if not threshold.strip():
+        raise UsageError(f"--allocators: {item!r}: the release threshold is empty; "
+                         "e.g. streampool@1GiB, streampool@80%, streampool@0")
+    try:
+        _lib.check_setting(RELEASE_THRESHOLD, threshold.strip())
+    except _lib.ConfigError as exc:
+        raise UsageError(f"--allocators: {item!r}: {exc}") from None
+
+
 def parse_allocators(text: str) -> List[Allocator]:
     """The allocators named in ``text``, in order, native included; UsageError for a bad name."""
     chosen: List[Allocator] = []
@@ -94,13 +105,9 @@ def parse_allocators(text: str) -> List[Allocator]:
         if threshold or "@" in item:
             if not base.install:
                 raise UsageError(f"--allocators: {item!r}: only streampool allocators take @THRESHOLD")
-            if not THRESHOLD.match(threshold.strip()):
-                raise UsageError(
-                    f"--allocators: {item!r}: the release threshold {threshold!r} is not bytes (512MiB, 2GB, 0), "
-                    "a percentage of device memory (80%) or max"
-                )
+            _check_threshold(item, threshold)
             base = Allocator(item, f"{base.description}, release threshold {threshold}", base.alloc_conf, True,
-                             {**base.variables, "STREAMPOOL_RELEASE_THRESHOLD": threshold.strip()})
+                             {**base.variables, RELEASE_THRESHOLD: threshold.strip()})
         if all(a.name != base.name for a in chosen):
             chosen.append(base)
     if all(a.name != NATIVE for a in chosen):

@@ -29,6 +29,7 @@ from multiprocessing.reduction import DupFd
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _lib
+from ._device import device_index
 
 _log = logging.getLogger("streampool")
 
@@ -51,9 +52,10 @@ def shareable() -> Iterator[None]:
             _lib.check(status)
 
 
-def ipc_supported(device: int = 0) -> bool:
-    """True if ``device`` can share pool memory with other processes (POSIX file descriptors)."""
-    return _lib.device_flag("streampool_ipc_supported", device)
+def ipc_supported(device: Any = 0) -> bool:
+    """True if ``device`` (None = current device, an int, "cuda:N" or a torch.device) can share
+    pool memory with other processes (POSIX file descriptors)."""
+    return _lib.device_flag("streampool_ipc_supported", device_index(device))
 
 
 # --- release bytes ---------------------------------------------------------------------------
@@ -433,14 +435,20 @@ class SharedTensor:
         self.offset, self.requires_grad = offset, requires_grad
 
 
+def _import_torch(caller: str) -> Any:
+    """torch, or ImportError in one line naming what needs it (install()'s words)."""
+    from ._torch import _import_torch as import_torch
+
+    return import_torch(caller)
+
+
 def share(tensor: Any) -> SharedTensor:
     """A handle to ``tensor``'s memory for another process. On the vmm backend any tensor can be
     shared (page by page); on the pool backend it must come from a shareable pool (``with
     streampool.shareable():`` or ``install(ipc=True)``). Its memory stays allocated here until the
     receiver releases it. The receiver sees the data as of now (an event on the
     current stream)."""
-    import torch
-
+    torch = _import_torch("share")
     if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
         raise TypeError(f"streampool.share() takes a CUDA tensor, not {type(tensor).__name__}")
     storage = tensor.untyped_storage()
@@ -453,8 +461,7 @@ def share(tensor: Any) -> SharedTensor:
 def open_shared(shared: SharedTensor) -> Any:
     """The tensor a :class:`SharedTensor` describes, on the exporting process's memory; the
     current stream waits until the exporter's data is ready."""
-    import torch
-
+    torch = _import_torch("open_shared")
     device = shared.block.device
     block = ImportedBlock(shared.block, torch.cuda.current_stream(device).cuda_stream)
     with torch.cuda.device(device):

@@ -108,6 +108,7 @@ _load_lock = threading.Lock()
 _library: Optional[ctypes.CDLL] = None
 _library_path: Optional[Path] = None
 _environment_at_load: Optional[Dict[str, str]] = None
+_check_lock = threading.Lock()  # check_setting()'s variable in os.environ, one at a time
 
 
 def find_library() -> Path:
@@ -129,10 +130,11 @@ def find_library() -> Path:
     )
 
 
-def library() -> ctypes.CDLL:
-    """The loaded library with every signature declared (loaded on the first call). Records the
-    ``STREAMPOOL_*`` variables on the first call, and on the first after forget_environment()."""
-    global _library, _library_path, _environment_at_load
+def _loaded() -> ctypes.CDLL:
+    """The loaded library with every signature declared (loaded on the first call), the
+    ``STREAMPOOL_*`` variables not recorded: for the calls that read none of them (the version,
+    the last error, a check that keeps nothing)."""
+    global _library, _library_path
     with _load_lock:
         if _library is None:
             path = find_library()
@@ -145,9 +147,18 @@ def library() -> ctypes.CDLL:
                 function.argtypes = argtypes
             _library_path = path
             _library = lib
+        return _library
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library (:func:`_loaded`) for a call that may read the ``STREAMPOOL_*``
+    variables: records them on the first such call, and on the first after forget_environment()."""
+    global _environment_at_load
+    lib = _loaded()
+    with _load_lock:
         if _environment_at_load is None:
             _environment_at_load = streampool_environment()
-        return _library
+    return lib
 
 
 def _origin(path: Path) -> str:
@@ -212,7 +223,7 @@ def function_address(name: str) -> int:
 
 def last_error() -> str:
     """This thread's last error message from the library ("" if none)."""
-    message = library().streampool_last_error()
+    message = _loaded().streampool_last_error()
     return message.decode("utf-8", errors="replace") if message else ""
 
 
@@ -246,15 +257,31 @@ def _decode(raw: Optional[bytes]) -> str:
 
 
 def version() -> str:
-    return _decode(library().streampool_version())
+    return _decode(_loaded().streampool_version())
 
 
 def driver_name() -> str:
-    """"cuda" or "sim"; raises ConfigError if STREAMPOOL_DRIVER is malformed."""
+    """"cuda" or "sim"; raises ConfigError if a STREAMPOOL_* variable is malformed."""
     name = _decode(library().streampool_driver_name())
     if name == "invalid":
         check_config()
     return name
+
+
+def check_setting(name: str, value: str) -> None:
+    """Raise ConfigError (naming the variable, the value and what is accepted) unless the library
+    takes ``value`` for ``name`` beside this process's other ``STREAMPOOL_*`` variables; the
+    environment is left as it was and the library keeps nothing (nor are the variables recorded)."""
+    with _check_lock:
+        previous = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            check(_loaded().streampool_check_config())
+        finally:
+            if previous is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = previous
 
 
 def check_config() -> None:

@@ -12,6 +12,7 @@ taken from and returned to the pool; ``alloc`` / ``free_*`` are tensors' allocat
 mapped and unmapped (as PyTorch's expandable segments show theirs).
 """
 
+import ctypes
 import pickle
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
@@ -19,6 +20,7 @@ from typing import Any, Dict, List, Optional, Union
 from . import _lib
 
 DEFAULT_MAX_ENTRIES = 100_000
+_SIZE_T_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1
 # PyTorch's web viewer reads pickle protocols 2 to 4 only.
 PICKLE_PROTOCOL = 4
 _SMALL_BLOCK_BYTES = 1 << 20  # PyTorch's small-pool boundary, for segment_type
@@ -31,6 +33,8 @@ def record_history(enabled: bool = True, max_entries: int = DEFAULT_MAX_ENTRIES)
     recording costs one atomic load per allocation."""
     if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries <= 0:
         raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+    if max_entries > _SIZE_T_MAX:  # ctypes would wrap it (2**64 + 5 as 5)
+        raise ValueError(f"max_entries must be at most {_SIZE_T_MAX} (a size_t), got {max_entries!r}")
     _lib.check(_lib.library().streampool_record_history(1 if enabled else 0, max_entries))
 
 
@@ -219,7 +223,13 @@ def plot_timeline(
     except ImportError:
         raise ImportError("plotting needs matplotlib: pip install 'streampool[plot]' (or pip install matplotlib)") from None
     own = "streampool" in snap
-    devices = range(len(snap["device_traces"])) if device is None else [device]
+    count = len(snap["device_traces"])
+    if device is not None and not (isinstance(device, int) and 0 <= device < count):
+        raise ValueError(f"device {device!r} is not in the snapshot, which has device(s) 0 to {count - 1}")
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise ValueError(f"cannot write {out}: the folder {out.parent} does not exist")
+    devices = range(count) if device is None else [device]
     panels = []
     for d in devices:
         series = _series_from_streampool(snap, d) if own else _series_from_torch(snap, d)
@@ -240,7 +250,6 @@ def plot_timeline(
         ax.legend(loc="upper left")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    out = Path(out)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out

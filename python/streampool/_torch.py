@@ -28,10 +28,14 @@ class _Installation:
     """The allocator handed to PyTorch (kept alive here for the life of the process), and the
     PyTorch features wired beyond malloc and free (feature -> None, or why it is unavailable)."""
 
-    def __init__(self, allocator: Any, options: Dict[str, Any], features: Dict[str, Optional[str]],
-                 ignored_settings: List[str]):
+    def __init__(self, allocator: Any, options: Dict[str, Any], variables: Dict[str, str],
+                 torch_stats: bool, features: Dict[str, Optional[str]], ignored_settings: List[str]):
         self.allocator = allocator
         self.options = options
+        # What the options set (ipc=True and ipc="1" alike) and whether statistics are routed:
+        # a second install() asking for the same is no different one.
+        self.variables = variables
+        self.torch_stats = torch_stats
         self.features = features
         # Keys of PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF warned about at install().
         self.ignored_settings = ignored_settings
@@ -64,9 +68,10 @@ def _apply_environment(variables: Dict[str, str]) -> None:
         changed = sorted(k for k, v in variables.items() if loaded.get(k) != v)
         if changed:
             raise RuntimeError(
-                f"streampool was already loaded before install() could set {', '.join(changed)}; "
-                "call install() before any other streampool function, or set the variables "
-                "in the environment before starting Python"
+                f"streampool's library already read its settings in this process, before install() "
+                f"could set {', '.join(changed)}: call install() with its options before any other "
+                "streampool function that allocates or reads statistics (an earlier install() counts), "
+                "or set the variables in the environment before starting Python"
             )
     previous = {name: os.environ.get(name) for name in variables}
     try:
@@ -140,10 +145,12 @@ def install(*, torch_stats: bool = True, **options: Any) -> Any:
     (with a warning if its options differ).
     """
     global _installation
+    if not isinstance(torch_stats, bool):
+        raise TypeError(f"install(torch_stats=...) must be True or False, not {torch_stats!r}")
     variables = option_environment(options)
     torch = _import_torch("install")
     if _installation is not None:
-        if options != _installation.options:
+        if (variables, torch_stats) != (_installation.variables, _installation.torch_stats):
             warnings.warn(
                 f"streampool.install() already ran with options {_installation.options}; "
                 f"the new options {options} are ignored",
@@ -186,7 +193,7 @@ def install(*, torch_stats: bool = True, **options: Any) -> Any:
         from ._torch_stats import route
 
         route(torch)
-    _installation = _Installation(allocator, dict(options), features, ignored_settings)
+    _installation = _Installation(allocator, dict(options), variables, torch_stats, features, ignored_settings)
     return allocator
 
 

@@ -1,5 +1,7 @@
 """The public Python API on the simulated driver, without torch."""
 
+import sys
+
 import pytest
 from helpers import MiB
 
@@ -147,6 +149,22 @@ def test_bad_device_arguments(argument, error):
         device_index(argument)
 
 
+@pytest.mark.parametrize("index", [2**32, 2**32 + 1, -(2**31) - 1, 2**64])
+def test_a_device_index_no_c_int_holds_is_refused_not_wrapped(index):
+    # ctypes wrapped 2**32 to device 0: its statistics were read, its threshold changed.
+    for call in (lambda: streampool.memory_allocated(index),
+                 lambda: streampool.set_release_threshold("1GiB", device=index),
+                 lambda: streampool.ipc_supported(index),
+                 lambda: streampool.memory_allocated(f"cuda:{abs(index)}")):
+        with pytest.raises(streampool.InvalidArgumentError, match="does not exist"):
+            call()
+
+
+def test_ipc_supported_takes_every_form_of_device():
+    assert streampool.ipc_supported("cuda:1") == streampool.ipc_supported(1)
+    assert streampool.ipc_supported(None) == streampool.ipc_supported(0)
+
+
 def test_set_release_threshold_accepts_bytes_and_strings():
     total = streampool.memory_stats()["device_total_bytes"]
     assert streampool.set_release_threshold("80%") == int(total * 0.8)
@@ -244,3 +262,18 @@ def test_variables_in_effect_tell_environment_from_default():
 
 def test_is_installed_is_false_without_install():
     assert not streampool.is_installed()
+
+
+def test_install_takes_torch_stats_as_a_bool_only():
+    # "no" was taken for True: the statistics were routed.
+    for bad in ("no", 0, None):
+        with pytest.raises(TypeError, match=r"install\(torch_stats=...\) must be True or False"):
+            streampool.install(torch_stats=bad)
+
+
+def test_sharing_without_torch_says_what_needs_it_in_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails as where it is absent
+    for call, name in ((lambda: streampool.share(object()), "share"), (lambda: streampool.open_shared(None), "open_shared")):
+        with pytest.raises(ImportError, match=rf"^streampool\.{name}\(\) needs PyTorch 2\.5 or newer") as raised:
+            call()
+        assert "\n" not in str(raised.value)

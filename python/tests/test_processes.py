@@ -211,8 +211,17 @@ def test_install_options_after_the_library_was_loaded_are_an_error():
     proc = run_install('{"cache_limit": "1GiB"}', before="import streampool; streampool.device_count()\n")
     assert proc.returncode == 0, describe(proc)
     assert proc.stdout.startswith(
-        "RuntimeError streampool was already loaded before install() could set STREAMPOOL_CACHE_LIMIT"
+        "RuntimeError streampool's library already read its settings in this process, before install() "
+        "could set STREAMPOOL_CACHE_LIMIT"
     ), describe(proc)
+
+
+def test_reading_the_version_reads_no_setting_so_install_options_still_apply():
+    # The version loaded the library, which install() took for the settings read: refused.
+    proc = run_install('{"cache_limit": "1GiB"}', before="import streampool; streampool.__version__\n")
+    assert proc.returncode == 0, describe(proc)
+    # Past the options, to the next check (the simulated driver cannot serve PyTorch).
+    assert proc.stdout.startswith("RuntimeError STREAMPOOL_DRIVER=sim: the simulated driver"), describe(proc)
 
 
 def demo_figures(line: str):

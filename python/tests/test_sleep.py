@@ -56,9 +56,14 @@ def test_the_pool_backend_refuses_to_sleep():
     _lib.free(ptr, MiB, 0)
 
 
-def test_bad_levels_are_refused():
-    with pytest.raises(streampool.InvalidArgumentError, match="level"):
-        streampool.sleep(level=3, device=0)
+@pytest.mark.parametrize("level, error", [(3, streampool.InvalidArgumentError), (0, streampool.InvalidArgumentError),
+                                          (2**32 + 2, streampool.InvalidArgumentError), (2**32 + 1, streampool.InvalidArgumentError),
+                                          (1.9, TypeError), ("1", TypeError), ("x", TypeError), (True, TypeError)])
+def test_bad_levels_are_refused_and_nothing_sleeps(level, error):
+    # int() made 1.9 level 1 and ctypes 2**32 + 2 level 2 (discarding every tensor's contents).
+    with pytest.raises(error, match=r"level"):
+        streampool.sleep(level=level, device=0)
+    assert streampool.sleeping_bytes(0) == 0
 
 
 def _saved_after_sleep(discard=None) -> int:

@@ -65,7 +65,7 @@ def test_stopping_keeps_the_record_and_starting_clears_it():
     assert streampool.history() == recorded
     streampool.record_history(True, max_entries=2)
     assert streampool.history() == []
-    for bad in (0, -1, 2.5, True):
+    for bad in (0, -1, 2.5, True, 2**64, 2**64 + 5):  # ctypes made 2**64 + 5 a ring of 5
         with pytest.raises(ValueError, match="max_entries"):
             streampool.record_history(True, max_entries=bad)
 
@@ -154,6 +154,19 @@ def test_plot_command_line(tmp_path):
     assert f"wrote {out}" in proc.stdout
     bad = run_python(args=["-m", "streampool", "plot", str(tmp_path / "missing.pickle")])
     assert bad.returncode == 1 and "cannot plot" in bad.stderr, describe(bad)
+
+
+def test_plot_names_a_device_the_snapshot_lacks_and_a_missing_output_folder(tmp_path):
+    # A PyTorch snapshot's device 5 was an IndexError traceback, a streampool one's said to call
+    # record_history(); a missing output folder was blamed on the snapshot.
+    torch_snap = {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 512, "stream": 0}]]}
+    streampool.record_history(True)
+    for snap in (torch_snap, streampool.snapshot()):
+        count = len(snap["device_traces"])
+        with pytest.raises(ValueError, match=f"device 5 is not in the snapshot, which has device\\(s\\) 0 to {count - 1}"):
+            streampool.plot_timeline(snap, tmp_path / "m.png", device=5)
+        with pytest.raises(ValueError, match="the folder .*missing does not exist"):
+            streampool.plot_timeline(snap, tmp_path / "missing" / "m.png")
 
 
 def test_plot_without_events_says_how_to_get_them():
