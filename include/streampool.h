@@ -468,6 +468,17 @@ int streampool_device_count(void);
 int streampool_check_config(void);
 
 /**
+ * Checks `value` for the variable `name` alone, as the library would read it were it the only
+ * `STREAMPOOL_*` variable set; reads and keeps nothing: 0, `STREAMPOOL_CONFIG_ERROR` (or
+ * `STREAMPOOL_INVALID_ARGUMENT` for NULL or a name not of a `STREAMPOOL_*` variable) with the
+ * message.
+ *
+ * # Safety
+ * `name` and `value` must be NULL or NUL-terminated strings.
+ */
+int streampool_check_setting(const char *name, const char *value);
+
+/**
  * The library's version, e.g. "0.1.0".
  */
 const char *streampool_version(void);

@@ -445,4 +445,16 @@ fn out_of_memory_names_the_pool_size_cap_and_the_headroom() {
         "{e}"
     );
     r.finish();
+    // A request below a page needs a whole one: 1 MiB free outside the headroom, 2 MiB pages.
+    let all_but_1mib = Config {
+        backend: streampool::config::Backend::Vmm,
+        vmm_headroom: SizeSpec::Bytes(1023 * MIB),
+        ..base_config()
+    };
+    let r = rig_with(1, 1 << 30, all_but_1mib);
+    for bytes in [512 * 1024, MIB] {
+        let e = r.alloc.malloc(bytes, 0, s(0)).unwrap_err().to_string();
+        assert!(e.contains("(STREAMPOOL_VMM_HEADROOM)"), "{bytes}: {e}");
+    }
+    r.finish();
 }

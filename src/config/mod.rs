@@ -24,7 +24,7 @@ use values::{
     SIM_DEVICES, SIM_DEVICES_ACCEPTED, SIM_MEMORY_ACCEPTED, VMM_SPAN_SIZE_ACCEPTED,
 };
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::units::{parse_size, SizeSpec, SIZE_ACCEPTED};
 use std::ffi::OsString;
 
@@ -232,6 +232,19 @@ impl Config {
         Config::from_os_lookup(|name| std::env::var_os(name))
     }
 
+    /// Checks `value` for variable `name` alone, as if it were the only `STREAMPOOL_*` variable
+    /// set: the error a malformed value gets (naming the variable, the value and what is
+    /// accepted), a misspelt name's, or one for a name that is not a `STREAMPOOL_*` variable.
+    pub fn check_setting(name: &str, value: &str) -> Result<()> {
+        if !name.starts_with(names::PREFIX) {
+            return Err(Error::InvalidArgument(format!(
+                "{name:?} is not a STREAMPOOL_* variable"
+            )));
+        }
+        names::check_names([OsString::from(name)])?;
+        Config::from_lookup(|n| (n == name).then(|| value.to_owned())).map(|_| ())
+    }
+
     /// Parses from any key lookup (tests pass a map).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
         Config::from_os_lookup(|name| get(name).map(OsString::from))
@@ -282,7 +295,7 @@ impl Config {
         // Zero, in bytes or as a share of the device, is no cap (the README's "`0` = unlimited").
         c.max_pool_size = match size("STREAMPOOL_MAX_POOL_SIZE", c.max_pool_size)? {
             SizeSpec::Bytes(0) => SizeSpec::Max,
-            SizeSpec::Percent(p) if p == 0.0 => SizeSpec::Max,
+            SizeSpec::Percent(0.0) => SizeSpec::Max,
             other => other,
         };
         c.cache_limit = size("STREAMPOOL_CACHE_LIMIT", c.cache_limit)?;

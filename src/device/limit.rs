@@ -16,7 +16,7 @@ use crate::config::Backend;
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, OomReport, Result};
 use crate::history::StreampoolEventKind as Event;
-use crate::units::format_bytes;
+use crate::units::{format_bytes, round_up};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -214,7 +214,8 @@ impl DeviceAllocator {
     }
 
     /// The settings an out-of-memory error names: `STREAMPOOL_MAX_POOL_SIZE` if set, and the vmm
-    /// backend's headroom if the request would have fitted in `free_bytes` without it.
+    /// backend's headroom if the request (in whole pages) would have fitted in `free_bytes`
+    /// without it.
     fn oom_caps(&self, requested_bytes: u64, free_bytes: u64) -> (Option<u64>, Option<u64>) {
         let Some(setup) = self.setup.get() else {
             return (None, None);
@@ -222,10 +223,16 @@ impl DeviceAllocator {
         let sources = &setup.settings.sources;
         let cap = sources.pool.max_size_bytes;
         let headroom = sources.vmm.headroom_bytes;
+        // The vmm backend grows a page at a time: a smaller request needs a whole one.
+        let granule = setup
+            .own
+            .first()
+            .map_or(1, |r| r.traits().growth_granule_bytes);
+        let needed_bytes = round_up(requested_bytes, granule.max(1)).unwrap_or(requested_bytes);
         let headroom_refused = sources.backend == Backend::Vmm
             && headroom > 0
-            && requested_bytes <= free_bytes
-            && requested_bytes > free_bytes.saturating_sub(headroom);
+            && needed_bytes <= free_bytes
+            && needed_bytes > free_bytes.saturating_sub(headroom);
         (
             (cap != u64::MAX).then_some(cap),
             headroom_refused.then_some(headroom),

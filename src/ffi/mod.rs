@@ -380,6 +380,30 @@ pub extern "C" fn streampool_check_config() -> c_int {
     status(guarded(api::check_config))
 }
 
+/// Checks `value` for the variable `name` alone, as the library would read it were it the only
+/// `STREAMPOOL_*` variable set; reads and keeps nothing: 0, `STREAMPOOL_CONFIG_ERROR` (or
+/// `STREAMPOOL_INVALID_ARGUMENT` for NULL or a name not of a `STREAMPOOL_*` variable) with the
+/// message.
+///
+/// # Safety
+/// `name` and `value` must be NULL or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn streampool_check_setting(
+    name: *const c_char,
+    value: *const c_char,
+) -> c_int {
+    status(guarded(|| {
+        if name.is_null() || value.is_null() {
+            return Err(Error::InvalidArgument(
+                "streampool_check_setting: name and value must not be NULL".into(),
+            ));
+        }
+        // SAFETY: checked non-NULL; the caller guarantees NUL termination.
+        let (name, value) = unsafe { (CStr::from_ptr(name), CStr::from_ptr(value)) };
+        crate::config::Config::check_setting(&name.to_string_lossy(), &value.to_string_lossy())
+    }))
+}
+
 /// The library's version, e.g. "0.1.0".
 #[no_mangle]
 pub extern "C" fn streampool_version() -> *const c_char {

@@ -240,6 +240,8 @@ pub extern "C" fn streampool_graph_pool_expect_restore(
             expect_restore(None);
             return Ok(());
         }
+        // A refused directive leaves none set: the next allocation is not some earlier restore.
+        expect_restore(None);
         api::device(device)?;
         check_restored_block(ptr_of(ptr), requested_bytes, block_bytes)?;
         expect_restore(Some(Restore {
@@ -258,7 +260,7 @@ pub extern "C" fn streampool_graph_pool_expect_restore(
 /// its size a multiple of the alignment and at least the request (the graph pool then checks
 /// that its range is free there). Anything else is refused before the directive is set.
 fn check_restored_block(ptr: DevicePtr, requested_bytes: u64, block_bytes: u64) -> Result<()> {
-    let aligned = |v: u64| v % BLOCK_ALIGN_BYTES == 0;
+    let aligned = |v: u64| v.is_multiple_of(BLOCK_ALIGN_BYTES);
     if ptr == DevicePtr::NULL
         || !aligned(ptr.0)
         || !aligned(block_bytes)

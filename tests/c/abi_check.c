@@ -235,7 +235,12 @@ static int memory_pools(void *stream) {
   CHECK(streampool_graph_pool_expect_restore(1, 3, 4, (char *)p + 1, 4096, 4096, stream) == INVALID);
   CHECK(streampool_graph_pool_expect_restore(1, 3, 4, p, 4096, 4000, stream) == INVALID);
   CHECK(streampool_graph_pool_expect_restore(1, 3, 4, p, 8192, 4096, stream) == INVALID);
-  void *fresh = my_malloc(8192, 1, stream);
+  CHECK(streampool_graph_pool_expect_restore(1, 3, 4, p, 4096, 4096, stream) == OK);
+  CHECK(streampool_graph_pool_expect_restore(1, 3, 4, p, 8192, 4096, stream) == INVALID); /* clears it */
+  void *fresh = my_malloc(4096, 1, stream);
+  CHECK(fresh != NULL && fresh != p);
+  my_free(fresh, 4096, 1, stream);
+  fresh = my_malloc(8192, 1, stream);
   CHECK(fresh != NULL && fresh != p);
   my_free(fresh, 8192, 1, stream);
   /* A checkpointed block comes back at its old address through the next my_malloc. */
@@ -278,6 +283,14 @@ int main(void) {
   CHECK(strcmp(streampool_driver_name(), "sim") == 0);
   CHECK(strlen(streampool_version()) > 0);
   CHECK(streampool_check_config() == OK);
+  /* One value for one variable, as if alone: the library's own words, nothing kept. */
+  CHECK(streampool_check_setting("STREAMPOOL_RELEASE_THRESHOLD", "1.5GiB") == OK);
+  CHECK(streampool_check_setting("STREAMPOOL_RELEASE_THRESHOLD", "5ki") == STREAMPOOL_STATUS_CONFIG_ERROR);
+  CHECK(strstr(streampool_last_error(), "STREAMPOOL_RELEASE_THRESHOLD=\"5ki\" is not valid") != NULL);
+  CHECK(streampool_check_setting("STREAMPOOL_RELEASE_TRESHOLD", "1GiB") == STREAMPOOL_STATUS_CONFIG_ERROR);
+  CHECK(strstr(streampool_last_error(), "STREAMPOOL_RELEASE_THRESHOLD") != NULL); /* did you mean */
+  CHECK(streampool_check_setting("PATH", "/bin") == INVALID);
+  CHECK(streampool_check_setting(NULL, "1") == INVALID && streampool_check_setting("STREAMPOOL_LOG", NULL) == INVALID);
   CHECK(streampool_device_count() == 2);
   streampool_init(2);
   CHECK(streampool_last_error()[0] == '\0');
