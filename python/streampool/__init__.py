@@ -20,6 +20,7 @@ subclass) with the library's message.
 
 import contextlib
 import ctypes
+import operator
 import sys
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 
@@ -223,25 +224,29 @@ def sleep(level: int = 1, device: Device = None, discard: Optional[Iterable[str]
     gives it, and tensors of the discarded tags may have lost theirs, as the sleep would have);
     in the rare case that the memory already given back cannot be mapped again, the device is
     left asleep, the error says so, and :func:`wake` restores it."""
-    index = device_index(device)
+    index, level = device_index(device), _sleep_level(level)  # checked before the library is asked
     given_back = ctypes.c_uint64()
     names = _tag_names(discard)
     if names:
         tags = (ctypes.c_char_p * len(names))(*names)
         status = _lib.library().streampool_sleep_discarding(
-            index, _sleep_level(level), tags, len(names), ctypes.byref(given_back)
+            index, level, tags, len(names), ctypes.byref(given_back)
         )
     else:
-        status = _lib.library().streampool_sleep(index, _sleep_level(level), ctypes.byref(given_back))
+        status = _lib.library().streampool_sleep(index, level, ctypes.byref(given_back))
     _lib.check(status)
     return given_back.value
 
 
 def _sleep_level(level: Any) -> int:
-    """``level`` as sleep() takes it: 1 or 2, an int (not a bool, a float or a string, which
-    int() would turn into one, nor one that a C int would wrap into range)."""
-    if isinstance(level, bool) or not isinstance(level, int):
-        raise TypeError(f"sleep(level=...) must be the int 1 or 2, not {type(level).__name__} {level!r}")
+    """``level`` as sleep() takes it: 1 or 2, an integer (a NumPy one too; not a bool, a float
+    or a string, which int() would turn into one, nor one that a C int would wrap into range)."""
+    try:
+        if isinstance(level, bool):
+            raise TypeError
+        level = operator.index(level)
+    except TypeError:
+        raise TypeError(f"sleep(level=...) must be the int 1 or 2, not {type(level).__name__} {level!r}") from None
     if level not in (1, 2):
         raise InvalidArgumentError(
             f"sleep(level={level!r}): the level is 1 (tensors' contents kept in page-locked host "

@@ -155,6 +155,7 @@ _SIGNATURES = {
     "streampool_parse_bytes": (_c_int, [ctypes.c_char_p, _c_int, ctypes.POINTER(_c_uint64)]),
     "streampool_device_count": (_c_int, []),
     "streampool_check_config": (_c_int, []),
+    "streampool_check_setting": (_c_int, [ctypes.c_char_p, ctypes.c_char_p]),
     "streampool_version": (ctypes.c_char_p, []),
     "streampool_driver_name": (ctypes.c_char_p, []),
     "streampool_enable_peer_access": (_c_int, [_c_int]),
@@ -270,6 +271,7 @@ _SIGNATURES = {
 # asking for one of them there says so.
 _NEWER_EXPORTS = frozenset(
     {
+        "streampool_check_setting",
         "streampool_vmm_supported",
         "streampool_begin_allocate_to_pool",
         "streampool_end_allocate_to_pool",

@@ -82,7 +82,8 @@ class UsageError(ValueError):
 
 def _check_threshold(item: str, threshold: str) -> None:
     """UsageError unless the library takes ``threshold`` as STREAMPOOL_RELEASE_THRESHOLD (its own
-    parser, so that a value it would refuse in every streampool run is refused before the first)."""
+    parser, the value alone, so that a value it would refuse in every streampool run is refused
+    before the first)."""
     if not threshold.strip():
         raise UsageError(f"--allocators: {item!r}: the release threshold is empty; "
                          "e.g. streampool@1GiB, streampool@80%, streampool@0")

@@ -108,7 +108,6 @@ _load_lock = threading.Lock()
 _library: Optional[ctypes.CDLL] = None
 _library_path: Optional[Path] = None
 _environment_at_load: Optional[Dict[str, str]] = None
-_check_lock = threading.Lock()  # check_setting()'s variable in os.environ, one at a time
 
 
 def find_library() -> Path:
@@ -270,18 +269,12 @@ def driver_name() -> str:
 
 def check_setting(name: str, value: str) -> None:
     """Raise ConfigError (naming the variable, the value and what is accepted) unless the library
-    takes ``value`` for ``name`` beside this process's other ``STREAMPOOL_*`` variables; the
-    environment is left as it was and the library keeps nothing (nor are the variables recorded)."""
-    with _check_lock:
-        previous = os.environ.get(name)
-        os.environ[name] = value
-        try:
-            check(_loaded().streampool_check_config())
-        finally:
-            if previous is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = previous
+    takes ``value`` for ``name``, as if it were the only ``STREAMPOOL_*`` variable set: the
+    library's own parser; the environment is neither read nor changed, and nothing is kept. A
+    library older than this check checks nothing here (it checks the value where it is used)."""
+    function = getattr(_loaded(), "streampool_check_setting", None)
+    if function is not None:
+        check(function(name.encode("utf-8", "surrogatepass"), value.encode("utf-8", "surrogatepass")))
 
 
 def check_config() -> None:

@@ -151,9 +151,10 @@ def install(*, torch_stats: bool = True, **options: Any) -> Any:
     torch = _import_torch("install")
     if _installation is not None:
         if (variables, torch_stats) != (_installation.variables, _installation.torch_stats):
+            before = {**_installation.options, "torch_stats": _installation.torch_stats}
             warnings.warn(
-                f"streampool.install() already ran with options {_installation.options}; "
-                f"the new options {options} are ignored",
+                f"streampool.install() already ran with options {before}; "
+                f"the new options {({**options, 'torch_stats': torch_stats})} are ignored",
                 RuntimeWarning,
                 stacklevel=2,
             )

@@ -72,6 +72,12 @@ def run_compare(tmp_path, allocators="native,expandable,streampool", runs=3, env
     return status, out.getvalue(), logs
 
 
+def test_the_threshold_is_checked_alone_not_with_this_process_s_variables(monkeypatch):
+    # A malformed variable of the parent, which the run sets itself, was blamed on the threshold.
+    monkeypatch.setenv("STREAMPOOL_BACKEND", "nonsense")
+    assert parse_allocators("streampool-pool@1GiB")[1].variables["STREAMPOOL_BACKEND"] == "pool"
+
+
 def test_a_threshold_the_library_takes_is_taken():
     # The check's own pattern refused 1.5GiB, which the library reads as 1610612736 bytes.
     for threshold in ("1.5GiB", "512 MB", "80%", "0.5%", "max", "0"):

@@ -216,9 +216,11 @@ def test_install_options_after_the_library_was_loaded_are_an_error():
     ), describe(proc)
 
 
-def test_reading_the_version_reads_no_setting_so_install_options_still_apply():
+@pytest.mark.parametrize("before", ["streampool.__version__",
+                                    "try:\n    streampool.sleep(level=5)\nexcept ValueError:\n    pass"])
+def test_a_call_that_reads_no_setting_leaves_install_options_to_apply(before):
     # The version loaded the library, which install() took for the settings read: refused.
-    proc = run_install('{"cache_limit": "1GiB"}', before="import streampool; streampool.__version__\n")
+    proc = run_install('{"cache_limit": "1GiB"}', before=f"import streampool\n{before}\n")
     assert proc.returncode == 0, describe(proc)
     # Past the options, to the next check (the simulated driver cannot serve PyTorch).
     assert proc.stdout.startswith("RuntimeError STREAMPOOL_DRIVER=sim: the simulated driver"), describe(proc)

@@ -230,3 +230,11 @@ def test_the_pool_backend_refuses_to_reserve_a_sleep_buffer():
     with pytest.raises(streampool.InvalidArgumentError, match="STREAMPOOL_BACKEND=vmm"):
         streampool.reserve_sleep_buffer(0)
     assert streampool.sleep_host_buffer_bytes(0) == 0
+
+
+def test_a_numpy_integer_is_a_level():
+    import numpy
+
+    from streampool import _sleep_level
+
+    assert _sleep_level(numpy.int64(2)) == 2 and _sleep_level(numpy.int32(1)) == 1

@@ -38,6 +38,9 @@ fn a_block_freed_during_a_capture_is_fenced_at_the_next_allocation_after_it() {
     r.free(a, 2 * PAGE, Stream(3));
 }
 
+/// While a stream captures a graph (in global mode, maybe on another thread), the resource maps
+/// memory and looks at the fences of streams that are not capturing, in relaxed capture mode only
+/// (PyTorch makes its graph pools' cudaMalloc the same way); it unmaps nothing.
 #[test]
 fn during_a_capture_memory_is_mapped_and_fences_read_in_relaxed_mode_only() {
     let r = rig();

@@ -334,9 +334,6 @@ fn trim_keeps_what_it_is_asked_to_and_drop_leaks_nothing() {
     // Dropping the rig drops the resource, then the strict simulator checks for leaks.
 }
 
-/// While a stream captures a graph (in global mode, maybe on another thread), the resource maps
-/// memory and looks at the fences of streams that are not capturing, in relaxed capture mode only
-/// (PyTorch makes its graph pools' cudaMalloc the same way); it unmaps nothing.
 #[test]
 fn peers_get_access_to_every_mapping_present_and_future() {
     let r = rig();
