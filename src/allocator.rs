@@ -315,6 +315,11 @@ pub fn check_env() -> Result<()> {
     Config::from_env().map(|_| ())
 }
 
+/// Checks one value of one variable alone ([`Config::check_setting`]).
+pub fn check_setting(name: &str, value: &str) -> Result<()> {
+    Config::check_setting(name, value)
+}
+
 /// The driver `STREAMPOOL_DRIVER` selects; "invalid" if the configuration is malformed.
 pub fn configured_driver_name() -> &'static str {
     Config::from_env().map_or("invalid", |c| c.driver.name())

@@ -65,6 +65,11 @@ pub fn check_config() -> Result<()> {
     crate::allocator::check_env()
 }
 
+/// Checks `value` for the variable `name` alone, reading no environment and keeping nothing.
+pub fn check_setting(name: &str, value: &str) -> Result<()> {
+    crate::allocator::check_setting(name, value)
+}
+
 /// The driver in use, or the one `STREAMPOOL_DRIVER` selects if the allocator could not start;
 /// "invalid" if the configuration is malformed.
 pub fn driver_name() -> &'static str {

@@ -400,7 +400,7 @@ pub unsafe extern "C" fn streampool_check_setting(
         }
         // SAFETY: checked non-NULL; the caller guarantees NUL termination.
         let (name, value) = unsafe { (CStr::from_ptr(name), CStr::from_ptr(value)) };
-        crate::config::Config::check_setting(&name.to_string_lossy(), &value.to_string_lossy())
+        api::check_setting(&name.to_string_lossy(), &value.to_string_lossy())
     }))
 }
 
