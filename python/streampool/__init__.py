@@ -309,8 +309,9 @@ def wake(device: Device = None) -> int:
 
 
 def sleeping_bytes(device: Device = None) -> int:
-    """Bytes of ``device`` asleep now: the memory under live tensors that :func:`wake` maps
-    again (0 when awake)."""
+    """Bytes of ``device`` asleep now: the memory under the tensors live when it went to sleep,
+    which :func:`wake` maps again (0 when awake). A tensor freed while asleep stays counted: wake
+    maps its memory too, and it goes back as idle memory does."""
     index = device_index(device)
     out = ctypes.c_uint64()
     _lib.check(_lib.library().streampool_sleeping_bytes(index, ctypes.byref(out)))

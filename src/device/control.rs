@@ -5,7 +5,7 @@
 //! outside it; nothing here changes what is allocated.
 
 use super::{DeviceAllocator, DeviceSetup};
-use crate::driver::PoolUsage;
+use crate::driver::{PoolUsage, Stream};
 use crate::error::{Error, Result};
 use crate::history::StreampoolBlock;
 use crate::resource::{peer_target, usage_with_peaks, Accessible, DriverCounts, Sleep};
@@ -178,6 +178,10 @@ impl DeviceAllocator {
                 self.device
             )));
         }
+        // Refusals first: a refused sleep changes nothing (the flush would).
+        for sleeper in &sleepers {
+            sleeper.may_sleep_now()?;
+        }
         self.flush(u64::MAX)?; // blocks that waited for streams go back; the device synchronises
         (sleepers.iter()).try_fold(0u64, |sum, sleep| {
             Ok(sum.saturating_add(sleep.sleep(level, discard)?))
@@ -220,12 +224,34 @@ impl DeviceAllocator {
         self.disabling(self.wake_all())
     }
 
-    /// [`DeviceAllocator::wake`]'s work.
+    /// [`DeviceAllocator::wake`]'s work. The device's memory running out part way is an
+    /// out-of-memory error for what still sleeps (counted, and torch.OutOfMemoryError in Python),
+    /// not the driver's error of one call.
     fn wake_all(&self) -> Result<u64> {
         self.refuse_unless_vmm("wake")?;
         let setup = self.setup()?;
         let sleepers = self.sleepers(setup, "wake")?;
-        (sleepers.iter()).try_fold(0u64, |sum, sleep| Ok(sum.saturating_add(sleep.wake()?)))
+        let woken: Result<u64> =
+            (sleepers.iter()).try_fold(0u64, |sum, sleep| Ok(sum.saturating_add(sleep.wake()?)));
+        match woken {
+            Err(e) if e.is_device_oom() => {
+                Err(self.out_of_memory(self.sleeping_bytes(), Stream::LEGACY, None))
+            }
+            other => other,
+        }
+    }
+
+    /// The error of an allocation outside the device's own resources (the shareable pool) while
+    /// they sleep: allocating on a sleeping device raises until wake(), whatever the pool.
+    pub(super) fn refuse_while_asleep(&self) -> Result<()> {
+        let Some(setup) = self.setup.get() else {
+            return Ok(());
+        };
+        let asleep = setup.own.iter().filter_map(|r| r.capabilities().sleep);
+        match asleep.filter_map(|s| s.asleep_error()).next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Bytes of the device asleep now.

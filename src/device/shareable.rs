@@ -16,6 +16,7 @@ use crate::resource::{peer_target, Source};
 impl DeviceAllocator {
     /// Inside `streampool.shareable()`: straight from the shareable pool, never from the cache.
     pub(super) fn allocate_shareable(&self, request: Request) -> Result<DevicePtr> {
+        self.refuse_while_asleep()?;
         let pool = self.begin_shareable_allocation()?;
         if let Err(e) = self.limit.reserve(self, request) {
             self.abandon(&pool, request, false);

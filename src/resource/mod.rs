@@ -193,6 +193,13 @@ pub trait Sleep {
     /// after the device synchronised (no work in flight). The bytes given back. An error
     /// (already asleep, a capture, host memory that cannot be pinned) changes nothing.
     fn sleep(&self, level: u32, discard: &[TagId]) -> Result<u64>;
+    /// An error if a sleep now would be refused (asleep already, a capture under way), asked
+    /// before the device hands back the blocks that wait for streams: a refused sleep changes
+    /// nothing. ([`Sleep::sleep`] asks again under its lock.)
+    fn may_sleep_now(&self) -> Result<()>;
+    /// The error of an allocation made elsewhere on the device (the shareable pool) while this
+    /// resource sleeps; None when awake.
+    fn asleep_error(&self) -> Option<Error>;
     /// Maps fresh pages under live blocks at the same addresses (and restores what level 1
     /// saved); the bytes restored. Out of memory part way: what was restored stays (correct), the rest sleeps on,
     /// and a later wake goes on. An error if it is not asleep.

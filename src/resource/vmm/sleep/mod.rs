@@ -169,6 +169,16 @@ impl Sleep for VmmResource {
         Ok(restored_bytes)
     }
 
+    fn may_sleep_now(&self) -> Result<()> {
+        let mut st = self.lock_enabled()?;
+        self.check_can_sleep(&mut st)
+    }
+
+    fn asleep_error(&self) -> Option<Error> {
+        let asleep = self.state.lock().asleep.is_some();
+        asleep.then(|| asleep_error(self.device))
+    }
+
     fn sleeping_bytes(&self) -> u64 {
         let st = self.state.lock();
         st.asleep
