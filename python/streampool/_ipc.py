@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _lib
 from ._device import device_index
+from ._torch import _import_torch
 
 _log = logging.getLogger("streampool")
 
@@ -433,13 +434,6 @@ class SharedTensor:
     def __init__(self, block: BlockHandle, dtype: Any, size: Tuple[int, ...], stride: Tuple[int, ...], offset: int, requires_grad: bool):
         self.block, self.dtype, self.size, self.stride = block, dtype, size, stride
         self.offset, self.requires_grad = offset, requires_grad
-
-
-def _import_torch(caller: str) -> Any:
-    """torch, or ImportError in one line naming what needs it (install()'s words)."""
-    from ._torch import _import_torch as import_torch
-
-    return import_torch(caller)
 
 
 def share(tensor: Any) -> SharedTensor:

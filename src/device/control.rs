@@ -244,11 +244,7 @@ impl DeviceAllocator {
     /// The error of an allocation outside the device's own resources (the shareable pool) while
     /// they sleep: allocating on a sleeping device raises until wake(), whatever the pool.
     pub(super) fn refuse_while_asleep(&self) -> Result<()> {
-        let Some(setup) = self.setup.get() else {
-            return Ok(());
-        };
-        let asleep = setup.own.iter().filter_map(|r| r.capabilities().sleep);
-        match asleep.filter_map(|s| s.asleep_error()).next() {
+        match self.own_sleepers().find_map(|s| s.asleep_error()) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -304,14 +300,13 @@ impl DeviceAllocator {
 
     /// `figure` summed over the device's resources that can sleep (0 before its first use).
     fn sum_over_sleepers(&self, figure: impl Fn(&dyn Sleep) -> u64) -> u64 {
-        let Some(setup) = self.setup.get() else {
-            return 0;
-        };
-        let figures = setup
-            .own
-            .iter()
-            .filter_map(|r| r.capabilities().sleep.map(&figure));
-        figures.fold(0, u64::saturating_add)
+        self.own_sleepers().map(figure).fold(0, u64::saturating_add)
+    }
+
+    /// The device's own resources that can sleep; none before its first use.
+    fn own_sleepers(&self) -> impl Iterator<Item = &dyn Sleep> {
+        let own = self.setup.get().map_or(&[][..], |setup| &setup.own[..]);
+        own.iter().filter_map(|r| r.capabilities().sleep)
     }
 
     /// Returns the cache, synchronises and trims each resource to `keep_bytes`.
