@@ -6,6 +6,7 @@
 mod common;
 use common::*;
 use streampool::config::Backend;
+use streampool::driver::sim::SimFault;
 use streampool::ipc::IpcKind;
 use streampool::Config;
 
@@ -187,5 +188,44 @@ fn bad_page_imports_are_refused_and_leave_nothing_behind() {
     close_fds(&fds);
     r.device(0).release_export(handle.event).unwrap();
     r.free(ptr, 0);
+    r.finish();
+}
+
+/// An importer keeps the pages it mapped: a sleep would give nothing back for them, and after
+/// wake the two processes would see different memory. So a device refuses to sleep while a block
+/// whose pages were exported lives, and sleeps once it is freed; a failed export marks nothing.
+#[test]
+fn a_device_refuses_to_sleep_while_a_live_block_was_shared_page_by_page() {
+    let r = vmm_rig();
+    let ptr = r.malloc(3 * MIB, 0, 1);
+    r.sim.inject_fault(SimFault::MemExport, 1);
+    assert!(r.device(0).export_pages(ptr, s(1)).is_err());
+    r.device(0).sleep(1, &[]).unwrap();
+    r.device(0).wake().unwrap();
+
+    let (handle, fds) = r.device(0).export_pages(ptr, s(1)).unwrap();
+    close_fds(&fds);
+    r.device(0).release_export(handle.event).unwrap();
+    let physical = r.sim.physical_bytes(0);
+    for level in [1, 2] {
+        let e = r.device(0).sleep(level, &[]).unwrap_err().to_string();
+        assert!(e.contains("shared with other processes"), "{e}");
+    }
+    assert_eq!(r.sim.physical_bytes(0), physical, "nothing given back");
+    assert_eq!(r.device(0).sleeping_bytes(), 0, "awake");
+    let more = r.malloc(MIB, 0, 1);
+    r.free(more, 0);
+
+    // Freed (as PyTorch frees a shared tensor once its importers let go), the block no longer
+    // holds the device awake, nor does a block allocated on its pages since.
+    r.free(ptr, 0);
+    r.sim.complete_all();
+    let again = r.malloc(3 * MIB, 0, 1);
+    assert_eq!(again, ptr, "on the same pages");
+    r.device(0).sleep(1, &[]).unwrap();
+    assert_eq!(r.sim.physical_bytes(0), 0, "its pages went back");
+    assert!(r.device(0).sleeping_bytes() >= 3 * MIB);
+    r.device(0).wake().unwrap();
+    r.free(again, 0);
     r.finish();
 }

@@ -218,7 +218,8 @@ def sleep(level: int = 1, device: Device = None, discard: Optional[Iterable[str]
     them are discarded too, the rest kept (a tensor sharing a memory page with a kept one may
     keep its contents). Allocating on the device raises until :func:`wake`. Returns the bytes
     given back. Raises InvalidArgumentError (and changes nothing) on the pool backend, during a
-    CUDA graph capture, when asleep already, when the host memory cannot be pinned, or when
+    CUDA graph capture, when asleep already, while a live tensor's pages are shared with another
+    process (a plain ``install()``'s IPC), when the host memory cannot be pinned, or when
     ``discard`` names a tag no thread ever used; a copy that fails leaves the device awake with
     every kept tensor's contents (memory no tensor used may have gone back, as ``empty_cache()``
     gives it, and tensors of the discarded tags may have lost theirs, as the sleep would have);

@@ -58,6 +58,7 @@ pub enum SimFault {
     SetAccess,
     HostAlloc,
     Copy,
+    MemExport,
 }
 
 #[derive(Default)]

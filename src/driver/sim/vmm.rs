@@ -314,6 +314,7 @@ impl VmmDriver for SimDriver {
 
     fn mem_export_fd(&self, device: usize, handle: MemHandle) -> Result<i32> {
         let call = "cuMemExportToShareableHandle";
+        self.take_fault(SimFault::MemExport, call)?;
         let root = {
             let d = self.device(device, call)?;
             match d.vmm.handles.get(&handle.raw()) {

@@ -11,7 +11,7 @@ use crate::driver::sim::{SimDriver, SimFault};
 use crate::driver::{DevicePtr, Stream};
 
 /// Every fault the simulator can inject.
-const FAULTS: [SimFault; 17] = [
+const FAULTS: [SimFault; 18] = [
     SimFault::PoolCreate,
     SimFault::PoolSetAttr,
     SimFault::Alloc,
@@ -29,6 +29,7 @@ const FAULTS: [SimFault; 17] = [
     SimFault::SetAccess,
     SimFault::HostAlloc,
     SimFault::Copy,
+    SimFault::MemExport,
 ];
 
 /// Fails to compile when a fault is added to the simulator and not to [`FAULTS`].
@@ -49,7 +50,8 @@ const _: fn(SimFault) = |fault| match fault {
     | SimFault::MemRelease
     | SimFault::SetAccess
     | SimFault::HostAlloc
-    | SimFault::Copy => {}
+    | SimFault::Copy
+    | SimFault::MemExport => {}
 };
 
 /// Takes every injection still pending, so that what follows runs without faults.

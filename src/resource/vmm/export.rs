@@ -7,7 +7,9 @@
 //! which the importer maps too, as expandable segments export whole segments), and the block's
 //! pages stay its own while it is live (a page under a live block is never idle, so never moved
 //! or released); the descriptors are made outside the resource's lock, so an export never holds
-//! up a free; on a failure no descriptor is left open.
+//! up a free; on a failure no descriptor is left open; a block exported is marked so until freed
+//! (an importer keeps its pages, so the resource refuses to sleep while it lives:
+//! [`super::sleep`]), a failed export marks nothing.
 
 use super::VmmResource;
 use crate::driver::{DevicePtr, MemHandle};
@@ -33,6 +35,7 @@ impl PageExport for VmmResource {
                 }
             }
         }
+        self.state.lock().live.mark_exported(ptr.0);
         Ok(ExportedPages {
             fds,
             page_bytes: self.page_bytes,

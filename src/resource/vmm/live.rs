@@ -1,12 +1,13 @@
 //! The resource's live blocks, to check each free against: a map, and beside it the block handed
 //! out last, so that a loop that allocates and frees one block at a time touches no map.
 //!
-//! Beside them, the tag of each live block that has one ([`crate::tag`]).
+//! Beside them, the marks of each live block that has any: its tag ([`crate::tag`]), and whether
+//! its pages were exported to other processes ([`super::export`]).
 //!
 //! Invariant: every live block is in exactly one of the two places, with its size; a free that
-//! names no live block, or a live block with another size, changes nothing; a block has a tag
-//! entry only while it is live, and only if it was allocated under a tag (so that the table is
-//! empty, and costs a length check a free, while no tag is used).
+//! names no live block, or a live block with another size, changes nothing; a block has a marks
+//! entry only while it is live, and only if it was allocated under a tag or exported (so that the
+//! table is empty, and costs a length check a free, while neither is used).
 
 use crate::fasthash::{WordMap, WordTable};
 use crate::tag::TagId;
@@ -17,8 +18,17 @@ pub(super) struct Live {
     blocks: WordTable<u64>,
     /// The block handed out last: (start, bytes).
     last: Option<(u64, u64)>,
-    /// The tags of the live blocks allocated under one, by start.
-    tags: WordMap<u64, TagId>,
+    /// The marks of the live blocks that have any, by start.
+    marks: WordMap<u64, Marks>,
+}
+
+/// What is known of a live block beyond its size.
+#[derive(Debug, Default, Clone, Copy)]
+struct Marks {
+    /// Allocated under this tag.
+    tag: Option<TagId>,
+    /// Its pages were exported to other processes.
+    exported: bool,
 }
 
 /// Why a free was refused.
@@ -38,7 +48,9 @@ impl Live {
             self.blocks.insert(s, b);
         }
         if let Some(tag) = tag {
-            self.tags.insert(start, tag);
+            let exported = false;
+            let tag = Some(tag);
+            self.marks.insert(start, Marks { tag, exported });
         }
     }
 
@@ -51,14 +63,37 @@ impl Live {
 
     /// The tag of the live block at `start`, if it was allocated under one.
     pub fn tag(&self, start: u64) -> Option<TagId> {
-        self.tags.get(&start).copied()
+        self.marks.get(&start).and_then(|m| m.tag)
     }
 
-    /// Forgets the tag of the block at `start`, freed.
+    /// Marks the live block at `start` exported; false if no live block starts there.
+    pub fn mark_exported(&mut self, start: u64) -> bool {
+        let live = self.last.is_some_and(|(s, _)| s == start) || self.blocks.get(start).is_some();
+        if live {
+            self.marks.entry(start).or_default().exported = true;
+        }
+        live
+    }
+
+    /// Every live block whose pages were exported, as (start, bytes).
+    pub fn exported(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let starts = self.marks.iter().filter(|(_, m)| m.exported);
+        starts.filter_map(|(&start, _)| self.bytes(start).map(|bytes| (start, bytes)))
+    }
+
+    /// The size of the live block at `start`.
+    fn bytes(&self, start: u64) -> Option<u64> {
+        match self.last {
+            Some((s, b)) if s == start => Some(b),
+            _ => self.blocks.get(start).copied(),
+        }
+    }
+
+    /// Forgets the marks of the block at `start`, freed.
     #[inline]
     fn untag(&mut self, start: u64) {
-        if !self.tags.is_empty() {
-            self.tags.remove(&start);
+        if !self.marks.is_empty() {
+            self.marks.remove(&start);
         }
     }
 

@@ -17,7 +17,8 @@
 //! [`Sleep::release_host_buffer`], a larger sleep, or the resource's end.
 //!
 //! Invariants: a sleep happens only after the device synchronised (no work in flight, so nothing
-//! half-written is copied) and never during a capture; a page under a live block is unmapped
+//! half-written is copied), never during a capture, and never while a live block's pages are
+//! exported (an importer keeps them: [`super::export`]); a page under a live block is unmapped
 //! only once its copy has completed; a sleep that fails leaves no copy in flight, keeps a host
 //! buffer it had, and gives back the idle pages as `empty_cache()` gives them back; one that
 //! fails before its first page under a live block went back changes nothing else, and one that
@@ -256,7 +257,8 @@ impl Sleep for VmmResource {
 }
 
 impl VmmResource {
-    /// An error if the resource cannot sleep now: asleep already, or a capture under way.
+    /// An error if the resource cannot sleep now: asleep already, a capture under way, or memory
+    /// under a live block shared with other processes.
     fn check_can_sleep(&self, st: &mut VmmState) -> Result<()> {
         if st.asleep.is_some() {
             return Err(Error::InvalidArgument(format!(
@@ -270,7 +272,23 @@ impl VmmResource {
                 self.device
             )));
         }
+        let shared_bytes = self.shared_live_bytes(st);
+        if shared_bytes > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "device {} cannot sleep: {shared_bytes} B under its live tensors were shared with \
+                 other processes page by page (IPC); an importer keeps those pages, so the sleep \
+                 would give nothing back for them and, after wake, the two processes would no \
+                 longer see the same memory. Free the shared tensors first (or share them from \
+                 inside streampool.shareable(), whose memory keeps through a sleep)",
+                self.device
+            )));
+        }
         Ok(())
+    }
+
+    /// The bytes of the live blocks whose pages were exported ([`super::export`]).
+    fn shared_live_bytes(&self, st: &VmmState) -> u64 {
+        st.live.exported().map(|(_, bytes)| bytes).sum()
     }
 
     /// Keeps `fresh`, pinned with the lock free, as the buffer of the next sleep, unless another
