@@ -648,8 +648,9 @@ int streampool_wake(int device,
                     uint64_t *restored);
 
 /**
- * Writes the bytes of `device` asleep now, the pages under the blocks live at the sleep that a
- * wake maps again (a block freed while asleep included), to `*out` (0 when awake).
+ * Writes the bytes of `device` asleep now, the pages under the blocks live at the sleep (a block
+ * freed while asleep included, until the wake, which does not map its pages again), to `*out`
+ * (0 when awake).
  *
  * # Safety
  * `out` must be writable (NULL is refused with INVALID_ARGUMENT).

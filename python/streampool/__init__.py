@@ -311,8 +311,8 @@ def wake(device: Device = None) -> int:
 
 def sleeping_bytes(device: Device = None) -> int:
     """Bytes of ``device`` asleep now: the memory under the tensors live when it went to sleep,
-    which :func:`wake` maps again (0 when awake). A tensor freed while asleep stays counted: wake
-    maps its memory too, and it goes back as idle memory does."""
+    (0 when awake). A tensor freed while asleep stays counted until :func:`wake`, which does not
+    map its memory again (once the work queued before its free has finished)."""
     index = device_index(device)
     out = ctypes.c_uint64()
     _lib.check(_lib.library().streampool_sleeping_bytes(index, ctypes.byref(out)))

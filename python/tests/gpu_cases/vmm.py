@@ -162,10 +162,14 @@ def case_vmm_sleep_and_wake(ctx) -> None:
     assert torch.equal(a, b), "a training step after wake differs from one that never slept"
     for p, q in zip(model.parameters(), twin.parameters()):
         assert torch.equal(p, q)
-    # Level 2: the contents go; the memory under live tensors comes back all the same.
+    # Level 2: the contents go; the memory under live tensors comes back all the same — but a
+    # tensor freed while asleep: wake does not map its memory again.
+    dropped = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
     streampool.sleep(level=2)
     assert streampool.memory_reserved() == 0
-    streampool.wake()
+    asleep = streampool.sleeping_bytes()
+    del dropped
+    assert streampool.wake() <= asleep - 64 * MiB, "the freed tensor's memory was mapped again"
     buffer.fill_(1.0)
     assert float(buffer.sum()) == buffer.numel()
     print(

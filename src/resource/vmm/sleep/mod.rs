@@ -153,6 +153,7 @@ impl Sleep for VmmResource {
                 self.device
             )));
         };
+        self.forget_freed_while_asleep(&mut st, &mut asleep.pages);
         let (restored, result) = self.restore(&mut st, &asleep.pages, asleep.host);
         // The pages restored leave the list at once (not one by one, which would be quadratic in
         // the pages of a full device).

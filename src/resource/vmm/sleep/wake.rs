@@ -6,7 +6,12 @@
 //! costs about as long as copying them: 1 GiB took 49 ms one after the other, 32 overlapped; in
 //! 32 MiB handles the calls cost a tenth, and wake ran at 99% of the host link).
 //!
-//! Invariants: a page is in the page map once mapped with access; its contents are known to be
+//! Before it maps anything, a wake forgets the slept pages that blocks freed while asleep left
+//! wholly free ([`VmmResource::forget_freed_while_asleep`]): they are unmapped free memory from
+//! then on, as the idle pages a sleep gave back, mapped when an allocation needs them.
+//!
+//! Invariants: a page is in the page map once mapped with access; a slept page is either mapped
+//! again or marked unmapped in its region's ranges, never left mapped in the ranges' view alone; its contents are known to be
 //! back only once the legacy stream's copies completed; a page whose copy failed, or whose copy
 //! could not be waited for, goes back to sleep with its contents still in the host buffer — a
 //! span whole, once the copies queued into it are waited for — (or, if it cannot even be
@@ -19,7 +24,7 @@ use crate::driver::{DevicePtr, MemHandle, Stream};
 use crate::error::Result;
 use crate::history::StreampoolEventKind as Event;
 use crate::resource::vmm::spans::Mapping;
-use crate::resource::vmm::{Page, VmmResource, VmmState};
+use crate::resource::vmm::{Caller, Page, VmmResource, VmmState};
 use std::collections::HashSet;
 
 /// Pages mapped before their contents are copied back: enough for a copy to run at the link's
@@ -35,6 +40,22 @@ struct Restored {
 }
 
 impl VmmResource {
+    /// Forgets the pages of `asleep` that no block, slot or carrier needs any more (blocks freed
+    /// while asleep left them wholly free, their fences complete): each is marked unmapped in its
+    /// region, as a page an idle release gave back.
+    pub(super) fn forget_freed_while_asleep(&self, st: &mut VmmState, asleep: &mut Vec<SleptPage>) {
+        self.return_kept(st);
+        self.update_ranges(st, Caller::Program);
+        let idle: HashSet<u64> = st.idle_pages((0, 0)).into_iter().collect();
+        asleep.retain(|slept| match idle.contains(&slept.page) {
+            true => {
+                st.region(slept.region).mark_unmapped(slept.page);
+                false
+            }
+            false => true,
+        });
+    }
+
     /// Restores `slept` (in address order) from `host`; the pages restored (their contents back),
     /// and the first error. Pages not restored stay asleep.
     pub(super) fn restore(
