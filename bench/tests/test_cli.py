@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import affinity, cli, cotenant, isolation, plan, portable
+from bench import affinity, arguments, cli, cotenant, isolation, plan, portable
 from bench.configs import COTENANT_NAMES, PRICE_CONFIGS
 
 STANDIN = ["--engine", "bench.tests.standin:StandinEngine"]
@@ -251,7 +251,7 @@ def test_reports_name_paths_relative_never_the_layout_of_the_machine_that_ran(tm
 
 
 def test_help_lists_every_command():
-    text = cli.commands_text()
+    text = arguments.commands_text()
     for command in ("python3 -m bench [--group G]", "python3 -m bench calibrate",
                     "python3 -m bench merge DIR... --out-dir OUT", "python3 -m bench noise DIR...",
                     "python3 -m bench headline [--check]"):
