@@ -382,6 +382,10 @@ fn a_memory_pool_segment_with_free_space_sleeps_whole_and_serves_the_pool_after_
     r.free(b, 0); // free space inside the pool's memory, kept for the pool
     r.device(0).sleep(1, &[]).unwrap();
     assert_eq!(r.sim.physical_bytes(0), 0);
+    // Asleep, that space lies on pages given back: the pool hands out nothing.
+    let routed = r.device(0).graph_pools().claiming(s(1));
+    let e = r.alloc.malloc_into(3 * MIB, 0, s(1), routed).unwrap_err();
+    assert!(e.to_string().contains("asleep"), "{e}");
     r.device(0).wake().unwrap();
     assert!(holds(&r, a, 3 * MIB, 21));
     // The pool serves its next block from the space b left, mapped with access again.

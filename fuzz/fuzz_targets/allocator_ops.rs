@@ -25,7 +25,9 @@
 //! - blocks allocated inside a shareable scope export, others are refused as "not in a shareable
 //!   pool" without changing a statistic; an export imports, closes and releases cleanly; the
 //!   shareable pool's used bytes cover its live blocks, and its blocks never reach the cache;
-//! - with the memory timeline on, the newest event's allocated-bytes gauge equals the statistics.
+//! - with the memory timeline on, the newest event's allocated-bytes gauge equals the statistics;
+//! - sleep and wake (sleep.rs): refusals change nothing, a sleeping device refuses allocations,
+//!   and after a wake every live block can be used again.
 //!
 //! - every new block can be used on its stream (the simulator's `touch`: allocated, and with
 //!   `STREAMPOOL_BACKEND=vmm` mapped with access for the device).
@@ -63,6 +65,8 @@ mod checks;
 mod input;
 #[path = "allocator_ops/outcome.rs"]
 mod outcome;
+#[path = "allocator_ops/sleep.rs"]
+mod sleep;
 use input::{FreeTarget, Op, Run, FAULTS};
 use outcome::{Expect, Outcome};
 
@@ -107,6 +111,10 @@ struct Harness {
     /// Faults injected and not yet consumed, per kind (index into FAULTS).
     pending_faults: [u32; FAULTS.len()],
     history_on: bool,
+    /// Devices asleep (streampool.sleep() without its wake()).
+    asleep: [bool; DEVICES],
+    /// The vmm backend (else the pool's, which refuses to sleep).
+    vmm: bool,
 }
 
 fn is_injected(e: &Error) -> bool {
@@ -154,6 +162,8 @@ impl Harness {
             quarantine: Vec::new(),
             pending_faults: [0; FAULTS.len()],
             history_on: false,
+            asleep: [false; DEVICES],
+            vmm,
         }
     }
 
@@ -354,6 +364,8 @@ impl Harness {
                 self.pending_faults[FAULTS.iter().position(|x| *x == f).unwrap()] += 1;
                 Outcome::None
             }
+            Op::Sleep { device, level } => self.sleep(device.index(), level),
+            Op::Wake { device } => self.wake(device.index()),
         };
 
         self.judge(op, outcome, before, hits_before);
@@ -410,6 +422,7 @@ impl Harness {
                 result: r.map(drop),
                 device: d,
             },
+            Some(d) if self.asleep[d] => Outcome::Rejected(r.map(drop), Expect::Invalid("asleep")),
             Some(d) => Outcome::Malloc {
                 result: r,
                 device: d,
@@ -474,6 +487,7 @@ impl Harness {
         for (d, s) in std::mem::take(&mut self.capturing) {
             self.sim.end_capture(d, s);
         }
+        self.wake_all();
         let live: Vec<_> = self.live.keys().copied().collect();
         for (d, p) in live {
             self.alloc

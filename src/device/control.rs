@@ -229,7 +229,14 @@ impl DeviceAllocator {
     /// not the driver's error of one call.
     fn wake_all(&self) -> Result<u64> {
         self.refuse_unless_vmm("wake")?;
-        let setup = self.setup()?;
+        // A device never used never slept: refused without setting it up (which would grant
+        // other devices' memory access to it, a change a refused call must not make).
+        let Some(setup) = self.setup.get() else {
+            return Err(Error::InvalidArgument(format!(
+                "device {} is not asleep: nothing to wake",
+                self.device
+            )));
+        };
         let sleepers = self.sleepers(setup, "wake")?;
         let woken: Result<u64> =
             (sleepers.iter()).try_fold(0u64, |sum, sleep| Ok(sum.saturating_add(sleep.wake()?)));
@@ -248,6 +255,11 @@ impl DeviceAllocator {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Whether the device sleeps now ([`DeviceAllocator::sleep`] without its wake).
+    pub fn is_asleep(&self) -> bool {
+        self.own_sleepers().any(|s| s.asleep_error().is_some())
     }
 
     /// Bytes of the device asleep now.

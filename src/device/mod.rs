@@ -343,6 +343,11 @@ impl DeviceAllocator {
         drop(st);
         let _ = self.return_blocks(to_return);
         let (source, reserved) = begun?;
+        // A sleeping device refuses, saying so, whatever else would stop the request.
+        if let Err(e) = self.refuse_while_asleep() {
+            self.abandon(&source, request, reserved);
+            return Err(e);
+        }
         // 3. The memory limit.
         if !reserved {
             if let Err(e) = self.limit.reserve(self, request) {
@@ -385,6 +390,7 @@ impl DeviceAllocator {
     /// Graph capture: graph memory serves, never cached, never held; while a capture is known,
     /// resources that map memory must not.
     fn allocate_for_graph(&self, request: Request) -> Result<DevicePtr> {
+        self.refuse_while_asleep()?;
         let graph = {
             let mut st = self.state.lock();
             st.activity += 1;

@@ -54,6 +54,8 @@ impl DeviceAllocator {
     ) -> Result<DevicePtr> {
         self.check_enabled()?;
         let request = Request::new(requested_bytes, stream)?;
+        // Asleep, a pool's free blocks lie on pages given back: none is handed out.
+        self.refuse_while_asleep()?;
         let (source, pool) = self.graph_pools.for_use(id, Users::Keep, None)?;
         if self.captures(stream)? {
             self.notice_capture(stream)?;

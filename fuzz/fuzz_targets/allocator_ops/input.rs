@@ -236,6 +236,14 @@ pub enum Op {
         pick: u8,
     },
     InjectFault(Fault),
+    /// `streampool.sleep(level)` (levels other than 1 and 2 are refused).
+    Sleep {
+        device: Dev,
+        level: u8,
+    },
+    Wake {
+        device: Dev,
+    },
     /// A malloc inside `streampool.shareable()`: from the device's shareable pool.
     MallocShareable {
         size: Size,

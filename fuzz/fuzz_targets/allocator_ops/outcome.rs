@@ -47,7 +47,6 @@ pub(crate) enum OutcomeKind {
     Other,
 }
 
-
 impl Harness {
     /// Checks `outcome` of `op`, given the statistics before it and the cache hits then.
     pub(super) fn judge(
@@ -102,7 +101,10 @@ impl Harness {
                 }
                 let mut expected = before.clone();
                 expected[device].num_ooms += 1;
-                assert_eq!(expected, after, "{op:?} must change num_ooms and nothing else");
+                assert_eq!(
+                    expected, after,
+                    "{op:?} must change num_ooms and nothing else"
+                );
             }
             Outcome::Rejected(r, want) => {
                 let e = match r {

@@ -154,6 +154,8 @@ impl Sleep for VmmResource {
             )));
         };
         self.forget_freed_while_asleep(&mut st, &mut asleep.pages);
+        // Spans the driver would not release at the sleep hold memory the wake needs: tried again.
+        self.release_spare_spans(&mut st);
         let (restored, result) = self.restore(&mut st, &asleep.pages, asleep.host);
         // The pages restored leave the list at once (not one by one, which would be quadratic in
         // the pages of a full device).
