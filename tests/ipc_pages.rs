@@ -198,8 +198,14 @@ fn bad_page_imports_are_refused_and_leave_nothing_behind() {
 fn a_device_refuses_to_sleep_while_a_live_block_was_shared_page_by_page() {
     let r = vmm_rig();
     let ptr = r.malloc(3 * MIB, 0, 1);
+    // Failed exports — a page's descriptor, the event after the descriptors, too little room
+    // for them — mark nothing.
     r.sim.inject_fault(SimFault::MemExport, 1);
     assert!(r.device(0).export_pages(ptr, s(1)).is_err());
+    r.sim.inject_fault(SimFault::EventRecord, 1);
+    assert!(r.device(0).export_pages(ptr, s(1)).is_err());
+    let e = r.device(0).export_pages_within(ptr, s(1), 1).unwrap_err();
+    assert!(e.to_string().contains("fds needs room for"), "{e}");
     r.device(0).sleep(1, &[]).unwrap();
     r.device(0).wake().unwrap();
 
@@ -227,5 +233,22 @@ fn a_device_refuses_to_sleep_while_a_live_block_was_shared_page_by_page() {
     assert!(r.device(0).sleeping_bytes() >= 3 * MIB);
     r.device(0).wake().unwrap();
     r.free(again, 0);
+    r.finish();
+}
+
+/// With every block from a shareable CUDA pool (`STREAMPOOL_IPC=1`, `install(ipc=True)`) on the
+/// vmm backend, sleep is refused naming that setting, not the backend already chosen.
+#[test]
+fn sleep_under_the_ipc_setting_says_that_the_setting_is_why() {
+    let config = Config {
+        backend: Backend::Vmm,
+        ipc: true,
+        ..base_config()
+    };
+    let r = rig_with(1, 256 * MIB, config);
+    let ptr = r.malloc(MIB, 0, 1);
+    let e = r.device(0).sleep(1, &[]).unwrap_err().to_string();
+    assert!(e.contains("STREAMPOOL_IPC=1"), "{e}");
+    r.free(ptr, 0);
     r.finish();
 }

@@ -475,3 +475,18 @@ fn a_sleeping_device_refuses_shareable_allocations_too() {
     r.free(a, 0);
     r.finish();
 }
+
+#[test]
+fn a_block_freed_while_asleep_that_waited_for_another_stream_is_not_mapped_again_either() {
+    let r = vmm_rig(256 * MIB);
+    let kept = r.malloc(4 * MIB, 0, 1);
+    let gone = r.malloc(8 * MIB, 0, 1);
+    r.alloc.record_stream(gone, s(2)).unwrap();
+    r.device(0).sleep(1, &[]).unwrap();
+    r.free(gone, 0); // waits for stream 2's work before it goes back
+    r.sim.complete_all();
+    assert_eq!(r.device(0).wake().unwrap(), 4 * MIB, "kept's pages only");
+    assert_eq!(r.sim.physical_bytes(0), 4 * MIB);
+    r.free(kept, 0);
+    r.finish();
+}

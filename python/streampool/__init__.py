@@ -217,15 +217,18 @@ def sleep(level: int = 1, device: Device = None, discard: Optional[Iterable[str]
     ``discard`` names tags (:func:`tag`): at level 1 the contents of tensors made under one of
     them are discarded too, the rest kept (a tensor sharing a memory page with a kept one may
     keep its contents). Allocating on the device raises until :func:`wake`. Returns the bytes
-    given back. Raises InvalidArgumentError (and changes nothing) on the pool backend, during a
-    CUDA graph capture, when asleep already, while a live tensor's pages are shared with another
-    process (a plain ``install()``'s IPC), when the host memory cannot be pinned, or when
+    given back. Shared tensors every receiver has released are let go first (:func:`ipc_collect`).
+    Raises InvalidArgumentError (and changes nothing) on the pool backend, during a CUDA graph
+    capture, when asleep already, while a tensor shared page by page (:func:`share` under a plain
+    ``install()``) is still held for a receiver, when the host memory cannot be pinned, or when
     ``discard`` names a tag no thread ever used; a copy that fails leaves the device awake with
     every kept tensor's contents (memory no tensor used may have gone back, as ``empty_cache()``
     gives it, and tensors of the discarded tags may have lost theirs, as the sleep would have);
     in the rare case that the memory already given back cannot be mapped again, the device is
     left asleep, the error says so, and :func:`wake` restores it."""
     index, level = device_index(device), _sleep_level(level)  # checked before the library is asked
+    if shared_block_count():
+        ipc_collect()  # their blocks, freed, no longer keep the device from sleeping
     given_back = ctypes.c_uint64()
     names = _tag_names(discard)
     if names:
@@ -299,7 +302,9 @@ def wake(device: Device = None) -> int:
     """Map memory again under every live tensor where ``device`` slept, at the same addresses,
     and restore what a level-1 sleep saved; tensors, CUDA graphs and compiled code keep working
     (memory no tensor used was given back as ``empty_cache()`` gives it back, and is mapped again
-    when an allocation needs it). Returns the bytes restored. Out of memory part way raises OutOfMemoryError; what was restored stays, and
+    when an allocation needs it; so is the memory of tensors freed while asleep). Returns the
+    bytes restored. Raises InvalidArgumentError when the device is not asleep (on the pool backend
+    it never is). Out of memory part way raises OutOfMemoryError; what was restored stays, and
     calling wake() again goes on. The page-locked host buffer a level-1 sleep used is kept for
     the next sleep (pinning gigabytes again would take longer than the copies):
     :func:`release_sleep_buffer` gives it back."""
@@ -310,9 +315,10 @@ def wake(device: Device = None) -> int:
 
 
 def sleeping_bytes(device: Device = None) -> int:
-    """Bytes of ``device`` asleep now: the memory under the tensors live when it went to sleep,
-    (0 when awake). A tensor freed while asleep stays counted until :func:`wake`, which does not
-    map its memory again (once the work queued before its free has finished)."""
+    """Bytes of ``device`` asleep now: the memory under the tensors live when it went to sleep
+    (0 when awake, and on the pool backend, which never sleeps). A tensor freed while asleep
+    stays counted until :func:`wake`, which does not map its memory again (once the work queued
+    before its free has finished)."""
     index = device_index(device)
     out = ctypes.c_uint64()
     _lib.check(_lib.library().streampool_sleeping_bytes(index, ctypes.byref(out)))

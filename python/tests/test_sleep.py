@@ -238,3 +238,15 @@ def test_a_numpy_integer_is_a_level():
     from streampool import _sleep_level
 
     assert _sleep_level(numpy.int64(2)) == 2 and _sleep_level(numpy.int32(1)) == 1
+
+
+@pytest.mark.skipif(BACKEND != "vmm", reason="the vmm backend sleeps (scripts/test runs it on vmm, the default)")
+def test_sleep_first_lets_go_of_shared_tensors_every_receiver_released(monkeypatch):
+    # A tensor shared page by page holds the device awake while streampool keeps it for its
+    # receivers; those every receiver released are let go (ipc_collect) before the sleep.
+    collected = []
+    monkeypatch.setattr(streampool, "shared_block_count", lambda: 1)
+    monkeypatch.setattr(streampool, "ipc_collect", lambda: collected.append(True) or 1)
+    streampool.sleep(device=0)
+    assert collected == [True]
+    streampool.wake(0)

@@ -192,7 +192,25 @@ impl DeviceAllocator {
     /// error saying that `entry` needs the vmm backend, naming the first that cannot.
     fn sleepers<'a>(&self, setup: &'a DeviceSetup, entry: &str) -> Result<Vec<&'a dyn Sleep>> {
         match setup.own.iter().find(|r| r.capabilities().sleep.is_none()) {
-            Some(r) => Err(self.needs_vmm(entry, r.traits().label)),
+            // The backend can sleep, but this device's memory comes from elsewhere: say why.
+            Some(_) if setup.settings.every_block_shareable => {
+                Err(Error::InvalidArgument(format!(
+                    "device {}: streampool.{entry}() is not possible with STREAMPOOL_IPC=1 \
+                     (install(ipc=True)): every block comes from a shareable CUDA pool, which \
+                     cannot give memory back and keep its addresses (on the vmm backend a plain \
+                     install() shares tensors page by page, or share from inside \
+                     streampool.shareable())",
+                    self.device
+                )))
+            }
+            Some(r) => Err(self.needs_vmm(
+                entry,
+                &format!(
+                    "the {} that serves this device (the vmm backend falls back to CUDA pools on a \
+                     device without virtual memory management)",
+                    r.traits().label
+                ),
+            )),
             None => Ok((setup.own.iter())
                 .filter_map(|r| r.capabilities().sleep)
                 .collect()),
@@ -230,13 +248,27 @@ impl DeviceAllocator {
     fn wake_all(&self) -> Result<u64> {
         self.refuse_unless_vmm("wake")?;
         // A device never used never slept: refused without setting it up (which would grant
-        // other devices' memory access to it, a change a refused call must not make).
-        let Some(setup) = self.setup.get() else {
-            return Err(Error::InvalidArgument(format!(
-                "device {} is not asleep: nothing to wake",
-                self.device
-            )));
+        // other devices' memory access to it, a change a refused call must not make); nor does
+        // an awake one collect its waits.
+        let setup = match self.setup.get() {
+            Some(setup) if self.is_asleep() => setup,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "device {} is not asleep: nothing to wake",
+                    self.device
+                )))
+            }
         };
+        // Blocks freed while asleep that waited for other streams (record_stream) and whose
+        // streams are done go back first: the wake need not map them again.
+        let mut blocks = Vec::new();
+        {
+            let mut st = self.lock_enabled()?;
+            if !st.waits.capturing() {
+                self.collect_waits(&mut st, &mut blocks);
+            }
+        }
+        self.return_idle_blocks(blocks)?;
         let sleepers = self.sleepers(setup, "wake")?;
         let woken: Result<u64> =
             (sleepers.iter()).try_fold(0u64, |sum, sleep| Ok(sum.saturating_add(sleep.wake()?)));

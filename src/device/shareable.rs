@@ -96,6 +96,17 @@ impl DeviceAllocator {
         ptr: DevicePtr,
         stream: Stream,
     ) -> Result<(StreampoolIpcPages, Vec<i32>)> {
+        self.export_pages_within(ptr, stream, usize::MAX)
+    }
+
+    /// [`DeviceAllocator::export_pages`] into room for `max_fds` descriptors: a block on more
+    /// pages is refused with nothing left open or marked.
+    pub fn export_pages_within(
+        &self,
+        ptr: DevicePtr,
+        stream: Stream,
+        max_fds: usize,
+    ) -> Result<(StreampoolIpcPages, Vec<i32>)> {
         let (block_bytes, source) = self.live_block_source(ptr)?;
         if source.capabilities().page_export.is_none() {
             return Err(Error::InvalidArgument(format!(
@@ -106,7 +117,7 @@ impl DeviceAllocator {
         }
         let exported = self
             .exporter
-            .export_pages(&*source, ptr, block_bytes, stream);
+            .export_pages(&*source, ptr, block_bytes, stream, max_fds);
         self.disabling(exported)
     }
 

@@ -34,8 +34,10 @@ pub extern "C" fn streampool_ipc_kind(ptr: *mut c_void, device: c_int) -> c_int 
 /// allocation of several pages, which may begin before the block and end after it), with an
 /// event recorded on `stream` that importers wait for. Until every importer has closed it, keep
 /// the block allocated; then call
-/// `streampool_ipc_release_export(device, out->event)`. Too small a `max_fds` is an error whose
-/// message says how many are needed.
+/// `streampool_ipc_release_export(device, out->event)`. Until the block is freed the device
+/// refuses to sleep (an importer keeps its pages). Too small a `max_fds` is an error whose
+/// message says how many are needed; an error writes nothing, leaves nothing open and marks
+/// nothing.
 ///
 /// # Safety
 /// `out` must be NULL or writable for one `StreampoolIpcPages`; `fds` NULL or writable for
@@ -56,20 +58,7 @@ pub unsafe extern "C" fn streampool_ipc_export_pages(
             ));
         }
         let device = api::device(device)?;
-        let (handle, made) = device.export_pages(ptr_of(ptr), stream_of(stream))?;
-        if made.len() > max_fds {
-            for &fd in made.iter().filter(|&&fd| fd >= 0) {
-                // SAFETY: descriptors this call made, seen by nobody else.
-                unsafe { libc::close(fd) };
-            }
-            let _ = device.release_export(handle.event);
-            return Err(Error::InvalidArgument(format!(
-                "the block {ptr:#x?} lies on {} pages: fds needs room for {} descriptors, not \
-                 {max_fds}",
-                made.len(),
-                made.len()
-            )));
-        }
+        let (handle, made) = device.export_pages_within(ptr_of(ptr), stream_of(stream), max_fds)?;
         for (i, &fd) in made.iter().enumerate() {
             // SAFETY: checked non-NULL, `i < max_fds`; the caller guarantees the room.
             unsafe { fds.add(i).write(fd) };

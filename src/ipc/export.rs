@@ -72,14 +72,17 @@ impl Exporter {
         })
     }
 
-    /// The handle and the page file descriptors (the caller's) of the live block at `ptr` (of
-    /// `block_bytes`) of a resource whose pages export, with an event recorded on `stream`.
+    /// The handle and the page file descriptors (the caller's, at most `max_fds`) of the live
+    /// block at `ptr` (of `block_bytes`) of a resource whose pages export, with an event recorded
+    /// on `stream`; the block is marked exported only once all of it went through (on an error
+    /// nothing is left open or marked).
     pub fn export_pages(
         &self,
         resource: &dyn Resource,
         ptr: DevicePtr,
         block_bytes: u64,
         stream: Stream,
+        max_fds: usize,
     ) -> Result<(StreampoolIpcPages, Vec<i32>)> {
         let export = resource.capabilities().page_export.ok_or_else(|| {
             Error::Internal(format!(
@@ -95,6 +98,15 @@ impl Exporter {
                 unsafe { libc::close(fd) };
             }
         };
+        if pages.fds.len() > max_fds {
+            close_all(&pages.fds);
+            return Err(Error::InvalidArgument(format!(
+                "the block {ptr:#x} lies on {} pages: fds needs room for {} descriptors, not \
+                 {max_fds}",
+                pages.fds.len(),
+                pages.fds.len()
+            )));
+        }
         let (event, event_handle) = match self.driver.ipc_event_record(self.device, stream) {
             Ok(recorded) => recorded,
             Err(e) => {
@@ -102,6 +114,11 @@ impl Exporter {
                 return Err(e);
             }
         };
+        if let Err(e) = export.mark_exported(ptr, block_bytes) {
+            close_all(&pages.fds);
+            self.driver.event_destroy(self.device, event);
+            return Err(e);
+        }
         self.events.lock().insert(event.raw() as u64, ());
         let handle = StreampoolIpcPages {
             event_handle,

@@ -182,6 +182,11 @@ pub trait PageExport {
     /// page in address order (the caller's to close), with where the block starts in the first.
     /// An error, and no descriptor left open, if the block is not live or a page cannot export.
     fn export_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<ExportedPages>;
+
+    /// The export of the live block `[ptr, ptr + bytes)` went through: its pages are another
+    /// process's too from now on (so the resource may not sleep while it lives). An error, and
+    /// no mark, if the block is no longer live or the resource slept since the export began.
+    fn mark_exported(&self, ptr: DevicePtr, bytes: u64) -> Result<()>;
 }
 
 /// See [`Capabilities::sleep`]: the memory of a resource that keeps its addresses.

@@ -7,9 +7,10 @@
 //! which the importer maps too, as expandable segments export whole segments), and the block's
 //! pages stay its own while it is live (a page under a live block is never idle, so never moved
 //! or released); the descriptors are made outside the resource's lock, so an export never holds
-//! up a free; on a failure no descriptor is left open; a block exported is marked so until freed
-//! (an importer keeps its pages, so the resource refuses to sleep while it lives:
-//! [`super::sleep`]), a failed export marks nothing.
+//! up a free; on a failure no descriptor is left open; a block is marked exported once its
+//! export went through ([`PageExport::mark_exported`], under the lock, refused if the resource
+//! slept meanwhile) and until freed (an importer keeps its pages, so the resource refuses to sleep
+//! while it lives: [`super::sleep`]); a failed export marks nothing.
 
 use super::VmmResource;
 use crate::driver::{DevicePtr, MemHandle};
@@ -35,12 +36,26 @@ impl PageExport for VmmResource {
                 }
             }
         }
-        self.state.lock().live.mark_exported(ptr.0);
         Ok(ExportedPages {
             fds,
             page_bytes: self.page_bytes,
             offset_bytes,
         })
+    }
+
+    fn mark_exported(&self, ptr: DevicePtr, bytes: u64) -> Result<()> {
+        let mut st = self.lock_enabled()?;
+        if st.asleep.is_some() {
+            return Err(super::sleep::asleep_sharing_error(self.device));
+        }
+        if !st.live.contains(ptr.0, bytes) {
+            return Err(Error::UnknownPointer {
+                ptr: ptr.0,
+                device: self.device,
+            });
+        }
+        st.live.mark_exported(ptr.0);
+        Ok(())
     }
 }
 
@@ -57,7 +72,7 @@ impl VmmResource {
         }
         let st = self.lock_enabled()?;
         if st.asleep.is_some() {
-            return Err(super::sleep::asleep_error(self.device));
+            return Err(super::sleep::asleep_sharing_error(self.device));
         }
         if !st.live.contains(ptr.0, bytes) {
             return Err(Error::UnknownPointer {

@@ -74,6 +74,14 @@ impl Asleep {
     }
 }
 
+/// The error of a share (an export of pages) asked while asleep.
+pub(super) fn asleep_sharing_error(device: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "device {device} is asleep (streampool.sleep()): its memory was given back; call \
+         streampool.wake() before sharing a tensor of it"
+    ))
+}
+
 /// The error of a request made while asleep.
 pub(super) fn asleep_error(device: usize) -> Error {
     Error::InvalidArgument(format!(
@@ -281,8 +289,9 @@ impl VmmResource {
                 "device {} cannot sleep: {shared_bytes} B under its live tensors were shared with \
                  other processes page by page (IPC); an importer keeps those pages, so the sleep \
                  would give nothing back for them and, after wake, the two processes would no \
-                 longer see the same memory. Free the shared tensors first (or share them from \
-                 inside streampool.shareable(), whose memory keeps through a sleep)",
+                 longer see the same memory. Free the shared tensors first (streampool.share() \
+                 holds one until every receiver has released it; or share from inside \
+                 streampool.shareable(), whose memory keeps through a sleep)",
                 self.device
             )));
         }

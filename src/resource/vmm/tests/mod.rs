@@ -414,6 +414,7 @@ mod capture;
 mod carriers;
 mod cycles;
 mod donors;
+mod export;
 mod faults;
 mod growth;
 mod lending;
