@@ -5,7 +5,7 @@
 //! outside it; nothing here changes what is allocated.
 
 use super::{DeviceAllocator, DeviceSetup};
-use crate::driver::{PoolUsage, Stream};
+use crate::driver::{DevicePtr, PoolUsage, Stream};
 use crate::error::{Error, Result};
 use crate::history::StreampoolBlock;
 use crate::resource::{peer_target, usage_with_peaks, Accessible, DriverCounts, Sleep};
@@ -178,9 +178,14 @@ impl DeviceAllocator {
                 self.device
             )));
         }
-        // Refusals first: a refused sleep changes nothing (the flush would).
+        // Refusals first: a refused sleep changes nothing (the flush would). The blocks freed
+        // and waiting for other streams are handed back by the flush before the sleep.
+        let freed: Vec<DevicePtr> = {
+            let st = self.lock_enabled()?;
+            st.waits.blocks().map(|w| w.block.ptr).collect()
+        };
         for sleeper in &sleepers {
-            sleeper.may_sleep_now()?;
+            sleeper.may_sleep_now(&freed)?;
         }
         self.flush(u64::MAX)?; // blocks that waited for streams go back; the device synchronises
         (sleepers.iter()).try_fold(0u64, |sum, sleep| {
@@ -247,18 +252,23 @@ impl DeviceAllocator {
     /// not the driver's error of one call.
     fn wake_all(&self) -> Result<u64> {
         self.refuse_unless_vmm("wake")?;
+        let not_asleep = || {
+            Err(Error::InvalidArgument(format!(
+                "device {} is not asleep: nothing to wake",
+                self.device
+            )))
+        };
         // A device never used never slept: refused without setting it up (which would grant
         // other devices' memory access to it, a change a refused call must not make); nor does
         // an awake one collect its waits.
-        let setup = match self.setup.get() {
-            Some(setup) if self.is_asleep() => setup,
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "device {} is not asleep: nothing to wake",
-                    self.device
-                )))
-            }
+        let Some(setup) = self.setup.get() else {
+            return not_asleep();
         };
+        let sleepers = self.sleepers(setup, "wake")?;
+        let asleep = (sleepers.iter()).try_fold(false, |any, s| Ok::<_, Error>(any | s.asleep()?));
+        if !asleep? {
+            return not_asleep();
+        }
         // Blocks freed while asleep that waited for other streams (record_stream) and whose
         // streams are done go back first: the wake need not map them again.
         let mut blocks = Vec::new();
@@ -269,7 +279,6 @@ impl DeviceAllocator {
             }
         }
         self.return_idle_blocks(blocks)?;
-        let sleepers = self.sleepers(setup, "wake")?;
         let woken: Result<u64> =
             (sleepers.iter()).try_fold(0u64, |sum, sleep| Ok(sum.saturating_add(sleep.wake()?)));
         match woken {

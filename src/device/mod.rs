@@ -302,6 +302,7 @@ impl DeviceAllocator {
         mut st: MutexGuard<'_, DeviceState>,
         request: Request,
     ) -> Result<DevicePtr> {
+        self.refuse_while_asleep()?;
         let mut to_return = Vec::new();
         self.collect_waits(&mut st, &mut to_return);
         match self.take_cached(&mut st, request) {
@@ -335,6 +336,14 @@ impl DeviceAllocator {
         request: Request,
         to_return: Vec<Returning>,
     ) -> Result<DevicePtr> {
+        // A sleeping device refuses, saying so, before anything moves and whatever else would
+        // stop the request (the limit, growth). (`to_return` is empty then: the collecting path
+        // refuses before it collects.)
+        if let Err(e) = self.refuse_while_asleep() {
+            drop(st);
+            let _ = self.return_blocks(to_return);
+            return Err(e);
+        }
         let id = st.ledger.sources().for_size(request.block_bytes);
         let begun = st.ledger.sources_mut().begin_allocation(id).map(|source| {
             let reserved = st.ledger.reserve(request.block_bytes, self.limit.bytes());
@@ -343,11 +352,6 @@ impl DeviceAllocator {
         drop(st);
         let _ = self.return_blocks(to_return);
         let (source, reserved) = begun?;
-        // A sleeping device refuses, saying so, whatever else would stop the request.
-        if let Err(e) = self.refuse_while_asleep() {
-            self.abandon(&source, request, reserved);
-            return Err(e);
-        }
         // 3. The memory limit.
         if !reserved {
             if let Err(e) = self.limit.reserve(self, request) {

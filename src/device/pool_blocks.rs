@@ -178,6 +178,8 @@ impl DeviceAllocator {
         stream: Stream,
     ) -> Result<DevicePtr> {
         self.check_enabled()?;
+        // Asleep, the block's pages are given back: it is not made live on them.
+        self.refuse_while_asleep()?;
         let (source, pool) = self.graph_pools.existing(id)?;
         let request = Request::new(requested_bytes, stream)?.served_by(block_bytes);
         self.begin_pool_allocation(source, request)?;

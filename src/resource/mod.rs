@@ -198,10 +198,14 @@ pub trait Sleep {
     /// after the device synchronised (no work in flight). The bytes given back. An error
     /// (already asleep, a capture, host memory that cannot be pinned) changes nothing.
     fn sleep(&self, level: u32, discard: &[TagId]) -> Result<u64>;
-    /// An error if a sleep now would be refused (asleep already, a capture under way), asked
-    /// before the device hands back the blocks that wait for streams: a refused sleep changes
-    /// nothing. ([`Sleep::sleep`] asks again under its lock.)
-    fn may_sleep_now(&self) -> Result<()>;
+    /// An error if a sleep now would be refused (asleep already, a capture under way, a live
+    /// block exported), asked before the device hands back the blocks that wait for streams: a
+    /// refused sleep changes nothing. Blocks starting at `freed` (the program freed them; they
+    /// wait for other streams, and the sleep hands them back first) count as freed.
+    /// ([`Sleep::sleep`] asks again under its lock.)
+    fn may_sleep_now(&self, freed: &[DevicePtr]) -> Result<()>;
+    /// Whether the resource sleeps now; an error if it is disabled.
+    fn asleep(&self) -> Result<bool>;
     /// The error of an allocation made elsewhere on the device (the shareable pool) while this
     /// resource sleeps; None when awake.
     fn asleep_error(&self) -> Option<Error>;

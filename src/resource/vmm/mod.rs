@@ -240,6 +240,9 @@ struct VmmState {
     physical_max_bytes: u64,
     /// Awake: the host buffer of the last level-1 sleep, kept for the next one ([`sleep`]).
     sleep_buffer: Option<sleep::HostBytes>,
+    /// Pages a failed wake mapped but could neither give access to nor unmap (two driver
+    /// failures): the next wake gives them access before the device is awake ([`sleep`]).
+    no_access: Vec<u64>,
 }
 
 impl VmmState {

@@ -36,7 +36,7 @@ mod wake;
 
 use super::spans::GiveBack;
 use super::{Region, VmmResource, VmmState};
-use crate::driver::HostBuffer;
+use crate::driver::{DevicePtr, HostBuffer};
 use crate::error::{Error, Result};
 use crate::resource::Sleep;
 use crate::tag::TagId;
@@ -98,7 +98,7 @@ impl Sleep for VmmResource {
             )));
         }
         let mut st = self.lock_enabled()?;
-        self.check_can_sleep(&mut st)?;
+        self.check_can_sleep(&mut st, &[])?;
         self.return_kept(&mut st);
         // The device synchronised: every fence is done once recorded or settled.
         let (driver, device) = (self.driver.as_ref(), self.device);
@@ -108,7 +108,7 @@ impl Sleep for VmmResource {
             st = self.lock_enabled()?;
             // Another thread may have slept, or begun a capture, or freed a block (kept in the
             // slot), while the lock was free.
-            self.check_can_sleep(&mut st)?;
+            self.check_can_sleep(&mut st, &[])?;
             self.return_kept(&mut st);
         }
         self.update_ranges(&mut st, super::Caller::Program);
@@ -161,6 +161,10 @@ impl Sleep for VmmResource {
                 self.device
             )));
         };
+        if let Err(e) = self.give_access_left(&mut st) {
+            st.asleep = Some(asleep);
+            return Err(e);
+        }
         self.forget_freed_while_asleep(&mut st, &mut asleep.pages);
         // Spans the driver would not release at the sleep hold memory the wake needs: tried again.
         self.release_spare_spans(&mut st);
@@ -181,9 +185,13 @@ impl Sleep for VmmResource {
         Ok(restored_bytes)
     }
 
-    fn may_sleep_now(&self) -> Result<()> {
+    fn may_sleep_now(&self, freed: &[DevicePtr]) -> Result<()> {
         let mut st = self.lock_enabled()?;
-        self.check_can_sleep(&mut st)
+        self.check_can_sleep(&mut st, freed)
+    }
+
+    fn asleep(&self) -> Result<bool> {
+        Ok(self.lock_enabled()?.asleep.is_some())
     }
 
     fn asleep_error(&self) -> Option<Error> {
@@ -268,9 +276,9 @@ impl Sleep for VmmResource {
 }
 
 impl VmmResource {
-    /// An error if the resource cannot sleep now: asleep already, a capture under way, or memory
-    /// under a live block shared with other processes.
-    fn check_can_sleep(&self, st: &mut VmmState) -> Result<()> {
+    /// An error if the resource cannot sleep now: asleep already, a capture under way, or a live
+    /// block exported to other processes (but those starting at `freed`, freed by the program).
+    fn check_can_sleep(&self, st: &mut VmmState, freed: &[DevicePtr]) -> Result<()> {
         if st.asleep.is_some() {
             return Err(Error::InvalidArgument(format!(
                 "device {} is asleep already: wake it first",
@@ -283,7 +291,7 @@ impl VmmResource {
                 self.device
             )));
         }
-        let shared_bytes = self.shared_live_bytes(st);
+        let shared_bytes = self.shared_live_bytes(st, freed);
         if shared_bytes > 0 {
             return Err(Error::InvalidArgument(format!(
                 "device {} cannot sleep: {shared_bytes} B under its live tensors were shared with \
@@ -298,9 +306,14 @@ impl VmmResource {
         Ok(())
     }
 
-    /// The bytes of the live blocks whose pages were exported ([`super::export`]).
-    fn shared_live_bytes(&self, st: &VmmState) -> u64 {
-        st.live.exported().map(|(_, bytes)| bytes).sum()
+    /// The bytes of the live blocks whose pages were exported ([`super::export`]), but those
+    /// starting at `freed`.
+    fn shared_live_bytes(&self, st: &VmmState, freed: &[DevicePtr]) -> u64 {
+        let shared = st
+            .live
+            .exported()
+            .filter(|&(start, _)| !freed.contains(&DevicePtr(start)));
+        shared.map(|(_, bytes)| bytes).sum()
     }
 
     /// Keeps `fresh`, pinned with the lock free, as the buffer of the next sleep, unless another

@@ -40,6 +40,21 @@ struct Restored {
 }
 
 impl VmmResource {
+    /// Gives access to the pages an earlier wake mapped without it ([`VmmState::no_access`]).
+    pub(super) fn give_access_left(&self, st: &mut VmmState) -> Result<()> {
+        if st.no_access.is_empty() {
+            return Ok(());
+        }
+        let mut pages = std::mem::take(&mut st.no_access);
+        pages.sort_unstable();
+        let devices = self.access_list(st);
+        let given = self.set_access(st, &pages, &devices);
+        if given.is_err() {
+            st.no_access = pages;
+        }
+        given
+    }
+
     /// Forgets the pages of `asleep` that no block, slot or carrier needs any more (blocks freed
     /// while asleep left them wholly free, their fences complete): each is marked unmapped in its
     /// region, as a page an idle release gave back.
@@ -240,8 +255,9 @@ impl VmmResource {
     /// Unmaps the `mapped` pages of a run that cannot be restored, a handle at a time (a span
     /// whole), single pages' handles spares again and spans' released (`booked`: they were in
     /// the page map, and leave it); the pages that could not even be unmapped (two driver
-    /// failures), which are taken as restored without their contents — using them fails on the
-    /// GPU.
+    /// failures), which are taken as restored without their contents — those never given access
+    /// (not `booked`) get it at the next wake ([`VmmResource::give_access_left`]), which must
+    /// succeed before the device is awake again.
     fn back_to_sleep(
         &self,
         st: &mut VmmState,
@@ -280,6 +296,8 @@ impl VmmResource {
                     let now_ms = driver.now_ms();
                     let page = Page::in_mapping(mapping, handle, slept.region, now_ms);
                     st.pages.insert(slept.page, page);
+                    // Mapped without access: given it at the next wake, before any use.
+                    st.no_access.push(slept.page);
                 }
                 stuck.push(slept.page);
             }
