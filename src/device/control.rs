@@ -187,6 +187,19 @@ impl DeviceAllocator {
         for sleeper in &sleepers {
             sleeper.may_sleep_now(&freed)?;
         }
+        self.lock_enabled()?.asleep_maybe = true;
+        let slept = self.flush_and_sleep(&sleepers, level, discard);
+        self.state.lock().asleep_maybe = self.is_asleep();
+        slept
+    }
+
+    /// The sleep itself, the refusals passed: the waiting blocks back, then each resource.
+    fn flush_and_sleep(
+        &self,
+        sleepers: &[&dyn Sleep],
+        level: u32,
+        discard: &[TagId],
+    ) -> Result<u64> {
         self.flush(u64::MAX)?; // blocks that waited for streams go back; the device synchronises
         (sleepers.iter()).try_fold(0u64, |sum, sleep| {
             Ok(sum.saturating_add(sleep.sleep(level, discard)?))
@@ -244,7 +257,11 @@ impl DeviceAllocator {
 
     /// Maps memory again where the device slept (streampool.wake()); the bytes restored.
     pub fn wake(&self) -> Result<u64> {
-        self.disabling(self.wake_all())
+        let woken = self.disabling(self.wake_all());
+        if let Ok(mut st) = self.lock_enabled() {
+            st.asleep_maybe = self.is_asleep();
+        }
+        woken
     }
 
     /// [`DeviceAllocator::wake`]'s work. The device's memory running out part way is an
@@ -286,6 +303,16 @@ impl DeviceAllocator {
                 Err(self.out_of_memory(self.sleeping_bytes(), Stream::LEGACY, None))
             }
             other => other,
+        }
+    }
+
+    /// [`DeviceAllocator::refuse_while_asleep`] for an allocation's slow path, the device's lock
+    /// held: the resources are asked only where one may sleep.
+    #[inline(always)]
+    pub(super) fn refuse_if_asleep(&self, st: &super::DeviceState) -> Result<()> {
+        match st.asleep_maybe {
+            false => Ok(()),
+            true => self.refuse_while_asleep(),
         }
     }
 

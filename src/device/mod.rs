@@ -98,6 +98,9 @@ struct DeviceState {
     waits: Waits,
     ledger: Ledger,
     growth: GrowthMarks,
+    /// A resource may sleep (set before a sleep, and after a sleep or a wake to whether one
+    /// does): only then do the allocations' slow paths ask the resources ([`control`]).
+    asleep_maybe: bool,
 }
 
 /// One device of the process's allocator (`Allocator::device`): its allocations run the stages
@@ -157,6 +160,7 @@ impl DeviceAllocator {
                 waits: Waits::default(),
                 growth: GrowthMarks::default(),
                 activity: 0,
+                asleep_maybe: false,
             }),
             limit: Limit::default(),
             recorder,
@@ -302,7 +306,7 @@ impl DeviceAllocator {
         mut st: MutexGuard<'_, DeviceState>,
         request: Request,
     ) -> Result<DevicePtr> {
-        self.refuse_while_asleep()?;
+        self.refuse_if_asleep(&st)?;
         let mut to_return = Vec::new();
         self.collect_waits(&mut st, &mut to_return);
         match self.take_cached(&mut st, request) {
@@ -339,7 +343,7 @@ impl DeviceAllocator {
         // A sleeping device refuses, saying so, before anything moves and whatever else would
         // stop the request (the limit, growth). (`to_return` is empty then: the collecting path
         // refuses before it collects.)
-        if let Err(e) = self.refuse_while_asleep() {
+        if let Err(e) = self.refuse_if_asleep(&st) {
             drop(st);
             let _ = self.return_blocks(to_return);
             return Err(e);
