@@ -401,15 +401,6 @@ fn a_memory_pool_segment_with_free_space_sleeps_whole_and_serves_the_pool_after_
     r.finish();
 }
 
-/// Claims allocations on one stream, as a capture's filter claims its capturing stream.
-struct OnStream(streampool::driver::Stream);
-
-impl streampool::StreamFilter for OnStream {
-    fn claims(&self, stream: streampool::driver::Stream) -> bool {
-        stream == self.0
-    }
-}
-
 #[test]
 fn a_failed_wait_for_the_copies_at_sleep_leaves_the_device_awake_with_its_contents() {
     let r = vmm_rig(256 * MIB);

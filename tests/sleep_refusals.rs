@@ -11,15 +11,6 @@ use contents::*;
 use std::sync::Arc;
 use streampool::driver::sim::SimFault;
 
-/// Claims allocations on one stream, as a capture's filter claims its capturing stream.
-struct OnStream(streampool::driver::Stream);
-
-impl streampool::StreamFilter for OnStream {
-    fn claims(&self, stream: streampool::driver::Stream) -> bool {
-        stream == self.0
-    }
-}
-
 #[test]
 fn a_checkpoint_of_a_pytorch_pool_is_not_restored_while_asleep() {
     let r = vmm_rig(256 * MIB);

@@ -1,5 +1,5 @@
-//! Helpers for the sleep tests: a vmm rig, and contents written into device memory and checked
-//! bit for bit (the simulator carries bytes only where a test wrote them). A test crate takes it
+//! Helpers for the sleep tests: a vmm rig, a stream filter for PyTorch pools' routes, and
+//! contents written into device memory and checked bit for bit (the simulator carries bytes only where a test wrote them). A test crate takes it
 //! with `#[path = "common/contents.rs"] mod contents;` beside `mod common;`.
 #![allow(dead_code)]
 
@@ -76,4 +76,13 @@ pub fn tagged(r: &Rig, tag: Option<&str>, bytes: u64) -> DevicePtr {
         streampool::tag::pop().unwrap();
     }
     ptr
+}
+
+/// Claims allocations on one stream, as a capture's filter claims its capturing stream.
+pub struct OnStream(pub streampool::driver::Stream);
+
+impl streampool::StreamFilter for OnStream {
+    fn claims(&self, stream: streampool::driver::Stream) -> bool {
+        stream == self.0
+    }
 }

@@ -12,7 +12,7 @@
 //! slept meanwhile) and until freed (an importer keeps its pages, so the resource refuses to sleep
 //! while it lives: [`super::sleep`]); a failed export marks nothing.
 
-use super::VmmResource;
+use super::{VmmResource, VmmState};
 use crate::driver::{DevicePtr, MemHandle};
 use crate::error::{Error, Result};
 use crate::resource::{ExportedPages, PageExport};
@@ -45,21 +45,27 @@ impl PageExport for VmmResource {
 
     fn mark_exported(&self, ptr: DevicePtr, bytes: u64) -> Result<()> {
         let mut st = self.lock_enabled()?;
-        if st.asleep.is_some() {
-            return Err(super::sleep::asleep_sharing_error(self.device));
-        }
-        if !st.live.contains(ptr.0, bytes) {
-            return Err(Error::UnknownPointer {
-                ptr: ptr.0,
-                device: self.device,
-            });
-        }
+        self.check_shareable_now(&st, ptr, bytes)?;
         st.live.mark_exported(ptr.0);
         Ok(())
     }
 }
 
 impl VmmResource {
+    /// An error unless `[ptr, ptr + bytes)` is a live block and the resource is awake.
+    fn check_shareable_now(&self, st: &VmmState, ptr: DevicePtr, bytes: u64) -> Result<()> {
+        if st.asleep.is_some() {
+            return Err(super::sleep::asleep_sharing_error(self.device));
+        }
+        match st.live.contains(ptr.0, bytes) {
+            true => Ok(()),
+            false => Err(Error::UnknownPointer {
+                ptr: ptr.0,
+                device: self.device,
+            }),
+        }
+    }
+
     /// The mappings under the live block `[ptr, ptr + bytes)`, in address order, each a handle
     /// and its pages, with where the block starts in the first.
     fn mappings_under(&self, ptr: DevicePtr, bytes: u64) -> Result<(Vec<(MemHandle, u64)>, u64)> {
@@ -71,15 +77,7 @@ impl VmmResource {
             )));
         }
         let st = self.lock_enabled()?;
-        if st.asleep.is_some() {
-            return Err(super::sleep::asleep_sharing_error(self.device));
-        }
-        if !st.live.contains(ptr.0, bytes) {
-            return Err(Error::UnknownPointer {
-                ptr: ptr.0,
-                device: self.device,
-            });
-        }
+        self.check_shareable_now(&st, ptr, bytes)?;
         let first = st.pages.range(..=ptr.0).next_back().map(|(_, p)| p.mapping);
         let first = first
             .filter(|m| m.first + m.pages * self.page_bytes > ptr.0)
