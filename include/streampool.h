@@ -559,8 +559,8 @@ int streampool_ipc_kind(void *ptr, int device);
  * allocation of several pages, which may begin before the block and end after it), with an
  * event recorded on `stream` that importers wait for. Until every importer has closed it, keep
  * the block allocated; then call
- * `streampool_ipc_release_export(device, out->event)`. Until the block is freed the device
- * refuses to sleep (an importer keeps its pages). Too small a `max_fds` is an error whose
+ * `streampool_ipc_release_export(device, out->event)`. Until then the device refuses to sleep
+ * (an importer keeps the pages). Too small a `max_fds` is an error whose
  * message says how many are needed; an error writes nothing, leaves nothing open and marks
  * nothing.
  *
@@ -596,16 +596,15 @@ int streampool_ipc_import_pages(const struct StreampoolIpcPages *handle,
  * while the addresses stay reserved; at `level` 1 the contents of live blocks wait in
  * page-locked host memory, at level 2 they are discarded. Allocations on the device fail until
  * `streampool_wake`. Writes the bytes given back to `*given_back` (if not NULL). The vmm
- * backend only; an error (the pool backend or `STREAMPOOL_IPC=1`, a capture, asleep already, a
- * live block exported page by page, host memory that cannot be pinned) changes nothing; a copy that fails leaves the device awake with every block's
- * contents (memory no block used may have gone back, as `torch.cuda.empty_cache()` gives it).
+ * backend only; an error (the pool backend or `STREAMPOOL_IPC=1`, a capture, asleep already, an
+ * export of a live block's pages not released, host memory that cannot be pinned) changes
+ * nothing; a copy that fails leaves the device awake with every block's contents (memory no
+ * block used may have gone back, as `torch.cuda.empty_cache()` gives it).
  *
  * # Safety
  * `given_back` must be NULL or writable.
  */
-int streampool_sleep(int device,
-                     int level,
-                     uint64_t *given_back);
+int streampool_sleep(int device, int level, uint64_t *given_back);
 
 /**
  * Blocks the calling thread allocates from now on carry the tag `name` (1 to 256 bytes of

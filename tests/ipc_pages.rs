@@ -192,8 +192,9 @@ fn bad_page_imports_are_refused_and_leave_nothing_behind() {
 }
 
 /// An importer keeps the pages it mapped: a sleep would give nothing back for them, and after
-/// wake the two processes would see different memory. So a device refuses to sleep while a block
-/// whose pages were exported lives, and sleeps once it is freed; a failed export marks nothing.
+/// wake the two processes would see different memory. So a device refuses to sleep while an
+/// export of a block's pages is not released (every importer closed it) and the block lives; a
+/// failed export counts nothing.
 #[test]
 fn a_device_refuses_to_sleep_while_a_live_block_was_shared_page_by_page() {
     let r = vmm_rig();
@@ -209,21 +210,34 @@ fn a_device_refuses_to_sleep_while_a_live_block_was_shared_page_by_page() {
     r.device(0).sleep(1, &[]).unwrap();
     r.device(0).wake().unwrap();
 
-    let (handle, fds) = r.device(0).export_pages(ptr, s(1)).unwrap();
+    // Two exports: the device sleeps only once both are released.
+    let (first, fds) = r.device(0).export_pages(ptr, s(1)).unwrap();
     close_fds(&fds);
-    r.device(0).release_export(handle.event).unwrap();
-    let physical = r.sim.physical_bytes(0);
-    for level in [1, 2] {
-        let e = r.device(0).sleep(level, &[]).unwrap_err().to_string();
-        assert!(e.contains("shared with other processes"), "{e}");
+    let (second, fds) = r.device(0).export_pages(ptr, s(1)).unwrap();
+    close_fds(&fds);
+    for release in [Some(first.event), None] {
+        let physical = r.sim.physical_bytes(0);
+        for level in [1, 2] {
+            let e = r.device(0).sleep(level, &[]).unwrap_err().to_string();
+            assert!(e.contains("shared with other processes"), "{e}");
+        }
+        assert_eq!(r.sim.physical_bytes(0), physical, "nothing given back");
+        assert_eq!(r.device(0).sleeping_bytes(), 0, "awake");
+        let more = r.malloc(MIB, 0, 1);
+        r.free(more, 0);
+        if let Some(event) = release {
+            r.device(0).release_export(event).unwrap();
+        }
     }
-    assert_eq!(r.sim.physical_bytes(0), physical, "nothing given back");
-    assert_eq!(r.device(0).sleeping_bytes(), 0, "awake");
-    let more = r.malloc(MIB, 0, 1);
-    r.free(more, 0);
+    r.device(0).release_export(second.event).unwrap();
+    r.sim.complete_all();
+    r.device(0).sleep(1, &[]).unwrap();
+    r.device(0).wake().unwrap();
 
-    // Freed (as PyTorch frees a shared tensor once its importers let go), the block no longer
-    // holds the device awake, nor does a block allocated on its pages since.
+    // Freed with an export not released (against the protocol), the block no longer holds the
+    // device awake, nor does a block allocated on its pages since.
+    let (third, fds) = r.device(0).export_pages(ptr, s(1)).unwrap();
+    close_fds(&fds);
     r.free(ptr, 0);
     r.sim.complete_all();
     let again = r.malloc(3 * MIB, 0, 1);
@@ -232,6 +246,7 @@ fn a_device_refuses_to_sleep_while_a_live_block_was_shared_page_by_page() {
     assert_eq!(r.sim.physical_bytes(0), 0, "its pages went back");
     assert!(r.device(0).sleeping_bytes() >= 3 * MIB);
     r.device(0).wake().unwrap();
+    r.device(0).release_export(third.event).unwrap();
     r.free(again, 0);
     r.finish();
 }

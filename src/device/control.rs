@@ -187,9 +187,15 @@ impl DeviceAllocator {
         for sleeper in &sleepers {
             sleeper.may_sleep_now(&freed)?;
         }
-        self.lock_enabled()?.asleep_maybe = true;
+        {
+            let mut st = self.lock_enabled()?;
+            st.sleeps_under_way += 1;
+            st.asleep_maybe = true;
+        }
         let slept = self.flush_and_sleep(&sleepers, level, discard);
-        self.state.lock().asleep_maybe = self.is_asleep();
+        let mut st = self.state.lock();
+        st.sleeps_under_way -= 1;
+        self.note_asleep(&mut st);
         slept
     }
 
@@ -258,10 +264,13 @@ impl DeviceAllocator {
     /// Maps memory again where the device slept (streampool.wake()); the bytes restored.
     pub fn wake(&self) -> Result<u64> {
         let woken = self.disabling(self.wake_all());
-        if let Ok(mut st) = self.lock_enabled() {
-            st.asleep_maybe = self.is_asleep();
-        }
+        self.note_asleep(&mut self.state.lock());
         woken
+    }
+
+    /// Whether a resource may sleep, under the device's lock: a sleep under way, or one asleep.
+    fn note_asleep(&self, st: &mut super::DeviceState) {
+        st.asleep_maybe = st.sleeps_under_way > 0 || self.is_asleep();
     }
 
     /// [`DeviceAllocator::wake`]'s work. The device's memory running out part way is an

@@ -98,9 +98,11 @@ struct DeviceState {
     waits: Waits,
     ledger: Ledger,
     growth: GrowthMarks,
-    /// A resource may sleep (set before a sleep, and after a sleep or a wake to whether one
-    /// does): only then do the allocations' slow paths ask the resources ([`control`]).
+    /// A resource may sleep: a sleep is under way (`sleeps_under_way`) or one sleeps (set
+    /// under this lock after each sleep and wake). Only then do the allocations' slow paths ask
+    /// the resources ([`control`]).
     asleep_maybe: bool,
+    sleeps_under_way: u32,
 }
 
 /// One device of the process's allocator (`Allocator::device`): its allocations run the stages
@@ -161,6 +163,7 @@ impl DeviceAllocator {
                 growth: GrowthMarks::default(),
                 activity: 0,
                 asleep_maybe: false,
+                sleeps_under_way: 0,
             }),
             limit: Limit::default(),
             recorder,

@@ -149,6 +149,8 @@ impl DeviceAllocator {
         stream: Stream,
     ) -> Option<DevicePtr> {
         let request = Request::new(requested_bytes, stream).ok()?;
+        // Asleep, their free blocks lie on pages given back.
+        self.refuse_while_asleep().ok()?;
         let pools: Vec<Entry> = self.graph_pools.entries();
         pools.into_iter().find_map(|(source, pool)| {
             if !pool.with(|p| p.use_on_oom()) {

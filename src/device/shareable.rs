@@ -134,6 +134,16 @@ impl DeviceAllocator {
     }
 
     pub fn release_export(&self, event: u64) -> Result<()> {
-        self.exporter.release(event)
+        let Some(ptr) = self.exporter.release(event)? else {
+            return Ok(());
+        };
+        // Every importer closed it: its pages no longer keep the device awake. (A block freed
+        // since has no count left.)
+        if let Ok((_, source)) = self.live_block_source(ptr) {
+            if let Some(export) = source.capabilities().page_export {
+                export.unmark_exported(ptr);
+            }
+        }
+        Ok(())
     }
 }

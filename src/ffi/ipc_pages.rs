@@ -34,8 +34,8 @@ pub extern "C" fn streampool_ipc_kind(ptr: *mut c_void, device: c_int) -> c_int 
 /// allocation of several pages, which may begin before the block and end after it), with an
 /// event recorded on `stream` that importers wait for. Until every importer has closed it, keep
 /// the block allocated; then call
-/// `streampool_ipc_release_export(device, out->event)`. Until the block is freed the device
-/// refuses to sleep (an importer keeps its pages). Too small a `max_fds` is an error whose
+/// `streampool_ipc_release_export(device, out->event)`. Until then the device refuses to sleep
+/// (an importer keeps the pages). Too small a `max_fds` is an error whose
 /// message says how many are needed; an error writes nothing, leaves nothing open and marks
 /// nothing.
 ///

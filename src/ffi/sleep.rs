@@ -26,9 +26,10 @@ unsafe fn write_optional(out: *mut u64, value: u64) {
 /// while the addresses stay reserved; at `level` 1 the contents of live blocks wait in
 /// page-locked host memory, at level 2 they are discarded. Allocations on the device fail until
 /// `streampool_wake`. Writes the bytes given back to `*given_back` (if not NULL). The vmm
-/// backend only; an error (the pool backend or `STREAMPOOL_IPC=1`, a capture, asleep already, a
-/// live block exported page by page, host memory that cannot be pinned) changes nothing; a copy that fails leaves the device awake with every block's
-/// contents (memory no block used may have gone back, as `torch.cuda.empty_cache()` gives it).
+/// backend only; an error (the pool backend or `STREAMPOOL_IPC=1`, a capture, asleep already, an
+/// export of a live block's pages not released, host memory that cannot be pinned) changes
+/// nothing; a copy that fails leaves the device awake with every block's contents (memory no
+/// block used may have gone back, as `torch.cuda.empty_cache()` gives it).
 ///
 /// # Safety
 /// `given_back` must be NULL or writable.

@@ -18,8 +18,9 @@ pub struct Exporter {
     device: usize,
     driver: Arc<dyn Driver>,
     pool_fd: Mutex<Option<i32>>,
-    /// Events of exports not yet released (only these may be destroyed).
-    events: Mutex<WordMap<u64, ()>>,
+    /// Events of exports not yet released (only these may be destroyed), with the block of an
+    /// export of pages (whose count its resource keeps: [`Exporter::release`]).
+    events: Mutex<WordMap<u64, Option<DevicePtr>>>,
 }
 
 impl Exporter {
@@ -61,7 +62,7 @@ impl Exporter {
         };
         let pointer_data = self.driver.pointer_export(self.device, ptr)?;
         let (event, event_handle) = self.driver.ipc_event_record(self.device, stream)?;
-        self.events.lock().insert(event.raw() as u64, ());
+        self.events.lock().insert(event.raw() as u64, None);
         Ok(StreampoolIpcHandle {
             pointer_data,
             event_handle,
@@ -114,12 +115,12 @@ impl Exporter {
                 return Err(e);
             }
         };
-        if let Err(e) = export.mark_exported(ptr, block_bytes) {
+        if let Err(e) = export.mark_exported(ptr, block_bytes, &pages) {
             close_all(&pages.fds);
             self.driver.event_destroy(self.device, event);
             return Err(e);
         }
-        self.events.lock().insert(event.raw() as u64, ());
+        self.events.lock().insert(event.raw() as u64, Some(ptr));
         let handle = StreampoolIpcPages {
             event_handle,
             event: event.raw() as u64,
@@ -133,17 +134,18 @@ impl Exporter {
     }
 
     /// Releases the event of an export once every importer has closed it; an event this device
-    /// did not export (or released already) is an error, never destroyed.
-    pub fn release(&self, event: u64) -> Result<()> {
-        if self.events.lock().remove(&event).is_none() {
+    /// did not export (or released already) is an error, never destroyed. The block of an export
+    /// of pages, whose resource counts it until now.
+    pub fn release(&self, event: u64) -> Result<Option<DevicePtr>> {
+        let Some(block) = self.events.lock().remove(&event) else {
             return Err(Error::InvalidArgument(format!(
                 "{event:#x} is not the event of an unreleased export on device {}",
                 self.device
             )));
-        }
+        };
         let event = EventHandle::from_raw(event as usize);
         self.driver.event_destroy(self.device, event);
-        Ok(())
+        Ok(block)
     }
 }
 

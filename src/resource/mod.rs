@@ -183,10 +183,13 @@ pub trait PageExport {
     /// An error, and no descriptor left open, if the block is not live or a page cannot export.
     fn export_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<ExportedPages>;
 
-    /// The export of the live block `[ptr, ptr + bytes)` went through: its pages are another
-    /// process's too from now on (so the resource may not sleep while it lives). An error, and
-    /// no mark, if the block is no longer live or the resource slept since the export began.
-    fn mark_exported(&self, ptr: DevicePtr, bytes: u64) -> Result<()>;
+    /// The export `pages` of the live block `[ptr, ptr + bytes)` went through: its pages are
+    /// another process's too until the export is released (the resource may not sleep until
+    /// then). An error, and no mark, if the block is no longer live or the resource slept since
+    /// the pages were read.
+    fn mark_exported(&self, ptr: DevicePtr, bytes: u64, pages: &ExportedPages) -> Result<()>;
+    /// An export of the live block at `ptr` was released: every importer closed it.
+    fn unmark_exported(&self, ptr: DevicePtr);
 }
 
 /// See [`Capabilities::sleep`]: the memory of a resource that keeps its addresses.
@@ -242,6 +245,8 @@ pub struct ExportedPages {
     /// Where the block starts from its first page (beyond it when a span begins before the
     /// block).
     pub offset_bytes: u64,
+    /// The resource's count of sleeps when the pages were read (a sleep since: other pages).
+    pub sleeps_at: u64,
 }
 
 /// Lets `resource`'s memory be granted to other devices, if it can be.

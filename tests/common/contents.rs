@@ -1,6 +1,7 @@
 //! Helpers for the sleep tests: a vmm rig, a stream filter for PyTorch pools' routes, and
-//! contents written into device memory and checked bit for bit (the simulator carries bytes only where a test wrote them). A test crate takes it
-//! with `#[path = "common/contents.rs"] mod contents;` beside `mod common;`.
+//! contents written into device memory and checked bit for bit (the simulator carries bytes only
+//! where a test wrote them). A test crate takes it with `#[path = "common/contents.rs"] mod
+//! contents;` beside `mod common;`.
 #![allow(dead_code)]
 
 use crate::common::{base_config, rig_with, Rig};

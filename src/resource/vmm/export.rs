@@ -7,10 +7,10 @@
 //! which the importer maps too, as expandable segments export whole segments), and the block's
 //! pages stay its own while it is live (a page under a live block is never idle, so never moved
 //! or released); the descriptors are made outside the resource's lock, so an export never holds
-//! up a free; on a failure no descriptor is left open; a block is marked exported once its
-//! export went through ([`PageExport::mark_exported`], under the lock, refused if the resource
-//! slept meanwhile) and until freed (an importer keeps its pages, so the resource refuses to sleep
-//! while it lives: [`super::sleep`]); a failed export marks nothing.
+//! up a free; on a failure no descriptor is left open; a block's export is counted once it went
+//! through ([`PageExport::mark_exported`], under the lock, refused if the resource slept since
+//! the pages were read) until it is released or the block freed (an importer keeps its pages, so
+//! the resource refuses to sleep meanwhile: [`super::sleep`]); a failed export counts nothing.
 
 use super::{VmmResource, VmmState};
 use crate::driver::{DevicePtr, MemHandle};
@@ -19,7 +19,7 @@ use crate::resource::{ExportedPages, PageExport};
 
 impl PageExport for VmmResource {
     fn export_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<ExportedPages> {
-        let (mappings, offset_bytes) = self.mappings_under(ptr, bytes)?;
+        let (mappings, offset_bytes, sleeps_at) = self.mappings_under(ptr, bytes)?;
         let mut fds = Vec::with_capacity(mappings.len());
         for (handle, pages) in mappings {
             match self.driver.mem_export_fd(self.device, handle) {
@@ -40,14 +40,26 @@ impl PageExport for VmmResource {
             fds,
             page_bytes: self.page_bytes,
             offset_bytes,
+            sleeps_at,
         })
     }
 
-    fn mark_exported(&self, ptr: DevicePtr, bytes: u64) -> Result<()> {
+    fn mark_exported(&self, ptr: DevicePtr, bytes: u64, pages: &ExportedPages) -> Result<()> {
         let mut st = self.lock_enabled()?;
         self.check_shareable_now(&st, ptr, bytes)?;
+        if st.sleeps != pages.sleeps_at {
+            return Err(Error::InvalidArgument(format!(
+                "device {}: the block {ptr:#x} slept while it was being shared (its pages are \
+                 others now); share it again",
+                self.device
+            )));
+        }
         st.live.mark_exported(ptr.0);
         Ok(())
+    }
+
+    fn unmark_exported(&self, ptr: DevicePtr) {
+        self.state.lock().live.unmark_exported(ptr.0);
     }
 }
 
@@ -67,8 +79,13 @@ impl VmmResource {
     }
 
     /// The mappings under the live block `[ptr, ptr + bytes)`, in address order, each a handle
-    /// and its pages, with where the block starts in the first.
-    fn mappings_under(&self, ptr: DevicePtr, bytes: u64) -> Result<(Vec<(MemHandle, u64)>, u64)> {
+    /// and its pages, with where the block starts in the first, and the count of sleeps then.
+    #[allow(clippy::type_complexity)]
+    fn mappings_under(
+        &self,
+        ptr: DevicePtr,
+        bytes: u64,
+    ) -> Result<(Vec<(MemHandle, u64)>, u64, u64)> {
         if !self.exportable {
             return Err(Error::InvalidArgument(format!(
                 "device {}'s memory cannot be shared with other processes: it has no POSIX file \
@@ -104,6 +121,6 @@ impl VmmResource {
                 "the live block {ptr:#x} has no page at {next:#x}"
             )));
         }
-        Ok((mappings, ptr.0 - first))
+        Ok((mappings, ptr.0 - first, st.sleeps))
     }
 }

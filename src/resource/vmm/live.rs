@@ -1,8 +1,8 @@
 //! The resource's live blocks, to check each free against: a map, and beside it the block handed
 //! out last, so that a loop that allocates and frees one block at a time touches no map.
 //!
-//! Beside them, the marks of each live block that has any: its tag ([`crate::tag`]), and whether
-//! its pages were exported to other processes ([`super::export`]).
+//! Beside them, the marks of each live block that has any: its tag ([`crate::tag`]), and how many
+//! exports of its pages to other processes are not released yet ([`super::export`]).
 //!
 //! Invariant: every live block is in exactly one of the two places, with its size; a free that
 //! names no live block, or a live block with another size, changes nothing; a block has a marks
@@ -27,8 +27,8 @@ pub(super) struct Live {
 struct Marks {
     /// Allocated under this tag.
     tag: Option<TagId>,
-    /// Its pages were exported to other processes.
-    exported: bool,
+    /// Exports of its pages to other processes not released yet.
+    exports: u32,
 }
 
 /// Why a free was refused.
@@ -48,9 +48,8 @@ impl Live {
             self.blocks.insert(s, b);
         }
         if let Some(tag) = tag {
-            let exported = false;
             let tag = Some(tag);
-            self.marks.insert(start, Marks { tag, exported });
+            self.marks.insert(start, Marks { tag, exports: 0 });
         }
     }
 
@@ -66,18 +65,22 @@ impl Live {
         self.marks.get(&start).and_then(|m| m.tag)
     }
 
-    /// Marks the live block at `start` exported; false if no live block starts there.
-    pub fn mark_exported(&mut self, start: u64) -> bool {
-        let live = self.last.is_some_and(|(s, _)| s == start) || self.blocks.get(start).is_some();
-        if live {
-            self.marks.entry(start).or_default().exported = true;
-        }
-        live
+    /// One more export of the live block at `start` (the caller checked that it is live).
+    pub fn mark_exported(&mut self, start: u64) {
+        let marks = self.marks.entry(start).or_default();
+        marks.exports = marks.exports.saturating_add(1);
     }
 
-    /// Every live block whose pages were exported, as (start, bytes).
+    /// An export of the live block at `start` was released (nothing if none is counted).
+    pub fn unmark_exported(&mut self, start: u64) {
+        if let Some(marks) = self.marks.get_mut(&start) {
+            marks.exports = marks.exports.saturating_sub(1);
+        }
+    }
+
+    /// Every live block with an export not released yet, as (start, bytes).
     pub fn exported(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let starts = self.marks.iter().filter(|(_, m)| m.exported);
+        let starts = self.marks.iter().filter(|(_, m)| m.exports > 0);
         starts.filter_map(|(&start, _)| self.bytes(start).map(|bytes| (start, bytes)))
     }
 

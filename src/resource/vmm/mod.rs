@@ -108,6 +108,9 @@ pub struct VmmResource {
     exportable: bool,
     /// The device's memory limit (`set_per_process_memory_fraction`), shared with the device.
     limit_bytes: Arc<AtomicU64>,
+    /// Asleep (`state.asleep` is set), for readers that must not wait for the lock, which a sleep
+    /// or a wake holds through its copies: written under the lock, true until a wake succeeds.
+    asleep_now: std::sync::atomic::AtomicBool,
     recorder: Arc<Recorder>,
     release_threshold_bytes: AtomicU64,
 }
@@ -243,6 +246,9 @@ struct VmmState {
     /// Pages a failed wake mapped but could neither give access to nor unmap (two driver
     /// failures): the next wake gives them access before the device is awake ([`sleep`]).
     no_access: Vec<u64>,
+    /// Sleeps so far: an export whose pages were read before the last one shares other pages
+    /// ([`export`]).
+    sleeps: u64,
 }
 
 impl VmmState {
@@ -332,6 +338,7 @@ impl VmmResource {
             headroom_bytes: spec.headroom_bytes,
             exportable: driver.mem_export_supported(device).unwrap_or(false),
             limit_bytes,
+            asleep_now: Default::default(),
             recorder,
             state: Mutex::new(VmmState {
                 large: FreeRanges::new(page_bytes),

@@ -17,8 +17,8 @@
 //! [`Sleep::release_host_buffer`], a larger sleep, or the resource's end.
 //!
 //! Invariants: a sleep happens only after the device synchronised (no work in flight, so nothing
-//! half-written is copied), never during a capture, and never while a live block's pages are
-//! exported (an importer keeps them: [`super::export`]); a page under a live block is unmapped
+//! half-written is copied), never during a capture, and never while an export of a live block's
+//! pages is not released (an importer keeps them: [`super::export`]); a page under a live block is unmapped
 //! only once its copy has completed; a sleep that fails leaves no copy in flight, keeps a host
 //! buffer it had, and gives back the idle pages as `empty_cache()` gives them back; one that
 //! fails before its first page under a live block went back changes nothing else, and one that
@@ -41,6 +41,7 @@ use crate::error::{Error, Result};
 use crate::resource::Sleep;
 use crate::tag::TagId;
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
 
 /// A page given back by a sleep.
 #[derive(Debug, Clone, Copy)]
@@ -133,6 +134,8 @@ impl Sleep for VmmResource {
         // mapped when an allocation needs them). Then the pages under live blocks, as their
         // copies complete ([`save`]).
         self.release_down_to(&mut st, 0, None);
+        // From here the pages under live blocks change (even a sleep undone maps fresh ones).
+        st.sleeps += 1;
         let (pages, waited) = self.give_back_as_copied(&mut st, &saved, batches);
         if let Err(e) = waited {
             return Err(match host {
@@ -145,6 +148,7 @@ impl Sleep for VmmResource {
         // one a page (each costs the driver about 44 us).
         self.note_given_back(&mut st, given_back, GiveBack::Sleep);
         st.asleep = Some(Asleep { pages, host });
+        self.asleep_now.store(true, Ordering::Release);
         log::info!(
             "device {device}: asleep at level {level}, {given_back} B given back, {} B kept in \
              host memory",
@@ -177,6 +181,7 @@ impl Sleep for VmmResource {
             st.asleep = Some(asleep);
             return Err(e);
         }
+        self.asleep_now.store(false, Ordering::Release);
         // Kept for the next sleep: a kept buffer is never both here and in a sleep.
         if let Some(host) = asleep.host {
             debug_assert!(st.sleep_buffer.is_none());
@@ -195,7 +200,8 @@ impl Sleep for VmmResource {
     }
 
     fn asleep_error(&self) -> Option<Error> {
-        let asleep = self.state.lock().asleep.is_some();
+        // Without the lock, which a sleep or a wake holds through its copies.
+        let asleep = self.asleep_now.load(Ordering::Acquire);
         asleep.then(|| asleep_error(self.device))
     }
 
@@ -297,9 +303,10 @@ impl VmmResource {
                 "device {} cannot sleep: {shared_bytes} B under its live tensors were shared with \
                  other processes page by page (IPC); an importer keeps those pages, so the sleep \
                  would give nothing back for them and, after wake, the two processes would no \
-                 longer see the same memory. Free the shared tensors first (streampool.share() \
-                 holds one until every receiver has released it; or share from inside \
-                 streampool.shareable(), whose memory keeps through a sleep)",
+                 longer see the same memory. Release the exports first, once every importer closed \
+                 them (streampool_ipc_release_export; streampool.share() releases its own once \
+                 every receiver let go, at streampool.ipc_collect()), or share from inside \
+                 streampool.shareable(), whose memory keeps through a sleep",
                 self.device
             )));
         }

@@ -279,6 +279,8 @@ impl VmmResource {
             pages,
             host: Some(host),
         });
+        self.asleep_now
+            .store(true, std::sync::atomic::Ordering::Release);
         Error::Internal(format!(
             "device {}: the sleep failed part way ({failed}), and {asleep_bytes} B it had given \
              back could not be mapped again ({why}): the device is asleep with them; \

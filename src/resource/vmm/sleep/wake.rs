@@ -6,12 +6,13 @@
 //! costs about as long as copying them: 1 GiB took 49 ms one after the other, 32 overlapped; in
 //! 32 MiB handles the calls cost a tenth, and wake ran at 99% of the host link).
 //!
-//! Before it maps anything, a wake forgets the slept pages that blocks freed while asleep left
-//! wholly free ([`VmmResource::forget_freed_while_asleep`]): they are unmapped free memory from
-//! then on, as the idle pages a sleep gave back, mapped when an allocation needs them.
+//! Before it maps anything, a wake forgets the slept pages that are wholly free by then — left by
+//! blocks freed while asleep, or the rest of a span a live block lay on at the sleep
+//! ([`VmmResource::forget_freed_while_asleep`]): they are unmapped free memory from then on, as
+//! the idle pages a sleep gave back, mapped when an allocation needs them.
 //!
-//! Invariants: a page is in the page map once mapped with access; a slept page is either mapped
-//! again or marked unmapped in its region's ranges, never left mapped in the ranges' view alone; its contents are known to be
+//! Invariants: a page is in the page map once mapped with access; once awake, each slept page is
+//! either mapped again or marked unmapped in its region's ranges; its contents are known to be
 //! back only once the legacy stream's copies completed; a page whose copy failed, or whose copy
 //! could not be waited for, goes back to sleep with its contents still in the host buffer — a
 //! span whole, once the copies queued into it are waited for — (or, if it cannot even be

@@ -1,7 +1,7 @@
-//! An export's descriptors are made with the resource's lock free; the block is marked exported
-//! under the lock once the export went through ([`PageExport::mark_exported`]). A sleep between
-//! the two gives the pages back, so the mark is refused: no importer gets memory that the wake
-//! will not map again.
+//! An export's descriptors are made with the resource's lock free; the export is counted under
+//! the lock once it went through ([`PageExport::mark_exported`]). A sleep between the two (even
+//! with its wake) gives the pages back, so the mark is refused: no importer gets memory that the
+//! block no longer lies on.
 
 use super::*;
 use crate::resource::{PageExport, Sleep};
@@ -20,19 +20,34 @@ fn an_export_the_resource_slept_across_is_refused_at_its_mark() {
     let pages = r.vmm.export_pages(p, 3 * PAGE).unwrap();
     r.sim.complete_all();
     r.vmm.sleep(1, &[]).unwrap(); // another thread's, before the export is marked
-    let e = r.vmm.mark_exported(p, 3 * PAGE).unwrap_err().to_string();
+    let e = r
+        .vmm
+        .mark_exported(p, 3 * PAGE, &pages)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("asleep") && e.contains("sharing"), "{e}");
     close(&pages.fds);
     r.vmm.wake().unwrap();
-    // Not marked: it sleeps again; marked, it refuses to.
+    // Pages read before a sleep and a wake are not the block's any more: not marked either.
+    let e = r.vmm.mark_exported(p, 3 * PAGE, &pages).unwrap_err();
+    assert!(
+        e.to_string().contains("slept while it was being shared"),
+        "{e}"
+    );
+    // Not marked: it sleeps again; an export marked, it refuses to until released.
     r.vmm.sleep(2, &[]).unwrap();
     r.vmm.wake().unwrap();
-    r.vmm.mark_exported(p, 3 * PAGE).unwrap();
+    let pages = r.vmm.export_pages(p, 3 * PAGE).unwrap();
+    close(&pages.fds);
+    r.vmm.mark_exported(p, 3 * PAGE, &pages).unwrap();
     let e = r.vmm.sleep(1, &[]).unwrap_err().to_string();
     assert!(e.contains("shared with other processes"), "{e}");
+    r.vmm.unmark_exported(p);
+    r.vmm.sleep(1, &[]).unwrap();
+    r.vmm.wake().unwrap();
     // A block no longer live is not marked.
     r.free(p, 3 * PAGE, S1);
-    assert!(r.vmm.mark_exported(p, 3 * PAGE).is_err());
+    assert!(r.vmm.mark_exported(p, 3 * PAGE, &pages).is_err());
     r.sim.complete_all();
     r.vmm.sleep(1, &[]).unwrap();
     r.vmm.wake().unwrap();
