@@ -169,6 +169,9 @@ fn the_pool_backend_and_a_capture_refuse_to_sleep() {
     assert!(e.contains("captures"), "{e}");
     r.free(graph, 0);
     r.sim.end_capture(0, s(9));
+    // Once the capture ended, the device sleeps (it asks the driver again, not what it last saw).
+    r.device(0).sleep(1, &[]).unwrap();
+    r.device(0).wake().unwrap();
     r.free(a, 0);
     r.finish();
 }

@@ -172,7 +172,8 @@ impl DeviceAllocator {
         self.refuse_unless_vmm("sleep")?;
         let setup = self.setup()?;
         let sleepers = self.sleepers(setup, "sleep")?;
-        if self.lock_enabled()?.waits.capturing() {
+        let (driver, device) = (self.driver.as_ref(), self.device);
+        if self.lock_enabled()?.waits.capturing_now(driver, device) {
             return Err(Error::InvalidArgument(format!(
                 "device {} cannot sleep while a stream of it captures a CUDA graph",
                 self.device

@@ -63,6 +63,15 @@ impl Waits {
         self.captures.any_known()
     }
 
+    /// Whether a capture is under way, the ended ones forgotten first (asks the driver only
+    /// while one is known).
+    pub fn capturing_now(&mut self, driver: &dyn Driver, device: usize) -> bool {
+        if self.captures.any_known() {
+            self.refresh(driver, device);
+        }
+        self.captures.any_known()
+    }
+
     /// Notes that `stream` is capturing a graph; true if it was not known to be.
     pub fn note_capturing(&mut self, stream: Stream) -> bool {
         self.captures.note(stream)
