@@ -134,12 +134,12 @@ impl DeviceAllocator {
         // A disabled device has nothing to settle, and says so at the program's next call:
         // not at every synchronisation. Blocks whose events completed (all recorded before the
         // synchronisation) go back as at the next allocation, and as idle.
-        let mut blocks = Vec::new();
-        match self.lock_enabled() {
-            Ok(mut st) if !st.waits.capturing() => self.collect_waits(&mut st, &mut blocks),
-            _ => return Ok(()),
+        let Ok(st) = self.lock_enabled() else {
+            return Ok(());
+        };
+        if !self.return_finished_waits(st)? {
+            return Ok(());
         }
-        self.return_idle_blocks(blocks)?;
         for r in &setup.own {
             if let Some(tending) = r.capabilities().tending {
                 tending.synchronized()?;
@@ -172,24 +172,21 @@ impl DeviceAllocator {
         self.refuse_unless_vmm("sleep")?;
         let setup = self.setup()?;
         let sleepers = self.sleepers(setup, "sleep")?;
-        let (driver, device) = (self.driver.as_ref(), self.device);
-        if self.lock_enabled()?.waits.capturing_now(driver, device) {
-            return Err(Error::InvalidArgument(format!(
-                "device {} cannot sleep while a stream of it captures a CUDA graph",
-                self.device
-            )));
-        }
-        // Refusals first: a refused sleep changes nothing (the flush would). The blocks freed
-        // and waiting for other streams are handed back by the flush before the sleep.
-        let freed: Vec<DevicePtr> = {
-            let st = self.lock_enabled()?;
-            st.waits.blocks().map(|w| w.block.ptr).collect()
-        };
-        for sleeper in &sleepers {
-            sleeper.may_sleep_now(&freed)?;
-        }
+        // Refusals first, in one lock section with the sleep's announcement: a refused sleep
+        // changes nothing (the flush would). The blocks freed and waiting for other streams are
+        // handed back by the flush before the sleep.
         {
             let mut st = self.lock_enabled()?;
+            if st.waits.capturing_now(self.driver.as_ref(), self.device) {
+                return Err(Error::InvalidArgument(format!(
+                    "device {} cannot sleep while a stream of it captures a CUDA graph",
+                    self.device
+                )));
+            }
+            let freed: Vec<DevicePtr> = st.waits.blocks().map(|w| w.block.ptr).collect();
+            for sleeper in &sleepers {
+                sleeper.may_sleep_now(&freed)?;
+            }
             st.sleeps_under_way += 1;
             st.asleep_maybe = true;
         }
@@ -298,14 +295,7 @@ impl DeviceAllocator {
         }
         // Blocks freed while asleep that waited for other streams (record_stream) and whose
         // streams are done go back first: the wake need not map them again.
-        let mut blocks = Vec::new();
-        {
-            let mut st = self.lock_enabled()?;
-            if !st.waits.capturing() {
-                self.collect_waits(&mut st, &mut blocks);
-            }
-        }
-        self.return_idle_blocks(blocks)?;
+        self.return_finished_waits(self.lock_enabled()?)?;
         let woken: Result<u64> =
             (sleepers.iter()).try_fold(0u64, |sum, sleep| Ok(sum.saturating_add(sleep.wake()?)));
         match woken {

@@ -157,6 +157,23 @@ impl DeviceAllocator {
         self.return_blocks_as(blocks, |_| false)
     }
 
+    /// Hands back the waiting blocks whose streams are done, idle where they can be
+    /// ([`DeviceAllocator::return_idle_blocks`]), with the lock `st` released; false, and nothing
+    /// collected, while a capture is known.
+    pub(super) fn return_finished_waits(
+        &self,
+        mut st: MutexGuard<'_, DeviceState>,
+    ) -> Result<bool> {
+        if st.waits.capturing() {
+            return Ok(false);
+        }
+        let mut blocks = Vec::new();
+        self.collect_waits(&mut st, &mut blocks);
+        drop(st);
+        self.return_idle_blocks(blocks)?;
+        Ok(true)
+    }
+
     /// [`DeviceAllocator::return_blocks`] for blocks whose other streams' work has completed,
     /// handed back at the program's synchronisation: a block of a resource that takes idle
     /// blocks whose own stream has finished its work too goes back idle
