@@ -134,14 +134,14 @@ impl DeviceAllocator {
     }
 
     pub fn release_export(&self, event: u64) -> Result<()> {
-        let Some(ptr) = self.exporter.release(event)? else {
+        let Some((ptr, mark)) = self.exporter.release(event)? else {
             return Ok(());
         };
         // Every importer closed it: its pages no longer keep the device awake. (A block freed
-        // since has no count left.)
+        // since has no count left; one allocated at its address since, its own: the mark.)
         if let Ok((_, source)) = self.live_block_source(ptr) {
             if let Some(export) = source.capabilities().page_export {
-                export.unmark_exported(ptr);
+                export.unmark_exported(ptr, mark);
             }
         }
         Ok(())

@@ -10,7 +10,7 @@ use super::{StreampoolIpcHandle, StreampoolIpcPages};
 use crate::driver::{DevicePtr, Driver, EventHandle, Stream};
 use crate::error::{Error, Result};
 use crate::fasthash::WordMap;
-use crate::resource::Resource;
+use crate::resource::{ExportMark, Resource};
 use crate::sync::Mutex;
 use std::sync::Arc;
 
@@ -19,8 +19,8 @@ pub struct Exporter {
     driver: Arc<dyn Driver>,
     pool_fd: Mutex<Option<i32>>,
     /// Events of exports not yet released (only these may be destroyed), with the block of an
-    /// export of pages (whose count its resource keeps: [`Exporter::release`]).
-    events: Mutex<WordMap<u64, Option<DevicePtr>>>,
+    /// export of pages and its mark (whose count its resource keeps: [`Exporter::release`]).
+    events: Mutex<WordMap<u64, Option<(DevicePtr, ExportMark)>>>,
 }
 
 impl Exporter {
@@ -115,12 +115,17 @@ impl Exporter {
                 return Err(e);
             }
         };
-        if let Err(e) = export.mark_exported(ptr, block_bytes, &pages) {
-            close_all(&pages.fds);
-            self.driver.event_destroy(self.device, event);
-            return Err(e);
-        }
-        self.events.lock().insert(event.raw() as u64, Some(ptr));
+        let mark = match export.mark_exported(ptr, block_bytes, &pages) {
+            Ok(mark) => mark,
+            Err(e) => {
+                close_all(&pages.fds);
+                self.driver.event_destroy(self.device, event);
+                return Err(e);
+            }
+        };
+        self.events
+            .lock()
+            .insert(event.raw() as u64, Some((ptr, mark)));
         let handle = StreampoolIpcPages {
             event_handle,
             event: event.raw() as u64,
@@ -135,8 +140,8 @@ impl Exporter {
 
     /// Releases the event of an export once every importer has closed it; an event this device
     /// did not export (or released already) is an error, never destroyed. The block of an export
-    /// of pages, whose resource counts it until now.
-    pub fn release(&self, event: u64) -> Result<Option<DevicePtr>> {
+    /// of pages and its mark, whose resource counts it until now.
+    pub fn release(&self, event: u64) -> Result<Option<(DevicePtr, ExportMark)>> {
         let Some(block) = self.events.lock().remove(&event) else {
             return Err(Error::InvalidArgument(format!(
                 "{event:#x} is not the event of an unreleased export on device {}",

@@ -186,10 +186,16 @@ pub trait PageExport {
     /// The export `pages` of the live block `[ptr, ptr + bytes)` went through: its pages are
     /// another process's too until the export is released (the resource may not sleep until
     /// then). An error, and no mark, if the block is no longer live or the resource slept since
-    /// the pages were read.
-    fn mark_exported(&self, ptr: DevicePtr, bytes: u64, pages: &ExportedPages) -> Result<()>;
-    /// An export of the live block at `ptr` was released: every importer closed it.
-    fn unmark_exported(&self, ptr: DevicePtr);
+    /// the pages were read. The mark names this block to [`PageExport::unmark_exported`].
+    fn mark_exported(
+        &self,
+        ptr: DevicePtr,
+        bytes: u64,
+        pages: &ExportedPages,
+    ) -> Result<ExportMark>;
+    /// An export `mark`ed on the block at `ptr` was released: every importer closed it. Nothing
+    /// if that block was freed (a later block at `ptr` keeps its own count).
+    fn unmark_exported(&self, ptr: DevicePtr, mark: ExportMark);
 }
 
 /// See [`Capabilities::sleep`]: the memory of a resource that keeps its addresses.
@@ -248,6 +254,12 @@ pub struct ExportedPages {
     /// The resource's count of sleeps when the pages were read (a sleep since: other pages).
     pub sleeps_at: u64,
 }
+
+/// What [`PageExport::mark_exported`] gives: names the block an export was counted on, so that
+/// its release lowers that block's count alone, never a later block's at the same address (a
+/// release after the block was freed, against the protocol).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExportMark(pub u64);
 
 /// Lets `resource`'s memory be granted to other devices, if it can be.
 pub fn peer_target(resource: &Arc<dyn Resource>) -> Option<Arc<dyn Accessible>> {

@@ -15,7 +15,7 @@
 use super::{VmmResource, VmmState};
 use crate::driver::{DevicePtr, MemHandle};
 use crate::error::{Error, Result};
-use crate::resource::{ExportedPages, PageExport};
+use crate::resource::{ExportMark, ExportedPages, PageExport};
 
 impl PageExport for VmmResource {
     fn export_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<ExportedPages> {
@@ -44,7 +44,12 @@ impl PageExport for VmmResource {
         })
     }
 
-    fn mark_exported(&self, ptr: DevicePtr, bytes: u64, pages: &ExportedPages) -> Result<()> {
+    fn mark_exported(
+        &self,
+        ptr: DevicePtr,
+        bytes: u64,
+        pages: &ExportedPages,
+    ) -> Result<ExportMark> {
         let mut st = self.lock_enabled()?;
         self.check_shareable_now(&st, ptr, bytes)?;
         if st.sleeps != pages.sleeps_at {
@@ -54,12 +59,11 @@ impl PageExport for VmmResource {
                 self.device
             )));
         }
-        st.live.mark_exported(ptr.0);
-        Ok(())
+        Ok(st.live.mark_exported(ptr.0))
     }
 
-    fn unmark_exported(&self, ptr: DevicePtr) {
-        self.state.lock().live.unmark_exported(ptr.0);
+    fn unmark_exported(&self, ptr: DevicePtr, mark: ExportMark) {
+        self.state.lock().live.unmark_exported(ptr.0, mark);
     }
 }
 

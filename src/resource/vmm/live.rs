@@ -10,6 +10,7 @@
 //! table is empty, and costs a length check a free, while neither is used).
 
 use crate::fasthash::{WordMap, WordTable};
+use crate::resource::ExportMark;
 use crate::tag::TagId;
 
 #[derive(Default)]
@@ -20,6 +21,8 @@ pub(super) struct Live {
     last: Option<(u64, u64)>,
     /// The marks of the live blocks that have any, by start.
     marks: WordMap<u64, Marks>,
+    /// The export mark the next block exported for the first time gets (from 1).
+    next_export_mark: u64,
 }
 
 /// What is known of a live block beyond its size.
@@ -29,6 +32,8 @@ struct Marks {
     tag: Option<TagId>,
     /// Exports of its pages to other processes not released yet.
     exports: u32,
+    /// Which block these exports are of (an [`ExportMark`]; 0 before its first export).
+    export_mark: u64,
 }
 
 /// Why a free was refused.
@@ -49,7 +54,11 @@ impl Live {
         }
         if let Some(tag) = tag {
             let tag = Some(tag);
-            self.marks.insert(start, Marks { tag, exports: 0 });
+            let marks = Marks {
+                tag,
+                ..Marks::default()
+            };
+            self.marks.insert(start, marks);
         }
     }
 
@@ -65,16 +74,25 @@ impl Live {
         self.marks.get(&start).and_then(|m| m.tag)
     }
 
-    /// One more export of the live block at `start` (the caller checked that it is live).
-    pub fn mark_exported(&mut self, start: u64) {
+    /// One more export of the live block at `start` (the caller checked that it is live), and
+    /// the mark that names this block to [`Live::unmark_exported`].
+    pub fn mark_exported(&mut self, start: u64) -> ExportMark {
         let marks = self.marks.entry(start).or_default();
+        if marks.export_mark == 0 {
+            self.next_export_mark += 1;
+            marks.export_mark = self.next_export_mark;
+        }
         marks.exports = marks.exports.saturating_add(1);
+        ExportMark(marks.export_mark)
     }
 
-    /// An export of the live block at `start` was released (nothing if none is counted).
-    pub fn unmark_exported(&mut self, start: u64) {
+    /// An export `mark`ed on the live block at `start` was released (nothing if that block is
+    /// gone: another block there has another mark, or none).
+    pub fn unmark_exported(&mut self, start: u64, mark: ExportMark) {
         if let Some(marks) = self.marks.get_mut(&start) {
-            marks.exports = marks.exports.saturating_sub(1);
+            if marks.export_mark == mark.0 {
+                marks.exports = marks.exports.saturating_sub(1);
+            }
         }
     }
 

@@ -39,10 +39,10 @@ fn an_export_the_resource_slept_across_is_refused_at_its_mark() {
     r.vmm.wake().unwrap();
     let pages = r.vmm.export_pages(p, 3 * PAGE).unwrap();
     close(&pages.fds);
-    r.vmm.mark_exported(p, 3 * PAGE, &pages).unwrap();
+    let mark = r.vmm.mark_exported(p, 3 * PAGE, &pages).unwrap();
     let e = r.vmm.sleep(1, &[]).unwrap_err().to_string();
     assert!(e.contains("shared with other processes"), "{e}");
-    r.vmm.unmark_exported(p);
+    r.vmm.unmark_exported(p, mark);
     r.vmm.sleep(1, &[]).unwrap();
     r.vmm.wake().unwrap();
     // A block no longer live is not marked.
