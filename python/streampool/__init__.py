@@ -147,8 +147,10 @@ def memory_stats(device: Device = None) -> Dict[str, int]:
     ``memory_limit_bytes`` (2**64 - 1 when no limit is set), ``device_total_bytes``,
     ``num_growth_syncs``, the vmm backend's driver calls (``num_maps``, ``num_unmaps``,
     ``num_mem_creates``, ``num_mem_releases``, ``num_set_access_calls``), blocks handed to a stream
-    after a GPU-side wait (``num_stream_waits``) and idle releases (``num_idle_releases``)."""
-    return stats_dict(_lib.get_stats(device_index(device)))
+    after a GPU-side wait (``num_stream_waits``) and idle releases (``num_idle_releases``).
+    ``reserved_bytes.all.*`` are ``memory_reserved()`` and ``max_memory_reserved()``."""
+    index = device_index(device)
+    return stats_dict(_lib.get_stats(index), _lib.reserved_total(index))
 
 
 def memory_allocated(device: Device = None) -> int:
@@ -162,13 +164,16 @@ def max_memory_allocated(device: Device = None) -> int:
 
 
 def memory_reserved(device: Device = None) -> int:
-    """Bytes reserved by streampool's pool on the device."""
-    return _lib.get_stats(device_index(device)).reserved_bytes
+    """Bytes streampool holds from CUDA on the device, in bytes: its pools, the shareable pool,
+    graph memory — what ``torch.cuda.memory_reserved()`` says under install(), and what the
+    segments of ``torch.cuda.memory_snapshot()`` add up to."""
+    return _lib.reserved_total(device_index(device))[0]
 
 
 def max_memory_reserved(device: Device = None) -> int:
-    """Peak of memory_reserved since start or reset_peak_memory_stats, in bytes."""
-    return _lib.get_stats(device_index(device)).reserved_bytes_peak
+    """Peak of memory_reserved since start or reset_peak_memory_stats, in bytes (the sum of each
+    pool's peak: at or above the peak of the sum)."""
+    return _lib.reserved_total(device_index(device))[1]
 
 
 def reset_peak_memory_stats(device: Device = None) -> None:

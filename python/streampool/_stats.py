@@ -1,6 +1,6 @@
 """streampool's counters under PyTorch's ``memory_stats()`` names, and a readable summary table."""
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from ._lib import StreampoolStats
 
@@ -44,10 +44,14 @@ OWN_KEYS = {
 }
 
 
-def stats_dict(stats: StreampoolStats) -> Dict[str, int]:
-    """PyTorch-named statistics plus streampool's own, sorted by key like torch.cuda.memory_stats."""
+def stats_dict(stats: StreampoolStats, reserved_total: Tuple[int, int]) -> Dict[str, int]:
+    """PyTorch-named statistics plus streampool's own, sorted by key like torch.cuda.memory_stats.
+    The reserved bytes are PyTorch's (``reserved_total``: current and peak of all the device holds
+    from CUDA, the shareable pool and graph memory included), not the pools' alone."""
     keys = {**TORCH_KEYS, **OWN_KEYS}
-    return {key: int(getattr(stats, keys[key])) for key in sorted(keys)}
+    figures = {key: int(getattr(stats, keys[key])) for key in keys}
+    figures["reserved_bytes.all.current"], figures["reserved_bytes.all.peak"] = reserved_total
+    return {key: figures[key] for key in sorted(figures)}
 
 
 # ``memory_limit_bytes`` when no limit is set (UINT64_MAX); 0 is a cap of 0 bytes.

@@ -77,6 +77,22 @@ def test_shareable_scope_routes_to_the_shareable_pool_and_nests():
         _lib.free(ptr, MiB, 0)
 
 
+def test_memory_reserved_counts_the_shareable_pool_as_torch_does():
+    """streampool.memory_reserved() is torch.cuda.memory_reserved()'s figure under install():
+    every byte the device holds from CUDA, the shareable pool's included, never below the bytes
+    allocated."""
+    ptr = _shareable_block(3 * MiB)
+    stats = streampool.memory_stats(0)
+    assert stats["ipc_reserved_bytes"] >= 3 * MiB
+    assert streampool.memory_reserved(0) == _lib.reserved_total(0)[0] == stats["reserved_bytes.all.current"]
+    pools = _lib.get_stats(0).reserved_bytes  # the device's own pools
+    assert streampool.memory_reserved(0) == pools + stats["ipc_reserved_bytes"]
+    assert streampool.memory_reserved(0) >= streampool.memory_allocated(0)
+    assert streampool.max_memory_reserved(0) >= streampool.memory_reserved(0)
+    assert stats["reserved_bytes.all.peak"] == streampool.max_memory_reserved(0)
+    _lib.free(ptr, 3 * MiB, 0)
+
+
 def test_with_ipc_on_every_allocation_is_shareable():
     code = (
         "import pickle, streampool\nfrom streampool import _ipc, _lib\n"
