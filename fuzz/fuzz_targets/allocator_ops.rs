@@ -80,6 +80,8 @@ struct Block {
     /// From the shareable pool.
     shareable: bool,
     recorded: Vec<Stream>,
+    /// Which allocation this is (a later block at the same address has another).
+    id: u64,
 }
 
 /// A freed block's range and, per stream that used it, a harness event recorded just before the
@@ -117,6 +119,9 @@ struct Harness {
     asleep: [bool; DEVICES],
     /// The vmm backend (else the pool's, which refuses to sleep).
     vmm: bool,
+    /// Page exports not released: (device, block, its id, event).
+    page_exports: Vec<(usize, DevicePtr, u64, u64)>,
+    next_id: u64,
 }
 
 fn is_injected(e: &Error) -> bool {
@@ -166,6 +171,8 @@ impl Harness {
             history_on: false,
             asleep: [false; DEVICES],
             vmm,
+            page_exports: Vec::new(),
+            next_id: 0,
         }
     }
 
@@ -255,6 +262,11 @@ impl Harness {
                 Some((d, p)) => self.export_import(d, p, stream.stream()),
                 None => Outcome::None,
             },
+            Op::ExportPages { pick, stream } => match self.live_nth(pick) {
+                Some((d, p)) => self.export_pages(d, p, stream.stream()),
+                None => Outcome::None,
+            },
+            Op::ReleaseExport { pick } => self.release_page_export(pick),
             Op::RecordHistory { on } => {
                 self.history_on = on;
                 Outcome::MustSucceed(self.alloc.record_history(on, 64))
@@ -451,6 +463,9 @@ impl Harness {
             self.sim.end_capture(d, s);
         }
         self.wake_all();
+        while !self.page_exports.is_empty() {
+            self.release_page_export(0);
+        }
         let live: Vec<_> = self.live.keys().copied().collect();
         for (d, p) in live {
             self.alloc

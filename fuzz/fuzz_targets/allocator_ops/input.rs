@@ -139,9 +139,10 @@ pub enum Fault {
     MemUnmap,
     MemRelease,
     SetAccess,
+    MemExport,
 }
 
-pub const FAULTS: [Fault; 13] = [
+pub const FAULTS: [Fault; 14] = [
     Fault::PoolCreate,
     Fault::PoolSetAttr,
     Fault::Alloc,
@@ -155,6 +156,7 @@ pub const FAULTS: [Fault; 13] = [
     Fault::MemUnmap,
     Fault::MemRelease,
     Fault::SetAccess,
+    Fault::MemExport,
 ];
 
 impl Fault {
@@ -173,6 +175,7 @@ impl Fault {
             Fault::MemUnmap => SimFault::MemUnmap,
             Fault::MemRelease => SimFault::MemRelease,
             Fault::SetAccess => SimFault::SetAccess,
+            Fault::MemExport => SimFault::MemExport,
         }
     }
 
@@ -258,5 +261,16 @@ pub enum Op {
     },
     RecordHistory {
         on: bool,
+    },
+    /// Export a live block page by page (the vmm backend; `streampool.share()` under a plain
+    /// `install()`), keeping the export until `ReleaseExport`: the device may not sleep while
+    /// an export of a live block is held.
+    ExportPages {
+        pick: u16,
+        stream: StreamSel,
+    },
+    /// Every importer closed an export of pages: release it (its block may be gone).
+    ReleaseExport {
+        pick: u8,
     },
 }

@@ -156,8 +156,10 @@ impl Harness {
                                 captured,
                                 shareable: shareable_scope && !captured,
                                 recorded: Vec::new(),
+                                id: self.next_id,
                             },
                         );
+                        self.next_id += 1;
                         let (cur, n) = self.current(d);
                         let pool_live = self.pool_live_bytes(d);
                         let c = &mut self.counts[d];

@@ -25,6 +25,7 @@ impl Harness {
             _ if !matches!(level, 1 | 2) => Some(Expect::Invalid("sleep level")),
             _ if !self.vmm => Some(Expect::Invalid("needs the vmm backend")),
             _ if self.asleep[d] => Some(Expect::Invalid("asleep already")),
+            _ if self.shares_live_pages(d) => Some(Expect::Invalid("shared with other processes")),
             _ => None,
         };
         self.asleep[d] = self.is_asleep(d);
