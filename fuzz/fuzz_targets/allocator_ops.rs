@@ -27,14 +27,16 @@
 //!   shareable pool's used bytes cover its live blocks, and its blocks never reach the cache;
 //! - with the memory timeline on, the newest event's allocated-bytes gauge equals the statistics;
 //! - sleep and wake (sleep.rs): refusals change nothing, a sleeping device refuses allocations,
-//!   and after a wake every live block can be used again.
+//!   and after a wake every live block can be used again; a device refuses to sleep while an
+//!   export of a live block's pages is held (ipc.rs).
 //!
 //! - every new block can be used on its stream (the simulator's `touch`: allocated, and with
 //!   `STREAMPOOL_BACKEND=vmm` mapped with access for the device).
 //!
 //! Each run picks the backend of large blocks (the pool or the vmm backend) from its first byte.
-//! At the end: captures end, everything is freed, streams complete, the cache is emptied, and the
-//! simulator must hold no memory (`outstanding_bytes() == 0`, nothing mapped).
+//! At the end (finish.rs): captures end, devices wake, held exports are released, everything is
+//! freed, streams complete, the cache is emptied, and the simulator must hold no memory
+//! (`outstanding_bytes() == 0`, nothing mapped).
 //!
 //! Bugs this harness found are fixed and kept as plain tests in tests/fuzz_regressions.rs
 //! (docs/reliability.md); nothing is excused.
@@ -61,6 +63,8 @@ const INJECTED_CODE: i32 = 999;
 
 #[path = "allocator_ops/checks.rs"]
 mod checks;
+#[path = "allocator_ops/finish.rs"]
+mod finish;
 #[path = "allocator_ops/input.rs"]
 mod input;
 #[path = "allocator_ops/ipc.rs"]
@@ -451,53 +455,6 @@ impl Harness {
                 c.freed_total += block.bytes;
                 Outcome::MustSucceed(r)
             }
-        }
-    }
-
-    /// Ends every capture, frees everything, completes all work, empties the cache: nothing may
-    /// be left in the simulator.
-    fn finish(mut self) {
-        let left = self.drain_faults(); // no more faults from here on
-        assert_eq!(left, self.pending_faults);
-        for (d, s) in std::mem::take(&mut self.capturing) {
-            self.sim.end_capture(d, s);
-        }
-        self.wake_all();
-        while !self.page_exports.is_empty() {
-            self.release_page_export(0);
-        }
-        let live: Vec<_> = self.live.keys().copied().collect();
-        for (d, p) in live {
-            self.alloc
-                .free(p, d as i64)
-                .unwrap_or_else(|e| panic!("final free of {p:#x} on device {d}: {e}"));
-            let b = self.live.remove(&(d, p)).expect("live");
-            self.counts[d].frees += 1;
-            self.counts[d].freed_total += b.bytes;
-        }
-        self.sim.complete_all();
-        self.alloc
-            .empty_cache()
-            .unwrap_or_else(|e| panic!("final empty_cache: {e}"));
-        self.sim.complete_all();
-        let stats = self.all_stats();
-        self.check_stats(&stats);
-        for (d, s) in stats.iter().enumerate() {
-            assert_eq!(
-                (s.allocated_bytes, s.active_bytes, s.cached_bytes),
-                (0, 0, 0),
-                "device {d}: bytes left after freeing everything and emptying the cache"
-            );
-            assert_eq!(s.num_allocs, s.num_frees, "device {d}: allocs != frees");
-        }
-        let leaked = self.sim.outstanding_bytes();
-        assert_eq!(leaked, 0, "{leaked} bytes still allocated in the simulator");
-        for d in 0..DEVICES {
-            let mapped = self.sim.physical_bytes(d);
-            assert_eq!(
-                mapped, 0,
-                "device {d}: {mapped} bytes still mapped after empty_cache"
-            );
         }
     }
 }

@@ -89,8 +89,8 @@ impl Harness {
 
     /// True if an export of a block of `d` still live, the allocation it was made of, is held.
     pub(super) fn shares_live_pages(&self, d: usize) -> bool {
-        self.page_exports.iter().any(|&(ed, p, id, _)| {
-            ed == d && self.live.get(&(d, p)).is_some_and(|b| b.id == id)
-        })
+        self.page_exports
+            .iter()
+            .any(|&(ed, p, id, _)| ed == d && self.live.get(&(d, p)).is_some_and(|b| b.id == id))
     }
 }

@@ -99,7 +99,7 @@ impl Harness {
                     }
                     other => panic!("{op:?} gave {other:?}; expected out of memory"),
                 }
-                let mut expected = before.clone();
+                let mut expected = before;
                 expected[device].num_ooms += 1;
                 assert_eq!(
                     expected, after,
