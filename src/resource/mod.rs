@@ -185,8 +185,9 @@ pub trait PageExport {
 
     /// The export `pages` of the live block `[ptr, ptr + bytes)` went through: its pages are
     /// another process's too until the export is released (the resource may not sleep until
-    /// then). An error, and no mark, if the block is no longer live or the resource slept since
-    /// the pages were read. The mark names this block to [`PageExport::unmark_exported`].
+    /// then). An error, and no mark, if the block `pages` were read from is no longer live (a
+    /// later block at its address included) or the resource slept since the pages were read.
+    /// The mark names this block to [`PageExport::unmark_exported`].
     fn mark_exported(
         &self,
         ptr: DevicePtr,
@@ -253,6 +254,8 @@ pub struct ExportedPages {
     pub offset_bytes: u64,
     /// The resource's count of sleeps when the pages were read (a sleep since: other pages).
     pub sleeps_at: u64,
+    /// Names the block whose pages these are (freed since: another block may lie there).
+    pub mark: ExportMark,
 }
 
 /// What [`PageExport::mark_exported`] gives: names the block an export was counted on, so that

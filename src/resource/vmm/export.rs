@@ -9,7 +9,7 @@
 //! or released); the descriptors are made outside the resource's lock, so an export never holds
 //! up a free; on a failure no descriptor is left open; a block's export is counted once it went
 //! through ([`PageExport::mark_exported`], under the lock, refused if the resource slept since
-//! the pages were read) until it is released or the block freed (an importer keeps its pages, so
+//! the pages were read or the block was freed since: the mark read with the pages names it) until it is released or the block freed (an importer keeps its pages, so
 //! the resource refuses to sleep meanwhile: [`super::sleep`]); a failed export counts nothing.
 
 use super::{VmmResource, VmmState};
@@ -19,7 +19,7 @@ use crate::resource::{ExportMark, ExportedPages, PageExport};
 
 impl PageExport for VmmResource {
     fn export_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<ExportedPages> {
-        let (mappings, offset_bytes, sleeps_at) = self.mappings_under(ptr, bytes)?;
+        let (mappings, offset_bytes, sleeps_at, mark) = self.mappings_under(ptr, bytes)?;
         let mut fds = Vec::with_capacity(mappings.len());
         for (handle, pages) in mappings {
             match self.driver.mem_export_fd(self.device, handle) {
@@ -41,6 +41,7 @@ impl PageExport for VmmResource {
             page_bytes: self.page_bytes,
             offset_bytes,
             sleeps_at,
+            mark,
         })
     }
 
@@ -59,7 +60,14 @@ impl PageExport for VmmResource {
                 self.device
             )));
         }
-        Ok(st.live.mark_exported(ptr.0))
+        if !st.live.mark_exported(ptr.0, pages.mark) {
+            return Err(Error::InvalidArgument(format!(
+                "device {}: the block {ptr:#x} was freed while it was being shared (another \
+                 block lies there now); share that one again",
+                self.device
+            )));
+        }
+        Ok(pages.mark)
     }
 
     fn unmark_exported(&self, ptr: DevicePtr, mark: ExportMark) {
@@ -89,7 +97,7 @@ impl VmmResource {
         &self,
         ptr: DevicePtr,
         bytes: u64,
-    ) -> Result<(Vec<(MemHandle, u64)>, u64, u64)> {
+    ) -> Result<(Vec<(MemHandle, u64)>, u64, u64, ExportMark)> {
         if !self.exportable {
             return Err(Error::InvalidArgument(format!(
                 "device {}'s memory cannot be shared with other processes: it has no POSIX file \
@@ -97,7 +105,7 @@ impl VmmResource {
                 self.device
             )));
         }
-        let st = self.lock_enabled()?;
+        let mut st = self.lock_enabled()?;
         self.check_shareable_now(&st, ptr, bytes)?;
         let first = st.pages.range(..=ptr.0).next_back().map(|(_, p)| p.mapping);
         let first = first
@@ -125,6 +133,7 @@ impl VmmResource {
                 "the live block {ptr:#x} has no page at {next:#x}"
             )));
         }
-        Ok((mappings, ptr.0 - first, st.sleeps))
+        let mark = st.live.export_mark(ptr.0);
+        Ok((mappings, ptr.0 - first, st.sleeps, mark))
     }
 }

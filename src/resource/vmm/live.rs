@@ -6,8 +6,9 @@
 //!
 //! Invariant: every live block is in exactly one of the two places, with its size; a free that
 //! names no live block, or a live block with another size, changes nothing; a block has a marks
-//! entry only while it is live, and only if it was allocated under a tag or exported (so that the
-//! table is empty, and costs a length check a free, while neither is used).
+//! entry only while it is live, and only if it was allocated under a tag or an export of it began
+//! (so that the table is empty, and costs a length check a free, while neither is used); an
+//! export mark names one block for its life, never a later one at its address.
 
 use crate::fasthash::{WordMap, WordTable};
 use crate::resource::ExportMark;
@@ -74,16 +75,27 @@ impl Live {
         self.marks.get(&start).and_then(|m| m.tag)
     }
 
-    /// One more export of the live block at `start` (the caller checked that it is live), and
-    /// the mark that names this block to [`Live::unmark_exported`].
-    pub fn mark_exported(&mut self, start: u64) -> ExportMark {
+    /// The mark that names the live block at `start` (the caller checked that it is live) to
+    /// [`Live::mark_exported`] and [`Live::unmark_exported`]: given at its first export.
+    pub fn export_mark(&mut self, start: u64) -> ExportMark {
         let marks = self.marks.entry(start).or_default();
         if marks.export_mark == 0 {
             self.next_export_mark += 1;
             marks.export_mark = self.next_export_mark;
         }
-        marks.exports = marks.exports.saturating_add(1);
         ExportMark(marks.export_mark)
+    }
+
+    /// One more export of the live block at `start` that `mark` names; false, counting nothing,
+    /// if the block `mark` named was freed (another block, or none, lies there now).
+    pub fn mark_exported(&mut self, start: u64, mark: ExportMark) -> bool {
+        match self.marks.get_mut(&start) {
+            Some(marks) if marks.export_mark == mark.0 => {
+                marks.exports = marks.exports.saturating_add(1);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// An export `mark`ed on the live block at `start` was released (nothing if that block is

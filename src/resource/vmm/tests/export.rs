@@ -52,3 +52,29 @@ fn an_export_the_resource_slept_across_is_refused_at_its_mark() {
     r.vmm.sleep(1, &[]).unwrap();
     r.vmm.wake().unwrap();
 }
+
+/// Another thread may free the block between its export's pages and its mark, and a block of the
+/// same size land at its address: the mark read with the pages names the freed block, so the
+/// export is refused, and the new block is not counted as shared.
+#[test]
+fn an_export_whose_block_was_freed_before_its_mark_is_refused() {
+    let r = rig();
+    let p = r.alloc(3 * PAGE, S1);
+    let pages = r.vmm.export_pages(p, 3 * PAGE).unwrap();
+    close(&pages.fds);
+    r.free(p, 3 * PAGE, S1);
+    let q = r.alloc(3 * PAGE, S1);
+    assert_eq!(q, p, "at the same address");
+    let e = r.vmm.mark_exported(p, 3 * PAGE, &pages).unwrap_err();
+    assert!(e.to_string().contains("was freed while"), "{e}");
+    r.sim.complete_all();
+    r.vmm.sleep(1, &[]).unwrap(); // not counted: q sleeps
+    r.vmm.wake().unwrap();
+    // q's own export marks q.
+    let pages = r.vmm.export_pages(q, 3 * PAGE).unwrap();
+    close(&pages.fds);
+    let mark = r.vmm.mark_exported(q, 3 * PAGE, &pages).unwrap();
+    assert!(r.vmm.sleep(1, &[]).is_err());
+    r.vmm.unmark_exported(q, mark);
+    r.free(q, 3 * PAGE, S1);
+}
