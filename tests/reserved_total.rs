@@ -49,3 +49,29 @@ fn the_total_counts_the_own_resources_and_the_shareable_pool() {
     );
     rig.finish();
 }
+
+/// `empty_cache()` gives the shareable pool's free memory back too, and `reset_peak_memory_stats()`
+/// brings the reserved peak back to the current figure, the shareable pool's part included (its
+/// peak is added in, so a reset that left it kept an old high).
+#[test]
+fn a_reset_brings_the_peak_back_to_the_total_with_the_shareable_pool() {
+    let rig = rig(1 << 30);
+    let device = rig.alloc.device(0).unwrap();
+    begin_shareable().unwrap();
+    let shared = rig.malloc(64 * MIB, 0, 0);
+    end_shareable().unwrap();
+    let kept = rig.malloc(MIB, 0, 0);
+    rig.free(shared, 0);
+    rig.sim.complete_all();
+    device.trim(0).unwrap(); // (empty_cache()): the shareable pool's free memory goes back too
+    assert!(rig.stats(0).ipc_reserved_bytes < 64 * MIB);
+    let (now, peak) = device.reserved_total().unwrap();
+    assert!(
+        peak >= now + 64 * MIB,
+        "the shareable pool's 64 MiB went back: {now} {peak}"
+    );
+    device.reset_peak_stats().unwrap();
+    assert_eq!(device.reserved_total().unwrap(), (now, now));
+    rig.free(kept, 0);
+    rig.finish();
+}

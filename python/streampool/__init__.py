@@ -171,8 +171,9 @@ def memory_reserved(device: Device = None) -> int:
 
 
 def max_memory_reserved(device: Device = None) -> int:
-    """Peak of memory_reserved since start or reset_peak_memory_stats, in bytes (the sum of each
-    pool's peak: at or above the peak of the sum)."""
+    """Peak of memory_reserved since start or reset_peak_memory_stats, in bytes: each pool's own
+    peak added up (at or above the peak of their sum), plus graph memory and the segments of
+    memory pools with an allocator of their own as they are now."""
     return _lib.reserved_total(device_index(device))[1]
 
 
@@ -186,7 +187,7 @@ def reset_peak_memory_stats(device: Device = None) -> None:
 def memory_summary(device: Device = None) -> str:
     """A readable table of the device's statistics, like ``torch.cuda.memory_summary()``."""
     index = device_index(device)
-    return summary(index, _lib.driver_name(), _lib.get_stats(index))
+    return summary(index, _lib.driver_name(), _lib.get_stats(index), _lib.reserved_total(index))
 
 
 def empty_cache() -> None:

@@ -93,8 +93,9 @@ def _fact_row(cells: Sequence[str]) -> str:
     return f"| {label1:<{w1}} {value1:>{v1}} | {label2:<{w2}} {value2:>{v2}} |"
 
 
-def summary(device: int, driver: str, stats: StreampoolStats) -> str:
-    """A multi-line table of ``stats`` (one device) in human units, like torch.cuda.memory_summary."""
+def summary(device: int, driver: str, stats: StreampoolStats, reserved_total: Tuple[int, int]) -> str:
+    """A multi-line table of ``stats`` (one device) in human units, like torch.cuda.memory_summary;
+    reserved memory is ``reserved_total`` (current, peak: ``memory_reserved()``'s figures)."""
     b = format_bytes
     s = stats
     counters: List[Sequence[str]] = [
@@ -102,7 +103,7 @@ def summary(device: int, driver: str, stats: StreampoolStats) -> str:
         ("Allocated memory", b(s.allocated_bytes), b(s.allocated_bytes_peak),
          b(s.allocated_bytes_total), b(s.freed_bytes_total)),
         ("Active memory", b(s.active_bytes), b(s.active_bytes_peak), "", ""),
-        ("Reserved memory (pool)", b(s.reserved_bytes), b(s.reserved_bytes_peak), "", ""),
+        ("Reserved memory", b(reserved_total[0]), b(reserved_total[1]), "", ""),
         ("Allocations", str(s.allocations_current), str(s.allocations_peak),
          str(s.num_allocs), str(s.num_frees)),
     ]

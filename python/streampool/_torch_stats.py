@@ -134,7 +134,7 @@ def _summary_function(torch: Any) -> Callable[..., str]:
         """streampool's memory summary of ``device`` (``torch.cuda.memory_summary`` under
         streampool.install(); ``abbreviated`` is accepted and changes nothing)."""
         index = torch.cuda._get_device_index(device, optional=True)
-        return summary(index, _lib.driver_name(), _lib.get_stats(index)) + "\n"
+        return summary(index, _lib.driver_name(), _lib.get_stats(index), _lib.reserved_total(index)) + "\n"
 
     return memory_summary
 

@@ -114,7 +114,7 @@ def test_memory_summary_tells_no_limit_from_a_cap_of_zero(limit, shown):
     from streampool._lib import StreampoolStats
     from streampool._stats import summary
 
-    text = summary(0, "sim", StreampoolStats(memory_limit_bytes=limit))
+    text = summary(0, "sim", StreampoolStats(memory_limit_bytes=limit), (0, 0))
     row = next(line for line in text.splitlines() if "Memory limit" in line)
     assert row.rstrip("| ").endswith(shown), row
 

@@ -12,6 +12,7 @@ from helpers import MiB, describe, run_python
 
 import streampool
 from streampool import _ipc, _ipc_torch, _lib
+from streampool._stats import format_bytes
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +91,11 @@ def test_memory_reserved_counts_the_shareable_pool_as_torch_does():
     assert streampool.memory_reserved(0) >= streampool.memory_allocated(0)
     assert streampool.max_memory_reserved(0) >= streampool.memory_reserved(0)
     assert stats["reserved_bytes.all.peak"] == streampool.max_memory_reserved(0)
+    row = next(line for line in streampool.memory_summary(0).splitlines() if "Reserved memory" in line)
+    assert format_bytes(streampool.memory_reserved(0)) in row, row
     _lib.free(ptr, 3 * MiB, 0)
+    streampool.empty_cache()  # the shareable pool's free memory goes back too
+    assert streampool.memory_stats(0)["ipc_reserved_bytes"] < 3 * MiB
 
 
 def test_with_ipc_on_every_allocation_is_shareable():

@@ -8,7 +8,7 @@ use super::{DeviceAllocator, DeviceSetup};
 use crate::driver::{DevicePtr, PoolUsage, Stream};
 use crate::error::{Error, Result};
 use crate::history::StreampoolBlock;
-use crate::resource::{peer_target, usage_with_peaks, Accessible, DriverCounts, Sleep};
+use crate::resource::{peer_target, usage_with_peaks, Accessible, DriverCounts, Resource, Sleep};
 use crate::stats::{DeviceFigures, StreampoolStats};
 use crate::tag::TagId;
 use crate::units::{parse_size, SIZE_ACCEPTED};
@@ -71,15 +71,20 @@ impl DeviceAllocator {
         }))
     }
 
+    /// The peaks back to the current figures: the device's counters', its own resources' and
+    /// the shareable pool's (whose peak `reserved_total` adds to the reserved peak).
     pub fn reset_peak_stats(&self) -> Result<()> {
         self.state.lock().ledger.counters_mut().reset_peaks();
-        match self.setup.get() {
-            Some(setup) => setup.for_each_own(|r| match r.capabilities().statistics {
-                Some(statistics) => statistics.reset_peaks(),
-                None => Ok(()),
-            }),
+        let Some(setup) = self.setup.get() else {
+            return Ok(());
+        };
+        let reset = |r: &dyn Resource| match r.capabilities().statistics {
+            Some(statistics) => statistics.reset_peaks(),
             None => Ok(()),
-        }
+        };
+        let own = setup.for_each_own(reset);
+        let shareable = self.shareable_apart(setup);
+        own.and(shareable.map_or(Ok(()), |pool| reset(pool.as_ref())))
     }
 
     /// Grants every other device access to this device's resources (see `Peers::grant_all`).

@@ -7,11 +7,12 @@
 //! export (the vmm backend) through its pages; the shareable pool's bytes count against the
 //! memory limit like any other.
 
-use super::{limit, DeviceAllocator, Request};
+use super::{limit, DeviceAllocator, DeviceSetup, Request};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::ipc::{IpcKind, StreampoolIpcHandle, StreampoolIpcPages};
-use crate::resource::{peer_target, Source};
+use crate::resource::{peer_target, Resource, Source};
+use std::sync::Arc;
 
 impl DeviceAllocator {
     /// Inside `streampool.shareable()`: straight from the shareable pool, never from the cache.
@@ -119,6 +120,19 @@ impl DeviceAllocator {
             .exporter
             .export_pages(&*source, ptr, block_bytes, stream, max_fds);
         self.disabling(exported)
+    }
+
+    /// The shareable pool where it is a pool of its own (not an own resource, as it is with
+    /// `STREAMPOOL_IPC`), if it was made: what the device's own resources' trims and peak resets
+    /// leave out.
+    pub(super) fn shareable_apart(&self, setup: &DeviceSetup) -> Option<Arc<dyn Resource>> {
+        let pool = {
+            let st = self.state.lock();
+            let sources = st.ledger.sources();
+            sources.get(sources.shareable()?).ok()?.resource
+        };
+        let own = setup.own.iter().any(|r| Arc::ptr_eq(r, &pool));
+        (!own).then_some(pool)
     }
 
     /// The block bytes and source of the live block at `ptr`.

@@ -14,8 +14,10 @@ impl Harness {
             self.sim.end_capture(d, s);
         }
         self.wake_all();
-        while !self.page_exports.is_empty() {
-            self.release_page_export(0);
+        for (d, p, _, event) in std::mem::take(&mut self.page_exports) {
+            (self.alloc.device(d as i64))
+                .and_then(|dev| dev.release_export(event))
+                .unwrap_or_else(|e| panic!("final release of the export of {p:#x}: {e}"));
         }
         let live: Vec<_> = self.live.keys().copied().collect();
         for (d, p) in live {

@@ -134,8 +134,9 @@ class Context:
 
     @staticmethod
     def _driver_level():
-        """(pool used, pool reserved, device free) bytes after empty_cache: streampool returns its
-        cache, synchronises the device and trims its pools to 0."""
+        """(pools' used, reserved, device free) bytes after empty_cache: streampool returns its
+        cache, synchronises the device and trims its pools to 0 (reserved: memory_reserved(), the
+        shareable pool and graph memory included)."""
         torch.cuda.empty_cache()
         torch.cuda.synchronize()
         stats = streampool.memory_stats()
