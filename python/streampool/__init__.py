@@ -383,7 +383,8 @@ def reserve_sleep_buffer(device: Device = None, *, size: Optional[Size] = None) 
 
 
 def trim(keep_bytes: Size = 0, device: Device = None) -> None:
-    """Flush streampool's cache, synchronise and shrink the pool to ``keep_bytes`` reserved."""
+    """Flush streampool's cache, synchronise and shrink the device's pools to ``keep_bytes``
+    reserved; the pool of :func:`shareable` allocations, where it is one of its own, keeps none."""
     index = device_index(device)
     _lib.check(_lib.library().streampool_trim(index, _bytes(keep_bytes, index, "keep_bytes")))
 

@@ -263,9 +263,9 @@ impl DeviceAllocator {
     }
 
     /// Returns cached and completed blocks to their sources, synchronises and trims each of the
-    /// device's own resources to `keep_bytes` (the shareable pool, a pool of its own, to 0). While a graph is being captured it only returns
-    /// the cache (no waiting). A block its source refuses does not stop the trim; the first
-    /// error is reported.
+    /// device's own resources to `keep_bytes` (the shareable pool, a pool of its own, to 0).
+    /// While a graph is being captured it only returns the cache (no waiting). A block its
+    /// source refuses does not stop the trim; the first error is reported.
     pub(crate) fn flush(&self, keep_bytes: u64) -> Result<()> {
         let Some(setup) = self.setup.get() else {
             return Ok(());
@@ -309,15 +309,15 @@ impl DeviceAllocator {
             }
             let before_bytes = self.reserved_for_timeline();
             setup.for_each_own(|r| r.trim(keep_bytes))?;
-            // The shareable pool's free memory goes back too (as every pool's at PyTorch's
-            // empty_cache()); it keeps none of `keep_bytes`, which is the device's own pools'.
-            if let Some(pool) = self.shareable_apart(setup) {
-                pool.trim(0)?;
-            }
             if let (Some(before), Some(after)) = (before_bytes, self.reserved_for_timeline()) {
                 let st = self.state.lock();
                 self.recorder
                     .note_trim(before, after, Stream(0), || st.ledger.gauges());
+            }
+            // The shareable pool's free memory goes back too (as every pool's at PyTorch's
+            // empty_cache()); it keeps none of `keep_bytes`, which is the device's own pools'.
+            if let Some(pool) = self.shareable_apart(setup) {
+                pool.trim(0)?;
             }
         }
         log::info!(

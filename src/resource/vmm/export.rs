@@ -9,8 +9,9 @@
 //! or released); the descriptors are made outside the resource's lock, so an export never holds
 //! up a free; on a failure no descriptor is left open; a block's export is counted once it went
 //! through ([`PageExport::mark_exported`], under the lock, refused if the resource slept since
-//! the pages were read or the block was freed since: the mark read with the pages names it) until it is released or the block freed (an importer keeps its pages, so
-//! the resource refuses to sleep meanwhile: [`super::sleep`]); a failed export counts nothing.
+//! the pages were read or the block was freed since: the mark read with the pages names it)
+//! until it is released or the block freed (an importer keeps its pages, so the resource refuses
+//! to sleep meanwhile: [`super::sleep`]); a failed export counts nothing.
 
 use super::{VmmResource, VmmState};
 use crate::driver::{DevicePtr, MemHandle};
