@@ -39,22 +39,16 @@ impl DeviceAllocator {
             counted.insert(address(own));
         }
         let pool_sources: HashSet<SourceId> = self.graph_pools.source_ids().into_iter().collect();
-        let (shareable, held_elsewhere) = {
+        let held_elsewhere = {
             let st = self.state.lock();
             let sources = st.ledger.sources();
-            let shareable = sources
-                .shareable()
-                .and_then(|id| sources.get(id).ok())
-                .map(|s| s.resource);
             let held = st.ledger.held_bytes_by_source(st.waits.blocks());
-            let elsewhere: Vec<(Arc<dyn Resource>, u64)> = held
-                .into_iter()
+            held.into_iter()
                 .filter(|(id, _)| !pool_sources.contains(id))
                 .filter_map(|(id, bytes)| sources.get(id).ok().map(|s| (s.resource, bytes)))
-                .collect();
-            (shareable, elsewhere)
+                .collect::<Vec<(Arc<dyn Resource>, u64)>>()
         };
-        if let Some(pool) = shareable.filter(|p| !counted.contains(&address(p))) {
+        if let Some(pool) = self.shareable_apart(setup) {
             let usage = usage_with_peaks(pool.as_ref())?;
             current = current.saturating_add(usage.reserved_bytes);
             peak = peak.saturating_add(usage.reserved_bytes_high);

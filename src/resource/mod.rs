@@ -20,6 +20,7 @@ mod driver_pool;
 pub mod foreign;
 pub mod graph_pool;
 pub mod managed;
+mod sharing;
 mod sources;
 #[cfg(test)]
 pub(crate) mod test_source;
@@ -27,12 +28,13 @@ mod traits;
 pub mod vmm;
 
 use crate::config::{Backend, PoolSettings, SourceSettings};
-use crate::driver::{DevicePtr, Driver, PoolHandle, PoolUsage, Stream};
+use crate::driver::{DevicePtr, Driver, PoolUsage, Stream};
 use crate::error::{Error, Result};
 use crate::history::Recorder;
 use crate::tag::TagId;
 use cuda_pool::{CudaPoolResource, PoolRole};
 use driver_pool::DriverPoolResource;
+pub use sharing::{Export, ExportMark, ExportedPages, PageExport};
 pub use sources::{Source, SourceId, Sources};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -170,35 +172,6 @@ pub trait CaptureNotice {
     fn capture_started(&self, stream: Stream);
 }
 
-/// See [`Capabilities::export`].
-pub trait Export {
-    /// The CUDA pool behind it, which other processes import.
-    fn pool_handle(&self) -> PoolHandle;
-}
-
-/// See [`Capabilities::page_export`].
-pub trait PageExport {
-    /// File descriptors of the physical pages under the live block `[ptr, ptr + bytes)`, one per
-    /// page in address order (the caller's to close), with where the block starts in the first.
-    /// An error, and no descriptor left open, if the block is not live or a page cannot export.
-    fn export_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<ExportedPages>;
-
-    /// The export `pages` of the live block `[ptr, ptr + bytes)` went through: its pages are
-    /// another process's too until the export is released (the resource may not sleep until
-    /// then). An error, and no mark, if the block `pages` were read from is no longer live (a
-    /// later block at its address included) or the resource slept since the pages were read.
-    /// The mark names this block to [`PageExport::unmark_exported`].
-    fn mark_exported(
-        &self,
-        ptr: DevicePtr,
-        bytes: u64,
-        pages: &ExportedPages,
-    ) -> Result<ExportMark>;
-    /// An export `mark`ed on the block at `ptr` was released: every importer closed it. Nothing
-    /// if that block was freed (a later block at `ptr` keeps its own count).
-    fn unmark_exported(&self, ptr: DevicePtr, mark: ExportMark);
-}
-
 /// See [`Capabilities::sleep`]: the memory of a resource that keeps its addresses.
 pub trait Sleep {
     /// Gives every physical page back to the device, keeping the addresses; at `level` 1 the
@@ -241,28 +214,6 @@ pub trait Sleep {
     /// the memory cannot be page-locked (a buffer kept before stays then).
     fn reserve_host_buffer(&self, bytes: u64) -> Result<u64>;
 }
-
-/// What [`PageExport::export_pages`] gives.
-#[derive(Debug)]
-pub struct ExportedPages {
-    /// One per page, in address order, the caller's to close; -1 for a page backed by the
-    /// handle of the page before it (a span's pages after its first: map them as one).
-    pub fds: Vec<i32>,
-    pub page_bytes: u64,
-    /// Where the block starts from its first page (beyond it when a span begins before the
-    /// block).
-    pub offset_bytes: u64,
-    /// The resource's count of sleeps when the pages were read (a sleep since: other pages).
-    pub sleeps_at: u64,
-    /// Names the block whose pages these are (freed since: another block may lie there).
-    pub mark: ExportMark,
-}
-
-/// What [`PageExport::mark_exported`] gives: names the block an export was counted on, so that
-/// its release lowers that block's count alone, never a later block's at the same address (a
-/// release after the block was freed, against the protocol).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExportMark(pub u64);
 
 /// Lets `resource`'s memory be granted to other devices, if it can be.
 pub fn peer_target(resource: &Arc<dyn Resource>) -> Option<Arc<dyn Accessible>> {
