@@ -7,12 +7,15 @@ settled), native first; then the pairs (reference, config) are packed into stage
 card and keep idle gaps short (plan.py); each stage warms its workers up and runs ``pairs``
 rounds in ABBA order, both blocks of a pair on the same steps; then every worker drops the
 workload.
-Warm-up (``settle``, the rule): a worker that becomes active in a stage runs the timed steps once
-untimed, then untimed blocks of the same steps until two blocks in a row are each not faster
-than the one before by more than SETTLE_TOLERANCE (its time has stopped falling: caches
-refilled, clocks up), at least 3 and at most SETTLE_MAX_BLOCKS; a worker active in the stage
-before goes on without. Without ``settle``: every active worker runs the timed steps once,
-every stage.
+Warm-up (``settle``, the rule): every worker active in a stage, the ones active in the stage
+before too, runs the timed steps once untimed, then untimed blocks of the same steps until two
+blocks in a row are each not faster than the one before by more than SETTLE_TOLERANCE (its time
+has stopped falling: caches refilled, clocks up), at least 3 and at most SETTLE_MAX_BLOCKS; the
+workers take their blocks in turn, and one that has settled goes on running blocks (uncounted)
+until all have, so that none idles while another warms up. (A worker carried over from the
+stage before idles while the new ones warm up: with an idle release it gives its memory back
+and, warmed no more, paid for mapping it again in its first timed blocks.) Without ``settle``:
+every active worker runs the timed steps once, every stage.
 Every worker starts with arguments and environment of the same count and bytes
 (isolation.even_environments).
 Invariant: a configuration that fails (set-up, memory pass, a block, a worker that exits) is
@@ -193,7 +196,6 @@ class Runner:
         failed.update(left_out)
         result.update(steps_per_block=per_block, block_s=block_s, stages=staged)
         counter = 0
-        previous: List[str] = []
         for index, stage in enumerate(staged):
             active = list(dict.fromkeys(n for pair in stage for n in pair))
             self.log(
@@ -203,11 +205,9 @@ class Runner:
             for name in [n for n in self.workers if n not in active]:
                 self._request(name, {}, "settle", PREPARE_TIMEOUT_S)
             began_s = time.monotonic()
-            cold = [n for n in active if n not in previous] if self.options.settle else active
             result["warm_up_blocks"].append(
-                self._warm_up(cold, prepared[NATIVE]["timed_steps"], per_block, failed))
+                self._warm_up(active, prepared[NATIVE]["timed_steps"], per_block, failed))
             result["warm_up_s"] += time.monotonic() - began_s
-            previous = active
             for r in range(self.options.pairs):
                 for ref, config, ref_first in plan.round_order(stage, r):
                     if ref in failed or config in failed:
@@ -222,13 +222,13 @@ class Runner:
                         result["pairs"].append({**pair, "round": r, "stage": index})
         return result
 
-    def _warm_up(self, cold: List[str], cycle: int, per_block: int, failed) -> Dict[str, int]:
-        """``cold`` workers run the timed steps once, a block each in turn (untimed); with
-        ``settle``, then blocks of the first steps until settled (module docstring). Returns
-        the settling blocks each ran."""
+    def _warm_up(self, active: List[str], cycle: int, per_block: int, failed) -> Dict[str, int]:
+        """``active`` workers run the timed steps once, a block each in turn (untimed); with
+        ``settle``, then blocks of the first steps, in turn, until every one has settled (module
+        docstring). Returns the blocks each ran until it settled."""
 
         def alive() -> List[str]:
-            return [n for n in cold if n in self.workers and n not in failed]
+            return [n for n in active if n in self.workers and n not in failed]
 
         for k in range(math.ceil(cycle / per_block)):
             for name in alive():
@@ -236,10 +236,12 @@ class Runner:
                               count=per_block, warm=True)
         times: Dict[str, List[float]] = {n: [] for n in alive()}
         pending = list(times) if self.options.settle else []
-        while pending:
-            for name in list(pending):
+        while [n for n in pending if n in alive()]:
+            for name in alive():  # the settled too: none idles while another settles
                 answer = self._request(name, failed, "block", BLOCK_TIMEOUT_S, first=0,
                                        count=per_block, warm=True)
+                if name not in pending:
+                    continue
                 if answer is not None:
                     times[name].append(answer["elapsed_s"])
                 if answer is None or settled(times[name]) or len(times[name]) >= SETTLE_MAX_BLOCKS:

@@ -6,7 +6,9 @@ counter: a workload's step holds STEP_BYTES × the configuration's memory factor
 Behaviour per configuration (named by BENCH_CONFIG, which the parent sets) comes from
 BENCH_STANDIN: ``config:slow=1.5``, ``config:process_slow=1.3/1.0/0.8`` (the slowdown of process
 set 0, 1, 2, ..., in turn: BENCH_PROCESS), ``config:cold=12`` (the first 12 steps after a settle
-take 3 times as long: a cold start), ``config:memory=2``, ``config:fail=WORKLOAD`` (raise at
+take 3 times as long: a cold start), ``config:idle_cold=50`` (with ``cold``: so do the
+``cold`` steps after an idle of over 50 ms since its last step, as memory given back by an idle
+release is mapped again), ``config:memory=2``, ``config:fail=WORKLOAD`` (raise at
 build), ``config:fail=setup``, ``config:crash=WORKLOAD`` (the process exits in the memory pass),
 ``config:exit=WORKLOAD`` (it exits in its first timed block), ``config:raise=WORKLOAD`` (a block
 raises), separated by ``;``; ``*:slow=4`` applies to every configuration (a later item wins).
@@ -50,6 +52,9 @@ class StandinEngine:
         self.factor = float(self.settings.get("memory", "1"))
         self.cold = int(self.settings.get("cold", "0"))
         self.cold_left = 0
+        idle_cold_ms = self.settings.get("idle_cold")
+        self.idle_cold_s = float(idle_cold_ms) / 1000 if idle_cold_ms else None
+        self.last_step_s = None
         self.live = 0
         self.held = 0
         self.peak_live = 0
@@ -87,9 +92,13 @@ class StandinEngine:
                     raise RuntimeError(f"stand-in {self.config} step failed in {workload}")
             self.held = max(self.held, int(LIVE_BYTES + STEP_BYTES * self.factor))
             self.peak_live = max(self.peak_live, LIVE_BYTES + STEP_BYTES)
+            now_s = time.monotonic()
+            if self.idle_cold_s and self.last_step_s and now_s - self.last_step_s > self.idle_cold_s:
+                self.cold_left = self.cold
             cold = 3.0 if self.cold_left > 0 else 1.0
             self.cold_left = max(0, self.cold_left - 1)
             time.sleep(milliseconds * self.slow * cold / 1000)  # a sleep: robust to a busy machine
+            self.last_step_s = time.monotonic()
 
         weakref.finalize(step, self._forget)  # the worker dropped the workload: its model goes
         schedule = s.Schedule(STEPS_MS, 2, (1,) * len(STEPS_MS), "step")

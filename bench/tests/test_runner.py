@@ -164,19 +164,52 @@ def test_a_cold_worker_warms_up_until_its_blocks_stop_getting_faster():
     assert first["config_s"] / first["ref_s"] > 2
 
 
-def test_a_worker_active_in_the_stage_before_is_not_warmed_up_again():
-    record = run_cold(settle=True, idle_release_s=0.001)  # one pair a stage
-    assert [list(map(list, stage)) for stage in record["stages"]] == [[["native", "native-aa"]]]
-    environ = {"PYTHONPATH": ""}
+def test_a_worker_carried_into_the_next_stage_warms_up_again_with_the_new_ones():
+    # One pair a stage (a short idle release): native goes on from the first stage into the
+    # second and idles while streampool (3 times as slow) warms up, longer than native's
+    # idle_cold: like a reference whose idle release gave its memory back, its next 10 steps
+    # take 3x. Warmed up again, its timed blocks are warm: streampool's pairs read about 3,
+    # not about 1 (both sides cold), as they did when a carried-over worker went on without.
+    environ = {"BENCH_STANDIN": "*:slow=10;streampool:slow=30;native:cold=10;native:idle_cold=250",
+               "PYTHONPATH": ""}
     live = runner.Runner(["native", "native-aa", "streampool"], {}, environ,
-                         runner.Options(2, 0.003, 0.001), engine=ENGINE, log=lambda _: None)
+                         runner.Options(4, 0.03, 0.001), engine=ENGINE, log=lambda _: None)
     try:
         (record,) = runner.run_group(live, ["gpt2"], pairs_of(["native", "native-aa",
                                                                 "streampool"], {}))
     finally:
         live.close()
+    assert [list(map(list, stage)) for stage in record["stages"]] == [
+        [["native", "native-aa"]], [["native", "streampool"]]]
     first, second = record["warm_up_blocks"]
-    assert set(first) == {"native", "native-aa"} and set(second) == {"streampool"}
+    assert set(first) == {"native", "native-aa"} and set(second) == {"native", "streampool"}
+    ratios = [p["config_s"] / p["ref_s"] for p in record["pairs"] if p["config"] == "streampool"]
+    assert len(ratios) == 4 and min(ratios[:2]) > 2, ratios
+
+
+class ScriptedWorker:
+    """A worker whose blocks take the given times, in order; every request is logged."""
+
+    def __init__(self, name, times_s, log):
+        self.name, self.times_s, self.log = name, iter(times_s), log
+
+    def request(self, command, timeout_s, **kw):
+        self.log.append(self.name)
+        return {"elapsed_s": next(self.times_s)}
+
+
+def test_a_worker_that_settles_first_runs_on_until_every_worker_has():
+    # "fast" settles after 3 blocks, "slow" after 7 (its blocks fall until then): in turn,
+    # "fast" runs a block for each of "slow"'s, never idling while "slow" settles.
+    log = []
+    live = object.__new__(runner.Runner)
+    live.options = runner.Options(1, 0.01, 2.0)
+    live.dead = {}
+    live.workers = {"fast": ScriptedWorker("fast", [1.0] * 20, log),
+                    "slow": ScriptedWorker("slow", [9.0, 8, 7, 6, 5, 4, 4, 4] + [4] * 12, log)}
+    counts = live._warm_up(["fast", "slow"], cycle=2, per_block=2, failed={})
+    assert counts == {"fast": 3, "slow": 7}
+    assert log == ["fast", "slow"] * 8  # one cycle block each, then 7 rounds of settling
 
 
 def test_each_block_of_a_pair_keeps_its_own_diagnostics_and_clock():
