@@ -157,9 +157,30 @@ def _aa_text(cells: Dict[str, Any]) -> str:
 # --- README: against expandable segments ------------------------------------------------------
 
 
+def _memory_versus(mine: Dict[str, Any], theirs: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+    """``("less" | "more", "E → S")`` where ``mine`` held less or more memory than ``theirs``
+    (their peaks to the MiB where both have one, else their ratios), None where the same; where
+    the two ratios read the same to two decimals, the difference in MiB follows them."""
+    a, b = mine.get("memory"), theirs.get("memory")
+    if not a or not b:
+        return None
+    mine_bytes, their_bytes = a.get("peak_device_bytes"), b.get("peak_device_bytes")
+    if mine_bytes is not None and their_bytes is not None:
+        difference = round((mine_bytes - their_bytes) / 2**20)
+    else:
+        difference = None
+    if difference == 0 or (difference is None and a["ratio"] == b["ratio"]):
+        return None
+    more = difference > 0 if difference is not None else a["ratio"] > b["ratio"]
+    text = f"{b['ratio']:.2f} → {a['ratio']:.2f}"
+    if f"{a['ratio']:.2f}" == f"{b['ratio']:.2f}" and difference is not None:
+        text += f" ({difference:+d} MiB)"
+    return ("more" if more else "less"), text
+
+
 def versus_expandable(run: Run, backend: str) -> Dict[str, List[str]]:
-    """Workloads where ``backend`` holds less or more memory than expandable segments (ratios to
-    two decimals), is faster or slower (95% intervals apart), or fails."""
+    """Workloads where ``backend`` holds less or more memory than expandable segments (to the
+    MiB: ``_memory_versus``), is faster or slower (95% intervals apart), or fails."""
     out: Dict[str, List[str]] = {"less": [], "more": [], "faster": [], "slower": [], "fails": []}
     for workload, cells in run.report.get("workloads", {}).items():
         mine, theirs = cells.get(run.config_for(cells, backend) or ""), cells.get("expandable")
@@ -170,10 +191,9 @@ def versus_expandable(run: Run, backend: str) -> Dict[str, List[str]]:
             if not theirs.get("failed"):
                 out["fails"].append(name)
             continue
-        if mine.get("memory") and theirs.get("memory"):
-            a, b = round(mine["memory"]["ratio"], 2), round(theirs["memory"]["ratio"], 2)
-            if a != b:
-                out["less" if a < b else "more"].append(name)
+        versus = _memory_versus(mine, theirs)
+        if versus:
+            out[versus[0]].append(name)
         a_time, b_time = _time(mine), _time(theirs)
         if a_time and b_time and a_time.get("ci95") and b_time.get("ci95"):
             if a_time["ci95"][1] < b_time["ci95"][0]:
@@ -228,17 +248,17 @@ def readme_table(run: Run) -> List[str]:
 
 
 def memory_against_expandable(run: Run, backend: str) -> Dict[str, List[str]]:
-    """``workload E → S`` (expandable segments' memory ratio, then ``backend``'s, two decimals)
-    for the workloads where ``backend`` holds less, and where it holds more."""
+    """``workload E → S`` (expandable segments' memory ratio, then ``backend``'s, two decimals,
+    and the MiB where those read the same) for the workloads where ``backend`` holds less, and
+    where it holds more."""
     out: Dict[str, List[str]] = {"less": [], "more": []}
     for workload, cells in run.report.get("workloads", {}).items():
         mine, theirs = cells.get(run.config_for(cells, backend) or ""), cells.get("expandable")
         if not mine or not theirs or mine.get("failed") or theirs.get("failed"):
             continue
-        if mine.get("memory") and theirs.get("memory"):
-            a, b = round(mine["memory"]["ratio"], 2), round(theirs["memory"]["ratio"], 2)
-            if a != b:
-                out["less" if a < b else "more"].append(f"`{workload}` {b:.2f} → {a:.2f}")
+        versus = _memory_versus(mine, theirs)
+        if versus:
+            out[versus[0]].append(f"`{workload}` {versus[1]}")
     return out
 
 

@@ -247,6 +247,24 @@ def test_the_readme_summary_gives_each_backend_s_memory_against_expandable_segme
     ]
 
 
+def test_a_memory_difference_that_two_decimals_hide_is_told_in_mib(root):
+    # vision_sizes of the 2026-12-01 run: 2,752 MiB against expandable's 2,750, both 1.04.
+    live = 2_776_613_376
+
+    def held(mib):
+        return {**memory(mib * 2**20 / live), "peak_device_bytes": mib * 2**20}
+
+    cells = dict(GPT2, expandable={"memory": held(2750), "time": time(0.99, 0.97, 1.02)},
+                 streampool={"memory": held(2750.4), "time": time(1.00, 0.97, 1.03)},
+                 **{"streampool-vmm": {"memory": held(2752), "time": time(1.00, 0.97, 1.03)}})
+    write_run(root, "2027-01-02", report({"vision_sizes": cells}))
+    run = headline.load(root)
+    assert headline.versus_expandable(run, "vmm")["more"] == ["`vision_sizes`"]
+    assert headline.memory_against_expandable(run, "vmm") == {
+        "less": [], "more": ["`vision_sizes` 1.04 → 1.04 (+2 MiB)"]}
+    assert headline.memory_against_expandable(run, "pool") == {"less": [], "more": []}
+
+
 def test_the_readme_summary_puts_the_library_s_default_backend_first(root):
     write_run(root, "2027-01-02", report({"gpt2": GPT2}))
     (root / "python/streampool/_config.py").write_text('VARIABLE_DEFAULTS = {"STREAMPOOL_BACKEND": "vmm"}\n')
