@@ -148,9 +148,10 @@ def memory_stats(device: Device = None) -> Dict[str, int]:
     ``num_growth_syncs``, the vmm backend's driver calls (``num_maps``, ``num_unmaps``,
     ``num_mem_creates``, ``num_mem_releases``, ``num_set_access_calls``), blocks handed to a stream
     after a GPU-side wait (``num_stream_waits``) and idle releases (``num_idle_releases``).
-    ``reserved_bytes.all.*`` are ``memory_reserved()`` and ``max_memory_reserved()``."""
+    ``reserved_bytes.all.*`` are ``memory_reserved()`` and ``max_memory_reserved()``, read at the
+    same moment as the rest (again, where another thread's allocation or free ends between)."""
     index = device_index(device)
-    return stats_dict(_lib.get_stats(index), _lib.reserved_total(index))
+    return stats_dict(*_lib.stats_with_reserved(index))
 
 
 def memory_allocated(device: Device = None) -> int:
@@ -187,7 +188,7 @@ def reset_peak_memory_stats(device: Device = None) -> None:
 def memory_summary(device: Device = None) -> str:
     """A readable table of the device's statistics, like ``torch.cuda.memory_summary()``."""
     index = device_index(device)
-    return summary(index, _lib.driver_name(), _lib.get_stats(index), _lib.reserved_total(index))
+    return summary(index, _lib.driver_name(), *_lib.stats_with_reserved(index))
 
 
 def empty_cache() -> None:

@@ -388,6 +388,25 @@ def reserved_total(device: int) -> Tuple[int, int]:
     return current.value, peak.value
 
 
+# How many times stats_with_reserved reads again while other threads allocate or free.
+CONSISTENT_READS = 64
+
+
+def stats_with_reserved(device: int) -> Tuple[StreampoolStats, Tuple[int, int]]:
+    """``get_stats`` and ``reserved_total`` of ``device`` as of one moment: read again (up to
+    CONSISTENT_READS times) while an allocation or a free completes between the two, so that the
+    reserved bytes are never read after a free's memory went back while the allocated bytes
+    still count it. (Each figure alone is exact whenever no allocation runs meanwhile.)"""
+    stats = get_stats(device)
+    for _ in range(CONSISTENT_READS):
+        reserved = reserved_total(device)
+        after = get_stats(device)
+        if (after.num_allocs, after.num_frees) == (stats.num_allocs, stats.num_frees):
+            return stats, reserved
+        stats = after
+    return stats, reserved_total(device)
+
+
 def history_with_contexts() -> Tuple[List[StreampoolEvent], List[int], int]:
     """The recorded events, oldest first, each event's stack context (0: none), and how many
     events the full ring dropped."""

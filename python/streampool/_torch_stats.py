@@ -53,10 +53,9 @@ _accumulated_at_reset: Dict[int, Dict[tuple, int]] = {}
 
 def _raw_nested(device: int) -> Dict[str, Any]:
     """streampool's statistics of ``device`` in PyTorch's nested layout, before any reset offsets."""
-    s = _lib.get_stats(device)
     # PyTorch's reserved bytes are everything the allocator holds from CUDA, which the segments
     # of memory_snapshot() add up to: streampool's pools, its shareable pool and graph memory.
-    reserved, reserved_peak = _lib.reserved_total(device)
+    s, (reserved, reserved_peak) = _lib.stats_with_reserved(device)
     # streampool counts the bytes callers asked for: PyTorch's requested_bytes. PyTorch's
     # allocated_bytes rounds each block up to 512 B; streampool's blocks are rounded inside the
     # pool it cannot see, so the requested figure stands for it too (equal for 512-byte multiples).
@@ -134,7 +133,7 @@ def _summary_function(torch: Any) -> Callable[..., str]:
         """streampool's memory summary of ``device`` (``torch.cuda.memory_summary`` under
         streampool.install(); ``abbreviated`` is accepted and changes nothing)."""
         index = torch.cuda._get_device_index(device, optional=True)
-        return summary(index, _lib.driver_name(), _lib.get_stats(index), _lib.reserved_total(index)) + "\n"
+        return summary(index, _lib.driver_name(), *_lib.stats_with_reserved(index)) + "\n"
 
     return memory_summary
 

@@ -64,6 +64,42 @@ def test_memory_stats_has_pytorch_and_streampool_keys_sorted():
     assert stats["device_total_bytes"] == 16 << 30
 
 
+def _flat_stats():
+    return streampool.memory_stats()
+
+
+def _torch_named_stats():
+    from streampool import _torch_stats
+
+    nested = _torch_stats._raw_nested(0)
+    return {"allocated_bytes.all.current": nested["allocated_bytes"]["all"]["current"],
+            "reserved_bytes.all.current": nested["reserved_bytes"]["all"]["current"]}
+
+
+@pytest.mark.parametrize("read", [_flat_stats, _torch_named_stats])
+def test_stats_never_pair_reserved_bytes_read_after_a_free_with_allocated_bytes_before_it(
+        monkeypatch, read):
+    # Another thread frees 64 MiB and empties the cache between the two reads (the counters,
+    # then the reserved bytes), as under a thread storm: the figures must be of one moment,
+    # never reserved below allocated.
+    block = _lib.malloc(64 * MiB, 0)
+    read_reserved = _lib.reserved_total
+    raced = []
+
+    def free_in_between(device):
+        if not raced:
+            raced.append(True)
+            _lib.free(block, 64 * MiB, 0)
+            streampool.empty_cache()
+        return read_reserved(device)
+
+    monkeypatch.setattr(_lib, "reserved_total", free_in_between)
+    stats = read()
+    assert raced
+    assert stats["allocated_bytes.all.current"] == 0
+    assert stats["reserved_bytes.all.current"] >= stats["allocated_bytes.all.current"]
+
+
 def test_memory_stats_values_follow_allocations():
     streampool.reset_peak_memory_stats()
     before = streampool.memory_stats()
