@@ -159,21 +159,24 @@ def _aa_text(cells: Dict[str, Any]) -> str:
 
 def _memory_versus(mine: Dict[str, Any], theirs: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     """``("less" | "more", "E → S")`` where ``mine`` held less or more memory than ``theirs``
-    (their peaks to the MiB where both have one, else their ratios), None where the same; where
-    the two ratios read the same to two decimals, the difference in MiB follows them."""
+    (their peaks to the MiB where both have one, else their ratios to two decimals), None where
+    the same; where the two ratios to two decimals do not show that (the same, or the other way:
+    each is a median over process sets, the peaks too), the difference in MiB follows them."""
     a, b = mine.get("memory"), theirs.get("memory")
     if not a or not b:
         return None
+    mine_text, their_text = f"{a['ratio']:.2f}", f"{b['ratio']:.2f}"
+    text = f"{their_text} → {mine_text}"
     mine_bytes, their_bytes = a.get("peak_device_bytes"), b.get("peak_device_bytes")
-    if mine_bytes is not None and their_bytes is not None:
-        difference = round((mine_bytes - their_bytes) / 2**20)
-    else:
-        difference = None
-    if difference == 0 or (difference is None and a["ratio"] == b["ratio"]):
+    if mine_bytes is None or their_bytes is None:
+        if mine_text == their_text:
+            return None
+        return ("more" if float(mine_text) > float(their_text) else "less"), text
+    difference = round((mine_bytes - their_bytes) / 2**20)
+    if difference == 0:
         return None
-    more = difference > 0 if difference is not None else a["ratio"] > b["ratio"]
-    text = f"{b['ratio']:.2f} → {a['ratio']:.2f}"
-    if f"{a['ratio']:.2f}" == f"{b['ratio']:.2f}" and difference is not None:
+    more = difference > 0
+    if (float(mine_text) > float(their_text)) != more or mine_text == their_text:
         text += f" ({difference:+d} MiB)"
     return ("more" if more else "less"), text
 

@@ -263,6 +263,16 @@ def test_a_memory_difference_that_two_decimals_hide_is_told_in_mib(root):
     assert headline.memory_against_expandable(run, "vmm") == {
         "less": [], "more": ["`vision_sizes` 1.04 → 1.04 (+2 MiB)"]}
     assert headline.memory_against_expandable(run, "pool") == {"less": [], "more": []}
+    # Medians over process sets: the ratio may point the other way from the peak; the MiB say.
+    cells["streampool-vmm"]["memory"] = {**held(2752), "ratio": 1.03}
+    write_run(root, "2027-01-03", report({"vision_sizes": cells}))
+    assert headline.memory_against_expandable(headline.load(root), "vmm") == {
+        "less": [], "more": ["`vision_sizes` 1.04 → 1.03 (+2 MiB)"]}
+    # Without peaks, the ratios to two decimals.
+    bare = dict(GPT2, expandable={"memory": memory(1.0399)},
+                **{"streampool-vmm": {"memory": memory(1.0401)}})
+    write_run(root, "2027-01-04", report({"vision_sizes": bare}))
+    assert headline.memory_against_expandable(headline.load(root), "vmm") == {"less": [], "more": []}
 
 
 def test_the_readme_summary_puts_the_library_s_default_backend_first(root):
