@@ -1,6 +1,9 @@
 """The report: pooling calls, memory against the same call's native, failures kept, targets by
 the interval's upper end, the co-tenant, and the Markdown headline rendered from it."""
 
+import copy
+import re
+
 import pytest
 
 from bench import details, markdown, report, targets
@@ -54,6 +57,19 @@ def test_time_cells_are_paired_ratios_with_an_interval_and_n(built):
     assert "Its price on pool, GPT-2 training time with the threshold ÷ without (paired): 1.09" \
         in notes
     assert built["aa"]["gpt2"]["ratio"] == pytest.approx(1.0, abs=0.01)
+    assert "‡" not in notes
+
+
+def test_a_price_whose_reference_idled_past_the_idle_release_is_marked(built):
+    # The 2026-12-01 run's price on vmm: its reference, carried into a second stage, idled
+    # 3.4-5.5 s while the threshold warmed up, gave its memory back and mapped it again.
+    idled = copy.deepcopy(built)
+    idled["workloads"]["gpt2"]["streampool"]["gap_over_idle_release"] = True
+    notes = " ".join(markdown.headline_notes(idled))
+    price = r"GPT-2 training time with the threshold ÷ without \(paired\): [0-9.]+ \([0-9.–]+\)"
+    assert re.search(f"Its price, {price}‡\\.", notes)
+    assert re.search(f"Its price on pool, {price}\\.", notes)  # its reference did not idle
+    assert "‡ a worker idled longer than the idle-release delay" in notes
 
 
 def test_memory_is_peak_device_over_native_peak_live_of_the_same_call(built):
