@@ -149,7 +149,8 @@ def memory_stats(device: Device = None) -> Dict[str, int]:
     ``num_mem_creates``, ``num_mem_releases``, ``num_set_access_calls``), blocks handed to a stream
     after a GPU-side wait (``num_stream_waits``) and idle releases (``num_idle_releases``).
     ``reserved_bytes.all.*`` are ``memory_reserved()`` and ``max_memory_reserved()``, read at the
-    same moment as the rest (again, where another thread's allocation or free ends between)."""
+    same moment as the rest: read again while another thread's allocation or free ends between
+    the two reads, up to 64 times (a storm of allocations that long gets the last reading)."""
     index = device_index(device)
     return stats_dict(*_lib.stats_with_reserved(index))
 

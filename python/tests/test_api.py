@@ -77,26 +77,39 @@ def _torch_named_stats():
 
 
 @pytest.mark.parametrize("read", [_flat_stats, _torch_named_stats])
-def test_stats_never_pair_reserved_bytes_read_after_a_free_with_allocated_bytes_before_it(
-        monkeypatch, read):
-    # Another thread frees 64 MiB and empties the cache between the two reads (the counters,
-    # then the reserved bytes), as under a thread storm: the figures must be of one moment,
+@pytest.mark.parametrize("race", ["free", "malloc"])
+def test_stats_never_pair_reserved_bytes_and_allocated_bytes_of_two_moments(
+        monkeypatch, read, race):
+    # Another thread, as under a thread storm, frees 64 MiB and empties the cache just before the
+    # reserved bytes are read, or allocates 64 MiB just after: the figures must be of one moment,
     # never reserved below allocated.
-    block = _lib.malloc(64 * MiB, 0)
+    streampool.empty_cache()
+    block = _lib.malloc(64 * MiB, 0) if race == "free" else None
     read_reserved = _lib.reserved_total
     raced = []
 
-    def free_in_between(device):
-        if not raced:
-            raced.append(True)
+    def race_the_read(device):
+        nonlocal block
+        if raced:
+            return read_reserved(device)
+        raced.append(True)
+        if race == "free":
             _lib.free(block, 64 * MiB, 0)
+            block = None
             streampool.empty_cache()
-        return read_reserved(device)
+            return read_reserved(device)
+        figures = read_reserved(device)
+        block = _lib.malloc(64 * MiB, 0)
+        return figures
 
-    monkeypatch.setattr(_lib, "reserved_total", free_in_between)
-    stats = read()
+    monkeypatch.setattr(_lib, "reserved_total", race_the_read)
+    try:
+        stats = read()
+    finally:
+        if block is not None:
+            _lib.free(block, 64 * MiB, 0)
     assert raced
-    assert stats["allocated_bytes.all.current"] == 0
+    assert stats["allocated_bytes.all.current"] == (0 if race == "free" else 64 * MiB)
     assert stats["reserved_bytes.all.current"] >= stats["allocated_bytes.all.current"]
 
 
