@@ -232,7 +232,9 @@ START_S = {"alloc": 8.0, "models": 18.0, "decode": 18.0, "vision": 10.0, "compil
 # Wall time of a block / its steps' time (synchronisation, pipe, NVML, the other side's slower
 # steps): 2026-11-25, 0.2 s blocks, 0.38-0.60 s of blocks and 0.43-0.67 s of wall per pair.
 BLOCK_OVERHEAD = 1.25
-# Warm-up blocks a cold worker runs in a stage (the cycle once, then 3 or more to settle).
+# Warm-up blocks a worker runs in a stage (the cycle once, then 3 or more to settle; every
+# worker of the stage runs until the slowest has settled, and a worker active in several stages
+# warms up in each: a run of several stages takes longer than this counts).
 WARM_UP_BLOCKS = 4
 
 

@@ -394,9 +394,10 @@ CONSISTENT_READS = 64
 
 def stats_with_reserved(device: int) -> Tuple[StreampoolStats, Tuple[int, int]]:
     """``get_stats`` and ``reserved_total`` of ``device`` as of one moment: read again (up to
-    CONSISTENT_READS times) while an allocation or a free completes between the two, so that the
-    reserved bytes are never read after a free's memory went back while the allocated bytes
-    still count it. (Each figure alone is exact whenever no allocation runs meanwhile.)"""
+    CONSISTENT_READS times) while an allocation or a free completes between the two: the
+    reserved bytes read after a free's memory went back, or before an allocation's was held,
+    would pair with allocated bytes that still, or already, count it — reserved below allocated.
+    (Each figure alone is exact whenever no allocation runs meanwhile.)"""
     stats = get_stats(device)
     for _ in range(CONSISTENT_READS):
         reserved = reserved_total(device)
