@@ -9,7 +9,7 @@ below the method's pairs); every configuration that was asked for is in the tabl
 
 from typing import Any, Dict, List, Optional
 
-from .configs import CONFIGS, NATIVE, NATIVE_AA, POOL_THRESHOLD, THRESHOLD, VMM_THRESHOLD
+from .configs import NATIVE, NATIVE_AA, POOL_THRESHOLD, THRESHOLD, VMM_THRESHOLD
 from .stats import MIN_PAIRS
 
 HEADLINE_CONFIGS = (NATIVE, "expandable", "torch-async", "streampool", "streampool-pool",
@@ -155,7 +155,7 @@ def headline_notes(report: Dict[str, Any]) -> List[str]:
             # Marked where the threshold's worker or its reference idled past the idle-release
             # delay between two blocks: the reference may have paid for memory given back then.
             gpt2 = report["workloads"].get("gpt2", {})
-            idled = any("‡" in _notes_of(gpt2.get(n) or {}) for n in (name, CONFIGS[name].reference))
+            idled = any("‡" in _notes_of(gpt2.get(n) or {}) for n in (name, report[price]["ref"]))
             notes.append(f"Its price{backend}, GPT-2 training time with the threshold ÷ without "
                          f"(paired): {interval_text(report[price])}{'‡' if idled else ''}.")
     failures = failure_lines(report, last_line_only=True)
