@@ -15,7 +15,10 @@
 //! (`look`, `released`); the device does the release.
 //!
 //! Invariants: the activity count changes under the device lock with every allocation and free,
-//! and is read with a `try_lock` (a device whose lock is taken is busy); nothing is released and
+//! and the background thread waits for the lock to read it: the lock is taken by statistics
+//! reads too, which are not activity (a look that took a taken lock for activity began a new
+//! idle period, and a thread reading `memory_reserved()` in a loop kept the release from ever
+//! coming); nothing is released and
 //! nothing synchronised during a capture known on this device or while PyTorch routes this
 //! device's allocations to a graph pool (it opens the route before it begins a capture, and for
 //! `use_mem_pool`); a synchronisation put off so is made at a later try; an idle release is
@@ -47,13 +50,12 @@ pub(super) struct IdleWatch {
 pub(super) type Watch = Mutex<IdleWatch>;
 
 impl IdleWatch {
-    /// A look at the device at `now_ms`, whose activity count is `activity` (`u64::MAX`: busy,
-    /// its lock taken): a new count begins a new idle period. `Some(synced)` when an idle release
+    /// A look at the device at `now_ms`, whose activity count is `activity`: a new count begins a new idle period. `Some(synced)` when an idle release
     /// is due now (`delay_ms` without activity, more may come, tries left), with whether one of
     /// this period synchronised the device; `None` otherwise.
     pub fn look(&mut self, activity: u64, now_ms: u64, delay_ms: Option<u64>) -> Option<bool> {
         // The first look begins the first period: a device is not idle since time 0.
-        if self.seen_activity != Some(activity) || activity == u64::MAX {
+        if self.seen_activity != Some(activity) {
             *self = IdleWatch {
                 seen_activity: Some(activity),
                 since_ms: now_ms,
@@ -81,10 +83,7 @@ impl Tended for DeviceAllocator {
             return;
         };
         let now_ms = self.driver.now_ms();
-        let activity = match self.state.try_lock() {
-            Some(st) => st.activity,
-            None => u64::MAX, // busy right now: counts as activity
-        };
+        let activity = self.state.lock().activity;
         let delay_ms = setup.settings.idle_release_ms;
         let due = self.idle.lock().look(activity, now_ms, delay_ms);
         // While busy: the threshold of resources that apply it themselves.
@@ -228,13 +227,11 @@ mod tests {
     }
 
     #[test]
-    fn activity_or_a_busy_device_begins_a_new_period() {
+    fn activity_begins_a_new_period() {
         let mut w = watch(7, 1000);
         assert_eq!(w.look(8, 3000, DELAY_MS), None, "an allocation at 3000");
         assert_eq!(w.look(8, 4999, DELAY_MS), None);
         assert_eq!(w.look(8, 5000, DELAY_MS), Some(false));
-        assert_eq!(w.look(u64::MAX, 9000, DELAY_MS), None, "lock taken: busy");
-        assert_eq!(w.look(u64::MAX, 20_000, DELAY_MS), None, "still busy");
     }
 
     #[test]

@@ -111,3 +111,37 @@ fn shareable_allocations_count_as_activity() {
     d.free(ptr).unwrap();
     assert!(activity(&d) > before, "the free counted");
 }
+
+/// A statistics read holds the device lock, and is no activity: the background thread's look
+/// that found the lock taken began a new idle period, so a thread reading `memory_reserved()` in
+/// a loop kept the idle release from ever coming.
+#[test]
+fn a_look_while_a_statistics_read_holds_the_lock_still_finds_the_device_idle() {
+    use crate::background::Tended;
+    let sim = Arc::new(SimDriver::new(1, 1 << 30));
+    let driver: Arc<dyn Driver> = sim.clone();
+    let settings = Settings::default().without_background();
+    let delay_ms = settings.for_device(1 << 30).idle_release_ms.expect("one by default");
+    let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
+    let peers = Arc::new(Peers::new(PeerAccess::Off, 1));
+    let d = DeviceAllocator::new(0, driver, Arc::new(settings), recorder, peers);
+    let ptr = d.allocate(1 << 20, Stream(1), false).unwrap();
+    d.free(ptr).unwrap();
+    d.tend(); // the idle period begins
+    sim.advance_clock_ms(delay_ms + 1);
+    let (held, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _reading = d.state.lock();
+            held.wait();
+            release.wait();
+        });
+        held.wait();
+        let d = &d;
+        let tending = s.spawn(move || d.tend());
+        std::thread::sleep(std::time::Duration::from_millis(100)); // the look waits for the lock
+        release.wait();
+        tending.join().unwrap();
+    });
+    assert_eq!(d.stats().unwrap().num_idle_releases, 1);
+}
