@@ -121,7 +121,10 @@ fn a_look_while_a_statistics_read_holds_the_lock_still_finds_the_device_idle() {
     let sim = Arc::new(SimDriver::new(1, 1 << 30));
     let driver: Arc<dyn Driver> = sim.clone();
     let settings = Settings::default().without_background();
-    let delay_ms = settings.for_device(1 << 30).idle_release_ms.expect("one by default");
+    let delay_ms = settings
+        .for_device(1 << 30)
+        .idle_release_ms
+        .expect("one by default");
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
     let peers = Arc::new(Peers::new(PeerAccess::Off, 1));
     let d = DeviceAllocator::new(0, driver, Arc::new(settings), recorder, peers);
