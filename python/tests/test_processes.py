@@ -3,6 +3,7 @@
 import os
 import subprocess
 import time
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -430,3 +431,32 @@ def test_plot_of_a_file_that_is_not_a_snapshot_says_so_in_one_line(tmp_path):
     proc = run_python(args=["-m", "streampool", "plot", str(junk)])
     assert proc.returncode == 1, describe(proc)
     assert one_error_line(proc).startswith(f"error: cannot plot {junk}: not a memory snapshot"), describe(proc)
+
+
+def test_a_thread_reading_memory_reserved_in_a_loop_does_not_hold_off_the_idle_release():
+    # A statistics read takes the device lock; the background thread took a lock it found taken
+    # for activity, and with a reader in a loop the idle release never came.
+    code = textwrap.dedent("""
+        import threading, time
+        import streampool
+        from streampool import _lib
+        blocks = [_lib.malloc(1 << 20, 0) for _ in range(2000)]
+        for ptr in blocks[1::2]:
+            _lib.free(ptr, 1 << 20, 0)
+        held = streampool.memory_reserved()
+        reading = True
+        def read():
+            while reading:
+                streampool.memory_reserved()
+        threading.Thread(target=read, daemon=True).start()
+        start = time.monotonic()
+        while streampool.memory_reserved() >= held and time.monotonic() - start < 10:
+            time.sleep(0.01)
+        reading = False
+        print(f"{time.monotonic() - start:.2f} {held} {streampool.memory_reserved()}")
+    """)
+    proc = run_python(code, env={"STREAMPOOL_DRIVER": "sim", "STREAMPOOL_BACKEND": "pool",
+                                 "STREAMPOOL_IDLE_RELEASE": "200ms"})
+    assert proc.returncode == 0, describe(proc)
+    waited_s, held, after = proc.stdout.split()
+    assert int(after) < int(held) and float(waited_s) < 5, describe(proc)
