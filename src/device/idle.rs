@@ -15,11 +15,9 @@
 //! (`look`, `released`); the device does the release.
 //!
 //! Invariants: the activity count changes under the device lock with every allocation and free,
-//! and the background thread waits for the lock to read it: the lock is taken by statistics
-//! reads too, which are not activity (a look that took a taken lock for activity began a new
-//! idle period, and a thread reading `memory_reserved()` in a loop kept the release from ever
-//! coming); nothing is released and
-//! nothing synchronised during a capture known on this device or while PyTorch routes this
+//! and only then; the background thread reads it under that lock, waiting for it (the lock's
+//! other holders, statistics reads and trims, are not activity); nothing is released and nothing
+//! synchronised during a capture known on this device or while PyTorch routes this
 //! device's allocations to a graph pool (it opens the route before it begins a capture, and for
 //! `use_mem_pool`); a synchronisation put off so is made at a later try; an idle release is
 //! tried again only while more may come, at most `IDLE_TRIES` times per idle period.
@@ -50,9 +48,10 @@ pub(super) struct IdleWatch {
 pub(super) type Watch = Mutex<IdleWatch>;
 
 impl IdleWatch {
-    /// A look at the device at `now_ms`, whose activity count is `activity`: a new count begins a new idle period. `Some(synced)` when an idle release
-    /// is due now (`delay_ms` without activity, more may come, tries left), with whether one of
-    /// this period synchronised the device; `None` otherwise.
+    /// A look at the device at `now_ms`, whose activity count is `activity`: a new count begins
+    /// a new idle period. `Some(synced)` when an idle release is due now (`delay_ms` without
+    /// activity, more may come, tries left), with whether one of this period synchronised the
+    /// device; `None` otherwise.
     pub fn look(&mut self, activity: u64, now_ms: u64, delay_ms: Option<u64>) -> Option<bool> {
         // The first look begins the first period: a device is not idle since time 0.
         if self.seen_activity != Some(activity) {
@@ -83,9 +82,11 @@ impl Tended for DeviceAllocator {
             return;
         };
         let now_ms = self.driver.now_ms();
-        let activity = self.state.lock().activity;
         let delay_ms = setup.settings.idle_release_ms;
-        let due = self.idle.lock().look(activity, now_ms, delay_ms);
+        let due = delay_ms.and_then(|_| {
+            let activity = self.state.lock().activity;
+            self.idle.lock().look(activity, now_ms, delay_ms)
+        });
         // While busy: the threshold of resources that apply it themselves.
         for r in &setup.own {
             if let Some(tending) = r.capabilities().tending {

@@ -142,7 +142,9 @@ fn a_look_while_a_statistics_read_holds_the_lock_still_finds_the_device_idle() {
         held.wait();
         let d = &d;
         let tending = s.spawn(move || d.tend());
-        std::thread::sleep(std::time::Duration::from_millis(100)); // the look waits for the lock
+        // The look waits for the lock (on a machine too busy to reach it in 100 ms, the old look
+        // would pass too: the test then checks less, never fails wrongly).
+        std::thread::sleep(std::time::Duration::from_millis(100));
         release.wait();
         tending.join().unwrap();
     });
