@@ -459,5 +459,7 @@ def test_a_thread_reading_memory_reserved_in_a_loop_does_not_hold_off_the_idle_r
     proc = run_python(code, env={"STREAMPOOL_DRIVER": "sim", "STREAMPOOL_BACKEND": "pool",
                                  "STREAMPOOL_IDLE_RELEASE": "200ms"})
     assert proc.returncode == 0, describe(proc)
-    waited_s, held, after = proc.stdout.split()
-    assert int(after) < int(held) and float(waited_s) < 5, describe(proc)
+    _waited_s, held, after = proc.stdout.split()
+    # Released within the script's 10 s (the old look released nothing with a reader; no tighter
+    # bound, which a busy machine could break).
+    assert int(after) < int(held), describe(proc)
