@@ -13,7 +13,12 @@ fn recording(cacheable: bool) -> Arc<TestSource> {
 }
 
 fn device() -> Arc<DeviceAllocator> {
-    let driver: Arc<dyn Driver> = Arc::new(SimDriver::new(1, 1 << 30));
+    device_on(&Arc::new(SimDriver::new(1, 1 << 30)))
+}
+
+/// A device of `sim`'s device 0, with the default settings and no background thread.
+fn device_on(sim: &Arc<SimDriver>) -> Arc<DeviceAllocator> {
+    let driver: Arc<dyn Driver> = sim.clone();
     let settings = Settings::default().without_background();
     let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
     let peers = Arc::new(Peers::new(PeerAccess::Off, 1));
@@ -82,11 +87,7 @@ fn a_removed_source_keeps_its_id_until_its_last_block_is_back() {
 #[test]
 fn a_bad_memory_fraction_is_refused_before_the_device_is_asked_anything() {
     let sim = Arc::new(SimDriver::new(1, 1 << 30));
-    let driver: Arc<dyn Driver> = sim.clone();
-    let settings = Settings::default().without_background();
-    let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
-    let peers = Arc::new(Peers::new(PeerAccess::Off, 1));
-    let d = DeviceAllocator::new(0, driver, Arc::new(settings), recorder, peers);
+    let d = device_on(&sim);
     for bad in [f64::NAN, -0.5, 1.5] {
         let e = d.set_memory_fraction(bad).unwrap_err().to_string();
         assert!(e.contains("outside 0..=1"), "{bad}: {e}");
@@ -119,15 +120,11 @@ fn shareable_allocations_count_as_activity() {
 fn a_look_while_a_statistics_read_holds_the_lock_still_finds_the_device_idle() {
     use crate::background::Tended;
     let sim = Arc::new(SimDriver::new(1, 1 << 30));
-    let driver: Arc<dyn Driver> = sim.clone();
-    let settings = Settings::default().without_background();
-    let delay_ms = settings
+    let d = device_on(&sim);
+    let delay_ms = Settings::default()
         .for_device(1 << 30)
         .idle_release_ms
         .expect("one by default");
-    let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
-    let peers = Arc::new(Peers::new(PeerAccess::Off, 1));
-    let d = DeviceAllocator::new(0, driver, Arc::new(settings), recorder, peers);
     let ptr = d.allocate(1 << 20, Stream(1), false).unwrap();
     d.free(ptr).unwrap();
     d.tend(); // the idle period begins
