@@ -39,6 +39,7 @@ extern "C-unwind" {
 
 extern "C" {
     fn my_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void);
+    fn streampool_synchronizing(device: c_int) -> c_int;
     fn streampool_synchronized(device: c_int) -> c_int;
     fn streampool_empty_cache();
     fn streampool_last_error() -> *const std::ffi::c_char;
@@ -91,7 +92,13 @@ fn replay(trace: &Trace) -> Result<(), String> {
                 unsafe { my_free(ptr, size, 0, legacy) };
             }
             Event::Sync => {
-                // SAFETY: a plain call with a device index.
+                // SAFETY: plain calls with a device index. (Nothing synchronises the simulated
+                // device between them, as a program would: here no block waits for another
+                // stream, so the mark takes none as done.)
+                if unsafe { streampool_synchronizing(0) } != 0 {
+                    return Err(format!("{}: synchronizing: {}", trace.name, last()));
+                }
+                // SAFETY: as above.
                 if unsafe { streampool_synchronized(0) } != 0 {
                     return Err(format!("{}: synchronized: {}", trace.name, last()));
                 }

@@ -412,6 +412,15 @@ void streampool_reset_peak_stats(int device);
 int streampool_set_release_threshold(int device, uint64_t bytes);
 
 /**
+ * Tells streampool that this thread is about to synchronise `device` (`torch.cuda.synchronize()`
+ * calls it under install(), before PyTorch's synchronisation): at its
+ * `streampool_synchronized`, on the same thread, the blocks that waited for other streams
+ * (record_stream) before this call go back without a driver query. Optional: without it,
+ * `streampool_synchronized` asks the driver which are done.
+ */
+int streampool_synchronizing(int device);
+
+/**
  * Tells streampool that the program synchronised `device` (`torch.cuda.synchronize()` calls it
  * under install()): blocks waiting for other streams (record_stream) go back; on the vmm
  * backend what was freed before becomes ready for every stream (where more than one stream

@@ -357,15 +357,14 @@ fn drive(trace: &Trace, plan: &Plan, config: Config, out: &mut Outcome) -> Resul
             }
             Event::Wait { stream, other } => gpu.gpu.wait(stream, other),
             Event::Sync => {
+                // What `torch.cuda.synchronize()` does under `install()`: streampool_synchronizing,
+                // PyTorch's synchronisation, streampool_synchronized (with a release threshold,
+                // the resources that release at a synchronisation do).
+                let device = alloc.device(0).unwrap();
+                device.synchronizing().map_err(|e| at(e.to_string()))?;
                 sim.synchronize(0).map_err(|e| at(e.to_string()))?;
                 own_syncs += 1;
-                // What `torch.cuda.synchronize()` does under `install()` (streampool_synchronized):
-                // with a release threshold, the resources that release at a synchronisation do.
-                alloc
-                    .device(0)
-                    .unwrap()
-                    .synchronized()
-                    .map_err(|e| at(e.to_string()))?;
+                device.synchronized().map_err(|e| at(e.to_string()))?;
             }
             Event::EmptyCache => {
                 sim.synchronize(0).map_err(|e| at(e.to_string()))?;

@@ -1,13 +1,15 @@
-"""``torch.cuda.synchronize()`` under install(): after PyTorch's synchronisation, streampool is
-told (``streampool_synchronized``): blocks that waited for other streams (``record_stream``) go
-back, on the vmm backend what was freed becomes ready for every stream where more than one
+"""``torch.cuda.synchronize()`` under install(): streampool is told before PyTorch's
+synchronisation (``streampool_synchronizing``) and after it (``streampool_synchronized``): blocks
+that waited for other streams (``record_stream``) before it began go back without a driver query,
+on the vmm backend what was freed becomes ready for every stream where more than one
 stream allocated or freed since the last synchronisation (so that the next requests see it
 merged), and memory above a release threshold goes back at the synchronisation,
 as a CUDA pool's does (and as PyTorch's own ``cudaMallocAsync`` backend gives it).
 
-Invariant: PyTorch's synchronisation runs first and its outcome (an error included) is what the
-caller gets; streampool's part never hides it, and a failure of streampool's part is logged, not
-raised (the synchronisation itself succeeded).
+Invariant: PyTorch's synchronisation decides the outcome (an error included) the caller gets;
+streampool's parts never hide it: a failure of the part before it is ignored (the part after it
+then asks the driver), and of the part after it logged, not raised (the synchronisation itself
+succeeded).
 """
 
 import logging
@@ -24,7 +26,7 @@ _saved: List[Tuple[Any, str, Any]] = []
 
 def route(torch: Any) -> None:
     """Make ``torch._C._cuda_synchronize`` (what ``torch.cuda.synchronize()`` calls) tell
-    streampool once it has returned. Idempotent."""
+    streampool as it begins and once it has returned. Idempotent."""
     with _lock:
         if _saved:
             return
@@ -33,9 +35,20 @@ def route(torch: Any) -> None:
             return
 
         def synchronize(*args: Any, **kwargs: Any) -> Any:
+            try:
+                device = torch.cuda.current_device()
+                # The mark the end's call reads (a library older than it lacks it; a failure
+                # leaves no mark, and the end's call then asks the driver).
+                begin = getattr(_lib.library(), "streampool_synchronizing", None)
+                if begin is not None:
+                    begin(device)
+            except Exception:  # noqa: BLE001  (PyTorch's synchronisation says what is wrong)
+                device = None
             result = original(*args, **kwargs)
             try:
-                status = _lib.library().streampool_synchronized(torch.cuda.current_device())
+                if device is None:
+                    device = torch.cuda.current_device()
+                status = _lib.library().streampool_synchronized(device)
                 if status != _lib.OK:
                     _lib.check(status)
             except Exception as exc:  # noqa: BLE001  (the synchronisation itself succeeded)

@@ -30,3 +30,39 @@ def test_a_release_threshold_applies_at_torch_cuda_synchronize_on_vmm():
     assert no_threshold == held, "no threshold: torch.cuda.synchronize() changes nothing"
     assert with_threshold == 0, "threshold 0: everything unused goes back at the synchronisation"
     assert calls == 2, "PyTorch's own synchronisation ran each time"
+
+
+
+ORDER = """
+import json, torch
+from streampool import _lib, _sync
+_sync.route(torch)  # as install() does
+lib = _lib.library()
+seen = []  # (what, device, PyTorch's synchronisations so far)
+begin, end = lib.streampool_synchronizing, lib.streampool_synchronized
+def note(what, call):
+    return lambda d: seen.append((what, d, torch._C.synchronize_calls)) or call(d)
+lib.streampool_synchronizing, lib.streampool_synchronized = note("begin", begin), note("end", end)
+torch.cuda.synchronize()
+def failing(d):
+    raise OSError("no mark")
+lib.streampool_synchronizing = failing  # the part before fails: PyTorch's still runs
+torch.cuda.synchronize()
+lib.streampool_synchronizing = None  # a library without it
+torch.cuda.synchronize()
+print(json.dumps(seen + [("pytorch", 0, torch._C.synchronize_calls)]))
+"""
+
+
+def test_streampool_hears_of_the_synchronisation_as_it_begins_and_once_it_has_returned():
+    env = stand_in_torch_env(FAKE_TORCH_CUDA_INITIALISED="1")
+    proc = run_python(ORDER, env=env)
+    assert proc.returncode == 0, describe(proc)
+    seen = [tuple(x) for x in json.loads(proc.stdout.splitlines()[-1])]
+    assert seen == [
+        ("begin", 0, 0),  # before PyTorch's synchronisation
+        ("end", 0, 1),  # after it
+        ("end", 0, 2),  # the part before failed: PyTorch's ran, and the end
+        ("end", 0, 3),  # an older library: the end alone
+        ("pytorch", 0, 3),
+    ], seen

@@ -120,6 +120,21 @@ impl DeviceAllocator {
         self.recorder.set_last(self.state.lock().ledger.gauges());
     }
 
+    /// The program is about to synchronise the device (`torch.cuda.synchronize()`, through
+    /// install(), before PyTorch's own): at the [`DeviceAllocator::synchronized`] that follows on
+    /// this thread, the blocks that waited for other streams before now go back without a
+    /// query, their streams' work on them done. Nothing during a capture, nor on a disabled
+    /// device.
+    pub fn synchronizing(&self) -> Result<()> {
+        if self.setup.get().is_none() {
+            return Ok(());
+        }
+        if let Ok(mut st) = self.lock_enabled() {
+            st.waits.note_sync_begins();
+        }
+        Ok(())
+    }
+
     /// The program synchronised the device (`torch.cuda.synchronize()`, through install()):
     /// blocks that waited for other streams (record_stream) go back to their sources, and each
     /// resource that tends its memory is told — the vmm resource makes what was freed before
@@ -142,7 +157,7 @@ impl DeviceAllocator {
         let Ok(st) = self.lock_enabled() else {
             return Ok(());
         };
-        if !self.return_finished_waits(st)? {
+        if !self.return_finished_waits(st, true)? {
             return Ok(());
         }
         for r in &setup.own {
@@ -300,7 +315,7 @@ impl DeviceAllocator {
         }
         // Blocks freed while asleep that waited for other streams (record_stream) and whose
         // streams are done go back first: the wake need not map them again.
-        self.return_finished_waits(self.lock_enabled()?)?;
+        self.return_finished_waits(self.lock_enabled()?, false)?;
         let woken: Result<u64> =
             (sleepers.iter()).try_fold(0u64, |sum, sleep| Ok(sum.saturating_add(sleep.wake()?)));
         match woken {

@@ -159,34 +159,57 @@ impl DeviceAllocator {
 
     /// Hands back the waiting blocks whose streams are done, idle where they can be
     /// ([`DeviceAllocator::return_idle_blocks`]), with the lock `st` released; false, and nothing
-    /// collected, while a capture is known.
+    /// collected, while a capture is known. `after_sync`: the device has just been synchronised
+    /// by this thread (the program's synchronisation), and blocks that waited before it began
+    /// ([`DeviceAllocator::synchronizing`]) are done.
     pub(super) fn return_finished_waits(
         &self,
         mut st: MutexGuard<'_, DeviceState>,
+        after_sync: bool,
     ) -> Result<bool> {
         if st.waits.capturing() {
             return Ok(false);
         }
         let mut blocks = Vec::new();
+        // Those that waited before this thread's synchronisation began, asked nothing.
+        let mut before: Vec<DevicePtr> = Vec::new();
+        let done = match after_sync {
+            true => st.waits.sync_ended(),
+            false => Vec::new(),
+        };
+        for w in done {
+            before.push(w.block.ptr);
+            st.ledger.deactivate(w.requested_bytes);
+            st.ledger.keep(w.block, &mut blocks);
+        }
         self.collect_waits(&mut st, &mut blocks);
         drop(st);
-        self.return_idle_blocks(blocks)?;
+        before.sort_unstable();
+        self.return_idle_blocks(blocks, &before)?;
         Ok(true)
     }
 
     /// [`DeviceAllocator::return_blocks`] for blocks whose other streams' work has completed,
     /// handed back at the program's synchronisation: a block of a resource that takes idle
     /// blocks whose own stream has finished its work too goes back idle
-    /// ([`crate::resource::Resource::deallocate_idle`]: ready for every stream). Each stream is
-    /// asked once (a capture query and a `cuStreamQuery`), however many of its blocks go back (a
-    /// step of multistream hands back five).
-    pub(super) fn return_idle_blocks(&self, blocks: Vec<Returning>) -> Result<()> {
+    /// ([`crate::resource::Resource::deallocate_idle`]: ready for every stream). A block in
+    /// `freed_before` (sorted) waited before the synchronisation began, so its own stream's work
+    /// on it is done: it goes back idle unasked. For the others each stream is asked once (a
+    /// capture query and a `cuStreamQuery`), however many of its blocks go back.
+    pub(super) fn return_idle_blocks(
+        &self,
+        blocks: Vec<Returning>,
+        freed_before: &[DevicePtr],
+    ) -> Result<()> {
         let mut finished: Vec<(Stream, bool)> = Vec::new();
         let (driver, device) = (self.driver.as_ref(), self.device);
         self.return_blocks_as(blocks, |r| {
             let takes_idle = r.resource.as_ref().map(|s| s.traits().takes_idle_blocks);
             if takes_idle != Some(true) {
                 return false;
+            }
+            if freed_before.binary_search(&r.block.ptr).is_ok() {
+                return true;
             }
             let stream = r.block.stream;
             match finished.iter().find(|(s, _)| *s == stream) {

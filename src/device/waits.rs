@@ -14,6 +14,7 @@
 use super::ledger::WaitingBlock;
 use crate::driver::{Driver, Stream};
 use crate::stream_order::{CaptureWatch, EventPool, InOrder};
+use std::thread::ThreadId;
 
 /// A waiting block, with when it began to wait (see [`Waits::mark`]).
 #[derive(Debug)]
@@ -42,7 +43,15 @@ pub(super) struct Waits {
     events: EventPool,
     /// The sequence number of the next block to wait.
     next_seq: u64,
+    /// The marks threads took as their synchronisations of the device began
+    /// ([`Waits::note_sync_begins`]), one a thread.
+    sync_marks: Vec<(ThreadId, u64)>,
 }
+
+/// Marks of threads whose synchronisation never told its end (its call failed) are forgotten
+/// beyond this many: such a thread's next synchronisation then asks the driver, as one without
+/// a mark does.
+const SYNC_MARKS_KEPT: usize = 64;
 
 /// A block for which no event could be recorded, handed back by [`Waits::wait_for`].
 #[derive(Debug)]
@@ -80,6 +89,38 @@ impl Waits {
     /// Marks now: [`Waits::take_all_after_sync`] takes only blocks that began to wait before.
     pub fn mark(&self) -> u64 {
         self.next_seq
+    }
+
+    /// The calling thread is about to synchronise the device: [`Waits::sync_ended`], on the same
+    /// thread once that returned, takes every block that began to wait before now (none if a
+    /// capture is known now or then).
+    pub fn note_sync_begins(&mut self) {
+        let (thread, mark) = (std::thread::current().id(), self.mark());
+        self.sync_marks.retain(|&(t, _)| t != thread);
+        if self.captures.any_known() {
+            return;
+        }
+        if self.sync_marks.len() >= SYNC_MARKS_KEPT {
+            self.sync_marks.clear();
+        }
+        self.sync_marks.push((thread, mark));
+    }
+
+    /// The calling thread's synchronisation of the device, begun at its
+    /// [`Waits::note_sync_begins`], has returned: the blocks that began to wait before it, none
+    /// if this thread noted no beginning (or a capture is known: nothing is taken then). Such a
+    /// block is free for every stream: its streams' work on it was queued before the
+    /// synchronisation began.
+    pub fn sync_ended(&mut self) -> Vec<WaitingBlock> {
+        let thread = std::thread::current().id();
+        let Some(at) = self.sync_marks.iter().position(|&(t, _)| t == thread) else {
+            return Vec::new();
+        };
+        let (_, mark) = self.sync_marks.swap_remove(at);
+        match self.captures.any_known() {
+            true => Vec::new(),
+            false => self.take_all_after_sync(mark),
+        }
     }
 
     /// Forgets captures that ended (deferred blocks then get their events) and hands back the

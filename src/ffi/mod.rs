@@ -279,6 +279,16 @@ pub extern "C" fn streampool_set_release_threshold(device: c_int, bytes: u64) ->
     }))
 }
 
+/// Tells streampool that this thread is about to synchronise `device` (`torch.cuda.synchronize()`
+/// calls it under install(), before PyTorch's synchronisation): at its
+/// `streampool_synchronized`, on the same thread, the blocks that waited for other streams
+/// (record_stream) before this call go back without a driver query. Optional: without it,
+/// `streampool_synchronized` asks the driver which are done.
+#[no_mangle]
+pub extern "C" fn streampool_synchronizing(device: c_int) -> c_int {
+    status(guarded(|| api::device(device)?.synchronizing()))
+}
+
 /// Tells streampool that the program synchronised `device` (`torch.cuda.synchronize()` calls it
 /// under install()): blocks waiting for other streams (record_stream) go back; on the vmm
 /// backend what was freed before becomes ready for every stream (where more than one stream

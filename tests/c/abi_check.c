@@ -144,6 +144,7 @@ static int page_sharing(void *stream) {
     CHECK(streampool_ipc_release_export(1, pages.event) == OK);
   }
   CHECK(streampool_ipc_kind((void *)0x1234, 1) == STREAMPOOL_STATUS_UNKNOWN_POINTER);
+  CHECK(streampool_synchronizing(1) == OK && streampool_synchronizing(9) == INVALID);
   CHECK(streampool_synchronized(1) == OK && streampool_synchronized(9) == INVALID);
   /* Sleep and wake (the vmm backend; the pool backend refuses, changing nothing). */
   uint64_t slept = 0, woken = 0, sleeping = 1;
