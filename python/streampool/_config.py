@@ -90,9 +90,22 @@ def name_the_option(message: str, environ: Mapping[str, str] = os.environ) -> st
 def _env_text(name: str, value: object) -> str:
     if isinstance(value, bool):  # before int: bool is an int subclass
         return "1" if value else "0"
+    if isinstance(value, str) and ("\0" in value or _not_utf8(value)):
+        from ._lib import CONFIG_ERROR, ConfigError  # (_lib imports this module)
+
+        raise ConfigError(f"install({name}={value!r}) is not valid: an environment variable's "
+                          f"value is UTF-8 text without a NUL character", CONFIG_ERROR)
     if isinstance(value, (int, str)):
         return str(value)
     raise TypeError(f"install() option {name} must be a bool, int or str, not {type(value).__name__}")
+
+
+def _not_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
 
 
 def variables_in_effect(environ: Mapping[str, str] = os.environ) -> List[Tuple[str, str, str]]:

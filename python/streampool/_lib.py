@@ -267,6 +267,23 @@ def driver_name() -> str:
     return name
 
 
+def c_text(text: str, what: str, config: bool = False) -> bytes:
+    """``text`` as the library takes a C string: UTF-8, no NUL (C would read up to it and drop the
+    rest). A NUL, or text that is not UTF-8, raises InvalidArgumentError (ConfigError where
+    ``config``: a setting's value) naming ``what`` and the value; the library is not called."""
+    problem = None
+    if "\0" in text:
+        problem = "contains a NUL character"
+    else:
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            problem = f"is not UTF-8 text ({exc.reason})"
+    status = CONFIG_ERROR if config else INVALID_ARGUMENT
+    named = f"{what}{text!r}" if what.endswith("=") else f"{what} {text!r}"
+    raise _ERROR_CLASSES[status](f"{named} {problem}", status)
+
+
 def check_setting(name: str, value: str) -> None:
     """Raise ConfigError (naming the variable, the value and what is accepted) unless the library
     takes ``value`` for ``name``, as if it were the only ``STREAMPOOL_*`` variable set: the
@@ -274,7 +291,7 @@ def check_setting(name: str, value: str) -> None:
     library older than this check checks nothing here (it checks the value where it is used)."""
     function = getattr(_loaded(), "streampool_check_setting", None)
     if function is not None:
-        check(function(name.encode("utf-8", "surrogatepass"), value.encode("utf-8", "surrogatepass")))
+        check(function(c_text(name, "variable", True), c_text(value, f"{name}=", True)))
 
 
 def check_config() -> None:
@@ -316,7 +333,7 @@ def get_stats(device: int) -> StreampoolStats:
 def parse_bytes(spec: str, device: int) -> int:
     """Bytes meant by ``spec`` ("8GiB", "512MB", "80%" of device memory, "max") on ``device``."""
     out = ctypes.c_uint64()
-    check(library().streampool_parse_bytes(spec.encode("utf-8"), device, ctypes.byref(out)))
+    check(library().streampool_parse_bytes(c_text(spec, "size"), device, ctypes.byref(out)))
     return out.value
 
 

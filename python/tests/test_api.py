@@ -229,11 +229,19 @@ def test_set_release_threshold_accepts_bytes_and_strings():
         (2**64, ValueError, "uint64"),
         (1.5, TypeError, "must be bytes"),
         (True, TypeError, "must be bytes"),
+        # C would read "1GiB" and drop the rest: refused whole, naming the value.
+        ("1GiB\0 and more", streampool.InvalidArgumentError, "NUL character"),
+        ("1GiB\udcff", streampool.InvalidArgumentError, "not UTF-8"),
     ],
 )
 def test_set_release_threshold_rejects_bad_values(value, error, match):
     with pytest.raises(error, match=match):
         streampool.set_release_threshold(value)
+
+
+def test_trim_refuses_a_size_with_a_nul_character():
+    with pytest.raises(streampool.InvalidArgumentError, match="NUL"):
+        streampool.trim("0\0x")
 
 
 @pytest.mark.parametrize("value", [-1, 2**64, 2**70])

@@ -163,6 +163,14 @@ def test_install_names_the_variable_where_the_environment_set_the_bad_value():
     assert proc.stdout.startswith('ConfigError STREAMPOOL_RELEASE_THRESHOLD="-5" is not valid'), describe(proc)
 
 
+def test_install_refuses_an_option_with_a_nul_character_naming_it():
+    # os.environ refused it with a bare "ValueError: embedded null byte".
+    proc = run_install('{"release_threshold": "8GiB\\0x"}', env={"STREAMPOOL_DRIVER": None})
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout.startswith(
+        "ConfigError install(release_threshold='8GiB\\x00x') is not valid: "), describe(proc)
+
+
 def test_install_refuses_a_misspelt_variable_naming_the_one_meant():
     # PyTorch refuses an unknown key of PYTORCH_CUDA_ALLOC_CONF; a misspelt STREAMPOOL_* variable
     # would otherwise leave the default in force without a word.
