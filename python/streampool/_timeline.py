@@ -31,6 +31,8 @@ def record_history(enabled: bool = True, max_entries: int = DEFAULT_MAX_ENTRIES)
     """Start recording the memory timeline afresh, keeping the newest ``max_entries`` events
     (each 72 bytes), or stop (``enabled=False``; what was recorded stays readable). While off,
     recording costs one atomic load per allocation."""
+    if not isinstance(enabled, bool):  # a string such as "no" is truthy: refuse it
+        raise TypeError(f"record_history(enabled=...) must be True or False, not {enabled!r}")
     if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries <= 0:
         raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
     if max_entries > _SIZE_T_MAX:  # ctypes would wrap it (2**64 + 5 as 5)

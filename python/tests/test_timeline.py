@@ -69,6 +69,9 @@ def test_stopping_keeps_the_record_and_starting_clears_it():
     for bad in (0, -1, 2.5, True, 2**64, 2**64 + 5):  # ctypes made 2**64 + 5 a ring of 5
         with pytest.raises(ValueError, match="max_entries"):
             streampool.record_history(True, max_entries=bad)
+    for bad in ("no", "off", 0, 1, None):  # "no" is truthy: it would start recording
+        with pytest.raises(TypeError, match="True or False"):
+            streampool.record_history(bad)
 
 
 @pool_backend_only
