@@ -339,6 +339,9 @@ impl Config {
             };
             c.vmm_headroom = match parse_size(&v).map_err(|reason| refuse(&reason))? {
                 SizeSpec::Max => return Err(refuse("the whole device cannot stay free")),
+                SizeSpec::Percent(p) if p >= 100.0 => {
+                    return Err(refuse("the whole device cannot stay free"))
+                }
                 other => other,
             };
         }

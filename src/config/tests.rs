@@ -305,3 +305,36 @@ fn a_zero_pool_size_cap_in_any_form_is_no_cap() {
     let c = parse(&[("STREAMPOOL_MAX_POOL_SIZE", "0.5%")]).unwrap();
     assert_eq!(c.max_pool_size, SizeSpec::Percent(0.5));
 }
+
+/// A headroom of the whole device leaves nothing to allocate: refused at parse as a share
+/// (`100%`, `max`), and for a device no larger than the bytes it names, by the device's layout.
+#[test]
+fn a_headroom_of_the_whole_device_is_refused() {
+    for value in ["max", "100%"] {
+        let e = parse(&[("STREAMPOOL_VMM_HEADROOM", value)]).unwrap_err();
+        assert!(
+            e.to_string().contains("STREAMPOOL_VMM_HEADROOM"),
+            "{value}: {e}"
+        );
+        assert!(e.to_string().contains("cannot stay free"), "{value}: {e}");
+    }
+    assert!(parse(&[("STREAMPOOL_VMM_HEADROOM", "150%")]).is_err());
+    assert!(parse(&[("STREAMPOOL_VMM_HEADROOM", "99%")]).is_ok());
+    let gib = 1u64 << 30;
+    for (headroom, ok) in [(16 * gib, false), (17 * gib, false), (16 * gib - 1, true)] {
+        let c = parse(&[("STREAMPOOL_VMM_HEADROOM", &headroom.to_string())]).unwrap();
+        let spec = crate::config::Settings::from(&c)
+            .for_device(16 * gib)
+            .sources
+            .vmm;
+        let layout = spec.layout(0, "sim", 2 << 20, 16 * gib, 2);
+        assert_eq!(
+            layout.is_ok(),
+            ok,
+            "{headroom} B on a 16 GiB device: {layout:?}"
+        );
+        if let Err(e) = layout {
+            assert!(e.to_string().contains("STREAMPOOL_VMM_HEADROOM"), "{e}");
+        }
+    }
+}

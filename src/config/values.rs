@@ -18,7 +18,7 @@ pub(super) const SIM_DEVICES: std::ops::RangeInclusive<usize> = 1..=64;
 pub(super) const SIM_DEVICES_ACCEPTED: &str = "a whole number from 1 to 64";
 pub(super) const SIM_MEMORY_ACCEPTED: &str = "a size such as 16GiB or 512MiB";
 pub(super) const HEADROOM_ACCEPTED: &str =
-    "a size such as 512MiB or 0, or a share of device memory such as 2%";
+    "a size below the device's memory such as 512MiB or 0, or a share of it below 100% such as 2%";
 pub(crate) const VMM_PAGE_SIZE_ACCEPTED: &str = "a size such as 2MiB or 20MiB, at most 1 TiB";
 pub(super) const VMM_SPAN_SIZE_ACCEPTED: &str =
     "auto, a size such as 32MiB (at most 1 TiB), or 0 (every physical handle one page)";

@@ -2,11 +2,11 @@
 //! asks for, rounded up to the device's granularity, and the first address reservation.
 //!
 //! Invariant: a layout holds a page that is a whole number of granules and no larger than the
-//! device, and a reservation that fits 64 bits in whole pages; anything else is a configuration
-//! error naming the variable to change.
+//! device, and a reservation that fits 64 bits in whole pages, on a device whose headroom leaves
+//! memory to allocate; anything else is a configuration error naming the variable to change.
 
 use super::settings::VmmSpec;
-use super::{config_error, VMM_PAGE_SIZE_ACCEPTED};
+use super::{config_error, HEADROOM_ACCEPTED, VMM_PAGE_SIZE_ACCEPTED};
 use crate::error::{Error, Result};
 use crate::units::format_bytes;
 
@@ -51,6 +51,17 @@ impl VmmSpec {
         total_bytes: u64,
         addresses_per_memory: u64,
     ) -> Result<VmmLayout> {
+        if self.headroom_bytes >= total_bytes {
+            return Err(config_error(
+                "STREAMPOOL_VMM_HEADROOM",
+                &written_bytes(self.headroom_bytes),
+                &format!(
+                    "device {device}'s memory is {}: it would all stay free, and nothing could                      be allocated",
+                    format_bytes(total_bytes)
+                ),
+                HEADROOM_ACCEPTED,
+            ));
+        }
         let granularity_bytes = granularity_bytes.max(1);
         let wanted_bytes = self.page_size.resolve_bytes(total_bytes);
         let page_bytes = wanted_bytes
