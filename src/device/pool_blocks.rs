@@ -5,8 +5,9 @@
 //! device ([`PoolDevice`]).
 //!
 //! Invariants: a pool's blocks carry its source id, are never cached and go back into it only
-//! (a block other streams used waits for them first, as any held block); an allocation the pool
-//! refuses leaves the ledger as it was (its bytes unreserved, its source's count undone).
+//! (a block other streams used waits for them first, as any held block); an allocation in a pool
+//! counts as one of its users while it runs; one the pool refuses leaves the ledger as it was
+//! (its bytes unreserved, its source's count undone).
 
 use super::graph_pools::{Entry, PoolDevice, Users};
 use super::request::Request;
@@ -56,7 +57,23 @@ impl DeviceAllocator {
         let request = Request::new(requested_bytes, stream)?;
         // Asleep, a pool's free blocks lie on pages given back: none is handed out.
         self.refuse_while_asleep()?;
-        let (source, pool) = self.graph_pools.for_use(id, Users::Keep, None)?;
+        // A user of the pool while the allocation runs: a flush meanwhile (another thread's)
+        // leaves it in the table, rather than drop a pool about to get a new segment (which
+        // nothing would give back then).
+        let entry = self.graph_pools.for_use(id, Users::AddOne, None)?;
+        let served = self.allocate_in_held_pool(&entry, request, stream);
+        let _ = entry.1.with(|p| p.decref());
+        served
+    }
+
+    /// [`DeviceAllocator::allocate_in_pool`] with the pool held.
+    fn allocate_in_held_pool(
+        &self,
+        (source, pool): &Entry,
+        request: Request,
+        stream: Stream,
+    ) -> Result<DevicePtr> {
+        let (source, requested_bytes) = (*source, request.requested_bytes);
         if self.captures(stream)? {
             self.notice_capture(stream)?;
         }
