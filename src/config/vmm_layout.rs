@@ -56,7 +56,8 @@ impl VmmSpec {
                 "STREAMPOOL_VMM_HEADROOM",
                 &written_bytes(self.headroom_bytes),
                 &format!(
-                    "device {device}'s memory is {}: it would all stay free, and nothing could                      be allocated",
+                    "device {device}'s memory is {}: it would all stay free, and nothing could \
+                     be allocated",
                     format_bytes(total_bytes)
                 ),
                 HEADROOM_ACCEPTED,
