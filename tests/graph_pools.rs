@@ -390,3 +390,38 @@ fn a_pool_dropped_by_a_flush_never_takes_a_new_segment_with_it() {
         assert_eq!(device.reserved_total().unwrap().0, 0, "nothing held");
     }
 }
+
+/// The memory fraction caps what the device reserves, a memory pool's segments included: on the
+/// pool backend a 1000-byte block in a pool made a 2 MiB segment past the cap (the device
+/// checked the block's bytes; the CUDA pool does not keep itself under the cap). Now the segment
+/// is checked against what the device's resource reserves, and the allocation is out of memory.
+#[test]
+fn a_memory_pools_segment_stays_under_the_memory_fraction() {
+    for r in [
+        rig_with(1, 64 * MIB, base_config()),
+        rig_with(1, 64 * MIB, common::pool_config()),
+    ] {
+        let device = r.device(0);
+        device.set_memory_fraction(0.25).unwrap(); // 16 MiB
+        let plain = r.malloc(15 * MIB, 0, 1);
+        let pools = device.graph_pools();
+        pools
+            .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(7))))
+            .unwrap();
+        let pool = pools.claiming(s(7));
+        match r.alloc.malloc_into(1000, 0, s(7), pool) {
+            Ok(p) => r.free(p, 0),
+            Err(e) => assert!(e.to_string().contains("out of memory"), "{e}"),
+        }
+        let (reserved, _) = device.reserved_total().unwrap();
+        assert!(
+            reserved <= 16 * MIB,
+            "{} MiB reserved past the cap",
+            reserved / MIB
+        );
+        pools.end_allocate_to_pool(POOL).unwrap();
+        pools.release_pool(POOL).unwrap();
+        r.free(plain, 0);
+        r.alloc.empty_cache().unwrap();
+    }
+}

@@ -20,6 +20,7 @@ use crate::resource::graph_pool::{GraphPoolResource, PoolId, Segment};
 use crate::resource::{Resource, SourceId};
 use crate::sync::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 
 /// A pool and its place in the device's table of sources.
@@ -36,6 +37,8 @@ pub(super) trait PoolDevice: Send + Sync {
     fn remove_source(&self, id: SourceId) -> Result<()>;
     /// The resource a new pool takes its segments from: the device's own.
     fn own_resource(&self) -> Result<Arc<dyn Resource>>;
+    /// The device's memory limit (`u64::MAX`: none), shared.
+    fn limit_bytes(&self) -> Arc<AtomicU64>;
 }
 
 /// What to do with a pool's count of users when it is found or made.
@@ -128,6 +131,8 @@ impl GraphPools {
         let host = self.host()?;
         // The device is set up first (its own resource), as for any allocation.
         let own = host.own_resource()?;
+        // The device's limit covers its own resource's memory, not a MemPool allocator's.
+        let limit_bytes = parent.is_none().then(|| host.limit_bytes());
         let parent = parent.unwrap_or(own);
         let own_stream = match own_stream {
             Some(s) => s,
@@ -138,6 +143,7 @@ impl GraphPools {
             Arc::clone(&self.driver),
             parent,
             own_stream,
+            limit_bytes,
         ));
         let source = host.add_source(Arc::clone(&pool) as Arc<dyn Resource>)?;
         let (entry, lost) = {

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::history::StreampoolEventKind as Event;
 use crate::resource::graph_pool::{PoolBlock, PoolId};
 use crate::resource::{Resource, SourceId};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 impl PoolDevice for DeviceAllocator {
@@ -32,6 +33,10 @@ impl PoolDevice for DeviceAllocator {
         let own = self.setup()?.own.first();
         own.cloned()
             .ok_or_else(|| Error::Internal("the device has no resource".into()))
+    }
+
+    fn limit_bytes(&self) -> Arc<AtomicU64> {
+        Arc::clone(self.limit.shared())
     }
 }
 

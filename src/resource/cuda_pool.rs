@@ -178,6 +178,7 @@ impl Resource for CudaPoolResource {
             // cuMemPoolTrimTo gives back only what was freed before a synchronisation.
             frees_applied_at_sync: true,
             takes_idle_blocks: false,
+            keeps_under_limit: false,
         }
     }
 

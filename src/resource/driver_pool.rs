@@ -39,6 +39,7 @@ impl DriverPoolResource {
                 // The driver's pool: what a free gave it comes back at a synchronisation.
                 frees_applied_at_sync: true,
                 takes_idle_blocks: false,
+                keeps_under_limit: false,
             },
         }
     }

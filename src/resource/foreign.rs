@@ -137,6 +137,7 @@ impl Resource for ForeignResource {
             growth_granule_bytes: 1,
             frees_applied_at_sync: false,
             takes_idle_blocks: false,
+            keeps_under_limit: false,
         }
     }
 }

@@ -369,6 +369,7 @@ impl Resource for ManagedResource {
             // Its trim records its fences and waits for them itself.
             frees_applied_at_sync: false,
             takes_idle_blocks: false,
+            keeps_under_limit: true,
         }
     }
 

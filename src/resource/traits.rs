@@ -58,4 +58,9 @@ pub struct Traits {
     ///
     /// [`Resource::deallocate_idle`]: super::Resource::deallocate_idle
     pub takes_idle_blocks: bool,
+    /// It keeps what it reserves from the device under the device's memory limit itself (it
+    /// shares the limit and checks its growth against it). False: the device's check of the
+    /// bytes held is all there is, and one who allocates from it beyond its blocks (a memory
+    /// pool's segment) checks its reserved bytes against the limit first.
+    pub keeps_under_limit: bool,
 }

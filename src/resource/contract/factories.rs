@@ -85,6 +85,7 @@ fn graph_pool_over(sim: &Arc<SimDriver>, parent: Arc<dyn Resource>) -> Result<Ma
         driver.clone(),
         parent,
         own_stream,
+        None,
     ));
     let held = Arc::clone(&pool);
     let teardown = move || {

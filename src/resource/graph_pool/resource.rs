@@ -10,9 +10,10 @@
 
 use super::{GraphPool, PoolBlock, Segment};
 use crate::driver::{DevicePtr, Driver, Stream};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::resource::{Resource, Traits, Usage};
 use crate::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A PyTorch memory pool id (`c10::MempoolId_t`).
@@ -25,21 +26,30 @@ pub struct GraphPoolResource {
     parent: Arc<dyn Resource>,
     /// streampool's own stream of the device: segments are allocated and returned on it.
     own_stream: Stream,
+    /// The device's memory limit, where the parent is the device's own resource and does not
+    /// keep itself under it: a new segment must fit under it beside what the parent reserves.
+    limit_bytes: Option<Arc<AtomicU64>>,
     pool: Mutex<GraphPool>,
 }
 
 impl GraphPoolResource {
+    /// A pool taking its segments from `parent`; `limit_bytes`: the device's limit, where
+    /// `parent` is the device's own resource (checked only if the parent does not keep itself
+    /// under it: [`Traits::keeps_under_limit`]).
     pub fn new(
         device: usize,
         driver: Arc<dyn Driver>,
         parent: Arc<dyn Resource>,
         own_stream: Stream,
+        limit_bytes: Option<Arc<AtomicU64>>,
     ) -> GraphPoolResource {
+        let limit_bytes = limit_bytes.filter(|_| !parent.traits().keeps_under_limit);
         GraphPoolResource {
             device,
             driver,
             parent,
             own_stream,
+            limit_bytes,
             pool: Mutex::new(GraphPool::default()),
         }
     }
@@ -74,6 +84,7 @@ impl GraphPoolResource {
     /// A segment of `bytes` from the device's resource (in relaxed capture mode: a capture may
     /// be under way), allocated on streampool's stream and waited for.
     fn new_segment(&self, bytes: u64) -> Result<Segment> {
+        self.check_limit(bytes)?;
         let (device, stream) = (self.device, self.own_stream);
         let mut segment = None;
         self.driver.relaxed_capture(&mut || {
@@ -87,6 +98,30 @@ impl GraphPoolResource {
             Ok(())
         })?;
         segment.ok_or_else(|| Error::Internal("no segment was made".into()))
+    }
+
+    /// Out of memory if a segment of `bytes` could take what the parent reserves past the
+    /// device's limit (whether the parent would serve it from memory it holds free is its own
+    /// to know: the device's retry after a flush makes the room, if any).
+    fn check_limit(&self, bytes: u64) -> Result<()> {
+        let Some(limit) = &self.limit_bytes else {
+            return Ok(());
+        };
+        let limit_bytes = limit.load(Ordering::Relaxed);
+        if limit_bytes == u64::MAX {
+            return Ok(());
+        }
+        let reserved_bytes = self.parent.usage()?.reserved_bytes;
+        match reserved_bytes.checked_add(bytes) {
+            Some(total) if total <= limit_bytes => Ok(()),
+            _ => Err(Error::Driver {
+                call: "cuMemAllocFromPoolAsync",
+                code: CUDA_ERROR_OUT_OF_MEMORY,
+                name: format!(
+                    "CUDA_ERROR_OUT_OF_MEMORY (a memory pool's segment of {bytes} B beside the                      {reserved_bytes} B reserved: more than the memory fraction allows,                      {limit_bytes} B)"
+                ),
+            }),
+        }
     }
 
     fn give_back(&self, segment: &Segment) -> Result<()> {
@@ -165,6 +200,7 @@ impl Resource for GraphPoolResource {
             growth_granule_bytes: 1,
             frees_applied_at_sync: false,
             takes_idle_blocks: false,
+            keeps_under_limit: false,
         }
     }
 }

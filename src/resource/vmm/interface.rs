@@ -179,6 +179,7 @@ impl Resource for VmmResource {
             // Its trim records its fences and synchronises itself.
             frees_applied_at_sync: false,
             takes_idle_blocks: true,
+            keeps_under_limit: true,
         }
     }
 
