@@ -64,12 +64,13 @@ def _pool_rows(device: int, pool: PoolId, segments: bool) -> List[_lib.Streampoo
     function = _lib.library().streampool_graph_pool_blocks
     flag = 1 if segments else 0
     count = ctypes.c_size_t(0)
-    while True:
-        capacity = count.value + 16
+    capacity = 16
+    while True:  # *count is how many were copied: all of them once it is below the room given
         rows = (_lib.StreampoolPoolBlock * capacity)()
         _lib.check(function(device, pool[0], pool[1], flag, rows, capacity, ctypes.byref(count)))
-        if count.value <= capacity:
+        if count.value < capacity:
             return list(rows[: count.value])
+        capacity *= 2
 
 
 def _pool_id(pool: Any) -> PoolId:
@@ -257,12 +258,13 @@ def pool_ids(device: int) -> List[PoolId]:
     """The ids of ``device``'s PyTorch memory pools."""
     function = _lib.library().streampool_graph_pool_ids
     count = ctypes.c_size_t(0)
-    while True:
-        capacity = count.value + 8
+    capacity = 8
+    while True:  # *count is how many were copied: all of them once it is below the room given
         out = (ctypes.c_uint64 * (2 * capacity))()
         _lib.check(function(device, out, capacity, ctypes.byref(count)))
-        if count.value <= capacity:
+        if count.value < capacity:
             return [(out[2 * i], out[2 * i + 1]) for i in range(count.value)]
+        capacity *= 2
 
 
 def _pool_segments(pool: PoolId, devices: Optional[List[int]] = None) -> List[Dict[str, Any]]:

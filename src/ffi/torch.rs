@@ -209,14 +209,17 @@ pub unsafe extern "C" fn streampool_graph_pool_blocks(
                 })
                 .collect(),
         };
-        // SAFETY: checked non-NULL; the caller guarantees it is writable.
-        unsafe { count.write(blocks.len()) };
+        // As streampool_blocks: with `out`, how many were copied; without, how many there are.
+        let mut copied = blocks.len();
         if !out.is_null() {
-            for (i, b) in blocks.iter().take(capacity).enumerate() {
+            copied = copied.min(capacity);
+            for (i, b) in blocks.iter().take(copied).enumerate() {
                 // SAFETY: i < capacity, for which the caller guarantees room.
                 unsafe { out.add(i).write(*b) };
             }
         }
+        // SAFETY: checked non-NULL; the caller guarantees it is writable.
+        unsafe { count.write(copied) };
         Ok(())
     }))
 }
@@ -326,10 +329,11 @@ pub unsafe extern "C" fn streampool_graph_pool_ids(
             ));
         }
         let ids = api::device(device)?.graph_pools().ids();
-        // SAFETY: checked non-NULL; the caller guarantees it is writable.
-        unsafe { count.write(ids.len()) };
+        // As streampool_blocks: with `out`, how many were copied; without, how many there are.
+        let mut copied = ids.len();
         if !out.is_null() {
-            for (i, (a, b)) in ids.iter().take(capacity).enumerate() {
+            copied = copied.min(capacity);
+            for (i, (a, b)) in ids.iter().take(copied).enumerate() {
                 // SAFETY: i < capacity, for which the caller guarantees 2 values of room.
                 unsafe {
                     out.add(2 * i).write(*a);
@@ -337,6 +341,8 @@ pub unsafe extern "C" fn streampool_graph_pool_ids(
                 }
             }
         }
+        // SAFETY: checked non-NULL; the caller guarantees it is writable.
+        unsafe { count.write(copied) };
         Ok(())
     }))
 }

@@ -259,6 +259,9 @@ static int memory_pools(void *stream) {
   void *newest = my_malloc(4096, 1, stream);
   uint64_t ids[4];
   CHECK(streampool_graph_pool_ids(1, ids, 2, &n) == OK && n == 2); /* pools (3, 4) and (5, 6) */
+  /* As streampool_blocks: with room for one, one copied; without a buffer, how many there are. */
+  CHECK(streampool_graph_pool_ids(1, ids, 1, &n) == OK && n == 1);
+  CHECK(streampool_graph_pool_ids(1, NULL, 0, &n) == OK && n == 2);
   CHECK(ids[0] + ids[2] == 8 && ids[1] + ids[3] == 10);
   CHECK(streampool_graph_pool_blocks(1, 5, 6, 0, blocks, 4, &n) == OK && n == 1);
   CHECK(blocks[0].address == (uint64_t)(uintptr_t)newest);
