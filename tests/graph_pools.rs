@@ -425,3 +425,29 @@ fn a_memory_pools_segment_stays_under_the_memory_fraction() {
         r.alloc.empty_cache().unwrap();
     }
 }
+
+/// A block of a memory pool is taken from a resource (the pool) and given back to it: counted
+/// in `num_device_allocs` as its free is in `num_device_frees`, so that every allocation is a
+/// cache hit or a device allocation (only the frees were counted).
+#[test]
+fn a_memory_pools_blocks_count_as_device_allocations_and_frees() {
+    let r = rig();
+    let pools = r.device(0).graph_pools();
+    pools
+        .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(1))))
+        .unwrap();
+    let before = r.stats(0);
+    for _ in 0..5 {
+        let p = malloc_routed(&r, 7000, 1);
+        r.free(p, 0);
+    }
+    let after = r.stats(0);
+    let counted = |f: fn(&streampool::StreampoolStats) -> u64| f(&after) - f(&before);
+    assert_eq!(counted(|s| s.num_allocs), 5);
+    assert_eq!(counted(|s| s.num_device_allocs), 5, "{after:?}");
+    assert_eq!(counted(|s| s.num_device_frees), 5, "{after:?}");
+    assert_eq!(counted(|s| s.num_cache_hits), 0);
+    pools.end_allocate_to_pool(POOL).unwrap();
+    pools.release_pool(POOL).unwrap();
+    r.alloc.empty_cache().unwrap();
+}

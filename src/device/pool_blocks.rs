@@ -152,6 +152,9 @@ impl DeviceAllocator {
                 .ledger
                 .reserve(block.bytes - request.block_bytes, u64::MAX);
         }
+        // Taken from a resource (the pool), as a block from the device's own is: the free back
+        // into it counts as a device free.
+        st.ledger.counters_mut().num_device_allocs += 1;
         st.ledger.insert_live(block.ptr, request, source);
         self.note(
             &st,
