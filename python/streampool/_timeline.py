@@ -171,10 +171,19 @@ def dump_snapshot(path: Union[str, Path]) -> Path:
 
 
 def load_snapshot(source: Union[str, Path, Dict[str, Any]]) -> Dict[str, Any]:
-    if isinstance(source, dict):
-        return source
-    with Path(source).open("rb") as f:
-        return pickle.load(f)
+    """The snapshot dict of ``source`` (a path to its pickle, or the dict); ValueError if it is
+    not one (a dict with ``device_traces`` and ``segments`` lists, as streampool.snapshot() and
+    torch.cuda.memory._snapshot() give)."""
+    snap = source
+    if not isinstance(source, dict):
+        with Path(source).open("rb") as f:
+            snap = pickle.load(f)
+    if not (isinstance(snap, dict) and isinstance(snap.get("device_traces"), list)
+            and isinstance(snap.get("segments"), list)):
+        raise ValueError(f"not a memory snapshot: a {type(snap).__name__}, where the dict of "
+                         "streampool.snapshot() or torch.cuda.memory._snapshot() (with "
+                         "'device_traces' and 'segments') was expected")
+    return snap
 
 
 def _series_from_streampool(snap: Dict[str, Any], device: int) -> Dict[str, List[float]]:
@@ -229,12 +238,20 @@ def plot_timeline(
     if device is not None and not (isinstance(device, int) and 0 <= device < count):
         raise ValueError(f"device {device!r} is not in the snapshot, which has device(s) 0 to {count - 1}")
     out = Path(out)
+    if out.is_dir():
+        raise ValueError(f"cannot write {out}: it is a folder (name a file, such as {out / 'memory.png'})")
     if not out.parent.is_dir():
         raise ValueError(f"cannot write {out}: the folder {out.parent} does not exist")
+    if not out.suffix:
+        out = out.with_name(out.name + ".png")  # what matplotlib writes for a name without one
     devices = range(count) if device is None else [device]
     panels = []
     for d in devices:
-        series = _series_from_streampool(snap, d) if own else _series_from_torch(snap, d)
+        try:
+            series = _series_from_streampool(snap, d) if own else _series_from_torch(snap, d)
+        except (KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"not a memory snapshot: device {d}'s events are malformed "
+                             f"({type(exc).__name__}: {exc})") from None
         if series["time_us"]:
             panels.append((d, series))
     if not panels:

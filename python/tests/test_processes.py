@@ -442,6 +442,17 @@ def test_plot_of_a_file_that_is_not_a_snapshot_says_so_in_one_line(tmp_path):
     assert one_error_line(proc).startswith(f"error: cannot plot {junk}: not a memory snapshot"), describe(proc)
 
 
+@pytest.mark.parametrize("content", [[1, 2], {"device_traces": [[{"action": "alloc"}]], "segments": []}],
+                         ids=["a list", "events without sizes"])
+def test_plot_of_a_pickle_that_is_not_a_snapshot_says_so_in_one_line(tmp_path, content):
+    # A pickled list was a TypeError traceback.
+    junk = tmp_path / "junk.pickle"
+    junk.write_bytes(__import__("pickle").dumps(content))
+    proc = run_python(args=["-m", "streampool", "plot", str(junk), "-o", str(tmp_path / "m.png")])
+    assert proc.returncode == 1, describe(proc)
+    assert one_error_line(proc).startswith(f"error: cannot plot {junk}: not a memory snapshot"), describe(proc)
+
+
 def test_a_thread_reading_memory_reserved_in_a_loop_does_not_hold_off_the_idle_release():
     # A statistics read takes the device lock; the background thread took a lock it found taken
     # for activity, and with a reader in a loop the idle release never came.

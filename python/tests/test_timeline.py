@@ -158,6 +158,13 @@ def test_plot_command_line(tmp_path):
     assert f"wrote {out}" in proc.stdout
     bad = run_python(args=["-m", "streampool", "plot", str(tmp_path / "missing.pickle")])
     assert bad.returncode == 1 and "cannot plot" in bad.stderr, describe(bad)
+    # A name without a suffix: matplotlib adds .png, and the message names what was written.
+    proc = run_python(args=["-m", "streampool", "plot", str(snap), "-o", str(tmp_path / "plain")],
+                      env={"STREAMPOOL_LIBRARY": str(_lib.library_path())})
+    assert proc.returncode == 0 and (tmp_path / "plain.png").is_file(), describe(proc)
+    assert proc.stdout.strip() == f"wrote {tmp_path / 'plain.png'}", describe(proc)
+    folder = run_python(args=["-m", "streampool", "plot", str(snap), "-o", str(tmp_path)])
+    assert folder.returncode == 1 and "it is a folder" in folder.stderr, describe(folder)
 
 
 def test_plot_names_a_device_the_snapshot_lacks_and_a_missing_output_folder(tmp_path):
