@@ -206,8 +206,8 @@ def _compare(options: argparse.Namespace) -> int:
             raise UsageError(f"--runs must be 1 or more, got {options.runs}")
         if options.interval_ms < 1:
             raise UsageError(f"--interval-ms must be 1 or more, got {options.interval_ms}")
-        if options.timeout_s is not None and options.timeout_s <= 0:
-            raise UsageError(f"--timeout-s must be above 0, got {options.timeout_s:g}")
+        if options.timeout_s is not None and not 0 < options.timeout_s < float("inf"):
+            raise UsageError(f"--timeout-s must be a number of seconds above 0, got {options.timeout_s:g}")
         allocators = parse_allocators(options.allocators)
         if options.plot:  # before any run, not after all of them
             try:

@@ -112,8 +112,11 @@ _environment_at_load: Optional[Dict[str, str]] = None
 
 def find_library() -> Path:
     """The path of ``libstreampool.so``: ``$STREAMPOOL_LIBRARY``, else the copy inside the package,
-    else ``<checkout>/target/release/libstreampool.so``. Raises FileNotFoundError naming all three."""
+    else ``<checkout>/target/release/libstreampool.so``. Raises FileNotFoundError naming all three
+    (or the variable, set but empty)."""
     configured = os.environ.get(LIBRARY_ENV)
+    if configured is not None and not configured.strip():
+        raise FileNotFoundError(f"{LIBRARY_ENV} is set but empty: name the {LIBRARY_NAME} to load, or unset it")
     if configured:
         path = Path(configured).expanduser().resolve()
         if not path.is_file():

@@ -65,6 +65,8 @@ BAD_LIBRARIES = [
     ("/nonexistent/libstreampool.so", "STREAMPOOL_LIBRARY=/nonexistent/libstreampool.so does not name a file"),
     (__file__, f"STREAMPOOL_LIBRARY={__file__} cannot be loaded ("),
     ("OTHER", "is not libstreampool.so: it lacks my_malloc and "),
+    # It loaded target/release's library as if unset.
+    ("", "STREAMPOOL_LIBRARY is set but empty: name the libstreampool.so to load, or unset it"),
 ]
 
 
@@ -76,7 +78,7 @@ def _another_shared_library() -> str:
 
 
 @pytest.mark.parametrize("command", [["--version"], ["info"], ["demo"]])
-@pytest.mark.parametrize("library, message", BAD_LIBRARIES, ids=["missing", "not a library", "another library"])
+@pytest.mark.parametrize("library, message", BAD_LIBRARIES, ids=["missing", "not a library", "another library", "empty"])
 def test_a_bad_library_is_one_line_without_a_traceback(command, library, message):
     library = _another_shared_library() if library == "OTHER" else library
     proc = run_python(args=["-m", "streampool", *command], env={"STREAMPOOL_LIBRARY": library})

@@ -224,7 +224,10 @@ def test_the_command_line_refuses_bad_arguments_in_one_line():
                           (["--"], "error: compare: no command given; put it after --"),
                           (["--allocators", "x", "--", "true"], "error: --allocators: unknown allocator 'x'"),
                           (["--", "no-such-command-here", "x"],
-                           "error: compare: 'no-such-command-here' is not a command found on PATH")]:
+                           "error: compare: 'no-such-command-here' is not a command found on PATH"),
+                          # nan passed the old check (nan <= 0 is false) and ran with no limit
+                          (["--timeout-s", "nan", "--", "true"], "error: --timeout-s must be a number of seconds above 0, got nan"),
+                          (["--timeout-s", "0", "--", "true"], "error: --timeout-s must be a number of seconds above 0, got 0")]:
         proc = run_python(args=["-m", "streampool", "compare", *args])
         assert proc.returncode == 2, describe(proc)
         assert proc.stderr.startswith(message), describe(proc)
