@@ -1,8 +1,8 @@
 //! A flush that runs while an allocation in a memory pool makes the pool's new segment (another
 //! thread's `empty_cache()`, here made from inside the pool's own allocator, deterministically):
 //! the pool had no user and held nothing, so the flush dropped it from the device, and the new
-//! segment then landed in a pool nothing tracked — never given back. The allocation counts as a
-//! user of its pool while it runs.
+//! segment then landed in a pool nothing tracked — never given back. An allocation under way
+//! keeps its pool as a user does (PyTorch's use count does not show it).
 
 mod common;
 
@@ -19,13 +19,18 @@ static FREES: AtomicU64 = AtomicU64::new(0);
 /// The allocator a malloc flushes, once, while armed.
 static FLUSHED: AtomicPtr<Allocator> = AtomicPtr::new(std::ptr::null_mut());
 static ARMED: AtomicBool = AtomicBool::new(false);
+/// PyTorch's use count of the pool as the flush ran.
+static USE_COUNT_SEEN: AtomicU64 = AtomicU64::new(u64::MAX);
 
 unsafe extern "C" fn flushing_malloc(_: usize, _: c_int, _: *mut c_void) -> *mut c_void {
     MALLOCS.fetch_add(1, Ordering::SeqCst);
     if ARMED.swap(false, Ordering::SeqCst) {
         let alloc = FLUSHED.load(Ordering::SeqCst);
         // SAFETY: set to the test's allocator, which outlives every call made while armed.
-        unsafe { &*alloc }.empty_cache().unwrap();
+        let alloc = unsafe { &*alloc };
+        let count = alloc.device(0).unwrap().graph_pools().use_count((0, 9));
+        USE_COUNT_SEEN.store(u64::from(count), Ordering::SeqCst);
+        alloc.empty_cache().unwrap();
     }
     (BASE + NEXT.fetch_add(1, Ordering::SeqCst) * (1 << 30)) as *mut c_void
 }
@@ -58,6 +63,11 @@ fn a_flush_while_a_pool_makes_a_segment_keeps_the_pool_and_its_segment_goes_back
         "the flush ran inside the segment's malloc"
     );
     assert_eq!(pools.ids(), vec![pool], "the pool outlived the flush");
+    assert_eq!(
+        USE_COUNT_SEEN.load(Ordering::SeqCst),
+        0,
+        "PyTorch's use count does not show the allocation"
+    );
     r.free(block, 0);
     r.alloc.empty_cache().unwrap();
     assert!(

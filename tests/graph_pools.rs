@@ -393,8 +393,9 @@ fn a_pool_dropped_by_a_flush_never_takes_a_new_segment_with_it() {
 
 /// The memory fraction caps what the device reserves, a memory pool's segments included: on the
 /// pool backend a 1000-byte block in a pool made a 2 MiB segment past the cap (the device
-/// checked the block's bytes; the CUDA pool does not keep itself under the cap). Now the segment
-/// is checked against what the device's resource reserves, and the allocation is out of memory.
+/// checked the block's bytes; the CUDA pools do not keep themselves under the cap). Now the
+/// segment is checked against what the device's own resources reserve, and the allocation is out
+/// of memory.
 #[test]
 fn a_memory_pools_segment_stays_under_the_memory_fraction() {
     for r in [
@@ -403,7 +404,10 @@ fn a_memory_pools_segment_stays_under_the_memory_fraction() {
     ] {
         let device = r.device(0);
         device.set_memory_fraction(0.25).unwrap(); // 16 MiB
-        let plain = r.malloc(15 * MIB, 0, 1);
+                                                   // One large block, and blocks of 1 MiB (the pool backend's small-block pool): what
+                                                   // every own resource reserves counts.
+        let mut plain = vec![r.malloc(8 * MIB, 0, 1)];
+        plain.extend((0..7).map(|_| r.malloc(MIB, 0, 1)));
         let pools = device.graph_pools();
         pools
             .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(7))))
@@ -421,7 +425,9 @@ fn a_memory_pools_segment_stays_under_the_memory_fraction() {
         );
         pools.end_allocate_to_pool(POOL).unwrap();
         pools.release_pool(POOL).unwrap();
-        r.free(plain, 0);
+        for p in plain {
+            r.free(p, 0);
+        }
         r.alloc.empty_cache().unwrap();
     }
 }

@@ -6,8 +6,9 @@
 //! ledger's side of a pool's blocks — booking them, the limit, out of memory — is the
 //! device's ([`super::pool_blocks`]).
 //!
-//! Invariants: a pool's users are counted under the pools' lock in the same section that finds
-//! or makes it, so a flush never drops a pool someone is about to use; a pool gives back only
+//! Invariants: a pool's users, and the allocations in it under way, are counted under the pools'
+//! lock in the same section that finds or makes it, so a flush never drops a pool someone is
+//! about to use; a pool gives back only
 //! segments taken while nobody used it, and only after a device synchronisation that began after
 //! they were taken; it leaves the table once it holds nothing; the pools' lock is never held
 //! while a driver call is made or the device's lock is taken.
@@ -16,7 +17,7 @@ use super::pool_routes::{Routes, StreamFilter};
 use crate::driver::{DevicePtr, Driver, Stream};
 use crate::error::{Error, Result};
 use crate::resource::foreign::{ForeignFree, ForeignMalloc, ForeignResource};
-use crate::resource::graph_pool::{GraphPoolResource, PoolId, Segment};
+use crate::resource::graph_pool::{GraphPoolResource, PoolId, Segment, SegmentLimit};
 use crate::resource::{Resource, SourceId};
 use crate::sync::Mutex;
 use std::collections::HashMap;
@@ -39,6 +40,8 @@ pub(super) trait PoolDevice: Send + Sync {
     fn own_resource(&self) -> Result<Arc<dyn Resource>>;
     /// The device's memory limit (`u64::MAX`: none), shared.
     fn limit_bytes(&self) -> Arc<AtomicU64>;
+    /// The device's own resources (what its memory limit covers).
+    fn own_resources(&self) -> Result<Vec<Arc<dyn Resource>>>;
 }
 
 /// What to do with a pool's count of users when it is found or made.
@@ -48,6 +51,33 @@ pub(super) enum Users {
     Keep,
     /// One more, in the same locked section that finds or makes the pool.
     AddOne,
+    /// An allocation in it begins, in that locked section ([`GraphPool::begin_allocating`]);
+    /// the caller ends it.
+    ///
+    /// [`GraphPool::begin_allocating`]: crate::resource::graph_pool::GraphPool::begin_allocating
+    Allocating,
+}
+
+impl Users {
+    /// Counts this use of `pool`.
+    fn count(self, pool: &GraphPoolResource) {
+        match self {
+            Users::Keep => {}
+            Users::AddOne => pool.with(|p| p.incref()),
+            Users::Allocating => pool.with(|p| p.begin_allocating()),
+        }
+    }
+
+    /// Takes this use of `pool` back (its caller fails).
+    fn uncount(self, pool: &GraphPoolResource) {
+        match self {
+            Users::Keep => {}
+            Users::AddOne => {
+                let _ = pool.with(|p| p.decref());
+            }
+            Users::Allocating => pool.with(|p| p.end_allocating()),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -119,9 +149,7 @@ impl GraphPools {
         let own_stream = {
             let registry = self.registry.lock();
             if let Some((source, pool)) = registry.pools.get(&id) {
-                if users == Users::AddOne {
-                    pool.with(|p| p.incref());
-                }
+                users.count(pool);
                 return Ok((*source, Arc::clone(pool)));
             }
             registry.own_stream
@@ -131,8 +159,14 @@ impl GraphPools {
         let host = self.host()?;
         // The device is set up first (its own resource), as for any allocation.
         let own = host.own_resource()?;
-        // The device's limit covers its own resource's memory, not a MemPool allocator's.
-        let limit_bytes = parent.is_none().then(|| host.limit_bytes());
+        // The device's limit covers its own resources' memory, not a MemPool allocator's.
+        let limit = match parent {
+            Some(_) => None,
+            None => Some(SegmentLimit {
+                limit_bytes: host.limit_bytes(),
+                own: host.own_resources()?,
+            }),
+        };
         let parent = parent.unwrap_or(own);
         let own_stream = match own_stream {
             Some(s) => s,
@@ -143,7 +177,7 @@ impl GraphPools {
             Arc::clone(&self.driver),
             parent,
             own_stream,
-            limit_bytes,
+            limit,
         ));
         let source = host.add_source(Arc::clone(&pool) as Arc<dyn Resource>)?;
         let (entry, lost) = {
@@ -158,13 +192,14 @@ impl GraphPools {
                     ((source, pool), None)
                 }
             };
-            if users == Users::AddOne {
-                entry.1.with(|p| p.incref());
-            }
+            users.count(&entry.1);
             (entry, lost)
         };
         if let Some(unused) = lost {
-            host.remove_source(unused)?;
+            if let Err(e) = host.remove_source(unused) {
+                users.uncount(&entry.1);
+                return Err(e);
+            }
         }
         Ok(entry)
     }

@@ -15,7 +15,7 @@ use super::DeviceAllocator;
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::history::StreampoolEventKind as Event;
-use crate::resource::graph_pool::{PoolBlock, PoolId};
+use crate::resource::graph_pool::{GraphPoolResource, PoolBlock, PoolId};
 use crate::resource::{Resource, SourceId};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -37,6 +37,19 @@ impl PoolDevice for DeviceAllocator {
 
     fn limit_bytes(&self) -> Arc<AtomicU64> {
         Arc::clone(self.limit.shared())
+    }
+
+    fn own_resources(&self) -> Result<Vec<Arc<dyn Resource>>> {
+        Ok(self.setup()?.own.clone())
+    }
+}
+
+/// An allocation under way in a pool; ended when dropped.
+struct AllocatingIn<'a>(&'a GraphPoolResource);
+
+impl Drop for AllocatingIn<'_> {
+    fn drop(&mut self) {
+        self.0.with(|p| p.end_allocating());
     }
 }
 
@@ -62,13 +75,12 @@ impl DeviceAllocator {
         let request = Request::new(requested_bytes, stream)?;
         // Asleep, a pool's free blocks lie on pages given back: none is handed out.
         self.refuse_while_asleep()?;
-        // A user of the pool while the allocation runs: a flush meanwhile (another thread's)
-        // leaves it in the table, rather than drop a pool about to get a new segment (which
-        // nothing would give back then).
-        let entry = self.graph_pools.for_use(id, Users::AddOne, None)?;
-        let served = self.allocate_in_held_pool(&entry, request, stream);
-        let _ = entry.1.with(|p| p.decref());
-        served
+        // Counted in the pool while it runs: a flush meanwhile (another thread's) leaves the
+        // pool in the table, rather than drop a pool about to get a new segment (which nothing
+        // would give back then). Ended however this returns (a panic included).
+        let entry = self.graph_pools.for_use(id, Users::Allocating, None)?;
+        let _under_way = AllocatingIn(&entry.1);
+        self.allocate_in_held_pool(&entry, request, stream)
     }
 
     /// [`DeviceAllocator::allocate_in_pool`] with the pool held.

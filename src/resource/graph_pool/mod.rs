@@ -14,7 +14,7 @@ mod resource;
 #[cfg(test)]
 mod tests;
 
-pub use resource::{GraphPoolResource, PoolId};
+pub use resource::{GraphPoolResource, PoolId, SegmentLimit};
 
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result, CUDA_ERROR_OUT_OF_MEMORY};
@@ -53,6 +53,9 @@ pub struct PoolBlock {
 pub struct GraphPool {
     /// PyTorch's references (captures, `MemPool` objects, `use_mem_pool` regions).
     use_count: u32,
+    /// Allocations in the pool under way (not PyTorch's: its use count does not show them);
+    /// they keep the pool as its users do, so that a flush meanwhile does not drop it.
+    allocating: u32,
     /// Blocks take a whole free range rather than split it (`MemPool(no_split=True)`).
     no_split: bool,
     /// Its free ranges may serve allocations outside the pool that ran out of memory.
@@ -102,6 +105,21 @@ impl GraphPool {
         Ok(self.use_count)
     }
 
+    /// An allocation in the pool begins: the pool stays while it runs.
+    pub fn begin_allocating(&mut self) {
+        self.allocating = self.allocating.saturating_add(1);
+    }
+
+    /// An allocation in the pool has ended (served or refused).
+    pub fn end_allocating(&mut self) {
+        self.allocating = self.allocating.saturating_sub(1);
+    }
+
+    /// Nobody uses the pool: no PyTorch reference, no allocation under way.
+    pub fn is_idle(&self) -> bool {
+        self.use_count == 0 && self.allocating == 0
+    }
+
     pub fn set_no_split(&mut self) {
         self.no_split = true;
     }
@@ -126,7 +144,7 @@ impl GraphPool {
 
     /// Nothing live and nobody holding it: the pool can go, with all its segments.
     pub fn is_unused(&self) -> bool {
-        self.use_count == 0 && self.live.is_empty()
+        self.is_idle() && self.live.is_empty()
     }
 
     /// The live blocks, in no particular order.

@@ -26,30 +26,39 @@ pub struct GraphPoolResource {
     parent: Arc<dyn Resource>,
     /// streampool's own stream of the device: segments are allocated and returned on it.
     own_stream: Stream,
-    /// The device's memory limit, where the parent is the device's own resource and does not
-    /// keep itself under it: a new segment must fit under it beside what the parent reserves.
-    limit_bytes: Option<Arc<AtomicU64>>,
+    /// Where the parent is the device's own resource and does not keep itself under the
+    /// device's memory limit: the limit, which a new segment must fit under beside what the
+    /// device's own resources reserve.
+    limit: Option<SegmentLimit>,
     pool: Mutex<GraphPool>,
 }
 
+/// The device's memory limit as a pool's new segments meet it.
+pub struct SegmentLimit {
+    /// The limit (`u64::MAX`: none), shared with the device.
+    pub limit_bytes: Arc<AtomicU64>,
+    /// The device's own resources: what they reserve in all is measured against it.
+    pub own: Vec<Arc<dyn Resource>>,
+}
+
 impl GraphPoolResource {
-    /// A pool taking its segments from `parent`; `limit_bytes`: the device's limit, where
-    /// `parent` is the device's own resource (checked only if the parent does not keep itself
-    /// under it: [`Traits::keeps_under_limit`]).
+    /// A pool taking its segments from `parent`; `limit`: the device's, where `parent` is the
+    /// device's own resource (checked only if the parent does not keep itself under it:
+    /// [`Traits::keeps_under_limit`]).
     pub fn new(
         device: usize,
         driver: Arc<dyn Driver>,
         parent: Arc<dyn Resource>,
         own_stream: Stream,
-        limit_bytes: Option<Arc<AtomicU64>>,
+        limit: Option<SegmentLimit>,
     ) -> GraphPoolResource {
-        let limit_bytes = limit_bytes.filter(|_| !parent.traits().keeps_under_limit);
+        let limit = limit.filter(|_| !parent.traits().keeps_under_limit);
         GraphPoolResource {
             device,
             driver,
             parent,
             own_stream,
-            limit_bytes,
+            limit,
             pool: Mutex::new(GraphPool::default()),
         }
     }
@@ -100,25 +109,29 @@ impl GraphPoolResource {
         segment.ok_or_else(|| Error::Internal("no segment was made".into()))
     }
 
-    /// Out of memory if a segment of `bytes` could take what the parent reserves past the
-    /// device's limit (whether the parent would serve it from memory it holds free is its own
-    /// to know: the device's retry after a flush makes the room, if any).
+    /// Out of memory if a segment of `bytes` could take what the device's own resources
+    /// reserve past the device's limit (whether the parent would serve it from memory it holds
+    /// free is its own to know: the device's retry after a flush makes the room, if any).
     fn check_limit(&self, bytes: u64) -> Result<()> {
-        let Some(limit) = &self.limit_bytes else {
+        let Some(limit) = &self.limit else {
             return Ok(());
         };
-        let limit_bytes = limit.load(Ordering::Relaxed);
+        let limit_bytes = limit.limit_bytes.load(Ordering::Relaxed);
         if limit_bytes == u64::MAX {
             return Ok(());
         }
-        let reserved_bytes = self.parent.usage()?.reserved_bytes;
+        let reserved_bytes = limit.own.iter().try_fold(0u64, |sum, r| {
+            Ok::<u64, Error>(sum.saturating_add(r.usage()?.reserved_bytes))
+        })?;
         match reserved_bytes.checked_add(bytes) {
             Some(total) if total <= limit_bytes => Ok(()),
             _ => Err(Error::Driver {
                 call: "cuMemAllocFromPoolAsync",
                 code: CUDA_ERROR_OUT_OF_MEMORY,
                 name: format!(
-                    "CUDA_ERROR_OUT_OF_MEMORY (a memory pool's segment of {bytes} B beside the                      {reserved_bytes} B reserved: more than the memory fraction allows,                      {limit_bytes} B)"
+                    "CUDA_ERROR_OUT_OF_MEMORY (a memory pool's segment of {bytes} B beside the \
+                     {reserved_bytes} B reserved: more than the memory fraction allows, \
+                     {limit_bytes} B)"
                 ),
             }),
         }
@@ -133,9 +146,9 @@ impl GraphPoolResource {
     /// no `MemPool`, no graph that may replay); none otherwise.
     pub fn take_free_segments_if_unused(&self) -> Vec<Segment> {
         let mut pool = self.pool.lock();
-        match pool.use_count() {
-            0 => pool.take_free_segments(),
-            _ => Vec::new(),
+        match pool.is_idle() {
+            true => pool.take_free_segments(),
+            false => Vec::new(),
         }
     }
 
