@@ -68,11 +68,16 @@ pub(crate) fn check_names(names: impl IntoIterator<Item = OsString>) -> Result<(
     Ok(())
 }
 
-/// The known name nearest to `name` by edit distance after the prefix, among those within a
-/// third of the known name's length (2 at least) or whose part after the prefix contains
-/// `name`'s or is contained in it (3 characters at least); None if no name is that close.
+/// The known name nearest to `name` by edit distance after the prefix (in capitals: known names
+/// are), among those within a third of the known name's length (2 at least) or whose part after
+/// the prefix contains `name`'s or is contained in it (3 characters at least); None if no name
+/// is that close.
 fn closest(name: &str, known: &[String]) -> Option<String> {
-    let tail = name.strip_prefix(PREFIX).unwrap_or(name);
+    let tail = name
+        .strip_prefix(PREFIX)
+        .unwrap_or(name)
+        .to_ascii_uppercase();
+    let tail = tail.as_str();
     let scored = known.iter().filter_map(|k| {
         let known_tail = k.strip_prefix(PREFIX).unwrap_or(k);
         let distance = edit_distance(tail, known_tail);
@@ -170,6 +175,15 @@ mod tests {
         assert_eq!(
             near("STREAMPOOL_LIBRAR").as_deref(),
             Some("STREAMPOOL_LIBRARY")
+        );
+        // In small letters (environment names are case-sensitive: it would be ignored).
+        assert_eq!(
+            near("STREAMPOOL_backend").as_deref(),
+            Some("STREAMPOOL_BACKEND")
+        );
+        assert_eq!(
+            near("STREAMPOOL_Release_Threshold").as_deref(),
+            Some("STREAMPOOL_RELEASE_THRESHOLD")
         );
         assert_eq!(near("STREAMPOOL_COLOUR"), None);
         let err = check(&["STREAMPOOL_COLOUR"]).unwrap_err().to_string();
