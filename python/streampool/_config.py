@@ -1,7 +1,7 @@
 """The ``STREAMPOOL_*`` variables (docs/abi.md) and the install() options that set them."""
 
 import os
-from typing import Dict, List, Mapping, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 # Every variable the library reads, with the default documented in docs/abi.md.
 VARIABLE_DEFAULTS: Dict[str, str] = {
@@ -90,7 +90,7 @@ def name_the_option(message: str, environ: Mapping[str, str] = os.environ) -> st
 def _env_text(name: str, value: object) -> str:
     if isinstance(value, bool):  # before int: bool is an int subclass
         return "1" if value else "0"
-    if isinstance(value, str) and ("\0" in value or _not_utf8(value)):
+    if isinstance(value, str) and c_text_problem(value) is not None:
         from ._lib import CONFIG_ERROR, ConfigError  # (_lib imports this module)
 
         raise ConfigError(f"install({name}={value!r}) is not valid: an environment variable's "
@@ -100,12 +100,16 @@ def _env_text(name: str, value: object) -> str:
     raise TypeError(f"install() option {name} must be a bool, int or str, not {type(value).__name__}")
 
 
-def _not_utf8(text: str) -> bool:
+def c_text_problem(text: str) -> Optional[str]:
+    """Why ``text`` cannot be a C string the library reads whole (a NUL, where C would stop; not
+    UTF-8), or None."""
+    if "\0" in text:
+        return "contains a NUL character"
     try:
         text.encode("utf-8")
-        return False
-    except UnicodeEncodeError:
-        return True
+    except UnicodeEncodeError as exc:
+        return f"is not UTF-8 text ({exc.reason})"
+    return None
 
 
 def variables_in_effect(environ: Mapping[str, str] = os.environ) -> List[Tuple[str, str, str]]:

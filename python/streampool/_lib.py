@@ -102,7 +102,7 @@ from ._abi import (  # noqa: F401  (re-exported: the package and its tests use t
     _NEWER_EXPORTS,
     _SIGNATURES,
 )
-from ._config import name_the_option
+from ._config import c_text_problem, name_the_option
 
 _load_lock = threading.Lock()
 _library: Optional[ctypes.CDLL] = None
@@ -274,14 +274,9 @@ def c_text(text: str, what: str, config: bool = False) -> bytes:
     """``text`` as the library takes a C string: UTF-8, no NUL (C would read up to it and drop the
     rest). A NUL, or text that is not UTF-8, raises InvalidArgumentError (ConfigError where
     ``config``: a setting's value) naming ``what`` and the value; the library is not called."""
-    problem = None
-    if "\0" in text:
-        problem = "contains a NUL character"
-    else:
-        try:
-            return text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            problem = f"is not UTF-8 text ({exc.reason})"
+    problem = c_text_problem(text)
+    if problem is None:
+        return text.encode("utf-8")
     status = CONFIG_ERROR if config else INVALID_ARGUMENT
     named = f"{what}{text!r}" if what.endswith("=") else f"{what} {text!r}"
     raise _ERROR_CLASSES[status](f"{named} {problem}", status)
