@@ -15,6 +15,15 @@ const POOL: (u64, u64) = (0, 1);
 /// Claims allocations on one stream, as a capture's filter claims its capturing stream.
 struct OnStream(Stream);
 
+/// Claims every allocation (a NULL filter).
+struct Every;
+
+impl StreamFilter for Every {
+    fn claims(&self, _: Stream) -> bool {
+        true
+    }
+}
+
 impl StreamFilter for OnStream {
     fn claims(&self, stream: Stream) -> bool {
         stream == self.0
@@ -95,12 +104,6 @@ fn routed_allocations_come_from_the_pool_and_its_freed_blocks_serve_only_the_poo
 #[test]
 fn a_block_freed_into_the_pool_is_reused_on_its_stream_only() {
     let r = rig();
-    struct Every;
-    impl StreamFilter for Every {
-        fn claims(&self, _: Stream) -> bool {
-            true
-        }
-    }
     r.device(0)
         .graph_pools()
         .begin_allocate_to_pool(POOL, Arc::new(Every))
@@ -344,12 +347,6 @@ fn threads_routing_to_one_pool_at_once_leave_nothing_behind() {
 /// tests/graph_pool_flush_race.rs makes the interleaving deterministic.
 #[test]
 fn a_pool_dropped_by_a_flush_never_takes_a_new_segment_with_it() {
-    struct Every;
-    impl StreamFilter for Every {
-        fn claims(&self, _: Stream) -> bool {
-            true
-        }
-    }
     for _ in 0..16 {
         let r = rig();
         let stop = std::sync::atomic::AtomicBool::new(false);

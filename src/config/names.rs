@@ -155,36 +155,23 @@ mod tests {
     fn the_closest_name_is_the_nearest_one_or_none() {
         let known = known_variables();
         let near = |name: &str| closest(name, &known);
-        assert_eq!(
-            near("STREAMPOOL_VMM_PAGESIZE").as_deref(),
-            Some("STREAMPOOL_VMM_PAGE_SIZE")
-        );
-        assert_eq!(
-            near("STREAMPOOL_BACKEDN").as_deref(),
-            Some("STREAMPOOL_BACKEND")
-        );
-        assert_eq!(
-            near("STREAMPOOL_THRESHOLD").as_deref(),
-            Some("STREAMPOOL_RELEASE_THRESHOLD")
-        );
-        assert_eq!(
-            near("STREAMPOOL_LIBRARY_PATH").as_deref(),
-            Some("STREAMPOOL_LIBRARY")
-        );
-        // Two candidates (LIBRARY one edit away, PREBUILT_LIBRARY containing the name): the nearer.
-        assert_eq!(
-            near("STREAMPOOL_LIBRAR").as_deref(),
-            Some("STREAMPOOL_LIBRARY")
-        );
-        // In small letters (environment names are case-sensitive: it would be ignored).
-        assert_eq!(
-            near("STREAMPOOL_backend").as_deref(),
-            Some("STREAMPOOL_BACKEND")
-        );
-        assert_eq!(
-            near("STREAMPOOL_Release_Threshold").as_deref(),
-            Some("STREAMPOOL_RELEASE_THRESHOLD")
-        );
+        for (name, nearest) in [
+            ("STREAMPOOL_VMM_PAGESIZE", "STREAMPOOL_VMM_PAGE_SIZE"),
+            ("STREAMPOOL_BACKEDN", "STREAMPOOL_BACKEND"),
+            ("STREAMPOOL_THRESHOLD", "STREAMPOOL_RELEASE_THRESHOLD"),
+            ("STREAMPOOL_LIBRARY_PATH", "STREAMPOOL_LIBRARY"),
+            // Two candidates (LIBRARY one edit away, PREBUILT_LIBRARY containing the name): the
+            // nearer.
+            ("STREAMPOOL_LIBRAR", "STREAMPOOL_LIBRARY"),
+            // In small letters (environment names are case-sensitive: it would be ignored).
+            ("STREAMPOOL_backend", "STREAMPOOL_BACKEND"),
+            (
+                "STREAMPOOL_Release_Threshold",
+                "STREAMPOOL_RELEASE_THRESHOLD",
+            ),
+        ] {
+            assert_eq!(near(name).as_deref(), Some(nearest), "{name}");
+        }
         assert_eq!(near("STREAMPOOL_COLOUR"), None);
         let err = check(&["STREAMPOOL_COLOUR"]).unwrap_err().to_string();
         assert!(err.starts_with("STREAMPOOL_COLOUR is set, but streampool has no such variable"));
