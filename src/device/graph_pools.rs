@@ -21,7 +21,6 @@ use crate::resource::graph_pool::{GraphPoolResource, PoolId, Segment, SegmentLim
 use crate::resource::{Resource, SourceId};
 use crate::sync::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 
 /// A pool and its place in the device's table of sources.
@@ -38,10 +37,8 @@ pub(super) trait PoolDevice: Send + Sync {
     fn remove_source(&self, id: SourceId) -> Result<()>;
     /// The resource a new pool takes its segments from: the device's own.
     fn own_resource(&self) -> Result<Arc<dyn Resource>>;
-    /// The device's memory limit (`u64::MAX`: none), shared.
-    fn limit_bytes(&self) -> Arc<AtomicU64>;
-    /// The device's own resources (what its memory limit covers).
-    fn own_resources(&self) -> Result<Vec<Arc<dyn Resource>>>;
+    /// The device's memory limit and the resources it covers, as a pool's segments meet it.
+    fn segment_limit(&self) -> Result<SegmentLimit>;
 }
 
 /// What to do with a pool's count of users when it is found or made.
@@ -162,10 +159,7 @@ impl GraphPools {
         // The device's limit covers its own resources' memory, not a MemPool allocator's.
         let limit = match parent {
             Some(_) => None,
-            None => Some(SegmentLimit {
-                limit_bytes: host.limit_bytes(),
-                own: host.own_resources()?,
-            }),
+            None => Some(host.segment_limit()?),
         };
         let parent = parent.unwrap_or(own);
         let own_stream = match own_stream {

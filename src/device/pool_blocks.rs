@@ -15,9 +15,8 @@ use super::DeviceAllocator;
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::history::StreampoolEventKind as Event;
-use crate::resource::graph_pool::{GraphPoolResource, PoolBlock, PoolId};
+use crate::resource::graph_pool::{GraphPoolResource, PoolBlock, PoolId, SegmentLimit};
 use crate::resource::{Resource, SourceId};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 impl PoolDevice for DeviceAllocator {
@@ -35,12 +34,11 @@ impl PoolDevice for DeviceAllocator {
             .ok_or_else(|| Error::Internal("the device has no resource".into()))
     }
 
-    fn limit_bytes(&self) -> Arc<AtomicU64> {
-        Arc::clone(self.limit.shared())
-    }
-
-    fn own_resources(&self) -> Result<Vec<Arc<dyn Resource>>> {
-        Ok(self.setup()?.own.clone())
+    fn segment_limit(&self) -> Result<SegmentLimit> {
+        Ok(SegmentLimit {
+            limit_bytes: Arc::clone(self.limit.shared()),
+            own: self.setup()?.own.clone(),
+        })
     }
 }
 
