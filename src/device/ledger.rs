@@ -344,13 +344,13 @@ impl Ledger {
         if held_bytes > limit_bytes {
             return None;
         }
-        let resource = self.sources.fast_path(id)?;
-        let ptr = timed_section!(
-            "resource try_allocate",
-            resource.try_allocate(request.block_bytes, request.stream)
-        )?;
+        let ptr = self.sources.serve_fast(id, |resource| {
+            timed_section!(
+                "resource try_allocate",
+                resource.try_allocate(request.block_bytes, request.stream)
+            )
+        })?;
         self.held_bytes = held_bytes;
-        self.sources.served(id);
         self.counters.num_device_allocs += 1;
         self.insert_live(ptr, request, id);
         Some((ptr, id))

@@ -181,13 +181,24 @@ impl Sources {
         }
     }
 
-    /// A block of `id` was served on its fast path: it counts as held from it until
-    /// [`Sources::returned`].
+    /// A block of `id` on its fast path: `f` with its resource, if it has a fast path and
+    /// serves new blocks ([`Sources::fast_path`]). A block `f` serves counts as held from it
+    /// until [`Sources::returned`]. The entry is looked up once for both.
     #[inline(always)]
-    pub fn served(&mut self, id: SourceId) {
-        if let Some(Some(entry)) = self.slots.get_mut(id.0 as usize) {
-            entry.blocks += 1;
+    pub fn serve_fast<T>(
+        &mut self,
+        id: SourceId,
+        f: impl FnOnce(&dyn Resource) -> Option<T>,
+    ) -> Option<T> {
+        let Some(Some(e)) = self.slots.get_mut(id.0 as usize) else {
+            return None;
+        };
+        if !e.traits.fast_path || e.removed {
+            return None;
         }
+        let served = f(e.resource.as_ref())?;
+        e.blocks += 1;
+        Some(served)
     }
 
     /// `id`'s resource, for a call outside the device lock.
