@@ -179,23 +179,31 @@ impl Ledger {
     }
 
     /// Takes `ptr` off the live list (it stays active until it no longer waits for streams);
-    /// `None` if it is not live (the caller builds the error, off the hot path).
+    /// `None` if it is not live (the caller builds the error, off the hot path). A block other
+    /// streams used goes on through [`Ledger::removed_used_elsewhere`].
     #[inline(always)]
-    pub fn remove_live(&mut self, ptr: DevicePtr) -> Option<Removed> {
+    pub fn remove_live(&mut self, ptr: DevicePtr) -> Option<LiveBlock> {
         let block = self.live.remove(ptr.0)?;
         let c = &mut self.counters;
         c.allocated_bytes.sub(block.requested_bytes);
         c.allocations.sub(1);
         c.freed_bytes_total += block.requested_bytes;
         c.num_frees += 1;
+        Some(block)
+    }
+
+    /// [`Ledger::remove_live`]'s `block` at `ptr`, which other streams used: its list of them
+    /// leaves the ledger with it, if it had one (more than one stream).
+    #[inline]
+    pub fn removed_used_elsewhere(&mut self, ptr: DevicePtr, block: LiveBlock) -> Removed {
         let all_other_streams = match block.other_streams > 1 {
             true => self.more_streams.remove(&ptr.0),
             false => None,
         };
-        Some(Removed {
+        Removed {
             live: block,
             all_other_streams,
-        })
+        }
     }
 
     pub fn live(&self, ptr: DevicePtr) -> Option<&LiveBlock> {

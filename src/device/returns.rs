@@ -20,10 +20,9 @@ impl DeviceAllocator {
     /// cached for its stream, or goes back to its source.
     pub(crate) fn free(&self, ptr: DevicePtr) -> Result<()> {
         let mut st = timed_section!("device free: lock", self.lock_enabled())?;
-        let Some(removed) = st.ledger.remove_live(ptr) else {
+        let Some(live) = st.ledger.remove_live(ptr) else {
             return Err(self.unknown_pointer(ptr));
         };
-        let live = removed.live;
         st.activity += 1;
         self.note(&st, Event::Free, live.stream, ptr, live.requested_bytes);
         log::trace!(
@@ -38,15 +37,18 @@ impl DeviceAllocator {
             stream: live.stream,
             source: live.source,
         };
-        if live.other_streams > 0 && st.ledger.held(&block) {
-            let waiting = WaitingBlock {
-                block,
-                requested_bytes: live.requested_bytes,
-            };
-            let mut one = [Stream(0)];
-            match self.wait_for_streams(st, waiting, removed.other_streams(&mut one))? {
-                Some(synchronised) => st = synchronised,
-                None => return Ok(()),
+        if live.other_streams > 0 {
+            let removed = st.ledger.removed_used_elsewhere(ptr, live);
+            if st.ledger.held(&block) {
+                let waiting = WaitingBlock {
+                    block,
+                    requested_bytes: live.requested_bytes,
+                };
+                let mut one = [Stream(0)];
+                match self.wait_for_streams(st, waiting, removed.other_streams(&mut one))? {
+                    Some(synchronised) => st = synchronised,
+                    None => return Ok(()),
+                }
             }
         }
         st.ledger.deactivate(live.requested_bytes);
