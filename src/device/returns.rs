@@ -52,7 +52,27 @@ impl DeviceAllocator {
             }
         }
         st.ledger.deactivate(live.requested_bytes);
-        self.keep_or_return(st, block)
+        // The freed, inactive block goes into the cache, or back to its source if the cache does
+        // not take it (with the blocks the cache evicts for it). (Here, not in a function that
+        // takes the lock's guard: moving the guard into it cost copies of it on every free.)
+        match st.ledger.try_keep(&block) {
+            Kept::Cached => Ok(()),
+            // Straight back (a block of the vmm backend, which reuses it itself): on its source's
+            // fast path, here, if it has one and can; else outside the lock.
+            Kept::NotCacheable => match st.ledger.return_fast(&block) {
+                Some(Ok(())) => {
+                    let (stream, ptr, bytes) = (block.stream, block.ptr, block.block_bytes);
+                    self.note(&st, Event::PoolFree, stream, ptr, bytes);
+                    Ok(())
+                }
+                Some(Err(e)) => {
+                    self.log_return_failure(&e);
+                    Err(e)
+                }
+                None => self.return_outside(st, block),
+            },
+            Kept::OverBudget => self.keep_evicting(st, block),
+        }
     }
 
     /// A freed block waits for the other `streams` that used it: `None` once events stand for
@@ -99,40 +119,15 @@ impl DeviceAllocator {
             .record_stream(ptr, stream, self.device)
     }
 
-    /// A freed, inactive block goes into the cache, or back to its source if the cache does not
-    /// take it (with the blocks the cache evicts for it).
-    #[inline]
-    pub(super) fn keep_or_return(
-        &self,
-        mut st: MutexGuard<'_, DeviceState>,
-        block: FreedBlock,
-    ) -> Result<()> {
-        match st.ledger.try_keep(&block) {
-            Kept::Cached => Ok(()),
-            Kept::NotCacheable => {
-                // Straight back (a block of the vmm backend, which reuses it itself): on its
-                // source's fast path, here, if it has one and can; else outside the lock.
-                match st.ledger.return_fast(&block) {
-                    Some(Ok(())) => {
-                        let (stream, ptr, bytes) = (block.stream, block.ptr, block.block_bytes);
-                        self.note(&st, Event::PoolFree, stream, ptr, bytes);
-                        return Ok(());
-                    }
-                    Some(Err(e)) => {
-                        self.log_return_failure(&e);
-                        return Err(e);
-                    }
-                    None => {}
-                }
-                let returning = st.ledger.release(block);
-                drop(st);
-                self.return_one(returning)
-            }
-            Kept::OverBudget => self.keep_evicting(st, block),
-        }
+    /// A freed block that its source's fast path did not take back: it leaves the ledger and goes
+    /// back once the lock is released.
+    fn return_outside(&self, mut st: MutexGuard<'_, DeviceState>, block: FreedBlock) -> Result<()> {
+        let returning = st.ledger.release(block);
+        drop(st);
+        self.return_one(returning)
     }
 
-    /// [`DeviceAllocator::keep_or_return`] for a block the cache makes room for: the blocks it
+    /// [`DeviceAllocator::free`] for a block the cache makes room for: the blocks it
     /// evicts go back.
     #[cold]
     fn keep_evicting(&self, mut st: MutexGuard<'_, DeviceState>, block: FreedBlock) -> Result<()> {
