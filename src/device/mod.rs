@@ -196,7 +196,9 @@ impl DeviceAllocator {
         shareable: bool,
     ) -> Result<DevicePtr> {
         self.check_enabled()?;
-        let request = Request::new(requested_bytes, stream)?;
+        let Some(request) = Request::fitting(requested_bytes, stream) else {
+            return Err(request::too_large(requested_bytes));
+        };
         let setup = self.setup()?;
         // 1. A capturing stream gets graph memory; the shareable scope, the shareable pool.
         if self.captures(stream)? {

@@ -23,14 +23,20 @@ impl Request {
     /// A request for `requested_bytes` on `stream`.
     #[inline]
     pub fn new(requested_bytes: u64, stream: Stream) -> Result<Request> {
-        match round_up(requested_bytes, BLOCK_ALIGN_BYTES) {
-            Some(block_bytes) => Ok(Request {
-                requested_bytes,
-                block_bytes,
-                stream,
-            }),
-            None => Err(too_large(requested_bytes)),
-        }
+        Request::fitting(requested_bytes, stream).ok_or_else(|| too_large(requested_bytes))
+    }
+
+    /// [`Request::new`] as an `Option` (`None`: too large), for the allocation's hot path: no
+    /// `Result`, a large value, is built and read back; the caller builds the error
+    /// ([`too_large`]).
+    #[inline(always)]
+    pub fn fitting(requested_bytes: u64, stream: Stream) -> Option<Request> {
+        let block_bytes = round_up(requested_bytes, BLOCK_ALIGN_BYTES)?;
+        Some(Request {
+            requested_bytes,
+            block_bytes,
+            stream,
+        })
     }
 
     /// The request served by a block of `block_bytes` (a cached block, at most 1/8 larger).
@@ -43,7 +49,8 @@ impl Request {
     }
 }
 
+/// The error of a request [`Request::fitting`] refuses.
 #[cold]
-fn too_large(requested_bytes: u64) -> Error {
+pub fn too_large(requested_bytes: u64) -> Error {
     Error::InvalidArgument(format!("allocation size {requested_bytes} is too large"))
 }
