@@ -25,12 +25,9 @@ impl DeviceAllocator {
         };
         st.activity += 1;
         self.note(&st, Event::Free, live.stream, ptr, live.requested_bytes);
-        log::trace!(
-            "device {}: free {ptr:#x} ({} B) on stream {:#x}",
-            self.device,
-            live.requested_bytes,
-            live.stream
-        );
+        if log::max_level() >= log::LevelFilter::Trace {
+            self.trace_free(ptr, live.requested_bytes, live.stream);
+        }
         let block = FreedBlock {
             ptr,
             block_bytes: live.block_bytes,
@@ -103,6 +100,18 @@ impl DeviceAllocator {
             return Err(e);
         }
         Ok(Some(st))
+    }
+
+    /// Logs a free (trace level). Out of line, its arguments copies: a reference to the free's
+    /// pointer or record, taken for the message, kept them in memory on every free, with copies
+    /// of the record between stack slots.
+    #[cold]
+    #[inline(never)]
+    fn trace_free(&self, ptr: DevicePtr, requested_bytes: u64, stream: Stream) {
+        log::trace!(
+            "device {}: free {ptr:#x} ({requested_bytes} B) on stream {stream:#x}",
+            self.device
+        );
     }
 
     #[cold]
