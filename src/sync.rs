@@ -114,13 +114,31 @@ impl<T> Drop for MutexGuard<'_, T> {
     /// Runs before the lock is released: a thread that takes it next sees the poison.
     #[inline(always)]
     fn drop(&mut self) {
-        if std::thread::panicking() && !self.panicking_at_lock {
-            self.poisoned.store(PANICKED_WHILE_HELD, Ordering::Relaxed);
-        }
+        self.mark_if_panicked();
     }
 }
 
 impl<T> MutexGuard<'_, T> {
+    /// Releases the lock: what dropping the guard does (the poison mark, then the unlock), here
+    /// inlined. The drop glue, shared by every exit of a large function, is a call of its own
+    /// (an allocation's fast path paid it, about 20 instructions).
+    #[inline(always)]
+    pub(crate) fn unlock(self) {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        this.mark_if_panicked();
+        // SAFETY: `this` is not used after this line, and being a ManuallyDrop it is never
+        // dropped: its guard, the one field that needs a drop, is dropped once, here.
+        unsafe { std::ptr::drop_in_place(&mut this.guard) };
+    }
+
+    /// The drop's first step: a panic that began while the lock was held poisons it.
+    #[inline(always)]
+    fn mark_if_panicked(&self) {
+        if std::thread::panicking() && !self.panicking_at_lock {
+            self.poisoned.store(PANICKED_WHILE_HELD, Ordering::Relaxed);
+        }
+    }
+
     /// Runs `f` with the lock released, handed first to a thread waiting for it (a fair
     /// unlock), and takes it again. (Under loom, `f` runs with the lock held.)
     pub(crate) fn unlocked_fair<U>(&mut self, f: impl FnOnce() -> U) -> U {

@@ -213,10 +213,13 @@ impl DeviceAllocator {
         if !st.waits.is_idle() {
             return self.allocate_collecting(st, request);
         }
+        // (The lock released inline on the two common exits: `unlock`.)
         if let Some(ptr) = self.take_cached(&mut st, request) {
+            st.unlock();
             return Ok(ptr);
         }
         if let Some(ptr) = self.take_fast(&mut st, request) {
+            st.unlock();
             return Ok(ptr);
         }
         self.allocate_missed(st, request, Vec::new())
