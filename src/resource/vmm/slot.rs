@@ -19,7 +19,9 @@ pub(super) struct Slot {
     pub bytes: u64,
     pub stream: Stream,
     pub seq: u64,
-    pub freed_ms: u64,
+    /// When it was freed, in microseconds (its milliseconds, what its ranges keep, are worked
+    /// out when it goes back to them: most slots are taken again before).
+    pub freed_us: u64,
 }
 
 /// Which streams allocated or freed since the program last synchronised: the last one, and
@@ -71,17 +73,16 @@ impl VmmResource {
     pub(super) fn put_slot(&self, st: &mut VmmState, start: u64, bytes: u64, stream: Stream) {
         st.streams_since_sync.note(stream);
         let now_us = self.driver.now_us();
-        let now_ms = now_us / 1000;
         let (seq, due) = st.fences.free_on(stream, now_us, FENCE_INTERVAL_US);
         let slot = Slot {
             start,
             bytes,
             stream,
             seq,
-            freed_ms: now_ms,
+            freed_us: now_us,
         };
         if due {
-            self.record_due_fence(st, stream, now_ms);
+            self.record_due_fence(st, stream, now_us / 1000);
         }
         if let Some(before) = st.slot.replace(slot) {
             self.give_freed(st, before);
@@ -127,8 +128,9 @@ impl VmmResource {
             bytes,
             stream,
             seq,
-            freed_ms,
+            freed_us,
         } = slot;
+        let freed_ms = freed_us / 1000;
         let state = match st.fences.outstanding(stream, seq) {
             true => State::Freed { stream, seq },
             false => State::Ready,
