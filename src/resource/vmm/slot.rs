@@ -54,14 +54,19 @@ impl VmmResource {
     /// The slot's block if it is `bytes` freed on `stream`; otherwise the slot is given back.
     #[inline]
     pub(super) fn take_slot(&self, st: &mut VmmState, bytes: u64, stream: Stream) -> Option<u64> {
-        let Some(slot) = st.slot.take() else {
+        // Looked at in place: a hit takes only its start, not the whole slot through the stack.
+        let Some(slot) = &st.slot else {
             st.streams_since_sync.note(stream);
             return None;
         };
         if slot.bytes == bytes && slot.stream == stream {
-            return Some(slot.start);
+            let start = slot.start;
+            st.slot = None;
+            return Some(start);
         }
-        self.give_freed(st, slot);
+        if let Some(slot) = st.slot.take() {
+            self.give_freed(st, slot);
+        }
         st.streams_since_sync.note(stream);
         None
     }
@@ -84,7 +89,10 @@ impl VmmResource {
         if due {
             self.record_due_fence(st, stream, now_us / 1000);
         }
-        if let Some(before) = st.slot.replace(slot) {
+        // An empty slot (a free after its block was taken again) is filled without reading it back.
+        if st.slot.is_none() {
+            st.slot = Some(slot);
+        } else if let Some(before) = st.slot.replace(slot) {
             self.give_freed(st, before);
         }
     }
