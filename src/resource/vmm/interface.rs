@@ -132,7 +132,10 @@ impl Resource for VmmResource {
             return None; // (the slow path says why)
         }
         if let Some(start) = self.take_slot(&mut st, bytes, stream) {
-            return Some(self.hand_out(&mut st, start, bytes));
+            let ptr = self.hand_out(&mut st, start, bytes);
+            // The common exit releases the lock inline, not through the drop glue.
+            st.unlock();
+            return Some(ptr);
         }
         let start = self.take_at_hand(&mut st, bytes, stream)?;
         Some(self.hand_out(&mut st, start, bytes))
