@@ -62,7 +62,10 @@ def case_vmm_remap_four_streams(ctx) -> None:
                 stream.synchronize()
                 assert int((block != value).sum()) == 0, f"round {i}: block changed"
             live = live[1::2]
+            # A threshold applies at the device's synchronisation, as in PyTorch and CUDA (a
+            # stream's does not): the holes' pages go back here.
             streampool.set_release_threshold(0)
+            torch.cuda.synchronize()
         if i % 50 == 40:
             streampool.set_release_threshold("max")
     for block, value, stream in live:
