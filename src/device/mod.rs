@@ -83,9 +83,7 @@ impl DeviceSetup {
 
     /// The device's reserved bytes: its own resources'.
     fn reserved_bytes(&self) -> Result<u64> {
-        self.own.iter().try_fold(0u64, |sum, r| {
-            Ok(sum.saturating_add(r.usage()?.reserved_bytes))
-        })
+        crate::resource::reserved_bytes_of(&self.own)
     }
 }
 

@@ -259,6 +259,13 @@ pub fn release_idle(resource: &dyn Resource) -> Result<bool> {
     }
 }
 
+/// What `resources` reserve from the device in all (saturating).
+pub fn reserved_bytes_of(resources: &[Arc<dyn Resource>]) -> Result<u64> {
+    resources.iter().try_fold(0u64, |sum, r| {
+        Ok(sum.saturating_add(r.usage()?.reserved_bytes))
+    })
+}
+
 /// `resource`'s usage with high-water marks (the current values where it keeps none).
 pub fn usage_with_peaks(resource: &dyn Resource) -> Result<PoolUsage> {
     if let Some(statistics) = resource.capabilities().statistics {

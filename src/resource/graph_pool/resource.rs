@@ -120,9 +120,7 @@ impl GraphPoolResource {
         if limit_bytes == u64::MAX {
             return Ok(());
         }
-        let reserved_bytes = limit.own.iter().try_fold(0u64, |sum, r| {
-            Ok::<u64, Error>(sum.saturating_add(r.usage()?.reserved_bytes))
-        })?;
+        let reserved_bytes = crate::resource::reserved_bytes_of(&limit.own)?;
         match reserved_bytes.checked_add(bytes) {
             Some(total) if total <= limit_bytes => Ok(()),
             _ => Err(Error::Driver {
