@@ -17,6 +17,8 @@ import re
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from .schedules import PRELOAD_MODULES
+
 Pair = Tuple[str, str]  # (reference, config)
 
 # The groups of a full run: workloads that share one set of worker processes (one invocation of
@@ -238,6 +240,37 @@ BLOCK_OVERHEAD = 1.25
 WARM_UP_BLOCKS = 4
 
 
+# Seconds a worker's memory pass takes beyond its figure above when its workload is the first of
+# the worker's workloads to build a model with a module of PRELOAD_MODULES (the imports are
+# preloaded; the first model built with them is not). Measured on an H200: gpt2 built first
+# (`bench/results/2026-12-02-h200-full-ed691fa/models-a/`, five process sets) took 11.0 s a
+# worker against the calibration's 2.56 s, measured after bert. A workload's figure is for its
+# place in its group (GROUPS, the order the calibration runs them in), so a run in another order
+# moves it by this much, either way.
+FIRST_BUILD_S = {"transformers": 8.4}
+
+
+def _first_users(workloads: Sequence[str]) -> Dict[str, List[str]]:
+    """Each workload of ``workloads`` -> the modules it is the first of them to build with."""
+    seen: set = set()
+    firsts: Dict[str, List[str]] = {}
+    for workload in workloads:
+        modules = [m for m in PRELOAD_MODULES.get(workload, ()) if m not in seen]
+        seen.update(modules)
+        firsts[workload] = modules
+    return firsts
+
+
+def first_build_s(workload: str, workloads: Sequence[str]) -> float:
+    """Seconds to add to ``workload``'s memory pass (one worker) when it runs in ``workloads``,
+    in that order, rather than at its place in its group (FIRST_BUILD_S)."""
+    group = next((g for g in GROUPS.values() if workload in g), (workload,))
+    here = _first_users(workloads).get(workload, [])
+    there = _first_users(group)[workload]
+    return (sum(FIRST_BUILD_S.get(m, 0.0) for m in here)
+            - sum(FIRST_BUILD_S.get(m, 0.0) for m in there))
+
+
 def costs(workload: str, block_s: float, calibration: Optional[Dict] = None) -> Dict[str, float]:
     """``prepare_s`` (a worker's memory pass), ``warm_up_s`` (a cold worker's warm-up in a stage)
     and ``pair_s`` (a pair's wall time) of ``workload`` at blocks of ``block_s``: the
@@ -268,10 +301,12 @@ def workload_s(workload: str, configs: int, setting: Setting,
 def estimate_s(workloads: Sequence[str], configs: int, settings: Dict[str, Setting],
                start_s: float, calibration: Optional[Dict] = None) -> float:
     """Seconds a run of ``workloads`` with ``configs`` workers should take: every process set's
-    start, then each workload's (workload_s)."""
+    start, then each workload's (workload_s), its memory passes moved by first_build_s."""
     sets = max((settings[w].processes for w in workloads), default=0)
-    return sets * start_s + sum(workload_s(w, configs, settings[w], calibration)
-                                for w in workloads)
+    return sets * start_s + sum(
+        workload_s(w, configs, settings[w], calibration)
+        + settings[w].processes * configs * first_build_s(w, workloads)
+        for w in workloads)
 
 
 def start_s(group: str, calibration: Optional[Dict] = None) -> float:

@@ -124,8 +124,26 @@ def test_estimates_count_every_process_set_and_use_measured_costs():
     one = plan.Setting(0.2, 8, 1)
     three = one._replace(processes=3)
     assert plan.workload_s("gpt2", 6, three) == pytest.approx(3 * plan.workload_s("gpt2", 6, one))
-    assert plan.estimate_s(["gpt2"], 6, {"gpt2": three}, 10.0) == pytest.approx(
-        30.0 + plan.workload_s("gpt2", 6, three))
+    assert plan.estimate_s(["bert"], 6, {"bert": three}, 10.0) == pytest.approx(
+        30.0 + plan.workload_s("bert", 6, three))
     measured = {"workloads": {"gpt2": {"measured": {"prepare_s": 1.0, "pair_s": {"0.2": 0.5},
                                                     "warm_up_s": {"0.2": 0.25}}}}}
     assert plan.workload_s("gpt2", 6, one, measured) == 6 * (1.0 + 0.25) + 5 * 8 * 0.5
+
+
+def test_a_model_built_first_in_a_worker_costs_its_first_build_wherever_it_runs():
+    surcharge = plan.FIRST_BUILD_S["transformers"]
+    # The calibration's figures are for each workload's place in its group (bert before gpt2).
+    assert plan.first_build_s("gpt2", ["multistream", "gpt2"]) == surcharge
+    assert plan.first_build_s("gpt2", ["bert", "gpt2"]) == 0.0
+    assert plan.first_build_s("bert", ["bert"]) == 0.0
+    assert plan.first_build_s("bert", ["gpt2", "bert"]) == -surcharge
+    assert plan.first_build_s("churn", ["churn"]) == 0.0
+
+    setting = plan.Setting(0.1, 4, 5)
+    settings = {"multistream": setting, "gpt2": setting}
+    alone = plan.estimate_s(["gpt2"], 5, settings, 0.0)
+    assert alone == pytest.approx(plan.workload_s("gpt2", 5, setting) + 5 * 5 * surcharge)
+    after_bert = plan.estimate_s(["bert", "gpt2"], 5, {**settings, "bert": setting}, 0.0)
+    assert after_bert == pytest.approx(plan.workload_s("bert", 5, setting)
+                                       + plan.workload_s("gpt2", 5, setting))
