@@ -289,11 +289,13 @@ def costs(workload: str, block_s: float, calibration: Optional[Dict] = None) -> 
 
 
 def workload_s(workload: str, configs: int, setting: Setting,
-               calibration: Optional[Dict] = None) -> float:
+               calibration: Optional[Dict] = None, prepare_shift_s: float = 0.0) -> float:
     """Seconds ``workload`` takes with ``configs`` workers (one of them native) at ``setting``:
-    each process set's memory passes, warm-ups and pairs (not the sets' start)."""
+    each process set's memory passes (each moved by ``prepare_shift_s``, to no less than 0),
+    warm-ups and pairs (not the sets' start)."""
     c = costs(workload, setting.block_s, calibration)
-    per_set = configs * (c["prepare_s"] + c["warm_up_s"])
+    prepare_s = max(0.0, c["prepare_s"] + prepare_shift_s)
+    per_set = configs * (prepare_s + c["warm_up_s"])
     per_set += (configs - 1) * setting.pairs * c["pair_s"]
     return setting.processes * per_set
 
@@ -304,8 +306,7 @@ def estimate_s(workloads: Sequence[str], configs: int, settings: Dict[str, Setti
     start, then each workload's (workload_s), its memory passes moved by first_build_s."""
     sets = max((settings[w].processes for w in workloads), default=0)
     return sets * start_s + sum(
-        workload_s(w, configs, settings[w], calibration)
-        + settings[w].processes * configs * first_build_s(w, workloads)
+        workload_s(w, configs, settings[w], calibration, first_build_s(w, workloads))
         for w in workloads)
 
 

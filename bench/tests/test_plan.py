@@ -147,3 +147,11 @@ def test_a_model_built_first_in_a_worker_costs_its_first_build_wherever_it_runs(
     after_bert = plan.estimate_s(["bert", "gpt2"], 5, {**settings, "bert": setting}, 0.0)
     assert after_bert == pytest.approx(plan.workload_s("bert", 5, setting)
                                        + plan.workload_s("gpt2", 5, setting))
+    # Built after gpt2, bert's memory pass is shorter than its figure, but never below nothing.
+    gpt2_first = plan.estimate_s(["gpt2", "bert"], 5, {**settings, "bert": setting}, 0.0)
+    assert gpt2_first == pytest.approx(
+        plan.workload_s("gpt2", 5, setting, prepare_shift_s=surcharge)
+        + plan.workload_s("bert", 5, setting, prepare_shift_s=-surcharge))
+    assert plan.workload_s("churn", 5, setting, prepare_shift_s=-1e6) == pytest.approx(
+        plan.workload_s("churn", 5, setting)
+        - 5 * 5 * plan.costs("churn", setting.block_s)["prepare_s"])
