@@ -203,7 +203,7 @@ class CudaEngine:
             import streampool
 
             info["streampool_version"] = streampool.__version__
-            info["streampool_library"] = streampool.library_path()
+            info["streampool_library"] = os.path.relpath(streampool.library_path())
         warm_up_libraries(torch)
         self.settle()
         return info
