@@ -68,7 +68,7 @@ impl SimDriver {
         match d.events.get(&event.raw()) {
             None => false,
             Some(None) => true,
-            Some(&Some(on)) => done_or_waited_for(&d.streams, on, stream),
+            Some(&Some(on)) => done_or_waited_for(&d.streams, &d.waits, on, stream),
         }
     }
 
@@ -256,8 +256,8 @@ impl SimDriver {
         let outcome = match d.vmm.contains(ptr) {
             true => {
                 let d = &mut *d;
-                let streams = &d.streams;
-                let completed = |work| done_or_waited_for(streams, work, stream);
+                let (streams, waits) = (&d.streams, &d.waits);
+                let completed = |work| done_or_waited_for(streams, waits, work, stream);
                 d.vmm
                     .touch(ptr, bytes, from, device, (stream, seq), completed)
             }
@@ -278,9 +278,10 @@ impl SimDriver {
 /// (the stream waited for it on the GPU).
 fn done_or_waited_for(
     streams: &HashMap<Stream, StreamClock>,
+    waits: &[super::StreamWait],
     (s, seq): (Stream, u64),
     stream: Stream,
 ) -> bool {
     streams.get(&s).is_some_and(|c| c.completed >= seq)
-        || streams.get(&stream).is_some_and(|c| c.is_after((s, seq)))
+        || super::device::ordered_after(waits, stream, (s, seq))
 }

@@ -1,5 +1,6 @@
-//! The simulated device's own state: its streams' clocks (what each submitted and completed,
-//! and which streams' work it is ordered after) and its address space.
+//! The simulated device's own state: its streams' clocks (what each submitted and completed),
+//! which streams' work each is ordered after (the waits not yet satisfied), and its address
+//! space.
 //!
 //! Invariant: a stream's completed tick never passes its submitted one, and completing a
 //! stream's work completes the work it waited for (its events' streams, up to the waited tick).
@@ -140,4 +141,26 @@ impl SimDevice {
             Some(_) => Ok(()),
         }
     }
+}
+
+/// True if `stream`'s new work is ordered after `work` of another stream: it waited for that
+/// work or later work of its stream, directly or through streams that did, by `waits` (the
+/// device's waits not yet satisfied: ask whether `work` completed first).
+pub(super) fn ordered_after(waits: &[StreamWait], stream: Stream, work: (Stream, u64)) -> bool {
+    // A stream and the last of its ticks whose work counts: its waits from before that tick.
+    let mut todo = vec![(stream, u64::MAX)];
+    let mut seen = Vec::new();
+    while let Some((waiter, up_to_tick)) = todo.pop() {
+        let waits = (waits.iter()).filter(|w| w.stream == waiter && w.from_tick <= up_to_tick);
+        for w in waits {
+            if w.on.0 == work.0 && w.on.1 >= work.1 {
+                return true;
+            }
+            if !seen.contains(&w.on) {
+                seen.push(w.on);
+                todo.push(w.on);
+            }
+        }
+    }
+    false
 }

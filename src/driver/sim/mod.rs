@@ -66,24 +66,6 @@ pub enum SimFault {
 struct StreamClock {
     submitted: u64,
     completed: u64,
-    /// Work of other streams that this stream's work from now on is ordered after (it waited
-    /// for their events, directly or through a stream that did): the latest tick of each.
-    after: Vec<(Stream, u64)>,
-}
-
-impl StreamClock {
-    /// This stream's new work is ordered after `(stream, tick)` of another stream.
-    fn order_after(&mut self, (stream, tick): (Stream, u64)) {
-        match self.after.iter_mut().find(|(s, _)| *s == stream) {
-            Some((_, t)) => *t = (*t).max(tick),
-            None => self.after.push((stream, tick)),
-        }
-    }
-
-    /// True if this stream's new work is ordered after `(stream, tick)`.
-    fn is_after(&self, (stream, tick): (Stream, u64)) -> bool {
-        self.after.iter().any(|&(s, t)| s == stream && t >= tick)
-    }
 }
 
 /// Work of `stream` from its tick `from_tick` on cannot complete before `on` has: completing
@@ -100,7 +82,8 @@ struct SimDevice {
     streams: HashMap<Stream, StreamClock>,
     /// event id -> (stream, sequence number) of its last record
     events: HashMap<usize, Option<(Stream, u64)>>,
-    /// Waits between streams (`stream_wait_event`) not yet known to be satisfied.
+    /// Waits between streams (`stream_wait_event`) not yet known to be satisfied: also what
+    /// each stream's work is ordered after ([`SimDevice::ordered_after`]).
     waits: Vec<StreamWait>,
     /// The event recorded last (for tests).
     last_recorded_event: Option<usize>,

@@ -43,15 +43,14 @@ impl SimDevice {
             return Ok(());
         }
         let end = ptr.0.checked_add(bytes).ok_or("range overflows")?;
-        let streams = &self.streams;
-        let done = |u: &Use| streams.get(&u.stream).is_some_and(|c| c.completed >= u.seq);
-        let waited =
-            |u: &Use| (streams.get(&stream)).is_some_and(|c| c.is_after((u.stream, u.seq)));
+        let mut uses = std::mem::take(&mut self.touches.uses);
+        uses.retain(|u| !self.completed((u.stream, u.seq)));
+        let waited = |u: &Use| super::device::ordered_after(&self.waits, stream, (u.stream, u.seq));
+        let race = (uses.iter())
+            .find(|u| u.stream != stream && u.start < end && ptr.0 < u.end && !waited(u))
+            .copied();
+        self.touches.uses = uses;
         let uses = &mut self.touches.uses;
-        uses.retain(|u| !done(u));
-        let race = uses
-            .iter()
-            .find(|u| u.stream != stream && u.start < end && ptr.0 < u.end && !waited(u));
         if let Some(u) = race {
             return Err(format!(
                 "stream {stream:#x} used {ptr:#x}+{bytes} while unfinished work of stream {:#x} \
@@ -113,6 +112,37 @@ mod tests {
         sim.event_destroy(0, event);
         sim.complete_all();
         assert_eq!(sim.events_alive(0), 0);
+        sim.pool_destroy(0, pool).unwrap();
+    }
+
+    #[test]
+    fn a_wait_orders_after_what_the_waited_stream_had_waited_for_not_after_its_later_work() {
+        const U: Stream = Stream(3);
+        let sim = SimDriver::new(1, 64 << 20).check_races();
+        let pool = sim.pool_create(0, u64::MAX, false).unwrap();
+        let p = sim.alloc_async(0, pool, 4096, S).unwrap();
+        let [before_s, s_done, t_early, t_late] = [(); 4].map(|()| sim.event_create(0).unwrap());
+        sim.event_record(0, before_s, S).unwrap();
+        sim.touch(0, 0, p, 4096, S).unwrap();
+        sim.event_record(0, s_done, S).unwrap();
+        // T waits for S only up to before its use: not enough.
+        sim.stream_wait_event(0, T, before_s).unwrap();
+        assert!(sim.touch(0, 0, p, 512, T).is_err());
+        // T's event recorded before it waits for S's use orders U after T's work only.
+        sim.event_record(0, t_early, T).unwrap();
+        sim.stream_wait_event(0, T, s_done).unwrap();
+        sim.event_record(0, t_late, T).unwrap();
+        sim.stream_wait_event(0, U, t_early).unwrap();
+        assert!(sim.touch(0, 0, p, 512, U).is_err());
+        // Waiting for T's later event orders U after S's use too, through T.
+        sim.stream_wait_event(0, U, t_late).unwrap();
+        sim.touch(0, 0, p, 512, U).unwrap();
+        sim.complete_all();
+        sim.free_async(0, p, S).unwrap();
+        for event in [before_s, s_done, t_early, t_late] {
+            sim.event_destroy(0, event);
+        }
+        sim.complete_all();
         sim.pool_destroy(0, pool).unwrap();
     }
 

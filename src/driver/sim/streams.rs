@@ -166,15 +166,6 @@ impl StreamDriver for SimDriver {
         };
         // An event never recorded, or already complete, adds nothing to wait for.
         if let Some(on) = on.filter(|on| !d.completed(*on)) {
-            let inherited = d
-                .streams
-                .get(&on.0)
-                .map(|c| c.after.clone())
-                .unwrap_or_default();
-            let clock = d.streams.entry(stream).or_default();
-            for earlier in inherited.into_iter().chain([on]) {
-                clock.order_after(earlier);
-            }
             let from_tick = d.tick(stream);
             d.waits.push(StreamWait {
                 stream,
