@@ -21,6 +21,11 @@ use crate::error::Result;
 /// [`Fences::forget_streams_without_fences`]).
 const KEPT_IDLE_STREAMS: usize = 64;
 
+/// The most streams whose oldest fences one [`Fences::poll`] queries: a program with thousands of
+/// streams (one per request) would otherwise pay a query per stream with work in flight at every
+/// look. Polls take the streams in turn, so every stream's fences are seen within a few looks.
+pub(super) const POLLED_STREAMS_MAX: usize = 64;
+
 struct StreamFences {
     stream: Stream,
     /// Recorded fences (their numbers) not known to have completed, oldest first.
@@ -36,6 +41,8 @@ pub(crate) struct Fences {
     streams: Vec<StreamFences>,
     last_seq: u64,
     events: EventPool,
+    /// Where the next poll starts among `streams` (the one after the last it queried).
+    poll_from: usize,
 }
 
 impl Fences {
@@ -218,8 +225,11 @@ impl Fences {
     /// up) would otherwise find its fence due, and record one, at every free.
     fn forget_streams_without_fences(&mut self) {
         if self.streams.len() > KEPT_IDLE_STREAMS {
-            self.streams
-                .retain(|s| !s.recorded.is_empty() || s.pending.is_some());
+            let idle = |s: &StreamFences| s.recorded.is_empty() && s.pending.is_none();
+            // The next poll starts at the same stream: the slots forgotten before it move it.
+            let start = self.poll_from.min(self.streams.len());
+            self.poll_from = start - self.streams[..start].iter().filter(|s| idle(s)).count();
+            self.streams.retain(|s| !idle(s));
         }
     }
 
@@ -249,11 +259,23 @@ impl Fences {
     }
 
     /// The streams whose recorded fences completed since the last poll, with their newest
-    /// completed fence. A query that fails counts as not completed (tried again at the next poll).
+    /// completed fence; of at most [`POLLED_STREAMS_MAX`] streams with fences recorded, taken in
+    /// turn from where the last poll stopped. A query that fails counts as not completed (tried
+    /// again at a later poll).
     pub fn poll(&mut self, driver: &dyn Driver, device: usize) -> Vec<(Stream, u64)> {
         let mut out = Vec::new();
-        let events = &mut self.events;
-        for slot in &mut self.streams {
+        let count = self.streams.len();
+        let (events, mut queried) = (&mut self.events, 0);
+        for i in (0..count).map(|k| (self.poll_from + k) % count) {
+            let slot = &mut self.streams[i];
+            if slot.recorded.is_empty() {
+                continue;
+            }
+            if queried == POLLED_STREAMS_MAX {
+                self.poll_from = i;
+                break;
+            }
+            queried += 1;
             let mut completed = None;
             slot.recorded
                 .pop_completed(driver, device, events, |seq| completed = Some(seq));

@@ -101,3 +101,28 @@ fn the_capture_watch_forgets_ended_and_destroyed_streams_and_asks_only_while_one
     );
     assert!(!watch.any_known());
 }
+
+#[test]
+fn a_poll_queries_a_bounded_number_of_streams_and_polls_take_them_in_turn() {
+    let sim = SimDriver::new(1, 1 << 30);
+    let mut fences = Fences::default();
+    let streams: Vec<Stream> = (0..200).map(|i| Stream(0x100 + i)).collect();
+    for &stream in &streams {
+        fences.free_on(stream, 0, 0);
+        fences.record_pending(&sim, 0, stream).unwrap();
+    }
+    // The first half's work goes on; the second half's completed. A poll that always began at
+    // the first stream would query only unfinished ones and never see the others.
+    for &stream in &streams[100..] {
+        sim.complete_stream(0, stream);
+    }
+    let mut seen = Vec::new();
+    for _ in 0..200usize.div_ceil(fences::POLLED_STREAMS_MAX) {
+        let queried = sim.calls("cuEventQuery");
+        seen.extend(fences.poll(&sim, 0).into_iter().map(|(s, _)| s));
+        assert!(sim.calls("cuEventQuery") - queried <= fences::POLLED_STREAMS_MAX as u64);
+    }
+    seen.sort();
+    assert_eq!(seen, streams[100..]);
+    assert!(fences.any_outstanding(), "the first half's fences stay");
+}
