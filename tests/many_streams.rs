@@ -124,3 +124,28 @@ fn a_hundred_thousand_streams_keep_the_rate_and_the_memory_of_one_pool_backend()
 fn a_hundred_thousand_streams_keep_the_rate_and_the_memory_of_one_vmm_backend() {
     run(Backend::Vmm);
 }
+
+/// A trim waits for the device, so every fence has completed: what each of many streams freed
+/// goes back, not only what the streams an allocation's look would query had freed.
+#[test]
+fn empty_cache_gives_back_what_each_of_many_streams_freed_vmm_backend() {
+    let sim = Arc::new(SimDriver::new(1, 16 << 30));
+    let config = Config {
+        backend: Backend::Vmm,
+        background: false,
+        ..Config::default()
+    };
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config).unwrap();
+    let blocks: Vec<_> = (0..200)
+        .map(|i| (Stream(0x1000 + i * 16), 4 * MIB + (i as u64 % 7) * 512))
+        .map(|(s, bytes)| (alloc.malloc(bytes, 0, s).unwrap(), s))
+        .collect();
+    for (p, _) in blocks {
+        alloc.free(p, 0).unwrap();
+    }
+    alloc.empty_cache().unwrap();
+    let st = alloc.device(0).unwrap().stats().unwrap();
+    assert_eq!((st.allocated_bytes, st.reserved_bytes), (0, 0));
+    sim.complete_all();
+    assert_eq!(sim.outstanding_bytes(), 0);
+}

@@ -21,9 +21,10 @@ use crate::error::Result;
 /// [`Fences::forget_streams_without_fences`]).
 const KEPT_IDLE_STREAMS: usize = 64;
 
-/// The most streams whose oldest fences one [`Fences::poll`] queries: a program with thousands of
-/// streams (one per request) would otherwise pay a query per stream with work in flight at every
-/// look. Polls take the streams in turn, so every stream's fences are seen within a few looks.
+/// The most streams whose oldest fences one [`Fences::poll_some`] queries: a program with
+/// thousands of streams (one per request) would otherwise pay a query per stream with work in
+/// flight at every allocation that looks. Such polls take the streams in turn, so every stream's
+/// fences are seen within a few looks.
 pub(super) const POLLED_STREAMS_MAX: usize = 64;
 
 struct StreamFences {
@@ -259,10 +260,24 @@ impl Fences {
     }
 
     /// The streams whose recorded fences completed since the last poll, with their newest
-    /// completed fence; of at most [`POLLED_STREAMS_MAX`] streams with fences recorded, taken in
-    /// turn from where the last poll stopped. A query that fails counts as not completed (tried
-    /// again at a later poll).
+    /// completed fence. A query that fails counts as not completed (tried again at the next poll).
     pub fn poll(&mut self, driver: &dyn Driver, device: usize) -> Vec<(Stream, u64)> {
+        self.poll_up_to(driver, device, usize::MAX)
+    }
+
+    /// [`Fences::poll`] of at most [`POLLED_STREAMS_MAX`] streams with fences recorded, taken in
+    /// turn from where the last such poll stopped: for an allocation's look, which needs some
+    /// memory, not all.
+    pub fn poll_some(&mut self, driver: &dyn Driver, device: usize) -> Vec<(Stream, u64)> {
+        self.poll_up_to(driver, device, POLLED_STREAMS_MAX)
+    }
+
+    fn poll_up_to(
+        &mut self,
+        driver: &dyn Driver,
+        device: usize,
+        max_streams: usize,
+    ) -> Vec<(Stream, u64)> {
         let mut out = Vec::new();
         let count = self.streams.len();
         let (events, mut queried) = (&mut self.events, 0);
@@ -271,7 +286,7 @@ impl Fences {
             if slot.recorded.is_empty() {
                 continue;
             }
-            if queried == POLLED_STREAMS_MAX {
+            if queried == max_streams {
                 self.poll_from = i;
                 break;
             }

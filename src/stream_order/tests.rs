@@ -119,10 +119,16 @@ fn a_poll_queries_a_bounded_number_of_streams_and_polls_take_them_in_turn() {
     let mut seen = Vec::new();
     for _ in 0..200usize.div_ceil(fences::POLLED_STREAMS_MAX) {
         let queried = sim.calls("cuEventQuery");
-        seen.extend(fences.poll(&sim, 0).into_iter().map(|(s, _)| s));
+        seen.extend(fences.poll_some(&sim, 0).into_iter().map(|(s, _)| s));
         assert!(sim.calls("cuEventQuery") - queried <= fences::POLLED_STREAMS_MAX as u64);
     }
     seen.sort();
     assert_eq!(seen, streams[100..]);
     assert!(fences.any_outstanding(), "the first half's fences stay");
+    // A full poll queries them all.
+    for &stream in &streams[..100] {
+        sim.complete_stream(0, stream);
+    }
+    assert_eq!(fences.poll(&sim, 0).len(), 100);
+    assert!(!fences.any_outstanding());
 }

@@ -291,8 +291,12 @@ impl VmmState {
 /// Who looks at the ranges ([`VmmResource::update_ranges`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Caller {
-    /// A thread of the program (an allocation, a trim): it may record fences on its streams.
+    /// A thread of the program (a trim, a synchronisation, a sleep): it may record fences on its
+    /// streams.
     Program,
+    /// A thread of the program at an allocation that found nothing free: as `Program`, but it
+    /// polls the fences of a bounded number of streams ([`crate::stream_order::Fences::poll_some`]).
+    Miss,
     /// The device's background thread: it records no fence on the program's streams (one may
     /// begin a capture at any moment); streams that have finished all their work complete their
     /// pending fences instead.

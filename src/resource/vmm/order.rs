@@ -21,7 +21,7 @@ impl VmmResource {
     /// background thread's callers then unmap the retired pages whose fences completed.)
     pub(super) fn update_ranges(&self, st: &mut VmmState, caller: Caller) {
         if self.capturing(st) {
-            if caller == Caller::Program {
+            if caller != Caller::Background {
                 self.update_ranges_during_capture(st);
             }
             return;
@@ -32,10 +32,13 @@ impl VmmResource {
         }
         let now_ms = self.driver.now_ms();
         let (driver, device) = (self.driver.as_ref(), self.device);
-        let mut done = st.fences.poll(driver, device);
+        let mut done = match caller {
+            Caller::Miss => st.fences.poll_some(driver, device),
+            Caller::Program | Caller::Background => st.fences.poll(driver, device),
+        };
         done.extend(match caller {
             Caller::Background => st.fences.complete_pending_of_idle_streams(driver, device),
-            Caller::Program => st.fences.settle_pending(driver, device),
+            Caller::Program | Caller::Miss => st.fences.settle_pending(driver, device),
         });
         self.promote(st, done, now_ms);
     }
@@ -67,14 +70,14 @@ impl VmmResource {
         }
     }
 
-    /// Polls the recorded fences (no record, no capture check: a query is allowed during a
-    /// capture of another stream in relaxed mode, and the fronts are fences of streams that
-    /// were not capturing when they were recorded).
+    /// Polls the recorded fences of some streams, as a miss does (no record, no capture check: a
+    /// query is allowed during a capture of another stream in relaxed mode, and the fronts are
+    /// fences of streams that were not capturing when they were recorded).
     pub(super) fn collect_completed(&self, st: &mut VmmState, now_ms: u64) {
         if st.captures.any_known() {
             return;
         }
-        let done = st.fences.poll(self.driver.as_ref(), self.device);
+        let done = st.fences.poll_some(self.driver.as_ref(), self.device);
         self.promote(st, done, now_ms);
     }
 
@@ -90,7 +93,7 @@ impl VmmResource {
     ) -> Option<u64> {
         for update in [false, true] {
             if update {
-                self.update_ranges(st, Caller::Program);
+                self.update_ranges(st, Caller::Miss);
             }
             let ranges = match small {
                 true => &mut st.small,
