@@ -8,6 +8,9 @@
 //! thousand streams. Afterwards a stream used before and a new one must each run at half the
 //! rate measured on one stream before, or more, and the device must hold no more than after a
 //! tenth of the streams. Both backends. (`MANY_STREAMS=n` runs n streams instead, by hand.)
+//! Beside it, with 200 streams whose work is in flight: an allocation's look queries the fences
+//! of a bounded number of them, and a trim, which waits for the device, gives back what each
+//! one freed.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -129,6 +132,7 @@ fn a_hundred_thousand_streams_keep_the_rate_and_the_memory_of_one_vmm_backend() 
 /// goes back, not only what the streams an allocation's look would query had freed.
 #[test]
 fn empty_cache_gives_back_what_each_of_many_streams_freed_vmm_backend() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let sim = Arc::new(SimDriver::new(1, 16 << 30));
     let config = Config {
         backend: Backend::Vmm,
@@ -146,6 +150,32 @@ fn empty_cache_gives_back_what_each_of_many_streams_freed_vmm_backend() {
     alloc.empty_cache().unwrap();
     let st = alloc.device(0).unwrap().stats().unwrap();
     assert_eq!((st.allocated_bytes, st.reserved_bytes), (0, 0));
+    sim.complete_all();
+    assert_eq!(sim.outstanding_bytes(), 0);
+}
+
+/// An allocation that finds nothing free on a new stream queries the fences of a bounded number
+/// of the streams with work in flight, not of every one.
+#[test]
+fn a_miss_queries_the_fences_of_a_bounded_number_of_busy_streams_vmm_backend() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let sim = Arc::new(SimDriver::new(1, 16 << 30));
+    let config = Config {
+        backend: Backend::Vmm,
+        background: false,
+        ..Config::default()
+    };
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config).unwrap();
+    for i in 0..200 {
+        let p = alloc.malloc(4 * MIB, 0, Stream(0x1000 + i * 16)).unwrap();
+        alloc.free(p, 0).unwrap();
+    }
+    let queried = sim.calls("cuEventQuery");
+    let p = alloc.malloc(4 * MIB, 0, Stream(0x10)).unwrap();
+    let queries = sim.calls("cuEventQuery") - queried;
+    assert!((1..=64).contains(&queries), "{queries} fences queried");
+    alloc.free(p, 0).unwrap();
+    alloc.empty_cache().unwrap();
     sim.complete_all();
     assert_eq!(sim.outstanding_bytes(), 0);
 }

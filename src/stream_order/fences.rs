@@ -11,7 +11,9 @@
 //! Invariants: a stream's fences complete in the order they were recorded (stream order), so
 //! each stream keeps an [`InOrder`] queue and only its front is queried; sequence numbers grow
 //! across all streams, a stream's pending number is greater than any it recorded, and its
-//! completed fence number only grows; events are reused once completed ([`EventPool`]).
+//! completed fence number only grows; events are reused once completed ([`EventPool`]). A poll
+//! queries every stream's front ([`Fences::poll`]), or a bounded number of them in turn from a
+//! cursor ([`Fences::poll_some`]) that stays on the same stream when slots before it go.
 
 use super::{EventPool, InOrder};
 use crate::driver::{Driver, EventHandle, Stream};
@@ -24,7 +26,7 @@ const KEPT_IDLE_STREAMS: usize = 64;
 /// The most streams whose oldest fences one [`Fences::poll_some`] queries: a program with
 /// thousands of streams (one per request) would otherwise pay a query per stream with work in
 /// flight at every allocation that looks. Such polls take the streams in turn, so every stream's
-/// fences are seen within a few looks.
+/// fences are seen within (streams with fences) / 64 of them.
 pub(super) const POLLED_STREAMS_MAX: usize = 64;
 
 struct StreamFences {
@@ -42,7 +44,8 @@ pub(crate) struct Fences {
     streams: Vec<StreamFences>,
     last_seq: u64,
     events: EventPool,
-    /// Where the next poll starts among `streams` (the one after the last it queried).
+    /// Where the next bounded poll starts among `streams`: the first stream with fences that the
+    /// last one did not reach.
     poll_from: usize,
 }
 
@@ -166,7 +169,8 @@ impl Fences {
             if !super::may_record(driver, device, stream) {
                 continue;
             }
-            // With fences of its own still recorded, the stream was polled just before: busy.
+            // With fences of its own still recorded, the stream is taken as busy (it was polled
+            // just before, or a bounded poll did not reach it): its fence is recorded.
             if nothing_recorded && driver.stream_query(device, stream).unwrap_or(false) {
                 idle.push(stream);
             } else if let Err(e) = self.record_pending(driver, device, stream) {

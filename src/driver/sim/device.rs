@@ -147,19 +147,24 @@ impl SimDevice {
 /// work or later work of its stream, directly or through streams that did, by `waits` (the
 /// device's waits not yet satisfied: ask whether `work` completed first).
 pub(super) fn ordered_after(waits: &[StreamWait], stream: Stream, work: (Stream, u64)) -> bool {
-    // A stream and the last of its ticks whose work counts: its waits from before that tick.
+    // A stream and the last of its ticks whose work counts: its waits from that tick or before.
     let mut todo = vec![(stream, u64::MAX)];
-    let mut seen = Vec::new();
+    // Per stream, the latest tick searched from: an earlier one would find nothing more.
+    let mut searched: HashMap<Stream, u64> = HashMap::new();
     while let Some((waiter, up_to_tick)) = todo.pop() {
+        if searched
+            .get(&waiter)
+            .is_some_and(|&tick| tick >= up_to_tick)
+        {
+            continue;
+        }
+        searched.insert(waiter, up_to_tick);
         let waits = (waits.iter()).filter(|w| w.stream == waiter && w.from_tick <= up_to_tick);
         for w in waits {
             if w.on.0 == work.0 && w.on.1 >= work.1 {
                 return true;
             }
-            if !seen.contains(&w.on) {
-                seen.push(w.on);
-                todo.push(w.on);
-            }
+            todo.push(w.on);
         }
     }
     false

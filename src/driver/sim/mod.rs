@@ -83,7 +83,7 @@ struct SimDevice {
     /// event id -> (stream, sequence number) of its last record
     events: HashMap<usize, Option<(Stream, u64)>>,
     /// Waits between streams (`stream_wait_event`) not yet known to be satisfied: also what
-    /// each stream's work is ordered after ([`SimDevice::ordered_after`]).
+    /// each stream's work is ordered after ([`device::ordered_after`]).
     waits: Vec<StreamWait>,
     /// The event recorded last (for tests).
     last_recorded_event: Option<usize>,

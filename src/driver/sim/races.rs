@@ -127,7 +127,8 @@ mod tests {
         sim.event_record(0, s_done, S).unwrap();
         // T waits for S only up to before its use: not enough.
         sim.stream_wait_event(0, T, before_s).unwrap();
-        assert!(sim.touch(0, 0, p, 512, T).is_err());
+        let err = sim.touch(0, 0, p, 512, T).unwrap_err();
+        assert!(err.to_string().contains("did not wait"), "{err}");
         // T's event recorded before it waits for S's use orders U after T's work only.
         sim.event_record(0, t_early, T).unwrap();
         sim.stream_wait_event(0, T, s_done).unwrap();

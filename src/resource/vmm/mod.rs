@@ -295,7 +295,9 @@ enum Caller {
     /// streams.
     Program,
     /// A thread of the program at an allocation that found nothing free: as `Program`, but it
-    /// polls the fences of a bounded number of streams ([`crate::stream_order::Fences::poll_some`]).
+    /// polls the fences of a bounded number of streams ([`crate::stream_order::Fences::poll_some`];
+    /// during a known capture, every stream's, as `Program`). Memory freed on streams it did not
+    /// reach is still lent behind a GPU-side wait.
     Miss,
     /// The device's background thread: it records no fence on the program's streams (one may
     /// begin a capture at any moment); streams that have finished all their work complete their

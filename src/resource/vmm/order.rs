@@ -12,7 +12,8 @@ use crate::driver::Stream;
 
 impl VmmResource {
     /// Brings the free ranges up to date with the GPU: freed ranges whose fences completed
-    /// become ready for every stream; pending fences are completed where their streams have
+    /// become ready for every stream (at a miss, those of the streams a bounded poll reached:
+    /// [`Caller::Miss`]); pending fences are completed where their streams have
     /// finished all their work (so that memory just freed can merge, be moved or serve any
     /// stream at this miss) and, from a thread of the program, recorded on the others (for the
     /// next look);

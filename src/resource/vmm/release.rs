@@ -119,7 +119,7 @@ impl VmmResource {
 
     /// At the program's synchronisation of the device (no release threshold), where more than
     /// one stream allocated or freed since the last one: the ranges are
-    /// brought up to date with the GPU, as at a miss — the fences of frees made before it have
+    /// brought up to date with the GPU, every stream's fences polled — the fences of frees made before it have
     /// completed, so what was freed becomes ready for every stream and merges (the slot's block
     /// given back first). Without it a stream kept preferring its own freed ranges, between
     /// another stream's, and the device grew (multistream replayed: peak 1.27x its live bytes,
@@ -131,7 +131,7 @@ impl VmmResource {
             return Ok(());
         };
         // One stream alone allocated and freed since the last synchronisation: its frees serve
-        // it at once, and a miss of its own brings the ranges up to date. (Settling churn's 200
+        // it at once, and a miss of its own polls its fences. (Settling churn's 200
         // frees of one stream took 25,700 instructions a synchronisation, replayed; its hook took
         // 9.8-10.7 us on an H200 before, 2.5-3.2 after.)
         if !st.streams_since_sync.several_since_last_look() {

@@ -106,8 +106,9 @@ impl VmmResource {
             return;
         }
         match st.fences.record_pending(driver, device, stream) {
-            // With each fence recorded, those that completed are collected: freed memory
-            // becomes ready for every stream, and idle, while the program runs.
+            // With each fence recorded, those that completed are collected (of a bounded
+            // number of streams, as at a miss): freed memory becomes ready for every stream,
+            // and idle, while the program runs.
             Ok(()) => self.collect_completed(st, now_ms),
             Err(e) => log::debug!("device {device}: a fence on {stream:#x}: {e}; later"),
         }
