@@ -128,37 +128,14 @@ fn a_hundred_thousand_streams_keep_the_rate_and_the_memory_of_one_vmm_backend() 
     run(Backend::Vmm);
 }
 
-/// A trim waits for the device, so every fence has completed: what each of many streams freed
-/// goes back, not only what the streams an allocation's look would query had freed.
-#[test]
-fn empty_cache_gives_back_what_each_of_many_streams_freed_vmm_backend() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let sim = Arc::new(SimDriver::new(1, 16 << 30));
-    let config = Config {
-        backend: Backend::Vmm,
-        background: false,
-        ..Config::default()
-    };
-    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config).unwrap();
-    let blocks: Vec<_> = (0..200)
-        .map(|i| (Stream(0x1000 + i * 16), 4 * MIB + (i as u64 % 7) * 512))
-        .map(|(s, bytes)| (alloc.malloc(bytes, 0, s).unwrap(), s))
-        .collect();
-    for (p, _) in blocks {
-        alloc.free(p, 0).unwrap();
-    }
-    alloc.empty_cache().unwrap();
-    let st = alloc.device(0).unwrap().stats().unwrap();
-    assert_eq!((st.allocated_bytes, st.reserved_bytes), (0, 0));
-    sim.complete_all();
-    assert_eq!(sim.outstanding_bytes(), 0);
-}
-
-/// An allocation that finds nothing free on a new stream queries the fences of a bounded number
-/// of the streams with work in flight, not of every one.
-#[test]
-fn a_miss_queries_the_fences_of_a_bounded_number_of_busy_streams_vmm_backend() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+/// A vmm allocator on the simulator whose 200 streams each allocated and freed a block, their
+/// work still in flight: more streams with fences than an allocation's look polls.
+fn busy_streams() -> (
+    Arc<SimDriver>,
+    Allocator,
+    std::sync::MutexGuard<'static, ()>,
+) {
+    let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let sim = Arc::new(SimDriver::new(1, 16 << 30));
     let config = Config {
         backend: Backend::Vmm,
@@ -167,15 +144,68 @@ fn a_miss_queries_the_fences_of_a_bounded_number_of_busy_streams_vmm_backend() {
     };
     let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config).unwrap();
     for i in 0..200 {
-        let p = alloc.malloc(4 * MIB, 0, Stream(0x1000 + i * 16)).unwrap();
+        let bytes = 4 * MIB + (i as u64 % 7) * 512;
+        let p = alloc.malloc(bytes, 0, Stream(0x1000 + i * 16)).unwrap();
         alloc.free(p, 0).unwrap();
     }
+    (sim, alloc, turn)
+}
+
+/// Nothing left: every block freed, every page back, nothing outstanding on the device.
+fn assert_all_back(sim: &SimDriver, alloc: &Allocator) {
+    alloc.empty_cache().unwrap();
+    let st = alloc.device(0).unwrap().stats().unwrap();
+    assert_eq!((st.allocated_bytes, st.reserved_bytes), (0, 0));
+    sim.complete_all();
+    assert_eq!(sim.outstanding_bytes(), 0);
+}
+
+/// A trim waits for the device, so every fence has completed: what each of many streams freed
+/// goes back, not only what the streams an allocation's look would query had freed.
+#[test]
+fn empty_cache_gives_back_what_each_of_many_streams_freed_vmm_backend() {
+    let (sim, alloc, _turn) = busy_streams();
+    alloc.empty_cache().unwrap();
+    let st = alloc.device(0).unwrap().stats().unwrap();
+    assert_eq!(st.reserved_bytes, 0, "before the device completed anything");
+    assert_all_back(&sim, &alloc);
+}
+
+/// An allocation that finds nothing free on a new stream queries the fences of a bounded number
+/// of the streams with work in flight, not of every one.
+#[test]
+fn a_miss_queries_the_fences_of_a_bounded_number_of_busy_streams_vmm_backend() {
+    let (sim, alloc, _turn) = busy_streams();
     let queried = sim.calls("cuEventQuery");
     let p = alloc.malloc(4 * MIB, 0, Stream(0x10)).unwrap();
     let queries = sim.calls("cuEventQuery") - queried;
     assert!((1..=64).contains(&queries), "{queries} fences queried");
     alloc.free(p, 0).unwrap();
-    alloc.empty_cache().unwrap();
-    sim.complete_all();
-    assert_eq!(sim.outstanding_bytes(), 0);
+    assert_all_back(&sim, &alloc);
+}
+
+/// At the program's synchronisation every fence recorded before it has completed: it polls
+/// every busy stream, so that what each freed is ready for any stream.
+#[test]
+fn a_synchronisation_polls_every_busy_stream_vmm_backend() {
+    let (sim, alloc, _turn) = busy_streams();
+    sim.complete_all(); // the program synchronised the device
+    let queried = sim.calls("cuEventQuery");
+    alloc.device(0).unwrap().synchronized().unwrap();
+    let queries = sim.calls("cuEventQuery") - queried;
+    assert!(queries >= 200, "{queries} fences queried");
+    assert_all_back(&sim, &alloc);
+}
+
+/// A sleep waits for the device: every page that many streams freed goes back, and none is
+/// saved to the host as if a live block held it.
+#[test]
+fn a_sleep_gives_back_what_each_of_many_streams_freed_vmm_backend() {
+    let (sim, alloc, _turn) = busy_streams();
+    let device = alloc.device(0).unwrap();
+    device.sleep(1, &[]).unwrap();
+    assert_eq!(device.sleep_saved_bytes(), 0);
+    assert_eq!(sim.outstanding_bytes(), 0, "every page back while asleep");
+    device.wake().unwrap();
+    assert_all_back(&sim, &alloc);
 }
