@@ -9,8 +9,8 @@
 //! rate measured on one stream before, or more, and the device must hold no more than after a
 //! tenth of the streams. Both backends. (`MANY_STREAMS=n` runs n streams instead, by hand.)
 //! Beside it, with 200 streams whose work is in flight: an allocation's look queries the fences
-//! of a bounded number of them, and a trim, which waits for the device, gives back what each
-//! one freed.
+//! of a bounded number of them; a synchronisation queries them all; a trim and a sleep, which
+//! wait for the device, give back what each one freed.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;

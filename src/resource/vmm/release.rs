@@ -118,10 +118,10 @@ impl VmmResource {
     }
 
     /// At the program's synchronisation of the device (no release threshold), where more than
-    /// one stream allocated or freed since the last one: the ranges are
-    /// brought up to date with the GPU, every stream's fences polled — the fences of frees made before it have
-    /// completed, so what was freed becomes ready for every stream and merges (the slot's block
-    /// given back first). Without it a stream kept preferring its own freed ranges, between
+    /// one stream allocated or freed since the last one: the ranges are brought up to date with
+    /// the GPU, every stream's fences polled — the fences of frees made before it have completed,
+    /// so what was freed becomes ready for every stream and merges (the slot's block given back
+    /// first). Without it a stream kept preferring its own freed ranges, between
     /// another stream's, and the device grew (multistream replayed: peak 1.27x its live bytes,
     /// 1.06x with it). No synchronisation of its own: queries, and records on streams still busy
     /// (other threads' work), so that a program synchronising often pays microseconds.
