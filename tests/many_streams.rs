@@ -10,7 +10,7 @@
 //! tenth of the streams. Both backends. (`MANY_STREAMS=n` runs n streams instead, by hand.)
 //! Beside it, with 200 streams whose work is in flight: an allocation's look queries the fences
 //! of a bounded number of them; a synchronisation queries them all; a trim and a sleep, which
-//! wait for the device, give back what each one freed.
+//! wait for the device, and an idle release, give back what each one freed.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -207,5 +207,21 @@ fn a_sleep_gives_back_what_each_of_many_streams_freed_vmm_backend() {
     assert_eq!(device.sleep_saved_bytes(), 0);
     assert_eq!(sim.outstanding_bytes(), 0, "every page back while asleep");
     device.wake().unwrap();
+    assert_all_back(&sim, &alloc);
+}
+
+/// The idle release follows the device: once the work of every stream is done, a device left idle
+/// gives back what each of many streams freed at its first try (with no poll of their fences, 6
+/// MiB stays).
+#[test]
+fn an_idle_release_gives_back_what_each_of_many_streams_freed_vmm_backend() {
+    let (sim, alloc, _turn) = busy_streams();
+    sim.stop_clock();
+    sim.complete_all(); // the GPU caught up; the program made no call
+    alloc.tend(); // the first look begins the idle period
+    sim.advance_clock_ms(Config::default().idle_release_ms.unwrap() + 1);
+    alloc.tend();
+    let st = alloc.device(0).unwrap().stats().unwrap();
+    assert_eq!(st.reserved_bytes, 0, "one idle release gave back every page");
     assert_all_back(&sim, &alloc);
 }
