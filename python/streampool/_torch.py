@@ -58,9 +58,10 @@ def _import_torch(caller: str) -> Any:
     return torch
 
 
-def _apply_environment(variables: Dict[str, str]) -> None:
+def _apply_environment(variables: Dict[str, str]) -> Dict[str, Optional[str]]:
     """Put install() options into os.environ, where the library reads them on first use, and
-    have the library check them. A malformed value raises ConfigError with os.environ as it
+    have the library check them; returns the variables' values before (None: not set), for
+    :func:`_restore_environment`. A malformed value raises ConfigError with os.environ as it
     was, so a retry with corrected options works. Raises RuntimeError if the library was
     already loaded with different values."""
     loaded = _lib.environment_at_load()  # None: the library has not read the variables yet
@@ -82,6 +83,7 @@ def _apply_environment(variables: Dict[str, str]) -> None:
         if loaded is None:  # only check_config() saw the values, and it keeps nothing
             _lib.forget_environment()
         raise
+    return previous
 
 
 def _restore_environment(previous: Dict[str, Optional[str]]) -> None:
@@ -126,7 +128,8 @@ def install(*, torch_stats: bool = True, **options: Any) -> Any:
     ``torch.cuda.memory.CUDAPluggableAllocator``, or None where PyTorch finds no CUDA GPU (then
     nothing is installed and one warning line says so).
 
-    Options (each sets the STREAMPOOL_* variable of its name in capitals, which the README's
+    Options (each sets the STREAMPOOL_* variable of its name in capitals — left as it was where
+    nothing is installed — which the README's
     Configuration table describes and ``python -m streampool info`` lists; sizes in bytes or
     strings such as "8GiB", "80%", "max"): backend ("vmm", the default: every block on streampool's
     own virtual-memory pool; "pool": CUDA's stream-ordered pools; "managed": managed memory), vmm_page_size, vmm_span_size, release_threshold,
@@ -165,9 +168,15 @@ def install(*, torch_stats: bool = True, **options: Any) -> Any:
             "replaced: call streampool.install() before any CUDA tensor or CUDA call, or use "
             "scoped mode instead: `with torch.cuda.use_mem_pool(streampool.mempool()): ...`"
         )
-    _apply_environment(variables)
-    _require_cuda_driver()
+    previous = _apply_environment(variables)
+    try:
+        _require_cuda_driver()
+    except Exception:
+        _restore_environment(previous)
+        raise
     if not torch.cuda.is_available():  # does not initialise CUDA
+        # Nothing is installed: processes started from here see the environment as it was.
+        _restore_environment(previous)
         _log.warning(
             "streampool.install(): PyTorch finds no CUDA GPU (torch.cuda.is_available() is False), "
             "so nothing was installed; CPU tensors are unaffected"

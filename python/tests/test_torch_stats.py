@@ -150,12 +150,17 @@ def test_install_routes_pytorch_statistics_unless_told_not_to(options, routes):
         assert lines[2] == "CUDAPluggableAllocator does not yet support getDeviceStats", describe(proc)
 
 
-def test_install_without_a_gpu_says_so_in_one_line_and_leaves_pytorch_alone():
-    code = "import torch, streampool\nprint(streampool.install(), streampool.is_installed(), torch._C.pluggable_allocator_current)\n"
-    env = stand_in_torch_env(FAKE_TORCH_GPU=None, STREAMPOOL_DRIVER=None)
+def test_install_without_a_gpu_says_so_in_one_line_and_leaves_pytorch_and_the_environment_alone():
+    code = (
+        "import os, torch, streampool\n"
+        "print(streampool.install(backend='pool', release_threshold='1GiB'), streampool.is_installed(), "
+        "torch._C.pluggable_allocator_current)\n"
+        "print(os.environ.get('STREAMPOOL_BACKEND'), os.environ.get('STREAMPOOL_RELEASE_THRESHOLD'))\n"
+    )
+    env = stand_in_torch_env(FAKE_TORCH_GPU=None, STREAMPOOL_DRIVER=None, STREAMPOOL_BACKEND="vmm")
     proc = run_python(code, env=env)
     assert proc.returncode == 0, describe(proc)
-    assert proc.stdout.split() == ["None", "False", "False"]
+    assert proc.stdout.split() == ["None", "False", "False", "vmm", "None"], describe(proc)
     assert proc.stderr.strip().splitlines() == [
         "streampool.install(): PyTorch finds no CUDA GPU (torch.cuda.is_available() is False), "
         "so nothing was installed; CPU tensors are unaffected"
