@@ -222,6 +222,9 @@ fn an_idle_release_gives_back_what_each_of_many_streams_freed_vmm_backend() {
     sim.advance_clock_ms(Config::default().idle_release_ms.unwrap() + 1);
     alloc.tend();
     let st = alloc.device(0).unwrap().stats().unwrap();
-    assert_eq!(st.reserved_bytes, 0, "one idle release gave back every page");
+    assert_eq!(
+        st.reserved_bytes, 0,
+        "one idle release gave back every page"
+    );
     assert_all_back(&sim, &alloc);
 }
