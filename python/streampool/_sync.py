@@ -26,29 +26,37 @@ _saved: List[Tuple[Any, str, Any]] = []
 
 def route(torch: Any) -> None:
     """Make ``torch._C._cuda_synchronize`` (what ``torch.cuda.synchronize()`` calls) tell
-    streampool as it begins and once it has returned. Idempotent."""
+    streampool as it begins and once it has returned. Idempotent. The library's two functions
+    and the device query are looked up here, once: looked up at every synchronisation they cost
+    some 4 us each time (bench/diag_sync.py), a program that synchronises after every step of a
+    few hundred microseconds paying it at every step."""
     with _lock:
         if _saved:
             return
         original = getattr(torch._C, "_cuda_synchronize", None)
         if original is None:
             return
+        lib = _lib.library()
+        # The mark the end's call reads (a library older than it lacks it).
+        begin = getattr(lib, "streampool_synchronizing", None)
+        end = lib.streampool_synchronized
+        # torch.cuda.synchronize(device) calls this inside torch.cuda.device(device), CUDA
+        # initialised: the current device is the one synchronised.
+        current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
         def synchronize(*args: Any, **kwargs: Any) -> Any:
             try:
-                device = torch.cuda.current_device()
-                # The mark the end's call reads (a library older than it lacks it; a failure
-                # leaves no mark, and the end's call then asks the driver).
-                begin = getattr(_lib.library(), "streampool_synchronizing", None)
+                device = current_device()
                 if begin is not None:
                     begin(device)
             except Exception:  # noqa: BLE001  (PyTorch's synchronisation says what is wrong)
+                # A failure leaves no mark: the end's call then asks the driver.
                 device = None
             result = original(*args, **kwargs)
             try:
                 if device is None:
-                    device = torch.cuda.current_device()
-                status = _lib.library().streampool_synchronized(device)
+                    device = current_device()
+                status = end(device)
                 if status != _lib.OK:
                     _lib.check(status)
             except Exception as exc:  # noqa: BLE001  (the synchronisation itself succeeded)

@@ -36,19 +36,23 @@ def test_a_release_threshold_applies_at_torch_cuda_synchronize_on_vmm():
 ORDER = """
 import json, torch
 from streampool import _lib, _sync
-_sync.route(torch)  # as install() does
 lib = _lib.library()
 seen = []  # (what, device, PyTorch's synchronisations so far)
 begin, end = lib.streampool_synchronizing, lib.streampool_synchronized
 def note(what, call):
     return lambda d: seen.append((what, d, torch._C.synchronize_calls)) or call(d)
-lib.streampool_synchronizing, lib.streampool_synchronized = note("begin", begin), note("end", end)
+def route_with(before):
+    # route() looks the library's functions up once: these, as install() would find them.
+    _sync.restore()
+    lib.streampool_synchronizing, lib.streampool_synchronized = before, note("end", end)
+    _sync.route(torch)
+route_with(note("begin", begin))
 torch.cuda.synchronize()
 def failing(d):
     raise OSError("no mark")
-lib.streampool_synchronizing = failing  # the part before fails: PyTorch's still runs
+route_with(failing)  # the part before fails: PyTorch's still runs
 torch.cuda.synchronize()
-lib.streampool_synchronizing = None  # a library without it
+route_with(None)  # a library without it
 torch.cuda.synchronize()
 print(json.dumps(seen + [("pytorch", 0, torch._C.synchronize_calls)]))
 """

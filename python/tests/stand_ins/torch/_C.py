@@ -33,3 +33,8 @@ def _cuda_synchronize():
     """PyTorch's device synchronisation (counted, for the tests)."""
     global synchronize_calls
     synchronize_calls += 1
+
+
+def _cuda_getDevice():
+    """The current device's index (what torch.cuda.current_device() returns)."""
+    return 0

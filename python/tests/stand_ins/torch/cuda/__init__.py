@@ -39,7 +39,9 @@ def device_count():
 
 
 def current_device():
-    return 0
+    import torch
+
+    return torch._C._cuda_getDevice()
 
 
 def mem_get_info(device=None):
