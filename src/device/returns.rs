@@ -176,13 +176,13 @@ impl DeviceAllocator {
         if st.waits.capturing() {
             return Ok(false);
         }
-        let mut blocks = Vec::new();
-        // Those that waited before this thread's synchronisation began, asked nothing.
-        let mut before: Vec<DevicePtr> = Vec::new();
         let done = match after_sync {
             true => st.waits.sync_ended(),
             false => Vec::new(),
         };
+        let mut blocks = Vec::with_capacity(done.len());
+        // Those that waited before this thread's synchronisation began, asked nothing.
+        let mut before: Vec<DevicePtr> = Vec::with_capacity(done.len());
         for w in done {
             before.push(w.block.ptr);
             st.ledger.deactivate(w.requested_bytes);

@@ -219,6 +219,9 @@ impl Waits {
             .into_iter()
             .map(|p| p.waiting)
             .collect();
+        if self.deferred.is_empty() {
+            return free;
+        }
         let (before, after): (Vec<Deferred>, Vec<Deferred>) =
             self.deferred.drain(..).partition(|d| d.seq < mark);
         self.deferred = after;

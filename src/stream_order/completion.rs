@@ -83,7 +83,20 @@ impl<T> InOrder<T> {
     /// Takes the items `past` says the GPU is past (the device synchronised after they were
     /// queued), whatever their events, in queue order; their events go back to `spare`.
     pub fn take_where(&mut self, past: impl Fn(&T) -> bool, spare: &mut EventPool) -> Vec<T> {
-        let mut taken = Vec::new();
+        let mut taken = Vec::with_capacity(self.queue.len());
+        // The items the GPU is past are usually the oldest, a run at the front: taken off it
+        // without rebuilding the queue (a synchronisation after every step did, every step).
+        while let Some(front) = self.queue.front() {
+            if !past(&front.item) {
+                break;
+            }
+            let g = self.queue.pop_front().expect("a front");
+            spare.give_back(g.events);
+            taken.push(g.item);
+        }
+        if !self.queue.iter().any(|g| past(&g.item)) {
+            return taken;
+        }
         let mut kept = VecDeque::with_capacity(self.queue.len());
         for g in self.queue.drain(..) {
             match past(&g.item) {

@@ -54,6 +54,30 @@ fn items_taken_after_a_synchronisation_give_their_events_back_and_keep_the_rest_
 }
 
 #[test]
+fn items_taken_off_the_front_after_a_synchronisation_leave_the_rest_queued_in_order() {
+    // The usual case: the GPU is past the oldest items, a run at the front.
+    let sim = SimDriver::new(1, 1 << 30);
+    let (mut pool, mut queue) = (EventPool::default(), InOrder::default());
+    for n in 0..5u64 {
+        let events = pool.record_each(&sim, 0, &[S1]).unwrap();
+        queue.push(n, events);
+    }
+    assert_eq!(queue.take_where(|&n| n < 3, &mut pool), [0, 1, 2]);
+    let left: Vec<u64> = queue.iter().map(|(&n, _)| n).collect();
+    assert_eq!(left, [3, 4]);
+    assert!(queue.take_where(|&n| n < 3, &mut pool).is_empty());
+    assert_eq!(queue.take_where(|_| true, &mut pool), [3, 4]);
+    assert!(queue.is_empty());
+    let created = sim.calls("cuEventCreate");
+    pool.record_each(&sim, 0, &[S1, S2, S1, S2, S1]).unwrap();
+    assert_eq!(
+        sim.calls("cuEventCreate"),
+        created,
+        "every taken item's events are reused"
+    );
+}
+
+#[test]
 fn a_failed_record_gives_every_event_taken_back() {
     let sim = SimDriver::new(1, 1 << 30);
     let mut pool = EventPool::default();
