@@ -1,7 +1,8 @@
 """What ``torch.cuda.synchronize()`` costs the host under install(), beyond PyTorch's own
 synchronisation: streampool's wrapper (python/streampool/_sync.py) and the library's two calls
-it makes. A CPU diagnostic, on the simulated driver: ``STREAMPOOL_DRIVER=sim python3 -m
-bench.diag_sync`` (STREAMPOOL_LIBRARY names the library; a release build is what users run).
+it makes. A CPU diagnostic, on the simulated driver, of a release build that has it:
+``cargo build --release --features sim --lib``, then ``STREAMPOOL_DRIVER=sim
+STREAMPOOL_LIBRARY=target/release/libstreampool.so python3 -m bench.diag_sync``.
 
 PyTorch's synchronisation is a stand-in that does nothing, so that what is timed is the rest: a
 workload that synchronises after every step pays it once a step (multistream's steps take some
@@ -39,7 +40,8 @@ def per_call_us(call: Callable[[], object]) -> float:
 def main() -> None:
     if os.environ.get("STREAMPOOL_DRIVER") != "sim":
         sys.exit("bench.diag_sync runs on the simulated driver: set STREAMPOOL_DRIVER=sim")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "python"))
     from streampool import _lib, _sync
 
     lib = _lib.library()
@@ -51,7 +53,9 @@ def main() -> None:
         """Stands in for torch._C._cuda_synchronize."""
 
     torch = types.SimpleNamespace(
-        _C=types.SimpleNamespace(_cuda_synchronize=pytorch_synchronize, _cuda_getDevice=lambda: device),
+        _C=types.SimpleNamespace(
+            _cuda_synchronize=pytorch_synchronize, _cuda_getDevice=lambda: device
+        ),
         cuda=types.SimpleNamespace(current_device=lambda: device),
     )
     alone = per_call_us(torch._C._cuda_synchronize)
