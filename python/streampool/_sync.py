@@ -39,7 +39,9 @@ def route(torch: Any) -> None:
         lib = _lib.library()
         # The mark the end's call reads (a library older than it lacks it).
         begin = getattr(lib, "streampool_synchronizing", None)
-        end = lib.streampool_synchronized
+        end = getattr(lib, "streampool_synchronized", None)
+        if end is None:
+            return  # an older library still: it has nothing to hear of a synchronisation
         # torch.cuda.synchronize(device) calls this inside torch.cuda.device(device), CUDA
         # initialised: the current device is the one synchronised.
         current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device

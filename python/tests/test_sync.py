@@ -54,6 +54,9 @@ route_with(failing)  # the part before fails: PyTorch's still runs
 torch.cuda.synchronize()
 route_with(None)  # a library without it
 torch.cuda.synchronize()
+route_with(note("begin", begin))
+torch._C.current_device_index = 1  # the program made device 1 current (as synchronize(1) does)
+torch.cuda.synchronize()
 print(json.dumps(seen + [("pytorch", 0, torch._C.synchronize_calls)]))
 """
 
@@ -68,5 +71,26 @@ def test_streampool_hears_of_the_synchronisation_as_it_begins_and_once_it_has_re
         ("end", 0, 1),  # after it
         ("end", 0, 2),  # the part before failed: PyTorch's ran, and the end
         ("end", 0, 3),  # an older library: the end alone
-        ("pytorch", 0, 3),
+        ("begin", 1, 3),  # the current device's, asked at each synchronisation
+        ("end", 1, 4),
+        ("pytorch", 0, 4),
     ], seen
+
+
+OLDER = """
+import json, torch
+from streampool import _lib, _sync
+lib = _lib.library()
+original = torch._C._cuda_synchronize
+lib.streampool_synchronized = None  # a library older than the synchronisation's calls
+_sync.route(torch)
+torch.cuda.synchronize()
+print(json.dumps([torch._C._cuda_synchronize is original, torch._C.synchronize_calls]))
+"""
+
+
+def test_a_library_without_the_synchronisation_calls_leaves_pytorch_s_synchronisation_alone():
+    env = stand_in_torch_env(FAKE_TORCH_CUDA_INITIALISED="1")
+    proc = run_python(OLDER, env=env)
+    assert proc.returncode == 0, describe(proc)
+    assert json.loads(proc.stdout.splitlines()[-1]) == [True, 1], describe(proc)

@@ -35,6 +35,10 @@ def _cuda_synchronize():
     synchronize_calls += 1
 
 
+# The current device (torch.cuda.set_device sets it).
+current_device_index = 0
+
+
 def _cuda_getDevice():
     """The current device's index (what torch.cuda.current_device() returns)."""
-    return 0
+    return current_device_index
