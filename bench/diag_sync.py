@@ -14,7 +14,6 @@ Invariant: the device has served one allocation before anything is timed (its fi
 it up), and nothing waits: the library's calls do their least work.
 """
 
-import ctypes
 import os
 import statistics
 import sys
@@ -63,7 +62,7 @@ def main() -> None:
     routed = per_call_us(torch._C._cuda_synchronize)
     _sync.restore()
     begin, end = lib.streampool_synchronizing, lib.streampool_synchronized
-    calls = per_call_us(lambda: (begin(ctypes.c_int(device)), end(ctypes.c_int(device))))
+    calls = per_call_us(lambda: (begin(device), end(device)))
     print(f"PyTorch's synchronisation (a stand-in): {alone:.2f} us")
     print(f"routed through streampool's wrapper:    {routed:.2f} us ({routed - alone:.2f} us more)")
     print(f"the library's two calls alone:          {calls:.2f} us")

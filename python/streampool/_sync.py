@@ -28,8 +28,8 @@ def route(torch: Any) -> None:
     """Make ``torch._C._cuda_synchronize`` (what ``torch.cuda.synchronize()`` calls) tell
     streampool as it begins and once it has returned. Idempotent. The library's two functions
     and the device query are looked up here, once: looked up at every synchronisation they cost
-    some 4 us each time (bench/diag_sync.py), a program that synchronises after every step of a
-    few hundred microseconds paying it at every step."""
+    2 to 4 us more each time (bench/diag_sync.py), which a program that synchronises after every
+    step of a few hundred microseconds pays at every step."""
     with _lock:
         if _saved:
             return

@@ -35,7 +35,7 @@ def _cuda_synchronize():
     synchronize_calls += 1
 
 
-# The current device (torch.cuda.set_device sets it).
+# The current device (a test sets it, as torch.cuda.set_device would).
 current_device_index = 0
 
 
