@@ -5,7 +5,7 @@
 //!
 //! Each stream here allocates and frees a small block twice (cached for its stream) and, every
 //! tenth one, a large block (the vmm backend fences it on the stream); the GPU catches up every
-//! thousand streams. Afterwards a stream used before and a new one must each run at half the
+//! thousand streams. Afterwards a stream used before and a new one must each run at a quarter of the
 //! rate measured on one stream before, or more, and the device must hold no more than after a
 //! tenth of the streams. Both backends. (`MANY_STREAMS=n` runs n streams instead, by hand.)
 //! Beside it, with 200 streams whose work is in flight: an allocation's look queries the fences
@@ -96,10 +96,13 @@ fn run(backend: Backend) {
         st.reserved_bytes / MIB,
         st.cached_bytes / MIB
     );
+    // A quarter: a cost that grows with the streams seen falls by orders of magnitude here,
+    // while a debug build on a loaded 2-core machine read 0.46-0.49 of the rate before with
+    // nothing wrong (the tables have grown and fallen out of cache).
     assert!(
-        old_per_s >= before_per_s / 2.0 && new_per_s >= before_per_s / 2.0,
+        old_per_s >= before_per_s / 4.0 && new_per_s >= before_per_s / 4.0,
         "{backend:?}: after {} streams {old_per_s:.0} and {new_per_s:.0} pairs/s, \
-         below half of {before_per_s:.0}",
+         below a quarter of {before_per_s:.0}",
         streams()
     );
     assert!(st.cached_bytes <= cache_limit_bytes);
