@@ -13,8 +13,7 @@
 
 use super::ledger::WaitingBlock;
 use crate::driver::{Driver, Stream};
-use crate::stream_order::{CaptureWatch, EventPool, InOrder};
-use std::thread::ThreadId;
+use crate::stream_order::{CaptureWatch, EventPool, InOrder, SyncMarks};
 
 /// A waiting block, with when it began to wait (see [`Waits::mark`]).
 #[derive(Debug)]
@@ -44,14 +43,9 @@ pub(super) struct Waits {
     /// The sequence number of the next block to wait.
     next_seq: u64,
     /// The marks threads took as their synchronisations of the device began
-    /// ([`Waits::note_sync_begins`]), one a thread.
-    sync_marks: Vec<(ThreadId, u64)>,
+    /// ([`Waits::note_sync_begins`]).
+    sync_marks: SyncMarks,
 }
-
-/// Marks of threads whose synchronisation never told its end (its call failed) are forgotten
-/// beyond this many: such a thread's next synchronisation then asks the driver, as one without
-/// a mark does.
-const SYNC_MARKS_KEPT: usize = 64;
 
 /// A block for which no event could be recorded, handed back by [`Waits::wait_for`].
 #[derive(Debug)]
@@ -95,15 +89,8 @@ impl Waits {
     /// thread once that returned, takes every block that began to wait before now (none if a
     /// capture is known now or then).
     pub fn note_sync_begins(&mut self) {
-        let (thread, mark) = (std::thread::current().id(), self.mark());
-        self.sync_marks.retain(|&(t, _)| t != thread);
-        if self.captures.any_known() {
-            return;
-        }
-        if self.sync_marks.len() >= SYNC_MARKS_KEPT {
-            self.sync_marks.clear();
-        }
-        self.sync_marks.push((thread, mark));
+        let mark = (!self.captures.any_known()).then(|| self.mark());
+        self.sync_marks.note(mark);
     }
 
     /// The calling thread's synchronisation of the device, begun at its
@@ -112,11 +99,9 @@ impl Waits {
     /// block is free for every stream: its streams' work on it was queued before the
     /// synchronisation began.
     pub fn sync_ended(&mut self) -> Vec<WaitingBlock> {
-        let thread = std::thread::current().id();
-        let Some(at) = self.sync_marks.iter().position(|&(t, _)| t == thread) else {
+        let Some(mark) = self.sync_marks.take() else {
             return Vec::new();
         };
-        let (_, mark) = self.sync_marks.swap_remove(at);
         match self.captures.any_known() {
             true => Vec::new(),
             false => self.take_all_after_sync(mark),

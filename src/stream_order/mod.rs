@@ -1,8 +1,9 @@
 //! Stream ordering, written once for every layer that reuses memory across streams: the spare
 //! events ([`EventPool`]), the streams seen capturing a CUDA graph ([`CaptureWatch`]), items that
-//! complete in the order their events were recorded ([`InOrder`]), and the lazily recorded
-//! per-stream fences of freed memory ([`Fences`]). The device's waits for `record_stream`
-//! (`device::waits`) and the virtual-memory resource (`resource::vmm`) are both built on them.
+//! complete in the order their events were recorded ([`InOrder`]), the lazily recorded
+//! per-stream fences of freed memory ([`Fences`]), and where each thread's synchronisation of the
+//! device began ([`SyncMarks`]). The device's waits for `record_stream` (`device::waits`) and the
+//! virtual-memory resource (`resource::vmm`) are both built on them.
 //!
 //! The rule they serve: memory freed on stream S may be handed out again on S at once (stream
 //! order), on another stream T after T waits on the GPU for an event recorded on S after the free
@@ -19,11 +20,13 @@ mod captures;
 mod completion;
 mod events;
 mod fences;
+mod sync_marks;
 
 pub(crate) use captures::CaptureWatch;
 pub(crate) use completion::InOrder;
 pub(crate) use events::EventPool;
 pub(crate) use fences::Fences;
+pub(crate) use sync_marks::SyncMarks;
 
 /// True if a fence may be recorded on `stream` now: the driver says it is not capturing a graph
 /// (a record would join the graph). A stream the driver cannot answer for counts as capturing:
