@@ -123,14 +123,21 @@ impl DeviceAllocator {
     /// The program is about to synchronise the device (`torch.cuda.synchronize()`, through
     /// install(), before PyTorch's own): at the [`DeviceAllocator::synchronized`] that follows on
     /// this thread, the blocks that waited for other streams before now go back without a
-    /// query, their streams' work on them done. Nothing during a capture, nor on a disabled
-    /// device.
+    /// query, their streams' work on them done, and each resource that tends its memory is told
+    /// (the vmm resource's fences then complete without a query where nothing was freed since).
+    /// Nothing during a capture, nor on a disabled device.
     pub fn synchronizing(&self) -> Result<()> {
-        if self.setup.get().is_none() {
+        let Some(setup) = self.setup.get() else {
             return Ok(());
+        };
+        match self.lock_enabled() {
+            Ok(mut st) => st.waits.note_sync_begins(),
+            Err(_) => return Ok(()),
         }
-        if let Ok(mut st) = self.lock_enabled() {
-            st.waits.note_sync_begins();
+        for r in &setup.own {
+            if let Some(tending) = r.capabilities().tending {
+                tending.synchronizing();
+            }
         }
         Ok(())
     }

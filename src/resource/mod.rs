@@ -157,6 +157,9 @@ pub trait Tending {
     /// The device has been idle: give back all memory not in use, without synchronising. True if
     /// some may become releasable later (its streams have not caught up): call again.
     fn release_idle(&self) -> Result<bool>;
+    /// The calling thread is about to synchronise the device (`torch.cuda.synchronize()`): at
+    /// its [`Tending::synchronized`], what was freed before now is past the GPU.
+    fn synchronizing(&self) {}
     /// The program synchronised the device (`torch.cuda.synchronize()`): what was freed before
     /// it is ready for every stream now, and memory above the release threshold goes back, as a
     /// CUDA pool's does at a synchronisation.

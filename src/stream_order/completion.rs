@@ -41,6 +41,11 @@ impl<T> InOrder<T> {
         self.queue.is_empty()
     }
 
+    /// The newest item.
+    pub fn last(&self) -> Option<&T> {
+        self.queue.back().map(|g| &g.item)
+    }
+
     /// The queued items, oldest first, with their events.
     pub fn iter(&self) -> impl Iterator<Item = (&T, &[EventHandle])> {
         self.queue.iter().map(|g| (&g.item, g.events.as_slice()))
@@ -111,7 +116,7 @@ impl<T> InOrder<T> {
         taken
     }
 
-    /// Every queued item leaves; their events are returned for their owner to destroy.
+    /// Every queued item leaves; their events are returned for their owner to destroy or reuse.
     pub fn drain_events(&mut self) -> Vec<EventHandle> {
         self.queue.drain(..).flat_map(|g| g.events).collect()
     }

@@ -11,7 +11,8 @@
 //! Invariants: a stream's fences complete in the order they were recorded (stream order), so
 //! each stream keeps an [`InOrder`] queue and only its front is queried; sequence numbers grow
 //! across all streams, a stream's pending number is greater than any it recorded, and its
-//! completed fence number only grows; events are reused once completed ([`EventPool`]). A poll
+//! completed fence number only grows; events are reused once completed ([`EventPool`]), or once a
+//! synchronisation of the device that began after their record has returned. A poll
 //! queries every stream's front ([`Fences::poll`]), or a bounded number of them in turn from a
 //! cursor ([`Fences::poll_some`]) that stays on the same stream when slots before it go.
 
@@ -47,6 +48,8 @@ pub(crate) struct Fences {
     /// Where the next bounded poll starts among `streams`: the first stream with fences that the
     /// last one did not reach.
     poll_from: usize,
+    /// Frees and records so far ([`Fences::mark`]).
+    changes: u64,
 }
 
 impl Fences {
@@ -76,6 +79,7 @@ impl Fences {
     /// fence per interval, and no free waits longer than that for a fence that can complete.
     #[inline]
     pub fn free_on(&mut self, stream: Stream, now_us: u64, interval_us: u64) -> (u64, bool) {
+        self.changes = self.changes.wrapping_add(1);
         let next = self.last_seq + 1;
         let slot = self.slot(stream);
         let due = slot
@@ -106,6 +110,7 @@ impl Fences {
             return Ok(());
         };
         let event = self.events.record(driver, device, stream)?;
+        self.changes = self.changes.wrapping_add(1);
         let slot = &mut self.streams[i];
         slot.pending = None;
         slot.recorded.push(seq, vec![event]);
@@ -181,6 +186,33 @@ impl Fences {
             true => Vec::new(),
             false => self.complete_pending_where(|slot, _| idle.contains(&slot.stream)),
         }
+    }
+
+    /// A mark for [`Fences::complete_all_unchanged_since`], taken as a synchronisation of the
+    /// device begins: the count of frees and records so far.
+    pub fn mark(&self) -> u64 {
+        self.changes
+    }
+
+    /// After a synchronisation of the device that began at `mark` ([`Fences::mark`]) and
+    /// returned: if nothing was freed or recorded since, every fence covers only work queued
+    /// before it began, so all of them — recorded and pending — have completed, without a query
+    /// (their events go back to the spares). `None` if something was (a free after the mark may
+    /// have joined a pending fence, whose work may still run: the caller asks the driver). The
+    /// streams and their newest fence numbers so completed.
+    pub fn complete_all_unchanged_since(&mut self, mark: u64) -> Option<Vec<(Stream, u64)>> {
+        if self.changes != mark {
+            return None;
+        }
+        let mut out = Vec::new();
+        for slot in &mut self.streams {
+            // A stream's pending number is greater than any it recorded.
+            let newest = slot.pending.take().or(slot.recorded.last().copied());
+            self.events.give_back(slot.recorded.drain_events());
+            out.extend(newest.map(|seq| (slot.stream, seq)));
+        }
+        self.forget_streams_without_fences();
+        Some(out)
     }
 
     /// The pending fences of streams the driver no longer knows (destroyed: no fence can be

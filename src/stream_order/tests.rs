@@ -156,3 +156,54 @@ fn a_poll_queries_a_bounded_number_of_streams_and_polls_take_them_in_turn() {
     assert_eq!(fences.poll(&sim, 0).len(), 100);
     assert!(!fences.any_outstanding());
 }
+
+#[test]
+fn after_a_synchronisation_with_nothing_freed_or_recorded_since_every_fence_completes_unasked() {
+    let sim = SimDriver::new(1, 1 << 30);
+    let mut fences = Fences::default();
+    // S1: a recorded fence and a pending one behind it; S2: a pending one only.
+    let (recorded, _) = fences.free_on(S1, 0, 0);
+    fences.record_pending(&sim, 0, S1).unwrap();
+    let (pending, _) = fences.free_on(S1, 0, 0);
+    let (s2, _) = fences.free_on(S2, 0, 0);
+    assert!(recorded < pending);
+    let mark = fences.mark();
+    sim.complete_all(); // the synchronisation
+    let queries = sim.calls("cuEventQuery") + sim.calls("cuStreamQuery");
+    let mut done = fences.complete_all_unchanged_since(mark).unwrap();
+    done.sort();
+    assert_eq!(
+        done,
+        [(S1, pending), (S2, s2)],
+        "each stream's newest fence"
+    );
+    assert!(!fences.any_outstanding());
+    let asked = sim.calls("cuEventQuery") + sim.calls("cuStreamQuery") - queries;
+    assert_eq!(asked, 0, "nothing asked of the driver");
+    // The recorded fence's event is a spare again: the next record creates none.
+    let created = sim.calls("cuEventCreate");
+    fences.free_on(S1, 0, 0);
+    fences.record_pending(&sim, 0, S1).unwrap();
+    assert_eq!(sim.calls("cuEventCreate"), created);
+}
+
+#[test]
+fn a_free_or_a_record_after_the_synchronisation_began_leaves_the_fences_to_the_driver() {
+    let sim = SimDriver::new(1, 1 << 30);
+    // A free after the mark may join the pending fence of a free before it: its work was queued
+    // after the synchronisation began, and may still run.
+    let mut fences = Fences::default();
+    fences.free_on(S1, 0, 0);
+    let mark = fences.mark();
+    fences.free_on(S1, 0, 0);
+    assert_eq!(fences.complete_all_unchanged_since(mark), None);
+    assert!(fences.any_outstanding(), "nothing completed");
+    // A record after the mark: its event may still be queued behind later work, and is not
+    // reused before it is seen complete.
+    let mut fences = Fences::default();
+    fences.free_on(S1, 0, 0);
+    let mark = fences.mark();
+    fences.record_pending(&sim, 0, S1).unwrap();
+    assert_eq!(fences.complete_all_unchanged_since(mark), None);
+    assert!(fences.any_outstanding());
+}

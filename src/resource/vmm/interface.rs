@@ -239,6 +239,10 @@ impl Tending for VmmResource {
         Ok(VmmResource::release_idle(self))
     }
 
+    fn synchronizing(&self) {
+        self.note_sync_begins();
+    }
+
     fn synchronized(&self) -> Result<()> {
         match self.release_threshold_bytes.load(Ordering::Relaxed) {
             u64::MAX => self.settle_after_sync(),

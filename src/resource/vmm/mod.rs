@@ -68,7 +68,7 @@ use crate::config::VMM_RELEASE_AFTER_MS as RELEASE_AFTER_MS;
 use crate::driver::{DevicePtr, Driver, MemHandle, Stream};
 use crate::error::{Error, Result};
 use crate::history::Recorder;
-use crate::stream_order::{CaptureWatch, Fences};
+use crate::stream_order::{CaptureWatch, Fences, SyncMarks};
 use crate::sync::Mutex;
 use crate::units::{format_bytes, format_limit};
 use ranges::{FreeRanges, State};
@@ -216,6 +216,9 @@ struct VmmState {
     /// while one still does, nothing is unmapped, and what is mapped or queried is done in relaxed
     /// capture mode.
     captures: CaptureWatch,
+    /// The fences' marks ([`Fences::mark`]) threads noted as their synchronisations of the
+    /// device began ([`order`]).
+    sync_marks: SyncMarks,
     /// Devices other than its own with access.
     peers: Vec<usize>,
     /// Some pages are blocked (mapped without access): updating the ranges tries to fix them.

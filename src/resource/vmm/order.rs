@@ -58,6 +58,34 @@ impl VmmResource {
         self.promote(st, done, driver.now_ms());
     }
 
+    /// The calling thread is about to synchronise the device: the fences' mark is noted for
+    /// [`VmmResource::complete_fences_at_sync`] (none during a known capture).
+    pub(super) fn note_sync_begins(&self) {
+        let Ok(mut st) = self.lock_enabled() else {
+            return;
+        };
+        let mark = (!st.captures.any_known()).then(|| st.fences.mark());
+        st.sync_marks.note(mark);
+    }
+
+    /// At the program's synchronisation of the device, on the thread that began it
+    /// ([`VmmResource::note_sync_begins`]): if nothing was freed and no fence recorded since it
+    /// began, every fence has completed, and the ranges they cover become ready for every stream
+    /// without a query or a record. Otherwise (or without a mark, or during a known capture) the
+    /// fences stay as they are, for the caller's look to ask the driver.
+    pub(super) fn complete_fences_at_sync(&self, st: &mut VmmState) {
+        let Some(mark) = st.sync_marks.take() else {
+            return;
+        };
+        if st.captures.any_known() {
+            return;
+        }
+        if let Some(done) = st.fences.complete_all_unchanged_since(mark) {
+            let now_ms = self.driver.now_ms();
+            self.promote(st, done, now_ms);
+        }
+    }
+
     /// Freed ranges covered by fences that completed become ready for every stream.
     pub(super) fn promote(&self, st: &mut VmmState, done: Vec<(Stream, u64)>, now_ms: u64) {
         for (stream, completed) in done {

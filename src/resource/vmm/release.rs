@@ -81,12 +81,18 @@ impl VmmResource {
     }
 
     /// Every free page above `keep_bytes` goes back to the device, once every fence of a free
-    /// made before now has completed (recorded and waited for here if one may be outstanding): a
+    /// made before now has completed (recorded and waited for here if one may be outstanding;
+    /// at the program's synchronisation none is where nothing was freed since it began): a
     /// trim asked for (`empty_cache()`, after the device's flush), or the release threshold's at
     /// the program's synchronisation (`cause`).
     pub(super) fn trim_after_sync(&self, keep_bytes: u64, cause: GiveBack) -> Result<()> {
         let mut st = self.lock_enabled()?;
         self.return_kept(&mut st);
+        // At the program's synchronisation, where nothing was freed since it began, every fence
+        // completes here: nothing below is then recorded, waited for or queried.
+        if cause == GiveBack::Threshold {
+            self.complete_fences_at_sync(&mut st);
+        }
         if self.capturing(&mut st) {
             return Ok(());
         }
@@ -135,9 +141,13 @@ impl VmmResource {
         // frees of one stream took 25,700 instructions a synchronisation, replayed; its hook took
         // 9.8-10.7 us on an H200 before, 2.5-3.2 after.)
         if !st.streams_since_sync.several_since_last_look() {
+            let _ = st.sync_marks.take();
             return Ok(());
         }
         self.return_slot(&mut st);
+        // Where nothing was freed since the synchronisation began, its fences complete without
+        // a query; the look below then has nothing to ask.
+        self.complete_fences_at_sync(&mut st);
         self.update_ranges(&mut st, Caller::Program);
         Ok(())
     }
