@@ -415,8 +415,9 @@ int streampool_set_release_threshold(int device, uint64_t bytes);
  * Tells streampool that this thread is about to synchronise `device` (`torch.cuda.synchronize()`
  * calls it under install(), before PyTorch's synchronisation): at its
  * `streampool_synchronized`, on the same thread, the blocks that waited for other streams
- * (record_stream) before this call go back without a driver query. Optional: without it,
- * `streampool_synchronized` asks the driver which are done.
+ * (record_stream) before this call go back without a driver query, and on the vmm backend what
+ * was freed before it is ready for every stream without one (unless something was freed in
+ * between). Optional: without it, `streampool_synchronized` asks the driver which are done.
  */
 int streampool_synchronizing(int device);
 

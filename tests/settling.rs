@@ -1,7 +1,9 @@
 //! At the program's synchronisation (`torch.cuda.synchronize()` under install() calls
-//! `DeviceAllocator::synchronized`), on the vmm backend: blocks that waited for other streams
-//! (record_stream) go back, ready for every stream where their own stream has finished too. On
-//! a simulator that refuses a touch racing unfinished work of another stream.
+//! `DeviceAllocator::synchronizing`, then `DeviceAllocator::synchronized`), on the vmm backend:
+//! blocks that waited for other streams (record_stream) go back, ready for every stream where
+//! their own stream has finished too; what was freed before the synchronisation began is ready
+//! for every stream without a driver query, unless something was freed while it ran. On a
+//! simulator that refuses a touch racing unfinished work of another stream.
 
 use std::sync::Arc;
 use streampool::config::Backend;
@@ -138,36 +140,61 @@ fn a_block_whose_streams_are_all_done_serves_another_stream_at_once() {
     r.sim.complete_all();
 }
 
-/// The driver's answers about completion and the fences recorded: what a settling asks.
+/// The driver's answers about completion, the fences recorded and the device's synchronisations:
+/// what a settling, or a release threshold's trim, asks.
 fn asked(r: &Rig) -> u64 {
-    ["cuEventQuery", "cuStreamQuery", "cuEventRecord"]
-        .iter()
-        .map(|call| r.sim.calls(call))
-        .sum()
+    [
+        "cuEventQuery",
+        "cuStreamQuery",
+        "cuEventRecord",
+        "cuCtxSynchronize",
+    ]
+    .iter()
+    .map(|call| r.sim.calls(call))
+    .sum()
+}
+
+/// Without a release threshold (a settling at the synchronisation), and with one (a trim there,
+/// which asks as a settling does and may synchronise again).
+const THRESHOLDS: [Option<u64>; 2] = [None, Some(1 << 30)];
+
+fn rig_at(threshold: Option<u64>) -> Rig {
+    let r = rig();
+    if let Some(bytes) = threshold {
+        r.alloc
+            .device(0)
+            .unwrap()
+            .set_release_threshold(bytes)
+            .unwrap();
+    }
+    r
 }
 
 /// Under install(), `torch.cuda.synchronize()` tells the library as it begins: where nothing was
-/// freed since, what was freed before it is ready for every stream at its end without a query
-/// or a record (multistream's step asked some 1.3 queries a synchronisation).
+/// freed since, what was freed before it is ready for every stream at its end without a query,
+/// a record or a synchronisation of its own (multistream's step asked some 1.3 queries a
+/// synchronisation).
 #[test]
 fn what_was_freed_before_the_synchronisation_began_is_ready_at_its_end_unasked() {
-    let r = rig();
-    let a = r.malloc(4 * MIB, S1);
-    r.alloc.free(a, 0).unwrap();
-    let c = r.malloc(2 * MIB, S2);
-    r.alloc.free(c, 0).unwrap();
-    let device = r.alloc.device(0).unwrap();
-    device.synchronizing().unwrap();
-    r.sim.complete_all(); // PyTorch's synchronisation
-    let before = asked(&r);
-    device.synchronized().unwrap();
-    assert_eq!(asked(&r), before, "nothing asked of the driver");
-    let waits = r.sim.calls("cuStreamWaitEvent");
-    let b = r.malloc(4 * MIB, S2);
-    assert_eq!(b, a, "S1's block, for S2");
-    assert_eq!(r.sim.calls("cuStreamWaitEvent"), waits, "with no wait");
-    r.alloc.free(b, 0).unwrap();
-    r.sim.complete_all();
+    for threshold in THRESHOLDS {
+        let r = rig_at(threshold);
+        let a = r.malloc(4 * MIB, S1);
+        r.alloc.free(a, 0).unwrap();
+        let c = r.malloc(2 * MIB, S2);
+        r.alloc.free(c, 0).unwrap();
+        let device = r.alloc.device(0).unwrap();
+        device.synchronizing().unwrap();
+        r.sim.complete_all(); // PyTorch's synchronisation
+        let before = asked(&r);
+        device.synchronized().unwrap();
+        assert_eq!(asked(&r), before, "nothing asked (threshold {threshold:?})");
+        let waits = r.sim.calls("cuStreamWaitEvent");
+        let b = r.malloc(4 * MIB, S2);
+        assert_eq!(b, a, "S1's block, for S2 (threshold {threshold:?})");
+        assert_eq!(r.sim.calls("cuStreamWaitEvent"), waits, "with no wait");
+        r.alloc.free(b, 0).unwrap();
+        r.sim.complete_all();
+    }
 }
 
 /// A block another thread freed while the synchronisation ran, after work it queued since the
@@ -175,21 +202,23 @@ fn what_was_freed_before_the_synchronisation_began_is_ready_at_its_end_unasked()
 /// S1's write runs).
 #[test]
 fn a_block_freed_after_the_synchronisation_began_is_not_handed_to_another_stream_at_once() {
-    let r = rig();
-    // S1's fence was just recorded (at the free of `a`): the free of `b` below records none.
-    let a = r.malloc(4 * MIB, S1);
-    r.alloc.free(a, 0).unwrap();
-    let b = r.malloc(8 * MIB, S1);
-    let c = r.malloc(2 * MIB, S2);
-    r.alloc.free(c, 0).unwrap();
-    let device = r.alloc.device(0).unwrap();
-    device.synchronizing().unwrap();
-    r.sim.complete_all();
-    // Another thread writes `b` on S1 and frees it, after the synchronisation began.
-    r.sim.touch(0, 0, b, 8 * MIB, S1).unwrap();
-    r.alloc.free(b, 0).unwrap();
-    device.synchronized().unwrap();
-    let d = r.malloc(8 * MIB, S2);
-    r.alloc.free(d, 0).unwrap();
-    r.sim.complete_all();
+    for threshold in THRESHOLDS {
+        let r = rig_at(threshold);
+        // S1's fence was just recorded (at the free of `a`): the free of `b` below records none.
+        let a = r.malloc(4 * MIB, S1);
+        r.alloc.free(a, 0).unwrap();
+        let b = r.malloc(8 * MIB, S1);
+        let c = r.malloc(2 * MIB, S2);
+        r.alloc.free(c, 0).unwrap();
+        let device = r.alloc.device(0).unwrap();
+        device.synchronizing().unwrap();
+        r.sim.complete_all();
+        // Another thread writes `b` on S1 and frees it, after the synchronisation began.
+        r.sim.touch(0, 0, b, 8 * MIB, S1).unwrap();
+        r.alloc.free(b, 0).unwrap();
+        device.synchronized().unwrap();
+        let d = r.malloc(8 * MIB, S2);
+        r.alloc.free(d, 0).unwrap();
+        r.sim.complete_all();
+    }
 }

@@ -282,8 +282,9 @@ pub extern "C" fn streampool_set_release_threshold(device: c_int, bytes: u64) ->
 /// Tells streampool that this thread is about to synchronise `device` (`torch.cuda.synchronize()`
 /// calls it under install(), before PyTorch's synchronisation): at its
 /// `streampool_synchronized`, on the same thread, the blocks that waited for other streams
-/// (record_stream) before this call go back without a driver query. Optional: without it,
-/// `streampool_synchronized` asks the driver which are done.
+/// (record_stream) before this call go back without a driver query, and on the vmm backend what
+/// was freed before it is ready for every stream without one (unless something was freed in
+/// between). Optional: without it, `streampool_synchronized` asks the driver which are done.
 #[no_mangle]
 pub extern "C" fn streampool_synchronizing(device: c_int) -> c_int {
     status(guarded(|| api::device(device)?.synchronizing()))

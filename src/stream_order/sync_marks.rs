@@ -3,9 +3,11 @@
 //! synchronisation returned — everything queued before the mark is then past the GPU.
 //!
 //! Invariants: at most one mark a thread (a new one replaces the thread's old one); a mark is
-//! taken back only by the thread that noted it; marks of threads whose synchronisation never
-//! told its end (its call failed) are forgotten beyond [`SYNC_MARKS_KEPT`]: such a thread's next
-//! synchronisation then finds none and its owner asks the driver, as without a mark.
+//! taken back only by the thread that noted it, and only once its synchronisation returned; a
+//! mark whose end never came (the synchronisation failed, or its owner returned early) stays
+//! until the thread's next beginning replaces it; beyond [`SYNC_MARKS_KEPT`] threads all marks
+//! are forgotten — a synchronisation whose mark is gone finds none, and its owner asks the driver,
+//! as without a mark.
 
 use std::thread::ThreadId;
 

@@ -129,8 +129,10 @@ impl VmmResource {
     /// so what was freed becomes ready for every stream and merges (the slot's block given back
     /// first). Without it a stream kept preferring its own freed ranges, between
     /// another stream's, and the device grew (multistream replayed: peak 1.27x its live bytes,
-    /// 1.06x with it). No synchronisation of its own: queries, and records on streams still busy
-    /// (other threads' work), so that a program synchronising often pays microseconds.
+    /// 1.06x with it). No synchronisation of its own, and, on the thread whose beginning was
+    /// noted with nothing freed since, no driver call either (its fences complete at once);
+    /// otherwise queries, and records on streams still busy (other threads' work), so that a
+    /// program synchronising often pays microseconds.
     pub(super) fn settle_after_sync(&self) -> Result<()> {
         // Disabled, it has nothing to settle (its error reaches the program at its next call).
         let Ok(mut st) = self.lock_enabled() else {
