@@ -134,10 +134,8 @@ impl DeviceAllocator {
             Ok(mut st) => st.waits.note_sync_begins(),
             Err(_) => return Ok(()),
         }
-        for r in &setup.own {
-            if let Some(tending) = r.capabilities().tending {
-                tending.synchronizing();
-            }
+        for tending in setup.tending() {
+            tending.synchronizing();
         }
         Ok(())
     }
@@ -167,10 +165,8 @@ impl DeviceAllocator {
         if !self.return_finished_waits(st, true)? {
             return Ok(());
         }
-        for r in &setup.own {
-            if let Some(tending) = r.capabilities().tending {
-                tending.synchronized()?;
-            }
+        for tending in setup.tending() {
+            tending.synchronized()?;
         }
         Ok(())
     }

@@ -88,16 +88,14 @@ impl Tended for DeviceAllocator {
             self.idle.lock().look(activity, now_ms, delay_ms)
         });
         // While busy: the threshold of resources that apply it themselves.
-        for r in &setup.own {
-            if let Some(tending) = r.capabilities().tending {
-                // (Timed in the call-counting build: the vmm resource holds its lock for it, but
-                // while it hands the lock over between two unmaps of retired pages, and waits to
-                // take it again.)
-                timed_section!(
-                    "background: release above threshold",
-                    tending.release_above_threshold()
-                );
-            }
+        for tending in setup.tending() {
+            // (Timed in the call-counting build: the vmm resource holds its lock for it, but
+            // while it hands the lock over between two unmaps of retired pages, and waits to
+            // take it again.)
+            timed_section!(
+                "background: release above threshold",
+                tending.release_above_threshold()
+            );
         }
         if let Some(synced) = due {
             let (more, synced_now) = self.release_idle(synced);

@@ -81,6 +81,11 @@ impl DeviceSetup {
             .fold(Ok(()), Result::and)
     }
 
+    /// The device's own resources that tend their memory ([`crate::resource::Tending`]).
+    fn tending(&self) -> impl Iterator<Item = &dyn crate::resource::Tending> {
+        self.own.iter().filter_map(|r| r.capabilities().tending)
+    }
+
     /// The device's reserved bytes: its own resources'.
     fn reserved_bytes(&self) -> Result<u64> {
         crate::resource::reserved_bytes_of(&self.own)
