@@ -24,6 +24,7 @@ a GPU it says which in one line and exits with status 2.
 """
 
 import datetime
+import gzip
 import importlib.util
 import json
 import os
@@ -233,13 +234,28 @@ def run_calibration(options, argv: Sequence[str], environ: Dict[str, str]) -> No
     print(text, flush=True)
 
 
+def raw_results(directory: Path) -> Path:
+    """A run's raw results in ``directory``: results.json as the run wrote it, or, committed,
+    compressed as results.json.gz (the raw per-block figures are most of a run's bytes)."""
+    plain = directory / RESULTS
+    packed = directory / (RESULTS + ".gz")
+    return packed if not plain.is_file() and packed.is_file() else plain
+
+
+def read_json(path: Path) -> Any:
+    """The JSON document at ``path``, gzip-compressed if its name ends in .gz."""
+    if path.suffix == ".gz":
+        return json.loads(gzip.decompress(path.read_bytes()))
+    return json.loads(path.read_text())
+
+
 def merge(dirs: Sequence[Path], out_dir: Path, command: Optional[str] = None) -> Dict[str, Any]:
     calls = []
     for directory in dirs:
-        path = directory if directory.suffix == ".json" else directory / RESULTS
+        path = directory if directory.suffix in (".json", ".gz") else raw_results(directory)
         if not path.is_file():
             raise SystemExit(f"{COMMAND} merge: {path} not found (a run's --out-dir holds it)")
-        found = json.loads(path.read_text())["runs"]
+        found = read_json(path)["runs"]
         for call in found:  # each command names where its results are (located)
             facts = call.setdefault("facts", {})
             if facts.get("command"):
@@ -256,14 +272,14 @@ def noise_report(paths: Sequence[Path]) -> str:
     for given in paths:
         path = given
         if path.is_dir():
-            found = [path / n for n in (RESULTS, "calibration.json") if (path / n).is_file()]
+            found = [p for p in (raw_results(path), path / "calibration.json") if p.is_file()]
             if not found:
                 raise SystemExit(f"{COMMAND} noise: {path} holds neither {RESULTS} nor "
                                  "calibration.json")
             path = found[0]
         if not path.is_file():
             raise SystemExit(f"{COMMAND} noise: {path} not found")
-        document = json.loads(path.read_text())
+        document = read_json(path)
         if "runs" in document:
             parts = [("", noise.diagnose_calls(document["runs"]))]
         else:

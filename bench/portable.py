@@ -31,8 +31,8 @@ def relative_paths(command: str, base: Path) -> str:
 
 def located(command: str, found_in: Path, base: Path, results: str = "results.json") -> str:
     """``command`` (relative_paths) with its ``--out-dir`` naming ``found_in``, where merge read
-    its results, unless the --out-dir it names already holds them (``results``) relative to
-    ``base``."""
+    its results, unless the --out-dir it names already holds them (``results``, or compressed,
+    ``results``.gz) relative to ``base``."""
     words = shlex.split(relative_paths(command, base))
     for i, word in enumerate(words):
         value = words[i + 1] if word == "--out-dir" and i + 1 < len(words) else None
@@ -40,7 +40,8 @@ def located(command: str, found_in: Path, base: Path, results: str = "results.js
             value = word.partition("=")[2]
         if value is None:
             continue
-        if not (base / value / results).is_file():
+        held = base / value / results
+        if not (held.is_file() or held.with_name(held.name + ".gz").is_file()):
             where = os.path.relpath(found_in.resolve(), base.resolve())
             words[i:i + 2] = ["--out-dir", where] if word == "--out-dir" else [f"--out-dir={where}"]
         break

@@ -1,6 +1,7 @@
 """The command: options, what is missing in one line, a run, a calibration and a merge end to end
 over stand-in workers, everything written under the test's tmp_path."""
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -119,6 +120,15 @@ def test_merge_pools_the_calls_into_one_report(tmp_path, capsys):
     assert json.loads((again / "report.json").read_text())["workloads"] == built["workloads"]
     with pytest.raises(SystemExit, match="nowhere/results.json not found"):
         cli.main(["merge", str(tmp_path / "nowhere"), "--out-dir", str(again)])
+    # as committed: the raw results compressed, merged the same (as a folder or as a file)
+    raw = tmp_path / "a" / "results.json"
+    packed = raw.with_name("results.json.gz")
+    packed.write_bytes(gzip.compress(raw.read_bytes()))
+    raw.unlink()
+    for given in (tmp_path / "a", packed):
+        out = tmp_path / "packed"
+        assert cli.main(["merge", str(given), str(tmp_path / "b"), "--out-dir", str(out)]) == 0
+        assert json.loads((out / "report.json").read_text())["workloads"] == built["workloads"]
 
 
 def test_calibration_measures_the_aa_by_set_and_block_and_writes_the_runs_settings(
