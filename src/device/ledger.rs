@@ -321,17 +321,26 @@ impl Ledger {
     /// error, a large value, is not moved through the bookkeeping).
     #[inline]
     pub fn return_fast(&mut self, block: &FreedBlock) -> Option<Result<()>> {
-        let resource = self.sources.fast_path(block.source)?;
+        // The fast own source's path, read beside the table; another source's, from it.
+        let fast = self.sources.fast_own().filter(|f| f.id == block.source);
+        let by_table = fast.is_none();
+        let (resource, held) = match fast {
+            Some(f) => (f.resource.as_ref(), f.held),
+            None => (self.sources.fast_path(block.source)?, self.held(block)),
+        };
         let returned = timed_section!(
             "resource try_deallocate",
             resource.try_deallocate(block.ptr, block.block_bytes, block.stream)
         );
         match returned? {
             Ok(()) => {
-                if self.held(block) {
+                if held {
                     self.held_bytes -= block.block_bytes;
                 }
-                self.returned(block.source);
+                self.counters.num_device_frees += 1;
+                if by_table {
+                    self.sources.returned(block.source);
+                }
                 Some(Ok(()))
             }
             // (Still held: it never left `held_bytes`.)
@@ -340,24 +349,25 @@ impl Ledger {
     }
 
     /// A block of `request`'s size from the device's own source for it, on that source's fast
-    /// path, reserved against `limit_bytes`; booked live. `None` if there is none at hand.
+    /// path, reserved against `limit_bytes`; booked live. `None` if there is none at hand, or the
+    /// device has no fast own source ([`Sources::fast_own`]: the one own source with a fast path).
     #[inline(always)]
     pub fn take_fast(
         &mut self,
         request: Request,
         limit_bytes: u64,
     ) -> Option<(DevicePtr, SourceId)> {
-        let id = self.sources.for_size(request.block_bytes);
+        let fast = self.sources.fast_own()?;
         let held_bytes = self.held_bytes.checked_add(request.block_bytes)?;
         if held_bytes > limit_bytes {
             return None;
         }
-        let ptr = self.sources.serve_fast(id, |resource| {
-            timed_section!(
-                "resource try_allocate",
-                resource.try_allocate(request.block_bytes, request.stream)
-            )
-        })?;
+        let id = fast.id;
+        let ptr = timed_section!(
+            "resource try_allocate",
+            fast.resource
+                .try_allocate(request.block_bytes, request.stream)
+        )?;
         self.held_bytes = held_bytes;
         self.counters.num_device_allocs += 1;
         self.insert_live(ptr, request, id);

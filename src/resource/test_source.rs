@@ -12,6 +12,7 @@ use std::sync::Arc;
 pub(crate) struct TestSource {
     label: &'static str,
     cacheable: bool,
+    fast_path: bool,
     next: AtomicU64,
     /// The blocks given back, in order.
     pub returned: parking_lot::Mutex<Vec<DevicePtr>>,
@@ -19,9 +20,19 @@ pub(crate) struct TestSource {
 
 impl TestSource {
     pub fn new(label: &'static str, cacheable: bool) -> Arc<TestSource> {
+        Self::with_fast_path(label, cacheable, false)
+    }
+
+    /// One whose traits say it has a fast path (its `try_` calls serve nothing).
+    pub fn with_fast_path(
+        label: &'static str,
+        cacheable: bool,
+        fast_path: bool,
+    ) -> Arc<TestSource> {
         Arc::new(TestSource {
             label,
             cacheable,
+            fast_path,
             next: AtomicU64::new(0),
             returned: parking_lot::Mutex::new(Vec::new()),
         })
@@ -55,7 +66,7 @@ impl Resource for TestSource {
             held: true,
             shareable: false,
             returns_before_growth: false,
-            fast_path: false,
+            fast_path: self.fast_path,
             reuses_across_streams: true,
             trims: true,
             checks_free_size: false,

@@ -9,7 +9,9 @@
 //! the table counts, per source, the blocks held from it (from the start of an allocation until
 //! the block has gone back); a removed source serves no new allocation and leaves the table only
 //! once its count is zero, so an id is never reused while a block of its source is held or being
-//! allocated; the device's own sources and graph memory are never removed.
+//! allocated; the device's own sources and graph memory are never removed. The fast own source
+//! ([`Sources::fast_own`]) is also read beside the table: standing, it never leaves and its
+//! traits are fixed; its fast path does not keep its count (a standing source's is never read).
 //! The table is plain data under the device lock: it calls no resource.
 
 use super::{Resource, Traits};
@@ -60,6 +62,15 @@ struct Own {
     small: Option<(SourceId, u64)>,
 }
 
+/// The device's own source for every block size, when it has a fast path ([`Traits::fast_path`]):
+/// what an allocation's and a free's fast path need of it, read without the table's lookups.
+pub struct FastOwn {
+    pub id: SourceId,
+    pub resource: Arc<dyn Resource>,
+    /// Its [`Traits::held`].
+    pub held: bool,
+}
+
 /// The sources of one device (empty until the device's first use).
 #[derive(Default)]
 pub struct Sources {
@@ -67,6 +78,7 @@ pub struct Sources {
     own: Own,
     graph: SourceId,
     shareable: Option<SourceId>,
+    fast_own: Option<FastOwn>,
 }
 
 impl Sources {
@@ -81,7 +93,25 @@ impl Sources {
         sources.own.large = sources.add(large);
         sources.own.small = small.map(|(small, max_bytes)| (sources.add(small), max_bytes));
         sources.graph = sources.add(graph);
+        sources.fast_own = match sources.own.small {
+            Some(_) => None,
+            None => sources.entry(sources.own.large).ok().and_then(|e| {
+                let (fast, uncached) = (e.traits.fast_path, !e.traits.cacheable);
+                (fast && uncached).then(|| FastOwn {
+                    id: sources.own.large,
+                    resource: Arc::clone(&e.resource),
+                    held: e.traits.held,
+                })
+            }),
+        };
         sources
+    }
+
+    /// The device's own source for every block size if it has a fast path and its blocks are
+    /// never cached (the vmm backend's resource); `None` with a source for small blocks apart.
+    #[inline(always)]
+    pub fn fast_own(&self) -> Option<&FastOwn> {
+        self.fast_own.as_ref()
     }
 
     /// Adds `resource`; its id is the lowest free one.
@@ -179,26 +209,6 @@ impl Sources {
             Some(Some(e)) if e.traits.fast_path && !e.removed => Some(e.resource.as_ref()),
             _ => None,
         }
-    }
-
-    /// A block of `id` on its fast path: `f` with its resource, if it has a fast path and
-    /// serves new blocks ([`Sources::fast_path`]). A block `f` serves counts as held from it
-    /// until [`Sources::returned`]. The entry is looked up once for both.
-    #[inline(always)]
-    pub fn serve_fast<T>(
-        &mut self,
-        id: SourceId,
-        f: impl FnOnce(&dyn Resource) -> Option<T>,
-    ) -> Option<T> {
-        let Some(Some(e)) = self.slots.get_mut(id.0 as usize) else {
-            return None;
-        };
-        if !e.traits.fast_path || e.removed {
-            return None;
-        }
-        let served = f(e.resource.as_ref())?;
-        e.blocks += 1;
-        Some(served)
     }
 
     /// `id`'s resource, for a call outside the device lock.
