@@ -234,12 +234,17 @@ def run_calibration(options, argv: Sequence[str], environ: Dict[str, str]) -> No
     print(text, flush=True)
 
 
+def stored(path: Path) -> Path:
+    """``path`` as written, or, where only that is there, as committed: gzip-compressed beside
+    it as ``path``.gz (the raw per-block figures are most of a run's bytes). Where both are, the
+    file as written: a merge into a committed folder writes it anew."""
+    packed = path.with_name(path.name + ".gz")
+    return packed if not path.exists() and packed.is_file() else path
+
+
 def raw_results(directory: Path) -> Path:
-    """A run's raw results in ``directory``: results.json as the run wrote it, or, committed,
-    compressed as results.json.gz (the raw per-block figures are most of a run's bytes)."""
-    plain = directory / RESULTS
-    packed = directory / (RESULTS + ".gz")
-    return packed if not plain.is_file() and packed.is_file() else plain
+    """A run's raw results in ``directory``: its results.json, or results.json.gz (stored)."""
+    return stored(directory / RESULTS)
 
 
 def read_json(path: Path) -> Any:
@@ -252,7 +257,7 @@ def read_json(path: Path) -> Any:
 def merge(dirs: Sequence[Path], out_dir: Path, command: Optional[str] = None) -> Dict[str, Any]:
     calls = []
     for directory in dirs:
-        path = directory if directory.suffix in (".json", ".gz") else raw_results(directory)
+        path = stored(directory) if directory.suffix in (".json", ".gz") else raw_results(directory)
         if not path.is_file():
             raise SystemExit(f"{COMMAND} merge: {path} not found (a run's --out-dir holds it)")
         found = read_json(path)["runs"]
@@ -270,7 +275,7 @@ def noise_report(paths: Sequence[Path]) -> str:
     """``python3 -m bench noise``: the A/A diagnosis (noise.py) of runs and calibrations."""
     lines: List[str] = []
     for given in paths:
-        path = given
+        path = stored(given)
         if path.is_dir():
             found = [p for p in (raw_results(path), path / "calibration.json") if p.is_file()]
             if not found:

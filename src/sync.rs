@@ -67,8 +67,8 @@ impl<T> Mutex<T> {
     /// The lock if it is free right now: for the fast paths' lock sections, which no destructor
     /// enters. It does not ask whether the thread is unwinding already (about ten instructions
     /// an allocation and a free, of the vmm pair's): a guard taken while unwinding poisons at
-    /// its release, the safe side (the owner refuses with an error; nothing half-updated is
-    /// used).
+    /// its release, the safe side (nothing half-updated is used; the vmm resource, its user,
+    /// then refuses with an error, which disables its device).
     #[inline]
     pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
         #[cfg(not(loom))]

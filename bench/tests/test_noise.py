@@ -2,6 +2,7 @@
 known quantity; its place in report.md; ``python3 -m bench noise`` on a stand-in run and on
 committed results recorded before the per-block fields existed."""
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -116,6 +117,16 @@ def test_the_noise_command_reads_a_run_and_says_when_results_predate_the_fields(
     assert "| `churn` | 1 (4 pairs) |" in out and "| `churn` | 2 (4 pairs) |" in out
     assert cli.main(["noise", str(ROOT / "bench" / "results" / "2026-11-26")]) == 0
     assert "No A/A pair here carries the per-block records" in capsys.readouterr().out
+    # A run's results.json named as committed (compressed beside it), and where both are there,
+    # the file as written.
+    raw = tmp_path / "results.json"
+    (tmp_path / "results.json.gz").write_bytes(gzip.compress(raw.read_bytes()))
+    raw.rename(tmp_path / "moved.json")
+    assert cli.main(["noise", str(raw)]) == 0
+    assert f"## {tmp_path / 'results.json.gz'}" in capsys.readouterr().out
+    (tmp_path / "moved.json").rename(raw)
+    assert cli.main(["noise", str(raw), str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count(f"## {raw}\n") == 2
     calibration = {"groups": {"alloc": {"sets": [{"index": 0}], "records": [
         {"workload": "churn", "process_set": 0,
          "blocks": {"0.1": {"pairs": calls()[0]["workloads"][0]["pairs"]}}}]}}}

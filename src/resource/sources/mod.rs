@@ -11,7 +11,9 @@
 //! once its count is zero, so an id is never reused while a block of its source is held or being
 //! allocated; the device's own sources and graph memory are never removed. The fast own source
 //! ([`Sources::fast_own`]) is also read beside the table: standing, it never leaves and its
-//! traits are fixed; its fast path does not keep its count (a standing source's is never read).
+//! traits are fixed. Its count in the table means nothing (its fast path neither adds nor takes
+//! away, its slow path does both), which is harmless only because a standing source's count is
+//! never read: nothing may start reading it.
 //! The table is plain data under the device lock: it calls no resource.
 
 use super::{Resource, Traits};
