@@ -8,8 +8,10 @@
 //! — live, cached, waiting for other streams, refused by the driver on return — plus allocations
 //! in flight that reserved their bytes ([`Ledger::reserve`]); a block is in exactly one place at
 //! a time (live, cache, a wait, unreturned, or back at its source), and counts in its source's
-//! blocks ([`Sources`]) until it is back.
+//! blocks ([`Sources`]) until it is back — but for the fast own source's, whose count is not kept
+//! ([`Sources::fast_own`]).
 
+use super::freed::{FreedBlock, Kept, Returning, WaitingBlock};
 use super::live::{LiveBlock, LiveBlocks, Removed};
 use super::request::Request;
 use crate::cache::{Cache, CachedBlock};
@@ -17,58 +19,9 @@ use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::fasthash::WordMap;
 use crate::history::{Gauges, StreampoolBlock, StreampoolBlockState};
-use crate::resource::{Resource, SourceId, Sources};
+use crate::resource::{SourceId, Sources};
 use crate::stats::DeviceCounters;
 use std::collections::HashMap;
-use std::sync::Arc;
-
-/// A block its caller freed that has not gone back to its source yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FreedBlock {
-    pub ptr: DevicePtr,
-    pub block_bytes: u64,
-    /// Its allocation stream: the one it is returned on.
-    pub stream: Stream,
-    pub source: SourceId,
-}
-
-impl FreedBlock {
-    fn from_cached(b: CachedBlock) -> FreedBlock {
-        FreedBlock {
-            ptr: b.ptr,
-            block_bytes: b.block_bytes,
-            stream: b.stream,
-            source: b.source,
-        }
-    }
-}
-
-/// A freed block on its way back after the streams that used it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct WaitingBlock {
-    pub block: FreedBlock,
-    /// Counted as active until it is handed back.
-    pub requested_bytes: u64,
-}
-
-/// What [`Ledger::try_keep`] did with a freed block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kept {
-    /// It is in the cache.
-    Cached,
-    /// It goes straight back: its source's blocks are not cached, or the cache takes no block of
-    /// its size.
-    NotCacheable,
-    /// The cache would have to evict blocks to make room ([`Ledger::put_in_cache`]).
-    OverBudget,
-}
-
-/// A block that left the ledger to go back to its source, with the source's resource (`None`
-/// only if the table has no such source, which the return then reports).
-pub(crate) struct Returning {
-    pub block: FreedBlock,
-    pub resource: Option<Arc<dyn Resource>>,
-}
 
 /// In the order an allocation on a fast path reads it (`repr(C)` keeps the order, so that the
 /// fields every call reads share as few cache lines as they can).
@@ -322,11 +275,13 @@ impl Ledger {
     #[inline]
     pub fn return_fast(&mut self, block: &FreedBlock) -> Option<Result<()>> {
         // The fast own source's path, read beside the table; another source's, from it.
-        let fast = self.sources.fast_own().filter(|f| f.id == block.source);
-        let by_table = fast.is_none();
-        let (resource, held) = match fast {
-            Some(f) => (f.resource.as_ref(), f.held),
-            None => (self.sources.fast_path(block.source)?, self.held(block)),
+        let (resource, held, by_table) = match self.sources.fast_own() {
+            Some(f) if f.id == block.source => (f.resource.as_ref(), f.held, false),
+            _ => (
+                self.sources.fast_path(block.source)?,
+                self.held(block),
+                true,
+            ),
         };
         let returned = timed_section!(
             "resource try_deallocate",
@@ -337,9 +292,9 @@ impl Ledger {
                 if held {
                     self.held_bytes -= block.block_bytes;
                 }
-                self.counters.num_device_frees += 1;
-                if by_table {
-                    self.sources.returned(block.source);
+                match by_table {
+                    true => self.returned(block.source),
+                    false => self.counters.num_device_frees += 1,
                 }
                 Some(Ok(()))
             }

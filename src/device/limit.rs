@@ -10,7 +10,7 @@
 //! once and is checked once more; out of memory is retried once after making room, and reported
 //! as an [`Error::OutOfMemory`] that counts in `num_ooms`; any other error is not retried.
 
-use super::ledger::Returning;
+use super::freed::Returning;
 use super::{DeviceAllocator, Request};
 use crate::config::Backend;
 use crate::driver::{DevicePtr, Stream};

@@ -25,6 +25,7 @@
 
 mod added;
 mod control;
+mod freed;
 mod graph_pools;
 mod growth;
 mod health;
@@ -50,9 +51,10 @@ use crate::ipc::export::Exporter;
 use crate::peer::Peers;
 use crate::resource::{Resource, Source, SourceId};
 use crate::sync::{Mutex, MutexGuard, OnceCell};
+use freed::Returning;
 use graph_pools::PoolDevice;
 use growth::GrowthMarks;
-use ledger::{Ledger, Returning};
+use ledger::Ledger;
 use limit::Limit;
 use request::Request;
 pub(crate) use request::BLOCK_ALIGN_BYTES;

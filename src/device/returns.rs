@@ -8,7 +8,7 @@
 //! the source its record names, on its allocation stream; returns happen outside the device
 //! lock; a flush during a capture neither waits nor trims.
 
-use super::ledger::{FreedBlock, Kept, Returning, WaitingBlock};
+use super::freed::{FreedBlock, Kept, Returning, WaitingBlock};
 use super::{DeviceAllocator, DeviceState};
 use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};

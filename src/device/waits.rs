@@ -11,7 +11,7 @@
 //! and query, capture status) return at once and take no lock of ours — none waits for the GPU.
 //! The driver is an argument: this layer owns its fields and nothing else of the device.
 
-use super::ledger::WaitingBlock;
+use super::freed::WaitingBlock;
 use crate::driver::{Driver, Stream};
 use crate::stream_order::{CaptureWatch, EventPool, InOrder, SyncMarks};
 

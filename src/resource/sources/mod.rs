@@ -92,20 +92,17 @@ impl Sources {
         graph: Arc<dyn Resource>,
     ) -> Sources {
         let mut sources = Sources::default();
+        let traits = large.traits();
+        let fast = small.is_none() && traits.fast_path && !traits.cacheable;
+        let fast_large = fast.then(|| Arc::clone(&large));
         sources.own.large = sources.add(large);
         sources.own.small = small.map(|(small, max_bytes)| (sources.add(small), max_bytes));
         sources.graph = sources.add(graph);
-        sources.fast_own = match sources.own.small {
-            Some(_) => None,
-            None => sources.entry(sources.own.large).ok().and_then(|e| {
-                let (fast, uncached) = (e.traits.fast_path, !e.traits.cacheable);
-                (fast && uncached).then(|| FastOwn {
-                    id: sources.own.large,
-                    resource: Arc::clone(&e.resource),
-                    held: e.traits.held,
-                })
-            }),
-        };
+        sources.fast_own = fast_large.map(|resource| FastOwn {
+            id: sources.own.large,
+            resource,
+            held: traits.held,
+        });
         sources
     }
 
