@@ -19,6 +19,7 @@ use crate::driver::{DevicePtr, Stream};
 use crate::error::{Error, Result};
 use crate::fasthash::WordMap;
 use crate::history::{Gauges, StreampoolBlock, StreampoolBlockState};
+use crate::resource::Resource as _;
 use crate::resource::{SourceId, Sources};
 use crate::stats::DeviceCounters;
 use std::collections::HashMap;
@@ -274,19 +275,31 @@ impl Ledger {
     /// error, a large value, is not moved through the bookkeeping).
     #[inline]
     pub fn return_fast(&mut self, block: &FreedBlock) -> Option<Result<()>> {
-        // The fast own source's path, read beside the table; another source's, from it.
-        let (resource, held, by_table) = match self.sources.fast_own() {
-            Some(f) if f.id == block.source => (f.resource.as_ref(), f.held, false),
+        // The fast own source's path, read beside the table and called by its own type; another
+        // source's, from the table.
+        let (returned, held, by_table) = match self.sources.fast_own() {
+            Some(f) if f.id == block.source => (
+                timed_section!(
+                    "resource try_deallocate",
+                    f.resource
+                        .try_deallocate(block.ptr, block.block_bytes, block.stream)
+                ),
+                f.held,
+                false,
+            ),
             _ => (
-                self.sources.fast_path(block.source)?,
+                timed_section!(
+                    "resource try_deallocate",
+                    self.sources.fast_path(block.source)?.try_deallocate(
+                        block.ptr,
+                        block.block_bytes,
+                        block.stream
+                    )
+                ),
                 self.held(block),
                 true,
             ),
         };
-        let returned = timed_section!(
-            "resource try_deallocate",
-            resource.try_deallocate(block.ptr, block.block_bytes, block.stream)
-        );
         match returned? {
             Ok(()) => {
                 if held {
@@ -305,7 +318,7 @@ impl Ledger {
 
     /// A block of `request`'s size from the device's own source for it, on that source's fast
     /// path, reserved against `limit_bytes`; booked live. `None` if there is none at hand, or the
-    /// device has no fast own source ([`Sources::fast_own`]: the one own source with a fast path).
+    /// device has no fast own source ([`Sources::fast_own`]: the vmm backend's one resource).
     #[inline(always)]
     pub fn take_fast(
         &mut self,

@@ -106,7 +106,7 @@ pub fn own(at: &Provisioning<'_>) -> Result<Option<Own>> {
         Arc::clone(at.limit_bytes),
         at.settings.pool.max_size_bytes,
     ));
-    Ok(Some(Own { large, small: None }))
+    Ok(Some(Own::Split { large, small: None }))
 }
 
 impl ManagedResource {

@@ -302,11 +302,17 @@ pub struct Provisioning<'a> {
     pub recorder: &'a Arc<Recorder>,
 }
 
-/// A device's own resources: one for large blocks (every block without the other) and maybe one
-/// for blocks up to a size.
-pub struct Own {
-    pub large: Arc<dyn Resource>,
-    pub small: Option<(Arc<dyn Resource>, u64)>,
+/// A device's own resources.
+pub enum Own {
+    /// One for large blocks (every block without the other) and maybe one for blocks up to a
+    /// size.
+    Split {
+        large: Arc<dyn Resource>,
+        small: Option<(Arc<dyn Resource>, u64)>,
+    },
+    /// The virtual-memory resource for every size, by its own type: the device calls its fast
+    /// path ([`Traits::fast_path`]) without a dynamic call ([`Sources::fast_own`]).
+    Vmm(Arc<VmmResource>),
 }
 
 /// How a backend makes a device's own resources; `None` where the device cannot run it (it is
@@ -370,7 +376,7 @@ fn pool_own(at: &Provisioning<'_>) -> Result<Option<Own>> {
             }
         },
     };
-    Ok(Some(Own { large, small }))
+    Ok(Some(Own::Split { large, small }))
 }
 
 /// The `vmm` backend: one virtual-memory resource for every size (small blocks are carved out of
@@ -394,10 +400,7 @@ fn vmm_own(at: &Provisioning<'_>) -> Result<Option<Own>> {
         Arc::clone(at.limit_bytes),
         Arc::clone(at.recorder),
     )?;
-    Ok(Some(Own {
-        large: vmm,
-        small: None,
-    }))
+    Ok(Some(Own::Vmm(vmm)))
 }
 
 /// The sources `settings` ask for on `device` (of `total_bytes` memory): its own resources, made
@@ -414,11 +417,11 @@ pub fn provision(
 ) -> Result<Provision> {
     let with = |own: Own| {
         let graph = Arc::new(DriverPoolResource::graph_memory(driver, device));
-        Sources::new(own.large, own.small, graph)
+        Sources::of(own, graph)
     };
     if settings.one_shareable_pool {
         let pool = CudaPoolResource::create(driver, device, &settings.pool, PoolRole::SHARED_OWN)?;
-        let mut sources = with(Own {
+        let mut sources = with(Own::Split {
             large: Arc::new(pool),
             small: None,
         });

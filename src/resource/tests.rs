@@ -42,3 +42,40 @@ fn every_row_says_whether_its_resources_can_sleep() {
         }
     }
 }
+
+/// The vmm backend's one resource is the device's fast own source, for every size, called by its
+/// own type; the other backends have none (their blocks are served through the cache).
+#[cfg(feature = "sim")]
+#[test]
+fn the_vmm_backend_alone_provisions_a_fast_own_source_for_every_size() {
+    use crate::config::Settings;
+    use crate::driver::{sim::SimDriver, Driver};
+    use crate::history::{History, Recorder};
+    use std::sync::{atomic::AtomicU64, Arc};
+    const MEMORY_BYTES: u64 = 16 << 30;
+    for row in BACKENDS {
+        let driver: Arc<dyn Driver> = Arc::new(SimDriver::new(1, MEMORY_BYTES));
+        let mut settings = Settings::default().for_device(MEMORY_BYTES).sources;
+        settings.backend = row.backend;
+        let limit = Arc::new(AtomicU64::new(u64::MAX));
+        let recorder = Arc::new(Recorder::new(0, Arc::new(History::default())));
+        let made = super::provision(&driver, 0, &settings, MEMORY_BYTES, &limit, &recorder);
+        let sources = made.expect("provisioned").sources;
+        let Some(fast) = sources.fast_own() else {
+            assert_ne!(
+                row.backend,
+                Backend::Vmm,
+                "the vmm backend has no fast own source"
+            );
+            continue;
+        };
+        assert_eq!(row.backend, Backend::Vmm, "{:?}", row.backend);
+        assert_eq!(fast.id, sources.for_size(512));
+        assert_eq!(fast.id, sources.for_size(u64::MAX));
+        let own = sources.own();
+        assert_eq!(own.len(), 1);
+        let same = std::ptr::addr_eq(Arc::as_ptr(&own[0]), Arc::as_ptr(&fast.resource));
+        assert!(same, "the fast own source is the own resource");
+        assert!(fast.held);
+    }
+}

@@ -16,6 +16,7 @@
 //! never read: nothing may start reading it.
 //! The table is plain data under the device lock: it calls no resource.
 
+use super::vmm::VmmResource;
 use super::{Resource, Traits};
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -64,11 +65,13 @@ struct Own {
     small: Option<(SourceId, u64)>,
 }
 
-/// The device's own source for every block size, when it has a fast path ([`Traits::fast_path`]):
-/// what an allocation's and a free's fast path need of it, read without the table's lookups.
+/// The device's own source for every block size where it is the virtual-memory resource, the
+/// one with a fast path ([`Traits::fast_path`]): what an allocation's and a free's fast path need
+/// of it, read without the table's lookups, and the resource by its own type, called without a
+/// dynamic call.
 pub struct FastOwn {
     pub id: SourceId,
-    pub resource: Arc<dyn Resource>,
+    pub resource: Arc<VmmResource>,
     /// Its [`Traits::held`].
     pub held: bool,
 }
@@ -92,22 +95,31 @@ impl Sources {
         graph: Arc<dyn Resource>,
     ) -> Sources {
         let mut sources = Sources::default();
-        let traits = large.traits();
-        let fast = small.is_none() && traits.fast_path && !traits.cacheable;
-        let fast_large = fast.then(|| Arc::clone(&large));
         sources.own.large = sources.add(large);
         sources.own.small = small.map(|(small, max_bytes)| (sources.add(small), max_bytes));
         sources.graph = sources.add(graph);
-        sources.fast_own = fast_large.map(|resource| FastOwn {
-            id: sources.own.large,
-            resource,
-            held: traits.held,
-        });
         sources
     }
 
-    /// The device's own source for every block size if it has a fast path and its blocks are
-    /// never cached (the vmm backend's resource); `None` with a source for small blocks apart.
+    /// The table of a device whose own resources are `own`, with graph memory; the
+    /// virtual-memory resource is also its fast own source ([`Sources::fast_own`]).
+    pub fn of(own: super::Own, graph: Arc<dyn Resource>) -> Sources {
+        match own {
+            super::Own::Split { large, small } => Sources::new(large, small, graph),
+            super::Own::Vmm(vmm) => {
+                let mut sources = Sources::new(Arc::clone(&vmm) as _, None, graph);
+                sources.fast_own = Some(FastOwn {
+                    id: sources.own.large,
+                    held: vmm.traits().held,
+                    resource: vmm,
+                });
+                sources
+            }
+        }
+    }
+
+    /// The device's own source for every block size where it is the virtual-memory resource;
+    /// `None` on the other backends.
     #[inline(always)]
     pub fn fast_own(&self) -> Option<&FastOwn> {
         self.fast_own.as_ref()

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::resource::test_source::TestSource;
+use crate::resource::Own;
 
 fn named(label: &'static str) -> Arc<dyn Resource> {
     TestSource::new(label, true)
@@ -72,27 +73,17 @@ fn a_source_without_blocks_leaves_at_once_and_standing_sources_cannot_be_removed
     assert!(sources.remove(shareable).is_err());
 }
 
+/// Only the virtual-memory resource, by its own type, is a fast own source (provisioned, it is:
+/// `super::super::tests`): a resource with a fast path in the table is not, whatever its traits.
 #[test]
-fn the_fast_own_source_is_the_one_own_source_with_a_fast_path_and_uncached_blocks() {
+fn a_table_of_resources_by_their_interface_has_no_fast_own_source() {
     let fast = |label| -> Arc<dyn Resource> { TestSource::with_fast_path(label, false, true) };
-    let one = Sources::new(fast("all"), None, named("graph"));
-    let own = one.fast_own().expect("one own source with a fast path");
-    assert_eq!(own.id, one.for_size(1));
-    assert_eq!(own.id, one.for_size(u64::MAX));
-    assert_eq!(own.resource.traits().label, "all");
-    assert!(own.held);
-    // Not with a source for small blocks apart, nor a cacheable or slow one.
-    let split = Sources::new(
-        fast("large"),
-        Some((fast("small"), 1 << 20)),
-        named("graph"),
-    );
-    assert!(split.fast_own().is_none());
-    let cached: Arc<dyn Resource> = TestSource::with_fast_path("cached", true, true);
-    assert!(Sources::new(cached, None, named("graph"))
+    assert!(Sources::new(fast("all"), None, named("graph"))
         .fast_own()
         .is_none());
-    assert!(Sources::new(named("slow"), None, named("graph"))
-        .fast_own()
-        .is_none());
+    let split = Own::Split {
+        large: fast("large"),
+        small: Some((fast("small"), 1 << 20)),
+    };
+    assert!(Sources::of(split, named("graph")).fast_own().is_none());
 }
