@@ -287,18 +287,14 @@ impl Ledger {
                 f.held,
                 false,
             ),
-            _ => (
-                timed_section!(
+            _ => {
+                let resource = self.sources.fast_path(block.source)?;
+                let returned = timed_section!(
                     "resource try_deallocate",
-                    self.sources.fast_path(block.source)?.try_deallocate(
-                        block.ptr,
-                        block.block_bytes,
-                        block.stream
-                    )
-                ),
-                self.held(block),
-                true,
-            ),
+                    resource.try_deallocate(block.ptr, block.block_bytes, block.stream)
+                );
+                (returned, self.held(block), true)
+            }
         };
         match returned? {
             Ok(()) => {

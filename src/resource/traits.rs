@@ -24,7 +24,11 @@ pub struct Traits {
     /// resource that manages its own holes says false.
     pub returns_before_growth: bool,
     /// Its [`Resource::try_allocate`] and [`Resource::try_deallocate`] may serve: the device
-    /// calls them inside its own lock section before anything else.
+    /// calls them inside its own lock section before anything else — `try_deallocate` for a
+    /// freed block of any such source, `try_allocate` only where the source is the vmm
+    /// backend's one resource, which it holds by its own type ([`Sources::fast_own`]).
+    ///
+    /// [`Sources::fast_own`]: super::Sources::fast_own
     ///
     /// [`Resource::try_allocate`]: super::Resource::try_allocate
     /// [`Resource::try_deallocate`]: super::Resource::try_deallocate

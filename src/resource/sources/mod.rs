@@ -107,6 +107,7 @@ impl Sources {
         match own {
             super::Own::Split { large, small } => Sources::new(large, small, graph),
             super::Own::Vmm(vmm) => {
+                // (Its fast path serves blocks the cache never sees: a test checks its traits.)
                 let mut sources = Sources::new(Arc::clone(&vmm) as _, None, graph);
                 sources.fast_own = Some(FastOwn {
                     id: sources.own.large,
