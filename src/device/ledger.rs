@@ -268,43 +268,27 @@ impl Ledger {
         }
     }
 
-    /// Gives `block` back to its source on the source's fast path, here, under the device lock:
-    /// `None` if the source has none or it cannot serve now (then [`Ledger::release`] and a
-    /// return outside the lock); else the return's outcome, booked ([`Ledger::record_return`]).
-    /// The common outcome, a block taken back, is booked here; a refusal off the hot path (its
-    /// error, a large value, is not moved through the bookkeeping).
+    /// Gives `block` back to the device's fast own source ([`Sources::fast_own`]) on its fast
+    /// path, here, under the device lock: `None` if it is another source's, or the fast path
+    /// cannot serve now (then [`Ledger::release`] and a return outside the lock); else the
+    /// return's outcome, booked ([`Ledger::record_return`]). The common outcome, a block taken
+    /// back, is booked here; a refusal off the hot path (its error, a large value, is not moved
+    /// through the bookkeeping).
     #[inline]
     pub fn return_fast(&mut self, block: &FreedBlock) -> Option<Result<()>> {
-        // The fast own source's path, read beside the table and called by its own type; another
-        // source's, from the table.
-        let (returned, held, by_table) = match self.sources.fast_own() {
-            Some(f) if f.id == block.source => (
-                timed_section!(
-                    "resource try_deallocate",
-                    f.resource
-                        .try_deallocate(block.ptr, block.block_bytes, block.stream)
-                ),
-                f.held,
-                false,
-            ),
-            _ => {
-                let resource = self.sources.fast_path(block.source)?;
-                let returned = timed_section!(
-                    "resource try_deallocate",
-                    resource.try_deallocate(block.ptr, block.block_bytes, block.stream)
-                );
-                (returned, self.held(block), true)
-            }
-        };
+        let fast = self.sources.fast_own().filter(|f| f.id == block.source)?;
+        let held = fast.held;
+        let returned = timed_section!(
+            "resource try_deallocate",
+            fast.resource
+                .try_deallocate(block.ptr, block.block_bytes, block.stream)
+        );
         match returned? {
             Ok(()) => {
                 if held {
                     self.held_bytes -= block.block_bytes;
                 }
-                match by_table {
-                    true => self.returned(block.source),
-                    false => self.counters.num_device_frees += 1,
-                }
+                self.counters.num_device_frees += 1;
                 Some(Ok(()))
             }
             // (Still held: it never left `held_bytes`.)

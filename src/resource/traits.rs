@@ -23,10 +23,10 @@ pub struct Traits {
     /// returned to it): the device then returns cached blocks, and trims, before it grows. A
     /// resource that manages its own holes says false.
     pub returns_before_growth: bool,
-    /// Its [`Resource::try_allocate`] and [`Resource::try_deallocate`] may serve: the device
-    /// calls them inside its own lock section before anything else — `try_deallocate` for a
-    /// freed block of any such source, `try_allocate` only where the source is the vmm
-    /// backend's one resource, which it holds by its own type ([`Sources::fast_own`]).
+    /// Its [`Resource::try_allocate`] and [`Resource::try_deallocate`] may serve (the contract
+    /// suite checks them against `allocate` and `deallocate`). The device calls them inside its
+    /// own lock section before anything else where the source is the vmm backend's one
+    /// resource, which it holds by its own type ([`Sources::fast_own`]).
     ///
     /// [`Sources::fast_own`]: super::Sources::fast_own
     ///

@@ -213,16 +213,6 @@ impl Sources {
         matches!(self.slots.get(id.0 as usize), Some(Some(entry)) if entry.traits.cacheable)
     }
 
-    /// `id`'s resource, if it has a fast path ([`Traits::fast_path`]) and serves new blocks: to
-    /// call under the device lock, without taking it out of the table.
-    #[inline(always)]
-    pub fn fast_path(&self, id: SourceId) -> Option<&dyn Resource> {
-        match self.slots.get(id.0 as usize) {
-            Some(Some(e)) if e.traits.fast_path && !e.removed => Some(e.resource.as_ref()),
-            _ => None,
-        }
-    }
-
     /// `id`'s resource, for a call outside the device lock.
     pub fn get(&self, id: SourceId) -> Result<Source> {
         Ok(Source {
