@@ -174,13 +174,17 @@ impl Allocator {
             ptr: ptr.0,
             device: 0,
         };
+        // A disabled device cannot say whether the block is its own: the others are asked, and
+        // its error is the answer only if none has it.
+        let mut disabled = None;
         for d in &self.devices {
             match d.disabling(d.record_stream(ptr, stream)) {
                 Err(e @ Error::UnknownPointer { .. }) => last = e,
+                Err(e @ Error::Disabled { .. }) => disabled = disabled.or(Some(e)),
                 other => return other,
             }
         }
-        Err(last)
+        Err(disabled.unwrap_or(last))
     }
 
     /// One look of the background thread at every device (idle release, the vmm release

@@ -52,8 +52,8 @@ fn disabled(result: Result<impl std::fmt::Debug>, part: &str) {
     }
 }
 
-/// Every call that could hand out or take back memory on device 0 is refused; device 1 and the
-/// statistics of both still work.
+/// Every call that could hand out or take back memory on device 0 is refused; device 1 (its
+/// blocks' record_stream too) and the statistics of both still work.
 fn device_0_refuses_everything(alloc: &Allocator, live: DevicePtr, part: &str) {
     disabled(alloc.malloc(4096, 0, S1), part);
     disabled(alloc.malloc(8 * MIB, 0, S2), part);
@@ -67,6 +67,8 @@ fn device_0_refuses_everything(alloc: &Allocator, live: DevicePtr, part: &str) {
         "statistics stay readable"
     );
     let p = alloc.malloc(4096, 1, S1).unwrap();
+    // record_stream asks each device for the block in turn: device 1's is found past device 0.
+    alloc.record_stream(p, S2).unwrap();
     alloc.free(p, 1).unwrap();
 }
 
