@@ -143,7 +143,9 @@ fn pool_with_allocator(
 }
 
 /// `void setUseOnOOM(DeviceIndex, MempoolId_t, bool)`, which `~MemPool` calls (with false):
-/// never throws (a destructor's throw ends the process); an error is logged.
+/// never throws (a destructor's throw ends the process); an error is logged, but in a fork child
+/// (a `MemPool` the child inherited and drops), where a lock of the logger may have been held by
+/// another thread of the parent at the fork.
 unsafe extern "C-unwind" fn set_use_on_oom(_: *mut c_void, device: i8, a: u64, b: u64, on: bool) {
     let done = guarded(|| {
         api::device(device)?
@@ -152,7 +154,9 @@ unsafe extern "C-unwind" fn set_use_on_oom(_: *mut c_void, device: i8, a: u64, b
     });
     if let Err(e) = done {
         crate::api::set_last_error(&e);
-        log::error!("setUseOnOOM: {e}");
+        if !crate::api::in_fork_child() {
+            log::error!("setUseOnOOM: {e}");
+        }
     }
 }
 
