@@ -184,6 +184,27 @@ fn a_capture_elsewhere_maps_in_relaxed_mode_and_the_driver_serves_nothing() {
     r.finish();
 }
 
+/// The background thread's look at the device during a capture the device does not know of yet
+/// (nothing allocated in it, as in the moment after PyTorch begins one) makes none of the calls a
+/// capture in global mode forbids: it asks the driver in relaxed capture mode.
+#[test]
+fn the_background_look_during_a_capture_unknown_to_the_device_forbids_it_nothing() {
+    let r = rig();
+    // Fences behind two frees on S1: the first recorded, the second pending behind it.
+    let (a, b) = (r.malloc(4 * MIB, 0, S1), r.malloc(4 * MIB, 0, S1));
+    r.alloc.free(a, 0).unwrap();
+    r.alloc.free(b, 0).unwrap();
+    let capturing = Stream(9);
+    r.sim.begin_capture(0, capturing);
+    let asked = |r: &Rig| r.sim.calls("cuEventQuery") + r.sim.calls("cuStreamQuery");
+    let before = asked(&r);
+    r.alloc.tend();
+    assert!(asked(&r) > before, "the look asked the driver nothing");
+    assert_eq!(r.sim.calls("unsafe during capture"), 0, "in relaxed mode");
+    r.sim.end_capture(0, capturing);
+    r.finish();
+}
+
 #[test]
 fn peers_can_use_every_mapping_including_new_ones_after_growth() {
     let config = Config {

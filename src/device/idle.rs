@@ -19,7 +19,8 @@
 //! other holders, statistics reads and trims, are not activity); nothing is released and nothing
 //! synchronised during a capture known on this device or while PyTorch routes this
 //! device's allocations to a graph pool (it opens the route before it begins a capture, and for
-//! `use_mem_pool`); a synchronisation put off so is made at a later try; an idle release is
+//! `use_mem_pool`); the pass runs in relaxed capture mode, so that a capture in global mode
+//! the device does not know of yet forbids it nothing; a synchronisation put off so is made at a later try; an idle release is
 //! tried again only while more may come, at most `IDLE_TRIES` times per idle period.
 
 use super::DeviceAllocator;
@@ -81,6 +82,21 @@ impl Tended for DeviceAllocator {
         let Some(setup) = self.setup.get() else {
             return;
         };
+        // In relaxed capture mode: a capture in global mode that another thread began, which the
+        // device may not know of yet (nothing allocated in it so far), forbids this thread none of
+        // the pass's calls then (queries of streams and events that are not the capture's,
+        // unmaps of idle pages), where it would otherwise end that capture. (The capturing
+        // stream itself is never queried: `stream_order::finished`.)
+        let _ = self.driver.relaxed_capture(&mut || {
+            self.tend_pass(setup);
+            Ok(())
+        });
+    }
+}
+
+impl DeviceAllocator {
+    /// [`Tended::tend`]'s pass: the release threshold while busy, the idle release once due.
+    fn tend_pass(&self, setup: &super::DeviceSetup) {
         let now_ms = self.driver.now_ms();
         let delay_ms = setup.settings.idle_release_ms;
         let due = delay_ms.and_then(|_| {
@@ -104,9 +120,6 @@ impl Tended for DeviceAllocator {
             }
         }
     }
-}
-
-impl DeviceAllocator {
     /// Returns the cache and finished waits, and lets every resource give back what it does not
     /// use, synchronising first where a CUDA pool needs it (see the module); `synced`: an earlier
     /// try of this idle period synchronised. Returns (more may become releasable later, this try

@@ -150,9 +150,10 @@ impl Fences {
         device: usize,
     ) -> Vec<(Stream, u64)> {
         // Recorded fences of the stream are older: queried first (poll), so only a stream whose
-        // queue is empty can be asked as a whole.
+        // queue is empty can be asked as a whole; and not a stream that captures (a query of it
+        // would end the capture), which the caller may not know of yet.
         self.complete_pending_where(|slot, _| {
-            slot.recorded.is_empty() && driver.stream_query(device, slot.stream).unwrap_or(false)
+            slot.recorded.is_empty() && super::finished(driver, device, slot.stream)
         })
     }
 

@@ -207,3 +207,24 @@ fn a_free_or_a_record_after_the_synchronisation_began_leaves_the_fences_to_the_d
     assert_eq!(fences.complete_all_unchanged_since(mark), None);
     assert!(fences.any_outstanding());
 }
+
+#[test]
+fn the_background_look_never_queries_a_stream_that_captures() {
+    let sim = SimDriver::new(1, 1 << 30);
+    let mut fences = Fences::default();
+    // Pending fences on two idle streams; S1 begins a capture nobody told the fences of.
+    let (s1, _) = fences.free_on(S1, 0, 0);
+    let (s2, _) = fences.free_on(S2, 0, 0);
+    sim.begin_capture(0, S1);
+    let queries = sim.calls("cuStreamQuery");
+    let done = fences.complete_pending_of_idle_streams(&sim, 0);
+    assert_eq!(done, [(S2, s2)], "only the stream that does not capture");
+    assert_eq!(
+        sim.calls("cuStreamQuery") - queries,
+        1,
+        "a query of a capturing stream would end its capture"
+    );
+    // Once the capture has ended, its stream's pending fence completes as the others did.
+    sim.end_capture(0, S1);
+    assert_eq!(fences.complete_pending_of_idle_streams(&sim, 0), [(S1, s1)]);
+}
