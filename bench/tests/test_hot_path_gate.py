@@ -141,3 +141,14 @@ def test_cold_lines_reports_code_lines_beside_data_lines(tmp_path, capsys):
     assert "150 instructions" in text
     assert "12.0 lines touched from cold" in text  # (20 - 4 + 10 - 2) / 2
     assert "10.0 lines of code fetched" in text  # (30 - 10) / 2
+
+
+def test_a_path_or_a_trace_has_its_own_tolerance_and_a_name_of_neither_is_an_error():
+    import pytest
+    baseline = {"tolerance": 0.02, "paths": {"cached_small": {}}, "traces": {"churn pool": {}},
+                "tolerances": {"churn pool": {"tolerance": 0.06, "why": "codegen"}}}
+    assert GATE.own_tolerance(baseline, "churn pool") == 0.06
+    assert GATE.own_tolerance(baseline, "cached_small") == 0.02
+    baseline["tolerances"]["churn vmm"] = {"tolerance": 0.5, "why": "misspelt"}
+    with pytest.raises(SystemExit, match="churn vmm"):
+        GATE.own_tolerance(baseline, "cached_small")
