@@ -184,24 +184,47 @@ fn a_capture_elsewhere_maps_in_relaxed_mode_and_the_driver_serves_nothing() {
     r.finish();
 }
 
-/// The background thread's look at the device during a capture the device does not know of yet
-/// (nothing allocated in it, as in the moment after PyTorch begins one) makes none of the calls a
-/// capture in global mode forbids: it asks the driver in relaxed capture mode.
+/// The background thread's look at the device never asks a stream that captures whether it has
+/// finished (the query would end the capture), though the device does not know of the capture
+/// yet (nothing allocated in it so far, as in the moment after PyTorch begins one) and the stream
+/// has a fence pending; and its other calls are made in relaxed capture mode.
 #[test]
-fn the_background_look_during_a_capture_unknown_to_the_device_forbids_it_nothing() {
+fn the_background_look_never_queries_a_capturing_stream_the_device_does_not_know_of() {
     let r = rig();
-    // Fences behind two frees on S1: the first recorded, the second pending behind it.
+    r.sim.stop_clock();
     let (a, b) = (r.malloc(4 * MIB, 0, S1), r.malloc(4 * MIB, 0, S1));
+    let c = r.malloc(4 * MIB, 0, S2);
+    // S1's first fence, recorded, completes and is collected.
     r.alloc.free(a, 0).unwrap();
-    r.alloc.free(b, 0).unwrap();
-    let capturing = Stream(9);
-    r.sim.begin_capture(0, capturing);
-    let asked = |r: &Rig| r.sim.calls("cuEventQuery") + r.sim.calls("cuStreamQuery");
-    let before = asked(&r);
+    r.sim.complete_all();
     r.alloc.tend();
-    assert!(asked(&r) > before, "the look asked the driver nothing");
-    assert_eq!(r.sim.calls("unsafe during capture"), 0, "in relaxed mode");
-    r.sim.end_capture(0, capturing);
+    // S2's fence, recorded and not completed: the look polls it. S1's next one is left pending
+    // (the clock stands still: no record is due), with no recorded one before it.
+    r.alloc.free(c, 0).unwrap();
+    r.alloc.free(b, 0).unwrap();
+    r.sim.begin_capture(0, S1);
+    let queries = r.sim.calls("cuStreamQuery");
+    let polls = r.sim.calls("cuEventQuery");
+    r.alloc.tend();
+    assert_eq!(
+        r.sim.calls("cuStreamQuery"),
+        queries,
+        "S1 was asked during its capture"
+    );
+    assert!(
+        r.sim.calls("cuEventQuery") > polls,
+        "S2's fence was not polled"
+    );
+    // Each call the look makes is made in relaxed capture mode (as the CUDA driver makes its
+    // queries and mappings), so the capture forbids none of them.
+    assert_eq!(r.sim.calls("unsafe during capture"), 0);
+    // Once the capture has ended, the look asks it, and its pending fence completes.
+    r.sim.end_capture(0, S1);
+    r.alloc.tend();
+    assert!(
+        r.sim.calls("cuStreamQuery") > queries,
+        "S1 never asked: the test shows nothing"
+    );
     r.finish();
 }
 

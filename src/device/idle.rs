@@ -20,8 +20,9 @@
 //! synchronised during a capture known on this device or while PyTorch routes this
 //! device's allocations to a graph pool (it opens the route before it begins a capture, and for
 //! `use_mem_pool`); the pass runs in relaxed capture mode, so that a capture in global mode
-//! the device does not know of yet forbids it nothing; a synchronisation put off so is made at a later try; an idle release is
-//! tried again only while more may come, at most `IDLE_TRIES` times per idle period.
+//! the device does not know of yet forbids it nothing, and never queries a capturing stream; a
+//! synchronisation put off so is made at a later try; an idle release is tried again only while
+//! more may come, at most `IDLE_TRIES` times per idle period.
 
 use super::DeviceAllocator;
 use crate::background::Tended;
@@ -82,15 +83,18 @@ impl Tended for DeviceAllocator {
         let Some(setup) = self.setup.get() else {
             return;
         };
-        // In relaxed capture mode: a capture in global mode that another thread began, which the
-        // device may not know of yet (nothing allocated in it so far), forbids this thread none of
-        // the pass's calls then (queries of streams and events that are not the capture's,
-        // unmaps of idle pages), where it would otherwise end that capture. (The capturing
-        // stream itself is never queried: `stream_order::finished`.)
-        let _ = self.driver.relaxed_capture(&mut || {
+        // In relaxed capture mode, as the driver already makes its queries, mappings and
+        // synchronisations: a capture in global mode that another thread began, which the device
+        // may not know of yet (nothing allocated in it so far), forbids the pass none of its other
+        // calls either (memory info, pool trims). (The capturing stream itself is never queried:
+        // `stream_order::finished`.) Refused only by a driver that is gone: the next look tries.
+        let relaxed = self.driver.relaxed_capture(&mut || {
             self.tend_pass(setup);
             Ok(())
         });
+        if let Err(e) = relaxed {
+            log::debug!("device {}: background pass skipped: {e}", self.device);
+        }
     }
 }
 
