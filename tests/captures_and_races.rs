@@ -406,3 +406,58 @@ fn an_allocation_on_the_legacy_stream_asks_the_driver_nothing_about_captures() {
         h.sim.end_capture(0, CAPTURING);
     }
 }
+
+/// Was: a block used on another stream (`record_stream`) and freed while that stream captures a
+/// graph the device had not seen allocate yet (PyTorch opens a route to the graph's pool, begins
+/// the capture, and allocates in it after) got its event recorded on the capturing stream — a
+/// node of the graph, not a mark of the work queued before it. Now, while a route is open, the
+/// capture becomes known at the free, and the event is recorded once the capture has ended.
+#[test]
+fn a_block_freed_as_its_other_stream_begins_a_capture_gets_its_event_after_the_capture() {
+    let sim = Arc::new(SimDriver::new(1, 1 << 30));
+    let config = Config {
+        background: false,
+        ..Config::default()
+    };
+    let alloc = Allocator::new(sim.clone() as Arc<dyn Driver>, config).unwrap();
+    let a = alloc.malloc(BLOCK_BYTES, 0, S1).unwrap();
+    alloc.record_stream(a, S2).unwrap();
+    let pools = alloc.device(0).unwrap().graph_pools();
+    pools
+        .begin_allocate_to_pool((0, 1), Arc::new(EveryStream))
+        .unwrap();
+    sim.begin_capture(0, S2);
+    let recorded = sim.calls("cuEventRecord");
+    alloc.free(a, 0).unwrap();
+    assert_eq!(
+        sim.calls("cuEventRecord"),
+        recorded,
+        "an event was recorded into the capture"
+    );
+    assert!(
+        waiting(&alloc, a),
+        "the block went on without waiting for S2"
+    );
+    sim.end_capture(0, S2);
+    // The next allocation looks at the waits: the capture has ended, the event is recorded.
+    let b = alloc.malloc(4096, 0, S1).unwrap();
+    assert!(
+        sim.calls("cuEventRecord") > recorded,
+        "no event recorded after the capture"
+    );
+    assert!(
+        waiting(&alloc, a),
+        "S2's work on the block has not completed"
+    );
+    alloc.free(b, 0).unwrap();
+    pools.end_allocate_to_pool((0, 1)).unwrap();
+}
+
+/// Claims every allocation (PyTorch's NULL filter).
+struct EveryStream;
+
+impl streampool::StreamFilter for EveryStream {
+    fn claims(&self, _: Stream) -> bool {
+        true
+    }
+}

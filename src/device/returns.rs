@@ -83,7 +83,8 @@ impl DeviceAllocator {
         streams: &[Stream],
     ) -> Result<Option<MutexGuard<'a, DeviceState>>> {
         let (driver, device) = (self.driver.as_ref(), self.device);
-        let failed = match st.waits.wait_for(driver, device, waiting, streams) {
+        let routed = self.graph_pools.any_route_open();
+        let failed = match st.waits.wait_for(driver, device, waiting, streams, routed) {
             Ok(()) => return Ok(None),
             Err(failed) => failed,
         };

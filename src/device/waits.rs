@@ -153,14 +153,27 @@ impl Waits {
 
     /// `waiting` waits for `streams`: events are recorded on them now, or, during a capture, once
     /// it ends. If no event can be recorded, hands the block back with the error: the caller
-    /// must synchronise before reusing it, or [`Waits::defer`] it.
+    /// must synchronise before reusing it, or [`Waits::defer`] it. `routed`: PyTorch routes the
+    /// device's allocations to a graph pool, as it does from before it begins a capture.
     pub fn wait_for(
         &mut self,
         driver: &dyn Driver,
         device: usize,
         waiting: WaitingBlock,
         streams: &[Stream],
+        routed: bool,
     ) -> std::result::Result<(), Box<WaitFailed>> {
+        // While routed, a stream that captures, though the device has not seen it allocate yet
+        // (PyTorch begins a capture before it allocates in it), becomes known here: an event
+        // recorded on it would be a node of the graph, not a mark of the work the block waits
+        // for. (Asked only then: a driver call on each such free otherwise.)
+        if routed {
+            for &stream in streams {
+                if driver.is_capturing(device, stream) == Ok(true) {
+                    self.captures.note(stream);
+                }
+            }
+        }
         if self.captures.any_known() {
             self.defer(waiting, streams.to_vec());
             return Ok(());
