@@ -6,6 +6,8 @@ import importlib.util
 from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
+import pytest
+
 _PATH = str(Path(__file__).resolve().parents[2] / "scripts" / "hot-path-gate")
 _SPEC = importlib.util.spec_from_loader("hot_path_gate", SourceFileLoader("hot_path_gate", _PATH))
 GATE = importlib.util.module_from_spec(_SPEC)
@@ -144,7 +146,6 @@ def test_cold_lines_reports_code_lines_beside_data_lines(tmp_path, capsys):
 
 
 def test_a_path_or_a_trace_has_its_own_tolerance_and_a_name_of_neither_is_an_error():
-    import pytest
     baseline = {"tolerance": 0.02, "paths": {"cached_small": {}}, "traces": {"churn pool": {}},
                 "tolerances": {"churn pool": {"tolerance": 0.06, "why": "codegen"}}}
     assert GATE.own_tolerance(baseline, "churn pool") == 0.06
