@@ -6,7 +6,9 @@
 //! references, so it keeps no device alive, and forgets a device once it is gone; its list's lock
 //! is a leaf (released before it calls a device); at exit no pass starts and one under way is
 //! waited for (briefly), so the thread is not inside the driver while the driver shuts down;
-//! under loom it does not exist.
+//! a panic inside one look is caught there: that one is no longer tended (logged), the others
+//! still are, and the exit does not wait for a pass that will never end; under loom it does not
+//! exist.
 
 use std::sync::Weak;
 
@@ -23,8 +25,9 @@ const TICK: std::time::Duration = std::time::Duration::from_millis(50);
 #[cfg(not(loom))]
 mod thread {
     use super::{Tended, Weak, TICK};
+    use std::panic::{catch_unwind, AssertUnwindSafe};
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Mutex, OnceLock};
+    use std::sync::{Mutex, OnceLock, TryLockError};
 
     /// What the thread looks after; `None` if the thread could not be started.
     type List = Mutex<Vec<Weak<dyn Tended>>>;
@@ -41,7 +44,8 @@ mod thread {
             return;
         }
         for _ in 0..100 {
-            if IN_PASS.try_lock().is_ok() {
+            // (Poisoned: the thread is gone, no pass is under way.)
+            if !matches!(IN_PASS.try_lock(), Err(TryLockError::WouldBlock)) {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
@@ -92,10 +96,25 @@ mod thread {
             if STOPPING.load(Ordering::Relaxed) {
                 return;
             }
-            for t in tended.iter().filter_map(Weak::upgrade) {
-                t.tend();
+            for weak in &tended {
+                let Some(t) = weak.upgrade() else { continue };
+                if catch_unwind(AssertUnwindSafe(|| t.tend())).is_err() {
+                    drop(t);
+                    forget(list, weak);
+                }
             }
         }
+    }
+
+    /// A look at `weak` panicked: it is tended no more (a panic under one of its locks disabled
+    /// it anyway; elsewhere, the next look would most likely panic again).
+    fn forget(list: &List, weak: &Weak<dyn Tended>) {
+        log::error!(
+            "streampool: the background thread's look at a device panicked; that device's idle \
+             memory is no longer released by itself (empty_cache and trim still release it)"
+        );
+        let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|w| !Weak::ptr_eq(w, weak));
     }
 }
 
@@ -105,4 +124,47 @@ pub fn register(tended: Weak<dyn Tended>) {
     thread::register(tended);
     #[cfg(loom)]
     drop(tended);
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{register, Tended};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    /// Counts its looks; panics at each if `panics`.
+    #[derive(Default)]
+    struct Looked {
+        looks: AtomicU32,
+        panics: bool,
+    }
+
+    impl Tended for Looked {
+        fn tend(&self) {
+            self.looks.fetch_add(1, Ordering::SeqCst);
+            assert!(!self.panics, "a look that panics (this test's)");
+        }
+    }
+
+    #[test]
+    fn a_look_that_panics_is_dropped_and_the_others_go_on() {
+        let bad = Arc::new(Looked {
+            panics: true,
+            ..Looked::default()
+        });
+        let good = Arc::new(Looked::default());
+        register(Arc::downgrade(&bad) as _);
+        register(Arc::downgrade(&good) as _);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while good.looks.load(Ordering::SeqCst) < 5 {
+            assert!(Instant::now() < deadline, "the thread stopped tending");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            bad.looks.load(Ordering::SeqCst),
+            1,
+            "tended again after it panicked"
+        );
+    }
 }
