@@ -15,7 +15,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use streampool::config::Backend;
-use streampool::driver::{DevicePtr, Driver, Stream};
+use streampool::driver::{DeviceDriver, DevicePtr, Driver, Stream};
 use streampool::{Allocator, Config, Error, Result};
 use wrapped::Wrapped;
 
@@ -176,4 +176,33 @@ fn the_synchronisation_hook_is_quiet_on_a_disabled_device() {
     );
     disabled(alloc.record_stream(live, S2), "virtual-memory resource");
     std::mem::forget(alloc);
+}
+
+/// The background thread's idle release leaves a disabled device as it is: its books may be
+/// half-updated (a block they show cached may be live), so nothing of it goes back.
+#[test]
+fn the_idle_release_leaves_a_disabled_device_as_it_is() {
+    for backend in [Backend::Pool, Backend::Vmm] {
+        let (w, alloc) = rig(Config {
+            backend,
+            background: false,
+            idle_release_ms: Some(50),
+            ..Config::default()
+        });
+        let live = alloc.malloc(4096, 0, S1).unwrap();
+        let freed = alloc.malloc(8 * MIB, 0, S1).unwrap();
+        let p = alloc.malloc(8 * MIB, 0, S1).unwrap();
+        alloc.free(freed, 0).unwrap(); // cached, or idle in the resource: releasable
+        alloc.record_stream(p, S2).unwrap();
+        panics(&w, || alloc.free(p, 0));
+        let free_bytes = || w.sim.mem_info(0).unwrap().free_bytes;
+        let before = free_bytes();
+        for _ in 0..3 {
+            alloc.tend();
+            w.sim.advance_clock_ms(100);
+        }
+        assert_eq!(free_bytes(), before, "{backend:?}: memory went back");
+        device_0_refuses_everything(&alloc, live, "device allocator");
+        std::mem::forget(alloc);
+    }
 }

@@ -17,7 +17,8 @@
 //! Invariants: the activity count changes under the device lock with every allocation and free,
 //! and only then; the background thread reads it under that lock, waiting for it (the lock's
 //! other holders, statistics reads and trims, are not activity); nothing is released and nothing
-//! synchronised during a capture known on this device or while PyTorch routes this
+//! synchronised on a disabled device (a panic may have left its books half-updated), nor
+//! during a capture known on this device or while PyTorch routes this
 //! device's allocations to a graph pool (it opens the route before it begins a capture, and for
 //! `use_mem_pool`); the pass runs in relaxed capture mode, so that a capture in global mode
 //! the device does not know of yet forbids it nothing, and never queries a capturing stream; a
@@ -83,6 +84,11 @@ impl Tended for DeviceAllocator {
         let Some(setup) = self.setup.get() else {
             return;
         };
+        // A disabled device keeps what it holds: its books may be half-updated, and a block
+        // they show cached or waiting may be live.
+        if self.check_enabled().is_err() {
+            return;
+        }
         // In relaxed capture mode, as the driver already makes its queries, mappings and
         // synchronisations: a capture in global mode that another thread began, which the device
         // may not know of yet (nothing allocated in it so far), forbids the pass none of its other
@@ -134,7 +140,10 @@ impl DeviceAllocator {
         };
         let mut blocks = Vec::new();
         {
-            let mut st = self.state.lock();
+            // (Disabled since the pass began: as in `tend`.)
+            let Ok(mut st) = self.lock_enabled() else {
+                return (false, false);
+            };
             // Forgets captures that ended, and hands back the waits that are over.
             self.collect_waits(&mut st, &mut blocks);
             if st.waits.capturing() {
