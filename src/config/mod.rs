@@ -34,6 +34,10 @@ pub mod names;
 /// training step or a request takes less: what a loop uses every step stays mapped).
 pub const VMM_RELEASE_AFTER_MS: u64 = 1000;
 
+/// The most memory a simulated device may have (`STREAMPOOL_SIM_MEMORY`): its addresses must
+/// stay apart from the next device's.
+pub(crate) const SIM_MAX_MEMORY_BYTES: u64 = 1 << 40;
+
 /// Which implementation of the CUDA edge to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DriverKind {
@@ -402,6 +406,9 @@ impl Config {
                 config_error("STREAMPOOL_SIM_MEMORY", &v, reason, SIM_MEMORY_ACCEPTED)
             };
             c.sim_memory_bytes = match parse_size(&v).map_err(|reason| refuse(&reason))? {
+                SizeSpec::Bytes(b) if b > SIM_MAX_MEMORY_BYTES => {
+                    return Err(refuse("a simulated device has at most 1TiB"))
+                }
                 SizeSpec::Bytes(b) if b > 0 => b,
                 SizeSpec::Bytes(_) => return Err(refuse("a device needs some memory")),
                 SizeSpec::Percent(_) => {

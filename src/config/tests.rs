@@ -123,8 +123,17 @@ fn a_percentage_of_simulated_memory_is_refused_listing_only_what_is_accepted() {
         .to_string();
     assert_eq!(
         msg,
-        "STREAMPOOL_SIM_MEMORY=\"80%\" is not valid: use a size such as 16GiB or 512MiB \
-         (this sets the device's memory: a share of it means nothing)"
+        "STREAMPOOL_SIM_MEMORY=\"80%\" is not valid: use a size up to 1TiB, such as 16GiB or \
+         512MiB (this sets the device's memory: a share of it means nothing)"
+    );
+    // Past 1TiB the devices' addresses would overlap.
+    let huge = parse(&[("STREAMPOOL_SIM_MEMORY", "1025GiB")]).unwrap_err();
+    assert!(huge.to_string().contains("at most 1TiB"), "{huge}");
+    assert_eq!(
+        parse(&[("STREAMPOOL_SIM_MEMORY", "1TiB")])
+            .unwrap()
+            .sim_memory_bytes,
+        1 << 40
     );
     let max = parse(&[("STREAMPOOL_SIM_MEMORY", "max")]).unwrap_err();
     assert!(!max.to_string().contains('%'), "{max}");

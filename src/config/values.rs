@@ -16,7 +16,7 @@ pub(super) const PEER_ACCESS_ACCEPTED: &str = "auto, 1, 0, true, false, yes, no,
 /// The simulated driver's devices (`STREAMPOOL_SIM_DEVICES`).
 pub(super) const SIM_DEVICES: std::ops::RangeInclusive<usize> = 1..=64;
 pub(super) const SIM_DEVICES_ACCEPTED: &str = "a whole number from 1 to 64";
-pub(super) const SIM_MEMORY_ACCEPTED: &str = "a size such as 16GiB or 512MiB";
+pub(super) const SIM_MEMORY_ACCEPTED: &str = "a size up to 1TiB, such as 16GiB or 512MiB";
 pub(super) const HEADROOM_ACCEPTED: &str =
     "a size below the device's memory such as 512MiB or 0, or a share of it below 100% such as 2%";
 pub(crate) const VMM_PAGE_SIZE_ACCEPTED: &str = "a size such as 2MiB or 20MiB, at most 1 TiB";

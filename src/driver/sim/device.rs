@@ -94,7 +94,10 @@ impl SimDevice {
             }
             None => {
                 let addr = self.next_addr;
-                self.next_addr = addr.checked_add(bytes)?;
+                let end = addr
+                    .checked_add(bytes)
+                    .filter(|&end| end <= self.addr_end)?;
+                self.next_addr = end;
                 Some(DevicePtr(addr))
             }
         }

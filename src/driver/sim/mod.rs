@@ -99,6 +99,9 @@ struct SimDevice {
     /// free address ranges: start -> length; the address space is carved on demand
     free_ranges: BTreeMap<u64, u64>,
     next_addr: u64,
+    /// The end of the device's window of addresses (the next device's begins there): a claim
+    /// past it fails, as an exhausted address space does.
+    addr_end: u64,
     sticky_error: Option<i32>,
     /// The most memory in use at once (pools' reserved, graph and physical bytes), since the
     /// device was made or `reset_in_use_high`.
@@ -162,6 +165,22 @@ pub(super) fn in_relaxed_mode<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// Where the simulated devices' addresses begin, and the least window of them each device has
+/// (16 TiB): a device's memory fits in its window sixteen times, so that the virtual-memory
+/// resource's reservations (twice the memory up front, more as it grows) stay inside it; a
+/// claim past the window fails, as an exhausted address space does. (A device of more than
+/// [`crate::config::SIM_MAX_MEMORY_BYTES`], which only a test makes, has a larger window; past
+/// 64 bits, one device alone has addresses.)
+const SIM_ADDR_BASE: u64 = 0x7f00_0000_0000;
+const SIM_ADDR_WINDOW_BYTES: u64 = 1 << 44;
+const _: () = assert!(SIM_ADDR_WINDOW_BYTES >= 16 * crate::config::SIM_MAX_MEMORY_BYTES);
+
+/// Each device's window of addresses, for devices of `memory_bytes`.
+fn addr_window_bytes(memory_bytes: u64) -> u64 {
+    let wanted = memory_bytes.saturating_mul(16).checked_next_power_of_two();
+    wanted.unwrap_or(u64::MAX).max(SIM_ADDR_WINDOW_BYTES)
+}
+
 impl SimDriver {
     /// A call that a capture in global mode forbids (a query, a synchronisation, a mapping):
     /// made while a stream of the device captures and this thread's mode is not relaxed, it is
@@ -175,10 +194,13 @@ impl SimDriver {
 
     /// `device_count` simulated devices of `memory_bytes` each.
     pub fn new(device_count: usize, memory_bytes: u64) -> SimDriver {
+        let window_bytes = addr_window_bytes(memory_bytes);
         let devices = (0..device_count)
             .map(|d| {
+                let base = SIM_ADDR_BASE.saturating_add((d as u64).saturating_mul(window_bytes));
                 Mutex::new(SimDevice {
-                    next_addr: 0x7f00_0000_0000 + ((d as u64) << 44),
+                    next_addr: base,
+                    addr_end: base.saturating_add(window_bytes),
                     ..SimDevice::default()
                 })
             })

@@ -353,3 +353,24 @@ fn an_exported_handle_is_imported_through_its_fd_and_lives_until_both_released()
     sim.mem_release(0, plain).unwrap();
     sim.address_free(0, base, 2 * GRANULE_BYTES).unwrap();
 }
+
+/// Each device's addresses stay in its own window: a reservation that would run into the next
+/// device's fails as an exhausted address space does, and the next device's are untouched.
+#[test]
+fn a_device_s_addresses_never_reach_the_next_device_s() {
+    let sim = SimDriver::new(2, 1 << 30);
+    // Up to the window's end (a reservation claims a granule more, for its alignment).
+    let most = SIM_ADDR_WINDOW_BYTES - GRANULE_BYTES;
+    let first = sim.address_reserve(0, most).unwrap();
+    assert!(
+        sim.address_reserve(0, GRANULE_BYTES).is_err(),
+        "past the window"
+    );
+    let other = sim.address_reserve(1, GRANULE_BYTES).unwrap();
+    assert!(
+        other.0 >= first.0 + most,
+        "{other:?} inside device 0's {first:?}"
+    );
+    sim.address_free(1, other, GRANULE_BYTES).unwrap();
+    sim.address_free(0, first, most).unwrap();
+}
