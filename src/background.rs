@@ -98,8 +98,13 @@ mod thread {
             }
             for weak in &tended {
                 let Some(t) = weak.upgrade() else { continue };
-                if catch_unwind(AssertUnwindSafe(|| t.tend())).is_err() {
-                    drop(t);
+                let looked = catch_unwind(AssertUnwindSafe(|| t.tend()));
+                // The last reference, if the program dropped the device meanwhile: its drop
+                // (which waits for the device, and may meet what a panic left) runs here, and
+                // is caught too. (Not inside the look's catch: a panic in a drop while a panic
+                // unwinds aborts the process.)
+                let dropped = catch_unwind(AssertUnwindSafe(move || drop(t)));
+                if looked.is_err() || dropped.is_err() {
                     forget(list, weak);
                 }
             }
@@ -111,7 +116,8 @@ mod thread {
     fn forget(list: &List, weak: &Weak<dyn Tended>) {
         log::error!(
             "streampool: the background thread's look at a device panicked; that device's idle \
-             memory is no longer released by itself (empty_cache and trim still release it)"
+             memory is no longer released by itself (empty_cache and trim still release it, \
+             unless the panic disabled the device, which then refuses every call)"
         );
         let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
         list.retain(|w| !Weak::ptr_eq(w, weak));
