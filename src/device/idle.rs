@@ -110,7 +110,7 @@ impl DeviceAllocator {
         let now_ms = self.driver.now_ms();
         let delay_ms = setup.settings.idle_release_ms;
         let due = delay_ms.and_then(|_| {
-            let activity = self.state.lock().activity;
+            let activity = self.lock_enabled().ok()?.activity;
             self.idle.lock().look(activity, now_ms, delay_ms)
         });
         // While busy: the threshold of resources that apply it themselves.
@@ -123,33 +123,32 @@ impl DeviceAllocator {
                 tending.release_above_threshold()
             );
         }
-        if let Some(synced) = due {
-            let (more, synced_now) = self.release_idle(synced);
+        // (A release the device's disabling stopped is not one.)
+        if let Some((more, synced_now)) = due.and_then(|synced| self.release_idle(synced)) {
             if self.idle.lock().released(more, synced_now) {
-                self.state.lock().ledger.counters_mut().num_idle_releases += 1;
+                if let Ok(mut st) = self.lock_enabled() {
+                    st.ledger.counters_mut().num_idle_releases += 1;
+                }
             }
         }
     }
+
     /// Returns the cache and finished waits, and lets every resource give back what it does not
     /// use, synchronising first where a CUDA pool needs it (see the module); `synced`: an earlier
     /// try of this idle period synchronised. Returns (more may become releasable later, this try
-    /// synchronised).
-    pub(super) fn release_idle(&self, synced: bool) -> (bool, bool) {
-        let Some(setup) = self.setup.get() else {
-            return (false, false);
-        };
+    /// synchronised); `None` if nothing was done (the device is not set up, or disabled).
+    pub(super) fn release_idle(&self, synced: bool) -> Option<(bool, bool)> {
+        let setup = self.setup.get()?;
         let mut blocks = Vec::new();
         {
             // (Disabled since the pass began: as in `tend`.)
-            let Ok(mut st) = self.lock_enabled() else {
-                return (false, false);
-            };
+            let mut st = self.lock_enabled().ok()?;
             // Forgets captures that ended, and hands back the waits that are over.
             self.collect_waits(&mut st, &mut blocks);
             if st.waits.capturing() {
                 drop(st);
                 let _ = self.return_blocks(blocks);
-                return (true, false);
+                return Some((true, false));
             }
             blocks.extend(st.ledger.drain_cache());
             blocks.extend(st.ledger.take_unreturned());
@@ -173,7 +172,7 @@ impl DeviceAllocator {
             "device {}: idle: returned {count} blocks, released unused memory",
             self.device
         );
-        (more || waiting, sync == PoolFrees::Synced)
+        Some((more || waiting, sync == PoolFrees::Synced))
     }
 
     /// Synchronises the device before the trims of the idle release, where one of its resources
