@@ -294,6 +294,7 @@ impl PoolDriver for SimDriver {
             true => 0,
             false => p.reserved_bytes - p.used_bytes.min(p.reserved_bytes),
         };
+        let mut reserved_bytes = p.reserved_bytes;
         if reused.is_none() && block_bytes > available {
             let growth = round_up(block_bytes - available, GRANULE_BYTES);
             let grown = growth.and_then(|g| p.reserved_bytes.checked_add(g));
@@ -302,17 +303,20 @@ impl PoolDriver for SimDriver {
                     && g.checked_add(elsewhere)
                         .is_some_and(|t| t <= self.memory_bytes)
             });
-            p.reserved_bytes = fits.ok_or_else(|| Self::out_of_memory(call))?;
+            reserved_bytes = fits.ok_or_else(|| Self::out_of_memory(call))?;
         }
-        p.used_bytes += block_bytes;
-        p.note_usage();
-        d.note_in_use();
+        // The addresses first: a claim that fails (the device's window is full) books nothing.
         let ptr = match reused {
             Some(ptr) => ptr,
             None => d
                 .claim_range(block_bytes)
                 .ok_or_else(|| Self::out_of_memory(call))?,
         };
+        let p = &mut d.pools[pool.raw()];
+        p.reserved_bytes = reserved_bytes;
+        p.used_bytes += block_bytes;
+        p.note_usage();
+        d.note_in_use();
         d.pools[pool.raw()].live.insert(ptr, block_bytes);
         d.tick(stream);
         Ok(ptr)
