@@ -372,5 +372,11 @@ fn a_device_s_addresses_never_reach_the_next_device_s() {
         "{other:?} inside device 0's {first:?}"
     );
     sim.address_free(1, other, GRANULE_BYTES).unwrap();
+    // A pool allocation that finds no addresses left fails and books nothing.
+    let pool = sim.pool_create(0, u64::MAX, false).unwrap();
+    assert!(sim.alloc_async(0, pool, 4 << 20, S1).is_err());
+    let usage = sim.pool_usage(0, pool).unwrap();
+    assert_eq!((usage.used_bytes, usage.reserved_bytes), (0, 0));
+    sim.pool_destroy(0, pool).unwrap();
     sim.address_free(0, first, most).unwrap();
 }
