@@ -5,39 +5,12 @@
 
 mod common;
 
+use common::pools::{malloc_routed, Every, OnStream, POOL};
 use common::{base_config, overlaps, rig_with, s, Rig, MIB};
 use std::sync::Arc;
-use streampool::driver::{DevicePtr, Stream};
-use streampool::StreamFilter;
-
-const POOL: (u64, u64) = (0, 1);
-
-/// Claims allocations on one stream, as a capture's filter claims its capturing stream.
-struct OnStream(Stream);
-
-/// Claims every allocation (a NULL filter).
-struct Every;
-
-impl StreamFilter for Every {
-    fn claims(&self, _: Stream) -> bool {
-        true
-    }
-}
-
-impl StreamFilter for OnStream {
-    fn claims(&self, stream: Stream) -> bool {
-        stream == self.0
-    }
-}
 
 fn rig() -> Rig {
     rig_with(1, 512 * MIB, base_config())
-}
-
-/// What my_malloc does: the pool whose route claims the stream, if any, serves.
-fn malloc_routed(r: &Rig, bytes: u64, stream: usize) -> DevicePtr {
-    let pool = r.device(0).graph_pools().claiming(s(stream));
-    r.alloc.malloc_into(bytes, 0, s(stream), pool).unwrap()
 }
 
 fn pool_live(r: &Rig) -> Vec<u64> {

@@ -195,7 +195,7 @@ impl DeviceAllocator {
             if reserved_bytes <= st.ledger.gauges().held_bytes {
                 return PoolFrees::NotNeeded;
             }
-            if st.waits.capturing() || self.graph_pools.any_route_open() {
+            if self.capture_possible(&st) {
                 return PoolFrees::PutOff;
             }
         }

@@ -356,6 +356,16 @@ impl Ledger {
         self.sources.returned(source);
     }
 
+    /// `block`'s return is put off (its stream captures a graph: a free on it would be a node of
+    /// the graph): held again, it waits in `unreturned` for the next flush or idle release.
+    #[cold]
+    pub fn put_off(&mut self, block: FreedBlock) {
+        if self.held(&block) {
+            self.held_bytes += block.block_bytes;
+        }
+        self.unreturned.push(block);
+    }
+
     /// The driver refused `block` (held): it waits in `unreturned` for the next flush.
     #[cold]
     fn refused(&mut self, block: FreedBlock, e: Error) -> Error {

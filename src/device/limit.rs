@@ -179,7 +179,13 @@ impl DeviceAllocator {
         stream: Stream,
         limit_bytes: Option<u64>,
     ) -> Error {
-        let mem = self.driver.mem_info(self.device).unwrap_or_default();
+        // (In relaxed mode: a capture in global mode may be under way on another thread, which
+        // the read would otherwise break.)
+        let mut mem = Default::default();
+        let _ = self.driver.relaxed_capture(&mut || {
+            mem = self.driver.mem_info(self.device)?;
+            Ok(())
+        });
         let reserved_bytes = self
             .setup
             .get()

@@ -242,6 +242,16 @@ impl DeviceAllocator {
             )?)
     }
 
+    /// True while a graph capture may be under way on the device: one is known (the device
+    /// allocated in it), or PyTorch routes allocations to a graph pool — it opens the route
+    /// before it begins a capture, so a capture that has not allocated yet (or never does) is
+    /// covered, and so is `use_mem_pool`, whose route cannot be told apart (PyTorch's allocator
+    /// likewise skips its release of every cached block while any route is open). Nothing
+    /// synchronises the device or unmaps memory then.
+    fn capture_possible(&self, st: &DeviceState) -> bool {
+        st.waits.capturing() || self.graph_pools.any_route_open()
+    }
+
     /// Step 2 for a source with a fast path (the vmm resource): a block it has at hand, served
     /// in this lock section (step 3's reservation included).
     #[inline(always)]
@@ -324,9 +334,25 @@ impl DeviceAllocator {
 
     /// Steps 4 to 6, for a block whose bytes are reserved against the limit.
     fn allocate_from_source(&self, source: Source, request: Request) -> Result<DevicePtr> {
-        let served = self
-            .return_cache_before_growth(&source, request)
-            .and_then(|()| self.allocate_within_reserved_cap(&source, request));
+        let serve = || {
+            self.return_cache_before_growth(&source, request)
+                .and_then(|()| self.allocate_within_reserved_cap(&source, request))
+        };
+        let served = match self.graph_pools.any_route_open() {
+            false => serve(),
+            // A capture may be under way that the device has not seen allocate (PyTorch opens
+            // the route first), in global mode on another thread: the source's calls that such
+            // a capture forbids (a mapping, a read of free memory) are made in relaxed mode, as
+            // PyTorch makes its cudaMalloc while a capture is under way.
+            true => {
+                let mut served = Err(crate::error::Error::Internal("not served".into()));
+                let relaxed = self.driver.relaxed_capture(&mut || {
+                    served = serve();
+                    Ok(())
+                });
+                relaxed.and(served)
+            }
+        };
         let ptr = match served {
             Ok(ptr) => ptr,
             Err(e) => {

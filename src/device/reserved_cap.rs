@@ -88,7 +88,7 @@ impl DeviceAllocator {
         if fits()? {
             return Ok(true);
         }
-        if !self.state.lock().waits.capturing() {
+        if !self.capture_possible(&self.state.lock()) {
             self.state.lock().ledger.counters_mut().num_growth_syncs += 1;
             match self.driver.synchronize(self.device) {
                 Ok(()) if fits()? => return Ok(true),

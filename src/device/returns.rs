@@ -6,7 +6,8 @@
 //! Invariants: a block leaves the ledger before it is returned and comes back onto it (as
 //! unreturned, held) if its source refuses it, so no failure loses memory; a block goes back to
 //! the source its record names, on its allocation stream; returns happen outside the device
-//! lock; a flush during a capture neither waits nor trims.
+//! lock; a flush while a capture is possible (known, or a route to a graph pool open) neither
+//! waits nor trims; no block goes back to a CUDA pool on a stream that captures (put off).
 
 use super::freed::{FreedBlock, Kept, Returning, WaitingBlock};
 use super::{DeviceAllocator, DeviceState};
@@ -239,11 +240,18 @@ impl DeviceAllocator {
         if blocks.is_empty() {
             return Ok(());
         }
-        let results: Vec<Result<()>> = blocks.iter().map(|r| deallocate(r, idle(r))).collect();
+        let routed = self.graph_pools.any_route_open();
+        let results: Vec<Option<Result<()>>> = (blocks.iter())
+            .map(|r| self.deallocate_unless_captured(r, idle(r), routed))
+            .collect();
         let mut first_error = Ok(());
         {
             let mut st = self.state.lock();
             for (r, result) in blocks.iter().zip(results) {
+                let Some(result) = result else {
+                    st.ledger.put_off(r.block);
+                    continue;
+                };
                 if let Err(e) = self.finish_return(&mut st, &r.block, result) {
                     first_error = first_error.and(Err(e));
                 }
@@ -257,7 +265,11 @@ impl DeviceAllocator {
 
     /// [`DeviceAllocator::return_blocks`] for one block, without building a list.
     fn return_one(&self, returning: Returning) -> Result<()> {
-        let result = deallocate(&returning, false);
+        let routed = self.graph_pools.any_route_open();
+        let Some(result) = self.deallocate_unless_captured(&returning, false, routed) else {
+            self.state.lock().ledger.put_off(returning.block);
+            return Ok(());
+        };
         let finished = self.finish_return(&mut self.state.lock(), &returning.block, result);
         if let Err(e) = &finished {
             self.log_return_failure(e);
@@ -294,7 +306,8 @@ impl DeviceAllocator {
 
     /// Returns cached and completed blocks to their sources, synchronises and trims each of the
     /// device's own resources to `keep_bytes` (the shareable pool, a pool of its own, to 0).
-    /// While a graph is being captured it only returns the cache (no waiting). A block its
+    /// While a graph may be being captured ([`DeviceAllocator::capture_possible`]) it only
+    /// returns the cache (no waiting, no trim). A block its
     /// source refuses does not stop the trim; the first error is reported.
     pub(crate) fn flush(&self, keep_bytes: u64) -> Result<()> {
         let Some(setup) = self.setup.get() else {
@@ -304,7 +317,7 @@ impl DeviceAllocator {
         let (capturing, mark) = {
             let mut st = self.lock_enabled()?;
             self.collect_waits(&mut st, &mut blocks);
-            (st.waits.capturing(), st.waits.mark())
+            (self.capture_possible(&st), st.waits.mark())
         };
         let synced = match capturing {
             true => Ok(()),
@@ -355,6 +368,35 @@ impl DeviceAllocator {
             self.device
         );
         returned
+    }
+}
+
+impl DeviceAllocator {
+    /// Gives the block back to its source ([`deallocate`]), unless that would free it on a stream
+    /// that captures a graph: `None` then, the return put off. A source whose frees are
+    /// stream-ordered driver calls (a CUDA pool: `cuMemFreeAsync` on the block's stream) would
+    /// make the free a node of the graph — an error on the GPU, or a free at every replay.
+    /// Asked only while PyTorch routes allocations to a graph pool (it opens the route before it
+    /// begins a capture), and only for such sources: no driver call otherwise.
+    fn deallocate_unless_captured(
+        &self,
+        r: &Returning,
+        idle: bool,
+        routed: bool,
+    ) -> Option<Result<()>> {
+        let stream = r.block.stream;
+        if routed && stream.may_be_captured() {
+            let ordered = r
+                .resource
+                .as_ref()
+                .map(|s| s.traits().frees_applied_at_sync);
+            if ordered == Some(true)
+                && (self.driver.is_capturing(self.device, stream)).unwrap_or(false)
+            {
+                return None;
+            }
+        }
+        Some(deallocate(r, idle))
     }
 }
 

@@ -9,6 +9,7 @@ use streampool::{Allocator, Config, DeviceAllocator, StreampoolStats};
 
 pub const MIB: u64 = 1 << 20;
 
+pub mod pools;
 pub mod vmm;
 
 /// Stream `n` (a raw `CUstream` value; 0 is the legacy default stream).

@@ -318,6 +318,9 @@ impl PoolDriver for SimDriver {
         p.note_usage();
         d.note_in_use();
         d.pools[pool.raw()].live.insert(ptr, block_bytes);
+        if d.capturing.contains(&stream) {
+            d.pool_blocks_of_captures.insert(ptr);
+        }
         d.tick(stream);
         Ok(ptr)
     }
@@ -343,6 +346,17 @@ impl PoolDriver for SimDriver {
                 seq,
             });
             return Ok(());
+        }
+        // On a capturing stream the free would be a node of the graph, which CUDA allows only
+        // for memory the graph itself allocated: an error on a GPU (and, were it taken, a free
+        // at every replay). Counted as a call a capture forbids.
+        let of_a_capture = d.pool_blocks_of_captures.remove(&ptr);
+        if d.capturing.contains(&stream)
+            && !of_a_capture
+            && d.pools.iter().any(|p| p.live.contains_key(&ptr))
+        {
+            log::debug!("simulated driver: cuMemFreeAsync of pool memory on a capturing stream");
+            self.count("unsafe during capture", 1);
         }
         for p in &mut d.pools {
             if let Some(bytes) = p.live.remove(&ptr) {
