@@ -68,7 +68,10 @@ impl DeviceAllocator {
             if request.block_bytes <= room {
                 return Ok(());
             }
-            (st.ledger.drain_cache_of(source.id), st.waits.capturing())
+            (
+                st.ledger.drain_cache_of(source.id),
+                self.capture_possible(&st),
+            )
         };
         let returned_on_stream_bytes: u64 = blocks
             .iter()

@@ -334,25 +334,9 @@ impl DeviceAllocator {
 
     /// Steps 4 to 6, for a block whose bytes are reserved against the limit.
     fn allocate_from_source(&self, source: Source, request: Request) -> Result<DevicePtr> {
-        let serve = || {
-            self.return_cache_before_growth(&source, request)
-                .and_then(|()| self.allocate_within_reserved_cap(&source, request))
-        };
-        let served = match self.graph_pools.any_route_open() {
-            false => serve(),
-            // A capture may be under way that the device has not seen allocate (PyTorch opens
-            // the route first), in global mode on another thread: the source's calls that such
-            // a capture forbids (a mapping, a read of free memory) are made in relaxed mode, as
-            // PyTorch makes its cudaMalloc while a capture is under way.
-            true => {
-                let mut served = Err(crate::error::Error::Internal("not served".into()));
-                let relaxed = self.driver.relaxed_capture(&mut || {
-                    served = serve();
-                    Ok(())
-                });
-                relaxed.and(served)
-            }
-        };
+        let served = self
+            .return_cache_before_growth(&source, request)
+            .and_then(|()| self.allocate_within_reserved_cap(&source, request));
         let ptr = match served {
             Ok(ptr) => ptr,
             Err(e) => {

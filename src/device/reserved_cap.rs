@@ -26,7 +26,7 @@ impl DeviceAllocator {
         source: &Source,
         request: Request,
     ) -> Result<DevicePtr> {
-        let allocate = || source.allocate(request.block_bytes, request.stream);
+        let allocate = || self.source_allocate(source, request);
         let limit_bytes = self.limit.bytes();
         if limit_bytes == u64::MAX || !source.traits().returns_before_growth {
             return limit::allocate_or_retry(self, request, allocate);
@@ -71,6 +71,30 @@ impl DeviceAllocator {
             self.flush_for_cap();
         }
         Err(self.out_of_memory(request.requested_bytes, request.stream, Some(limit_bytes)))
+    }
+
+    /// The source serves the request (step 5). While a route to a graph pool is open a capture
+    /// may be under way that the device has not seen allocate (PyTorch opens the route first),
+    /// in global mode on another thread: the source's calls that such a capture forbids (a
+    /// mapping, a read of free memory) are then made in relaxed mode, as PyTorch makes its
+    /// cudaMalloc during a capture.
+    #[inline(always)]
+    fn source_allocate(&self, source: &Source, request: Request) -> Result<DevicePtr> {
+        if self.graph_pools.any_route_open() {
+            return self.source_allocate_relaxed(source, request);
+        }
+        source.allocate(request.block_bytes, request.stream)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn source_allocate_relaxed(&self, source: &Source, request: Request) -> Result<DevicePtr> {
+        let mut served = Err(crate::error::Error::Internal("not served".into()));
+        let relaxed = self.driver.relaxed_capture(&mut || {
+            served = source.allocate(request.block_bytes, request.stream);
+            Ok(())
+        });
+        relaxed.and(served)
     }
 
     /// True once `block_bytes` can be served from `source` within `limit_bytes` of reserved

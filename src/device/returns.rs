@@ -240,18 +240,15 @@ impl DeviceAllocator {
         if blocks.is_empty() {
             return Ok(());
         }
-        let routed = self.graph_pools.any_route_open();
-        let results: Vec<Option<Result<()>>> = (blocks.iter())
-            .map(|r| self.deallocate_unless_captured(r, idle(r), routed))
-            .collect();
+        let blocks = match self.graph_pools.any_route_open() {
+            false => blocks,
+            true => self.put_off_captured(blocks),
+        };
+        let results: Vec<Result<()>> = blocks.iter().map(|r| deallocate(r, idle(r))).collect();
         let mut first_error = Ok(());
         {
             let mut st = self.state.lock();
             for (r, result) in blocks.iter().zip(results) {
-                let Some(result) = result else {
-                    st.ledger.put_off(r.block);
-                    continue;
-                };
                 if let Err(e) = self.finish_return(&mut st, &r.block, result) {
                     first_error = first_error.and(Err(e));
                 }
@@ -265,11 +262,11 @@ impl DeviceAllocator {
 
     /// [`DeviceAllocator::return_blocks`] for one block, without building a list.
     fn return_one(&self, returning: Returning) -> Result<()> {
-        let routed = self.graph_pools.any_route_open();
-        let Some(result) = self.deallocate_unless_captured(&returning, false, routed) else {
+        if self.graph_pools.any_route_open() && self.captured_return(&returning) {
             self.state.lock().ledger.put_off(returning.block);
             return Ok(());
-        };
+        }
+        let result = deallocate(&returning, false);
         let finished = self.finish_return(&mut self.state.lock(), &returning.block, result);
         if let Err(e) = &finished {
             self.log_return_failure(e);
@@ -372,31 +369,36 @@ impl DeviceAllocator {
 }
 
 impl DeviceAllocator {
-    /// Gives the block back to its source ([`deallocate`]), unless that would free it on a stream
-    /// that captures a graph: `None` then, the return put off. A source whose frees are
-    /// stream-ordered driver calls (a CUDA pool: `cuMemFreeAsync` on the block's stream) would
-    /// make the free a node of the graph — an error on the GPU, or a free at every replay.
-    /// Asked only while PyTorch routes allocations to a graph pool (it opens the route before it
-    /// begins a capture), and only for such sources: no driver call otherwise.
-    fn deallocate_unless_captured(
-        &self,
-        r: &Returning,
-        idle: bool,
-        routed: bool,
-    ) -> Option<Result<()>> {
+    /// True if giving `r` back now would free it on a stream that captures a graph: its source's
+    /// frees are stream-ordered driver calls (a CUDA pool: `cuMemFreeAsync` on the block's
+    /// stream), which would make the free a node of the graph — an error on a GPU, or a free at
+    /// every replay. Asked only while PyTorch routes allocations to a graph pool (it opens the
+    /// route before it begins a capture): no driver call otherwise.
+    #[cold]
+    #[inline(never)]
+    fn captured_return(&self, r: &Returning) -> bool {
         let stream = r.block.stream;
-        if routed && stream.may_be_captured() {
-            let ordered = r
-                .resource
-                .as_ref()
-                .map(|s| s.traits().frees_applied_at_sync);
-            if ordered == Some(true)
-                && (self.driver.is_capturing(self.device, stream)).unwrap_or(false)
-            {
-                return None;
-            }
+        let ordered = r
+            .resource
+            .as_ref()
+            .map(|s| s.traits().frees_applied_at_sync);
+        stream.may_be_captured()
+            && ordered == Some(true)
+            && (self.driver.is_capturing(self.device, stream)).unwrap_or(false)
+    }
+
+    /// `blocks` less those whose return is put off ([`DeviceAllocator::captured_return`]),
+    /// which are held again, as unreturned, for the next flush or idle release.
+    #[cold]
+    #[inline(never)]
+    fn put_off_captured(&self, blocks: Vec<Returning>) -> Vec<Returning> {
+        let (off, on): (Vec<Returning>, Vec<Returning>) =
+            blocks.into_iter().partition(|r| self.captured_return(r));
+        if !off.is_empty() {
+            let mut st = self.state.lock();
+            off.iter().for_each(|r| st.ledger.put_off(r.block));
         }
-        Some(deallocate(r, idle))
+        on
     }
 }
 

@@ -350,7 +350,9 @@ impl PoolDriver for SimDriver {
         // On a capturing stream the free would be a node of the graph, which CUDA allows only
         // for memory the graph itself allocated: an error on a GPU (and, were it taken, a free
         // at every replay). Counted as a call a capture forbids.
-        let of_a_capture = d.pool_blocks_of_captures.remove(&ptr);
+        // (Looked up only while there are any: the replay gates count the simulator's work too.)
+        let of_a_capture =
+            !d.pool_blocks_of_captures.is_empty() && d.pool_blocks_of_captures.remove(&ptr);
         if d.capturing.contains(&stream)
             && !of_a_capture
             && d.pools.iter().any(|p| p.live.contains_key(&ptr))
