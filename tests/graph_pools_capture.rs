@@ -85,3 +85,35 @@ fn nothing_synchronises_while_a_capture_the_device_has_not_seen_may_be_under_way
         r.alloc.empty_cache().unwrap();
     }
 }
+
+/// Graph memory (a capture no route claims, beside an open route) freed inside its capture goes
+/// to the driver at once, on the capturing stream: that free is the graph's own node. Put off,
+/// it would be freed outside the graph later, and the graph could not be launched again.
+#[test]
+fn graph_memory_freed_in_its_capture_is_freed_there_while_a_route_is_open() {
+    for config in [base_config(), common::pool_config()] {
+        let backend = config.backend;
+        let r = rig_with(1, 512 * MIB, config);
+        let pools = r.device(0).graph_pools();
+        pools
+            .begin_allocate_to_pool(POOL, Arc::new(OnStream(s(5))))
+            .unwrap();
+        r.sim.begin_capture(0, s(7)); // a capture the route does not claim
+        let g = r.malloc(MIB, 0, 7);
+        assert!(
+            r.sim.is_driver_memory(0, g),
+            "{backend:?}: not graph memory"
+        );
+        let frees = r.sim.calls("cuMemFreeAsync");
+        r.free(g, 0);
+        assert_eq!(
+            r.sim.calls("cuMemFreeAsync"),
+            frees + 1,
+            "{backend:?}: the graph's own free was put off"
+        );
+        r.sim.end_capture(0, s(7));
+        pools.end_allocate_to_pool(POOL).unwrap();
+        pools.release_pool(POOL).unwrap();
+        r.alloc.empty_cache().unwrap();
+    }
+}

@@ -245,9 +245,11 @@ impl DeviceAllocator {
     /// True while a graph capture may be under way on the device: one is known (the device
     /// allocated in it), or PyTorch routes allocations to a graph pool — it opens the route
     /// before it begins a capture, so a capture that has not allocated yet (or never does) is
-    /// covered, and so is `use_mem_pool`, whose route cannot be told apart (PyTorch's allocator
-    /// likewise skips its release of every cached block while any route is open). Nothing
-    /// synchronises the device or unmaps memory then.
+    /// covered, and so is `use_mem_pool`, whose route cannot be told apart (PyTorch's
+    /// out-of-memory retry likewise releases no cached block while any route is open). The
+    /// program's calls then neither synchronise the device nor trim (`empty_cache`, the
+    /// out-of-memory retry, the memory fraction, growth); the background thread's idle release,
+    /// in relaxed mode and off the capturing streams, still may.
     fn capture_possible(&self, st: &DeviceState) -> bool {
         st.waits.capturing() || self.graph_pools.any_route_open()
     }

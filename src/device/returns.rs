@@ -369,21 +369,20 @@ impl DeviceAllocator {
 }
 
 impl DeviceAllocator {
-    /// True if giving `r` back now would free it on a stream that captures a graph: its source's
-    /// frees are stream-ordered driver calls (a CUDA pool: `cuMemFreeAsync` on the block's
-    /// stream), which would make the free a node of the graph — an error on a GPU, or a free at
-    /// every replay. Asked only while PyTorch routes allocations to a graph pool (it opens the
-    /// route before it begins a capture): no driver call otherwise.
+    /// True if giving `r` back now would free it on a stream that captures a graph: its source
+    /// is one of streampool's CUDA pools (held memory whose frees are `cuMemFreeAsync` on the
+    /// block's stream), and the free would be a node of the graph — an error on a GPU for memory
+    /// the graph did not allocate, or a free at every replay. (Graph memory, not held, is the
+    /// graph's own: its free in the capture is the node it needs.) Asked only while PyTorch
+    /// routes allocations to a graph pool (it opens the route before it begins a capture): no
+    /// driver call otherwise.
     #[cold]
     #[inline(never)]
     fn captured_return(&self, r: &Returning) -> bool {
         let stream = r.block.stream;
-        let ordered = r
-            .resource
-            .as_ref()
-            .map(|s| s.traits().frees_applied_at_sync);
+        let traits = r.resource.as_ref().map(|s| s.traits());
         stream.may_be_captured()
-            && ordered == Some(true)
+            && traits.is_some_and(|t| t.held && t.frees_applied_at_sync)
             && (self.driver.is_capturing(self.device, stream)).unwrap_or(false)
     }
 
