@@ -181,11 +181,9 @@ impl DeviceAllocator {
     ) -> Error {
         // (In relaxed mode: a capture in global mode may be under way on another thread, which
         // the read would otherwise break.)
-        let mut mem = Default::default();
-        let _ = self.driver.relaxed_capture(&mut || {
-            mem = self.driver.mem_info(self.device)?;
-            Ok(())
-        });
+        let driver = self.driver.as_ref();
+        let mem = crate::driver::in_relaxed_mode(driver, || driver.mem_info(self.device))
+            .unwrap_or_default();
         let reserved_bytes = self
             .setup
             .get()

@@ -89,12 +89,9 @@ impl DeviceAllocator {
     #[cold]
     #[inline(never)]
     fn source_allocate_relaxed(&self, source: &Source, request: Request) -> Result<DevicePtr> {
-        let mut served = Err(crate::error::Error::Internal("not served".into()));
-        let relaxed = self.driver.relaxed_capture(&mut || {
-            served = source.allocate(request.block_bytes, request.stream);
-            Ok(())
-        });
-        relaxed.and(served)
+        crate::driver::in_relaxed_mode(self.driver.as_ref(), || {
+            source.allocate(request.block_bytes, request.stream)
+        })
     }
 
     /// True once `block_bytes` can be served from `source` within `limit_bytes` of reserved

@@ -190,6 +190,25 @@ pub fn monotonic_us() -> u64 {
         .as_micros() as u64
 }
 
+/// `f`'s value, `f` run in this thread's relaxed capture mode ([`StreamDriver::relaxed_capture`]);
+/// the error of entering that mode, if it could not be entered.
+pub fn in_relaxed_mode<T>(
+    driver: &(impl StreamDriver + ?Sized),
+    f: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let (mut f, mut value) = (Some(f), None);
+    let entered = driver.relaxed_capture(&mut || {
+        value = f.take().map(|f| f());
+        Ok(())
+    });
+    entered?;
+    value.unwrap_or_else(|| {
+        Err(crate::error::Error::Internal(
+            "relaxed_capture did not run its function".into(),
+        ))
+    })
+}
+
 /// Stream-ordered memory pools (`cuMemPool*`, `cuMemAllocFromPoolAsync`, `cuMemFreeAsync`).
 pub trait PoolDriver {
     /// True if `device` supports stream-ordered memory pools.

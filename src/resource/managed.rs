@@ -235,11 +235,8 @@ impl ManagedResource {
         if held_bytes.saturating_add(bytes) > self.bound_bytes() {
             return Err(self.over_bound(held_bytes));
         }
-        let mut ptr = DevicePtr::NULL;
-        driver.relaxed_capture(&mut || {
-            ptr = driver.mem_alloc_managed(device, bytes)?;
-            Ok(())
-        })?;
+        let ptr =
+            crate::driver::in_relaxed_mode(driver, || driver.mem_alloc_managed(device, bytes))?;
         let live_bytes = st.live_bytes.checked_add(bytes);
         let Some(live_bytes) = live_bytes.filter(|_| !st.live.contains_key(&ptr.0)) else {
             // Not counted: handed back at once, and what is live stays as it was.

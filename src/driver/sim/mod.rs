@@ -335,12 +335,9 @@ impl DeviceDriver for SimDriver {
         let mut d = self.device(device, "cuCtxSynchronize")?;
         // Whatever this thread's mode: a device synchronisation waits for the capturing stream
         // too, which breaks its capture (relaxed mode permits the call, not the wait).
-        match d.capturing.is_empty() {
-            true => {}
-            false => {
-                log::debug!("simulated driver: cuCtxSynchronize during a capture");
-                self.count("unsafe during capture", 1);
-            }
+        if !d.capturing.is_empty() {
+            log::debug!("simulated driver: cuCtxSynchronize during a capture");
+            self.count("unsafe during capture", 1);
         }
         d.complete_all_streams();
         d.retire_completed();

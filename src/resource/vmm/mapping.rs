@@ -69,12 +69,7 @@ impl VmmResource {
         }
         // While a graph is captured (in global mode, maybe on another thread), mapping calls
         // are allowed only in relaxed mode, as PyTorch makes its cudaMalloc for graph pools.
-        let mut outcome = Ok(());
-        let relaxed = self.driver.relaxed_capture(&mut || {
-            outcome = map(st);
-            Ok(())
-        });
-        relaxed.and(outcome)
+        crate::driver::in_relaxed_mode(self.driver.as_ref(), || map(st))
     }
 
     /// [`VmmResource::map_window`] in the thread's capture mode.
